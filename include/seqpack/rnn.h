@@ -1,0 +1,242 @@
+// Recurrent layers (RNN, LSTM, GRU and their cells) on packed batches, with the
+// options, parameter names, initialisation and results of PyTorch 1.13.
+//
+//   LSTM lstm({.mode = RNNMode::lstm, .input_size = 2, .hidden_size = 3});
+//   PackedSequence x = pack_sequence({a, b});         // a: [5, 2], b: [2, 2]
+//   RNNOutput y = lstm.forward(x);                     // y.packed, y.h_n, y.c_n
+//   RNNGradients g = lstm.backward(y, dy, dh_n, dc_n); // accumulates lstm.grads()
+//
+// Gates: LSTM i, f, g, o; GRU r, z, n (n = tanh(W_in x + b_in + r * (W_hn h + b_hn))).
+// h_n of each sequence is its state at its own last valid step; the reverse
+// direction starts at each sequence's own last step. Zero-length sequences keep
+// h_n = h0 and c_n = c0 and produce no output rows.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "seqpack/packed_sequence.h"
+#include "seqpack/tensor.h"
+
+namespace seqpack {
+
+enum class RNNMode { rnn_tanh, rnn_relu, lstm, gru };
+
+// "rnn_tanh", "rnn_relu", "lstm", "gru" (the names workloads.json uses).
+const char* rnn_mode_name(RNNMode mode);
+RNNMode parse_rnn_mode(const std::string& name);  // throws naming the value
+
+struct RNNOptions {
+  RNNMode mode = RNNMode::lstm;
+  int64_t input_size = 0;
+  int64_t hidden_size = 0;
+  int64_t num_layers = 1;
+  bool bias = true;
+  bool batch_first = false;
+  double dropout = 0.0;  // between layers, training only
+  bool bidirectional = false;
+  int64_t proj_size = 0;  // LSTM only
+  DType dtype = DType::f32;
+
+  // Throws std::invalid_argument naming the offending option and value.
+  void validate() const;
+  int64_t gate_count() const;  // 1 (RNN), 4 (LSTM), 3 (GRU)
+  int64_t num_directions() const { return bidirectional ? 2 : 1; }
+  // Size of h per direction: proj_size when set, else hidden_size.
+  int64_t real_hidden_size() const { return proj_size > 0 ? proj_size : hidden_size; }
+  // Feature size of the output rows: real_hidden_size * num_directions.
+  int64_t output_size() const { return real_hidden_size() * num_directions(); }
+};
+
+// PyTorch's parameter names and shapes, in its order (_flat_weights_names):
+// per layer, per direction: weight_ih, weight_hh, [bias_ih, bias_hh], [weight_hr].
+std::vector<std::string> rnn_parameter_names(const RNNOptions& options);
+std::vector<Shape> rnn_parameter_shapes(const RNNOptions& options);
+
+// Opaque activations saved by a forward for its backward.
+struct RNNSaved;
+
+// Result of the functional forward on packed rows.
+struct RNNForwardResult {
+  Tensor output;  // packed rows [total_rows, output_size]
+  Tensor h_n;     // [num_layers * dirs, batch, real_hidden], caller's batch order
+  Tensor c_n;     // LSTM: [num_layers * dirs, batch, hidden]; undefined otherwise
+  std::shared_ptr<const RNNSaved> saved;  // set when save_for_backward
+};
+
+struct RNNGradients {
+  Tensor input;                 // same shape as the forward's input
+  Tensor h0;                    // [num_layers * dirs, batch, real_hidden]
+  Tensor c0;                    // LSTM only
+  std::vector<Tensor> weights;  // rnn_parameter_names order
+};
+
+// Functional core, shared by the modules, the training tape and the Python and
+// torch bridges. `weights` are in rnn_parameter_names order (not copied).
+// `data` holds packed rows [plan.total_rows(), input_size] in plan's layout.
+// h0/c0 (undefined = zeros) are in the caller's batch order.
+// Dropout between layers is applied when `training` and options.dropout > 0,
+// from `dropout_seed`.
+RNNForwardResult rnn_forward(const RNNOptions& options, const std::vector<Tensor>& weights,
+                             const Tensor& data, const PackingPlan& plan, const Tensor& h0,
+                             const Tensor& c0, bool training, bool save_for_backward,
+                             uint64_t dropout_seed = 0);
+
+// Gradients of everything the forward read. Undefined upstream gradients count
+// as zeros. Cost is linear in the number of packed rows.
+RNNGradients rnn_backward(const RNNSaved& saved, const Tensor& grad_output,
+                          const Tensor& grad_h_n, const Tensor& grad_c_n);
+
+// Plain reference: one sequence at a time, one step at a time, scalar loops,
+// computed in double. `sequences[b]` is [len_b, input_size] (caller's order).
+// Returns per-sequence outputs [len_b, output_size], h_n and c_n (dropout off).
+struct RNNReferenceResult {
+  std::vector<Tensor> outputs;
+  Tensor h_n;
+  Tensor c_n;
+};
+RNNReferenceResult rnn_reference_forward(const RNNOptions& options,
+                                         const std::vector<Tensor>& weights,
+                                         const std::vector<Tensor>& sequences, const Tensor& h0,
+                                         const Tensor& c0);
+
+// Output of a module forward. For packed input `packed` is set (same
+// batch_sizes and indices as the input); for padded input `padded` is set
+// ([T, B, output_size] or batch-first, zeros at padding).
+struct RNNOutput {
+  PackedSequence packed;
+  Tensor padded;
+  Tensor h_n;
+  Tensor c_n;
+  // What backward needs; null when the module forward ran without grad.
+  std::shared_ptr<const RNNSaved> saved;
+  std::shared_ptr<const PackingPlan> plan;
+  int64_t padded_length = 0;
+};
+
+// Multi-layer RNN/LSTM/GRU module holding its parameters and their gradients.
+class RNNBase {
+ public:
+  // Parameters initialised as PyTorch does: uniform(-1/sqrt(hidden), 1/sqrt(hidden)),
+  // drawn from `seed`.
+  explicit RNNBase(RNNOptions options, uint64_t seed = 0);
+  virtual ~RNNBase() = default;
+
+  const RNNOptions& options() const { return options_; }
+
+  const std::vector<std::string>& parameter_names() const { return names_; }
+  std::vector<Tensor>& parameters() { return params_; }
+  const std::vector<Tensor>& parameters() const { return params_; }
+  std::vector<Tensor>& grads() { return grads_; }  // same order, accumulated by backward
+  Tensor& parameter(const std::string& name);       // throws naming an unknown name
+  void zero_grad();
+  void reset_parameters(uint64_t seed);
+
+  // Views of the parameters keyed by PyTorch's names.
+  std::map<std::string, Tensor> state_dict() const;
+  // Strict: a missing, unexpected or wrongly shaped key throws naming it.
+  void load_state_dict(const std::map<std::string, Tensor>& state);
+
+  void train(bool on = true) { training_ = on; }
+  void eval() { train(false); }
+  bool is_training() const { return training_; }
+  // Seed of the next dropout mask (advanced at each training forward).
+  void set_dropout_seed(uint64_t seed) { dropout_seed_ = seed; }
+
+  // Packed input: output is a PackedSequence with the input's layout.
+  RNNOutput forward(const PackedSequence& input, const Tensor& h0 = {}, const Tensor& c0 = {},
+                    bool requires_grad = true);
+  // Padded input [T, B, I] (or [B, T, I] with batch_first): every sequence has
+  // length T, as in PyTorch. An unbatched [T, I] input is accepted too.
+  RNNOutput forward(const Tensor& input, const Tensor& h0 = {}, const Tensor& c0 = {},
+                    bool requires_grad = true);
+  // Padded input with lengths: runs packed, returns padded output with zeros
+  // at padding, h_n at each sequence's own last step.
+  RNNOutput forward(const Tensor& input, const std::vector<int64_t>& lengths,
+                    const Tensor& h0 = {}, const Tensor& c0 = {}, bool requires_grad = true);
+
+  // grad_output has the shape of the forward's output (packed data or padded).
+  // Adds parameter gradients into grads() and returns the input, h0 and c0
+  // gradients (RNNGradients::weights holds this call's parameter gradients).
+  RNNGradients backward(const RNNOutput& out, const Tensor& grad_output,
+                        const Tensor& grad_h_n = {}, const Tensor& grad_c_n = {});
+
+ protected:
+  RNNOptions options_;
+  std::vector<std::string> names_;
+  std::vector<Tensor> params_;
+  std::vector<Tensor> grads_;
+  bool training_ = true;
+  uint64_t dropout_seed_ = 0;
+};
+
+class RNN : public RNNBase {
+ public:
+  // options.mode must be rnn_tanh or rnn_relu.
+  explicit RNN(RNNOptions options, uint64_t seed = 0);
+};
+class LSTM : public RNNBase {
+ public:
+  explicit LSTM(RNNOptions options, uint64_t seed = 0);  // sets mode = lstm
+};
+class GRU : public RNNBase {
+ public:
+  explicit GRU(RNNOptions options, uint64_t seed = 0);  // sets mode = gru
+};
+
+// Single-step cells with parameters weight_ih, weight_hh, bias_ih, bias_hh.
+// Input [B, I] or unbatched [I]; hx [B, H] (undefined = zeros).
+struct CellOutput {
+  Tensor h;
+  Tensor c;  // LSTMCell only
+  std::shared_ptr<const RNNSaved> saved;
+  bool unbatched = false;
+};
+struct CellGradients {
+  Tensor input, h, c;
+};
+
+class RNNCellBase {
+ public:
+  RNNCellBase(RNNMode mode, int64_t input_size, int64_t hidden_size, bool bias, DType dtype,
+              uint64_t seed);
+  const std::vector<std::string>& parameter_names() const { return names_; }
+  std::vector<Tensor>& parameters() { return params_; }
+  std::vector<Tensor>& grads() { return grads_; }
+  std::map<std::string, Tensor> state_dict() const;
+  void load_state_dict(const std::map<std::string, Tensor>& state);
+  void zero_grad();
+
+  CellOutput forward(const Tensor& input, const Tensor& hx = {}, const Tensor& cx = {},
+                     bool requires_grad = true);
+  CellGradients backward(const CellOutput& out, const Tensor& grad_h,
+                         const Tensor& grad_c = {});
+
+ protected:
+  RNNOptions options_;  // one layer, one direction
+  std::vector<std::string> names_;
+  std::vector<Tensor> params_;
+  std::vector<Tensor> grads_;
+};
+
+class RNNCell : public RNNCellBase {
+ public:
+  RNNCell(int64_t input_size, int64_t hidden_size, bool bias = true,
+          const std::string& nonlinearity = "tanh", DType dtype = DType::f32, uint64_t seed = 0);
+};
+class LSTMCell : public RNNCellBase {
+ public:
+  LSTMCell(int64_t input_size, int64_t hidden_size, bool bias = true, DType dtype = DType::f32,
+           uint64_t seed = 0);
+};
+class GRUCell : public RNNCellBase {
+ public:
+  GRUCell(int64_t input_size, int64_t hidden_size, bool bias = true, DType dtype = DType::f32,
+          uint64_t seed = 0);
+};
+
+}  // namespace seqpack

@@ -1,0 +1,124 @@
+// seqpack::Tensor: a dense, contiguous, row-major tensor that does no maths.
+//
+//   Tensor x = Tensor::zeros({3, 2}, DType::f32);   // 3 rows of 2 features
+//   x.data<float>()[1] = 5.f;                       // x[0][1] = 5
+//   Tensor row = x.slice0(1, 2);                    // rows 1..2, a view sharing storage
+//   Tensor flat = x.view({6});                      // same storage, another shape
+//
+// Storage is reference counted and shared by views; clone() makes a deep copy.
+// Sizes are signed int64_t. Only the three dtypes below exist.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <initializer_list>
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace seqpack {
+
+enum class DType { f32, f64, i64 };
+
+// Bytes per element of `dtype`.
+std::size_t dtype_size(DType dtype);
+// "float32", "float64" or "int64".
+const char* dtype_name(DType dtype);
+
+template <typename T>
+constexpr DType dtype_of();
+template <>
+constexpr DType dtype_of<float>() {
+  return DType::f32;
+}
+template <>
+constexpr DType dtype_of<double>() {
+  return DType::f64;
+}
+template <>
+constexpr DType dtype_of<int64_t>() {
+  return DType::i64;
+}
+
+using Shape = std::vector<int64_t>;
+
+// "[3, 2]"
+std::string shape_str(const Shape& shape);
+
+class Tensor {
+ public:
+  // An undefined tensor (no storage): used for optional arguments such as h0.
+  Tensor() = default;
+
+  // Zero-filled tensor of the given shape.
+  static Tensor zeros(Shape shape, DType dtype);
+  static Tensor full(Shape shape, double value, DType dtype);
+  // Uninitialised storage, for outputs that are overwritten entirely.
+  static Tensor empty(Shape shape, DType dtype);
+  // Copies `values` into a new tensor of `shape` (numel must match).
+  template <typename T>
+  static Tensor from_vector(const std::vector<T>& values, Shape shape);
+  template <typename T>
+  static Tensor from_vector(const std::vector<T>& values) {
+    return from_vector(values, Shape{static_cast<int64_t>(values.size())});
+  }
+  // Wraps memory owned by someone else (NumPy, torch) without copying; `owner`
+  // keeps it alive. The memory must be contiguous and row-major.
+  static Tensor wrap(void* data, Shape shape, DType dtype, std::shared_ptr<void> owner);
+
+  bool defined() const { return defined_; }
+  DType dtype() const { return dtype_; }
+  const Shape& shape() const { return shape_; }
+  int64_t dim() const { return static_cast<int64_t>(shape_.size()); }
+  // size(d) accepts negative d, counting from the end as Python does.
+  int64_t size(int64_t d) const;
+  int64_t numel() const { return numel_; }
+  std::size_t nbytes() const { return static_cast<std::size_t>(numel_) * dtype_size(dtype_); }
+
+  // Typed pointer to the first element; throws if T does not match dtype().
+  template <typename T>
+  T* data();
+  template <typename T>
+  const T* data() const;
+  void* raw_data() { return ptr_; }
+  const void* raw_data() const { return ptr_; }
+
+  // Views sharing storage.
+  Tensor view(Shape shape) const;                    // same numel, another shape
+  Tensor slice0(int64_t start, int64_t stop) const;  // rows [start, stop) of dim 0
+  Tensor select0(int64_t index) const;               // row `index` of dim 0, one dim fewer
+
+  // Deep copies.
+  Tensor clone() const;
+  Tensor to(DType dtype) const;  // converting copy (clone when dtype matches)
+  void copy_from(const Tensor& src);  // same shape and dtype; overwrites this storage
+  void fill(double value);
+
+  // Elements as a std::vector (converting), for tests and printing.
+  template <typename T>
+  std::vector<T> to_vector() const;
+
+  // Element access for tests and printing, row-major flat index.
+  double item_as_double(int64_t flat_index) const;
+
+  // PyTorch-like printing: "tensor([[1., 2.], [3., 4.]])".
+  std::string to_string() const;
+
+  // True when both tensors share the same storage buffer (views of each other).
+  bool shares_storage_with(const Tensor& other) const { return storage_ == other.storage_; }
+
+ private:
+  Tensor(std::shared_ptr<void> storage, void* ptr, Shape shape, DType dtype);
+
+  std::shared_ptr<void> storage_;
+  void* ptr_ = nullptr;
+  Shape shape_;
+  DType dtype_ = DType::f32;
+  int64_t numel_ = 0;
+  bool defined_ = false;
+};
+
+// Number of elements of a shape; throws on a negative size, naming it.
+int64_t shape_numel(const Shape& shape);
+
+}  // namespace seqpack

@@ -1,0 +1,30 @@
+#!/usr/bin/env bash
+# Installs what seqpack needs from Debian's archive (as root), then configures
+# and builds it into build/. Safe to run again: apt-get skips what is there.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+PACKAGES=(
+  build-essential cmake git pkg-config
+  libopenblas-dev libhwy-dev nlohmann-json3-dev libcli11-dev libfmt-dev
+  libgtest-dev libgmock-dev libbenchmark-dev
+  python3 python3-dev python3-numpy python3-pytest python3-torch pybind11-dev
+  wamerican wfrench wngerman wspanish witalian wportuguese wdutch
+)
+missing=()
+for p in "${PACKAGES[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if [ ${#missing[@]} -gt 0 ]; then
+  echo "setup: installing ${missing[*]}"
+  SUDO=""
+  [ "$(id -u)" -eq 0 ] || SUDO="sudo"
+  $SUDO apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}"
+fi
+
+BUILD_DIR=${SEQPACK_BUILD_DIR:-build}
+cmake -S . -B "$BUILD_DIR" -DCMAKE_BUILD_TYPE=Release \
+  -DSEQPACK_BUILD_TESTS=ON -DSEQPACK_BUILD_PYTHON=ON -DSEQPACK_BUILD_BENCHMARKS=ON \
+  -DPython3_EXECUTABLE=/usr/bin/python3 "$@" >/dev/null
+cmake --build "$BUILD_DIR" -j "$(nproc)"

@@ -1,0 +1,19 @@
+#!/usr/bin/env bash
+# Sets everything up and runs every test: the C++ suite (CTest), the check that
+# committed PyTorch fixtures still match a fresh generation, and the Python suite.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+bash scripts/setup.sh
+BUILD_DIR=${SEQPACK_BUILD_DIR:-build}
+
+echo "== fixtures: regenerate with PyTorch and compare with the committed ones =="
+/usr/bin/python3 scripts/check_fixtures.py
+
+echo "== C++ tests (CTest) =="
+(cd "$BUILD_DIR" && ctest --output-on-failure -j "$(nproc)")
+
+if [ -d python/tests ]; then
+  echo "== Python tests (pytest) =="
+  PYTHONPATH="$PWD/$BUILD_DIR/python:$PWD/python${PYTHONPATH:+:$PYTHONPATH}" \
+    /usr/bin/python3 -m pytest -q python/tests
+fi

@@ -1,0 +1,34 @@
+// The seqpack command-line tool: a thin front end over the public headers.
+#include <algorithm>
+#include <cstdio>
+#include <exception>
+
+#include "command.h"
+
+namespace seqpack::cli {
+std::vector<Command>& commands() {
+  static std::vector<Command> all;
+  return all;
+}
+}  // namespace seqpack::cli
+
+int main(int argc, char** argv) {
+  CLI::App app{"seqpack: variable-length sequence batching and packed recurrent networks"};
+  app.require_subcommand(1);
+  auto& cmds = seqpack::cli::commands();
+  std::sort(cmds.begin(), cmds.end(),
+            [](const auto& a, const auto& b) { return a.name < b.name; });
+  for (auto& cmd : cmds) {
+    CLI::App* sub = app.add_subcommand(cmd.name, cmd.description);
+    cmd.setup(*sub);
+  }
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "seqpack: error: %s\n", e.what());
+    return 1;
+  }
+  return 0;
+}
