@@ -1,0 +1,104 @@
+// Shared test helpers: JSON fixtures -> Tensors, and closeness checks that
+// print the index, both values and the tolerance.
+#pragma once
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdlib>
+#include <fstream>
+#include <functional>
+#include <nlohmann/json.hpp>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "seqpack/tensor.h"
+
+namespace seqpack::testing {
+
+inline nlohmann::json load_fixture(const std::string& name) {
+  const std::string path = std::string(SEQPACK_FIXTURES_DIR) + "/" + name;
+  std::ifstream in(path);
+  if (!in) throw std::runtime_error("cannot open fixture " + path);
+  return nlohmann::json::parse(in);
+}
+
+// A nested JSON list -> Tensor of `dtype` with the list's shape.
+// An object {"shape": [...], "values": [...]} (flat values) is accepted too,
+// which is how empty tensors (a zero in the shape) are stored.
+inline Tensor tensor_from_json(const nlohmann::json& j, DType dtype) {
+  Shape shape;
+  std::vector<double> flat;
+  if (j.is_object()) {
+    for (auto& s : j.at("shape")) shape.push_back(s.get<int64_t>());
+    for (auto& v : j.at("values")) flat.push_back(v.get<double>());
+  } else {
+    const nlohmann::json* cur = &j;
+    while (cur->is_array()) {
+      shape.push_back(static_cast<int64_t>(cur->size()));
+      if (cur->empty()) break;
+      cur = &(*cur)[0];
+    }
+    // Depth-first flatten in row-major order.
+    std::function<void(const nlohmann::json&)> rec = [&](const nlohmann::json& x) {
+      if (x.is_array()) {
+        for (auto& y : x) rec(y);
+      } else {
+        flat.push_back(x.get<double>());
+      }
+    };
+    rec(j);
+  }
+  Tensor t = Tensor::empty(shape, dtype);
+  for (int64_t i = 0; i < t.numel(); ++i) {
+    switch (dtype) {
+      case DType::f32:
+        t.data<float>()[i] = static_cast<float>(flat[static_cast<size_t>(i)]);
+        break;
+      case DType::f64:
+        t.data<double>()[i] = flat[static_cast<size_t>(i)];
+        break;
+      case DType::i64:
+        t.data<int64_t>()[i] = static_cast<int64_t>(flat[static_cast<size_t>(i)]);
+        break;
+    }
+  }
+  return t;
+}
+
+// Mixed tolerance: |a - e| <= atol + rtol * |e|. Reports the first few
+// mismatches with their flat index and both values.
+inline ::testing::AssertionResult all_close(const Tensor& actual, const Tensor& expected,
+                                            double rtol, double atol,
+                                            const std::string& what = "") {
+  if (actual.shape() != expected.shape()) {
+    return ::testing::AssertionFailure()
+           << what << ": shape " << shape_str(actual.shape()) << " != expected "
+           << shape_str(expected.shape());
+  }
+  int bad = 0;
+  ::testing::AssertionResult res = ::testing::AssertionFailure();
+  res << what << ":";
+  for (int64_t i = 0; i < actual.numel(); ++i) {
+    const double a = actual.item_as_double(i), e = expected.item_as_double(i);
+    const bool ok = (std::isnan(a) && std::isnan(e)) || std::fabs(a - e) <= atol + rtol * std::fabs(e);
+    if (!ok) {
+      if (bad < 5) res << " [" << i << "] got " << a << " expected " << e << ";";
+      ++bad;
+    }
+  }
+  if (bad == 0) return ::testing::AssertionSuccess();
+  res << " " << bad << " of " << actual.numel() << " elements differ (rtol " << rtol << ", atol "
+      << atol << ")";
+  return res;
+}
+
+// A seed for random tests: SEQPACK_TEST_SEED from the environment, else random.
+// Tests print it (SCOPED_TRACE) so a failure can be replayed.
+inline uint64_t test_seed() {
+  if (const char* s = std::getenv("SEQPACK_TEST_SEED")) return std::stoull(s);
+  return std::random_device{}();
+}
+
+}  // namespace seqpack::testing
