@@ -72,10 +72,15 @@ class PackingPlan {
   // Scatter: packed rows -> padded [total_length, B, *f], padding elsewhere.
   Tensor unpack(const Tensor& packed_rows, int64_t total_length, double padding_value) const;
 
+  // True when some sequence has length 0 (batch() > batch_sizes()[0]).
+  bool has_zero_length() const;
+
   // The int64 tensors of a PackedSequence with this layout.
   Tensor batch_sizes_tensor() const;
-  Tensor sorted_indices_tensor() const;    // undefined when enforce_sorted
-  Tensor unsorted_indices_tensor() const;  // undefined when enforce_sorted
+  // Undefined when enforce_sorted, except with zero-length sequences: those have
+  // no packed rows, so the (identity) indices are kept to record the batch size.
+  Tensor sorted_indices_tensor() const;
+  Tensor unsorted_indices_tensor() const;
 
  private:
   std::vector<int64_t> lengths_, batch_sizes_, sorted_indices_, unsorted_indices_, offsets_,

@@ -1,0 +1,339 @@
+// Packing utilities: PackingPlan (the index maps) and the torch.nn.utils.rnn
+// functions built on it. Every function here moves whole feature rows with
+// memcpy, so one code path serves every dtype and trailing feature shape.
+#include "seqpack/packed_sequence.h"
+
+#include <algorithm>
+#include <cstring>
+#include <numeric>
+#include <stdexcept>
+#include <string>
+
+namespace seqpack {
+
+namespace {
+
+std::string str(int64_t v) { return std::to_string(v); }
+
+// Bytes of one feature row of a tensor whose first `lead` dims are (time, batch)
+// or (rows): the product of the trailing dims times the element size.
+std::size_t row_bytes(const Tensor& t, int64_t lead) {
+  int64_t n = 1;
+  for (int64_t d = lead; d < t.dim(); ++d) n *= t.size(d);
+  return static_cast<std::size_t>(n) * dtype_size(t.dtype());
+}
+
+Shape trailing_shape(const Tensor& t, int64_t lead) {
+  return Shape(t.shape().begin() + lead, t.shape().end());
+}
+
+Shape concat_shape(std::initializer_list<int64_t> lead, const Shape& tail) {
+  Shape s(lead);
+  s.insert(s.end(), tail.begin(), tail.end());
+  return s;
+}
+
+// Checks that an index tensor is a 1-D int64 tensor, naming it on failure.
+std::vector<int64_t> index_vector(const Tensor& t, const char* name) {
+  if (t.dtype() != DType::i64 || t.dim() != 1) {
+    throw std::invalid_argument(std::string(name) + " must be a 1-D int64 tensor, got " +
+                                dtype_name(t.dtype()) + " of shape " + shape_str(t.shape()));
+  }
+  return t.to_vector<int64_t>();
+}
+
+// Throws unless `perm` holds each of 0..n-1 exactly once.
+void check_permutation(const std::vector<int64_t>& perm, const char* name) {
+  const int64_t n = static_cast<int64_t>(perm.size());
+  std::vector<int64_t> seen_at(perm.size(), -1);
+  for (int64_t i = 0; i < n; ++i) {
+    const int64_t v = perm[static_cast<std::size_t>(i)];
+    if (v < 0 || v >= n) {
+      throw std::invalid_argument(std::string(name) + "[" + str(i) + "] = " + str(v) +
+                                  " is out of range [0, " + str(n) +
+                                  "): it must be a permutation of 0.." + str(n - 1));
+    }
+    int64_t& first = seen_at[static_cast<std::size_t>(v)];
+    if (first >= 0) {
+      throw std::invalid_argument(std::string(name) + "[" + str(i) + "] = " + str(v) +
+                                  " repeats " + name + "[" + str(first) +
+                                  "]: it must be a permutation of 0.." + str(n - 1));
+    }
+    first = i;
+  }
+}
+
+}  // namespace
+
+// ---------------------------------------------------------------------------
+// PackedSequence
+
+void PackedSequence::validate() const {
+  if (!data.defined()) throw std::invalid_argument("PackedSequence: data is undefined");
+  if (data.dim() < 1) {
+    throw std::invalid_argument("PackedSequence: data must have at least 1 dimension, got shape " +
+                                shape_str(data.shape()));
+  }
+  if (!batch_sizes.defined()) {
+    throw std::invalid_argument("PackedSequence: batch_sizes is undefined");
+  }
+  const std::vector<int64_t> bs = index_vector(batch_sizes, "PackedSequence: batch_sizes");
+  int64_t sum = 0;
+  for (std::size_t t = 0; t < bs.size(); ++t) {
+    if (bs[t] <= 0) {
+      throw std::invalid_argument("PackedSequence: batch_sizes[" + str(static_cast<int64_t>(t)) +
+                                  "] = " + str(bs[t]) + " must be positive");
+    }
+    if (t > 0 && bs[t] > bs[t - 1]) {
+      throw std::invalid_argument("PackedSequence: batch_sizes[" + str(static_cast<int64_t>(t)) +
+                                  "] = " + str(bs[t]) + " is greater than batch_sizes[" +
+                                  str(static_cast<int64_t>(t) - 1) + "] = " + str(bs[t - 1]) +
+                                  ": batch_sizes must be non-increasing");
+    }
+    sum += bs[t];
+  }
+  if (sum != data.size(0)) {
+    throw std::invalid_argument("PackedSequence: batch_sizes add up to " + str(sum) +
+                                " rows but data has " + str(data.size(0)) + " rows (shape " +
+                                shape_str(data.shape()) + ")");
+  }
+  if (sorted_indices.defined() != unsorted_indices.defined()) {
+    throw std::invalid_argument(
+        std::string("PackedSequence: ") +
+        (sorted_indices.defined() ? "sorted_indices is given but unsorted_indices is not"
+                                  : "unsorted_indices is given but sorted_indices is not") +
+        ": give both or neither");
+  }
+  if (!sorted_indices.defined()) return;
+  const std::vector<int64_t> s = index_vector(sorted_indices, "PackedSequence: sorted_indices");
+  const std::vector<int64_t> u =
+      index_vector(unsorted_indices, "PackedSequence: unsorted_indices");
+  if (s.size() != u.size()) {
+    throw std::invalid_argument("PackedSequence: sorted_indices has " + str(s.size()) +
+                                " entries but unsorted_indices has " + str(u.size()));
+  }
+  const int64_t widest = bs.empty() ? 0 : bs[0];
+  if (static_cast<int64_t>(s.size()) < widest) {
+    throw std::invalid_argument("PackedSequence: sorted_indices has " + str(s.size()) +
+                                " entries but batch_sizes[0] = " + str(widest) + " sequences");
+  }
+  check_permutation(s, "PackedSequence: sorted_indices");
+  check_permutation(u, "PackedSequence: unsorted_indices");
+  for (std::size_t k = 0; k < s.size(); ++k) {
+    if (u[static_cast<std::size_t>(s[k])] != static_cast<int64_t>(k)) {
+      throw std::invalid_argument(
+          "PackedSequence: unsorted_indices is not the inverse of sorted_indices: "
+          "sorted_indices[" + str(static_cast<int64_t>(k)) + "] = " + str(s[k]) +
+          " but unsorted_indices[" + str(s[k]) + "] = " + str(u[static_cast<std::size_t>(s[k])]));
+    }
+  }
+}
+
+int64_t PackedSequence::batch_size() const {
+  if (sorted_indices.defined()) return sorted_indices.size(0);
+  if (!batch_sizes.defined() || batch_sizes.numel() == 0) return 0;
+  return batch_sizes.data<int64_t>()[0];
+}
+
+std::string PackedSequence::to_string() const {
+  return "PackedSequence(data=" + data.to_string() + ", batch_sizes=" + batch_sizes.to_string() +
+         ", sorted_indices=" + sorted_indices.to_string() +
+         ", unsorted_indices=" + unsorted_indices.to_string() + ")";
+}
+
+// ---------------------------------------------------------------------------
+// PackingPlan
+
+namespace {
+
+// Fills everything derived from (lengths, sorted order).
+void derive(const std::vector<int64_t>& lengths, const std::vector<int64_t>& sorted,
+            std::vector<int64_t>& unsorted, std::vector<int64_t>& batch_sizes,
+            std::vector<int64_t>& offsets, std::vector<int64_t>& padded_index,
+            int64_t& total_rows) {
+  const int64_t batch = static_cast<int64_t>(lengths.size());
+  unsorted.assign(lengths.size(), 0);
+  for (int64_t k = 0; k < batch; ++k) unsorted[static_cast<std::size_t>(sorted[k])] = k;
+  const int64_t max_len = batch ? lengths[static_cast<std::size_t>(sorted[0])] : 0;
+  // Sorted lengths are non-increasing, so batch_sizes[t] (sequences longer than
+  // t) shrinks as t grows: count it by walking the sorted lengths backwards.
+  batch_sizes.assign(static_cast<std::size_t>(max_len), 0);
+  int64_t k = batch;
+  for (int64_t t = 0; t < max_len; ++t) {
+    while (k > 0 && lengths[static_cast<std::size_t>(sorted[k - 1])] <= t) --k;
+    batch_sizes[static_cast<std::size_t>(t)] = k;
+  }
+  offsets.assign(static_cast<std::size_t>(max_len) + 1, 0);
+  for (int64_t t = 0; t < max_len; ++t) {
+    offsets[t + 1] = offsets[t] + batch_sizes[t];
+  }
+  total_rows = offsets[static_cast<std::size_t>(max_len)];
+  padded_index.assign(static_cast<std::size_t>(total_rows), 0);
+  for (int64_t t = 0; t < max_len; ++t) {
+    for (int64_t j = 0; j < batch_sizes[t]; ++j) {
+      padded_index[offsets[t] + j] = t * batch + sorted[j];
+    }
+  }
+}
+
+}  // namespace
+
+PackingPlan PackingPlan::from_lengths(const std::vector<int64_t>& lengths, bool enforce_sorted) {
+  const int64_t batch = static_cast<int64_t>(lengths.size());
+  for (int64_t b = 0; b < batch; ++b) {
+    if (lengths[b] < 0) {
+      throw std::invalid_argument("lengths[" + str(b) + "] = " + str(lengths[b]) +
+                                  " is negative");
+    }
+  }
+  PackingPlan plan;
+  plan.lengths_ = lengths;
+  plan.enforce_sorted_ = enforce_sorted;
+  plan.sorted_indices_.resize(lengths.size());
+  std::iota(plan.sorted_indices_.begin(), plan.sorted_indices_.end(), 0);
+  if (enforce_sorted) {
+    for (int64_t b = 1; b < batch; ++b) {
+      if (lengths[b] > lengths[b - 1]) {
+        throw std::invalid_argument(
+            "lengths[" + str(b) + "] = " + str(lengths[b]) + " is greater than lengths[" +
+            str(b - 1) + "] = " + str(lengths[b - 1]) +
+            ": with enforce_sorted=true lengths must be sorted in decreasing order; "
+            "pass enforce_sorted=false to accept unsorted lengths");
+      }
+    }
+  } else {
+    // Stable, so ties keep the caller's order as PyTorch's sort does.
+    std::stable_sort(plan.sorted_indices_.begin(), plan.sorted_indices_.end(),
+                     [&](int64_t a, int64_t b) { return lengths[a] > lengths[b]; });
+  }
+  derive(plan.lengths_, plan.sorted_indices_, plan.unsorted_indices_, plan.batch_sizes_,
+         plan.offsets_, plan.padded_index_, plan.total_rows_);
+  return plan;
+}
+
+PackingPlan PackingPlan::from_packed(const PackedSequence& packed) {
+  packed.validate();
+  const std::vector<int64_t> bs = packed.batch_sizes.to_vector<int64_t>();
+  const int64_t batch = packed.batch_size();
+  PackingPlan plan;
+  plan.enforce_sorted_ = !packed.sorted_indices.defined();
+  if (packed.sorted_indices.defined()) {
+    plan.sorted_indices_ = packed.sorted_indices.to_vector<int64_t>();
+  } else {
+    plan.sorted_indices_.resize(static_cast<std::size_t>(batch));
+    std::iota(plan.sorted_indices_.begin(), plan.sorted_indices_.end(), 0);
+  }
+  // The k-th longest sequence is present at every step t with batch_sizes[t] > k.
+  plan.lengths_.assign(static_cast<std::size_t>(batch), 0);
+  for (int64_t b : bs) {
+    for (int64_t k = 0; k < b; ++k) ++plan.lengths_[plan.sorted_indices_[k]];
+  }
+  derive(plan.lengths_, plan.sorted_indices_, plan.unsorted_indices_, plan.batch_sizes_,
+         plan.offsets_, plan.padded_index_, plan.total_rows_);
+  return plan;
+}
+
+namespace {
+
+// Copies packed rows out of a padded tensor ([T, B, *f] or [B, T, *f]).
+Tensor gather_rows(const PackingPlan& plan, const Tensor& padded, bool batch_first,
+                   const char* what) {
+  if (!padded.defined() || padded.dim() < 2) {
+    throw std::invalid_argument(std::string(what) +
+                                ": input must have at least 2 dimensions (time and batch), got " +
+                                (padded.defined() ? "shape " + shape_str(padded.shape())
+                                                  : std::string("an undefined tensor")));
+  }
+  const int64_t T = padded.size(batch_first ? 1 : 0), B = padded.size(batch_first ? 0 : 1);
+  if (B != plan.batch()) {
+    throw std::invalid_argument(std::string(what) + ": input of shape " +
+                                shape_str(padded.shape()) + " has batch size " + str(B) +
+                                " but there are " + str(plan.batch()) + " lengths");
+  }
+  if (T < plan.max_len()) {
+    throw std::invalid_argument(std::string(what) + ": input of shape " +
+                                shape_str(padded.shape()) + " has padded length " + str(T) +
+                                " but the longest sequence has length " + str(plan.max_len()));
+  }
+  Tensor out = Tensor::empty(concat_shape({plan.total_rows()}, trailing_shape(padded, 2)),
+                             padded.dtype());
+  const std::size_t rb = row_bytes(padded, 2);
+  const char* src = static_cast<const char*>(padded.raw_data());
+  char* dst = static_cast<char*>(out.raw_data());
+  const auto& idx = plan.padded_index();
+  for (int64_t r = 0; r < plan.total_rows(); ++r) {
+    int64_t i = idx[r];
+    if (batch_first) i = (i % B) * T + i / B;
+    std::memcpy(dst + r * rb, src + i * rb, rb);
+  }
+  return out;
+}
+
+// Writes packed rows into a new padded tensor ([T, B, *f] or [B, T, *f]).
+Tensor scatter_rows(const PackingPlan& plan, const Tensor& rows, int64_t total_length,
+                    bool batch_first, double padding_value, const char* what) {
+  if (!rows.defined() || rows.dim() < 1) {
+    throw std::invalid_argument(std::string(what) +
+                                ": packed rows must have at least 1 dimension, got " +
+                                (rows.defined() ? "shape " + shape_str(rows.shape())
+                                                : std::string("an undefined tensor")));
+  }
+  if (rows.size(0) != plan.total_rows()) {
+    throw std::invalid_argument(std::string(what) + ": packed rows of shape " +
+                                shape_str(rows.shape()) + " do not match the plan's " +
+                                str(plan.total_rows()) + " rows");
+  }
+  if (total_length < plan.max_len()) {
+    throw std::invalid_argument(std::string(what) + ": total_length = " + str(total_length) +
+                                " is less than the longest sequence length " +
+                                str(plan.max_len()));
+  }
+  const int64_t T = total_length, B = plan.batch();
+  const Shape tail = trailing_shape(rows, 1);
+  Tensor out = Tensor::full(batch_first ? concat_shape({B, T}, tail) : concat_shape({T, B}, tail),
+                            padding_value, rows.dtype());
+  const std::size_t rb = row_bytes(rows, 1);
+  const char* src = static_cast<const char*>(rows.raw_data());
+  char* dst = static_cast<char*>(out.raw_data());
+  const auto& idx = plan.padded_index();
+  for (int64_t r = 0; r < plan.total_rows(); ++r) {
+    int64_t i = idx[r];
+    // padded_index (t * B + b) does not involve T, so it holds for any total_length.
+    if (batch_first) i = (i % B) * T + i / B;
+    std::memcpy(dst + i * rb, src + r * rb, rb);
+  }
+  return out;
+}
+
+}  // namespace
+
+Tensor PackingPlan::pack(const Tensor& padded_time_major) const {
+  return gather_rows(*this, padded_time_major, /*batch_first=*/false, "PackingPlan::pack");
+}
+
+Tensor PackingPlan::unpack(const Tensor& packed_rows, int64_t total_length,
+                           double padding_value) const {
+  return scatter_rows(*this, packed_rows, total_length, /*batch_first=*/false, padding_value,
+                      "PackingPlan::unpack");
+}
+
+Tensor PackingPlan::batch_sizes_tensor() const { return Tensor::from_vector(batch_sizes_); }
+
+// Zero-length sequences have no packed rows, so batch_sizes alone cannot say how
+// many sequences there are: the indices are then kept even with enforce_sorted
+// (PyTorch rejects such batches, so no PyTorch result differs).
+Tensor PackingPlan::sorted_indices_tensor() const {
+  if (enforce_sorted_ && !has_zero_length()) return Tensor();
+  return Tensor::from_vector(sorted_indices_);
+}
+
+Tensor PackingPlan::unsorted_indices_tensor() const {
+  if (enforce_sorted_ && !has_zero_length()) return Tensor();
+  return Tensor::from_vector(unsorted_indices_);
+}
+
+bool PackingPlan::has_zero_length() const {
+  return batch() > (batch_sizes_.empty() ? 0 : batch_sizes_[0]);
+}
+
+}  // namespace seqpack
