@@ -202,7 +202,10 @@ def main():
         workloads = [w for w in workloads if w["name"] in args.workload]
     modes = args.mode or MODES
 
-    print(f"# torch {torch.__version__}, {os.cpu_count()} CPUs, workloads {args.workloads}", flush=True)
+    # Other processes on the machine skew every figure (multi-threaded OpenMP runs most:
+    # a spinning thread that loses its core stalls the whole region), so say how busy it was.
+    print(f"# torch {torch.__version__}, {os.cpu_count()} CPUs, load average "
+          f"{os.getloadavg()[0]:.2f} at start, workloads {args.workloads}", flush=True)
     rate, rate_src = sgemm_rate(args)
     print(f"# single-core sgemm rate: {rate / 1e9:.1f} GFLOP/s ({rate_src})", flush=True)
 
@@ -276,6 +279,7 @@ def main():
             print(f"  {w['name']:<15} {fmt_s(one):>10} s -> {fmt_s(two):>10} s  "
                   f"x{two / one:.2f} {'ok' if two / one <= 2.2 else 'MISS'}", flush=True)
 
+    print(f"\n# load average {os.getloadavg()[0]:.2f} at the end")
     if args.json_out:
         with open(args.json_out, "w") as f:
             json.dump(dict(torch=torch.__version__, sgemm_flops=rate, sgemm_source=rate_src,
