@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cstring>
 #include <numeric>
+#include <sstream>
 #include <stdexcept>
 #include <string>
 
@@ -271,7 +272,8 @@ Tensor gather_rows(const PackingPlan& plan, const Tensor& padded, bool batch_fir
 
 // Writes packed rows into a new padded tensor ([T, B, *f] or [B, T, *f]).
 Tensor scatter_rows(const PackingPlan& plan, const Tensor& rows, int64_t total_length,
-                    bool batch_first, double padding_value, const char* what) {
+                    bool batch_first, double padding_value, const char* what,
+                    const char* length_name = "total_length") {
   if (!rows.defined() || rows.dim() < 1) {
     throw std::invalid_argument(std::string(what) +
                                 ": packed rows must have at least 1 dimension, got " +
@@ -284,7 +286,7 @@ Tensor scatter_rows(const PackingPlan& plan, const Tensor& rows, int64_t total_l
                                 str(plan.total_rows()) + " rows");
   }
   if (total_length < plan.max_len()) {
-    throw std::invalid_argument(std::string(what) + ": total_length = " + str(total_length) +
+    throw std::invalid_argument(std::string(what) + ": " + length_name + " = " + str(total_length) +
                                 " is less than the longest sequence length " +
                                 str(plan.max_len()));
   }
@@ -334,6 +336,274 @@ Tensor PackingPlan::unsorted_indices_tensor() const {
 
 bool PackingPlan::has_zero_length() const {
   return batch() > (batch_sizes_.empty() ? 0 : batch_sizes_[0]);
+}
+
+// ---------------------------------------------------------------------------
+// The torch.nn.utils.rnn functions
+
+namespace {
+
+// Re-throws a plan error with the public function's name in front.
+template <typename F>
+auto with_context(const char* what, F&& f) {
+  try {
+    return f();
+  } catch (const std::invalid_argument& e) {
+    throw std::invalid_argument(std::string(what) + ": " + e.what());
+  }
+}
+
+// A list of sequences [L_i, *f] must be non-empty and agree on dtype and *f.
+void check_sequences(const std::vector<Tensor>& sequences, const char* what) {
+  if (sequences.empty()) {
+    throw std::invalid_argument(std::string(what) + ": received an empty list of sequences");
+  }
+  for (std::size_t i = 0; i < sequences.size(); ++i) {
+    const Tensor& s = sequences[i];
+    const std::string name = "sequences[" + str(static_cast<int64_t>(i)) + "]";
+    if (!s.defined()) throw std::invalid_argument(std::string(what) + ": " + name + " is undefined");
+    if (s.dim() < 1) {
+      throw std::invalid_argument(std::string(what) + ": " + name + " has shape " +
+                                  shape_str(s.shape()) +
+                                  "; a sequence needs at least 1 dimension (time)");
+    }
+    if (i == 0) continue;
+    const Tensor& s0 = sequences[0];
+    if (s.dtype() != s0.dtype()) {
+      throw std::invalid_argument(std::string(what) + ": " + name + " has dtype " +
+                                  dtype_name(s.dtype()) + " but sequences[0] has dtype " +
+                                  dtype_name(s0.dtype()));
+    }
+    if (trailing_shape(s, 1) != trailing_shape(s0, 1)) {
+      throw std::invalid_argument(std::string(what) + ": " + name + " has shape " +
+                                  shape_str(s.shape()) + " (trailing " +
+                                  shape_str(trailing_shape(s, 1)) + ") but sequences[0] has " +
+                                  shape_str(s0.shape()) + " (trailing " +
+                                  shape_str(trailing_shape(s0, 1)) +
+                                  "): trailing dimensions must match");
+    }
+  }
+}
+
+std::vector<int64_t> sequence_lengths(const std::vector<Tensor>& sequences) {
+  std::vector<int64_t> lengths;
+  lengths.reserve(sequences.size());
+  for (const Tensor& s : sequences) lengths.push_back(s.size(0));
+  return lengths;
+}
+
+// lengths must match the batch and fit in the padded length `T`.
+void check_lengths(const std::vector<int64_t>& lengths, int64_t batch, int64_t T,
+                   const Tensor& input, bool batch_first, const char* what) {
+  if (static_cast<int64_t>(lengths.size()) != batch) {
+    throw std::invalid_argument(std::string(what) + ": got " + str(lengths.size()) +
+                                " lengths but the input of shape " + shape_str(input.shape()) +
+                                " has batch size " + str(batch) +
+                                (batch_first ? " (batch_first=true)" : " (batch_first=false)"));
+  }
+  for (std::size_t b = 0; b < lengths.size(); ++b) {
+    const std::string name = "lengths[" + str(static_cast<int64_t>(b)) + "] = " + str(lengths[b]);
+    if (lengths[b] < 0) throw std::invalid_argument(std::string(what) + ": " + name + " is negative");
+    if (lengths[b] > T) {
+      throw std::invalid_argument(std::string(what) + ": " + name + " exceeds the padded length " +
+                                  str(T) + " of the input of shape " + shape_str(input.shape()) +
+                                  (batch_first ? " (batch_first=true)" : " (batch_first=false)"));
+    }
+  }
+}
+
+void check_padded_input(const Tensor& input, const char* what) {
+  if (!input.defined()) throw std::invalid_argument(std::string(what) + ": input is undefined");
+  if (input.dim() < 2) {
+    throw std::invalid_argument(std::string(what) +
+                                ": input must have at least 2 dimensions (time and batch), got "
+                                "shape " + shape_str(input.shape()));
+  }
+}
+
+}  // namespace
+
+Tensor pad_sequence(const std::vector<Tensor>& sequences, bool batch_first, double padding_value,
+                    PaddingSide padding_side) {
+  check_sequences(sequences, "pad_sequence");
+  const int64_t B = static_cast<int64_t>(sequences.size());
+  int64_t T = 0;
+  for (const Tensor& s : sequences) T = std::max(T, s.size(0));
+  const Shape tail = trailing_shape(sequences[0], 1);
+  Tensor out = Tensor::full(batch_first ? concat_shape({B, T}, tail) : concat_shape({T, B}, tail),
+                            padding_value, sequences[0].dtype());
+  const std::size_t rb = row_bytes(out, 2);
+  char* dst = static_cast<char*>(out.raw_data());
+  for (int64_t b = 0; b < B; ++b) {
+    const Tensor& s = sequences[static_cast<std::size_t>(b)];
+    const char* src = static_cast<const char*>(s.raw_data());
+    const int64_t L = s.size(0);
+    const int64_t start = padding_side == PaddingSide::left ? T - L : 0;
+    for (int64_t t = 0; t < L; ++t) {
+      const int64_t i = batch_first ? b * T + start + t : (start + t) * B + b;
+      std::memcpy(dst + i * rb, src + t * rb, rb);
+    }
+  }
+  return out;
+}
+
+PackedSequence pack_padded_sequence(const Tensor& input, const std::vector<int64_t>& lengths,
+                                    bool batch_first, bool enforce_sorted) {
+  const char* what = "pack_padded_sequence";
+  check_padded_input(input, what);
+  const int64_t T = input.size(batch_first ? 1 : 0), B = input.size(batch_first ? 0 : 1);
+  check_lengths(lengths, B, T, input, batch_first, what);
+  const PackingPlan plan =
+      with_context(what, [&] { return PackingPlan::from_lengths(lengths, enforce_sorted); });
+  PackedSequence out;
+  out.data = gather_rows(plan, input, batch_first, what);
+  out.batch_sizes = plan.batch_sizes_tensor();
+  out.sorted_indices = plan.sorted_indices_tensor();
+  out.unsorted_indices = plan.unsorted_indices_tensor();
+  return out;
+}
+
+PackedSequence pack_padded_sequence(const Tensor& input, const Tensor& lengths, bool batch_first,
+                                    bool enforce_sorted) {
+  if (!lengths.defined() || lengths.dim() != 1) {
+    throw std::invalid_argument(
+        "pack_padded_sequence: lengths must be a 1-D tensor, got " +
+        (lengths.defined() ? "shape " + shape_str(lengths.shape()) : std::string("undefined")));
+  }
+  // PyTorch converts lengths with as_tensor(dtype=int64); a fractional length
+  // would be truncated silently there, so it is rejected here.
+  std::vector<int64_t> v(static_cast<std::size_t>(lengths.numel()));
+  for (int64_t i = 0; i < lengths.numel(); ++i) {
+    const double x = lengths.item_as_double(i);
+    if (lengths.dtype() != DType::i64 && x != static_cast<double>(static_cast<int64_t>(x))) {
+      std::ostringstream os;
+      os << "pack_padded_sequence: lengths[" << i << "] = " << x << " is not a whole number";
+      throw std::invalid_argument(os.str());
+    }
+    v[static_cast<std::size_t>(i)] =
+        lengths.dtype() == DType::i64 ? lengths.data<int64_t>()[i] : static_cast<int64_t>(x);
+  }
+  return pack_padded_sequence(input, v, batch_first, enforce_sorted);
+}
+
+PackedSequence pack_sequence(const std::vector<Tensor>& sequences, bool enforce_sorted) {
+  const char* what = "pack_sequence";
+  check_sequences(sequences, what);
+  const PackingPlan plan = with_context(
+      what, [&] { return PackingPlan::from_lengths(sequence_lengths(sequences), enforce_sorted); });
+  // Gathers straight from the sequences: no padded intermediate.
+  const int64_t B = plan.batch();
+  Tensor data = Tensor::empty(concat_shape({plan.total_rows()}, trailing_shape(sequences[0], 1)),
+                              sequences[0].dtype());
+  const std::size_t rb = row_bytes(data, 1);
+  char* dst = static_cast<char*>(data.raw_data());
+  const auto& idx = plan.padded_index();
+  for (int64_t r = 0; r < plan.total_rows(); ++r) {
+    const int64_t t = idx[r] / B, b = idx[r] % B;
+    const char* src = static_cast<const char*>(sequences[static_cast<std::size_t>(b)].raw_data());
+    std::memcpy(dst + r * rb, src + t * rb, rb);
+  }
+  PackedSequence out;
+  out.data = std::move(data);
+  out.batch_sizes = plan.batch_sizes_tensor();
+  out.sorted_indices = plan.sorted_indices_tensor();
+  out.unsorted_indices = plan.unsorted_indices_tensor();
+  return out;
+}
+
+std::pair<Tensor, Tensor> pad_packed_sequence(const PackedSequence& sequence, bool batch_first,
+                                              double padding_value,
+                                              std::optional<int64_t> total_length) {
+  const char* what = "pad_packed_sequence";
+  const PackingPlan plan = with_context(what, [&] { return PackingPlan::from_packed(sequence); });
+  const int64_t T = total_length.value_or(plan.max_len());
+  Tensor padded = scatter_rows(plan, sequence.data, T, batch_first, padding_value, what);
+  return {std::move(padded), Tensor::from_vector(plan.lengths())};
+}
+
+std::vector<Tensor> unpad_sequence(const Tensor& padded, const std::vector<int64_t>& lengths,
+                                   bool batch_first) {
+  const char* what = "unpad_sequence";
+  check_padded_input(padded, what);
+  const int64_t T = padded.size(batch_first ? 1 : 0), B = padded.size(batch_first ? 0 : 1);
+  check_lengths(lengths, B, T, padded, batch_first, what);
+  const Shape tail = trailing_shape(padded, 2);
+  const std::size_t rb = row_bytes(padded, 2);
+  const char* src = static_cast<const char*>(padded.raw_data());
+  std::vector<Tensor> out;
+  out.reserve(static_cast<std::size_t>(B));
+  for (int64_t b = 0; b < B; ++b) {
+    const int64_t L = lengths[static_cast<std::size_t>(b)];
+    Tensor s = Tensor::empty(concat_shape({L}, tail), padded.dtype());
+    char* dst = static_cast<char*>(s.raw_data());
+    for (int64_t t = 0; t < L; ++t) {
+      const int64_t i = batch_first ? b * T + t : t * B + b;
+      std::memcpy(dst + t * rb, src + i * rb, rb);
+    }
+    out.push_back(std::move(s));
+  }
+  return out;
+}
+
+std::vector<Tensor> unpack_sequence(const PackedSequence& packed) {
+  const PackingPlan plan =
+      with_context("unpack_sequence", [&] { return PackingPlan::from_packed(packed); });
+  const int64_t B = plan.batch();
+  const Shape tail = trailing_shape(packed.data, 1);
+  std::vector<Tensor> out;
+  out.reserve(static_cast<std::size_t>(B));
+  for (int64_t b = 0; b < B; ++b) {
+    out.push_back(Tensor::empty(concat_shape({plan.lengths()[b]}, tail), packed.data.dtype()));
+  }
+  const std::size_t rb = row_bytes(packed.data, 1);
+  const char* src = static_cast<const char*>(packed.data.raw_data());
+  const auto& idx = plan.padded_index();
+  for (int64_t r = 0; r < plan.total_rows(); ++r) {
+    const int64_t t = idx[r] / B, b = idx[r] % B;
+    char* dst = static_cast<char*>(out[static_cast<std::size_t>(b)].raw_data());
+    std::memcpy(dst + t * rb, src + r * rb, rb);
+  }
+  return out;
+}
+
+Tensor invert_permutation(const Tensor& permutation) {
+  // PyTorch maps None to None; an undefined tensor is the C++ None.
+  if (!permutation.defined()) return Tensor();
+  const std::vector<int64_t> p = index_vector(permutation, "invert_permutation: permutation");
+  check_permutation(p, "invert_permutation: permutation");
+  std::vector<int64_t> inv(p.size());
+  for (std::size_t i = 0; i < p.size(); ++i) inv[static_cast<std::size_t>(p[i])] = static_cast<int64_t>(i);
+  return Tensor::from_vector(inv);
+}
+
+Tensor pack_padded_sequence_backward(const Tensor& grad_data, const PackingPlan& plan,
+                                     int64_t padded_length, bool batch_first) {
+  return scatter_rows(plan, grad_data, padded_length, batch_first, 0.0,
+                      "pack_padded_sequence_backward", "padded_length");
+}
+
+Tensor pad_packed_sequence_backward(const Tensor& grad_padded, const PackingPlan& plan,
+                                    bool batch_first) {
+  return gather_rows(plan, grad_padded, batch_first, "pad_packed_sequence_backward");
+}
+
+Tensor transpose01(const Tensor& t) {
+  if (!t.defined() || t.dim() < 2) {
+    throw std::invalid_argument(
+        "transpose01: needs at least 2 dimensions, got " +
+        (t.defined() ? "shape " + shape_str(t.shape()) : std::string("an undefined tensor")));
+  }
+  const int64_t A = t.size(0), B = t.size(1);
+  Shape s = t.shape();
+  std::swap(s[0], s[1]);
+  Tensor out = Tensor::empty(s, t.dtype());
+  const std::size_t rb = row_bytes(t, 2);
+  const char* src = static_cast<const char*>(t.raw_data());
+  char* dst = static_cast<char*>(out.raw_data());
+  for (int64_t a = 0; a < A; ++a) {
+    for (int64_t b = 0; b < B; ++b) std::memcpy(dst + (b * A + a) * rb, src + (a * B + b) * rb, rb);
+  }
+  return out;
 }
 
 }  // namespace seqpack

@@ -1,0 +1,66 @@
+// The safetensors file format (https://github.com/huggingface/safetensors), so
+// models move between seqpack and PyTorch under PyTorch's state_dict names.
+//
+//   std::map<std::string, Tensor> params = {{"embedding.weight", emb}, {"fc.bias", b}};
+//   save_safetensors("model/model.safetensors", params, {{"format", "pt"}});
+//   std::map<std::string, std::string> meta;
+//   auto loaded = load_safetensors("model/model.safetensors", &meta);
+//
+// Layout: 8-byte little-endian header length N, then N bytes of JSON
+//   {"name": {"dtype": "F32", "shape": [2, 3], "data_offsets": [begin, end]}, ...,
+//    "__metadata__": {"key": "value"}}
+// then the data buffer; offsets are relative to the buffer's start. seqpack writes
+// tensors in sorted key order, contiguous, and pads the header with spaces to a
+// multiple of 8 bytes (as the reference implementation does) so the data is aligned.
+// dtypes: "F32", "F64", "I64" (the three seqpack has). Other dtypes ("F16",
+// "BF16", ...) are rejected by name rather than silently converted.
+//
+// Loading validates everything before touching the data: a corrupt, truncated
+// or hostile file gives a SafetensorsError naming the file and the offending
+// value, never a crash or an out-of-range read.
+#pragma once
+
+#include <map>
+#include <stdexcept>
+#include <string>
+#include <string_view>
+
+#include "seqpack/tensor.h"
+
+namespace seqpack {
+
+// Thrown for any malformed safetensors input; derives from std::invalid_argument.
+class SafetensorsError : public std::invalid_argument {
+ public:
+  using std::invalid_argument::invalid_argument;
+};
+
+// Writes `tensors` (any seqpack dtype, any shape including empty ones) and the
+// optional string metadata to `path` atomically: the bytes go to a temporary
+// file in the same directory, which is fsync'ed and then renamed over `path`, so
+// a crash leaves either the old file or the new one, never half of one.
+// Throws std::invalid_argument for an undefined tensor or an empty key, and
+// std::runtime_error when the file cannot be written (naming the path and errno text).
+void save_safetensors(const std::string& path, const std::map<std::string, Tensor>& tensors,
+                      const std::map<std::string, std::string>& metadata = {});
+
+// Reads every tensor of a safetensors file. `metadata`, when given, receives the
+// "__metadata__" entries (cleared first). Throws SafetensorsError for a malformed
+// file and std::invalid_argument when it cannot be opened (naming the path).
+std::map<std::string, Tensor> load_safetensors(const std::string& path,
+                                               std::map<std::string, std::string>* metadata = nullptr);
+
+// The same, in memory: the complete file contents as bytes.
+std::string serialize_safetensors(const std::map<std::string, Tensor>& tensors,
+                                  const std::map<std::string, std::string>& metadata = {});
+// `source` names the bytes in error messages (a path, or "<memory>").
+std::map<std::string, Tensor> parse_safetensors(std::string_view bytes,
+                                                std::map<std::string, std::string>* metadata = nullptr,
+                                                const std::string& source = "<memory>");
+
+// Writes `bytes` to `path` atomically (temporary file in the same directory,
+// fsync, rename, fsync of the directory). Used for safetensors and for the
+// vocabulary and configuration files saved next to a model.
+void write_file_atomically(const std::string& path, std::string_view bytes);
+
+}  // namespace seqpack

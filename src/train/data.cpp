@@ -1,0 +1,249 @@
+// Datasets, the default language-identification data, and splitting.
+#include <algorithm>
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <set>
+#include <stdexcept>
+#include <string>
+#include <unordered_map>
+
+#include "seqpack/data.h"
+#include "seqpack/safetensors.h"
+
+namespace seqpack {
+
+namespace {
+
+uint64_t splitmix64(uint64_t& x) {
+  uint64_t z = (x += 0x9E3779B97F4A7C15ull);
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+  return z ^ (z >> 31);
+}
+
+uint64_t rotl(uint64_t x, int k) { return (x << k) | (x >> (64 - k)); }
+
+// A line quoted for an error message, cut so a huge line cannot flood the terminal.
+std::string quote_line(const std::string& line) {
+  constexpr std::size_t kMax = 60;
+  return "\"" + (line.size() > kMax ? line.substr(0, kMax) + "..." : line) + "\"";
+}
+
+}  // namespace
+
+Rng::Rng(uint64_t seed) : Rng(seed, 0) {}
+
+Rng::Rng(uint64_t seed, uint64_t stream) {
+  // Mixing the stream through splitmix64 first keeps (seed, stream) pairs with
+  // small differences from producing overlapping sequences.
+  uint64_t t = stream;
+  uint64_t x = seed ^ splitmix64(t);
+  for (uint64_t& s : s_) s = splitmix64(x);
+}
+
+uint64_t Rng::next() {
+  // xoshiro256** (Blackman and Vigna).
+  const uint64_t result = rotl(s_[1] * 5, 7) * 9;
+  const uint64_t t = s_[1] << 17;
+  s_[2] ^= s_[0];
+  s_[3] ^= s_[1];
+  s_[1] ^= s_[2];
+  s_[0] ^= s_[3];
+  s_[2] ^= t;
+  s_[3] = rotl(s_[3], 45);
+  return result;
+}
+
+uint64_t Rng::below(uint64_t n) {
+  if (n == 0) throw std::invalid_argument("Rng::below: n = 0, the range [0, 0) is empty");
+  // Rejecting the lowest (2^64 mod n) values leaves a multiple of n, so r % n is unbiased.
+  const uint64_t threshold = (0 - n) % n;
+  for (;;) {
+    const uint64_t r = next();
+    if (r >= threshold) return r % n;
+  }
+}
+
+double Rng::uniform() { return static_cast<double>(next() >> 11) * 0x1.0p-53; }
+
+TextDataset load_tsv(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) throw std::invalid_argument("cannot open TSV file '" + path + "'");
+  struct Raw {
+    std::string label, text;
+    std::u32string chars;
+  };
+  std::vector<Raw> rows;
+  TextDataset ds;
+  std::string line;
+  int64_t line_no = 0;
+  while (std::getline(in, line)) {
+    ++line_no;
+    if (!line.empty() && line.back() == '\r') line.pop_back();
+    if (line.empty()) {
+      ++ds.empty_lines;
+      continue;
+    }
+    const std::string where = "'" + path + "' line " + std::to_string(line_no);
+    const std::size_t tab = line.find('\t');
+    if (tab == std::string::npos) {
+      throw std::invalid_argument(where + ": no tab between label and text in " + quote_line(line));
+    }
+    Raw r{line.substr(0, tab), line.substr(tab + 1), {}};
+    if (r.label.empty()) throw std::invalid_argument(where + ": empty label in " + quote_line(line));
+    if (r.text.empty()) throw std::invalid_argument(where + ": empty text in " + quote_line(line));
+    decode_utf8(r.label, where + " (label)");
+    r.chars = decode_utf8(r.text, where + " (text)");
+    rows.push_back(std::move(r));
+  }
+  if (in.bad()) throw std::invalid_argument("error reading TSV file '" + path + "'");
+  std::set<std::string> names;
+  for (const Raw& r : rows) names.insert(r.label);
+  ds.labels.assign(names.begin(), names.end());
+  std::map<std::string, int64_t> index;
+  for (std::size_t i = 0; i < ds.labels.size(); ++i) index[ds.labels[i]] = static_cast<int64_t>(i);
+  ds.examples.reserve(rows.size());
+  for (Raw& r : rows) ds.examples.push_back({std::move(r.text), std::move(r.chars), index[r.label]});
+  return ds;
+}
+
+DatasetSplit split_dataset(const TextDataset& dataset, double train_fraction, double val_fraction,
+                           uint64_t seed) {
+  if (!(train_fraction >= 0 && val_fraction >= 0 && train_fraction + val_fraction <= 1.0 + 1e-12)) {
+    throw std::invalid_argument("split_dataset: train_fraction = " + std::to_string(train_fraction) +
+                                " and val_fraction = " + std::to_string(val_fraction) +
+                                " must be non-negative with a sum of at most 1");
+  }
+  const int64_t num_labels = static_cast<int64_t>(dataset.labels.size());
+  std::vector<std::vector<std::size_t>> by_label(static_cast<std::size_t>(num_labels));
+  for (std::size_t i = 0; i < dataset.examples.size(); ++i) {
+    const int64_t l = dataset.examples[i].label;
+    if (l < 0 || l >= num_labels) {
+      throw std::invalid_argument("split_dataset: examples[" + std::to_string(i) + "].label = " +
+                                  std::to_string(l) + " is out of range [0, " +
+                                  std::to_string(num_labels) + ")");
+    }
+    by_label[static_cast<std::size_t>(l)].push_back(i);
+  }
+  DatasetSplit split;
+  split.labels = dataset.labels;
+  for (std::size_t l = 0; l < by_label.size(); ++l) {
+    std::vector<std::size_t>& idx = by_label[l];
+    Rng rng(seed, l);
+    rng.shuffle(idx);
+    const std::size_t n = idx.size();
+    const std::size_t n_train =
+        std::min(n, static_cast<std::size_t>(std::llround(static_cast<double>(n) * train_fraction)));
+    const std::size_t n_val = std::min(
+        n - n_train, static_cast<std::size_t>(std::llround(static_cast<double>(n) * val_fraction)));
+    for (std::size_t k = 0; k < n; ++k) {
+      auto& part = k < n_train ? split.train : (k < n_train + n_val ? split.val : split.test);
+      part.push_back(dataset.examples[idx[k]]);
+    }
+  }
+  // Streams past the label streams, so the final order does not repeat any of them.
+  Rng(seed, 1'000'001).shuffle(split.train);
+  Rng(seed, 1'000'002).shuffle(split.val);
+  Rng(seed, 1'000'003).shuffle(split.test);
+  return split;
+}
+
+const std::vector<WordList>& default_word_lists() {
+  static const std::vector<WordList> lists = {
+      {"english", "american-english", "wamerican"}, {"french", "french", "wfrench"},
+      {"german", "ngerman", "wngerman"},            {"spanish", "spanish", "wspanish"},
+      {"italian", "italian", "witalian"},           {"portuguese", "portuguese", "wportuguese"},
+      {"dutch", "dutch", "wdutch"},
+  };
+  return lists;
+}
+
+DatasetSplit load_language_id(const LanguageIdOptions& options) {
+  if (options.lists.empty()) throw std::invalid_argument("load_language_id: no word lists given");
+  if (options.words_per_language < 1) {
+    throw std::invalid_argument("load_language_id: words_per_language = " +
+                                std::to_string(options.words_per_language) + " must be positive");
+  }
+  // One set per list: duplicates inside a list count once, and std::set's byte
+  // order makes the sample independent of the file's (locale-dependent) order.
+  std::vector<std::set<std::string>> words(options.lists.size());
+  for (std::size_t l = 0; l < options.lists.size(); ++l) {
+    const WordList& wl = options.lists[l];
+    const std::string path = options.dict_dir + "/" + wl.file;
+    std::ifstream in(path, std::ios::binary);
+    if (!in) {
+      throw std::invalid_argument("word list '" + path + "' (" + wl.language +
+                                  ") is missing: install the Debian package " + wl.package +
+                                  " (apt-get install " + wl.package + ")");
+    }
+    std::string line;
+    int64_t line_no = 0;
+    while (std::getline(in, line)) {
+      ++line_no;
+      if (!line.empty() && line.back() == '\r') line.pop_back();
+      if (line.empty()) continue;
+      decode_utf8(line, "'" + path + "' line " + std::to_string(line_no));
+      // Apostrophes mark possessives and elisions ("dog's", "l'eau"), which
+      // identify the language by punctuation rather than by its letters.
+      if (line.find('\'') != std::string::npos || line.find("\u2019") != std::string::npos) {
+        continue;
+      }
+      words[l].insert(line);
+    }
+  }
+  // A word in several lists ("art", "bank") has no single right answer.
+  std::unordered_map<std::string, int> lists_containing;
+  for (const auto& set : words) {
+    for (const auto& w : set) ++lists_containing[w];
+  }
+  TextDataset ds;
+  for (const WordList& wl : options.lists) ds.labels.push_back(wl.language);
+  const std::size_t k = static_cast<std::size_t>(options.words_per_language);
+  for (std::size_t l = 0; l < words.size(); ++l) {
+    std::vector<const std::string*> usable;
+    for (const auto& w : words[l]) {
+      if (lists_containing[w] == 1) usable.push_back(&w);
+    }
+    if (usable.size() < k) {
+      throw std::invalid_argument(
+          "word list '" + options.dict_dir + "/" + options.lists[l].file + "' has only " +
+          std::to_string(usable.size()) + " usable words (after dropping apostrophes and words " +
+          "shared with other lists), fewer than words_per_language = " + std::to_string(k));
+    }
+    // Partial Fisher-Yates: the first k positions are a uniform sample.
+    Rng rng(options.seed, 100 + l);
+    for (std::size_t i = 0; i < k; ++i) {
+      std::swap(usable[i], usable[i + static_cast<std::size_t>(rng.below(usable.size() - i))]);
+    }
+    for (std::size_t i = 0; i < k; ++i) {
+      ds.examples.push_back({*usable[i], decode_utf8(*usable[i]), static_cast<int64_t>(l)});
+    }
+  }
+  return split_dataset(ds, options.train_fraction, options.val_fraction, options.seed);
+}
+
+void export_split(const DatasetSplit& split, const std::string& dir) {
+  std::error_code ec;
+  std::filesystem::create_directories(dir, ec);
+  if (ec) throw std::runtime_error("cannot create directory '" + dir + "': " + ec.message());
+  const auto write_part = [&](const std::vector<Example>& part, const std::string& name) {
+    std::string out;
+    for (const Example& e : part) {
+      out += std::to_string(e.label);
+      out += '\t';
+      out += e.text;
+      out += '\n';
+    }
+    write_file_atomically(dir + "/" + name, out);
+  };
+  write_part(split.train, "train.tsv");
+  write_part(split.val, "val.tsv");
+  write_part(split.test, "test.tsv");
+  std::string labels;
+  for (const auto& l : split.labels) labels += l + "\n";
+  write_file_atomically(dir + "/labels.txt", labels);
+}
+
+}  // namespace seqpack

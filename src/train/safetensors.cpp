@@ -1,0 +1,312 @@
+#include "seqpack/safetensors.h"
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <bit>
+#include <cerrno>
+#include <cstring>
+#include <fstream>
+#include <iterator>
+#include <nlohmann/json.hpp>
+#include <sstream>
+#include <stdexcept>
+#include <vector>
+
+namespace seqpack {
+
+// The data buffer is copied byte for byte into tensors, which is only right
+// when the host's integers and floats are little-endian like the format.
+static_assert(std::endian::native == std::endian::little,
+              "safetensors I/O assumes a little-endian host");
+
+namespace {
+
+// The reference implementation refuses headers above 100 MB; so do we, so a
+// hostile length cannot make us allocate or parse gigabytes.
+constexpr uint64_t kMaxHeaderBytes = 100'000'000;
+constexpr const char* kMetadataKey = "__metadata__";
+
+const char* format_dtype(DType dtype) {
+  switch (dtype) {
+    case DType::f32:
+      return "F32";
+    case DType::f64:
+      return "F64";
+    case DType::i64:
+      return "I64";
+  }
+  throw std::invalid_argument("unknown dtype");
+}
+
+[[noreturn]] void fail(const std::string& source, const std::string& what) {
+  throw SafetensorsError("safetensors " + source + ": " + what);
+}
+
+std::string errno_text() { return std::strerror(errno); }
+
+}  // namespace
+
+std::string serialize_safetensors(const std::map<std::string, Tensor>& tensors,
+                                  const std::map<std::string, std::string>& metadata) {
+  // ordered_json keeps insertion order: "__metadata__" first, then the tensors in
+  // sorted key order (std::map order), byte-identical to tests/fixtures/gen_safetensors.py.
+  nlohmann::ordered_json header = nlohmann::ordered_json::object();
+  if (!metadata.empty()) {
+    nlohmann::ordered_json meta = nlohmann::ordered_json::object();
+    for (const auto& [k, v] : metadata) meta[k] = v;
+    header[kMetadataKey] = std::move(meta);
+  }
+  uint64_t offset = 0;
+  for (const auto& [name, t] : tensors) {
+    if (name.empty()) throw std::invalid_argument("save_safetensors: empty tensor name");
+    if (name == kMetadataKey) {
+      throw std::invalid_argument("save_safetensors: tensor name '__metadata__' is reserved");
+    }
+    if (!t.defined()) {
+      throw std::invalid_argument("save_safetensors: tensor '" + name + "' is undefined");
+    }
+    nlohmann::ordered_json entry = nlohmann::ordered_json::object();
+    entry["dtype"] = format_dtype(t.dtype());
+    entry["shape"] = t.shape();
+    entry["data_offsets"] = {offset, offset + t.nbytes()};
+    offset += t.nbytes();
+    header[name] = std::move(entry);
+  }
+  std::string json = header.dump();
+  // Spaces up to a multiple of 8 keep the data buffer 8-byte aligned in the file,
+  // as the reference implementation does.
+  json.append((8 - json.size() % 8) % 8, ' ');
+
+  std::string out;
+  out.reserve(8 + json.size() + offset);
+  const uint64_t n = json.size();
+  for (int i = 0; i < 8; ++i) out.push_back(static_cast<char>((n >> (8 * i)) & 0xff));
+  out += json;
+  for (const auto& [name, t] : tensors) {
+    out.append(static_cast<const char*>(t.raw_data()), t.nbytes());
+  }
+  return out;
+}
+
+std::map<std::string, Tensor> parse_safetensors(std::string_view bytes,
+                                                std::map<std::string, std::string>* metadata,
+                                                const std::string& source) {
+  if (metadata) metadata->clear();
+  if (bytes.size() < 8) {
+    fail(source, "file is " + std::to_string(bytes.size()) +
+                     " bytes, too short for the 8-byte header length");
+  }
+  uint64_t header_len = 0;
+  for (int i = 0; i < 8; ++i) {
+    header_len |= static_cast<uint64_t>(static_cast<unsigned char>(bytes[i])) << (8 * i);
+  }
+  if (header_len > kMaxHeaderBytes) {
+    fail(source, "header length " + std::to_string(header_len) + " is larger than the limit " +
+                     std::to_string(kMaxHeaderBytes));
+  }
+  if (header_len > bytes.size() - 8) {
+    fail(source, "header length " + std::to_string(header_len) + " runs past the end of the " +
+                     std::to_string(bytes.size()) + "-byte file");
+  }
+  const std::string_view header_text = bytes.substr(8, header_len);
+  const std::string_view buffer = bytes.substr(8 + header_len);
+
+  const nlohmann::json header = nlohmann::json::parse(header_text.begin(), header_text.end(),
+                                                      nullptr, /*allow_exceptions=*/false);
+  if (header.is_discarded()) fail(source, "header is not valid JSON");
+  if (!header.is_object()) {
+    fail(source, "header is JSON " + std::string(header.type_name()) + ", expected an object");
+  }
+
+  struct Entry {
+    std::string name;
+    DType dtype;
+    Shape shape;
+    uint64_t begin, end;
+  };
+  std::vector<Entry> entries;
+  for (const auto& [name, value] : header.items()) {
+    if (name == kMetadataKey) {
+      if (!value.is_object()) fail(source, "__metadata__ is not an object");
+      for (const auto& [k, v] : value.items()) {
+        if (!v.is_string()) {
+          fail(source, "__metadata__ value of '" + k + "' is " + v.dump() + ", expected a string");
+        }
+        if (metadata) (*metadata)[k] = v.get<std::string>();
+      }
+      continue;
+    }
+    const std::string where = "tensor '" + name + "'";
+    if (!value.is_object()) fail(source, where + " is " + value.dump() + ", expected an object");
+    Entry e{name, DType::f32, {}, 0, 0};
+
+    const auto dt = value.find("dtype");
+    if (dt == value.end() || !dt->is_string()) fail(source, where + " has no string dtype");
+    const std::string dtype = dt->get<std::string>();
+    if (dtype == "F32") {
+      e.dtype = DType::f32;
+    } else if (dtype == "F64") {
+      e.dtype = DType::f64;
+    } else if (dtype == "I64") {
+      e.dtype = DType::i64;
+    } else {
+      fail(source, where + " has dtype '" + dtype + "', which seqpack does not support (F32, F64, I64)");
+    }
+    const uint64_t esize = dtype_size(e.dtype);
+
+    const auto sh = value.find("shape");
+    if (sh == value.end() || !sh->is_array()) fail(source, where + " has no shape array");
+    for (const auto& d : *sh) {
+      // nlohmann parses non-negative integers as unsigned: anything else (a
+      // negative size, a float, a string) is invalid.
+      if (!d.is_number_unsigned() || d.get<uint64_t>() > static_cast<uint64_t>(INT64_MAX)) {
+        fail(source, where + " has shape " + sh->dump() + " with invalid size " + d.dump());
+      }
+      e.shape.push_back(d.get<int64_t>());
+    }
+    // Overflow-checked product, so a hostile shape like [2^62, 2^62] cannot wrap
+    // around to a small byte count; any zero size makes it empty.
+    uint64_t numel = 1;
+    bool overflow = false;
+    for (int64_t d : e.shape) overflow |= __builtin_mul_overflow(numel, static_cast<uint64_t>(d), &numel);
+    if (std::find(e.shape.begin(), e.shape.end(), 0) != e.shape.end()) {
+      numel = 0;
+      overflow = false;
+    }
+    uint64_t nbytes = 0;
+    overflow |= __builtin_mul_overflow(numel, esize, &nbytes);
+    if (overflow) {
+      fail(source, where + " has shape " + sh->dump() + " " + dtype +
+                       ", whose byte size overflows 64 bits");
+    }
+
+    const auto off = value.find("data_offsets");
+    if (off == value.end() || !off->is_array() || off->size() != 2 ||
+        !(*off)[0].is_number_unsigned() || !(*off)[1].is_number_unsigned()) {
+      fail(source, where + " has data_offsets " + (off == value.end() ? "missing" : off->dump()) +
+                       ", expected [begin, end] with 0 <= begin <= end");
+    }
+    e.begin = (*off)[0].get<uint64_t>();
+    e.end = (*off)[1].get<uint64_t>();
+    if (e.begin > e.end || e.end > buffer.size()) {
+      fail(source, where + " has data_offsets " + off->dump() + " outside the " +
+                       std::to_string(buffer.size()) + "-byte data buffer");
+    }
+    if (e.end - e.begin != nbytes) {
+      fail(source, where + " has data_offsets " + off->dump() + " spanning " +
+                       std::to_string(e.end - e.begin) + " bytes but shape " + sh->dump() + " " +
+                       dtype + " needs " + std::to_string(nbytes));
+    }
+    entries.push_back(std::move(e));
+  }
+
+  // The tensors must tile the buffer exactly, as the reference implementation
+  // requires: overlaps would alias, gaps hide data nobody can name.
+  std::vector<const Entry*> by_offset;
+  for (const Entry& e : entries) by_offset.push_back(&e);
+  std::stable_sort(by_offset.begin(), by_offset.end(), [](const Entry* a, const Entry* b) {
+    return a->begin != b->begin ? a->begin < b->begin : a->end < b->end;
+  });
+  uint64_t covered = 0;
+  const Entry* prev = nullptr;
+  for (const Entry* e : by_offset) {
+    if (e->begin < covered) {
+      fail(source, "tensor '" + e->name + "' data_offsets [" + std::to_string(e->begin) + ", " +
+                       std::to_string(e->end) + "] overlap tensor '" + prev->name + "' [" +
+                       std::to_string(prev->begin) + ", " + std::to_string(prev->end) + "]");
+    }
+    if (e->begin > covered) {
+      fail(source, "bytes [" + std::to_string(covered) + ", " + std::to_string(e->begin) +
+                       ") of the data buffer belong to no tensor");
+    }
+    covered = e->end;
+    if (e->end > e->begin || !prev) prev = e;
+  }
+  if (covered != buffer.size()) {
+    fail(source, "bytes [" + std::to_string(covered) + ", " + std::to_string(buffer.size()) +
+                     ") of the data buffer belong to no tensor");
+  }
+
+  std::map<std::string, Tensor> out;
+  for (const Entry& e : entries) {
+    Tensor t = Tensor::empty(e.shape, e.dtype);
+    if (t.nbytes()) std::memcpy(t.raw_data(), buffer.data() + e.begin, t.nbytes());
+    out.emplace(e.name, std::move(t));
+  }
+  return out;
+}
+
+void write_file_atomically(const std::string& path, std::string_view bytes) {
+  const std::size_t slash = path.rfind('/');
+  const std::string dir = slash == std::string::npos ? "." : (slash == 0 ? "/" : path.substr(0, slash));
+  const std::string base = slash == std::string::npos ? path : path.substr(slash + 1);
+  if (base.empty()) throw std::invalid_argument("write_file_atomically: '" + path + "' names a directory");
+  std::string tmp = (dir == "/" ? "" : dir) + "/." + base + ".tmp.XXXXXX";
+  std::vector<char> tmpl(tmp.begin(), tmp.end());
+  tmpl.push_back('\0');
+  const int fd = ::mkstemp(tmpl.data());
+  if (fd < 0) {
+    throw std::runtime_error("cannot create a temporary file in '" + dir + "' for '" + path +
+                             "': " + errno_text());
+  }
+  tmp.assign(tmpl.data());
+  auto abandon = [&](const std::string& what) {
+    const std::string err = errno_text();
+    ::close(fd);
+    ::unlink(tmp.c_str());
+    throw std::runtime_error("cannot write '" + path + "': " + what + ": " + err);
+  };
+  // mkstemp creates 0600; a saved model should be readable like any other file.
+  if (::fchmod(fd, 0644) != 0) abandon("chmod");
+  const char* p = bytes.data();
+  std::size_t left = bytes.size();
+  while (left > 0) {
+    const ssize_t n = ::write(fd, p, left);
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      abandon("write");
+    }
+    p += n;
+    left -= static_cast<std::size_t>(n);
+  }
+  // fsync before rename: otherwise a crash can leave the new name pointing at
+  // an empty or partial file on some filesystems.
+  if (::fsync(fd) != 0) abandon("fsync");
+  if (::close(fd) != 0) {
+    const std::string err = errno_text();
+    ::unlink(tmp.c_str());
+    throw std::runtime_error("cannot write '" + path + "': close: " + err);
+  }
+  if (::rename(tmp.c_str(), path.c_str()) != 0) {
+    const std::string err = errno_text();
+    ::unlink(tmp.c_str());
+    throw std::runtime_error("cannot write '" + path + "': rename: " + err);
+  }
+  // Persist the directory entry too; failure here is not worth failing the save.
+  const int dfd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY);
+  if (dfd >= 0) {
+    ::fsync(dfd);
+    ::close(dfd);
+  }
+}
+
+void save_safetensors(const std::string& path, const std::map<std::string, Tensor>& tensors,
+                      const std::map<std::string, std::string>& metadata) {
+  write_file_atomically(path, serialize_safetensors(tensors, metadata));
+}
+
+std::map<std::string, Tensor> load_safetensors(const std::string& path,
+                                               std::map<std::string, std::string>* metadata) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) {
+    throw std::invalid_argument("cannot open safetensors file '" + path + "': " + errno_text());
+  }
+  std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  if (in.bad()) throw std::invalid_argument("cannot read safetensors file '" + path + "'");
+  return parse_safetensors(bytes, metadata, "'" + path + "'");
+}
+
+}  // namespace seqpack

@@ -1,0 +1,198 @@
+// Loads the PyTorch RNN fixtures written by tests/fixtures/gen_rnn.py and moves
+// per-sequence rows in and out of the packed and padded layouts with plain
+// loops (independent of PackingPlan, so a packing bug cannot hide an RNN bug
+// or the other way round). Shared by the RNN reference, parity and gradient tests.
+#pragma once
+
+#include <map>
+#include <string>
+#include <vector>
+
+#include "seqpack/rnn.h"
+#include "test_util.h"
+
+namespace seqpack::testing {
+
+struct RNNCase {
+  std::string name;
+  RNNOptions options;
+  std::string kind;  // "packed", "padded", "padded_lengths", "unbatched"
+  std::vector<int64_t> lengths;
+  bool enforce_sorted = true;
+  std::vector<std::string> parameter_names;  // PyTorch's _flat_weights_names
+  std::vector<Tensor> weights;               // in that order, options.dtype
+  std::vector<Tensor> sequences;             // caller's order, [len_b, input_size]
+  Tensor input;  // packed data, or the padded / unbatched tensor
+  Tensor batch_sizes;
+  std::vector<int64_t> sorted_indices;  // empty when PyTorch gave None
+  Tensor h0, c0;                        // undefined when not given; as stored
+  Tensor output;                        // packed data or padded
+  Tensor h_n, c_n;
+  Tensor grad_output, grad_h_n, grad_c_n;
+  std::map<std::string, Tensor> grads;  // "input", "h0", "c0" and parameter names
+
+  int64_t batch() const { return static_cast<int64_t>(lengths.size()); }
+  int64_t max_len() const {
+    int64_t m = 0;
+    for (int64_t n : lengths) m = std::max(m, n);
+    return m;
+  }
+  // Caller's index of the k-th sequence in packed order.
+  int64_t sorted(int64_t k) const {
+    return sorted_indices.empty() ? k : sorted_indices[static_cast<std::size_t>(k)];
+  }
+};
+
+inline RNNMode rnn_mode_from(const std::string& s) {
+  if (s == "rnn_tanh") return RNNMode::rnn_tanh;
+  if (s == "rnn_relu") return RNNMode::rnn_relu;
+  if (s == "lstm") return RNNMode::lstm;
+  if (s == "gru") return RNNMode::gru;
+  throw std::runtime_error("unknown mode " + s);
+}
+
+inline std::vector<RNNCase> load_rnn_cases() {
+  std::vector<RNNCase> cases;
+  for (const char* file :
+       {"rnn_rnn_tanh.json", "rnn_rnn_relu.json", "rnn_lstm.json", "rnn_gru.json"}) {
+    const nlohmann::json doc = load_fixture(file);
+    for (const auto& j : doc.at("cases")) {
+      RNNCase c;
+      c.name = j.at("name").get<std::string>();
+      const auto& o = j.at("options");
+      c.options.mode = rnn_mode_from(o.at("mode").get<std::string>());
+      c.options.input_size = o.at("input_size").get<int64_t>();
+      c.options.hidden_size = o.at("hidden_size").get<int64_t>();
+      c.options.num_layers = o.at("num_layers").get<int64_t>();
+      c.options.bias = o.at("bias").get<bool>();
+      c.options.batch_first = o.at("batch_first").get<bool>();
+      c.options.bidirectional = o.at("bidirectional").get<bool>();
+      c.options.proj_size = o.at("proj_size").get<int64_t>();
+      c.options.dtype = o.at("dtype").get<std::string>() == "float64" ? DType::f64 : DType::f32;
+      const DType dt = c.options.dtype;
+      c.kind = j.at("kind").get<std::string>();
+      c.lengths = j.at("lengths").get<std::vector<int64_t>>();
+      if (j.contains("enforce_sorted")) c.enforce_sorted = j.at("enforce_sorted").get<bool>();
+      c.parameter_names = j.at("parameter_names").get<std::vector<std::string>>();
+      for (const auto& n : c.parameter_names) {
+        c.weights.push_back(tensor_from_json(j.at("state_dict").at(n), dt));
+      }
+      for (const auto& s : j.at("sequences")) {
+        Tensor t = tensor_from_json(s, dt);
+        // A JSON [[...]] of one row parses fine; only an empty list would lose
+        // its feature dimension, and PyTorch fixtures have no empty sequences.
+        c.sequences.push_back(t);
+      }
+      if (c.kind == "packed") {
+        const auto& in = j.at("input");
+        c.input = tensor_from_json(in.at("data"), dt);
+        c.batch_sizes = tensor_from_json(in.at("batch_sizes"), DType::i64);
+        if (!in.at("sorted_indices").is_null()) {
+          c.sorted_indices = in.at("sorted_indices").get<std::vector<int64_t>>();
+        }
+        c.output = tensor_from_json(j.at("output").at("data"), dt);
+      } else {
+        c.input = tensor_from_json(j.at("input"), dt);
+        c.output = tensor_from_json(j.at("output"), dt);
+      }
+      if (j.contains("h0")) c.h0 = tensor_from_json(j.at("h0"), dt);
+      if (j.contains("c0")) c.c0 = tensor_from_json(j.at("c0"), dt);
+      c.h_n = tensor_from_json(j.at("h_n"), dt);
+      if (j.contains("c_n")) c.c_n = tensor_from_json(j.at("c_n"), dt);
+      c.grad_output = tensor_from_json(j.at("grad_output"), dt);
+      c.grad_h_n = tensor_from_json(j.at("grad_h_n"), dt);
+      if (j.contains("grad_c_n")) c.grad_c_n = tensor_from_json(j.at("grad_c_n"), dt);
+      for (auto it = j.at("grads").begin(); it != j.at("grads").end(); ++it) {
+        c.grads[it.key()] = tensor_from_json(it.value(), dt);
+      }
+      cases.push_back(std::move(c));
+    }
+  }
+  return cases;
+}
+
+// Per-sequence rows [len_b, F] (caller's order) -> the case's output layout:
+// packed rows, padded [T, B, F] / [B, T, F] with zeros at padding, or [T, F].
+inline Tensor rows_to_layout(const RNNCase& c, const std::vector<Tensor>& rows, int64_t features) {
+  const int64_t B = c.batch(), T = c.max_len();
+  if (c.kind == "packed") {
+    int64_t total = 0;
+    for (int64_t n : c.lengths) total += n;
+    Tensor out = Tensor::zeros({total, features}, DType::f64);
+    int64_t r = 0;
+    for (int64_t t = 0; t < T; ++t) {
+      for (int64_t k = 0; k < B; ++k) {
+        const int64_t b = c.sorted(k);
+        if (c.lengths[static_cast<std::size_t>(b)] <= t) continue;
+        for (int64_t f = 0; f < features; ++f) {
+          out.data<double>()[r * features + f] =
+              rows[static_cast<std::size_t>(b)].item_as_double(t * features + f);
+        }
+        ++r;
+      }
+    }
+    return out;
+  }
+  if (c.kind == "unbatched") return rows[0].to(DType::f64).view({T, features});
+  const bool bf = c.options.batch_first;
+  Tensor out = Tensor::zeros(bf ? Shape{B, T, features} : Shape{T, B, features}, DType::f64);
+  for (int64_t b = 0; b < B; ++b) {
+    for (int64_t t = 0; t < c.lengths[static_cast<std::size_t>(b)]; ++t) {
+      const int64_t dst = bf ? (b * T + t) : (t * B + b);
+      for (int64_t f = 0; f < features; ++f) {
+        out.data<double>()[dst * features + f] =
+            rows[static_cast<std::size_t>(b)].item_as_double(t * features + f);
+      }
+    }
+  }
+  return out;
+}
+
+// The inverse: a tensor in the case's layout -> per-sequence rows (float64).
+// Padding positions are dropped.
+inline std::vector<Tensor> layout_to_rows(const RNNCase& c, const Tensor& x, int64_t features) {
+  const int64_t B = c.batch(), T = c.max_len();
+  std::vector<Tensor> rows;
+  for (int64_t b = 0; b < B; ++b) {
+    rows.push_back(Tensor::zeros({c.lengths[static_cast<std::size_t>(b)], features}, DType::f64));
+  }
+  if (c.kind == "packed") {
+    int64_t r = 0;
+    for (int64_t t = 0; t < T; ++t) {
+      for (int64_t k = 0; k < B; ++k) {
+        const int64_t b = c.sorted(k);
+        if (c.lengths[static_cast<std::size_t>(b)] <= t) continue;
+        for (int64_t f = 0; f < features; ++f) {
+          rows[static_cast<std::size_t>(b)].data<double>()[t * features + f] =
+              x.item_as_double(r * features + f);
+        }
+        ++r;
+      }
+    }
+    return rows;
+  }
+  const bool bf = c.options.batch_first && c.kind != "unbatched";
+  for (int64_t b = 0; b < B; ++b) {
+    for (int64_t t = 0; t < c.lengths[static_cast<std::size_t>(b)]; ++t) {
+      const int64_t src = bf ? (b * T + t) : (t * B + b);
+      for (int64_t f = 0; f < features; ++f) {
+        rows[static_cast<std::size_t>(b)].data<double>()[t * features + f] =
+            x.item_as_double(src * features + f);
+      }
+    }
+  }
+  return rows;
+}
+
+// h/c states as the layers see them: unbatched [N, H] -> [N, 1, H].
+inline Tensor batched_state(const RNNCase& c, const Tensor& s) {
+  if (!s.defined() || c.kind != "unbatched") return s;
+  return s.view({s.size(0), 1, s.size(1)});
+}
+
+// Tolerances of issue 3: float32 forward 1e-5, gradients 1e-4 (mixed rel/abs);
+// float64 fixtures are held much tighter.
+inline double forward_tol(const RNNCase& c) { return c.options.dtype == DType::f64 ? 1e-10 : 1e-5; }
+inline double grad_tol(const RNNCase& c) { return c.options.dtype == DType::f64 ? 1e-9 : 1e-4; }
+
+}  // namespace seqpack::testing
