@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cstring>
 #include <numeric>
+#include <sstream>
 #include <stdexcept>
 #include <string>
 
@@ -271,7 +272,8 @@ Tensor gather_rows(const PackingPlan& plan, const Tensor& padded, bool batch_fir
 
 // Writes packed rows into a new padded tensor ([T, B, *f] or [B, T, *f]).
 Tensor scatter_rows(const PackingPlan& plan, const Tensor& rows, int64_t total_length,
-                    bool batch_first, double padding_value, const char* what) {
+                    bool batch_first, double padding_value, const char* what,
+                    const char* length_name = "total_length") {
   if (!rows.defined() || rows.dim() < 1) {
     throw std::invalid_argument(std::string(what) +
                                 ": packed rows must have at least 1 dimension, got " +
@@ -284,7 +286,7 @@ Tensor scatter_rows(const PackingPlan& plan, const Tensor& rows, int64_t total_l
                                 str(plan.total_rows()) + " rows");
   }
   if (total_length < plan.max_len()) {
-    throw std::invalid_argument(std::string(what) + ": total_length = " + str(total_length) +
+    throw std::invalid_argument(std::string(what) + ": " + length_name + " = " + str(total_length) +
                                 " is less than the longest sequence length " +
                                 str(plan.max_len()));
   }
@@ -474,8 +476,9 @@ PackedSequence pack_padded_sequence(const Tensor& input, const Tensor& lengths, 
   for (int64_t i = 0; i < lengths.numel(); ++i) {
     const double x = lengths.item_as_double(i);
     if (lengths.dtype() != DType::i64 && x != static_cast<double>(static_cast<int64_t>(x))) {
-      throw std::invalid_argument("pack_padded_sequence: lengths[" + str(i) + "] = " +
-                                  std::to_string(x) + " is not a whole number");
+      std::ostringstream os;
+      os << "pack_padded_sequence: lengths[" << i << "] = " << x << " is not a whole number";
+      throw std::invalid_argument(os.str());
     }
     v[static_cast<std::size_t>(i)] =
         lengths.dtype() == DType::i64 ? lengths.data<int64_t>()[i] : static_cast<int64_t>(x);
@@ -576,7 +579,7 @@ Tensor invert_permutation(const Tensor& permutation) {
 Tensor pack_padded_sequence_backward(const Tensor& grad_data, const PackingPlan& plan,
                                      int64_t padded_length, bool batch_first) {
   return scatter_rows(plan, grad_data, padded_length, batch_first, 0.0,
-                      "pack_padded_sequence_backward");
+                      "pack_padded_sequence_backward", "padded_length");
 }
 
 Tensor pad_packed_sequence_backward(const Tensor& grad_padded, const PackingPlan& plan,

@@ -1,0 +1,503 @@
+// The packed-native functional core: rnn_forward and rnn_backward.
+//
+// Per layer and direction the forward does
+//   1. ONE GEMM over all packed rows: G = X·W_ihᵀ + b (the input projection);
+//   2. per step t, ONE GEMM of only its live rows (batch_sizes[t]) with W_hh,
+//      accumulated into that step's rows of G;
+//   3. one fused gate kernel over those rows (src/cpu/rnn_gates.h).
+// The hidden state lives in a [batch, H] buffer in length-sorted order: the
+// live rows of step t are its first batch_sizes[t] rows, so a sequence that
+// ended keeps its final state in place and, in the reverse direction, a
+// sequence that starts at step t still holds h0. That gives h_n at each
+// sequence's own last step with no bookkeeping.
+//
+// The backward keeps per packed row what it needs (gate activations, c, c_prev,
+// h_prev aligned with the gate rows), walks the steps only for the dh/dc
+// recurrence (one GEMM of live rows per step), then computes dW_ih, dX, dW_hh
+// and the biases each with ONE GEMM (or one pass) over all packed rows, so its
+// cost is linear in the number of tokens.
+#include <cstring>
+#include <random>
+#include <stdexcept>
+#include <string>
+
+#include "cpu/gemm.h"
+#include "cpu/rnn_gates.h"
+#include "seqpack/rnn.h"
+
+namespace seqpack {
+
+struct RNNSaved {
+  struct Direction {
+    Tensor gates;   // [N, G] gate activations (RNN: h itself)
+    Tensor h_prev;  // [N, R] h entering each row's step
+    Tensor c;       // LSTM [N, H] c after the step
+    Tensor c_prev;  // LSTM [N, H] c entering the step
+    Tensor m;       // LSTM with projection [N, H]: o * tanh(c), before W_hr
+    Tensor ghn;     // GRU [N, H]: W_hn h_prev + b_hn
+  };
+  struct Layer {
+    Tensor input;  // [N, in] what W_ih saw (after dropout)
+    Tensor mask;   // dropout mask (0 or 1/(1-p)) applied to the input, or undefined
+    std::vector<Direction> dirs;
+  };
+  RNNOptions options;
+  std::vector<Tensor> weights;
+  std::vector<int64_t> batch_sizes, offsets, sorted_indices;
+  int64_t batch = 0, total_rows = 0;
+  std::vector<Layer> layers;
+};
+
+namespace {
+
+template <typename T>
+struct DirWeights {
+  const T* w_ih = nullptr;
+  const T* w_hh = nullptr;
+  const T* b_ih = nullptr;
+  const T* b_hh = nullptr;
+  const T* w_hr = nullptr;
+  int64_t first = 0;  // index of w_ih in the flat weight list
+};
+
+int64_t params_per_direction(const RNNOptions& o) {
+  return 2 + (o.bias ? 2 : 0) + (o.proj_size > 0 ? 1 : 0);
+}
+
+template <typename T>
+DirWeights<T> dir_weights(const RNNOptions& o, const std::vector<Tensor>& w, int64_t l,
+                          int64_t d) {
+  DirWeights<T> dw;
+  const int64_t k = (l * o.num_directions() + d) * params_per_direction(o);
+  dw.first = k;
+  dw.w_ih = w[static_cast<std::size_t>(k)].data<T>();
+  dw.w_hh = w[static_cast<std::size_t>(k + 1)].data<T>();
+  int64_t next = k + 2;
+  if (o.bias) {
+    dw.b_ih = w[static_cast<std::size_t>(next)].data<T>();
+    dw.b_hh = w[static_cast<std::size_t>(next + 1)].data<T>();
+    next += 2;
+  }
+  if (o.proj_size > 0) dw.w_hr = w[static_cast<std::size_t>(next)].data<T>();
+  return dw;
+}
+
+void check_state(const Tensor& s, const Shape& want, DType dtype, const char* what) {
+  if (!s.defined()) return;
+  if (s.shape() != want) {
+    throw std::invalid_argument(std::string(what) + " has shape " + shape_str(s.shape()) +
+                                ", expected " + shape_str(want));
+  }
+  if (s.dtype() != dtype) {
+    throw std::invalid_argument(std::string(what) + " has dtype " + dtype_name(s.dtype()) +
+                                ", expected " + dtype_name(dtype));
+  }
+}
+
+void check_weights(const RNNOptions& o, const std::vector<Tensor>& weights) {
+  const auto names = rnn_parameter_names(o);
+  const auto shapes = rnn_parameter_shapes(o);
+  if (weights.size() != names.size()) {
+    throw std::invalid_argument("expected " + std::to_string(names.size()) +
+                                " weight tensors for these options, got " +
+                                std::to_string(weights.size()));
+  }
+  for (std::size_t i = 0; i < names.size(); ++i) {
+    const Tensor& w = weights[i];
+    if (!w.defined() || w.shape() != shapes[i]) {
+      throw std::invalid_argument(names[i] + " has shape " +
+                                  (w.defined() ? shape_str(w.shape()) : "undefined") +
+                                  ", expected " + shape_str(shapes[i]));
+    }
+    if (w.dtype() != o.dtype) {
+      throw std::invalid_argument(names[i] + " has dtype " + dtype_name(w.dtype()) +
+                                  ", expected " + dtype_name(o.dtype));
+    }
+  }
+}
+
+template <typename T>
+void copy_rows(T* dst, int64_t ld_dst, const T* src, int64_t ld_src, int64_t rows, int64_t cols) {
+  if (ld_dst == cols && ld_src == cols) {
+    std::memcpy(dst, src, static_cast<std::size_t>(rows * cols) * sizeof(T));
+    return;
+  }
+  for (int64_t r = 0; r < rows; ++r) {
+    std::memcpy(dst + r * ld_dst, src + r * ld_src, static_cast<std::size_t>(cols) * sizeof(T));
+  }
+}
+
+// state[j] = s[ld][sorted[j]] (sorted order), or zeros when s is undefined.
+template <typename T>
+void load_state(T* state, const Tensor& s, int64_t ld, const std::vector<int64_t>& sorted,
+                int64_t width) {
+  const int64_t B = static_cast<int64_t>(sorted.size());
+  if (!s.defined()) {
+    std::memset(state, 0, static_cast<std::size_t>(B * width) * sizeof(T));
+    return;
+  }
+  const T* src = s.data<T>() + ld * B * width;
+  for (int64_t j = 0; j < B; ++j) {
+    std::memcpy(state + j * width, src + sorted[static_cast<std::size_t>(j)] * width,
+                static_cast<std::size_t>(width) * sizeof(T));
+  }
+}
+
+template <typename T>
+void store_state(Tensor& s, const T* state, int64_t ld, const std::vector<int64_t>& sorted,
+                 int64_t width) {
+  const int64_t B = static_cast<int64_t>(sorted.size());
+  T* dst = s.data<T>() + ld * B * width;
+  for (int64_t j = 0; j < B; ++j) {
+    std::memcpy(dst + sorted[static_cast<std::size_t>(j)] * width, state + j * width,
+                static_cast<std::size_t>(width) * sizeof(T));
+  }
+}
+
+template <typename T>
+Tensor dropout_mask(int64_t rows, int64_t cols, double p, uint64_t seed, int64_t layer) {
+  Tensor mask = Tensor::empty({rows, cols}, dtype_of<T>());
+  // One stream per layer so masks do not depend on the other layers' sizes.
+  std::mt19937_64 gen(seed * 0x9E3779B97F4A7C15ULL + static_cast<uint64_t>(layer));
+  std::bernoulli_distribution keep(1.0 - p);
+  const T scale = static_cast<T>(1.0 / (1.0 - p));
+  T* m = mask.data<T>();
+  for (int64_t i = 0; i < mask.numel(); ++i) m[i] = keep(gen) ? scale : T(0);
+  return mask;
+}
+
+template <typename T>
+RNNForwardResult forward_impl(const RNNOptions& o, const std::vector<Tensor>& weights,
+                              const Tensor& data, const PackingPlan& plan, const Tensor& h0,
+                              const Tensor& c0, bool training, bool save, uint64_t seed) {
+  const int64_t L = o.num_layers, D = o.num_directions(), H = o.hidden_size;
+  const int64_t R = o.real_hidden_size(), G = o.gate_count() * H;
+  const int64_t B = plan.batch(), N = plan.total_rows(), TT = plan.max_len();
+  const bool lstm = o.mode == RNNMode::lstm, gru = o.mode == RNNMode::gru;
+  const bool relu = o.mode == RNNMode::rnn_relu, proj = o.proj_size > 0;
+  const auto& bs = plan.batch_sizes();
+  const auto& off = plan.offsets();
+  const auto& si = plan.sorted_indices();
+
+  RNNForwardResult res;
+  res.h_n = Tensor::empty({L * D, B, R}, o.dtype);
+  if (lstm) res.c_n = Tensor::empty({L * D, B, H}, o.dtype);
+
+  std::shared_ptr<RNNSaved> saved;
+  if (save) {
+    saved = std::make_shared<RNNSaved>();
+    saved->options = o;
+    saved->weights = weights;
+    saved->batch_sizes = bs;
+    saved->offsets = off;
+    saved->sorted_indices = si;
+    saved->batch = B;
+    saved->total_rows = N;
+  }
+
+  // The whole workspace of the call, allocated once: nothing is allocated
+  // inside the time loop.
+  std::vector<T> hstate(static_cast<std::size_t>(B * R));
+  std::vector<T> cstate(lstm ? static_cast<std::size_t>(B * H) : 0);
+  std::vector<T> gh_ws(gru ? static_cast<std::size_t>(B * G) : 0);
+  std::vector<T> m_ws(proj && !save ? static_cast<std::size_t>(B * H) : 0);
+
+  Tensor layer_in = data;
+  for (int64_t l = 0; l < L; ++l) {
+    const int64_t in = l == 0 ? o.input_size : D * R;
+    Tensor x = layer_in;
+    Tensor mask;
+    if (l > 0 && training && o.dropout > 0) {
+      mask = dropout_mask<T>(N, in, o.dropout, seed, l);
+      x = Tensor::empty({N, in}, o.dtype);
+      const T* a = layer_in.data<T>();
+      const T* m = mask.data<T>();
+      T* y = x.data<T>();
+      for (int64_t i = 0; i < N * in; ++i) y[i] = a[i] * m[i];
+    }
+    Tensor out = Tensor::empty({N, D * R}, o.dtype);
+    const int64_t ldo = D * R;
+    RNNSaved::Layer sl;
+    if (save) {
+      sl.input = x;
+      sl.mask = mask;
+    }
+    for (int64_t d = 0; d < D; ++d) {
+      const DirWeights<T> w = dir_weights<T>(o, weights, l, d);
+      Tensor gates_t = Tensor::empty({N, G}, o.dtype);
+      T* gates = gates_t.data<T>();
+      // G = X·W_ihᵀ + b: start from the bias rows (b_ih, plus b_hh except for
+      // GRU, whose b_hn must stay inside r * (W_hn h + b_hn)).
+      if (o.bias) {
+        for (int64_t r = 0; r < N; ++r) {
+          T* g = gates + r * G;
+          for (int64_t k = 0; k < G; ++k) g[k] = gru ? w.b_ih[k] : w.b_ih[k] + w.b_hh[k];
+        }
+      }
+      cpu::gemm<T>(false, true, N, G, in, T(1), x.data<T>(), in, w.w_ih, in,
+                   o.bias ? T(1) : T(0), gates, G);
+
+      RNNSaved::Direction sd;
+      T *hprev = nullptr, *cs = nullptr, *cps = nullptr, *ms = nullptr, *ghn = nullptr;
+      if (save) {
+        sd.gates = gates_t;
+        sd.h_prev = Tensor::empty({N, R}, o.dtype);
+        hprev = sd.h_prev.data<T>();
+        if (lstm) {
+          sd.c = Tensor::empty({N, H}, o.dtype);
+          sd.c_prev = Tensor::empty({N, H}, o.dtype);
+          cs = sd.c.data<T>();
+          cps = sd.c_prev.data<T>();
+        }
+        if (proj) {
+          sd.m = Tensor::empty({N, H}, o.dtype);
+          ms = sd.m.data<T>();
+        }
+        if (gru) {
+          sd.ghn = Tensor::empty({N, H}, o.dtype);
+          ghn = sd.ghn.data<T>();
+        }
+      }
+      const int64_t ld = l * D + d;
+      load_state(hstate.data(), h0, ld, si, R);
+      if (lstm) load_state(cstate.data(), c0, ld, si, H);
+
+      T* outp = out.data<T>() + d * R;
+      for (int64_t s = 0; s < TT; ++s) {
+        // The reverse direction walks t down; rows bs[t+1]..bs[t]-1 begin
+        // there and still hold h0 in the state buffer.
+        const int64_t t = d == 0 ? s : TT - 1 - s;
+        const int64_t n = bs[static_cast<std::size_t>(t)];
+        const int64_t r0 = off[static_cast<std::size_t>(t)];
+        T* grow = gates + r0 * G;
+        T* orow = outp + r0 * ldo;
+        const T* hsrc = hstate.data();
+        if (save) {
+          copy_rows(hprev + r0 * R, R, hstate.data(), R, n, R);
+          hsrc = hprev + r0 * R;
+        }
+        if (lstm) {
+          cpu::gemm<T>(false, true, n, G, R, T(1), hsrc, R, w.w_hh, R, T(1), grow, G);
+          T* cdst = cstate.data();
+          if (save) {
+            copy_rows(cps + r0 * H, H, cstate.data(), H, n, H);
+            cdst = cs + r0 * H;
+          }
+          T* hdst = orow;
+          int64_t ldh = ldo;
+          if (proj) {
+            hdst = save ? ms + r0 * H : m_ws.data();
+            ldh = H;
+          }
+          cpu::lstm_gates_forward<T>(n, H, grow, cstate.data(), H, cdst, H, hdst, ldh);
+          if (save) copy_rows(cstate.data(), H, cdst, H, n, H);
+          if (proj) cpu::gemm<T>(false, true, n, R, H, T(1), hdst, H, w.w_hr, H, T(0), orow, ldo);
+        } else if (gru) {
+          cpu::gemm<T>(false, true, n, G, R, T(1), hsrc, R, w.w_hh, R, T(0), gh_ws.data(), G);
+          cpu::gru_gates_forward<T>(n, H, grow, gh_ws.data(), w.b_hh, hsrc, R, orow, ldo,
+                                    save ? ghn + r0 * H : nullptr);
+        } else {
+          cpu::gemm<T>(false, true, n, G, R, T(1), hsrc, R, w.w_hh, R, T(1), grow, G);
+          cpu::rnn_gates_forward<T>(n, H, grow, relu, orow, ldo);
+        }
+        copy_rows(hstate.data(), R, orow, ldo, n, R);
+      }
+      store_state(res.h_n, hstate.data(), ld, si, R);
+      if (lstm) store_state(res.c_n, cstate.data(), ld, si, H);
+      if (save) sl.dirs.push_back(std::move(sd));
+    }
+    if (save) saved->layers.push_back(std::move(sl));
+    layer_in = out;
+  }
+  res.output = layer_in;
+  res.saved = saved;
+  return res;
+}
+
+template <typename T>
+void column_sums(const T* a, int64_t rows, int64_t cols, T* out) {
+  for (int64_t k = 0; k < cols; ++k) out[k] = T(0);
+  for (int64_t r = 0; r < rows; ++r) {
+    const T* row = a + r * cols;
+    for (int64_t k = 0; k < cols; ++k) out[k] += row[k];
+  }
+}
+
+template <typename T>
+RNNGradients backward_impl(const RNNSaved& sv, const Tensor& grad_output, const Tensor& grad_h_n,
+                           const Tensor& grad_c_n) {
+  const RNNOptions& o = sv.options;
+  const int64_t L = o.num_layers, D = o.num_directions(), H = o.hidden_size;
+  const int64_t R = o.real_hidden_size(), G = o.gate_count() * H;
+  const int64_t B = sv.batch, N = sv.total_rows;
+  const int64_t TT = static_cast<int64_t>(sv.batch_sizes.size());
+  const bool lstm = o.mode == RNNMode::lstm, gru = o.mode == RNNMode::gru;
+  const bool relu = o.mode == RNNMode::rnn_relu, proj = o.proj_size > 0;
+  const auto& bs = sv.batch_sizes;
+  const auto& off = sv.offsets;
+  const auto& si = sv.sorted_indices;
+
+  RNNGradients g;
+  for (const Shape& s : rnn_parameter_shapes(o)) g.weights.push_back(Tensor::empty(s, o.dtype));
+  g.h0 = Tensor::empty({L * D, B, R}, o.dtype);
+  if (lstm) g.c0 = Tensor::empty({L * D, B, H}, o.dtype);
+
+  std::vector<T> dhstate(static_cast<std::size_t>(B * R));
+  std::vector<T> dcstate(lstm ? static_cast<std::size_t>(B * H) : 0);
+  std::vector<T> dm_ws(proj ? static_cast<std::size_t>(B * H) : 0);
+  // Under a projection dW_hr = dHᵀ·M needs dh of every row; otherwise one step's worth.
+  std::vector<T> dhtot(static_cast<std::size_t>((proj ? N : B) * R));
+  Tensor dg_t = Tensor::empty({N, G}, o.dtype);
+  Tensor dgh_t = gru ? Tensor::empty({N, G}, o.dtype) : Tensor();
+  T* dg = dg_t.data<T>();
+  T* dgh = gru ? dgh_t.data<T>() : dg;
+
+  Tensor dout = grad_output;  // gradient of this layer's output rows, or undefined
+  for (int64_t l = L - 1; l >= 0; --l) {
+    const RNNSaved::Layer& sl = sv.layers[static_cast<std::size_t>(l)];
+    const int64_t in = l == 0 ? o.input_size : D * R;
+    const int64_t ldo = D * R;
+    Tensor dx = Tensor::zeros({N, in}, o.dtype);
+    for (int64_t d = 0; d < D; ++d) {
+      const RNNSaved::Direction& sd = sl.dirs[static_cast<std::size_t>(d)];
+      const DirWeights<T> w = dir_weights<T>(o, sv.weights, l, d);
+      const T* gates = sd.gates.data<T>();
+      const T* hprev = sd.h_prev.data<T>();
+      const int64_t ld = l * D + d;
+      load_state(dhstate.data(), grad_h_n, ld, si, R);
+      if (lstm) load_state(dcstate.data(), grad_c_n, ld, si, H);
+      const T* doutp = dout.defined() ? dout.data<T>() + d * R : nullptr;
+
+      for (int64_t s = 0; s < TT; ++s) {
+        // Undo the forward's order: the forward direction walks t down here.
+        const int64_t t = d == 0 ? TT - 1 - s : s;
+        const int64_t n = bs[static_cast<std::size_t>(t)];
+        const int64_t r0 = off[static_cast<std::size_t>(t)];
+        T* dht = proj ? dhtot.data() + r0 * R : dhtot.data();
+        // dh of this step = upstream gradient of the output row + what the
+        // following step sent back through W_hh (or grad_h_n at the last step).
+        if (doutp) {
+          for (int64_t j = 0; j < n; ++j) {
+            const T* a = doutp + (r0 + j) * ldo;
+            const T* b = dhstate.data() + j * R;
+            T* c = dht + j * R;
+            for (int64_t k = 0; k < R; ++k) c[k] = a[k] + b[k];
+          }
+        } else {
+          copy_rows(dht, R, dhstate.data(), R, n, R);
+        }
+        T* dgr = dg + r0 * G;
+        if (lstm) {
+          const T* dh_in = dht;
+          int64_t ld_dh = R;
+          if (proj) {
+            cpu::gemm<T>(false, false, n, H, R, T(1), dht, R, w.w_hr, H, T(0), dm_ws.data(), H);
+            dh_in = dm_ws.data();
+            ld_dh = H;
+          }
+          cpu::lstm_gates_backward<T>(n, H, gates + r0 * G, sd.c.data<T>() + r0 * H,
+                                      sd.c_prev.data<T>() + r0 * H, dh_in, ld_dh,
+                                      dcstate.data(), dgr);
+          cpu::gemm<T>(false, false, n, R, G, T(1), dgr, G, w.w_hh, R, T(0), dhstate.data(), R);
+        } else if (gru) {
+          T* dghr = dgh + r0 * G;
+          cpu::gru_gates_backward<T>(n, H, gates + r0 * G, sd.ghn.data<T>() + r0 * H,
+                                     hprev + r0 * R, R, dht, R, dgr, dghr, dhstate.data());
+          cpu::gemm<T>(false, false, n, R, G, T(1), dghr, G, w.w_hh, R, T(1), dhstate.data(), R);
+        } else {
+          cpu::rnn_gates_backward<T>(n, H, gates + r0 * G, relu, dht, R, dgr);
+          cpu::gemm<T>(false, false, n, R, G, T(1), dgr, G, w.w_hh, R, T(0), dhstate.data(), R);
+        }
+      }
+      store_state(g.h0, dhstate.data(), ld, si, R);
+      if (lstm) store_state(g.c0, dcstate.data(), ld, si, H);
+
+      // Everything else is one GEMM (or one pass) over all packed rows.
+      const std::size_t k = static_cast<std::size_t>(w.first);
+      T* dwih = g.weights[k].data<T>();
+      T* dwhh = g.weights[k + 1].data<T>();
+      const T* x = sl.input.data<T>();
+      cpu::gemm<T>(true, false, G, in, N, T(1), dg, G, x, in, T(0), dwih, in);
+      cpu::gemm<T>(false, false, N, in, G, T(1), dg, G, w.w_ih, in, T(1), dx.data<T>(), in);
+      cpu::gemm<T>(true, false, G, R, N, T(1), dgh, G, hprev, R, T(0), dwhh, R);
+      std::size_t next = k + 2;
+      if (o.bias) {
+        column_sums(dg, N, G, g.weights[next].data<T>());
+        column_sums(dgh, N, G, g.weights[next + 1].data<T>());
+        next += 2;
+      }
+      if (proj) {
+        cpu::gemm<T>(true, false, R, H, N, T(1), dhtot.data(), R, sd.m.data<T>(), H, T(0),
+                     g.weights[next].data<T>(), H);
+      }
+    }
+    if (l > 0 && sl.mask.defined()) {
+      T* a = dx.data<T>();
+      const T* m = sl.mask.data<T>();
+      for (int64_t i = 0; i < N * in; ++i) a[i] *= m[i];
+    }
+    dout = dx;
+  }
+  g.input = dout;
+  return g;
+}
+
+}  // namespace
+
+RNNForwardResult rnn_forward(const RNNOptions& options, const std::vector<Tensor>& weights,
+                             const Tensor& data, const PackingPlan& plan, const Tensor& h0,
+                             const Tensor& c0, bool training, bool save_for_backward,
+                             uint64_t dropout_seed) {
+  options.validate();
+  check_weights(options, weights);
+  if (!data.defined() || data.dim() != 2) {
+    throw std::invalid_argument("packed input must be 2-D [rows, input_size], got shape " +
+                                (data.defined() ? shape_str(data.shape()) : "undefined"));
+  }
+  if (data.size(1) != options.input_size) {
+    throw std::invalid_argument("input has " + std::to_string(data.size(1)) +
+                                " features, expected input_size = " +
+                                std::to_string(options.input_size));
+  }
+  if (data.size(0) != plan.total_rows()) {
+    throw std::invalid_argument("packed input has " + std::to_string(data.size(0)) +
+                                " rows but the batch sizes sum to " +
+                                std::to_string(plan.total_rows()));
+  }
+  if (data.dtype() != options.dtype) {
+    throw std::invalid_argument(std::string("input has dtype ") + dtype_name(data.dtype()) +
+                                " but the weights are " + dtype_name(options.dtype));
+  }
+  const int64_t LD = options.num_layers * options.num_directions();
+  check_state(h0, {LD, plan.batch(), options.real_hidden_size()}, options.dtype, "h0");
+  if (options.mode == RNNMode::lstm) {
+    check_state(c0, {LD, plan.batch(), options.hidden_size}, options.dtype, "c0");
+  } else if (c0.defined()) {
+    throw std::invalid_argument(std::string("c0 is only used by LSTM, not ") +
+                                rnn_mode_name(options.mode));
+  }
+  if (options.dtype == DType::f32) {
+    return forward_impl<float>(options, weights, data, plan, h0, c0, training, save_for_backward,
+                               dropout_seed);
+  }
+  return forward_impl<double>(options, weights, data, plan, h0, c0, training, save_for_backward,
+                              dropout_seed);
+}
+
+RNNGradients rnn_backward(const RNNSaved& saved, const Tensor& grad_output,
+                          const Tensor& grad_h_n, const Tensor& grad_c_n) {
+  const RNNOptions& o = saved.options;
+  const int64_t LD = o.num_layers * o.num_directions();
+  check_state(grad_output, {saved.total_rows, o.output_size()}, o.dtype, "grad_output");
+  check_state(grad_h_n, {LD, saved.batch, o.real_hidden_size()}, o.dtype, "grad_h_n");
+  if (o.mode == RNNMode::lstm) {
+    check_state(grad_c_n, {LD, saved.batch, o.hidden_size}, o.dtype, "grad_c_n");
+  } else if (grad_c_n.defined()) {
+    throw std::invalid_argument(std::string("grad_c_n is only used by LSTM, not ") +
+                                rnn_mode_name(o.mode));
+  }
+  if (o.dtype == DType::f32) return backward_impl<float>(saved, grad_output, grad_h_n, grad_c_n);
+  return backward_impl<double>(saved, grad_output, grad_h_n, grad_c_n);
+}
+
+}  // namespace seqpack
