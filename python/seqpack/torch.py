@@ -68,7 +68,6 @@ class RNNFunction(torch.autograd.Function):
         g_in, g_h0, g_c0, g_w = _seqpack.rnn_backward(ctx.core_saved, _np(grad_output),
                                                       _np(grad_h_n), _np(grad_c_n))
         need = ctx.needs_input_grad
-        ctx.core_saved = None  # free the activations now, as torch does
         grads = [None, None, None, None,
                  _torch(g_in) if need[4] else None,
                  _torch(g_h0) if need[5] else None,
@@ -121,10 +120,13 @@ class _SeqpackForward:
             if not packed:
                 want = 3 if is_batched else 2
                 if any(s.dim() != want for s in states):
-                    dims = ", ".join(f"{s.dim()}-D" for s in states)
-                    raise RuntimeError(f"For {'batched 3-D' if is_batched else 'unbatched 2-D'} "
-                                       f"input, hx should also be {want}-D but got ({dims}) "
-                                       "tensors")
+                    # torch's messages, word for word.
+                    kind = "batched 3-D" if is_batched else "unbatched 2-D"
+                    if is_lstm:
+                        raise RuntimeError(f"For {kind} input, hx and cx should also be {want}-D "
+                                           f"but got ({h0.dim()}-D, {c0.dim()}-D) tensors")
+                    raise RuntimeError(f"For {kind} input, hx should also be {want}-D but got "
+                                       f"{h0.dim()}-D tensor")
                 if not is_batched:
                     h0 = h0.unsqueeze(1)
                     c0 = c0.unsqueeze(1) if c0 is not None else None

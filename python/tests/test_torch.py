@@ -56,17 +56,25 @@ def test_returns_torch_types_and_unbatched_input():
     assert torch.equal(out.batch_sizes, packed.batch_sizes)
 
 
-def test_errors_match_torch():
-    t = torch.nn.GRU(3, 4)
-    s = spt.GRU(3, 4)
-    for bad_input, hx in [(torch.randn(5, 2, 6), None),              # input_size mismatch
-                          (torch.randn(5, 2, 3), torch.randn(1, 3, 4)),  # wrong batch in hx
-                          (torch.randn(5, 2, 3), torch.randn(2, 4))]:    # hx 2-D for 3-D input
+@pytest.mark.parametrize("cls", ["GRU", "LSTM"])
+def test_errors_match_torch(cls):
+    t = getattr(torch.nn, cls)(3, 4)
+    s = getattr(spt, cls)(3, 4)
+
+    def state(*shape):
+        return (torch.randn(*shape), torch.randn(*shape)) if cls == "LSTM" else torch.randn(*shape)
+    for bad_input, hx in [(torch.randn(5, 2, 6), None),       # input_size mismatch
+                          (torch.randn(5, 2, 3), state(1, 3, 4)),  # wrong batch in hx
+                          (torch.randn(5, 2, 3), state(2, 4)),     # hx 2-D for 3-D input
+                          (torch.randn(5, 3), state(1, 1, 4)),     # hx 3-D for 2-D input
+                          (torch.randn(5, 3), state(2, 4))]:       # 2 layers' hx for 1
         with pytest.raises(RuntimeError) as expected:
             t(bad_input, hx)
         with pytest.raises(RuntimeError) as actual:
             s(bad_input, hx)
         assert str(actual.value) == str(expected.value)
+    with pytest.raises(ValueError, match="4-D"):
+        s(torch.randn(2, 2, 2, 3))
 
 
 @pytest.mark.parametrize("mode", ["LSTM", "GRU", "RNN_TANH", "RNN_RELU"])
