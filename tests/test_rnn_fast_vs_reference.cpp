@@ -181,6 +181,115 @@ TEST(RNNFastVsReference, RandomConfigurationsForwardAndBackward) {
   }
 }
 
+struct CallData {
+  std::vector<Tensor> weights;
+  Tensor x, h0, c0, gy, gh, gc;
+  seqpack::RNNForwardResult fwd;
+};
+
+// Compares one forward result and its backward with the reference.
+void expect_matches_reference(const Config& c, const PackingPlan& plan, const CallData& run,
+                              const seqpack::RNNForwardResult& fwd,
+                              const seqpack::RNNGradients& g, const std::string& what) {
+  const RNNOptions& o = c.options;
+  const int64_t B = plan.batch();
+  std::vector<Tensor> seqs, gy_rows;
+  std::vector<std::vector<int64_t>> rows;
+  for (int64_t b = 0; b < B; ++b) {
+    rows.push_back(rows_of(plan, b));
+    seqs.push_back(gather_rows(run.x, rows.back()));
+    gy_rows.push_back(gather_rows(run.gy, rows.back()));
+  }
+  const auto ref = seqpack::rnn_reference_forward(o, run.weights, seqs, run.h0, run.c0);
+  const auto rg = seqpack::reference::rnn_reference_backward(o, run.weights, seqs, run.h0, run.c0,
+                                                             gy_rows, run.gh, run.gc);
+  const double ft = fwd_tol(o.dtype), gt = grad_tol(o.dtype);
+  for (int64_t b = 0; b < B; ++b) {
+    const auto& r = rows[static_cast<size_t>(b)];
+    EXPECT_TRUE(all_close(gather_rows(fwd.output, r), ref.outputs[static_cast<size_t>(b)], ft, ft,
+                          what + " output of sequence " + std::to_string(b)));
+    EXPECT_TRUE(all_close(gather_rows(g.input, r), rg.inputs[static_cast<size_t>(b)], gt, gt,
+                          what + " grad input of sequence " + std::to_string(b)));
+  }
+  EXPECT_TRUE(all_close(fwd.h_n, ref.h_n, ft, ft, what + " h_n"));
+  EXPECT_TRUE(all_close(g.h0, rg.h0, gt, gt, what + " grad h0"));
+  if (o.mode == RNNMode::lstm) {
+    EXPECT_TRUE(all_close(fwd.c_n, ref.c_n, ft, ft, what + " c_n"));
+    EXPECT_TRUE(all_close(g.c0, rg.c0, gt, gt, what + " grad c0"));
+  }
+  const auto names = seqpack::rnn_parameter_names(o);
+  for (size_t k = 0; k < names.size(); ++k) {
+    EXPECT_TRUE(all_close(g.weights[k], rg.weights[k], gt, gt, what + " grad " + names[k]));
+  }
+}
+
+// Shapes big enough for the fast path's recycled buffers (64 KiB and up) and
+// several SIMD blocks plus a tail. Two forwards run before either backward, and
+// the whole thing runs twice, so recycled (stale) memory, a saved activation
+// overwritten by a later forward, or a result aliased by a later call shows up.
+TEST(RNNFastVsReference, LargeShapesInterleavedCallsAndRecycledBuffers) {
+  const uint64_t seed = seqpack::testing::test_seed();
+  SCOPED_TRACE("seed " + std::to_string(seed) + " (replay with SEQPACK_TEST_SEED)");
+  Rng rng(seed + 17);
+  std::vector<Config> configs;
+  configs.push_back({{.mode = RNNMode::lstm, .input_size = 33, .hidden_size = 130, .num_layers = 2,
+                      .bidirectional = true, .proj_size = 0, .dtype = DType::f32},
+                     {12, 0, 9, 15, 3, 11, 15},
+                     true,
+                     true});
+  configs.push_back({{.mode = RNNMode::gru, .input_size = 20, .hidden_size = 101, .num_layers = 1,
+                      .dtype = DType::f64},
+                     {14, 7, 0, 14, 2, 9, 13, 5},
+                     false,
+                     false});
+  configs.push_back({{.mode = RNNMode::rnn_relu, .input_size = 9, .hidden_size = 203,
+                      .num_layers = 2, .dtype = DType::f32},
+                     {16, 16, 1, 12, 0, 15, 11, 9, 14},
+                     true,
+                     false});
+  configs.push_back({{.mode = RNNMode::lstm, .input_size = 17, .hidden_size = 140,
+                      .bidirectional = true, .proj_size = 61, .dtype = DType::f32},
+                     {13, 6, 13, 0, 10, 12},
+                     false,
+                     true});
+  for (int round = 0; round < 2; ++round) {
+    for (const Config& c : configs) {
+      SCOPED_TRACE("round " + std::to_string(round) + ": " + describe(c));
+      const RNNOptions& o = c.options;
+      const DType dt = o.dtype;
+      const int64_t B = static_cast<int64_t>(c.lengths.size()),
+                    N = o.num_layers * o.num_directions();
+      const PackingPlan plan = PackingPlan::from_lengths(c.lengths, /*enforce_sorted=*/false);
+      std::vector<Tensor> weights;
+      for (const Shape& s : seqpack::rnn_parameter_shapes(o)) {
+        weights.push_back(rng.tensor(s, dt, 1.0 / std::sqrt(static_cast<double>(o.hidden_size))));
+      }
+      CallData runs[2];
+      for (CallData& r : runs) {
+        r.weights = weights;
+        r.x = rng.tensor({plan.total_rows(), o.input_size}, dt);
+        if (c.give_h0) r.h0 = rng.tensor({N, B, o.real_hidden_size()}, dt);
+        if (c.give_c0) r.c0 = rng.tensor({N, B, o.hidden_size}, dt);
+        r.gy = rng.tensor({plan.total_rows(), o.output_size()}, dt);
+        r.gh = rng.tensor({N, B, o.real_hidden_size()}, dt);
+        if (o.mode == RNNMode::lstm) r.gc = rng.tensor({N, B, o.hidden_size}, dt);
+      }
+      for (CallData& r : runs) {
+        r.fwd = seqpack::rnn_forward(o, r.weights, r.x, plan, r.h0, r.c0, /*training=*/false,
+                                     /*save_for_backward=*/true);
+      }
+      const Tensor out0 = runs[0].fwd.output.clone(), h0n = runs[0].fwd.h_n.clone();
+      // Backward in the opposite order of the forwards.
+      const auto g1 = seqpack::rnn_backward(*runs[1].fwd.saved, runs[1].gy, runs[1].gh, runs[1].gc);
+      const auto g0 = seqpack::rnn_backward(*runs[0].fwd.saved, runs[0].gy, runs[0].gh, runs[0].gc);
+      EXPECT_TRUE(all_close(runs[0].fwd.output, out0, 0, 0, "first output after later calls"));
+      EXPECT_TRUE(all_close(runs[0].fwd.h_n, h0n, 0, 0, "first h_n after later calls"));
+      expect_matches_reference(c, plan, runs[0], runs[0].fwd, g0, "first call");
+      expect_matches_reference(c, plan, runs[1], runs[1].fwd, g1, "second call");
+    }
+  }
+}
+
 // Zero-length sequences change nothing for the others: the module's padded
 // forward with lengths gives, for the non-empty sequences, what the same batch
 // without the empty ones gives, and h_n = h0, c_n = c0, zero output rows for
