@@ -20,6 +20,7 @@ outside the timed region):
     train_packed     forward of the packed batch + backward of sum(output) (input gradient too)
 """
 import argparse
+import ctypes
 import json
 import math
 import os
@@ -62,6 +63,24 @@ def median_time(run, min_time, slow_single):
             if abs(m - statistics.median(samples[:-2])) <= 0.01 * m:
                 break
     return statistics.median(samples), statistics.median(cpu_samples), len(samples)
+
+
+def set_torch_threads(n):
+    """torch.set_num_threads(n) and the same for the OpenBLAS that torch's GEMMs call.
+    Debian's torch (BLAS_INFO=generic) uses the system libblas, OpenBLAS, whose own
+    thread count torch.set_num_threads does not touch: left alone it uses every core
+    even at torch.set_num_threads(1)."""
+    torch.set_num_threads(n)
+    with open("/proc/self/maps") as f:
+        libs = {line.split()[-1] for line in f if "openblas" in line and line.split()[-1].startswith("/")}
+    done = False
+    for path in sorted(libs):
+        try:
+            ctypes.CDLL(path).openblas_set_num_threads(n)
+            done = True
+        except (OSError, AttributeError):
+            pass
+    return done
 
 
 def torch_module(w):
@@ -130,10 +149,8 @@ def sgemm_rate(args):
         return bench["FLOPS"], "bench_gemm BM_sgemm_peak/1024 (OpenBLAS through seqpack::cpu::gemm)"
     n = 1024
     a, b = torch.rand(n, n), torch.rand(n, n)
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
+    set_torch_threads(1)
     _, sec, _ = median_time(lambda: torch.mm(a, b), max(args.min_time, 0.2), 60)
-    torch.set_num_threads(threads)
     return 2.0 * n ** 3 / sec, f"torch.mm {n}^3 (fallback: {exe} not built)"
 
 
@@ -218,7 +235,8 @@ def main():
 
     results = []
     for threads in thread_counts:
-        torch.set_num_threads(threads)
+        if not set_torch_threads(threads) and not args.seqpack_only:
+            print(f"# note: could not set torch's OpenBLAS threads to {threads}", flush=True)
         for w in workloads:
             lengths = list(w["lengths"])
             tokens = sum(lengths)
