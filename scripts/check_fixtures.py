@@ -3,7 +3,7 @@
 with the committed one, so the fixtures cannot drift from PyTorch.
 
 Each generator tests/fixtures/gen_<name>.py takes --out DIR and writes JSON files
-there. Integers and strings must match exactly; floats within 1e-6 (mixed
+there (and possibly binary *.safetensors files, compared byte for byte). Integers and strings must match exactly; floats within 1e-6 (mixed
 relative/absolute), since BLAS summation order may differ between CPUs.
 Run with Debian's /usr/bin/python3 (it has python3-torch).
 """
@@ -81,6 +81,26 @@ def main():
                     print("  " + e)
             else:
                 print(f"check_fixtures: {name} matches PyTorch {_torch_version()}")
+        # Binary fixtures (safetensors) are written byte-deterministically: compare bytes.
+        fresh_bin = sorted(os.path.basename(p) for p in glob.glob(os.path.join(tmp, "*.safetensors")))
+        committed_bin = sorted(os.path.basename(p)
+                               for p in glob.glob(os.path.join(FIXTURES, "*.safetensors")))
+        for name in sorted(set(fresh_bin) | set(committed_bin)):
+            if name not in committed_bin or name not in fresh_bin:
+                print(f"check_fixtures: {name} is "
+                      + ("generated but not committed" if name not in committed_bin
+                         else "committed but no generator writes it"))
+                failed = True
+                continue
+            with open(os.path.join(tmp, name), "rb") as f:
+                a = f.read()
+            with open(os.path.join(FIXTURES, name), "rb") as f:
+                b = f.read()
+            if a != b:
+                failed = True
+                print(f"check_fixtures: {name} differs byte-wise from a fresh generation")
+            else:
+                print(f"check_fixtures: {name} matches byte for byte")
     return 1 if failed else 0
 
 

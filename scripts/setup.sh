@@ -28,3 +28,16 @@ cmake -S . -B "$BUILD_DIR" -DCMAKE_BUILD_TYPE=Release \
   -DSEQPACK_BUILD_TESTS=ON -DSEQPACK_BUILD_PYTHON=ON -DSEQPACK_BUILD_BENCHMARKS=ON \
   -DPython3_EXECUTABLE=/usr/bin/python3 "$@" >/dev/null
 cmake --build "$BUILD_DIR" -j "$(nproc)"
+
+# Makes the in-tree Python package importable by Debian's python3 from any
+# directory (`import seqpack, seqpack.torch`): a .pth file in its site-packages
+# naming the build's python/ directory.
+if [ -d "$BUILD_DIR/python/seqpack" ]; then
+  PY_ROOT=$(cd "$BUILD_DIR/python" && pwd)
+  SITE=$(/usr/bin/python3 -c 'import site; print(site.getsitepackages()[0])')
+  if mkdir -p "$SITE" 2>/dev/null && echo "$PY_ROOT" > "$SITE/seqpack.pth" 2>/dev/null; then
+    echo "setup: $SITE/seqpack.pth -> $PY_ROOT"
+  else
+    echo "setup: cannot write $SITE/seqpack.pth; use PYTHONPATH=$PY_ROOT" >&2
+  fi
+fi

@@ -12,132 +12,136 @@ inline T sigmoid(T x) {
   return T(1) / (T(1) + std::exp(-x));
 }
 
+// One column k of one row: the formulas, written once, shared by the row loops
+// below and by the tails of the SIMD kernels.
+
+// i = σ(a_i), f = σ(a_f), g = tanh(a_g), o = σ(a_o)
+// c = f * c_prev + i * g;  h = o * tanh(c)
+template <typename T>
+inline void lstm_forward_at(int64_t H, int64_t k, T* g, const T* cp, T* c, T* h) {
+  const T ig = sigmoid(g[k]);
+  const T fg = sigmoid(g[H + k]);
+  const T gg = std::tanh(g[2 * H + k]);
+  const T og = sigmoid(g[3 * H + k]);
+  g[k] = ig;
+  g[H + k] = fg;
+  g[2 * H + k] = gg;
+  g[3 * H + k] = og;
+  const T cn = fg * cp[k] + ig * gg;
+  c[k] = cn;
+  h[k] = og * std::tanh(cn);
+}
+
+template <typename T>
+inline void lstm_backward_at(int64_t H, int64_t k, const T* g, const T* c, const T* cp,
+                             const T* dh, T* dc, T* dg) {
+  const T ig = g[k], fg = g[H + k], gg = g[2 * H + k], og = g[3 * H + k];
+  const T tc = std::tanh(c[k]);
+  // dc_t = dc_{t+1}·f_{t+1} (carried in dc) + dh·o·(1 - tanh²c)
+  const T dct = dc[k] + dh[k] * og * (T(1) - tc * tc);
+  dg[k] = dct * gg * ig * (T(1) - ig);
+  dg[H + k] = dct * cp[k] * fg * (T(1) - fg);
+  dg[2 * H + k] = dct * ig * (T(1) - gg * gg);
+  dg[3 * H + k] = dh[k] * tc * og * (T(1) - og);
+  dc[k] = dct * fg;
+}
+
+// r = σ(a_r + b_r), z = σ(a_z + b_z), n = tanh(a_n + r * (W_hn h + b_hn))
+// h' = (1 - z) * n + z * h      (a_* = W_i* x + b_i* + W_h* h, b_* from b_hh)
+template <typename T>
+inline void gru_forward_at(int64_t H, int64_t k, T* x, const T* y, const T* b_hh, const T* hp,
+                           T* h, T* ghn) {
+  const T bhr = b_hh ? b_hh[k] : T(0);
+  const T bhz = b_hh ? b_hh[H + k] : T(0);
+  const T bhn = b_hh ? b_hh[2 * H + k] : T(0);
+  const T rg = sigmoid(x[k] + y[k] + bhr);
+  const T zg = sigmoid(x[H + k] + y[H + k] + bhz);
+  const T hn = y[2 * H + k] + bhn;
+  const T ng = std::tanh(x[2 * H + k] + rg * hn);
+  x[k] = rg;
+  x[H + k] = zg;
+  x[2 * H + k] = ng;
+  if (ghn) ghn[k] = hn;
+  h[k] = (T(1) - zg) * ng + zg * hp[k];
+}
+
+template <typename T>
+inline void gru_backward_at(int64_t H, int64_t k, const T* g, const T* hn, const T* hp,
+                            const T* d, T* dx, T* dy, T* dhp) {
+  const T rg = g[k], zg = g[H + k], ng = g[2 * H + k];
+  const T dnp = d[k] * (T(1) - zg) * (T(1) - ng * ng);
+  const T dzp = d[k] * (hp[k] - ng) * zg * (T(1) - zg);
+  const T drp = dnp * hn[k] * rg * (T(1) - rg);
+  dx[k] = drp;
+  dx[H + k] = dzp;
+  dx[2 * H + k] = dnp;
+  dy[k] = drp;
+  dy[H + k] = dzp;
+  dy[2 * H + k] = dnp * rg;
+  dhp[k] = d[k] * zg;
+}
+
+// h = tanh(a) or max(a, 0)
+template <typename T>
+inline void rnn_forward_at(int64_t k, T* g, bool relu, T* h) {
+  const T v = relu ? (g[k] > T(0) ? g[k] : T(0)) : std::tanh(g[k]);
+  g[k] = v;
+  h[k] = v;
+}
+
+template <typename T>
+inline void rnn_backward_at(int64_t k, const T* hs, bool relu, const T* d, T* o) {
+  o[k] = relu ? (hs[k] > T(0) ? d[k] : T(0)) : d[k] * (T(1) - hs[k] * hs[k]);
+}
+
 template <typename T>
 void lstm_gates_forward(int64_t n, int64_t H, T* gates, const T* c_prev, int64_t ld_cprev, T* c,
                         int64_t ld_c, T* h, int64_t ld_h) {
-  for (int64_t r = 0; r < n; ++r) {
-    T* g = gates + r * 4 * H;
-    const T* cp = c_prev + r * ld_cprev;
-    T* cr = c + r * ld_c;
-    T* hr = h + r * ld_h;
-    for (int64_t k = 0; k < H; ++k) {
-      const T ig = sigmoid(g[k]);
-      const T fg = sigmoid(g[H + k]);
-      const T gg = std::tanh(g[2 * H + k]);
-      const T og = sigmoid(g[3 * H + k]);
-      g[k] = ig;
-      g[H + k] = fg;
-      g[2 * H + k] = gg;
-      g[3 * H + k] = og;
-      const T cn = fg * cp[k] + ig * gg;
-      cr[k] = cn;
-      hr[k] = og * std::tanh(cn);
-    }
-  }
+  for (int64_t r = 0; r < n; ++r)
+    for (int64_t k = 0; k < H; ++k)
+      lstm_forward_at(H, k, gates + r * 4 * H, c_prev + r * ld_cprev, c + r * ld_c, h + r * ld_h);
 }
 
 template <typename T>
 void lstm_gates_backward(int64_t n, int64_t H, const T* gates, const T* c, const T* c_prev,
                          const T* dh, int64_t ld_dh, T* dc, T* dgates) {
-  for (int64_t r = 0; r < n; ++r) {
-    const T* g = gates + r * 4 * H;
-    const T* cr = c + r * H;
-    const T* cp = c_prev + r * H;
-    const T* dhr = dh + r * ld_dh;
-    T* dcr = dc + r * H;
-    T* dg = dgates + r * 4 * H;
-    for (int64_t k = 0; k < H; ++k) {
-      const T ig = g[k], fg = g[H + k], gg = g[2 * H + k], og = g[3 * H + k];
-      const T tc = std::tanh(cr[k]);
-      // h = o * tanh(c): dc gets the path through tanh(c) plus the next step's dc.
-      const T dct = dcr[k] + dhr[k] * og * (T(1) - tc * tc);
-      dg[k] = dct * gg * ig * (T(1) - ig);
-      dg[H + k] = dct * cp[k] * fg * (T(1) - fg);
-      dg[2 * H + k] = dct * ig * (T(1) - gg * gg);
-      dg[3 * H + k] = dhr[k] * tc * og * (T(1) - og);
-      dcr[k] = dct * fg;
-    }
-  }
+  for (int64_t r = 0; r < n; ++r)
+    for (int64_t k = 0; k < H; ++k)
+      lstm_backward_at(H, k, gates + r * 4 * H, c + r * H, c_prev + r * H, dh + r * ld_dh,
+                       dc + r * H, dgates + r * 4 * H);
 }
 
 template <typename T>
 void gru_gates_forward(int64_t n, int64_t H, T* gx, const T* gh, const T* b_hh, const T* h_prev,
                        int64_t ld_hprev, T* h, int64_t ld_h, T* ghn) {
-  for (int64_t r = 0; r < n; ++r) {
-    T* x = gx + r * 3 * H;
-    const T* y = gh + r * 3 * H;
-    const T* hp = h_prev + r * ld_hprev;
-    T* hr = h + r * ld_h;
-    for (int64_t k = 0; k < H; ++k) {
-      const T bhr = b_hh ? b_hh[k] : T(0);
-      const T bhz = b_hh ? b_hh[H + k] : T(0);
-      const T bhn = b_hh ? b_hh[2 * H + k] : T(0);
-      const T rg = sigmoid(x[k] + y[k] + bhr);
-      const T zg = sigmoid(x[H + k] + y[H + k] + bhz);
-      const T hn = y[2 * H + k] + bhn;
-      const T ng = std::tanh(x[2 * H + k] + rg * hn);
-      x[k] = rg;
-      x[H + k] = zg;
-      x[2 * H + k] = ng;
-      if (ghn) ghn[r * H + k] = hn;
-      hr[k] = (T(1) - zg) * ng + zg * hp[k];
-    }
-  }
+  for (int64_t r = 0; r < n; ++r)
+    for (int64_t k = 0; k < H; ++k)
+      gru_forward_at(H, k, gx + r * 3 * H, gh + r * 3 * H, b_hh, h_prev + r * ld_hprev,
+                     h + r * ld_h, ghn ? ghn + r * H : nullptr);
 }
 
 template <typename T>
 void gru_gates_backward(int64_t n, int64_t H, const T* gates, const T* ghn, const T* h_prev,
                         int64_t ld_hprev, const T* dh, int64_t ld_dh, T* dgx, T* dgh,
                         T* dh_prev) {
-  for (int64_t r = 0; r < n; ++r) {
-    const T* g = gates + r * 3 * H;
-    const T* hn = ghn + r * H;
-    const T* hp = h_prev + r * ld_hprev;
-    const T* d = dh + r * ld_dh;
-    T* dx = dgx + r * 3 * H;
-    T* dy = dgh + r * 3 * H;
-    T* dhp = dh_prev + r * H;
-    for (int64_t k = 0; k < H; ++k) {
-      const T rg = g[k], zg = g[H + k], ng = g[2 * H + k];
-      // h' = (1 - z) * n + z * h_prev;  n = tanh(a_n + r * hn)
-      const T dnp = d[k] * (T(1) - zg) * (T(1) - ng * ng);
-      const T dzp = d[k] * (hp[k] - ng) * zg * (T(1) - zg);
-      const T drp = dnp * hn[k] * rg * (T(1) - rg);
-      dx[k] = drp;
-      dx[H + k] = dzp;
-      dx[2 * H + k] = dnp;
-      dy[k] = drp;
-      dy[H + k] = dzp;
-      dy[2 * H + k] = dnp * rg;
-      dhp[k] = d[k] * zg;
-    }
-  }
+  for (int64_t r = 0; r < n; ++r)
+    for (int64_t k = 0; k < H; ++k)
+      gru_backward_at(H, k, gates + r * 3 * H, ghn + r * H, h_prev + r * ld_hprev, dh + r * ld_dh,
+                      dgx + r * 3 * H, dgh + r * 3 * H, dh_prev + r * H);
 }
 
 template <typename T>
 void rnn_gates_forward(int64_t n, int64_t H, T* gates, bool relu, T* h, int64_t ld_h) {
-  for (int64_t r = 0; r < n; ++r) {
-    T* g = gates + r * H;
-    T* hr = h + r * ld_h;
-    for (int64_t k = 0; k < H; ++k) {
-      const T v = relu ? (g[k] > T(0) ? g[k] : T(0)) : std::tanh(g[k]);
-      g[k] = v;
-      hr[k] = v;
-    }
-  }
+  for (int64_t r = 0; r < n; ++r)
+    for (int64_t k = 0; k < H; ++k) rnn_forward_at(k, gates + r * H, relu, h + r * ld_h);
 }
 
 template <typename T>
 void rnn_gates_backward(int64_t n, int64_t H, const T* h_saved, bool relu, const T* dh,
                         int64_t ld_dh, T* dpre) {
-  for (int64_t r = 0; r < n; ++r) {
-    const T* hs = h_saved + r * H;
-    const T* d = dh + r * ld_dh;
-    T* o = dpre + r * H;
-    for (int64_t k = 0; k < H; ++k) {
-      o[k] = relu ? (hs[k] > T(0) ? d[k] : T(0)) : d[k] * (T(1) - hs[k] * hs[k]);
-    }
-  }
+  for (int64_t r = 0; r < n; ++r)
+    for (int64_t k = 0; k < H; ++k)
+      rnn_backward_at(k, h_saved + r * H, relu, dh + r * ld_dh, dpre + r * H);
 }
 
 }  // namespace seqpack::cpu::scalar

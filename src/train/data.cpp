@@ -7,6 +7,7 @@
 #include <set>
 #include <stdexcept>
 #include <string>
+#include <string_view>
 #include <unordered_map>
 
 #include "seqpack/data.h"
@@ -29,6 +30,21 @@ uint64_t rotl(uint64_t x, int k) { return (x << k) | (x >> (64 - k)); }
 std::string quote_line(const std::string& line) {
   constexpr std::size_t kMax = 60;
   return "\"" + (line.size() > kMax ? line.substr(0, kMax) + "..." : line) + "\"";
+}
+
+// Cheap check for the common case; decode_utf8 then explains any failure.
+bool is_valid_utf8(const std::string& s) {
+  for (unsigned char c : s) {
+    if (c >= 0x80) {
+      try {
+        decode_utf8(s);
+        return true;
+      } catch (const std::invalid_argument&) {
+        return false;
+      }
+    }
+  }
+  return true;
 }
 
 }  // namespace
@@ -166,9 +182,10 @@ DatasetSplit load_language_id(const LanguageIdOptions& options) {
     throw std::invalid_argument("load_language_id: words_per_language = " +
                                 std::to_string(options.words_per_language) + " must be positive");
   }
-  // One set per list: duplicates inside a list count once, and std::set's byte
-  // order makes the sample independent of the file's (locale-dependent) order.
-  std::vector<std::set<std::string>> words(options.lists.size());
+  // One sorted, duplicate-free vector per list: duplicates inside a list count
+  // once, and byte order makes the sample independent of the file's
+  // (locale-dependent) order.
+  std::vector<std::vector<std::string>> words(options.lists.size());
   for (std::size_t l = 0; l < options.lists.size(); ++l) {
     const WordList& wl = options.lists[l];
     const std::string path = options.dict_dir + "/" + wl.file;
@@ -178,25 +195,33 @@ DatasetSplit load_language_id(const LanguageIdOptions& options) {
                                   ") is missing: install the Debian package " + wl.package +
                                   " (apt-get install " + wl.package + ")");
     }
+    std::vector<std::string>& list = words[l];
     std::string line;
     int64_t line_no = 0;
     while (std::getline(in, line)) {
       ++line_no;
       if (!line.empty() && line.back() == '\r') line.pop_back();
       if (line.empty()) continue;
-      decode_utf8(line, "'" + path + "' line " + std::to_string(line_no));
+      if (!is_valid_utf8(line)) {
+        decode_utf8(line, "'" + path + "' line " + std::to_string(line_no));  // throws, naming the byte
+      }
       // Apostrophes mark possessives and elisions ("dog's", "l'eau"), which
       // identify the language by punctuation rather than by its letters.
       if (line.find('\'') != std::string::npos || line.find("\u2019") != std::string::npos) {
         continue;
       }
-      words[l].insert(line);
+      list.push_back(line);
     }
+    std::sort(list.begin(), list.end());
+    list.erase(std::unique(list.begin(), list.end()), list.end());
   }
   // A word in several lists ("art", "bank") has no single right answer.
-  std::unordered_map<std::string, int> lists_containing;
-  for (const auto& set : words) {
-    for (const auto& w : set) ++lists_containing[w];
+  std::size_t total = 0;
+  for (const auto& list : words) total += list.size();
+  std::unordered_map<std::string_view, int> lists_containing;
+  lists_containing.reserve(total);
+  for (const auto& list : words) {
+    for (const auto& w : list) ++lists_containing[w];
   }
   TextDataset ds;
   for (const WordList& wl : options.lists) ds.labels.push_back(wl.language);

@@ -178,9 +178,9 @@ std::map<std::string, Tensor> parse_safetensors(std::string_view bytes,
     }
     uint64_t nbytes = 0;
     overflow |= __builtin_mul_overflow(numel, esize, &nbytes);
-    if (overflow || nbytes > buffer.size()) {
-      fail(source, where + " has shape " + sh->dump() + ", larger than the " +
-                       std::to_string(buffer.size()) + "-byte data buffer");
+    if (overflow) {
+      fail(source, where + " has shape " + sh->dump() + " " + dtype +
+                       ", whose byte size overflows 64 bits");
     }
 
     const auto off = value.find("data_offsets");

@@ -1,0 +1,290 @@
+#!/usr/bin/python3
+"""seqpack against torch.nn, side by side in one run.
+
+For every workload and mode, `seqpack bench --json` (a subprocess, one workload and
+mode at a time) and the same work through torch.nn (LSTM/GRU/RNN of identical
+shapes; packed input from pack_padded_sequence with the exact lengths,
+enforce_sorted=False) are timed one right after the other, so both see the same
+machine load. Also measured in the same run: this machine's single-core sgemm rate
+(build/bench/bench_gemm, the GEMM seqpack itself calls), the fraction of it the
+forward passes achieve, and whether train_packed time is linear in the lengths
+(seqpack bench --scale 2).
+
+    /usr/bin/python3 bench/compare_torch.py --threads 1,2
+    /usr/bin/python3 bench/compare_torch.py --quick --workload gru-chars
+
+Modes (both implementations time exactly this; inputs and weights are built
+outside the timed region):
+    forward_packed   forward of the packed batch, no autograd
+    forward_padded   forward of a [max_len, batch, input] tensor (every sequence at max_len)
+    train_packed     forward of the packed batch + backward of sum(output) (input gradient too)
+"""
+import argparse
+import json
+import math
+import os
+import statistics
+import subprocess
+import sys
+import time
+
+import torch
+from torch.nn.utils.rnn import PackedSequence, pack_padded_sequence
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+MODES = ["forward_packed", "forward_padded", "train_packed"]
+GATES = {"lstm": 4, "gru": 3, "rnn_tanh": 1, "rnn_relu": 1}
+
+
+def median_time(run, min_time, slow_single):
+    """One warm-up, then timed runs until min_time is spent on >= 3 runs and the
+    median is stable (as `seqpack bench` does), within a budget of 5 * min_time.
+    A warm-up slower than `slow_single` seconds is itself the one sample: PyTorch's
+    packed LSTM backward is quadratic in the length and takes tens of seconds on
+    lstm-long-seq, where one run in either direction changes nothing."""
+    t0 = time.perf_counter()
+    run()
+    warm = time.perf_counter() - t0
+    if warm > slow_single:
+        return warm, 1
+    budget = 5 * min_time
+    samples = []
+    while True:
+        t0 = time.perf_counter()
+        run()
+        samples.append(time.perf_counter() - t0)
+        total = sum(samples)
+        if total >= budget:
+            break
+        if total >= min_time and len(samples) >= 3:
+            m = statistics.median(samples)
+            if abs(m - statistics.median(samples[:-2])) <= 0.01 * m:
+                break
+    return statistics.median(samples), len(samples)
+
+
+def torch_module(w):
+    kw = dict(input_size=w["input_size"], hidden_size=w["hidden_size"],
+              num_layers=w["num_layers"], bidirectional=w.get("bidirectional", False))
+    cell = w["cell"]
+    if cell == "lstm":
+        return torch.nn.LSTM(**kw)
+    if cell == "gru":
+        return torch.nn.GRU(**kw)
+    if cell in ("rnn_tanh", "rnn_relu"):
+        return torch.nn.RNN(nonlinearity=cell[4:], **kw)
+    raise ValueError(f"workload '{w['name']}': cell '{cell}' is not one of {sorted(GATES)}")
+
+
+def torch_bench(w, mode, lengths, min_time, slow_single):
+    torch.manual_seed(0)
+    m = torch_module(w)
+    batch, max_len = len(lengths), max(lengths)
+    x = torch.rand(max_len, batch, w["input_size"]) * 2 - 1
+    if mode == "forward_padded":
+        with torch.no_grad():
+            return median_time(lambda: m(x), min_time, slow_single)
+    packed = pack_padded_sequence(x, torch.tensor(lengths), enforce_sorted=False)
+    if mode == "forward_packed":
+        with torch.no_grad():
+            return median_time(lambda: m(packed), min_time, slow_single)
+    # train_packed: the packed rows are a leaf so the input gradient is computed too,
+    # as seqpack's rnn_backward does; gradients are dropped between runs instead of
+    # accumulated, as seqpack's are returned fresh.
+    data = packed.data.detach().requires_grad_()
+    leaf = PackedSequence(data, packed.batch_sizes, packed.sorted_indices, packed.unsorted_indices)
+    params = list(m.parameters())
+
+    def step():
+        for p in params:
+            p.grad = None
+        data.grad = None
+        out, _ = m(leaf)
+        out.data.sum().backward()
+
+    return median_time(step, min_time, slow_single)
+
+
+def seqpack_bench(args, threads, name, mode, scale=1):
+    cmd = [args.seqpack, "bench", "--workloads", args.workloads, "--workload", name, "--mode",
+           mode, "--threads", str(threads), "--json", "--min-time", str(args.min_time),
+           "--scale", str(scale)]
+    res = subprocess.run(cmd, capture_output=True, text=True)
+    if res.returncode != 0:
+        sys.exit(f"compare_torch: {' '.join(cmd)} failed:\n{res.stderr}")
+    line = json.loads(res.stdout.strip().splitlines()[-1])
+    return line["sec_per_batch"], line["reps"]
+
+
+def sgemm_rate(args):
+    """Single-core sgemm FLOP/s of a 1024^3 product through seqpack's GEMM wrapper
+    (Google Benchmark program bench/bench_gemm.cpp), or torch.mm as a fallback."""
+    exe = os.path.join(args.build_dir, "bench", "bench_gemm")
+    if os.path.exists(exe):
+        res = subprocess.run([exe, "--threads=1", "--benchmark_filter=BM_sgemm_peak",
+                              "--benchmark_format=json",
+                              f"--benchmark_min_time={max(args.min_time, 0.2)}"],
+                             capture_output=True, text=True, check=True)
+        bench = json.loads(res.stdout)["benchmarks"][0]
+        return bench["FLOPS"], "bench_gemm BM_sgemm_peak/1024 (OpenBLAS through seqpack::cpu::gemm)"
+    n = 1024
+    a, b = torch.rand(n, n), torch.rand(n, n)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    sec, _ = median_time(lambda: torch.mm(a, b), max(args.min_time, 0.2), 60)
+    torch.set_num_threads(threads)
+    return 2.0 * n ** 3 / sec, f"torch.mm {n}^3 (fallback: {exe} not built)"
+
+
+def forward_flops(w, tokens):
+    """2 * gates*H * (I_layer + H) FLOPs per token, layer and direction: the input and
+    recurrent products of a forward pass (the elementwise gate work is not counted)."""
+    h, dirs, g = w["hidden_size"], 2 if w.get("bidirectional") else 1, GATES[w["cell"]]
+    total = 0
+    for layer in range(w["num_layers"]):
+        i = w["input_size"] if layer == 0 else h * dirs
+        total += dirs * 2 * g * h * (i + h)
+    return total * tokens
+
+
+def fmt_s(x):
+    return f"{x:.4g}" if x is not None else "-"
+
+
+def target_of(name, mode, threads):
+    if threads != 1:
+        return None
+    if mode == "train_packed":
+        return 20.0 if name == "lstm-long-seq" else 3.0
+    if mode == "forward_packed" and name in ("gru-chars", "rnn-tanh-tiny"):
+        return 1.5
+    return None
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--threads", default="1",
+                   help="thread counts, comma-separated (e.g. 1,2); both implementations use each")
+    p.add_argument("--workloads", default=os.path.join(REPO, "..", "shared", "workloads.json"))
+    p.add_argument("--workload", action="append", help="only these workloads (repeatable)")
+    p.add_argument("--mode", action="append", choices=MODES, help="only these modes (repeatable)")
+    p.add_argument("--build-dir", default=os.path.join(REPO, "build"))
+    p.add_argument("--seqpack", help="the seqpack binary (default BUILD_DIR/seqpack)")
+    p.add_argument("--min-time", type=float, default=None,
+                   help="seconds of timed runs per measurement (default 0.5, 0.1 with --quick)")
+    p.add_argument("--quick", action="store_true",
+                   help="short measurements, no linearity check")
+    p.add_argument("--no-linearity", action="store_true",
+                   help="skip the seqpack train_packed --scale 2 linearity check")
+    p.add_argument("--torch-single-run", type=float, default=5.0,
+                   help="a torch warm-up slower than this many seconds is taken as the only sample")
+    p.add_argument("--json-out", help="also write every measurement to this file (JSON)")
+    args = p.parse_args()
+    args.workloads = os.path.abspath(args.workloads)
+    args.seqpack = args.seqpack or os.path.join(args.build_dir, "seqpack")
+    if args.min_time is None:
+        args.min_time = 0.1 if args.quick else 0.5
+    try:
+        thread_counts = [int(t) for t in args.threads.split(",")]
+    except ValueError:
+        sys.exit(f"compare_torch: --threads '{args.threads}' is not a comma-separated list of integers")
+    if any(t < 1 for t in thread_counts):
+        sys.exit(f"compare_torch: --threads '{args.threads}': every count must be >= 1")
+    if not os.path.exists(args.seqpack):
+        sys.exit(f"compare_torch: no seqpack binary at '{args.seqpack}' (build it, or pass --seqpack)")
+    with open(args.workloads) as f:
+        workloads = json.load(f)["workloads"]
+    if args.workload:
+        known = {w["name"] for w in workloads}
+        for n in args.workload:
+            if n not in known:
+                sys.exit(f"compare_torch: --workload '{n}' is not in {args.workloads} (it has: {', '.join(sorted(known))})")
+        workloads = [w for w in workloads if w["name"] in args.workload]
+    modes = args.mode or MODES
+
+    # Other processes on the machine skew every figure (multi-threaded OpenMP runs most:
+    # a spinning thread that loses its core stalls the whole region), so say how busy it was.
+    print(f"# torch {torch.__version__}, {os.cpu_count()} CPUs, load average "
+          f"{os.getloadavg()[0]:.2f} at start, workloads {args.workloads}", flush=True)
+    rate, rate_src = sgemm_rate(args)
+    print(f"# single-core sgemm rate: {rate / 1e9:.1f} GFLOP/s ({rate_src})", flush=True)
+
+    results = []
+    for threads in thread_counts:
+        torch.set_num_threads(threads)
+        for w in workloads:
+            lengths = list(w["lengths"])
+            tokens = sum(lengths)
+            for mode in modes:
+                print(f"... threads {threads} {w['name']} {mode}: seqpack", file=sys.stderr, flush=True)
+                s_sec, s_reps = seqpack_bench(args, threads, w["name"], mode)
+                print(f"... threads {threads} {w['name']} {mode}: torch", file=sys.stderr, flush=True)
+                t_sec, t_reps = torch_bench(w, mode, lengths, args.min_time, args.torch_single_run)
+                results.append(dict(threads=threads, workload=w["name"], mode=mode, tokens=tokens,
+                                    seqpack_sec=s_sec, seqpack_reps=s_reps, torch_sec=t_sec,
+                                    torch_reps=t_reps, ratio=t_sec / s_sec,
+                                    flops=forward_flops(w, tokens) if mode != "train_packed" else None))
+                print(f"... {w['name']} {mode}: seqpack {s_sec:.4g} s, torch {t_sec:.4g} s, "
+                      f"ratio {t_sec / s_sec:.2f}", file=sys.stderr, flush=True)
+
+    print()
+    print(f"{'threads':>7} {'workload':<15} {'mode':<15} {'seqpack s':>10} {'torch s':>10} "
+          f"{'torch/seqpack':>13} {'target':>7} {'reps s/t':>9}")
+    for r in results:
+        target = target_of(r["workload"], r["mode"], r["threads"])
+        verdict = "" if target is None else (f">={target:g} " + ("ok" if r["ratio"] >= target else "MISS"))
+        print(f"{r['threads']:>7} {r['workload']:<15} {r['mode']:<15} {fmt_s(r['seqpack_sec']):>10} "
+              f"{fmt_s(r['torch_sec']):>10} {r['ratio']:>13.2f} {verdict:>10} "
+              f"{r['seqpack_reps']:>4}/{r['torch_reps']}")
+
+    fwd = [r for r in results if r["mode"] == "forward_packed"]
+    if fwd:
+        print()
+        print(f"forward_packed GEMM FLOPs (2*gates*H*(I+H) per token, layer, direction) against the "
+              f"single-core sgemm rate {rate / 1e9:.1f} GFLOP/s:")
+        print(f"{'threads':>7} {'workload':<15} {'seqpack GFLOP/s':>15} {'% of sgemm':>10} {'torch GFLOP/s':>13}")
+        for r in fwd:
+            s_rate, t_rate = r["flops"] / r["seqpack_sec"], r["flops"] / r["torch_sec"]
+            r["seqpack_fraction_of_sgemm"] = s_rate / rate
+            mark = "  (target >= 90% at 1 thread)" if r["workload"] == "lstm-bi-2layer" else ""
+            print(f"{r['threads']:>7} {r['workload']:<15} {s_rate / 1e9:>15.1f} "
+                  f"{100 * s_rate / rate:>9.1f}% {t_rate / 1e9:>13.1f}{mark}")
+
+    if len(thread_counts) > 1:
+        base = thread_counts[0]
+        print()
+        print(f"thread scaling (time at {base} thread(s) / time at N):")
+        print(f"{'N':>3} {'workload':<15} {'mode':<15} {'seqpack':>8} {'torch':>8}")
+        index = {(r["threads"], r["workload"], r["mode"]): r for r in results}
+        for r in results:
+            if r["threads"] == base:
+                continue
+            b = index.get((base, r["workload"], r["mode"]))
+            if b:
+                print(f"{r['threads']:>3} {r['workload']:<15} {r['mode']:<15} "
+                      f"{b['seqpack_sec'] / r['seqpack_sec']:>8.2f} {b['torch_sec'] / r['torch_sec']:>8.2f}")
+
+    linearity = []
+    if not args.quick and not args.no_linearity:
+        threads = thread_counts[0]
+        print()
+        print(f"linearity: seqpack train_packed with every length doubled (--scale 2), "
+              f"threads {threads}, target <= 2.2x:")
+        for w in workloads:
+            print(f"... linearity {w['name']}", file=sys.stderr, flush=True)
+            one, _ = seqpack_bench(args, threads, w["name"], "train_packed", scale=1)
+            two, _ = seqpack_bench(args, threads, w["name"], "train_packed", scale=2)
+            linearity.append(dict(threads=threads, workload=w["name"], sec_scale1=one,
+                                  sec_scale2=two, ratio=two / one))
+            print(f"  {w['name']:<15} {fmt_s(one):>10} s -> {fmt_s(two):>10} s  "
+                  f"x{two / one:.2f} {'ok' if two / one <= 2.2 else 'MISS'}", flush=True)
+
+    print(f"\n# load average {os.getloadavg()[0]:.2f} at the end")
+    if args.json_out:
+        with open(args.json_out, "w") as f:
+            json.dump(dict(torch=torch.__version__, sgemm_flops=rate, sgemm_source=rate_src,
+                           results=results, linearity=linearity), f, indent=1)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,125 @@
+// A character-level sequence classifier: the model of `seqpack train`.
+//
+//   Embedding(vocab, embed, padding_idx=0) -> bidirectional 1-layer LSTM(hidden)
+//   over packed batches -> [h_n forward ; h_n reverse] -> Linear(2 * hidden, classes)
+//
+// Parameter names are the state_dict keys of the equivalent torch module with
+// attributes `embedding`, `lstm`, `fc`, so a saved model loads into PyTorch:
+//
+//   class CharClassifier(torch.nn.Module):
+//       def __init__(self, vocab, embed, hidden, classes):
+//           super().__init__()
+//           self.embedding = torch.nn.Embedding(vocab, embed, padding_idx=0)
+//           self.lstm = torch.nn.LSTM(embed, hidden, bidirectional=True)
+//           self.fc = torch.nn.Linear(2 * hidden, classes)
+//       def forward(self, packed_ids):           # a PackedSequence of token ids
+//           x = PackedSequence(self.embedding(packed_ids.data), *packed_ids[1:])
+//           _, (h_n, _) = self.lstm(x)
+//           return self.fc(torch.cat([h_n[0], h_n[1]], dim=1))
+//
+// Training step, as in PyTorch:
+//
+//   CharClassifier model({.vocab_size = vocab.size(), .num_classes = 7}, /*seed=*/0);
+//   Adam opt(model.parameters(), {.lr = 2e-3});
+//   CrossEntropyLoss ce;
+//   Tensor logits = model.forward(batch.tokens, batch.lengths, /*batch_first=*/true);
+//   double loss = ce.forward(logits, batch.labels);
+//   model.backward(ce.backward());
+//   opt.step();
+//   opt.zero_grad();
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "seqpack/nn.h"
+#include "seqpack/rnn.h"
+#include "seqpack/tensor.h"
+#include "seqpack/vocabulary.h"
+
+namespace seqpack {
+
+struct CharClassifierOptions {
+  int64_t vocab_size = 0;
+  int64_t embed_dim = 32;
+  int64_t hidden_size = 128;
+  int64_t num_classes = 0;
+  DType dtype = DType::f32;
+
+  // Throws std::invalid_argument naming the offending option and value.
+  void validate() const;
+};
+
+class CharClassifier {
+ public:
+  // Parameters drawn as torch initialises them, from `seed`.
+  explicit CharClassifier(CharClassifierOptions options, uint64_t seed = 0);
+
+  const CharClassifierOptions& options() const { return options_; }
+
+  // tokens: int64 [B, T] (batch_first) or [T, B], padded; lengths[b] <= T are
+  // the real lengths (0 allowed: that sequence sees h_n = 0). Returns logits
+  // [B, num_classes]. Padding is never computed on: the LSTM runs on packed rows.
+  // With requires_grad, keeps what backward needs.
+  Tensor forward(const Tensor& tokens, const std::vector<int64_t>& lengths, bool batch_first,
+                 bool requires_grad = true);
+  // One token sequence per batch element.
+  Tensor forward(const std::vector<std::vector<int64_t>>& sequences, bool requires_grad = true);
+  // Gradient of the loss w.r.t. the last forward's logits; accumulates the
+  // gradients of every parameter.
+  void backward(const Tensor& grad_logits);
+
+  // Every parameter with its torch name ("embedding.weight", "lstm.weight_ih_l0", ...).
+  std::vector<Parameter> parameters();
+  void zero_grad();
+  // Views keyed by torch's state_dict names.
+  std::map<std::string, Tensor> state_dict();
+  // Strict: a missing, unexpected or wrongly shaped key throws naming it.
+  void load_state_dict(const std::map<std::string, Tensor>& state);
+
+  Embedding& embedding() { return embedding_; }
+  LSTM& lstm() { return lstm_; }
+  Linear& fc() { return fc_; }
+
+ private:
+  CharClassifierOptions options_;
+  Embedding embedding_;
+  LSTM lstm_;
+  Linear fc_;
+  // Saved by forward for backward.
+  RNNOutput lstm_out_;
+  int64_t batch_ = 0;
+};
+
+// Probabilities of each label for one input, best first.
+struct LabelScore {
+  std::string label;
+  double probability;
+};
+
+// A trained classifier with what is needed to use it on text.
+struct TrainedClassifier {
+  std::unique_ptr<CharClassifier> model;
+  Vocabulary vocabulary;
+  std::vector<std::string> labels;
+
+  // Softmax over the labels for each word (characters unknown to the
+  // vocabulary map to <unk>), sorted by decreasing probability.
+  std::vector<std::vector<LabelScore>> predict(const std::vector<std::u32string>& words);
+  // The raw logits [words, labels].
+  Tensor logits(const std::vector<std::u32string>& words);
+};
+
+// Writes a model directory: model.safetensors (torch's state_dict names),
+// vocabulary.json and config.json (sizes and label names), each atomically.
+void save_classifier(const std::string& dir, CharClassifier& model, const Vocabulary& vocabulary,
+                     const std::vector<std::string>& labels);
+// Reads a directory written by save_classifier (or by the torch side, see
+// tests/fixtures/gen_model.py). Throws std::invalid_argument naming the
+// directory and the missing or inconsistent file.
+TrainedClassifier load_classifier(const std::string& dir);
+
+}  // namespace seqpack

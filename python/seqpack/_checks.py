@@ -1,0 +1,65 @@
+"""Argument conversion shared by the pure-Python layer: NumPy arrays of the
+dtypes the C++ core supports, with errors naming the offending argument."""
+import numbers
+
+import numpy as np
+
+SUPPORTED_DTYPES = (np.dtype(np.float32), np.dtype(np.float64), np.dtype(np.int64))
+
+
+def as_array(x, name, float_only=False):
+    """A C-contiguous float32/float64/int64 array viewing `x` when it already is one."""
+    try:
+        a = np.asarray(x)
+    except (ValueError, TypeError) as e:
+        raise TypeError(f"{name} must be an array, got {type(x).__name__} ({e})") from None
+    allowed = SUPPORTED_DTYPES[:2] if float_only else SUPPORTED_DTYPES
+    if a.dtype not in allowed:
+        names = ", ".join(str(d) for d in allowed)
+        raise TypeError(f"{name} has dtype {a.dtype}; seqpack supports {names}")
+    return np.ascontiguousarray(a)
+
+
+def as_optional_array(x, name, float_only=False):
+    return None if x is None else as_array(x, name, float_only)
+
+
+def as_lengths(lengths, name="lengths"):
+    """A 1-D int64 array from a list or an integer array (floats and bools rejected)."""
+    if isinstance(lengths, (str, bytes)) or lengths is None:
+        raise TypeError(f"{name} must be a list or 1-D array of integers, got {lengths!r}")
+    a = np.asarray(lengths)
+    if a.ndim != 1:
+        raise ValueError(f"{name} must be 1-D, got an array of shape {a.shape}")
+    if a.size == 0 and a.dtype == np.float64:  # np.asarray([]) is float64
+        a = a.astype(np.int64)
+    if a.dtype == np.bool_ or a.dtype.kind not in "iu":
+        raise TypeError(f"{name} must hold integers, got dtype {a.dtype} ({a.tolist()[:8]})")
+    return np.ascontiguousarray(a, dtype=np.int64)
+
+
+def as_int(value, name):
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        raise TypeError(f"{name} should be of type int, got: {type(value).__name__} ({value!r})")
+    return int(value)
+
+
+def as_bool(value, name):
+    if not isinstance(value, (bool, np.bool_)):
+        raise TypeError(f"{name} should be of type bool, got: {type(value).__name__} ({value!r})")
+    return bool(value)
+
+
+def as_float_dtype(dtype):
+    """numpy float32/float64 from None, a numpy dtype, a name or a torch dtype."""
+    if dtype is None:
+        return np.dtype(np.float32)
+    if str(dtype).startswith("torch."):
+        dtype = str(dtype)[len("torch."):]
+    try:
+        d = np.dtype(dtype)
+    except TypeError:
+        raise TypeError(f"dtype must be float32 or float64, got {dtype!r}") from None
+    if d not in SUPPORTED_DTYPES[:2]:
+        raise TypeError(f"dtype must be float32 or float64, got {d}")
+    return d

@@ -1,0 +1,13 @@
+"""Thread count of seqpack's kernels (OpenMP and OpenBLAS), process-wide."""
+from . import _seqpack
+
+
+def set_num_threads(n):
+    """Runs seqpack's kernels on `n` threads (like torch.set_num_threads)."""
+    if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+        raise ValueError(f"set_num_threads: n must be a positive int, got {n!r}")
+    _seqpack.set_num_threads(n)
+
+
+def get_num_threads():
+    return _seqpack.get_num_threads()

@@ -1,0 +1,11 @@
+// seqpack._seqpack: registers the bindings, one file per bound concept. The
+// user-facing API (argument checks, torch-like signatures) is the pure-Python
+// package around it.
+#include "bind.h"
+
+PYBIND11_MODULE(_seqpack, m) {
+  m.doc() = "seqpack C++ core (use the seqpack package, not this module)";
+  seqpack::python::bind_tensor(m);
+  seqpack::python::bind_packing(m);
+  seqpack::python::bind_threading(m);
+}

@@ -1,0 +1,126 @@
+// `seqpack train` and `seqpack predict` end to end on a tiny TSV: the report,
+// the saved model, and bad input (malformed line, empty lines, unknown
+// characters, missing word lists).
+#include <gtest/gtest.h>
+
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <sstream>
+#include <string>
+
+namespace {
+
+namespace fs = std::filesystem;
+
+struct CliResult {
+  int status;
+  std::string out, err;
+};
+
+fs::path work_dir() {
+  static const fs::path p = [] {
+    fs::path d = fs::temp_directory_path() / ("seqpack_cli_train_" + std::to_string(::getpid()));
+    fs::remove_all(d);
+    fs::create_directories(d);
+    return d;
+  }();
+  return p;
+}
+
+std::string slurp(const fs::path& p) {
+  std::ifstream in(p);
+  std::stringstream s;
+  s << in.rdbuf();
+  return s.str();
+}
+
+CliResult run_cli(const std::string& args) {
+  const fs::path out = work_dir() / "stdout.txt", err = work_dir() / "stderr.txt";
+  const std::string cmd = std::string(SEQPACK_CLI_PATH) + " " + args + " >" + out.string() +
+                          " 2>" + err.string();
+  const int status = std::system(cmd.c_str());
+  return {status, slurp(out), slurp(err)};
+}
+
+void write(const fs::path& p, const std::string& text) {
+  std::ofstream(p) << text;
+}
+
+std::string tiny_tsv() {
+  std::string s;
+  const char* en[] = {"the", "house", "water", "night", "light", "which", "there", "would", "about", "think"};
+  const char* fr[] = {"maison", "eau", "nuit", "été", "château", "être", "très", "quelle", "chose", "année"};
+  for (int i = 0; i < 10; ++i) {
+    s += std::string("english\t") + en[i] + "\n";
+    if (i == 4) s += "\n\n";  // two empty lines, skipped and counted
+    s += std::string("french\t") + fr[i] + "\n";
+  }
+  return s;
+}
+
+TEST(CliTrain, TrainsOnATsvReportsAndSavesAModelThatPredicts) {
+  const fs::path tsv = work_dir() / "tiny.tsv", model = work_dir() / "model";
+  write(tsv, tiny_tsv());
+  CliResult r = run_cli("train --data " + tsv.string() + " --epochs 2 --hidden 8 --embed 4 --batch-size 4 --out " +
+              model.string());
+  ASSERT_EQ(r.status, 0) << r.out << r.err;
+  EXPECT_NE(r.out.find("20 examples, 2 labels, 2 empty lines skipped"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("split: 16 train, 2 validation, 2 test"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("epoch 2/2"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("validation accuracy"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("test accuracy"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("confusion matrix"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("padding"), std::string::npos) << r.out;
+  // The progress bar goes to stderr.
+  EXPECT_NE(r.err.find("tokens/s"), std::string::npos) << r.err;
+  EXPECT_TRUE(fs::exists(model / "model.safetensors"));
+  EXPECT_TRUE(fs::exists(model / "vocabulary.json"));
+  EXPECT_TRUE(fs::exists(model / "config.json"));
+
+  CliResult p = run_cli("predict --model " + model.string() + " --top 2 maison zzz");
+  ASSERT_EQ(p.status, 0) << p.out << p.err;
+  EXPECT_NE(p.out.find("maison:"), std::string::npos) << p.out;
+  EXPECT_NE(p.out.find("%"), std::string::npos) << p.out;
+  // 'z' never occurs in the training words: read as <unk>, and said so.
+  EXPECT_NE(p.out.find("zzz:"), std::string::npos) << p.out;
+  EXPECT_NE(p.out.find("3 unknown characters read as <unk>"), std::string::npos) << p.out;
+
+  CliResult j = run_cli("predict --json --model " + model.string() + " zz");
+  ASSERT_EQ(j.status, 0) << j.err;
+  const auto js = nlohmann::json::parse(j.out);
+  EXPECT_EQ(js.at("predictions").at(0).at("ids"), nlohmann::json::parse("[1, 1]")) << j.out;
+  EXPECT_EQ(js.at("predictions").at(0).at("unknown_chars"), 2) << j.out;
+}
+
+TEST(CliTrain, MalformedTsvLineIsReportedWithItsNumber) {
+  const fs::path tsv = work_dir() / "bad.tsv";
+  write(tsv, "english\tthe\nfrench\tla\nno tab here\n");
+  CliResult r = run_cli("train --data " + tsv.string() + " --epochs 1 --out " + (work_dir() / "m2").string());
+  EXPECT_NE(r.status, 0);
+  EXPECT_NE(r.err.find("line 3"), std::string::npos) << r.err;
+  EXPECT_FALSE(fs::exists(work_dir() / "m2"));
+}
+
+TEST(CliTrain, MissingWordListNamesTheDebianPackage) {
+  const fs::path empty = work_dir() / "no-dicts";
+  fs::create_directories(empty);
+  CliResult r = run_cli("train --dict-dir " + empty.string() + " --epochs 1 --out " + (work_dir() / "m3").string());
+  EXPECT_NE(r.status, 0);
+  EXPECT_NE(r.err.find("wamerican"), std::string::npos) << r.err;
+}
+
+TEST(CliTrain, BadFlagsAndMissingModelAreErrors) {
+  CliResult r = run_cli("train --data /nonexistent.tsv --epochs 1");
+  EXPECT_NE(r.status, 0);
+  EXPECT_NE(r.err.find("/nonexistent.tsv"), std::string::npos) << r.err;
+  CliResult b = run_cli("train --batch-size 0 --data x.tsv");
+  EXPECT_NE(b.status, 0);
+  EXPECT_NE(b.err.find("--batch-size = 0"), std::string::npos) << b.err;
+  CliResult p = run_cli("predict --model " + (work_dir() / "nope").string() + " word");
+  EXPECT_NE(p.status, 0);
+  EXPECT_NE(p.err.find("nope"), std::string::npos) << p.err;
+}
+
+}  // namespace

@@ -1,0 +1,194 @@
+// CharClassifier (Embedding -> packed bidirectional LSTM -> Linear): gradients
+// vs finite differences, torch's parameter names, a torch-written model giving
+// torch's logits, save -> load, and overfitting a tiny dataset.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <filesystem>
+#include <random>
+#include <set>
+
+#include "seqpack/classifier.h"
+#include "seqpack/loss.h"
+#include "seqpack/optim.h"
+#include "seqpack/safetensors.h"
+#include "seqpack/vocabulary.h"
+#include "test_util.h"
+
+namespace seqpack {
+namespace {
+
+namespace fs = std::filesystem;
+using testing::all_close;
+
+fs::path temp_dir(const std::string& name) {
+  fs::path p = fs::temp_directory_path() /
+               ("seqpack_test_" + name + "_" + std::to_string(::getpid()));
+  fs::remove_all(p);
+  fs::create_directories(p);
+  return p;
+}
+
+TEST(CharClassifier, GradientsMatchFiniteDifferences) {
+  const uint64_t seed = testing::test_seed();
+  SCOPED_TRACE("seed " + std::to_string(seed));
+  CharClassifier model({.vocab_size = 6, .embed_dim = 3, .hidden_size = 4, .num_classes = 3,
+                        .dtype = DType::f64},
+                       seed);
+  // Unsorted lengths, a repeated token, padding id 0 inside no sequence, and
+  // one zero-length sequence (it only sees the head's bias).
+  const std::vector<std::vector<int64_t>> seqs = {{1, 2, 3}, {5}, {}, {4, 4, 2, 1}, {3, 2}};
+  const Tensor targets = Tensor::from_vector<int64_t>({0, 2, 1, 1, 0});
+  CrossEntropyLoss ce;
+  model.zero_grad();
+  ce.forward(model.forward(seqs), targets);
+  model.backward(ce.backward());
+  const double eps = 1e-6;
+  for (Parameter& p : model.parameters()) {
+    SCOPED_TRACE(p.name);
+    Tensor numeric = Tensor::zeros(p.value.shape(), DType::f64);
+    double* v = p.value.data<double>();
+    for (int64_t i = 0; i < p.value.numel(); ++i) {
+      const double orig = v[i];
+      v[i] = orig + eps;
+      const double up = ce.forward(model.forward(seqs, /*requires_grad=*/false), targets);
+      v[i] = orig - eps;
+      const double down = ce.forward(model.forward(seqs, /*requires_grad=*/false), targets);
+      v[i] = orig;
+      numeric.data<double>()[i] = (up - down) / (2 * eps);
+    }
+    if (p.name == "embedding.weight") {
+      // padding_idx: the row gets no gradient even if the numeric one were non-zero.
+      for (int64_t j = 0; j < 3; ++j) numeric.data<double>()[j] = 0.0;
+    }
+    EXPECT_TRUE(all_close(p.grad, numeric, 1e-6, 1e-8, p.name));
+  }
+}
+
+TEST(CharClassifier, ParameterNamesAreTorchStateDictKeys) {
+  auto expected = testing::load_fixture("model_torch_expected.json");
+  CharClassifier model({.vocab_size = 19, .embed_dim = 6, .hidden_size = 5, .num_classes = 3}, 0);
+  std::set<std::string> mine, torch_keys;
+  for (auto& [k, v] : model.state_dict()) mine.insert(k);
+  for (auto& k : expected.at("state_dict_keys")) torch_keys.insert(k.get<std::string>());
+  EXPECT_EQ(mine, torch_keys);
+  // Embedding's padding row starts at zero.
+  for (int64_t j = 0; j < 6; ++j) EXPECT_EQ(model.embedding().weight().item_as_double(j), 0.0);
+}
+
+TEST(CharClassifier, TorchWrittenModelGivesTorchLogits) {
+  auto expected = testing::load_fixture("model_torch_expected.json");
+  // Assemble a model directory from the fixture files, as `seqpack train` writes one.
+  const fs::path dir = temp_dir("torch_model");
+  const fs::path fx = SEQPACK_FIXTURES_DIR;
+  fs::copy_file(fx / "model_torch.safetensors", dir / "model.safetensors");
+  fs::copy_file(fx / "model_torch_vocabulary.json", dir / "vocabulary.json");
+  fs::copy_file(fx / "model_torch_config.json", dir / "config.json");
+  TrainedClassifier tc = load_classifier(dir.string());
+  std::vector<std::u32string> words;
+  for (auto& w : expected.at("words")) words.push_back(decode_utf8(w.get<std::string>()));
+  // Unknown characters map to <unk> = 1, as the torch side encoded them.
+  for (std::size_t i = 0; i < words.size(); ++i) {
+    EXPECT_EQ(tc.vocabulary.encode(words[i]), expected["ids"][i].get<std::vector<int64_t>>())
+        << "word " << i;
+  }
+  const Tensor logits = tc.logits(words);
+  EXPECT_TRUE(all_close(logits, testing::tensor_from_json(expected.at("logits"), DType::f32), 1e-5,
+                        1e-6, "logits vs torch"));
+  fs::remove_all(dir);
+}
+
+TEST(CharClassifier, SaveThenLoadGivesIdenticalPredictions) {
+  const uint64_t seed = testing::test_seed();
+  SCOPED_TRACE("seed " + std::to_string(seed));
+  const Vocabulary vocab = Vocabulary::build({U"hello", U"wörld", U"abc"});
+  CharClassifier model({.vocab_size = vocab.size(), .embed_dim = 4, .hidden_size = 6,
+                        .num_classes = 2},
+                       seed);
+  const fs::path dir = temp_dir("save_load");
+  save_classifier(dir.string(), model, vocab, {"yes", "no"});
+  TrainedClassifier tc = load_classifier(dir.string());
+  EXPECT_EQ(tc.labels, (std::vector<std::string>{"yes", "no"}));
+  EXPECT_TRUE(tc.vocabulary == vocab);
+  const std::vector<std::u32string> words = {U"hello", U"wörld?", U"z", U"ab"};
+  std::vector<std::vector<int64_t>> ids;
+  for (auto& w : words) ids.push_back(vocab.encode(w));
+  EXPECT_TRUE(all_close(tc.logits(words), model.forward(ids, false), 0, 0, "reloaded logits"));
+  // Probabilities sum to one and come best first.
+  for (auto& scores : tc.predict(words)) {
+    ASSERT_EQ(scores.size(), 2u);
+    EXPECT_GE(scores[0].probability, scores[1].probability);
+    EXPECT_NEAR(scores[0].probability + scores[1].probability, 1.0, 1e-6);
+  }
+  // Inconsistent directories are reported, naming the file.
+  EXPECT_THROW(save_classifier(dir.string(), model, vocab, {"only-one"}), std::invalid_argument);
+  fs::remove(dir / "vocabulary.json");
+  try {
+    load_classifier(dir.string());
+    FAIL() << "expected std::invalid_argument";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_NE(std::string(e.what()).find("vocabulary.json"), std::string::npos) << e.what();
+  }
+  EXPECT_THROW(load_classifier((dir / "missing").string()), std::invalid_argument);
+  fs::remove_all(dir);
+}
+
+TEST(CharClassifier, OverfitsATinyDatasetTo100Percent) {
+  const uint64_t seed = testing::test_seed();
+  SCOPED_TRACE("seed " + std::to_string(seed));
+  const std::vector<std::u32string> words = {U"the",   U"and",  U"house", U"water",
+                                             U"maison", U"été", U"eau",   U"très",
+                                             U"haus",  U"straße", U"über", U"wasser"};
+  const std::vector<int64_t> labels = {0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2};
+  const Vocabulary vocab = Vocabulary::build(words);
+  std::vector<std::vector<int64_t>> ids;
+  for (auto& w : words) ids.push_back(vocab.encode(w));
+  const Tensor targets = Tensor::from_vector<int64_t>(labels);
+  CharClassifier model({.vocab_size = vocab.size(), .embed_dim = 8, .hidden_size = 16,
+                        .num_classes = 3},
+                       seed);
+  Adam opt(model.parameters(), {.lr = 2e-2});
+  CrossEntropyLoss ce;
+  double loss = 0;
+  for (int step = 0; step < 150; ++step) {
+    loss = ce.forward(model.forward(ids), targets);
+    model.backward(ce.backward());
+    clip_grad_norm(opt.parameters(), 5.0);
+    opt.step();
+    opt.zero_grad();
+  }
+  const Tensor logits = model.forward(ids, /*requires_grad=*/false);
+  int correct = 0;
+  for (int64_t i = 0; i < 12; ++i) {
+    int64_t best = 0;
+    for (int64_t c = 1; c < 3; ++c) {
+      if (logits.item_as_double(i * 3 + c) > logits.item_as_double(i * 3 + best)) best = c;
+    }
+    correct += best == labels[static_cast<std::size_t>(i)];
+  }
+  EXPECT_EQ(correct, 12) << "final loss " << loss;
+  EXPECT_LT(loss, 0.05);
+  // The padding row never moved.
+  for (int64_t j = 0; j < 8; ++j) EXPECT_EQ(model.embedding().weight().item_as_double(j), 0.0);
+}
+
+TEST(CharClassifier, BadInputNamesTheValue) {
+  CharClassifier model({.vocab_size = 5, .embed_dim = 2, .hidden_size = 3, .num_classes = 2}, 0);
+  try {
+    model.forward(Tensor::zeros({2, 3}, DType::i64), {3, 4}, /*batch_first=*/true);
+    FAIL() << "expected std::invalid_argument";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_NE(std::string(e.what()).find("lengths[1] = 4"), std::string::npos) << e.what();
+  }
+  EXPECT_THROW(model.forward(Tensor::zeros({2, 3}, DType::i64), {3}, /*batch_first=*/true),
+               std::invalid_argument);
+  EXPECT_THROW(model.forward({{1, 7}}), std::invalid_argument);  // token id past the vocabulary
+  EXPECT_THROW(CharClassifier({.vocab_size = 5, .num_classes = 0}), std::invalid_argument);
+  EXPECT_THROW(model.backward(Tensor::zeros({1, 2}, DType::f32)), std::logic_error);
+  std::map<std::string, Tensor> sd = model.state_dict();
+  sd.erase("fc.bias");
+  EXPECT_THROW(model.load_state_dict(sd), std::invalid_argument);
+}
+
+}  // namespace
+}  // namespace seqpack

@@ -1,0 +1,144 @@
+// UTF-8 decoding and the character vocabulary.
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <stdexcept>
+#include <string>
+
+#include "seqpack/vocabulary.h"
+
+using seqpack::decode_utf8;
+using seqpack::encode_utf8;
+using seqpack::Vocabulary;
+
+namespace {
+
+// Expects `f` to throw std::invalid_argument with every needle in its message.
+template <typename F>
+void expect_invalid(F f, std::vector<std::string> needles) {
+  try {
+    f();
+    ADD_FAILURE() << "no exception; expected one mentioning " << needles[0];
+  } catch (const std::invalid_argument& e) {
+    const std::string msg = e.what();
+    for (const auto& n : needles) {
+      EXPECT_NE(msg.find(n), std::string::npos) << "message \"" << msg << "\" lacks \"" << n << "\"";
+    }
+  }
+}
+
+}  // namespace
+
+TEST(Utf8, DecodesOneToFourByteSequences) {
+  // Hand-encoded: 'a' 61, 'é' C3 A9, '€' E2 82 AC, U+1F600 F0 9F 98 80.
+  EXPECT_EQ(decode_utf8("a\xC3\xA9\xE2\x82\xAC\xF0\x9F\x98\x80"),
+            (std::u32string{U'a', U'\u00E9', U'\u20AC', U'\U0001F600'}));
+  EXPECT_EQ(decode_utf8(""), U"");
+  EXPECT_EQ(decode_utf8(std::string("a\0b", 3)), (std::u32string{U'a', 0, U'b'}));
+  // Boundaries: the largest of each length and U+10FFFF.
+  EXPECT_EQ(decode_utf8("\x7F\xDF\xBF\xEF\xBF\xBF\xF4\x8F\xBF\xBF"),
+            (std::u32string{0x7F, 0x7FF, 0xFFFF, 0x10FFFF}));
+}
+
+TEST(Utf8, EncodeIsTheInverseOfDecode) {
+  const std::u32string s = U"Größe: 5 €, naïve 😀 ğ";
+  EXPECT_EQ(decode_utf8(encode_utf8(s)), s);
+  EXPECT_EQ(encode_utf8(U"\u00E9"), "\xC3\xA9");
+  expect_invalid([] { encode_utf8(std::u32string(1, char32_t(0xD800))); }, {"U+D800", "code_points[0]"});
+  expect_invalid([] { encode_utf8(std::u32string{U'a', char32_t(0x110000)}); }, {"U+110000", "code_points[1]"});
+}
+
+TEST(Utf8, InvalidInputNamesTheByteOffset) {
+  expect_invalid([] { decode_utf8("ab\x80", "words.txt line 3"); },
+                 {"words.txt line 3", "byte offset 2", "0x80", "continuation"});
+  expect_invalid([] { decode_utf8("caf\xC3"); }, {"byte offset 3", "0xC3", "truncated"});
+  expect_invalid([] { decode_utf8("x\xC3(y"); }, {"byte offset 1", "offset 2", "0x28"});
+  expect_invalid([] { decode_utf8("\xC0\xAF"); }, {"byte offset 0", "0xC0"});  // overlong '/'
+  expect_invalid([] { decode_utf8("\xE0\x80\xAF"); }, {"byte offset 0", "overlong"});
+  expect_invalid([] { decode_utf8("ok\xED\xA0\x80"); }, {"byte offset 2", "surrogate", "U+D800"});
+  expect_invalid([] { decode_utf8("\xF4\x90\x80\x80"); }, {"U+110000"});
+  expect_invalid([] { decode_utf8("\xFF"); }, {"0xFF", "cannot start"});
+  // Latin-1 text fed as UTF-8, the usual real-world mistake.
+  expect_invalid([] { decode_utf8("caf\xE9!", "f.tsv line 9"); }, {"f.tsv line 9", "byte offset 3", "0xE9"});
+}
+
+TEST(Vocabulary, SpecialTokensComeFirst) {
+  Vocabulary v;
+  EXPECT_EQ(v.size(), 2);
+  EXPECT_EQ(Vocabulary::pad_id, 0);
+  EXPECT_EQ(Vocabulary::unk_id, 1);
+  EXPECT_EQ(v.id(U'a'), Vocabulary::unk_id);
+  EXPECT_EQ(v.encode(U"ab"), (std::vector<int64_t>{1, 1}));
+}
+
+TEST(Vocabulary, BuildSortsByCodePointIndependentlyOfCorpusOrder) {
+  const Vocabulary v = Vocabulary::build({U"été", U"the"});
+  // <pad> <unk> e h t é  (é = U+00E9 sorts after ASCII)
+  EXPECT_EQ(v.size(), 6);
+  EXPECT_EQ(v.code_points(), (std::vector<char32_t>{U'e', U'h', U't', U'\u00E9'}));
+  EXPECT_EQ(v.encode(U"thé!"), (std::vector<int64_t>{4, 3, 5, 1}));
+  EXPECT_EQ(Vocabulary::build({U"the", U"été"}), v);
+  EXPECT_EQ(v.code_point(5), U'\u00E9');
+  EXPECT_TRUE(v.contains(U'h'));
+  EXPECT_FALSE(v.contains(U'!'));
+}
+
+TEST(Vocabulary, MinCountDropsRareCharacters) {
+  const Vocabulary v = Vocabulary::build({U"aab", U"ac"}, /*min_count=*/2);
+  EXPECT_EQ(v.code_points(), (std::vector<char32_t>{U'a'}));
+  EXPECT_EQ(v.encode(U"abc"), (std::vector<int64_t>{2, 1, 1}));
+  expect_invalid([] { Vocabulary::build({U"a"}, 0); }, {"min_count = 0"});
+}
+
+TEST(Vocabulary, DecodeSkipsPaddingAndMarksUnknown) {
+  const Vocabulary v = Vocabulary::build({U"abc"});
+  EXPECT_EQ(v.decode({2, 3, 1, 4, 0, 0}), U"ab\uFFFDc");
+  EXPECT_EQ(v.decode(v.encode(U"cab")), U"cab");
+  EXPECT_EQ(v.encode_utf8_text("c\xC3\xA9"), (std::vector<int64_t>{4, 1}));
+  expect_invalid([&] { v.decode({2, 5}); }, {"ids[1] = 5", "[0, 5)"});
+  expect_invalid([&] { v.decode({-1}); }, {"ids[0] = -1"});
+  expect_invalid([&] { v.code_point(0); }, {"id 0", "<pad>"});
+  expect_invalid([&] { v.code_point(1); }, {"id 1", "<unk>"});
+  expect_invalid([&] { v.code_point(9); }, {"id 9", "out of range"});
+}
+
+TEST(Vocabulary, FromCodePointsRejectsDuplicatesAndNonScalars) {
+  expect_invalid([] { Vocabulary::from_code_points({U'a', U'b', U'a'}); }, {"code_points[2]", "U+0061", "duplicate"});
+  expect_invalid([] { Vocabulary::from_code_points({char32_t(0xDC00)}); }, {"code_points[0]", "U+DC00"});
+}
+
+TEST(Vocabulary, JsonRoundTripAndFile) {
+  const Vocabulary v = Vocabulary::build({U"naïve", U"Größe", U"😀"});
+  const std::string json = v.to_json();
+  EXPECT_NE(json.find("\"<pad>\""), std::string::npos);
+  EXPECT_NE(json.find("\"ï\""), std::string::npos) << json;  // UTF-8, readable
+  EXPECT_EQ(Vocabulary::from_json(json), v);
+  const std::string path = (std::filesystem::temp_directory_path() /
+                            ("seqpack_vocab_" + std::to_string(::getpid()) + ".json"))
+                               .string();
+  v.save(path);
+  const Vocabulary back = Vocabulary::load(path);
+  std::filesystem::remove(path);
+  EXPECT_EQ(back, v);
+  EXPECT_EQ(back.encode(U"Größe?"), v.encode(U"Größe?"));
+  expect_invalid([&] { Vocabulary::load(path); }, {path});
+}
+
+TEST(Vocabulary, MalformedJsonIsRejectedNamingTheEntry) {
+  const std::string head = R"({"format":"seqpack-vocabulary","version":1,"special_tokens":["<pad>","<unk>"],)";
+  EXPECT_EQ(Vocabulary::from_json(head + R"("tokens":["a","b"]})").size(), 4);
+  expect_invalid([] { Vocabulary::from_json("{", "v.json"); }, {"v.json", "not valid JSON"});
+  expect_invalid([] { Vocabulary::from_json(R"({"format":"other"})"); }, {"\"other\""});
+  expect_invalid([&] { Vocabulary::from_json(R"({"format":"seqpack-vocabulary","version":2})"); },
+                 {"version", "2"});
+  expect_invalid([&] {
+    Vocabulary::from_json(R"({"format":"seqpack-vocabulary","version":1,"special_tokens":["<unk>","<pad>"],"tokens":[]})");
+  }, {"special_tokens"});
+  expect_invalid([&] { Vocabulary::from_json(head + R"("tokens":["a","bc"]})"); }, {"tokens[1]", "\"bc\"", "one character"});
+  expect_invalid([&] { Vocabulary::from_json(head + R"("tokens":["a",7]})"); }, {"tokens[1]", "not a string"});
+  expect_invalid([&] { Vocabulary::from_json(head + R"("tokens":["a","a"]})"); }, {"duplicate"});
+  expect_invalid([&] { Vocabulary::from_json(head + R"("tokens":"ab"})"); }, {"tokens"});
+}

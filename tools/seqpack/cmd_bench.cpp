@@ -1,0 +1,321 @@
+// `seqpack bench`: median seconds per batch and tokens/s of the recurrent layers
+// on the workloads of a JSON file (schema of ../shared/workloads.json), in three
+// modes:
+//   forward_packed  rnn_forward over the packed rows of the batch
+//   forward_padded  the same batch with every sequence at max_len (what packing saves)
+//   train_packed    forward + backward of sum(outputs), i.e. grad_output = ones
+// tokens = sum of the real lengths in every mode, so tokens/s compare across modes.
+//
+//   seqpack bench --workloads ../shared/workloads.json --threads 1 --json
+//
+// The packing plan, inputs, weights and grad_output are built once outside the
+// timed region: a timed batch is exactly one rnn_forward (and one rnn_backward).
+#include <fmt/core.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <fstream>
+#include <functional>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <random>
+#include <set>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "command.h"
+#include "seqpack/packed_sequence.h"
+#include "seqpack/rnn.h"
+#include "seqpack/tensor.h"
+#include "seqpack/threading.h"
+
+namespace seqpack::cli {
+namespace {
+
+const std::vector<std::string> kModes = {"forward_packed", "forward_padded", "train_packed"};
+
+struct Workload {
+  std::string name;
+  RNNOptions options;
+  std::vector<int64_t> lengths;
+};
+
+// Own mapping (rather than parse_rnn_mode) so the message names the workload and key.
+RNNMode cell_from_name(const std::string& workload, const std::string& cell) {
+  static const std::map<std::string, RNNMode> cells = {{"lstm", RNNMode::lstm},
+                                                        {"gru", RNNMode::gru},
+                                                        {"rnn_tanh", RNNMode::rnn_tanh},
+                                                        {"rnn_relu", RNNMode::rnn_relu}};
+  auto it = cells.find(cell);
+  if (it == cells.end()) {
+    throw std::invalid_argument(fmt::format(
+        "workload '{}': key 'cell' = '{}' is not one of lstm, gru, rnn_tanh, rnn_relu", workload,
+        cell));
+  }
+  return it->second;
+}
+
+int64_t positive_int(const nlohmann::json& w, const std::string& name, const char* key,
+                     int64_t min_value) {
+  if (!w.contains(key)) {
+    throw std::invalid_argument(fmt::format("workload '{}': key '{}' is missing", name, key));
+  }
+  const auto& v = w.at(key);
+  if (!v.is_number_integer() || v.get<int64_t>() < min_value) {
+    throw std::invalid_argument(fmt::format("workload '{}': key '{}' = {} must be an integer >= {}",
+                                            name, key, v.dump(), min_value));
+  }
+  return v.get<int64_t>();
+}
+
+std::vector<Workload> load_workloads(const std::string& path) {
+  std::ifstream in(path);
+  if (!in) throw std::invalid_argument(fmt::format("cannot open workloads file '{}'", path));
+  nlohmann::json doc;
+  try {
+    doc = nlohmann::json::parse(in);
+  } catch (const nlohmann::json::parse_error& e) {
+    throw std::invalid_argument(
+        fmt::format("workloads file '{}' is not valid JSON: {}", path, e.what()));
+  }
+  if (!doc.is_object() || !doc.contains("workloads") || !doc.at("workloads").is_array()) {
+    throw std::invalid_argument(
+        fmt::format("workloads file '{}': key 'workloads' (an array) is missing", path));
+  }
+  std::vector<Workload> out;
+  std::set<std::string> seen;
+  const auto& list = doc.at("workloads");
+  for (size_t i = 0; i < list.size(); ++i) {
+    const auto& w = list[i];
+    if (!w.is_object() || !w.contains("name") || !w.at("name").is_string()) {
+      throw std::invalid_argument(fmt::format(
+          "workloads file '{}': workloads[{}]: key 'name' (a string) is missing", path, i));
+    }
+    Workload wl;
+    wl.name = w.at("name").get<std::string>();
+    if (!seen.insert(wl.name).second) {
+      throw std::invalid_argument(
+          fmt::format("workloads file '{}': workload name '{}' appears twice", path, wl.name));
+    }
+    if (!w.contains("cell") || !w.at("cell").is_string()) {
+      throw std::invalid_argument(
+          fmt::format("workload '{}': key 'cell' (a string) is missing", wl.name));
+    }
+    RNNOptions& o = wl.options;
+    o.mode = cell_from_name(wl.name, w.at("cell").get<std::string>());
+    o.input_size = positive_int(w, wl.name, "input_size", 1);
+    o.hidden_size = positive_int(w, wl.name, "hidden_size", 1);
+    o.num_layers = positive_int(w, wl.name, "num_layers", 1);
+    if (w.contains("bidirectional")) {
+      if (!w.at("bidirectional").is_boolean()) {
+        throw std::invalid_argument(fmt::format(
+            "workload '{}': key 'bidirectional' = {} must be true or false", wl.name,
+            w.at("bidirectional").dump()));
+      }
+      o.bidirectional = w.at("bidirectional").get<bool>();
+    }
+    if (!w.contains("lengths") || !w.at("lengths").is_array() || w.at("lengths").empty()) {
+      throw std::invalid_argument(fmt::format(
+          "workload '{}': key 'lengths' (a non-empty array of integers) is missing", wl.name));
+    }
+    const auto& lengths = w.at("lengths");
+    for (size_t b = 0; b < lengths.size(); ++b) {
+      if (!lengths[b].is_number_integer() || lengths[b].get<int64_t>() < 0) {
+        throw std::invalid_argument(fmt::format(
+            "workload '{}': lengths[{}] = {} must be an integer >= 0", wl.name, b,
+            lengths[b].dump()));
+      }
+      wl.lengths.push_back(lengths[b].get<int64_t>());
+    }
+    if (*std::max_element(wl.lengths.begin(), wl.lengths.end()) == 0) {
+      throw std::invalid_argument(
+          fmt::format("workload '{}': key 'lengths' holds no positive length", wl.name));
+    }
+    out.push_back(std::move(wl));
+  }
+  return out;
+}
+
+Tensor uniform(const Shape& shape, float bound, std::mt19937_64& rng) {
+  Tensor t = Tensor::empty(shape, DType::f32);
+  std::uniform_real_distribution<float> u(-bound, bound);
+  float* p = t.data<float>();
+  for (int64_t i = 0; i < t.numel(); ++i) p[i] = u(rng);
+  return t;
+}
+
+struct Timing {
+  double median = 0;
+  int reps = 0;
+};
+
+double median_of(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  const size_t n = v.size();
+  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+// One untimed warm-up run (first-touch of the workspace, OpenMP pool start-up), then
+// timed runs until at least min_time has been spent on at least 3 runs and the median
+// has stopped moving (within 1% of the median without the last two runs), or until
+// the budget of 5 * min_time runs out. A run slower than the whole budget is timed once.
+Timing measure(const std::function<void()>& run, double min_time) {
+  using clock = std::chrono::steady_clock;
+  const double budget = 5 * min_time;
+  run();
+  std::vector<double> samples;
+  double total = 0;
+  while (true) {
+    const auto t0 = clock::now();
+    run();
+    const double dt = std::chrono::duration<double>(clock::now() - t0).count();
+    samples.push_back(dt);
+    total += dt;
+    const size_t n = samples.size();
+    if (total >= budget || n >= 100000) break;
+    if (total >= min_time && n >= 3) {
+      const double m = median_of(samples);
+      const double m_before = median_of(std::vector<double>(samples.begin(), samples.end() - 2));
+      if (std::fabs(m - m_before) <= 0.01 * m) break;
+    }
+  }
+  return {median_of(samples), static_cast<int>(samples.size())};
+}
+
+struct Args {
+  std::string workloads;
+  int threads = 1;
+  bool json = false;
+  std::vector<std::string> names;
+  std::vector<std::string> modes;
+  double min_time = 0.5;
+  int scale = 1;
+};
+
+// The inputs of one mode, built outside the timed region.
+struct Batch {
+  PackingPlan plan;
+  Tensor data;
+};
+
+Batch make_batch(const std::vector<int64_t>& lengths, int64_t input_size, std::mt19937_64& rng) {
+  Batch b{PackingPlan::from_lengths(lengths, /*enforce_sorted=*/false), Tensor()};
+  b.data = uniform({b.plan.total_rows(), input_size}, 1.f, rng);
+  return b;
+}
+
+void run_bench(const Args& args) {
+  std::vector<Workload> all = load_workloads(args.workloads);
+  std::vector<Workload> selected;
+  if (args.names.empty()) {
+    selected = all;
+  } else {
+    for (const auto& name : args.names) {
+      auto it = std::find_if(all.begin(), all.end(), [&](const Workload& w) { return w.name == name; });
+      if (it == all.end()) {
+        std::string known;
+        for (const auto& w : all) known += (known.empty() ? "" : ", ") + w.name;
+        throw std::invalid_argument(fmt::format("--workload '{}' is not in '{}' (it has: {})", name,
+                                                args.workloads, known));
+      }
+      selected.push_back(*it);
+    }
+  }
+  const std::vector<std::string>& modes = args.modes.empty() ? kModes : args.modes;
+  set_num_threads(args.threads);
+
+  if (!args.json) {
+    fmt::print("{:<16} {:<15} {:>7} {:>13} {:>13} {:>6}\n", "workload", "mode", "threads",
+               "s/batch", "tokens/s", "reps");
+    std::fflush(stdout);
+  }
+  const size_t total_runs = selected.size() * modes.size();
+  size_t done = 0;
+  for (const Workload& wl : selected) {
+    std::vector<int64_t> lengths = wl.lengths;
+    for (auto& l : lengths) l *= args.scale;
+    int64_t tokens = 0, max_len = 0;
+    for (auto l : lengths) {
+      tokens += l;
+      max_len = std::max(max_len, l);
+    }
+    const RNNOptions& o = wl.options;
+    // Fixed seed: every run of the tool measures the same numbers.
+    std::mt19937_64 rng(0x5eed);
+    std::vector<Tensor> weights;
+    const float bound = 1.f / std::sqrt(static_cast<float>(o.hidden_size));
+    for (const Shape& s : rnn_parameter_shapes(o)) weights.push_back(uniform(s, bound, rng));
+    Batch packed = make_batch(lengths, o.input_size, rng);
+
+    for (const std::string& mode : modes) {
+      ++done;
+      std::fprintf(stderr, "bench [%zu/%zu] %s %s (threads %d, %lld tokens)...\n", done,
+                   total_runs, wl.name.c_str(), mode.c_str(), args.threads,
+                   static_cast<long long>(tokens));
+      Timing t;
+      if (mode == "forward_packed") {
+        t = measure([&] {
+          rnn_forward(o, weights, packed.data, packed.plan, {}, {}, /*training=*/false,
+                      /*save_for_backward=*/false);
+        }, args.min_time);
+      } else if (mode == "forward_padded") {
+        Batch padded = make_batch(std::vector<int64_t>(lengths.size(), max_len), o.input_size, rng);
+        t = measure([&] {
+          rnn_forward(o, weights, padded.data, padded.plan, {}, {}, /*training=*/false,
+                      /*save_for_backward=*/false);
+        }, args.min_time);
+      } else {  // train_packed
+        const Tensor ones = Tensor::full({packed.plan.total_rows(), o.output_size()}, 1.0, DType::f32);
+        t = measure([&] {
+          RNNForwardResult y = rnn_forward(o, weights, packed.data, packed.plan, {}, {},
+                                           /*training=*/true, /*save_for_backward=*/true);
+          rnn_backward(*y.saved, ones, {}, {});
+        }, args.min_time);
+      }
+      const double tokens_per_s = static_cast<double>(tokens) / t.median;
+      std::fprintf(stderr, "bench [%zu/%zu] %s %s: %.6g s/batch, %.6g tokens/s, %d reps\n", done,
+                   total_runs, wl.name.c_str(), mode.c_str(), t.median, tokens_per_s, t.reps);
+      if (args.json) {
+        nlohmann::ordered_json line = {{"impl", "seqpack"},     {"threads", args.threads},
+                               {"workload", wl.name},   {"mode", mode},
+                               {"sec_per_batch", t.median}, {"tokens_per_s", tokens_per_s},
+                               {"tokens", tokens},      {"scale", args.scale},
+                               {"reps", t.reps}};
+        fmt::print("{}\n", line.dump());
+      } else {
+        fmt::print("{:<16} {:<15} {:>7} {:>13.6g} {:>13.6g} {:>6}\n", wl.name, mode, args.threads,
+                   t.median, tokens_per_s, t.reps);
+      }
+      std::fflush(stdout);
+    }
+  }
+}
+
+void setup(CLI::App& sub) {
+  auto args = std::make_shared<Args>();
+  sub.add_option("--workloads", args->workloads,
+                 "JSON file of workloads (schema of ../shared/workloads.json)")
+      ->required();
+  sub.add_option("--threads", args->threads, "OpenMP and OpenBLAS threads (default 1)")
+      ->check(CLI::PositiveNumber);
+  sub.add_flag("--json", args->json, "one JSON object per line instead of a table");
+  sub.add_option("--workload", args->names, "only these workloads (repeatable)");
+  sub.add_option("--mode", args->modes, "only these modes (repeatable)")
+      ->check(CLI::IsMember(kModes));
+  sub.add_option("--min-time", args->min_time,
+                 "seconds of timed runs per measurement before the median may be taken "
+                 "(budget: 5x this; default 0.5)")
+      ->check(CLI::PositiveNumber);
+  sub.add_option("--scale", args->scale, "multiply every length by this integer (default 1)")
+      ->check(CLI::PositiveNumber);
+  sub.callback([args] { run_bench(*args); });
+}
+
+[[maybe_unused]] const bool registered = register_command(
+    {"bench", "time the recurrent layers on the workloads of a JSON file", setup});
+
+}  // namespace
+}  // namespace seqpack::cli

@@ -1,0 +1,239 @@
+// `seqpack train`: trains the character-level classifier, by default the
+// language identifier on Debian's word lists, and saves it to a directory.
+#include <fmt/core.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <numeric>
+#include <string>
+#include <vector>
+
+#include "command.h"
+#include "seqpack/classifier.h"
+#include "seqpack/data.h"
+#include "seqpack/loss.h"
+#include "seqpack/optim.h"
+#include "seqpack/threading.h"
+#include "seqpack/vocabulary.h"
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+using namespace seqpack;
+
+struct TrainArgs {
+  std::string data;
+  std::string dict_dir = "/usr/share/dict";
+  int64_t words_per_language = 20000;
+  int64_t epochs = 5;
+  int64_t batch_size = 128;
+  double lr = 2e-3;
+  int64_t hidden = 128;
+  int64_t embed = 32;
+  uint64_t seed = 0;
+  int threads = 0;
+  double clip = 0.0;
+  std::string out = "seqpack-model";
+  bool quiet = false;
+};
+
+double seconds_since(Clock::time_point t0) {
+  return std::chrono::duration<double>(Clock::now() - t0).count();
+}
+
+// One line redrawn in place on stderr: "epoch 2/5 [=====>     ] 61% 150/245 ...".
+void draw_progress(int64_t epoch, int64_t epochs, int64_t done, int64_t total, double words_s,
+                   double tokens_s, double loss) {
+  const int width = 24;
+  const int filled = total > 0 ? static_cast<int>(width * done / total) : width;
+  std::string bar(static_cast<std::size_t>(filled), '=');
+  if (filled < width) bar += '>';
+  bar.resize(width, ' ');
+  fmt::print(stderr, "\repoch {}/{} [{}] {:3d}% {}/{} batches | {:.0f} words/s {:.0f} tokens/s | loss {:.4f}",
+             epoch, epochs, bar, total > 0 ? static_cast<int>(100 * done / total) : 100, done, total,
+             words_s, tokens_s, loss);
+  std::fflush(stderr);
+}
+
+// Predicted label of every example, in batches (no gradient is kept).
+std::vector<int64_t> predict_all(CharClassifier& model, const Vocabulary& vocab,
+                                 const std::vector<Example>& examples, int64_t batch_size) {
+  std::vector<int64_t> pred(examples.size());
+  for (std::size_t start = 0; start < examples.size(); start += static_cast<std::size_t>(batch_size)) {
+    const std::size_t stop = std::min(examples.size(), start + static_cast<std::size_t>(batch_size));
+    std::vector<int64_t> idx(stop - start);
+    std::iota(idx.begin(), idx.end(), static_cast<int64_t>(start));
+    TokenBatch b = make_token_batch(vocab, examples, idx, /*batch_first=*/true);
+    Tensor logits = model.forward(b.tokens, b.lengths, /*batch_first=*/true, /*requires_grad=*/false);
+    const int64_t c = logits.size(1);
+    for (std::size_t i = 0; i < idx.size(); ++i) {
+      int64_t best = 0;
+      for (int64_t k = 1; k < c; ++k) {
+        if (logits.item_as_double(static_cast<int64_t>(i) * c + k) >
+            logits.item_as_double(static_cast<int64_t>(i) * c + best)) {
+          best = k;
+        }
+      }
+      pred[start + i] = best;
+    }
+  }
+  return pred;
+}
+
+double accuracy(const std::vector<int64_t>& pred, const std::vector<Example>& examples) {
+  if (examples.empty()) return 0.0;
+  int64_t ok = 0;
+  for (std::size_t i = 0; i < examples.size(); ++i) ok += pred[i] == examples[i].label;
+  return static_cast<double>(ok) / static_cast<double>(examples.size());
+}
+
+void print_confusion(const std::vector<int64_t>& pred, const std::vector<Example>& examples,
+                     const std::vector<std::string>& labels) {
+  const std::size_t n = labels.size();
+  std::vector<std::vector<int64_t>> m(n, std::vector<int64_t>(n, 0));
+  for (std::size_t i = 0; i < examples.size(); ++i) {
+    m[static_cast<std::size_t>(examples[i].label)][static_cast<std::size_t>(pred[i])]++;
+  }
+  std::size_t name_w = 10;
+  for (const auto& l : labels) name_w = std::max(name_w, l.size());
+  fmt::print("confusion matrix (rows: true label, columns: predicted):\n");
+  fmt::print("{:>{}} ", "", name_w);
+  for (const auto& l : labels) fmt::print(" {:>7.7}", l);
+  fmt::print("   recall\n");
+  for (std::size_t r = 0; r < n; ++r) {
+    fmt::print("{:>{}} ", labels[r], name_w);
+    int64_t row = 0;
+    for (std::size_t c = 0; c < n; ++c) {
+      fmt::print(" {:>7}", m[r][c]);
+      row += m[r][c];
+    }
+    fmt::print("   {:5.1f}%\n", row ? 100.0 * static_cast<double>(m[r][r]) / static_cast<double>(row) : 0.0);
+  }
+}
+
+void run_train(const TrainArgs& a) {
+  if (a.epochs < 0) throw std::invalid_argument("--epochs = " + std::to_string(a.epochs) + " is negative");
+  if (a.batch_size <= 0) {
+    throw std::invalid_argument("--batch-size = " + std::to_string(a.batch_size) + " must be positive");
+  }
+  if (!(a.lr > 0)) throw std::invalid_argument("--lr = " + fmt::format("{}", a.lr) + " must be positive");
+  if (a.threads > 0) set_num_threads(a.threads);
+
+  DatasetSplit split;
+  if (a.data.empty()) {
+    LanguageIdOptions lo;
+    lo.dict_dir = a.dict_dir;
+    lo.words_per_language = a.words_per_language;
+    lo.seed = lo.seed + a.seed;
+    split = load_language_id(lo);
+    fmt::print("dataset: Debian word lists in {}, {} languages, {} words each\n", a.dict_dir,
+               split.labels.size(), a.words_per_language);
+  } else {
+    TextDataset ds = load_tsv(a.data);
+    fmt::print("dataset: {}: {} examples, {} labels", a.data, ds.examples.size(), ds.labels.size());
+    if (ds.empty_lines > 0) fmt::print(", {} empty lines skipped", ds.empty_lines);
+    fmt::print("\n");
+    split = split_dataset(ds, 0.8, 0.1, a.seed);
+  }
+  if (split.train.empty()) throw std::invalid_argument("the training split is empty: not enough examples");
+  fmt::print("split: {} train, {} validation, {} test\n", split.train.size(), split.val.size(),
+             split.test.size());
+
+  const Vocabulary vocab = Vocabulary::build(texts_of(split.train));
+  const int64_t n_classes = static_cast<int64_t>(split.labels.size());
+  CharClassifierOptions mo;
+  mo.vocab_size = vocab.size();
+  mo.embed_dim = a.embed;
+  mo.hidden_size = a.hidden;
+  mo.num_classes = n_classes;
+  CharClassifier model(mo, a.seed);
+  fmt::print("model: Embedding({}, {}, padding_idx=0) -> LSTM({}, {}, bidirectional) -> Linear({}, {})\n",
+             mo.vocab_size, mo.embed_dim, mo.embed_dim, mo.hidden_size, 2 * mo.hidden_size, n_classes);
+
+  BucketingSampler sampler(lengths_of(split.train), a.batch_size, a.seed);
+  const PaddingReport pr = padding_report(sampler, 0);
+  const auto pad_pct = [](const PaddingStats& s) { return 100.0 * (1.0 - s.efficiency()); };
+  fmt::print(
+      "padding: random batches of {} would compute {} slots for {} real tokens ({:.1f}% padding); "
+      "bucketing cuts that to {} ({:.1f}% padding); packing computes only the {} real tokens (0% padding)\n",
+      a.batch_size, pr.random.padded_slots, pr.random.real_tokens, pad_pct(pr.random),
+      pr.bucketed.padded_slots, pad_pct(pr.bucketed), pr.packed.real_tokens);
+
+  Adam opt(model.parameters(), {.lr = a.lr});
+  CrossEntropyLoss ce;
+  double total_train_s = 0.0;
+  for (int64_t epoch = 1; epoch <= a.epochs; ++epoch) {
+    const auto batches = sampler.epoch(epoch - 1);
+    const auto t0 = Clock::now();
+    auto last_draw = t0;
+    int64_t words = 0, tokens = 0;
+    double loss_sum = 0.0, running = 0.0;
+    for (std::size_t k = 0; k < batches.size(); ++k) {
+      TokenBatch b = make_token_batch(vocab, split.train, batches[k], /*batch_first=*/true);
+      Tensor logits = model.forward(b.tokens, b.lengths, /*batch_first=*/true);
+      const double loss = ce.forward(logits, b.labels);
+      model.backward(ce.backward());
+      if (a.clip > 0) clip_grad_norm(opt.parameters(), a.clip);
+      opt.step();
+      opt.zero_grad();
+      words += static_cast<int64_t>(b.lengths.size());
+      tokens += std::accumulate(b.lengths.begin(), b.lengths.end(), int64_t{0});
+      loss_sum += loss;
+      running = k == 0 ? loss : 0.98 * running + 0.02 * loss;
+      const auto now = Clock::now();
+      if (!a.quiet && (std::chrono::duration<double>(now - last_draw).count() > 0.1 ||
+                       k + 1 == batches.size())) {
+        const double s = std::max(1e-9, seconds_since(t0));
+        draw_progress(epoch, a.epochs, static_cast<int64_t>(k + 1),
+                      static_cast<int64_t>(batches.size()), words / s, tokens / s, running);
+        last_draw = now;
+      }
+    }
+    const double secs = seconds_since(t0);
+    total_train_s += secs;
+    if (!a.quiet) fmt::print(stderr, "\n");
+    const double val_acc = accuracy(predict_all(model, vocab, split.val, 512), split.val);
+    fmt::print("epoch {}/{}: train loss {:.4f}, validation accuracy {:.2f}%, {:.2f} s ({:.0f} words/s, {:.0f} tokens/s)\n",
+               epoch, a.epochs, batches.empty() ? 0.0 : loss_sum / static_cast<double>(batches.size()),
+               100.0 * val_acc, secs, words / std::max(1e-9, secs), tokens / std::max(1e-9, secs));
+    std::fflush(stdout);
+  }
+  if (a.epochs > 0) {
+    fmt::print("training time: {:.2f} s, {:.2f} s per epoch\n", total_train_s,
+               total_train_s / static_cast<double>(a.epochs));
+  }
+  const std::vector<int64_t> pred = predict_all(model, vocab, split.test, 512);
+  fmt::print("test accuracy: {:.2f}% ({} words)\n", 100.0 * accuracy(pred, split.test), split.test.size());
+  print_confusion(pred, split.test, split.labels);
+  save_classifier(a.out, model, vocab, split.labels);
+  fmt::print("saved the model to {}/ (model.safetensors, vocabulary.json, config.json)\n", a.out);
+  fmt::print("try: seqpack predict --model {} <word>...\n", a.out);
+}
+
+void setup(CLI::App& sub) {
+  auto a = std::make_shared<TrainArgs>();
+  sub.add_option("--data", a->data,
+                 "train on a label<TAB>text file instead of the Debian word lists (split 80/10/10)");
+  sub.add_option("--dict-dir", a->dict_dir, "directory of the Debian word lists")->capture_default_str();
+  sub.add_option("--words-per-language", a->words_per_language, "words sampled per language")
+      ->capture_default_str();
+  sub.add_option("--epochs", a->epochs, "passes over the training split")->capture_default_str();
+  sub.add_option("--batch-size", a->batch_size, "sequences per batch")->capture_default_str();
+  sub.add_option("--lr", a->lr, "Adam learning rate")->capture_default_str();
+  sub.add_option("--hidden", a->hidden, "LSTM hidden size per direction")->capture_default_str();
+  sub.add_option("--embed", a->embed, "character embedding size")->capture_default_str();
+  sub.add_option("--seed", a->seed, "seed of the initialisation and batch order")->capture_default_str();
+  sub.add_option("--threads", a->threads, "threads (0: the library default)")->capture_default_str();
+  sub.add_option("--clip", a->clip, "clip the gradient norm to this (0: off)")->capture_default_str();
+  sub.add_option("--out", a->out, "directory to save the model to")->capture_default_str();
+  sub.add_flag("--quiet", a->quiet, "no progress bar");
+  sub.callback([a] { run_train(*a); });
+}
+
+const bool registered = seqpack::cli::register_command(
+    {"train", "train a character-level classifier (default: language of a word, on Debian's word lists)",
+     setup});
+
+}  // namespace
