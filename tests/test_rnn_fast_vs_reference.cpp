@@ -34,13 +34,12 @@ struct Config {
 
 std::string describe(const Config& c) {
   const RNNOptions& o = c.options;
-  std::string s = std::string(seqpack::rnn_mode_name(o.mode)) + " I" +
-                  std::to_string(o.input_size) + " H" + std::to_string(o.hidden_size) + " L" +
-                  std::to_string(o.num_layers) + (o.bidirectional ? " bi" : "") +
-                  (o.bias ? "" : " nobias") +
-                  (o.proj_size ? " P" + std::to_string(o.proj_size) : "") +
-                  (c.give_h0 ? " h0" : "") + (c.give_c0 ? " c0" : "") + " " +
-                  seqpack::dtype_name(o.dtype) + " lengths [";
+  std::string s =
+      std::string(seqpack::rnn_mode_name(o.mode)) + " I" + std::to_string(o.input_size) + " H" +
+      std::to_string(o.hidden_size) + " L" + std::to_string(o.num_layers) +
+      (o.bidirectional ? " bi" : "") + (o.bias ? "" : " nobias") +
+      (o.proj_size ? " P" + std::to_string(o.proj_size) : "") + (c.give_h0 ? " h0" : "") +
+      (c.give_c0 ? " c0" : "") + " " + seqpack::dtype_name(o.dtype) + " lengths [";
   for (size_t i = 0; i < c.lengths.size(); ++i) s += (i ? ", " : "") + std::to_string(c.lengths[i]);
   return s + "]";
 }
@@ -159,7 +158,8 @@ TEST(RNNFastVsReference, RandomConfigurationsForwardAndBackward) {
     ASSERT_TRUE(fast.saved);
     const auto g = seqpack::rnn_backward(*fast.saved, gy, gh, gc);
     std::vector<Tensor> gy_rows;
-    for (int64_t b = 0; b < B; ++b) gy_rows.push_back(gather_rows(gy, rows[static_cast<size_t>(b)]));
+    for (int64_t b = 0; b < B; ++b)
+      gy_rows.push_back(gather_rows(gy, rows[static_cast<size_t>(b)]));
     const auto rg =
         seqpack::reference::rnn_reference_backward(o, weights, seqs, h0, c0, gy_rows, gh, gc);
     for (int64_t b = 0; b < B; ++b) {
@@ -189,8 +189,8 @@ struct CallData {
 
 // Compares one forward result and its backward with the reference.
 void expect_matches_reference(const Config& c, const PackingPlan& plan, const CallData& run,
-                              const seqpack::RNNForwardResult& fwd,
-                              const seqpack::RNNGradients& g, const std::string& what) {
+                              const seqpack::RNNForwardResult& fwd, const seqpack::RNNGradients& g,
+                              const std::string& what) {
   const RNNOptions& o = c.options;
   const int64_t B = plan.batch();
   std::vector<Tensor> seqs, gy_rows;
@@ -232,23 +232,38 @@ TEST(RNNFastVsReference, LargeShapesInterleavedCallsAndRecycledBuffers) {
   SCOPED_TRACE("seed " + std::to_string(seed) + " (replay with SEQPACK_TEST_SEED)");
   Rng rng(seed + 17);
   std::vector<Config> configs;
-  configs.push_back({{.mode = RNNMode::lstm, .input_size = 33, .hidden_size = 130, .num_layers = 2,
-                      .bidirectional = true, .proj_size = 0, .dtype = DType::f32},
+  configs.push_back({{.mode = RNNMode::lstm,
+                      .input_size = 33,
+                      .hidden_size = 130,
+                      .num_layers = 2,
+                      .bidirectional = true,
+                      .proj_size = 0,
+                      .dtype = DType::f32},
                      {12, 0, 9, 15, 3, 11, 15},
                      true,
                      true});
-  configs.push_back({{.mode = RNNMode::gru, .input_size = 20, .hidden_size = 101, .num_layers = 1,
+  configs.push_back({{.mode = RNNMode::gru,
+                      .input_size = 20,
+                      .hidden_size = 101,
+                      .num_layers = 1,
                       .dtype = DType::f64},
                      {14, 7, 0, 14, 2, 9, 13, 5},
                      false,
                      false});
-  configs.push_back({{.mode = RNNMode::rnn_relu, .input_size = 9, .hidden_size = 203,
-                      .num_layers = 2, .dtype = DType::f32},
+  configs.push_back({{.mode = RNNMode::rnn_relu,
+                      .input_size = 9,
+                      .hidden_size = 203,
+                      .num_layers = 2,
+                      .dtype = DType::f32},
                      {16, 16, 1, 12, 0, 15, 11, 9, 14},
                      true,
                      false});
-  configs.push_back({{.mode = RNNMode::lstm, .input_size = 17, .hidden_size = 140,
-                      .bidirectional = true, .proj_size = 61, .dtype = DType::f32},
+  configs.push_back({{.mode = RNNMode::lstm,
+                      .input_size = 17,
+                      .hidden_size = 140,
+                      .bidirectional = true,
+                      .proj_size = 61,
+                      .dtype = DType::f32},
                      {13, 6, 13, 0, 10, 12},
                      false,
                      true});
@@ -299,8 +314,13 @@ TEST(RNNFastVsReference, EmptySequencesAreInertInTheModule) {
   SCOPED_TRACE("seed " + std::to_string(seed) + " (replay with SEQPACK_TEST_SEED)");
   Rng rng(seed ^ 0x9e3779b97f4a7c15ull);
   for (RNNMode mode : {RNNMode::rnn_tanh, RNNMode::rnn_relu, RNNMode::lstm, RNNMode::gru}) {
-    RNNOptions o{.mode = mode, .input_size = 3, .hidden_size = 9, .num_layers = 2,
-                 .batch_first = rng.coin(), .bidirectional = true, .dtype = DType::f64};
+    RNNOptions o{.mode = mode,
+                 .input_size = 3,
+                 .hidden_size = 9,
+                 .num_layers = 2,
+                 .batch_first = rng.coin(),
+                 .bidirectional = true,
+                 .dtype = DType::f64};
     SCOPED_TRACE(std::string(seqpack::rnn_mode_name(mode)) + (o.batch_first ? " batch_first" : ""));
     const std::vector<int64_t> with_empty = {3, 0, 5, 0, 2}, kept_index = {0, 2, 4};
     const std::vector<int64_t> without = {3, 5, 2};
@@ -380,16 +400,20 @@ TEST(RNNFastVsReference, EmptySequencesAreInertInTheModule) {
       for (int64_t r = 0; r < N; ++r) {
         for (int64_t j = 0; j < P; ++j) {
           const int64_t i = (r * B + b) * P + j;
-          const double eh = empty ? h0.item_as_double(i) : y2.h_n.item_as_double((r * 3 + k) * P + j);
+          const double eh =
+              empty ? h0.item_as_double(i) : y2.h_n.item_as_double((r * 3 + k) * P + j);
           EXPECT_NEAR(y.h_n.item_as_double(i), eh, tol) << "h_n b " << b << " row " << r;
-          const double eg = empty ? gh.item_as_double(i) : g2.h0.item_as_double((r * 3 + k) * P + j);
+          const double eg =
+              empty ? gh.item_as_double(i) : g2.h0.item_as_double((r * 3 + k) * P + j);
           EXPECT_NEAR(g.h0.item_as_double(i), eg, tol) << "grad h0 b " << b << " row " << r;
         }
         for (int64_t j = 0; c0.defined() && j < 9; ++j) {
           const int64_t i = (r * B + b) * 9 + j;
-          const double ec = empty ? c0.item_as_double(i) : y2.c_n.item_as_double((r * 3 + k) * 9 + j);
+          const double ec =
+              empty ? c0.item_as_double(i) : y2.c_n.item_as_double((r * 3 + k) * 9 + j);
           EXPECT_NEAR(y.c_n.item_as_double(i), ec, tol) << "c_n b " << b << " row " << r;
-          const double eg = empty ? gc.item_as_double(i) : g2.c0.item_as_double((r * 3 + k) * 9 + j);
+          const double eg =
+              empty ? gc.item_as_double(i) : g2.c0.item_as_double((r * 3 + k) * 9 + j);
           EXPECT_NEAR(g.c0.item_as_double(i), eg, tol) << "grad c0 b " << b << " row " << r;
         }
       }
