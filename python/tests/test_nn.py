@@ -186,3 +186,66 @@ def test_cells_parity(cls, mode, batched):
     assert_close(g_h, h.grad.numpy(), 1e-4, 1e-4, "grad h")
     for name, p in t.named_parameters():
         assert_close(m.grads[name], p.grad.numpy(), 1e-4, 1e-4, f"grad {name}")
+
+
+def test_zero_length_sequences_keep_h0():
+    # Beyond torch: a zero-length sequence has h_n = h0 and no output rows; the
+    # others match torch run on the batch without it.
+    torch.manual_seed(base_seed())
+    t = torch.nn.GRU(2, 3, bidirectional=True)
+    m = seqpack.nn.GRU(2, 3, bidirectional=True)
+    m.load_state_dict({k: v.numpy() for k, v in t.state_dict().items()})
+    rng = np.random.default_rng(base_seed())
+    seqs = [rng.standard_normal((n, 2)).astype(np.float32) for n in (3, 0, 2)]
+    h0 = rng.standard_normal((2, 3, 3)).astype(np.float32)
+    out, h_n = m(seqpack.pack_sequence(seqs, enforce_sorted=False), h0)
+    np.testing.assert_array_equal(h_n[:, 1], h0[:, 1])
+    keep = [0, 2]
+    with torch.no_grad():
+        tout, th = t(torch.nn.utils.rnn.pack_sequence([torch.from_numpy(seqs[i]) for i in keep],
+                                                      enforce_sorted=False),
+                     torch.from_numpy(h0[:, keep].copy()))
+    padded, lengths = seqpack.pad_packed_sequence(out)
+    tpadded, _ = torch.nn.utils.rnn.pad_packed_sequence(tout)
+    np.testing.assert_array_equal(lengths, [3, 0, 2])
+    assert not padded[:, 1].any()
+    assert_close(padded[:, keep], tpadded.numpy(), 1e-5, 1e-5, "output")
+    assert_close(h_n[:, keep], th.numpy(), 1e-5, 1e-5, "h_n")
+    g_in, g_h0 = m.backward(np.ones_like(out.data), np.ones_like(h_n))
+    np.testing.assert_array_equal(g_h0[:, 1], np.ones((2, 3)))  # h_n = h0: identity
+
+
+def test_dropout_train_and_eval():
+    m = seqpack.nn.LSTM(3, 4, num_layers=2, dropout=0.5, seed=1)
+    x = np.random.default_rng(base_seed()).standard_normal((5, 2, 3)).astype(np.float32)
+    m.eval()
+    a = m(x)[0]
+    np.testing.assert_array_equal(a, m(x)[0])
+    m.train()
+    assert m.training
+    assert not np.allclose(a, m(x)[0])
+
+
+def test_threads():
+    n = seqpack.get_num_threads()
+    seqpack.set_num_threads(1)
+    assert seqpack.get_num_threads() == 1
+    seqpack.set_num_threads(n)
+    with pytest.raises(ValueError, match="0"):
+        seqpack.set_num_threads(0)
+
+
+def test_wrong_rank_arrays():
+    m = seqpack.nn.LSTM(2, 3)
+    with pytest.raises(ValueError, match=r"\[2, 2, 2, 2\]"):
+        m(np.zeros((2, 2, 2, 2), np.float32))
+    with pytest.raises(ValueError, match=r"h0 has shape \[2, 3\]"):
+        m(np.zeros((4, 2, 2), np.float32), (np.zeros((2, 3), np.float32),
+                                            np.zeros((1, 2, 3), np.float32)))
+    with pytest.raises(ValueError, match="float64"):
+        m(np.zeros((4, 2, 2), np.float64))  # parameters are float32
+    with pytest.raises(ValueError, match=r"\[3\]"):
+        seqpack.unpad_sequence(np.zeros(3), [3])
+    cell = seqpack.nn.GRUCell(2, 3)
+    with pytest.raises(ValueError):
+        cell(np.zeros((1, 1, 2), np.float32))
