@@ -185,3 +185,12 @@ def test_torch_to_core_is_zero_copy():
     x = torch.arange(6, dtype=torch.float32).reshape(3, 2)
     assert np.shares_memory(spt._np(x), x.numpy())
     assert not np.shares_memory(spt._np(x.t()), x.numpy())  # non-contiguous: one copy
+
+
+def test_unsupported_dtype_runs_torchs_implementation():
+    torch.manual_seed(base_seed())
+    t = torch.nn.GRU(2, 3).bfloat16()
+    torch.manual_seed(base_seed())
+    s = spt.GRU(2, 3).bfloat16()
+    x = torch.randn(4, 1, 2).bfloat16()
+    assert torch.equal(s(x)[0], t(x)[0])
