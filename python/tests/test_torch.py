@@ -194,3 +194,11 @@ def test_unsupported_dtype_runs_torchs_implementation():
     s = spt.GRU(2, 3).bfloat16()
     x = torch.randn(4, 1, 2).bfloat16()
     assert torch.equal(s(x)[0], t(x)[0])
+
+
+def test_runs_seqpacks_function_not_torchs():
+    s = spt.LSTM(2, 3)
+    out, (h, c) = s(trnn.pack_sequence([torch.randn(3, 2), torch.randn(1, 2)]))
+    assert type(out.data.grad_fn).__name__ == "RNNFunctionBackward"
+    out, _ = s(torch.randn(3, 2, 2))
+    assert type(out.grad_fn.next_functions[0][0]).__name__ == "RNNFunctionBackward"  # a view
