@@ -169,7 +169,7 @@ void RnnForward(int64_t n, int64_t H, float* gates, bool relu, float* h, int64_t
     int64_t k = 0;
     for (; k + L <= H; k += L) {
       const VF a = hn::LoadU(d, g + k);
-      const VF v = relu ? hn::Max(a, zero) : Tanh(d, a);
+      const VF v = relu ? hn::IfThenElse(hn::Lt(a, zero), zero, a) : Tanh(d, a);  // NaN stays NaN
       hn::StoreU(v, d, g + k);
       hn::StoreU(v, d, hr + k);
     }
@@ -191,7 +191,7 @@ void RnnBackward(int64_t n, int64_t H, const float* h_saved, bool relu, const fl
     for (; k + L <= H; k += L) {
       const VF hv = hn::LoadU(d, hs + k);
       const VF dv = hn::LoadU(d, dr + k);
-      const VF res = relu ? hn::IfThenElseZero(hn::Gt(hv, zero), dv)
+      const VF res = relu ? hn::IfThenZeroElse(hn::Le(hv, zero), dv)
                           : hn::Mul(dv, hn::NegMulAdd(hv, hv, one));
       hn::StoreU(res, d, o + k);
     }
