@@ -43,22 +43,22 @@ std::vector<int64_t> index_vector(const Tensor& t, const char* name) {
   return t.to_vector<int64_t>();
 }
 
-// Throws unless `perm` holds each of 0..n-1 exactly once.
-void check_permutation(const std::vector<int64_t>& perm, const char* name) {
+// Throws unless `perm` holds each of 0..n-1 exactly once; messages start with
+// `context` and name entries `name`[i].
+void check_permutation(const std::vector<int64_t>& perm, const std::string& context,
+                       const std::string& name) {
   const int64_t n = static_cast<int64_t>(perm.size());
   std::vector<int64_t> seen_at(perm.size(), -1);
   for (int64_t i = 0; i < n; ++i) {
     const int64_t v = perm[static_cast<std::size_t>(i)];
+    const std::string entry = context + name + "[" + str(i) + "] = " + str(v);
+    const std::string why = ": it must be a permutation of 0.." + str(n - 1);
     if (v < 0 || v >= n) {
-      throw std::invalid_argument(std::string(name) + "[" + str(i) + "] = " + str(v) +
-                                  " is out of range [0, " + str(n) +
-                                  "): it must be a permutation of 0.." + str(n - 1));
+      throw std::invalid_argument(entry + " is out of range [0, " + str(n) + ")" + why);
     }
     int64_t& first = seen_at[static_cast<std::size_t>(v)];
     if (first >= 0) {
-      throw std::invalid_argument(std::string(name) + "[" + str(i) + "] = " + str(v) +
-                                  " repeats " + name + "[" + str(first) +
-                                  "]: it must be a permutation of 0.." + str(n - 1));
+      throw std::invalid_argument(entry + " repeats " + name + "[" + str(first) + "]" + why);
     }
     first = i;
   }
@@ -118,8 +118,8 @@ void PackedSequence::validate() const {
     throw std::invalid_argument("PackedSequence: sorted_indices has " + str(s.size()) +
                                 " entries but batch_sizes[0] = " + str(widest) + " sequences");
   }
-  check_permutation(s, "PackedSequence: sorted_indices");
-  check_permutation(u, "PackedSequence: unsorted_indices");
+  check_permutation(s, "PackedSequence: ", "sorted_indices");
+  check_permutation(u, "PackedSequence: ", "unsorted_indices");
   for (std::size_t k = 0; k < s.size(); ++k) {
     if (u[static_cast<std::size_t>(s[k])] != static_cast<int64_t>(k)) {
       throw std::invalid_argument(
@@ -570,7 +570,7 @@ Tensor invert_permutation(const Tensor& permutation) {
   // PyTorch maps None to None; an undefined tensor is the C++ None.
   if (!permutation.defined()) return Tensor();
   const std::vector<int64_t> p = index_vector(permutation, "invert_permutation: permutation");
-  check_permutation(p, "invert_permutation: permutation");
+  check_permutation(p, "invert_permutation: ", "permutation");
   std::vector<int64_t> inv(p.size());
   for (std::size_t i = 0; i < p.size(); ++i) inv[static_cast<std::size_t>(p[i])] = static_cast<int64_t>(i);
   return Tensor::from_vector(inv);
