@@ -1,5 +1,7 @@
 #include "seqpack/tensor.h"
 
+#include <cfloat>
+#include <cmath>
 #include <cstdlib>
 #include <cstring>
 #include <sstream>
@@ -224,6 +226,14 @@ void Tensor::copy_from(const Tensor& src) {
 }
 
 void Tensor::fill(double value) {
+  // A value the dtype cannot hold is rejected as PyTorch's at::full does:
+  // converting it would be undefined behaviour (NaN or 1e300 to int64).
+  if ((dtype_ == DType::f32 && std::isfinite(value) && std::fabs(value) > FLT_MAX) ||
+      (dtype_ == DType::i64 && !(value >= -0x1p63 && value < 0x1p63))) {
+    std::ostringstream os;
+    os << "value " << value << " cannot be converted to " << dtype_name(dtype_) << " without overflow";
+    throw std::invalid_argument(os.str());
+  }
   switch (dtype_) {
     case DType::f32: {
       float* p = data<float>();

@@ -172,7 +172,8 @@ void RnnForward(int64_t n, int64_t H, int64_t k0, int64_t k1, float* gates, bool
     int64_t k = k0;
     for (; k + L <= k1; k += L) {
       const VF a = hn::LoadU(d, g + k);
-      const VF v = relu ? hn::Max(a, zero) : Tanh(d, a);
+      // IfThenElse rather than Max so a NaN stays NaN, as torch.relu.
+      const VF v = relu ? hn::IfThenElse(hn::Lt(a, zero), zero, a) : Tanh(d, a);
       hn::StoreU(v, d, g + k);
       hn::StoreU(v, d, hr + k);
     }
@@ -195,7 +196,7 @@ void RnnBackward(int64_t n, int64_t H, int64_t k0, int64_t k1, const float* h_sa
       const VF hv = hn::LoadU(d, hs + k);
       const VF dv = hn::LoadU(d, dr + k);
       const VF res =
-          relu ? hn::IfThenElseZero(hn::Gt(hv, zero), dv) : hn::Mul(dv, hn::NegMulAdd(hv, hv, one));
+          relu ? hn::IfThenZeroElse(hn::Le(hv, zero), dv) : hn::Mul(dv, hn::NegMulAdd(hv, hv, one));
       hn::StoreU(res, d, o + k);
     }
     for (; k < k1; ++k) scalar::rnn_backward_at(k, hs, relu, dr, o);

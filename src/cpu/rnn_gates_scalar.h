@@ -84,14 +84,15 @@ inline void gru_backward_at(int64_t H, int64_t k, const T* g, const T* hn, const
 // h = tanh(a) or max(a, 0)
 template <typename T>
 inline void rnn_forward_at(int64_t k, T* g, bool relu, T* h) {
-  const T v = relu ? (g[k] > T(0) ? g[k] : T(0)) : std::tanh(g[k]);
+  const T v = relu ? (g[k] < T(0) ? T(0) : g[k]) : std::tanh(g[k]);  // NaN stays NaN, as torch.relu
   g[k] = v;
   h[k] = v;
 }
 
 template <typename T>
 inline void rnn_backward_at(int64_t k, const T* hs, bool relu, const T* d, T* o) {
-  o[k] = relu ? (hs[k] > T(0) ? d[k] : T(0)) : d[k] * (T(1) - hs[k] * hs[k]);
+  o[k] = relu ? (hs[k] <= T(0) ? T(0) : d[k])
+              : d[k] * (T(1) - hs[k] * hs[k]);  // torch's threshold_backward
 }
 
 template <typename T>

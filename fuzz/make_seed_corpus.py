@@ -1,0 +1,106 @@
+#!/usr/bin/env python3
+"""Writes the seed corpus under fuzz/corpus/<target>/ (committed; rerun to
+regenerate). Seeds are small valid inputs plus a few near-misses, so libFuzzer
+starts from the interesting parts of each format instead of random bytes.
+
+Usage: python3 fuzz/make_seed_corpus.py
+"""
+import json
+import os
+import random
+import struct
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+def write(target, name, data):
+    d = os.path.join(HERE, "corpus", target)
+    os.makedirs(d, exist_ok=True)
+    with open(os.path.join(d, name), "wb") as f:
+        f.write(data)
+
+
+def safetensors(tensors, metadata=None, pad=True):
+    """tensors: list of (name, dtype, shape, raw bytes), in buffer order."""
+    header, offset, buf = {}, 0, b""
+    for name, dtype, shape, raw in tensors:
+        header[name] = {"dtype": dtype, "shape": shape, "data_offsets": [offset, offset + len(raw)]}
+        offset += len(raw)
+        buf += raw
+    if metadata is not None:
+        header["__metadata__"] = metadata
+    text = json.dumps(header, separators=(",", ":")).encode()
+    if pad:
+        text += b" " * (-len(text) % 8)
+    return struct.pack("<Q", len(text)) + text + buf
+
+
+def f32(*v):
+    return struct.pack("<%df" % len(v), *v)
+
+
+def f64(*v):
+    return struct.pack("<%dd" % len(v), *v)
+
+
+def i64(*v):
+    return struct.pack("<%dq" % len(v), *v)
+
+
+def safetensors_seeds():
+    w = lambda n, d: write("safetensors", n, d)
+    w("one_f32", safetensors([("w", "F32", [2, 3], f32(1, 2, 3, 4, 5, 6))]))
+    w("three_dtypes", safetensors([
+        ("a.weight", "F32", [2], f32(0.5, -1)),
+        ("b.bias", "F64", [1, 1], f64(3.25)),
+        ("c.index", "I64", [3], i64(0, -1, 2**40)),
+    ], {"format": "pt"}))
+    w("empty_tensor", safetensors([("e", "F32", [0, 4], b""), ("s", "F64", [], f64(1.0))]))
+    w("metadata_only", safetensors([], {"k": "v", "format": "pt"}))
+    w("no_padding", safetensors([("x", "I64", [1], i64(7))], pad=False))
+    w("lstm_like", safetensors([
+        ("weight_ih_l0", "F32", [8, 2], f32(*[i / 8 for i in range(16)])),
+        ("weight_hh_l0", "F32", [8, 2], f32(*[-i / 8 for i in range(16)])),
+        ("bias_ih_l0", "F32", [8], f32(*range(8))),
+        ("bias_hh_l0", "F32", [8], f32(*range(8))),
+    ]))
+    # Near-misses: each must be rejected with a SafetensorsError.
+    good = safetensors([("w", "F32", [2], f32(1, 2))])
+    w("truncated", good[:-3])
+    w("header_too_long", struct.pack("<Q", 1 << 20) + good[8:])
+    w("f16", safetensors([("h", "F16", [2], b"\0\0\0\0")]))
+    w("gap", safetensors([("w", "F32", [1], f32(1))]) + b"\0\0\0\0")
+    w("short_file", b"\x05\0\0")
+
+
+def tsv_vocabulary_seeds():
+    w = lambda n, d: write("tsv_vocabulary", n, d)
+    w("tsv_basic", "english\tcat\nfrench\tété\ngerman\tstraße\n".encode())
+    w("tsv_crlf_blank", "a\tx\r\n\r\n\nb\tyz\r\n".encode())
+    w("tsv_tab_in_text", "label\ttext\twith\ttabs\n".encode())
+    w("tsv_emoji", "emoji\t\U0001F600\u2019s\n".encode())
+    w("tsv_no_tab", b"english cat\n")
+    w("tsv_bad_utf8", b"x\t\xc3\x28\n")
+    vocab = {"format": "seqpack-vocabulary", "version": 1,
+             "special_tokens": ["<pad>", "<unk>"], "tokens": ["a", "b", "é", "\U0001F600"]}
+    w("vocab_valid", (json.dumps(vocab, ensure_ascii=False) + "\n").encode())
+    w("vocab_escaped", json.dumps(vocab).encode())
+    dup = dict(vocab, tokens=["a", "a"])
+    w("vocab_duplicate", json.dumps(dup).encode())
+    two = dict(vocab, tokens=["ab"])
+    w("vocab_two_chars", json.dumps(two).encode())
+
+
+def packing_seeds():
+    rng = random.Random(20240229)
+    for i in range(24):
+        n = rng.choice([8, 16, 24, 40, 64])
+        write("packing", "random_%02d" % i, bytes(rng.randrange(256) for _ in range(n)))
+    # dtype f32, time-major, sorted, B=3, T=4, one trailing dim of 2, lengths 4 3 0.
+    write("packing", "demo_like", bytes([0, 0, 1, 3, 4, 1, 2, 0, 4, 3, 0, 0, 3, 1, 0]))
+
+
+if __name__ == "__main__":
+    safetensors_seeds()
+    tsv_vocabulary_seeds()
+    packing_seeds()
