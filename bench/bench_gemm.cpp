@@ -9,9 +9,13 @@
 // packed rows (X[rows, I] * W_ih^T) and the per-step product of the live rows
 // with W_hh (h[live, H] * W_hh^T).
 #include <benchmark/benchmark.h>
+#include <cblas.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <cstring>
+#include <fstream>
+#include <nlohmann/json.hpp>
 #include <random>
 #include <string>
 #include <vector>
@@ -67,20 +71,147 @@ BENCHMARK(BM_sgemm_rnn)
     ->Args({4, 512, 128})
     ->Unit(benchmark::kMicrosecond);
 
+// m = 1 is what a per-step product degenerates to once only one sequence is still
+// live (lstm-long-tail: 475 of its 500 steps). sgemm packs all of W (n x k) on every
+// call whatever m is; sgemv streams W once. Args: n, k.
+void BM_sgemm_m1(benchmark::State& state) { run_sgemm(state, 1, state.range(0), state.range(1)); }
+void BM_sgemv(benchmark::State& state) {
+  const int64_t n = state.range(0), k = state.range(1);
+  std::vector<float> w(static_cast<size_t>(n * k), 0.5f), x(static_cast<size_t>(k), 1.f),
+      y(static_cast<size_t>(n));
+  for (auto _ : state) {
+    cblas_sgemv(CblasRowMajor, CblasNoTrans, static_cast<int>(n), static_cast<int>(k), 1.f,
+                w.data(), static_cast<int>(k), x.data(), 1, 0.f, y.data(), 1);
+    benchmark::DoNotOptimize(y.data());
+    benchmark::ClobberMemory();
+  }
+  state.counters["FLOPS"] = benchmark::Counter(2.0 * static_cast<double>(n * k),
+                                               benchmark::Counter::kIsIterationInvariantRate);
+}
+BENCHMARK(BM_sgemm_m1)->ArgNames({"n", "k"})->Args({2048, 512})->Args({512, 128})->Unit(benchmark::kMicrosecond);
+BENCHMARK(BM_sgemv)->ArgNames({"n", "k"})->Args({2048, 512})->Args({512, 128})->Unit(benchmark::kMicrosecond);
+
+// The GEMMs of one workload's forward and backward, grouped by kind, with the shapes
+// and call counts of the recurrent layers (see src/rnn_core.cpp): what the GEMMs alone
+// cost, to set against `seqpack bench`'s CPU time for the same workload. Kinds:
+//   fwd_input   G = X * W_ih^T over all packed rows, per layer and direction
+//   fwd_steps   per step t: gates[bs_t, G] += h[bs_t, H] * W_hh^T
+//   bwd_steps   per step t: dh[bs_t, H] = dG[bs_t, G] * W_hh
+//   bwd_whole   dW_ih = dG^T X, dX += dG W_ih, dW_hh = dG^T H_prev over all packed rows
+struct WorkloadShape {
+  std::string name;
+  int64_t input = 0, hidden = 0, layers = 1, dirs = 1, gates = 1;
+  std::vector<int64_t> batch_sizes;
+  int64_t rows = 0;
+};
+
+void run_kind(benchmark::State& state, const WorkloadShape& w, const std::string& kind) {
+  const int64_t H = w.hidden, G = w.gates * H, N = w.rows;
+  const int64_t widest = std::max({w.input, w.dirs * H, G});
+  std::mt19937 rng(7);
+  std::uniform_real_distribution<float> u(-1.f, 1.f);
+  auto buf = [&](int64_t n) {
+    std::vector<float> v(static_cast<size_t>(n));
+    for (auto& x : v) x = u(rng);
+    return v;
+  };
+  std::vector<float> x = buf(N * widest), g = buf(N * G), wt = buf(G * widest), hp = buf(N * H),
+                     dw = buf(G * widest), dx = buf(N * widest);
+  double flops = 0;
+  for (auto _ : state) {
+    flops = 0;
+    for (int64_t l = 0; l < w.layers; ++l) {
+      const int64_t in = l == 0 ? w.input : w.dirs * H;
+      for (int64_t d = 0; d < w.dirs; ++d) {
+        if (kind == "fwd_input") {
+          seqpack::cpu::gemm<float>(false, true, N, G, in, 1.f, x.data(), in, wt.data(), in, 1.f,
+                                    g.data(), G);
+          flops += 2.0 * N * G * in;
+        } else if (kind == "fwd_steps" || kind == "bwd_steps") {
+          int64_t r0 = 0;
+          for (int64_t n : w.batch_sizes) {
+            if (kind == "fwd_steps") {
+              seqpack::cpu::gemm<float>(false, true, n, G, H, 1.f, hp.data() + r0 * H, H, wt.data(),
+                                        H, 1.f, g.data() + r0 * G, G);
+            } else {
+              seqpack::cpu::gemm<float>(false, false, n, H, G, 1.f, g.data() + r0 * G, G,
+                                        wt.data(), H, 0.f, hp.data() + r0 * H, H);
+            }
+            flops += 2.0 * n * G * H;
+            r0 += n;
+          }
+        } else {  // bwd_whole
+          seqpack::cpu::gemm<float>(true, false, G, in, N, 1.f, g.data(), G, x.data(), in, 0.f,
+                                    dw.data(), in);
+          seqpack::cpu::gemm<float>(false, false, N, in, G, 1.f, g.data(), G, wt.data(), in, 1.f,
+                                    dx.data(), in);
+          seqpack::cpu::gemm<float>(true, false, G, H, N, 1.f, g.data(), G, hp.data(), H, 0.f,
+                                    dw.data(), H);
+          flops += 2.0 * G * N * (2 * in + H);
+        }
+      }
+    }
+    benchmark::ClobberMemory();
+  }
+  state.counters["FLOPS"] = benchmark::Counter(flops, benchmark::Counter::kIsIterationInvariantRate);
+}
+
+void register_workloads(const std::string& path) {
+  std::ifstream in(path);
+  if (!in) return;  // the fixed shapes above still run
+  static std::vector<WorkloadShape> shapes;
+  const nlohmann::json doc = nlohmann::json::parse(in);
+  for (const auto& j : doc.at("workloads")) {
+    WorkloadShape w;
+    w.name = j.at("name").get<std::string>();
+    const std::string cell = j.at("cell").get<std::string>();
+    w.gates = cell == "lstm" ? 4 : cell == "gru" ? 3 : 1;
+    w.input = j.at("input_size").get<int64_t>();
+    w.hidden = j.at("hidden_size").get<int64_t>();
+    w.layers = j.at("num_layers").get<int64_t>();
+    w.dirs = j.value("bidirectional", false) ? 2 : 1;
+    const auto lengths = j.at("lengths").get<std::vector<int64_t>>();
+    const int64_t T = *std::max_element(lengths.begin(), lengths.end());
+    for (int64_t t = 0; t < T; ++t) {
+      w.batch_sizes.push_back(std::count_if(lengths.begin(), lengths.end(),
+                                            [t](int64_t len) { return len > t; }));
+      w.rows += w.batch_sizes.back();
+    }
+    shapes.push_back(std::move(w));
+  }
+  for (const auto& w : shapes) {
+    for (const char* kind : {"fwd_input", "fwd_steps", "bwd_steps", "bwd_whole"}) {
+      benchmark::RegisterBenchmark(("BM_rnn_gemms/" + w.name + "/" + kind).c_str(),
+                                   [&w, k = std::string(kind)](benchmark::State& s) {
+                                     run_kind(s, w, k);
+                                   })
+          ->Unit(benchmark::kMillisecond);
+    }
+  }
+}
+
 }  // namespace
 
-// Google Benchmark's main, plus --threads=N (default 1: the single-core rate).
+// Google Benchmark's main, plus --threads=N (default 1: the single-core rate) and
+// --workloads=FILE (default $SEQPACK_WORKLOADS, else ../shared/workloads.json next to
+// the source tree) for the per-workload BM_rnn_gemms cases.
 int main(int argc, char** argv) {
   int threads = 1;
+  std::string path;
+  if (const char* env = std::getenv("SEQPACK_WORKLOADS")) path = env;
+  if (path.empty()) path = std::string(SEQPACK_SOURCE_DIR) + "/../shared/workloads.json";
   std::vector<char*> rest;
   for (int i = 0; i < argc; ++i) {
     if (std::strncmp(argv[i], "--threads=", 10) == 0) {
       threads = std::atoi(argv[i] + 10);
+    } else if (std::strncmp(argv[i], "--workloads=", 12) == 0) {
+      path = argv[i] + 12;
     } else {
       rest.push_back(argv[i]);
     }
   }
   seqpack::set_num_threads(threads);
+  register_workloads(path);
   int n = static_cast<int>(rest.size());
   benchmark::Initialize(&n, rest.data());
   if (benchmark::ReportUnrecognizedArguments(n, rest.data())) return 1;

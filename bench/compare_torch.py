@@ -42,17 +42,18 @@ def median_time(run, min_time, slow_single):
     A warm-up slower than `slow_single` seconds is itself the one sample: PyTorch's
     packed LSTM backward is quadratic in the length and takes tens of seconds on
     lstm-long-seq, where one run in either direction changes nothing."""
-    t0 = time.perf_counter()
+    c0, t0 = time.process_time(), time.perf_counter()
     run()
-    warm = time.perf_counter() - t0
+    warm, warm_cpu = time.perf_counter() - t0, time.process_time() - c0
     if warm > slow_single:
-        return warm, 1
+        return warm, warm_cpu, 1
     budget = 5 * min_time
-    samples = []
+    samples, cpu_samples = [], []
     while True:
-        t0 = time.perf_counter()
+        c0, t0 = time.process_time(), time.perf_counter()
         run()
         samples.append(time.perf_counter() - t0)
+        cpu_samples.append(time.process_time() - c0)
         total = sum(samples)
         if total >= budget:
             break
@@ -60,7 +61,7 @@ def median_time(run, min_time, slow_single):
             m = statistics.median(samples)
             if abs(m - statistics.median(samples[:-2])) <= 0.01 * m:
                 break
-    return statistics.median(samples), len(samples)
+    return statistics.median(samples), statistics.median(cpu_samples), len(samples)
 
 
 def torch_module(w):
@@ -113,7 +114,7 @@ def seqpack_bench(args, threads, name, mode, scale=1):
     if res.returncode != 0:
         sys.exit(f"compare_torch: {' '.join(cmd)} failed:\n{res.stderr}")
     line = json.loads(res.stdout.strip().splitlines()[-1])
-    return line["sec_per_batch"], line["reps"]
+    return line["sec_per_batch"], line["cpu_sec_per_batch"], line["reps"]
 
 
 def sgemm_rate(args):
@@ -131,7 +132,7 @@ def sgemm_rate(args):
     a, b = torch.rand(n, n), torch.rand(n, n)
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
-    sec, _ = median_time(lambda: torch.mm(a, b), max(args.min_time, 0.2), 60)
+    _, sec, _ = median_time(lambda: torch.mm(a, b), max(args.min_time, 0.2), 60)
     torch.set_num_threads(threads)
     return 2.0 * n ** 3 / sec, f"torch.mm {n}^3 (fallback: {exe} not built)"
 
@@ -217,38 +218,46 @@ def main():
             tokens = sum(lengths)
             for mode in modes:
                 print(f"... threads {threads} {w['name']} {mode}: seqpack", file=sys.stderr, flush=True)
-                s_sec, s_reps = seqpack_bench(args, threads, w["name"], mode)
+                s_sec, s_cpu, s_reps = seqpack_bench(args, threads, w["name"], mode)
                 print(f"... threads {threads} {w['name']} {mode}: torch", file=sys.stderr, flush=True)
-                t_sec, t_reps = torch_bench(w, mode, lengths, args.min_time, args.torch_single_run)
+                t_sec, t_cpu, t_reps = torch_bench(w, mode, lengths, args.min_time,
+                                                   args.torch_single_run)
                 results.append(dict(threads=threads, workload=w["name"], mode=mode, tokens=tokens,
-                                    seqpack_sec=s_sec, seqpack_reps=s_reps, torch_sec=t_sec,
-                                    torch_reps=t_reps, ratio=t_sec / s_sec,
+                                    seqpack_sec=s_sec, seqpack_cpu=s_cpu, seqpack_reps=s_reps,
+                                    torch_sec=t_sec, torch_cpu=t_cpu, torch_reps=t_reps,
+                                    ratio=t_sec / s_sec, cpu_ratio=t_cpu / s_cpu,
                                     flops=forward_flops(w, tokens) if mode != "train_packed" else None))
                 print(f"... {w['name']} {mode}: seqpack {s_sec:.4g} s, torch {t_sec:.4g} s, "
-                      f"ratio {t_sec / s_sec:.2f}", file=sys.stderr, flush=True)
+                      f"ratio {t_sec / s_sec:.2f} (cpu {t_cpu / s_cpu:.2f})", file=sys.stderr, flush=True)
 
     print()
+    print("s = median wall-clock seconds per batch; cpu ratio = the same ratio of median process "
+          "CPU seconds (at 1 thread, unaffected by other processes on the machine)")
     print(f"{'threads':>7} {'workload':<15} {'mode':<15} {'seqpack s':>10} {'torch s':>10} "
-          f"{'torch/seqpack':>13} {'target':>7} {'reps s/t':>9}")
+          f"{'torch/seqpack':>13} {'cpu ratio':>9} {'target':>10} {'reps s/t':>9}")
     for r in results:
         target = target_of(r["workload"], r["mode"], r["threads"])
         verdict = "" if target is None else (f">={target:g} " + ("ok" if r["ratio"] >= target else "MISS"))
         print(f"{r['threads']:>7} {r['workload']:<15} {r['mode']:<15} {fmt_s(r['seqpack_sec']):>10} "
-              f"{fmt_s(r['torch_sec']):>10} {r['ratio']:>13.2f} {verdict:>10} "
+              f"{fmt_s(r['torch_sec']):>10} {r['ratio']:>13.2f} {r['cpu_ratio']:>9.2f} {verdict:>10} "
               f"{r['seqpack_reps']:>4}/{r['torch_reps']}")
 
     fwd = [r for r in results if r["mode"] == "forward_packed"]
     if fwd:
         print()
         print(f"forward_packed GEMM FLOPs (2*gates*H*(I+H) per token, layer, direction) against the "
-              f"single-core sgemm rate {rate / 1e9:.1f} GFLOP/s:")
-        print(f"{'threads':>7} {'workload':<15} {'seqpack GFLOP/s':>15} {'% of sgemm':>10} {'torch GFLOP/s':>13}")
+              f"single-core sgemm rate {rate / 1e9:.1f} GFLOP/s (Google Benchmark: CPU time);")
+        print("'cpu' columns divide by CPU seconds (like the sgemm rate), 'wall' by wall-clock seconds:")
+        print(f"{'threads':>7} {'workload':<15} {'seqpack GFLOP/s':>15} {'% sgemm cpu':>11} "
+              f"{'% sgemm wall':>12} {'torch GFLOP/s':>13}")
         for r in fwd:
-            s_rate, t_rate = r["flops"] / r["seqpack_sec"], r["flops"] / r["torch_sec"]
-            r["seqpack_fraction_of_sgemm"] = s_rate / rate
+            s_rate, t_rate = r["flops"] / r["seqpack_cpu"], r["flops"] / r["torch_cpu"]
+            r["seqpack_fraction_of_sgemm_cpu"] = s_rate / rate
+            r["seqpack_fraction_of_sgemm_wall"] = r["flops"] / r["seqpack_sec"] / rate
             mark = "  (target >= 90% at 1 thread)" if r["workload"] == "lstm-bi-2layer" else ""
             print(f"{r['threads']:>7} {r['workload']:<15} {s_rate / 1e9:>15.1f} "
-                  f"{100 * s_rate / rate:>9.1f}% {t_rate / 1e9:>13.1f}{mark}")
+                  f"{100 * s_rate / rate:>10.1f}% {100 * r['seqpack_fraction_of_sgemm_wall']:>11.1f}% "
+                  f"{t_rate / 1e9:>13.1f}{mark}")
 
     if len(thread_counts) > 1:
         base = thread_counts[0]
@@ -272,12 +281,14 @@ def main():
               f"threads {threads}, target <= 2.2x:")
         for w in workloads:
             print(f"... linearity {w['name']}", file=sys.stderr, flush=True)
-            one, _ = seqpack_bench(args, threads, w["name"], "train_packed", scale=1)
-            two, _ = seqpack_bench(args, threads, w["name"], "train_packed", scale=2)
+            one, one_cpu, _ = seqpack_bench(args, threads, w["name"], "train_packed", scale=1)
+            two, two_cpu, _ = seqpack_bench(args, threads, w["name"], "train_packed", scale=2)
             linearity.append(dict(threads=threads, workload=w["name"], sec_scale1=one,
-                                  sec_scale2=two, ratio=two / one))
+                                  sec_scale2=two, ratio=two / one, cpu_scale1=one_cpu,
+                                  cpu_scale2=two_cpu, cpu_ratio=two_cpu / one_cpu))
             print(f"  {w['name']:<15} {fmt_s(one):>10} s -> {fmt_s(two):>10} s  "
-                  f"x{two / one:.2f} {'ok' if two / one <= 2.2 else 'MISS'}", flush=True)
+                  f"x{two / one:.2f} {'ok' if two / one <= 2.2 else 'MISS'}   "
+                  f"(cpu x{two_cpu / one_cpu:.2f})", flush=True)
 
     print(f"\n# load average {os.getloadavg()[0]:.2f} at the end")
     if args.json_out:

@@ -43,22 +43,22 @@ std::vector<int64_t> index_vector(const Tensor& t, const char* name) {
   return t.to_vector<int64_t>();
 }
 
-// Throws unless `perm` holds each of 0..n-1 exactly once.
-void check_permutation(const std::vector<int64_t>& perm, const char* name) {
+// Throws unless `perm` holds each of 0..n-1 exactly once; messages start with
+// `context` and name entries `name`[i].
+void check_permutation(const std::vector<int64_t>& perm, const std::string& context,
+                       const std::string& name) {
   const int64_t n = static_cast<int64_t>(perm.size());
   std::vector<int64_t> seen_at(perm.size(), -1);
   for (int64_t i = 0; i < n; ++i) {
     const int64_t v = perm[static_cast<std::size_t>(i)];
+    const std::string entry = context + name + "[" + str(i) + "] = " + str(v);
+    const std::string why = ": it must be a permutation of 0.." + str(n - 1);
     if (v < 0 || v >= n) {
-      throw std::invalid_argument(std::string(name) + "[" + str(i) + "] = " + str(v) +
-                                  " is out of range [0, " + str(n) +
-                                  "): it must be a permutation of 0.." + str(n - 1));
+      throw std::invalid_argument(entry + " is out of range [0, " + str(n) + ")" + why);
     }
     int64_t& first = seen_at[static_cast<std::size_t>(v)];
     if (first >= 0) {
-      throw std::invalid_argument(std::string(name) + "[" + str(i) + "] = " + str(v) +
-                                  " repeats " + name + "[" + str(first) +
-                                  "]: it must be a permutation of 0.." + str(n - 1));
+      throw std::invalid_argument(entry + " repeats " + name + "[" + str(first) + "]" + why);
     }
     first = i;
   }
@@ -118,8 +118,8 @@ void PackedSequence::validate() const {
     throw std::invalid_argument("PackedSequence: sorted_indices has " + str(s.size()) +
                                 " entries but batch_sizes[0] = " + str(widest) + " sequences");
   }
-  check_permutation(s, "PackedSequence: sorted_indices");
-  check_permutation(u, "PackedSequence: unsorted_indices");
+  check_permutation(s, "PackedSequence: ", "sorted_indices");
+  check_permutation(u, "PackedSequence: ", "unsorted_indices");
   for (std::size_t k = 0; k < s.size(); ++k) {
     if (u[static_cast<std::size_t>(s[k])] != static_cast<int64_t>(k)) {
       throw std::invalid_argument(
@@ -270,6 +270,21 @@ Tensor gather_rows(const PackingPlan& plan, const Tensor& padded, bool batch_fir
   return out;
 }
 
+// Writes `padding_value` into steps [t0, t1) of sequence b of a padded tensor
+// with rows of `rb` bytes. Only padding positions are written, so each output
+// element is written once (filling everything first costs as much as the copy).
+void fill_padding(char* dst, const Tensor& pad_row, std::size_t rb, int64_t T, int64_t B,
+                  bool batch_first, int64_t b, int64_t t0, int64_t t1) {
+  const char* src = static_cast<const char*>(pad_row.raw_data());
+  for (int64_t t = t0; t < t1; ++t) {
+    std::memcpy(dst + (batch_first ? b * T + t : t * B + b) * rb, src, rb);
+  }
+}
+
+Tensor padding_row(const Shape& tail, double padding_value, DType dtype) {
+  return Tensor::full({shape_numel(tail)}, padding_value, dtype);
+}
+
 // Writes packed rows into a new padded tensor ([T, B, *f] or [B, T, *f]).
 Tensor scatter_rows(const PackingPlan& plan, const Tensor& rows, int64_t total_length,
                     bool batch_first, double padding_value, const char* what,
@@ -292,8 +307,8 @@ Tensor scatter_rows(const PackingPlan& plan, const Tensor& rows, int64_t total_l
   }
   const int64_t T = total_length, B = plan.batch();
   const Shape tail = trailing_shape(rows, 1);
-  Tensor out = Tensor::full(batch_first ? concat_shape({B, T}, tail) : concat_shape({T, B}, tail),
-                            padding_value, rows.dtype());
+  Tensor out = Tensor::empty(batch_first ? concat_shape({B, T}, tail) : concat_shape({T, B}, tail),
+                             rows.dtype());
   const std::size_t rb = row_bytes(rows, 1);
   const char* src = static_cast<const char*>(rows.raw_data());
   char* dst = static_cast<char*>(out.raw_data());
@@ -303,6 +318,10 @@ Tensor scatter_rows(const PackingPlan& plan, const Tensor& rows, int64_t total_l
     // padded_index (t * B + b) does not involve T, so it holds for any total_length.
     if (batch_first) i = (i % B) * T + i / B;
     std::memcpy(dst + i * rb, src + r * rb, rb);
+  }
+  const Tensor pad = padding_row(tail, padding_value, rows.dtype());
+  for (int64_t b = 0; b < B; ++b) {
+    fill_padding(dst, pad, rb, T, B, batch_first, b, plan.lengths()[b], T);
   }
   return out;
 }
@@ -430,15 +449,18 @@ Tensor pad_sequence(const std::vector<Tensor>& sequences, bool batch_first, doub
   int64_t T = 0;
   for (const Tensor& s : sequences) T = std::max(T, s.size(0));
   const Shape tail = trailing_shape(sequences[0], 1);
-  Tensor out = Tensor::full(batch_first ? concat_shape({B, T}, tail) : concat_shape({T, B}, tail),
-                            padding_value, sequences[0].dtype());
+  Tensor out = Tensor::empty(batch_first ? concat_shape({B, T}, tail) : concat_shape({T, B}, tail),
+                             sequences[0].dtype());
   const std::size_t rb = row_bytes(out, 2);
   char* dst = static_cast<char*>(out.raw_data());
+  const Tensor pad = padding_row(tail, padding_value, sequences[0].dtype());
   for (int64_t b = 0; b < B; ++b) {
     const Tensor& s = sequences[static_cast<std::size_t>(b)];
     const char* src = static_cast<const char*>(s.raw_data());
     const int64_t L = s.size(0);
     const int64_t start = padding_side == PaddingSide::left ? T - L : 0;
+    fill_padding(dst, pad, rb, T, B, batch_first, b, 0, start);
+    fill_padding(dst, pad, rb, T, B, batch_first, b, start + L, T);
     for (int64_t t = 0; t < L; ++t) {
       const int64_t i = batch_first ? b * T + start + t : (start + t) * B + b;
       std::memcpy(dst + i * rb, src + t * rb, rb);
@@ -570,7 +592,7 @@ Tensor invert_permutation(const Tensor& permutation) {
   // PyTorch maps None to None; an undefined tensor is the C++ None.
   if (!permutation.defined()) return Tensor();
   const std::vector<int64_t> p = index_vector(permutation, "invert_permutation: permutation");
-  check_permutation(p, "invert_permutation: permutation");
+  check_permutation(p, "invert_permutation: ", "permutation");
   std::vector<int64_t> inv(p.size());
   for (std::size_t i = 0; i < p.size(); ++i) inv[static_cast<std::size_t>(p[i])] = static_cast<int64_t>(i);
   return Tensor::from_vector(inv);

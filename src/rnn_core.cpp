@@ -21,6 +21,7 @@
 #include <stdexcept>
 #include <string>
 
+#include "cpu/buffer_pool.h"
 #include "cpu/gemm.h"
 #include "cpu/rnn_gates.h"
 #include "seqpack/rnn.h"
@@ -156,7 +157,7 @@ void store_state(Tensor& s, const T* state, int64_t ld, const std::vector<int64_
 
 template <typename T>
 Tensor dropout_mask(int64_t rows, int64_t cols, double p, uint64_t seed, int64_t layer) {
-  Tensor mask = Tensor::empty({rows, cols}, dtype_of<T>());
+  Tensor mask = cpu::pooled_empty({rows, cols}, dtype_of<T>());
   // One stream per layer so masks do not depend on the other layers' sizes.
   std::mt19937_64 gen(seed * 0x9E3779B97F4A7C15ULL + static_cast<uint64_t>(layer));
   std::bernoulli_distribution keep(1.0 - p);
@@ -180,8 +181,8 @@ RNNForwardResult forward_impl(const RNNOptions& o, const std::vector<Tensor>& we
   const auto& si = plan.sorted_indices();
 
   RNNForwardResult res;
-  res.h_n = Tensor::empty({L * D, B, R}, o.dtype);
-  if (lstm) res.c_n = Tensor::empty({L * D, B, H}, o.dtype);
+  res.h_n = cpu::pooled_empty({L * D, B, R}, o.dtype);
+  if (lstm) res.c_n = cpu::pooled_empty({L * D, B, H}, o.dtype);
 
   std::shared_ptr<RNNSaved> saved;
   if (save) {
@@ -209,13 +210,13 @@ RNNForwardResult forward_impl(const RNNOptions& o, const std::vector<Tensor>& we
     Tensor mask;
     if (l > 0 && training && o.dropout > 0) {
       mask = dropout_mask<T>(N, in, o.dropout, seed, l);
-      x = Tensor::empty({N, in}, o.dtype);
+      x = cpu::pooled_empty({N, in}, o.dtype);
       const T* a = layer_in.data<T>();
       const T* m = mask.data<T>();
       T* y = x.data<T>();
       for (int64_t i = 0; i < N * in; ++i) y[i] = a[i] * m[i];
     }
-    Tensor out = Tensor::empty({N, D * R}, o.dtype);
+    Tensor out = cpu::pooled_empty({N, D * R}, o.dtype);
     const int64_t ldo = D * R;
     RNNSaved::Layer sl;
     if (save) {
@@ -224,7 +225,7 @@ RNNForwardResult forward_impl(const RNNOptions& o, const std::vector<Tensor>& we
     }
     for (int64_t d = 0; d < D; ++d) {
       const DirWeights<T> w = dir_weights<T>(o, weights, l, d);
-      Tensor gates_t = Tensor::empty({N, G}, o.dtype);
+      Tensor gates_t = cpu::pooled_empty({N, G}, o.dtype);
       T* gates = gates_t.data<T>();
       // G = X·W_ihᵀ + b: start from the bias rows (b_ih, plus b_hh except for
       // GRU, whose b_hn must stay inside r * (W_hn h + b_hn)).
@@ -241,20 +242,20 @@ RNNForwardResult forward_impl(const RNNOptions& o, const std::vector<Tensor>& we
       T *hprev = nullptr, *cs = nullptr, *cps = nullptr, *ms = nullptr, *ghn = nullptr;
       if (save) {
         sd.gates = gates_t;
-        sd.h_prev = Tensor::empty({N, R}, o.dtype);
+        sd.h_prev = cpu::pooled_empty({N, R}, o.dtype);
         hprev = sd.h_prev.data<T>();
         if (lstm) {
-          sd.c = Tensor::empty({N, H}, o.dtype);
-          sd.c_prev = Tensor::empty({N, H}, o.dtype);
+          sd.c = cpu::pooled_empty({N, H}, o.dtype);
+          sd.c_prev = cpu::pooled_empty({N, H}, o.dtype);
           cs = sd.c.data<T>();
           cps = sd.c_prev.data<T>();
         }
         if (proj) {
-          sd.m = Tensor::empty({N, H}, o.dtype);
+          sd.m = cpu::pooled_empty({N, H}, o.dtype);
           ms = sd.m.data<T>();
         }
         if (gru) {
-          sd.ghn = Tensor::empty({N, H}, o.dtype);
+          sd.ghn = cpu::pooled_empty({N, H}, o.dtype);
           ghn = sd.ghn.data<T>();
         }
       }
@@ -338,17 +339,17 @@ RNNGradients backward_impl(const RNNSaved& sv, const Tensor& grad_output, const 
   const auto& si = sv.sorted_indices;
 
   RNNGradients g;
-  for (const Shape& s : rnn_parameter_shapes(o)) g.weights.push_back(Tensor::empty(s, o.dtype));
-  g.h0 = Tensor::empty({L * D, B, R}, o.dtype);
-  if (lstm) g.c0 = Tensor::empty({L * D, B, H}, o.dtype);
+  for (const Shape& s : rnn_parameter_shapes(o)) g.weights.push_back(cpu::pooled_empty(s, o.dtype));
+  g.h0 = cpu::pooled_empty({L * D, B, R}, o.dtype);
+  if (lstm) g.c0 = cpu::pooled_empty({L * D, B, H}, o.dtype);
 
   std::vector<T> dhstate(static_cast<std::size_t>(B * R));
   std::vector<T> dcstate(lstm ? static_cast<std::size_t>(B * H) : 0);
   std::vector<T> dm_ws(proj ? static_cast<std::size_t>(B * H) : 0);
   // Under a projection dW_hr = dHᵀ·M needs dh of every row; otherwise one step's worth.
   std::vector<T> dhtot(static_cast<std::size_t>((proj ? N : B) * R));
-  Tensor dg_t = Tensor::empty({N, G}, o.dtype);
-  Tensor dgh_t = gru ? Tensor::empty({N, G}, o.dtype) : Tensor();
+  Tensor dg_t = cpu::pooled_empty({N, G}, o.dtype);
+  Tensor dgh_t = gru ? cpu::pooled_empty({N, G}, o.dtype) : Tensor();
   T* dg = dg_t.data<T>();
   T* dgh = gru ? dgh_t.data<T>() : dg;
 
@@ -357,7 +358,7 @@ RNNGradients backward_impl(const RNNSaved& sv, const Tensor& grad_output, const 
     const RNNSaved::Layer& sl = sv.layers[static_cast<std::size_t>(l)];
     const int64_t in = l == 0 ? o.input_size : D * R;
     const int64_t ldo = D * R;
-    Tensor dx = Tensor::zeros({N, in}, o.dtype);
+    Tensor dx = cpu::pooled_empty({N, in}, o.dtype);
     for (int64_t d = 0; d < D; ++d) {
       const RNNSaved::Direction& sd = sl.dirs[static_cast<std::size_t>(d)];
       const DirWeights<T> w = dir_weights<T>(o, sv.weights, l, d);
@@ -418,7 +419,9 @@ RNNGradients backward_impl(const RNNSaved& sv, const Tensor& grad_output, const 
       T* dwhh = g.weights[k + 1].data<T>();
       const T* x = sl.input.data<T>();
       cpu::gemm<T>(true, false, G, in, N, T(1), dg, G, x, in, T(0), dwih, in);
-      cpu::gemm<T>(false, false, N, in, G, T(1), dg, G, w.w_ih, in, T(1), dx.data<T>(), in);
+      // dX sums both directions' contributions.
+      cpu::gemm<T>(false, false, N, in, G, T(1), dg, G, w.w_ih, in, d == 0 ? T(0) : T(1),
+                   dx.data<T>(), in);
       cpu::gemm<T>(true, false, G, R, N, T(1), dgh, G, hprev, R, T(0), dwhh, R);
       std::size_t next = k + 2;
       if (o.bias) {

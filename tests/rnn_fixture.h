@@ -111,6 +111,52 @@ inline std::vector<RNNCase> load_rnn_cases() {
   return cases;
 }
 
+// One RNNCell / LSTMCell / GRUCell step (rnn_cells.json).
+struct RNNCellCase {
+  std::string name;
+  RNNMode mode = RNNMode::rnn_tanh;
+  int64_t input_size = 0, hidden_size = 0;
+  bool bias = true;
+  DType dtype = DType::f32;
+  bool unbatched = false;
+  std::vector<std::string> parameter_names;  // weight_ih, weight_hh[, bias_ih, bias_hh]
+  std::vector<Tensor> weights;
+  Tensor input, hx, cx, h, c, grad_h, grad_c;
+  std::map<std::string, Tensor> grads;  // "input", "hx", "cx" and parameter names
+  int64_t batch() const { return unbatched ? 1 : input.size(0); }
+};
+
+inline std::vector<RNNCellCase> load_rnn_cell_cases() {
+  std::vector<RNNCellCase> cases;
+  const nlohmann::json doc = load_fixture("rnn_cells.json");
+  for (const auto& j : doc.at("cases")) {
+    RNNCellCase c;
+    c.name = j.at("name").get<std::string>();
+    c.mode = rnn_mode_from(j.at("mode").get<std::string>());
+    c.input_size = j.at("input_size").get<int64_t>();
+    c.hidden_size = j.at("hidden_size").get<int64_t>();
+    c.bias = j.at("bias").get<bool>();
+    c.dtype = j.at("dtype").get<std::string>() == "float64" ? DType::f64 : DType::f32;
+    c.parameter_names = j.at("parameter_names").get<std::vector<std::string>>();
+    for (const auto& n : c.parameter_names) {
+      c.weights.push_back(tensor_from_json(j.at("state_dict").at(n), c.dtype));
+    }
+    c.input = tensor_from_json(j.at("input"), c.dtype);
+    c.unbatched = c.input.dim() == 1;
+    if (j.contains("hx")) c.hx = tensor_from_json(j.at("hx"), c.dtype);
+    if (j.contains("cx")) c.cx = tensor_from_json(j.at("cx"), c.dtype);
+    c.h = tensor_from_json(j.at("h"), c.dtype);
+    c.grad_h = tensor_from_json(j.at("grad_h"), c.dtype);
+    if (j.contains("c")) c.c = tensor_from_json(j.at("c"), c.dtype);
+    if (j.contains("grad_c")) c.grad_c = tensor_from_json(j.at("grad_c"), c.dtype);
+    for (auto it = j.at("grads").begin(); it != j.at("grads").end(); ++it) {
+      c.grads[it.key()] = tensor_from_json(it.value(), c.dtype);
+    }
+    cases.push_back(std::move(c));
+  }
+  return cases;
+}
+
 // Per-sequence rows [len_b, F] (caller's order) -> the case's output layout:
 // packed rows, padded [T, B, F] / [B, T, F] with zeros at padding, or [T, F].
 inline Tensor rows_to_layout(const RNNCase& c, const std::vector<Tensor>& rows, int64_t features) {
@@ -192,7 +238,9 @@ inline Tensor batched_state(const RNNCase& c, const Tensor& s) {
 
 // Tolerances of issue 3: float32 forward 1e-5, gradients 1e-4 (mixed rel/abs);
 // float64 fixtures are held much tighter.
-inline double forward_tol(const RNNCase& c) { return c.options.dtype == DType::f64 ? 1e-10 : 1e-5; }
-inline double grad_tol(const RNNCase& c) { return c.options.dtype == DType::f64 ? 1e-9 : 1e-4; }
+inline double forward_tol(DType d) { return d == DType::f64 ? 1e-10 : 1e-5; }
+inline double grad_tol(DType d) { return d == DType::f64 ? 1e-9 : 1e-4; }
+inline double forward_tol(const RNNCase& c) { return forward_tol(c.options.dtype); }
+inline double grad_tol(const RNNCase& c) { return grad_tol(c.options.dtype); }
 
 }  // namespace seqpack::testing

@@ -26,7 +26,8 @@ void expect_invalid(F f, std::vector<std::string> needles) {
   } catch (const std::invalid_argument& e) {
     const std::string msg = e.what();
     for (const auto& n : needles) {
-      EXPECT_NE(msg.find(n), std::string::npos) << "message \"" << msg << "\" lacks \"" << n << "\"";
+      EXPECT_NE(msg.find(n), std::string::npos)
+          << "message \"" << msg << "\" lacks \"" << n << "\"";
     }
   }
 }
@@ -37,7 +38,9 @@ std::vector<int64_t> random_lengths(uint64_t seed, int64_t n) {
   std::vector<int64_t> out;
   for (int64_t i = 0; i < n; ++i) {
     const uint64_t r = rng() % 100;
-    out.push_back(r < 3 ? 0 : r < 90 ? 4 + static_cast<int64_t>(rng() % 11) : 15 + static_cast<int64_t>(rng() % 16));
+    out.push_back(r < 3    ? 0
+                  : r < 90 ? 4 + static_cast<int64_t>(rng() % 11)
+                           : 15 + static_cast<int64_t>(rng() % 16));
   }
   return out;
 }
@@ -48,11 +51,13 @@ std::vector<int64_t> random_lengths(uint64_t seed, int64_t n) {
   for (const auto& b : batches) {
     for (int64_t i : b) {
       if (i < 0 || i >= n) return ::testing::AssertionFailure() << "index " << i << " out of range";
-      if (seen[static_cast<std::size_t>(i)]++) return ::testing::AssertionFailure() << "index " << i << " twice";
+      if (seen[static_cast<std::size_t>(i)]++)
+        return ::testing::AssertionFailure() << "index " << i << " twice";
     }
   }
   for (int64_t i = 0; i < n; ++i) {
-    if (!seen[static_cast<std::size_t>(i)]) return ::testing::AssertionFailure() << "index " << i << " missing";
+    if (!seen[static_cast<std::size_t>(i)])
+      return ::testing::AssertionFailure() << "index " << i << " missing";
   }
   return ::testing::AssertionSuccess();
 }
@@ -98,7 +103,11 @@ TEST(PaddingStats, HandWorkedExample) {
   EXPECT_EQ(s.padded_slots, 14);
   EXPECT_DOUBLE_EQ(s.efficiency(), 10.0 / 14.0);
   EXPECT_DOUBLE_EQ(PaddingStats{}.efficiency(), 1.0);
-  expect_invalid([] { seqpack::padding_stats({1, 2}, {{0}, {1, 2}}); }, {"batches[1][1] = 2", "[0, 2)"});
+  expect_invalid(
+      [] {
+        seqpack::padding_stats({1, 2}, {{0}, {1, 2}});
+      },
+      {"batches[1][1] = 2", "[0, 2)"});
 }
 
 TEST(BucketingSampler, HandWorkedBatchesAreGroupsOfSimilarLength) {
@@ -143,13 +152,15 @@ TEST(BucketingSampler, EveryIndexOncePerEpochAndBatchesDoNotInterleave) {
       ranges.emplace_back(lo, hi);
     }
     std::sort(ranges.begin(), ranges.end());
-    for (std::size_t i = 1; i < ranges.size(); ++i) EXPECT_LE(ranges[i - 1].second, ranges[i].first);
+    for (std::size_t i = 1; i < ranges.size(); ++i)
+      EXPECT_LE(ranges[i - 1].second, ranges[i].first);
   }
 }
 
 TEST(BucketingSampler, DeterministicPerSeedAndEpochAndShuffledAcrossEpochs) {
   const auto lengths = random_lengths(3, 2000);
-  BucketingSampler a(lengths, 64, /*seed=*/11), b(lengths, 64, /*seed=*/11), c(lengths, 64, /*seed=*/12);
+  BucketingSampler a(lengths, 64, /*seed=*/11), b(lengths, 64, /*seed=*/11),
+      c(lengths, 64, /*seed=*/12);
   EXPECT_EQ(a.epoch(0), b.epoch(0));
   EXPECT_EQ(a.epoch(3), b.epoch(3));
   EXPECT_NE(a.epoch(0), a.epoch(1));
@@ -161,8 +172,14 @@ TEST(BucketingSampler, DeterministicPerSeedAndEpochAndShuffledAcrossEpochs) {
   EXPECT_FALSE(std::is_sorted(first_len.begin(), first_len.end()));
   // Equal-length sequences are regrouped from one epoch to the next.
   std::set<std::vector<int64_t>> e0, e1;
-  for (auto x : a.epoch(0)) { std::sort(x.begin(), x.end()); e0.insert(x); }
-  for (auto x : a.epoch(1)) { std::sort(x.begin(), x.end()); e1.insert(x); }
+  for (auto x : a.epoch(0)) {
+    std::sort(x.begin(), x.end());
+    e0.insert(x);
+  }
+  for (auto x : a.epoch(1)) {
+    std::sort(x.begin(), x.end());
+    e1.insert(x);
+  }
   EXPECT_NE(e0, e1);
 }
 
@@ -178,7 +195,8 @@ TEST(BucketingSampler, BeatsRandomBatchingOnPaddingEfficiency) {
       EXPECT_DOUBLE_EQ(r.packed.efficiency(), 1.0);
       EXPECT_EQ(r.packed.real_tokens, r.bucketed.real_tokens);
       // The figures are consistent with a direct count.
-      EXPECT_EQ(r.bucketed.padded_slots, seqpack::padding_stats(s.lengths(), s.epoch(epoch)).padded_slots);
+      EXPECT_EQ(r.bucketed.padded_slots,
+                seqpack::padding_stats(s.lengths(), s.epoch(epoch)).padded_slots);
     }
   }
 }
@@ -194,7 +212,8 @@ TEST(BucketingSampler, PoolsBucketWithinWindowsOfBatches) {
 }
 
 TEST(BucketingSampler, DropLastKeepsOnlyFullBatches) {
-  BucketingSampler s(random_lengths(1, 105), 10, /*seed=*/1, /*pool_batches=*/0, /*drop_last=*/true);
+  BucketingSampler s(random_lengths(1, 105), 10, /*seed=*/1, /*pool_batches=*/0,
+                     /*drop_last=*/true);
   const Batches b = s.epoch(0);
   EXPECT_EQ(static_cast<int64_t>(b.size()), 10);
   EXPECT_EQ(s.num_batches(), 10);

@@ -53,7 +53,8 @@ void expect_invalid(F f, std::vector<std::string> needles) {
   } catch (const std::invalid_argument& e) {
     const std::string msg = e.what();
     for (const auto& n : needles) {
-      EXPECT_NE(msg.find(n), std::string::npos) << "message \"" << msg << "\" lacks \"" << n << "\"";
+      EXPECT_NE(msg.find(n), std::string::npos)
+          << "message \"" << msg << "\" lacks \"" << n << "\"";
     }
   }
 }
@@ -76,14 +77,20 @@ struct FakeDict {
   TempDir dir;
   seqpack::LanguageIdOptions options;
   FakeDict() {
-    std::string en = "apple\nbanana\ndog's\ncherry\nshared\nkiwi\nlemon\nmango\r\n\nolive\npeach\nplum\n";
-    std::string fr = "pomme\nl'eau\nl\u2019arbre\nshared\ncerise\nfraise\nmangue\npoire\nprune\nraisin\nbanane\n";
-    std::string de = "Apfel\nBirne\nKirsche\nshared\nbanana\nPflaume\nTraube\nZitrone\nMango\nPfirsich\nApfel\nÄpfel\n";
+    std::string en =
+        "apple\nbanana\ndog's\ncherry\nshared\nkiwi\nlemon\nmango\r\n\nolive\npeach\nplum\n";
+    std::string fr =
+        "pomme\nl'"
+        "eau\nl\u2019arbre\nshared\ncerise\nfraise\nmangue\npoire\nprune\nraisin\nbanane\n";
+    std::string de =
+        "Apfel\nBirne\nKirsche\nshared\nbanana\nPflaume\nTraube\nZitrone\nMango\nPfirsich\nApfel\nÄ"
+        "pfel\n";
     dir.write("en.txt", en);
     dir.write("fr.txt", fr);
     dir.write("de.txt", de);
     options.dict_dir = dir.path.string();
-    options.lists = {{"english", "en.txt", "wfake-en"}, {"french", "fr.txt", "wfake-fr"},
+    options.lists = {{"english", "en.txt", "wfake-en"},
+                     {"french", "fr.txt", "wfake-fr"},
                      {"german", "de.txt", "wfake-de"}};
     options.words_per_language = 8;
     options.train_fraction = 0.5;
@@ -96,8 +103,8 @@ struct FakeDict {
 
 TEST(LoadTsv, ReadsLabelsTextCountsEmptyLines) {
   TempDir dir;
-  const std::string path = dir.write(
-      "d.tsv", "fr\tété\r\nen\tsummer\n\n\nde\tSommer mit\tTab\n\r\nen\twinter\n");
+  const std::string path =
+      dir.write("d.tsv", "fr\tété\r\nen\tsummer\n\n\nde\tSommer mit\tTab\n\r\nen\twinter\n");
   const seqpack::TextDataset ds = seqpack::load_tsv(path);
   EXPECT_EQ(ds.labels, (std::vector<std::string>{"de", "en", "fr"}));  // sorted
   EXPECT_EQ(ds.empty_lines, 3);
@@ -165,7 +172,8 @@ TEST(SplitDataset, BadFractionsAndLabels) {
   seqpack::TextDataset ds;
   ds.labels = {"a"};
   ds.examples = {{"x", U"x", 0}};
-  expect_invalid([&] { seqpack::split_dataset(ds, 0.9, 0.2, 0); }, {"train_fraction = 0.9", "val_fraction = 0.2"});
+  expect_invalid([&] { seqpack::split_dataset(ds, 0.9, 0.2, 0); },
+                 {"train_fraction = 0.9", "val_fraction = 0.2"});
   expect_invalid([&] { seqpack::split_dataset(ds, -0.1, 0.2, 0); }, {"train_fraction = -0.1"});
   ds.examples.push_back({"y", U"y", 4});
   expect_invalid([&] { seqpack::split_dataset(ds, 0.8, 0.1, 0); }, {"examples[1].label = 4"});
@@ -204,7 +212,8 @@ TEST(LanguageId, FakeListsCountUsableWordsExactly) {
   fake.options.words_per_language = 8;
   // English: apple banana(shared) dog's cherry shared kiwi lemon mango olive peach
   // -> usable: apple cherry kiwi lemon mango olive peach = 7 < 8.
-  fake.dir.write("en.txt", "apple\nbanana\ndog's\ncherry\nshared\nkiwi\nlemon\nmango\nolive\npeach\n");
+  fake.dir.write("en.txt",
+                 "apple\nbanana\ndog's\ncherry\nshared\nkiwi\nlemon\nmango\nolive\npeach\n");
   expect_invalid([&] { seqpack::load_language_id(fake.options); },
                  {"en.txt", "only 7 usable words", "words_per_language = 8"});
   fake.options.words_per_language = 7;
@@ -215,7 +224,8 @@ TEST(LanguageId, FakeListsCountUsableWordsExactly) {
       if (e.label == 0) en.insert(e.text);
     }
   }
-  EXPECT_EQ(en, (std::set<std::string>{"apple", "cherry", "kiwi", "lemon", "mango", "olive", "peach"}));
+  EXPECT_EQ(en,
+            (std::set<std::string>{"apple", "cherry", "kiwi", "lemon", "mango", "olive", "peach"}));
 }
 
 TEST(LanguageId, DeterministicForASeedAndDifferentForAnother) {
@@ -239,8 +249,7 @@ TEST(LanguageId, DeterministicForASeedAndDifferentForAnother) {
 TEST(LanguageId, MissingListNamesTheFileAndPackage) {
   FakeDict fake;
   fake.options.lists.push_back({"dutch", "nl.txt", "wdutch"});
-  expect_invalid([&] { seqpack::load_language_id(fake.options); },
-                 {"nl.txt", "dutch", "wdutch"});
+  expect_invalid([&] { seqpack::load_language_id(fake.options); }, {"nl.txt", "dutch", "wdutch"});
   fake.options.lists.clear();
   expect_invalid([&] { seqpack::load_language_id(fake.options); }, {"no word lists"});
   FakeDict f2;
@@ -251,7 +260,8 @@ TEST(LanguageId, MissingListNamesTheFileAndPackage) {
 TEST(LanguageId, InvalidUtf8InAListNamesTheLine) {
   FakeDict fake;
   fake.dir.write("fr.txt", "pomme\ncaf\xE9\n");
-  expect_invalid([&] { seqpack::load_language_id(fake.options); }, {"fr.txt' line 2", "byte offset 3"});
+  expect_invalid([&] { seqpack::load_language_id(fake.options); },
+                 {"fr.txt' line 2", "byte offset 3"});
 }
 
 TEST(LanguageId, DefaultListsAreTheSevenDebianPackages) {
@@ -322,11 +332,12 @@ TEST(DataCli, ExportWritesTheSplitAndReportsMissingLists) {
   TempDir out;
   FakeDict fake;
   // The CLI reads the default file names: create them from the fake lists.
-  const char* names[] = {"american-english", "french", "ngerman", "spanish", "italian",
-                         "portuguese", "dutch"};
+  const char* names[] = {"american-english", "french",     "ngerman", "spanish",
+                         "italian",          "portuguese", "dutch"};
   for (int l = 0; l < 7; ++l) {
     std::string words;
-    for (int i = 0; i < 10; ++i) words += std::string(names[l]).substr(0, 3) + std::to_string(i) + "\n";
+    for (int i = 0; i < 10; ++i)
+      words += std::string(names[l]).substr(0, 3) + std::to_string(i) + "\n";
     fake.dir.write(names[l], words);
   }
   const std::string base = std::string(SEQPACK_CLI_PATH) + " data export --dict-dir " +

@@ -24,7 +24,8 @@ void expect_invalid(F f, std::vector<std::string> needles) {
   } catch (const std::invalid_argument& e) {
     const std::string msg = e.what();
     for (const auto& n : needles) {
-      EXPECT_NE(msg.find(n), std::string::npos) << "message \"" << msg << "\" lacks \"" << n << "\"";
+      EXPECT_NE(msg.find(n), std::string::npos)
+          << "message \"" << msg << "\" lacks \"" << n << "\"";
     }
   }
 }
@@ -117,16 +118,25 @@ TEST(LastValidStep, WorksForEveryDtype) {
 
 TEST(LastValidStep, BadInputNamesTheValue) {
   Tensor x = Tensor::zeros({5, 3, 2}, DType::f32);  // T=5, B=3
-  expect_invalid([&] { seqpack::last_valid_step(x, {1, 7, 2}, false); },
-                 {"lengths[1] = 7 exceeds the padded length 5"});
+  expect_invalid(
+      [&] {
+        seqpack::last_valid_step(x, {1, 7, 2}, false);
+      },
+      {"lengths[1] = 7 exceeds the padded length 5"});
   expect_invalid([&] { seqpack::last_valid_step(x, {1, -1, 2}, false); }, {"lengths[1] = -1"});
   expect_invalid([&] { seqpack::last_valid_step(x, {1, 2}, false); }, {"2 lengths", "batch of 3"});
-  expect_invalid([&] { seqpack::last_valid_step(x, {1, 2, 3, 4, 5}, true); }, {"lengths[3] = 4", "padded length 3"});
+  expect_invalid(
+      [&] {
+        seqpack::last_valid_step(x, {1, 2, 3, 4, 5}, true);
+      },
+      {"lengths[3] = 4", "padded length 3"});
   expect_invalid([&] { seqpack::last_valid_step(Tensor::zeros({4}, DType::f32), {1}, false); },
                  {"[4]", "2 dimensions"});
-  expect_invalid([&] {
-    seqpack::last_valid_step_backward(Tensor::zeros({2, 3}, DType::f32), {4, 1}, 3, false);
-  }, {"lengths[0] = 4 exceeds the padded length 3"});
+  expect_invalid(
+      [&] {
+        seqpack::last_valid_step_backward(Tensor::zeros({2, 3}, DType::f32), {4, 1}, 3, false);
+      },
+      {"lengths[0] = 4 exceeds the padded length 3"});
 }
 
 TEST(ReversePaddedSequence, HandWorkedTimeMajor) {
@@ -167,9 +177,13 @@ TEST(ReversePaddedSequence, MatchesPerSequenceReversalAndIsItsOwnInverse) {
 
 TEST(ReversePaddedSequence, BadInputNamesTheValue) {
   Tensor x = Tensor::zeros({2, 4}, DType::f32);
-  expect_invalid([&] { seqpack::reverse_padded_sequence(x, {1, 2, 3, 3}, false); },
-                 {"lengths[2] = 3 exceeds the padded length 2"});
-  expect_invalid([&] { seqpack::reverse_padded_sequence(x, {1}, true); }, {"1 lengths", "batch of 2"});
+  expect_invalid(
+      [&] {
+        seqpack::reverse_padded_sequence(x, {1, 2, 3, 3}, false);
+      },
+      {"lengths[2] = 3 exceeds the padded length 2"});
+  expect_invalid([&] { seqpack::reverse_padded_sequence(x, {1}, true); },
+                 {"1 lengths", "batch of 2"});
 }
 
 TEST(TokenBatch, EncodesAndPadsWithPad) {
@@ -185,5 +199,9 @@ TEST(TokenBatch, EncodesAndPadsWithPad) {
   EXPECT_EQ(t.tokens.shape(), (Shape{3, 2}));
   EXPECT_EQ(t.tokens.to_vector<int64_t>(), (std::vector<int64_t>{4, 2, 1, 3, 2, 0}));
   EXPECT_EQ(seqpack::make_token_batch(vocab, ex, {2}, true).tokens.shape(), (Shape{1, 0}));
-  expect_invalid([&] { seqpack::make_token_batch(vocab, ex, {0, 3}, true); }, {"indices[1] = 3", "[0, 3)"});
+  expect_invalid(
+      [&] {
+        seqpack::make_token_batch(vocab, ex, {0, 3}, true);
+      },
+      {"indices[1] = 3", "[0, 3)"});
 }

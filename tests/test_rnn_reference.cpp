@@ -115,6 +115,45 @@ TEST(RNNReference, BackwardMatchesPyTorchFixtures) {
   }
 }
 
+// A cell step is a one-layer, one-step RNN: the reference reproduces PyTorch's
+// RNNCell / LSTMCell / GRUCell outputs and gradients run that way.
+TEST(RNNReference, CellsMatchPyTorchFixtures) {
+  for (const auto& c : seqpack::testing::load_rnn_cell_cases()) {
+    SCOPED_TRACE(c.name);
+    RNNOptions o{.mode = c.mode, .input_size = c.input_size, .hidden_size = c.hidden_size,
+                 .bias = c.bias, .dtype = c.dtype};
+    const int64_t B = c.batch(), H = c.hidden_size;
+    std::vector<Tensor> seqs;
+    for (int64_t b = 0; b < B; ++b) {
+      seqs.push_back(c.input.view({B, c.input_size}).slice0(b, b + 1));
+    }
+    auto state = [&](const Tensor& t) { return t.defined() ? t.view({1, B, H}) : Tensor(); };
+    const auto r = seqpack::rnn_reference_forward(o, c.weights, seqs, state(c.hx), state(c.cx));
+    const double ft = seqpack::testing::forward_tol(c.dtype), gt = seqpack::testing::grad_tol(c.dtype);
+    EXPECT_TRUE(all_close(r.h_n.view(c.h.shape()), c.h, ft, ft, c.name + " h"));
+    if (c.mode == RNNMode::lstm) EXPECT_TRUE(all_close(r.c_n.view(c.c.shape()), c.c, ft, ft, c.name + " c"));
+    const auto g = seqpack::reference::rnn_reference_backward(
+        o, c.weights, seqs, state(c.hx), state(c.cx), {}, state(c.grad_h), state(c.grad_c));
+    Tensor gx = Tensor::empty({B, c.input_size}, DType::f64);
+    for (int64_t b = 0; b < B; ++b) {
+      for (int64_t f = 0; f < c.input_size; ++f) {
+        gx.data<double>()[b * c.input_size + f] = g.inputs[static_cast<size_t>(b)].item_as_double(f);
+      }
+    }
+    EXPECT_TRUE(all_close(gx.view(c.input.shape()), c.grads.at("input"), gt, gt, c.name + " grad input"));
+    if (c.hx.defined()) {
+      EXPECT_TRUE(all_close(g.h0.view(c.hx.shape()), c.grads.at("hx"), gt, gt, c.name + " grad hx"));
+    }
+    if (c.cx.defined()) {
+      EXPECT_TRUE(all_close(g.c0.view(c.cx.shape()), c.grads.at("cx"), gt, gt, c.name + " grad cx"));
+    }
+    for (size_t k = 0; k < c.parameter_names.size(); ++k) {
+      EXPECT_TRUE(all_close(g.weights[k], c.grads.at(c.parameter_names[k]), gt, gt,
+                            c.name + " grad " + c.parameter_names[k]));
+    }
+  }
+}
+
 // Tanh RNN, one unit: h_t = tanh(w x_t + b_ih + u h_{t-1} + b_hh), by hand.
 TEST(RNNReference, HandWorkedTanhRNN) {
   RNNOptions o{.mode = RNNMode::rnn_tanh, .input_size = 1, .hidden_size = 1, .dtype = DType::f64};

@@ -61,8 +61,8 @@ void write_bytes(const std::string& path, const std::string& bytes) {
            << seqpack::dtype_name(b.dtype()) << " " << seqpack::shape_str(b.shape());
   }
   if (a.nbytes() && std::memcmp(a.raw_data(), b.raw_data(), a.nbytes()) != 0) {
-    return ::testing::AssertionFailure() << "values differ: " << a.to_string() << " vs "
-                                         << b.to_string();
+    return ::testing::AssertionFailure()
+           << "values differ: " << a.to_string() << " vs " << b.to_string();
   }
   return ::testing::AssertionSuccess();
 }
@@ -73,7 +73,8 @@ std::string make_file(const std::string& header, const std::string& buffer) {
   h.append((8 - h.size() % 8) % 8, ' ');
   std::string out(8, '\0');
   const uint64_t n = h.size();
-  for (int i = 0; i < 8; ++i) out[static_cast<std::size_t>(i)] = static_cast<char>((n >> (8 * i)) & 0xff);
+  for (int i = 0; i < 8; ++i)
+    out[static_cast<std::size_t>(i)] = static_cast<char>((n >> (8 * i)) & 0xff);
   return out + h + buffer;
 }
 
@@ -87,7 +88,8 @@ void expect_rejected(const std::string& bytes, std::vector<std::string> needles)
     const std::string msg = e.what();
     needles.push_back("'bad.safetensors'");
     for (const auto& n : needles) {
-      EXPECT_NE(msg.find(n), std::string::npos) << "message \"" << msg << "\" lacks \"" << n << "\"";
+      EXPECT_NE(msg.find(n), std::string::npos)
+          << "message \"" << msg << "\" lacks \"" << n << "\"";
     }
   }
 }
@@ -132,7 +134,8 @@ TEST(Safetensors, RoundTripsEveryDtypeShapeAndMetadata) {
 
 TEST(Safetensors, ViewsAreSavedAsTheirOwnElements) {
   Tensor big = Tensor::from_vector<float>({0, 1, 2, 3, 4, 5, 6, 7}, {4, 2});
-  auto back = seqpack::parse_safetensors(seqpack::serialize_safetensors({{"rows", big.slice0(1, 3)}}));
+  auto back =
+      seqpack::parse_safetensors(seqpack::serialize_safetensors({{"rows", big.slice0(1, 3)}}));
   EXPECT_EQ(back.at("rows").to_vector<float>(), (std::vector<float>{2, 3, 4, 5}));
 }
 
@@ -161,10 +164,9 @@ TEST(Safetensors, LoadsFilesWrittenFromTorchTensors) {
 TEST(Safetensors, TorchModelFileHasPyTorchStateDictNames) {
   auto got = seqpack::load_safetensors(std::string(SEQPACK_FIXTURES_DIR) +
                                        "/safetensors_model.safetensors");
-  for (const char* name :
-       {"embedding.weight", "lstm.weight_ih_l0", "lstm.weight_hh_l0", "lstm.bias_ih_l0",
-        "lstm.bias_hh_l0", "lstm.weight_ih_l0_reverse", "lstm.bias_hh_l0_reverse", "fc.weight",
-        "fc.bias"}) {
+  for (const char* name : {"embedding.weight", "lstm.weight_ih_l0", "lstm.weight_hh_l0",
+                           "lstm.bias_ih_l0", "lstm.bias_hh_l0", "lstm.weight_ih_l0_reverse",
+                           "lstm.bias_hh_l0_reverse", "fc.weight", "fc.bias"}) {
     EXPECT_TRUE(got.count(name)) << name;
   }
   EXPECT_EQ(got.at("lstm.weight_ih_l0").shape(), (seqpack::Shape{12, 4}));
@@ -173,9 +175,9 @@ TEST(Safetensors, TorchModelFileHasPyTorchStateDictNames) {
 }
 
 TEST(Safetensors, WriterMatchesTheIndependentPythonWriterByteForByte) {
-  for (const char* fname : {"safetensors_basic.safetensors", "safetensors_model.safetensors",
-                            "safetensors_no_metadata.safetensors",
-                            "safetensors_empty_file.safetensors"}) {
+  for (const char* fname :
+       {"safetensors_basic.safetensors", "safetensors_model.safetensors",
+        "safetensors_no_metadata.safetensors", "safetensors_empty_file.safetensors"}) {
     SCOPED_TRACE(fname);
     const std::string path = std::string(SEQPACK_FIXTURES_DIR) + "/" + fname;
     std::map<std::string, std::string> meta;
@@ -259,10 +261,10 @@ TEST(SafetensorsCorrupt, InvalidJson) {
 TEST(SafetensorsCorrupt, UnknownDtypes) {
   for (const char* dt : {"F16", "BF16", "U8", "garbage", ""}) {
     SCOPED_TRACE(dt);
-    expect_rejected(
-        make_file(std::string("{\"t\":{\"dtype\":\"") + dt + "\",\"shape\":[1],\"data_offsets\":[0,2]}}",
-                  "ab"),
-        {"tensor 't'", std::string("dtype '") + dt + "'"});
+    expect_rejected(make_file(std::string("{\"t\":{\"dtype\":\"") + dt +
+                                  "\",\"shape\":[1],\"data_offsets\":[0,2]}}",
+                              "ab"),
+                    {"tensor 't'", std::string("dtype '") + dt + "'"});
   }
   expect_rejected(make_file("{\"t\":{\"dtype\":7,\"shape\":[1],\"data_offsets\":[0,4]}}", "abcd"),
                   {"tensor 't'", "dtype"});
@@ -271,12 +273,15 @@ TEST(SafetensorsCorrupt, UnknownDtypes) {
 }
 
 TEST(SafetensorsCorrupt, InvalidShapes) {
-  expect_rejected(make_file("{\"t\":{\"dtype\":\"F32\",\"shape\":[-1],\"data_offsets\":[0,4]}}", "abcd"),
-                  {"tensor 't'", "[-1]", "-1"});
-  expect_rejected(make_file("{\"t\":{\"dtype\":\"F32\",\"shape\":[2.5],\"data_offsets\":[0,4]}}", "abcd"),
-                  {"tensor 't'", "2.5"});
-  expect_rejected(make_file("{\"t\":{\"dtype\":\"F32\",\"shape\":\"x\",\"data_offsets\":[0,4]}}", "abcd"),
-                  {"tensor 't'", "shape"});
+  expect_rejected(
+      make_file("{\"t\":{\"dtype\":\"F32\",\"shape\":[-1],\"data_offsets\":[0,4]}}", "abcd"),
+      {"tensor 't'", "[-1]", "-1"});
+  expect_rejected(
+      make_file("{\"t\":{\"dtype\":\"F32\",\"shape\":[2.5],\"data_offsets\":[0,4]}}", "abcd"),
+      {"tensor 't'", "2.5"});
+  expect_rejected(
+      make_file("{\"t\":{\"dtype\":\"F32\",\"shape\":\"x\",\"data_offsets\":[0,4]}}", "abcd"),
+      {"tensor 't'", "shape"});
   // 2^62 * 2^62 wraps to 0 in 64-bit arithmetic: must be caught, not accepted as empty.
   expect_rejected(make_file("{\"t\":{\"dtype\":\"F32\",\"shape\":[4611686018427387904,"
                             "4611686018427387904],\"data_offsets\":[0,0]}}",
@@ -285,21 +290,26 @@ TEST(SafetensorsCorrupt, InvalidShapes) {
 }
 
 TEST(SafetensorsCorrupt, OffsetsOutOfRange) {
-  expect_rejected(make_file("{\"t\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,8]}}", "abcd"),
-                  {"tensor 't'", "[0,8]", "4-byte data buffer"});
-  expect_rejected(make_file("{\"t\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[4,0]}}", "abcd"),
-                  {"tensor 't'", "[4,0]"});
-  expect_rejected(make_file("{\"t\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[-4,0]}}", "abcd"),
-                  {"tensor 't'", "[-4,0]"});
-  expect_rejected(make_file("{\"t\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[0]}}", "abcd"),
-                  {"tensor 't'", "[0]"});
+  expect_rejected(
+      make_file("{\"t\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,8]}}", "abcd"),
+      {"tensor 't'", "[0,8]", "4-byte data buffer"});
+  expect_rejected(
+      make_file("{\"t\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[4,0]}}", "abcd"),
+      {"tensor 't'", "[4,0]"});
+  expect_rejected(
+      make_file("{\"t\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[-4,0]}}", "abcd"),
+      {"tensor 't'", "[-4,0]"});
+  expect_rejected(
+      make_file("{\"t\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[0]}}", "abcd"),
+      {"tensor 't'", "[0]"});
   expect_rejected(make_file("{\"t\":{\"dtype\":\"F32\",\"shape\":[1]}}", "abcd"),
                   {"tensor 't'", "data_offsets missing"});
 }
 
 TEST(SafetensorsCorrupt, OffsetsNotMatchingShapeTimesDtype) {
-  expect_rejected(make_file("{\"t\":{\"dtype\":\"F64\",\"shape\":[2],\"data_offsets\":[0,8]}}", "abcdefgh"),
-                  {"tensor 't'", "8 bytes", "needs 16"});
+  expect_rejected(
+      make_file("{\"t\":{\"dtype\":\"F64\",\"shape\":[2],\"data_offsets\":[0,8]}}", "abcdefgh"),
+      {"tensor 't'", "8 bytes", "needs 16"});
 }
 
 TEST(SafetensorsCorrupt, OverlappingTensors) {
@@ -319,13 +329,14 @@ TEST(SafetensorsCorrupt, GapsAndTrailingBytes) {
 }
 
 TEST(SafetensorsCorrupt, MetadataMustMapStringsToStrings) {
-  expect_rejected(make_file("{\"__metadata__\":{\"epochs\":5}}", ""), {"__metadata__", "epochs", "5"});
+  expect_rejected(make_file("{\"__metadata__\":{\"epochs\":5}}", ""),
+                  {"__metadata__", "epochs", "5"});
   expect_rejected(make_file("{\"__metadata__\":[]}", ""), {"__metadata__"});
 }
 
 TEST(SafetensorsCorrupt, TruncatedFileNamesTheTensor) {
-  const std::string good = seqpack::serialize_safetensors(
-      {{"w", Tensor::from_vector<double>({1, 2, 3, 4}, {2, 2})}});
+  const std::string good =
+      seqpack::serialize_safetensors({{"w", Tensor::from_vector<double>({1, 2, 3, 4}, {2, 2})}});
   expect_rejected(good.substr(0, good.size() - 3), {"tensor 'w'", "[0,32]", "29-byte data buffer"});
   expect_rejected(good.substr(0, 12), {"header length"});
 }
@@ -333,7 +344,8 @@ TEST(SafetensorsCorrupt, TruncatedFileNamesTheTensor) {
 TEST(SafetensorsCorrupt, LoadNamesTheFile) {
   TempDir dir;
   const std::string path = dir.file("broken.safetensors");
-  write_bytes(path, make_file("{\"t\":{\"dtype\":\"BF16\",\"shape\":[1],\"data_offsets\":[0,2]}}", "ab"));
+  write_bytes(path,
+              make_file("{\"t\":{\"dtype\":\"BF16\",\"shape\":[1],\"data_offsets\":[0,2]}}", "ab"));
   try {
     seqpack::load_safetensors(path);
     FAIL() << "accepted BF16";
@@ -352,7 +364,8 @@ TEST(SafetensorsCorrupt, LoadNamesTheFile) {
 TEST(SafetensorsCorrupt, RandomDamageNeverCrashes) {
   const uint64_t seed = seqpack::testing::test_seed();
   SCOPED_TRACE("seed " + std::to_string(seed));
-  const std::string good = read_bytes(std::string(SEQPACK_FIXTURES_DIR) + "/safetensors_basic.safetensors");
+  const std::string good =
+      read_bytes(std::string(SEQPACK_FIXTURES_DIR) + "/safetensors_basic.safetensors");
   std::mt19937_64 rng(seed);
   int rejected = 0;
   for (int iter = 0; iter < 3000; ++iter) {
@@ -399,8 +412,9 @@ TEST(SafetensorsAtomic, FailedWriteKeepsTheOldFileAndLeavesNoTemporary) {
   seqpack::save_safetensors(path, {{"x", Tensor::from_vector<float>({1, 2})}});
   const std::string before = read_bytes(path);
   // Invalid input fails before any byte is written.
-  EXPECT_THROW(seqpack::save_safetensors(path, {{"a", Tensor::from_vector<float>({9})}, {"b", Tensor()}}),
-               std::invalid_argument);
+  EXPECT_THROW(
+      seqpack::save_safetensors(path, {{"a", Tensor::from_vector<float>({9})}, {"b", Tensor()}}),
+      std::invalid_argument);
   EXPECT_THROW(seqpack::save_safetensors(path, {{"__metadata__", Tensor::from_vector<float>({9})}}),
                std::invalid_argument);
   EXPECT_THROW(seqpack::save_safetensors(path, {{"", Tensor::from_vector<float>({9})}}),
@@ -418,5 +432,6 @@ TEST(SafetensorsAtomic, FailedWriteKeepsTheOldFileAndLeavesNoTemporary) {
   EXPECT_EQ(dir.entries(), (std::vector<std::string>{"model.safetensors", "taken"}));
   EXPECT_EQ(read_bytes(path), before);
   // A directory that does not exist.
-  EXPECT_THROW(seqpack::save_safetensors(dir.file("no/such/dir.safetensors"), {}), std::runtime_error);
+  EXPECT_THROW(seqpack::save_safetensors(dir.file("no/such/dir.safetensors"), {}),
+               std::runtime_error);
 }

@@ -25,7 +25,8 @@ void expect_invalid(F f, std::vector<std::string> needles) {
   } catch (const std::invalid_argument& e) {
     const std::string msg = e.what();
     for (const auto& n : needles) {
-      EXPECT_NE(msg.find(n), std::string::npos) << "message \"" << msg << "\" lacks \"" << n << "\"";
+      EXPECT_NE(msg.find(n), std::string::npos)
+          << "message \"" << msg << "\" lacks \"" << n << "\"";
     }
   }
 }
@@ -47,8 +48,13 @@ TEST(Utf8, EncodeIsTheInverseOfDecode) {
   const std::u32string s = U"Größe: 5 €, naïve 😀 ğ";
   EXPECT_EQ(decode_utf8(encode_utf8(s)), s);
   EXPECT_EQ(encode_utf8(U"\u00E9"), "\xC3\xA9");
-  expect_invalid([] { encode_utf8(std::u32string(1, char32_t(0xD800))); }, {"U+D800", "code_points[0]"});
-  expect_invalid([] { encode_utf8(std::u32string{U'a', char32_t(0x110000)}); }, {"U+110000", "code_points[1]"});
+  expect_invalid([] { encode_utf8(std::u32string(1, char32_t(0xD800))); },
+                 {"U+D800", "code_points[0]"});
+  expect_invalid(
+      [] {
+        encode_utf8(std::u32string{U'a', char32_t(0x110000)});
+      },
+      {"U+110000", "code_points[1]"});
 }
 
 TEST(Utf8, InvalidInputNamesTheByteOffset) {
@@ -62,7 +68,8 @@ TEST(Utf8, InvalidInputNamesTheByteOffset) {
   expect_invalid([] { decode_utf8("\xF4\x90\x80\x80"); }, {"U+110000"});
   expect_invalid([] { decode_utf8("\xFF"); }, {"0xFF", "cannot start"});
   // Latin-1 text fed as UTF-8, the usual real-world mistake.
-  expect_invalid([] { decode_utf8("caf\xE9!", "f.tsv line 9"); }, {"f.tsv line 9", "byte offset 3", "0xE9"});
+  expect_invalid([] { decode_utf8("caf\xE9!", "f.tsv line 9"); },
+                 {"f.tsv line 9", "byte offset 3", "0xE9"});
 }
 
 TEST(Vocabulary, SpecialTokensComeFirst) {
@@ -106,8 +113,13 @@ TEST(Vocabulary, DecodeSkipsPaddingAndMarksUnknown) {
 }
 
 TEST(Vocabulary, FromCodePointsRejectsDuplicatesAndNonScalars) {
-  expect_invalid([] { Vocabulary::from_code_points({U'a', U'b', U'a'}); }, {"code_points[2]", "U+0061", "duplicate"});
-  expect_invalid([] { Vocabulary::from_code_points({char32_t(0xDC00)}); }, {"code_points[0]", "U+DC00"});
+  expect_invalid(
+      [] {
+        Vocabulary::from_code_points({U'a', U'b', U'a'});
+      },
+      {"code_points[2]", "U+0061", "duplicate"});
+  expect_invalid([] { Vocabulary::from_code_points({char32_t(0xDC00)}); },
+                 {"code_points[0]", "U+DC00"});
 }
 
 TEST(Vocabulary, JsonRoundTripAndFile) {
@@ -128,17 +140,23 @@ TEST(Vocabulary, JsonRoundTripAndFile) {
 }
 
 TEST(Vocabulary, MalformedJsonIsRejectedNamingTheEntry) {
-  const std::string head = R"({"format":"seqpack-vocabulary","version":1,"special_tokens":["<pad>","<unk>"],)";
+  const std::string head =
+      R"({"format":"seqpack-vocabulary","version":1,"special_tokens":["<pad>","<unk>"],)";
   EXPECT_EQ(Vocabulary::from_json(head + R"("tokens":["a","b"]})").size(), 4);
   expect_invalid([] { Vocabulary::from_json("{", "v.json"); }, {"v.json", "not valid JSON"});
   expect_invalid([] { Vocabulary::from_json(R"({"format":"other"})"); }, {"\"other\""});
   expect_invalid([&] { Vocabulary::from_json(R"({"format":"seqpack-vocabulary","version":2})"); },
                  {"version", "2"});
-  expect_invalid([&] {
-    Vocabulary::from_json(R"({"format":"seqpack-vocabulary","version":1,"special_tokens":["<unk>","<pad>"],"tokens":[]})");
-  }, {"special_tokens"});
-  expect_invalid([&] { Vocabulary::from_json(head + R"("tokens":["a","bc"]})"); }, {"tokens[1]", "\"bc\"", "one character"});
-  expect_invalid([&] { Vocabulary::from_json(head + R"("tokens":["a",7]})"); }, {"tokens[1]", "not a string"});
+  expect_invalid(
+      [&] {
+        Vocabulary::from_json(
+            R"({"format":"seqpack-vocabulary","version":1,"special_tokens":["<unk>","<pad>"],"tokens":[]})");
+      },
+      {"special_tokens"});
+  expect_invalid([&] { Vocabulary::from_json(head + R"("tokens":["a","bc"]})"); },
+                 {"tokens[1]", "\"bc\"", "one character"});
+  expect_invalid([&] { Vocabulary::from_json(head + R"("tokens":["a",7]})"); },
+                 {"tokens[1]", "not a string"});
   expect_invalid([&] { Vocabulary::from_json(head + R"("tokens":["a","a"]})"); }, {"duplicate"});
   expect_invalid([&] { Vocabulary::from_json(head + R"("tokens":"ab"})"); }, {"tokens"});
 }

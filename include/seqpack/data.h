@@ -59,15 +59,15 @@ class Rng {
 // Labelled text.
 
 struct Example {
-  std::string text;    // UTF-8 as read
+  std::string text;      // UTF-8 as read
   std::u32string chars;  // its code points
-  int64_t label = 0;   // index into the dataset's label names
+  int64_t label = 0;     // index into the dataset's label names
 };
 
 struct TextDataset {
   std::vector<std::string> labels;  // label names; Example::label indexes this
   std::vector<Example> examples;
-  int64_t empty_lines = 0;          // blank lines skipped while reading
+  int64_t empty_lines = 0;  // blank lines skipped while reading
 };
 
 // Reads `label<TAB>text` lines (UTF-8; a trailing '\r' is dropped). Label names
@@ -85,8 +85,8 @@ struct DatasetSplit {
 // Stratified deterministic split: within each label, examples are shuffled with
 // `seed` and the first round(n * train_fraction) go to train, the next
 // round(n * val_fraction) to val, the rest to test; each part is then shuffled.
-DatasetSplit split_dataset(const TextDataset& dataset, double train_fraction,
-                           double val_fraction, uint64_t seed);
+DatasetSplit split_dataset(const TextDataset& dataset, double train_fraction, double val_fraction,
+                           uint64_t seed);
 
 // ---------------------------------------------------------------------------
 // The default language-identification dataset.
@@ -173,7 +173,7 @@ std::vector<std::vector<int64_t>> random_batches(int64_t n, int64_t batch_size, 
 // Real tokens versus slots computed when each batch is padded to its longest.
 struct PaddingStats {
   int64_t real_tokens = 0;
-  int64_t padded_slots = 0;  // sum over batches of batch size * longest length
+  int64_t padded_slots = 0;   // sum over batches of batch size * longest length
   double efficiency() const;  // real / padded (1 when there is nothing)
 };
 PaddingStats padding_stats(const std::vector<int64_t>& lengths,
@@ -194,8 +194,7 @@ PaddingReport padding_report(const BucketingSampler& sampler, int64_t epoch = 0)
 // out[b] = padded[lengths[b] - 1, b] (time-major [T, B, *f]) or padded[b,
 // lengths[b] - 1] (batch_first [B, T, *f]): each sequence's output at its own
 // last valid step, [B, *f]. Zero-length sequences give zeros. Any dtype.
-Tensor last_valid_step(const Tensor& padded, const std::vector<int64_t>& lengths,
-                       bool batch_first);
+Tensor last_valid_step(const Tensor& padded, const std::vector<int64_t>& lengths, bool batch_first);
 // Scatters grad [B, *f] into zeros of the padded shape ([T, B, *f] or [B, T, *f]).
 Tensor last_valid_step_backward(const Tensor& grad, const std::vector<int64_t>& lengths,
                                 int64_t padded_length, bool batch_first);

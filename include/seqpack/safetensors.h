@@ -47,16 +47,16 @@ void save_safetensors(const std::string& path, const std::map<std::string, Tenso
 // Reads every tensor of a safetensors file. `metadata`, when given, receives the
 // "__metadata__" entries (cleared first). Throws SafetensorsError for a malformed
 // file and std::invalid_argument when it cannot be opened (naming the path).
-std::map<std::string, Tensor> load_safetensors(const std::string& path,
-                                               std::map<std::string, std::string>* metadata = nullptr);
+std::map<std::string, Tensor> load_safetensors(
+    const std::string& path, std::map<std::string, std::string>* metadata = nullptr);
 
 // The same, in memory: the complete file contents as bytes.
 std::string serialize_safetensors(const std::map<std::string, Tensor>& tensors,
                                   const std::map<std::string, std::string>& metadata = {});
 // `source` names the bytes in error messages (a path, or "<memory>").
-std::map<std::string, Tensor> parse_safetensors(std::string_view bytes,
-                                                std::map<std::string, std::string>* metadata = nullptr,
-                                                const std::string& source = "<memory>");
+std::map<std::string, Tensor> parse_safetensors(
+    std::string_view bytes, std::map<std::string, std::string>* metadata = nullptr,
+    const std::string& source = "<memory>");
 
 // Writes `bytes` to `path` atomically (temporary file in the same directory,
 // fsync, rename, fsync of the directory). Used for safetensors and for the

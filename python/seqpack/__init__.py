@@ -20,6 +20,7 @@ from .packing import (  # noqa: F401
     unpad_sequence,
 )
 from .threading import get_num_threads, set_num_threads  # noqa: F401
+from . import nn  # noqa: F401
 
 __all__ = [
     "PackedSequence",
@@ -32,4 +33,5 @@ __all__ = [
     "invert_permutation",
     "set_num_threads",
     "get_num_threads",
+    "nn",
 ]

@@ -7,6 +7,7 @@ namespace seqpack::python {
 
 void bind_tensor(pybind11::module_& m);
 void bind_packing(pybind11::module_& m);
+void bind_rnn(pybind11::module_& m);
 void bind_threading(pybind11::module_& m);
 
 }  // namespace seqpack::python

@@ -7,5 +7,6 @@ PYBIND11_MODULE(_seqpack, m) {
   m.doc() = "seqpack C++ core (use the seqpack package, not this module)";
   seqpack::python::bind_tensor(m);
   seqpack::python::bind_packing(m);
+  seqpack::python::bind_rnn(m);
   seqpack::python::bind_threading(m);
 }

@@ -108,7 +108,8 @@ TextDataset load_tsv(const std::string& path) {
       throw std::invalid_argument(where + ": no tab between label and text in " + quote_line(line));
     }
     Raw r{line.substr(0, tab), line.substr(tab + 1), {}};
-    if (r.label.empty()) throw std::invalid_argument(where + ": empty label in " + quote_line(line));
+    if (r.label.empty())
+      throw std::invalid_argument(where + ": empty label in " + quote_line(line));
     if (r.text.empty()) throw std::invalid_argument(where + ": empty text in " + quote_line(line));
     decode_utf8(r.label, where + " (label)");
     r.chars = decode_utf8(r.text, where + " (text)");
@@ -121,24 +122,26 @@ TextDataset load_tsv(const std::string& path) {
   std::map<std::string, int64_t> index;
   for (std::size_t i = 0; i < ds.labels.size(); ++i) index[ds.labels[i]] = static_cast<int64_t>(i);
   ds.examples.reserve(rows.size());
-  for (Raw& r : rows) ds.examples.push_back({std::move(r.text), std::move(r.chars), index[r.label]});
+  for (Raw& r : rows)
+    ds.examples.push_back({std::move(r.text), std::move(r.chars), index[r.label]});
   return ds;
 }
 
 DatasetSplit split_dataset(const TextDataset& dataset, double train_fraction, double val_fraction,
                            uint64_t seed) {
   if (!(train_fraction >= 0 && val_fraction >= 0 && train_fraction + val_fraction <= 1.0 + 1e-12)) {
-    throw std::invalid_argument("split_dataset: train_fraction = " + std::to_string(train_fraction) +
-                                " and val_fraction = " + std::to_string(val_fraction) +
-                                " must be non-negative with a sum of at most 1");
+    throw std::invalid_argument(
+        "split_dataset: train_fraction = " + std::to_string(train_fraction) +
+        " and val_fraction = " + std::to_string(val_fraction) +
+        " must be non-negative with a sum of at most 1");
   }
   const int64_t num_labels = static_cast<int64_t>(dataset.labels.size());
   std::vector<std::vector<std::size_t>> by_label(static_cast<std::size_t>(num_labels));
   for (std::size_t i = 0; i < dataset.examples.size(); ++i) {
     const int64_t l = dataset.examples[i].label;
     if (l < 0 || l >= num_labels) {
-      throw std::invalid_argument("split_dataset: examples[" + std::to_string(i) + "].label = " +
-                                  std::to_string(l) + " is out of range [0, " +
+      throw std::invalid_argument("split_dataset: examples[" + std::to_string(i) +
+                                  "].label = " + std::to_string(l) + " is out of range [0, " +
                                   std::to_string(num_labels) + ")");
     }
     by_label[static_cast<std::size_t>(l)].push_back(i);
@@ -150,8 +153,8 @@ DatasetSplit split_dataset(const TextDataset& dataset, double train_fraction, do
     Rng rng(seed, l);
     rng.shuffle(idx);
     const std::size_t n = idx.size();
-    const std::size_t n_train =
-        std::min(n, static_cast<std::size_t>(std::llround(static_cast<double>(n) * train_fraction)));
+    const std::size_t n_train = std::min(
+        n, static_cast<std::size_t>(std::llround(static_cast<double>(n) * train_fraction)));
     const std::size_t n_val = std::min(
         n - n_train, static_cast<std::size_t>(std::llround(static_cast<double>(n) * val_fraction)));
     for (std::size_t k = 0; k < n; ++k) {
@@ -168,9 +171,12 @@ DatasetSplit split_dataset(const TextDataset& dataset, double train_fraction, do
 
 const std::vector<WordList>& default_word_lists() {
   static const std::vector<WordList> lists = {
-      {"english", "american-english", "wamerican"}, {"french", "french", "wfrench"},
-      {"german", "ngerman", "wngerman"},            {"spanish", "spanish", "wspanish"},
-      {"italian", "italian", "witalian"},           {"portuguese", "portuguese", "wportuguese"},
+      {"english", "american-english", "wamerican"},
+      {"french", "french", "wfrench"},
+      {"german", "ngerman", "wngerman"},
+      {"spanish", "spanish", "wspanish"},
+      {"italian", "italian", "witalian"},
+      {"portuguese", "portuguese", "wportuguese"},
       {"dutch", "dutch", "wdutch"},
   };
   return lists;
@@ -203,7 +209,8 @@ DatasetSplit load_language_id(const LanguageIdOptions& options) {
       if (!line.empty() && line.back() == '\r') line.pop_back();
       if (line.empty()) continue;
       if (!is_valid_utf8(line)) {
-        decode_utf8(line, "'" + path + "' line " + std::to_string(line_no));  // throws, naming the byte
+        decode_utf8(line,
+                    "'" + path + "' line " + std::to_string(line_no));  // throws, naming the byte
       }
       // Apostrophes mark possessives and elisions ("dog's", "l'eau"), which
       // identify the language by punctuation rather than by its letters.

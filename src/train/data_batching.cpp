@@ -32,11 +32,12 @@ TokenBatch make_token_batch(const Vocabulary& vocab, const std::vector<Example>&
   int64_t longest = 0;
   for (std::size_t i = 0; i < indices.size(); ++i) {
     if (indices[i] < 0 || indices[i] >= n) {
-      throw std::invalid_argument("make_token_batch: indices[" + std::to_string(i) + "] = " +
-                                  std::to_string(indices[i]) + " is out of range [0, " +
+      throw std::invalid_argument("make_token_batch: indices[" + std::to_string(i) +
+                                  "] = " + std::to_string(indices[i]) + " is out of range [0, " +
                                   std::to_string(n) + ")");
     }
-    const int64_t len = static_cast<int64_t>(examples[static_cast<std::size_t>(indices[i])].chars.size());
+    const int64_t len =
+        static_cast<int64_t>(examples[static_cast<std::size_t>(indices[i])].chars.size());
     out.lengths.push_back(len);
     longest = std::max(longest, len);
   }
@@ -56,8 +57,8 @@ TokenBatch make_token_batch(const Vocabulary& vocab, const std::vector<Example>&
   return out;
 }
 
-BucketingSampler::BucketingSampler(std::vector<int64_t> lengths, int64_t batch_size,
-                                   uint64_t seed, int64_t pool_batches, bool drop_last)
+BucketingSampler::BucketingSampler(std::vector<int64_t> lengths, int64_t batch_size, uint64_t seed,
+                                   int64_t pool_batches, bool drop_last)
     : lengths_(std::move(lengths)),
       batch_size_(batch_size),
       seed_(seed),
@@ -68,13 +69,13 @@ BucketingSampler::BucketingSampler(std::vector<int64_t> lengths, int64_t batch_s
                                 " must be at least 1");
   }
   if (pool_batches < 0) {
-    throw std::invalid_argument("BucketingSampler: pool_batches = " +
-                                std::to_string(pool_batches) + " must be non-negative");
+    throw std::invalid_argument("BucketingSampler: pool_batches = " + std::to_string(pool_batches) +
+                                " must be non-negative");
   }
   for (std::size_t i = 0; i < lengths_.size(); ++i) {
     if (lengths_[i] < 0) {
-      throw std::invalid_argument("BucketingSampler: lengths[" + std::to_string(i) + "] = " +
-                                  std::to_string(lengths_[i]) + " is negative");
+      throw std::invalid_argument("BucketingSampler: lengths[" + std::to_string(i) +
+                                  "] = " + std::to_string(lengths_[i]) + " is negative");
     }
   }
 }
@@ -82,8 +83,8 @@ BucketingSampler::BucketingSampler(std::vector<int64_t> lengths, int64_t batch_s
 namespace {
 // Cuts `order[begin, end)` into batches of `batch_size` (the last one shorter
 // unless dropped).
-void cut(const std::vector<int64_t>& order, std::size_t begin, std::size_t end,
-         int64_t batch_size, bool drop_last, std::vector<std::vector<int64_t>>& out) {
+void cut(const std::vector<int64_t>& order, std::size_t begin, std::size_t end, int64_t batch_size,
+         bool drop_last, std::vector<std::vector<int64_t>>& out) {
   const std::size_t bs = static_cast<std::size_t>(batch_size);
   for (std::size_t s = begin; s < end; s += bs) {
     const std::size_t e = std::min(end, s + bs);
@@ -105,14 +106,13 @@ std::vector<std::vector<int64_t>> BucketingSampler::epoch(int64_t epoch) const {
   // Shuffling before the stable sort randomises which equal-length sequences
   // share a batch, so batches differ from epoch to epoch.
   Rng(seed_, 2 * static_cast<uint64_t>(epoch)).shuffle(order);
-  const std::size_t pool =
-      pool_batches_ > 0 ? static_cast<std::size_t>(pool_batches_ * batch_size_) : std::max<std::size_t>(n, 1);
+  const std::size_t pool = pool_batches_ > 0 ? static_cast<std::size_t>(pool_batches_ * batch_size_)
+                                             : std::max<std::size_t>(n, 1);
   std::vector<std::vector<int64_t>> batches;
   for (std::size_t p = 0; p < n; p += pool) {
     const std::size_t end = std::min(n, p + pool);
     std::stable_sort(order.begin() + static_cast<std::ptrdiff_t>(p),
-                     order.begin() + static_cast<std::ptrdiff_t>(end),
-                     [&](int64_t a, int64_t b) {
+                     order.begin() + static_cast<std::ptrdiff_t>(end), [&](int64_t a, int64_t b) {
                        return lengths_[static_cast<std::size_t>(a)] <
                               lengths_[static_cast<std::size_t>(b)];
                      });
@@ -136,7 +136,8 @@ int64_t BucketingSampler::num_batches() const {
 
 std::vector<std::vector<int64_t>> random_batches(int64_t n, int64_t batch_size, uint64_t seed,
                                                  bool drop_last) {
-  if (n < 0) throw std::invalid_argument("random_batches: n = " + std::to_string(n) + " is negative");
+  if (n < 0)
+    throw std::invalid_argument("random_batches: n = " + std::to_string(n) + " is negative");
   if (batch_size < 1) {
     throw std::invalid_argument("random_batches: batch_size = " + std::to_string(batch_size) +
                                 " must be at least 1");
@@ -181,10 +182,10 @@ PaddingReport padding_report(const BucketingSampler& sampler, int64_t epoch) {
   const auto batches = sampler.epoch(epoch);
   r.num_batches = static_cast<int64_t>(batches.size());
   r.bucketed = padding_stats(sampler.lengths(), batches);
-  r.random = padding_stats(sampler.lengths(),
-                           random_batches(sampler.size(), sampler.batch_size(),
-                                          sampler.seed() + static_cast<uint64_t>(epoch),
-                                          sampler.drop_last()));
+  r.random =
+      padding_stats(sampler.lengths(), random_batches(sampler.size(), sampler.batch_size(),
+                                                      sampler.seed() + static_cast<uint64_t>(epoch),
+                                                      sampler.drop_last()));
   r.packed.real_tokens = r.bucketed.real_tokens;
   r.packed.padded_slots = r.bucketed.real_tokens;
   return r;
@@ -212,18 +213,18 @@ PaddedLayout check_padded(const char* fn, const Tensor& padded, const std::vecto
   l.row_bytes = static_cast<std::size_t>(shape_numel(l.features)) * dtype_size(padded.dtype());
   if (static_cast<int64_t>(lengths.size()) != l.B) {
     throw std::invalid_argument(std::string(fn) + ": " + std::to_string(lengths.size()) +
-                                " lengths for a batch of " + std::to_string(l.B) + " (input shape " +
-                                shape_str(padded.shape()) + ")");
+                                " lengths for a batch of " + std::to_string(l.B) +
+                                " (input shape " + shape_str(padded.shape()) + ")");
   }
   for (std::size_t b = 0; b < lengths.size(); ++b) {
     if (lengths[b] < 0) {
-      throw std::invalid_argument(std::string(fn) + ": lengths[" + std::to_string(b) + "] = " +
-                                  std::to_string(lengths[b]) + " is negative");
+      throw std::invalid_argument(std::string(fn) + ": lengths[" + std::to_string(b) +
+                                  "] = " + std::to_string(lengths[b]) + " is negative");
     }
     if (lengths[b] > l.T) {
-      throw std::invalid_argument(std::string(fn) + ": lengths[" + std::to_string(b) + "] = " +
-                                  std::to_string(lengths[b]) + " exceeds the padded length " +
-                                  std::to_string(l.T));
+      throw std::invalid_argument(std::string(fn) + ": lengths[" + std::to_string(b) +
+                                  "] = " + std::to_string(lengths[b]) +
+                                  " exceeds the padded length " + std::to_string(l.T));
     }
   }
   return l;
@@ -237,7 +238,8 @@ std::size_t row_offset(const PaddedLayout& l, int64_t t, int64_t b, bool batch_f
 
 }  // namespace
 
-Tensor last_valid_step(const Tensor& padded, const std::vector<int64_t>& lengths, bool batch_first) {
+Tensor last_valid_step(const Tensor& padded, const std::vector<int64_t>& lengths,
+                       bool batch_first) {
   const PaddedLayout l = check_padded("last_valid_step", padded, lengths, batch_first);
   Shape out_shape{l.B};
   out_shape.insert(out_shape.end(), l.features.begin(), l.features.end());

@@ -153,7 +153,8 @@ std::map<std::string, Tensor> parse_safetensors(std::string_view bytes,
     } else if (dtype == "I64") {
       e.dtype = DType::i64;
     } else {
-      fail(source, where + " has dtype '" + dtype + "', which seqpack does not support (F32, F64, I64)");
+      fail(source,
+           where + " has dtype '" + dtype + "', which seqpack does not support (F32, F64, I64)");
     }
     const uint64_t esize = dtype_size(e.dtype);
 
@@ -171,7 +172,8 @@ std::map<std::string, Tensor> parse_safetensors(std::string_view bytes,
     // around to a small byte count; any zero size makes it empty.
     uint64_t numel = 1;
     bool overflow = false;
-    for (int64_t d : e.shape) overflow |= __builtin_mul_overflow(numel, static_cast<uint64_t>(d), &numel);
+    for (int64_t d : e.shape)
+      overflow |= __builtin_mul_overflow(numel, static_cast<uint64_t>(d), &numel);
     if (std::find(e.shape.begin(), e.shape.end(), 0) != e.shape.end()) {
       numel = 0;
       overflow = false;
@@ -241,9 +243,11 @@ std::map<std::string, Tensor> parse_safetensors(std::string_view bytes,
 
 void write_file_atomically(const std::string& path, std::string_view bytes) {
   const std::size_t slash = path.rfind('/');
-  const std::string dir = slash == std::string::npos ? "." : (slash == 0 ? "/" : path.substr(0, slash));
+  const std::string dir =
+      slash == std::string::npos ? "." : (slash == 0 ? "/" : path.substr(0, slash));
   const std::string base = slash == std::string::npos ? path : path.substr(slash + 1);
-  if (base.empty()) throw std::invalid_argument("write_file_atomically: '" + path + "' names a directory");
+  if (base.empty())
+    throw std::invalid_argument("write_file_atomically: '" + path + "' names a directory");
   std::string tmp = (dir == "/" ? "" : dir) + "/." + base + ".tmp.XXXXXX";
   std::vector<char> tmpl(tmp.begin(), tmp.end());
   tmpl.push_back('\0');

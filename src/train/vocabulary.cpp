@@ -88,8 +88,8 @@ std::string encode_utf8(std::u32string_view code_points) {
   for (std::size_t i = 0; i < code_points.size(); ++i) {
     const char32_t c = code_points[i];
     if ((c >= 0xD800 && c <= 0xDFFF) || c > 0x10FFFF) {
-      throw std::invalid_argument("encode_utf8: code_points[" + std::to_string(i) + "] = " +
-                                  code_point_str(c) + " is not a Unicode scalar value");
+      throw std::invalid_argument("encode_utf8: code_points[" + std::to_string(i) +
+                                  "] = " + code_point_str(c) + " is not a Unicode scalar value");
     }
     if (c < 0x80) {
       out.push_back(static_cast<char>(c));
@@ -117,12 +117,12 @@ Vocabulary Vocabulary::from_code_points(const std::vector<char32_t>& code_points
   for (std::size_t i = 0; i < code_points.size(); ++i) {
     const char32_t c = code_points[i];
     if ((c >= 0xD800 && c <= 0xDFFF) || c > 0x10FFFF) {
-      throw std::invalid_argument("Vocabulary: code_points[" + std::to_string(i) + "] = " +
-                                  code_point_str(c) + " is not a Unicode scalar value");
+      throw std::invalid_argument("Vocabulary: code_points[" + std::to_string(i) +
+                                  "] = " + code_point_str(c) + " is not a Unicode scalar value");
     }
     if (!v.index_.emplace(c, static_cast<int64_t>(i) + 2).second) {
-      throw std::invalid_argument("Vocabulary: code_points[" + std::to_string(i) + "] = " +
-                                  code_point_str(c) + " is a duplicate");
+      throw std::invalid_argument("Vocabulary: code_points[" + std::to_string(i) +
+                                  "] = " + code_point_str(c) + " is a duplicate");
     }
     v.code_points_.push_back(c);
   }
@@ -180,8 +180,8 @@ std::u32string Vocabulary::decode(const std::vector<int64_t>& ids) const {
   for (std::size_t i = 0; i < ids.size(); ++i) {
     const int64_t id = ids[i];
     if (id < 0 || id >= size()) {
-      throw std::invalid_argument("Vocabulary::decode: ids[" + std::to_string(i) + "] = " +
-                                  std::to_string(id) + " is out of range [0, " +
+      throw std::invalid_argument("Vocabulary::decode: ids[" + std::to_string(i) +
+                                  "] = " + std::to_string(id) + " is out of range [0, " +
                                   std::to_string(size()) + ")");
     }
     if (id == pad_id) continue;
@@ -214,8 +214,8 @@ Vocabulary Vocabulary::from_json(std::string_view json, const std::string& sourc
          ", expected \"seqpack-vocabulary\"");
   }
   if (!j.contains("version") || j["version"] != 1) {
-    fail("\"version\" is " + (j.contains("version") ? j["version"].dump() : std::string("missing")) +
-         ", expected 1");
+    fail("\"version\" is " +
+         (j.contains("version") ? j["version"].dump() : std::string("missing")) + ", expected 1");
   }
   const nlohmann::json expected_specials = {pad_token, unk_token};
   if (!j.contains("special_tokens") || j["special_tokens"] != expected_specials) {
@@ -229,7 +229,8 @@ Vocabulary Vocabulary::from_json(std::string_view json, const std::string& sourc
   for (std::size_t i = 0; i < tokens.size(); ++i) {
     const std::string where = "tokens[" + std::to_string(i) + "] = " + tokens[i].dump();
     if (!tokens[i].is_string()) fail(where + " is not a string");
-    const std::u32string cp = decode_utf8(tokens[i].get<std::string>(), "vocabulary " + source + " " + where);
+    const std::u32string cp =
+        decode_utf8(tokens[i].get<std::string>(), "vocabulary " + source + " " + where);
     if (cp.size() != 1) fail(where + " is not exactly one character");
     cps.push_back(cp[0]);
   }

@@ -5,6 +5,9 @@
 //   forward_padded  the same batch with every sequence at max_len (what packing saves)
 //   train_packed    forward + backward of sum(outputs), i.e. grad_output = ones
 // tokens = sum of the real lengths in every mode, so tokens/s compare across modes.
+// --json prints one object per line: impl, threads, workload, mode, sec_per_batch
+// (median wall clock), tokens_per_s, cpu_sec_per_batch (median process CPU time),
+// tokens, scale, reps.
 //
 //   seqpack bench --workloads ../shared/workloads.json --threads 1 --json
 //
@@ -16,6 +19,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <ctime>
 #include <fstream>
 #include <functional>
 #include <map>
@@ -148,9 +152,18 @@ Tensor uniform(const Shape& shape, float bound, std::mt19937_64& rng) {
 }
 
 struct Timing {
-  double median = 0;
+  double median = 0;      // wall-clock seconds
+  double cpu_median = 0;  // process CPU seconds (all threads)
   int reps = 0;
 };
+
+// CPU time of the whole process. At one thread it is what the run cost regardless
+// of how many other processes shared the cores; wall time is not.
+double process_cpu_seconds() {
+  timespec ts{};
+  clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+  return static_cast<double>(ts.tv_sec) + 1e-9 * static_cast<double>(ts.tv_nsec);
+}
 
 double median_of(std::vector<double> v) {
   std::sort(v.begin(), v.end());
@@ -166,12 +179,14 @@ Timing measure(const std::function<void()>& run, double min_time) {
   using clock = std::chrono::steady_clock;
   const double budget = 5 * min_time;
   run();
-  std::vector<double> samples;
+  std::vector<double> samples, cpu_samples;
   double total = 0;
   while (true) {
+    const double c0 = process_cpu_seconds();
     const auto t0 = clock::now();
     run();
     const double dt = std::chrono::duration<double>(clock::now() - t0).count();
+    cpu_samples.push_back(process_cpu_seconds() - c0);
     samples.push_back(dt);
     total += dt;
     const size_t n = samples.size();
@@ -182,7 +197,7 @@ Timing measure(const std::function<void()>& run, double min_time) {
       if (std::fabs(m - m_before) <= 0.01 * m) break;
     }
   }
-  return {median_of(samples), static_cast<int>(samples.size())};
+  return {median_of(samples), median_of(cpu_samples), static_cast<int>(samples.size())};
 }
 
 struct Args {
@@ -228,8 +243,8 @@ void run_bench(const Args& args) {
   set_num_threads(args.threads);
 
   if (!args.json) {
-    fmt::print("{:<16} {:<15} {:>7} {:>13} {:>13} {:>6}\n", "workload", "mode", "threads",
-               "s/batch", "tokens/s", "reps");
+    fmt::print("{:<16} {:<15} {:>7} {:>13} {:>13} {:>13} {:>6}\n", "workload", "mode", "threads",
+               "s/batch", "tokens/s", "cpu s/batch", "reps");
     std::fflush(stdout);
   }
   const size_t total_runs = selected.size() * modes.size();
@@ -282,12 +297,13 @@ void run_bench(const Args& args) {
         nlohmann::ordered_json line = {{"impl", "seqpack"},     {"threads", args.threads},
                                {"workload", wl.name},   {"mode", mode},
                                {"sec_per_batch", t.median}, {"tokens_per_s", tokens_per_s},
+                               {"cpu_sec_per_batch", t.cpu_median},
                                {"tokens", tokens},      {"scale", args.scale},
                                {"reps", t.reps}};
         fmt::print("{}\n", line.dump());
       } else {
-        fmt::print("{:<16} {:<15} {:>7} {:>13.6g} {:>13.6g} {:>6}\n", wl.name, mode, args.threads,
-                   t.median, tokens_per_s, t.reps);
+        fmt::print("{:<16} {:<15} {:>7} {:>13.6g} {:>13.6g} {:>13.6g} {:>6}\n", wl.name, mode,
+                   args.threads, t.median, tokens_per_s, t.cpu_median, t.reps);
       }
       std::fflush(stdout);
     }

@@ -42,12 +42,12 @@ void print_padding(const char* name, const std::vector<seqpack::Example>& part, 
   if (part.empty()) return;
   seqpack::BucketingSampler sampler(seqpack::lengths_of(part), a.batch_size, a.seed);
   const seqpack::PaddingReport r = seqpack::padding_report(sampler);
-  fmt::print("{:<6} {:>7} sequences {:>8} tokens in {:>5} batches of {}: efficiency random {:5.1f}%, "
-             "bucketed {:5.1f}%, packed {:5.1f}% (padded slots {} / {} / {})\n",
-             name, part.size(), r.packed.real_tokens, r.num_batches, a.batch_size,
-             100 * r.random.efficiency(), 100 * r.bucketed.efficiency(),
-             100 * r.packed.efficiency(), r.random.padded_slots, r.bucketed.padded_slots,
-             r.packed.padded_slots);
+  fmt::print(
+      "{:<6} {:>7} sequences {:>8} tokens in {:>5} batches of {}: efficiency random {:5.1f}%, "
+      "bucketed {:5.1f}%, packed {:5.1f}% (padded slots {} / {} / {})\n",
+      name, part.size(), r.packed.real_tokens, r.num_batches, a.batch_size,
+      100 * r.random.efficiency(), 100 * r.bucketed.efficiency(), 100 * r.packed.efficiency(),
+      r.random.padded_slots, r.bucketed.padded_slots, r.packed.padded_slots);
 }
 
 void setup_data(CLI::App& app) {
@@ -55,21 +55,23 @@ void setup_data(CLI::App& app) {
   auto args = std::make_shared<DataArgs>();
 
   CLI::App* exp = app.add_subcommand(
-      "export", "write the default split as train.tsv, val.tsv, test.tsv (label index<TAB>word) "
-                "and labels.txt");
+      "export",
+      "write the default split as train.tsv, val.tsv, test.tsv (label index<TAB>word) "
+      "and labels.txt");
   add_dataset_options(*exp, *args);
   exp->add_option("--out", args->out, "output directory (created if needed)")->required();
   exp->callback([args] {
     const seqpack::DatasetSplit split = seqpack::load_language_id(options_of(*args));
     seqpack::export_split(split, args->out);
-    fmt::print("wrote {}/train.tsv ({} words), val.tsv ({}), test.tsv ({}) and labels.txt ({} labels)\n",
-               args->out, split.train.size(), split.val.size(), split.test.size(),
-               split.labels.size());
+    fmt::print(
+        "wrote {}/train.tsv ({} words), val.tsv ({}), test.tsv ({}) and labels.txt ({} labels)\n",
+        args->out, split.train.size(), split.val.size(), split.test.size(), split.labels.size());
   });
 
   CLI::App* stats = app.add_subcommand(
-      "stats", "dataset sizes and padding efficiency (real tokens / padded slots) of random "
-               "batches, length-bucketed batches and packing");
+      "stats",
+      "dataset sizes and padding efficiency (real tokens / padded slots) of random "
+      "batches, length-bucketed batches and packing");
   add_dataset_options(*stats, *args);
   stats->add_option("--data", args->tsv, "a label<TAB>text file instead of the default dataset");
   stats->add_option("--batch-size", args->batch_size, "batch size")

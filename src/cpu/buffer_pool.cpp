@@ -1,0 +1,69 @@
+#include "cpu/buffer_pool.h"
+
+#include <cstdlib>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <new>
+#include <vector>
+
+namespace seqpack::cpu {
+
+namespace {
+
+// Past this many cached bytes, released blocks are freed instead of kept.
+constexpr std::size_t kMaxCachedBytes = std::size_t{512} << 20;
+
+struct Pool {
+  std::mutex mu;
+  std::map<std::size_t, std::vector<void*>> free_blocks;  // by exact block size
+  std::size_t cached = 0;
+
+  void* take(std::size_t bytes) {
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      auto it = free_blocks.find(bytes);
+      if (it != free_blocks.end() && !it->second.empty()) {
+        void* p = it->second.back();
+        it->second.pop_back();
+        cached -= bytes;
+        return p;
+      }
+    }
+    void* p = std::aligned_alloc(64, bytes);
+    if (!p) throw std::bad_alloc();
+    return p;
+  }
+
+  void give(void* p, std::size_t bytes) {
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      if (cached + bytes <= kMaxCachedBytes) {
+        free_blocks[bytes].push_back(p);
+        cached += bytes;
+        return;
+      }
+    }
+    std::free(p);
+  }
+};
+
+// Leaked on purpose: tensors holding pool storage may outlive static destruction.
+Pool& pool() {
+  static Pool* p = new Pool;
+  return *p;
+}
+
+}  // namespace
+
+Tensor pooled_empty(Shape shape, DType dtype) {
+  const std::size_t bytes = static_cast<std::size_t>(shape_numel(shape)) * dtype_size(dtype);
+  // Small buffers gain nothing from pooling.
+  if (bytes < (std::size_t{64} << 10)) return Tensor::empty(std::move(shape), dtype);
+  const std::size_t rounded = (bytes + 4095) / 4096 * 4096;
+  void* p = pool().take(rounded);
+  std::shared_ptr<void> owner(p, [rounded](void* q) { pool().give(q, rounded); });
+  return Tensor::wrap(p, std::move(shape), dtype, std::move(owner));
+}
+
+}  // namespace seqpack::cpu
