@@ -47,7 +47,8 @@ def build(w, seed=0):
 
 
 def run_once(module, packed, mode):
-    start = time.perf_counter()
+    """(wall seconds, process CPU seconds) of one batch."""
+    start, cpu = time.perf_counter(), time.process_time()
     if mode == "forward":
         with torch.no_grad():
             module(packed)
@@ -55,19 +56,20 @@ def run_once(module, packed, mode):
         module.zero_grad(set_to_none=True)
         out, _ = module(packed)
         out.data.sum().backward()
-    return time.perf_counter() - start
+    return time.perf_counter() - start, time.process_time() - cpu
 
 
 def measure(w, mode, budget, max_reps):
     t, s, packed = build(w)
     run_once(t, packed, mode)  # warm-up (also tells how slow each is)
     run_once(s, packed, mode)
-    times = {"torch": [], "seqpack": []}
+    times = {"torch": [], "seqpack": [], "torch_cpu": [], "seqpack_cpu": []}
     spent = 0.0
     while len(times["torch"]) < max_reps and (spent < budget or len(times["torch"]) < 1):
         for name, m in (("torch", t), ("seqpack", s)):  # interleaved
-            dt = run_once(m, packed, mode)
+            dt, cpu = run_once(m, packed, mode)
             times[name].append(dt)
+            times[name + "_cpu"].append(cpu)
             spent += dt
     return {k: statistics.median(v) for k, v in times.items()}, len(times["torch"])
 
@@ -91,16 +93,18 @@ def main():
         workloads = [w for w in workloads if w["name"] in args.workload]
     modes = args.mode or ["forward", "train"]
 
-    print(f"threads={args.threads} torch {torch.__version__}; median ms per batch; "
-          f"ratio = torch / seqpack (> 1: seqpack faster)")
+    print(f"threads={args.threads} torch {torch.__version__}; median ms per batch (wall, and "
+          f"process CPU time, steadier on a shared machine); ratio = torch / seqpack "
+          f"(> 1: seqpack faster)")
     print(f"{'workload':<16} {'mode':<8} {'tokens':>6} {'torch ms':>10} {'seqpack ms':>10} "
-          f"{'ratio':>7} {'reps':>4}")
+          f"{'ratio':>7} {'torch cpu':>10} {'seqpack cpu':>11} {'cpu ratio':>9} {'reps':>4}")
     for w in workloads:
         for mode in modes:
             med, reps = measure(w, mode, args.budget, args.max_reps)
             print(f"{w['name']:<16} {mode:<8} {sum(w['lengths']):>6} {1e3 * med['torch']:>10.2f} "
                   f"{1e3 * med['seqpack']:>10.2f} {med['torch'] / med['seqpack']:>7.2f} "
-                  f"{reps:>4}", flush=True)
+                  f"{1e3 * med['torch_cpu']:>10.2f} {1e3 * med['seqpack_cpu']:>11.2f} "
+                  f"{med['torch_cpu'] / med['seqpack_cpu']:>9.2f} {reps:>4}", flush=True)
 
 
 if __name__ == "__main__":

@@ -20,6 +20,7 @@ outside the timed region):
     train_packed     forward of the packed batch + backward of sum(output) (input gradient too)
 """
 import argparse
+import ctypes
 import json
 import math
 import os
@@ -62,6 +63,24 @@ def median_time(run, min_time, slow_single):
             if abs(m - statistics.median(samples[:-2])) <= 0.01 * m:
                 break
     return statistics.median(samples), statistics.median(cpu_samples), len(samples)
+
+
+def set_torch_threads(n):
+    """torch.set_num_threads(n) and the same for the OpenBLAS that torch's GEMMs call.
+    Debian's torch (BLAS_INFO=generic) uses the system libblas, OpenBLAS, whose own
+    thread count torch.set_num_threads does not touch: left alone it uses every core
+    even at torch.set_num_threads(1)."""
+    torch.set_num_threads(n)
+    with open("/proc/self/maps") as f:
+        libs = {line.split()[-1] for line in f if "openblas" in line and line.split()[-1].startswith("/")}
+    done = False
+    for path in sorted(libs):
+        try:
+            ctypes.CDLL(path).openblas_set_num_threads(n)
+            done = True
+        except (OSError, AttributeError):
+            pass
+    return done
 
 
 def torch_module(w):
@@ -130,10 +149,8 @@ def sgemm_rate(args):
         return bench["FLOPS"], "bench_gemm BM_sgemm_peak/1024 (OpenBLAS through seqpack::cpu::gemm)"
     n = 1024
     a, b = torch.rand(n, n), torch.rand(n, n)
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
+    set_torch_threads(1)
     _, sec, _ = median_time(lambda: torch.mm(a, b), max(args.min_time, 0.2), 60)
-    torch.set_num_threads(threads)
     return 2.0 * n ** 3 / sec, f"torch.mm {n}^3 (fallback: {exe} not built)"
 
 
@@ -150,6 +167,10 @@ def forward_flops(w, tokens):
 
 def fmt_s(x):
     return f"{x:.4g}" if x is not None else "-"
+
+
+def fmt_r(x):
+    return f"{x:.2f}" if x is not None else "-"
 
 
 def target_of(name, mode, threads):
@@ -179,6 +200,8 @@ def main():
                    help="skip the seqpack train_packed --scale 2 linearity check")
     p.add_argument("--torch-single-run", type=float, default=5.0,
                    help="a torch warm-up slower than this many seconds is taken as the only sample")
+    p.add_argument("--seqpack-only", action="store_true",
+                   help="time seqpack only (e.g. for the thread-scaling figures)")
     p.add_argument("--json-out", help="also write every measurement to this file (JSON)")
     args = p.parse_args()
     args.workloads = os.path.abspath(args.workloads)
@@ -212,7 +235,8 @@ def main():
 
     results = []
     for threads in thread_counts:
-        torch.set_num_threads(threads)
+        if not set_torch_threads(threads) and not args.seqpack_only:
+            print(f"# note: could not set torch's OpenBLAS threads to {threads}", flush=True)
         for w in workloads:
             lengths = list(w["lengths"])
             tokens = sum(lengths)
@@ -220,27 +244,35 @@ def main():
                 print(f"... threads {threads} {w['name']} {mode}: seqpack", file=sys.stderr, flush=True)
                 s_sec, s_cpu, s_reps = seqpack_bench(args, threads, w["name"], mode)
                 print(f"... threads {threads} {w['name']} {mode}: torch", file=sys.stderr, flush=True)
-                t_sec, t_cpu, t_reps = torch_bench(w, mode, lengths, args.min_time,
-                                                   args.torch_single_run)
+                if args.seqpack_only:
+                    t_sec = t_cpu = t_reps = None
+                else:
+                    t_sec, t_cpu, t_reps = torch_bench(w, mode, lengths, args.min_time,
+                                                       args.torch_single_run)
                 results.append(dict(threads=threads, workload=w["name"], mode=mode, tokens=tokens,
                                     seqpack_sec=s_sec, seqpack_cpu=s_cpu, seqpack_reps=s_reps,
                                     torch_sec=t_sec, torch_cpu=t_cpu, torch_reps=t_reps,
-                                    ratio=t_sec / s_sec, cpu_ratio=t_cpu / s_cpu,
+                                    ratio=t_sec / s_sec if t_sec else None,
+                                    cpu_ratio=t_cpu / s_cpu if t_cpu else None,
                                     flops=forward_flops(w, tokens) if mode != "train_packed" else None))
-                print(f"... {w['name']} {mode}: seqpack {s_sec:.4g} s, torch {t_sec:.4g} s, "
-                      f"ratio {t_sec / s_sec:.2f} (cpu {t_cpu / s_cpu:.2f})", file=sys.stderr, flush=True)
+                print(f"... {w['name']} {mode}: seqpack {s_sec:.4g} s, torch {fmt_s(t_sec)} s, "
+                      f"ratio {fmt_r(results[-1]['ratio'])} (cpu {fmt_r(results[-1]['cpu_ratio'])})",
+                      file=sys.stderr, flush=True)
 
     print()
     print("s = median wall-clock seconds per batch; cpu ratio = the same ratio of median process "
           "CPU seconds (at 1 thread, unaffected by other processes on the machine)")
     print(f"{'threads':>7} {'workload':<15} {'mode':<15} {'seqpack s':>10} {'torch s':>10} "
-          f"{'torch/seqpack':>13} {'cpu ratio':>9} {'target':>10} {'reps s/t':>9}")
+          f"{'torch/seqpack':>13} {'cpu ratio':>9} {'target wall/cpu':>15} {'reps s/t':>9}")
     for r in results:
         target = target_of(r["workload"], r["mode"], r["threads"])
-        verdict = "" if target is None else (f">={target:g} " + ("ok" if r["ratio"] >= target else "MISS"))
+        verdict = ""
+        if target is not None and r["ratio"] is not None:
+            ok = lambda x: "ok" if x >= target else "MISS"
+            verdict = f">={target:g} {ok(r['ratio'])}/{ok(r['cpu_ratio'])}"
         print(f"{r['threads']:>7} {r['workload']:<15} {r['mode']:<15} {fmt_s(r['seqpack_sec']):>10} "
-              f"{fmt_s(r['torch_sec']):>10} {r['ratio']:>13.2f} {r['cpu_ratio']:>9.2f} {verdict:>10} "
-              f"{r['seqpack_reps']:>4}/{r['torch_reps']}")
+              f"{fmt_s(r['torch_sec']):>10} {fmt_r(r['ratio']):>13} {fmt_r(r['cpu_ratio']):>9} {verdict:>15} "
+              f"{r['seqpack_reps']:>4}/{r['torch_reps'] or '-'}")
 
     fwd = [r for r in results if r["mode"] == "forward_packed"]
     if fwd:
@@ -251,7 +283,8 @@ def main():
         print(f"{'threads':>7} {'workload':<15} {'seqpack GFLOP/s':>15} {'% sgemm cpu':>11} "
               f"{'% sgemm wall':>12} {'torch GFLOP/s':>13}")
         for r in fwd:
-            s_rate, t_rate = r["flops"] / r["seqpack_cpu"], r["flops"] / r["torch_cpu"]
+            s_rate = r["flops"] / r["seqpack_cpu"]
+            t_rate = r["flops"] / r["torch_cpu"] if r["torch_cpu"] else float("nan")
             r["seqpack_fraction_of_sgemm_cpu"] = s_rate / rate
             r["seqpack_fraction_of_sgemm_wall"] = r["flops"] / r["seqpack_sec"] / rate
             mark = "  (target >= 90% at 1 thread)" if r["workload"] == "lstm-bi-2layer" else ""
@@ -271,7 +304,8 @@ def main():
             b = index.get((base, r["workload"], r["mode"]))
             if b:
                 print(f"{r['threads']:>3} {r['workload']:<15} {r['mode']:<15} "
-                      f"{b['seqpack_sec'] / r['seqpack_sec']:>8.2f} {b['torch_sec'] / r['torch_sec']:>8.2f}")
+                      f"{b['seqpack_sec'] / r['seqpack_sec']:>8.2f} "
+                      f"{fmt_r(b['torch_sec'] / r['torch_sec'] if r['torch_sec'] else None):>8}")
 
     linearity = []
     if not args.quick and not args.no_linearity:

@@ -10,7 +10,7 @@ from collections import namedtuple
 import numpy as np
 
 from . import _seqpack
-from ._checks import as_array, as_bool, as_lengths, as_optional_array
+from ._checks import as_array, as_bool, as_lengths
 
 _PackedSequenceBase = namedtuple(
     "PackedSequence", ["data", "batch_sizes", "sorted_indices", "unsorted_indices"])

@@ -11,7 +11,6 @@ through a torch.autograd.Function, with torch tensors shared with the core
 through NumPy views instead of copies. Inputs seqpack cannot run (not on the
 CPU, or not float32/float64) go to torch's own implementation.
 """
-import numpy as np
 import torch
 from torch.nn.utils.rnn import PackedSequence
 

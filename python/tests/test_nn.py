@@ -88,6 +88,10 @@ def test_parameters_are_views_and_state_dict_round_trip():
     assert list(m.state_dict()) == list(t.state_dict())
     m.weight_hh_l1_reverse[...] = 0.5  # writes through to the layer
     assert (m.state_dict()["weight_hh_l1_reverse"] == 0.5).all()
+    m.bias_ih_l0 = np.ones(12)  # assignment copies into the layer (shape checked)
+    assert (m.state_dict()["bias_ih_l0"] == 1).all()
+    with pytest.raises(ValueError, match="bias_ih_l0"):
+        m.bias_ih_l0 = np.ones(11)
     m.load_state_dict({k: v.numpy() for k, v in t.state_dict().items()})
     for k, v in t.state_dict().items():
         np.testing.assert_array_equal(getattr(m, k), v.numpy())

@@ -185,3 +185,20 @@ def test_torch_to_core_is_zero_copy():
     x = torch.arange(6, dtype=torch.float32).reshape(3, 2)
     assert np.shares_memory(spt._np(x), x.numpy())
     assert not np.shares_memory(spt._np(x.t()), x.numpy())  # non-contiguous: one copy
+
+
+def test_unsupported_dtype_runs_torchs_implementation():
+    torch.manual_seed(base_seed())
+    t = torch.nn.GRU(2, 3).bfloat16()
+    torch.manual_seed(base_seed())
+    s = spt.GRU(2, 3).bfloat16()
+    x = torch.randn(4, 1, 2).bfloat16()
+    assert torch.equal(s(x)[0], t(x)[0])
+
+
+def test_runs_seqpacks_function_not_torchs():
+    s = spt.LSTM(2, 3)
+    out, (h, c) = s(trnn.pack_sequence([torch.randn(3, 2), torch.randn(1, 2)]))
+    assert type(out.data.grad_fn).__name__ == "RNNFunctionBackward"
+    out, _ = s(torch.randn(3, 2, 2))
+    assert type(out.grad_fn.next_functions[0][0]).__name__ == "RNNFunctionBackward"  # a view

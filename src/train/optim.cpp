@@ -102,6 +102,29 @@ Adam::Adam(std::vector<Parameter> params, AdamOptions options)
   }
 }
 
+// One loop per option combination, so the per-element body has no option tests.
+template <typename T, bool kAmsgrad, bool kWeightDecay>
+static void adam_update_loop(
+    T* __restrict p, const T* __restrict grad, T* __restrict m, T* __restrict v,
+    T* __restrict vmax, int64_t n, T b1, T b2, T eps, T wd, T step_size, T bc2_sqrt) {
+  for (int64_t i = 0; i < n; ++i) {
+    T g = grad[i];
+    if constexpr (kWeightDecay) g += wd * p[i];
+    // torch: exp_avg.lerp_(g, 1 - beta1), i.e. m + (1 - beta1) * (g - m).
+    const T mi = m[i] + (T(1) - b1) * (g - m[i]);
+    const T vi = v[i] * b2 + (T(1) - b2) * g * g;
+    m[i] = mi;
+    v[i] = vi;
+    T vv = vi;
+    if constexpr (kAmsgrad) {
+      vv = vmax[i] > vi ? vmax[i] : vi;
+      vmax[i] = vv;
+    }
+    const T denom = std::sqrt(vv) / bc2_sqrt + eps;
+    p[i] -= step_size * mi / denom;
+  }
+}
+
 template <typename T>
 static void adam_update(T* p, const T* grad, T* m, T* v, T* vmax, int64_t n, const AdamOptions& o,
                         int64_t step) {
@@ -111,19 +134,17 @@ static void adam_update(T* p, const T* grad, T* m, T* v, T* vmax, int64_t n, con
   const T bc2_sqrt = static_cast<T>(std::sqrt(bc2));
   const T b1 = static_cast<T>(o.beta1), b2 = static_cast<T>(o.beta2), eps = static_cast<T>(o.eps),
           wd = static_cast<T>(o.weight_decay);
-  for (int64_t i = 0; i < n; ++i) {
-    T g = grad[i];
-    if (o.weight_decay != 0) g += wd * p[i];
-    // torch: exp_avg.lerp_(g, 1 - beta1), i.e. m + (1 - beta1) * (g - m).
-    m[i] += (T(1) - b1) * (g - m[i]);
-    v[i] = v[i] * b2 + (T(1) - b2) * g * g;
-    T vv = v[i];
-    if (vmax) {
-      vmax[i] = std::max(vmax[i], v[i]);
-      vv = vmax[i];
+  const bool decay = o.weight_decay != 0;
+  if (vmax) {
+    if (decay) {
+      adam_update_loop<T, true, true>(p, grad, m, v, vmax, n, b1, b2, eps, wd, step_size, bc2_sqrt);
+    } else {
+      adam_update_loop<T, true, false>(p, grad, m, v, vmax, n, b1, b2, eps, wd, step_size, bc2_sqrt);
     }
-    const T denom = std::sqrt(vv) / bc2_sqrt + eps;
-    p[i] -= step_size * m[i] / denom;
+  } else if (decay) {
+    adam_update_loop<T, false, true>(p, grad, m, v, vmax, n, b1, b2, eps, wd, step_size, bc2_sqrt);
+  } else {
+    adam_update_loop<T, false, false>(p, grad, m, v, vmax, n, b1, b2, eps, wd, step_size, bc2_sqrt);
   }
 }
 
@@ -156,14 +177,23 @@ double clip_grad_norm(std::vector<Parameter>& params, double max_norm, double no
   // Accumulated in double; torch takes the norm of the per-tensor norms, which
   // is the same quantity.
   double acc = 0.0;
-  for (auto& p : params) {
-    for (int64_t i = 0; i < p.grad.numel(); ++i) {
-      const double a = std::fabs(p.grad.item_as_double(i));
+  auto reduce = [&](const auto* g, int64_t n) {
+    for (int64_t i = 0; i < n; ++i) {
+      const double a = std::fabs(static_cast<double>(g[i]));
       if (inf) {
         acc = std::max(acc, a);
+      } else if (norm_type == 2.0) {
+        acc += a * a;  // the common case, without pow
       } else {
         acc += std::pow(a, norm_type);
       }
+    }
+  };
+  for (auto& p : params) {
+    if (p.grad.dtype() == DType::f32) {
+      reduce(p.grad.data<float>(), p.grad.numel());
+    } else {
+      reduce(p.grad.data<double>(), p.grad.numel());
     }
   }
   const double total = inf ? acc : std::pow(acc, 1.0 / norm_type);
