@@ -352,3 +352,20 @@ TEST(DataCli, ExportWritesTheSplitAndReportsMissingLists) {
   EXPECT_NE(std::system((base + out.file("y") + " >/dev/null 2>" + err).c_str()), 0);
   EXPECT_NE(read_text(err).find("wngerman"), std::string::npos) << read_text(err);
 }
+
+TEST(DataCli, StatsReportsSizesAndPaddingForATsvFile) {
+  TempDir dir;
+  std::string tsv = "\n";
+  for (int i = 0; i < 40; ++i) tsv += (i % 2 ? "a\t" : "b\t") + std::string(1 + i % 9, 'x') + "\n";
+  const std::string path = dir.write("d.tsv", tsv);
+  const std::string out = dir.file("out.txt");
+  ASSERT_EQ(std::system((std::string(SEQPACK_CLI_PATH) + " data stats --batch-size 4 --data " +
+                         path + " >" + out)
+                            .c_str()),
+            0);
+  const std::string text = read_text(out);
+  EXPECT_NE(text.find("40 examples, 2 labels, 1 empty lines skipped"), std::string::npos) << text;
+  EXPECT_NE(text.find("train"), std::string::npos) << text;
+  EXPECT_NE(text.find("bucketed"), std::string::npos) << text;
+  EXPECT_NE(text.find("packed 100.0%"), std::string::npos) << text;
+}
