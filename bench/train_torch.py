@@ -14,6 +14,7 @@ of 128 grouped by length (shuffled, sorted by length, cut, batch order shuffled)
 Run with Debian's /usr/bin/python3.
 """
 import argparse
+import ctypes
 import os
 import random
 import subprocess
@@ -37,6 +38,24 @@ class CharClassifier(torch.nn.Module):
                            packed_ids.sorted_indices, packed_ids.unsorted_indices)
         _, (h_n, _) = self.lstm(x)
         return self.fc(torch.cat([h_n[0], h_n[1]], dim=1))
+
+
+def set_torch_threads(n):
+    """torch.set_num_threads(n), and the same for the OpenBLAS torch's GEMMs
+    call: Debian's torch uses the system OpenBLAS, whose thread count
+    torch.set_num_threads leaves at every core. Returns whether it was found."""
+    torch.set_num_threads(n)
+    with open("/proc/self/maps") as f:
+        libs = {line.split()[-1] for line in f
+                if "openblas" in line and line.split()[-1].startswith("/")}
+    done = False
+    for path in sorted(libs):
+        try:
+            ctypes.CDLL(path).openblas_set_num_threads(n)
+            done = True
+        except (OSError, AttributeError):
+            pass
+    return done
 
 
 def read_split(path):
@@ -100,7 +119,7 @@ def main():
         split = tmp.name
         subprocess.run([args.seqpack, "data", "export", "--out", split], check=True,
                        stdout=subprocess.DEVNULL)
-    torch.set_num_threads(args.threads)
+    blas_limited = set_torch_threads(args.threads)
     torch.manual_seed(args.seed)
     rng = random.Random(args.seed)
 
@@ -117,7 +136,8 @@ def main():
     model = CharClassifier(len(chars) + 2, args.embed, args.hidden, len(labels))
     opt = torch.optim.Adam(model.parameters(), lr=args.lr)
     loss_fn = torch.nn.CrossEntropyLoss()
-    print(f"torch {torch.__version__}, {torch.get_num_threads()} thread(s); "
+    print(f"torch {torch.__version__}, {torch.get_num_threads()} thread(s) "
+          f"(OpenBLAS {'limited too' if blas_limited else 'not found'}); "
           f"{len(train)} train, {len(val)} val, {len(test)} test; vocabulary {len(chars) + 2}")
     epoch_times, cpu_times = [], []
     for epoch in range(1, args.epochs + 1):

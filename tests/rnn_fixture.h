@@ -22,7 +22,7 @@ struct RNNCase {
   std::vector<std::string> parameter_names;  // PyTorch's _flat_weights_names
   std::vector<Tensor> weights;               // in that order, options.dtype
   std::vector<Tensor> sequences;             // caller's order, [len_b, input_size]
-  Tensor input;  // packed data, or the padded / unbatched tensor
+  Tensor input;                              // packed data, or the padded / unbatched tensor
   Tensor batch_sizes;
   std::vector<int64_t> sorted_indices;  // empty when PyTorch gave None
   Tensor h0, c0;                        // undefined when not given; as stored

@@ -34,13 +34,12 @@ struct Config {
 
 std::string describe(const Config& c) {
   const RNNOptions& o = c.options;
-  std::string s = std::string(seqpack::rnn_mode_name(o.mode)) + " I" +
-                  std::to_string(o.input_size) + " H" + std::to_string(o.hidden_size) + " L" +
-                  std::to_string(o.num_layers) + (o.bidirectional ? " bi" : "") +
-                  (o.bias ? "" : " nobias") +
-                  (o.proj_size ? " P" + std::to_string(o.proj_size) : "") +
-                  (c.give_h0 ? " h0" : "") + (c.give_c0 ? " c0" : "") + " " +
-                  seqpack::dtype_name(o.dtype) + " lengths [";
+  std::string s =
+      std::string(seqpack::rnn_mode_name(o.mode)) + " I" + std::to_string(o.input_size) + " H" +
+      std::to_string(o.hidden_size) + " L" + std::to_string(o.num_layers) +
+      (o.bidirectional ? " bi" : "") + (o.bias ? "" : " nobias") +
+      (o.proj_size ? " P" + std::to_string(o.proj_size) : "") + (c.give_h0 ? " h0" : "") +
+      (c.give_c0 ? " c0" : "") + " " + seqpack::dtype_name(o.dtype) + " lengths [";
   for (size_t i = 0; i < c.lengths.size(); ++i) s += (i ? ", " : "") + std::to_string(c.lengths[i]);
   return s + "]";
 }
@@ -159,7 +158,8 @@ TEST(RNNFastVsReference, RandomConfigurationsForwardAndBackward) {
     ASSERT_TRUE(fast.saved);
     const auto g = seqpack::rnn_backward(*fast.saved, gy, gh, gc);
     std::vector<Tensor> gy_rows;
-    for (int64_t b = 0; b < B; ++b) gy_rows.push_back(gather_rows(gy, rows[static_cast<size_t>(b)]));
+    for (int64_t b = 0; b < B; ++b)
+      gy_rows.push_back(gather_rows(gy, rows[static_cast<size_t>(b)]));
     const auto rg =
         seqpack::reference::rnn_reference_backward(o, weights, seqs, h0, c0, gy_rows, gh, gc);
     for (int64_t b = 0; b < B; ++b) {
@@ -181,6 +181,130 @@ TEST(RNNFastVsReference, RandomConfigurationsForwardAndBackward) {
   }
 }
 
+struct CallData {
+  std::vector<Tensor> weights;
+  Tensor x, h0, c0, gy, gh, gc;
+  seqpack::RNNForwardResult fwd;
+};
+
+// Compares one forward result and its backward with the reference.
+void expect_matches_reference(const Config& c, const PackingPlan& plan, const CallData& run,
+                              const seqpack::RNNForwardResult& fwd, const seqpack::RNNGradients& g,
+                              const std::string& what) {
+  const RNNOptions& o = c.options;
+  const int64_t B = plan.batch();
+  std::vector<Tensor> seqs, gy_rows;
+  std::vector<std::vector<int64_t>> rows;
+  for (int64_t b = 0; b < B; ++b) {
+    rows.push_back(rows_of(plan, b));
+    seqs.push_back(gather_rows(run.x, rows.back()));
+    gy_rows.push_back(gather_rows(run.gy, rows.back()));
+  }
+  const auto ref = seqpack::rnn_reference_forward(o, run.weights, seqs, run.h0, run.c0);
+  const auto rg = seqpack::reference::rnn_reference_backward(o, run.weights, seqs, run.h0, run.c0,
+                                                             gy_rows, run.gh, run.gc);
+  const double ft = fwd_tol(o.dtype), gt = grad_tol(o.dtype);
+  for (int64_t b = 0; b < B; ++b) {
+    const auto& r = rows[static_cast<size_t>(b)];
+    EXPECT_TRUE(all_close(gather_rows(fwd.output, r), ref.outputs[static_cast<size_t>(b)], ft, ft,
+                          what + " output of sequence " + std::to_string(b)));
+    EXPECT_TRUE(all_close(gather_rows(g.input, r), rg.inputs[static_cast<size_t>(b)], gt, gt,
+                          what + " grad input of sequence " + std::to_string(b)));
+  }
+  EXPECT_TRUE(all_close(fwd.h_n, ref.h_n, ft, ft, what + " h_n"));
+  EXPECT_TRUE(all_close(g.h0, rg.h0, gt, gt, what + " grad h0"));
+  if (o.mode == RNNMode::lstm) {
+    EXPECT_TRUE(all_close(fwd.c_n, ref.c_n, ft, ft, what + " c_n"));
+    EXPECT_TRUE(all_close(g.c0, rg.c0, gt, gt, what + " grad c0"));
+  }
+  const auto names = seqpack::rnn_parameter_names(o);
+  for (size_t k = 0; k < names.size(); ++k) {
+    EXPECT_TRUE(all_close(g.weights[k], rg.weights[k], gt, gt, what + " grad " + names[k]));
+  }
+}
+
+// Shapes big enough for the fast path's recycled buffers (64 KiB and up) and
+// several SIMD blocks plus a tail. Two forwards run before either backward, and
+// the whole thing runs twice, so recycled (stale) memory, a saved activation
+// overwritten by a later forward, or a result aliased by a later call shows up.
+TEST(RNNFastVsReference, LargeShapesInterleavedCallsAndRecycledBuffers) {
+  const uint64_t seed = seqpack::testing::test_seed();
+  SCOPED_TRACE("seed " + std::to_string(seed) + " (replay with SEQPACK_TEST_SEED)");
+  Rng rng(seed + 17);
+  std::vector<Config> configs;
+  configs.push_back({{.mode = RNNMode::lstm,
+                      .input_size = 33,
+                      .hidden_size = 130,
+                      .num_layers = 2,
+                      .bidirectional = true,
+                      .proj_size = 0,
+                      .dtype = DType::f32},
+                     {12, 0, 9, 15, 3, 11, 15},
+                     true,
+                     true});
+  configs.push_back({{.mode = RNNMode::gru,
+                      .input_size = 20,
+                      .hidden_size = 101,
+                      .num_layers = 1,
+                      .dtype = DType::f64},
+                     {14, 7, 0, 14, 2, 9, 13, 5},
+                     false,
+                     false});
+  configs.push_back({{.mode = RNNMode::rnn_relu,
+                      .input_size = 9,
+                      .hidden_size = 203,
+                      .num_layers = 2,
+                      .dtype = DType::f32},
+                     {16, 16, 1, 12, 0, 15, 11, 9, 14},
+                     true,
+                     false});
+  configs.push_back({{.mode = RNNMode::lstm,
+                      .input_size = 17,
+                      .hidden_size = 140,
+                      .bidirectional = true,
+                      .proj_size = 61,
+                      .dtype = DType::f32},
+                     {13, 6, 13, 0, 10, 12},
+                     false,
+                     true});
+  for (int round = 0; round < 2; ++round) {
+    for (const Config& c : configs) {
+      SCOPED_TRACE("round " + std::to_string(round) + ": " + describe(c));
+      const RNNOptions& o = c.options;
+      const DType dt = o.dtype;
+      const int64_t B = static_cast<int64_t>(c.lengths.size()),
+                    N = o.num_layers * o.num_directions();
+      const PackingPlan plan = PackingPlan::from_lengths(c.lengths, /*enforce_sorted=*/false);
+      std::vector<Tensor> weights;
+      for (const Shape& s : seqpack::rnn_parameter_shapes(o)) {
+        weights.push_back(rng.tensor(s, dt, 1.0 / std::sqrt(static_cast<double>(o.hidden_size))));
+      }
+      CallData runs[2];
+      for (CallData& r : runs) {
+        r.weights = weights;
+        r.x = rng.tensor({plan.total_rows(), o.input_size}, dt);
+        if (c.give_h0) r.h0 = rng.tensor({N, B, o.real_hidden_size()}, dt);
+        if (c.give_c0) r.c0 = rng.tensor({N, B, o.hidden_size}, dt);
+        r.gy = rng.tensor({plan.total_rows(), o.output_size()}, dt);
+        r.gh = rng.tensor({N, B, o.real_hidden_size()}, dt);
+        if (o.mode == RNNMode::lstm) r.gc = rng.tensor({N, B, o.hidden_size}, dt);
+      }
+      for (CallData& r : runs) {
+        r.fwd = seqpack::rnn_forward(o, r.weights, r.x, plan, r.h0, r.c0, /*training=*/false,
+                                     /*save_for_backward=*/true);
+      }
+      const Tensor out0 = runs[0].fwd.output.clone(), h0n = runs[0].fwd.h_n.clone();
+      // Backward in the opposite order of the forwards.
+      const auto g1 = seqpack::rnn_backward(*runs[1].fwd.saved, runs[1].gy, runs[1].gh, runs[1].gc);
+      const auto g0 = seqpack::rnn_backward(*runs[0].fwd.saved, runs[0].gy, runs[0].gh, runs[0].gc);
+      EXPECT_TRUE(all_close(runs[0].fwd.output, out0, 0, 0, "first output after later calls"));
+      EXPECT_TRUE(all_close(runs[0].fwd.h_n, h0n, 0, 0, "first h_n after later calls"));
+      expect_matches_reference(c, plan, runs[0], runs[0].fwd, g0, "first call");
+      expect_matches_reference(c, plan, runs[1], runs[1].fwd, g1, "second call");
+    }
+  }
+}
+
 // Zero-length sequences change nothing for the others: the module's padded
 // forward with lengths gives, for the non-empty sequences, what the same batch
 // without the empty ones gives, and h_n = h0, c_n = c0, zero output rows for
@@ -190,8 +314,13 @@ TEST(RNNFastVsReference, EmptySequencesAreInertInTheModule) {
   SCOPED_TRACE("seed " + std::to_string(seed) + " (replay with SEQPACK_TEST_SEED)");
   Rng rng(seed ^ 0x9e3779b97f4a7c15ull);
   for (RNNMode mode : {RNNMode::rnn_tanh, RNNMode::rnn_relu, RNNMode::lstm, RNNMode::gru}) {
-    RNNOptions o{.mode = mode, .input_size = 3, .hidden_size = 9, .num_layers = 2,
-                 .batch_first = rng.coin(), .bidirectional = true, .dtype = DType::f64};
+    RNNOptions o{.mode = mode,
+                 .input_size = 3,
+                 .hidden_size = 9,
+                 .num_layers = 2,
+                 .batch_first = rng.coin(),
+                 .bidirectional = true,
+                 .dtype = DType::f64};
     SCOPED_TRACE(std::string(seqpack::rnn_mode_name(mode)) + (o.batch_first ? " batch_first" : ""));
     const std::vector<int64_t> with_empty = {3, 0, 5, 0, 2}, kept_index = {0, 2, 4};
     const std::vector<int64_t> without = {3, 5, 2};
@@ -271,16 +400,20 @@ TEST(RNNFastVsReference, EmptySequencesAreInertInTheModule) {
       for (int64_t r = 0; r < N; ++r) {
         for (int64_t j = 0; j < P; ++j) {
           const int64_t i = (r * B + b) * P + j;
-          const double eh = empty ? h0.item_as_double(i) : y2.h_n.item_as_double((r * 3 + k) * P + j);
+          const double eh =
+              empty ? h0.item_as_double(i) : y2.h_n.item_as_double((r * 3 + k) * P + j);
           EXPECT_NEAR(y.h_n.item_as_double(i), eh, tol) << "h_n b " << b << " row " << r;
-          const double eg = empty ? gh.item_as_double(i) : g2.h0.item_as_double((r * 3 + k) * P + j);
+          const double eg =
+              empty ? gh.item_as_double(i) : g2.h0.item_as_double((r * 3 + k) * P + j);
           EXPECT_NEAR(g.h0.item_as_double(i), eg, tol) << "grad h0 b " << b << " row " << r;
         }
         for (int64_t j = 0; c0.defined() && j < 9; ++j) {
           const int64_t i = (r * B + b) * 9 + j;
-          const double ec = empty ? c0.item_as_double(i) : y2.c_n.item_as_double((r * 3 + k) * 9 + j);
+          const double ec =
+              empty ? c0.item_as_double(i) : y2.c_n.item_as_double((r * 3 + k) * 9 + j);
           EXPECT_NEAR(y.c_n.item_as_double(i), ec, tol) << "c_n b " << b << " row " << r;
-          const double eg = empty ? gc.item_as_double(i) : g2.c0.item_as_double((r * 3 + k) * 9 + j);
+          const double eg =
+              empty ? gc.item_as_double(i) : g2.c0.item_as_double((r * 3 + k) * 9 + j);
           EXPECT_NEAR(g.c0.item_as_double(i), eg, tol) << "grad c0 b " << b << " row " << r;
         }
       }

@@ -44,33 +44,58 @@ std::vector<GradCase> grad_cases() {
     const std::string m = seqpack::rnn_mode_name(mode);
     // Two layers, bidirectional, unsorted lengths with a zero-length sequence
     // in the middle and one at the end.
-    out.push_back({m + " L2 bi zero-length", {.mode = mode, .input_size = 3, .hidden_size = 4,
-                                              .num_layers = 2, .bidirectional = true,
-                                              .dtype = DType::f64},
+    out.push_back({m + " L2 bi zero-length",
+                   {.mode = mode,
+                    .input_size = 3,
+                    .hidden_size = 4,
+                    .num_layers = 2,
+                    .bidirectional = true,
+                    .dtype = DType::f64},
                    {2, 0, 4, 3, 0}});
     // One layer, no bias, all lengths tied, no initial state given.
-    out.push_back({m + " L1 nobias tied no-h0", {.mode = mode, .input_size = 2, .hidden_size = 5,
-                                                 .bias = false, .dtype = DType::f64},
-                   {3, 3, 3}, /*give_h0=*/false, /*give_c0=*/false});
+    out.push_back(
+        {m + " L1 nobias tied no-h0",
+         {.mode = mode, .input_size = 2, .hidden_size = 5, .bias = false, .dtype = DType::f64},
+         {3, 3, 3},
+         /*give_h0=*/false,
+         /*give_c0=*/false});
     // Three layers, batch 1, T = 1, and a zero-length sequence.
-    out.push_back({m + " L3 T1", {.mode = mode, .input_size = 1, .hidden_size = 3,
-                                  .num_layers = 3, .dtype = DType::f64},
-                   {1, 0}});
+    out.push_back(
+        {m + " L3 T1",
+         {.mode = mode, .input_size = 1, .hidden_size = 3, .num_layers = 3, .dtype = DType::f64},
+         {1, 0}});
   }
   // LSTM with projections, bidirectional, two layers; c0 given without h0.
-  out.push_back({"lstm proj L2 bi", {.mode = RNNMode::lstm, .input_size = 2, .hidden_size = 5,
-                                     .num_layers = 2, .bidirectional = true, .proj_size = 3,
-                                     .dtype = DType::f64},
-                 {4, 0, 1, 3}, /*give_h0=*/false, /*give_c0=*/true});
-  out.push_back({"lstm proj L1 nobias", {.mode = RNNMode::lstm, .input_size = 3, .hidden_size = 4,
-                                         .bias = false, .proj_size = 1, .dtype = DType::f64},
+  out.push_back({"lstm proj L2 bi",
+                 {.mode = RNNMode::lstm,
+                  .input_size = 2,
+                  .hidden_size = 5,
+                  .num_layers = 2,
+                  .bidirectional = true,
+                  .proj_size = 3,
+                  .dtype = DType::f64},
+                 {4, 0, 1, 3},
+                 /*give_h0=*/false,
+                 /*give_c0=*/true});
+  out.push_back({"lstm proj L1 nobias",
+                 {.mode = RNNMode::lstm,
+                  .input_size = 3,
+                  .hidden_size = 4,
+                  .bias = false,
+                  .proj_size = 1,
+                  .dtype = DType::f64},
                  {2, 5}});
   // Dropout between layers in training mode: the same seed gives the same mask
   // at every evaluation, so the loss stays a smooth function of the inputs.
   for (RNNMode mode : {RNNMode::lstm, RNNMode::gru}) {
     GradCase c{std::string(seqpack::rnn_mode_name(mode)) + " dropout training",
-               {.mode = mode, .input_size = 2, .hidden_size = 3, .num_layers = 2,
-                .dropout = 0.4, .bidirectional = true, .dtype = DType::f64},
+               {.mode = mode,
+                .input_size = 2,
+                .hidden_size = 3,
+                .num_layers = 2,
+                .dropout = 0.4,
+                .bidirectional = true,
+                .dtype = DType::f64},
                {3, 1, 0, 2}};
     c.training = true;
     out.push_back(c);
@@ -106,14 +131,15 @@ TEST(RNNGradcheck, BackwardMatchesCentralDifferences) {
   for (const GradCase& gc : grad_cases()) {
     SCOPED_TRACE(describe(gc));
     const RNNOptions& o = gc.options;
-    const int64_t N = o.num_layers * o.num_directions(), B = static_cast<int64_t>(gc.lengths.size());
+    const int64_t N = o.num_layers * o.num_directions(),
+                  B = static_cast<int64_t>(gc.lengths.size());
     const PackingPlan plan = PackingPlan::from_lengths(gc.lengths, /*enforce_sorted=*/false);
     std::vector<Tensor> weights;
     for (const Shape& s : seqpack::rnn_parameter_shapes(o)) weights.push_back(rng.tensor(s));
     Tensor x = rng.tensor({plan.total_rows(), o.input_size});
     Tensor h0 = gc.give_h0 ? rng.tensor({N, B, o.real_hidden_size()}) : Tensor();
-    Tensor c0 = (o.mode == RNNMode::lstm && gc.give_c0) ? rng.tensor({N, B, o.hidden_size})
-                                                         : Tensor();
+    Tensor c0 =
+        (o.mode == RNNMode::lstm && gc.give_c0) ? rng.tensor({N, B, o.hidden_size}) : Tensor();
     const Tensor w_out = rng.tensor({plan.total_rows(), o.output_size()});
     const Tensor w_h = rng.tensor({N, B, o.real_hidden_size()});
     const Tensor w_c = o.mode == RNNMode::lstm ? rng.tensor({N, B, o.hidden_size}) : Tensor();

@@ -127,7 +127,8 @@ TEST_P(RNNParity, FunctionalMatchesPyTorch) {
     ASSERT_EQ(r.output.shape(), (seqpack::Shape{plan.total_rows(), O})) << c.name;
     EXPECT_EQ(r.output.dtype(), o.dtype);
     const auto out_rows = unpack_rows(r.output, c.lengths, order, O);
-    EXPECT_TRUE(all_close(rows_to_layout(c, out_rows, O), c.output, ftol, ftol, c.name + " output"));
+    EXPECT_TRUE(
+        all_close(rows_to_layout(c, out_rows, O), c.output, ftol, ftol, c.name + " output"));
     EXPECT_TRUE(all_close(r.h_n.view(c.h_n.shape()), c.h_n, ftol, ftol, c.name + " h_n"));
     if (o.mode == RNNMode::lstm) {
       EXPECT_TRUE(all_close(r.c_n.view(c.c_n.shape()), c.c_n, ftol, ftol, c.name + " c_n"));
@@ -140,9 +141,9 @@ TEST_P(RNNParity, FunctionalMatchesPyTorch) {
                                          batched_state(c, c.grad_c_n));
     const double gtol = seqpack::testing::grad_tol(c);
     ASSERT_EQ(g.input.shape(), data.shape()) << c.name;
-    EXPECT_TRUE(all_close(rows_to_layout(c, unpack_rows(g.input, c.lengths, order, o.input_size),
-                                         o.input_size),
-                          c.grads.at("input"), gtol, gtol, c.name + " grad input"));
+    EXPECT_TRUE(all_close(
+        rows_to_layout(c, unpack_rows(g.input, c.lengths, order, o.input_size), o.input_size),
+        c.grads.at("input"), gtol, gtol, c.name + " grad input"));
     expect_state_grads(c, g.h0, g.c0);
     expect_weight_grads(c, g.weights);
   }
@@ -250,16 +251,17 @@ TEST(RNNParity, CellsMatchPyTorch) {
         cell = std::make_unique<seqpack::GRUCell>(c.input_size, c.hidden_size, c.bias, c.dtype);
         break;
       default:
-        cell = std::make_unique<seqpack::RNNCell>(
-            c.input_size, c.hidden_size, c.bias,
-            c.mode == RNNMode::rnn_tanh ? "tanh" : "relu", c.dtype);
+        cell = std::make_unique<seqpack::RNNCell>(c.input_size, c.hidden_size, c.bias,
+                                                  c.mode == RNNMode::rnn_tanh ? "tanh" : "relu",
+                                                  c.dtype);
     }
     EXPECT_EQ(cell->parameter_names(), c.parameter_names);
     std::map<std::string, Tensor> state;
     for (size_t k = 0; k < c.weights.size(); ++k) state[c.parameter_names[k]] = c.weights[k];
     cell->load_state_dict(state);
     const auto out = cell->forward(c.input, c.hx, c.cx);
-    const double ft = seqpack::testing::forward_tol(c.dtype), gt = seqpack::testing::grad_tol(c.dtype);
+    const double ft = seqpack::testing::forward_tol(c.dtype),
+                 gt = seqpack::testing::grad_tol(c.dtype);
     EXPECT_TRUE(all_close(out.h, c.h, ft, ft, c.name + " h"));
     if (c.mode == RNNMode::lstm) {
       EXPECT_TRUE(all_close(out.c, c.c, ft, ft, c.name + " c"));

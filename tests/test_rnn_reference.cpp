@@ -77,8 +77,8 @@ TEST(RNNReference, ForwardMatchesPyTorchFixtures) {
     const auto r = seqpack::rnn_reference_forward(c.options, c.weights, c.sequences,
                                                   batched_state(c, c.h0), batched_state(c, c.c0));
     const double tol = seqpack::testing::forward_tol(c);
-    EXPECT_TRUE(all_close(rows_to_layout(c, r.outputs, c.options.output_size()), c.output, tol,
-                          tol, c.name + " output"));
+    EXPECT_TRUE(all_close(rows_to_layout(c, r.outputs, c.options.output_size()), c.output, tol, tol,
+                          c.name + " output"));
     EXPECT_TRUE(all_close(r.h_n.view(c.h_n.shape()), c.h_n, tol, tol, c.name + " h_n"));
     if (c.options.mode == RNNMode::lstm) {
       EXPECT_TRUE(all_close(r.c_n.view(c.c_n.shape()), c.c_n, tol, tol, c.name + " c_n"));
@@ -100,12 +100,12 @@ TEST(RNNReference, BackwardMatchesPyTorchFixtures) {
     EXPECT_TRUE(all_close(rows_to_layout(c, g.inputs, c.options.input_size), c.grads.at("input"),
                           tol, tol, c.name + " grad input"));
     if (c.h0.defined()) {
-      EXPECT_TRUE(all_close(g.h0.view(c.h0.shape()), c.grads.at("h0"), tol, tol,
-                            c.name + " grad h0"));
+      EXPECT_TRUE(
+          all_close(g.h0.view(c.h0.shape()), c.grads.at("h0"), tol, tol, c.name + " grad h0"));
     }
     if (c.c0.defined()) {
-      EXPECT_TRUE(all_close(g.c0.view(c.c0.shape()), c.grads.at("c0"), tol, tol,
-                            c.name + " grad c0"));
+      EXPECT_TRUE(
+          all_close(g.c0.view(c.c0.shape()), c.grads.at("c0"), tol, tol, c.name + " grad c0"));
     }
     ASSERT_EQ(g.weights.size(), c.parameter_names.size());
     for (size_t k = 0; k < g.weights.size(); ++k) {
@@ -120,8 +120,11 @@ TEST(RNNReference, BackwardMatchesPyTorchFixtures) {
 TEST(RNNReference, CellsMatchPyTorchFixtures) {
   for (const auto& c : seqpack::testing::load_rnn_cell_cases()) {
     SCOPED_TRACE(c.name);
-    RNNOptions o{.mode = c.mode, .input_size = c.input_size, .hidden_size = c.hidden_size,
-                 .bias = c.bias, .dtype = c.dtype};
+    RNNOptions o{.mode = c.mode,
+                 .input_size = c.input_size,
+                 .hidden_size = c.hidden_size,
+                 .bias = c.bias,
+                 .dtype = c.dtype};
     const int64_t B = c.batch(), H = c.hidden_size;
     std::vector<Tensor> seqs;
     for (int64_t b = 0; b < B; ++b) {
@@ -129,23 +132,29 @@ TEST(RNNReference, CellsMatchPyTorchFixtures) {
     }
     auto state = [&](const Tensor& t) { return t.defined() ? t.view({1, B, H}) : Tensor(); };
     const auto r = seqpack::rnn_reference_forward(o, c.weights, seqs, state(c.hx), state(c.cx));
-    const double ft = seqpack::testing::forward_tol(c.dtype), gt = seqpack::testing::grad_tol(c.dtype);
+    const double ft = seqpack::testing::forward_tol(c.dtype),
+                 gt = seqpack::testing::grad_tol(c.dtype);
     EXPECT_TRUE(all_close(r.h_n.view(c.h.shape()), c.h, ft, ft, c.name + " h"));
-    if (c.mode == RNNMode::lstm) EXPECT_TRUE(all_close(r.c_n.view(c.c.shape()), c.c, ft, ft, c.name + " c"));
+    if (c.mode == RNNMode::lstm)
+      EXPECT_TRUE(all_close(r.c_n.view(c.c.shape()), c.c, ft, ft, c.name + " c"));
     const auto g = seqpack::reference::rnn_reference_backward(
         o, c.weights, seqs, state(c.hx), state(c.cx), {}, state(c.grad_h), state(c.grad_c));
     Tensor gx = Tensor::empty({B, c.input_size}, DType::f64);
     for (int64_t b = 0; b < B; ++b) {
       for (int64_t f = 0; f < c.input_size; ++f) {
-        gx.data<double>()[b * c.input_size + f] = g.inputs[static_cast<size_t>(b)].item_as_double(f);
+        gx.data<double>()[b * c.input_size + f] =
+            g.inputs[static_cast<size_t>(b)].item_as_double(f);
       }
     }
-    EXPECT_TRUE(all_close(gx.view(c.input.shape()), c.grads.at("input"), gt, gt, c.name + " grad input"));
+    EXPECT_TRUE(
+        all_close(gx.view(c.input.shape()), c.grads.at("input"), gt, gt, c.name + " grad input"));
     if (c.hx.defined()) {
-      EXPECT_TRUE(all_close(g.h0.view(c.hx.shape()), c.grads.at("hx"), gt, gt, c.name + " grad hx"));
+      EXPECT_TRUE(
+          all_close(g.h0.view(c.hx.shape()), c.grads.at("hx"), gt, gt, c.name + " grad hx"));
     }
     if (c.cx.defined()) {
-      EXPECT_TRUE(all_close(g.c0.view(c.cx.shape()), c.grads.at("cx"), gt, gt, c.name + " grad cx"));
+      EXPECT_TRUE(
+          all_close(g.c0.view(c.cx.shape()), c.grads.at("cx"), gt, gt, c.name + " grad cx"));
     }
     for (size_t k = 0; k < c.parameter_names.size(); ++k) {
       EXPECT_TRUE(all_close(g.weights[k], c.grads.at(c.parameter_names[k]), gt, gt,
@@ -161,8 +170,8 @@ TEST(RNNReference, HandWorkedTanhRNN) {
   const std::vector<Tensor> weights = {f64({w}, {1, 1}), f64({u}, {1, 1}), f64({bi}, {1}),
                                        f64({bh}, {1})};
   const auto r = seqpack::rnn_reference_forward(o, weights, {f64({1, 2}, {2, 1})}, {}, {});
-  const double h1 = std::tanh(0.5 + 0.3);            // h_0 = 0
-  const double h2 = std::tanh(0.5 * 2 + 0.3 - h1);   // u = -1
+  const double h1 = std::tanh(0.5 + 0.3);           // h_0 = 0
+  const double h2 = std::tanh(0.5 * 2 + 0.3 - h1);  // u = -1
   EXPECT_NEAR(r.outputs[0].item_as_double(0), h1, 1e-15);
   EXPECT_NEAR(r.outputs[0].item_as_double(1), h2, 1e-15);
   EXPECT_NEAR(r.h_n.item_as_double(0), h2, 1e-15);
@@ -178,8 +187,8 @@ TEST(RNNReference, HandWorkedTanhRNN) {
 // every gate pre-activation is 2, so i = f = o = s = sigmoid(2), g = tanh(2),
 // c_1 = s * 1 + s * tanh(2), h_1 = s * tanh(c_1).
 TEST(RNNReference, HandWorkedLSTMStep) {
-  RNNOptions o{.mode = RNNMode::lstm, .input_size = 1, .hidden_size = 1, .bias = false,
-               .dtype = DType::f64};
+  RNNOptions o{
+      .mode = RNNMode::lstm, .input_size = 1, .hidden_size = 1, .bias = false, .dtype = DType::f64};
   const std::vector<Tensor> weights = {f64({1, 1, 1, 1}, {4, 1}), f64({0, 0, 0, 0}, {4, 1})};
   const Tensor c0 = f64({1}, {1, 1, 1});
   const auto r = seqpack::rnn_reference_forward(o, weights, {f64({2}, {1, 1})}, {}, c0);
@@ -192,8 +201,8 @@ TEST(RNNReference, HandWorkedLSTMStep) {
   RNNOptions p = o;
   p.hidden_size = 2;
   p.proj_size = 1;
-  const std::vector<Tensor> pw = {f64({1, 1, 1, 1, 1, 1, 1, 1}, {8, 1}), f64(std::vector<double>(8, 0.0), {8, 1}),
-                                  f64({3, -1}, {1, 2})};
+  const std::vector<Tensor> pw = {f64({1, 1, 1, 1, 1, 1, 1, 1}, {8, 1}),
+                                  f64(std::vector<double>(8, 0.0), {8, 1}), f64({3, -1}, {1, 2})};
   const auto rp = seqpack::rnn_reference_forward(p, pw, {f64({2}, {1, 1})}, {}, {});
   const double c1p = s * std::tanh(2), m = s * std::tanh(c1p);  // c0 = 0 here
   EXPECT_NEAR(rp.h_n.item_as_double(0), 3 * m - m, 1e-15);
@@ -209,8 +218,8 @@ TEST(RNNReference, HandWorkedGRUStepIsLinearBeforeReset) {
   RNNOptions o{.mode = RNNMode::gru, .input_size = 1, .hidden_size = 1, .dtype = DType::f64};
   const std::vector<Tensor> weights = {f64({1, 2, 3}, {3, 1}), f64({0.5, -0.5, 2}, {3, 1}),
                                        f64({0, 0, 0}, {3}), f64({0, 0, 1}, {3})};
-  const auto r = seqpack::rnn_reference_forward(o, weights, {f64({1}, {1, 1})},
-                                                f64({0.4}, {1, 1, 1}), {});
+  const auto r =
+      seqpack::rnn_reference_forward(o, weights, {f64({1}, {1, 1})}, f64({0.4}, {1, 1, 1}), {});
   const double rr = sigmoid(1.2), z = sigmoid(1.8), n = std::tanh(3 + rr * 1.8);
   EXPECT_NEAR(r.h_n.item_as_double(0), (1 - z) * n + z * 0.4, 1e-15);
 }
@@ -218,14 +227,17 @@ TEST(RNNReference, HandWorkedGRUStepIsLinearBeforeReset) {
 // Bidirectional, batch of lengths 3 and 2: the reverse direction of the short
 // sequence starts at its own step 1, never at the padded step 2.
 TEST(RNNReference, ReverseDirectionStartsAtEachSequencesOwnLastStep) {
-  RNNOptions o{.mode = RNNMode::rnn_tanh, .input_size = 1, .hidden_size = 1,
-               .bidirectional = true, .dtype = DType::f64};
+  RNNOptions o{.mode = RNNMode::rnn_tanh,
+               .input_size = 1,
+               .hidden_size = 1,
+               .bidirectional = true,
+               .dtype = DType::f64};
   o.bias = false;
   const double w = 0.7, u = 0.3, wr = -0.4, ur = 0.9;
   const std::vector<Tensor> weights = {f64({w}, {1, 1}), f64({u}, {1, 1}), f64({wr}, {1, 1}),
                                        f64({ur}, {1, 1})};
-  const auto r = seqpack::rnn_reference_forward(o, weights,
-                                                {f64({1, 2, 3}, {3, 1}), f64({4, 5}, {2, 1})}, {}, {});
+  const auto r = seqpack::rnn_reference_forward(
+      o, weights, {f64({1, 2, 3}, {3, 1}), f64({4, 5}, {2, 1})}, {}, {});
   // Short sequence, reverse: h_rev(1) = tanh(wr * 5), h_rev(0) = tanh(wr * 4 + ur * h_rev(1)).
   const double rev1 = std::tanh(wr * 5), rev0 = std::tanh(wr * 4 + ur * rev1);
   const double fwd0 = std::tanh(w * 4), fwd1 = std::tanh(w * 5 + u * fwd0);
@@ -240,8 +252,12 @@ TEST(RNNReference, ReverseDirectionStartsAtEachSequencesOwnLastStep) {
 }
 
 TEST(RNNReference, ZeroLengthSequencesKeepTheirInitialState) {
-  RNNOptions o{.mode = RNNMode::lstm, .input_size = 2, .hidden_size = 3, .num_layers = 2,
-               .bidirectional = true, .dtype = DType::f64};
+  RNNOptions o{.mode = RNNMode::lstm,
+               .input_size = 2,
+               .hidden_size = 3,
+               .num_layers = 2,
+               .bidirectional = true,
+               .dtype = DType::f64};
   std::mt19937_64 gen(5);
   std::uniform_real_distribution<double> u(-1, 1);
   auto rnd = [&](seqpack::Shape s) {
@@ -257,8 +273,10 @@ TEST(RNNReference, ZeroLengthSequencesKeepTheirInitialState) {
   EXPECT_EQ(r.outputs[1].shape(), (seqpack::Shape{0, 6}));
   for (int64_t row = 0; row < 4; ++row) {
     for (int64_t j = 0; j < 3; ++j) {
-      EXPECT_EQ(r.h_n.item_as_double((row * 3 + 1) * 3 + j), h0.item_as_double((row * 3 + 1) * 3 + j));
-      EXPECT_EQ(r.c_n.item_as_double((row * 3 + 1) * 3 + j), c0.item_as_double((row * 3 + 1) * 3 + j));
+      EXPECT_EQ(r.h_n.item_as_double((row * 3 + 1) * 3 + j),
+                h0.item_as_double((row * 3 + 1) * 3 + j));
+      EXPECT_EQ(r.c_n.item_as_double((row * 3 + 1) * 3 + j),
+                c0.item_as_double((row * 3 + 1) * 3 + j));
     }
   }
 }
@@ -276,8 +294,12 @@ TEST(RNNReference, BackwardMatchesFiniteDifferences) {
     return t;
   };
   for (RNNMode mode : {RNNMode::rnn_tanh, RNNMode::rnn_relu, RNNMode::lstm, RNNMode::gru}) {
-    RNNOptions o{.mode = mode, .input_size = 2, .hidden_size = 3, .num_layers = 2,
-                 .bidirectional = true, .proj_size = mode == RNNMode::lstm ? 2 : 0,
+    RNNOptions o{.mode = mode,
+                 .input_size = 2,
+                 .hidden_size = 3,
+                 .num_layers = 2,
+                 .bidirectional = true,
+                 .proj_size = mode == RNNMode::lstm ? 2 : 0,
                  .dtype = DType::f64};
     SCOPED_TRACE("mode " + std::to_string(static_cast<int>(mode)));
     std::vector<Tensor> w;
@@ -299,7 +321,8 @@ TEST(RNNReference, BackwardMatchesFiniteDifferences) {
       }
       for (int64_t i = 0; i < gh.numel(); ++i) s += r.h_n.item_as_double(i) * gh.item_as_double(i);
       if (gc.defined()) {
-        for (int64_t i = 0; i < gc.numel(); ++i) s += r.c_n.item_as_double(i) * gc.item_as_double(i);
+        for (int64_t i = 0; i < gc.numel(); ++i)
+          s += r.c_n.item_as_double(i) * gc.item_as_double(i);
       }
       return s;
     };
@@ -320,13 +343,15 @@ TEST(RNNReference, BackwardMatchesFiniteDifferences) {
     };
     const auto names = seqpack::reference::rnn_parameter_names(o);
     for (size_t k = 0; k < w.size(); ++k) check(w[k], g.weights[k], names[k]);
-    for (size_t b = 0; b < seqs.size(); ++b) check(seqs[b], g.inputs[b], "input " + std::to_string(b));
+    for (size_t b = 0; b < seqs.size(); ++b)
+      check(seqs[b], g.inputs[b], "input " + std::to_string(b));
     check(h0, g.h0, "h0");
     if (c0.defined()) check(c0, g.c0, "c0");
     // The zero-length sequence passes its upstream state gradient straight to h0/c0.
     for (int64_t row = 0; row < N; ++row) {
       for (int64_t j = 0; j < P; ++j) {
-        EXPECT_EQ(g.h0.item_as_double((row * 3 + 1) * P + j), gh.item_as_double((row * 3 + 1) * P + j));
+        EXPECT_EQ(g.h0.item_as_double((row * 3 + 1) * P + j),
+                  gh.item_as_double((row * 3 + 1) * P + j));
       }
     }
   }
@@ -335,7 +360,8 @@ TEST(RNNReference, BackwardMatchesFiniteDifferences) {
 TEST(RNNReference, BadInputThrowsNamingTheValue) {
   RNNOptions o{.mode = RNNMode::gru, .input_size = 2, .hidden_size = 3, .dtype = DType::f64};
   std::vector<Tensor> w;
-  for (const auto& s : seqpack::reference::rnn_parameter_shapes(o)) w.push_back(Tensor::zeros(s, DType::f64));
+  for (const auto& s : seqpack::reference::rnn_parameter_shapes(o))
+    w.push_back(Tensor::zeros(s, DType::f64));
   auto expect_throw = [](auto fn, const std::string& needle) {
     try {
       fn();
@@ -345,16 +371,25 @@ TEST(RNNReference, BadInputThrowsNamingTheValue) {
     }
   };
   const std::vector<Tensor> good = {Tensor::zeros({2, 2}, DType::f64)};
-  expect_throw([&] { seqpack::rnn_reference_forward(o, w, {Tensor::zeros({2, 5}, DType::f64)}, {}, {}); },
-               "[2, 5]");
+  expect_throw(
+      [&] {
+        seqpack::rnn_reference_forward(o, w, {Tensor::zeros({2, 5}, DType::f64)}, {}, {});
+      },
+      "[2, 5]");
   expect_throw([&] { seqpack::rnn_reference_forward(o, {w[0], w[1]}, good, {}, {}); }, "got 2");
   auto w_bad = w;
   w_bad[1] = Tensor::zeros({9, 2}, DType::f64);
   expect_throw([&] { seqpack::rnn_reference_forward(o, w_bad, good, {}, {}); }, "weight_hh_l0");
-  expect_throw([&] { seqpack::rnn_reference_forward(o, w, good, Tensor::zeros({1, 2, 3}, DType::f64), {}); },
-               "[1, 2, 3]");
-  expect_throw([&] { seqpack::rnn_reference_forward(o, w, good, {}, Tensor::zeros({1, 1, 3}, DType::f64)); },
-               "c0");
+  expect_throw(
+      [&] {
+        seqpack::rnn_reference_forward(o, w, good, Tensor::zeros({1, 2, 3}, DType::f64), {});
+      },
+      "[1, 2, 3]");
+  expect_throw(
+      [&] {
+        seqpack::rnn_reference_forward(o, w, good, {}, Tensor::zeros({1, 1, 3}, DType::f64));
+      },
+      "c0");
   RNNOptions p = o;
   p.proj_size = 2;
   expect_throw([&] { seqpack::reference::rnn_parameter_names(p); }, "proj_size = 2");

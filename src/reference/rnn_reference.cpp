@@ -61,8 +61,8 @@ void check_options(const RNNOptions& o) {
         mode_str(o.mode));
   }
   if (o.proj_size >= o.hidden_size && o.proj_size > 0) {
-    bad("proj_size = " + std::to_string(o.proj_size) + " must be smaller than hidden_size = " +
-        std::to_string(o.hidden_size));
+    bad("proj_size = " + std::to_string(o.proj_size) +
+        " must be smaller than hidden_size = " + std::to_string(o.hidden_size));
   }
 }
 
@@ -93,7 +93,7 @@ void add_outer(Vec& dw, const double* a, int64_t rows, const double* b, int64_t 
 
 // The parameters of one layer and direction, as doubles.
 struct DirParams {
-  int64_t in = 0;  // input features of this layer
+  int64_t in = 0;                    // input features of this layer
   Vec w_ih, w_hh, b_ih, b_hh, w_hr;  // biases empty without bias, w_hr empty without proj
   // Indices into the flat weight list, -1 when absent.
   int64_t i_w_ih = -1, i_w_hh = -1, i_b_ih = -1, i_b_hh = -1, i_w_hr = -1;
@@ -104,8 +104,12 @@ struct Dims {
 };
 
 Dims dims_of(const RNNOptions& o) {
-  return {o.num_layers, o.bidirectional ? 2 : 1, gates_of(o.mode), o.hidden_size,
-          o.proj_size > 0 ? o.proj_size : o.hidden_size, o.input_size};
+  return {o.num_layers,
+          o.bidirectional ? 2 : 1,
+          gates_of(o.mode),
+          o.hidden_size,
+          o.proj_size > 0 ? o.proj_size : o.hidden_size,
+          o.input_size};
 }
 
 std::vector<DirParams> load_params(const RNNOptions& o, const std::vector<Tensor>& weights) {
@@ -156,11 +160,11 @@ std::vector<DirParams> load_params(const RNNOptions& o, const std::vector<Tensor
 // What one step saw and computed, kept for the reference backward.
 struct StepCache {
   Vec x, h_prev, c_prev;
-  Vec pre;    // RNN: pre-activation a; LSTM: activated gates i, f, g, o; GRU: r, z, n
-  Vec c;      // LSTM: c_t
-  Vec m;      // LSTM: o_t * tanh(c_t) (h_t before the projection)
-  Vec hn_lin; // GRU: W_hn h_{t-1} + b_hn
-  Vec h;      // h_t (after the projection)
+  Vec pre;     // RNN: pre-activation a; LSTM: activated gates i, f, g, o; GRU: r, z, n
+  Vec c;       // LSTM: c_t
+  Vec m;       // LSTM: o_t * tanh(c_t) (h_t before the projection)
+  Vec hn_lin;  // GRU: W_hn h_{t-1} + b_hn
+  Vec h;       // h_t (after the projection)
 };
 
 // One step of one direction. Reads x [in], h [P], c [H]; writes the new h and c
@@ -259,9 +263,8 @@ void cell_step_backward(RNNMode mode, const Dims& d, const DirParams& p, const S
     case RNNMode::rnn_tanh:
     case RNNMode::rnn_relu: {
       for (int64_t j = 0; j < H; ++j) {
-        const double da = mode == RNNMode::rnn_tanh
-                              ? at(dh, j) * (1 - at(s.h, j) * at(s.h, j))
-                              : (at(s.pre, j) > 0 ? at(dh, j) : 0.0);
+        const double da = mode == RNNMode::rnn_tanh ? at(dh, j) * (1 - at(s.h, j) * at(s.h, j))
+                                                    : (at(s.pre, j) > 0 ? at(dh, j) : 0.0);
         at(dgi, j) = da;
         at(dgh, j) = da;
       }
@@ -281,8 +284,7 @@ void cell_step_backward(RNNMode mode, const Dims& d, const DirParams& p, const S
                      o = at(s.pre, 3 * H + j);
         const double tc = std::tanh(at(s.c, j));
         const double dct = at(dc, j) + at(dm, j) * o * (1 - tc * tc);
-        const double di = dct * gg, df = dct * at(s.c_prev, j), dg = dct * i,
-                     d_o = at(dm, j) * tc;
+        const double di = dct * gg, df = dct * at(s.c_prev, j), dg = dct * i, d_o = at(dm, j) * tc;
         at(dc, j) = dct * f;
         at(dgi, j) = di * i * (1 - i);
         at(dgi, H + j) = df * f * (1 - f);
@@ -446,7 +448,8 @@ Tensor to_tensor(const std::vector<Vec>& rows, int64_t cols, DType dtype) {
   Tensor t = Tensor::empty({static_cast<int64_t>(rows.size()), cols}, DType::f64);
   double* p = t.data<double>();
   for (std::size_t r = 0; r < rows.size(); ++r) {
-    for (int64_t j = 0; j < cols; ++j) p[static_cast<int64_t>(r) * cols + j] = rows[r][static_cast<std::size_t>(j)];
+    for (int64_t j = 0; j < cols; ++j)
+      p[static_cast<int64_t>(r) * cols + j] = rows[r][static_cast<std::size_t>(j)];
   }
   return t.to(dtype);
 }
@@ -456,7 +459,8 @@ Tensor state_tensor(const std::vector<Vec>& rows, int64_t n, int64_t batch, int6
   Tensor t = Tensor::empty({n, batch, k}, DType::f64);
   double* p = t.data<double>();
   for (int64_t r = 0; r < n * batch; ++r) {
-    for (int64_t j = 0; j < k; ++j) p[r * k + j] = rows[static_cast<std::size_t>(r)][static_cast<std::size_t>(j)];
+    for (int64_t j = 0; j < k; ++j)
+      p[r * k + j] = rows[static_cast<std::size_t>(r)][static_cast<std::size_t>(j)];
   }
   return t.to(dtype);
 }
@@ -504,8 +508,8 @@ std::vector<Shape> rnn_parameter_shapes(const RNNOptions& o) {
 
 RNNReferenceGradients rnn_reference_backward(const RNNOptions& options,
                                              const std::vector<Tensor>& weights,
-                                             const std::vector<Tensor>& sequences,
-                                             const Tensor& h0, const Tensor& c0,
+                                             const std::vector<Tensor>& sequences, const Tensor& h0,
+                                             const Tensor& c0,
                                              const std::vector<Tensor>& grad_outputs,
                                              const Tensor& grad_h_n, const Tensor& grad_c_n) {
   check_options(options);
@@ -561,9 +565,8 @@ RNNReferenceGradients rnn_reference_backward(const RNNOptions& options,
         const DirParams& p = params[static_cast<std::size_t>(row)];
         Vec dh = state_row(grad_h_n, row, b, B, d.P);
         Vec dc = state_row(grad_c_n, row, b, B, d.H);
-        const auto& steps =
-            trace[static_cast<std::size_t>(b)][static_cast<std::size_t>(l)]
-                 [static_cast<std::size_t>(dir)];
+        const auto& steps = trace[static_cast<std::size_t>(b)][static_cast<std::size_t>(l)]
+                                 [static_cast<std::size_t>(dir)];
         for (int64_t k = T - 1; k >= 0; --k) {
           const int64_t t = dir == 0 ? k : T - 1 - k;
           for (int64_t j = 0; j < d.P; ++j) {
@@ -616,9 +619,11 @@ RNNReferenceResult rnn_reference_forward(const RNNOptions& options,
   // Results come back in options.dtype, as the fast path returns them; the
   // arithmetic above was all double.
   RNNReferenceResult out;
-  for (const auto& rows : r.outputs) out.outputs.push_back(to_tensor(rows, d.P * d.D, options.dtype));
+  for (const auto& rows : r.outputs)
+    out.outputs.push_back(to_tensor(rows, d.P * d.D, options.dtype));
   out.h_n = state_tensor(r.h_n, d.L * d.D, B, d.P, options.dtype);
-  if (options.mode == RNNMode::lstm) out.c_n = state_tensor(r.c_n, d.L * d.D, B, d.H, options.dtype);
+  if (options.mode == RNNMode::lstm)
+    out.c_n = state_tensor(r.c_n, d.L * d.D, B, d.H, options.dtype);
   return out;
 }
 

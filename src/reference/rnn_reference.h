@@ -30,8 +30,8 @@ struct RNNReferenceGradients {
 };
 RNNReferenceGradients rnn_reference_backward(const RNNOptions& options,
                                              const std::vector<Tensor>& weights,
-                                             const std::vector<Tensor>& sequences,
-                                             const Tensor& h0, const Tensor& c0,
+                                             const std::vector<Tensor>& sequences, const Tensor& h0,
+                                             const Tensor& c0,
                                              const std::vector<Tensor>& grad_outputs,
                                              const Tensor& grad_h_n, const Tensor& grad_c_n);
 
