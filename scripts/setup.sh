@@ -10,6 +10,7 @@ PACKAGES=(
   libgtest-dev libgmock-dev libbenchmark-dev
   python3 python3-dev python3-numpy python3-pytest python3-torch pybind11-dev
   wamerican wfrench wngerman wspanish witalian wportuguese wdutch
+  clang-14 libclang-rt-14-dev libomp-14-dev
 )
 missing=()
 for p in "${PACKAGES[@]}"; do

@@ -17,3 +17,9 @@ if [ -d python/tests ]; then
   PYTHONPATH="$PWD/$BUILD_DIR/python:$PWD/python${PYTHONPATH:+:$PYTHONPATH}" \
     /usr/bin/python3 -m pytest -q python/tests
 fi
+
+echo "== C++ tests again under AddressSanitizer + UndefinedBehaviorSanitizer =="
+bash scripts/test_sanitize.sh
+
+echo "== fuzzing: each libFuzzer target for a short fixed time =="
+bash scripts/fuzz.sh

@@ -172,7 +172,7 @@ std::map<std::string, Tensor> CharClassifier::state_dict() {
 void CharClassifier::load_state_dict(const std::map<std::string, Tensor>& state) {
   auto mine = parameters();
   for (const auto& [name, t] : state) {
-    if (std::none_of(mine.begin(), mine.end(), [&](const Parameter& p) { return p.name == name; })) {
+    if (std::none_of(mine.begin(), mine.end(), [&key = name](const Parameter& p) { return p.name == key; })) {
       throw std::invalid_argument("load_state_dict: unexpected key '" + name + "'");
     }
   }

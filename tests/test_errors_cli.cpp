@@ -1,0 +1,97 @@
+// Rejected command lines of the seqpack tool: each exits non-zero with a
+// message on stderr naming the offending value, and never crashes (exit codes
+// above 128 are signals). The tests behind the CLI rows of docs/errors.md.
+#include <gtest/gtest.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <string>
+
+namespace {
+
+namespace fs = std::filesystem;
+
+fs::path work_dir() {
+  static const fs::path p = [] {
+    fs::path d = fs::temp_directory_path() / ("seqpack_errors_cli_" + std::to_string(::getpid()));
+    fs::remove_all(d);
+    fs::create_directories(d);
+    return d;
+  }();
+  return p;
+}
+
+struct Result {
+  int exit_code;
+  std::string err;
+};
+
+Result run(const std::string& args) {
+  const fs::path err = work_dir() / "stderr.txt";
+  const std::string cmd = std::string(SEQPACK_CLI_PATH) + " " + args + " >/dev/null 2>" + err.string();
+  const int status = std::system(cmd.c_str());
+  std::ifstream in(err);
+  std::stringstream s;
+  s << in.rdbuf();
+  return {WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status), s.str()};
+}
+
+#define EXPECT_CLI_REJECTS(args, needle)                                                   \
+  do {                                                                                     \
+    const Result r_ = run(args);                                                           \
+    EXPECT_NE(r_.exit_code, 0) << (args);                                                  \
+    EXPECT_LT(r_.exit_code, 128) << (args) << " crashed: " << r_.err;                      \
+    EXPECT_NE(r_.err.find(needle), std::string::npos)                                      \
+        << (args) << ": stderr '" << r_.err << "' does not contain '" << (needle) << "'";  \
+  } while (0)
+
+TEST(ErrorsCli, NoOrUnknownSubcommand) {
+  EXPECT_CLI_REJECTS("", "A subcommand is required");
+  // CLI11 reports an unknown subcommand as a missing one, without naming it
+  // (docs/errors.md lists this as a known gap of main.cpp).
+  EXPECT_CLI_REJECTS("frobnicate", "A subcommand is required");
+}
+
+TEST(ErrorsCli, TrainFlagsOutOfRange) {
+  EXPECT_CLI_REJECTS("train --epochs -1 --data x.tsv", "--epochs = -1 is negative");
+  EXPECT_CLI_REJECTS("train --batch-size 0 --data x.tsv", "--batch-size = 0 must be positive");
+  EXPECT_CLI_REJECTS("train --lr 0 --data x.tsv", "--lr = 0 must be positive");
+  EXPECT_CLI_REJECTS("train --epochs two", "--epochs");
+}
+
+TEST(ErrorsCli, TrainDataFileMissingOrMalformed) {
+  EXPECT_CLI_REJECTS("train --data /nonexistent/data.tsv", "cannot open TSV file '/nonexistent/data.tsv'");
+  const fs::path tsv = work_dir() / "bad.tsv";
+  std::ofstream(tsv) << "en\tcat\nfr\n";
+  EXPECT_CLI_REJECTS("train --epochs 1 --data " + tsv.string(), "line 2: no tab between label and text");
+}
+
+TEST(ErrorsCli, PredictBadModelTopOrWord) {
+  EXPECT_CLI_REJECTS("predict --model /nonexistent/model word", "/nonexistent/model");
+  EXPECT_CLI_REJECTS("predict --top 0 word", "--top = 0 must be positive");
+  EXPECT_CLI_REJECTS("predict", "words is required");
+}
+
+TEST(ErrorsCli, BenchWorkloads) {
+  EXPECT_CLI_REJECTS("bench --workloads /nonexistent/w.json", "cannot open workloads file '/nonexistent/w.json'");
+  const fs::path w = work_dir() / "w.json";
+  std::ofstream(w) << R"({"workloads": [{"name": "a", "cell": "lstmm"}]})";
+  EXPECT_CLI_REJECTS("bench --workloads " + w.string(), "workload 'a': key 'cell' = 'lstmm' is not one of");
+  const fs::path ok = work_dir() / "ok.json";
+  std::ofstream(ok) << R"({"workloads": [{"name": "a", "cell": "gru", "input_size": 2, "hidden_size": 2,
+                                          "num_layers": 1, "lengths": [2]}]})";
+  EXPECT_CLI_REJECTS("bench --workloads " + ok.string() + " --workload b", "--workload 'b' is not in");
+  EXPECT_CLI_REJECTS("bench --workloads " + ok.string() + " --threads 0", "--threads");
+}
+
+TEST(ErrorsCli, DataExportNeedsOut) {
+  EXPECT_CLI_REJECTS("data export", "--out is required");
+  EXPECT_CLI_REJECTS("data export --out " + (work_dir() / "x").string() + " --dict-dir /nonexistent",
+                     "install the Debian package wamerican");
+}
+
+}  // namespace
