@@ -339,7 +339,7 @@ TEST_P(RNNModes, TwoThreadsMatchOneAndRepeat) {
   const RNNMode mode = GetParam();
   for (bool bidirectional : {false, true}) {
     SCOPED_TRACE(bidirectional ? "bidirectional" : "one direction");
-    RNNBase m(opts(mode, 6, 80, 2, bidirectional, mode == RNNMode::lstm ? 70 : 0, DType::f32),
+    RNNBase m(opts(mode, 6, 260, 2, bidirectional, mode == RNNMode::lstm ? 70 : 0, DType::f32),
               seed);
     const std::vector<int64_t> lengths = {7, 2, 0, 7, 5};
     const Tensor x = randn({7, 5, 6}, DType::f32, gen);
