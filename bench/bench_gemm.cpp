@@ -96,6 +96,7 @@ BENCHMARK(BM_sgemv)->ArgNames({"n", "k"})->Args({2048, 512})->Args({512, 128})->
 // cost, to set against `seqpack bench`'s CPU time for the same workload. Kinds:
 //   fwd_input   G = X * W_ih^T over all packed rows, per layer and direction
 //   fwd_steps   per step t: gates[bs_t, G] += h[bs_t, H] * W_hh^T
+//   fwd_steps_gemv4  the same, with steps of <= 4 live rows done as one sgemv per row
 //   bwd_steps   per step t: dh[bs_t, H] = dG[bs_t, G] * W_hh
 //   bwd_whole   dW_ih = dG^T X, dX += dG W_ih, dW_hh = dG^T H_prev over all packed rows
 struct WorkloadShape {
@@ -127,10 +128,18 @@ void run_kind(benchmark::State& state, const WorkloadShape& w, const std::string
           seqpack::cpu::gemm<float>(false, true, N, G, in, 1.f, x.data(), in, wt.data(), in, 1.f,
                                     g.data(), G);
           flops += 2.0 * N * G * in;
-        } else if (kind == "fwd_steps" || kind == "bwd_steps") {
+        } else if (kind == "fwd_steps" || kind == "bwd_steps" || kind == "fwd_steps_gemv4") {
           int64_t r0 = 0;
           for (int64_t n : w.batch_sizes) {
-            if (kind == "fwd_steps") {
+            if (kind == "fwd_steps_gemv4" && n <= 4) {
+              // The fix of docs/performance.md, finding 1: a step with few live rows does
+              // one sgemv per row (W_hh streamed, never packed) instead of one sgemm.
+              for (int64_t j = 0; j < n; ++j) {
+                cblas_sgemv(CblasRowMajor, CblasNoTrans, static_cast<int>(G), static_cast<int>(H),
+                            1.f, wt.data(), static_cast<int>(H), hp.data() + (r0 + j) * H, 1, 1.f,
+                            g.data() + (r0 + j) * G, 1);
+              }
+            } else if (kind != "bwd_steps") {
               seqpack::cpu::gemm<float>(false, true, n, G, H, 1.f, hp.data() + r0 * H, H, wt.data(),
                                         H, 1.f, g.data() + r0 * G, G);
             } else {
@@ -180,7 +189,7 @@ void register_workloads(const std::string& path) {
     shapes.push_back(std::move(w));
   }
   for (const auto& w : shapes) {
-    for (const char* kind : {"fwd_input", "fwd_steps", "bwd_steps", "bwd_whole"}) {
+    for (const char* kind : {"fwd_input", "fwd_steps", "fwd_steps_gemv4", "bwd_steps", "bwd_whole"}) {
       benchmark::RegisterBenchmark(("BM_rnn_gemms/" + w.name + "/" + kind).c_str(),
                                    [&w, k = std::string(kind)](benchmark::State& s) {
                                      run_kind(s, w, k);

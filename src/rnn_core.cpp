@@ -16,6 +16,9 @@
 // recurrence (one GEMM of live rows per step), then computes dW_ih, dX, dW_hh
 // and the biases each with ONE GEMM (or one pass) over all packed rows, so its
 // cost is linear in the number of tokens.
+#include <omp.h>
+
+#include <algorithm>
 #include <cstring>
 #include <random>
 #include <stdexcept>
@@ -66,8 +69,7 @@ int64_t params_per_direction(const RNNOptions& o) {
 }
 
 template <typename T>
-DirWeights<T> dir_weights(const RNNOptions& o, const std::vector<Tensor>& w, int64_t l,
-                          int64_t d) {
+DirWeights<T> dir_weights(const RNNOptions& o, const std::vector<Tensor>& w, int64_t l, int64_t d) {
   DirWeights<T> dw;
   const int64_t k = (l * o.num_directions() + d) * params_per_direction(o);
   dw.first = k;
@@ -111,10 +113,43 @@ void check_weights(const RNNOptions& o, const std::vector<Tensor>& weights) {
                                   ", expected " + shape_str(shapes[i]));
     }
     if (w.dtype() != o.dtype) {
-      throw std::invalid_argument(names[i] + " has dtype " + dtype_name(w.dtype()) +
-                                  ", expected " + dtype_name(o.dtype));
+      throw std::invalid_argument(names[i] + " has dtype " + dtype_name(w.dtype()) + ", expected " +
+                                  dtype_name(o.dtype));
     }
   }
+}
+
+// Threads for the splitting of one direction's steps: OpenMP's count, but at
+// least 128 hidden units per thread. Below that the per-step barriers cost more
+// than the split saves (and on a loaded machine a barrier waiting for a
+// descheduled thread costs far more: rnn-tanh-tiny, H = 64, ran 2000x slower
+// on two threads with 32 units each).
+int step_threads(int64_t H) {
+  const int64_t by_width = std::max<int64_t>(1, H / 128);
+  return static_cast<int>(std::min<int64_t>(omp_get_max_threads(), by_width));
+}
+
+// Columns [a, b) of [0, width) owned by thread `tid` of `nth`, in blocks of 16
+// so that each thread's SIMD vectors stay whole.
+void split_columns(int64_t width, int nth, int tid, int64_t& a, int64_t& b) {
+  const int64_t blocks = (width + 15) / 16;
+  a = std::min(width, blocks * tid / nth * 16);
+  b = std::min(width, blocks * (tid + 1) / nth * 16);
+}
+
+// Runs body(tid, nth) on `nt` threads. Inside, each thread calls the BLAS
+// single-threaded, so OpenMP and OpenBLAS never oversubscribe the cores.
+template <typename F>
+void run_threads(int nt, F&& body) {
+  if (nt <= 1) {
+    body(0, 1);
+    return;
+  }
+  const int blas = cpu::blas_threads();
+  cpu::set_blas_threads(1);
+#pragma omp parallel num_threads(nt)
+  body(omp_get_thread_num(), omp_get_num_threads());
+  cpu::set_blas_threads(blas);
 }
 
 template <typename T>
@@ -198,10 +233,20 @@ RNNForwardResult forward_impl(const RNNOptions& o, const std::vector<Tensor>& we
 
   // The whole workspace of the call, allocated once: nothing is allocated
   // inside the time loop.
-  std::vector<T> hstate(static_cast<std::size_t>(B * R));
-  std::vector<T> cstate(lstm ? static_cast<std::size_t>(B * H) : 0);
-  std::vector<T> gh_ws(gru ? static_cast<std::size_t>(B * G) : 0);
-  std::vector<T> m_ws(proj && !save ? static_cast<std::size_t>(B * H) : 0);
+  struct Workspace {
+    std::vector<T> hstate, hprev, cstate, gh, m;
+  };
+  std::vector<Workspace> wss(static_cast<std::size_t>(D));
+  for (Workspace& ws : wss) {
+    ws.hstate.resize(static_cast<std::size_t>(B * R));
+    // Without save, h_prev of a step goes to one of two alternating buffers
+    // (a thread may start the next step while another still reads this one).
+    ws.hprev.resize(save ? 0 : static_cast<std::size_t>(2 * B * R));
+    ws.cstate.resize(lstm ? static_cast<std::size_t>(B * H) : 0);
+    ws.gh.resize(gru ? static_cast<std::size_t>(B * G) : 0);
+    ws.m.resize(proj && !save ? static_cast<std::size_t>(B * H) : 0);
+  }
+  const int nt = step_threads(H);
 
   Tensor layer_in = data;
   for (int64_t l = 0; l < L; ++l) {
@@ -223,7 +268,9 @@ RNNForwardResult forward_impl(const RNNOptions& o, const std::vector<Tensor>& we
       sl.input = x;
       sl.mask = mask;
     }
-    for (int64_t d = 0; d < D; ++d) {
+    std::vector<RNNSaved::Direction> sds(static_cast<std::size_t>(D));
+    auto direction = [&](int64_t d, int nt_steps) {
+      Workspace& ws = wss[static_cast<std::size_t>(d)];
       const DirWeights<T> w = dir_weights<T>(o, weights, l, d);
       Tensor gates_t = cpu::pooled_empty({N, G}, o.dtype);
       T* gates = gates_t.data<T>();
@@ -235,10 +282,10 @@ RNNForwardResult forward_impl(const RNNOptions& o, const std::vector<Tensor>& we
           for (int64_t k = 0; k < G; ++k) g[k] = gru ? w.b_ih[k] : w.b_ih[k] + w.b_hh[k];
         }
       }
-      cpu::gemm<T>(false, true, N, G, in, T(1), x.data<T>(), in, w.w_ih, in,
-                   o.bias ? T(1) : T(0), gates, G);
+      cpu::gemm<T>(false, true, N, G, in, T(1), x.data<T>(), in, w.w_ih, in, o.bias ? T(1) : T(0),
+                   gates, G);
 
-      RNNSaved::Direction sd;
+      RNNSaved::Direction& sd = sds[static_cast<std::size_t>(d)];
       T *hprev = nullptr, *cs = nullptr, *cps = nullptr, *ms = nullptr, *ghn = nullptr;
       if (save) {
         sd.gates = gates_t;
@@ -260,53 +307,89 @@ RNNForwardResult forward_impl(const RNNOptions& o, const std::vector<Tensor>& we
         }
       }
       const int64_t ld = l * D + d;
-      load_state(hstate.data(), h0, ld, si, R);
-      if (lstm) load_state(cstate.data(), c0, ld, si, H);
+      load_state(ws.hstate.data(), h0, ld, si, R);
+      if (lstm) load_state(ws.cstate.data(), c0, ld, si, H);
 
       T* outp = out.data<T>() + d * R;
-      for (int64_t s = 0; s < TT; ++s) {
-        // The reverse direction walks t down; rows bs[t+1]..bs[t]-1 begin
-        // there and still hold h0 in the state buffer.
-        const int64_t t = d == 0 ? s : TT - 1 - s;
-        const int64_t n = bs[static_cast<std::size_t>(t)];
-        const int64_t r0 = off[static_cast<std::size_t>(t)];
-        T* grow = gates + r0 * G;
-        T* orow = outp + r0 * ldo;
-        const T* hsrc = hstate.data();
-        if (save) {
-          copy_rows(hprev + r0 * R, R, hstate.data(), R, n, R);
-          hsrc = hprev + r0 * R;
-        }
-        if (lstm) {
-          cpu::gemm<T>(false, true, n, G, R, T(1), hsrc, R, w.w_hh, R, T(1), grow, G);
-          T* cdst = cstate.data();
-          if (save) {
-            copy_rows(cps + r0 * H, H, cstate.data(), H, n, H);
-            cdst = cs + r0 * H;
+      // The time loop, run by `nth` threads that each own hidden units
+      // [a, b) of every gate (and columns [ra, rb) of h): per step each thread
+      // multiplies all of h_prev by its rows of W_hh and runs the gate kernel
+      // on its columns, so one barrier per step suffices (two with a projection).
+      auto time_loop = [&](int tid, int nth) {
+        int64_t a, b, ra, rb;
+        split_columns(H, nth, tid, a, b);
+        split_columns(R, nth, tid, ra, rb);
+        for (int64_t s = 0; s < TT; ++s) {
+          // The reverse direction walks t down; rows bs[t+1]..bs[t]-1 begin
+          // there and still hold h0 in the state buffer.
+          const int64_t t = d == 0 ? s : TT - 1 - s;
+          const int64_t n = bs[static_cast<std::size_t>(t)];
+          const int64_t r0 = off[static_cast<std::size_t>(t)];
+          T* grow = gates + r0 * G;
+          T* orow = outp + r0 * ldo;
+          T* hsrc = save ? hprev + r0 * R : ws.hprev.data() + (s % 2) * B * R;
+          copy_rows(hsrc + ra, R, ws.hstate.data() + ra, R, n, rb - ra);
+          if (nth > 1) {
+#pragma omp barrier
           }
-          T* hdst = orow;
-          int64_t ldh = ldo;
-          if (proj) {
-            hdst = save ? ms + r0 * H : m_ws.data();
-            ldh = H;
+          // grow[:, q*H + a .. q*H + b) (+)= h_prev · W_hh[q*H + a .. q*H + b)ᵀ for each gate q.
+          auto hidden_gemm = [&](T beta, T* dst) {
+            if (nth == 1) {
+              cpu::gemm<T>(false, true, n, G, R, T(1), hsrc, R, w.w_hh, R, beta, dst, G);
+              return;
+            }
+            for (int64_t q = 0; q < G / H; ++q) {
+              cpu::gemm<T>(false, true, n, b - a, R, T(1), hsrc, R, w.w_hh + (q * H + a) * R, R,
+                           beta, dst + q * H + a, G);
+            }
+          };
+          if (lstm) {
+            hidden_gemm(T(1), grow);
+            T* cdst = ws.cstate.data();
+            if (save) {
+              copy_rows(cps + r0 * H + a, H, ws.cstate.data() + a, H, n, b - a);
+              cdst = cs + r0 * H;
+            }
+            T* hdst = orow;
+            int64_t ldh = ldo;
+            if (proj) {
+              hdst = save ? ms + r0 * H : ws.m.data();
+              ldh = H;
+            }
+            cpu::lstm_gates_forward<T>(n, H, a, b, grow, ws.cstate.data(), H, cdst, H, hdst, ldh);
+            if (save) copy_rows(ws.cstate.data() + a, H, cdst + a, H, n, b - a);
+            if (proj) {
+              if (nth > 1) {
+#pragma omp barrier
+              }
+              cpu::gemm<T>(false, true, n, rb - ra, H, T(1), hdst, H, w.w_hr + ra * H, H, T(0),
+                           orow + ra, ldo);
+            }
+          } else if (gru) {
+            hidden_gemm(T(0), ws.gh.data());
+            cpu::gru_gates_forward<T>(n, H, a, b, grow, ws.gh.data(), w.b_hh, hsrc, R, orow, ldo,
+                                      save ? ghn + r0 * H : nullptr);
+          } else {
+            hidden_gemm(T(1), grow);
+            cpu::rnn_gates_forward<T>(n, H, a, b, grow, relu, orow, ldo);
           }
-          cpu::lstm_gates_forward<T>(n, H, grow, cstate.data(), H, cdst, H, hdst, ldh);
-          if (save) copy_rows(cstate.data(), H, cdst, H, n, H);
-          if (proj) cpu::gemm<T>(false, true, n, R, H, T(1), hdst, H, w.w_hr, H, T(0), orow, ldo);
-        } else if (gru) {
-          cpu::gemm<T>(false, true, n, G, R, T(1), hsrc, R, w.w_hh, R, T(0), gh_ws.data(), G);
-          cpu::gru_gates_forward<T>(n, H, grow, gh_ws.data(), w.b_hh, hsrc, R, orow, ldo,
-                                    save ? ghn + r0 * H : nullptr);
-        } else {
-          cpu::gemm<T>(false, true, n, G, R, T(1), hsrc, R, w.w_hh, R, T(1), grow, G);
-          cpu::rnn_gates_forward<T>(n, H, grow, relu, orow, ldo);
+          copy_rows(ws.hstate.data() + ra, R, orow + ra, ldo, n, rb - ra);
         }
-        copy_rows(hstate.data(), R, orow, ldo, n, R);
-      }
-      store_state(res.h_n, hstate.data(), ld, si, R);
-      if (lstm) store_state(res.c_n, cstate.data(), ld, si, H);
-      if (save) sl.dirs.push_back(std::move(sd));
+      };
+      run_threads(nt_steps, time_loop);
+      store_state(res.h_n, ws.hstate.data(), ld, si, R);
+      if (lstm) store_state(res.c_n, ws.cstate.data(), ld, si, H);
+    };
+    // Two directions run side by side on two threads (no synchronisation
+    // until the layer ends); one direction splits its steps by columns.
+    if (D == 2 && omp_get_max_threads() >= 2) {
+      run_threads(2, [&](int tid, int nth) {
+        for (int64_t d = tid; d < D; d += nth) direction(d, 1);
+      });
+    } else {
+      for (int64_t d = 0; d < D; ++d) direction(d, nt);
     }
+    if (save) sl.dirs = std::move(sds);
     if (save) saved->layers.push_back(std::move(sl));
     layer_in = out;
   }
@@ -343,15 +426,25 @@ RNNGradients backward_impl(const RNNSaved& sv, const Tensor& grad_output, const 
   g.h0 = cpu::pooled_empty({L * D, B, R}, o.dtype);
   if (lstm) g.c0 = cpu::pooled_empty({L * D, B, H}, o.dtype);
 
-  std::vector<T> dhstate(static_cast<std::size_t>(B * R));
-  std::vector<T> dcstate(lstm ? static_cast<std::size_t>(B * H) : 0);
-  std::vector<T> dm_ws(proj ? static_cast<std::size_t>(B * H) : 0);
-  // Under a projection dW_hr = dHᵀ·M needs dh of every row; otherwise one step's worth.
-  std::vector<T> dhtot(static_cast<std::size_t>((proj ? N : B) * R));
-  Tensor dg_t = cpu::pooled_empty({N, G}, o.dtype);
-  Tensor dgh_t = gru ? cpu::pooled_empty({N, G}, o.dtype) : Tensor();
-  T* dg = dg_t.data<T>();
-  T* dgh = gru ? dgh_t.data<T>() : dg;
+  struct Workspace {
+    std::vector<T> dhstate, dcstate, dm, dhtot;
+    Tensor dg_t, dgh_t;
+    T* dg = nullptr;   // [N, G] gradient of the gate pre-activations (GRU: input side)
+    T* dgh = nullptr;  // GRU: [N, G] gradient of W_h h_prev + b_h; else = dg
+  };
+  std::vector<Workspace> wss(static_cast<std::size_t>(D));
+  for (Workspace& ws : wss) {
+    ws.dhstate.resize(static_cast<std::size_t>(B * R));
+    ws.dcstate.resize(lstm ? static_cast<std::size_t>(B * H) : 0);
+    ws.dm.resize(proj ? static_cast<std::size_t>(B * H) : 0);
+    // Under a projection dW_hr = dHᵀ·M needs dh of every row; otherwise one step's worth.
+    ws.dhtot.resize(static_cast<std::size_t>((proj ? N : B) * R));
+    ws.dg_t = cpu::pooled_empty({N, G}, o.dtype);
+    ws.dg = ws.dg_t.template data<T>();
+    if (gru) ws.dgh_t = cpu::pooled_empty({N, G}, o.dtype);
+    ws.dgh = gru ? ws.dgh_t.template data<T>() : ws.dg;
+  }
+  const int nt = step_threads(H);
 
   Tensor dout = grad_output;  // gradient of this layer's output rows, or undefined
   for (int64_t l = L - 1; l >= 0; --l) {
@@ -359,59 +452,86 @@ RNNGradients backward_impl(const RNNSaved& sv, const Tensor& grad_output, const 
     const int64_t in = l == 0 ? o.input_size : D * R;
     const int64_t ldo = D * R;
     Tensor dx = cpu::pooled_empty({N, in}, o.dtype);
-    for (int64_t d = 0; d < D; ++d) {
+    auto direction = [&](int64_t d, int nt_steps) {
+      Workspace& ws = wss[static_cast<std::size_t>(d)];
+      T* dg = ws.dg;
+      T* dgh = ws.dgh;
       const RNNSaved::Direction& sd = sl.dirs[static_cast<std::size_t>(d)];
       const DirWeights<T> w = dir_weights<T>(o, sv.weights, l, d);
       const T* gates = sd.gates.data<T>();
       const T* hprev = sd.h_prev.data<T>();
       const int64_t ld = l * D + d;
-      load_state(dhstate.data(), grad_h_n, ld, si, R);
-      if (lstm) load_state(dcstate.data(), grad_c_n, ld, si, H);
+      load_state(ws.dhstate.data(), grad_h_n, ld, si, R);
+      if (lstm) load_state(ws.dcstate.data(), grad_c_n, ld, si, H);
       const T* doutp = dout.defined() ? dout.data<T>() + d * R : nullptr;
 
-      for (int64_t s = 0; s < TT; ++s) {
-        // Undo the forward's order: the forward direction walks t down here.
-        const int64_t t = d == 0 ? TT - 1 - s : s;
-        const int64_t n = bs[static_cast<std::size_t>(t)];
-        const int64_t r0 = off[static_cast<std::size_t>(t)];
-        T* dht = proj ? dhtot.data() + r0 * R : dhtot.data();
-        // dh of this step = upstream gradient of the output row + what the
-        // following step sent back through W_hh (or grad_h_n at the last step).
-        if (doutp) {
-          for (int64_t j = 0; j < n; ++j) {
-            const T* a = doutp + (r0 + j) * ldo;
-            const T* b = dhstate.data() + j * R;
-            T* c = dht + j * R;
-            for (int64_t k = 0; k < R; ++k) c[k] = a[k] + b[k];
+      // Same column split as the forward: each thread owns hidden units
+      // [a, b) of the gate gradients and columns [ra, rb) of dh.
+      auto time_loop = [&](int tid, int nth) {
+        int64_t a, b, ra, rb;
+        split_columns(H, nth, tid, a, b);
+        split_columns(R, nth, tid, ra, rb);
+        for (int64_t s = 0; s < TT; ++s) {
+          // Undo the forward's order: the forward direction walks t down here.
+          const int64_t t = d == 0 ? TT - 1 - s : s;
+          const int64_t n = bs[static_cast<std::size_t>(t)];
+          const int64_t r0 = off[static_cast<std::size_t>(t)];
+          T* dht = proj ? ws.dhtot.data() + r0 * R : ws.dhtot.data();
+          // dh of this step = upstream gradient of the output row + what the
+          // following step sent back through W_hh (or grad_h_n at the last step).
+          if (doutp) {
+            for (int64_t j = 0; j < n; ++j) {
+              const T* x = doutp + (r0 + j) * ldo;
+              const T* y = ws.dhstate.data() + j * R;
+              T* z = dht + j * R;
+              for (int64_t k = ra; k < rb; ++k) z[k] = x[k] + y[k];
+            }
+          } else {
+            copy_rows(dht + ra, R, ws.dhstate.data() + ra, R, n, rb - ra);
           }
-        } else {
-          copy_rows(dht, R, dhstate.data(), R, n, R);
-        }
-        T* dgr = dg + r0 * G;
-        if (lstm) {
-          const T* dh_in = dht;
-          int64_t ld_dh = R;
-          if (proj) {
-            cpu::gemm<T>(false, false, n, H, R, T(1), dht, R, w.w_hr, H, T(0), dm_ws.data(), H);
-            dh_in = dm_ws.data();
-            ld_dh = H;
+          T* dgr = dg + r0 * G;
+          if (lstm) {
+            const T* dh_in = dht;
+            int64_t ld_dh = R;
+            if (proj) {
+              if (nth > 1) {
+#pragma omp barrier
+              }
+              cpu::gemm<T>(false, false, n, b - a, R, T(1), dht, R, w.w_hr + a, H, T(0),
+                           ws.dm.data() + a, H);
+              dh_in = ws.dm.data();
+              ld_dh = H;
+            }
+            cpu::lstm_gates_backward<T>(n, H, a, b, gates + r0 * G, sd.c.data<T>() + r0 * H,
+                                        sd.c_prev.data<T>() + r0 * H, dh_in, ld_dh,
+                                        ws.dcstate.data(), dgr);
+            if (nth > 1) {
+#pragma omp barrier
+            }
+            cpu::gemm<T>(false, false, n, rb - ra, G, T(1), dgr, G, w.w_hh + ra, R, T(0),
+                         ws.dhstate.data() + ra, R);
+          } else if (gru) {
+            T* dghr = dgh + r0 * G;
+            cpu::gru_gates_backward<T>(n, H, a, b, gates + r0 * G, sd.ghn.data<T>() + r0 * H,
+                                       hprev + r0 * R, R, dht, R, dgr, dghr, ws.dhstate.data());
+            if (nth > 1) {
+#pragma omp barrier
+            }
+            cpu::gemm<T>(false, false, n, rb - ra, G, T(1), dghr, G, w.w_hh + ra, R, T(1),
+                         ws.dhstate.data() + ra, R);
+          } else {
+            cpu::rnn_gates_backward<T>(n, H, a, b, gates + r0 * G, relu, dht, R, dgr);
+            if (nth > 1) {
+#pragma omp barrier
+            }
+            cpu::gemm<T>(false, false, n, rb - ra, G, T(1), dgr, G, w.w_hh + ra, R, T(0),
+                         ws.dhstate.data() + ra, R);
           }
-          cpu::lstm_gates_backward<T>(n, H, gates + r0 * G, sd.c.data<T>() + r0 * H,
-                                      sd.c_prev.data<T>() + r0 * H, dh_in, ld_dh,
-                                      dcstate.data(), dgr);
-          cpu::gemm<T>(false, false, n, R, G, T(1), dgr, G, w.w_hh, R, T(0), dhstate.data(), R);
-        } else if (gru) {
-          T* dghr = dgh + r0 * G;
-          cpu::gru_gates_backward<T>(n, H, gates + r0 * G, sd.ghn.data<T>() + r0 * H,
-                                     hprev + r0 * R, R, dht, R, dgr, dghr, dhstate.data());
-          cpu::gemm<T>(false, false, n, R, G, T(1), dghr, G, w.w_hh, R, T(1), dhstate.data(), R);
-        } else {
-          cpu::rnn_gates_backward<T>(n, H, gates + r0 * G, relu, dht, R, dgr);
-          cpu::gemm<T>(false, false, n, R, G, T(1), dgr, G, w.w_hh, R, T(0), dhstate.data(), R);
         }
-      }
-      store_state(g.h0, dhstate.data(), ld, si, R);
-      if (lstm) store_state(g.c0, dcstate.data(), ld, si, H);
+      };
+      run_threads(nt_steps, time_loop);
+      store_state(g.h0, ws.dhstate.data(), ld, si, R);
+      if (lstm) store_state(g.c0, ws.dcstate.data(), ld, si, H);
 
       // Everything else is one GEMM (or one pass) over all packed rows.
       const std::size_t k = static_cast<std::size_t>(w.first);
@@ -419,9 +539,6 @@ RNNGradients backward_impl(const RNNSaved& sv, const Tensor& grad_output, const 
       T* dwhh = g.weights[k + 1].data<T>();
       const T* x = sl.input.data<T>();
       cpu::gemm<T>(true, false, G, in, N, T(1), dg, G, x, in, T(0), dwih, in);
-      // dX sums both directions' contributions.
-      cpu::gemm<T>(false, false, N, in, G, T(1), dg, G, w.w_ih, in, d == 0 ? T(0) : T(1),
-                   dx.data<T>(), in);
       cpu::gemm<T>(true, false, G, R, N, T(1), dgh, G, hprev, R, T(0), dwhh, R);
       std::size_t next = k + 2;
       if (o.bias) {
@@ -430,9 +547,22 @@ RNNGradients backward_impl(const RNNSaved& sv, const Tensor& grad_output, const 
         next += 2;
       }
       if (proj) {
-        cpu::gemm<T>(true, false, R, H, N, T(1), dhtot.data(), R, sd.m.data<T>(), H, T(0),
+        cpu::gemm<T>(true, false, R, H, N, T(1), ws.dhtot.data(), R, sd.m.data<T>(), H, T(0),
                      g.weights[next].data<T>(), H);
       }
+    };
+    if (D == 2 && omp_get_max_threads() >= 2) {
+      run_threads(2, [&](int tid, int nth) {
+        for (int64_t d = tid; d < D; d += nth) direction(d, 1);
+      });
+    } else {
+      for (int64_t d = 0; d < D; ++d) direction(d, nt);
+    }
+    // dX sums both directions' contributions, after both are done.
+    for (int64_t d = 0; d < D; ++d) {
+      const DirWeights<T> w = dir_weights<T>(o, sv.weights, l, d);
+      cpu::gemm<T>(false, false, N, in, G, T(1), wss[static_cast<std::size_t>(d)].dg, G, w.w_ih, in,
+                   d == 0 ? T(0) : T(1), dx.data<T>(), in);
     }
     if (l > 0 && sl.mask.defined()) {
       T* a = dx.data<T>();
@@ -458,9 +588,9 @@ RNNForwardResult rnn_forward(const RNNOptions& options, const std::vector<Tensor
                                 (data.defined() ? shape_str(data.shape()) : "undefined"));
   }
   if (data.size(1) != options.input_size) {
-    throw std::invalid_argument("input has " + std::to_string(data.size(1)) +
-                                " features, expected input_size = " +
-                                std::to_string(options.input_size));
+    throw std::invalid_argument(
+        "input has " + std::to_string(data.size(1)) +
+        " features, expected input_size = " + std::to_string(options.input_size));
   }
   if (data.size(0) != plan.total_rows()) {
     throw std::invalid_argument("packed input has " + std::to_string(data.size(0)) +
@@ -487,8 +617,8 @@ RNNForwardResult rnn_forward(const RNNOptions& options, const std::vector<Tensor
                               dropout_seed);
 }
 
-RNNGradients rnn_backward(const RNNSaved& saved, const Tensor& grad_output,
-                          const Tensor& grad_h_n, const Tensor& grad_c_n) {
+RNNGradients rnn_backward(const RNNSaved& saved, const Tensor& grad_output, const Tensor& grad_h_n,
+                          const Tensor& grad_c_n) {
   const RNNOptions& o = saved.options;
   const int64_t LD = o.num_layers * o.num_directions();
   check_state(grad_output, {saved.total_rows, o.output_size()}, o.dtype, "grad_output");

@@ -19,6 +19,7 @@ struct RNNCase {
   std::string kind;  // "packed", "padded", "padded_lengths", "unbatched"
   std::vector<int64_t> lengths;
   bool enforce_sorted = true;
+  int64_t total_length = 0;                  // padded_lengths cases padded beyond max_len(); else 0
   std::vector<std::string> parameter_names;  // PyTorch's _flat_weights_names
   std::vector<Tensor> weights;               // in that order, options.dtype
   std::vector<Tensor> sequences;             // caller's order, [len_b, input_size]
@@ -37,6 +38,9 @@ struct RNNCase {
     for (int64_t n : lengths) m = std::max(m, n);
     return m;
   }
+  // Steps of the padded input and output: max_len(), or more when the case
+  // pads to a fixed total_length.
+  int64_t padded_len() const { return total_length > 0 ? total_length : max_len(); }
   // Caller's index of the k-th sequence in packed order.
   int64_t sorted(int64_t k) const {
     return sorted_indices.empty() ? k : sorted_indices[static_cast<std::size_t>(k)];
@@ -73,6 +77,7 @@ inline std::vector<RNNCase> load_rnn_cases() {
       c.kind = j.at("kind").get<std::string>();
       c.lengths = j.at("lengths").get<std::vector<int64_t>>();
       if (j.contains("enforce_sorted")) c.enforce_sorted = j.at("enforce_sorted").get<bool>();
+      if (j.contains("total_length")) c.total_length = j.at("total_length").get<int64_t>();
       c.parameter_names = j.at("parameter_names").get<std::vector<std::string>>();
       for (const auto& n : c.parameter_names) {
         c.weights.push_back(tensor_from_json(j.at("state_dict").at(n), dt));
@@ -160,7 +165,8 @@ inline std::vector<RNNCellCase> load_rnn_cell_cases() {
 // Per-sequence rows [len_b, F] (caller's order) -> the case's output layout:
 // packed rows, padded [T, B, F] / [B, T, F] with zeros at padding, or [T, F].
 inline Tensor rows_to_layout(const RNNCase& c, const std::vector<Tensor>& rows, int64_t features) {
-  const int64_t B = c.batch(), T = c.max_len();
+  const int64_t B = c.batch();
+  int64_t T = c.max_len();
   if (c.kind == "packed") {
     int64_t total = 0;
     for (int64_t n : c.lengths) total += n;
@@ -181,6 +187,7 @@ inline Tensor rows_to_layout(const RNNCase& c, const std::vector<Tensor>& rows, 
   }
   if (c.kind == "unbatched") return rows[0].to(DType::f64).view({T, features});
   const bool bf = c.options.batch_first;
+  T = c.padded_len();
   Tensor out = Tensor::zeros(bf ? Shape{B, T, features} : Shape{T, B, features}, DType::f64);
   for (int64_t b = 0; b < B; ++b) {
     for (int64_t t = 0; t < c.lengths[static_cast<std::size_t>(b)]; ++t) {
@@ -197,7 +204,8 @@ inline Tensor rows_to_layout(const RNNCase& c, const std::vector<Tensor>& rows, 
 // The inverse: a tensor in the case's layout -> per-sequence rows (float64).
 // Padding positions are dropped.
 inline std::vector<Tensor> layout_to_rows(const RNNCase& c, const Tensor& x, int64_t features) {
-  const int64_t B = c.batch(), T = c.max_len();
+  const int64_t B = c.batch();
+  int64_t T = c.max_len();
   std::vector<Tensor> rows;
   for (int64_t b = 0; b < B; ++b) {
     rows.push_back(Tensor::zeros({c.lengths[static_cast<std::size_t>(b)], features}, DType::f64));
@@ -218,6 +226,7 @@ inline std::vector<Tensor> layout_to_rows(const RNNCase& c, const Tensor& x, int
     return rows;
   }
   const bool bf = c.options.batch_first && c.kind != "unbatched";
+  T = c.padded_len();
   for (int64_t b = 0; b < B; ++b) {
     for (int64_t t = 0; t < c.lengths[static_cast<std::size_t>(b)]; ++t) {
       const int64_t src = bf ? (b * T + t) : (t * B + b);

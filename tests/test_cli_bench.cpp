@@ -99,6 +99,7 @@ TEST_F(BenchCli, JsonLinesHaveEveryKeyForEveryWorkloadAndMode) {
     EXPECT_EQ(j.at("threads"), 1);
     const double sec = j.at("sec_per_batch").get<double>();
     EXPECT_GT(sec, 0.0);
+    EXPECT_GE(j.at("cpu_sec_per_batch").get<double>(), 0.0);
     // tokens = sum of the real lengths in every mode, padded included.
     const double tokens = j.at("workload") == "tiny-lstm" ? 9.0 : 4.0;
     EXPECT_NEAR(j.at("tokens_per_s").get<double>() * sec, tokens, 1e-6 * tokens);

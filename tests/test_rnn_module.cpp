@@ -12,6 +12,7 @@
 
 #include "seqpack/packed_sequence.h"
 #include "seqpack/rnn.h"
+#include "seqpack/threading.h"
 #include "test_util.h"
 
 namespace seqpack {
@@ -52,9 +53,12 @@ RNNOptions opts(RNNMode mode, int64_t in, int64_t hidden, int64_t layers = 1,
 }
 
 TEST(RNNOptions, ValidateNamesTheOffendingOption) {
-  expect_invalid([] { opts(RNNMode::lstm, 0, 3).validate(); }, "input_size must be positive, got 0");
-  expect_invalid([] { opts(RNNMode::lstm, 2, -1).validate(); }, "hidden_size must be positive, got -1");
-  expect_invalid([] { opts(RNNMode::gru, 2, 3, 0).validate(); }, "num_layers must be positive, got 0");
+  expect_invalid([] { opts(RNNMode::lstm, 0, 3).validate(); },
+                 "input_size must be positive, got 0");
+  expect_invalid([] { opts(RNNMode::lstm, 2, -1).validate(); },
+                 "hidden_size must be positive, got -1");
+  expect_invalid([] { opts(RNNMode::gru, 2, 3, 0).validate(); },
+                 "num_layers must be positive, got 0");
   auto o = opts(RNNMode::lstm, 2, 3);
   o.dropout = 1.0;
   expect_invalid([&] { o.validate(); }, "dropout must be in [0, 1), got 1.0");
@@ -77,12 +81,13 @@ TEST(RNNParameters, NamesAndShapesInPyTorchOrder) {
   // and the shapes of those parameters.
   const auto o = opts(RNNMode::lstm, 4, 6, 2, true, 3);
   const std::vector<std::string> want = {
-      "weight_ih_l0", "weight_hh_l0", "bias_ih_l0", "bias_hh_l0", "weight_hr_l0",
-      "weight_ih_l0_reverse", "weight_hh_l0_reverse", "bias_ih_l0_reverse",
-      "bias_hh_l0_reverse", "weight_hr_l0_reverse",
-      "weight_ih_l1", "weight_hh_l1", "bias_ih_l1", "bias_hh_l1", "weight_hr_l1",
+      "weight_ih_l0",         "weight_hh_l0",         "bias_ih_l0",
+      "bias_hh_l0",           "weight_hr_l0",         "weight_ih_l0_reverse",
+      "weight_hh_l0_reverse", "bias_ih_l0_reverse",   "bias_hh_l0_reverse",
+      "weight_hr_l0_reverse", "weight_ih_l1",         "weight_hh_l1",
+      "bias_ih_l1",           "bias_hh_l1",           "weight_hr_l1",
       "weight_ih_l1_reverse", "weight_hh_l1_reverse", "bias_ih_l1_reverse",
-      "bias_hh_l1_reverse", "weight_hr_l1_reverse"};
+      "bias_hh_l1_reverse",   "weight_hr_l1_reverse"};
   EXPECT_EQ(rnn_parameter_names(o), want);
   const auto shapes = rnn_parameter_shapes(o);
   ASSERT_EQ(shapes.size(), want.size());
@@ -94,9 +99,8 @@ TEST(RNNParameters, NamesAndShapesInPyTorchOrder) {
 
   auto g = opts(RNNMode::gru, 5, 7, 2);
   g.bias = false;
-  EXPECT_EQ(rnn_parameter_names(g),
-            (std::vector<std::string>{"weight_ih_l0", "weight_hh_l0", "weight_ih_l1",
-                                      "weight_hh_l1"}));
+  EXPECT_EQ(rnn_parameter_names(g), (std::vector<std::string>{"weight_ih_l0", "weight_hh_l0",
+                                                              "weight_ih_l1", "weight_hh_l1"}));
   EXPECT_EQ(rnn_parameter_shapes(g)[2], (Shape{21, 7}));
 }
 
@@ -131,7 +135,8 @@ TEST(RNNModule, StateDictRoundTripAndStrictErrors) {
   expect_invalid([&] { b.load_state_dict(sd); }, "unexpected key 'weight_hr_l0'");
   sd = a.state_dict();
   sd["weight_hh_l1"] = Tensor::zeros({12, 5}, DType::f64);
-  expect_invalid([&] { b.load_state_dict(sd); }, "'weight_hh_l1' has shape [12, 5], expected [12, 4]");
+  expect_invalid([&] { b.load_state_dict(sd); },
+                 "'weight_hh_l1' has shape [12, 5], expected [12, 4]");
   expect_invalid([&] { b.parameter("weight_xx"); }, "'weight_xx'");
 }
 
@@ -159,10 +164,10 @@ TEST(RNNModule, HandWorkedTinyRNN) {
   EXPECT_NEAR(g.input.item_as_double(1), 0.5 * a2, 1e-12);
   EXPECT_NEAR(g.input.item_as_double(0), -a2 * a1 * 0.5, 1e-12);
   EXPECT_NEAR(g.h0.item_as_double(0), a2 * (-1) * a1 * (-1), 1e-12);
-  EXPECT_NEAR(m.grads()[1].item_as_double(0), a2 * h1, 1e-12);  // weight_hh
+  EXPECT_NEAR(m.grads()[1].item_as_double(0), a2 * h1, 1e-12);        // weight_hh
   EXPECT_NEAR(m.grads()[2].item_as_double(0), a2 * (1 - a1), 1e-12);  // bias_ih
   EXPECT_NEAR(m.grads()[3].item_as_double(0), a2 * (1 - a1), 1e-12);  // bias_hh
-  EXPECT_NEAR(m.grads()[0].item_as_double(0), a2 * (2 - a1), 1e-12);   // weight_ih
+  EXPECT_NEAR(m.grads()[0].item_as_double(0), a2 * (2 - a1), 1e-12);  // weight_ih
   // backward accumulates into grads().
   m.backward(y, Tensor(), Tensor::from_vector<double>({1.0}, {1, 1, 1}));
   EXPECT_NEAR(m.grads()[1].item_as_double(0), 2 * a2 * h1, 1e-12);
@@ -253,8 +258,7 @@ TEST_P(RNNModes, PackedPaddedBatchFirstAndUnbatchedAgree) {
   ASSERT_EQ(un.h_n.shape(), (Shape{4, 6}));
   for (int64_t t = 0; t < 4; ++t)
     for (int64_t k = 0; k < 12; ++k)
-      ASSERT_NEAR(un.padded.data<float>()[t * 12 + k], full.padded.data<float>()[t * 48 + k],
-                  1e-6);
+      ASSERT_NEAR(un.padded.data<float>()[t * 12 + k], full.padded.data<float>()[t * 48 + k], 1e-6);
   // Gradients through the padded and the packed forms agree as well.
   const Tensor gy = randn(padded.padded.shape(), DType::f32, gen);
   RNNGradients gp = m.backward(padded, gy);
@@ -325,6 +329,41 @@ TEST_P(RNNModes, ZeroLengthSequencesForwardAndBackward) {
   EXPECT_EQ(ge.input.shape(), (Shape{0, 2, 2}));
 }
 
+// Threads split a step by hidden-unit columns (one direction) or run the two
+// directions side by side; either way the results match one thread to float
+// rounding and are bitwise repeatable for a fixed thread count.
+TEST_P(RNNModes, TwoThreadsMatchOneAndRepeat) {
+  const uint64_t seed = seqpack::testing::test_seed();
+  SCOPED_TRACE("seed " + std::to_string(seed));
+  std::mt19937_64 gen(seed);
+  const RNNMode mode = GetParam();
+  for (bool bidirectional : {false, true}) {
+    SCOPED_TRACE(bidirectional ? "bidirectional" : "one direction");
+    RNNBase m(opts(mode, 6, 260, 2, bidirectional, mode == RNNMode::lstm ? 70 : 0, DType::f32),
+              seed);
+    const std::vector<int64_t> lengths = {7, 2, 0, 7, 5};
+    const Tensor x = randn({7, 5, 6}, DType::f32, gen);
+    const Tensor gy = randn({7, 5, m.options().output_size()}, DType::f32, gen);
+    auto run = [&](int threads) {
+      set_num_threads(threads);
+      RNNOutput y = m.forward(x, lengths);
+      RNNGradients g = m.backward(y, gy);
+      set_num_threads(1);
+      return std::make_pair(y, g);
+    };
+    auto [y1, g1] = run(1);
+    auto [y2, g2] = run(2);
+    auto [y2b, g2b] = run(2);
+    EXPECT_TRUE(all_close(y2.padded, y1.padded, 1e-5, 1e-6, "output"));
+    EXPECT_TRUE(all_close(y2.h_n, y1.h_n, 1e-5, 1e-6, "h_n"));
+    EXPECT_TRUE(all_close(g2.input, g1.input, 1e-4, 1e-5, "grad input"));
+    for (std::size_t i = 0; i < g1.weights.size(); ++i)
+      EXPECT_TRUE(all_close(g2.weights[i], g1.weights[i], 1e-4, 1e-5, m.parameter_names()[i]));
+    EXPECT_TRUE(all_close(y2b.padded, y2.padded, 0, 0, "repeat output"));
+    EXPECT_TRUE(all_close(g2b.input, g2.input, 0, 0, "repeat grad input"));
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(AllModes, RNNModes,
                          ::testing::Values(RNNMode::rnn_tanh, RNNMode::rnn_relu, RNNMode::lstm,
                                            RNNMode::gru),
@@ -332,17 +371,32 @@ INSTANTIATE_TEST_SUITE_P(AllModes, RNNModes,
 
 TEST(RNNModule, BadInputsNameTheValue) {
   LSTM m(opts(RNNMode::lstm, 3, 4, 2, false, 0, DType::f32));
-  expect_invalid([&] { m.forward(Tensor::zeros({5, 2, 7}, DType::f32)); },
-                 "input has 7 features, expected input_size = 3");
-  expect_invalid([&] { m.forward(Tensor::zeros({5, 2, 3}, DType::f64)); },
-                 "input has dtype float64 but the module's parameters are float32");
-  expect_invalid([&] { m.forward(Tensor::zeros({5, 2, 3}, DType::f32), Tensor::zeros({1, 2, 4}, DType::f32)); },
-                 "h0 has shape [1, 2, 4], expected [2, 2, 4]");
-  expect_invalid([&] {
-    m.forward(Tensor::zeros({5, 2, 3}, DType::f32), Tensor(), Tensor::zeros({2, 3, 4}, DType::f32));
-  }, "c0 has shape [2, 3, 4], expected [2, 2, 4]");
-  expect_invalid([&] { m.forward(Tensor::zeros({5, 2, 3}, DType::f32), std::vector<int64_t>{5, 6}); },
-                 "lengths[1] = 6");
+  expect_invalid(
+      [&] {
+        m.forward(Tensor::zeros({5, 2, 7}, DType::f32));
+      },
+      "input has 7 features, expected input_size = 3");
+  expect_invalid(
+      [&] {
+        m.forward(Tensor::zeros({5, 2, 3}, DType::f64));
+      },
+      "input has dtype float64 but the module's parameters are float32");
+  expect_invalid(
+      [&] {
+        m.forward(Tensor::zeros({5, 2, 3}, DType::f32), Tensor::zeros({1, 2, 4}, DType::f32));
+      },
+      "h0 has shape [1, 2, 4], expected [2, 2, 4]");
+  expect_invalid(
+      [&] {
+        m.forward(Tensor::zeros({5, 2, 3}, DType::f32), Tensor(),
+                  Tensor::zeros({2, 3, 4}, DType::f32));
+      },
+      "c0 has shape [2, 3, 4], expected [2, 2, 4]");
+  expect_invalid(
+      [&] {
+        m.forward(Tensor::zeros({5, 2, 3}, DType::f32), std::vector<int64_t>{5, 6});
+      },
+      "lengths[1] = 6");
   expect_invalid([&] { m.forward(Tensor::zeros({5}, DType::f32)); }, "shape [5]");
 
   const RNNOptions o = m.options();
@@ -360,15 +414,22 @@ TEST(RNNModule, BadInputsNameTheValue) {
   w[2] = Tensor::zeros({16}, DType::f64);
   expect_invalid([&] { rnn_forward(o, w, data, plan, {}, {}, false, false); },
                  "bias_ih_l0 has dtype float64, expected float32");
-  expect_invalid([&] { rnn_forward(o, m.parameters(), Tensor::zeros({4, 3}, DType::f32), plan, {}, {}, false, false); },
-                 "packed input has 4 rows but the batch sizes sum to 3");
+  expect_invalid(
+      [&] {
+        rnn_forward(o, m.parameters(), Tensor::zeros({4, 3}, DType::f32), plan, {}, {}, false,
+                    false);
+      },
+      "packed input has 4 rows but the batch sizes sum to 3");
 
   RNNOutput nograd = m.forward(Tensor::zeros({2, 2, 3}, DType::f32), Tensor(), Tensor(),
                                /*requires_grad=*/false);
   expect_invalid([&] { m.backward(nograd, Tensor()); }, "without requires_grad");
   RNNOutput y = m.forward(Tensor::zeros({2, 2, 3}, DType::f32));
-  expect_invalid([&] { m.backward(y, Tensor::zeros({2, 2, 5}, DType::f32)); },
-                 "grad_output has shape [2, 2, 5], expected the output's shape [2, 2, 4]");
+  expect_invalid(
+      [&] {
+        m.backward(y, Tensor::zeros({2, 2, 5}, DType::f32));
+      },
+      "grad_output has shape [2, 2, 5], expected the output's shape [2, 2, 4]");
 }
 
 TEST(RNNModule, DropoutOnlyWhenTrainingSeededAndDifferentiable) {
@@ -400,7 +461,8 @@ TEST(RNNModule, DropoutOnlyWhenTrainingSeededAndDifferentiable) {
     m.set_dropout_seed(11);
     RNNOutput yy = m.forward(xi, Tensor(), Tensor(), false);
     double s = 0;
-    for (int64_t i = 0; i < gy.numel(); ++i) s += yy.padded.item_as_double(i) * gy.item_as_double(i);
+    for (int64_t i = 0; i < gy.numel(); ++i)
+      s += yy.padded.item_as_double(i) * gy.item_as_double(i);
     return s;
   };
   for (int64_t i : {0, 7, 20}) {

@@ -38,7 +38,7 @@ Tensor f64(std::vector<double> v, seqpack::Shape shape) {
 TEST(RNNReference, FixturesCoverTheGrid) {
   // Guards against a generator change silently dropping a whole dimension of the grid.
   int packed = 0, padded = 0, padded_lengths = 0, unbatched = 0, bi = 0, proj = 0, nobias = 0,
-      f64cases = 0, unsorted = 0, layers3 = 0, batch_first = 0, h0 = 0;
+      f64cases = 0, unsorted = 0, layers3 = 0, batch_first = 0, h0 = 0, beyond = 0;
   for (const RNNCase& c : cases()) {
     packed += c.kind == "packed";
     padded += c.kind == "padded";
@@ -53,7 +53,9 @@ TEST(RNNReference, FixturesCoverTheGrid) {
     layers3 += c.options.num_layers == 3;
     batch_first += c.options.batch_first;
     h0 += c.h0.defined();
+    beyond += c.padded_len() > c.max_len();
   }
+  EXPECT_GE(beyond, 4);
   EXPECT_GE(cases().size(), 60u);
   for (int n : {packed, padded, padded_lengths, unbatched, bi, proj, nobias, f64cases, unsorted,
                 layers3, batch_first, h0}) {

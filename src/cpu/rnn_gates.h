@@ -6,6 +6,9 @@
 // float32 dispatches at run time to the best Highway target of the CPU
 // (rnn_gates_f32_hwy.cpp); float64 uses the scalar loops of rnn_gates_scalar.h.
 //
+// Each call covers hidden units (columns) [k0, k1) of every gate, so threads
+// can split a step by columns; pass [0, H) for the whole step.
+//
 // Row layouts (n rows, hidden size H):
 //   LSTM gates [n, 4H] in the order i, f, g, o;  GRU gates [n, 3H] r, z, n;
 //   RNN gates [n, H]. `ld_*` are row strides in elements.
@@ -18,37 +21,40 @@ namespace seqpack::cpu {
 // gates: pre-activations in, activations (σ(i), σ(f), tanh(g), σ(o)) out.
 // c = f * c_prev + i * g;  h = o * tanh(c). c_prev may alias c (same rows).
 template <typename T>
-void lstm_gates_forward(int64_t n, int64_t H, T* gates, const T* c_prev, int64_t ld_cprev, T* c,
-                        int64_t ld_c, T* h, int64_t ld_h);
+void lstm_gates_forward(int64_t n, int64_t H, int64_t k0, int64_t k1, T* gates, const T* c_prev,
+                        int64_t ld_cprev, T* c, int64_t ld_c, T* h, int64_t ld_h);
 
 // dh: gradient of h (or of o * tanh(c) under a projection). dc: gradient of c
 // from the next step on entry, gradient of c_prev on exit. dgates: gradient of
 // the gate pre-activations [n, 4H].
 template <typename T>
-void lstm_gates_backward(int64_t n, int64_t H, const T* gates, const T* c, const T* c_prev,
-                         const T* dh, int64_t ld_dh, T* dc, T* dgates);
+void lstm_gates_backward(int64_t n, int64_t H, int64_t k0, int64_t k1, const T* gates, const T* c,
+                         const T* c_prev, const T* dh, int64_t ld_dh, T* dc, T* dgates);
 
 // gx: W_i x + b_i in, activations (r, z, n) out. gh: W_h h_prev without bias;
 // b_hh may be null. ghn (optional, [n, H]) receives W_hn h_prev + b_hn, which
 // the backward needs.
 template <typename T>
-void gru_gates_forward(int64_t n, int64_t H, T* gx, const T* gh, const T* b_hh, const T* h_prev,
-                       int64_t ld_hprev, T* h, int64_t ld_h, T* ghn);
+void gru_gates_forward(int64_t n, int64_t H, int64_t k0, int64_t k1, T* gx, const T* gh,
+                       const T* b_hh, const T* h_prev, int64_t ld_hprev, T* h, int64_t ld_h,
+                       T* ghn);
 
 // dgx: gradient of W_i x + b_i [n, 3H]; dgh: of W_h h_prev + b_h [n, 3H];
 // dh_prev: the part of dL/dh_prev that bypasses W_hh (dh * z), ld H.
 template <typename T>
-void gru_gates_backward(int64_t n, int64_t H, const T* gates, const T* ghn, const T* h_prev,
-                        int64_t ld_hprev, const T* dh, int64_t ld_dh, T* dgx, T* dgh, T* dh_prev);
+void gru_gates_backward(int64_t n, int64_t H, int64_t k0, int64_t k1, const T* gates, const T* ghn,
+                        const T* h_prev, int64_t ld_hprev, const T* dh, int64_t ld_dh, T* dgx,
+                        T* dgh, T* dh_prev);
 
 // gates: pre-activation in, h = tanh or relu out; h is also written to `h`.
 template <typename T>
-void rnn_gates_forward(int64_t n, int64_t H, T* gates, bool relu, T* h, int64_t ld_h);
+void rnn_gates_forward(int64_t n, int64_t H, int64_t k0, int64_t k1, T* gates, bool relu, T* h,
+                       int64_t ld_h);
 
 // dpre = dh * act'(pre), from the saved h.
 template <typename T>
-void rnn_gates_backward(int64_t n, int64_t H, const T* h_saved, bool relu, const T* dh,
-                        int64_t ld_dh, T* dpre);
+void rnn_gates_backward(int64_t n, int64_t H, int64_t k0, int64_t k1, const T* h_saved, bool relu,
+                        const T* dh, int64_t ld_dh, T* dpre);
 
 // Name of the SIMD target the float32 kernels dispatch to ("AVX2", "AVX3", ...).
 const char* rnn_gates_f32_target();

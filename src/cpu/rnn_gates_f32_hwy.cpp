@@ -30,8 +30,8 @@ HWY_INLINE VF Sigmoid(DF d, VF x) {
 
 HWY_INLINE VF Tanh(DF d, VF x) { return hn::Tanh(d, x); }
 
-void LstmForward(int64_t n, int64_t H, float* gates, const float* c_prev, int64_t ld_cprev,
-                 float* c, int64_t ld_c, float* h, int64_t ld_h) {
+void LstmForward(int64_t n, int64_t H, int64_t k0, int64_t k1, float* gates, const float* c_prev,
+                 int64_t ld_cprev, float* c, int64_t ld_c, float* h, int64_t ld_h) {
   const DF d;
   const int64_t L = static_cast<int64_t>(hn::Lanes(d));
   const VF one = hn::Set(d, 1.0f);
@@ -41,8 +41,8 @@ void LstmForward(int64_t n, int64_t H, float* gates, const float* c_prev, int64_
     const float* cp = c_prev + r * ld_cprev;
     float* cr = c + r * ld_c;
     float* hr = h + r * ld_h;
-    int64_t k = 0;
-    for (; k + L <= H; k += L) {
+    int64_t k = k0;
+    for (; k + L <= k1; k += L) {
       const VF ig = Sigmoid(d, hn::LoadU(d, g + k));
       const VF fg = Sigmoid(d, hn::LoadU(d, g + H + k));
       const VF gg = Tanh(d, hn::LoadU(d, g + 2 * H + k));
@@ -55,12 +55,12 @@ void LstmForward(int64_t n, int64_t H, float* gates, const float* c_prev, int64_
       hn::StoreU(cn, d, cr + k);
       hn::StoreU(hn::Mul(og, Tanh(d, cn)), d, hr + k);
     }
-    for (; k < H; ++k) scalar::lstm_forward_at(H, k, g, cp, cr, hr);
+    for (; k < k1; ++k) scalar::lstm_forward_at(H, k, g, cp, cr, hr);
   }
 }
 
-void LstmBackward(int64_t n, int64_t H, const float* gates, const float* c, const float* c_prev,
-                  const float* dh, int64_t ld_dh, float* dc, float* dgates) {
+void LstmBackward(int64_t n, int64_t H, int64_t k0, int64_t k1, const float* gates, const float* c,
+                  const float* c_prev, const float* dh, int64_t ld_dh, float* dc, float* dgates) {
   const DF d;
   const int64_t L = static_cast<int64_t>(hn::Lanes(d));
   const VF one = hn::Set(d, 1.0f);
@@ -71,14 +71,15 @@ void LstmBackward(int64_t n, int64_t H, const float* gates, const float* c, cons
     const float* dhr = dh + r * ld_dh;
     float* dcr = dc + r * H;
     float* dg = dgates + r * 4 * H;
-    int64_t k = 0;
-    for (; k + L <= H; k += L) {
+    int64_t k = k0;
+    for (; k + L <= k1; k += L) {
       const VF ig = hn::LoadU(d, g + k), fg = hn::LoadU(d, g + H + k);
       const VF gg = hn::LoadU(d, g + 2 * H + k), og = hn::LoadU(d, g + 3 * H + k);
       const VF tc = Tanh(d, hn::LoadU(d, cr + k));
       const VF dhv = hn::LoadU(d, dhr + k);
       // dc_t = dc_{t+1}·f_{t+1} + dh·o·(1 - tanh²c)
-      const VF dct = hn::MulAdd(hn::Mul(dhv, og), hn::NegMulAdd(tc, tc, one), hn::LoadU(d, dcr + k));
+      const VF dct =
+          hn::MulAdd(hn::Mul(dhv, og), hn::NegMulAdd(tc, tc, one), hn::LoadU(d, dcr + k));
       hn::StoreU(hn::Mul(hn::Mul(dct, gg), hn::Mul(ig, hn::Sub(one, ig))), d, dg + k);
       hn::StoreU(hn::Mul(hn::Mul(dct, hn::LoadU(d, cp + k)), hn::Mul(fg, hn::Sub(one, fg))), d,
                  dg + H + k);
@@ -86,12 +87,13 @@ void LstmBackward(int64_t n, int64_t H, const float* gates, const float* c, cons
       hn::StoreU(hn::Mul(hn::Mul(dhv, tc), hn::Mul(og, hn::Sub(one, og))), d, dg + 3 * H + k);
       hn::StoreU(hn::Mul(dct, fg), d, dcr + k);
     }
-    for (; k < H; ++k) scalar::lstm_backward_at(H, k, g, cr, cp, dhr, dcr, dg);
+    for (; k < k1; ++k) scalar::lstm_backward_at(H, k, g, cr, cp, dhr, dcr, dg);
   }
 }
 
-void GruForward(int64_t n, int64_t H, float* gx, const float* gh, const float* b_hh,
-                const float* h_prev, int64_t ld_hprev, float* h, int64_t ld_h, float* ghn) {
+void GruForward(int64_t n, int64_t H, int64_t k0, int64_t k1, float* gx, const float* gh,
+                const float* b_hh, const float* h_prev, int64_t ld_hprev, float* h, int64_t ld_h,
+                float* ghn) {
   const DF d;
   const int64_t L = static_cast<int64_t>(hn::Lanes(d));
   const VF one = hn::Set(d, 1.0f);
@@ -102,14 +104,14 @@ void GruForward(int64_t n, int64_t H, float* gx, const float* gh, const float* b
     const float* hp = h_prev + r * ld_hprev;
     float* hr = h + r * ld_h;
     float* ghr = ghn ? ghn + r * H : nullptr;
-    int64_t k = 0;
-    for (; k + L <= H; k += L) {
+    int64_t k = k0;
+    for (; k + L <= k1; k += L) {
       const VF bhr = b_hh ? hn::LoadU(d, b_hh + k) : zero;
       const VF bhz = b_hh ? hn::LoadU(d, b_hh + H + k) : zero;
       const VF bhn = b_hh ? hn::LoadU(d, b_hh + 2 * H + k) : zero;
       const VF rg = Sigmoid(d, hn::Add(hn::Add(hn::LoadU(d, x + k), hn::LoadU(d, y + k)), bhr));
-      const VF zg = Sigmoid(
-          d, hn::Add(hn::Add(hn::LoadU(d, x + H + k), hn::LoadU(d, y + H + k)), bhz));
+      const VF zg =
+          Sigmoid(d, hn::Add(hn::Add(hn::LoadU(d, x + H + k), hn::LoadU(d, y + H + k)), bhz));
       const VF hnv = hn::Add(hn::LoadU(d, y + 2 * H + k), bhn);
       const VF ng = Tanh(d, hn::MulAdd(rg, hnv, hn::LoadU(d, x + 2 * H + k)));
       hn::StoreU(rg, d, x + k);
@@ -120,13 +122,13 @@ void GruForward(int64_t n, int64_t H, float* gx, const float* gh, const float* b
       hn::StoreU(hn::MulAdd(zg, hn::Sub(hn::LoadU(d, hp + k), ng), ng), d, hr + k);
     }
     (void)one;
-    for (; k < H; ++k) scalar::gru_forward_at(H, k, x, y, b_hh, hp, hr, ghr ? ghr : nullptr);
+    for (; k < k1; ++k) scalar::gru_forward_at(H, k, x, y, b_hh, hp, hr, ghr ? ghr : nullptr);
   }
 }
 
-void GruBackward(int64_t n, int64_t H, const float* gates, const float* ghn, const float* h_prev,
-                 int64_t ld_hprev, const float* dh, int64_t ld_dh, float* dgx, float* dgh,
-                 float* dh_prev) {
+void GruBackward(int64_t n, int64_t H, int64_t k0, int64_t k1, const float* gates, const float* ghn,
+                 const float* h_prev, int64_t ld_hprev, const float* dh, int64_t ld_dh, float* dgx,
+                 float* dgh, float* dh_prev) {
   const DF d;
   const int64_t L = static_cast<int64_t>(hn::Lanes(d));
   const VF one = hn::Set(d, 1.0f);
@@ -138,14 +140,14 @@ void GruBackward(int64_t n, int64_t H, const float* gates, const float* ghn, con
     float* dx = dgx + r * 3 * H;
     float* dy = dgh + r * 3 * H;
     float* dhp = dh_prev + r * H;
-    int64_t k = 0;
-    for (; k + L <= H; k += L) {
+    int64_t k = k0;
+    for (; k + L <= k1; k += L) {
       const VF rg = hn::LoadU(d, g + k), zg = hn::LoadU(d, g + H + k);
       const VF ng = hn::LoadU(d, g + 2 * H + k);
       const VF dv = hn::LoadU(d, dr + k);
       const VF dnp = hn::Mul(hn::Mul(dv, hn::Sub(one, zg)), hn::NegMulAdd(ng, ng, one));
-      const VF dzp = hn::Mul(hn::Mul(dv, hn::Sub(hn::LoadU(d, hp + k), ng)),
-                             hn::Mul(zg, hn::Sub(one, zg)));
+      const VF dzp =
+          hn::Mul(hn::Mul(dv, hn::Sub(hn::LoadU(d, hp + k), ng)), hn::Mul(zg, hn::Sub(one, zg)));
       const VF drp = hn::Mul(hn::Mul(dnp, hn::LoadU(d, hnr + k)), hn::Mul(rg, hn::Sub(one, rg)));
       hn::StoreU(drp, d, dx + k);
       hn::StoreU(dzp, d, dx + H + k);
@@ -155,30 +157,32 @@ void GruBackward(int64_t n, int64_t H, const float* gates, const float* ghn, con
       hn::StoreU(hn::Mul(dnp, rg), d, dy + 2 * H + k);
       hn::StoreU(hn::Mul(dv, zg), d, dhp + k);
     }
-    for (; k < H; ++k) scalar::gru_backward_at(H, k, g, hnr, hp, dr, dx, dy, dhp);
+    for (; k < k1; ++k) scalar::gru_backward_at(H, k, g, hnr, hp, dr, dx, dy, dhp);
   }
 }
 
-void RnnForward(int64_t n, int64_t H, float* gates, bool relu, float* h, int64_t ld_h) {
+void RnnForward(int64_t n, int64_t H, int64_t k0, int64_t k1, float* gates, bool relu, float* h,
+                int64_t ld_h) {
   const DF d;
   const int64_t L = static_cast<int64_t>(hn::Lanes(d));
   const VF zero = hn::Zero(d);
   for (int64_t r = 0; r < n; ++r) {
     float* g = gates + r * H;
     float* hr = h + r * ld_h;
-    int64_t k = 0;
-    for (; k + L <= H; k += L) {
+    int64_t k = k0;
+    for (; k + L <= k1; k += L) {
       const VF a = hn::LoadU(d, g + k);
-      const VF v = relu ? hn::IfThenElse(hn::Lt(a, zero), zero, a) : Tanh(d, a);  // NaN stays NaN
+      // IfThenElse rather than Max so a NaN stays NaN, as torch.relu.
+      const VF v = relu ? hn::IfThenElse(hn::Lt(a, zero), zero, a) : Tanh(d, a);
       hn::StoreU(v, d, g + k);
       hn::StoreU(v, d, hr + k);
     }
-    for (; k < H; ++k) scalar::rnn_forward_at(k, g, relu, hr);
+    for (; k < k1; ++k) scalar::rnn_forward_at(k, g, relu, hr);
   }
 }
 
-void RnnBackward(int64_t n, int64_t H, const float* h_saved, bool relu, const float* dh,
-                 int64_t ld_dh, float* dpre) {
+void RnnBackward(int64_t n, int64_t H, int64_t k0, int64_t k1, const float* h_saved, bool relu,
+                 const float* dh, int64_t ld_dh, float* dpre) {
   const DF d;
   const int64_t L = static_cast<int64_t>(hn::Lanes(d));
   const VF zero = hn::Zero(d);
@@ -187,15 +191,15 @@ void RnnBackward(int64_t n, int64_t H, const float* h_saved, bool relu, const fl
     const float* hs = h_saved + r * H;
     const float* dr = dh + r * ld_dh;
     float* o = dpre + r * H;
-    int64_t k = 0;
-    for (; k + L <= H; k += L) {
+    int64_t k = k0;
+    for (; k + L <= k1; k += L) {
       const VF hv = hn::LoadU(d, hs + k);
       const VF dv = hn::LoadU(d, dr + k);
-      const VF res = relu ? hn::IfThenZeroElse(hn::Le(hv, zero), dv)
-                          : hn::Mul(dv, hn::NegMulAdd(hv, hv, one));
+      const VF res =
+          relu ? hn::IfThenZeroElse(hn::Le(hv, zero), dv) : hn::Mul(dv, hn::NegMulAdd(hv, hv, one));
       hn::StoreU(res, d, o + k);
     }
-    for (; k < H; ++k) scalar::rnn_backward_at(k, hs, relu, dr, o);
+    for (; k < k1; ++k) scalar::rnn_backward_at(k, hs, relu, dr, o);
   }
 }
 
@@ -216,38 +220,40 @@ HWY_EXPORT(RnnBackward);
 HWY_EXPORT(TargetName);
 
 template <>
-void lstm_gates_forward<float>(int64_t n, int64_t H, float* gates, const float* c_prev,
-                               int64_t ld_cprev, float* c, int64_t ld_c, float* h, int64_t ld_h) {
-  HWY_DYNAMIC_DISPATCH(LstmForward)(n, H, gates, c_prev, ld_cprev, c, ld_c, h, ld_h);
+void lstm_gates_forward<float>(int64_t n, int64_t H, int64_t k0, int64_t k1, float* gates,
+                               const float* c_prev, int64_t ld_cprev, float* c, int64_t ld_c,
+                               float* h, int64_t ld_h) {
+  HWY_DYNAMIC_DISPATCH(LstmForward)(n, H, k0, k1, gates, c_prev, ld_cprev, c, ld_c, h, ld_h);
 }
 template <>
-void lstm_gates_backward<float>(int64_t n, int64_t H, const float* gates, const float* c,
-                                const float* c_prev, const float* dh, int64_t ld_dh, float* dc,
-                                float* dgates) {
-  HWY_DYNAMIC_DISPATCH(LstmBackward)(n, H, gates, c, c_prev, dh, ld_dh, dc, dgates);
+void lstm_gates_backward<float>(int64_t n, int64_t H, int64_t k0, int64_t k1, const float* gates,
+                                const float* c, const float* c_prev, const float* dh, int64_t ld_dh,
+                                float* dc, float* dgates) {
+  HWY_DYNAMIC_DISPATCH(LstmBackward)(n, H, k0, k1, gates, c, c_prev, dh, ld_dh, dc, dgates);
 }
 template <>
-void gru_gates_forward<float>(int64_t n, int64_t H, float* gx, const float* gh,
-                              const float* b_hh, const float* h_prev, int64_t ld_hprev, float* h,
-                              int64_t ld_h, float* ghn) {
-  HWY_DYNAMIC_DISPATCH(GruForward)(n, H, gx, gh, b_hh, h_prev, ld_hprev, h, ld_h, ghn);
+void gru_gates_forward<float>(int64_t n, int64_t H, int64_t k0, int64_t k1, float* gx,
+                              const float* gh, const float* b_hh, const float* h_prev,
+                              int64_t ld_hprev, float* h, int64_t ld_h, float* ghn) {
+  HWY_DYNAMIC_DISPATCH(GruForward)(n, H, k0, k1, gx, gh, b_hh, h_prev, ld_hprev, h, ld_h, ghn);
 }
 template <>
-void gru_gates_backward<float>(int64_t n, int64_t H, const float* gates, const float* ghn,
-                               const float* h_prev, int64_t ld_hprev, const float* dh,
-                               int64_t ld_dh, float* dgx, float* dgh, float* dh_prev) {
-  HWY_DYNAMIC_DISPATCH(GruBackward)(n, H, gates, ghn, h_prev, ld_hprev, dh, ld_dh, dgx, dgh,
-                                    dh_prev);
+void gru_gates_backward<float>(int64_t n, int64_t H, int64_t k0, int64_t k1, const float* gates,
+                               const float* ghn, const float* h_prev, int64_t ld_hprev,
+                               const float* dh, int64_t ld_dh, float* dgx, float* dgh,
+                               float* dh_prev) {
+  HWY_DYNAMIC_DISPATCH(GruBackward)
+  (n, H, k0, k1, gates, ghn, h_prev, ld_hprev, dh, ld_dh, dgx, dgh, dh_prev);
 }
 template <>
-void rnn_gates_forward<float>(int64_t n, int64_t H, float* gates, bool relu, float* h,
-                              int64_t ld_h) {
-  HWY_DYNAMIC_DISPATCH(RnnForward)(n, H, gates, relu, h, ld_h);
+void rnn_gates_forward<float>(int64_t n, int64_t H, int64_t k0, int64_t k1, float* gates, bool relu,
+                              float* h, int64_t ld_h) {
+  HWY_DYNAMIC_DISPATCH(RnnForward)(n, H, k0, k1, gates, relu, h, ld_h);
 }
 template <>
-void rnn_gates_backward<float>(int64_t n, int64_t H, const float* h_saved, bool relu,
-                               const float* dh, int64_t ld_dh, float* dpre) {
-  HWY_DYNAMIC_DISPATCH(RnnBackward)(n, H, h_saved, relu, dh, ld_dh, dpre);
+void rnn_gates_backward<float>(int64_t n, int64_t H, int64_t k0, int64_t k1, const float* h_saved,
+                               bool relu, const float* dh, int64_t ld_dh, float* dpre) {
+  HWY_DYNAMIC_DISPATCH(RnnBackward)(n, H, k0, k1, h_saved, relu, dh, ld_dh, dpre);
 }
 
 const char* rnn_gates_f32_target() { return HWY_DYNAMIC_DISPATCH(TargetName)(); }

@@ -6,38 +6,40 @@
 namespace seqpack::cpu {
 
 template <>
-void lstm_gates_forward<double>(int64_t n, int64_t H, double* gates, const double* c_prev,
-                                int64_t ld_cprev, double* c, int64_t ld_c, double* h,
-                                int64_t ld_h) {
-  scalar::lstm_gates_forward(n, H, gates, c_prev, ld_cprev, c, ld_c, h, ld_h);
+void lstm_gates_forward<double>(int64_t n, int64_t H, int64_t k0, int64_t k1, double* gates,
+                                const double* c_prev, int64_t ld_cprev, double* c, int64_t ld_c,
+                                double* h, int64_t ld_h) {
+  scalar::lstm_gates_forward(n, H, k0, k1, gates, c_prev, ld_cprev, c, ld_c, h, ld_h);
 }
 template <>
-void lstm_gates_backward<double>(int64_t n, int64_t H, const double* gates, const double* c,
-                                 const double* c_prev, const double* dh, int64_t ld_dh,
-                                 double* dc, double* dgates) {
-  scalar::lstm_gates_backward(n, H, gates, c, c_prev, dh, ld_dh, dc, dgates);
+void lstm_gates_backward<double>(int64_t n, int64_t H, int64_t k0, int64_t k1, const double* gates,
+                                 const double* c, const double* c_prev, const double* dh,
+                                 int64_t ld_dh, double* dc, double* dgates) {
+  scalar::lstm_gates_backward(n, H, k0, k1, gates, c, c_prev, dh, ld_dh, dc, dgates);
 }
 template <>
-void gru_gates_forward<double>(int64_t n, int64_t H, double* gx, const double* gh,
-                               const double* b_hh, const double* h_prev, int64_t ld_hprev,
-                               double* h, int64_t ld_h, double* ghn) {
-  scalar::gru_gates_forward(n, H, gx, gh, b_hh, h_prev, ld_hprev, h, ld_h, ghn);
+void gru_gates_forward<double>(int64_t n, int64_t H, int64_t k0, int64_t k1, double* gx,
+                               const double* gh, const double* b_hh, const double* h_prev,
+                               int64_t ld_hprev, double* h, int64_t ld_h, double* ghn) {
+  scalar::gru_gates_forward(n, H, k0, k1, gx, gh, b_hh, h_prev, ld_hprev, h, ld_h, ghn);
 }
 template <>
-void gru_gates_backward<double>(int64_t n, int64_t H, const double* gates, const double* ghn,
-                                const double* h_prev, int64_t ld_hprev, const double* dh,
-                                int64_t ld_dh, double* dgx, double* dgh, double* dh_prev) {
-  scalar::gru_gates_backward(n, H, gates, ghn, h_prev, ld_hprev, dh, ld_dh, dgx, dgh, dh_prev);
+void gru_gates_backward<double>(int64_t n, int64_t H, int64_t k0, int64_t k1, const double* gates,
+                                const double* ghn, const double* h_prev, int64_t ld_hprev,
+                                const double* dh, int64_t ld_dh, double* dgx, double* dgh,
+                                double* dh_prev) {
+  scalar::gru_gates_backward(n, H, k0, k1, gates, ghn, h_prev, ld_hprev, dh, ld_dh, dgx, dgh,
+                             dh_prev);
 }
 template <>
-void rnn_gates_forward<double>(int64_t n, int64_t H, double* gates, bool relu, double* h,
-                               int64_t ld_h) {
-  scalar::rnn_gates_forward(n, H, gates, relu, h, ld_h);
+void rnn_gates_forward<double>(int64_t n, int64_t H, int64_t k0, int64_t k1, double* gates,
+                               bool relu, double* h, int64_t ld_h) {
+  scalar::rnn_gates_forward(n, H, k0, k1, gates, relu, h, ld_h);
 }
 template <>
-void rnn_gates_backward<double>(int64_t n, int64_t H, const double* h_saved, bool relu,
-                                const double* dh, int64_t ld_dh, double* dpre) {
-  scalar::rnn_gates_backward(n, H, h_saved, relu, dh, ld_dh, dpre);
+void rnn_gates_backward<double>(int64_t n, int64_t H, int64_t k0, int64_t k1, const double* h_saved,
+                                bool relu, const double* dh, int64_t ld_dh, double* dpre) {
+  scalar::rnn_gates_backward(n, H, k0, k1, h_saved, relu, dh, ld_dh, dpre);
 }
 
 }  // namespace seqpack::cpu

@@ -33,8 +33,8 @@ inline void lstm_forward_at(int64_t H, int64_t k, T* g, const T* cp, T* c, T* h)
 }
 
 template <typename T>
-inline void lstm_backward_at(int64_t H, int64_t k, const T* g, const T* c, const T* cp,
-                             const T* dh, T* dc, T* dg) {
+inline void lstm_backward_at(int64_t H, int64_t k, const T* g, const T* c, const T* cp, const T* dh,
+                             T* dc, T* dg) {
   const T ig = g[k], fg = g[H + k], gg = g[2 * H + k], og = g[3 * H + k];
   const T tc = std::tanh(c[k]);
   // dc_t = dc_{t+1}·f_{t+1} (carried in dc) + dh·o·(1 - tanh²c)
@@ -49,8 +49,8 @@ inline void lstm_backward_at(int64_t H, int64_t k, const T* g, const T* c, const
 // r = σ(a_r + b_r), z = σ(a_z + b_z), n = tanh(a_n + r * (W_hn h + b_hn))
 // h' = (1 - z) * n + z * h      (a_* = W_i* x + b_i* + W_h* h, b_* from b_hh)
 template <typename T>
-inline void gru_forward_at(int64_t H, int64_t k, T* x, const T* y, const T* b_hh, const T* hp,
-                           T* h, T* ghn) {
+inline void gru_forward_at(int64_t H, int64_t k, T* x, const T* y, const T* b_hh, const T* hp, T* h,
+                           T* ghn) {
   const T bhr = b_hh ? b_hh[k] : T(0);
   const T bhz = b_hh ? b_hh[H + k] : T(0);
   const T bhn = b_hh ? b_hh[2 * H + k] : T(0);
@@ -66,8 +66,8 @@ inline void gru_forward_at(int64_t H, int64_t k, T* x, const T* y, const T* b_hh
 }
 
 template <typename T>
-inline void gru_backward_at(int64_t H, int64_t k, const T* g, const T* hn, const T* hp,
-                            const T* d, T* dx, T* dy, T* dhp) {
+inline void gru_backward_at(int64_t H, int64_t k, const T* g, const T* hn, const T* hp, const T* d,
+                            T* dx, T* dy, T* dhp) {
   const T rg = g[k], zg = g[H + k], ng = g[2 * H + k];
   const T dnp = d[k] * (T(1) - zg) * (T(1) - ng * ng);
   const T dzp = d[k] * (hp[k] - ng) * zg * (T(1) - zg);
@@ -91,56 +91,59 @@ inline void rnn_forward_at(int64_t k, T* g, bool relu, T* h) {
 
 template <typename T>
 inline void rnn_backward_at(int64_t k, const T* hs, bool relu, const T* d, T* o) {
-  o[k] = relu ? (hs[k] <= T(0) ? T(0) : d[k]) : d[k] * (T(1) - hs[k] * hs[k]);  // torch's threshold_backward
+  o[k] = relu ? (hs[k] <= T(0) ? T(0) : d[k])
+              : d[k] * (T(1) - hs[k] * hs[k]);  // torch's threshold_backward
 }
 
 template <typename T>
-void lstm_gates_forward(int64_t n, int64_t H, T* gates, const T* c_prev, int64_t ld_cprev, T* c,
-                        int64_t ld_c, T* h, int64_t ld_h) {
+void lstm_gates_forward(int64_t n, int64_t H, int64_t k0, int64_t k1, T* gates, const T* c_prev,
+                        int64_t ld_cprev, T* c, int64_t ld_c, T* h, int64_t ld_h) {
   for (int64_t r = 0; r < n; ++r)
-    for (int64_t k = 0; k < H; ++k)
+    for (int64_t k = k0; k < k1; ++k)
       lstm_forward_at(H, k, gates + r * 4 * H, c_prev + r * ld_cprev, c + r * ld_c, h + r * ld_h);
 }
 
 template <typename T>
-void lstm_gates_backward(int64_t n, int64_t H, const T* gates, const T* c, const T* c_prev,
-                         const T* dh, int64_t ld_dh, T* dc, T* dgates) {
+void lstm_gates_backward(int64_t n, int64_t H, int64_t k0, int64_t k1, const T* gates, const T* c,
+                         const T* c_prev, const T* dh, int64_t ld_dh, T* dc, T* dgates) {
   for (int64_t r = 0; r < n; ++r)
-    for (int64_t k = 0; k < H; ++k)
+    for (int64_t k = k0; k < k1; ++k)
       lstm_backward_at(H, k, gates + r * 4 * H, c + r * H, c_prev + r * H, dh + r * ld_dh,
                        dc + r * H, dgates + r * 4 * H);
 }
 
 template <typename T>
-void gru_gates_forward(int64_t n, int64_t H, T* gx, const T* gh, const T* b_hh, const T* h_prev,
-                       int64_t ld_hprev, T* h, int64_t ld_h, T* ghn) {
+void gru_gates_forward(int64_t n, int64_t H, int64_t k0, int64_t k1, T* gx, const T* gh,
+                       const T* b_hh, const T* h_prev, int64_t ld_hprev, T* h, int64_t ld_h,
+                       T* ghn) {
   for (int64_t r = 0; r < n; ++r)
-    for (int64_t k = 0; k < H; ++k)
+    for (int64_t k = k0; k < k1; ++k)
       gru_forward_at(H, k, gx + r * 3 * H, gh + r * 3 * H, b_hh, h_prev + r * ld_hprev,
                      h + r * ld_h, ghn ? ghn + r * H : nullptr);
 }
 
 template <typename T>
-void gru_gates_backward(int64_t n, int64_t H, const T* gates, const T* ghn, const T* h_prev,
-                        int64_t ld_hprev, const T* dh, int64_t ld_dh, T* dgx, T* dgh,
-                        T* dh_prev) {
+void gru_gates_backward(int64_t n, int64_t H, int64_t k0, int64_t k1, const T* gates, const T* ghn,
+                        const T* h_prev, int64_t ld_hprev, const T* dh, int64_t ld_dh, T* dgx,
+                        T* dgh, T* dh_prev) {
   for (int64_t r = 0; r < n; ++r)
-    for (int64_t k = 0; k < H; ++k)
+    for (int64_t k = k0; k < k1; ++k)
       gru_backward_at(H, k, gates + r * 3 * H, ghn + r * H, h_prev + r * ld_hprev, dh + r * ld_dh,
                       dgx + r * 3 * H, dgh + r * 3 * H, dh_prev + r * H);
 }
 
 template <typename T>
-void rnn_gates_forward(int64_t n, int64_t H, T* gates, bool relu, T* h, int64_t ld_h) {
+void rnn_gates_forward(int64_t n, int64_t H, int64_t k0, int64_t k1, T* gates, bool relu, T* h,
+                       int64_t ld_h) {
   for (int64_t r = 0; r < n; ++r)
-    for (int64_t k = 0; k < H; ++k) rnn_forward_at(k, gates + r * H, relu, h + r * ld_h);
+    for (int64_t k = k0; k < k1; ++k) rnn_forward_at(k, gates + r * H, relu, h + r * ld_h);
 }
 
 template <typename T>
-void rnn_gates_backward(int64_t n, int64_t H, const T* h_saved, bool relu, const T* dh,
-                        int64_t ld_dh, T* dpre) {
+void rnn_gates_backward(int64_t n, int64_t H, int64_t k0, int64_t k1, const T* h_saved, bool relu,
+                        const T* dh, int64_t ld_dh, T* dpre) {
   for (int64_t r = 0; r < n; ++r)
-    for (int64_t k = 0; k < H; ++k)
+    for (int64_t k = k0; k < k1; ++k)
       rnn_backward_at(k, h_saved + r * H, relu, dh + r * ld_dh, dpre + r * H);
 }
 
