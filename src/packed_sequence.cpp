@@ -236,6 +236,13 @@ PackingPlan PackingPlan::from_packed(const PackedSequence& packed) {
 
 namespace {
 
+// The row of a [T, B, *f] (or [B, T, *f] when batch_first) padded tensor that holds
+// padded_index entry i = t * B + b; it does not involve T time-major, so it holds
+// for any total_length.
+int64_t padded_row(int64_t i, int64_t T, int64_t B, bool batch_first) {
+  return batch_first ? (i % B) * T + i / B : i;
+}
+
 // Copies packed rows out of a padded tensor ([T, B, *f] or [B, T, *f]).
 Tensor gather_rows(const PackingPlan& plan, const Tensor& padded, bool batch_first,
                    const char* what) {
@@ -263,9 +270,7 @@ Tensor gather_rows(const PackingPlan& plan, const Tensor& padded, bool batch_fir
   char* dst = static_cast<char*>(out.raw_data());
   const auto& idx = plan.padded_index();
   for (int64_t r = 0; r < plan.total_rows(); ++r) {
-    int64_t i = idx[r];
-    if (batch_first) i = (i % B) * T + i / B;
-    std::memcpy(dst + r * rb, src + i * rb, rb);
+    std::memcpy(dst + r * rb, src + padded_row(idx[r], T, B, batch_first) * rb, rb);
   }
   return out;
 }
@@ -314,10 +319,7 @@ Tensor scatter_rows(const PackingPlan& plan, const Tensor& rows, int64_t total_l
   char* dst = static_cast<char*>(out.raw_data());
   const auto& idx = plan.padded_index();
   for (int64_t r = 0; r < plan.total_rows(); ++r) {
-    int64_t i = idx[r];
-    // padded_index (t * B + b) does not involve T, so it holds for any total_length.
-    if (batch_first) i = (i % B) * T + i / B;
-    std::memcpy(dst + i * rb, src + r * rb, rb);
+    std::memcpy(dst + padded_row(idx[r], T, B, batch_first) * rb, src + r * rb, rb);
   }
   const Tensor pad = padding_row(tail, padding_value, rows.dtype());
   for (int64_t b = 0; b < B; ++b) {

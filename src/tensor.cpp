@@ -1,11 +1,14 @@
 #include "seqpack/tensor.h"
 
+#include <algorithm>
 #include <cfloat>
 #include <cmath>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <sstream>
 #include <stdexcept>
+#include <vector>
 
 namespace seqpack {
 
@@ -280,51 +283,170 @@ double Tensor::item_as_double(int64_t i) const {
 }
 
 namespace {
-std::string format_element(const Tensor& t, int64_t i) {
-  std::ostringstream os;
-  if (t.dtype() == DType::i64) {
-    os << static_cast<int64_t>(t.item_as_double(i));
-    return os.str();
-  }
-  const double v = t.item_as_double(i);
-  if (v == static_cast<double>(static_cast<int64_t>(v)) && v < 1e15 && v > -1e15) {
-    os << static_cast<int64_t>(v) << ".";  // PyTorch prints whole floats as "3."
-  } else {
-    os.precision(4);
-    os << std::fixed << v;
-  }
-  return os.str();
+// Tensor::to_string follows torch/_tensor_str.py of PyTorch 1.13 with its default print options:
+// one _Formatter decides, from every printed value, between integer-looking floats ("3."),
+// fixed 4-decimal and scientific notation, and a common width that right-aligns all elements.
+constexpr int kPrecision = 4;
+constexpr int64_t kThreshold = 1000;  // more elements than this are summarised with "..."
+constexpr int64_t kEdgeItems = 3;     // elements kept at each end of a summarised dimension
+constexpr int kLineWidth = 80;
+
+std::string printf_double(const char* fmt, int width, double v) {
+  // Python prints NaN as "nan" whatever its sign bit; printf may print "-nan".
+  if (std::isnan(v)) return "nan";
+  char buf[64];
+  std::snprintf(buf, sizeof buf, fmt, width, kPrecision, v);
+  return buf;
 }
 
-void format_rec(const Tensor& t, std::size_t d, int64_t& flat, std::string& out, int indent) {
-  const Shape& s = t.shape();
-  if (d == s.size()) {
-    out += format_element(t, flat++);
-    return;
-  }
-  out += "[";
-  for (int64_t i = 0; i < s[d]; ++i) {
-    if (i) {
-      out += ",";
-      if (d + 1 < s.size()) {
-        out += "\n" + std::string(static_cast<std::size_t>(indent + 1), ' ');
+class Formatter {
+ public:
+  // `idx` are the flat indices of the elements that will be printed (after summarising),
+  // which is what torch's _Formatter sees.
+  Formatter(const Tensor& t, const std::vector<int64_t>& idx) : floating_(t.dtype() != DType::i64) {
+    if (!floating_) {
+      for (int64_t i : idx) width_ = std::max(width_, format(t, i).size());
+      return;
+    }
+    std::vector<double> values;
+    for (int64_t i : idx) values.push_back(t.item_as_double(i));
+    // Zeros, NaN and infinities neither pick the notation nor widen the columns.
+    std::vector<double> finite;
+    for (double v : values) {
+      if (std::isfinite(v) && v != 0) finite.push_back(v);
+    }
+    if (finite.empty()) return;
+    double lo = std::fabs(finite[0]), hi = lo;
+    for (double v : finite) {
+      lo = std::min(lo, std::fabs(v));
+      hi = std::max(hi, std::fabs(v));
+      int_mode_ = int_mode_ && v == std::ceil(v);
+    }
+    sci_mode_ = hi / lo > 1000.0 || hi > 1.0e8 || (!int_mode_ && lo < 1.0e-4);
+    for (double v : finite) {
+      if (sci_mode_) {
+        width_ = std::max(width_, printf_double("%*.*e", 0, v).size());
+      } else if (int_mode_) {
+        width_ = std::max(width_, printf_double("%*.0f", 0, v).size() + 1);  // + 1 for the "."
       } else {
-        out += " ";
+        width_ = std::max(width_, printf_double("%*.*f", 0, v).size());
       }
     }
-    format_rec(t, d + 1, flat, out, indent + 1);
   }
-  out += "]";
+
+  std::size_t width() const { return width_; }
+
+  std::string format(const Tensor& t, int64_t flat) const {
+    std::string s;
+    const double v = floating_ ? t.item_as_double(flat) : 0.0;
+    if (!floating_) {
+      s = std::to_string(t.data<int64_t>()[flat]);  // not through double: exact beyond 2^53
+    } else if (sci_mode_) {
+      s = printf_double("%*.*e", static_cast<int>(width_), v);
+    } else if (int_mode_) {
+      s = std::isfinite(v) ? printf_double("%*.0f", 0, v) + "." : printf_double("%*.0f", 0, v);
+    } else {
+      s = printf_double("%*.*f", 0, v);
+    }
+    if (s.size() < width_) s.insert(0, width_ - s.size(), ' ');
+    return s;
+  }
+
+ private:
+  bool floating_;
+  bool int_mode_ = true;
+  bool sci_mode_ = false;
+  std::size_t width_ = 1;
+};
+
+// The flat indices that get printed: a summarised dimension keeps its first and last
+// kEdgeItems entries (torch's get_summarized_data).
+void printed_indices(const Shape& s, std::size_t d, int64_t offset, bool summarize,
+                     std::vector<int64_t>& out) {
+  if (d == s.size()) {
+    out.push_back(offset);
+    return;
+  }
+  int64_t stride = 1;
+  for (std::size_t k = d + 1; k < s.size(); ++k) stride *= s[k];
+  for (int64_t i = 0; i < s[d]; ++i) {
+    if (summarize && s[d] > 2 * kEdgeItems && i == kEdgeItems) i = s[d] - kEdgeItems;
+    printed_indices(s, d + 1, offset + i * stride, summarize, out);
+  }
+}
+
+std::string format_rec(const Tensor& t, const Formatter& f, std::size_t d, int64_t offset,
+                       int indent, bool summarize) {
+  const Shape& s = t.shape();
+  int64_t stride = 1;
+  for (std::size_t k = d + 1; k < s.size(); ++k) stride *= s[k];
+  const bool cut = summarize && s[d] > 2 * kEdgeItems;
+  std::vector<std::string> items;
+  for (int64_t i = 0; i < s[d]; ++i) {
+    if (cut && i == kEdgeItems) {
+      items.push_back(d + 1 == s.size() ? " ..." : "...");
+      i = s[d] - kEdgeItems;
+    }
+    items.push_back(d + 1 == s.size()
+                        ? f.format(t, offset + i * stride)
+                        : format_rec(t, f, d + 1, offset + i * stride, indent + 1, summarize));
+  }
+  std::string out = "[";
+  if (d + 1 == s.size()) {
+    // The innermost dimension wraps at the line width, as many elements a line as fit.
+    const int64_t per_line = std::max<int64_t>(
+        1, (kLineWidth - indent) / static_cast<int64_t>(f.width() + 2));
+    for (std::size_t i = 0; i < items.size(); ++i) {
+      if (i) out += static_cast<int64_t>(i) % per_line ? ", " : ",\n" + std::string(indent + 1, ' ');
+      out += items[i];
+    }
+  } else {
+    // Blocks of a k-d tensor are separated by k - 1 line breaks.
+    const std::string sep =
+        "," + std::string(s.size() - d - 1, '\n') + std::string(static_cast<std::size_t>(indent + 1), ' ');
+    for (std::size_t i = 0; i < items.size(); ++i) out += (i ? sep : "") + items[i];
+  }
+  return out + "]";
 }
 }  // namespace
 
 std::string Tensor::to_string() const {
   if (!defined_) return "None";
-  std::string out = "tensor(";
-  int64_t flat = 0;
-  format_rec(*this, 0, flat, out, 7);
-  if (numel_ == 0) out += ", size=" + shape_str(shape_);
-  if (dtype_ == DType::f64) out += ", dtype=torch.float64";
+  const std::string prefix = "tensor(";
+  const int indent = static_cast<int>(prefix.size());
+  std::string body;
+  std::vector<std::string> suffixes;
+  if (numel_ == 0) {
+    body = "[]";
+    if (shape_.size() != 1) {
+      std::string size = "size=(";
+      for (std::size_t i = 0; i < shape_.size(); ++i) size += (i ? ", " : "") + std::to_string(shape_[i]);
+      suffixes.push_back(size + ")");
+    }
+    // An empty tensor has no elements to show its dtype, so only float32 (the default) goes unnamed.
+    if (dtype_ != DType::f32) suffixes.push_back(std::string("dtype=torch.") + dtype_name(dtype_));
+  } else {
+    const bool summarize = numel_ > kThreshold;
+    std::vector<int64_t> idx;
+    printed_indices(shape_, 0, 0, summarize, idx);
+    const Formatter f(*this, idx);
+    body = shape_.empty() ? f.format(*this, 0) : format_rec(*this, f, 0, 0, indent, summarize);
+    // int64 is PyTorch's default integer type and is not named; float64 is.
+    if (dtype_ == DType::f64) suffixes.push_back("dtype=torch.float64");
+  }
+  // A suffix that would pass the line width goes on its own line (torch's _add_suffixes).
+  std::string out = prefix + body;
+  const std::size_t nl = out.rfind('\n');
+  std::size_t last_line = nl == std::string::npos ? out.size() + 2 : out.size() - nl + 1;
+  for (const std::string& suffix : suffixes) {
+    if (last_line + suffix.size() + 2 > static_cast<std::size_t>(kLineWidth)) {
+      out += ",\n" + std::string(static_cast<std::size_t>(indent), ' ') + suffix;
+      last_line = static_cast<std::size_t>(indent) + suffix.size();
+    } else {
+      out += ", " + suffix;
+      last_line += suffix.size() + 2;
+    }
+  }
   return out + ")";
 }
 

@@ -18,19 +18,7 @@ namespace {
 
 using Batches = std::vector<std::vector<int64_t>>;
 
-template <typename F>
-void expect_invalid(F f, std::vector<std::string> needles) {
-  try {
-    f();
-    ADD_FAILURE() << "no exception; expected one mentioning " << needles[0];
-  } catch (const std::invalid_argument& e) {
-    const std::string msg = e.what();
-    for (const auto& n : needles) {
-      EXPECT_NE(msg.find(n), std::string::npos)
-          << "message \"" << msg << "\" lacks \"" << n << "\"";
-    }
-  }
-}
+using seqpack::testing::expect_invalid;
 
 // Word-like lengths: mostly 4..14, a tail to 30, some zeros.
 std::vector<int64_t> random_lengths(uint64_t seed, int64_t n) {

@@ -14,6 +14,8 @@
 #include <string>
 
 #include "seqpack/data.h"
+#include "test_util.h"
+#include "temp_dir.h"
 
 namespace fs = std::filesystem;
 using seqpack::DatasetSplit;
@@ -21,43 +23,10 @@ using seqpack::Example;
 
 namespace {
 
-struct TempDir {
-  fs::path path;
-  TempDir() {
-    std::string tmpl = (fs::temp_directory_path() / "seqpack_data_XXXXXX").string();
-    if (!::mkdtemp(tmpl.data())) throw std::runtime_error("mkdtemp failed");
-    path = tmpl;
-  }
-  ~TempDir() {
-    std::error_code ec;
-    fs::remove_all(path, ec);
-  }
-  std::string file(const std::string& name) const { return (path / name).string(); }
-  std::string write(const std::string& name, const std::string& text) const {
-    std::ofstream out(file(name), std::ios::binary);
-    out << text;
-    return file(name);
-  }
-};
+using seqpack::testing::TempDir;
+using seqpack::testing::read_file;
 
-std::string read_text(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-}
-
-template <typename F>
-void expect_invalid(F f, std::vector<std::string> needles) {
-  try {
-    f();
-    ADD_FAILURE() << "no exception; expected one mentioning " << needles[0];
-  } catch (const std::invalid_argument& e) {
-    const std::string msg = e.what();
-    for (const auto& n : needles) {
-      EXPECT_NE(msg.find(n), std::string::npos)
-          << "message \"" << msg << "\" lacks \"" << n << "\"";
-    }
-  }
-}
+using seqpack::testing::expect_invalid;
 
 std::multiset<std::string> texts(const std::vector<Example>& v) {
   std::multiset<std::string> out;
@@ -313,7 +282,7 @@ TEST(ExportSplit, WritesTsvFilesThatLoadBack) {
   TempDir out;
   const std::string dir = out.file("nested/export");
   seqpack::export_split(s, dir);
-  EXPECT_EQ(read_text(dir + "/labels.txt"), "english\nfrench\ngerman\n");
+  EXPECT_EQ(read_file(dir + "/labels.txt"), "english\nfrench\ngerman\n");
   const seqpack::TextDataset train = seqpack::load_tsv(dir + "/train.tsv");
   EXPECT_EQ(train.labels, (std::vector<std::string>{"0", "1", "2"}));
   ASSERT_EQ(train.examples.size(), s.train.size());
@@ -345,12 +314,12 @@ TEST(DataCli, ExportWritesTheSplitAndReportsMissingLists) {
   ASSERT_EQ(std::system((base + out.file("x") + " >/dev/null").c_str()), 0);
   EXPECT_EQ(seqpack::load_tsv(out.file("x/train.tsv")).examples.size(), 7u * 8);
   EXPECT_EQ(seqpack::load_tsv(out.file("x/val.tsv")).examples.size(), 7u);
-  EXPECT_EQ(read_text(out.file("x/labels.txt")),
+  EXPECT_EQ(read_file(out.file("x/labels.txt")),
             "english\nfrench\ngerman\nspanish\nitalian\nportuguese\ndutch\n");
   fs::remove(fake.dir.file("ngerman"));
   const std::string err = out.file("err.txt");
   EXPECT_NE(std::system((base + out.file("y") + " >/dev/null 2>" + err).c_str()), 0);
-  EXPECT_NE(read_text(err).find("wngerman"), std::string::npos) << read_text(err);
+  EXPECT_NE(read_file(err).find("wngerman"), std::string::npos) << read_file(err);
 }
 
 TEST(DataCli, StatsReportsSizesAndPaddingForATsvFile) {
@@ -363,7 +332,7 @@ TEST(DataCli, StatsReportsSizesAndPaddingForATsvFile) {
                          path + " >" + out)
                             .c_str()),
             0);
-  const std::string text = read_text(out);
+  const std::string text = read_file(out);
   EXPECT_NE(text.find("40 examples, 2 labels, 1 empty lines skipped"), std::string::npos) << text;
   EXPECT_NE(text.find("train"), std::string::npos) << text;
   EXPECT_NE(text.find("bucketed"), std::string::npos) << text;

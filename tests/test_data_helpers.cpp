@@ -16,19 +16,7 @@ using seqpack::Tensor;
 
 namespace {
 
-template <typename F>
-void expect_invalid(F f, std::vector<std::string> needles) {
-  try {
-    f();
-    ADD_FAILURE() << "no exception; expected one mentioning " << needles[0];
-  } catch (const std::invalid_argument& e) {
-    const std::string msg = e.what();
-    for (const auto& n : needles) {
-      EXPECT_NE(msg.find(n), std::string::npos)
-          << "message \"" << msg << "\" lacks \"" << n << "\"";
-    }
-  }
-}
+using seqpack::testing::expect_invalid;
 
 Tensor random_tensor(std::mt19937_64& rng, Shape shape) {
   Tensor t = Tensor::empty(shape, DType::f64);

@@ -21,20 +21,7 @@ namespace {
 
 using V = std::vector<int64_t>;
 
-// Runs `f`, expects std::invalid_argument, and checks the message contains
-// every string in `needles`.
-template <typename F>
-void expect_invalid(F&& f, std::vector<std::string> needles) {
-  try {
-    f();
-    ADD_FAILURE() << "expected std::invalid_argument";
-  } catch (const std::invalid_argument& e) {
-    const std::string msg = e.what();
-    for (const auto& n : needles) {
-      EXPECT_NE(msg.find(n), std::string::npos) << "message \"" << msg << "\" lacks \"" << n << "\"";
-    }
-  }
-}
+using seqpack::testing::expect_invalid;
 
 TEST(PackingPlan, HandWorkedExampleUnsorted) {
   const PackingPlan plan = PackingPlan::from_lengths({3, 2, 4}, /*enforce_sorted=*/false);

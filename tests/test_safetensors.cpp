@@ -15,6 +15,7 @@
 
 #include "seqpack/safetensors.h"
 #include "test_util.h"
+#include "temp_dir.h"
 
 namespace fs = std::filesystem;
 using seqpack::DType;
@@ -23,30 +24,8 @@ using seqpack::Tensor;
 
 namespace {
 
-struct TempDir {
-  fs::path path;
-  TempDir() {
-    std::string tmpl = (fs::temp_directory_path() / "seqpack_st_XXXXXX").string();
-    if (!::mkdtemp(tmpl.data())) throw std::runtime_error("mkdtemp failed");
-    path = tmpl;
-  }
-  ~TempDir() {
-    std::error_code ec;
-    fs::remove_all(path, ec);
-  }
-  std::string file(const std::string& name) const { return (path / name).string(); }
-  std::vector<std::string> entries() const {
-    std::vector<std::string> out;
-    for (const auto& e : fs::directory_iterator(path)) out.push_back(e.path().filename().string());
-    std::sort(out.begin(), out.end());
-    return out;
-  }
-};
-
-std::string read_bytes(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-}
+using seqpack::testing::TempDir;
+using seqpack::testing::read_file;
 
 void write_bytes(const std::string& path, const std::string& bytes) {
   std::ofstream out(path, std::ios::binary);
@@ -125,7 +104,7 @@ TEST(Safetensors, RoundTripsEveryDtypeShapeAndMetadata) {
     EXPECT_TRUE(same_tensor(back.at(name), t)) << name;
   }
   // The data buffer starts 8-byte aligned and the header parses as plain JSON.
-  const std::string bytes = read_bytes(path);
+  const std::string bytes = read_file(path);
   uint64_t n = 0;
   std::memcpy(&n, bytes.data(), 8);
   EXPECT_EQ(n % 8, 0u);
@@ -182,7 +161,7 @@ TEST(Safetensors, WriterMatchesTheIndependentPythonWriterByteForByte) {
     const std::string path = std::string(SEQPACK_FIXTURES_DIR) + "/" + fname;
     std::map<std::string, std::string> meta;
     auto tensors = seqpack::load_safetensors(path, &meta);
-    EXPECT_EQ(seqpack::serialize_safetensors(tensors, meta), read_bytes(path));
+    EXPECT_EQ(seqpack::serialize_safetensors(tensors, meta), read_file(path));
   }
 }
 
@@ -365,7 +344,7 @@ TEST(SafetensorsCorrupt, RandomDamageNeverCrashes) {
   const uint64_t seed = seqpack::testing::test_seed();
   SCOPED_TRACE("seed " + std::to_string(seed));
   const std::string good =
-      read_bytes(std::string(SEQPACK_FIXTURES_DIR) + "/safetensors_basic.safetensors");
+      read_file(std::string(SEQPACK_FIXTURES_DIR) + "/safetensors_basic.safetensors");
   std::mt19937_64 rng(seed);
   int rejected = 0;
   for (int iter = 0; iter < 3000; ++iter) {
@@ -410,7 +389,7 @@ TEST(SafetensorsAtomic, FailedWriteKeepsTheOldFileAndLeavesNoTemporary) {
   TempDir dir;
   const std::string path = dir.file("model.safetensors");
   seqpack::save_safetensors(path, {{"x", Tensor::from_vector<float>({1, 2})}});
-  const std::string before = read_bytes(path);
+  const std::string before = read_file(path);
   // Invalid input fails before any byte is written.
   EXPECT_THROW(
       seqpack::save_safetensors(path, {{"a", Tensor::from_vector<float>({9})}, {"b", Tensor()}}),
@@ -419,7 +398,7 @@ TEST(SafetensorsAtomic, FailedWriteKeepsTheOldFileAndLeavesNoTemporary) {
                std::invalid_argument);
   EXPECT_THROW(seqpack::save_safetensors(path, {{"", Tensor::from_vector<float>({9})}}),
                std::invalid_argument);
-  EXPECT_EQ(read_bytes(path), before);
+  EXPECT_EQ(read_file(path), before);
   // The rename itself fails (the target is a non-empty directory): the temporary is removed.
   fs::create_directory(dir.file("taken"));
   write_bytes(dir.file("taken/inside"), "x");
@@ -430,7 +409,7 @@ TEST(SafetensorsAtomic, FailedWriteKeepsTheOldFileAndLeavesNoTemporary) {
     EXPECT_NE(std::string(e.what()).find("taken"), std::string::npos) << e.what();
   }
   EXPECT_EQ(dir.entries(), (std::vector<std::string>{"model.safetensors", "taken"}));
-  EXPECT_EQ(read_bytes(path), before);
+  EXPECT_EQ(read_file(path), before);
   // A directory that does not exist.
   EXPECT_THROW(seqpack::save_safetensors(dir.file("no/such/dir.safetensors"), {}),
                std::runtime_error);

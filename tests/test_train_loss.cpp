@@ -94,5 +94,18 @@ TEST(CrossEntropyLoss, BadTargetsNameTheValue) {
                std::invalid_argument);
 }
 
+// No classes at all (C = 0): torch.softmax returns the empty [N, 0] tensor and
+// cross_entropy with every target ignored gives NaN; a real target is out of range.
+// Both used to read the maximum of an empty row (past the end of the buffer).
+TEST(CrossEntropyLoss, NoClassesDoesNotReadPastTheRow) {
+  const Tensor empty_rows = Tensor::zeros({2, 0}, DType::f64);
+  EXPECT_EQ(softmax(empty_rows).shape(), (Shape{2, 0}));
+  CrossEntropyLoss ce;
+  EXPECT_TRUE(std::isnan(ce.forward(empty_rows, Tensor::from_vector<int64_t>({-100, -100}))));
+  EXPECT_EQ(ce.backward().shape(), (Shape{2, 0}));
+  testing::expect_invalid([&] { ce.forward(empty_rows, Tensor::from_vector<int64_t>({-100, 0})); },
+                          {"targets[1] = 0", "[0, 0)"});
+}
+
 }  // namespace
 }  // namespace seqpack

@@ -10,6 +10,7 @@
 #include <functional>
 #include <nlohmann/json.hpp>
 #include <random>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -92,6 +93,22 @@ inline ::testing::AssertionResult all_close(const Tensor& actual, const Tensor& 
   res << " " << bad << " of " << actual.numel() << " elements differ (rtol " << rtol << ", atol "
       << atol << ")";
   return res;
+}
+
+// Runs `f`, expects std::invalid_argument, and checks that its message contains
+// every string in `needles` (the offending values it must name).
+template <typename F>
+void expect_invalid(F&& f, const std::vector<std::string>& needles) {
+  try {
+    f();
+    ADD_FAILURE() << "no exception; expected std::invalid_argument"
+                  << (needles.empty() ? "" : " mentioning " + needles[0]);
+  } catch (const std::invalid_argument& e) {
+    const std::string msg = e.what();
+    for (const auto& n : needles) {
+      EXPECT_NE(msg.find(n), std::string::npos) << "message \"" << msg << "\" lacks \"" << n << "\"";
+    }
+  }
 }
 
 // A seed for random tests: SEQPACK_TEST_SEED from the environment, else random.

@@ -9,6 +9,7 @@
 #include <string>
 
 #include "seqpack/vocabulary.h"
+#include "test_util.h"
 
 using seqpack::decode_utf8;
 using seqpack::encode_utf8;
@@ -16,20 +17,7 @@ using seqpack::Vocabulary;
 
 namespace {
 
-// Expects `f` to throw std::invalid_argument with every needle in its message.
-template <typename F>
-void expect_invalid(F f, std::vector<std::string> needles) {
-  try {
-    f();
-    ADD_FAILURE() << "no exception; expected one mentioning " << needles[0];
-  } catch (const std::invalid_argument& e) {
-    const std::string msg = e.what();
-    for (const auto& n : needles) {
-      EXPECT_NE(msg.find(n), std::string::npos)
-          << "message \"" << msg << "\" lacks \"" << n << "\"";
-    }
-  }
-}
+using seqpack::testing::expect_invalid;
 
 }  // namespace
 

@@ -36,6 +36,7 @@
 #include <vector>
 
 #include "seqpack/nn.h"
+#include "seqpack/optim.h"
 #include "seqpack/rnn.h"
 #include "seqpack/tensor.h"
 #include "seqpack/vocabulary.h"
@@ -121,5 +122,40 @@ void save_classifier(const std::string& dir, CharClassifier& model, const Vocabu
 // tests/fixtures/gen_model.py). Throws std::invalid_argument naming the
 // directory and the missing or inconsistent file.
 TrainedClassifier load_classifier(const std::string& dir);
+
+// A training checkpoint: everything `seqpack train --resume` needs to continue
+// as if it had never stopped. One safetensors file, so replacing it is a single
+// rename (a checkpoint spread over several files could be seen half old, half new):
+//   tensors  "model.<torch name>"             parameters, in the training dtype
+//            "adam.exp_avg.<torch name>", "adam.exp_avg_sq.<torch name>"
+//   metadata "format" = "seqpack-train-checkpoint", "version" = "1",
+//            "epoch" (epochs completed), "adam_step", "model_config" (JSON sizes),
+//            "vocabulary" (Vocabulary::to_json), "labels" (JSON array),
+//            "train_config" (JSON, opaque here: the trainer's own settings)
+// The batch order needs no state of its own: BucketingSampler::epoch(e) is a pure
+// function of the seed (in train_config) and e.
+struct TrainingCheckpoint {
+  int64_t epoch = 0;
+  CharClassifierOptions model_options;
+  std::map<std::string, Tensor> model_state;  // torch names
+  std::map<std::string, Tensor> adam_state;   // Adam::state() keys
+  int64_t adam_step = 0;
+  Vocabulary vocabulary;
+  std::vector<std::string> labels;
+  std::string train_config;  // JSON text
+};
+
+// Writes the checkpoint to `path` atomically: complete temporary file in the same
+// directory, fsync, rename over `path`, fsync of the directory. A process killed
+// at any point leaves either the previous checkpoint or the new one.
+// Test hook: with the environment variable SEQPACK_TEST_ABORT_BEFORE_RENAME=1 the
+// process calls std::abort() after the temporary file is complete, right before
+// the rename, so tests can check the previous checkpoint survives.
+void save_training_checkpoint(const std::string& path, CharClassifier& model, const Adam& optimizer,
+                              const Vocabulary& vocabulary, const std::vector<std::string>& labels,
+                              int64_t epoch, const std::string& train_config);
+// Reads and validates a checkpoint: a missing, truncated or inconsistent file
+// throws std::invalid_argument naming `path` and what is wrong with it.
+TrainingCheckpoint load_training_checkpoint(const std::string& path);
 
 }  // namespace seqpack

@@ -10,6 +10,8 @@
 
 #include <cstdint>
 #include <limits>
+#include <map>
+#include <string>
 #include <vector>
 
 #include "seqpack/nn.h"
@@ -72,6 +74,15 @@ class Adam : public Optimizer {
   void step() override;
   AdamOptions& options() { return options_; }
   int64_t step_count() const { return step_; }
+
+  // The per-parameter moments, for checkpoints: "exp_avg.<param name>",
+  // "exp_avg_sq.<param name>" (and "max_exp_avg_sq.<param name>" with amsgrad),
+  // views of the optimiser's own tensors. Together with step_count() this is
+  // everything a later step depends on (torch's optimizer.state_dict()).
+  std::map<std::string, Tensor> state() const;
+  // Restores state() and the step count; strict like load_state_dict: a missing,
+  // unexpected or wrongly shaped key throws std::invalid_argument naming it.
+  void load_state(const std::map<std::string, Tensor>& state, int64_t step_count);
 
  private:
   AdamOptions options_;

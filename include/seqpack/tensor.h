@@ -101,7 +101,8 @@ class Tensor {
   // Element access for tests and printing, row-major flat index.
   double item_as_double(int64_t flat_index) const;
 
-  // PyTorch-like printing: "tensor([[1., 2.], [3., 4.]])".
+  // PyTorch 1.13 repr(): "tensor([[ 1.0000, -2.5000],\n        [ 3.0000,  4.0000]])", with
+  // torch's notation choice, column width, line wrapping, "..." summary and dtype suffixes.
   std::string to_string() const;
 
   // True when both tensors share the same storage buffer (views of each other).

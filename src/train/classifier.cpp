@@ -1,6 +1,11 @@
 #include "seqpack/classifier.h"
 
+#include <fcntl.h>
+#include <unistd.h>
+
 #include <algorithm>
+#include <cerrno>
+#include <cstdlib>
 #include <cmath>
 #include <cstring>
 #include <filesystem>
@@ -262,6 +267,142 @@ TrainedClassifier load_classifier(const std::string& dir) {
   tc.model = std::make_unique<CharClassifier>(o, 0);
   tc.model->load_state_dict(load_safetensors(dir + "/model.safetensors"));
   return tc;
+}
+
+// ------------------------------------------------------------ checkpoints
+
+namespace {
+const char kCheckpointFormat[] = "seqpack-train-checkpoint";
+
+nlohmann::json options_json(const CharClassifierOptions& o) {
+  return {{"vocab_size", o.vocab_size},
+          {"embed_dim", o.embed_dim},
+          {"hidden_size", o.hidden_size},
+          {"num_classes", o.num_classes},
+          {"dtype", o.dtype == DType::f64 ? "F64" : "F32"}};
+}
+
+std::string parent_dir(const std::string& path) {
+  const std::string p = std::filesystem::path(path).parent_path().string();
+  return p.empty() ? "." : p;
+}
+}  // namespace
+
+void save_training_checkpoint(const std::string& path, CharClassifier& model, const Adam& optimizer,
+                              const Vocabulary& vocabulary, const std::vector<std::string>& labels,
+                              int64_t epoch, const std::string& train_config) {
+  const auto& o = model.options();
+  if (static_cast<int64_t>(labels.size()) != o.num_classes || vocabulary.size() != o.vocab_size) {
+    throw std::invalid_argument("save_training_checkpoint: " + std::to_string(labels.size()) +
+                                " labels and a vocabulary of " + std::to_string(vocabulary.size()) +
+                                " for a model of " + std::to_string(o.num_classes) + " classes and " +
+                                std::to_string(o.vocab_size) + " embeddings");
+  }
+  std::map<std::string, Tensor> tensors;
+  // Kept in the training dtype (unlike model.safetensors): a float64 run must
+  // resume from its own bits.
+  for (auto& [k, v] : model.state_dict()) tensors["model." + k] = v;
+  for (auto& [k, v] : optimizer.state()) tensors["adam." + k] = v;
+  const std::map<std::string, std::string> meta = {
+      {"format", kCheckpointFormat},
+      {"version", "1"},
+      {"epoch", std::to_string(epoch)},
+      {"adam_step", std::to_string(optimizer.step_count())},
+      {"model_config", options_json(o).dump()},
+      {"vocabulary", vocabulary.to_json()},
+      {"labels", nlohmann::json(labels).dump()},
+      {"train_config", train_config}};
+  const std::string dir = parent_dir(path);
+  std::filesystem::create_directories(dir);
+  // The temporary name is unique to this process, so two trainers writing the
+  // same directory do not rename each other's half-written files; a leftover from
+  // a killed process is a complete file under a name nothing reads.
+  const std::string tmp = path + ".tmp-" + std::to_string(::getpid());
+  write_file_atomically(tmp, serialize_safetensors(tensors, meta));
+  if (const char* hook = std::getenv("SEQPACK_TEST_ABORT_BEFORE_RENAME");
+      hook != nullptr && std::string(hook) == "1") {
+    std::abort();
+  }
+  if (::rename(tmp.c_str(), path.c_str()) != 0) {
+    const std::string err = std::strerror(errno);
+    ::unlink(tmp.c_str());
+    throw std::runtime_error("cannot write checkpoint '" + path + "': rename: " + err);
+  }
+  // The rename itself is durable only once the directory is synced.
+  const int dfd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY);
+  if (dfd >= 0) {
+    ::fsync(dfd);
+    ::close(dfd);
+  }
+}
+
+TrainingCheckpoint load_training_checkpoint(const std::string& path) {
+  if (!std::filesystem::is_regular_file(path)) {
+    throw std::invalid_argument("no checkpoint at " + path);
+  }
+  std::map<std::string, std::string> meta;
+  std::map<std::string, Tensor> tensors;
+  try {
+    tensors = load_safetensors(path, &meta);
+  } catch (const std::invalid_argument& e) {
+    throw std::invalid_argument("checkpoint " + path + " is corrupt: " + e.what());
+  }
+  const auto field = [&](const char* key) -> const std::string& {
+    auto it = meta.find(key);
+    if (it == meta.end()) {
+      throw std::invalid_argument("checkpoint " + path + " has no '" + key + "' metadata");
+    }
+    return it->second;
+  };
+  if (field("format") != kCheckpointFormat) {
+    throw std::invalid_argument("checkpoint " + path + " has format '" + field("format") +
+                                "', expected '" + kCheckpointFormat + "'");
+  }
+  if (field("version") != "1") {
+    throw std::invalid_argument("checkpoint " + path + " has version " + field("version") +
+                                ", this seqpack reads version 1");
+  }
+  TrainingCheckpoint ck;
+  try {
+    ck.epoch = std::stoll(field("epoch"));
+    ck.adam_step = std::stoll(field("adam_step"));
+    const auto mc = nlohmann::json::parse(field("model_config"));
+    ck.model_options.vocab_size = mc.at("vocab_size").get<int64_t>();
+    ck.model_options.embed_dim = mc.at("embed_dim").get<int64_t>();
+    ck.model_options.hidden_size = mc.at("hidden_size").get<int64_t>();
+    ck.model_options.num_classes = mc.at("num_classes").get<int64_t>();
+    ck.model_options.dtype = mc.at("dtype").get<std::string>() == "F64" ? DType::f64 : DType::f32;
+    ck.labels = nlohmann::json::parse(field("labels")).get<std::vector<std::string>>();
+    ck.train_config = field("train_config");
+    if (!nlohmann::json::parse(ck.train_config).is_object()) {
+      throw std::invalid_argument("checkpoint " + path + ": train_config is not a JSON object");
+    }
+  } catch (const nlohmann::json::exception& e) {
+    throw std::invalid_argument("checkpoint " + path + ": bad metadata: " + e.what());
+  } catch (const std::logic_error& e) {  // std::stoll
+    throw std::invalid_argument("checkpoint " + path + ": bad epoch or adam_step metadata");
+  }
+  ck.vocabulary = Vocabulary::from_json(field("vocabulary"), path);
+  if (ck.epoch < 0 || ck.adam_step < 0) {
+    throw std::invalid_argument("checkpoint " + path + ": epoch " + std::to_string(ck.epoch) +
+                                " or adam_step " + std::to_string(ck.adam_step) + " is negative");
+  }
+  if (static_cast<int64_t>(ck.labels.size()) != ck.model_options.num_classes ||
+      ck.vocabulary.size() != ck.model_options.vocab_size) {
+    throw std::invalid_argument("checkpoint " + path + ": " + std::to_string(ck.labels.size()) +
+                                " labels and " + std::to_string(ck.vocabulary.size()) +
+                                " vocabulary entries disagree with its model_config");
+  }
+  for (auto& [k, v] : tensors) {
+    if (k.rfind("model.", 0) == 0) {
+      ck.model_state[k.substr(6)] = v;
+    } else if (k.rfind("adam.", 0) == 0) {
+      ck.adam_state[k.substr(5)] = v;
+    } else {
+      throw std::invalid_argument("checkpoint " + path + ": unexpected tensor '" + k + "'");
+    }
+  }
+  return ck;
 }
 
 Tensor TrainedClassifier::logits(const std::vector<std::u32string>& words) {

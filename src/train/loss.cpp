@@ -12,6 +12,7 @@ namespace {
 
 template <typename T>
 void softmax_rows(const T* x, int64_t n, int64_t c, T* p) {
+  if (c == 0) return;  // rows without classes have no maximum to take
   for (int64_t i = 0; i < n; ++i) {
     const T* row = x + i * c;
     T* out = p + i * c;
@@ -51,8 +52,8 @@ Tensor softmax(const Tensor& logits) {
 }
 
 template <typename T>
-static double cross_entropy(const T* x, const T* p, const int64_t* y, int64_t n, int64_t c,
-                            int64_t ignore, int64_t& kept) {
+static double cross_entropy(const T* x, const int64_t* y, int64_t n, int64_t c, int64_t ignore,
+                            int64_t& kept) {
   double total = 0.0;
   kept = 0;
   for (int64_t i = 0; i < n; ++i) {
@@ -65,7 +66,6 @@ static double cross_entropy(const T* x, const T* p, const int64_t* y, int64_t n,
     total += m + std::log(s) - static_cast<double>(row[y[i]]);
     ++kept;
   }
-  (void)p;
   // 0 / 0 = NaN when everything is ignored, which is what torch returns.
   return total / static_cast<double>(kept);
 }
@@ -92,11 +92,9 @@ double CrossEntropyLoss::forward(const Tensor& logits, const Tensor& targets) {
   probs_ = softmax(logits);
   targets_ = targets.clone();
   if (logits.dtype() == DType::f32) {
-    return cross_entropy<float>(logits.data<float>(), probs_.data<float>(), y, n, c,
-                                ignore_index_, kept_);
+    return cross_entropy<float>(logits.data<float>(), y, n, c, ignore_index_, kept_);
   }
-  return cross_entropy<double>(logits.data<double>(), probs_.data<double>(), y, n, c,
-                               ignore_index_, kept_);
+  return cross_entropy<double>(logits.data<double>(), y, n, c, ignore_index_, kept_);
 }
 
 template <typename T>

@@ -17,6 +17,18 @@ void require_float(const Tensor& t, const char* who, const char* what) {
   }
 }
 
+// Constructor arguments shared by the modules: sizes and the parameter dtype.
+void require_positive(int64_t v, const char* who, const char* what) {
+  if (v <= 0) {
+    throw std::invalid_argument(std::string(who) + ": " + what + " = " + std::to_string(v) +
+                                " must be positive");
+  }
+}
+
+void require_float_dtype(DType dtype, const char* who) {
+  if (dtype == DType::i64) throw std::invalid_argument(std::string(who) + ": dtype must be float32 or float64");
+}
+
 void require_same(const Tensor& a, const Tensor& b, const char* who, const char* what) {
   if (a.dtype() != b.dtype()) {
     throw std::invalid_argument(std::string(who) + ": " + what + " has dtype " +
@@ -43,15 +55,9 @@ void fill_uniform(Tensor& t, double bound, std::mt19937_64& rng) {
 
 Embedding::Embedding(int64_t num_embeddings, int64_t embedding_dim,
                      std::optional<int64_t> padding_idx, DType dtype, uint64_t seed) {
-  if (num_embeddings <= 0) {
-    throw std::invalid_argument("Embedding: num_embeddings = " + std::to_string(num_embeddings) +
-                                " must be positive");
-  }
-  if (embedding_dim <= 0) {
-    throw std::invalid_argument("Embedding: embedding_dim = " + std::to_string(embedding_dim) +
-                                " must be positive");
-  }
-  if (dtype == DType::i64) throw std::invalid_argument("Embedding: dtype must be float32 or float64");
+  require_positive(num_embeddings, "Embedding", "num_embeddings");
+  require_positive(embedding_dim, "Embedding", "embedding_dim");
+  require_float_dtype(dtype, "Embedding");
   if (padding_idx) {
     // torch accepts a negative padding_idx counting from the end.
     int64_t p = *padding_idx;
@@ -153,15 +159,9 @@ void Embedding::zero_grad() { grad_.fill(0.0); }
 // ------------------------------------------------------------------- Linear
 
 Linear::Linear(int64_t in_features, int64_t out_features, bool bias, DType dtype, uint64_t seed) {
-  if (in_features <= 0) {
-    throw std::invalid_argument("Linear: in_features = " + std::to_string(in_features) +
-                                " must be positive");
-  }
-  if (out_features <= 0) {
-    throw std::invalid_argument("Linear: out_features = " + std::to_string(out_features) +
-                                " must be positive");
-  }
-  if (dtype == DType::i64) throw std::invalid_argument("Linear: dtype must be float32 or float64");
+  require_positive(in_features, "Linear", "in_features");
+  require_positive(out_features, "Linear", "out_features");
+  require_float_dtype(dtype, "Linear");
   std::mt19937_64 rng(seed);
   const double bound = 1.0 / std::sqrt(static_cast<double>(in_features));
   weight_ = Tensor::empty({out_features, in_features}, dtype);

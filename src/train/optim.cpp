@@ -148,6 +148,42 @@ static void adam_update(T* p, const T* grad, T* m, T* v, T* vmax, int64_t n, con
   }
 }
 
+std::map<std::string, Tensor> Adam::state() const {
+  std::map<std::string, Tensor> st;
+  for (std::size_t k = 0; k < params_.size(); ++k) {
+    st["exp_avg." + params_[k].name] = exp_avg_[k];
+    st["exp_avg_sq." + params_[k].name] = exp_avg_sq_[k];
+    if (options_.amsgrad) st["max_exp_avg_sq." + params_[k].name] = max_exp_avg_sq_[k];
+  }
+  return st;
+}
+
+void Adam::load_state(const std::map<std::string, Tensor>& state, int64_t step_count) {
+  if (step_count < 0) {
+    throw std::invalid_argument("Adam::load_state: step count " + std::to_string(step_count) +
+                                " is negative");
+  }
+  std::map<std::string, Tensor> mine = this->state();
+  for (const auto& [name, t] : state) {
+    if (!mine.count(name)) throw std::invalid_argument("Adam::load_state: unexpected key '" + name + "'");
+  }
+  // Validate every key before copying any, so a bad state leaves the optimiser untouched.
+  for (const auto& [name, dst] : mine) {
+    auto it = state.find(name);
+    if (it == state.end()) throw std::invalid_argument("Adam::load_state: missing key '" + name + "'");
+    if (!it->second.defined() || it->second.shape() != dst.shape() || it->second.dtype() != dst.dtype()) {
+      throw std::invalid_argument("Adam::load_state: '" + name + "' has shape " +
+                                  (it->second.defined() ? shape_str(it->second.shape()) : "undefined") +
+                                  " or a different dtype, expected " + shape_str(dst.shape()));
+    }
+  }
+  for (auto& [name, dst] : mine) {
+    Tensor d = dst;
+    d.copy_from(state.at(name));
+  }
+  step_ = step_count;
+}
+
 void Adam::step() {
   ++step_;
   for (std::size_t k = 0; k < params_.size(); ++k) {

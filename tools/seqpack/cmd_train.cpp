@@ -7,7 +7,12 @@
 #include <cmath>
 #include <cstdio>
 #include <ctime>
+#include <nlohmann/json.hpp>
 #include <numeric>
+#include <optional>
+#include <set>
+#include <filesystem>
+#include <type_traits>
 #include <string>
 #include <vector>
 
@@ -38,7 +43,56 @@ struct TrainArgs {
   double clip = 0.0;
   std::string out = "seqpack-model";
   bool quiet = false;
+  std::string resume;
+  // Flags the user typed (as "--name"), so --resume can tell a value taken from
+  // the checkpoint from a conflicting one.
+  std::set<std::string> given;
 };
+
+// The settings that decide the data, the model and every update: saved in the
+// checkpoint, and what --resume must not be told differently.
+nlohmann::json train_config(const TrainArgs& a) {
+  return {{"data", a.data},         {"dict_dir", a.dict_dir}, {"words_per_language", a.words_per_language},
+          {"epochs", a.epochs},     {"batch_size", a.batch_size}, {"lr", a.lr},
+          {"hidden", a.hidden},     {"embed", a.embed},       {"seed", a.seed},
+          {"clip", a.clip}};
+}
+
+// Fills `a` from a checkpoint's train_config; a flag the user also gave must
+// agree with it (--epochs excepted: it is the new total). Every conflict is
+// named in one error.
+void apply_checkpoint_config(TrainArgs& a, const nlohmann::json& c, const std::string& path) {
+  std::vector<std::string> conflicts;
+  auto take = [&](const char* flag, const char* key, auto& field) {
+    using T = std::decay_t<decltype(field)>;
+    T saved;
+    try {
+      saved = c.at(key).get<T>();
+    } catch (const nlohmann::json::exception&) {
+      throw std::invalid_argument("checkpoint " + path + ": train_config has no valid '" + key + "'");
+    }
+    if (a.given.count(flag) && field != saved) {
+      conflicts.push_back(fmt::format("{} {} (the checkpoint has {})", flag, field, saved));
+    }
+    field = saved;
+  };
+  take("--data", "data", a.data);
+  take("--dict-dir", "dict_dir", a.dict_dir);
+  take("--words-per-language", "words_per_language", a.words_per_language);
+  take("--batch-size", "batch_size", a.batch_size);
+  take("--lr", "lr", a.lr);
+  take("--hidden", "hidden", a.hidden);
+  take("--embed", "embed", a.embed);
+  take("--seed", "seed", a.seed);
+  take("--clip", "clip", a.clip);
+  if (!a.given.count("--epochs")) a.epochs = c.value("epochs", a.epochs);
+  if (!conflicts.empty()) {
+    std::string msg = "--resume " + a.resume + ": these flags conflict with the checkpoint:";
+    for (const auto& s : conflicts) msg += " " + s + ";";
+    msg += " drop them to continue as the checkpoint was trained";
+    throw std::invalid_argument(msg);
+  }
+}
 
 double seconds_since(Clock::time_point t0) {
   return std::chrono::duration<double>(Clock::now() - t0).count();
@@ -114,7 +168,29 @@ void print_confusion(const std::vector<int64_t>& pred, const std::vector<Example
   }
 }
 
-void run_train(const TrainArgs& a) {
+void run_train(TrainArgs a) {
+  // --resume DIR: the checkpoint inside the output directory of an earlier run
+  // (or the checkpoint file itself).
+  std::optional<TrainingCheckpoint> ck;
+  if (!a.resume.empty()) {
+    const std::string path = std::filesystem::is_directory(a.resume)
+                                 ? (std::filesystem::path(a.resume) / "checkpoint.safetensors").string()
+                                 : a.resume;
+    ck = load_training_checkpoint(path);
+    apply_checkpoint_config(a, nlohmann::json::parse(ck->train_config), path);
+    if (!a.given.count("--out")) {
+      a.out = std::filesystem::is_directory(a.resume) ? a.resume
+                                                      : std::filesystem::path(a.resume).parent_path().string();
+      if (a.out.empty()) a.out = ".";
+    }
+    if (ck->epoch >= a.epochs) {
+      fmt::print("{}: all {} epochs are already done (the checkpoint is at epoch {}); nothing to train. "
+                 "Pass --epochs N with N > {} to train further.\n",
+                 path, a.epochs, ck->epoch, ck->epoch);
+      return;
+    }
+    fmt::print("resuming from {}: epoch {} of {} done\n", path, ck->epoch, a.epochs);
+  }
   if (a.epochs < 0) throw std::invalid_argument("--epochs = " + std::to_string(a.epochs) + " is negative");
   if (a.batch_size <= 0) {
     throw std::invalid_argument("--batch-size = " + std::to_string(a.batch_size) + " must be positive");
@@ -143,6 +219,13 @@ void run_train(const TrainArgs& a) {
              split.test.size());
 
   const Vocabulary vocab = Vocabulary::build(texts_of(split.train));
+  // The data is rebuilt from its source on resume; if that changed, the
+  // checkpoint's weights would silently meet different characters.
+  if (ck && (vocab.to_json() != ck->vocabulary.to_json() || split.labels != ck->labels)) {
+    throw std::invalid_argument("--resume " + a.resume + ": the training data (" +
+                                (a.data.empty() ? a.dict_dir : a.data) +
+                                ") no longer gives the checkpoint's vocabulary and labels");
+  }
   const int64_t n_classes = static_cast<int64_t>(split.labels.size());
   CharClassifierOptions mo;
   mo.vocab_size = vocab.size();
@@ -163,9 +246,17 @@ void run_train(const TrainArgs& a) {
       pr.bucketed.padded_slots, pad_pct(pr.bucketed), pr.packed.real_tokens);
 
   Adam opt(model.parameters(), {.lr = a.lr});
+  int64_t first_epoch = 1;
+  if (ck) {
+    model.load_state_dict(ck->model_state);
+    opt.load_state(ck->adam_state, ck->adam_step);
+    first_epoch = ck->epoch + 1;
+  }
+  const std::string checkpoint_path = (std::filesystem::path(a.out) / "checkpoint.safetensors").string();
+  const std::string config_text = train_config(a).dump();
   CrossEntropyLoss ce;
   double total_train_s = 0.0, total_cpu_s = 0.0;
-  for (int64_t epoch = 1; epoch <= a.epochs; ++epoch) {
+  for (int64_t epoch = first_epoch; epoch <= a.epochs; ++epoch) {
     const auto batches = sampler.epoch(epoch - 1);
     const auto t0 = Clock::now();
     // Process CPU time too: on a shared machine wall time depends on the
@@ -207,16 +298,19 @@ void run_train(const TrainArgs& a) {
         epoch, a.epochs, batches.empty() ? 0.0 : loss_sum / static_cast<double>(batches.size()),
         100.0 * val_acc, secs, cpu_secs, words / std::max(1e-9, secs), tokens / std::max(1e-9, secs));
     std::fflush(stdout);
+    save_training_checkpoint(checkpoint_path, model, opt, vocab, split.labels, epoch, config_text);
   }
-  if (a.epochs > 0) {
+  const int64_t trained = a.epochs - first_epoch + 1;
+  if (trained > 0) {
     fmt::print("training time: {:.2f} s, {:.2f} s per epoch (cpu {:.2f} s per epoch)\n", total_train_s,
-               total_train_s / static_cast<double>(a.epochs), total_cpu_s / static_cast<double>(a.epochs));
+               total_train_s / static_cast<double>(trained), total_cpu_s / static_cast<double>(trained));
   }
   const std::vector<int64_t> pred = predict_all(model, vocab, split.test, 512);
   fmt::print("test accuracy: {:.2f}% ({} words)\n", 100.0 * accuracy(pred, split.test), split.test.size());
   print_confusion(pred, split.test, split.labels);
   save_classifier(a.out, model, vocab, split.labels);
-  fmt::print("saved the model to {}/ (model.safetensors, vocabulary.json, config.json)\n", a.out);
+  fmt::print("saved the model to {}/ (model.safetensors, vocabulary.json, config.json; checkpoint.safetensors "
+             "for --resume)\n", a.out);
   fmt::print("try: seqpack predict --model {} <word>...\n", a.out);
 }
 
@@ -237,7 +331,16 @@ void setup(CLI::App& sub) {
   sub.add_option("--clip", a->clip, "clip the gradient norm to this (0: off)")->capture_default_str();
   sub.add_option("--out", a->out, "directory to save the model to")->capture_default_str();
   sub.add_flag("--quiet", a->quiet, "no progress bar");
-  sub.callback([a] { run_train(*a); });
+  sub.add_option("--resume", a->resume,
+                 "continue from the checkpoint in this output directory of an earlier run (its data, "
+                 "sizes and seed; --epochs sets the new total)");
+  sub.callback([a, &sub] {
+    a->given.clear();
+    for (const CLI::Option* o : sub.get_options()) {
+      if (o->count() > 0) a->given.insert(o->get_name());
+    }
+    run_train(*a);
+  });
 }
 
 const bool registered = seqpack::cli::register_command(

@@ -1,0 +1,232 @@
+// Checkpoints and `seqpack train --resume`: a run stopped after epoch 1 and
+// resumed ends with the same bytes as an uninterrupted run (one thread); a
+// process killed right before the checkpoint's rename leaves the previous
+// checkpoint intact; missing, corrupt and finished checkpoints and conflicting
+// flags are clear errors. Tiny TSV and sizes, so each run takes well under a second.
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <string>
+
+#include "seqpack/classifier.h"
+#include "seqpack/optim.h"
+#include "seqpack/safetensors.h"
+#include "test_util.h"
+
+namespace {
+
+namespace fs = std::filesystem;
+
+struct CliResult {
+  int status;
+  std::string out, err;
+};
+
+fs::path work_dir() {
+  static const fs::path p = [] {
+    fs::path d = fs::temp_directory_path() / ("seqpack_cli_resume_" + std::to_string(::getpid()));
+    fs::remove_all(d);
+    fs::create_directories(d);
+    return d;
+  }();
+  return p;
+}
+
+std::string slurp(const fs::path& p) {
+  std::ifstream in(p, std::ios::binary);
+  std::stringstream s;
+  s << in.rdbuf();
+  return s.str();
+}
+
+CliResult run_cli(const std::string& args, const std::string& env = "") {
+  const fs::path out = work_dir() / "stdout.txt", err = work_dir() / "stderr.txt";
+  const std::string cmd = env + (env.empty() ? "" : " ") + std::string(SEQPACK_CLI_PATH) + " " + args +
+                          " >" + out.string() + " 2>" + err.string();
+  const int status = std::system(cmd.c_str());
+  return {status, slurp(out), slurp(err)};
+}
+
+const fs::path& tiny_tsv() {
+  static const fs::path p = [] {
+    const fs::path f = work_dir() / "tiny.tsv";
+    const char* en[] = {"the", "house", "water", "night", "light", "which", "there", "would", "about", "think"};
+    const char* fr[] = {"maison", "eau", "nuit", "été", "château", "être", "très", "quelle", "chose", "année"};
+    std::ofstream o(f);
+    for (int i = 0; i < 10; ++i) o << "english\t" << en[i] << "\nfrench\t" << fr[i] << "\n";
+    return f;
+  }();
+  return p;
+}
+
+// Small enough to be fast, with several batches per epoch so the batch order
+// (a function of seed and epoch) matters.
+std::string train_args(const fs::path& out, int epochs) {
+  return "train --quiet --threads 1 --data " + tiny_tsv().string() + " --epochs " +
+         std::to_string(epochs) + " --hidden 8 --embed 4 --batch-size 4 --seed 7 --out " + out.string();
+}
+
+// Trained once for all tests: 3 epochs without interruption.
+const fs::path& full_run() {
+  static const fs::path p = [] {
+    const fs::path d = work_dir() / "full";
+    const CliResult r = run_cli(train_args(d, 3));
+    EXPECT_EQ(r.status, 0) << r.out << r.err;
+    return d;
+  }();
+  return p;
+}
+
+TEST(CliResume, OneEpochThenResumeMatchesAnUninterruptedRunBitForBit) {
+  const fs::path part = work_dir() / "part";
+  CliResult r1 = run_cli(train_args(part, 1));
+  ASSERT_EQ(r1.status, 0) << r1.out << r1.err;
+  ASSERT_TRUE(fs::exists(part / "checkpoint.safetensors"));
+  EXPECT_EQ(seqpack::load_training_checkpoint((part / "checkpoint.safetensors").string()).epoch, 1);
+
+  CliResult r2 = run_cli("train --quiet --threads 1 --epochs 3 --resume " + part.string());
+  ASSERT_EQ(r2.status, 0) << r2.out << r2.err;
+  EXPECT_NE(r2.out.find("epoch 1 of 3 done"), std::string::npos) << r2.out;
+  EXPECT_EQ(r2.out.find("epoch 1/3:"), std::string::npos) << r2.out;  // not retrained
+  EXPECT_NE(r2.out.find("epoch 3/3:"), std::string::npos) << r2.out;
+
+  const fs::path full = full_run();
+  const std::string a = slurp(full / "model.safetensors"), b = slurp(part / "model.safetensors");
+  ASSERT_FALSE(a.empty());
+  EXPECT_TRUE(a == b) << "the resumed model differs from the uninterrupted one";
+  // The checkpoints agree too (weights, Adam moments and step, epoch, config).
+  EXPECT_TRUE(slurp(full / "checkpoint.safetensors") == slurp(part / "checkpoint.safetensors"));
+  const auto ck = seqpack::load_training_checkpoint((part / "checkpoint.safetensors").string());
+  EXPECT_EQ(ck.epoch, 3);
+  EXPECT_EQ(ck.adam_step, 3 * 4);  // 16 training words in batches of 4
+  // A control that can fail: a run that differs (2 epochs) gives other weights.
+  const fs::path two = work_dir() / "two";
+  ASSERT_EQ(run_cli(train_args(two, 2)).status, 0);
+  EXPECT_FALSE(slurp(two / "model.safetensors") == a);
+}
+
+TEST(CliResume, AbortBeforeRenameLeavesThePreviousCheckpointLoadable) {
+  const fs::path d = work_dir() / "aborted";
+  ASSERT_EQ(run_cli(train_args(d, 1)).status, 0);
+  const std::string before = slurp(d / "checkpoint.safetensors");
+  const std::string model_before = slurp(d / "model.safetensors");
+
+  CliResult r = run_cli("train --quiet --threads 1 --epochs 3 --resume " + d.string(),
+                        "SEQPACK_TEST_ABORT_BEFORE_RENAME=1");
+  EXPECT_NE(r.status, 0) << "the hook should have aborted the process: " << r.out;
+  EXPECT_NE(r.out.find("epoch 2/3:"), std::string::npos) << r.out;  // it got as far as the save
+  EXPECT_TRUE(slurp(d / "checkpoint.safetensors") == before);
+  EXPECT_TRUE(slurp(d / "model.safetensors") == model_before);
+  // Whatever else the abort left in the directory is a complete file under a
+  // name nothing reads, not a truncated one.
+  int leftovers = 0;
+  for (const auto& e : fs::directory_iterator(d)) {
+    const std::string name = e.path().filename().string();
+    if (name.find(".tmp") != std::string::npos) {
+      ++leftovers;
+      EXPECT_NO_THROW(seqpack::load_safetensors(e.path().string())) << name;
+    }
+  }
+  EXPECT_EQ(leftovers, 1);
+  EXPECT_EQ(seqpack::load_training_checkpoint((d / "checkpoint.safetensors").string()).epoch, 1);
+
+  // And the old checkpoint still resumes to the uninterrupted result.
+  CliResult again = run_cli("train --quiet --threads 1 --epochs 3 --resume " + d.string());
+  ASSERT_EQ(again.status, 0) << again.out << again.err;
+  EXPECT_TRUE(slurp(d / "model.safetensors") == slurp(full_run() / "model.safetensors"));
+}
+
+TEST(CliResume, MissingOrCorruptCheckpointNamesThePath) {
+  const fs::path none = work_dir() / "never-trained";
+  CliResult m = run_cli("train --resume " + none.string());
+  EXPECT_NE(m.status, 0);
+  EXPECT_NE(m.err.find("no checkpoint at " + none.string()), std::string::npos) << m.err;
+
+  const fs::path empty_dir = work_dir() / "empty-dir";
+  fs::create_directories(empty_dir);
+  CliResult e = run_cli("train --resume " + empty_dir.string());
+  EXPECT_NE(e.status, 0);
+  EXPECT_NE(e.err.find((empty_dir / "checkpoint.safetensors").string()), std::string::npos) << e.err;
+
+  const fs::path garbage = work_dir() / "garbage";
+  fs::create_directories(garbage);
+  std::ofstream(garbage / "checkpoint.safetensors") << "this is not a checkpoint";
+  CliResult g = run_cli("train --resume " + garbage.string());
+  EXPECT_NE(g.status, 0);
+  EXPECT_NE(g.err.find((garbage / "checkpoint.safetensors").string() + " is corrupt"), std::string::npos)
+      << g.err;
+
+  // A real checkpoint cut short.
+  const std::string whole = slurp(full_run() / "checkpoint.safetensors");
+  const fs::path cut = work_dir() / "truncated";
+  fs::create_directories(cut);
+  std::ofstream(cut / "checkpoint.safetensors", std::ios::binary) << whole.substr(0, whole.size() / 2);
+  CliResult t = run_cli("train --resume " + cut.string());
+  EXPECT_NE(t.status, 0);
+  EXPECT_NE(t.err.find((cut / "checkpoint.safetensors").string()), std::string::npos) << t.err;
+
+  // A valid safetensors file that is not a checkpoint (the saved model).
+  CliResult w = run_cli("train --resume " + (full_run() / "model.safetensors").string());
+  EXPECT_NE(w.status, 0);
+  EXPECT_NE(w.err.find("model.safetensors has format 'pt', expected 'seqpack-train-checkpoint'"), std::string::npos) << w.err;
+}
+
+TEST(CliResume, FinishedCheckpointSaysSoAndConflictingFlagsAreNamed) {
+  const fs::path full = full_run();
+  const std::string model = slurp(full / "model.safetensors");
+  CliResult done = run_cli("train --resume " + full.string());
+  EXPECT_EQ(done.status, 0) << done.err;
+  EXPECT_NE(done.out.find("all 3 epochs are already done"), std::string::npos) << done.out;
+  EXPECT_TRUE(slurp(full / "model.safetensors") == model);  // untouched
+
+  // --hidden 8 agrees with the checkpoint and is not reported; --lr and --seed conflict.
+  CliResult c = run_cli("train --resume " + full.string() + " --epochs 4 --hidden 8 --lr 0.5 --seed 1");
+  EXPECT_NE(c.status, 0);
+  EXPECT_NE(c.err.find("--lr 0.5 (the checkpoint has 0.002)"), std::string::npos) << c.err;
+  EXPECT_NE(c.err.find("--seed 1 (the checkpoint has 7)"), std::string::npos) << c.err;
+  EXPECT_EQ(c.err.find("--hidden"), std::string::npos) << c.err;
+  EXPECT_TRUE(slurp(full / "model.safetensors") == model);
+}
+
+// The optimiser state round trip the checkpoint relies on: an Adam restored
+// from another's state takes the same next step, bit for bit.
+TEST(AdamState, RestoredOptimizerTakesTheSameStep) {
+  using seqpack::Tensor;
+  const auto make = [] {
+    Tensor w = Tensor::zeros({3}, seqpack::DType::f32), g = Tensor::zeros({3}, seqpack::DType::f32);
+    for (int i = 0; i < 3; ++i) w.data<float>()[i] = 0.5f * static_cast<float>(i);
+    return std::pair{w, g};
+  };
+  auto [w1, g1] = make();
+  auto [w2, g2] = make();
+  seqpack::Adam a({{"w", w1, g1}}, {.lr = 0.1});
+  seqpack::Adam b({{"w", w2, g2}}, {.lr = 0.1});
+  for (int s = 0; s < 3; ++s) {
+    for (int i = 0; i < 3; ++i) g1.data<float>()[i] = static_cast<float>(i - s) * 0.3f;
+    a.step();
+  }
+  w2.copy_from(w1);
+  b.load_state(a.state(), a.step_count());
+  EXPECT_EQ(b.step_count(), 3);
+  for (int i = 0; i < 3; ++i) g1.data<float>()[i] = g2.data<float>()[i] = 0.7f - static_cast<float>(i);
+  a.step();
+  b.step();
+  for (int i = 0; i < 3; ++i) EXPECT_EQ(w1.data<float>()[i], w2.data<float>()[i]) << i;
+  // A state that does not fit is rejected by key, before anything is copied.
+  auto [w3, g3] = make();
+  seqpack::Adam c({{"w", w3, g3}}, {.lr = 0.1});
+  EXPECT_THROW(c.load_state({}, 3), std::invalid_argument);
+  try {
+    c.load_state({{"exp_avg.w", Tensor::zeros({2}, seqpack::DType::f32)}}, 3);
+    FAIL() << "expected a shape error";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_NE(std::string(e.what()).find("exp_avg.w"), std::string::npos) << e.what();
+  }
+}
+
+}  // namespace
