@@ -23,6 +23,7 @@
 #include <random>
 #include <stdexcept>
 #include <string>
+#include <type_traits>
 
 #include "cpu/buffer_pool.h"
 #include "cpu/gemm.h"
@@ -152,6 +153,24 @@ void run_threads(int nt, F&& body) {
   cpu::set_blas_threads(blas);
 }
 
+// Steps with at most kSmallRows live rows multiply by W_hh through
+// cpu::gemm_packed_small (float32), with W_hh laid out once per layer and
+// direction, instead of sgemm, which re-packs the whole W_hh at every call.
+// Only for W_hh of at least kSmallMinWeights elements (512 KB): a smaller one
+// stays in L2 and sgemm's packing of it is cheap (gru-chars, 384 x 128, ran
+// 3-5% slower in train_packed through the packed path). Both measured with
+// `seqpack bench --threads 1` (docs/performance.md, section 7): up to 64
+// rows the packed kernel beat sgemm on every LSTM workload.
+constexpr int64_t kSmallRows = 64;
+constexpr int64_t kSmallMinWeights = 128 * 1024;
+
+// True when some step of `bs` (non-increasing) takes the small-row path.
+template <typename T>
+bool packs_small(const std::vector<int64_t>& bs, int64_t weights) {
+  return std::is_same_v<T, float> && !bs.empty() && bs.back() <= kSmallRows &&
+         weights >= kSmallMinWeights;
+}
+
 template <typename T>
 void copy_rows(T* dst, int64_t ld_dst, const T* src, int64_t ld_src, int64_t rows, int64_t cols) {
   if (ld_dst == cols && ld_src == cols) {
@@ -235,6 +254,7 @@ RNNForwardResult forward_impl(const RNNOptions& o, const std::vector<Tensor>& we
   // inside the time loop.
   struct Workspace {
     std::vector<T> hstate, hprev, cstate, gh, m;
+    cpu::PackedWeights whh;  // W_hhᵀ [R, G] for the small-row steps
   };
   std::vector<Workspace> wss(static_cast<std::size_t>(D));
   for (Workspace& ws : wss) {
@@ -306,6 +326,10 @@ RNNForwardResult forward_impl(const RNNOptions& o, const std::vector<Tensor>& we
           ghn = sd.ghn.data<T>();
         }
       }
+      const bool small = packs_small<T>(bs, G * R);
+      if constexpr (std::is_same_v<T, float>) {
+        if (small) cpu::pack_weights(w.w_hh, /*trans_b=*/true, R, G, R, ws.whh);
+      }
       const int64_t ld = l * D + d;
       load_state(ws.hstate.data(), h0, ld, si, R);
       if (lstm) load_state(ws.cstate.data(), c0, ld, si, H);
@@ -334,6 +358,18 @@ RNNForwardResult forward_impl(const RNNOptions& o, const std::vector<Tensor>& we
           }
           // grow[:, q*H + a .. q*H + b) (+)= h_prev · W_hh[q*H + a .. q*H + b)ᵀ for each gate q.
           auto hidden_gemm = [&](T beta, T* dst) {
+            if constexpr (std::is_same_v<T, float>) {
+              if (small && n <= kSmallRows) {
+                if (nth == 1) {
+                  cpu::gemm_packed_small(n, hsrc, R, ws.whh, 0, G, beta, dst, G);
+                  return;
+                }
+                for (int64_t q = 0; q < G / H; ++q) {
+                  cpu::gemm_packed_small(n, hsrc, R, ws.whh, q * H + a, q * H + b, beta, dst, G);
+                }
+                return;
+              }
+            }
             if (nth == 1) {
               cpu::gemm<T>(false, true, n, G, R, T(1), hsrc, R, w.w_hh, R, beta, dst, G);
               return;
@@ -429,6 +465,7 @@ RNNGradients backward_impl(const RNNSaved& sv, const Tensor& grad_output, const 
   struct Workspace {
     std::vector<T> dhstate, dcstate, dm, dhtot;
     Tensor dg_t, dgh_t;
+    cpu::PackedWeights whh;  // W_hh [G, R] for the small-row steps
     T* dg = nullptr;   // [N, G] gradient of the gate pre-activations (GRU: input side)
     T* dgh = nullptr;  // GRU: [N, G] gradient of W_h h_prev + b_h; else = dg
   };
@@ -460,6 +497,10 @@ RNNGradients backward_impl(const RNNSaved& sv, const Tensor& grad_output, const 
       const DirWeights<T> w = dir_weights<T>(o, sv.weights, l, d);
       const T* gates = sd.gates.data<T>();
       const T* hprev = sd.h_prev.data<T>();
+      const bool small = packs_small<T>(bs, G * R);
+      if constexpr (std::is_same_v<T, float>) {
+        if (small) cpu::pack_weights(w.w_hh, /*trans_b=*/false, G, R, R, ws.whh);
+      }
       const int64_t ld = l * D + d;
       load_state(ws.dhstate.data(), grad_h_n, ld, si, R);
       if (lstm) load_state(ws.dcstate.data(), grad_c_n, ld, si, H);
@@ -471,6 +512,18 @@ RNNGradients backward_impl(const RNNSaved& sv, const Tensor& grad_output, const 
         int64_t a, b, ra, rb;
         split_columns(H, nth, tid, a, b);
         split_columns(R, nth, tid, ra, rb);
+        // dh_prev[:, ra..rb) (+)= dgr · W_hh[:, ra..rb).
+        auto hidden_gemm = [&](int64_t n, const T* dgr, T beta) {
+          T* dst = ws.dhstate.data();
+          if constexpr (std::is_same_v<T, float>) {
+            if (small && n <= kSmallRows) {
+              cpu::gemm_packed_small(n, dgr, G, ws.whh, ra, rb, beta, dst, R);
+              return;
+            }
+          }
+          cpu::gemm<T>(false, false, n, rb - ra, G, T(1), dgr, G, w.w_hh + ra, R, beta, dst + ra,
+                       R);
+        };
         for (int64_t s = 0; s < TT; ++s) {
           // Undo the forward's order: the forward direction walks t down here.
           const int64_t t = d == 0 ? TT - 1 - s : s;
@@ -508,8 +561,7 @@ RNNGradients backward_impl(const RNNSaved& sv, const Tensor& grad_output, const 
             if (nth > 1) {
 #pragma omp barrier
             }
-            cpu::gemm<T>(false, false, n, rb - ra, G, T(1), dgr, G, w.w_hh + ra, R, T(0),
-                         ws.dhstate.data() + ra, R);
+            hidden_gemm(n, dgr, T(0));
           } else if (gru) {
             T* dghr = dgh + r0 * G;
             cpu::gru_gates_backward<T>(n, H, a, b, gates + r0 * G, sd.ghn.data<T>() + r0 * H,
@@ -517,15 +569,13 @@ RNNGradients backward_impl(const RNNSaved& sv, const Tensor& grad_output, const 
             if (nth > 1) {
 #pragma omp barrier
             }
-            cpu::gemm<T>(false, false, n, rb - ra, G, T(1), dghr, G, w.w_hh + ra, R, T(1),
-                         ws.dhstate.data() + ra, R);
+            hidden_gemm(n, dghr, T(1));
           } else {
             cpu::rnn_gates_backward<T>(n, H, a, b, gates + r0 * G, relu, dht, R, dgr);
             if (nth > 1) {
 #pragma omp barrier
             }
-            cpu::gemm<T>(false, false, n, rb - ra, G, T(1), dgr, G, w.w_hh + ra, R, T(0),
-                         ws.dhstate.data() + ra, R);
+            hidden_gemm(n, dgr, T(0));
           }
         }
       };

@@ -8,6 +8,7 @@
 #pragma once
 
 #include <cstdint>
+#include <vector>
 
 namespace seqpack::cpu {
 
@@ -19,5 +20,33 @@ void gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, T alpha, 
 // inside its own OpenMP regions so the two never oversubscribe the cores.
 void set_blas_threads(int n);
 int blas_threads();
+
+// A float32 right-hand matrix B [k, n] laid out once into column panels for
+// gemm_packed_small. The per-step recurrent products multiply only a step's
+// live rows (often 1-4) by the whole W_hh; sgemm re-packs all of W_hh at every
+// call, which for a few rows costs more than the product itself. Packing once
+// per call (layer and direction) removes that cost from every step.
+//
+// Layout: panels of `width` columns (two SIMD vectors of the dispatched
+// target), each [k][width], columns past n zero-filled.
+struct PackedWeights {
+  int64_t k = 0, n = 0, width = 0;
+  std::vector<float> storage;  // over-allocated so the panels start 64-byte aligned
+  int64_t offset = 0;          // first element of the panels within storage
+  const float* panels() const { return storage.data() + offset; }
+};
+
+// Lays B out: B[kk][j] = trans_b ? b[j * ldb + kk] : b[kk * ldb + j]. Reuses
+// out's storage when it is large enough (no allocation when re-packing a
+// matrix of the same size).
+void pack_weights(const float* b, bool trans_b, int64_t k, int64_t n, int64_t ldb,
+                  PackedWeights& out);
+
+// C[i, j] = A[i, :]·B[:, j] + beta * C[i, j] for rows i < m and columns
+// col0 <= j < col1 of C (c points at column 0). A is [m, b.k] with row stride
+// lda. Meant for small m (the SIMD kernel keeps up to 4 rows in registers and
+// streams B once per 4 rows); results do not depend on col0/col1.
+void gemm_packed_small(int64_t m, const float* a, int64_t lda, const PackedWeights& b, int64_t col0,
+                       int64_t col1, float beta, float* c, int64_t ldc);
 
 }  // namespace seqpack::cpu

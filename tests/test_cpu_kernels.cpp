@@ -1,0 +1,195 @@
+// cpu::gemm_packed_small (the small-row path of the per-step recurrent
+// products) against a plain triple loop in double, over odd sizes that are not
+// multiples of the SIMD width or of the panel width, m = 1..9, both packing
+// forms (B and Bᵀ), beta 0 and 1, and column ranges starting mid-panel (how
+// threads split a step).
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <random>
+#include <vector>
+
+#include "cpu/gemm.h"
+#include "seqpack/packed_sequence.h"
+#include "seqpack/rnn.h"
+#include "seqpack/threading.h"
+#include "test_util.h"
+
+namespace {
+
+using seqpack::cpu::gemm_packed_small;
+using seqpack::cpu::pack_weights;
+using seqpack::cpu::PackedWeights;
+
+struct Case {
+  int64_t m, k, n;
+};
+
+void check_case(const Case& cs, bool trans_b, float beta, int64_t col0, int64_t col1,
+                std::mt19937& gen) {
+  std::uniform_real_distribution<float> u(-1.f, 1.f);
+  const int64_t lda = cs.k + 3, ldc = cs.n + 5;
+  const int64_t ldb = trans_b ? cs.k + 2 : cs.n + 2;
+  std::vector<float> a(static_cast<std::size_t>(cs.m * lda));
+  std::vector<float> b(static_cast<std::size_t>((trans_b ? cs.n : cs.k) * ldb));
+  std::vector<float> c(static_cast<std::size_t>(cs.m * ldc));
+  for (float& x : a) x = u(gen);
+  for (float& x : b) x = u(gen);
+  for (float& x : c) x = u(gen);
+  const std::vector<float> c0 = c;
+  auto bat = [&](int64_t kk, int64_t j) {
+    return trans_b ? b[static_cast<std::size_t>(j * ldb + kk)]
+                   : b[static_cast<std::size_t>(kk * ldb + j)];
+  };
+  PackedWeights pw;
+  pack_weights(b.data(), trans_b, cs.k, cs.n, ldb, pw);
+  gemm_packed_small(cs.m, a.data(), lda, pw, col0, col1, beta, c.data(), ldc);
+  for (int64_t i = 0; i < cs.m; ++i) {
+    for (int64_t j = 0; j < ldc; ++j) {
+      const std::size_t at = static_cast<std::size_t>(i * ldc + j);
+      if (j < col0 || j >= col1) {
+        // Outside the range (and in the row padding) C is untouched.
+        ASSERT_EQ(c[at], c0[at]) << "i=" << i << " j=" << j;
+        continue;
+      }
+      double want = beta * static_cast<double>(c0[at]);
+      double mag = std::fabs(want);
+      for (int64_t kk = 0; kk < cs.k; ++kk) {
+        const double p = static_cast<double>(a[static_cast<std::size_t>(i * lda + kk)]) * bat(kk, j);
+        want += p;
+        mag += std::fabs(p);
+      }
+      ASSERT_NEAR(c[at], want, 1e-6 * mag + 1e-6)
+          << "m=" << cs.m << " k=" << cs.k << " n=" << cs.n << " i=" << i << " j=" << j;
+    }
+  }
+}
+
+TEST(GemmPackedSmall, MatchesTripleLoop) {
+  const auto seed = seqpack::testing::test_seed();
+  SCOPED_TRACE("seed " + std::to_string(seed));
+  std::mt19937 gen(static_cast<std::mt19937::result_type>(seed));
+  for (int64_t m = 1; m <= 9; ++m) {
+    for (const Case& base : {Case{0, 37, 53}, Case{0, 1, 7}, Case{0, 64, 96}, Case{0, 13, 131}}) {
+      const Case cs{m, base.k, base.n};
+      for (bool trans_b : {false, true}) {
+        for (float beta : {0.f, 1.f}) {
+          SCOPED_TRACE("m=" + std::to_string(m) + " k=" + std::to_string(cs.k) +
+                       " n=" + std::to_string(cs.n) + " trans_b=" + std::to_string(trans_b) +
+                       " beta=" + std::to_string(beta));
+          check_case(cs, trans_b, beta, 0, cs.n, gen);
+          // A range starting and ending inside panels.
+          check_case(cs, trans_b, beta, cs.n / 3, cs.n - cs.n / 5, gen);
+        }
+      }
+    }
+  }
+}
+
+TEST(GemmPackedSmall, EmptyCasesLeaveCUntouched) {
+  std::vector<float> b(12, 1.f), a(8, 1.f), c(6, 7.f);
+  PackedWeights pw;
+  pack_weights(b.data(), /*trans_b=*/false, 4, 3, 3, pw);
+  gemm_packed_small(0, a.data(), 4, pw, 0, 3, 0.f, c.data(), 3);
+  gemm_packed_small(2, a.data(), 4, pw, 2, 2, 0.f, c.data(), 3);
+  for (float x : c) EXPECT_EQ(x, 7.f);
+  // k = 0: the product is empty, C = beta * C.
+  PackedWeights empty;
+  pack_weights(b.data(), /*trans_b=*/false, 0, 3, 3, empty);
+  gemm_packed_small(2, a.data(), 4, empty, 0, 3, 0.f, c.data(), 3);
+  for (float x : c) EXPECT_EQ(x, 0.f);
+}
+
+TEST(GemmPackedSmall, RepackingReusesStorage) {
+  // Re-packing a matrix of the same size (every layer of a call) must not
+  // reallocate, and must replace the old values.
+  std::vector<float> b1(20, 1.f), b2(20, 2.f), a(5, 1.f), c(4, 0.f);
+  PackedWeights pw;
+  pack_weights(b1.data(), /*trans_b=*/false, 5, 4, 4, pw);
+  const float* first = pw.storage.data();
+  pack_weights(b2.data(), /*trans_b=*/false, 5, 4, 4, pw);
+  EXPECT_EQ(pw.storage.data(), first);
+  gemm_packed_small(1, a.data(), 5, pw, 0, 4, 0.f, c.data(), 4);
+  for (float x : c) EXPECT_EQ(x, 10.f);  // 5 * 1 * 2
+}
+
+// The recurrent layers take the small-row path for float32 only when W_hh is
+// large (src/rnn_core.cpp, kSmallMinWeights = 128K elements) and a step has
+// few live rows. These shapes are above that size with every step at <= 5
+// rows, so float32 goes through gemm_packed_small (forward and backward) and
+// float64 through the BLAS: the two must agree to float precision.
+void check_float_vs_double(seqpack::RNNOptions o, int threads, std::mt19937& gen) {
+  using seqpack::DType;
+  using seqpack::Tensor;
+  const std::vector<int64_t> lengths{7, 5, 5, 2, 1};
+  const auto plan = seqpack::PackingPlan::from_lengths(lengths, /*enforce_sorted=*/true);
+  const double bound = 1.0 / std::sqrt(static_cast<double>(o.hidden_size));
+  std::uniform_real_distribution<double> u(-bound, bound);
+  auto random_f64 = [&](seqpack::Shape shape) {
+    Tensor t = Tensor::empty(std::move(shape), DType::f64);
+    for (int64_t i = 0; i < t.numel(); ++i) t.data<double>()[i] = u(gen);
+    return t;
+  };
+  o.dtype = DType::f64;
+  std::vector<Tensor> w64, w32;
+  for (const auto& s : seqpack::rnn_parameter_shapes(o)) {
+    w64.push_back(random_f64(s));
+    w32.push_back(w64.back().to(DType::f32));
+  }
+  const Tensor x64 = random_f64({plan.total_rows(), o.input_size});
+  const Tensor gout64 = random_f64({plan.total_rows(), o.output_size()});
+  seqpack::set_num_threads(threads);
+  const auto f64 = seqpack::rnn_forward(o, w64, x64, plan, {}, {}, /*training=*/true,
+                                        /*save_for_backward=*/true);
+  const auto g64 = seqpack::rnn_backward(*f64.saved, gout64, {}, {});
+  o.dtype = DType::f32;
+  const auto f32 = seqpack::rnn_forward(o, w32, x64.to(DType::f32), plan, {}, {},
+                                        /*training=*/true, /*save_for_backward=*/true);
+  const auto g32 = seqpack::rnn_backward(*f32.saved, gout64.to(DType::f32), {}, {});
+  seqpack::set_num_threads(1);
+  auto close = [](const Tensor& got32, const Tensor& want64, const std::string& what) {
+    ASSERT_EQ(got32.numel(), want64.numel()) << what;
+    const Tensor got = got32.to(DType::f64);
+    for (int64_t i = 0; i < got.numel(); ++i) {
+      const double a = got.data<double>()[i], b = want64.data<double>()[i];
+      ASSERT_NEAR(a, b, 2e-5 + 2e-4 * std::fabs(b)) << what << "[" << i << "]";
+    }
+  };
+  close(f32.output, f64.output, "output");
+  close(f32.h_n, f64.h_n, "h_n");
+  close(g32.input, g64.input, "grad input");
+  close(g32.h0, g64.h0, "grad h0");
+  for (std::size_t k = 0; k < g64.weights.size(); ++k) {
+    close(g32.weights[k], g64.weights[k], "grad weight " + std::to_string(k));
+  }
+}
+
+TEST(SmallRowPath, RecurrentLayersFloatMatchDouble) {
+  const auto seed = seqpack::testing::test_seed();
+  SCOPED_TRACE("seed " + std::to_string(seed));
+  std::mt19937 gen(static_cast<std::mt19937::result_type>(seed));
+  seqpack::RNNOptions lstm;
+  lstm.mode = seqpack::RNNMode::lstm;
+  lstm.input_size = 9;
+  lstm.hidden_size = 256;  // W_hh 1024 x 256
+  lstm.bidirectional = true;
+  for (int threads : {1, 2}) {
+    SCOPED_TRACE("threads " + std::to_string(threads));
+    check_float_vs_double(lstm, threads, gen);
+  }
+  seqpack::RNNOptions proj = lstm;
+  proj.hidden_size = 272;  // W_hh 1088 x 136: columns not a multiple of the panel width
+  proj.proj_size = 136;
+  proj.bidirectional = false;
+  check_float_vs_double(proj, 1, gen);
+  seqpack::RNNOptions gru = lstm;
+  gru.mode = seqpack::RNNMode::gru;
+  gru.hidden_size = 272;  // W_hh 816 x 272; two threads split 272 columns unevenly
+  gru.bidirectional = false;
+  for (int threads : {1, 2}) {
+    SCOPED_TRACE("gru threads " + std::to_string(threads));
+    check_float_vs_double(gru, threads, gen);
+  }
+}
+
+}  // namespace
