@@ -2,6 +2,7 @@
 #include <algorithm>
 #include <cstdio>
 #include <exception>
+#include <string>
 
 #include "command.h"
 
@@ -21,6 +22,22 @@ int main(int argc, char** argv) {
   for (auto& cmd : cmds) {
     CLI::App* sub = app.add_subcommand(cmd.name, cmd.description);
     cmd.setup(*sub);
+  }
+  // CLI11 reports an unknown first word only as "A subcommand is required";
+  // name it and list the commands instead.
+  if (argc > 1 && argv[1][0] != '-') {
+    const std::string word = argv[1];
+    bool known = false;
+    std::string names;
+    for (const auto& cmd : cmds) {
+      known = known || cmd.name == word;
+      names += (names.empty() ? "" : ", ") + cmd.name;
+    }
+    if (!known) {
+      std::fprintf(stderr, "seqpack: error: unknown command '%s' (commands: %s)\n", word.c_str(),
+                   names.c_str());
+      return 2;
+    }
   }
   try {
     app.parse(argc, argv);
