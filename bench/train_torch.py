@@ -26,19 +26,8 @@ import torch
 from torch.nn.utils.rnn import PackedSequence, pack_sequence
 
 
-class CharClassifier(torch.nn.Module):
-    def __init__(self, vocab, embed, hidden, classes):
-        super().__init__()
-        self.embedding = torch.nn.Embedding(vocab, embed, padding_idx=0)
-        self.lstm = torch.nn.LSTM(embed, hidden, bidirectional=True)
-        self.fc = torch.nn.Linear(2 * hidden, classes)
-
-    def forward(self, packed_ids):
-        x = PackedSequence(self.embedding(packed_ids.data), packed_ids.batch_sizes,
-                           packed_ids.sorted_indices, packed_ids.unsorted_indices)
-        _, (h_n, _) = self.lstm(x)
-        return self.fc(torch.cat([h_n[0], h_n[1]], dim=1))
-
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests"))
+from torch_char_classifier import CharClassifier  # noqa: E402
 
 def set_torch_threads(n):
     """torch.set_num_threads(n), and the same for the OpenBLAS torch's GEMMs

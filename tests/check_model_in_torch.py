@@ -27,19 +27,7 @@ NP_DTYPES = {"F32": np.float32, "F64": np.float64, "I64": np.int64}
 WORDS = ["the", "house", "maison", "haus", "ça", "été", "straße", "zzq", "x", "a"]
 
 
-class CharClassifier(torch.nn.Module):
-    def __init__(self, vocab, embed, hidden, classes):
-        super().__init__()
-        self.embedding = torch.nn.Embedding(vocab, embed, padding_idx=0)
-        self.lstm = torch.nn.LSTM(embed, hidden, bidirectional=True)
-        self.fc = torch.nn.Linear(2 * hidden, classes)
-
-    def forward(self, packed_ids):
-        x = PackedSequence(self.embedding(packed_ids.data), packed_ids.batch_sizes,
-                           packed_ids.sorted_indices, packed_ids.unsorted_indices)
-        _, (h_n, _) = self.lstm(x)
-        return self.fc(torch.cat([h_n[0], h_n[1]], dim=1))
-
+from torch_char_classifier import CharClassifier
 
 def load_safetensors(path):
     with open(path, "rb") as f:
