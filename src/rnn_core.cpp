@@ -140,19 +140,16 @@ void split_columns(int64_t width, int nth, int tid, int64_t& a, int64_t& b) {
   b = std::min(width, blocks * (tid + 1) / nth * 16);
 }
 
-// Runs body(tid, nth) on `nt` threads. Inside, each thread calls the BLAS
-// single-threaded, so OpenMP and OpenBLAS never oversubscribe the cores.
+// Runs body(tid, nth) on `nt` threads. The caller holds a
+// cpu::BlasSingleThread, so each thread's BLAS calls stay on that thread.
 template <typename F>
 void run_threads(int nt, F&& body) {
   if (nt <= 1) {
     body(0, 1);
     return;
   }
-  const int blas = cpu::blas_threads();
-  cpu::set_blas_threads(1);
 #pragma omp parallel num_threads(nt)
   body(omp_get_thread_num(), omp_get_num_threads());
-  cpu::set_blas_threads(blas);
 }
 
 // Steps with at most kSmallRows live rows multiply by W_hh through
@@ -247,6 +244,7 @@ RNNForwardResult forward_impl(const RNNOptions& o, const std::vector<Tensor>& we
   const auto& off = plan.offsets();
   const auto& si = plan.sorted_indices();
 
+  const cpu::BlasSingleThread one_pool;  // OpenMP's threads only (cpu/gemm.h)
   RNNForwardResult res;
   res.h_n = cpu::pooled_empty({L * D, B, R}, o.dtype);
   if (lstm) res.c_n = cpu::pooled_empty({L * D, B, H}, o.dtype);
@@ -504,6 +502,7 @@ RNNGradients backward_impl(const RNNSaved& sv, const Tensor& grad_output, const 
   const auto& off = sv.offsets;
   const auto& si = sv.sorted_indices;
 
+  const cpu::BlasSingleThread one_pool;  // OpenMP's threads only (cpu/gemm.h)
   RNNGradients g;
   for (const Shape& s : rnn_parameter_shapes(o)) g.weights.push_back(cpu::pooled_empty(s, o.dtype));
   if (initial_state_grad) {
