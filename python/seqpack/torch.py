@@ -64,9 +64,11 @@ class RNNFunction(torch.autograd.Function):
     @torch.autograd.function.once_differentiable
     def backward(ctx, grad_output, grad_h_n, grad_c_n=None):
         ctx.saved_tensors  # raises if an input was modified in place since forward
-        g_in, g_h0, g_c0, g_w = _seqpack.rnn_backward(ctx.core_saved, _np(grad_output),
-                                                      _np(grad_h_n), _np(grad_c_n))
         need = ctx.needs_input_grad
+        # Without a gradient for h0/c0 the core skips the products only they need.
+        g_in, g_h0, g_c0, g_w = _seqpack.rnn_backward(ctx.core_saved, _np(grad_output),
+                                                      _np(grad_h_n), _np(grad_c_n),
+                                                      need[5] or need[6])
         grads = [None, None, None, None,
                  _torch(g_in) if need[4] else None,
                  _torch(g_h0) if need[5] else None,

@@ -80,15 +80,16 @@ void bind_rnn(py::module_& m) {
   m.def(
       "rnn_backward",
       [](const SavedHandle& saved, const Tensor& grad_output, const Tensor& grad_h_n,
-         const Tensor& grad_c_n) {
+         const Tensor& grad_c_n, bool initial_state_grad) {
         RNNGradients g;
         {
           py::gil_scoped_release release;
-          g = rnn_backward(*saved.saved, grad_output, grad_h_n, grad_c_n);
+          g = rnn_backward(*saved.saved, grad_output, grad_h_n, grad_c_n, initial_state_grad);
         }
         return gradients_tuple(g);
       },
-      py::arg("saved"), py::arg("grad_output"), py::arg("grad_h_n"), py::arg("grad_c_n"));
+      py::arg("saved"), py::arg("grad_output"), py::arg("grad_h_n"), py::arg("grad_c_n"),
+      py::arg("initial_state_grad") = true);
 
   // Modules (seqpack.nn).
   py::class_<RNNOutput, std::shared_ptr<RNNOutput>>(m, "RNNOutput")
