@@ -152,18 +152,17 @@ void run_threads(int nt, F&& body) {
   body(omp_get_thread_num(), omp_get_num_threads());
 }
 
-// Steps with at most kSmallRows live rows multiply by W_hh through
-// cpu::gemm_packed_small (float32), with W_hh laid out once per layer and
-// direction, instead of sgemm, which re-packs the whole W_hh at every call.
-// Only for W_hh of at least kSmallMinWeights elements (512 KB): a smaller one
-// stays in L2 and sgemm's packing of it is cheap (gru-chars, 384 x 128, ran
-// 3-5% slower in train_packed through the packed path). Both measured with
-// `seqpack bench --threads 1` (docs/performance.md, section 7): up to 64
-// rows the packed kernel beat sgemm on every LSTM workload.
-constexpr int64_t kSmallRows = 64;
-constexpr int64_t kSmallMinWeights = 128 * 1024;
+// float32 steps multiply by W_hh through cpu::gemm_packed_small, with W_hh
+// laid out once per layer and direction, instead of sgemm, which re-packs the
+// whole W_hh at every call. Since the kernel keeps a panel of W_hh in L1 across
+// blocks of 6 rows (docs/performance.md, section 8) it is at least as fast as
+// sgemm at every row count 1..256 on every workload shape, small W_hh
+// included, so every float32 step takes it (kSmallRows and kSmallMinWeights
+// stay as the knobs). float64 keeps the BLAS.
+constexpr int64_t kSmallRows = INT64_MAX;
+constexpr int64_t kSmallMinWeights = 0;
 
-// True when some step of `bs` (non-increasing) takes the small-row path.
+// True when some step of `bs` (non-increasing) takes the packed path.
 template <typename T>
 bool packs_small(const std::vector<int64_t>& bs, int64_t weights) {
   return std::is_same_v<T, float> && !bs.empty() && bs.back() <= kSmallRows &&
