@@ -91,6 +91,61 @@ void BM_sgemv(benchmark::State& state) {
 BENCHMARK(BM_sgemm_m1)->ArgNames({"n", "k"})->Args({2048, 512})->Args({512, 128})->Unit(benchmark::kMicrosecond);
 BENCHMARK(BM_sgemv)->ArgNames({"n", "k"})->Args({2048, 512})->Args({512, 128})->Unit(benchmark::kMicrosecond);
 
+// The per-step recurrent product side by side: sgemm (OpenBLAS, which packs W
+// on every call) against cpu::gemm_packed_small on W packed once (outside the
+// timing, as rnn_core packs once per layer and direction), each shape at the
+// same n one right after the other. Forward shapes C[n, G] += h[n, R] · W_hhᵀ
+// (K = R, N = G, beta 1); backward dh[n, R] = dG[n, G] · W_hh (K = G, N = R,
+// beta 0). Args: k, n (output columns), rows, packed (0 = sgemm, 1 = packed).
+void BM_step(benchmark::State& state) {
+  const int64_t k = state.range(0), n = state.range(1), rows = state.range(2);
+  const bool packed = state.range(3) != 0;
+  // The forward shapes have N > K (N = gates * K), the backward ones K > N.
+  const bool forward = n >= k;
+  std::mt19937 rng(42);
+  std::uniform_real_distribution<float> u(-1.f, 1.f);
+  std::vector<float> a(static_cast<size_t>(rows * k)), w(static_cast<size_t>(n * k)),
+      c(static_cast<size_t>(rows * n));
+  for (auto& x : a) x = u(rng);
+  for (auto& x : w) x = u(rng);
+  for (auto& x : c) x = u(rng);
+  const float beta = forward ? 1.f : 0.f;
+  // W is W_hh [G, R]: forward multiplies by its transpose ([N, K] storage),
+  // backward by W_hh itself ([K, N] storage).
+  seqpack::cpu::PackedWeights pw;
+  seqpack::cpu::pack_weights(w.data(), /*trans_b=*/forward, k, n, forward ? k : n, pw);
+  for (auto _ : state) {
+    if (packed) {
+      seqpack::cpu::gemm_packed_small(rows, a.data(), k, pw, 0, n, beta, c.data(), n);
+    } else {
+      seqpack::cpu::gemm<float>(/*trans_a=*/false, /*trans_b=*/forward, rows, n, k, 1.f, a.data(),
+                                k, w.data(), forward ? k : n, beta, c.data(), n);
+    }
+    benchmark::DoNotOptimize(c.data());
+    benchmark::ClobberMemory();
+  }
+  state.counters["FLOPS"] = benchmark::Counter(
+      2.0 * static_cast<double>(rows) * static_cast<double>(n) * static_cast<double>(k),
+      benchmark::Counter::kIsIterationInvariantRate);
+}
+BENCHMARK(BM_step)
+    ->ArgNames({"k", "n", "rows", "packed"})
+    ->Apply([](benchmark::internal::Benchmark* b) {
+      // (K, N): LSTM H = 128 (the training job), GRU H = 128 (gru-chars),
+      // LSTM H = 256 (lstm-sentences), LSTM H = 512 (lstm-bi-2layer,
+      // lstm-long-tail), RNN H = 64 (rnn-tanh-tiny); forward then backward.
+      const int64_t shapes[][2] = {{128, 512},  {512, 128},  {128, 384}, {384, 128},
+                                   {256, 1024}, {1024, 256}, {512, 2048}, {2048, 512},
+                                   {64, 64}};
+      for (const auto& s : shapes) {
+        for (int64_t rows : {1, 2, 4, 8, 16, 32, 64, 128, 256}) {
+          b->Args({s[0], s[1], rows, 0});
+          b->Args({s[0], s[1], rows, 1});
+        }
+      }
+    })
+    ->Unit(benchmark::kMicrosecond);
+
 // The GEMMs of one workload's forward and backward, grouped by kind, with the shapes
 // and call counts of the recurrent layers (see src/rnn_core.cpp): what the GEMMs alone
 // cost, to set against `seqpack bench`'s CPU time for the same workload. Kinds:

@@ -42,12 +42,14 @@ struct RNNSaved {
     Tensor ghn;     // GRU [N, H]: W_hn h_prev + b_hn
   };
   struct Layer {
-    Tensor input;  // [N, in] what W_ih saw (after dropout)
+    Tensor input;  // [N, in] what W_ih saw (after dropout); layer 0 of a lookup: the table
     Tensor mask;   // dropout mask (0 or 1/(1-p)) applied to the input, or undefined
     std::vector<Direction> dirs;
   };
   RNNOptions options;
   std::vector<Tensor> weights;
+  bool h0_zero = false;          // the forward ran without h0
+  std::vector<int64_t> lookup;   // rnn_forward_lookup: table row of each packed row
   std::vector<int64_t> batch_sizes, offsets, sorted_indices;
   int64_t batch = 0, total_rows = 0;
   std::vector<Layer> layers;
@@ -138,37 +140,43 @@ void split_columns(int64_t width, int nth, int tid, int64_t& a, int64_t& b) {
   b = std::min(width, blocks * (tid + 1) / nth * 16);
 }
 
-// Runs body(tid, nth) on `nt` threads. Inside, each thread calls the BLAS
-// single-threaded, so OpenMP and OpenBLAS never oversubscribe the cores.
+// Runs body(tid, nth) on `nt` threads. The caller holds a
+// cpu::BlasSingleThread, so each thread's BLAS calls stay on that thread.
 template <typename F>
 void run_threads(int nt, F&& body) {
   if (nt <= 1) {
     body(0, 1);
     return;
   }
-  const int blas = cpu::blas_threads();
-  cpu::set_blas_threads(1);
 #pragma omp parallel num_threads(nt)
   body(omp_get_thread_num(), omp_get_num_threads());
-  cpu::set_blas_threads(blas);
 }
 
-// Steps with at most kSmallRows live rows multiply by W_hh through
-// cpu::gemm_packed_small (float32), with W_hh laid out once per layer and
-// direction, instead of sgemm, which re-packs the whole W_hh at every call.
-// Only for W_hh of at least kSmallMinWeights elements (512 KB): a smaller one
-// stays in L2 and sgemm's packing of it is cheap (gru-chars, 384 x 128, ran
-// 3-5% slower in train_packed through the packed path). Both measured with
-// `seqpack bench --threads 1` (docs/performance.md, section 7): up to 64
-// rows the packed kernel beat sgemm on every LSTM workload.
-constexpr int64_t kSmallRows = 64;
-constexpr int64_t kSmallMinWeights = 128 * 1024;
+// float32 steps multiply by W_hh through cpu::gemm_packed_small, with W_hh
+// laid out once per layer and direction, instead of sgemm, which re-packs the
+// whole W_hh at every call. Since the kernel keeps a panel of W_hh in L1 across
+// blocks of 6 rows (docs/performance.md, section 8) it is at least as fast as
+// sgemm at every row count 1..256 on every workload shape, small W_hh
+// included, so every float32 step takes it (kSmallRows and kSmallMinWeights
+// stay as the knobs). float64 keeps the BLAS.
+constexpr int64_t kSmallRows = INT64_MAX;
+constexpr int64_t kSmallMinWeights = 0;
 
-// True when some step of `bs` (non-increasing) takes the small-row path.
+// True when some step of `bs` (non-increasing) takes the packed path.
 template <typename T>
 bool packs_small(const std::vector<int64_t>& bs, int64_t weights) {
   return std::is_same_v<T, float> && !bs.empty() && bs.back() <= kSmallRows &&
          weights >= kSmallMinWeights;
+}
+
+// Rows of step t (of `bs`, `TT` steps) whose h_prev is not h0: the forward
+// direction's steps after the first continue every live row; in the reverse
+// direction rows bs[t+1].. begin at step t. With a zero h0 the product of the
+// other rows with W_hh is zero, and in the backward it only feeds grad h0.
+int64_t rows_after_h0(const std::vector<int64_t>& bs, int64_t t, int64_t d) {
+  const int64_t TT = static_cast<int64_t>(bs.size());
+  if (d == 0) return t == 0 ? 0 : bs[static_cast<std::size_t>(t)];
+  return t + 1 < TT ? bs[static_cast<std::size_t>(t + 1)] : 0;
 }
 
 template <typename T>
@@ -223,8 +231,9 @@ Tensor dropout_mask(int64_t rows, int64_t cols, double p, uint64_t seed, int64_t
 
 template <typename T>
 RNNForwardResult forward_impl(const RNNOptions& o, const std::vector<Tensor>& weights,
-                              const Tensor& data, const PackingPlan& plan, const Tensor& h0,
-                              const Tensor& c0, bool training, bool save, uint64_t seed) {
+                              const Tensor& data, const std::vector<int64_t>* lookup,
+                              const PackingPlan& plan, const Tensor& h0, const Tensor& c0,
+                              bool training, bool save, uint64_t seed) {
   const int64_t L = o.num_layers, D = o.num_directions(), H = o.hidden_size;
   const int64_t R = o.real_hidden_size(), G = o.gate_count() * H;
   const int64_t B = plan.batch(), N = plan.total_rows(), TT = plan.max_len();
@@ -234,6 +243,7 @@ RNNForwardResult forward_impl(const RNNOptions& o, const std::vector<Tensor>& we
   const auto& off = plan.offsets();
   const auto& si = plan.sorted_indices();
 
+  const cpu::BlasSingleThread one_pool;  // OpenMP's threads only (cpu/gemm.h)
   RNNForwardResult res;
   res.h_n = cpu::pooled_empty({L * D, B, R}, o.dtype);
   if (lstm) res.c_n = cpu::pooled_empty({L * D, B, H}, o.dtype);
@@ -248,12 +258,15 @@ RNNForwardResult forward_impl(const RNNOptions& o, const std::vector<Tensor>& we
     saved->sorted_indices = si;
     saved->batch = B;
     saved->total_rows = N;
+    saved->h0_zero = !h0.defined();
+    if (lookup) saved->lookup = *lookup;
   }
+  const bool h0_zero = !h0.defined();
 
   // The whole workspace of the call, allocated once: nothing is allocated
   // inside the time loop.
   struct Workspace {
-    std::vector<T> hstate, hprev, cstate, gh, m;
+    std::vector<T> hstate, hprev, cstate, gh, m, bias, proj;
     cpu::PackedWeights whh;  // W_hhᵀ [R, G] for the small-row steps
   };
   std::vector<Workspace> wss(static_cast<std::size_t>(D));
@@ -265,6 +278,8 @@ RNNForwardResult forward_impl(const RNNOptions& o, const std::vector<Tensor>& we
     ws.cstate.resize(lstm ? static_cast<std::size_t>(B * H) : 0);
     ws.gh.resize(gru ? static_cast<std::size_t>(B * G) : 0);
     ws.m.resize(proj && !save ? static_cast<std::size_t>(B * H) : 0);
+    ws.bias.resize(static_cast<std::size_t>(G));
+    ws.proj.resize(lookup ? static_cast<std::size_t>(data.size(0) * G) : 0);
   }
   const int nt = step_threads(H);
 
@@ -294,16 +309,28 @@ RNNForwardResult forward_impl(const RNNOptions& o, const std::vector<Tensor>& we
       const DirWeights<T> w = dir_weights<T>(o, weights, l, d);
       Tensor gates_t = cpu::pooled_empty({N, G}, o.dtype);
       T* gates = gates_t.data<T>();
-      // G = X·W_ihᵀ + b: start from the bias rows (b_ih, plus b_hh except for
-      // GRU, whose b_hn must stay inside r * (W_hn h + b_hn)).
-      if (o.bias) {
-        for (int64_t r = 0; r < N; ++r) {
-          T* g = gates + r * G;
-          for (int64_t k = 0; k < G; ++k) g[k] = gru ? w.b_ih[k] : w.b_ih[k] + w.b_hh[k];
-        }
+      // G = X·W_ihᵀ + b, with b = b_ih, plus b_hh except for GRU, whose b_hn
+      // must stay inside r * (W_hn h + b_hn).
+      T* bias = ws.bias.data();
+      for (int64_t k = 0; k < G; ++k) {
+        bias[k] = !o.bias ? T(0) : gru ? w.b_ih[k] : w.b_ih[k] + w.b_hh[k];
       }
-      cpu::gemm<T>(false, true, N, G, in, T(1), x.data<T>(), in, w.w_ih, in, o.bias ? T(1) : T(0),
-                   gates, G);
+      const bool lookup_layer = l == 0 && lookup;
+      if (lookup_layer) {
+        // Project the V table rows once; each step copies its rows' own
+        // projection just before its product (while the rows are in cache).
+        const int64_t V = x.size(0);
+        T* p = ws.proj.data();
+        cpu::gemm<T>(false, true, V, G, in, T(1), x.data<T>(), in, w.w_ih, in, T(0), p, G);
+        for (int64_t v = 0; v < V; ++v)
+          for (int64_t k = 0; k < G; ++k) p[v * G + k] += bias[k];
+      } else {
+        if (o.bias) {
+          for (int64_t r = 0; r < N; ++r) std::memcpy(gates + r * G, bias, static_cast<std::size_t>(G) * sizeof(T));
+        }
+        cpu::gemm<T>(false, true, N, G, in, T(1), x.data<T>(), in, w.w_ih, in,
+                     o.bias ? T(1) : T(0), gates, G);
+      }
 
       RNNSaved::Direction& sd = sds[static_cast<std::size_t>(d)];
       T *hprev = nullptr, *cs = nullptr, *cps = nullptr, *ms = nullptr, *ghn = nullptr;
@@ -356,8 +383,22 @@ RNNForwardResult forward_impl(const RNNOptions& o, const std::vector<Tensor>& we
           if (nth > 1) {
 #pragma omp barrier
           }
-          // grow[:, q*H + a .. q*H + b) (+)= h_prev · W_hh[q*H + a .. q*H + b)ᵀ for each gate q.
+          if (lookup_layer) {
+            const T* p = ws.proj.data();
+            for (int64_t j = 0; j < n; ++j) {
+              const T* src = p + (*lookup)[static_cast<std::size_t>(r0 + j)] * G;
+              for (int64_t q = 0; q < G / H; ++q) {
+                std::memcpy(grow + j * G + q * H + a, src + q * H + a,
+                            static_cast<std::size_t>(b - a) * sizeof(T));
+              }
+            }
+          }
+          // Rows past ng hold the zero h0: their product is zero.
+          const int64_t ng = h0_zero ? rows_after_h0(bs, t, d) : n;
+          // grow[:ng, q*H + a .. q*H + b) (+)= h_prev · W_hh[q*H + a .. q*H + b)ᵀ for each gate q.
           auto hidden_gemm = [&](T beta, T* dst) {
+            const int64_t n = ng;  // NOLINT: the rows multiplied
+            if (n == 0) return;
             if constexpr (std::is_same_v<T, float>) {
               if (small && n <= kSmallRows) {
                 if (nth == 1) {
@@ -403,6 +444,9 @@ RNNForwardResult forward_impl(const RNNOptions& o, const std::vector<Tensor>& we
             }
           } else if (gru) {
             hidden_gemm(T(0), ws.gh.data());
+            for (int64_t r = ng; r < n; ++r)
+              for (int64_t q = 0; q < 3; ++q)
+                std::fill(ws.gh.data() + r * G + q * H + a, ws.gh.data() + r * G + q * H + b, T(0));
             cpu::gru_gates_forward<T>(n, H, a, b, grow, ws.gh.data(), w.b_hh, hsrc, R, orow, ldo,
                                       save ? ghn + r0 * H : nullptr);
           } else {
@@ -445,7 +489,7 @@ void column_sums(const T* a, int64_t rows, int64_t cols, T* out) {
 
 template <typename T>
 RNNGradients backward_impl(const RNNSaved& sv, const Tensor& grad_output, const Tensor& grad_h_n,
-                           const Tensor& grad_c_n) {
+                           const Tensor& grad_c_n, bool initial_state_grad) {
   const RNNOptions& o = sv.options;
   const int64_t L = o.num_layers, D = o.num_directions(), H = o.hidden_size;
   const int64_t R = o.real_hidden_size(), G = o.gate_count() * H;
@@ -457,13 +501,17 @@ RNNGradients backward_impl(const RNNSaved& sv, const Tensor& grad_output, const 
   const auto& off = sv.offsets;
   const auto& si = sv.sorted_indices;
 
+  const cpu::BlasSingleThread one_pool;  // OpenMP's threads only (cpu/gemm.h)
   RNNGradients g;
   for (const Shape& s : rnn_parameter_shapes(o)) g.weights.push_back(cpu::pooled_empty(s, o.dtype));
-  g.h0 = cpu::pooled_empty({L * D, B, R}, o.dtype);
-  if (lstm) g.c0 = cpu::pooled_empty({L * D, B, H}, o.dtype);
+  if (initial_state_grad) {
+    g.h0 = cpu::pooled_empty({L * D, B, R}, o.dtype);
+    if (lstm) g.c0 = cpu::pooled_empty({L * D, B, H}, o.dtype);
+  }
+  const bool lookup = !sv.lookup.empty();
 
   struct Workspace {
-    std::vector<T> dhstate, dcstate, dm, dhtot;
+    std::vector<T> dhstate, dcstate, dm, dhtot, dproj;
     Tensor dg_t, dgh_t;
     cpu::PackedWeights whh;  // W_hh [G, R] for the small-row steps
     T* dg = nullptr;   // [N, G] gradient of the gate pre-activations (GRU: input side)
@@ -480,6 +528,7 @@ RNNGradients backward_impl(const RNNSaved& sv, const Tensor& grad_output, const 
     ws.dg = ws.dg_t.template data<T>();
     if (gru) ws.dgh_t = cpu::pooled_empty({N, G}, o.dtype);
     ws.dgh = gru ? ws.dgh_t.template data<T>() : ws.dg;
+    if (lookup) ws.dproj.resize(static_cast<std::size_t>(sv.layers[0].input.size(0) * G));
   }
   const int nt = step_threads(H);
 
@@ -488,7 +537,9 @@ RNNGradients backward_impl(const RNNSaved& sv, const Tensor& grad_output, const 
     const RNNSaved::Layer& sl = sv.layers[static_cast<std::size_t>(l)];
     const int64_t in = l == 0 ? o.input_size : D * R;
     const int64_t ldo = D * R;
-    Tensor dx = cpu::pooled_empty({N, in}, o.dtype);
+    const bool lookup_layer = l == 0 && lookup;
+    const int64_t V = lookup_layer ? sl.input.size(0) : 0;  // table rows
+    Tensor dx = cpu::pooled_empty({lookup_layer ? V : N, in}, o.dtype);
     auto direction = [&](int64_t d, int nt_steps) {
       Workspace& ws = wss[static_cast<std::size_t>(d)];
       T* dg = ws.dg;
@@ -505,6 +556,18 @@ RNNGradients backward_impl(const RNNSaved& sv, const Tensor& grad_output, const 
       load_state(ws.dhstate.data(), grad_h_n, ld, si, R);
       if (lstm) load_state(ws.dcstate.data(), grad_c_n, ld, si, H);
       const T* doutp = dout.defined() ? dout.data<T>() + d * R : nullptr;
+      // Layer 0 of a lookup: dP[v] sums dg over the rows that read table row v,
+      // added step by step while the rows are in cache.
+      if (lookup_layer) std::fill(ws.dproj.begin(), ws.dproj.end(), T(0));
+      auto scatter_rows = [&](int64_t n, int64_t r0, const T* dgr, int64_t a, int64_t b) {
+        if (!lookup_layer) return;
+        for (int64_t j = 0; j < n; ++j) {
+          T* dst = ws.dproj.data() + sv.lookup[static_cast<std::size_t>(r0 + j)] * G;
+          const T* src = dgr + j * G;
+          for (int64_t q = 0; q < G / H; ++q)
+            for (int64_t c = q * H + a; c < q * H + b; ++c) dst[c] += src[c];
+        }
+      };
 
       // Same column split as the forward: each thread owns hidden units
       // [a, b) of the gate gradients and columns [ra, rb) of dh.
@@ -512,8 +575,9 @@ RNNGradients backward_impl(const RNNSaved& sv, const Tensor& grad_output, const 
         int64_t a, b, ra, rb;
         split_columns(H, nth, tid, a, b);
         split_columns(R, nth, tid, ra, rb);
-        // dh_prev[:, ra..rb) (+)= dgr · W_hh[:, ra..rb).
+        // dh_prev[:n, ra..rb) (+)= dgr · W_hh[:, ra..rb).
         auto hidden_gemm = [&](int64_t n, const T* dgr, T beta) {
+          if (n == 0) return;
           T* dst = ws.dhstate.data();
           if constexpr (std::is_same_v<T, float>) {
             if (small && n <= kSmallRows) {
@@ -543,6 +607,8 @@ RNNGradients backward_impl(const RNNSaved& sv, const Tensor& grad_output, const 
             copy_rows(dht + ra, R, ws.dhstate.data() + ra, R, n, rb - ra);
           }
           T* dgr = dg + r0 * G;
+          // Without grad h0, rows past ng send dh_prev nowhere.
+          const int64_t ng = initial_state_grad ? n : rows_after_h0(bs, t, d);
           if (lstm) {
             const T* dh_in = dht;
             int64_t ld_dh = R;
@@ -558,38 +624,51 @@ RNNGradients backward_impl(const RNNSaved& sv, const Tensor& grad_output, const 
             cpu::lstm_gates_backward<T>(n, H, a, b, gates + r0 * G, sd.c.data<T>() + r0 * H,
                                         sd.c_prev.data<T>() + r0 * H, dh_in, ld_dh,
                                         ws.dcstate.data(), dgr);
+            scatter_rows(n, r0, dgr, a, b);
             if (nth > 1) {
 #pragma omp barrier
             }
-            hidden_gemm(n, dgr, T(0));
+            hidden_gemm(ng, dgr, T(0));
           } else if (gru) {
             T* dghr = dgh + r0 * G;
             cpu::gru_gates_backward<T>(n, H, a, b, gates + r0 * G, sd.ghn.data<T>() + r0 * H,
                                        hprev + r0 * R, R, dht, R, dgr, dghr, ws.dhstate.data());
+            scatter_rows(n, r0, dgr, a, b);
             if (nth > 1) {
 #pragma omp barrier
             }
-            hidden_gemm(n, dghr, T(1));
+            hidden_gemm(ng, dghr, T(1));
           } else {
             cpu::rnn_gates_backward<T>(n, H, a, b, gates + r0 * G, relu, dht, R, dgr);
+            scatter_rows(n, r0, dgr, a, b);
             if (nth > 1) {
 #pragma omp barrier
             }
-            hidden_gemm(n, dgr, T(0));
+            hidden_gemm(ng, dgr, T(0));
           }
         }
       };
       run_threads(nt_steps, time_loop);
-      store_state(g.h0, ws.dhstate.data(), ld, si, R);
-      if (lstm) store_state(g.c0, ws.dcstate.data(), ld, si, H);
+      if (initial_state_grad) {
+        store_state(g.h0, ws.dhstate.data(), ld, si, R);
+        if (lstm) store_state(g.c0, ws.dcstate.data(), ld, si, H);
+      }
 
       // Everything else is one GEMM (or one pass) over all packed rows.
       const std::size_t k = static_cast<std::size_t>(w.first);
       T* dwih = g.weights[k].data<T>();
       T* dwhh = g.weights[k + 1].data<T>();
       const T* x = sl.input.data<T>();
-      cpu::gemm<T>(true, false, G, in, N, T(1), dg, G, x, in, T(0), dwih, in);
-      cpu::gemm<T>(true, false, G, R, N, T(1), dgh, G, hprev, R, T(0), dwhh, R);
+      if (lookup_layer) {
+        // dW_ih = dPᵀ·table, dP summed during the steps.
+        cpu::gemm<T>(true, false, G, in, V, T(1), ws.dproj.data(), G, x, in, T(0), dwih, in);
+      } else {
+        cpu::gemm<T>(true, false, G, in, N, T(1), dg, G, x, in, T(0), dwih, in);
+      }
+      // The forward direction's first rows saw the zero h0: they add nothing to dW_hh.
+      const int64_t skip = sv.h0_zero && d == 0 && TT > 0 ? bs[0] : 0;
+      cpu::gemm<T>(true, false, G, R, N - skip, T(1), dgh + skip * G, G, hprev + skip * R, R, T(0),
+                   dwhh, R);
       std::size_t next = k + 2;
       if (o.bias) {
         column_sums(dg, N, G, g.weights[next].data<T>());
@@ -611,8 +690,10 @@ RNNGradients backward_impl(const RNNSaved& sv, const Tensor& grad_output, const 
     // dX sums both directions' contributions, after both are done.
     for (int64_t d = 0; d < D; ++d) {
       const DirWeights<T> w = dir_weights<T>(o, sv.weights, l, d);
-      cpu::gemm<T>(false, false, N, in, G, T(1), wss[static_cast<std::size_t>(d)].dg, G, w.w_ih, in,
-                   d == 0 ? T(0) : T(1), dx.data<T>(), in);
+      const Workspace& ws = wss[static_cast<std::size_t>(d)];
+      cpu::gemm<T>(false, false, lookup_layer ? V : N, in, G, T(1),
+                   lookup_layer ? ws.dproj.data() : ws.dg, G, w.w_ih, in, d == 0 ? T(0) : T(1),
+                   dx.data<T>(), in);
     }
     if (l > 0 && sl.mask.defined()) {
       T* a = dx.data<T>();
@@ -623,6 +704,35 @@ RNNGradients backward_impl(const RNNSaved& sv, const Tensor& grad_output, const 
   }
   g.input = dout;
   return g;
+}
+
+}  // namespace
+
+namespace {
+
+// Checks of h0/c0 shared by both forwards.
+void check_initial_state(const RNNOptions& options, const PackingPlan& plan, const Tensor& h0,
+                         const Tensor& c0) {
+  const int64_t LD = options.num_layers * options.num_directions();
+  check_state(h0, {LD, plan.batch(), options.real_hidden_size()}, options.dtype, "h0");
+  if (options.mode == RNNMode::lstm) {
+    check_state(c0, {LD, plan.batch(), options.hidden_size}, options.dtype, "c0");
+  } else if (c0.defined()) {
+    throw std::invalid_argument(std::string("c0 is only used by LSTM, not ") +
+                                rnn_mode_name(options.mode));
+  }
+}
+
+RNNForwardResult dispatch_forward(const RNNOptions& options, const std::vector<Tensor>& weights,
+                                  const Tensor& data, const std::vector<int64_t>* lookup,
+                                  const PackingPlan& plan, const Tensor& h0, const Tensor& c0,
+                                  bool training, bool save_for_backward, uint64_t dropout_seed) {
+  if (options.dtype == DType::f32) {
+    return forward_impl<float>(options, weights, data, lookup, plan, h0, c0, training,
+                               save_for_backward, dropout_seed);
+  }
+  return forward_impl<double>(options, weights, data, lookup, plan, h0, c0, training,
+                              save_for_backward, dropout_seed);
 }
 
 }  // namespace
@@ -651,24 +761,47 @@ RNNForwardResult rnn_forward(const RNNOptions& options, const std::vector<Tensor
     throw std::invalid_argument(std::string("input has dtype ") + dtype_name(data.dtype()) +
                                 " but the weights are " + dtype_name(options.dtype));
   }
-  const int64_t LD = options.num_layers * options.num_directions();
-  check_state(h0, {LD, plan.batch(), options.real_hidden_size()}, options.dtype, "h0");
-  if (options.mode == RNNMode::lstm) {
-    check_state(c0, {LD, plan.batch(), options.hidden_size}, options.dtype, "c0");
-  } else if (c0.defined()) {
-    throw std::invalid_argument(std::string("c0 is only used by LSTM, not ") +
-                                rnn_mode_name(options.mode));
+  check_initial_state(options, plan, h0, c0);
+  return dispatch_forward(options, weights, data, nullptr, plan, h0, c0, training,
+                          save_for_backward, dropout_seed);
+}
+
+RNNForwardResult rnn_forward_lookup(const RNNOptions& options, const std::vector<Tensor>& weights,
+                                    const Tensor& table, const std::vector<int64_t>& ids,
+                                    const PackingPlan& plan, const Tensor& h0, const Tensor& c0,
+                                    bool training, bool save_for_backward,
+                                    uint64_t dropout_seed) {
+  options.validate();
+  check_weights(options, weights);
+  if (!table.defined() || table.dim() != 2 || table.size(1) != options.input_size) {
+    throw std::invalid_argument(
+        "lookup table must be 2-D [rows, input_size = " + std::to_string(options.input_size) +
+        "], got shape " + (table.defined() ? shape_str(table.shape()) : "undefined"));
   }
-  if (options.dtype == DType::f32) {
-    return forward_impl<float>(options, weights, data, plan, h0, c0, training, save_for_backward,
-                               dropout_seed);
+  if (table.dtype() != options.dtype) {
+    throw std::invalid_argument(std::string("lookup table has dtype ") + dtype_name(table.dtype()) +
+                                " but the weights are " + dtype_name(options.dtype));
   }
-  return forward_impl<double>(options, weights, data, plan, h0, c0, training, save_for_backward,
-                              dropout_seed);
+  if (static_cast<int64_t>(ids.size()) != plan.total_rows()) {
+    throw std::invalid_argument("lookup has " + std::to_string(ids.size()) +
+                                " ids but the batch sizes sum to " +
+                                std::to_string(plan.total_rows()));
+  }
+  const int64_t V = table.size(0);
+  for (std::size_t r = 0; r < ids.size(); ++r) {
+    if (ids[r] < 0 || ids[r] >= V) {
+      throw std::invalid_argument("lookup ids[" + std::to_string(r) + "] = " +
+                                  std::to_string(ids[r]) + " is outside the table's rows [0, " +
+                                  std::to_string(V) + ")");
+    }
+  }
+  check_initial_state(options, plan, h0, c0);
+  return dispatch_forward(options, weights, table, &ids, plan, h0, c0, training,
+                          save_for_backward, dropout_seed);
 }
 
 RNNGradients rnn_backward(const RNNSaved& saved, const Tensor& grad_output, const Tensor& grad_h_n,
-                          const Tensor& grad_c_n) {
+                          const Tensor& grad_c_n, bool initial_state_grad) {
   const RNNOptions& o = saved.options;
   const int64_t LD = o.num_layers * o.num_directions();
   check_state(grad_output, {saved.total_rows, o.output_size()}, o.dtype, "grad_output");
@@ -679,8 +812,10 @@ RNNGradients rnn_backward(const RNNSaved& saved, const Tensor& grad_output, cons
     throw std::invalid_argument(std::string("grad_c_n is only used by LSTM, not ") +
                                 rnn_mode_name(o.mode));
   }
-  if (o.dtype == DType::f32) return backward_impl<float>(saved, grad_output, grad_h_n, grad_c_n);
-  return backward_impl<double>(saved, grad_output, grad_h_n, grad_c_n);
+  if (o.dtype == DType::f32) {
+    return backward_impl<float>(saved, grad_output, grad_h_n, grad_c_n, initial_state_grad);
+  }
+  return backward_impl<double>(saved, grad_output, grad_h_n, grad_c_n, initial_state_grad);
 }
 
 }  // namespace seqpack

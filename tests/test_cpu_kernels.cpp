@@ -1,11 +1,15 @@
-// cpu::gemm_packed_small (the small-row path of the per-step recurrent
-// products) against a plain triple loop in double, over odd sizes that are not
-// multiples of the SIMD width or of the panel width, m = 1..9, both packing
-// forms (B and Bᵀ), beta 0 and 1, and column ranges starting mid-panel (how
-// threads split a step).
+// cpu::gemm_packed_small (the per-step recurrent products, every float32 step)
+// against a plain triple loop in double: every row count 1..260 on odd sizes
+// that are not multiples of the SIMD width or of the panel width, the shapes
+// of the workloads (k blocks, row blocks) at the row counts around the
+// kernel's block boundaries, both packing forms (B and Bᵀ), beta 0 and 1, and
+// column ranges starting mid-panel (how threads split a step), plus the bits
+// of a split call against one call.
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <limits>
+#include <string>
 #include <random>
 #include <vector>
 
@@ -25,8 +29,9 @@ struct Case {
   int64_t m, k, n;
 };
 
+// Checks rows `rows` of C (all rows when empty) against the double triple loop.
 void check_case(const Case& cs, bool trans_b, float beta, int64_t col0, int64_t col1,
-                std::mt19937& gen) {
+                std::mt19937& gen, std::vector<int64_t> rows = {}) {
   std::uniform_real_distribution<float> u(-1.f, 1.f);
   const int64_t lda = cs.k + 3, ldc = cs.n + 5;
   const int64_t ldb = trans_b ? cs.k + 2 : cs.n + 2;
@@ -44,7 +49,10 @@ void check_case(const Case& cs, bool trans_b, float beta, int64_t col0, int64_t 
   PackedWeights pw;
   pack_weights(b.data(), trans_b, cs.k, cs.n, ldb, pw);
   gemm_packed_small(cs.m, a.data(), lda, pw, col0, col1, beta, c.data(), ldc);
-  for (int64_t i = 0; i < cs.m; ++i) {
+  if (rows.empty()) {
+    for (int64_t i = 0; i < cs.m; ++i) rows.push_back(i);
+  }
+  for (int64_t i : rows) {
     for (int64_t j = 0; j < ldc; ++j) {
       const std::size_t at = static_cast<std::size_t>(i * ldc + j);
       if (j < col0 || j >= col1) {
@@ -65,18 +73,24 @@ void check_case(const Case& cs, bool trans_b, float beta, int64_t col0, int64_t 
   }
 }
 
-TEST(GemmPackedSmall, MatchesTripleLoop) {
+std::string describe(const Case& cs, bool trans_b, float beta) {
+  return "m=" + std::to_string(cs.m) + " k=" + std::to_string(cs.k) + " n=" +
+         std::to_string(cs.n) + " trans_b=" + std::to_string(trans_b) +
+         " beta=" + std::to_string(beta);
+}
+
+TEST(GemmPackedSmall, MatchesTripleLoopEveryRowCount) {
   const auto seed = seqpack::testing::test_seed();
   SCOPED_TRACE("seed " + std::to_string(seed));
   std::mt19937 gen(static_cast<std::mt19937::result_type>(seed));
-  for (int64_t m = 1; m <= 9; ++m) {
-    for (const Case& base : {Case{0, 37, 53}, Case{0, 1, 7}, Case{0, 64, 96}, Case{0, 13, 131}}) {
+  // Every m up to 260 covers each remainder of every register block height
+  // (4 and 6 rows on AVX2, 12 on AVX-512) and several row blocks.
+  for (int64_t m = 1; m <= 260; ++m) {
+    for (const Case& base : {Case{0, 37, 53}, Case{0, 7, 37}}) {
       const Case cs{m, base.k, base.n};
       for (bool trans_b : {false, true}) {
         for (float beta : {0.f, 1.f}) {
-          SCOPED_TRACE("m=" + std::to_string(m) + " k=" + std::to_string(cs.k) +
-                       " n=" + std::to_string(cs.n) + " trans_b=" + std::to_string(trans_b) +
-                       " beta=" + std::to_string(beta));
+          SCOPED_TRACE(describe(cs, trans_b, beta));
           check_case(cs, trans_b, beta, 0, cs.n, gen);
           // A range starting and ending inside panels.
           check_case(cs, trans_b, beta, cs.n / 3, cs.n - cs.n / 5, gen);
@@ -84,6 +98,96 @@ TEST(GemmPackedSmall, MatchesTripleLoop) {
       }
     }
   }
+  for (int64_t m = 1; m <= 9; ++m) {
+    for (const Case& base : {Case{0, 1, 7}, Case{0, 64, 96}, Case{0, 13, 131}}) {
+      const Case cs{m, base.k, base.n};
+      for (bool trans_b : {false, true}) {
+        for (float beta : {0.f, 1.f}) {
+          SCOPED_TRACE(describe(cs, trans_b, beta));
+          check_case(cs, trans_b, beta, 0, cs.n, gen);
+          check_case(cs, trans_b, beta, cs.n / 3, cs.n - cs.n / 5, gen);
+        }
+      }
+    }
+  }
+}
+
+TEST(GemmPackedSmall, MatchesTripleLoopOnWorkloadShapes) {
+  const auto seed = seqpack::testing::test_seed();
+  SCOPED_TRACE("seed " + std::to_string(seed));
+  std::mt19937 gen(static_cast<std::mt19937::result_type>(seed));
+  // The per-step shapes of the workloads (forward K = R, N = G, packed from
+  // W_hhᵀ; backward K = G, N = R, packed from W_hh) and one with k just past a
+  // k block. K > 256 is cut into k blocks, and rows into blocks of up to
+  // 49152 / k_block rows, so m = 200 and 256 cross a row block at K >= 384.
+  struct Shape {
+    int64_t k, n;
+    bool trans_b;
+  };
+  for (const Shape& s : {Shape{128, 512, true}, Shape{512, 128, false}, Shape{128, 384, true},
+                         Shape{384, 128, false}, Shape{256, 1024, true}, Shape{1024, 256, false},
+                         Shape{512, 2048, true}, Shape{2048, 512, false}, Shape{64, 64, true},
+                         Shape{257, 37, false}}) {
+    for (int64_t m : {1, 2, 3, 4, 5, 6, 7, 11, 12, 13, 64, 129, 200, 256}) {
+      const Case cs{m, s.k, s.n};
+      // The big ones check a sample of rows: the first and last of every
+      // kind of block and a few in between.
+      std::vector<int64_t> rows;
+      if (m * s.k * s.n > (1 << 22)) {
+        for (int64_t i : {int64_t{0}, int64_t{5}, int64_t{6}, int64_t{11}, int64_t{12}, m / 2,
+                          m - 13, m - 1}) {
+          if (i >= 0 && i < m) rows.push_back(i);
+        }
+      }
+      for (float beta : {0.f, 1.f}) {
+        SCOPED_TRACE(describe(cs, s.trans_b, beta));
+        check_case(cs, s.trans_b, beta, 0, cs.n, gen, rows);
+        if (m % 4 == 1) check_case(cs, s.trans_b, beta, 5, cs.n - 27, gen, rows);
+      }
+    }
+  }
+}
+
+TEST(GemmPackedSmall, ColumnSplitGivesTheSameBits) {
+  // rnn_core splits a step's columns between threads (per gate, at any
+  // column): the pieces must give exactly the bits of one call.
+  const auto seed = seqpack::testing::test_seed();
+  SCOPED_TRACE("seed " + std::to_string(seed));
+  std::mt19937 gen(static_cast<std::mt19937::result_type>(seed));
+  std::uniform_real_distribution<float> u(-1.f, 1.f);
+  for (const Case& cs : {Case{130, 512, 128}, Case{67, 128, 512}, Case{13, 37, 53}}) {
+    for (float beta : {0.f, 1.f}) {
+      SCOPED_TRACE(describe(cs, false, beta));
+      std::vector<float> a(static_cast<std::size_t>(cs.m * cs.k)),
+          b(static_cast<std::size_t>(cs.k * cs.n)), c(static_cast<std::size_t>(cs.m * cs.n));
+      for (float& x : a) x = u(gen);
+      for (float& x : b) x = u(gen);
+      for (float& x : c) x = u(gen);
+      PackedWeights pw;
+      pack_weights(b.data(), /*trans_b=*/false, cs.k, cs.n, cs.n, pw);
+      std::vector<float> whole = c;
+      gemm_packed_small(cs.m, a.data(), cs.k, pw, 0, cs.n, beta, whole.data(), cs.n);
+      for (int64_t cut : {int64_t{1}, int64_t{16}, cs.n / 2 + 3, cs.n - 1}) {
+        std::vector<float> split = c;
+        gemm_packed_small(cs.m, a.data(), cs.k, pw, 0, cut, beta, split.data(), cs.n);
+        gemm_packed_small(cs.m, a.data(), cs.k, pw, cut, cs.n, beta, split.data(), cs.n);
+        for (std::size_t i = 0; i < whole.size(); ++i) {
+          ASSERT_EQ(split[i], whole[i]) << "cut=" << cut << " at " << i;
+        }
+      }
+    }
+  }
+}
+
+TEST(GemmPackedSmall, BetaZeroNeverReadsC) {
+  // beta = 0 overwrites C, whatever it held (rnn_core hands it recycled buffers).
+  const int64_t m = 20, k = 300, n = 40;
+  std::vector<float> a(static_cast<std::size_t>(m * k), 0.5f), b(static_cast<std::size_t>(k * n), 2.f);
+  std::vector<float> c(static_cast<std::size_t>(m * n), std::numeric_limits<float>::quiet_NaN());
+  PackedWeights pw;
+  pack_weights(b.data(), /*trans_b=*/false, k, n, n, pw);
+  gemm_packed_small(m, a.data(), k, pw, 0, n, 0.f, c.data(), n);
+  for (float x : c) ASSERT_EQ(x, 300.f);  // 300 * 0.5 * 2, exact in float
 }
 
 TEST(GemmPackedSmall, EmptyCasesLeaveCUntouched) {

@@ -91,7 +91,7 @@ class CharClassifier {
   LSTM lstm_;
   Linear fc_;
   // Saved by forward for backward.
-  RNNOutput lstm_out_;
+  std::shared_ptr<const RNNSaved> saved_;
   int64_t batch_ = 0;
 };
 

@@ -69,8 +69,8 @@ struct RNNForwardResult {
 };
 
 struct RNNGradients {
-  Tensor input;                 // same shape as the forward's input
-  Tensor h0;                    // [num_layers * dirs, batch, real_hidden]
+  Tensor input;                 // same shape as the forward's input (rnn_forward_lookup: the table's)
+  Tensor h0;                    // [num_layers * dirs, batch, real_hidden]; see initial_state_grad
   Tensor c0;                    // LSTM only
   std::vector<Tensor> weights;  // rnn_parameter_names order
 };
@@ -78,7 +78,8 @@ struct RNNGradients {
 // Functional core, shared by the modules, the training tape and the Python and
 // torch bridges. `weights` are in rnn_parameter_names order (not copied).
 // `data` holds packed rows [plan.total_rows(), input_size] in plan's layout.
-// h0/c0 (undefined = zeros) are in the caller's batch order.
+// h0/c0 (undefined = zeros) are in the caller's batch order. Without h0 the
+// per-step products skip the rows whose h_prev is that zero state.
 // Dropout between layers is applied when `training` and options.dropout > 0,
 // from `dropout_seed`.
 RNNForwardResult rnn_forward(const RNNOptions& options, const std::vector<Tensor>& weights,
@@ -86,10 +87,29 @@ RNNForwardResult rnn_forward(const RNNOptions& options, const std::vector<Tensor
                              const Tensor& c0, bool training, bool save_for_backward,
                              uint64_t dropout_seed = 0);
 
+// rnn_forward with an embedding lookup fused into layer 0: packed row r of
+// layer 0's input is row ids[r] of `table` [V, input_size]. The input
+// projection X·W_ihᵀ is then computed for the V table rows instead of the
+// plan.total_rows() packed rows (and, in the backward, dW_ih and the input
+// gradient for V rows instead of every token), which pays when V is small:
+// a character vocabulary against a million tokens. The backward's
+// RNNGradients::input is dL/dtable [V, input_size] (every row; skipping a
+// padding row is the caller's business). ids must have plan.total_rows()
+// entries, each in [0, V).
+RNNForwardResult rnn_forward_lookup(const RNNOptions& options, const std::vector<Tensor>& weights,
+                                    const Tensor& table, const std::vector<int64_t>& ids,
+                                    const PackingPlan& plan, const Tensor& h0, const Tensor& c0,
+                                    bool training, bool save_for_backward,
+                                    uint64_t dropout_seed = 0);
+
 // Gradients of everything the forward read. Undefined upstream gradients count
 // as zeros. Cost is linear in the number of packed rows.
+// With initial_state_grad = false, h0 and c0 get no gradient (left undefined),
+// which lets the backward skip the products that only feed them: the rows of
+// each step whose h_prev is h0 (one per sequence, about 1/length of the work).
 RNNGradients rnn_backward(const RNNSaved& saved, const Tensor& grad_output,
-                          const Tensor& grad_h_n, const Tensor& grad_c_n);
+                          const Tensor& grad_h_n, const Tensor& grad_c_n,
+                          bool initial_state_grad = true);
 
 // Plain reference: one sequence at a time, one step at a time, scalar loops,
 // computed in double. `sequences[b]` is [len_b, input_size] (caller's order).

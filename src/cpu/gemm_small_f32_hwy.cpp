@@ -1,15 +1,23 @@
-// The small-row GEMM of gemm.h (gemm_packed_small) in Highway SIMD, compiled
-// per x86 target and chosen at run time like rnn_gates_f32_hwy.cpp.
+// The packed-weights GEMM of gemm.h (gemm_packed_small) in Highway SIMD,
+// compiled per x86 target and chosen at run time like rnn_gates_f32_hwy.cpp.
 //
-// Each block keeps MR rows x NP panels x 2 vectors of C in registers and walks
-// k once: per k it loads the NP panels' two vectors of B and broadcasts one
-// element of A per row. At MR = 1 four panels run side by side so that eight
-// independent FMA chains hide the FMA latency (one panel would leave the
-// kernel latency-bound at two chains).
+// Each register block keeps MR rows x NP panels x 2 vectors of C in registers
+// and walks k once: per k it loads the NP panels' two vectors of B and
+// broadcasts one element of A per row. The accumulators start from beta * C
+// (zero when beta == 0, C is then never read) and are stored back into C, so a
+// column's sum is the same chain of FMAs whichever columns a call covers.
+//
+// Two drivers. Bulk (the rows up to a multiple of kMR) keeps a k block of one
+// panel in L1 while every kMR-row block of A passes over it, BLIS's loop
+// order: W is read from L2/L3 once per call, not once per few rows. Rows (the
+// 1..kMR-1 rows left, and steps with fewer rows) streams all of W per MR <= 4
+// rows; at MR = 1 four panels run side by side so that eight independent FMA
+// chains hide the FMA latency (one panel would leave it latency-bound).
 #undef HWY_TARGET_INCLUDE
 #define HWY_TARGET_INCLUDE "cpu/gemm_small_f32_hwy.cpp"
 #include <hwy/foreach_target.h>  // IWYU pragma: keep
 
+#include <hwy/cache_control.h>
 #include <hwy/highway.h>
 
 #include <algorithm>
@@ -26,15 +34,29 @@ using VF = hn::Vec<DF>;
 
 int64_t PanelWidth() { return 2 * static_cast<int64_t>(hn::Lanes(DF())); }
 
-// tmp[i][jp * W + c] = A[i, :]·panel(p0 + jp)[:, c] for i < MR, jp < NP.
+// Scratch for one register block that covers a panel only partly: up to 16
+// (rows x panels) pairs of vectors.
+constexpr int64_t kTmpFloats = 4 * 4 * 2 * HWY_MAX_BYTES / sizeof(float);
+
+// dst[i][jp * W + c] = beta * dst[i][jp * W + c] + A[i, :]·panel(jp)[:, c] for
+// i < MR (row stride ldd), jp < NP (panel jp at p + jp * pstride).
 template <int MR, int NP>
-HWY_INLINE void Block(int64_t K, const float* a, int64_t lda, const float* p, int64_t pstride,
-                      float* tmp) {
+HWY_INLINE void Block(int64_t K, const float* HWY_RESTRICT a, int64_t lda,
+                      const float* HWY_RESTRICT p, int64_t pstride, float beta, float* dst,
+                      int64_t ldd) {
   const DF d;
   const int64_t L = static_cast<int64_t>(hn::Lanes(d));
   VF acc[MR][NP][2];
-  for (int i = 0; i < MR; ++i)
-    for (int j = 0; j < NP; ++j) acc[i][j][0] = acc[i][j][1] = hn::Zero(d);
+  if (beta == 0.f) {
+    for (int i = 0; i < MR; ++i)
+      for (int j = 0; j < NP; ++j) acc[i][j][0] = acc[i][j][1] = hn::Zero(d);
+  } else {
+    const VF vb = hn::Set(d, beta);
+    for (int i = 0; i < MR; ++i)
+      for (int j = 0; j < NP; ++j)
+        for (int v = 0; v < 2; ++v)
+          acc[i][j][v] = hn::Mul(vb, hn::LoadU(d, dst + i * ldd + (2 * j + v) * L));
+  }
   for (int64_t k = 0; k < K; ++k) {
     VF w[NP][2];
     for (int j = 0; j < NP; ++j) {
@@ -50,51 +72,105 @@ HWY_INLINE void Block(int64_t K, const float* a, int64_t lda, const float* p, in
     }
   }
   for (int i = 0; i < MR; ++i)
-    for (int j = 0; j < NP; ++j) {
-      hn::StoreU(acc[i][j][0], d, tmp + (i * NP + j) * 2 * L);
-      hn::StoreU(acc[i][j][1], d, tmp + (i * NP + j) * 2 * L + L);
-    }
+    for (int j = 0; j < NP; ++j)
+      for (int v = 0; v < 2; ++v) hn::StoreU(acc[i][j][v], d, dst + i * ldd + (2 * j + v) * L);
 }
 
-// Runs Block over panels [p0, p1) for rows [0, MR) of a/c, writing only
-// columns [col0, col1) of C.
+// Block on rows [0, MR) of C and panels [pb, pb + NP), writing only columns
+// [col0, col1). Panels wholly in range accumulate in C itself; otherwise the
+// in-range part of C goes through tmp (zeros elsewhere), the same FMA chains.
+template <int MR, int NP>
+HWY_INLINE void BlockC(int64_t K, const float* a, int64_t lda, const float* panel0,
+                       int64_t pstride, int64_t W, int64_t pb, int64_t col0, int64_t col1,
+                       float beta, float* c, int64_t ldc) {
+  const int64_t base = pb * W;
+  if (col0 <= base && base + NP * W <= col1) {
+    Block<MR, NP>(K, a, lda, panel0, pstride, beta, c + base, ldc);
+    return;
+  }
+  HWY_ALIGN float tmp[kTmpFloats];
+  const int64_t j0 = std::max(col0, base), j1 = std::min(col1, base + NP * W);
+  for (int i = 0; i < MR; ++i) {
+    float* t = tmp + i * NP * W;
+    const float* cr = c + i * ldc;
+    for (int64_t j = 0; j < NP * W; ++j) {
+      t[j] = beta != 0.f && base + j >= j0 && base + j < j1 ? cr[base + j] : 0.f;
+    }
+  }
+  Block<MR, NP>(K, a, lda, panel0, pstride, beta, tmp, NP * W);
+  for (int i = 0; i < MR; ++i) {
+    float* cr = c + i * ldc;
+    for (int64_t j = j0; j < j1; ++j) cr[j] = tmp[i * NP * W + (j - base)];
+  }
+}
+
+// Runs BlockC over panels [p0, p1) for rows [0, MR) of a/c.
 template <int MR, int NP>
 HWY_INLINE void Rows(int64_t K, const float* a, int64_t lda, const float* panels, int64_t W,
                      int64_t p0, int64_t p1, int64_t col0, int64_t col1, float beta, float* c,
                      int64_t ldc) {
-  HWY_ALIGN float tmp[4 * 4 * 2 * HWY_MAX_BYTES / sizeof(float)];
   const int64_t pstride = K * W;
-  auto write = [&](int64_t pbeg, int np) {
-    for (int i = 0; i < MR; ++i) {
-      for (int jp = 0; jp < np; ++jp) {
-        const int64_t j0 = std::max(col0, (pbeg + jp) * W);
-        const int64_t j1 = std::min(col1, (pbeg + jp + 1) * W);
-        const float* t = tmp + (i * np + jp) * W;
-        const int64_t base = (pbeg + jp) * W;
-        float* cr = c + i * ldc;
-        if (beta == 0.f) {
-          for (int64_t j = j0; j < j1; ++j) cr[j] = t[j - base];
-        } else {
-          for (int64_t j = j0; j < j1; ++j) cr[j] = t[j - base] + beta * cr[j];
+  int64_t p = p0;
+  for (; p + NP <= p1; p += NP) {
+    BlockC<MR, NP>(K, a, lda, panels + p * pstride, pstride, W, p, col0, col1, beta, c, ldc);
+  }
+  for (; p < p1; ++p) {
+    BlockC<MR, 1>(K, a, lda, panels + p * pstride, pstride, W, p, col0, col1, beta, c, ldc);
+  }
+}
+
+// Rows of the register block of Bulk: kMR x 2 vectors of accumulators plus two
+// vectors of B and one broadcast of A must fit the vector registers (16 on
+// AVX2/SSE4: 12 + 3 = 15; 32 on AVX-512: 24 + 3 = 27). Fewer rows would load
+// B more often per FMA; more would spill.
+#if HWY_ARCH_X86 && HWY_TARGET <= HWY_AVX3
+constexpr int kMR = 12;
+#else
+constexpr int kMR = 6;
+#endif
+
+// Rows [0, m) of C, m a multiple of kMR, with each (k block of) panel kept in
+// L1 while every kMR-row block of A passes over it (BLIS's loop order with B
+// as the resident operand). Rows<> instead streams all of B from L2/L3 per 4
+// rows, which at 128+ rows lost to sgemm. k is cut into blocks whose panel
+// part is at most 16 KB (half of L1) and rows into blocks whose A part is at
+// most 192 KB (stays in L2 across the panels); later k blocks accumulate
+// onto C (beta 1).
+void Bulk(int64_t m, int64_t K, const float* a, int64_t lda, const float* panels, int64_t W,
+          int64_t p0, int64_t p1, int64_t col0, int64_t col1, float beta, float* c, int64_t ldc) {
+  const int64_t pstride = K * W;
+  const int64_t kc_max = std::max<int64_t>(16, 4096 / W);
+  const int64_t kblocks = std::max<int64_t>(1, (K + kc_max - 1) / kc_max);
+  const int64_t kc_even = (K + kblocks - 1) / kblocks;
+  const int64_t mc = std::max<int64_t>(kMR, 49152 / std::max<int64_t>(kc_even, 1) / kMR * kMR);
+  for (int64_t k0 = 0; k0 < K || k0 == 0; k0 += kc_even) {
+    const int64_t kc = std::min(kc_even, K - k0);
+    const float bk = k0 == 0 ? beta : 1.f;
+    for (int64_t i0 = 0; i0 < m; i0 += mc) {
+      const int64_t i1 = std::min(m, i0 + mc);
+      for (int64_t p = p0; p < p1; ++p) {
+        const float* panel = panels + p * pstride + k0 * W;
+        for (int64_t i = i0; i < i1; i += kMR) {
+          // C's lines of the next block come from L2 (C is too big for L1 at
+          // 100+ rows); fetched now, they are there when its accumulators load.
+          if (i + kMR < i1) {
+            for (int r = 0; r < kMR; ++r) hwy::Prefetch(c + (i + kMR + r) * ldc + p * W);
+          }
+          BlockC<kMR, 1>(kc, a + i * lda + k0, lda, panel, pstride, W, p, col0, col1, bk,
+                         c + i * ldc, ldc);
         }
       }
     }
-  };
-  int64_t p = p0;
-  for (; p + NP <= p1; p += NP) {
-    Block<MR, NP>(K, a, lda, panels + p * pstride, pstride, tmp);
-    write(p, NP);
-  }
-  for (; p < p1; ++p) {
-    Block<MR, 1>(K, a, lda, panels + p * pstride, pstride, tmp);
-    write(p, 1);
+    if (K == 0) break;
   }
 }
 
 void GemmPackedSmall(int64_t m, const float* a, int64_t lda, const float* panels, int64_t K,
                      int64_t W, int64_t col0, int64_t col1, float beta, float* c, int64_t ldc) {
   const int64_t p0 = col0 / W, p1 = (col1 + W - 1) / W;
-  int64_t i = 0;
+  const int64_t bulk = m / kMR * kMR;
+  if (bulk > 0) Bulk(bulk, K, a, lda, panels, W, p0, p1, col0, col1, beta, c, ldc);
+  int64_t i = bulk;
   for (; i + 4 <= m; i += 4)
     Rows<4, 1>(K, a + i * lda, lda, panels, W, p0, p1, col0, col1, beta, c + i * ldc, ldc);
   switch (m - i) {

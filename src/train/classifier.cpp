@@ -35,6 +35,23 @@ void CharClassifierOptions::validate() const {
 }
 
 namespace {
+// dst += src (same shape and dtype), skipping row `skip_row` of a 2-D tensor.
+void add_into(Tensor& dst, const Tensor& src, int64_t skip_row = -1) {
+  const int64_t cols = dst.dim() == 2 ? dst.size(1) : dst.numel();
+  const int64_t rows = dst.numel() / std::max<int64_t>(1, cols);
+  auto run = [&](auto* d, const auto* s) {
+    for (int64_t r = 0; r < rows; ++r) {
+      if (r == skip_row) continue;
+      for (int64_t c = 0; c < cols; ++c) d[r * cols + c] += s[r * cols + c];
+    }
+  };
+  if (dst.dtype() == DType::f32) {
+    run(dst.data<float>(), src.data<float>());
+  } else {
+    run(dst.data<double>(), src.data<double>());
+  }
+}
+
 RNNOptions lstm_options(const CharClassifierOptions& o) {
   o.validate();
   RNNOptions r;
@@ -75,30 +92,38 @@ Tensor CharClassifier::forward(const Tensor& tokens, const std::vector<int64_t>&
                                   std::to_string(T) + "]");
     }
   }
-  auto plan = std::make_shared<PackingPlan>(PackingPlan::from_lengths(lengths, /*enforce_sorted=*/false));
-  // Gather the real tokens in packed order (time-major, longest first); the
-  // embedding then runs on packed rows only.
-  const int64_t rows = plan->total_rows();
-  Tensor ids = Tensor::empty({rows}, DType::i64);
+  const PackingPlan plan = PackingPlan::from_lengths(lengths, /*enforce_sorted=*/false);
+  // The real tokens in packed order (time-major, longest first): padding is
+  // never looked up.
+  const int64_t rows = plan.total_rows();
+  const int64_t V = options_.vocab_size;
+  std::vector<int64_t> ids(static_cast<std::size_t>(rows));
   const int64_t* tok = tokens.data<int64_t>();
-  const std::vector<int64_t>& where = plan->padded_index();
+  const std::vector<int64_t>& where = plan.padded_index();
   for (int64_t r = 0; r < rows; ++r) {
     const int64_t t = where[r] / B, b = where[r] % B;
-    ids.data<int64_t>()[r] = batch_first ? tok[b * T + t] : tok[t * B + b];
+    const int64_t id = batch_first ? tok[b * T + t] : tok[t * B + b];
+    if (id < 0 || id >= V) {
+      throw std::invalid_argument("CharClassifier: token id " + std::to_string(id) +
+                                  " of sequence " + std::to_string(b) + " at step " +
+                                  std::to_string(t) + " is outside the vocabulary [0, " +
+                                  std::to_string(V) + ")");
+    }
+    ids[static_cast<std::size_t>(r)] = id;
   }
-  PackedSequence packed;
-  packed.data = embedding_.forward(ids);
-  packed.batch_sizes = plan->batch_sizes_tensor();
-  packed.sorted_indices = plan->sorted_indices_tensor();
-  packed.unsorted_indices = plan->unsorted_indices_tensor();
-
-  lstm_.train(requires_grad);
-  lstm_out_ = lstm_.forward(packed, Tensor(), Tensor(), requires_grad);
+  // The embedding is fused into the LSTM: its input projection runs over the
+  // V embedding rows instead of every token (rnn_forward_lookup), which is the
+  // same model as Embedding then LSTM.
+  RNNForwardResult r =
+      rnn_forward_lookup(lstm_.options(), lstm_.parameters(), embedding_.weight(), ids, plan,
+                         Tensor(), Tensor(), /*training=*/requires_grad,
+                         /*save_for_backward=*/requires_grad);
+  saved_ = requires_grad ? r.saved : nullptr;
   batch_ = B;
   // h_n is [2, B, H] in the caller's order: features = [h_n[0, b] ; h_n[1, b]].
   const int64_t H = options_.hidden_size;
   Tensor feat = Tensor::empty({B, 2 * H}, options_.dtype);
-  const Tensor& h = lstm_out_.h_n;
+  const Tensor& h = r.h_n;
   for (int64_t d = 0; d < 2; ++d) {
     for (int64_t b = 0; b < B; ++b) {
       const std::size_t bytes = static_cast<std::size_t>(H) * dtype_size(options_.dtype);
@@ -107,7 +132,6 @@ Tensor CharClassifier::forward(const Tensor& tokens, const std::vector<int64_t>&
                   bytes);
     }
   }
-  if (!requires_grad) lstm_out_ = RNNOutput();
   return fc_.forward(feat);
 }
 
@@ -128,7 +152,7 @@ Tensor CharClassifier::forward(const std::vector<std::vector<int64_t>>& sequence
 }
 
 void CharClassifier::backward(const Tensor& grad_logits) {
-  if (!lstm_out_.saved) {
+  if (!saved_) {
     throw std::logic_error("CharClassifier::backward: the last forward ran without requires_grad");
   }
   const Tensor grad_feat = fc_.backward(grad_logits);
@@ -142,10 +166,14 @@ void CharClassifier::backward(const Tensor& grad_logits) {
                   static_cast<std::size_t>(H) * es);
     }
   }
-  // Only h_n feeds the head, so the per-step outputs get no gradient.
-  RNNGradients g = lstm_.backward(lstm_out_, Tensor(), grad_h, Tensor());
-  embedding_.backward(g.input);
-  lstm_out_ = RNNOutput();
+  // Only h_n feeds the head, so the per-step outputs get no gradient, and
+  // the zero initial state needs none.
+  RNNGradients g = rnn_backward(*saved_, Tensor(), grad_h, Tensor(), /*initial_state_grad=*/false);
+  saved_ = nullptr;
+  std::vector<Tensor>& lg = lstm_.grads();
+  for (std::size_t i = 0; i < lg.size(); ++i) add_into(lg[i], g.weights[i]);
+  // g.input is the gradient of every embedding row; the padding row gets none.
+  add_into(embedding_.grad(), g.input, embedding_.padding_idx().value_or(-1));
 }
 
 std::vector<Parameter> CharClassifier::parameters() {

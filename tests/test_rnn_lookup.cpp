@@ -1,0 +1,189 @@
+// rnn_forward_lookup (an embedding lookup fused into layer 0) and
+// rnn_backward without initial-state gradients, each against the plain path:
+// rnn_forward on the gathered rows, and the full backward. Also the forward
+// without h0, which skips the rows whose h_prev is zero, against an explicit
+// zero h0. Float64, so the only differences are summation order.
+#include <gtest/gtest.h>
+
+#include <random>
+#include <string>
+#include <vector>
+
+#include "seqpack/packed_sequence.h"
+#include "seqpack/rnn.h"
+#include "test_util.h"
+
+namespace seqpack {
+namespace {
+
+Tensor random_tensor(const Shape& shape, std::mt19937_64& gen) {
+  Tensor t = Tensor::empty(shape, DType::f64);
+  std::uniform_real_distribution<double> u(-0.6, 0.6);
+  for (int64_t i = 0; i < t.numel(); ++i) t.data<double>()[i] = u(gen);
+  return t;
+}
+
+std::vector<Tensor> random_weights(const RNNOptions& o, std::mt19937_64& gen) {
+  std::vector<Tensor> w;
+  for (const Shape& s : rnn_parameter_shapes(o)) w.push_back(random_tensor(s, gen));
+  return w;
+}
+
+void expect_close(const Tensor& a, const Tensor& b, const std::string& what) {
+  ASSERT_TRUE(a.defined()) << what;
+  ASSERT_TRUE(b.defined()) << what;
+  ASSERT_EQ(a.shape(), b.shape()) << what;
+  for (int64_t i = 0; i < a.numel(); ++i) {
+    ASSERT_NEAR(a.data<double>()[i], b.data<double>()[i], 1e-11) << what << " at " << i;
+  }
+}
+
+struct Config {
+  RNNMode mode;
+  bool bidirectional;
+  int64_t layers;
+  int64_t proj;
+};
+
+std::string describe(const Config& c) {
+  return std::string(rnn_mode_name(c.mode)) + (c.bidirectional ? " bidirectional" : "") +
+         " layers=" + std::to_string(c.layers) + " proj=" + std::to_string(c.proj);
+}
+
+RNNOptions options_for(const Config& c) {
+  RNNOptions o;
+  o.mode = c.mode;
+  o.input_size = 3;
+  o.hidden_size = 5;
+  o.num_layers = c.layers;
+  o.bidirectional = c.bidirectional;
+  o.proj_size = c.proj;
+  o.dtype = DType::f64;
+  return o;
+}
+
+const std::vector<Config> kConfigs = {
+    {RNNMode::lstm, true, 1, 0},     {RNNMode::lstm, false, 2, 0}, {RNNMode::lstm, true, 2, 2},
+    {RNNMode::gru, true, 2, 0},      {RNNMode::gru, false, 1, 0},  {RNNMode::rnn_tanh, true, 1, 0},
+    {RNNMode::rnn_relu, false, 2, 0},
+};
+
+TEST(RnnLookup, MatchesForwardAndBackwardOnGatheredRows) {
+  const uint64_t seed = testing::test_seed();
+  SCOPED_TRACE("seed " + std::to_string(seed));
+  std::mt19937_64 gen(seed);
+  for (const Config& c : kConfigs) {
+    SCOPED_TRACE(describe(c));
+    const RNNOptions o = options_for(c);
+    const auto w = random_weights(o, gen);
+    // Lengths with a zero-length sequence and ties; the caller's order is unsorted.
+    const std::vector<int64_t> lengths = {3, 0, 5, 3, 1};
+    const PackingPlan plan = PackingPlan::from_lengths(lengths, /*enforce_sorted=*/false);
+    const int64_t V = 4, N = plan.total_rows();
+    const Tensor table = random_tensor({V, o.input_size}, gen);
+    std::vector<int64_t> ids(static_cast<std::size_t>(N));
+    std::uniform_int_distribution<int64_t> pick(0, V - 1);
+    for (auto& id : ids) id = pick(gen);
+    Tensor rows = Tensor::empty({N, o.input_size}, DType::f64);
+    for (int64_t r = 0; r < N; ++r)
+      for (int64_t k = 0; k < o.input_size; ++k)
+        rows.data<double>()[r * o.input_size + k] =
+            table.data<double>()[ids[static_cast<std::size_t>(r)] * o.input_size + k];
+
+    const auto plain = rnn_forward(o, w, rows, plan, {}, {}, /*training=*/true,
+                                   /*save_for_backward=*/true);
+    const auto fused = rnn_forward_lookup(o, w, table, ids, plan, {}, {}, /*training=*/true,
+                                          /*save_for_backward=*/true);
+    expect_close(fused.output, plain.output, "output");
+    expect_close(fused.h_n, plain.h_n, "h_n");
+    if (o.mode == RNNMode::lstm) expect_close(fused.c_n, plain.c_n, "c_n");
+
+    const Tensor gy = random_tensor(plain.output.shape(), gen);
+    const Tensor gh = random_tensor(plain.h_n.shape(), gen);
+    const Tensor gc = o.mode == RNNMode::lstm ? random_tensor(plain.c_n.shape(), gen) : Tensor();
+    const auto gp = rnn_backward(*plain.saved, gy, gh, gc);
+    const auto gf = rnn_backward(*fused.saved, gy, gh, gc);
+    for (std::size_t i = 0; i < gp.weights.size(); ++i) {
+      expect_close(gf.weights[i], gp.weights[i], rnn_parameter_names(o)[i]);
+    }
+    expect_close(gf.h0, gp.h0, "grad h0");
+    // The table's gradient is the per-row input gradient summed by id.
+    Tensor want = Tensor::zeros({V, o.input_size}, DType::f64);
+    for (int64_t r = 0; r < N; ++r)
+      for (int64_t k = 0; k < o.input_size; ++k)
+        want.data<double>()[ids[static_cast<std::size_t>(r)] * o.input_size + k] +=
+            gp.input.data<double>()[r * o.input_size + k];
+    expect_close(gf.input, want, "grad table");
+  }
+}
+
+TEST(RnnLookup, SkippedInitialStateGradientChangesNothingElse) {
+  const uint64_t seed = testing::test_seed();
+  SCOPED_TRACE("seed " + std::to_string(seed));
+  std::mt19937_64 gen(seed);
+  for (const Config& c : kConfigs) {
+    SCOPED_TRACE(describe(c));
+    const RNNOptions o = options_for(c);
+    const auto w = random_weights(o, gen);
+    const std::vector<int64_t> lengths = {2, 6, 0, 6, 1, 4};
+    const PackingPlan plan = PackingPlan::from_lengths(lengths, /*enforce_sorted=*/false);
+    const Tensor x = random_tensor({plan.total_rows(), o.input_size}, gen);
+    const int64_t LD = o.num_layers * o.num_directions();
+    const Tensor zero_h0 = Tensor::zeros({LD, plan.batch(), o.real_hidden_size()}, DType::f64);
+    // Without h0 the forward skips the rows whose h_prev is zero; with an
+    // explicit zero h0 it multiplies them.
+    const auto skip = rnn_forward(o, w, x, plan, {}, {}, /*training=*/true,
+                                  /*save_for_backward=*/true);
+    const auto full = rnn_forward(o, w, x, plan, zero_h0, {}, /*training=*/true,
+                                  /*save_for_backward=*/true);
+    expect_close(skip.output, full.output, "output");
+    expect_close(skip.h_n, full.h_n, "h_n");
+
+    const Tensor gy = random_tensor(full.output.shape(), gen);
+    const Tensor gh = random_tensor(full.h_n.shape(), gen);
+    const auto gfull = rnn_backward(*full.saved, gy, gh, {});
+    const auto gskip = rnn_backward(*skip.saved, gy, gh, {}, /*initial_state_grad=*/false);
+    EXPECT_FALSE(gskip.h0.defined());
+    EXPECT_FALSE(gskip.c0.defined());
+    ASSERT_TRUE(gfull.h0.defined());
+    expect_close(gskip.input, gfull.input, "grad input");
+    for (std::size_t i = 0; i < gfull.weights.size(); ++i) {
+      expect_close(gskip.weights[i], gfull.weights[i], rnn_parameter_names(o)[i]);
+    }
+  }
+}
+
+TEST(RnnLookup, BadInputNamesTheValue) {
+  RNNOptions o;
+  o.mode = RNNMode::lstm;
+  o.input_size = 2;
+  o.hidden_size = 3;
+  std::mt19937_64 gen(1);
+  std::vector<Tensor> w;
+  for (const Shape& s : rnn_parameter_shapes(o)) w.push_back(Tensor::zeros(s, DType::f32));
+  const PackingPlan plan = PackingPlan::from_lengths({2, 1}, /*enforce_sorted=*/true);
+  const Tensor table = Tensor::zeros({4, 2}, DType::f32);
+  auto message = [&](const Tensor& t, const std::vector<int64_t>& ids) -> std::string {
+    try {
+      rnn_forward_lookup(o, w, t, ids, plan, {}, {}, /*training=*/false,
+                         /*save_for_backward=*/false);
+    } catch (const std::invalid_argument& e) {
+      return e.what();
+    }
+    return "no error";
+  };
+  EXPECT_NE(message(table, {0, 4, 1}).find("ids[1] = 4"), std::string::npos)
+      << message(table, {0, 4, 1});
+  EXPECT_NE(message(table, {0, -1, 1}).find("ids[1] = -1"), std::string::npos);
+  EXPECT_NE(message(table, {0, 1}).find("2 ids"), std::string::npos) << message(table, {0, 1});
+  EXPECT_NE(message(Tensor::zeros({4, 3}, DType::f32), {0, 1, 2}).find("[4, 3]"),
+            std::string::npos)
+      << message(Tensor::zeros({4, 3}, DType::f32), {0, 1, 2});
+  EXPECT_NE(message(Tensor::zeros({4, 2}, DType::f64), {0, 1, 2}).find("float64"),
+            std::string::npos)
+      << message(Tensor::zeros({4, 2}, DType::f64), {0, 1, 2});
+  EXPECT_EQ(message(table, {3, 0, 2}), "no error");
+}
+
+}  // namespace
+}  // namespace seqpack
