@@ -140,19 +140,16 @@ void split_columns(int64_t width, int nth, int tid, int64_t& a, int64_t& b) {
   b = std::min(width, blocks * (tid + 1) / nth * 16);
 }
 
-// Runs body(tid, nth) on `nt` threads. Inside, each thread calls the BLAS
-// single-threaded, so OpenMP and OpenBLAS never oversubscribe the cores.
+// Runs body(tid, nth) on `nt` threads. The caller holds a
+// cpu::BlasSingleThread, so each thread's BLAS calls stay on that thread.
 template <typename F>
 void run_threads(int nt, F&& body) {
   if (nt <= 1) {
     body(0, 1);
     return;
   }
-  const int blas = cpu::blas_threads();
-  cpu::set_blas_threads(1);
 #pragma omp parallel num_threads(nt)
   body(omp_get_thread_num(), omp_get_num_threads());
-  cpu::set_blas_threads(blas);
 }
 
 // float32 steps multiply by W_hh through cpu::gemm_packed_small, with W_hh
@@ -246,6 +243,7 @@ RNNForwardResult forward_impl(const RNNOptions& o, const std::vector<Tensor>& we
   const auto& off = plan.offsets();
   const auto& si = plan.sorted_indices();
 
+  const cpu::BlasSingleThread one_pool;  // OpenMP's threads only (cpu/gemm.h)
   RNNForwardResult res;
   res.h_n = cpu::pooled_empty({L * D, B, R}, o.dtype);
   if (lstm) res.c_n = cpu::pooled_empty({L * D, B, H}, o.dtype);
@@ -317,17 +315,15 @@ RNNForwardResult forward_impl(const RNNOptions& o, const std::vector<Tensor>& we
       for (int64_t k = 0; k < G; ++k) {
         bias[k] = !o.bias ? T(0) : gru ? w.b_ih[k] : w.b_ih[k] + w.b_hh[k];
       }
-      if (l == 0 && lookup) {
-        // Project the V table rows once, then each packed row copies its own.
+      const bool lookup_layer = l == 0 && lookup;
+      if (lookup_layer) {
+        // Project the V table rows once; each step copies its rows' own
+        // projection just before its product (while the rows are in cache).
         const int64_t V = x.size(0);
         T* p = ws.proj.data();
         cpu::gemm<T>(false, true, V, G, in, T(1), x.data<T>(), in, w.w_ih, in, T(0), p, G);
         for (int64_t v = 0; v < V; ++v)
           for (int64_t k = 0; k < G; ++k) p[v * G + k] += bias[k];
-        for (int64_t r = 0; r < N; ++r) {
-          std::memcpy(gates + r * G, p + (*lookup)[static_cast<std::size_t>(r)] * G,
-                      static_cast<std::size_t>(G) * sizeof(T));
-        }
       } else {
         if (o.bias) {
           for (int64_t r = 0; r < N; ++r) std::memcpy(gates + r * G, bias, static_cast<std::size_t>(G) * sizeof(T));
@@ -386,6 +382,16 @@ RNNForwardResult forward_impl(const RNNOptions& o, const std::vector<Tensor>& we
           copy_rows(hsrc + ra, R, ws.hstate.data() + ra, R, n, rb - ra);
           if (nth > 1) {
 #pragma omp barrier
+          }
+          if (lookup_layer) {
+            const T* p = ws.proj.data();
+            for (int64_t j = 0; j < n; ++j) {
+              const T* src = p + (*lookup)[static_cast<std::size_t>(r0 + j)] * G;
+              for (int64_t q = 0; q < G / H; ++q) {
+                std::memcpy(grow + j * G + q * H + a, src + q * H + a,
+                            static_cast<std::size_t>(b - a) * sizeof(T));
+              }
+            }
           }
           // Rows past ng hold the zero h0: their product is zero.
           const int64_t ng = h0_zero ? rows_after_h0(bs, t, d) : n;
@@ -495,6 +501,7 @@ RNNGradients backward_impl(const RNNSaved& sv, const Tensor& grad_output, const 
   const auto& off = sv.offsets;
   const auto& si = sv.sorted_indices;
 
+  const cpu::BlasSingleThread one_pool;  // OpenMP's threads only (cpu/gemm.h)
   RNNGradients g;
   for (const Shape& s : rnn_parameter_shapes(o)) g.weights.push_back(cpu::pooled_empty(s, o.dtype));
   if (initial_state_grad) {
@@ -549,6 +556,18 @@ RNNGradients backward_impl(const RNNSaved& sv, const Tensor& grad_output, const 
       load_state(ws.dhstate.data(), grad_h_n, ld, si, R);
       if (lstm) load_state(ws.dcstate.data(), grad_c_n, ld, si, H);
       const T* doutp = dout.defined() ? dout.data<T>() + d * R : nullptr;
+      // Layer 0 of a lookup: dP[v] sums dg over the rows that read table row v,
+      // added step by step while the rows are in cache.
+      if (lookup_layer) std::fill(ws.dproj.begin(), ws.dproj.end(), T(0));
+      auto scatter_rows = [&](int64_t n, int64_t r0, const T* dgr, int64_t a, int64_t b) {
+        if (!lookup_layer) return;
+        for (int64_t j = 0; j < n; ++j) {
+          T* dst = ws.dproj.data() + sv.lookup[static_cast<std::size_t>(r0 + j)] * G;
+          const T* src = dgr + j * G;
+          for (int64_t q = 0; q < G / H; ++q)
+            for (int64_t c = q * H + a; c < q * H + b; ++c) dst[c] += src[c];
+        }
+      };
 
       // Same column split as the forward: each thread owns hidden units
       // [a, b) of the gate gradients and columns [ra, rb) of dh.
@@ -605,6 +624,7 @@ RNNGradients backward_impl(const RNNSaved& sv, const Tensor& grad_output, const 
             cpu::lstm_gates_backward<T>(n, H, a, b, gates + r0 * G, sd.c.data<T>() + r0 * H,
                                         sd.c_prev.data<T>() + r0 * H, dh_in, ld_dh,
                                         ws.dcstate.data(), dgr);
+            scatter_rows(n, r0, dgr, a, b);
             if (nth > 1) {
 #pragma omp barrier
             }
@@ -613,12 +633,14 @@ RNNGradients backward_impl(const RNNSaved& sv, const Tensor& grad_output, const 
             T* dghr = dgh + r0 * G;
             cpu::gru_gates_backward<T>(n, H, a, b, gates + r0 * G, sd.ghn.data<T>() + r0 * H,
                                        hprev + r0 * R, R, dht, R, dgr, dghr, ws.dhstate.data());
+            scatter_rows(n, r0, dgr, a, b);
             if (nth > 1) {
 #pragma omp barrier
             }
             hidden_gemm(ng, dghr, T(1));
           } else {
             cpu::rnn_gates_backward<T>(n, H, a, b, gates + r0 * G, relu, dht, R, dgr);
+            scatter_rows(n, r0, dgr, a, b);
             if (nth > 1) {
 #pragma omp barrier
             }
@@ -638,15 +660,8 @@ RNNGradients backward_impl(const RNNSaved& sv, const Tensor& grad_output, const 
       T* dwhh = g.weights[k + 1].data<T>();
       const T* x = sl.input.data<T>();
       if (lookup_layer) {
-        // dP[v] = sum of dg over the rows that read table row v; dW_ih = dPᵀ·table.
-        T* dp = ws.dproj.data();
-        std::fill(dp, dp + V * G, T(0));
-        for (int64_t r = 0; r < N; ++r) {
-          T* dst = dp + sv.lookup[static_cast<std::size_t>(r)] * G;
-          const T* src = dg + r * G;
-          for (int64_t c = 0; c < G; ++c) dst[c] += src[c];
-        }
-        cpu::gemm<T>(true, false, G, in, V, T(1), dp, G, x, in, T(0), dwih, in);
+        // dW_ih = dPᵀ·table, dP summed during the steps.
+        cpu::gemm<T>(true, false, G, in, V, T(1), ws.dproj.data(), G, x, in, T(0), dwih, in);
       } else {
         cpu::gemm<T>(true, false, G, in, N, T(1), dg, G, x, in, T(0), dwih, in);
       }

@@ -3,9 +3,12 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstring>
 #include <limits>
+#include <random>
 #include <stdexcept>
 
+#include "cpu/adam.h"
 #include "seqpack/optim.h"
 #include "test_util.h"
 
@@ -95,6 +98,72 @@ TEST(Adam, FirstStepMovesEachWeightByLr) {
   EXPECT_NEAR(v.data<double>()[1], 1.1, 1e-8);
   EXPECT_NEAR(v.data<double>()[2], 0.9, 1e-8);
   EXPECT_EQ(opt.step_count(), 1);
+}
+
+// The fixture's tensors have 3 elements, fewer than one SIMD vector: these
+// sizes cover full vectors and every tail length of AVX2 and AVX-512.
+TEST(Adam, SimdKernelMatchesScalarLoop) {
+  const uint64_t seed = testing::test_seed();
+  SCOPED_TRACE("seed " + std::to_string(seed));
+  std::mt19937_64 rng(seed);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  for (const bool amsgrad : {false, true}) {
+    for (const float wd : {0.0f, 0.05f}) {
+      for (int64_t n : {1, 7, 8, 15, 16, 17, 33, 100, 1031}) {
+        SCOPED_TRACE("amsgrad " + std::to_string(amsgrad) + " wd " + std::to_string(wd) + " n " +
+                     std::to_string(n));
+        std::vector<float> p(n), g(n), m(n), v(n), vmax(n);
+        for (int64_t i = 0; i < n; ++i) {
+          p[i] = normal(rng);
+          g[i] = normal(rng) * 0.1f;
+          m[i] = normal(rng) * 0.01f;
+          v[i] = std::fabs(normal(rng)) * 1e-4f;
+          vmax[i] = v[i] * (i % 2 ? 2.0f : 0.5f);  // both sides of the max
+        }
+        const auto p0 = p, m0 = m, v0 = v;
+        auto p2 = p, m2 = m, v2 = v, vmax2 = vmax;
+        // The scalars of step 3 with lr 2e-3 and torch's default betas.
+        const cpu::AdamScalars s{0.9f, 0.999f, 1e-8f, wd,
+                                 static_cast<float>(2e-3 / (1 - std::pow(0.9, 3))),
+                                 static_cast<float>(std::sqrt(1 - std::pow(0.999, 3)))};
+        cpu::adam_update_f32(p.data(), g.data(), m.data(), v.data(), amsgrad ? vmax.data() : nullptr,
+                             n, s);
+        cpu::adam_update_f32_scalar(p2.data(), g.data(), m2.data(), v2.data(),
+                                    amsgrad ? vmax2.data() : nullptr, n, s);
+        for (int64_t i = 0; i < n; ++i) {
+          // The same operations, but the compiler may fuse a multiply and an add
+          // into one FMA in either path: a few roundings of the terms apart.
+          const float gi = std::fabs(g[i]) + wd * std::fabs(p0[i]);
+          EXPECT_NEAR(m[i], m2[i], 1e-6f * (std::fabs(m0[i]) + gi)) << "m[" << i << "]";
+          EXPECT_NEAR(v[i], v2[i], 1e-6f * (v0[i] + gi * gi)) << "v[" << i << "]";
+          EXPECT_NEAR(p[i], p2[i], 1e-6f * (std::fabs(p0[i]) + s.step_size)) << "p[" << i << "]";
+          if (amsgrad) EXPECT_NEAR(vmax[i], vmax2[i], 1e-6f * (v0[i] + gi * gi + vmax2[i])) << "vmax[" << i << "]";
+        }
+      }
+    }
+  }
+}
+
+// A float32 Adam with many elements follows the float64 one (whose loop is the
+// plain formula) to float precision over several steps.
+TEST(Adam, Float32StepsTrackFloat64) {
+  const uint64_t seed = testing::test_seed();
+  SCOPED_TRACE("seed " + std::to_string(seed));
+  std::mt19937_64 rng(seed);
+  std::normal_distribution<double> normal(0.0, 1.0);
+  const int64_t n = 203;
+  Tensor v64 = Tensor::empty({n}, DType::f64), g64 = Tensor::zeros({n}, DType::f64);
+  for (int64_t i = 0; i < n; ++i) v64.data<double>()[i] = normal(rng);
+  Tensor v32 = v64.to(DType::f32), g32 = Tensor::zeros({n}, DType::f32);
+  Adam a64({{"w", v64, g64}}, {.lr = 1e-2, .weight_decay = 0.01, .amsgrad = true});
+  Adam a32({{"w", v32, g32}}, {.lr = 1e-2, .weight_decay = 0.01, .amsgrad = true});
+  for (int step = 0; step < 5; ++step) {
+    for (int64_t i = 0; i < n; ++i) g64.data<double>()[i] = normal(rng);
+    g32.copy_from(g64.to(DType::f32));
+    a64.step();
+    a32.step();
+  }
+  EXPECT_TRUE(testing::all_close(v32.to(DType::f64), v64, 1e-5, 1e-5, "float32 vs float64 Adam"));
 }
 
 TEST(Optimizers, BadOptionsNameTheValue) {

@@ -5,6 +5,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <random>
 #include <stdexcept>
 #include <string>
 
@@ -58,6 +59,61 @@ TEST(Utf8, InvalidInputNamesTheByteOffset) {
   // Latin-1 text fed as UTF-8, the usual real-world mistake.
   expect_invalid([] { decode_utf8("caf\xE9!", "f.tsv line 9"); },
                  {"f.tsv line 9", "byte offset 3", "0xE9"});
+}
+
+// is_valid_utf8 must accept exactly what decode_utf8 accepts: every sequence of
+// up to 4 bytes drawn from the bytes where the rules change, then random
+// strings, with ASCII runs around them (the 8-byte fast path).
+TEST(Utf8, IsValidAgreesWithDecode) {
+  const std::vector<unsigned char> edges = {0x00, 0x41, 0x7F, 0x80, 0x8F, 0x90, 0x9F, 0xA0,
+                                            0xBF, 0xC0, 0xC1, 0xC2, 0xDF, 0xE0, 0xE1, 0xEC,
+                                            0xED, 0xEE, 0xEF, 0xF0, 0xF1, 0xF3, 0xF4, 0xF5, 0xFF};
+  auto decodes = [](const std::string& s) {
+    try {
+      decode_utf8(s);
+      return true;
+    } catch (const std::invalid_argument&) {
+      return false;
+    }
+  };
+  int64_t valid = 0, checked = 0;
+  auto check = [&](const std::string& s) {
+    const bool expected = decodes(s);
+    ASSERT_EQ(seqpack::is_valid_utf8(s), expected) << "bytes " << ::testing::PrintToString(s);
+    valid += expected;
+    ++checked;
+  };
+  std::vector<std::string> cores = {""};
+  for (int len = 1; len <= 4; ++len) {
+    std::vector<std::string> next;
+    for (const auto& c : cores) {
+      if (static_cast<int>(c.size()) != len - 1) continue;
+      // Only a lead byte of 0xF0 or more can make the fourth byte matter.
+      if (len == 4 && static_cast<unsigned char>(c[0]) < 0xF0) continue;
+      for (unsigned char b : edges) next.push_back(c + static_cast<char>(b));
+    }
+    cores.insert(cores.end(), next.begin(), next.end());
+  }
+  for (const auto& c : cores) {
+    check(c);
+    if (c.size() < 4) {
+      check("abcdefghij" + c);
+      check(c + "klmnopqrs");
+    }
+  }
+  const uint64_t seed = seqpack::testing::test_seed();
+  SCOPED_TRACE("seed " + std::to_string(seed));
+  std::mt19937_64 rng(seed);
+  for (int k = 0; k < 20000; ++k) {
+    std::string s(rng() % 24, 'x');
+    for (auto& ch : s) {
+      const uint64_t r = rng();
+      ch = static_cast<char>(r % 3 == 0 ? edges[(r >> 8) % edges.size()] : (r % 3 == 1 ? 'a' : (r >> 16) & 0xFF));
+    }
+    check(s);
+  }
+  EXPECT_GT(valid, 1000);  // both outcomes are well represented
+  EXPECT_GT(checked - valid, 1000);
 }
 
 TEST(Vocabulary, SpecialTokensComeFirst) {

@@ -1,10 +1,12 @@
-// Threads seqpack may use: one knob for both OpenMP and OpenBLAS.
+// Threads seqpack may use.
 //
-//   seqpack::set_num_threads(2);   // OpenMP regions and BLAS calls use 2 threads
+//   seqpack::set_num_threads(2);   // seqpack's parallel regions and GEMMs use 2 threads
 //   int n = seqpack::num_threads();
 //
-// The two pools are set together so a caller (the CLI's --threads, the Python
-// package, a benchmark) cannot leave them disagreeing and oversubscribe the cores.
+// seqpack has one pool, OpenMP's: its GEMMs split large products over those
+// threads themselves and keep OpenBLAS's own pool at one thread while they run,
+// so the two pools never oversubscribe the cores. OpenBLAS's setting is left as
+// the caller had it (torch in the same process keeps its own).
 #pragma once
 
 namespace seqpack {

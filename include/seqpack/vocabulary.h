@@ -24,6 +24,9 @@ namespace seqpack {
 // std::invalid_argument: "<context>: invalid UTF-8 at byte offset 3 (byte 0xC3): ...".
 // `context` (e.g. "words.tsv line 12") starts the message when not empty.
 std::u32string decode_utf8(std::string_view bytes, std::string_view context = {});
+// True exactly when decode_utf8(bytes) would not throw; allocates nothing, so a
+// whole file can be checked at once (call decode_utf8 to get the message).
+bool is_valid_utf8(std::string_view bytes);
 // Code points -> UTF-8; throws std::invalid_argument for a surrogate or a value
 // above U+10FFFF, naming it.
 std::string encode_utf8(std::u32string_view code_points);

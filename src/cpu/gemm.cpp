@@ -1,6 +1,9 @@
 #include "cpu/gemm.h"
 
 #include <cblas.h>
+#include <omp.h>
+
+#include <algorithm>
 
 extern "C" {
 // OpenBLAS extensions (declared in its cblas.h on most builds; repeated here
@@ -13,37 +16,101 @@ namespace seqpack::cpu {
 
 namespace {
 inline CBLAS_TRANSPOSE tr(bool t) { return t ? CblasTrans : CblasNoTrans; }
+
+inline void blas_call(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha,
+                      const float* a, int64_t lda, const float* b, int64_t ldb, float beta,
+                      float* c, int64_t ldc) {
+  cblas_sgemm(CblasRowMajor, tr(ta), tr(tb), static_cast<int>(m), static_cast<int>(n),
+              static_cast<int>(k), alpha, a, static_cast<int>(lda), b, static_cast<int>(ldb), beta,
+              c, static_cast<int>(ldc));
+}
+inline void blas_call(bool ta, bool tb, int64_t m, int64_t n, int64_t k, double alpha,
+                      const double* a, int64_t lda, const double* b, int64_t ldb, double beta,
+                      double* c, int64_t ldc) {
+  cblas_dgemm(CblasRowMajor, tr(ta), tr(tb), static_cast<int>(m), static_cast<int>(n),
+              static_cast<int>(k), alpha, a, static_cast<int>(lda), b, static_cast<int>(ldb), beta,
+              c, static_cast<int>(ldc));
+}
+
+// Below this many flops a product runs on one thread: the fork and join of
+// a parallel region (a few microseconds) would cost more than it saves.
+constexpr double kParallelFlops = 4.0e6;
+
+// Threads for a product of this size: OpenMP's count outside a parallel region
+// (inside one the caller already splits the work), 1 for small products.
+int gemm_threads(int64_t m, int64_t n, int64_t k) {
+  if (omp_in_parallel()) return 1;
+  const int nt = omp_get_max_threads();
+  if (nt <= 1 || 2.0 * static_cast<double>(m) * static_cast<double>(n) * static_cast<double>(k) <
+                     kParallelFlops) {
+    return 1;
+  }
+  return static_cast<int>(std::min<int64_t>(nt, std::max(m, n) / 32));
+}
+
+template <typename T>
+void gemm_impl(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, T alpha, const T* a,
+               int64_t lda, const T* b, int64_t ldb, T beta, T* c, int64_t ldc) {
+  if (m == 0 || n == 0) return;
+  if (k == 0) {
+    // BLAS leaves C untouched when k = 0 only if beta = 1; scale by hand.
+    for (int64_t i = 0; i < m; ++i)
+      for (int64_t j = 0; j < n; ++j) c[i * ldc + j] = beta == T(0) ? T(0) : beta * c[i * ldc + j];
+    return;
+  }
+  BlasSingleThread one;  // a no-op when the caller already holds one
+  const int nt = gemm_threads(m, n, k);
+  if (nt <= 1) {
+    blas_call(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+    return;
+  }
+  // Each thread computes a block of rows of C (or of columns, when C is
+  // wider than tall) with a single-threaded BLAS call: the split depends only
+  // on the sizes and the thread count, so results are deterministic for a
+  // fixed count.
+  const bool by_rows = m >= n;
+#pragma omp parallel num_threads(nt)
+  {
+    const int64_t tid = omp_get_thread_num(), ways = omp_get_num_threads();
+    const int64_t extent = by_rows ? m : n;
+    // Blocks in multiples of 16 keep the BLAS kernels' full tiles.
+    const int64_t units = (extent + 15) / 16;
+    const int64_t lo = std::min(extent, units * tid / ways * 16);
+    const int64_t hi = std::min(extent, units * (tid + 1) / ways * 16);
+    if (hi > lo) {
+      if (by_rows) {
+        // Rows lo..hi of op(A): rows of A, or columns when A is transposed.
+        const T* ab = trans_a ? a + lo : a + lo * lda;
+        blas_call(trans_a, trans_b, hi - lo, n, k, alpha, ab, lda, b, ldb, beta, c + lo * ldc, ldc);
+      } else {
+        // Columns lo..hi of op(B): columns of B, or rows when B is transposed.
+        const T* bb = trans_b ? b + lo * ldb : b + lo;
+        blas_call(trans_a, trans_b, m, hi - lo, k, alpha, a, lda, bb, ldb, beta, c + lo, ldc);
+      }
+    }
+  }
+}
 }  // namespace
+
+BlasSingleThread::BlasSingleThread() : saved_(openblas_get_num_threads()) {
+  if (saved_ != 1) openblas_set_num_threads(1);
+}
+BlasSingleThread::~BlasSingleThread() {
+  if (saved_ != 1) openblas_set_num_threads(saved_);
+}
 
 template <>
 void gemm<float>(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha,
                  const float* a, int64_t lda, const float* b, int64_t ldb, float beta, float* c,
                  int64_t ldc) {
-  if (m == 0 || n == 0) return;
-  if (k == 0) {
-    // BLAS leaves C untouched when k = 0 only if beta = 1; scale by hand.
-    for (int64_t i = 0; i < m; ++i)
-      for (int64_t j = 0; j < n; ++j) c[i * ldc + j] = beta == 0.f ? 0.f : beta * c[i * ldc + j];
-    return;
-  }
-  cblas_sgemm(CblasRowMajor, tr(trans_a), tr(trans_b), static_cast<int>(m), static_cast<int>(n),
-              static_cast<int>(k), alpha, a, static_cast<int>(lda), b, static_cast<int>(ldb), beta,
-              c, static_cast<int>(ldc));
+  gemm_impl<float>(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
 }
 
 template <>
 void gemm<double>(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, double alpha,
                   const double* a, int64_t lda, const double* b, int64_t ldb, double beta,
                   double* c, int64_t ldc) {
-  if (m == 0 || n == 0) return;
-  if (k == 0) {
-    for (int64_t i = 0; i < m; ++i)
-      for (int64_t j = 0; j < n; ++j) c[i * ldc + j] = beta == 0.0 ? 0.0 : beta * c[i * ldc + j];
-    return;
-  }
-  cblas_dgemm(CblasRowMajor, tr(trans_a), tr(trans_b), static_cast<int>(m), static_cast<int>(n),
-              static_cast<int>(k), alpha, a, static_cast<int>(lda), b, static_cast<int>(ldb), beta,
-              c, static_cast<int>(ldc));
+  gemm_impl<double>(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
 }
 
 void set_blas_threads(int n) { openblas_set_num_threads(n); }

@@ -16,8 +16,26 @@ template <typename T>
 void gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, T alpha, const T* a,
           int64_t lda, const T* b, int64_t ldb, T beta, T* c, int64_t ldc);
 
-// Number of threads OpenBLAS may use inside one gemm call. seqpack sets it to 1
-// inside its own OpenMP regions so the two never oversubscribe the cores.
+// One thread pool: seqpack's threads are OpenMP's. gemm splits a large
+// product over them itself (when called outside a parallel region), each
+// part a single-threaded BLAS call. OpenBLAS's own pthreads pool is kept at
+// one thread while seqpack works: two pools on the same cores oversubscribe
+// them, each pool's idle threads spinning while the other's work.
+//
+// Keeps OpenBLAS at one thread for the guard's lifetime and restores the
+// caller's setting after (a process that also runs torch keeps its own).
+class BlasSingleThread {
+ public:
+  BlasSingleThread();
+  ~BlasSingleThread();
+  BlasSingleThread(const BlasSingleThread&) = delete;
+  BlasSingleThread& operator=(const BlasSingleThread&) = delete;
+
+ private:
+  int saved_;
+};
+
+// OpenBLAS's own thread count (see BlasSingleThread).
 void set_blas_threads(int n);
 int blas_threads();
 

@@ -5,6 +5,8 @@
 #include <stdexcept>
 #include <string>
 
+#include "cpu/adam.h"
+
 namespace seqpack {
 
 Optimizer::Optimizer(std::vector<Parameter> params) : params_(std::move(params)) {
@@ -186,13 +188,22 @@ void Adam::load_state(const std::map<std::string, Tensor>& state, int64_t step_c
 
 void Adam::step() {
   ++step_;
+  // The bias corrections once per step, in double as for the float64 path.
+  const double bc1 = 1.0 - std::pow(options_.beta1, static_cast<double>(step_));
+  const double bc2 = 1.0 - std::pow(options_.beta2, static_cast<double>(step_));
+  const cpu::AdamScalars f32{static_cast<float>(options_.beta1),
+                             static_cast<float>(options_.beta2),
+                             static_cast<float>(options_.eps),
+                             static_cast<float>(options_.weight_decay),
+                             static_cast<float>(options_.lr / bc1),
+                             static_cast<float>(std::sqrt(bc2))};
   for (std::size_t k = 0; k < params_.size(); ++k) {
     Parameter& p = params_[k];
     if (p.value.dtype() == DType::f32) {
-      adam_update<float>(p.value.data<float>(), p.grad.data<float>(), exp_avg_[k].data<float>(),
-                         exp_avg_sq_[k].data<float>(),
-                         options_.amsgrad ? max_exp_avg_sq_[k].data<float>() : nullptr,
-                         p.value.numel(), options_, step_);
+      cpu::adam_update_f32(p.value.data<float>(), p.grad.data<float>(), exp_avg_[k].data<float>(),
+                           exp_avg_sq_[k].data<float>(),
+                           options_.amsgrad ? max_exp_avg_sq_[k].data<float>() : nullptr,
+                           p.value.numel(), f32);
     } else {
       adam_update<double>(p.value.data<double>(), p.grad.data<double>(),
                           exp_avg_[k].data<double>(), exp_avg_sq_[k].data<double>(),

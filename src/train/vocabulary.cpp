@@ -1,6 +1,7 @@
 #include "seqpack/vocabulary.h"
 
 #include <algorithm>
+#include <cstring>
 #include <cstdio>
 #include <fstream>
 #include <iterator>
@@ -80,6 +81,51 @@ std::u32string decode_utf8(std::string_view bytes, std::string_view context) {
     i += static_cast<std::size_t>(extra) + 1;
   }
   return out;
+}
+
+bool is_valid_utf8(std::string_view bytes) {
+  const auto* s = reinterpret_cast<const unsigned char*>(bytes.data());
+  const std::size_t n = bytes.size();
+  std::size_t i = 0;
+  while (i < n) {
+    // Word lists are mostly ASCII: skip 8 bytes at a time while no high bit is set.
+    while (i + 8 <= n) {
+      uint64_t w;
+      std::memcpy(&w, s + i, 8);
+      if (w & 0x8080808080808080ull) break;
+      i += 8;
+    }
+    if (i >= n) break;
+    const unsigned char b0 = s[i];
+    if (b0 < 0x80) {
+      ++i;
+      continue;
+    }
+    // The rules of decode_utf8: lead byte ranges, continuation bytes, then the
+    // overlong, surrogate and U+10FFFF limits, checked on the second byte.
+    std::size_t extra;
+    unsigned char lo = 0x80, hi = 0xBF;  // allowed range of the second byte
+    if (b0 >= 0xC2 && b0 <= 0xDF) {
+      extra = 1;
+    } else if (b0 >= 0xE0 && b0 <= 0xEF) {
+      extra = 2;
+      if (b0 == 0xE0) lo = 0xA0;  // below: overlong
+      if (b0 == 0xED) hi = 0x9F;  // above: surrogates
+    } else if (b0 >= 0xF0 && b0 <= 0xF4) {
+      extra = 3;
+      if (b0 == 0xF0) lo = 0x90;  // below: overlong
+      if (b0 == 0xF4) hi = 0x8F;  // above: past U+10FFFF
+    } else {
+      return false;
+    }
+    if (i + extra >= n) return false;
+    if (s[i + 1] < lo || s[i + 1] > hi) return false;
+    for (std::size_t k = 2; k <= extra; ++k) {
+      if ((s[i + k] & 0xC0) != 0x80) return false;
+    }
+    i += extra + 1;
+  }
+  return true;
 }
 
 std::string encode_utf8(std::u32string_view code_points) {
