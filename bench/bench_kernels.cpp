@@ -109,6 +109,9 @@ void run_gate_kernel(benchmark::State& state, const std::string& kernel) {
   std::vector<float> gates = buf(n * 4 * H), gh = buf(n * 3 * H), b = buf(3 * H);
   std::vector<float> c = buf(n * H), cp = buf(n * H), dh = buf(n * H), dc = buf(n * H);
   std::vector<float> h = buf(n * H), dg = buf(n * 4 * H), dg2 = buf(n * 4 * H);
+  // The *_dbias variants also sum the bias gradients (the kernels' optional
+  // accumulators), which replaces a column-sum pass over [N, G] per bias.
+  std::vector<float> db = buf(4 * H), db2 = buf(3 * H);
   for (auto _ : state) {
     if (kernel == "lstm_forward") {
       cpu::lstm_gates_forward<float>(n, H, 0, H, gates.data(), c.data(), H, c.data(), H, h.data(),
@@ -116,6 +119,12 @@ void run_gate_kernel(benchmark::State& state, const std::string& kernel) {
     } else if (kernel == "lstm_backward") {
       cpu::lstm_gates_backward<float>(n, H, 0, H, gates.data(), c.data(), cp.data(), dh.data(), H,
                                       dc.data(), dg.data());
+    } else if (kernel == "lstm_backward_dbias") {
+      cpu::lstm_gates_backward<float>(n, H, 0, H, gates.data(), c.data(), cp.data(), dh.data(), H,
+                                      dc.data(), dg.data(), db.data());
+    } else if (kernel == "gru_backward_dbias") {
+      cpu::gru_gates_backward<float>(n, H, 0, H, gates.data(), c.data(), cp.data(), H, dh.data(),
+                                     H, dg.data(), dg2.data(), dc.data(), db.data(), db2.data());
     } else if (kernel == "gru_forward") {
       cpu::gru_gates_forward<float>(n, H, 0, H, gates.data(), gh.data(), b.data(), cp.data(), H,
                                     h.data(), H, c.data());
@@ -185,8 +194,8 @@ int main(int argc, char** argv) {
           ->UseRealTime();
     }
   }
-  for (const char* kernel : {"lstm_forward", "lstm_backward", "gru_forward", "gru_backward",
-                             "rnn_tanh_forward"}) {
+  for (const char* kernel : {"lstm_forward", "lstm_backward", "lstm_backward_dbias", "gru_forward",
+                             "gru_backward", "gru_backward_dbias", "rnn_tanh_forward"}) {
     benchmark::RegisterBenchmark((std::string("gates/") + kernel).c_str(),
                                  [k = std::string(kernel)](benchmark::State& s) {
                                    run_gate_kernel(s, k);
