@@ -182,7 +182,8 @@ TEST(GemmPackedSmall, ColumnSplitGivesTheSameBits) {
 TEST(GemmPackedSmall, BetaZeroNeverReadsC) {
   // beta = 0 overwrites C, whatever it held (rnn_core hands it recycled buffers).
   const int64_t m = 20, k = 300, n = 40;
-  std::vector<float> a(static_cast<std::size_t>(m * k), 0.5f), b(static_cast<std::size_t>(k * n), 2.f);
+  std::vector<float> a(static_cast<std::size_t>(m * k), 0.5f);
+  std::vector<float> b(static_cast<std::size_t>(k * n), 2.f);
   std::vector<float> c(static_cast<std::size_t>(m * n), std::numeric_limits<float>::quiet_NaN());
   PackedWeights pw;
   pack_weights(b.data(), /*trans_b=*/false, k, n, n, pw);

@@ -36,7 +36,7 @@ using VF = hn::Vec<DF>;
 int64_t PanelWidth() { return 2 * static_cast<int64_t>(hn::Lanes(DF())); }
 
 // Scratch for one register block that covers a panel only partly: up to 16
-// (rows x panels) pairs of vectors.
+// (rows x panels) pairs of vectors (Bulk's 12 x 1 on AVX-512 included).
 constexpr int64_t kTmpFloats = 4 * 4 * 2 * HWY_MAX_BYTES / sizeof(float);
 
 // dst[i][jp * W + c] = beta * dst[i][jp * W + c] + A[i, :]·panel(jp)[:, c] for
@@ -134,11 +134,11 @@ constexpr int kMR = 6;
 
 // Rows [0, m) of C, m a multiple of kMR, with each (k block of) panel kept in
 // L1 while every kMR-row block of A passes over it (BLIS's loop order with B
-// as the resident operand). Rows<> instead streams all of B from L2/L3 per 4
-// rows, which at 128+ rows lost to sgemm (docs/performance.md, section 7). k is cut into blocks whose panel
-// part is at most 16 KB (half of L1) and rows into blocks whose A part is at
-// most 192 KB (stays in L2 across the panels); later k blocks accumulate
-// onto C (beta 1).
+// as the resident operand). Rows<> instead streams all of B from L2/L3 per
+// few rows, which at 128+ rows lost to sgemm (docs/performance.md, section
+// 7). k is cut into blocks whose panel part is at most 16 KB (half of L1) and
+// rows into blocks whose A part is at most 192 KB (stays in L2 across the
+// panels); later k blocks accumulate onto C (beta 1).
 void Bulk(int64_t m, int64_t K, const float* a, int64_t lda, const float* panels, int64_t W,
           int64_t p0, int64_t p1, int64_t col0, int64_t col1, float beta, float* c, int64_t ldc) {
   const int64_t pstride = K * W;
