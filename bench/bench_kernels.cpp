@@ -1,6 +1,8 @@
 // The recurrent layers on every workload of a workloads file, through the public
 // functional API (rnn_forward / rnn_backward), as Google Benchmark cases with
-// tokens/s and FLOP/s rate counters.
+// tokens/s and FLOP/s rate counters; and the float32 fused gate kernels alone
+// (gates/<cell>_<forward|backward>/n:<rows>/H:<hidden>), one time step's call,
+// with elements/s counting n x H hidden units.
 //
 //   build/bench/bench_kernels [--threads=N] [--workloads=FILE] [google benchmark flags]
 //
@@ -21,6 +23,7 @@
 #include <string>
 #include <vector>
 
+#include "cpu/rnn_gates.h"
 #include "seqpack/packed_sequence.h"
 #include "seqpack/rnn.h"
 #include "seqpack/tensor.h"
@@ -90,6 +93,53 @@ void run_case(benchmark::State& state, const Case& c, const std::string& mode) {
   }
 }
 
+// One step's gate kernel over n rows, hidden size H. The forward kernels work
+// in place (activations overwrite pre-activations), so repeated calls feed
+// activations back in: values stay in (-1, 1), away from any special case, and
+// no copy pollutes the timing.
+void run_gate_kernel(benchmark::State& state, const std::string& kernel) {
+  const int64_t n = state.range(0), H = state.range(1);
+  std::mt19937_64 rng(0x5eed);
+  std::uniform_real_distribution<float> u(-2.f, 2.f);
+  auto buf = [&](int64_t size) {
+    std::vector<float> v(static_cast<std::size_t>(size));
+    for (float& x : v) x = u(rng);
+    return v;
+  };
+  std::vector<float> gates = buf(n * 4 * H), gh = buf(n * 3 * H), b = buf(3 * H);
+  std::vector<float> c = buf(n * H), cp = buf(n * H), dh = buf(n * H), dc = buf(n * H);
+  std::vector<float> h = buf(n * H), dg = buf(n * 4 * H), dg2 = buf(n * 4 * H);
+  // The *_dbias variants also sum the bias gradients (the kernels' optional
+  // accumulators), which replaces a column-sum pass over [N, G] per bias.
+  std::vector<float> db = buf(4 * H), db2 = buf(3 * H);
+  for (auto _ : state) {
+    if (kernel == "lstm_forward") {
+      cpu::lstm_gates_forward<float>(n, H, 0, H, gates.data(), c.data(), H, c.data(), H, h.data(),
+                                     H);
+    } else if (kernel == "lstm_backward") {
+      cpu::lstm_gates_backward<float>(n, H, 0, H, gates.data(), c.data(), cp.data(), dh.data(), H,
+                                      dc.data(), dg.data());
+    } else if (kernel == "lstm_backward_dbias") {
+      cpu::lstm_gates_backward<float>(n, H, 0, H, gates.data(), c.data(), cp.data(), dh.data(), H,
+                                      dc.data(), dg.data(), db.data());
+    } else if (kernel == "gru_backward_dbias") {
+      cpu::gru_gates_backward<float>(n, H, 0, H, gates.data(), c.data(), cp.data(), H, dh.data(),
+                                     H, dg.data(), dg2.data(), dc.data(), db.data(), db2.data());
+    } else if (kernel == "gru_forward") {
+      cpu::gru_gates_forward<float>(n, H, 0, H, gates.data(), gh.data(), b.data(), cp.data(), H,
+                                    h.data(), H, c.data());
+    } else if (kernel == "gru_backward") {
+      cpu::gru_gates_backward<float>(n, H, 0, H, gates.data(), c.data(), cp.data(), H, dh.data(),
+                                     H, dg.data(), dg2.data(), dc.data());
+    } else if (kernel == "rnn_tanh_forward") {
+      cpu::rnn_gates_forward<float>(n, H, 0, H, gates.data(), /*relu=*/false, h.data(), H);
+    }
+    benchmark::ClobberMemory();
+  }
+  state.counters["elements/s"] = benchmark::Counter(static_cast<double>(n * H),
+                                                    benchmark::Counter::kIsIterationInvariantRate);
+}
+
 std::vector<Case> load(const std::string& path) {
   std::ifstream in(path);
   if (!in) throw std::invalid_argument("cannot open workloads file '" + path + "'");
@@ -143,6 +193,17 @@ int main(int argc, char** argv) {
           ->Unit(benchmark::kMillisecond)
           ->UseRealTime();
     }
+  }
+  for (const char* kernel : {"lstm_forward", "lstm_backward", "lstm_backward_dbias", "gru_forward",
+                             "gru_backward", "gru_backward_dbias", "rnn_tanh_forward"}) {
+    benchmark::RegisterBenchmark((std::string("gates/") + kernel).c_str(),
+                                 [k = std::string(kernel)](benchmark::State& s) {
+                                   run_gate_kernel(s, k);
+                                 })
+        ->ArgNames({"n", "H"})
+        ->Args({128, 128})
+        ->Args({32, 512})
+        ->Unit(benchmark::kMicrosecond);
   }
   int n = static_cast<int>(rest.size());
   benchmark::Initialize(&n, rest.data());

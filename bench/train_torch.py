@@ -97,6 +97,8 @@ def main():
     ap.add_argument("--embed", type=int, default=32)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--profile", action="store_true",
+                    help="print the CPU seconds of each phase of the step per epoch (as seqpack train --profile)")
     args = ap.parse_args()
 
     tmp = None
@@ -134,17 +136,40 @@ def main():
         c0 = time.process_time()  # CPU time: comparable on a shared machine
         tokens = 0
         total = 0.0
+        # Phase clock for --profile: CPU seconds charged to the phase that just ended.
+        phases = dict.fromkeys(["batching", "encode", "forward", "loss", "zero_grad", "backward", "step", "other"], 0.0)
+        last = [time.process_time()]
+
+        def mark(name):
+            if args.profile:
+                now = time.process_time()
+                phases[name] += now - last[0]
+                last[0] = now
+
         batches = batches_by_length(train, args.batch_size, rng)
+        mark("batching")
         for ids in batches:
             packed, y = encode(train, ids, vocab)
-            loss = loss_fn(model(packed), y)
+            mark("encode")
+            logits = model(packed)
+            mark("forward")
+            loss = loss_fn(logits, y)
+            mark("loss")
             opt.zero_grad()
+            mark("zero_grad")
             loss.backward()
+            mark("backward")
             opt.step()
+            mark("step")
             tokens += packed.data.numel()
             total += loss.item()
+            mark("other")
         secs = time.perf_counter() - t0
         cpu = time.process_time() - c0
+        if args.profile:
+            spent = sum(phases.values())
+            print("step profile (cpu s): total {:.3f}, ".format(spent) +
+                  ", ".join(f"{k} {v:.3f} ({100 * v / max(spent, 1e-9):.1f}%)" for k, v in phases.items()))
         epoch_times.append(secs)
         cpu_times.append(cpu)
         print(f"epoch {epoch}/{args.epochs}: train loss {total / len(batches):.4f}, "

@@ -479,15 +479,6 @@ RNNForwardResult forward_impl(const RNNOptions& o, const std::vector<Tensor>& we
 }
 
 template <typename T>
-void column_sums(const T* a, int64_t rows, int64_t cols, T* out) {
-  for (int64_t k = 0; k < cols; ++k) out[k] = T(0);
-  for (int64_t r = 0; r < rows; ++r) {
-    const T* row = a + r * cols;
-    for (int64_t k = 0; k < cols; ++k) out[k] += row[k];
-  }
-}
-
-template <typename T>
 RNNGradients backward_impl(const RNNSaved& sv, const Tensor& grad_output, const Tensor& grad_h_n,
                            const Tensor& grad_c_n, bool initial_state_grad) {
   const RNNOptions& o = sv.options;
@@ -548,6 +539,12 @@ RNNGradients backward_impl(const RNNSaved& sv, const Tensor& grad_output, const 
       const DirWeights<T> w = dir_weights<T>(o, sv.weights, l, d);
       const T* gates = sd.gates.data<T>();
       const T* hprev = sd.h_prev.data<T>();
+      // Bias gradients, summed by the gate kernels step by step (saves a pass
+      // over [N, G] after the loop). LSTM and RNN: db_hh == db_ih, copied after.
+      T* db_ih = o.bias ? g.weights[static_cast<std::size_t>(w.first) + 2].data<T>() : nullptr;
+      T* db_hh = o.bias ? g.weights[static_cast<std::size_t>(w.first) + 3].data<T>() : nullptr;
+      if (db_ih) std::fill(db_ih, db_ih + G, T(0));
+      if (db_hh) std::fill(db_hh, db_hh + G, T(0));
       const bool small = packs_small<T>(bs, G * R);
       if constexpr (std::is_same_v<T, float>) {
         if (small) cpu::pack_weights(w.w_hh, /*trans_b=*/false, G, R, R, ws.whh);
@@ -623,7 +620,7 @@ RNNGradients backward_impl(const RNNSaved& sv, const Tensor& grad_output, const 
             }
             cpu::lstm_gates_backward<T>(n, H, a, b, gates + r0 * G, sd.c.data<T>() + r0 * H,
                                         sd.c_prev.data<T>() + r0 * H, dh_in, ld_dh,
-                                        ws.dcstate.data(), dgr);
+                                        ws.dcstate.data(), dgr, db_ih);
             scatter_rows(n, r0, dgr, a, b);
             if (nth > 1) {
 #pragma omp barrier
@@ -632,14 +629,15 @@ RNNGradients backward_impl(const RNNSaved& sv, const Tensor& grad_output, const 
           } else if (gru) {
             T* dghr = dgh + r0 * G;
             cpu::gru_gates_backward<T>(n, H, a, b, gates + r0 * G, sd.ghn.data<T>() + r0 * H,
-                                       hprev + r0 * R, R, dht, R, dgr, dghr, ws.dhstate.data());
+                                       hprev + r0 * R, R, dht, R, dgr, dghr, ws.dhstate.data(),
+                                       db_ih, db_hh);
             scatter_rows(n, r0, dgr, a, b);
             if (nth > 1) {
 #pragma omp barrier
             }
             hidden_gemm(ng, dghr, T(1));
           } else {
-            cpu::rnn_gates_backward<T>(n, H, a, b, gates + r0 * G, relu, dht, R, dgr);
+            cpu::rnn_gates_backward<T>(n, H, a, b, gates + r0 * G, relu, dht, R, dgr, db_ih);
             scatter_rows(n, r0, dgr, a, b);
             if (nth > 1) {
 #pragma omp barrier
@@ -671,8 +669,7 @@ RNNGradients backward_impl(const RNNSaved& sv, const Tensor& grad_output, const 
                    dwhh, R);
       std::size_t next = k + 2;
       if (o.bias) {
-        column_sums(dg, N, G, g.weights[next].data<T>());
-        column_sums(dgh, N, G, g.weights[next + 1].data<T>());
+        if (!gru) std::copy(db_ih, db_ih + G, db_hh);
         next += 2;
       }
       if (proj) {

@@ -94,6 +94,33 @@ TEST(CliTrain, TrainsOnATsvReportsAndSavesAModelThatPredicts) {
   EXPECT_EQ(js.at("predictions").at(0).at("unknown_chars"), 2) << j.out;
 }
 
+TEST(CliTrain, ProfilePrintsEveryPhaseOfTheStepPerEpoch) {
+  const fs::path tsv = work_dir() / "tiny_profile.tsv";
+  write(tsv, tiny_tsv());
+  CliResult r = run_cli("train --data " + tsv.string() +
+                        " --epochs 2 --hidden 8 --embed 4 --batch-size 4 --quiet --profile --clip 1 --out " +
+                        (work_dir() / "m_profile").string());
+  ASSERT_EQ(r.status, 0) << r.out << r.err;
+  EXPECT_NE(r.out.find("profile: data and vocabulary"), std::string::npos) << r.out;
+  std::size_t lines = 0;
+  for (std::size_t at = r.out.find("step profile (cpu s): total "); at != std::string::npos;
+       at = r.out.find("step profile (cpu s): total ", at + 1)) {
+    ++lines;
+    const std::string line = r.out.substr(at, r.out.find('\n', at) - at);
+    for (const char* phase : {", batch ", ", forward ", ", loss ", ", backward ", ", clip ", ", step ",
+                              ", zero_grad ", ", other ", "; validation "}) {
+      EXPECT_NE(line.find(phase), std::string::npos) << phase << " missing in " << line;
+    }
+  }
+  EXPECT_EQ(lines, 2u) << r.out;  // one per epoch
+  // Without the flag, no profile.
+  CliResult q = run_cli("train --data " + tsv.string() + " --epochs 1 --hidden 8 --embed 4 --quiet --out " +
+                        (work_dir() / "m_noprofile").string());
+  ASSERT_EQ(q.status, 0) << q.out << q.err;
+  EXPECT_EQ(q.out.find("step profile"), std::string::npos) << q.out;
+  EXPECT_EQ(q.out.find("profile: data"), std::string::npos) << q.out;
+}
+
 TEST(CliTrain, MalformedTsvLineIsReportedWithItsNumber) {
   const fs::path tsv = work_dir() / "bad.tsv";
   write(tsv, "english\tthe\nfrench\tla\nno tab here\n");

@@ -182,7 +182,8 @@ TEST(GemmPackedSmall, ColumnSplitGivesTheSameBits) {
 TEST(GemmPackedSmall, BetaZeroNeverReadsC) {
   // beta = 0 overwrites C, whatever it held (rnn_core hands it recycled buffers).
   const int64_t m = 20, k = 300, n = 40;
-  std::vector<float> a(static_cast<std::size_t>(m * k), 0.5f), b(static_cast<std::size_t>(k * n), 2.f);
+  std::vector<float> a(static_cast<std::size_t>(m * k), 0.5f);
+  std::vector<float> b(static_cast<std::size_t>(k * n), 2.f);
   std::vector<float> c(static_cast<std::size_t>(m * n), std::numeric_limits<float>::quiet_NaN());
   PackedWeights pw;
   pack_weights(b.data(), /*trans_b=*/false, k, n, n, pw);
@@ -217,15 +218,13 @@ TEST(GemmPackedSmall, RepackingReusesStorage) {
   for (float x : c) EXPECT_EQ(x, 10.f);  // 5 * 1 * 2
 }
 
-// The recurrent layers take the small-row path for float32 only when W_hh is
-// large (src/rnn_core.cpp, kSmallMinWeights = 128K elements) and a step has
-// few live rows. These shapes are above that size with every step at <= 5
-// rows, so float32 goes through gemm_packed_small (forward and backward) and
-// float64 through the BLAS: the two must agree to float precision.
-void check_float_vs_double(seqpack::RNNOptions o, int threads, std::mt19937& gen) {
+// The recurrent layers multiply every float32 step by W_hh through
+// gemm_packed_small (forward and backward; src/rnn_core.cpp) and float64
+// steps through the BLAS: the two must agree to float precision.
+void check_float_vs_double(seqpack::RNNOptions o, int threads, std::mt19937& gen,
+                           const std::vector<int64_t>& lengths = {7, 5, 5, 2, 1}) {
   using seqpack::DType;
   using seqpack::Tensor;
-  const std::vector<int64_t> lengths{7, 5, 5, 2, 1};
   const auto plan = seqpack::PackingPlan::from_lengths(lengths, /*enforce_sorted=*/true);
   const double bound = 1.0 / std::sqrt(static_cast<double>(o.hidden_size));
   std::uniform_real_distribution<double> u(-bound, bound);
@@ -293,6 +292,31 @@ TEST(SmallRowPath, RecurrentLayersFloatMatchDouble) {
   for (int threads : {1, 2}) {
     SCOPED_TRACE("gru threads " + std::to_string(threads));
     check_float_vs_double(gru, threads, gen);
+  }
+}
+
+TEST(SmallRowPath, ManyRowStepsFloatMatchDouble) {
+  // Steps of 130 down to 1 live rows: the 6-row blocks over an L1-resident
+  // panel, k blocks (GRU backward: K = 3 * 272 = 816) and every remainder,
+  // with the columns split between 2 threads.
+  const auto seed = seqpack::testing::test_seed();
+  SCOPED_TRACE("seed " + std::to_string(seed));
+  std::mt19937 gen(static_cast<std::mt19937::result_type>(seed));
+  std::vector<int64_t> lengths;
+  for (int64_t i = 0; i < 130; ++i) lengths.push_back(6 - i * 5 / 130);
+  seqpack::RNNOptions lstm;
+  lstm.mode = seqpack::RNNMode::lstm;
+  lstm.input_size = 5;
+  lstm.hidden_size = 64;
+  lstm.bidirectional = true;
+  seqpack::RNNOptions gru = lstm;
+  gru.mode = seqpack::RNNMode::gru;
+  gru.hidden_size = 272;
+  gru.bidirectional = false;
+  for (int threads : {1, 2}) {
+    SCOPED_TRACE("threads " + std::to_string(threads));
+    check_float_vs_double(lstm, threads, gen, lengths);
+    check_float_vs_double(gru, threads, gen, lengths);
   }
 }
 

@@ -197,6 +197,56 @@ TEST(LanguageId, FakeListsCountUsableWordsExactly) {
             (std::set<std::string>{"apple", "cherry", "kiwi", "lemon", "mango", "olive", "peach"}));
 }
 
+// The sample depends on the words, not on the files' order: lists whose words
+// share long prefixes (the sort compares 8 bytes at once, then the rest),
+// are prefixes of each other, differ only past byte 8 or by a byte >= 0x80,
+// with duplicates, CRLF, and no final newline, give the same split in any
+// line order. The word in two lists only past byte 8 must be dropped.
+TEST(LanguageId, SampleIsIndependentOfLineOrderWithLongSharedPrefixes) {
+  const std::vector<std::string> en = {"internationalisation", "internationalization", "international",
+                                       "internation", "intern", "inter", "internationally",
+                                       "internationalist", "internationalism", "internationalists",
+                                       "internationale", "international\xC3\xA9", "internationalisation"};
+  const std::vector<std::string> fr = {"internationaux", "internationales", "internationalistes",
+                                       "internationalement", "internationalisme", "internationaliste",
+                                       "internationalisation", "internationalisai", "internationalisa",
+                                       "internationalisas", "internationalisera", "internationalisez"};
+  auto join = [](std::vector<std::string> words, bool reversed) {
+    if (reversed) std::reverse(words.begin(), words.end());
+    std::string out;
+    for (std::size_t i = 0; i < words.size(); ++i) {
+      out += words[i];
+      if (i + 1 < words.size()) out += i % 3 == 0 ? "\r\n" : "\n";
+    }
+    return out;
+  };
+  std::vector<DatasetSplit> splits;
+  for (const bool reversed : {false, true}) {
+    FakeDict fake;
+    fake.dir.write("en.txt", join(en, reversed));
+    fake.dir.write("fr.txt", join(fr, !reversed));
+    fake.options.lists.pop_back();  // English and French only
+    fake.options.words_per_language = 11;  // every usable word
+    splits.push_back(seqpack::load_language_id(fake.options));
+  }
+  for (const auto& [a, b] : {std::pair{&splits[0].train, &splits[1].train},
+                             std::pair{&splits[0].val, &splits[1].val},
+                             std::pair{&splits[0].test, &splits[1].test}}) {
+    ASSERT_EQ(a->size(), b->size());
+    for (std::size_t i = 0; i < a->size(); ++i) EXPECT_EQ((*a)[i].text, (*b)[i].text) << i;
+  }
+  std::set<std::string> en_seen, fr_seen;
+  for (const auto* part : {&splits[0].train, &splits[0].val, &splits[0].test}) {
+    for (const auto& e : *part) (e.label == 0 ? en_seen : fr_seen).insert(e.text);
+  }
+  // 12 distinct English words, 12 French; "internationalisation" is in both.
+  std::set<std::string> en_expected(en.begin(), en.end()), fr_expected(fr.begin(), fr.end());
+  en_expected.erase("internationalisation");
+  fr_expected.erase("internationalisation");
+  EXPECT_EQ(en_seen, en_expected);
+  EXPECT_EQ(fr_seen, fr_expected);
+}
+
 TEST(LanguageId, DeterministicForASeedAndDifferentForAnother) {
   FakeDict fake;
   fake.options.words_per_language = 5;

@@ -10,9 +10,10 @@
 // Two drivers. Bulk (the rows up to a multiple of kMR) keeps a k block of one
 // panel in L1 while every kMR-row block of A passes over it, BLIS's loop
 // order: W is read from L2/L3 once per call, not once per few rows. Rows (the
-// 1..kMR-1 rows left, and steps with fewer rows) streams all of W per MR <= 4
-// rows; at MR = 1 four panels run side by side so that eight independent FMA
-// chains hide the FMA latency (one panel would leave it latency-bound).
+// 3..8 rows left, and steps with fewer rows) streams all of W per MR <= 5
+// rows, with 4, 3 and 2 panels side by side at MR = 1, 2 and 3 so that 8-12
+// independent FMA chains hide the FMA latency (one panel would leave MR <= 3
+// latency-bound at 2-6 chains).
 #undef HWY_TARGET_INCLUDE
 #define HWY_TARGET_INCLUDE "cpu/gemm_small_f32_hwy.cpp"
 #include <hwy/foreach_target.h>  // IWYU pragma: keep
@@ -35,7 +36,7 @@ using VF = hn::Vec<DF>;
 int64_t PanelWidth() { return 2 * static_cast<int64_t>(hn::Lanes(DF())); }
 
 // Scratch for one register block that covers a panel only partly: up to 16
-// (rows x panels) pairs of vectors.
+// (rows x panels) pairs of vectors (Bulk's 12 x 1 on AVX-512 included).
 constexpr int64_t kTmpFloats = 4 * 4 * 2 * HWY_MAX_BYTES / sizeof(float);
 
 // dst[i][jp * W + c] = beta * dst[i][jp * W + c] + A[i, :]·panel(jp)[:, c] for
@@ -104,7 +105,7 @@ HWY_INLINE void BlockC(int64_t K, const float* a, int64_t lda, const float* pane
   }
 }
 
-// Runs BlockC over panels [p0, p1) for rows [0, MR) of a/c.
+// Runs BlockC over panels [p0, p1) for rows [0, MR) of a/c, NP panels at a time.
 template <int MR, int NP>
 HWY_INLINE void Rows(int64_t K, const float* a, int64_t lda, const float* panels, int64_t W,
                      int64_t p0, int64_t p1, int64_t col0, int64_t col1, float beta, float* c,
@@ -114,8 +115,10 @@ HWY_INLINE void Rows(int64_t K, const float* a, int64_t lda, const float* panels
   for (; p + NP <= p1; p += NP) {
     BlockC<MR, NP>(K, a, lda, panels + p * pstride, pstride, W, p, col0, col1, beta, c, ldc);
   }
-  for (; p < p1; ++p) {
-    BlockC<MR, 1>(K, a, lda, panels + p * pstride, pstride, W, p, col0, col1, beta, c, ldc);
+  // The last few panels with as many side by side as are left.
+  if constexpr (NP > 1) {
+    constexpr int kNext = NP >= 3 ? 2 : 1;
+    if (p < p1) Rows<MR, kNext>(K, a, lda, panels, W, p, p1, col0, col1, beta, c, ldc);
   }
 }
 
@@ -131,11 +134,11 @@ constexpr int kMR = 6;
 
 // Rows [0, m) of C, m a multiple of kMR, with each (k block of) panel kept in
 // L1 while every kMR-row block of A passes over it (BLIS's loop order with B
-// as the resident operand). Rows<> instead streams all of B from L2/L3 per 4
-// rows, which at 128+ rows lost to sgemm. k is cut into blocks whose panel
-// part is at most 16 KB (half of L1) and rows into blocks whose A part is at
-// most 192 KB (stays in L2 across the panels); later k blocks accumulate
-// onto C (beta 1).
+// as the resident operand). Rows<> instead streams all of B from L2/L3 per
+// few rows, which at 128+ rows lost to sgemm (docs/performance.md, section
+// 7). k is cut into blocks whose panel part is at most 16 KB (half of L1) and
+// rows into blocks whose A part is at most 192 KB (stays in L2 across the
+// panels); later k blocks accumulate onto C (beta 1).
 void Bulk(int64_t m, int64_t K, const float* a, int64_t lda, const float* panels, int64_t W,
           int64_t p0, int64_t p1, int64_t col0, int64_t col1, float beta, float* c, int64_t ldc) {
   const int64_t pstride = K * W;
@@ -168,17 +171,25 @@ void Bulk(int64_t m, int64_t K, const float* a, int64_t lda, const float* panels
 void GemmPackedSmall(int64_t m, const float* a, int64_t lda, const float* panels, int64_t K,
                      int64_t W, int64_t col0, int64_t col1, float beta, float* c, int64_t ldc) {
   const int64_t p0 = col0 / W, p1 = (col1 + W - 1) / W;
-  const int64_t bulk = m / kMR * kMR;
+  int64_t bulk = m / kMR * kMR;
+  // One or two rows left over would stream W at 45-65% of the FMA rate (a
+  // GEMV is bound by L2 bandwidth); kMR + 1 or kMR + 2 rows go faster as
+  // 4 + 3 or 4 + 4 (on AVX2, 6 + 2 rows: 82 GFLOP/s, 4 + 4: 94).
+  if (m - bulk <= 2 && m - bulk > 0 && bulk >= kMR && kMR == 6) bulk -= kMR;
   if (bulk > 0) Bulk(bulk, K, a, lda, panels, W, p0, p1, col0, col1, beta, c, ldc);
   int64_t i = bulk;
+  if (m - i == 5) {
+    Rows<5, 1>(K, a + i * lda, lda, panels, W, p0, p1, col0, col1, beta, c + i * ldc, ldc);
+    return;
+  }
   for (; i + 4 <= m; i += 4)
     Rows<4, 1>(K, a + i * lda, lda, panels, W, p0, p1, col0, col1, beta, c + i * ldc, ldc);
   switch (m - i) {
     case 3:
-      Rows<3, 1>(K, a + i * lda, lda, panels, W, p0, p1, col0, col1, beta, c + i * ldc, ldc);
+      Rows<3, 2>(K, a + i * lda, lda, panels, W, p0, p1, col0, col1, beta, c + i * ldc, ldc);
       break;
     case 2:
-      Rows<2, 2>(K, a + i * lda, lda, panels, W, p0, p1, col0, col1, beta, c + i * ldc, ldc);
+      Rows<2, 3>(K, a + i * lda, lda, panels, W, p0, p1, col0, col1, beta, c + i * ldc, ldc);
       break;
     case 1:
       Rows<1, 4>(K, a + i * lda, lda, panels, W, p0, p1, col0, col1, beta, c + i * ldc, ldc);

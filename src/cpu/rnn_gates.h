@@ -9,6 +9,12 @@
 // Each call covers hidden units (columns) [k0, k1) of every gate, so threads
 // can split a step by columns; pass [0, H) for the whole step.
 //
+// Bias gradients: the backward kernels optionally add each row's gate
+// gradients into `dbias` accumulators (the caller zeroes them once before the
+// time loop), which saves the separate column-sum pass over the [N, G]
+// gradient buffers after it. Only columns [k0, k1) are touched, so threads
+// splitting a step by columns never share an accumulator element.
+//
 // Row layouts (n rows, hidden size H):
 //   LSTM gates [n, 4H] in the order i, f, g, o;  GRU gates [n, 3H] r, z, n;
 //   RNN gates [n, H]. `ld_*` are row strides in elements.
@@ -26,10 +32,12 @@ void lstm_gates_forward(int64_t n, int64_t H, int64_t k0, int64_t k1, T* gates, 
 
 // dh: gradient of h (or of o * tanh(c) under a projection). dc: gradient of c
 // from the next step on entry, gradient of c_prev on exit. dgates: gradient of
-// the gate pre-activations [n, 4H].
+// the gate pre-activations [n, 4H]. dbias (optional, [4H]): += the column
+// sums of dgates, the gradient of both b_ih and b_hh.
 template <typename T>
 void lstm_gates_backward(int64_t n, int64_t H, int64_t k0, int64_t k1, const T* gates, const T* c,
-                         const T* c_prev, const T* dh, int64_t ld_dh, T* dc, T* dgates);
+                         const T* c_prev, const T* dh, int64_t ld_dh, T* dc, T* dgates,
+                         T* dbias = nullptr);
 
 // gx: W_i x + b_i in, activations (r, z, n) out. gh: W_h h_prev without bias;
 // b_hh may be null. ghn (optional, [n, H]) receives W_hn h_prev + b_hn, which
@@ -41,20 +49,28 @@ void gru_gates_forward(int64_t n, int64_t H, int64_t k0, int64_t k1, T* gx, cons
 
 // dgx: gradient of W_i x + b_i [n, 3H]; dgh: of W_h h_prev + b_h [n, 3H];
 // dh_prev: the part of dL/dh_prev that bypasses W_hh (dh * z), ld H.
+// db_ih, db_hh (optional, [3H] each, both or neither): += the column sums of
+// dgx and dgh, the gradients of b_ih and b_hh.
 template <typename T>
 void gru_gates_backward(int64_t n, int64_t H, int64_t k0, int64_t k1, const T* gates, const T* ghn,
                         const T* h_prev, int64_t ld_hprev, const T* dh, int64_t ld_dh, T* dgx,
-                        T* dgh, T* dh_prev);
+                        T* dgh, T* dh_prev, T* db_ih = nullptr, T* db_hh = nullptr);
 
 // gates: pre-activation in, h = tanh or relu out; h is also written to `h`.
 template <typename T>
 void rnn_gates_forward(int64_t n, int64_t H, int64_t k0, int64_t k1, T* gates, bool relu, T* h,
                        int64_t ld_h);
 
-// dpre = dh * act'(pre), from the saved h.
+// dpre = dh * act'(pre), from the saved h. dbias (optional, [H]): += the
+// column sums of dpre, the gradient of both b_ih and b_hh.
 template <typename T>
 void rnn_gates_backward(int64_t n, int64_t H, int64_t k0, int64_t k1, const T* h_saved, bool relu,
-                        const T* dh, int64_t ld_dh, T* dpre);
+                        const T* dh, int64_t ld_dh, T* dpre, T* dbias = nullptr);
+
+// y[i] = σ(x[i]) / tanh(x[i]) for i < n with the float32 kernels' vector
+// formulas (no scalar tail), so tests can sweep their accuracy. y may alias x.
+void sigmoid_f32(int64_t n, const float* x, float* y);
+void tanh_f32(int64_t n, const float* x, float* y);
 
 // Name of the SIMD target the float32 kernels dispatch to ("AVX2", "AVX3", ...).
 const char* rnn_gates_f32_target();

@@ -2,12 +2,12 @@
 // AVX2, AVX-512, ...) by foreach_target.h and chosen at run time by
 // HWY_DYNAMIC_DISPATCH, so one binary uses the widest vectors the CPU has.
 // Columns past the last full vector go through the scalar formulas of
-// rnn_gates_scalar.h (same maths, std:: functions).
+// rnn_gates_scalar.h (same maths, std:: functions, within a few ulp of the
+// vector σ and tanh below).
 #undef HWY_TARGET_INCLUDE
 #define HWY_TARGET_INCLUDE "cpu/rnn_gates_f32_hwy.cpp"
 #include <hwy/foreach_target.h>  // IWYU pragma: keep
 
-#include <hwy/contrib/math/math-inl.h>
 #include <hwy/highway.h>
 
 #include "cpu/rnn_gates.h"
@@ -20,29 +20,109 @@ namespace hn = hwy::HWY_NAMESPACE;
 using DF = hn::ScalableTag<float>;
 using VF = hn::Vec<DF>;
 
-// σ(x) = 1 / (1 + e^-x). The argument is clamped where e^-x would overflow
-// float (σ is 0 or 1 to float precision there anyway).
-HWY_INLINE VF Sigmoid(DF d, VF x) {
-  const VF one = hn::Set(d, 1.0f);
-  const VF xc = hn::Max(x, hn::Set(d, -87.0f));
-  return hn::Div(one, hn::Add(one, hn::Exp(d, hn::Neg(xc))));
+// σ and tanh without a division and without hwy::Exp/Expm1's extra steps:
+// the divider is slow (vdivps ymm ≈ 3.5-5 cycles a vector on Zen, 5 of them
+// per LSTM column) and the library versions handle ranges these kernels clamp
+// away. Both are built on one 2^n·e^r reduction:
+//   y = n·ln2 + r, |r| <= ln2/2, n = round(y / ln2) through the 1.5·2^23
+//   shifter (the integer lands in the low mantissa bits, so 2^n is one shift),
+//   e^r - 1 = r + r²·P(r), P of degree 4.
+// The quotients use the ≈ 12-bit hardware reciprocal refined twice (one
+// Newton step on 1/den, then one correction of the quotient itself), which
+// rounds the quotient almost correctly and, unlike a single step, gives
+// exactly 1 when numerator == denominator, so σ(+inf) == 1 and tanh(±inf) ==
+// ±1 exactly, as in torch (a forget gate that saturates at 1 - 2^-24 would
+// decay the cell state over thousands of steps).
+// NaN: the clamps are Min/Max(constant, x), which return x when x is NaN on
+// x86 (minps/maxps return the second operand), so NaN flows through to the
+// result as in torch.
+
+constexpr float kShifter = 12582912.0f + 127.0f;  // 1.5·2^23 + the exponent bias
+constexpr float kLog2e = 1.44269504088896341f;
+
+// 2^n and e^r - 1 for y = n·ln2 + r. y must lie in [-88, 88]: at -88 the
+// biased exponent n + 127 is 0, so 2^n comes out as exactly 0 (e^y ≈ 6e-39
+// is below float's normal range, and 0 is what saturation wants).
+// kSplitLn2: subtract n·ln2 in two parts (Cody-Waite). With one part, float's
+// ln 2 is off by 1.9e-9, so r and hence e^y carry a relative error of
+// |n|·1.9e-9: fine for tanh (|n| <= 29, and e^y enters as 1 - e^y), up to
+// 4 ulp for σ at |x| near 88.
+// P: minimax fit of (e^r - 1 - r)/r² on |r| <= ln2/2 (weighted least squares
+// iterated towards equal ripple), relative error 0.07 ulp: one coefficient
+// fewer than Cephes' expf for the same float accuracy.
+template <bool kSplitLn2>
+HWY_INLINE void ExpSplit(DF d, VF y, VF& two_n, VF& em1_r) {
+  const hn::RebindToSigned<DF> di;
+  const VF t = hn::MulAdd(y, hn::Set(d, kLog2e), hn::Set(d, kShifter));
+  const VF nf = hn::Sub(t, hn::Set(d, kShifter));
+  VF r;
+  if (kSplitLn2) {
+    r = hn::NegMulAdd(nf, hn::Set(d, 0.693359375f), y);
+    r = hn::NegMulAdd(nf, hn::Set(d, -2.12194440e-4f), r);
+  } else {
+    r = hn::NegMulAdd(nf, hn::Set(d, 0.693147182f), y);
+  }
+  VF p = hn::Set(d, 1.381459878757596e-3f);
+  p = hn::MulAdd(p, r, hn::Set(d, 8.368716575205326e-3f));
+  p = hn::MulAdd(p, r, hn::Set(d, 4.166838899254799e-2f));
+  p = hn::MulAdd(p, r, hn::Set(d, 1.666652113199234e-1f));
+  p = hn::MulAdd(p, r, hn::Set(d, 4.999999403953552e-1f));
+  em1_r = hn::MulAdd(p, hn::Mul(r, r), r);
+  two_n = hn::BitCast(d, hn::ShiftLeft<23>(hn::BitCast(di, t)));
 }
 
-HWY_INLINE VF Tanh(DF d, VF x) { return hn::Tanh(d, x); }
+// num / den for den in [1, 2^127]: reciprocal estimate, one Newton step
+// (relative error ≈ 2^-23), then one residual correction of the quotient.
+HWY_INLINE VF Quotient(DF d, VF num, VF den) {
+  const VF one = hn::Set(d, 1.0f);
+  VF rcp = hn::ApproximateReciprocal(den);
+  rcp = hn::MulAdd(rcp, hn::NegMulAdd(den, rcp, one), rcp);
+  const VF q = hn::Mul(num, rcp);
+  return hn::MulAdd(rcp, hn::NegMulAdd(den, q, num), q);
+}
 
+// σ(x) = 1 / (1 + e^-x). x is clamped to [-88, 88]: σ is exactly 1 to float
+// precision above 17, and 1/(1 + e^88) ≈ 6e-39 flushes to 0 in the
+// reciprocal, which is σ(-inf).
+HWY_INLINE VF Sigmoid(DF d, VF x) {
+  const VF xc = hn::Min(hn::Set(d, 88.0f), hn::Max(hn::Set(d, -88.0f), x));
+  VF two_n, em1;
+  ExpSplit</*kSplitLn2=*/true>(d, hn::Neg(xc), two_n, em1);
+  const VF e = hn::MulAdd(two_n, em1, two_n);  // e^-x
+  const VF one = hn::Set(d, 1.0f);
+  return Quotient(d, one, hn::Add(one, e));
+}
+
+// tanh|x| = -m / (2 + m) with m = e^(-2|x|) - 1 = 2^n (e^r - 1) + (2^n - 1),
+// which keeps full relative accuracy near 0 (no 1 - e^.. cancellation) and
+// gives exactly 1 once 2^n underflows. |x| is clamped at 10 (tanh rounds to
+// 1 in float from 9.01 on). The sign is put back last, so tanh(-0) == -0.
+HWY_INLINE VF Tanh(DF d, VF x) {
+  const VF sign = hn::And(x, hn::Set(d, -0.0f));
+  const VF a = hn::Min(hn::Set(d, 10.0f), hn::Xor(x, sign));
+  VF two_n, em1_r;
+  ExpSplit</*kSplitLn2=*/false>(d, hn::Mul(a, hn::Set(d, -2.0f)), two_n, em1_r);
+  const VF m = hn::MulAdd(two_n, em1_r, hn::Sub(two_n, hn::Set(d, 1.0f)));
+  const VF neg_t = Quotient(d, m, hn::Add(m, hn::Set(d, 2.0f)));  // -tanh|x|, or -0
+  return hn::Or(hn::Abs(neg_t), sign);
+}
+
+// Two passes over each row: the gates and c first, then h = o·tanh(c) from
+// c and o reloaded (L1 hits). In one pass every column is a chain of two
+// dependent transcendentals (≈ 150 cycles of latency in ≈ 160 instructions),
+// and the out-of-order window cannot hold enough columns to hide it; split,
+// each pass is a set of short independent chains and runs at throughput.
 void LstmForward(int64_t n, int64_t H, int64_t k0, int64_t k1, float* gates, const float* c_prev,
                  int64_t ld_cprev, float* c, int64_t ld_c, float* h, int64_t ld_h) {
   const DF d;
   const int64_t L = static_cast<int64_t>(hn::Lanes(d));
-  const VF one = hn::Set(d, 1.0f);
-  (void)one;
+  const int64_t kv = k0 + (k1 - k0) / L * L;  // end of the full vectors
   for (int64_t r = 0; r < n; ++r) {
     float* g = gates + r * 4 * H;
     const float* cp = c_prev + r * ld_cprev;
     float* cr = c + r * ld_c;
     float* hr = h + r * ld_h;
-    int64_t k = k0;
-    for (; k + L <= k1; k += L) {
+    for (int64_t k = k0; k < kv; k += L) {
       const VF ig = Sigmoid(d, hn::LoadU(d, g + k));
       const VF fg = Sigmoid(d, hn::LoadU(d, g + H + k));
       const VF gg = Tanh(d, hn::LoadU(d, g + 2 * H + k));
@@ -51,19 +131,75 @@ void LstmForward(int64_t n, int64_t H, int64_t k0, int64_t k1, float* gates, con
       hn::StoreU(fg, d, g + H + k);
       hn::StoreU(gg, d, g + 2 * H + k);
       hn::StoreU(og, d, g + 3 * H + k);
-      const VF cn = hn::MulAdd(fg, hn::LoadU(d, cp + k), hn::Mul(ig, gg));
-      hn::StoreU(cn, d, cr + k);
-      hn::StoreU(hn::Mul(og, Tanh(d, cn)), d, hr + k);
+      hn::StoreU(hn::MulAdd(fg, hn::LoadU(d, cp + k), hn::Mul(ig, gg)), d, cr + k);
     }
-    for (; k < k1; ++k) scalar::lstm_forward_at(H, k, g, cp, cr, hr);
+    for (int64_t k = k0; k < kv; k += L) {
+      hn::StoreU(hn::Mul(hn::LoadU(d, g + 3 * H + k), Tanh(d, hn::LoadU(d, cr + k))), d, hr + k);
+    }
+    for (int64_t k = kv; k < k1; ++k) scalar::lstm_forward_at(H, k, g, cp, cr, hr);
   }
 }
 
-void LstmBackward(int64_t n, int64_t H, int64_t k0, int64_t k1, const float* gates, const float* c,
-                  const float* c_prev, const float* dh, int64_t ld_dh, float* dc, float* dgates) {
+// dst[j·H + k] += Σ_r src[r·ld + j·H + k] for gates j < ng and k in [k0, k1):
+// the bias-gradient sums of one step, taken right after the kernel wrote
+// that step's gradients (still in L1/L2). Adding each row into dst inside the
+// row loop instead costs a load and a store per gate and vector, and was
+// slower than the separate pass over [N, G] it replaces (58 against 25 µs
+// for GruBackward at n = 32, H = 512); here the sums stay in registers, four
+// vectors at a time, down the rows.
+void AddColumnSums(int64_t n, int64_t ld, int64_t ng, int64_t H, int64_t k0, int64_t k1,
+                   const float* src, float* dst) {
   const DF d;
   const int64_t L = static_cast<int64_t>(hn::Lanes(d));
-  const VF one = hn::Set(d, 1.0f);
+  for (int64_t j = 0; j < ng; ++j) {
+    const float* s = src + j * H;
+    float* o = dst + j * H;
+    int64_t k = k0;
+    for (; k + 4 * L <= k1; k += 4 * L) {
+      VF a0 = hn::LoadU(d, o + k), a1 = hn::LoadU(d, o + k + L);
+      VF a2 = hn::LoadU(d, o + k + 2 * L), a3 = hn::LoadU(d, o + k + 3 * L);
+      for (int64_t r = 0; r < n; ++r) {
+        const float* row = s + r * ld + k;
+        a0 = hn::Add(a0, hn::LoadU(d, row));
+        a1 = hn::Add(a1, hn::LoadU(d, row + L));
+        a2 = hn::Add(a2, hn::LoadU(d, row + 2 * L));
+        a3 = hn::Add(a3, hn::LoadU(d, row + 3 * L));
+      }
+      hn::StoreU(a0, d, o + k);
+      hn::StoreU(a1, d, o + k + L);
+      hn::StoreU(a2, d, o + k + 2 * L);
+      hn::StoreU(a3, d, o + k + 3 * L);
+    }
+    for (; k + L <= k1; k += L) {
+      VF a = hn::LoadU(d, o + k);
+      for (int64_t r = 0; r < n; ++r) a = hn::Add(a, hn::LoadU(d, s + r * ld + k));
+      hn::StoreU(a, d, o + k);
+    }
+    for (; k < k1; ++k) {
+      float a = o[k];
+      for (int64_t r = 0; r < n; ++r) a += s[r * ld + k];
+      o[k] = a;
+    }
+  }
+}
+
+// Products arranged so that each x(1-x) factor is one fused x - x·x on a
+// partial product and shared products are formed once: 12 vector operations
+// for the 5 outputs, against 20 for the formulas as written.
+// Software-pipelined: tanh(c) is computed kAhead vectors before the
+// iteration that uses it. Inline, each column is one long dependent chain
+// (tanh, then five products) and the loop runs at latency; skewed, the chains
+// overlap the memory traffic this loop is mostly made of (8 loads, 5 stores
+// per vector). One vector ahead was not enough at H = 512 (20.6-24 µs per
+// call against 20 at four ahead, n = 32).
+void LstmBackward(int64_t n, int64_t H, int64_t k0, int64_t k1, const float* gates, const float* c,
+                  const float* c_prev, const float* dh, int64_t ld_dh, float* dc, float* dgates,
+                  float* dbias) {
+  const DF d;
+  const int64_t L = static_cast<int64_t>(hn::Lanes(d));
+  const int64_t kv = k0 + (k1 - k0) / L * L;
+  constexpr int64_t kAhead = 4;
+  HWY_ALIGN float ring[2 * kAhead * HWY_MAX_BYTES / sizeof(float)];
   for (int64_t r = 0; r < n; ++r) {
     const float* g = gates + r * 4 * H;
     const float* cr = c + r * H;
@@ -71,24 +207,43 @@ void LstmBackward(int64_t n, int64_t H, int64_t k0, int64_t k1, const float* gat
     const float* dhr = dh + r * ld_dh;
     float* dcr = dc + r * H;
     float* dg = dgates + r * 4 * H;
-    int64_t k = k0;
-    for (; k + L <= k1; k += L) {
+    // tanh(c) runs kAhead vectors ahead of its use, through a ring of
+    // 2·kAhead vectors on the stack.
+    for (int64_t j = 0; j < kAhead && k0 + j * L < kv; ++j) {
+      hn::Store(Tanh(d, hn::LoadU(d, cr + k0 + j * L)), d, ring + j * L);
+    }
+    int64_t slot = 0;
+    for (int64_t k = k0; k < kv; k += L, slot = (slot + 1) & (2 * kAhead - 1)) {
+      if (k + kAhead * L < kv) {
+        hn::Store(Tanh(d, hn::LoadU(d, cr + k + kAhead * L)), d,
+                  ring + ((slot + kAhead) & (2 * kAhead - 1)) * L);
+      }
+      const VF tc = hn::Load(d, ring + slot * L);
       const VF ig = hn::LoadU(d, g + k), fg = hn::LoadU(d, g + H + k);
       const VF gg = hn::LoadU(d, g + 2 * H + k), og = hn::LoadU(d, g + 3 * H + k);
-      const VF tc = Tanh(d, hn::LoadU(d, cr + k));
-      const VF dhv = hn::LoadU(d, dhr + k);
-      // dc_t = dc_{t+1}·f_{t+1} + dh·o·(1 - tanh²c)
-      const VF dct =
-          hn::MulAdd(hn::Mul(dhv, og), hn::NegMulAdd(tc, tc, one), hn::LoadU(d, dcr + k));
-      hn::StoreU(hn::Mul(hn::Mul(dct, gg), hn::Mul(ig, hn::Sub(one, ig))), d, dg + k);
-      hn::StoreU(hn::Mul(hn::Mul(dct, hn::LoadU(d, cp + k)), hn::Mul(fg, hn::Sub(one, fg))), d,
-                 dg + H + k);
-      hn::StoreU(hn::Mul(hn::Mul(dct, ig), hn::NegMulAdd(gg, gg, one)), d, dg + 2 * H + k);
-      hn::StoreU(hn::Mul(hn::Mul(dhv, tc), hn::Mul(og, hn::Sub(one, og))), d, dg + 3 * H + k);
-      hn::StoreU(hn::Mul(dct, fg), d, dcr + k);
+      const VF dho = hn::Mul(hn::LoadU(d, dhr + k), og);
+      const VF u = hn::Mul(dho, tc);
+      const VF dgo = hn::NegMulAdd(u, og, u);  // dh·tanh(c)·o(1-o)
+      // dc_t = dc_{t+1}·f_{t+1} (carried in dc) + dh·o·(1 - tanh²c)
+      const VF dct = hn::Add(hn::NegMulAdd(u, tc, dho), hn::LoadU(d, dcr + k));
+      const VF di = hn::Mul(dct, ig);
+      const VF dig = hn::Mul(di, gg);
+      const VF dgi = hn::NegMulAdd(dig, ig, dig);  // dc·g·i(1-i)
+      const VF dgg = hn::NegMulAdd(dig, gg, di);   // dc·i·(1-g²)
+      const VF df = hn::Mul(dct, fg);              // dc_{t-1} contribution
+      const VF dfc = hn::Mul(df, hn::LoadU(d, cp + k));
+      const VF dgf = hn::NegMulAdd(dfc, fg, dfc);  // dc·c_prev·f(1-f)
+      hn::StoreU(dgi, d, dg + k);
+      hn::StoreU(dgf, d, dg + H + k);
+      hn::StoreU(dgg, d, dg + 2 * H + k);
+      hn::StoreU(dgo, d, dg + 3 * H + k);
+      hn::StoreU(df, d, dcr + k);
     }
-    for (; k < k1; ++k) scalar::lstm_backward_at(H, k, g, cr, cp, dhr, dcr, dg);
+    for (int64_t k = kv; k < k1; ++k) {
+      scalar::lstm_backward_at<float>(H, k, g, cr, cp, dhr, dcr, dg, nullptr);
+    }
   }
+  if (dbias) AddColumnSums(n, 4 * H, 4, H, k0, k1, dgates, dbias);
 }
 
 void GruForward(int64_t n, int64_t H, int64_t k0, int64_t k1, float* gx, const float* gh,
@@ -96,7 +251,7 @@ void GruForward(int64_t n, int64_t H, int64_t k0, int64_t k1, float* gx, const f
                 float* ghn) {
   const DF d;
   const int64_t L = static_cast<int64_t>(hn::Lanes(d));
-  const VF one = hn::Set(d, 1.0f);
+  const int64_t kv = k0 + (k1 - k0) / L * L;
   const VF zero = hn::Zero(d);
   for (int64_t r = 0; r < n; ++r) {
     float* x = gx + r * 3 * H;
@@ -104,34 +259,36 @@ void GruForward(int64_t n, int64_t H, int64_t k0, int64_t k1, float* gx, const f
     const float* hp = h_prev + r * ld_hprev;
     float* hr = h + r * ld_h;
     float* ghr = ghn ? ghn + r * H : nullptr;
-    int64_t k = k0;
-    for (; k + L <= k1; k += L) {
+    for (int64_t k = k0; k < kv; k += L) {
       const VF bhr = b_hh ? hn::LoadU(d, b_hh + k) : zero;
       const VF bhz = b_hh ? hn::LoadU(d, b_hh + H + k) : zero;
-      const VF bhn = b_hh ? hn::LoadU(d, b_hh + 2 * H + k) : zero;
-      const VF rg = Sigmoid(d, hn::Add(hn::Add(hn::LoadU(d, x + k), hn::LoadU(d, y + k)), bhr));
-      const VF zg =
-          Sigmoid(d, hn::Add(hn::Add(hn::LoadU(d, x + H + k), hn::LoadU(d, y + H + k)), bhz));
-      const VF hnv = hn::Add(hn::LoadU(d, y + 2 * H + k), bhn);
+      hn::StoreU(Sigmoid(d, hn::Add(hn::Add(hn::LoadU(d, x + k), hn::LoadU(d, y + k)), bhr)), d,
+                 x + k);
+      hn::StoreU(
+          Sigmoid(d, hn::Add(hn::Add(hn::LoadU(d, x + H + k), hn::LoadU(d, y + H + k)), bhz)), d,
+          x + H + k);
+    }
+    for (int64_t k = k0; k < kv; k += L) {
+      const VF rg = hn::LoadU(d, x + k), zg = hn::LoadU(d, x + H + k);
+      const VF hnv = hn::Add(hn::LoadU(d, y + 2 * H + k), b_hh ? hn::LoadU(d, b_hh + 2 * H + k) : zero);
       const VF ng = Tanh(d, hn::MulAdd(rg, hnv, hn::LoadU(d, x + 2 * H + k)));
-      hn::StoreU(rg, d, x + k);
-      hn::StoreU(zg, d, x + H + k);
       hn::StoreU(ng, d, x + 2 * H + k);
       if (ghr) hn::StoreU(hnv, d, ghr + k);
       // h' = n + z (h - n) = (1 - z) n + z h
       hn::StoreU(hn::MulAdd(zg, hn::Sub(hn::LoadU(d, hp + k), ng), ng), d, hr + k);
     }
-    (void)one;
-    for (; k < k1; ++k) scalar::gru_forward_at(H, k, x, y, b_hh, hp, hr, ghr ? ghr : nullptr);
+    for (int64_t k = kv; k < k1; ++k) {
+      scalar::gru_forward_at(H, k, x, y, b_hh, hp, hr, ghr ? ghr : nullptr);
+    }
   }
 }
 
+// 10 vector operations for the 7 outputs (17 as written), see LstmBackward.
 void GruBackward(int64_t n, int64_t H, int64_t k0, int64_t k1, const float* gates, const float* ghn,
                  const float* h_prev, int64_t ld_hprev, const float* dh, int64_t ld_dh, float* dgx,
-                 float* dgh, float* dh_prev) {
+                 float* dgh, float* dh_prev, float* db_ih, float* db_hh) {
   const DF d;
   const int64_t L = static_cast<int64_t>(hn::Lanes(d));
-  const VF one = hn::Set(d, 1.0f);
   for (int64_t r = 0; r < n; ++r) {
     const float* g = gates + r * 3 * H;
     const float* hnr = ghn + r * H;
@@ -145,19 +302,31 @@ void GruBackward(int64_t n, int64_t H, int64_t k0, int64_t k1, const float* gate
       const VF rg = hn::LoadU(d, g + k), zg = hn::LoadU(d, g + H + k);
       const VF ng = hn::LoadU(d, g + 2 * H + k);
       const VF dv = hn::LoadU(d, dr + k);
-      const VF dnp = hn::Mul(hn::Mul(dv, hn::Sub(one, zg)), hn::NegMulAdd(ng, ng, one));
-      const VF dzp =
-          hn::Mul(hn::Mul(dv, hn::Sub(hn::LoadU(d, hp + k), ng)), hn::Mul(zg, hn::Sub(one, zg)));
-      const VF drp = hn::Mul(hn::Mul(dnp, hn::LoadU(d, hnr + k)), hn::Mul(rg, hn::Sub(one, rg)));
+      const VF dvz = hn::Mul(dv, zg);       // the part of dh_prev that bypasses W_hh
+      const VF dv1z = hn::Sub(dv, dvz);     // dh·(1-z)
+      const VF t = hn::Mul(dv1z, ng);
+      const VF dnp = hn::NegMulAdd(t, ng, dv1z);  // dh·(1-z)·(1-n²)
+      const VF w = hn::Mul(dvz, hn::Sub(hn::LoadU(d, hp + k), ng));
+      const VF dzp = hn::NegMulAdd(w, zg, w);  // dh·(h-n)·z(1-z)
+      const VF dyn = hn::Mul(dnp, rg);         // gradient of W_hn h + b_hn
+      const VF s = hn::Mul(dyn, hn::LoadU(d, hnr + k));
+      const VF drp = hn::NegMulAdd(s, rg, s);  // dn·(W_hn h + b_hn)·r(1-r)
       hn::StoreU(drp, d, dx + k);
       hn::StoreU(dzp, d, dx + H + k);
       hn::StoreU(dnp, d, dx + 2 * H + k);
       hn::StoreU(drp, d, dy + k);
       hn::StoreU(dzp, d, dy + H + k);
-      hn::StoreU(hn::Mul(dnp, rg), d, dy + 2 * H + k);
-      hn::StoreU(hn::Mul(dv, zg), d, dhp + k);
+      hn::StoreU(dyn, d, dy + 2 * H + k);
+      hn::StoreU(dvz, d, dhp + k);
     }
-    for (; k < k1; ++k) scalar::gru_backward_at(H, k, g, hnr, hp, dr, dx, dy, dhp);
+    for (; k < k1; ++k) {
+      scalar::gru_backward_at<float>(H, k, g, hnr, hp, dr, dx, dy, dhp, nullptr, nullptr);
+    }
+  }
+  // Both or neither: the two biases exist together (RNNOptions::bias).
+  if (db_ih && db_hh) {
+    AddColumnSums(n, 3 * H, 3, H, k0, k1, dgx, db_ih);
+    AddColumnSums(n, 3 * H, 3, H, k0, k1, dgh, db_hh);
   }
 }
 
@@ -182,11 +351,10 @@ void RnnForward(int64_t n, int64_t H, int64_t k0, int64_t k1, float* gates, bool
 }
 
 void RnnBackward(int64_t n, int64_t H, int64_t k0, int64_t k1, const float* h_saved, bool relu,
-                 const float* dh, int64_t ld_dh, float* dpre) {
+                 const float* dh, int64_t ld_dh, float* dpre, float* dbias) {
   const DF d;
   const int64_t L = static_cast<int64_t>(hn::Lanes(d));
   const VF zero = hn::Zero(d);
-  const VF one = hn::Set(d, 1.0f);
   for (int64_t r = 0; r < n; ++r) {
     const float* hs = h_saved + r * H;
     const float* dr = dh + r * ld_dh;
@@ -195,13 +363,34 @@ void RnnBackward(int64_t n, int64_t H, int64_t k0, int64_t k1, const float* h_sa
     for (; k + L <= k1; k += L) {
       const VF hv = hn::LoadU(d, hs + k);
       const VF dv = hn::LoadU(d, dr + k);
-      const VF res =
-          relu ? hn::IfThenZeroElse(hn::Le(hv, zero), dv) : hn::Mul(dv, hn::NegMulAdd(hv, hv, one));
+      const VF res = relu ? hn::IfThenZeroElse(hn::Le(hv, zero), dv)
+                          : hn::NegMulAdd(hn::Mul(dv, hv), hv, dv);  // dh·(1 - h²)
       hn::StoreU(res, d, o + k);
     }
-    for (; k < k1; ++k) scalar::rnn_backward_at(k, hs, relu, dr, o);
+    for (; k < k1; ++k) scalar::rnn_backward_at<float>(k, hs, relu, dr, o, nullptr);
+  }
+  if (dbias) AddColumnSums(n, H, 1, H, k0, k1, dpre, dbias);
+}
+
+// Elementwise σ / tanh of n floats, every element through the vector code
+// (the last partial vector via a padded copy), for the accuracy tests.
+template <bool kTanh>
+void ActivationImpl(int64_t n, const float* x, float* y) {
+  const DF d;
+  const int64_t L = static_cast<int64_t>(hn::Lanes(d));
+  auto f = [&](VF v) { return kTanh ? Tanh(d, v) : Sigmoid(d, v); };
+  int64_t i = 0;
+  for (; i + L <= n; i += L) hn::StoreU(f(hn::LoadU(d, x + i)), d, y + i);
+  if (i < n) {
+    HWY_ALIGN float buf[HWY_MAX_BYTES / sizeof(float)] = {};
+    for (int64_t j = i; j < n; ++j) buf[j - i] = x[j];
+    hn::Store(f(hn::Load(d, buf)), d, buf);
+    for (int64_t j = i; j < n; ++j) y[j] = buf[j - i];
   }
 }
+
+void SigmoidArray(int64_t n, const float* x, float* y) { ActivationImpl<false>(n, x, y); }
+void TanhArray(int64_t n, const float* x, float* y) { ActivationImpl<true>(n, x, y); }
 
 const char* TargetName() { return hwy::TargetName(HWY_TARGET); }
 
@@ -217,6 +406,8 @@ HWY_EXPORT(GruForward);
 HWY_EXPORT(GruBackward);
 HWY_EXPORT(RnnForward);
 HWY_EXPORT(RnnBackward);
+HWY_EXPORT(SigmoidArray);
+HWY_EXPORT(TanhArray);
 HWY_EXPORT(TargetName);
 
 template <>
@@ -228,8 +419,9 @@ void lstm_gates_forward<float>(int64_t n, int64_t H, int64_t k0, int64_t k1, flo
 template <>
 void lstm_gates_backward<float>(int64_t n, int64_t H, int64_t k0, int64_t k1, const float* gates,
                                 const float* c, const float* c_prev, const float* dh, int64_t ld_dh,
-                                float* dc, float* dgates) {
-  HWY_DYNAMIC_DISPATCH(LstmBackward)(n, H, k0, k1, gates, c, c_prev, dh, ld_dh, dc, dgates);
+                                float* dc, float* dgates, float* dbias) {
+  HWY_DYNAMIC_DISPATCH(LstmBackward)
+  (n, H, k0, k1, gates, c, c_prev, dh, ld_dh, dc, dgates, dbias);
 }
 template <>
 void gru_gates_forward<float>(int64_t n, int64_t H, int64_t k0, int64_t k1, float* gx,
@@ -241,9 +433,9 @@ template <>
 void gru_gates_backward<float>(int64_t n, int64_t H, int64_t k0, int64_t k1, const float* gates,
                                const float* ghn, const float* h_prev, int64_t ld_hprev,
                                const float* dh, int64_t ld_dh, float* dgx, float* dgh,
-                               float* dh_prev) {
+                               float* dh_prev, float* db_ih, float* db_hh) {
   HWY_DYNAMIC_DISPATCH(GruBackward)
-  (n, H, k0, k1, gates, ghn, h_prev, ld_hprev, dh, ld_dh, dgx, dgh, dh_prev);
+  (n, H, k0, k1, gates, ghn, h_prev, ld_hprev, dh, ld_dh, dgx, dgh, dh_prev, db_ih, db_hh);
 }
 template <>
 void rnn_gates_forward<float>(int64_t n, int64_t H, int64_t k0, int64_t k1, float* gates, bool relu,
@@ -252,9 +444,15 @@ void rnn_gates_forward<float>(int64_t n, int64_t H, int64_t k0, int64_t k1, floa
 }
 template <>
 void rnn_gates_backward<float>(int64_t n, int64_t H, int64_t k0, int64_t k1, const float* h_saved,
-                               bool relu, const float* dh, int64_t ld_dh, float* dpre) {
-  HWY_DYNAMIC_DISPATCH(RnnBackward)(n, H, k0, k1, h_saved, relu, dh, ld_dh, dpre);
+                               bool relu, const float* dh, int64_t ld_dh, float* dpre,
+                               float* dbias) {
+  HWY_DYNAMIC_DISPATCH(RnnBackward)(n, H, k0, k1, h_saved, relu, dh, ld_dh, dpre, dbias);
 }
+
+void sigmoid_f32(int64_t n, const float* x, float* y) {
+  HWY_DYNAMIC_DISPATCH(SigmoidArray)(n, x, y);
+}
+void tanh_f32(int64_t n, const float* x, float* y) { HWY_DYNAMIC_DISPATCH(TanhArray)(n, x, y); }
 
 const char* rnn_gates_f32_target() { return HWY_DYNAMIC_DISPATCH(TargetName)(); }
 

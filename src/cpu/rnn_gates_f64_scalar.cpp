@@ -14,8 +14,8 @@ void lstm_gates_forward<double>(int64_t n, int64_t H, int64_t k0, int64_t k1, do
 template <>
 void lstm_gates_backward<double>(int64_t n, int64_t H, int64_t k0, int64_t k1, const double* gates,
                                  const double* c, const double* c_prev, const double* dh,
-                                 int64_t ld_dh, double* dc, double* dgates) {
-  scalar::lstm_gates_backward(n, H, k0, k1, gates, c, c_prev, dh, ld_dh, dc, dgates);
+                                 int64_t ld_dh, double* dc, double* dgates, double* dbias) {
+  scalar::lstm_gates_backward(n, H, k0, k1, gates, c, c_prev, dh, ld_dh, dc, dgates, dbias);
 }
 template <>
 void gru_gates_forward<double>(int64_t n, int64_t H, int64_t k0, int64_t k1, double* gx,
@@ -27,9 +27,9 @@ template <>
 void gru_gates_backward<double>(int64_t n, int64_t H, int64_t k0, int64_t k1, const double* gates,
                                 const double* ghn, const double* h_prev, int64_t ld_hprev,
                                 const double* dh, int64_t ld_dh, double* dgx, double* dgh,
-                                double* dh_prev) {
+                                double* dh_prev, double* db_ih, double* db_hh) {
   scalar::gru_gates_backward(n, H, k0, k1, gates, ghn, h_prev, ld_hprev, dh, ld_dh, dgx, dgh,
-                             dh_prev);
+                             dh_prev, db_ih, db_hh);
 }
 template <>
 void rnn_gates_forward<double>(int64_t n, int64_t H, int64_t k0, int64_t k1, double* gates,
@@ -38,8 +38,9 @@ void rnn_gates_forward<double>(int64_t n, int64_t H, int64_t k0, int64_t k1, dou
 }
 template <>
 void rnn_gates_backward<double>(int64_t n, int64_t H, int64_t k0, int64_t k1, const double* h_saved,
-                                bool relu, const double* dh, int64_t ld_dh, double* dpre) {
-  scalar::rnn_gates_backward(n, H, k0, k1, h_saved, relu, dh, ld_dh, dpre);
+                                bool relu, const double* dh, int64_t ld_dh, double* dpre,
+                                double* dbias) {
+  scalar::rnn_gates_backward(n, H, k0, k1, h_saved, relu, dh, ld_dh, dpre, dbias);
 }
 
 }  // namespace seqpack::cpu

@@ -32,9 +32,10 @@ inline void lstm_forward_at(int64_t H, int64_t k, T* g, const T* cp, T* c, T* h)
   h[k] = og * std::tanh(cn);
 }
 
+// db: optional bias-gradient accumulators (rnn_gates.h), null to skip.
 template <typename T>
 inline void lstm_backward_at(int64_t H, int64_t k, const T* g, const T* c, const T* cp, const T* dh,
-                             T* dc, T* dg) {
+                             T* dc, T* dg, T* db) {
   const T ig = g[k], fg = g[H + k], gg = g[2 * H + k], og = g[3 * H + k];
   const T tc = std::tanh(c[k]);
   // dc_t = dc_{t+1}·f_{t+1} (carried in dc) + dh·o·(1 - tanh²c)
@@ -44,6 +45,9 @@ inline void lstm_backward_at(int64_t H, int64_t k, const T* g, const T* c, const
   dg[2 * H + k] = dct * ig * (T(1) - gg * gg);
   dg[3 * H + k] = dh[k] * tc * og * (T(1) - og);
   dc[k] = dct * fg;
+  if (db) {
+    for (int64_t j = 0; j < 4; ++j) db[j * H + k] += dg[j * H + k];
+  }
 }
 
 // r = σ(a_r + b_r), z = σ(a_z + b_z), n = tanh(a_n + r * (W_hn h + b_hn))
@@ -67,7 +71,7 @@ inline void gru_forward_at(int64_t H, int64_t k, T* x, const T* y, const T* b_hh
 
 template <typename T>
 inline void gru_backward_at(int64_t H, int64_t k, const T* g, const T* hn, const T* hp, const T* d,
-                            T* dx, T* dy, T* dhp) {
+                            T* dx, T* dy, T* dhp, T* db_ih, T* db_hh) {
   const T rg = g[k], zg = g[H + k], ng = g[2 * H + k];
   const T dnp = d[k] * (T(1) - zg) * (T(1) - ng * ng);
   const T dzp = d[k] * (hp[k] - ng) * zg * (T(1) - zg);
@@ -79,6 +83,12 @@ inline void gru_backward_at(int64_t H, int64_t k, const T* g, const T* hn, const
   dy[H + k] = dzp;
   dy[2 * H + k] = dnp * rg;
   dhp[k] = d[k] * zg;
+  if (db_ih && db_hh) {
+    for (int64_t j = 0; j < 3; ++j) {
+      db_ih[j * H + k] += dx[j * H + k];
+      db_hh[j * H + k] += dy[j * H + k];
+    }
+  }
 }
 
 // h = tanh(a) or max(a, 0)
@@ -90,9 +100,10 @@ inline void rnn_forward_at(int64_t k, T* g, bool relu, T* h) {
 }
 
 template <typename T>
-inline void rnn_backward_at(int64_t k, const T* hs, bool relu, const T* d, T* o) {
+inline void rnn_backward_at(int64_t k, const T* hs, bool relu, const T* d, T* o, T* db) {
   o[k] = relu ? (hs[k] <= T(0) ? T(0) : d[k])
               : d[k] * (T(1) - hs[k] * hs[k]);  // torch's threshold_backward
+  if (db) db[k] += o[k];
 }
 
 template <typename T>
@@ -105,11 +116,12 @@ void lstm_gates_forward(int64_t n, int64_t H, int64_t k0, int64_t k1, T* gates, 
 
 template <typename T>
 void lstm_gates_backward(int64_t n, int64_t H, int64_t k0, int64_t k1, const T* gates, const T* c,
-                         const T* c_prev, const T* dh, int64_t ld_dh, T* dc, T* dgates) {
+                         const T* c_prev, const T* dh, int64_t ld_dh, T* dc, T* dgates,
+                         T* dbias) {
   for (int64_t r = 0; r < n; ++r)
     for (int64_t k = k0; k < k1; ++k)
       lstm_backward_at(H, k, gates + r * 4 * H, c + r * H, c_prev + r * H, dh + r * ld_dh,
-                       dc + r * H, dgates + r * 4 * H);
+                       dc + r * H, dgates + r * 4 * H, dbias);
 }
 
 template <typename T>
@@ -125,11 +137,11 @@ void gru_gates_forward(int64_t n, int64_t H, int64_t k0, int64_t k1, T* gx, cons
 template <typename T>
 void gru_gates_backward(int64_t n, int64_t H, int64_t k0, int64_t k1, const T* gates, const T* ghn,
                         const T* h_prev, int64_t ld_hprev, const T* dh, int64_t ld_dh, T* dgx,
-                        T* dgh, T* dh_prev) {
+                        T* dgh, T* dh_prev, T* db_ih, T* db_hh) {
   for (int64_t r = 0; r < n; ++r)
     for (int64_t k = k0; k < k1; ++k)
       gru_backward_at(H, k, gates + r * 3 * H, ghn + r * H, h_prev + r * ld_hprev, dh + r * ld_dh,
-                      dgx + r * 3 * H, dgh + r * 3 * H, dh_prev + r * H);
+                      dgx + r * 3 * H, dgh + r * 3 * H, dh_prev + r * H, db_ih, db_hh);
 }
 
 template <typename T>
@@ -141,10 +153,10 @@ void rnn_gates_forward(int64_t n, int64_t H, int64_t k0, int64_t k1, T* gates, b
 
 template <typename T>
 void rnn_gates_backward(int64_t n, int64_t H, int64_t k0, int64_t k1, const T* h_saved, bool relu,
-                        const T* dh, int64_t ld_dh, T* dpre) {
+                        const T* dh, int64_t ld_dh, T* dpre, T* dbias) {
   for (int64_t r = 0; r < n; ++r)
     for (int64_t k = k0; k < k1; ++k)
-      rnn_backward_at(k, h_saved + r * H, relu, dh + r * ld_dh, dpre + r * H);
+      rnn_backward_at(k, h_saved + r * H, relu, dh + r * ld_dh, dpre + r * H, dbias);
 }
 
 }  // namespace seqpack::cpu::scalar

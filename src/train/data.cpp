@@ -34,6 +34,33 @@ std::string quote_line(const std::string& line) {
   return "\"" + (line.size() > kMax ? line.substr(0, kMax) + "..." : line) + "\"";
 }
 
+// Sorts in byte order and drops duplicates. Most comparisons of a word list are
+// settled by the first 8 bytes, so those are compared as one big-endian integer
+// (zero-padded: a shorter prefix sorts first, as in byte order) and the full
+// strings only on a tie: several times faster than memcmp on every comparison.
+void sort_unique_bytewise(std::vector<std::string_view>& words) {
+  struct Keyed {
+    uint64_t prefix;
+    std::string_view word;
+  };
+  std::vector<Keyed> keyed;
+  keyed.reserve(words.size());
+  for (std::string_view w : words) {
+    uint64_t prefix = 0;
+    for (std::size_t i = 0; i < 8; ++i) {
+      prefix = (prefix << 8) | (i < w.size() ? static_cast<unsigned char>(w[i]) : 0u);
+    }
+    keyed.push_back({prefix, w});
+  }
+  std::sort(keyed.begin(), keyed.end(), [](const Keyed& a, const Keyed& b) {
+    return a.prefix != b.prefix ? a.prefix < b.prefix : a.word < b.word;
+  });
+  words.clear();
+  for (const Keyed& k : keyed) {
+    if (words.empty() || words.back() != k.word) words.push_back(k.word);
+  }
+}
+
 }  // namespace
 
 Rng::Rng(uint64_t seed) : Rng(seed, 0) {}
@@ -229,8 +256,7 @@ DatasetSplit load_language_id(const LanguageIdOptions& options) {
       }
       list.push_back(line);
     }
-    std::sort(list.begin(), list.end());
-    list.erase(std::unique(list.begin(), list.end()), list.end());
+    sort_unique_bytewise(list);
   }
   // A word in several lists ("art", "bank") has no single right answer. The
   // lists are sorted, so one k-way merge finds every word that is in more than

@@ -12,6 +12,7 @@
 #include <optional>
 #include <set>
 #include <filesystem>
+#include <time.h>
 #include <type_traits>
 #include <string>
 #include <vector>
@@ -43,6 +44,7 @@ struct TrainArgs {
   double clip = 0.0;
   std::string out = "seqpack-model";
   bool quiet = false;
+  bool profile = false;
   std::string resume;
   // Flags the user typed (as "--name"), so --resume can tell a value taken from
   // the checkpoint from a conflicting one.
@@ -97,6 +99,40 @@ void apply_checkpoint_config(TrainArgs& a, const nlohmann::json& c, const std::s
 double seconds_since(Clock::time_point t0) {
   return std::chrono::duration<double>(Clock::now() - t0).count();
 }
+
+// Process CPU time in seconds (all threads); with --threads 1 it is what a
+// phase cost regardless of the machine's other load.
+double cpu_seconds() {
+  timespec ts;
+  clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+  return static_cast<double>(ts.tv_sec) + 1e-9 * static_cast<double>(ts.tv_nsec);
+}
+
+// --profile: CPU seconds per phase of the training step, summed over an epoch.
+struct StepProfile {
+  static constexpr const char* kNames[] = {"batch", "forward", "loss", "backward", "clip", "step",
+                                           "zero_grad", "other"};
+  static constexpr int kPhases = 8;
+  double seconds[kPhases] = {};
+  double last = 0.0;
+  void start() { last = cpu_seconds(); }
+  // Charges the time since the previous mark to `phase`.
+  void mark(int phase) {
+    const double now = cpu_seconds();
+    seconds[phase] += now - last;
+    last = now;
+  }
+  std::string str() const {
+    double total = 0.0;
+    for (double s : seconds) total += s;
+    std::string out = fmt::format("step profile (cpu s): total {:.3f}", total);
+    for (int i = 0; i < kPhases; ++i) {
+      out += fmt::format(", {} {:.3f} ({:.1f}%)", kNames[i], seconds[i],
+                         total > 0 ? 100.0 * seconds[i] / total : 0.0);
+    }
+    return out;
+  }
+};
 
 // One line redrawn in place on stderr: "epoch 2/5 [=====>     ] 61% 150/245 ...".
 void draw_progress(int64_t epoch, int64_t epochs, int64_t done, int64_t total, double words_s,
@@ -198,6 +234,7 @@ void run_train(TrainArgs a) {
   if (!(a.lr > 0)) throw std::invalid_argument("--lr = " + fmt::format("{}", a.lr) + " must be positive");
   if (a.threads > 0) set_num_threads(a.threads);
 
+  const double startup_cpu0 = cpu_seconds();
   DatasetSplit split;
   if (a.data.empty()) {
     LanguageIdOptions lo;
@@ -219,6 +256,7 @@ void run_train(TrainArgs a) {
              split.test.size());
 
   const Vocabulary vocab = Vocabulary::build(texts_of(split.train));
+  if (a.profile) fmt::print("profile: data and vocabulary {:.3f} cpu s\n", cpu_seconds() - startup_cpu0);
   // The data is rebuilt from its source on resume; if that changed, the
   // checkpoint's weights would silently meet different characters.
   if (ck && (vocab.to_json() != ck->vocabulary.to_json() || split.labels != ck->labels)) {
@@ -265,14 +303,28 @@ void run_train(TrainArgs a) {
     auto last_draw = t0;
     int64_t words = 0, tokens = 0;
     double loss_sum = 0.0, running = 0.0;
+    StepProfile prof;
+    // Marks cost two clock reads each; without --profile they are skipped.
+    const auto mark = [&](int phase) {
+      if (a.profile) prof.mark(phase);
+    };
+    if (a.profile) prof.start();
     for (std::size_t k = 0; k < batches.size(); ++k) {
       TokenBatch b = make_token_batch(vocab, split.train, batches[k], /*batch_first=*/true);
+      mark(0);
       Tensor logits = model.forward(b.tokens, b.lengths, /*batch_first=*/true);
+      mark(1);
       const double loss = ce.forward(logits, b.labels);
-      model.backward(ce.backward());
+      const Tensor grad_logits = ce.backward();
+      mark(2);
+      model.backward(grad_logits);
+      mark(3);
       if (a.clip > 0) clip_grad_norm(opt.parameters(), a.clip);
+      mark(4);
       opt.step();
+      mark(5);
       opt.zero_grad();
+      mark(6);
       words += static_cast<int64_t>(b.lengths.size());
       tokens += std::accumulate(b.lengths.begin(), b.lengths.end(), int64_t{0});
       loss_sum += loss;
@@ -285,13 +337,18 @@ void run_train(TrainArgs a) {
                       static_cast<int64_t>(batches.size()), words / s, tokens / s, running);
         last_draw = now;
       }
+      mark(7);
     }
     const double secs = seconds_since(t0);
     const double cpu_secs = static_cast<double>(std::clock() - c0) / CLOCKS_PER_SEC;
     total_train_s += secs;
     total_cpu_s += cpu_secs;
     if (!a.quiet) fmt::print(stderr, "\n");
+    const double val_cpu0 = cpu_seconds();
     const double val_acc = accuracy(predict_all(model, vocab, split.val, 512), split.val);
+    if (a.profile) {
+      fmt::print("{}; validation {:.3f}\n", prof.str(), cpu_seconds() - val_cpu0);
+    }
     fmt::print(
         "epoch {}/{}: train loss {:.4f}, validation accuracy {:.2f}%, {:.2f} s, cpu {:.2f} s "
         "({:.0f} words/s, {:.0f} tokens/s)\n",
@@ -331,6 +388,9 @@ void setup(CLI::App& sub) {
   sub.add_option("--clip", a->clip, "clip the gradient norm to this (0: off)")->capture_default_str();
   sub.add_option("--out", a->out, "directory to save the model to")->capture_default_str();
   sub.add_flag("--quiet", a->quiet, "no progress bar");
+  sub.add_flag("--profile", a->profile,
+               "print the CPU seconds of each phase of the training step (batch, forward, loss, "
+               "backward, clip, step, zero_grad) per epoch");
   sub.add_option("--resume", a->resume,
                  "continue from the checkpoint in this output directory of an earlier run (its data, "
                  "sizes and seed; --epochs sets the new total)");

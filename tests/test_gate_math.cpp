@@ -1,0 +1,401 @@
+// The float32 gate kernels' own σ and tanh (rnn_gates_f32_hwy.cpp: no
+// division, no libm) against std:: in double over a dense sweep and the
+// special values; and every gate kernel, float32 SIMD, against the scalar
+// formulas run in double, including the optional bias-gradient accumulators.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "cpu/rnn_gates.h"
+#include "cpu/rnn_gates_scalar.h"
+#include "test_util.h"
+
+namespace {
+
+using seqpack::cpu::sigmoid_f32;
+using seqpack::cpu::tanh_f32;
+
+double sigmoid_ref(double x) { return 1.0 / (1.0 + std::exp(-x)); }
+
+// Distance to the reference in units of the float spacing at the reference.
+// Below 1e-37 (σ(x) for x < -85) the kernels flush to 0 or a near-denormal
+// (the hardware reciprocal does not return denormals); there the measure is
+// the absolute error in units of 1e-37 instead.
+double ulps(float got, double want) {
+  if (std::fabs(want) < 1e-37) return std::fabs(static_cast<double>(got) - want) / 1e-37;
+  const float w = static_cast<float>(std::fabs(want));
+  const float up = std::nextafter(std::max(w, std::numeric_limits<float>::min()),
+                                  std::numeric_limits<float>::infinity());
+  const double spacing = static_cast<double>(up) - std::max(w, std::numeric_limits<float>::min());
+  return std::fabs(static_cast<double>(got) - want) / spacing;
+}
+
+// Every float in [-100, 100] at a step of 1e-3, every power-of-1.001 magnitude
+// from 1e-38 to 1e30 of either sign, and the denormal range.
+std::vector<float> sweep() {
+  std::vector<float> xs;
+  for (int64_t i = -100000; i <= 100000; ++i) xs.push_back(static_cast<float>(i) * 1e-3f);
+  for (double m = 1e-38; m < 1e30; m *= 1.001) {
+    xs.push_back(static_cast<float>(m));
+    xs.push_back(-static_cast<float>(m));
+  }
+  for (float m = std::numeric_limits<float>::denorm_min(); m < std::numeric_limits<float>::min();
+       m *= 1.5f) {
+    xs.push_back(m);
+    xs.push_back(-m);
+  }
+  return xs;
+}
+
+struct Accuracy {
+  double max_ulps = 0, max_abs = 0;
+  float worst_x = 0;
+};
+
+template <typename Fn, typename Ref>
+Accuracy measure(Fn fn, Ref ref) {
+  const std::vector<float> xs = sweep();
+  std::vector<float> ys(xs.size());
+  fn(static_cast<int64_t>(xs.size()), xs.data(), ys.data());
+  Accuracy a;
+  for (std::size_t i = 0; i < xs.size(); ++i) {
+    const double want = ref(static_cast<double>(xs[i]));
+    const double u = ulps(ys[i], want);
+    a.max_abs = std::max(a.max_abs, std::fabs(ys[i] - want));
+    if (u > a.max_ulps) {
+      a.max_ulps = u;
+      a.worst_x = xs[i];
+    }
+  }
+  return a;
+}
+
+TEST(GateMath, SigmoidWithinThreeUlpOverTheSweep) {
+  const Accuracy a = measure(sigmoid_f32, sigmoid_ref);
+  RecordProperty("max_ulps", std::to_string(a.max_ulps));
+  EXPECT_LE(a.max_ulps, 3.0) << "worst at x = " << a.worst_x;
+  EXPECT_LE(a.max_abs, 2e-7) << "worst ulp at x = " << a.worst_x;
+}
+
+TEST(GateMath, TanhWithinThreeUlpOverTheSweep) {
+  const Accuracy a = measure(tanh_f32, [](double x) { return std::tanh(x); });
+  RecordProperty("max_ulps", std::to_string(a.max_ulps));
+  EXPECT_LE(a.max_ulps, 3.0) << "worst at x = " << a.worst_x;
+  EXPECT_LE(a.max_abs, 2e-7) << "worst ulp at x = " << a.worst_x;
+}
+
+// Monotone up to one float spacing: a step backwards of one ulp between
+// neighbouring inputs is the most rounding can explain; more would be a seam
+// between the formula's ranges.
+TEST(GateMath, MonotoneToWithinOneUlp) {
+  std::vector<float> xs;
+  for (int64_t i = -2000000; i <= 2000000; ++i) xs.push_back(static_cast<float>(i) * 1e-5f);
+  std::vector<float> s(xs.size()), t(xs.size());
+  sigmoid_f32(static_cast<int64_t>(xs.size()), xs.data(), s.data());
+  tanh_f32(static_cast<int64_t>(xs.size()), xs.data(), t.data());
+  for (std::size_t i = 1; i < xs.size(); ++i) {
+    ASSERT_GE(std::nextafter(s[i], 2.f), s[i - 1]) << "sigmoid at x = " << xs[i];
+    ASSERT_GE(std::nextafter(t[i], 2.f), t[i - 1]) << "tanh at x = " << xs[i];
+  }
+}
+
+TEST(GateMath, SpecialValues) {
+  const float inf = std::numeric_limits<float>::infinity();
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  const float tiny = std::numeric_limits<float>::denorm_min() * 7;
+  const std::vector<float> xs = {0.f, -0.f, tiny, -tiny, 88.f, -88.f, 1e30f, -1e30f, inf, -inf, nan};
+  std::vector<float> s(xs.size()), t(xs.size());
+  sigmoid_f32(static_cast<int64_t>(xs.size()), xs.data(), s.data());
+  tanh_f32(static_cast<int64_t>(xs.size()), xs.data(), t.data());
+  EXPECT_EQ(s[0], 0.5f);
+  EXPECT_EQ(s[1], 0.5f);
+  EXPECT_EQ(s[2], 0.5f);
+  EXPECT_EQ(s[3], 0.5f);
+  // Saturation is exact, as torch's: a forget gate of 1 - 2^-24 instead of 1
+  // would decay a long sequence's cell state.
+  EXPECT_EQ(s[4], 1.f);
+  EXPECT_LE(s[5], 1e-37f);  // σ(-88) ≈ 6e-39
+  EXPECT_GE(s[5], 0.f);
+  EXPECT_EQ(s[6], 1.f);
+  EXPECT_EQ(s[7], 0.f);
+  EXPECT_EQ(s[8], 1.f);
+  EXPECT_EQ(s[9], 0.f);
+  EXPECT_TRUE(std::isnan(s[10]));
+
+  EXPECT_EQ(t[0], 0.f);
+  EXPECT_FALSE(std::signbit(t[0]));
+  EXPECT_EQ(t[1], 0.f);
+  EXPECT_TRUE(std::signbit(t[1])) << "tanh(-0) is -0";
+  EXPECT_EQ(t[2], tiny);  // tanh x = x to float precision for tiny x
+  EXPECT_EQ(t[3], -tiny);
+  EXPECT_EQ(t[4], 1.f);
+  EXPECT_EQ(t[5], -1.f);
+  EXPECT_EQ(t[6], 1.f);
+  EXPECT_EQ(t[7], -1.f);
+  EXPECT_EQ(t[8], 1.f);
+  EXPECT_EQ(t[9], -1.f);
+  EXPECT_TRUE(std::isnan(t[10]));
+}
+
+// In place (y aliasing x) and every length up to a few vectors: the padded
+// last vector must not read or write past n.
+TEST(GateMath, InPlaceAndEveryTailLength) {
+  for (int64_t n = 0; n <= 40; ++n) {
+    std::vector<float> x(static_cast<std::size_t>(n) + 1, 7.f);
+    for (int64_t i = 0; i < n; ++i) x[static_cast<std::size_t>(i)] = 0.25f * static_cast<float>(i - 20);
+    std::vector<float> want(x.begin(), x.end() - 1);
+    tanh_f32(n, want.data(), want.data());
+    tanh_f32(n, x.data(), x.data());
+    for (int64_t i = 0; i < n; ++i) {
+      const auto u = static_cast<std::size_t>(i);
+      EXPECT_EQ(x[u], want[u]);
+      EXPECT_LE(ulps(x[u], std::tanh(0.25 * static_cast<double>(i - 20))), 3.0) << "n " << n;
+    }
+    EXPECT_EQ(x.back(), 7.f) << "wrote past n = " << n;
+  }
+}
+
+// ---- kernels: float32 SIMD against the scalar formulas in double ----------
+
+struct Buffers {
+  std::vector<float> f;
+  std::vector<double> d;
+};
+
+Buffers random_buffer(std::size_t size, double bound, std::mt19937_64& rng) {
+  std::uniform_real_distribution<double> u(-bound, bound);
+  Buffers b;
+  for (std::size_t i = 0; i < size; ++i) {
+    b.f.push_back(static_cast<float>(u(rng)));
+    b.d.push_back(static_cast<double>(b.f.back()));
+  }
+  return b;
+}
+
+::testing::AssertionResult close(const Buffers& b, const char* what, double tol = 2e-6) {
+  for (std::size_t i = 0; i < b.f.size(); ++i) {
+    const double err = std::fabs(b.f[i] - b.d[i]);
+    if (!(err <= tol * (1 + std::fabs(b.d[i])))) {
+      return ::testing::AssertionFailure() << what << "[" << i << "]: float32 " << b.f[i]
+                                           << " vs float64 " << b.d[i] << ", tolerance " << tol;
+    }
+  }
+  return ::testing::AssertionSuccess();
+}
+
+// Column sums of rows [n, G] of `rows` (in double) plus the initial value.
+std::vector<double> plus_column_sums(const std::vector<double>& init, const std::vector<double>& rows,
+                                     int64_t n, int64_t G) {
+  std::vector<double> out = init;
+  for (int64_t r = 0; r < n; ++r)
+    for (int64_t k = 0; k < G; ++k)
+      out[static_cast<std::size_t>(k)] += rows[static_cast<std::size_t>(r * G + k)];
+  return out;
+}
+
+::testing::AssertionResult close(const std::vector<float>& got, const std::vector<double>& want,
+                                 const char* what) {
+  for (std::size_t i = 0; i < got.size(); ++i) {
+    if (!(std::fabs(got[i] - want[i]) <= 1e-5 * (1 + std::fabs(want[i])))) {
+      return ::testing::AssertionFailure() << what << "[" << i << "]: " << got[i] << " vs "
+                                           << want[i];
+    }
+  }
+  return ::testing::AssertionSuccess();
+}
+
+struct KernelShape {
+  int64_t n, H, k0, k1;
+};
+
+// Whole rows, a column range starting mid-vector, H below one vector, H not
+// a multiple of the vector width.
+std::vector<KernelShape> shapes() {
+  return {{1, 1, 0, 1},   {3, 8, 0, 8},    {2, 13, 0, 13}, {4, 37, 5, 30},
+          {2, 64, 0, 64}, {3, 64, 17, 64}, {1, 100, 0, 100}};
+}
+
+class GateKernels : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    seed_ = seqpack::testing::test_seed();
+    rng_.seed(seed_);
+  }
+  uint64_t seed_ = 0;
+  std::mt19937_64 rng_;
+};
+
+TEST_F(GateKernels, LstmForward) {
+  SCOPED_TRACE("seed " + std::to_string(seed_));
+  for (const KernelShape& s : shapes()) {
+    SCOPED_TRACE("n " + std::to_string(s.n) + " H " + std::to_string(s.H));
+    const auto nH = static_cast<std::size_t>(s.n * s.H);
+    Buffers g = random_buffer(4 * nH, 8.0, rng_), cp = random_buffer(nH, 3.0, rng_);
+    Buffers c = random_buffer(nH, 1.0, rng_), h = random_buffer(nH, 1.0, rng_);
+    seqpack::cpu::lstm_gates_forward<float>(s.n, s.H, s.k0, s.k1, g.f.data(), cp.f.data(), s.H,
+                                            c.f.data(), s.H, h.f.data(), s.H);
+    seqpack::cpu::scalar::lstm_gates_forward<double>(s.n, s.H, s.k0, s.k1, g.d.data(),
+                                                     cp.d.data(), s.H, c.d.data(), s.H,
+                                                     h.d.data(), s.H);
+    EXPECT_TRUE(close(g, "gates"));
+    EXPECT_TRUE(close(c, "c"));
+    EXPECT_TRUE(close(h, "h"));
+  }
+}
+
+TEST_F(GateKernels, LstmBackwardWithAndWithoutBiasSums) {
+  SCOPED_TRACE("seed " + std::to_string(seed_));
+  for (const KernelShape& s : shapes()) {
+    for (bool bias : {false, true}) {
+      SCOPED_TRACE("n " + std::to_string(s.n) + " H " + std::to_string(s.H) + " bias " +
+                   std::to_string(bias));
+      const auto nH = static_cast<std::size_t>(s.n * s.H);
+      Buffers g = random_buffer(4 * nH, 1.0, rng_), c = random_buffer(nH, 4.0, rng_);
+      Buffers cp = random_buffer(nH, 4.0, rng_), dh = random_buffer(nH, 1.0, rng_);
+      Buffers dc = random_buffer(nH, 1.0, rng_), dg = random_buffer(4 * nH, 1.0, rng_);
+      Buffers db = random_buffer(static_cast<std::size_t>(4 * s.H), 1.0, rng_);
+      const std::vector<double> db0 = db.d;
+      seqpack::cpu::lstm_gates_backward<float>(s.n, s.H, s.k0, s.k1, g.f.data(), c.f.data(),
+                                               cp.f.data(), dh.f.data(), s.H, dc.f.data(),
+                                               dg.f.data(), bias ? db.f.data() : nullptr);
+      seqpack::cpu::scalar::lstm_gates_backward<double>(
+          s.n, s.H, s.k0, s.k1, g.d.data(), c.d.data(), cp.d.data(), dh.d.data(), s.H,
+          dc.d.data(), dg.d.data(), bias ? db.d.data() : nullptr);
+      EXPECT_TRUE(close(dc, "dc"));
+      EXPECT_TRUE(close(dg, "dgates"));
+      EXPECT_TRUE(close(db, "dbias"));
+      // Independently of both kernels: dbias gained exactly the column sums
+      // of dgates (columns outside [k0, k1) are untouched in dgates, so
+      // compare only inside).
+      const std::vector<double> sums = plus_column_sums(db0, dg.d, s.n, 4 * s.H);
+      for (int64_t j = 0; j < 4; ++j) {
+        for (int64_t k = 0; k < s.H; ++k) {
+          const auto i = static_cast<std::size_t>(j * s.H + k);
+          const double want = bias && k >= s.k0 && k < s.k1 ? sums[i] : db0[i];
+          EXPECT_NEAR(db.f[i], want, 1e-5) << "dbias[" << i << "]";
+        }
+      }
+    }
+  }
+}
+
+TEST_F(GateKernels, GruForward) {
+  SCOPED_TRACE("seed " + std::to_string(seed_));
+  for (const KernelShape& s : shapes()) {
+    for (bool with_bhh : {false, true}) {
+      SCOPED_TRACE("n " + std::to_string(s.n) + " H " + std::to_string(s.H));
+      const auto nH = static_cast<std::size_t>(s.n * s.H);
+      Buffers x = random_buffer(3 * nH, 5.0, rng_), y = random_buffer(3 * nH, 5.0, rng_);
+      Buffers b = random_buffer(static_cast<std::size_t>(3 * s.H), 1.0, rng_);
+      Buffers hp = random_buffer(nH, 1.0, rng_), h = random_buffer(nH, 1.0, rng_);
+      Buffers ghn = random_buffer(nH, 1.0, rng_);
+      seqpack::cpu::gru_gates_forward<float>(s.n, s.H, s.k0, s.k1, x.f.data(), y.f.data(),
+                                             with_bhh ? b.f.data() : nullptr, hp.f.data(), s.H,
+                                             h.f.data(), s.H, ghn.f.data());
+      seqpack::cpu::scalar::gru_gates_forward<double>(s.n, s.H, s.k0, s.k1, x.d.data(),
+                                                      y.d.data(), with_bhh ? b.d.data() : nullptr,
+                                                      hp.d.data(), s.H, h.d.data(), s.H,
+                                                      ghn.d.data());
+      EXPECT_TRUE(close(x, "gates"));
+      EXPECT_TRUE(close(h, "h"));
+      EXPECT_TRUE(close(ghn, "ghn"));
+    }
+  }
+}
+
+TEST_F(GateKernels, GruBackwardWithAndWithoutBiasSums) {
+  SCOPED_TRACE("seed " + std::to_string(seed_));
+  for (const KernelShape& s : shapes()) {
+    for (bool bias : {false, true}) {
+      SCOPED_TRACE("n " + std::to_string(s.n) + " H " + std::to_string(s.H) + " bias " +
+                   std::to_string(bias));
+      const auto nH = static_cast<std::size_t>(s.n * s.H);
+      const auto G = static_cast<std::size_t>(3 * s.H);
+      Buffers g = random_buffer(3 * nH, 1.0, rng_), ghn = random_buffer(nH, 2.0, rng_);
+      Buffers hp = random_buffer(nH, 1.0, rng_), dh = random_buffer(nH, 1.0, rng_);
+      Buffers dgx = random_buffer(3 * nH, 1.0, rng_), dgh = random_buffer(3 * nH, 1.0, rng_);
+      Buffers dhp = random_buffer(nH, 1.0, rng_);
+      Buffers dbi = random_buffer(G, 1.0, rng_), dbh = random_buffer(G, 1.0, rng_);
+      const std::vector<double> dbi0 = dbi.d, dbh0 = dbh.d;
+      seqpack::cpu::gru_gates_backward<float>(
+          s.n, s.H, s.k0, s.k1, g.f.data(), ghn.f.data(), hp.f.data(), s.H, dh.f.data(), s.H,
+          dgx.f.data(), dgh.f.data(), dhp.f.data(), bias ? dbi.f.data() : nullptr,
+          bias ? dbh.f.data() : nullptr);
+      seqpack::cpu::scalar::gru_gates_backward<double>(
+          s.n, s.H, s.k0, s.k1, g.d.data(), ghn.d.data(), hp.d.data(), s.H, dh.d.data(), s.H,
+          dgx.d.data(), dgh.d.data(), dhp.d.data(), bias ? dbi.d.data() : nullptr,
+          bias ? dbh.d.data() : nullptr);
+      EXPECT_TRUE(close(dgx, "dgx"));
+      EXPECT_TRUE(close(dgh, "dgh"));
+      EXPECT_TRUE(close(dhp, "dh_prev"));
+      EXPECT_TRUE(close(dbi, "db_ih"));
+      EXPECT_TRUE(close(dbh, "db_hh"));
+      const std::vector<double> si = plus_column_sums(dbi0, dgx.d, s.n, 3 * s.H);
+      const std::vector<double> sh = plus_column_sums(dbh0, dgh.d, s.n, 3 * s.H);
+      for (std::size_t i = 0; i < G; ++i) {
+        const auto k = static_cast<int64_t>(i) % s.H;
+        const bool in = bias && k >= s.k0 && k < s.k1;
+        EXPECT_NEAR(dbi.f[i], in ? si[i] : dbi0[i], 1e-5) << "db_ih[" << i << "]";
+        EXPECT_NEAR(dbh.f[i], in ? sh[i] : dbh0[i], 1e-5) << "db_hh[" << i << "]";
+      }
+    }
+  }
+}
+
+TEST_F(GateKernels, RnnForwardAndBackward) {
+  SCOPED_TRACE("seed " + std::to_string(seed_));
+  for (const KernelShape& s : shapes()) {
+    for (bool relu : {false, true}) {
+      SCOPED_TRACE("n " + std::to_string(s.n) + " H " + std::to_string(s.H) + " relu " +
+                   std::to_string(relu));
+      const auto nH = static_cast<std::size_t>(s.n * s.H);
+      Buffers g = random_buffer(nH, 6.0, rng_), h = random_buffer(nH, 1.0, rng_);
+      seqpack::cpu::rnn_gates_forward<float>(s.n, s.H, s.k0, s.k1, g.f.data(), relu, h.f.data(),
+                                             s.H);
+      seqpack::cpu::scalar::rnn_gates_forward<double>(s.n, s.H, s.k0, s.k1, g.d.data(), relu,
+                                                      h.d.data(), s.H);
+      EXPECT_TRUE(close(g, "gates"));
+      EXPECT_TRUE(close(h, "h"));
+      // Backward from the float32 forward's h, so both see the same input.
+      Buffers hs{g.f, std::vector<double>(g.f.begin(), g.f.end())};
+      Buffers dh = random_buffer(nH, 1.0, rng_), dpre = random_buffer(nH, 1.0, rng_);
+      Buffers db = random_buffer(static_cast<std::size_t>(s.H), 1.0, rng_);
+      const std::vector<double> db0 = db.d;
+      seqpack::cpu::rnn_gates_backward<float>(s.n, s.H, s.k0, s.k1, hs.f.data(), relu,
+                                              dh.f.data(), s.H, dpre.f.data(), db.f.data());
+      seqpack::cpu::scalar::rnn_gates_backward<double>(s.n, s.H, s.k0, s.k1, hs.d.data(), relu,
+                                                       dh.d.data(), s.H, dpre.d.data(),
+                                                       db.d.data());
+      EXPECT_TRUE(close(dpre, "dpre"));
+      EXPECT_TRUE(close(db, "dbias"));
+      const std::vector<double> sums = plus_column_sums(db0, dpre.d, s.n, s.H);
+      for (int64_t k = 0; k < s.H; ++k) {
+        const auto i = static_cast<std::size_t>(k);
+        EXPECT_NEAR(db.f[i], k >= s.k0 && k < s.k1 ? sums[i] : db0[i], 1e-5) << "dbias[" << k << "]";
+      }
+    }
+  }
+}
+
+// NaN in a pre-activation comes out as NaN in every output it feeds, as in
+// torch (no clamp or max swallows it).
+TEST(GateKernelsNaN, LstmForwardPropagatesNaN) {
+  const int64_t H = 16;
+  std::vector<float> g(4 * H, 0.5f), cp(H, 0.25f), c(H), h(H);
+  g[3] = std::numeric_limits<float>::quiet_NaN();          // i of column 3
+  g[2 * H + 9] = std::numeric_limits<float>::quiet_NaN();  // g of column 9
+  seqpack::cpu::lstm_gates_forward<float>(1, H, 0, H, g.data(), cp.data(), H, c.data(), H, h.data(),
+                                          H);
+  for (int64_t k = 0; k < H; ++k) {
+    const bool bad = k == 3 || k == 9;
+    EXPECT_EQ(std::isnan(c[static_cast<std::size_t>(k)]), bad) << "c[" << k << "]";
+    EXPECT_EQ(std::isnan(h[static_cast<std::size_t>(k)]), bad) << "h[" << k << "]";
+  }
+}
+
+}  // namespace
