@@ -82,15 +82,19 @@ HWY_INLINE VF Quotient(DF d, VF num, VF den) {
 }
 
 // σ(x) = 1 / (1 + e^-x). x is clamped to [-88, 88]: σ is exactly 1 to float
-// precision above 17, and 1/(1 + e^88) ≈ 6e-39 flushes to 0 in the
-// reciprocal, which is σ(-inf).
+// precision above 17. A result below float's smallest normal (x < -87.3,
+// 1/(1 + e^88) ≈ 6e-39 at the clamp) is 0, which is σ(-inf): flushed here,
+// because whether the reciprocal estimate returns such a subnormal depends on
+// the CPU (Intel's vrcp14ps flushes it, AMD Zen 4's returns 6e-39). NaN fails
+// the comparison and flows through.
 HWY_INLINE VF Sigmoid(DF d, VF x) {
   const VF xc = hn::Min(hn::Set(d, 88.0f), hn::Max(hn::Set(d, -88.0f), x));
   VF two_n, em1;
   ExpSplit</*kSplitLn2=*/true>(d, hn::Neg(xc), two_n, em1);
   const VF e = hn::MulAdd(two_n, em1, two_n);  // e^-x
   const VF one = hn::Set(d, 1.0f);
-  return Quotient(d, one, hn::Add(one, e));
+  const VF s = Quotient(d, one, hn::Add(one, e));
+  return hn::IfThenZeroElse(hn::Lt(s, hn::Set(d, 1.17549435e-38f)), s);
 }
 
 // tanh|x| = -m / (2 + m) with m = e^(-2|x|) - 1 = 2^n (e^r - 1) + (2^n - 1),
