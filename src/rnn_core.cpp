@@ -267,7 +267,8 @@ RNNForwardResult forward_impl(const RNNOptions& o, const std::vector<Tensor>& we
   // inside the time loop.
   struct Workspace {
     std::vector<T> hstate, hprev, cstate, gh, m, bias, proj;
-    cpu::PackedWeights whh;  // W_hhᵀ [R, G] for the small-row steps
+    std::vector<const T*> proj_rows;  // lookup layer: the projection row of each packed row
+    cpu::PackedWeights whh;           // W_hhᵀ [R, G] for the small-row steps
   };
   std::vector<Workspace> wss(static_cast<std::size_t>(D));
   for (Workspace& ws : wss) {
@@ -280,6 +281,7 @@ RNNForwardResult forward_impl(const RNNOptions& o, const std::vector<Tensor>& we
     ws.m.resize(proj && !save ? static_cast<std::size_t>(B * H) : 0);
     ws.bias.resize(static_cast<std::size_t>(G));
     ws.proj.resize(lookup ? static_cast<std::size_t>(data.size(0) * G) : 0);
+    ws.proj_rows.resize(lookup ? static_cast<std::size_t>(N) : 0);
   }
   const int nt = step_threads(H);
 
@@ -357,6 +359,14 @@ RNNForwardResult forward_impl(const RNNOptions& o, const std::vector<Tensor>& we
       if constexpr (std::is_same_v<T, float>) {
         if (small) cpu::pack_weights(w.w_hh, /*trans_b=*/true, R, G, R, ws.whh);
       }
+      // The lookup rows that go through the packed kernel start its accumulators
+      // from their projection (gemm_packed_small's init rows) instead of a copy
+      // into G; GRU keeps the copy (its product goes to a separate buffer).
+      const bool fuse_lookup = lookup_layer && small && !gru;
+      if (fuse_lookup) {
+        for (int64_t r = 0; r < N; ++r)
+          ws.proj_rows[static_cast<std::size_t>(r)] = ws.proj.data() + (*lookup)[static_cast<std::size_t>(r)] * G;
+      }
       const int64_t ld = l * D + d;
       load_state(ws.hstate.data(), h0, ld, si, R);
       if (lstm) load_state(ws.cstate.data(), c0, ld, si, H);
@@ -383,9 +393,15 @@ RNNForwardResult forward_impl(const RNNOptions& o, const std::vector<Tensor>& we
           if (nth > 1) {
 #pragma omp barrier
           }
+          // Rows past ng hold the zero h0: their product is zero.
+          const int64_t ng = h0_zero ? rows_after_h0(bs, t, d) : n;
+          const T* const* init = nullptr;
           if (lookup_layer) {
+            // Fused: rows < ng take their projection inside the product.
+            const int64_t copied = fuse_lookup ? ng : 0;
+            if (fuse_lookup) init = ws.proj_rows.data() + r0;
             const T* p = ws.proj.data();
-            for (int64_t j = 0; j < n; ++j) {
+            for (int64_t j = copied; j < n; ++j) {
               const T* src = p + (*lookup)[static_cast<std::size_t>(r0 + j)] * G;
               for (int64_t q = 0; q < G / H; ++q) {
                 std::memcpy(grow + j * G + q * H + a, src + q * H + a,
@@ -393,8 +409,6 @@ RNNForwardResult forward_impl(const RNNOptions& o, const std::vector<Tensor>& we
               }
             }
           }
-          // Rows past ng hold the zero h0: their product is zero.
-          const int64_t ng = h0_zero ? rows_after_h0(bs, t, d) : n;
           // grow[:ng, q*H + a .. q*H + b) (+)= h_prev · W_hh[q*H + a .. q*H + b)ᵀ for each gate q.
           auto hidden_gemm = [&](T beta, T* dst) {
             const int64_t n = ng;  // NOLINT: the rows multiplied
@@ -402,11 +416,12 @@ RNNForwardResult forward_impl(const RNNOptions& o, const std::vector<Tensor>& we
             if constexpr (std::is_same_v<T, float>) {
               if (small && n <= kSmallRows) {
                 if (nth == 1) {
-                  cpu::gemm_packed_small(n, hsrc, R, ws.whh, 0, G, beta, dst, G);
+                  cpu::gemm_packed_small(n, hsrc, R, ws.whh, 0, G, beta, dst, G, init);
                   return;
                 }
                 for (int64_t q = 0; q < G / H; ++q) {
-                  cpu::gemm_packed_small(n, hsrc, R, ws.whh, q * H + a, q * H + b, beta, dst, G);
+                  cpu::gemm_packed_small(n, hsrc, R, ws.whh, q * H + a, q * H + b, beta, dst, G,
+                                         init);
                 }
                 return;
               }
@@ -593,7 +608,13 @@ RNNGradients backward_impl(const RNNSaved& sv, const Tensor& grad_output, const 
           T* dht = proj ? ws.dhtot.data() + r0 * R : ws.dhtot.data();
           // dh of this step = upstream gradient of the output row + what the
           // following step sent back through W_hh (or grad_h_n at the last step).
-          if (doutp) {
+          // With no output gradient and no projection, the LSTM and RNN kernels
+          // read it where it is (they only read dh; the product that overwrites
+          // it comes after them, past the barrier). GRU writes its direct
+          // dh_prev part into the state while it reads dh, so it reads a copy.
+          if (!doutp && !proj && !gru) {
+            dht = ws.dhstate.data();
+          } else if (doutp) {
             for (int64_t j = 0; j < n; ++j) {
               const T* x = doutp + (r0 + j) * ldo;
               const T* y = ws.dhstate.data() + j * R;

@@ -30,8 +30,10 @@ struct Case {
 };
 
 // Checks rows `rows` of C (all rows when empty) against the double triple loop.
+// With `with_init`, each row starts from a row of a separate table (rows taken
+// in a scrambled order, as an embedding lookup takes them) instead of beta * C.
 void check_case(const Case& cs, bool trans_b, float beta, int64_t col0, int64_t col1,
-                std::mt19937& gen, std::vector<int64_t> rows = {}) {
+                std::mt19937& gen, std::vector<int64_t> rows = {}, bool with_init = false) {
   std::uniform_real_distribution<float> u(-1.f, 1.f);
   const int64_t lda = cs.k + 3, ldc = cs.n + 5;
   const int64_t ldb = trans_b ? cs.k + 2 : cs.n + 2;
@@ -42,13 +44,19 @@ void check_case(const Case& cs, bool trans_b, float beta, int64_t col0, int64_t 
   for (float& x : b) x = u(gen);
   for (float& x : c) x = u(gen);
   const std::vector<float> c0 = c;
+  const int64_t table_rows = cs.m + 7, ldt = cs.n + 1;
+  std::vector<float> table(static_cast<std::size_t>(table_rows * ldt));
+  for (float& x : table) x = u(gen);
+  std::vector<const float*> init;
+  for (int64_t i = 0; with_init && i < cs.m; ++i) init.push_back(table.data() + (i * 5 + 3) % table_rows * ldt);
   auto bat = [&](int64_t kk, int64_t j) {
     return trans_b ? b[static_cast<std::size_t>(j * ldb + kk)]
                    : b[static_cast<std::size_t>(kk * ldb + j)];
   };
   PackedWeights pw;
   pack_weights(b.data(), trans_b, cs.k, cs.n, ldb, pw);
-  gemm_packed_small(cs.m, a.data(), lda, pw, col0, col1, beta, c.data(), ldc);
+  gemm_packed_small(cs.m, a.data(), lda, pw, col0, col1, beta, c.data(), ldc,
+                    with_init ? init.data() : nullptr);
   if (rows.empty()) {
     for (int64_t i = 0; i < cs.m; ++i) rows.push_back(i);
   }
@@ -60,7 +68,8 @@ void check_case(const Case& cs, bool trans_b, float beta, int64_t col0, int64_t 
         ASSERT_EQ(c[at], c0[at]) << "i=" << i << " j=" << j;
         continue;
       }
-      double want = beta * static_cast<double>(c0[at]);
+      double want = with_init ? static_cast<double>(init[static_cast<std::size_t>(i)][j])
+                              : beta * static_cast<double>(c0[at]);
       double mag = std::fabs(want);
       for (int64_t kk = 0; kk < cs.k; ++kk) {
         const double p = static_cast<double>(a[static_cast<std::size_t>(i * lda + kk)]) * bat(kk, j);
@@ -95,6 +104,9 @@ TEST(GemmPackedSmall, MatchesTripleLoopEveryRowCount) {
           // A range starting and ending inside panels.
           check_case(cs, trans_b, beta, cs.n / 3, cs.n - cs.n / 5, gen);
         }
+        // Rows starting from init rows (beta is then ignored: pass 1 to show it).
+        check_case(cs, trans_b, 1.f, 0, cs.n, gen, {}, /*with_init=*/true);
+        check_case(cs, trans_b, 1.f, cs.n / 3, cs.n - cs.n / 5, gen, {}, /*with_init=*/true);
       }
     }
   }
@@ -144,6 +156,9 @@ TEST(GemmPackedSmall, MatchesTripleLoopOnWorkloadShapes) {
         check_case(cs, s.trans_b, beta, 0, cs.n, gen, rows);
         if (m % 4 == 1) check_case(cs, s.trans_b, beta, 5, cs.n - 27, gen, rows);
       }
+      // Init rows over k blocks (K > 256: only the first block starts from them).
+      check_case(cs, s.trans_b, 0.f, 0, cs.n, gen, rows, /*with_init=*/true);
+      if (m % 4 == 1) check_case(cs, s.trans_b, 0.f, 5, cs.n - 27, gen, rows, /*with_init=*/true);
     }
   }
 }

@@ -67,7 +67,13 @@ void pack_weights(const float* b, bool trans_b, int64_t k, int64_t n, int64_t ld
 // B once per <= 5 rows). For beta 0 (C never read) or 1, results do not
 // depend on col0/col1, so splitting the columns between threads gives the
 // bits of one call.
+//
+// With `init` (m row pointers), row i starts from init[i][j] instead of
+// beta * C[i, j], and C is only written: a step whose gate rows are rows of a
+// projected table (an embedding lookup) reads them straight from the table
+// instead of copying them into C first. beta is then ignored.
 void gemm_packed_small(int64_t m, const float* a, int64_t lda, const PackedWeights& b, int64_t col0,
-                       int64_t col1, float beta, float* c, int64_t ldc);
+                       int64_t col1, float beta, float* c, int64_t ldc,
+                       const float* const* init = nullptr);
 
 }  // namespace seqpack::cpu

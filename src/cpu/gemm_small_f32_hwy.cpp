@@ -40,15 +40,21 @@ int64_t PanelWidth() { return 2 * static_cast<int64_t>(hn::Lanes(DF())); }
 constexpr int64_t kTmpFloats = 4 * 4 * 2 * HWY_MAX_BYTES / sizeof(float);
 
 // dst[i][jp * W + c] = beta * dst[i][jp * W + c] + A[i, :]·panel(jp)[:, c] for
-// i < MR (row stride ldd), jp < NP (panel jp at p + jp * pstride).
+// i < MR (row stride ldd), jp < NP (panel jp at p + jp * pstride). With
+// `init`, row i starts from init[i][icol + jp * W + c] instead of beta * dst
+// (dst is then only written).
 template <int MR, int NP>
 HWY_INLINE void Block(int64_t K, const float* HWY_RESTRICT a, int64_t lda,
                       const float* HWY_RESTRICT p, int64_t pstride, float beta, float* dst,
-                      int64_t ldd) {
+                      int64_t ldd, const float* const* init = nullptr, int64_t icol = 0) {
   const DF d;
   const int64_t L = static_cast<int64_t>(hn::Lanes(d));
   VF acc[MR][NP][2];
-  if (beta == 0.f) {
+  if (init != nullptr) {
+    for (int i = 0; i < MR; ++i)
+      for (int j = 0; j < NP; ++j)
+        for (int v = 0; v < 2; ++v) acc[i][j][v] = hn::LoadU(d, init[i] + icol + (2 * j + v) * L);
+  } else if (beta == 0.f) {
     for (int i = 0; i < MR; ++i)
       for (int j = 0; j < NP; ++j) acc[i][j][0] = acc[i][j][1] = hn::Zero(d);
   } else {
@@ -79,26 +85,28 @@ HWY_INLINE void Block(int64_t K, const float* HWY_RESTRICT a, int64_t lda,
 
 // Block on rows [0, MR) of C and panels [pb, pb + NP), writing only columns
 // [col0, col1). Panels wholly in range accumulate in C itself; otherwise the
-// in-range part of C goes through tmp (zeros elsewhere), the same FMA chains.
+// in-range part of C (or of the init rows) goes through tmp (zeros
+// elsewhere), the same FMA chains.
 template <int MR, int NP>
 HWY_INLINE void BlockC(int64_t K, const float* a, int64_t lda, const float* panel0,
                        int64_t pstride, int64_t W, int64_t pb, int64_t col0, int64_t col1,
-                       float beta, float* c, int64_t ldc) {
+                       float beta, float* c, int64_t ldc, const float* const* init) {
   const int64_t base = pb * W;
   if (col0 <= base && base + NP * W <= col1) {
-    Block<MR, NP>(K, a, lda, panel0, pstride, beta, c + base, ldc);
+    Block<MR, NP>(K, a, lda, panel0, pstride, beta, c + base, ldc, init, base);
     return;
   }
   HWY_ALIGN float tmp[kTmpFloats];
   const int64_t j0 = std::max(col0, base), j1 = std::min(col1, base + NP * W);
   for (int i = 0; i < MR; ++i) {
     float* t = tmp + i * NP * W;
-    const float* cr = c + i * ldc;
+    const float* cr = init != nullptr ? init[i] : c + i * ldc;
+    const bool from = init != nullptr || beta != 0.f;
     for (int64_t j = 0; j < NP * W; ++j) {
-      t[j] = beta != 0.f && base + j >= j0 && base + j < j1 ? cr[base + j] : 0.f;
+      t[j] = from && base + j >= j0 && base + j < j1 ? cr[base + j] : 0.f;
     }
   }
-  Block<MR, NP>(K, a, lda, panel0, pstride, beta, tmp, NP * W);
+  Block<MR, NP>(K, a, lda, panel0, pstride, init != nullptr ? 1.f : beta, tmp, NP * W);
   for (int i = 0; i < MR; ++i) {
     float* cr = c + i * ldc;
     for (int64_t j = j0; j < j1; ++j) cr[j] = tmp[i * NP * W + (j - base)];
@@ -109,16 +117,17 @@ HWY_INLINE void BlockC(int64_t K, const float* a, int64_t lda, const float* pane
 template <int MR, int NP>
 HWY_INLINE void Rows(int64_t K, const float* a, int64_t lda, const float* panels, int64_t W,
                      int64_t p0, int64_t p1, int64_t col0, int64_t col1, float beta, float* c,
-                     int64_t ldc) {
+                     int64_t ldc, const float* const* init) {
   const int64_t pstride = K * W;
   int64_t p = p0;
   for (; p + NP <= p1; p += NP) {
-    BlockC<MR, NP>(K, a, lda, panels + p * pstride, pstride, W, p, col0, col1, beta, c, ldc);
+    BlockC<MR, NP>(K, a, lda, panels + p * pstride, pstride, W, p, col0, col1, beta, c, ldc,
+                   init);
   }
   // The last few panels with as many side by side as are left.
   if constexpr (NP > 1) {
     constexpr int kNext = NP >= 3 ? 2 : 1;
-    if (p < p1) Rows<MR, kNext>(K, a, lda, panels, W, p, p1, col0, col1, beta, c, ldc);
+    if (p < p1) Rows<MR, kNext>(K, a, lda, panels, W, p, p1, col0, col1, beta, c, ldc, init);
   }
 }
 
@@ -140,7 +149,8 @@ constexpr int kMR = 6;
 // rows into blocks whose A part is at most 192 KB (stays in L2 across the
 // panels); later k blocks accumulate onto C (beta 1).
 void Bulk(int64_t m, int64_t K, const float* a, int64_t lda, const float* panels, int64_t W,
-          int64_t p0, int64_t p1, int64_t col0, int64_t col1, float beta, float* c, int64_t ldc) {
+          int64_t p0, int64_t p1, int64_t col0, int64_t col1, float beta, float* c, int64_t ldc,
+          const float* const* init) {
   const int64_t pstride = K * W;
   const int64_t kc_max = std::max<int64_t>(16, 4096 / W);
   const int64_t kblocks = std::max<int64_t>(1, (K + kc_max - 1) / kc_max);
@@ -149,6 +159,7 @@ void Bulk(int64_t m, int64_t K, const float* a, int64_t lda, const float* panels
   for (int64_t k0 = 0; k0 < K || k0 == 0; k0 += kc_even) {
     const int64_t kc = std::min(kc_even, K - k0);
     const float bk = k0 == 0 ? beta : 1.f;
+    const float* const* ik = k0 == 0 ? init : nullptr;  // later k blocks add onto C
     for (int64_t i0 = 0; i0 < m; i0 += mc) {
       const int64_t i1 = std::min(m, i0 + mc);
       for (int64_t p = p0; p < p1; ++p) {
@@ -156,11 +167,11 @@ void Bulk(int64_t m, int64_t K, const float* a, int64_t lda, const float* panels
         for (int64_t i = i0; i < i1; i += kMR) {
           // C's lines of the next block come from L2 (C is too big for L1 at
           // 100+ rows); fetched now, they are there when its accumulators load.
-          if (i + kMR < i1) {
+          if (i + kMR < i1 && ik == nullptr) {
             for (int r = 0; r < kMR; ++r) hwy::Prefetch(c + (i + kMR + r) * ldc + p * W);
           }
           BlockC<kMR, 1>(kc, a + i * lda + k0, lda, panel, pstride, W, p, col0, col1, bk,
-                         c + i * ldc, ldc);
+                         c + i * ldc, ldc, ik != nullptr ? ik + i : nullptr);
         }
       }
     }
@@ -169,30 +180,37 @@ void Bulk(int64_t m, int64_t K, const float* a, int64_t lda, const float* panels
 }
 
 void GemmPackedSmall(int64_t m, const float* a, int64_t lda, const float* panels, int64_t K,
-                     int64_t W, int64_t col0, int64_t col1, float beta, float* c, int64_t ldc) {
+                     int64_t W, int64_t col0, int64_t col1, float beta, float* c, int64_t ldc,
+                     const float* const* init) {
   const int64_t p0 = col0 / W, p1 = (col1 + W - 1) / W;
+  auto at = [init](int64_t i) { return init != nullptr ? init + i : nullptr; };
   int64_t bulk = m / kMR * kMR;
   // One or two rows left over would stream W at 45-65% of the FMA rate (a
   // GEMV is bound by L2 bandwidth); kMR + 1 or kMR + 2 rows go faster as
   // 4 + 3 or 4 + 4 (on AVX2, 6 + 2 rows: 82 GFLOP/s, 4 + 4: 94).
   if (m - bulk <= 2 && m - bulk > 0 && bulk >= kMR && kMR == 6) bulk -= kMR;
-  if (bulk > 0) Bulk(bulk, K, a, lda, panels, W, p0, p1, col0, col1, beta, c, ldc);
+  if (bulk > 0) Bulk(bulk, K, a, lda, panels, W, p0, p1, col0, col1, beta, c, ldc, init);
   int64_t i = bulk;
   if (m - i == 5) {
-    Rows<5, 1>(K, a + i * lda, lda, panels, W, p0, p1, col0, col1, beta, c + i * ldc, ldc);
+    Rows<5, 1>(K, a + i * lda, lda, panels, W, p0, p1, col0, col1, beta, c + i * ldc, ldc,
+                 at(i));
     return;
   }
   for (; i + 4 <= m; i += 4)
-    Rows<4, 1>(K, a + i * lda, lda, panels, W, p0, p1, col0, col1, beta, c + i * ldc, ldc);
+    Rows<4, 1>(K, a + i * lda, lda, panels, W, p0, p1, col0, col1, beta, c + i * ldc, ldc,
+                 at(i));
   switch (m - i) {
     case 3:
-      Rows<3, 2>(K, a + i * lda, lda, panels, W, p0, p1, col0, col1, beta, c + i * ldc, ldc);
+      Rows<3, 2>(K, a + i * lda, lda, panels, W, p0, p1, col0, col1, beta, c + i * ldc, ldc,
+                 at(i));
       break;
     case 2:
-      Rows<2, 3>(K, a + i * lda, lda, panels, W, p0, p1, col0, col1, beta, c + i * ldc, ldc);
+      Rows<2, 3>(K, a + i * lda, lda, panels, W, p0, p1, col0, col1, beta, c + i * ldc, ldc,
+                 at(i));
       break;
     case 1:
-      Rows<1, 4>(K, a + i * lda, lda, panels, W, p0, p1, col0, col1, beta, c + i * ldc, ldc);
+      Rows<1, 4>(K, a + i * lda, lda, panels, W, p0, p1, col0, col1, beta, c + i * ldc, ldc,
+                 at(i));
       break;
     default:
       break;
@@ -242,10 +260,10 @@ void pack_weights(const float* b, bool trans_b, int64_t k, int64_t n, int64_t ld
 }
 
 void gemm_packed_small(int64_t m, const float* a, int64_t lda, const PackedWeights& b, int64_t col0,
-                       int64_t col1, float beta, float* c, int64_t ldc) {
+                       int64_t col1, float beta, float* c, int64_t ldc, const float* const* init) {
   if (m <= 0 || col1 <= col0) return;
   HWY_DYNAMIC_DISPATCH(GemmPackedSmall)
-  (m, a, lda, b.panels(), b.k, b.width, col0, col1, beta, c, ldc);
+  (m, a, lda, b.panels(), b.k, b.width, col0, col1, beta, c, ldc, init);
 }
 
 }  // namespace seqpack::cpu
