@@ -171,14 +171,23 @@ double median_of(std::vector<double> v) {
   return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
 }
 
-// One untimed warm-up run (first-touch of the workspace, OpenMP pool start-up), then
-// timed runs until at least min_time has been spent on at least 3 runs and the median
-// has stopped moving (within 1% of the median without the last two runs), or until
-// the budget of 5 * min_time runs out. A run slower than the whole budget is timed once.
+// Untimed warm-up (first-touch of the workspace, OpenMP pool start-up) for one run
+// and until kWarmSeconds after the first measurement began: OpenBLAS's pool thread,
+// started when the library loads, spins for about 0.1 s before it sleeps, and
+// would otherwise count in the CPU time of the first runs (at --threads 1 a short
+// run showed twice its wall time in CPU). Then timed runs until at least min_time
+// has been spent on at least 3 runs and the median has stopped moving (within 1%
+// of the median without the last two runs), or until the budget of 5 * min_time
+// runs out. A run slower than the whole budget is timed once.
+constexpr double kWarmSeconds = 0.3;
+
 Timing measure(const std::function<void()>& run, double min_time) {
   using clock = std::chrono::steady_clock;
   const double budget = 5 * min_time;
-  run();
+  static const auto first_start = clock::now();
+  do {
+    run();
+  } while (std::chrono::duration<double>(clock::now() - first_start).count() < kWarmSeconds);
   std::vector<double> samples, cpu_samples;
   double total = 0;
   while (true) {
