@@ -165,6 +165,23 @@ def forward_flops(w, tokens):
     return total * tokens
 
 
+def min_flops(w, lengths, mode):
+    """The GEMM FLOPs the mode cannot do without, per batch: the input products
+    (2 * gates*H * I_layer per token, layer and direction) and the recurrent ones
+    (2 * gates*H * H per row whose h_prev is not the zero h0: every token but each
+    sequence's first step in its direction). train_packed (forward, then the backward
+    of sum(output) with the input gradient, no h0 given) does each product three
+    times: forward, gradient of its input (dX, dh_prev) and of its weight (dW)."""
+    h, dirs, g = w["hidden_size"], 2 if w.get("bidirectional") else 1, GATES[w["cell"]]
+    tokens = sum(lengths)
+    recurrent_rows = tokens - sum(1 for n in lengths if n > 0)
+    total = 0
+    for layer in range(w["num_layers"]):
+        i = w["input_size"] if layer == 0 else h * dirs
+        total += dirs * 2 * g * h * (i * tokens + h * recurrent_rows)
+    return 3 * total if mode == "train_packed" else total
+
+
 def fmt_s(x):
     return f"{x:.4g}" if x is not None else "-"
 
@@ -291,6 +308,31 @@ def main():
             print(f"{r['threads']:>7} {r['workload']:<15} {s_rate / 1e9:>15.1f} "
                   f"{100 * s_rate / rate:>10.1f}% {100 * r['seqpack_fraction_of_sgemm_wall']:>11.1f}% "
                   f"{t_rate / 1e9:>13.1f}{mark}")
+
+    one = [r for r in results if r["threads"] == 1 and r["torch_sec"]]
+    if one:
+        print()
+        print(f"ceiling at 1 thread: the best torch/seqpack ratio any implementation could reach if "
+              f"it ran the mode's unavoidable GEMM FLOPs")
+        print(f"(min_flops: zero-h0 rows skipped; train = 3x forward) at the sgemm rate above, with "
+              f"the elementwise gate work free. A target above the ceiling cannot be met against "
+              f"this torch on this machine:")
+        print(f"{'workload':<15} {'mode':<15} {'GFLOP':>7} {'floor s':>9} {'seqpack s':>10} "
+              f"{'floor/seqpack':>13} {'ratio':>6} {'ceiling wall/cpu':>16} {'target':>7}")
+        for r in one:
+            w = next(x for x in workloads if x["name"] == r["workload"])
+            flops = min_flops(w, list(w["lengths"]), r["mode"])
+            floor = flops / rate
+            r["min_flops"] = flops
+            r["ceiling"] = r["torch_sec"] / floor
+            r["ceiling_cpu"] = r["torch_cpu"] / floor
+            target = target_of(r["workload"], r["mode"], 1)
+            note = ""
+            if target is not None:
+                note = f"{target:>6g}{' (above the ceiling)' if target > r['ceiling'] else ''}"
+            print(f"{r['workload']:<15} {r['mode']:<15} {flops / 1e9:>7.3f} {floor:>9.4g} "
+                  f"{r['seqpack_sec']:>10.4g} {100 * floor / r['seqpack_sec']:>12.1f}% "
+                  f"{r['ratio']:>6.2f} {r['ceiling']:>7.2f}/{r['ceiling_cpu']:<8.2f} {note}")
 
     if len(thread_counts) > 1:
         base = thread_counts[0]
