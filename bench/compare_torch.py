@@ -20,7 +20,6 @@ outside the timed region):
     train_packed     forward of the packed batch + backward of sum(output) (input gradient too)
 """
 import argparse
-import ctypes
 import json
 import math
 import os
@@ -31,6 +30,8 @@ import time
 
 import torch
 from torch.nn.utils.rnn import PackedSequence, pack_padded_sequence
+
+from torch_threads import set_torch_threads
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 MODES = ["forward_packed", "forward_padded", "train_packed"]
@@ -63,24 +64,6 @@ def median_time(run, min_time, slow_single):
             if abs(m - statistics.median(samples[:-2])) <= 0.01 * m:
                 break
     return statistics.median(samples), statistics.median(cpu_samples), len(samples)
-
-
-def set_torch_threads(n):
-    """torch.set_num_threads(n) and the same for the OpenBLAS that torch's GEMMs call.
-    Debian's torch (BLAS_INFO=generic) uses the system libblas, OpenBLAS, whose own
-    thread count torch.set_num_threads does not touch: left alone it uses every core
-    even at torch.set_num_threads(1)."""
-    torch.set_num_threads(n)
-    with open("/proc/self/maps") as f:
-        libs = {line.split()[-1] for line in f if "openblas" in line and line.split()[-1].startswith("/")}
-    done = False
-    for path in sorted(libs):
-        try:
-            ctypes.CDLL(path).openblas_set_num_threads(n)
-            done = True
-        except (OSError, AttributeError):
-            pass
-    return done
 
 
 def torch_module(w):

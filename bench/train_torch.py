@@ -14,7 +14,6 @@ of 128 grouped by length (shuffled, sorted by length, cut, batch order shuffled)
 Run with Debian's /usr/bin/python3.
 """
 import argparse
-import ctypes
 import os
 import random
 import subprocess
@@ -28,23 +27,7 @@ from torch.nn.utils.rnn import PackedSequence, pack_sequence
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests"))
 from torch_char_classifier import CharClassifier  # noqa: E402
-
-def set_torch_threads(n):
-    """torch.set_num_threads(n), and the same for the OpenBLAS torch's GEMMs
-    call: Debian's torch uses the system OpenBLAS, whose thread count
-    torch.set_num_threads leaves at every core. Returns whether it was found."""
-    torch.set_num_threads(n)
-    with open("/proc/self/maps") as f:
-        libs = {line.split()[-1] for line in f
-                if "openblas" in line and line.split()[-1].startswith("/")}
-    done = False
-    for path in sorted(libs):
-        try:
-            ctypes.CDLL(path).openblas_set_num_threads(n)
-            done = True
-        except (OSError, AttributeError):
-            pass
-    return done
+from torch_threads import set_torch_threads  # noqa: E402
 
 
 def read_split(path):

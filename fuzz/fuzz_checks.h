@@ -107,14 +107,19 @@ inline void check_safetensors(const uint8_t* data, std::size_t size) {
 // ---------------------------------------------------------------------------
 // TSV datasets, UTF-8 and vocabularies on arbitrary bytes.
 
-// A per-process scratch file: load_tsv reads paths, not memory.
+// A per-process scratch file: load_tsv reads paths, not memory. Removed when
+// the process exits.
 inline const std::string& scratch_path() {
-  static const std::string path = [] {
+  struct Scratch {
+    std::string path;
+    ~Scratch() { std::remove(path.c_str()); }
+  };
+  static const Scratch scratch{[] {
     const char* dir = std::getenv("TMPDIR");
     return std::string(dir && *dir ? dir : "/tmp") + "/seqpack_fuzz_" +
            std::to_string(static_cast<long>(getpid())) + ".tsv";
-  }();
-  return path;
+  }()};
+  return scratch.path;
 }
 
 inline void check_utf8(std::string_view bytes) {

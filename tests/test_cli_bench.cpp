@@ -1,10 +1,8 @@
 // `seqpack bench`: the JSON lines it prints for a tiny workloads file, its filters,
 // and the messages of bad workload files. Timings themselves are never asserted.
 #include <gtest/gtest.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
-#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -14,21 +12,13 @@
 #include <utility>
 #include <vector>
 
+#include "cli_run.h"
+
 namespace {
 
 namespace fs = std::filesystem;
 
-struct RunResult {
-  int status = -1;
-  std::string out, err;
-};
-
-std::string read_all(const fs::path& p) {
-  std::ifstream in(p);
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
-}
+using RunResult = seqpack::testing::CliResult;
 
 class BenchCli : public ::testing::Test {
  protected:
@@ -46,17 +36,7 @@ class BenchCli : public ::testing::Test {
     return p;
   }
 
-  RunResult run(const std::string& args) {
-    const fs::path out = dir_ / "stdout.txt", err = dir_ / "stderr.txt";
-    const std::string cmd = std::string("'") + SEQPACK_CLI_PATH + "' bench " + args + " >'" +
-                            out.string() + "' 2>'" + err.string() + "'";
-    const int raw = std::system(cmd.c_str());
-    RunResult r;
-    r.status = WIFEXITED(raw) ? WEXITSTATUS(raw) : -1;
-    r.out = read_all(out);
-    r.err = read_all(err);
-    return r;
-  }
+  static RunResult run(const std::string& args) { return seqpack::testing::run_cli("bench " + args); }
 
   static std::vector<nlohmann::json> json_lines(const std::string& text) {
     std::vector<nlohmann::json> lines;

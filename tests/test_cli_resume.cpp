@@ -4,15 +4,13 @@
 // checkpoint intact; missing, corrupt and finished checkpoints and conflicting
 // flags are clear errors. Tiny TSV and sizes, so each run takes well under a second.
 #include <gtest/gtest.h>
-#include <unistd.h>
 
 #include <cstdio>
-#include <cstdlib>
 #include <filesystem>
 #include <fstream>
-#include <sstream>
 #include <string>
 
+#include "cli_run.h"
 #include "seqpack/classifier.h"
 #include "seqpack/optim.h"
 #include "seqpack/safetensors.h"
@@ -21,36 +19,11 @@
 namespace {
 
 namespace fs = std::filesystem;
+using seqpack::testing::CliResult;
+using seqpack::testing::run_cli;
+using seqpack::testing::work_dir;
 
-struct CliResult {
-  int status;
-  std::string out, err;
-};
-
-fs::path work_dir() {
-  static const fs::path p = [] {
-    fs::path d = fs::temp_directory_path() / ("seqpack_cli_resume_" + std::to_string(::getpid()));
-    fs::remove_all(d);
-    fs::create_directories(d);
-    return d;
-  }();
-  return p;
-}
-
-std::string slurp(const fs::path& p) {
-  std::ifstream in(p, std::ios::binary);
-  std::stringstream s;
-  s << in.rdbuf();
-  return s.str();
-}
-
-CliResult run_cli(const std::string& args, const std::string& env = "") {
-  const fs::path out = work_dir() / "stdout.txt", err = work_dir() / "stderr.txt";
-  const std::string cmd = env + (env.empty() ? "" : " ") + std::string(SEQPACK_CLI_PATH) + " " + args +
-                          " >" + out.string() + " 2>" + err.string();
-  const int status = std::system(cmd.c_str());
-  return {status, slurp(out), slurp(err)};
-}
+std::string slurp(const fs::path& p) { return seqpack::testing::read_file(p.string()); }
 
 const fs::path& tiny_tsv() {
   static const fs::path p = [] {

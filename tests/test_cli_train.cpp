@@ -7,42 +7,16 @@
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
-#include <sstream>
 #include <string>
+
+#include "cli_run.h"
 
 namespace {
 
 namespace fs = std::filesystem;
-
-struct CliResult {
-  int status;
-  std::string out, err;
-};
-
-fs::path work_dir() {
-  static const fs::path p = [] {
-    fs::path d = fs::temp_directory_path() / ("seqpack_cli_train_" + std::to_string(::getpid()));
-    fs::remove_all(d);
-    fs::create_directories(d);
-    return d;
-  }();
-  return p;
-}
-
-std::string slurp(const fs::path& p) {
-  std::ifstream in(p);
-  std::stringstream s;
-  s << in.rdbuf();
-  return s.str();
-}
-
-CliResult run_cli(const std::string& args) {
-  const fs::path out = work_dir() / "stdout.txt", err = work_dir() / "stderr.txt";
-  const std::string cmd = std::string(SEQPACK_CLI_PATH) + " " + args + " >" + out.string() +
-                          " 2>" + err.string();
-  const int status = std::system(cmd.c_str());
-  return {status, slurp(out), slurp(err)};
-}
+using seqpack::testing::CliResult;
+using seqpack::testing::run_cli;
+using seqpack::testing::work_dir;
 
 void write(const fs::path& p, const std::string& text) {
   std::ofstream(p) << text;

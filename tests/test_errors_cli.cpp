@@ -2,49 +2,23 @@
 // message on stderr naming the offending value, and never crashes (exit codes
 // above 128 are signals). The tests behind the CLI rows of docs/errors.md.
 #include <gtest/gtest.h>
-#include <sys/wait.h>
-#include <unistd.h>
 
-#include <cstdlib>
 #include <filesystem>
 #include <fstream>
-#include <sstream>
 #include <string>
+
+#include "cli_run.h"
 
 namespace {
 
 namespace fs = std::filesystem;
-
-fs::path work_dir() {
-  static const fs::path p = [] {
-    fs::path d = fs::temp_directory_path() / ("seqpack_errors_cli_" + std::to_string(::getpid()));
-    fs::remove_all(d);
-    fs::create_directories(d);
-    return d;
-  }();
-  return p;
-}
-
-struct Result {
-  int exit_code;
-  std::string err;
-};
-
-Result run(const std::string& args) {
-  const fs::path err = work_dir() / "stderr.txt";
-  const std::string cmd = std::string(SEQPACK_CLI_PATH) + " " + args + " >/dev/null 2>" + err.string();
-  const int status = std::system(cmd.c_str());
-  std::ifstream in(err);
-  std::stringstream s;
-  s << in.rdbuf();
-  return {WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status), s.str()};
-}
+using seqpack::testing::work_dir;
 
 #define EXPECT_CLI_REJECTS(args, needle)                                                   \
   do {                                                                                     \
-    const Result r_ = run(args);                                                           \
-    EXPECT_NE(r_.exit_code, 0) << (args);                                                  \
-    EXPECT_LT(r_.exit_code, 128) << (args) << " crashed: " << r_.err;                      \
+    const seqpack::testing::CliResult r_ = seqpack::testing::run_cli(args);                \
+    EXPECT_NE(r_.status, 0) << (args);                                                     \
+    EXPECT_LT(r_.status, 128) << (args) << " crashed: " << r_.err;                         \
     EXPECT_NE(r_.err.find(needle), std::string::npos)                                      \
         << (args) << ": stderr '" << r_.err << "' does not contain '" << (needle) << "'";  \
   } while (0)
