@@ -143,6 +143,18 @@ BENCHMARK(BM_step)
           b->Args({s[0], s[1], rows, 1});
         }
       }
+      // The input side over a whole batch (every packed row): the input
+      // projection X·W_ihᵀ (K = I, N = G) and dX = dG·W_ih (K = G, N = I) of
+      // gru-chars, lstm-sentences, lstm-bi-2layer (layers 0 and 1) and
+      // rnn-tanh-tiny, rows = the workload's tokens.
+      const int64_t whole[][3] = {{64, 384, 2854},  {384, 64, 2854},  {128, 1024, 1316},
+                                  {1024, 128, 1316}, {256, 2048, 881}, {2048, 256, 881},
+                                  {1024, 2048, 881}, {2048, 1024, 881}, {32, 64, 690},
+                                  {64, 32, 690}};
+      for (const auto& s : whole) {
+        b->Args({s[0], s[1], s[2], 0});
+        b->Args({s[0], s[1], s[2], 1});
+      }
     })
     ->Unit(benchmark::kMicrosecond);
 
