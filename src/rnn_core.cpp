@@ -327,11 +327,8 @@ RNNForwardResult forward_impl(const RNNOptions& o, const std::vector<Tensor>& we
         for (int64_t v = 0; v < V; ++v)
           for (int64_t k = 0; k < G; ++k) p[v * G + k] += bias[k];
       } else {
-        if (o.bias) {
-          for (int64_t r = 0; r < N; ++r) std::memcpy(gates + r * G, bias, static_cast<std::size_t>(G) * sizeof(T));
-        }
-        cpu::gemm<T>(false, true, N, G, in, T(1), x.data<T>(), in, w.w_ih, in,
-                     o.bias ? T(1) : T(0), gates, G);
+        cpu::gemm<T>(false, true, N, G, in, T(1), x.data<T>(), in, w.w_ih, in, T(0), gates, G,
+                     o.bias ? bias : nullptr);
       }
 
       RNNSaved::Direction& sd = sds[static_cast<std::size_t>(d)];

@@ -10,6 +10,8 @@
 #include <cmath>
 #include <limits>
 #include <string>
+#include <tuple>
+#include <type_traits>
 #include <random>
 #include <vector>
 
@@ -231,6 +233,56 @@ TEST(GemmPackedSmall, RepackingReusesStorage) {
   EXPECT_EQ(pw.storage.data(), first);
   gemm_packed_small(1, a.data(), 5, pw, 0, 4, 0.f, c.data(), 4);
   for (float x : c) EXPECT_EQ(x, 10.f);  // 5 * 1 * 2
+}
+
+// cpu::gemm with c_row: C = c_row (every row) + A·Bᵀ, whatever C held, on one
+// thread and split over two (by rows when C is taller than wide, by columns
+// otherwise), float32 and float64, and with k = 0 (C = c_row).
+template <typename T>
+void check_gemm_row_init(int64_t m, int64_t n, int64_t k, int threads, std::mt19937& gen) {
+  std::uniform_real_distribution<double> u(-1.0, 1.0);
+  std::vector<T> a(static_cast<std::size_t>(m * k)), b(static_cast<std::size_t>(n * k));
+  std::vector<T> row(static_cast<std::size_t>(n));
+  std::vector<T> c(static_cast<std::size_t>(m * (n + 3)), std::numeric_limits<T>::quiet_NaN());
+  for (T& x : a) x = static_cast<T>(u(gen));
+  for (T& x : b) x = static_cast<T>(u(gen));
+  for (T& x : row) x = static_cast<T>(u(gen));
+  seqpack::set_num_threads(threads);
+  seqpack::cpu::gemm<T>(false, true, m, n, k, T(1), a.data(), k, b.data(), k, T(0), c.data(), n + 3,
+                        row.data());
+  seqpack::set_num_threads(1);
+  for (int64_t i = 0; i < m; ++i) {
+    for (int64_t j = 0; j < n; ++j) {
+      double want = row[static_cast<std::size_t>(j)], mag = std::fabs(want);
+      for (int64_t kk = 0; kk < k; ++kk) {
+        const double p = static_cast<double>(a[static_cast<std::size_t>(i * k + kk)]) *
+                         static_cast<double>(b[static_cast<std::size_t>(j * k + kk)]);
+        want += p;
+        mag += std::fabs(p);
+      }
+      ASSERT_NEAR(c[static_cast<std::size_t>(i * (n + 3) + j)], want,
+                  (std::is_same_v<T, float> ? 1e-6 : 1e-14) * mag + 1e-12)
+          << "m=" << m << " n=" << n << " k=" << k << " threads=" << threads << " i=" << i
+          << " j=" << j;
+    }
+    for (int64_t j = n; j < n + 3; ++j) {
+      ASSERT_TRUE(std::isnan(c[static_cast<std::size_t>(i * (n + 3) + j)])) << "padding written";
+    }
+  }
+}
+
+TEST(Gemm, RowInitIsAddedToTheProduct) {
+  const auto seed = seqpack::testing::test_seed();
+  SCOPED_TRACE("seed " + std::to_string(seed));
+  std::mt19937 gen(static_cast<std::mt19937::result_type>(seed));
+  // 300 x 200 x 40 is past the size that splits over threads; 37 x 400 splits by columns.
+  for (const auto& [m, n, k] : {std::tuple<int64_t, int64_t, int64_t>{300, 200, 40},
+                                {37, 400, 150}, {5, 7, 3}, {4, 6, 0}}) {
+    for (int threads : {1, 2}) {
+      check_gemm_row_init<float>(m, n, k, threads, gen);
+      check_gemm_row_init<double>(m, n, k, threads, gen);
+    }
+  }
 }
 
 // The recurrent layers multiply every float32 step by W_hh through

@@ -48,12 +48,25 @@ int gemm_threads(int64_t m, int64_t n, int64_t k) {
   return static_cast<int>(std::min<int64_t>(nt, std::max(m, n) / 32));
 }
 
+// Rows [r0, r1) and columns [j0, j1) of C set to c_row.
+template <typename T>
+void fill_rows(T* c, int64_t ldc, const T* c_row, int64_t r0, int64_t r1, int64_t j0, int64_t j1) {
+  for (int64_t i = r0; i < r1; ++i) {
+    std::copy(c_row + j0, c_row + j1, c + i * ldc + j0);
+  }
+}
+
 template <typename T>
 void gemm_impl(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, T alpha, const T* a,
-               int64_t lda, const T* b, int64_t ldb, T beta, T* c, int64_t ldc) {
+               int64_t lda, const T* b, int64_t ldb, T beta, T* c, int64_t ldc, const T* c_row) {
   if (m == 0 || n == 0) return;
+  if (c_row) beta = T(1);
   if (k == 0) {
     // BLAS leaves C untouched when k = 0 only if beta = 1; scale by hand.
+    if (c_row) {
+      fill_rows(c, ldc, c_row, 0, m, 0, n);
+      return;
+    }
     for (int64_t i = 0; i < m; ++i)
       for (int64_t j = 0; j < n; ++j) c[i * ldc + j] = beta == T(0) ? T(0) : beta * c[i * ldc + j];
     return;
@@ -61,6 +74,7 @@ void gemm_impl(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, T al
   BlasSingleThread one;  // a no-op when the caller already holds one
   const int nt = gemm_threads(m, n, k);
   if (nt <= 1) {
+    if (c_row) fill_rows(c, ldc, c_row, 0, m, 0, n);
     blas_call(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
     return;
   }
@@ -81,10 +95,12 @@ void gemm_impl(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, T al
       if (by_rows) {
         // Rows lo..hi of op(A): rows of A, or columns when A is transposed.
         const T* ab = trans_a ? a + lo : a + lo * lda;
+        if (c_row) fill_rows(c, ldc, c_row, lo, hi, 0, n);
         blas_call(trans_a, trans_b, hi - lo, n, k, alpha, ab, lda, b, ldb, beta, c + lo * ldc, ldc);
       } else {
         // Columns lo..hi of op(B): columns of B, or rows when B is transposed.
         const T* bb = trans_b ? b + lo * ldb : b + lo;
+        if (c_row) fill_rows(c, ldc, c_row, 0, m, lo, hi);
         blas_call(trans_a, trans_b, m, hi - lo, k, alpha, a, lda, bb, ldb, beta, c + lo, ldc);
       }
     }
@@ -102,15 +118,15 @@ BlasSingleThread::~BlasSingleThread() {
 template <>
 void gemm<float>(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha,
                  const float* a, int64_t lda, const float* b, int64_t ldb, float beta, float* c,
-                 int64_t ldc) {
-  gemm_impl<float>(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+                 int64_t ldc, const float* c_row) {
+  gemm_impl<float>(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc, c_row);
 }
 
 template <>
 void gemm<double>(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, double alpha,
                   const double* a, int64_t lda, const double* b, int64_t ldb, double beta,
-                  double* c, int64_t ldc) {
-  gemm_impl<double>(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+                  double* c, int64_t ldc, const double* c_row) {
+  gemm_impl<double>(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc, c_row);
 }
 
 void set_blas_threads(int n) { openblas_set_num_threads(n); }

@@ -5,6 +5,10 @@
 //   C[m, n] = alpha * op(A)[m, k] * op(B)[k, n] + beta * C
 //
 // op(X) is X or its transpose. lda/ldb/ldc are row strides in elements.
+//
+// With `c_row` (n values), every row of C is set to c_row before the product is
+// added (beta is then ignored): a bias broadcast over the rows, written by the
+// thread that then computes those rows, right before it does.
 #pragma once
 
 #include <cstdint>
@@ -14,7 +18,8 @@ namespace seqpack::cpu {
 
 template <typename T>
 void gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, T alpha, const T* a,
-          int64_t lda, const T* b, int64_t ldb, T beta, T* c, int64_t ldc);
+          int64_t lda, const T* b, int64_t ldb, T beta, T* c, int64_t ldc,
+          const T* c_row = nullptr);
 
 // One thread pool: seqpack's threads are OpenMP's. gemm splits a large
 // product over them itself (when called outside a parallel region), each

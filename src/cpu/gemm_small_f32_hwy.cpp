@@ -20,6 +20,7 @@
 
 #include <hwy/cache_control.h>
 #include <hwy/highway.h>
+#include <omp.h>
 
 #include <algorithm>
 #include <cstdint>
@@ -226,6 +227,8 @@ namespace seqpack::cpu {
 HWY_EXPORT(PanelWidth);
 HWY_EXPORT(GemmPackedSmall);
 
+constexpr int64_t kParallelPackElements = 1 << 17;  // 512 KB of weights
+
 void pack_weights(const float* b, bool trans_b, int64_t k, int64_t n, int64_t ldb,
                   PackedWeights& out) {
   const int64_t W = HWY_DYNAMIC_DISPATCH(PanelWidth)();
@@ -238,6 +241,11 @@ void pack_weights(const float* b, bool trans_b, int64_t k, int64_t n, int64_t ld
   out.n = n;
   out.width = W;
   float* dst = out.storage.data() + out.offset;
+  // A large matrix packed outside a parallel region (one direction whose steps
+  // are split over threads) is split over the threads by panels: done on one
+  // thread, the other threads would wait for it.
+  const bool split = k * n >= kParallelPackElements && !omp_in_parallel();
+#pragma omp parallel for schedule(static) if (split)
   for (int64_t p = 0; p < panels; ++p) {
     float* panel = dst + p * k * W;
     const int64_t cols = std::min(W, n - p * W);
