@@ -394,9 +394,11 @@ RNNForwardResult forward_impl(const RNNOptions& o, const std::vector<Tensor>& we
           const int64_t ng = h0_zero ? rows_after_h0(bs, t, d) : n;
           const T* const* init = nullptr;
           if (lookup_layer) {
-            // Fused: rows < ng take their projection inside the product.
-            const int64_t copied = fuse_lookup ? ng : 0;
-            if (fuse_lookup) init = ws.proj_rows.data() + r0;
+            // Fused: rows < ng take their projection inside the product (only
+            // the packed kernel takes init rows; a step past kSmallRows copies).
+            const bool fused = fuse_lookup && ng <= kSmallRows;
+            const int64_t copied = fused ? ng : 0;
+            if (fused) init = ws.proj_rows.data() + r0;
             const T* p = ws.proj.data();
             for (int64_t j = copied; j < n; ++j) {
               const T* src = p + (*lookup)[static_cast<std::size_t>(r0 + j)] * G;

@@ -5,12 +5,14 @@
 // zero h0. Float64, so the only differences are summation order.
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <random>
 #include <string>
 #include <vector>
 
 #include "seqpack/packed_sequence.h"
 #include "seqpack/rnn.h"
+#include "seqpack/threading.h"
 #include "test_util.h"
 
 namespace seqpack {
@@ -149,6 +151,87 @@ TEST(RnnLookup, SkippedInitialStateGradientChangesNothingElse) {
     expect_close(gskip.input, gfull.input, "grad input");
     for (std::size_t i = 0; i < gfull.weights.size(); ++i) {
       expect_close(gskip.weights[i], gfull.weights[i], rnn_parameter_names(o)[i]);
+    }
+  }
+}
+
+// The float32 path: the lookup rows enter the per-step product as its starting
+// accumulators (gemm_packed_small's init rows) and, with no output gradient, the
+// LSTM/RNN backward reads dh in place. Against float64 on the gathered rows
+// (the plain path, BLAS), at 1 and 2 threads; H = 256 so that two threads split
+// each step's columns (one direction) and run the two directions side by side.
+TEST(RnnLookup, Float32MatchesFloat64WithoutOutputGradient) {
+  const uint64_t seed = testing::test_seed();
+  SCOPED_TRACE("seed " + std::to_string(seed));
+  std::mt19937_64 gen(seed);
+  for (const RNNMode mode : {RNNMode::lstm, RNNMode::gru, RNNMode::rnn_tanh}) {
+    for (const bool bidirectional : {false, true}) {
+      for (const int threads : {1, 2}) {
+        SCOPED_TRACE(std::string(rnn_mode_name(mode)) + (bidirectional ? " bidirectional" : "") +
+                     " threads=" + std::to_string(threads));
+        RNNOptions o64;
+        o64.mode = mode;
+        o64.input_size = 8;
+        o64.hidden_size = 256;
+        o64.bidirectional = bidirectional;
+        o64.dtype = DType::f64;
+        RNNOptions o32 = o64;
+        o32.dtype = DType::f32;
+        // Weights at PyTorch's initial scale, U(-1/sqrt(H), 1/sqrt(H)) (0.6 / 10 here).
+        auto w64 = random_weights(o64, gen);
+        std::vector<Tensor> w32;
+        for (Tensor& t : w64) {
+          for (int64_t i = 0; i < t.numel(); ++i) t.data<double>()[i] *= 0.1;
+          w32.push_back(t.to(DType::f32));
+        }
+        // 20 sequences: steps of 20 live rows down to 1, and a zero-length one.
+        std::vector<int64_t> lengths;
+        for (int64_t i = 0; i < 20; ++i) lengths.push_back((i * 7) % 13);
+        const PackingPlan plan = PackingPlan::from_lengths(lengths, /*enforce_sorted=*/false);
+        const int64_t V = 11, N = plan.total_rows();
+        const Tensor table = random_tensor({V, o64.input_size}, gen);
+        std::vector<int64_t> ids(static_cast<std::size_t>(N));
+        std::uniform_int_distribution<int64_t> pick(0, V - 1);
+        for (auto& id : ids) id = pick(gen);
+        Tensor rows = Tensor::empty({N, o64.input_size}, DType::f64);
+        for (int64_t r = 0; r < N; ++r)
+          for (int64_t k = 0; k < o64.input_size; ++k)
+            rows.data<double>()[r * o64.input_size + k] =
+                table.data<double>()[ids[static_cast<std::size_t>(r)] * o64.input_size + k];
+
+        const auto want = rnn_forward(o64, w64, rows, plan, {}, {}, /*training=*/true,
+                                      /*save_for_backward=*/true);
+        set_num_threads(threads);
+        const auto got = rnn_forward_lookup(o32, w32, table.to(DType::f32), ids, plan, {}, {},
+                                            /*training=*/true, /*save_for_backward=*/true);
+        const Tensor gh = random_tensor(want.h_n.shape(), gen);
+        const auto ggot = rnn_backward(*got.saved, {}, gh.to(DType::f32), {},
+                                       /*initial_state_grad=*/false);
+        set_num_threads(1);
+        const auto gwant = rnn_backward(*want.saved, {}, gh, {}, /*initial_state_grad=*/false);
+
+        // Relative to the value's size (float32 sums over up to 256 terms per element).
+        auto near = [](const Tensor& a32, const Tensor& b64, double tol, const std::string& what) {
+          ASSERT_EQ(a32.shape(), b64.shape()) << what;
+          const Tensor a = a32.to(DType::f64);
+          for (int64_t i = 0; i < a.numel(); ++i) {
+            const double want = b64.data<double>()[i];
+            ASSERT_NEAR(a.data<double>()[i], want, tol * (1.0 + std::fabs(want))) << what << " at " << i;
+          }
+        };
+        near(got.output, want.output, 1e-5, "output");
+        near(got.h_n, want.h_n, 1e-5, "h_n");
+        for (std::size_t i = 0; i < gwant.weights.size(); ++i) {
+          near(ggot.weights[i], gwant.weights[i], 1e-4, rnn_parameter_names(o64)[i]);
+        }
+        // The table's gradient: the per-row input gradient summed by id.
+        Tensor table_grad = Tensor::zeros({V, o64.input_size}, DType::f64);
+        for (int64_t r = 0; r < N; ++r)
+          for (int64_t k = 0; k < o64.input_size; ++k)
+            table_grad.data<double>()[ids[static_cast<std::size_t>(r)] * o64.input_size + k] +=
+                gwant.input.data<double>()[r * o64.input_size + k];
+        near(ggot.input, table_grad, 1e-4, "grad table");
+      }
     }
   }
 }
