@@ -40,6 +40,37 @@ void expect_close(const Tensor& a, const Tensor& b, const std::string& what) {
   }
 }
 
+// A random table of V rows, an id per packed row, and the rows it gathers
+// (what rnn_forward sees in place of the lookup).
+struct Lookup {
+  Tensor table;
+  std::vector<int64_t> ids;
+  Tensor rows;
+};
+
+Lookup random_lookup(int64_t V, int64_t N, int64_t width, std::mt19937_64& gen) {
+  Lookup lk{random_tensor({V, width}, gen), std::vector<int64_t>(static_cast<std::size_t>(N)),
+            Tensor::empty({N, width}, DType::f64)};
+  std::uniform_int_distribution<int64_t> pick(0, V - 1);
+  for (auto& id : lk.ids) id = pick(gen);
+  for (int64_t r = 0; r < N; ++r)
+    for (int64_t k = 0; k < width; ++k)
+      lk.rows.data<double>()[r * width + k] =
+          lk.table.data<double>()[lk.ids[static_cast<std::size_t>(r)] * width + k];
+  return lk;
+}
+
+// The table's gradient: the per-row input gradient summed by id.
+Tensor sum_by_id(const Tensor& per_row, const std::vector<int64_t>& ids, int64_t V) {
+  const int64_t width = per_row.size(1);
+  Tensor out = Tensor::zeros({V, width}, DType::f64);
+  for (std::size_t r = 0; r < ids.size(); ++r)
+    for (int64_t k = 0; k < width; ++k)
+      out.data<double>()[ids[r] * width + k] +=
+          per_row.data<double>()[static_cast<int64_t>(r) * width + k];
+  return out;
+}
+
 struct Config {
   RNNMode mode;
   bool bidirectional;
@@ -81,20 +112,12 @@ TEST(RnnLookup, MatchesForwardAndBackwardOnGatheredRows) {
     // Lengths with a zero-length sequence and ties; the caller's order is unsorted.
     const std::vector<int64_t> lengths = {3, 0, 5, 3, 1};
     const PackingPlan plan = PackingPlan::from_lengths(lengths, /*enforce_sorted=*/false);
-    const int64_t V = 4, N = plan.total_rows();
-    const Tensor table = random_tensor({V, o.input_size}, gen);
-    std::vector<int64_t> ids(static_cast<std::size_t>(N));
-    std::uniform_int_distribution<int64_t> pick(0, V - 1);
-    for (auto& id : ids) id = pick(gen);
-    Tensor rows = Tensor::empty({N, o.input_size}, DType::f64);
-    for (int64_t r = 0; r < N; ++r)
-      for (int64_t k = 0; k < o.input_size; ++k)
-        rows.data<double>()[r * o.input_size + k] =
-            table.data<double>()[ids[static_cast<std::size_t>(r)] * o.input_size + k];
+    const int64_t V = 4;
+    const Lookup lk = random_lookup(V, plan.total_rows(), o.input_size, gen);
 
-    const auto plain = rnn_forward(o, w, rows, plan, {}, {}, /*training=*/true,
+    const auto plain = rnn_forward(o, w, lk.rows, plan, {}, {}, /*training=*/true,
                                    /*save_for_backward=*/true);
-    const auto fused = rnn_forward_lookup(o, w, table, ids, plan, {}, {}, /*training=*/true,
+    const auto fused = rnn_forward_lookup(o, w, lk.table, lk.ids, plan, {}, {}, /*training=*/true,
                                           /*save_for_backward=*/true);
     expect_close(fused.output, plain.output, "output");
     expect_close(fused.h_n, plain.h_n, "h_n");
@@ -109,13 +132,7 @@ TEST(RnnLookup, MatchesForwardAndBackwardOnGatheredRows) {
       expect_close(gf.weights[i], gp.weights[i], rnn_parameter_names(o)[i]);
     }
     expect_close(gf.h0, gp.h0, "grad h0");
-    // The table's gradient is the per-row input gradient summed by id.
-    Tensor want = Tensor::zeros({V, o.input_size}, DType::f64);
-    for (int64_t r = 0; r < N; ++r)
-      for (int64_t k = 0; k < o.input_size; ++k)
-        want.data<double>()[ids[static_cast<std::size_t>(r)] * o.input_size + k] +=
-            gp.input.data<double>()[r * o.input_size + k];
-    expect_close(gf.input, want, "grad table");
+    expect_close(gf.input, sum_by_id(gp.input, lk.ids, V), "grad table");
   }
 }
 
@@ -188,22 +205,14 @@ TEST(RnnLookup, Float32MatchesFloat64WithoutOutputGradient) {
         std::vector<int64_t> lengths;
         for (int64_t i = 0; i < 20; ++i) lengths.push_back((i * 7) % 13);
         const PackingPlan plan = PackingPlan::from_lengths(lengths, /*enforce_sorted=*/false);
-        const int64_t V = 11, N = plan.total_rows();
-        const Tensor table = random_tensor({V, o64.input_size}, gen);
-        std::vector<int64_t> ids(static_cast<std::size_t>(N));
-        std::uniform_int_distribution<int64_t> pick(0, V - 1);
-        for (auto& id : ids) id = pick(gen);
-        Tensor rows = Tensor::empty({N, o64.input_size}, DType::f64);
-        for (int64_t r = 0; r < N; ++r)
-          for (int64_t k = 0; k < o64.input_size; ++k)
-            rows.data<double>()[r * o64.input_size + k] =
-                table.data<double>()[ids[static_cast<std::size_t>(r)] * o64.input_size + k];
+        const int64_t V = 11;
+        const Lookup lk = random_lookup(V, plan.total_rows(), o64.input_size, gen);
 
-        const auto want = rnn_forward(o64, w64, rows, plan, {}, {}, /*training=*/true,
+        const auto want = rnn_forward(o64, w64, lk.rows, plan, {}, {}, /*training=*/true,
                                       /*save_for_backward=*/true);
         set_num_threads(threads);
-        const auto got = rnn_forward_lookup(o32, w32, table.to(DType::f32), ids, plan, {}, {},
-                                            /*training=*/true, /*save_for_backward=*/true);
+        const auto got = rnn_forward_lookup(o32, w32, lk.table.to(DType::f32), lk.ids, plan, {},
+                                            {}, /*training=*/true, /*save_for_backward=*/true);
         const Tensor gh = random_tensor(want.h_n.shape(), gen);
         const auto ggot = rnn_backward(*got.saved, {}, gh.to(DType::f32), {},
                                        /*initial_state_grad=*/false);
@@ -224,13 +233,7 @@ TEST(RnnLookup, Float32MatchesFloat64WithoutOutputGradient) {
         for (std::size_t i = 0; i < gwant.weights.size(); ++i) {
           near(ggot.weights[i], gwant.weights[i], 1e-4, rnn_parameter_names(o64)[i]);
         }
-        // The table's gradient: the per-row input gradient summed by id.
-        Tensor table_grad = Tensor::zeros({V, o64.input_size}, DType::f64);
-        for (int64_t r = 0; r < N; ++r)
-          for (int64_t k = 0; k < o64.input_size; ++k)
-            table_grad.data<double>()[ids[static_cast<std::size_t>(r)] * o64.input_size + k] +=
-                gwant.input.data<double>()[r * o64.input_size + k];
-        near(ggot.input, table_grad, 1e-4, "grad table");
+        near(ggot.input, sum_by_id(gwant.input, lk.ids, V), 1e-4, "grad table");
       }
     }
   }
