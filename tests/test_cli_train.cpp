@@ -61,6 +61,12 @@ TEST(CliTrain, TrainsOnATsvReportsAndSavesAModelThatPredicts) {
   EXPECT_NE(p.out.find("zzz:"), std::string::npos) << p.out;
   EXPECT_NE(p.out.find("3 unknown characters read as <unk>"), std::string::npos) << p.out;
 
+  // An empty word is a zero-length sequence: predicted from the bias alone, and said so.
+  CliResult e = run_cli("predict --model " + model.string() + " --top 1 ''");
+  ASSERT_EQ(e.status, 0) << e.out << e.err;
+  EXPECT_EQ(e.out.rfind("\"\": ", 0), 0u) << e.out;
+  EXPECT_NE(e.out.find("empty word: no characters"), std::string::npos) << e.out;
+
   CliResult j = run_cli("predict --json --model " + model.string() + " zz");
   ASSERT_EQ(j.status, 0) << j.err;
   const auto js = nlohmann::json::parse(j.out);

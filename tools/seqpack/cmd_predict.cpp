@@ -31,6 +31,11 @@ void run_predict(const PredictArgs& a) {
   }
   const Tensor logits = tc.logits(words);
   const auto scores = tc.predict(words);
+  auto unknown_chars = [&tc](const std::u32string& w) {
+    int64_t n = 0;
+    for (char32_t ch : w) n += tc.vocabulary.contains(ch) ? 0 : 1;
+    return n;
+  };
   if (a.json) {
     // Machine-readable, for tests/check_model_in_torch.py: raw logits in label order.
     nlohmann::json out = {{"labels", tc.labels}, {"predictions", nlohmann::json::array()}};
@@ -38,11 +43,9 @@ void run_predict(const PredictArgs& a) {
     for (std::size_t i = 0; i < words.size(); ++i) {
       std::vector<double> row;
       for (int64_t k = 0; k < c; ++k) row.push_back(logits.item_as_double(static_cast<int64_t>(i) * c + k));
-      int64_t unknown = 0;
-      for (char32_t ch : words[i]) unknown += tc.vocabulary.contains(ch) ? 0 : 1;
       out["predictions"].push_back({{"word", a.words[i]},
                                     {"ids", tc.vocabulary.encode(words[i])},
-                                    {"unknown_chars", unknown},
+                                    {"unknown_chars", unknown_chars(words[i])},
                                     {"logits", row},
                                     {"label", scores[i][0].label}});
     }
@@ -50,14 +53,15 @@ void run_predict(const PredictArgs& a) {
     return;
   }
   for (std::size_t i = 0; i < words.size(); ++i) {
-    fmt::print("{}:", a.words[i]);
+    fmt::print("{}:", a.words[i].empty() ? "\"\"" : a.words[i]);
     const std::size_t k = std::min<std::size_t>(static_cast<std::size_t>(a.top), scores[i].size());
     for (std::size_t j = 0; j < k; ++j) {
       fmt::print("{} {} {:.1f}%", j ? "," : "", scores[i][j].label, 100.0 * scores[i][j].probability);
     }
-    int64_t unknown = 0;
-    for (char32_t ch : words[i]) unknown += tc.vocabulary.contains(ch) ? 0 : 1;
+    const int64_t unknown = unknown_chars(words[i]);
     if (unknown > 0) fmt::print("  ({} unknown character{} read as <unk>)", unknown, unknown > 1 ? "s" : "");
+    // A zero-length sequence leaves the LSTM at its zero initial state.
+    if (words[i].empty()) fmt::print("  (empty word: no characters, only the output layer's bias decides)");
     fmt::print("\n");
   }
 }
