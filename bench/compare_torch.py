@@ -200,6 +200,9 @@ def main():
                    help="skip the seqpack train_packed --scale 2 linearity check")
     p.add_argument("--torch-single-run", type=float, default=5.0,
                    help="a torch warm-up slower than this many seconds is taken as the only sample")
+    p.add_argument("--rounds", type=int, default=1,
+                   help="run each seqpack/torch pair this many times, alternating, and report the "
+                        "median round with the range of the ratios (the machine's speed drifts)")
     p.add_argument("--seqpack-only", action="store_true",
                    help="time seqpack only (e.g. for the thread-scaling figures)")
     p.add_argument("--json-out", help="also write every measurement to this file (JSON)")
@@ -212,6 +215,8 @@ def main():
         thread_counts = [int(t) for t in args.threads.split(",")]
     except ValueError:
         sys.exit(f"compare_torch: --threads '{args.threads}' is not a comma-separated list of integers")
+    if args.rounds < 1:
+        sys.exit(f"compare_torch: --rounds {args.rounds} must be >= 1")
     if any(t < 1 for t in thread_counts):
         sys.exit(f"compare_torch: --threads '{args.threads}': every count must be >= 1")
     if not os.path.exists(args.seqpack):
@@ -245,23 +250,37 @@ def main():
             if threads == 1:
                 rates.append(sgemm_rate(args)[0])
             for mode in modes:
-                print(f"... threads {threads} {w['name']} {mode}: seqpack", file=sys.stderr, flush=True)
-                s_sec, s_cpu, s_reps = seqpack_bench(args, threads, w["name"], mode)
-                print(f"... threads {threads} {w['name']} {mode}: torch", file=sys.stderr, flush=True)
-                if args.seqpack_only:
-                    t_sec = t_cpu = t_reps = None
-                else:
-                    t_sec, t_cpu, t_reps = torch_bench(w, mode, lengths, args.min_time,
-                                                       args.torch_single_run)
+                # --rounds N: the seqpack/torch pair N times, alternating, so that a slow
+                # moment of the machine hits one round rather than one implementation; the
+                # round whose ratio is the median is reported, with the range.
+                rounds = []
+                for k in range(args.rounds):
+                    tag = f"... threads {threads} {w['name']} {mode}" + (
+                        f" round {k + 1}/{args.rounds}" if args.rounds > 1 else "")
+                    print(f"{tag}: seqpack", file=sys.stderr, flush=True)
+                    s_sec, s_cpu, s_reps = seqpack_bench(args, threads, w["name"], mode)
+                    print(f"{tag}: torch", file=sys.stderr, flush=True)
+                    if args.seqpack_only:
+                        t_sec = t_cpu = t_reps = None
+                    else:
+                        t_sec, t_cpu, t_reps = torch_bench(w, mode, lengths, args.min_time,
+                                                           args.torch_single_run)
+                    rounds.append(dict(seqpack_sec=s_sec, seqpack_cpu=s_cpu, seqpack_reps=s_reps,
+                                       torch_sec=t_sec, torch_cpu=t_cpu, torch_reps=t_reps,
+                                       ratio=t_sec / s_sec if t_sec else None,
+                                       cpu_ratio=t_cpu / s_cpu if t_cpu else None))
+                    print(f"... {w['name']} {mode}: seqpack {s_sec:.4g} s, torch {fmt_s(t_sec)} s, "
+                          f"ratio {fmt_r(rounds[-1]['ratio'])} (cpu {fmt_r(rounds[-1]['cpu_ratio'])})",
+                          file=sys.stderr, flush=True)
+                key = (lambda r: r["ratio"]) if not args.seqpack_only else (lambda r: r["seqpack_sec"])
+                median_round = sorted(rounds, key=key)[(len(rounds) - 1) // 2]
+                ratios = [r["ratio"] for r in rounds if r["ratio"] is not None]
                 results.append(dict(threads=threads, workload=w["name"], mode=mode, tokens=tokens,
-                                    seqpack_sec=s_sec, seqpack_cpu=s_cpu, seqpack_reps=s_reps,
-                                    torch_sec=t_sec, torch_cpu=t_cpu, torch_reps=t_reps,
-                                    ratio=t_sec / s_sec if t_sec else None,
-                                    cpu_ratio=t_cpu / s_cpu if t_cpu else None,
+                                    **median_round,
+                                    ratio_min=min(ratios) if ratios else None,
+                                    ratio_max=max(ratios) if ratios else None,
+                                    rounds=rounds,
                                     flops=forward_flops(w, tokens) if mode != "train_packed" else None))
-                print(f"... {w['name']} {mode}: seqpack {s_sec:.4g} s, torch {fmt_s(t_sec)} s, "
-                      f"ratio {fmt_r(results[-1]['ratio'])} (cpu {fmt_r(results[-1]['cpu_ratio'])})",
-                      file=sys.stderr, flush=True)
 
     rate = max(rates)
     print(f"# single-core sgemm rate: {rate / 1e9:.1f} GFLOP/s, the best of {len(rates)} readings "
@@ -269,8 +288,12 @@ def main():
     print()
     print("s = median wall-clock seconds per batch; cpu ratio = the same ratio of median process "
           "CPU seconds (at 1 thread, unaffected by other processes on the machine)")
+    if args.rounds > 1:
+        print(f"each row: the median of {args.rounds} alternating rounds of the pair; "
+              f"'range' = the lowest and highest ratio of the rounds")
     print(f"{'threads':>7} {'workload':<15} {'mode':<15} {'seqpack s':>10} {'torch s':>10} "
-          f"{'torch/seqpack':>13} {'cpu ratio':>9} {'target wall/cpu':>15} {'reps s/t':>9}")
+          f"{'torch/seqpack':>13} {'cpu ratio':>9} {'target wall/cpu':>15} {'reps s/t':>9}"
+          + (f" {'range':>13}" if args.rounds > 1 else ""))
     for r in results:
         target = target_of(r["workload"], r["mode"], r["threads"])
         verdict = ""
@@ -279,7 +302,8 @@ def main():
             verdict = f">={target:g} {ok(r['ratio'])}/{ok(r['cpu_ratio'])}"
         print(f"{r['threads']:>7} {r['workload']:<15} {r['mode']:<15} {fmt_s(r['seqpack_sec']):>10} "
               f"{fmt_s(r['torch_sec']):>10} {fmt_r(r['ratio']):>13} {fmt_r(r['cpu_ratio']):>9} {verdict:>15} "
-              f"{r['seqpack_reps']:>4}/{r['torch_reps'] or '-'}")
+              f"{r['seqpack_reps']:>4}/{r['torch_reps'] or '-'}"
+              + (f" {fmt_r(r['ratio_min']):>6}-{fmt_r(r['ratio_max']):<6}" if args.rounds > 1 else ""))
 
     fwd = [r for r in results if r["mode"] == "forward_packed"]
     if fwd:
