@@ -281,7 +281,8 @@ RNNForwardResult forward_impl(const RNNOptions& o, const std::vector<Tensor>& we
     ws.m.resize(proj && !save ? static_cast<std::size_t>(B * H) : 0);
     ws.bias.resize(static_cast<std::size_t>(G));
     ws.proj.resize(lookup ? static_cast<std::size_t>(data.size(0) * G) : 0);
-    ws.proj_rows.resize(lookup ? static_cast<std::size_t>(N) : 0);
+    // Init rows exist for the float32 packed kernel only, and GRU does not use them.
+    ws.proj_rows.resize(lookup && std::is_same_v<T, float> && !gru ? static_cast<std::size_t>(N) : 0);
   }
   const int nt = step_threads(H);
 
@@ -392,11 +393,13 @@ RNNForwardResult forward_impl(const RNNOptions& o, const std::vector<Tensor>& we
           }
           // Rows past ng hold the zero h0: their product is zero.
           const int64_t ng = h0_zero ? rows_after_h0(bs, t, d) : n;
+          // This step's product goes through the packed kernel (the one place
+          // that decides it: only that kernel takes init rows).
+          const bool packed = small && ng <= kSmallRows;
           const T* const* init = nullptr;
           if (lookup_layer) {
-            // Fused: rows < ng take their projection inside the product (only
-            // the packed kernel takes init rows; a step past kSmallRows copies).
-            const bool fused = fuse_lookup && ng <= kSmallRows;
+            // Fused: rows < ng take their projection inside the product.
+            const bool fused = fuse_lookup && packed;
             const int64_t copied = fused ? ng : 0;
             if (fused) init = ws.proj_rows.data() + r0;
             const T* p = ws.proj.data();
@@ -413,7 +416,7 @@ RNNForwardResult forward_impl(const RNNOptions& o, const std::vector<Tensor>& we
             const int64_t n = ng;  // NOLINT: the rows multiplied
             if (n == 0) return;
             if constexpr (std::is_same_v<T, float>) {
-              if (small && n <= kSmallRows) {
+              if (packed) {
                 if (nth == 1) {
                   cpu::gemm_packed_small(n, hsrc, R, ws.whh, 0, G, beta, dst, G, init);
                   return;

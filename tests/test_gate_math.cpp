@@ -23,8 +23,9 @@ using seqpack::cpu::tanh_f32;
 double sigmoid_ref(double x) { return 1.0 / (1.0 + std::exp(-x)); }
 
 // Distance to the reference in units of the float spacing at the reference.
-// Below float's smallest normal (σ(x) for x < -87.3) the kernels return 0, on
-// every CPU; near it (below 1e-37) the measure is the absolute error in units
+// Below float's smallest normal (σ(x) for x < -87.3) the SIMD kernels return 0
+// on every CPU (the scalar tail columns, std::exp, return the subnormal, as
+// torch does); near it (below 1e-37) the measure is the absolute error in units
 // of 1e-37 instead.
 double ulps(float got, double want) {
   if (std::fabs(want) < 1e-37) return std::fabs(static_cast<double>(got) - want) / 1e-37;

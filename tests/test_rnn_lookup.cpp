@@ -96,8 +96,8 @@ RNNOptions options_for(const Config& c) {
 }
 
 const std::vector<Config> kConfigs = {
-    {RNNMode::lstm, true, 1, 0},     {RNNMode::lstm, false, 2, 0}, {RNNMode::lstm, true, 2, 2},
-    {RNNMode::gru, true, 2, 0},      {RNNMode::gru, false, 1, 0},  {RNNMode::rnn_tanh, true, 1, 0},
+    {RNNMode::lstm, true, 1, 0},      {RNNMode::lstm, false, 2, 0}, {RNNMode::lstm, true, 2, 2},
+    {RNNMode::gru, true, 2, 0},       {RNNMode::gru, false, 1, 0},  {RNNMode::rnn_tanh, true, 1, 0},
     {RNNMode::rnn_relu, false, 2, 0},
 };
 
@@ -177,63 +177,82 @@ TEST(RnnLookup, SkippedInitialStateGradientChangesNothingElse) {
 // LSTM/RNN backward reads dh in place. Against float64 on the gathered rows
 // (the plain path, BLAS), at 1 and 2 threads; H = 256 so that two threads split
 // each step's columns (one direction) and run the two directions side by side.
+// Without h0 (the zero-h0 rows skip the product and copy their projection) and
+// with a given h0 and its gradient (every row through the product).
 TEST(RnnLookup, Float32MatchesFloat64WithoutOutputGradient) {
   const uint64_t seed = testing::test_seed();
   SCOPED_TRACE("seed " + std::to_string(seed));
   std::mt19937_64 gen(seed);
+  const int threads_before = num_threads();
   for (const RNNMode mode : {RNNMode::lstm, RNNMode::gru, RNNMode::rnn_tanh}) {
     for (const bool bidirectional : {false, true}) {
       for (const int threads : {1, 2}) {
-        SCOPED_TRACE(std::string(rnn_mode_name(mode)) + (bidirectional ? " bidirectional" : "") +
-                     " threads=" + std::to_string(threads));
-        RNNOptions o64;
-        o64.mode = mode;
-        o64.input_size = 8;
-        o64.hidden_size = 256;
-        o64.bidirectional = bidirectional;
-        o64.dtype = DType::f64;
-        RNNOptions o32 = o64;
-        o32.dtype = DType::f32;
-        // Weights at PyTorch's initial scale, U(-1/sqrt(H), 1/sqrt(H)) (0.6 / 10 here).
-        auto w64 = random_weights(o64, gen);
-        std::vector<Tensor> w32;
-        for (Tensor& t : w64) {
-          for (int64_t i = 0; i < t.numel(); ++i) t.data<double>()[i] *= 0.1;
-          w32.push_back(t.to(DType::f32));
-        }
-        // 20 sequences: steps of 20 live rows down to 1, and a zero-length one.
-        std::vector<int64_t> lengths;
-        for (int64_t i = 0; i < 20; ++i) lengths.push_back((i * 7) % 13);
-        const PackingPlan plan = PackingPlan::from_lengths(lengths, /*enforce_sorted=*/false);
-        const int64_t V = 11;
-        const Lookup lk = random_lookup(V, plan.total_rows(), o64.input_size, gen);
-
-        const auto want = rnn_forward(o64, w64, lk.rows, plan, {}, {}, /*training=*/true,
-                                      /*save_for_backward=*/true);
-        set_num_threads(threads);
-        const auto got = rnn_forward_lookup(o32, w32, lk.table.to(DType::f32), lk.ids, plan, {},
-                                            {}, /*training=*/true, /*save_for_backward=*/true);
-        const Tensor gh = random_tensor(want.h_n.shape(), gen);
-        const auto ggot = rnn_backward(*got.saved, {}, gh.to(DType::f32), {},
-                                       /*initial_state_grad=*/false);
-        set_num_threads(1);
-        const auto gwant = rnn_backward(*want.saved, {}, gh, {}, /*initial_state_grad=*/false);
-
-        // Relative to the value's size (float32 sums over up to 256 terms per element).
-        auto near = [](const Tensor& a32, const Tensor& b64, double tol, const std::string& what) {
-          ASSERT_EQ(a32.shape(), b64.shape()) << what;
-          const Tensor a = a32.to(DType::f64);
-          for (int64_t i = 0; i < a.numel(); ++i) {
-            const double want = b64.data<double>()[i];
-            ASSERT_NEAR(a.data<double>()[i], want, tol * (1.0 + std::fabs(want))) << what << " at " << i;
+        for (const bool with_h0 : {false, true}) {
+          SCOPED_TRACE(std::string(rnn_mode_name(mode)) + (bidirectional ? " bidirectional" : "") +
+                       " threads=" + std::to_string(threads) + (with_h0 ? " with h0" : ""));
+          RNNOptions o64;
+          o64.mode = mode;
+          o64.input_size = 8;
+          o64.hidden_size = 256;
+          o64.bidirectional = bidirectional;
+          o64.dtype = DType::f64;
+          RNNOptions o32 = o64;
+          o32.dtype = DType::f32;
+          // Weights at PyTorch's initial scale, U(-1/sqrt(H), 1/sqrt(H)) (0.6 / 10 here).
+          auto w64 = random_weights(o64, gen);
+          std::vector<Tensor> w32;
+          for (Tensor& t : w64) {
+            for (int64_t i = 0; i < t.numel(); ++i) t.data<double>()[i] *= 0.1;
+            w32.push_back(t.to(DType::f32));
           }
-        };
-        near(got.output, want.output, 1e-5, "output");
-        near(got.h_n, want.h_n, 1e-5, "h_n");
-        for (std::size_t i = 0; i < gwant.weights.size(); ++i) {
-          near(ggot.weights[i], gwant.weights[i], 1e-4, rnn_parameter_names(o64)[i]);
+          // 20 sequences: steps of 20 live rows down to 1, and a zero-length one.
+          std::vector<int64_t> lengths;
+          for (int64_t i = 0; i < 20; ++i) lengths.push_back((i * 7) % 13);
+          const PackingPlan plan = PackingPlan::from_lengths(lengths, /*enforce_sorted=*/false);
+          const int64_t V = 11;
+          const Lookup lk = random_lookup(V, plan.total_rows(), o64.input_size, gen);
+
+          const int64_t LD = o64.num_layers * o64.num_directions();
+          const Tensor h0 = with_h0 ? random_tensor({LD, plan.batch(), 256}, gen) : Tensor();
+          const Tensor c0 = with_h0 && mode == RNNMode::lstm
+                                ? random_tensor({LD, plan.batch(), 256}, gen)
+                                : Tensor();
+          auto f32 = [](const Tensor& t) { return t.defined() ? t.to(DType::f32) : Tensor(); };
+
+          const auto want = rnn_forward(o64, w64, lk.rows, plan, h0, c0, /*training=*/true,
+                                        /*save_for_backward=*/true);
+          set_num_threads(threads);
+          const auto got = rnn_forward_lookup(o32, w32, lk.table.to(DType::f32), lk.ids, plan,
+                                              f32(h0), f32(c0), /*training=*/true,
+                                              /*save_for_backward=*/true);
+          const Tensor gh = random_tensor(want.h_n.shape(), gen);
+          const auto ggot = rnn_backward(*got.saved, {}, gh.to(DType::f32), {},
+                                         /*initial_state_grad=*/with_h0);
+          set_num_threads(threads_before);
+          const auto gwant = rnn_backward(*want.saved, {}, gh, {}, /*initial_state_grad=*/with_h0);
+
+          // Relative to the value's size (float32 sums over up to 256 terms per element).
+          auto near = [](const Tensor& a32, const Tensor& b64, double tol,
+                         const std::string& what) {
+            ASSERT_EQ(a32.shape(), b64.shape()) << what;
+            const Tensor a = a32.to(DType::f64);
+            for (int64_t i = 0; i < a.numel(); ++i) {
+              const double want = b64.data<double>()[i];
+              ASSERT_NEAR(a.data<double>()[i], want, tol * (1.0 + std::fabs(want)))
+                  << what << " at " << i;
+            }
+          };
+          near(got.output, want.output, 1e-5, "output");
+          near(got.h_n, want.h_n, 1e-5, "h_n");
+          for (std::size_t i = 0; i < gwant.weights.size(); ++i) {
+            near(ggot.weights[i], gwant.weights[i], 1e-4, rnn_parameter_names(o64)[i]);
+          }
+          near(ggot.input, sum_by_id(gwant.input, lk.ids, V), 1e-4, "grad table");
+          if (with_h0) {
+            near(ggot.h0, gwant.h0, 1e-4, "grad h0");
+            if (mode == RNNMode::lstm) near(ggot.c0, gwant.c0, 1e-4, "grad c0");
+          }
         }
-        near(ggot.input, sum_by_id(gwant.input, lk.ids, V), 1e-4, "grad table");
       }
     }
   }
@@ -262,8 +281,7 @@ TEST(RnnLookup, BadInputNamesTheValue) {
       << message(table, {0, 4, 1});
   EXPECT_NE(message(table, {0, -1, 1}).find("ids[1] = -1"), std::string::npos);
   EXPECT_NE(message(table, {0, 1}).find("2 ids"), std::string::npos) << message(table, {0, 1});
-  EXPECT_NE(message(Tensor::zeros({4, 3}, DType::f32), {0, 1, 2}).find("[4, 3]"),
-            std::string::npos)
+  EXPECT_NE(message(Tensor::zeros({4, 3}, DType::f32), {0, 1, 2}).find("[4, 3]"), std::string::npos)
       << message(Tensor::zeros({4, 3}, DType::f32), {0, 1, 2});
   EXPECT_NE(message(Tensor::zeros({4, 2}, DType::f64), {0, 1, 2}).find("float64"),
             std::string::npos)

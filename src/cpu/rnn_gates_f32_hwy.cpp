@@ -86,7 +86,9 @@ HWY_INLINE VF Quotient(DF d, VF num, VF den) {
 // 1/(1 + e^88) ≈ 6e-39 at the clamp) is 0, which is σ(-inf): flushed here,
 // because whether the reciprocal estimate returns such a subnormal depends on
 // the CPU (Intel's vrcp14ps flushes it, AMD Zen 4's returns 6e-39). NaN fails
-// the comparison and flows through.
+// the comparison and flows through. (The scalar tail columns past the last full
+// vector use std::exp and return the subnormal, as torch does: 0 and 6e-39 are
+// both within 1e-38 of σ.)
 HWY_INLINE VF Sigmoid(DF d, VF x) {
   const VF xc = hn::Min(hn::Set(d, 88.0f), hn::Max(hn::Set(d, -88.0f), x));
   VF two_n, em1;
