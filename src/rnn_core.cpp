@@ -281,8 +281,6 @@ RNNForwardResult forward_impl(const RNNOptions& o, const std::vector<Tensor>& we
     ws.m.resize(proj && !save ? static_cast<std::size_t>(B * H) : 0);
     ws.bias.resize(static_cast<std::size_t>(G));
     ws.proj.resize(lookup ? static_cast<std::size_t>(data.size(0) * G) : 0);
-    // Init rows exist for the float32 packed kernel only, and GRU does not use them.
-    ws.proj_rows.resize(lookup && std::is_same_v<T, float> && !gru ? static_cast<std::size_t>(N) : 0);
   }
   const int nt = step_threads(H);
 
@@ -362,6 +360,7 @@ RNNForwardResult forward_impl(const RNNOptions& o, const std::vector<Tensor>& we
       // into G; GRU keeps the copy (its product goes to a separate buffer).
       const bool fuse_lookup = lookup_layer && small && !gru;
       if (fuse_lookup) {
+        ws.proj_rows.resize(static_cast<std::size_t>(N));  // layer 0 only: once per direction
         for (int64_t r = 0; r < N; ++r)
           ws.proj_rows[static_cast<std::size_t>(r)] = ws.proj.data() + (*lookup)[static_cast<std::size_t>(r)] * G;
       }
