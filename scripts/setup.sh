@@ -11,6 +11,7 @@ PACKAGES=(
   python3 python3-dev python3-numpy python3-pytest python3-torch pybind11-dev
   wamerican wfrench wngerman wspanish witalian wportuguese wdutch
   clang-14 libclang-rt-14-dev libomp-14-dev
+  libdnnl-dev libtorch-dev libonnx-dev python3-onnx python3-venv python3-pip
 )
 missing=()
 for p in "${PACKAGES[@]}"; do
