@@ -74,6 +74,11 @@ void RNNOptions::validate() const {
     throw std::invalid_argument(std::string("dtype must be float32 or float64, got ") +
                                 dtype_name(dtype));
   }
+  if (precision == Precision::bf16 && dtype != DType::f32) {
+    throw std::invalid_argument(std::string("precision bf16 needs dtype float32, got ") +
+                                dtype_name(dtype));
+  }
+  check_precision_supported(precision);
 }
 
 int64_t RNNOptions::gate_count() const {

@@ -27,6 +27,7 @@
 
 #include "cpu/buffer_pool.h"
 #include "cpu/gemm.h"
+#include "cpu/gemm_engine.h"
 #include "cpu/rnn_gates.h"
 #include "seqpack/rnn.h"
 
@@ -149,24 +150,43 @@ void run_threads(int nt, F&& body) {
     return;
   }
 #pragma omp parallel num_threads(nt)
-  body(omp_get_thread_num(), omp_get_num_threads());
+  {
+    // The column split (and the engine's step ranges) were planned for nt
+    // threads; a smaller team runs it all on one thread.
+    if (omp_get_num_threads() == nt) {
+      body(omp_get_thread_num(), nt);
+    } else if (omp_get_thread_num() == 0) {
+      body(0, 1);
+    }
+  }
 }
 
-// float32 steps multiply by W_hh through cpu::gemm_packed_small, with W_hh
-// laid out once per layer and direction, instead of sgemm, which re-packs the
-// whole W_hh at every call. Since the kernel keeps a panel of W_hh in L1 across
-// blocks of 6 rows (docs/performance.md, section 8) it is at least as fast as
-// sgemm at every row count 1..256 on every workload shape, small W_hh
-// included, so every float32 step takes it (kSmallRows and kSmallMinWeights
-// stay as the knobs). float64 keeps the BLAS.
-constexpr int64_t kSmallRows = INT64_MAX;
-constexpr int64_t kSmallMinWeights = 0;
-
-// True when some step of `bs` (non-increasing) takes the packed path.
+// The GEMM engine of a call: its element type and precision decide it.
 template <typename T>
-bool packs_small(const std::vector<int64_t>& bs, int64_t weights) {
-  return std::is_same_v<T, float> && !bs.empty() && bs.back() <= kSmallRows &&
-         weights >= kSmallMinWeights;
+const cpu::GemmEngine<T>& engine_for(const RNNOptions& o) {
+  if constexpr (std::is_same_v<T, float>) {
+    return cpu::gemm_engine_f32(o.precision);
+  } else {
+    return cpu::gemm_engine_f64();
+  }
+}
+
+// Column ranges of a per-step product over `blocks` blocks of `width`
+// columns: index 0 is all of them (one thread); then, for each thread of
+// `nt`, its share [a, b) of every block (split_columns), so that thread tid's
+// range of block q is step_range(nth, tid, blocks, q).
+std::vector<cpu::ColumnRange> step_ranges(int64_t width, int64_t blocks, int nt) {
+  std::vector<cpu::ColumnRange> r{{0, width * blocks}};
+  if (nt <= 1) return r;
+  for (int tid = 0; tid < nt; ++tid) {
+    int64_t a, b;
+    split_columns(width, nt, tid, a, b);
+    for (int64_t q = 0; q < blocks; ++q) r.emplace_back(q * width + a, q * width + b);
+  }
+  return r;
+}
+std::size_t step_range(int nth, int tid, int64_t blocks, int64_t q) {
+  return nth == 1 ? 0 : static_cast<std::size_t>(1 + tid * blocks + q);
 }
 
 // Rows of step t (of `bs`, `TT` steps) whose h_prev is not h0: the forward
@@ -244,6 +264,7 @@ RNNForwardResult forward_impl(const RNNOptions& o, const std::vector<Tensor>& we
   const auto& si = plan.sorted_indices();
 
   const cpu::BlasSingleThread one_pool;  // OpenMP's threads only (cpu/gemm.h)
+  const cpu::GemmEngine<T>& eng = engine_for<T>(o);
   RNNForwardResult res;
   res.h_n = cpu::pooled_empty({L * D, B, R}, o.dtype);
   if (lstm) res.c_n = cpu::pooled_empty({L * D, B, H}, o.dtype);
@@ -268,7 +289,6 @@ RNNForwardResult forward_impl(const RNNOptions& o, const std::vector<Tensor>& we
   struct Workspace {
     std::vector<T> hstate, hprev, cstate, gh, m, bias, proj;
     std::vector<const T*> proj_rows;  // lookup layer: the projection row of each packed row
-    cpu::PackedWeights whh;           // W_hhᵀ [R, G] for the small-row steps
   };
   std::vector<Workspace> wss(static_cast<std::size_t>(D));
   for (Workspace& ws : wss) {
@@ -322,12 +342,12 @@ RNNForwardResult forward_impl(const RNNOptions& o, const std::vector<Tensor>& we
         // projection just before its product (while the rows are in cache).
         const int64_t V = x.size(0);
         T* p = ws.proj.data();
-        cpu::gemm<T>(false, true, V, G, in, T(1), x.data<T>(), in, w.w_ih, in, T(0), p, G);
+        eng.gemm(false, true, V, G, in, x.data<T>(), in, w.w_ih, in, T(0), p, G);
         for (int64_t v = 0; v < V; ++v)
           for (int64_t k = 0; k < G; ++k) p[v * G + k] += bias[k];
       } else {
-        cpu::gemm<T>(false, true, N, G, in, T(1), x.data<T>(), in, w.w_ih, in, T(0), gates, G,
-                     o.bias ? bias : nullptr);
+        eng.gemm(false, true, N, G, in, x.data<T>(), in, w.w_ih, in, T(0), gates, G,
+                 o.bias ? bias : nullptr);
       }
 
       RNNSaved::Direction& sd = sds[static_cast<std::size_t>(d)];
@@ -351,14 +371,14 @@ RNNForwardResult forward_impl(const RNNOptions& o, const std::vector<Tensor>& we
           ghn = sd.ghn.data<T>();
         }
       }
-      const bool small = packs_small<T>(bs, G * R);
-      if constexpr (std::is_same_v<T, float>) {
-        if (small) cpu::pack_weights(w.w_hh, /*trans_b=*/true, R, G, R, ws.whh);
-      }
-      // The lookup rows that go through the packed kernel start its accumulators
-      // from their projection (gemm_packed_small's init rows) instead of a copy
-      // into G; GRU keeps the copy (its product goes to a separate buffer).
-      const bool fuse_lookup = lookup_layer && small && !gru;
+      // W_hhᵀ [R, G] (and W_hrᵀ [H, R]) laid out once for the steps' products.
+      const auto whh = eng.prepare(w.w_hh, /*trans_b=*/true, R, G, R, step_ranges(H, G / H, nt_steps));
+      std::unique_ptr<cpu::StepOperand> whr;
+      if (proj) whr = eng.prepare(w.w_hr, /*trans_b=*/true, H, R, H, step_ranges(R, 1, nt_steps));
+      // The lookup rows start the product's accumulators from their projection
+      // (the engine's init rows, where it takes them) instead of a copy into G;
+      // GRU keeps the copy (its product goes to a separate buffer).
+      const bool fuse_lookup = lookup_layer && eng.takes_init() && !gru;
       if (fuse_lookup) {
         ws.proj_rows.resize(static_cast<std::size_t>(N));  // layer 0 only: once per direction
         for (int64_t r = 0; r < N; ++r)
@@ -392,15 +412,11 @@ RNNForwardResult forward_impl(const RNNOptions& o, const std::vector<Tensor>& we
           }
           // Rows past ng hold the zero h0: their product is zero.
           const int64_t ng = h0_zero ? rows_after_h0(bs, t, d) : n;
-          // This step's product goes through the packed kernel (the one place
-          // that decides it: only that kernel takes init rows).
-          const bool packed = small && ng <= kSmallRows;
           const T* const* init = nullptr;
           if (lookup_layer) {
             // Fused: rows < ng take their projection inside the product.
-            const bool fused = fuse_lookup && packed;
-            const int64_t copied = fused ? ng : 0;
-            if (fused) init = ws.proj_rows.data() + r0;
+            const int64_t copied = fuse_lookup ? ng : 0;
+            if (fuse_lookup) init = ws.proj_rows.data() + r0;
             const T* p = ws.proj.data();
             for (int64_t j = copied; j < n; ++j) {
               const T* src = p + (*lookup)[static_cast<std::size_t>(r0 + j)] * G;
@@ -412,28 +428,9 @@ RNNForwardResult forward_impl(const RNNOptions& o, const std::vector<Tensor>& we
           }
           // grow[:ng, q*H + a .. q*H + b) (+)= h_prev · W_hh[q*H + a .. q*H + b)ᵀ for each gate q.
           auto hidden_gemm = [&](T beta, T* dst) {
-            const int64_t n = ng;  // NOLINT: the rows multiplied
-            if (n == 0) return;
-            if constexpr (std::is_same_v<T, float>) {
-              if (packed) {
-                if (nth == 1) {
-                  cpu::gemm_packed_small(n, hsrc, R, ws.whh, 0, G, beta, dst, G, init);
-                  return;
-                }
-                for (int64_t q = 0; q < G / H; ++q) {
-                  cpu::gemm_packed_small(n, hsrc, R, ws.whh, q * H + a, q * H + b, beta, dst, G,
-                                         init);
-                }
-                return;
-              }
-            }
-            if (nth == 1) {
-              cpu::gemm<T>(false, true, n, G, R, T(1), hsrc, R, w.w_hh, R, beta, dst, G);
-              return;
-            }
-            for (int64_t q = 0; q < G / H; ++q) {
-              cpu::gemm<T>(false, true, n, b - a, R, T(1), hsrc, R, w.w_hh + (q * H + a) * R, R,
-                           beta, dst + q * H + a, G);
+            if (ng == 0) return;
+            for (int64_t q = 0; q < (nth == 1 ? 1 : G / H); ++q) {
+              eng.step(ng, hsrc, R, *whh, step_range(nth, tid, G / H, q), beta, dst, G, init);
             }
           };
           if (lstm) {
@@ -455,8 +452,7 @@ RNNForwardResult forward_impl(const RNNOptions& o, const std::vector<Tensor>& we
               if (nth > 1) {
 #pragma omp barrier
               }
-              cpu::gemm<T>(false, true, n, rb - ra, H, T(1), hdst, H, w.w_hr + ra * H, H, T(0),
-                           orow + ra, ldo);
+              eng.step(n, hdst, H, *whr, step_range(nth, tid, 1, 0), T(0), orow, ldo);
             }
           } else if (gru) {
             hidden_gemm(T(0), ws.gh.data());
@@ -509,6 +505,7 @@ RNNGradients backward_impl(const RNNSaved& sv, const Tensor& grad_output, const 
   const auto& si = sv.sorted_indices;
 
   const cpu::BlasSingleThread one_pool;  // OpenMP's threads only (cpu/gemm.h)
+  const cpu::GemmEngine<T>& eng = engine_for<T>(o);
   RNNGradients g;
   for (const Shape& s : rnn_parameter_shapes(o)) g.weights.push_back(cpu::pooled_empty(s, o.dtype));
   if (initial_state_grad) {
@@ -520,7 +517,6 @@ RNNGradients backward_impl(const RNNSaved& sv, const Tensor& grad_output, const 
   struct Workspace {
     std::vector<T> dhstate, dcstate, dm, dhtot, dproj;
     Tensor dg_t, dgh_t;
-    cpu::PackedWeights whh;  // W_hh [G, R] for the small-row steps
     T* dg = nullptr;   // [N, G] gradient of the gate pre-activations (GRU: input side)
     T* dgh = nullptr;  // GRU: [N, G] gradient of W_h h_prev + b_h; else = dg
   };
@@ -561,10 +557,10 @@ RNNGradients backward_impl(const RNNSaved& sv, const Tensor& grad_output, const 
       T* db_hh = o.bias ? g.weights[static_cast<std::size_t>(w.first) + 3].data<T>() : nullptr;
       if (db_ih) std::fill(db_ih, db_ih + G, T(0));
       if (db_hh) std::fill(db_hh, db_hh + G, T(0));
-      const bool small = packs_small<T>(bs, G * R);
-      if constexpr (std::is_same_v<T, float>) {
-        if (small) cpu::pack_weights(w.w_hh, /*trans_b=*/false, G, R, R, ws.whh);
-      }
+      // W_hh [G, R] (and W_hr [R, H]) laid out once for the steps' products.
+      const auto whh = eng.prepare(w.w_hh, /*trans_b=*/false, G, R, R, step_ranges(R, 1, nt_steps));
+      std::unique_ptr<cpu::StepOperand> whr;
+      if (proj) whr = eng.prepare(w.w_hr, /*trans_b=*/false, R, H, H, step_ranges(H, 1, nt_steps));
       const int64_t ld = l * D + d;
       load_state(ws.dhstate.data(), grad_h_n, ld, si, R);
       if (lstm) load_state(ws.dcstate.data(), grad_c_n, ld, si, H);
@@ -591,15 +587,7 @@ RNNGradients backward_impl(const RNNSaved& sv, const Tensor& grad_output, const 
         // dh_prev[:n, ra..rb) (+)= dgr · W_hh[:, ra..rb).
         auto hidden_gemm = [&](int64_t n, const T* dgr, T beta) {
           if (n == 0) return;
-          T* dst = ws.dhstate.data();
-          if constexpr (std::is_same_v<T, float>) {
-            if (small && n <= kSmallRows) {
-              cpu::gemm_packed_small(n, dgr, G, ws.whh, ra, rb, beta, dst, R);
-              return;
-            }
-          }
-          cpu::gemm<T>(false, false, n, rb - ra, G, T(1), dgr, G, w.w_hh + ra, R, beta, dst + ra,
-                       R);
+          eng.step(n, dgr, G, *whh, step_range(nth, tid, 1, 0), beta, ws.dhstate.data(), R);
         };
         for (int64_t s = 0; s < TT; ++s) {
           // Undo the forward's order: the forward direction walks t down here.
@@ -635,8 +623,7 @@ RNNGradients backward_impl(const RNNSaved& sv, const Tensor& grad_output, const 
               if (nth > 1) {
 #pragma omp barrier
               }
-              cpu::gemm<T>(false, false, n, b - a, R, T(1), dht, R, w.w_hr + a, H, T(0),
-                           ws.dm.data() + a, H);
+              eng.step(n, dht, R, *whr, step_range(nth, tid, 1, 0), T(0), ws.dm.data(), H);
               dh_in = ws.dm.data();
               ld_dh = H;
             }
@@ -681,22 +668,21 @@ RNNGradients backward_impl(const RNNSaved& sv, const Tensor& grad_output, const 
       const T* x = sl.input.data<T>();
       if (lookup_layer) {
         // dW_ih = dPᵀ·table, dP summed during the steps.
-        cpu::gemm<T>(true, false, G, in, V, T(1), ws.dproj.data(), G, x, in, T(0), dwih, in);
+        eng.gemm(true, false, G, in, V, ws.dproj.data(), G, x, in, T(0), dwih, in);
       } else {
-        cpu::gemm<T>(true, false, G, in, N, T(1), dg, G, x, in, T(0), dwih, in);
+        eng.gemm(true, false, G, in, N, dg, G, x, in, T(0), dwih, in);
       }
       // The forward direction's first rows saw the zero h0: they add nothing to dW_hh.
       const int64_t skip = sv.h0_zero && d == 0 && TT > 0 ? bs[0] : 0;
-      cpu::gemm<T>(true, false, G, R, N - skip, T(1), dgh + skip * G, G, hprev + skip * R, R, T(0),
-                   dwhh, R);
+      eng.gemm(true, false, G, R, N - skip, dgh + skip * G, G, hprev + skip * R, R, T(0), dwhh, R);
       std::size_t next = k + 2;
       if (o.bias) {
         if (!gru) std::copy(db_ih, db_ih + G, db_hh);
         next += 2;
       }
       if (proj) {
-        cpu::gemm<T>(true, false, R, H, N, T(1), ws.dhtot.data(), R, sd.m.data<T>(), H, T(0),
-                     g.weights[next].data<T>(), H);
+        eng.gemm(true, false, R, H, N, ws.dhtot.data(), R, sd.m.data<T>(), H, T(0),
+                 g.weights[next].data<T>(), H);
       }
     };
     if (D == 2 && omp_get_max_threads() >= 2) {
@@ -710,9 +696,8 @@ RNNGradients backward_impl(const RNNSaved& sv, const Tensor& grad_output, const 
     for (int64_t d = 0; d < D; ++d) {
       const DirWeights<T> w = dir_weights<T>(o, sv.weights, l, d);
       const Workspace& ws = wss[static_cast<std::size_t>(d)];
-      cpu::gemm<T>(false, false, lookup_layer ? V : N, in, G, T(1),
-                   lookup_layer ? ws.dproj.data() : ws.dg, G, w.w_ih, in, d == 0 ? T(0) : T(1),
-                   dx.data<T>(), in);
+      eng.gemm(false, false, lookup_layer ? V : N, in, G, lookup_layer ? ws.dproj.data() : ws.dg, G,
+               w.w_ih, in, d == 0 ? T(0) : T(1), dx.data<T>(), in);
     }
     if (l > 0 && sl.mask.defined()) {
       T* a = dx.data<T>();

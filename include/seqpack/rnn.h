@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "seqpack/packed_sequence.h"
+#include "seqpack/precision.h"
 #include "seqpack/tensor.h"
 
 namespace seqpack {
@@ -41,6 +42,9 @@ struct RNNOptions {
   bool bidirectional = false;
   int64_t proj_size = 0;  // LSTM only
   DType dtype = DType::f32;
+  // Matrix products in fp32 (PyTorch-exact) or bf16 with fp32 accumulation
+  // (float32 only, on a CPU with native bf16: see precision.h).
+  Precision precision = Precision::fp32;
 
   // Throws std::invalid_argument naming the offending option and value.
   void validate() const;

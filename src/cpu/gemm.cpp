@@ -10,6 +10,7 @@ extern "C" {
 // so the wrapper does not depend on which variant of the header is found).
 void openblas_set_num_threads(int num_threads);
 int openblas_get_num_threads(void);
+char* openblas_get_config(void);
 }
 
 namespace seqpack::cpu {
@@ -131,5 +132,6 @@ void gemm<double>(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, d
 
 void set_blas_threads(int n) { openblas_set_num_threads(n); }
 int blas_threads() { return openblas_get_num_threads(); }
+std::string blas_config() { return openblas_get_config(); }
 
 }  // namespace seqpack::cpu

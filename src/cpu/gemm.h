@@ -12,6 +12,7 @@
 #pragma once
 
 #include <cstdint>
+#include <string>
 #include <vector>
 
 namespace seqpack::cpu {
@@ -43,6 +44,8 @@ class BlasSingleThread {
 // OpenBLAS's own thread count (see BlasSingleThread).
 void set_blas_threads(int n);
 int blas_threads();
+// The BLAS's description of itself (OpenBLAS: version, build and kernel).
+std::string blas_config();
 
 // A float32 right-hand matrix B [k, n] laid out once into column panels for
 // gemm_packed_small. The per-step recurrent products multiply a step's live

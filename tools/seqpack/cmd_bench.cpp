@@ -5,9 +5,9 @@
 //   forward_padded  the same batch with every sequence at max_len (what packing saves)
 //   train_packed    forward + backward of sum(outputs), i.e. grad_output = ones
 // tokens = sum of the real lengths in every mode, so tokens/s compare across modes.
-// --json prints one object per line: impl, threads, workload, mode, sec_per_batch
-// (median wall clock), tokens_per_s, cpu_sec_per_batch (median process CPU time),
-// tokens, scale, reps.
+// --json prints one object per line: impl, threads, precision, isa, workload, mode,
+// sec_per_batch (median wall clock), tokens_per_s, cpu_sec_per_batch (median
+// process CPU time), tokens, scale, reps.
 //
 //   seqpack bench --workloads ../shared/workloads.json --threads 1 --json
 //
@@ -32,6 +32,7 @@
 
 #include "command.h"
 #include "seqpack/packed_sequence.h"
+#include "seqpack/precision.h"
 #include "seqpack/rnn.h"
 #include "seqpack/tensor.h"
 #include "seqpack/threading.h"
@@ -217,6 +218,7 @@ struct Args {
   std::vector<std::string> modes;
   double min_time = 0.5;
   int scale = 1;
+  std::string precision = "fp32";
 };
 
 // The inputs of one mode, built outside the timed region.
@@ -250,6 +252,8 @@ void run_bench(const Args& args) {
   }
   const std::vector<std::string>& modes = args.modes.empty() ? kModes : args.modes;
   set_num_threads(args.threads);
+  const Precision precision = resolve_precision(args.precision);
+  const std::string isa = cpu_info().isa;
 
   if (!args.json) {
     fmt::print("{:<16} {:<15} {:>7} {:>13} {:>13} {:>13} {:>6}\n", "workload", "mode", "threads",
@@ -266,7 +270,8 @@ void run_bench(const Args& args) {
       tokens += l;
       max_len = std::max(max_len, l);
     }
-    const RNNOptions& o = wl.options;
+    RNNOptions o = wl.options;
+    o.precision = precision;
     // Fixed seed: every run of the tool measures the same numbers.
     std::mt19937_64 rng(0x5eed);
     std::vector<Tensor> weights;
@@ -305,6 +310,7 @@ void run_bench(const Args& args) {
                    total_runs, wl.name.c_str(), mode.c_str(), t.median, tokens_per_s, t.reps);
       if (args.json) {
         nlohmann::ordered_json line = {{"impl", "seqpack"},     {"threads", args.threads},
+                               {"precision", precision_name(precision)}, {"isa", isa},
                                {"workload", wl.name},   {"mode", mode},
                                {"sec_per_batch", t.median}, {"tokens_per_s", tokens_per_s},
                                {"cpu_sec_per_batch", t.cpu_median},
@@ -335,6 +341,9 @@ void setup(CLI::App& sub) {
                  "seconds of timed runs per measurement before the median may be taken "
                  "(budget: 5x this; default 0.5)")
       ->check(CLI::PositiveNumber);
+  sub.add_option("--precision", args->precision,
+                 "fp32 (default), bf16 (needs native bf16), or auto (bf16 where native)")
+      ->check(CLI::IsMember({"fp32", "bf16", "auto"}));
   sub.add_option("--scale", args->scale, "multiply every length by this integer (default 1)")
       ->check(CLI::PositiveNumber);
   sub.callback([args] { run_bench(*args); });

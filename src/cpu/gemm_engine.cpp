@@ -1,0 +1,100 @@
+// The BLAS-backed engines: f64 (dgemm everywhere) and f32 (sgemm for the
+// whole-batch products, the packed small-row kernel for the steps).
+#include "cpu/gemm_engine.h"
+
+#include <stdexcept>
+
+#include "cpu/gemm.h"
+
+namespace seqpack::cpu {
+
+namespace {
+
+// A matrix used in place by the BLAS: op(B) column j starts at b + j (or
+// b + j * ldb when transposed).
+template <typename T>
+struct BlasOperand : StepOperand {
+  const T* b = nullptr;
+  bool trans = false;
+  int64_t ldb = 0;
+  std::vector<ColumnRange> ranges;
+};
+
+template <typename T>
+class BlasEngine : public GemmEngine<T> {
+ public:
+  void gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, const T* a, int64_t lda,
+            const T* b, int64_t ldb, T beta, T* c, int64_t ldc, const T* c_row) const override {
+    cpu::gemm<T>(trans_a, trans_b, m, n, k, T(1), a, lda, b, ldb, beta, c, ldc, c_row);
+  }
+
+  std::unique_ptr<StepOperand> prepare(const T* b, bool trans_b, int64_t k, int64_t n,
+                                       int64_t ldb,
+                                       const std::vector<ColumnRange>& ranges) const override {
+    auto op = std::make_unique<BlasOperand<T>>();
+    op->k = k;
+    op->n = n;
+    op->b = b;
+    op->trans = trans_b;
+    op->ldb = ldb;
+    op->ranges = ranges;
+    return op;
+  }
+
+  void step(int64_t m, const T* a, int64_t lda, const StepOperand& sb, std::size_t range, T beta,
+            T* c, int64_t ldc, const T* const* init) const override {
+    const auto& op = static_cast<const BlasOperand<T>&>(sb);
+    const auto [c0, c1] = op.ranges[range];
+    if (m == 0 || c1 <= c0) return;
+    const T* b = op.trans ? op.b + c0 * op.ldb : op.b + c0;
+    cpu::gemm<T>(false, op.trans, m, c1 - c0, op.k, T(1), a, lda, b, op.ldb, beta, c + c0, ldc);
+  }
+};
+
+// W laid out once into column panels for gemm_packed_small (cpu/gemm.h).
+struct PackedOperand : StepOperand {
+  PackedWeights packed;
+  std::vector<ColumnRange> ranges;
+};
+
+class F32Engine : public BlasEngine<float> {
+ public:
+  std::unique_ptr<StepOperand> prepare(const float* b, bool trans_b, int64_t k, int64_t n,
+                                       int64_t ldb,
+                                       const std::vector<ColumnRange>& ranges) const override {
+    auto op = std::make_unique<PackedOperand>();
+    op->k = k;
+    op->n = n;
+    op->ranges = ranges;
+    pack_weights(b, trans_b, k, n, ldb, op->packed);
+    return op;
+  }
+
+  void step(int64_t m, const float* a, int64_t lda, const StepOperand& sb, std::size_t range,
+            float beta, float* c, int64_t ldc, const float* const* init) const override {
+    const auto& op = static_cast<const PackedOperand&>(sb);
+    const auto [c0, c1] = op.ranges[range];
+    if (m == 0) return;
+    gemm_packed_small(m, a, lda, op.packed, c0, c1, beta, c, ldc, init);
+  }
+
+  bool takes_init() const override { return true; }
+};
+
+}  // namespace
+
+const GemmEngine<float>& gemm_engine_f32(Precision precision) {
+  static const F32Engine f32;
+  if (precision == Precision::bf16) {
+    check_precision_supported(precision);
+    return onednn_bf16_engine();
+  }
+  return f32;
+}
+
+const GemmEngine<double>& gemm_engine_f64() {
+  static const BlasEngine<double> f64;
+  return f64;
+}
+
+}  // namespace seqpack::cpu

@@ -1,0 +1,78 @@
+// GEMM engines of the recurrent core: every matrix product of a forward or
+// backward goes through one engine, chosen once per call from the element type
+// and the precision (RNNOptions::precision). The time loop does not know which
+// engine it runs; adding a precision means adding an engine.
+//
+// Two kinds of product:
+//   gemm()            whole-batch products (input projection, dX, dW): cpu::gemm's
+//                     contract, C = op(A)·op(B) + beta·C, or c_row + op(A)·op(B);
+//   prepare()/step()  the per-step products of a step's live rows with one weight
+//                     matrix (W_hh, W_hr): the matrix is laid out once per call
+//                     (layer and direction) for the column ranges the threads
+//                     will ask for, then multiplied by 1..batch rows per step.
+//
+// Engines:
+//   f64        BLAS (dgemm) for everything: the float64 path the gradient checks use;
+//   f32        OpenBLAS sgemm for whole-batch products, cpu::gemm_packed_small
+//              for the steps (W_hh packed once per call): PyTorch-exact;
+//   bf16       oneDNN matmul, bf16 operands, fp32 accumulation and results,
+//              primitives cached per shape and thread, step weights reordered
+//              once per call into the layout the primitive asks for.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <utility>
+#include <vector>
+
+#include "seqpack/precision.h"
+
+namespace seqpack::cpu {
+
+// A weight matrix laid out by an engine for its step products (opaque).
+struct StepOperand {
+  virtual ~StepOperand() = default;
+  int64_t k = 0, n = 0;
+};
+
+using ColumnRange = std::pair<int64_t, int64_t>;  // [first, last) columns
+
+template <typename T>
+class GemmEngine {
+ public:
+  virtual ~GemmEngine() = default;
+
+  // C[m, n] = op(A)·op(B) + beta·C, or c_row (broadcast) + op(A)·op(B).
+  // Called outside the time loop's parallel regions (may use every thread).
+  virtual void gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, const T* a,
+                    int64_t lda, const T* b, int64_t ldb, T beta, T* c, int64_t ldc,
+                    const T* c_row = nullptr) const = 0;
+
+  // Lays out B = op(b) [k, n] for step() on each of `ranges` (columns of B).
+  virtual std::unique_ptr<StepOperand> prepare(const T* b, bool trans_b, int64_t k, int64_t n,
+                                               int64_t ldb,
+                                               const std::vector<ColumnRange>& ranges) const = 0;
+
+  // C[:m, r) = A[:m, :k]·B[:, r) + beta·C[:m, r) for the range r = ranges[range]
+  // given to prepare(); c points at column 0 of C. With `init` (m row
+  // pointers; only when takes_init()), row i starts from init[i][r) instead.
+  // Safe to call from several threads at once on different ranges.
+  virtual void step(int64_t m, const T* a, int64_t lda, const StepOperand& b, std::size_t range,
+                    T beta, T* c, int64_t ldc, const T* const* init = nullptr) const = 0;
+
+  // Whether step() takes init rows (else the caller copies them into C).
+  virtual bool takes_init() const { return false; }
+};
+
+// The engine for this element type and precision (a process-wide instance).
+// bf16 requires float and native bf16 dot products (check_precision_supported).
+const GemmEngine<float>& gemm_engine_f32(Precision precision);
+const GemmEngine<double>& gemm_engine_f64();
+
+// oneDNN's bf16 engine (src/cpu/gemm_onednn.cpp).
+const GemmEngine<float>& onednn_bf16_engine();
+
+// fp32 -> bf16, round to nearest even, NaN kept NaN (quiet).
+void f32_to_bf16(const float* src, uint16_t* dst, int64_t n);
+
+}  // namespace seqpack::cpu

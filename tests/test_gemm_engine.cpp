@@ -1,0 +1,241 @@
+// GEMM engines (src/cpu/gemm_engine.h): every engine against a triple loop in
+// double, for every transpose combination, beta 0 and 1, bias rows and the
+// per-step column ranges. The bf16 engine is held to the product of the
+// bf16-rounded operands (rounded here by a plain reference, not the engine's
+// converter), with fp32 accumulation error only; on a CPU without native bf16
+// those tests are skipped and the engine must refuse with the ISA's name.
+#include <gtest/gtest.h>
+
+#include <bit>
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "cpu/gemm_engine.h"
+#include "seqpack/precision.h"
+
+namespace seqpack::cpu {
+namespace {
+
+// x rounded to bf16 (8 significant bits, ties to even) in double arithmetic.
+double bf16_reference(float x) {
+  if (std::isnan(x) || std::isinf(x) || x == 0.0f) return x;
+  int e;
+  const double m = std::frexp(static_cast<double>(x), &e);  // x = m * 2^e, 0.5 <= |m| < 1
+  const double scaled = std::ldexp(m, 8);                    // 8 significant bits
+  const double r = std::nearbyint(scaled);                   // default mode: ties to even
+  return std::ldexp(r, e - 8);
+}
+
+double bf16_bits_to_double(uint16_t h) {
+  const uint32_t u = static_cast<uint32_t>(h) << 16;
+  float f;
+  std::memcpy(&f, &u, sizeof f);
+  return f;
+}
+
+struct Problem {
+  bool ta, tb;
+  int64_t m, n, k;
+  std::vector<float> a, b, c, bias;
+  int64_t lda, ldb, ldc;
+};
+
+Problem make_problem(bool ta, bool tb, int64_t m, int64_t n, int64_t k, uint64_t seed) {
+  Problem p{ta, tb, m, n, k, {}, {}, {}, {}, 0, 0, 0};
+  std::mt19937_64 gen(seed);
+  std::uniform_real_distribution<float> u(-1.0f, 1.0f);
+  // Row strides larger than the rows, as the core's sub-matrices have.
+  p.lda = (ta ? m : k) + 3;
+  p.ldb = (tb ? k : n) + 5;
+  p.ldc = n + 2;
+  p.a.resize(static_cast<std::size_t>((ta ? k : m) * p.lda));
+  p.b.resize(static_cast<std::size_t>((tb ? n : k) * p.ldb));
+  p.c.resize(static_cast<std::size_t>(m * p.ldc));
+  p.bias.resize(static_cast<std::size_t>(n));
+  for (float& x : p.a) x = u(gen);
+  for (float& x : p.b) x = u(gen);
+  for (float& x : p.c) x = u(gen);
+  for (float& x : p.bias) x = u(gen);
+  return p;
+}
+
+float at_a(const Problem& p, int64_t i, int64_t kk) {
+  return p.ta ? p.a[static_cast<std::size_t>(kk * p.lda + i)]
+              : p.a[static_cast<std::size_t>(i * p.lda + kk)];
+}
+float at_b(const Problem& p, int64_t kk, int64_t j) {
+  return p.tb ? p.b[static_cast<std::size_t>(j * p.ldb + kk)]
+              : p.b[static_cast<std::size_t>(kk * p.ldb + j)];
+}
+
+// Checks c against start + sum_k f(a) f(b), f = identity (fp32) or the bf16
+// reference rounding, within the fp32 accumulation bound k * 2^-23 * sum|.|.
+::testing::AssertionResult check(const Problem& p, const std::vector<float>& c,
+                                 const std::vector<float>& c_start, bool bias, float beta,
+                                 bool bf16, int64_t col0, int64_t col1) {
+  for (int64_t i = 0; i < p.m; ++i) {
+    for (int64_t j = 0; j < p.n; ++j) {
+      const std::size_t idx = static_cast<std::size_t>(i * p.ldc + j);
+      double ref, mag;
+      if (j < col0 || j >= col1) {
+        ref = c_start[idx];  // outside the range: untouched
+        mag = 0.0;
+      } else {
+        ref = bias ? p.bias[static_cast<std::size_t>(j)] : beta * c_start[idx];
+        mag = std::fabs(ref);
+        for (int64_t kk = 0; kk < p.k; ++kk) {
+          const double x = bf16 ? bf16_reference(at_a(p, i, kk)) : at_a(p, i, kk);
+          const double y = bf16 ? bf16_reference(at_b(p, kk, j)) : at_b(p, kk, j);
+          ref += x * y;
+          mag += std::fabs(x * y);
+        }
+      }
+      const double tol = (static_cast<double>(p.k) + 2) * 1.2e-7 * mag + 1e-30;
+      if (!(std::fabs(c[idx] - ref) <= tol)) {
+        return ::testing::AssertionFailure()
+               << "C[" << i << "][" << j << "] = " << c[idx] << ", expected " << ref
+               << " (tol " << tol << ") for ta=" << p.ta << " tb=" << p.tb << " m=" << p.m
+               << " n=" << p.n << " k=" << p.k << " beta=" << beta << " bias=" << bias;
+      }
+    }
+  }
+  return ::testing::AssertionSuccess();
+}
+
+void sweep_gemm(const GemmEngine<float>& eng, bool bf16) {
+  const int64_t shapes[][3] = {{1, 1, 1}, {1, 7, 5}, {3, 17, 33}, {13, 64, 40}, {70, 130, 37}};
+  uint64_t seed = 11;
+  for (const auto& s : shapes) {
+    for (bool ta : {false, true}) {
+      for (bool tb : {false, true}) {
+        for (int mode = 0; mode < 3; ++mode) {  // beta 0, beta 1, bias row
+          Problem p = make_problem(ta, tb, s[0], s[1], s[2], ++seed);
+          const std::vector<float> start = p.c;
+          const float beta = mode == 1 ? 1.0f : 0.0f;
+          eng.gemm(ta, tb, p.m, p.n, p.k, p.a.data(), p.lda, p.b.data(), p.ldb, beta, p.c.data(),
+                   p.ldc, mode == 2 ? p.bias.data() : nullptr);
+          ASSERT_TRUE(check(p, p.c, start, mode == 2, beta, bf16, 0, p.n)) << "seed " << seed;
+        }
+      }
+    }
+  }
+}
+
+void sweep_steps(const GemmEngine<float>& eng, bool bf16) {
+  // A weight matrix used by column ranges, as the time loop's threads do.
+  uint64_t seed = 101;
+  for (bool tb : {false, true}) {
+    for (const auto& [k, n] : std::vector<std::pair<int64_t, int64_t>>{{37, 4 * 37}, {64, 512}}) {
+      Problem p = make_problem(false, tb, 1, n, k, ++seed);
+      const std::vector<ColumnRange> ranges{{0, n}, {0, n / 2}, {n / 2, n}, {5, 21}};
+      const auto op = eng.prepare(p.b.data(), tb, k, n, p.ldb, ranges);
+      for (int64_t m : {1, 2, 5, 6, 7, 13, 64}) {
+        Problem q = make_problem(false, tb, m, n, k, ++seed);
+        q.b = p.b;  // same weights, new rows
+        q.ldb = p.ldb;
+        for (std::size_t r = 0; r < ranges.size(); ++r) {
+          for (float beta : {0.0f, 1.0f}) {
+            std::vector<float> c = q.c;
+            eng.step(m, q.a.data(), q.lda, *op, r, beta, c.data(), q.ldc);
+            ASSERT_TRUE(check(q, c, q.c, false, beta, bf16, ranges[r].first, ranges[r].second))
+                << "range " << r << " m " << m << " seed " << seed;
+          }
+        }
+      }
+    }
+  }
+}
+
+TEST(GemmEngine, F32MatchesTripleLoop) {
+  sweep_gemm(gemm_engine_f32(Precision::fp32), /*bf16=*/false);
+  sweep_steps(gemm_engine_f32(Precision::fp32), /*bf16=*/false);
+}
+
+TEST(GemmEngine, F32StepTakesInitRows) {
+  const GemmEngine<float>& eng = gemm_engine_f32(Precision::fp32);
+  ASSERT_TRUE(eng.takes_init());
+  Problem p = make_problem(false, true, 9, 48, 20, 7);
+  const auto op = eng.prepare(p.b.data(), true, p.k, p.n, p.ldb, {{0, p.n}});
+  std::vector<std::vector<float>> rows(9, std::vector<float>(48));
+  std::vector<const float*> init;
+  for (int i = 0; i < 9; ++i) {
+    for (int j = 0; j < 48; ++j) rows[i][j] = static_cast<float>(i - j) * 0.125f;
+    init.push_back(rows[i].data());
+  }
+  eng.step(p.m, p.a.data(), p.lda, *op, 0, 0.0f, p.c.data(), p.ldc, init.data());
+  for (int64_t i = 0; i < p.m; ++i) {
+    for (int64_t j = 0; j < p.n; ++j) {
+      double ref = rows[i][j];
+      for (int64_t kk = 0; kk < p.k; ++kk) ref += double(at_a(p, i, kk)) * at_b(p, kk, j);
+      ASSERT_NEAR(p.c[i * p.ldc + j], ref, 1e-5) << i << "," << j;
+    }
+  }
+}
+
+TEST(GemmEngine, Bf16MatchesTheProductOfRoundedOperands) {
+  if (!cpu_info().native_bf16) GTEST_SKIP() << "no native bf16 on " << cpu_info().isa;
+  const GemmEngine<float>& eng = gemm_engine_f32(Precision::bf16);
+  EXPECT_FALSE(eng.takes_init());
+  sweep_gemm(eng, /*bf16=*/true);
+  sweep_steps(eng, /*bf16=*/true);
+}
+
+TEST(GemmEngine, Bf16StepsFromTwoThreadsAtOnce) {
+  if (!cpu_info().native_bf16) GTEST_SKIP() << "no native bf16 on " << cpu_info().isa;
+  const GemmEngine<float>& eng = gemm_engine_f32(Precision::bf16);
+  Problem p = make_problem(false, true, 24, 256, 64, 5);
+  const std::vector<ColumnRange> ranges{{0, 256}, {0, 128}, {128, 256}};
+  const auto op = eng.prepare(p.b.data(), true, p.k, p.n, p.ldb, ranges);
+  std::vector<float> one = p.c, two = p.c;
+  eng.step(p.m, p.a.data(), p.lda, *op, 0, 0.0f, one.data(), p.ldc);
+  for (int rep = 0; rep < 50; ++rep) {
+#pragma omp parallel num_threads(2)
+    {
+      // Each thread its half, as the time loop splits a direction's columns.
+#pragma omp for
+      for (int r = 1; r <= 2; ++r) eng.step(p.m, p.a.data(), p.lda, *op, r, 0.0f, two.data(), p.ldc);
+    }
+    ASSERT_EQ(std::memcmp(one.data(), two.data(), one.size() * sizeof(float)), 0) << "rep " << rep;
+  }
+}
+
+TEST(GemmEngine, Bf16RefusedWithoutNativeBf16) {
+  if (cpu_info().native_bf16) GTEST_SKIP() << "native bf16 here; the capped run tests this";
+  try {
+    gemm_engine_f32(Precision::bf16);
+    FAIL() << "bf16 accepted on " << cpu_info().isa;
+  } catch (const std::invalid_argument& e) {
+    EXPECT_NE(std::string(e.what()).find(cpu_info().isa), std::string::npos) << e.what();
+  }
+}
+
+TEST(F32ToBf16, RoundsToNearestEvenAndKeepsSpecials) {
+  const float inf = std::numeric_limits<float>::infinity();
+  std::vector<float> xs{0.0f, -0.0f, 1.0f, -1.0f, inf, -inf, 3.0e38f, 3.4e38f,
+                        1.0f + 1.0f / 256, 1.0f + 3.0f / 256, 1.0f + 1.0f / 512, 65504.0f};
+  std::mt19937_64 gen(3);
+  std::uniform_real_distribution<float> u(-100.0f, 100.0f);
+  for (int i = 0; i < 1000; ++i) xs.push_back(u(gen));
+  std::vector<uint16_t> out(xs.size());
+  f32_to_bf16(xs.data(), out.data(), static_cast<int64_t>(xs.size()));
+  for (std::size_t i = 0; i < xs.size(); ++i) {
+    const double got = bf16_bits_to_double(out[i]);
+    // Values past bf16's largest finite round to infinity, as the reference's
+    // 8-bit rounding of 3.4e38 gives 2^128.
+    EXPECT_EQ(got, static_cast<double>(static_cast<float>(bf16_reference(xs[i]))))
+        << "x = " << xs[i];
+    EXPECT_EQ(std::signbit(got), std::signbit(xs[i])) << "x = " << xs[i];
+  }
+  const float nans[] = {std::numeric_limits<float>::quiet_NaN(), -std::numeric_limits<float>::quiet_NaN(),
+                        std::bit_cast<float>(0x7FFFFFFFu), std::bit_cast<float>(0x7F800001u)};
+  uint16_t nan_out[4];
+  f32_to_bf16(nans, nan_out, 4);
+  for (int i = 0; i < 4; ++i) EXPECT_TRUE(std::isnan(bf16_bits_to_double(nan_out[i]))) << i;
+}
+
+}  // namespace
+}  // namespace seqpack::cpu

@@ -1,0 +1,90 @@
+// Precision choice and ISA dispatch (seqpack/precision.h). CTest runs this
+// binary three times: as the CPU is, and capped by ONEDNN_MAX_CPU_ISA to
+// AVX512_CORE and to AVX2 (tests/CMakeLists.txt), so the refusal and the
+// fall-back are tested on any machine.
+#include <gtest/gtest.h>
+
+#include <cstdlib>
+#include <stdexcept>
+#include <string>
+
+#include "seqpack/precision.h"
+#include "seqpack/rnn.h"
+
+namespace seqpack {
+namespace {
+
+std::string capped_to() {
+  const char* cap = std::getenv("ONEDNN_MAX_CPU_ISA");
+  return cap ? cap : "";
+}
+
+TEST(Precision, NamesRoundTripAndBadNamesAreRejected) {
+  EXPECT_EQ(parse_precision("fp32"), Precision::fp32);
+  EXPECT_EQ(parse_precision("bf16"), Precision::bf16);
+  EXPECT_STREQ(precision_name(Precision::bf16), "bf16");
+  try {
+    parse_precision("fp16");
+    FAIL();
+  } catch (const std::invalid_argument& e) {
+    EXPECT_NE(std::string(e.what()).find("'fp16'"), std::string::npos) << e.what();
+  }
+  EXPECT_THROW(resolve_precision("half"), std::invalid_argument);
+}
+
+TEST(Precision, CapsAreHonoured) {
+  const CpuInfo cpu = cpu_info();
+  const std::string cap = capped_to();
+  if (cap == "AVX2") EXPECT_EQ(cpu.isa, "avx2");
+  if (cap == "AVX512_CORE") EXPECT_EQ(cpu.isa, "avx512_core");
+  if (!cap.empty()) EXPECT_FALSE(cpu.native_bf16) << cpu.isa;
+  EXPECT_FALSE(cpu.onednn_version.empty());
+  EXPECT_GE(cpu.threads, 1);
+}
+
+TEST(Precision, AutoPicksBf16ExactlyWhereNative) {
+  const CpuInfo cpu = cpu_info();
+  std::string note;
+  const Precision p = resolve_precision("auto", &note);
+  EXPECT_EQ(p, cpu.native_bf16 ? Precision::bf16 : Precision::fp32);
+  EXPECT_NE(note.find(cpu.isa), std::string::npos) << note;
+  EXPECT_EQ(resolve_precision("fp32"), Precision::fp32);
+}
+
+TEST(Precision, ExplicitBf16WithoutNativeSupportNamesTheIsa) {
+  const CpuInfo cpu = cpu_info();
+  if (cpu.native_bf16) {
+    EXPECT_EQ(resolve_precision("bf16"), Precision::bf16);
+    EXPECT_NO_THROW(check_precision_supported(Precision::bf16));
+    return;
+  }
+  for (auto attempt : {+[] { resolve_precision("bf16"); },
+                       +[] { check_precision_supported(Precision::bf16); },
+                       +[] {
+                         RNNOptions o{.mode = RNNMode::lstm, .input_size = 2, .hidden_size = 3};
+                         o.precision = Precision::bf16;
+                         o.validate();
+                       }}) {
+    try {
+      attempt();
+      FAIL() << "bf16 accepted on " << cpu.isa;
+    } catch (const std::invalid_argument& e) {
+      EXPECT_NE(std::string(e.what()).find("ISA is " + cpu.isa), std::string::npos) << e.what();
+    }
+  }
+}
+
+TEST(Precision, Bf16NeedsFloat32) {
+  RNNOptions o{.mode = RNNMode::gru, .input_size = 2, .hidden_size = 3};
+  o.dtype = DType::f64;
+  o.precision = Precision::bf16;
+  try {
+    o.validate();
+    FAIL();
+  } catch (const std::invalid_argument& e) {
+    EXPECT_NE(std::string(e.what()).find("float64"), std::string::npos) << e.what();
+  }
+}
+
+}  // namespace
+}  // namespace seqpack

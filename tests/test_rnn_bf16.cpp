@@ -1,0 +1,264 @@
+// bf16 mixed precision of the recurrent core against the float64 reference:
+// every cell, 1-2 layers, both directions, proj_size, hidden sizes across SIMD
+// widths, zero-length sequences and a 1000-step sequence. The bounds checked
+// here are the ones docs/performance.md documents:
+//   outputs, h_n, c_n      |bf16 - reference| <= kForwardAbs
+//   every gradient         cosine similarity with the reference >= kGradCosine
+//                          and ||bf16 - reference|| <= kGradRel * ||reference||;
+//                          ReLU RNNs: kGradCosineRelu and kGradRelRelu, since a
+//                          pre-activation that bf16 moves across 0 flips relu's
+//                          derivative for that unit and step
+// The worst values seen are printed. Skipped on a CPU without native bf16 (the
+// refusal there is test_precision's).
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdio>
+#include <limits>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "reference/rnn_reference.h"
+#include "seqpack/packed_sequence.h"
+#include "seqpack/precision.h"
+#include "seqpack/rnn.h"
+#include "test_util.h"
+
+namespace seqpack {
+namespace {
+
+constexpr double kForwardAbs = 0.03;
+constexpr double kGradCosine = 0.999;
+constexpr double kGradRel = 0.05;
+constexpr double kGradCosineRelu = 0.97;
+constexpr double kGradRelRelu = 0.25;
+
+#define SKIP_WITHOUT_BF16()                                                        \
+  if (!cpu_info().native_bf16) GTEST_SKIP() << "no native bf16 on " << cpu_info().isa
+
+Tensor random_tensor(const Shape& s, double scale, std::mt19937_64& gen) {
+  Tensor t = Tensor::empty(s, DType::f32);
+  std::uniform_real_distribution<float> u(static_cast<float>(-scale), static_cast<float>(scale));
+  for (int64_t i = 0; i < t.numel(); ++i) t.data<float>()[i] = u(gen);
+  return t;
+}
+
+// Rows of caller's sequence b in `plan`'s packed layout, in time order.
+std::vector<int64_t> rows_of(const PackingPlan& plan, int64_t b) {
+  std::vector<int64_t> rows;
+  const auto& idx = plan.padded_index();
+  for (int64_t r = 0; r < static_cast<int64_t>(idx.size()); ++r) {
+    if (idx[static_cast<std::size_t>(r)] % plan.batch() == b) rows.push_back(r);
+  }
+  return rows;
+}
+
+Tensor gather_rows(const Tensor& packed, const std::vector<int64_t>& rows) {
+  const int64_t F = packed.size(1);
+  Tensor out = Tensor::empty({static_cast<int64_t>(rows.size()), F}, DType::f64);
+  for (std::size_t i = 0; i < rows.size(); ++i)
+    for (int64_t f = 0; f < F; ++f)
+      out.data<double>()[static_cast<int64_t>(i) * F + f] = packed.item_as_double(rows[i] * F + f);
+  return out;
+}
+
+double max_abs_diff(const Tensor& a, const Tensor& b) {
+  double worst = 0;
+  for (int64_t i = 0; i < a.numel(); ++i) {
+    const double d = std::fabs(a.item_as_double(i) - b.item_as_double(i));
+    if (!(d <= worst)) worst = d;  // NaN wins
+  }
+  return worst;
+}
+
+struct Agreement {
+  double cosine = 1, rel = 0;
+};
+Agreement agreement(const Tensor& got, const Tensor& ref) {
+  double dot = 0, gg = 0, rr = 0, dd = 0;
+  for (int64_t i = 0; i < ref.numel(); ++i) {
+    const double g = got.item_as_double(i), r = ref.item_as_double(i);
+    dot += g * r;
+    gg += g * g;
+    rr += r * r;
+    dd += (g - r) * (g - r);
+  }
+  if (rr == 0 && gg == 0) return {};
+  return {dot / std::sqrt(gg * rr), std::sqrt(dd / rr)};
+}
+
+struct Worst {
+  double forward = 0, cosine = 1, rel = 0;
+  std::string forward_at, cosine_at;
+};
+
+void check_config(const RNNOptions& base, const std::vector<int64_t>& lengths, bool give_h0,
+                  uint64_t seed, Worst& worst) {
+  RNNOptions o = base;
+  o.precision = Precision::bf16;
+  const std::string what = std::string(rnn_mode_name(o.mode)) + " H" +
+                           std::to_string(o.hidden_size) + " L" + std::to_string(o.num_layers) +
+                           (o.bidirectional ? " bi" : "") +
+                           (o.proj_size ? " P" + std::to_string(o.proj_size) : "") + " seed " +
+                           std::to_string(seed);
+  SCOPED_TRACE(what);
+  std::mt19937_64 gen(seed);
+  const PackingPlan plan = PackingPlan::from_lengths(lengths, /*enforce_sorted=*/false);
+  const int64_t B = plan.batch(), LD = o.num_layers * o.num_directions();
+  std::vector<Tensor> weights;
+  for (const Shape& s : rnn_parameter_shapes(o))
+    weights.push_back(random_tensor(s, 1.0 / std::sqrt(double(o.hidden_size)), gen));
+  const Tensor x = random_tensor({plan.total_rows(), o.input_size}, 1.0, gen);
+  const Tensor h0 = give_h0 ? random_tensor({LD, B, o.real_hidden_size()}, 0.5, gen) : Tensor();
+  const Tensor c0 =
+      give_h0 && o.mode == RNNMode::lstm ? random_tensor({LD, B, o.hidden_size}, 0.5, gen) : Tensor();
+  const auto fwd = rnn_forward(o, weights, x, plan, h0, c0, /*training=*/false, true);
+
+  std::vector<Tensor> seqs, gy_rows;
+  std::vector<std::vector<int64_t>> rows;
+  const Tensor gy = random_tensor({plan.total_rows(), o.output_size()}, 1.0, gen);
+  const Tensor gh = random_tensor({LD, B, o.real_hidden_size()}, 1.0, gen);
+  for (int64_t b = 0; b < B; ++b) {
+    rows.push_back(rows_of(plan, b));
+    seqs.push_back(gather_rows(x, rows.back()));
+    gy_rows.push_back(gather_rows(gy, rows.back()));
+  }
+  const auto ref = rnn_reference_forward(o, weights, seqs, h0, c0);
+  auto note_forward = [&](const Tensor& got, const Tensor& want, const std::string& name) {
+    const double d = max_abs_diff(got, want);
+    EXPECT_LE(d, kForwardAbs) << name;
+    if (!(d <= worst.forward)) {
+      worst.forward = d;
+      worst.forward_at = what + " " + name;
+    }
+  };
+  for (int64_t b = 0; b < B; ++b)
+    note_forward(gather_rows(fwd.output, rows[std::size_t(b)]), ref.outputs[std::size_t(b)],
+                 "output " + std::to_string(b));
+  note_forward(fwd.h_n, ref.h_n, "h_n");
+  if (o.mode == RNNMode::lstm) note_forward(fwd.c_n, ref.c_n, "c_n");
+
+  const auto g = rnn_backward(*fwd.saved, gy, gh, {});
+  const auto rg =
+      reference::rnn_reference_backward(o, weights, seqs, h0, c0, gy_rows, gh, Tensor());
+  auto note_grad = [&](const Tensor& got, const Tensor& want, const std::string& name) {
+    const Agreement a = agreement(got, want);
+    const bool relu = o.mode == RNNMode::rnn_relu;
+    EXPECT_GE(a.cosine, relu ? kGradCosineRelu : kGradCosine) << name;
+    EXPECT_LE(a.rel, relu ? kGradRelRelu : kGradRel) << name;
+    if (!(a.cosine >= worst.cosine)) {
+      worst.cosine = a.cosine;
+      worst.cosine_at = what + " " + name;
+    }
+    if (!(a.rel <= worst.rel)) worst.rel = a.rel;
+  };
+  Tensor gin = Tensor::empty({0, o.input_size}, DType::f64);
+  for (int64_t b = 0; b < B; ++b)
+    note_grad(gather_rows(g.input, rows[std::size_t(b)]), rg.inputs[std::size_t(b)],
+              "grad input " + std::to_string(b));
+  note_grad(g.h0, rg.h0, "grad h0");
+  const auto names = rnn_parameter_names(o);
+  for (std::size_t k = 0; k < names.size(); ++k)
+    note_grad(g.weights[k], rg.weights[k], "grad " + names[k]);
+}
+
+TEST(RNNBf16, ParityGridAgainstFloat64Reference) {
+  SKIP_WITHOUT_BF16();
+  Worst worst, worst_relu;
+  uint64_t seed = 1000;
+  const std::vector<int64_t> lengths{12, 0, 9, 15, 3, 11, 1, 15};
+  for (RNNMode mode : {RNNMode::lstm, RNNMode::gru, RNNMode::rnn_tanh, RNNMode::rnn_relu}) {
+    for (int64_t layers : {1, 2}) {
+      for (bool bi : {false, true}) {
+        for (int64_t H : {37, 130}) {
+          RNNOptions o{.mode = mode, .input_size = 29, .hidden_size = H, .num_layers = layers,
+                       .bidirectional = bi};
+          check_config(o, lengths, /*give_h0=*/(seed % 2) == 0, ++seed,
+                       mode == RNNMode::rnn_relu ? worst_relu : worst);
+          if (mode == RNNMode::lstm) {
+            o.proj_size = H / 3;
+            check_config(o, lengths, /*give_h0=*/true, ++seed, worst);
+          }
+        }
+      }
+    }
+  }
+  for (const Worst* w : {&worst, &worst_relu}) {
+    std::printf("bf16 parity grid, %s: worst |forward error| %.4g (%s); worst gradient cosine "
+                "%.6f (%s); worst relative gradient error %.4g\n",
+                w == &worst ? "LSTM, GRU, RNN tanh" : "RNN relu", w->forward,
+                w->forward_at.c_str(), w->cosine, w->cosine_at.c_str(), w->rel);
+  }
+}
+
+TEST(RNNBf16, ThousandStepSequence) {
+  SKIP_WITHOUT_BF16();
+  Worst worst;
+  for (RNNMode mode : {RNNMode::lstm, RNNMode::gru}) {
+    RNNOptions o{.mode = mode, .input_size = 16, .hidden_size = 48, .num_layers = 1,
+                 .bidirectional = true};
+    check_config(o, {1000, 7, 0, 300}, /*give_h0=*/false, mode == RNNMode::lstm ? 7 : 8, worst);
+  }
+  std::printf("bf16 T = 1000: worst |forward error| %.4g (%s); worst gradient cosine %.6f (%s)\n",
+              worst.forward, worst.forward_at.c_str(), worst.cosine, worst.cosine_at.c_str());
+}
+
+// A NaN in one sequence reaches only that sequence's rows and state; the other
+// sequences get exactly the values of a run without it.
+TEST(RNNBf16, NanInOneSequenceLeavesTheOthersUntouched) {
+  SKIP_WITHOUT_BF16();
+  for (RNNMode mode : {RNNMode::lstm, RNNMode::gru, RNNMode::rnn_tanh}) {
+    RNNOptions o{.mode = mode, .input_size = 8, .hidden_size = 40, .num_layers = 2,
+                 .bidirectional = true};
+    o.precision = Precision::bf16;
+    std::mt19937_64 gen(5);
+    const std::vector<int64_t> lengths{6, 9, 4};
+    const PackingPlan plan = PackingPlan::from_lengths(lengths, /*enforce_sorted=*/false);
+    std::vector<Tensor> weights;
+    for (const Shape& s : rnn_parameter_shapes(o)) weights.push_back(random_tensor(s, 0.2, gen));
+    Tensor x = random_tensor({plan.total_rows(), o.input_size}, 1.0, gen);
+    const auto clean = rnn_forward(o, weights, x, plan, {}, {}, false, false);
+    const auto bad_rows = rows_of(plan, 1);
+    Tensor xn = x.clone();
+    xn.data<float>()[bad_rows[2] * o.input_size + 3] = std::numeric_limits<float>::quiet_NaN();
+    const auto dirty = rnn_forward(o, weights, xn, plan, {}, {}, false, false);
+    for (int64_t b : {0, 2}) {
+      const auto r = rows_of(plan, b);
+      const Tensor a = gather_rows(clean.output, r), c = gather_rows(dirty.output, r);
+      for (int64_t i = 0; i < a.numel(); ++i)
+        ASSERT_EQ(a.data<double>()[i], c.data<double>()[i]) << "sequence " << b << " element " << i;
+    }
+    bool nan_seen = false;
+    const Tensor d = gather_rows(dirty.output, bad_rows);
+    for (int64_t i = 0; i < d.numel(); ++i) nan_seen |= std::isnan(d.data<double>()[i]);
+    EXPECT_TRUE(nan_seen) << "the NaN was lost (bf16 conversion must keep NaN)";
+  }
+}
+
+TEST(RNNBf16, FiveThousandStepsStayFinite) {
+  SKIP_WITHOUT_BF16();
+  RNNOptions o{.mode = RNNMode::lstm, .input_size = 8, .hidden_size = 64};
+  o.precision = Precision::bf16;
+  std::mt19937_64 gen(9);
+  const PackingPlan plan = PackingPlan::from_lengths({5000, 17}, /*enforce_sorted=*/false);
+  std::vector<Tensor> weights;
+  for (const Shape& s : rnn_parameter_shapes(o)) weights.push_back(random_tensor(s, 0.5, gen));
+  const Tensor x = random_tensor({plan.total_rows(), o.input_size}, 3.0, gen);
+  const auto y = rnn_forward(o, weights, x, plan, {}, {}, true, true);
+  const Tensor ones = Tensor::full({plan.total_rows(), o.output_size()}, 1.0, DType::f32);
+  const auto g = rnn_backward(*y.saved, ones, {}, {}, true);
+  auto finite = [](const Tensor& t) {
+    for (int64_t i = 0; i < t.numel(); ++i)
+      if (!std::isfinite(t.item_as_double(i))) return false;
+    return true;
+  };
+  EXPECT_TRUE(finite(y.output));
+  EXPECT_TRUE(finite(y.h_n));
+  EXPECT_TRUE(finite(y.c_n));
+  EXPECT_TRUE(finite(g.input));
+  for (const Tensor& w : g.weights) EXPECT_TRUE(finite(w));
+}
+
+}  // namespace
+}  // namespace seqpack

@@ -1,0 +1,57 @@
+// `seqpack info`: what this machine offers seqpack: the ISA oneDNN dispatches
+// to (capped by ONEDNN_MAX_CPU_ISA), native bf16, AMX, the precision `auto`
+// picks, the thread count and the library versions. --json for scripts.
+#include <fmt/core.h>
+
+#include <nlohmann/json.hpp>
+#include <string>
+
+#include "command.h"
+#include "seqpack/precision.h"
+#include "seqpack/threading.h"
+
+namespace seqpack::cli {
+namespace {
+
+struct Args {
+  bool json = false;
+  int threads = 0;
+};
+
+void run_info(const Args& args) {
+  if (args.threads > 0) set_num_threads(args.threads);
+  const CpuInfo cpu = cpu_info();
+  const Precision autop = resolve_precision("auto");
+  if (args.json) {
+    nlohmann::ordered_json j = {{"isa", cpu.isa},
+                                {"native_bf16", cpu.native_bf16},
+                                {"amx", cpu.amx},
+                                {"auto_precision", precision_name(autop)},
+                                {"threads", cpu.threads},
+                                {"onednn", cpu.onednn_version},
+                                {"blas", cpu.blas}};
+    fmt::print("{}\n", j.dump());
+    return;
+  }
+  fmt::print("ISA (oneDNN)     {}\n", cpu.isa);
+  fmt::print("native bf16      {}\n", cpu.native_bf16 ? "yes" : "no");
+  fmt::print("AMX              {}\n", cpu.amx ? "yes" : "no");
+  fmt::print("precision auto   {}\n", precision_name(autop));
+  fmt::print("threads          {}\n", cpu.threads);
+  fmt::print("oneDNN           {}\n", cpu.onednn_version);
+  fmt::print("BLAS             {}\n", cpu.blas);
+}
+
+void setup(CLI::App& sub) {
+  auto args = std::make_shared<Args>();
+  sub.add_flag("--json", args->json, "one JSON object instead of a table");
+  sub.add_option("--threads", args->threads, "report for this many threads (default: OpenMP's)")
+      ->check(CLI::PositiveNumber);
+  sub.callback([args] { run_info(*args); });
+}
+
+[[maybe_unused]] const bool registered = register_command(
+    {"info", "the CPU's ISA, bf16 support, threads and library versions", setup});
+
+}  // namespace
+}  // namespace seqpack::cli
