@@ -19,6 +19,7 @@
 #include <algorithm>
 #include <cmath>
 #include <map>
+#include <ostream>
 #include <random>
 #include <string>
 #include <vector>
@@ -46,6 +47,8 @@ std::string describe(const DropCase& c) {
   return std::string(c.dtype == DType::f64 ? "float64" : "float32") + " p=" + std::to_string(c.p) +
          (c.bidirectional ? " bi" : " uni") + " L" + std::to_string(c.num_layers);
 }
+
+void PrintTo(const DropCase& c, std::ostream* os) { *os << describe(c); }
 
 constexpr int64_t kHidden = 40;
 
