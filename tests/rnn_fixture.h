@@ -4,6 +4,7 @@
 // or the other way round). Shared by the RNN reference, parity and gradient tests.
 #pragma once
 
+#include <cstdint>
 #include <map>
 #include <string>
 #include <vector>
@@ -12,6 +13,44 @@
 #include "test_util.h"
 
 namespace seqpack::testing {
+
+// A tensor gen_rnn.py generated from a seed instead of storing it:
+// {"generator": "splitmix64", "seed", "shape", "scale"}. Element i (row-major)
+// is k / 2^23 * scale with k = (splitmix64(seed, i) >> 40) - 2^23, exact in
+// float32 and float64 (|k| < 2^24, scale a power of two): splitmix64_values in
+// gen_rnn.py computes the same numbers.
+inline Tensor generated_tensor(const nlohmann::json& j, DType dtype) {
+  if (j.at("generator").get<std::string>() != "splitmix64") {
+    throw std::runtime_error("unknown fixture generator " + j.at("generator").dump());
+  }
+  Shape shape = j.at("shape").get<Shape>();
+  const uint64_t seed = j.at("seed").get<uint64_t>();
+  const double scale = j.at("scale").get<double>();
+  Tensor t = Tensor::empty(shape, DType::f64);
+  for (int64_t i = 0; i < t.numel(); ++i) {
+    uint64_t z = seed + static_cast<uint64_t>(i + 1) * 0x9E3779B97F4A7C15ULL;
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ULL;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBULL;
+    z ^= z >> 31;
+    const int64_t k = static_cast<int64_t>(z >> 40) - (int64_t{1} << 23);
+    t.data<double>()[i] = static_cast<double>(k) * (scale / static_cast<double>(1 << 23));
+  }
+  return t.to(dtype);
+}
+
+// A stored tensor or a generated one.
+inline Tensor fixture_tensor(const nlohmann::json& j, DType dtype) {
+  return j.is_object() && j.contains("generator") ? generated_tensor(j, dtype)
+                                                  : tensor_from_json(j, dtype);
+}
+
+// A gradient stored at a sample of its elements (the wide cases' weight
+// matrices): flat row-major indices and PyTorch's values there.
+struct SampledGrad {
+  Shape shape;
+  std::vector<int64_t> index;
+  std::vector<double> values;
+};
 
 struct RNNCase {
   std::string name;
@@ -31,6 +70,7 @@ struct RNNCase {
   Tensor h_n, c_n;
   Tensor grad_output, grad_h_n, grad_c_n;
   std::map<std::string, Tensor> grads;  // "input", "h0", "c0" and parameter names
+  std::map<std::string, SampledGrad> sampled_grads;  // parameters stored as a sample
 
   int64_t batch() const { return static_cast<int64_t>(lengths.size()); }
   int64_t max_len() const {
@@ -80,7 +120,7 @@ inline std::vector<RNNCase> load_rnn_cases() {
       if (j.contains("total_length")) c.total_length = j.at("total_length").get<int64_t>();
       c.parameter_names = j.at("parameter_names").get<std::vector<std::string>>();
       for (const auto& n : c.parameter_names) {
-        c.weights.push_back(tensor_from_json(j.at("state_dict").at(n), dt));
+        c.weights.push_back(fixture_tensor(j.at("state_dict").at(n), dt));
       }
       for (const auto& s : j.at("sequences")) {
         Tensor t = tensor_from_json(s, dt);
@@ -100,15 +140,22 @@ inline std::vector<RNNCase> load_rnn_cases() {
         c.input = tensor_from_json(j.at("input"), dt);
         c.output = tensor_from_json(j.at("output"), dt);
       }
-      if (j.contains("h0")) c.h0 = tensor_from_json(j.at("h0"), dt);
-      if (j.contains("c0")) c.c0 = tensor_from_json(j.at("c0"), dt);
+      if (j.contains("h0")) c.h0 = fixture_tensor(j.at("h0"), dt);
+      if (j.contains("c0")) c.c0 = fixture_tensor(j.at("c0"), dt);
       c.h_n = tensor_from_json(j.at("h_n"), dt);
       if (j.contains("c_n")) c.c_n = tensor_from_json(j.at("c_n"), dt);
-      c.grad_output = tensor_from_json(j.at("grad_output"), dt);
-      c.grad_h_n = tensor_from_json(j.at("grad_h_n"), dt);
-      if (j.contains("grad_c_n")) c.grad_c_n = tensor_from_json(j.at("grad_c_n"), dt);
+      c.grad_output = fixture_tensor(j.at("grad_output"), dt);
+      c.grad_h_n = fixture_tensor(j.at("grad_h_n"), dt);
+      if (j.contains("grad_c_n")) c.grad_c_n = fixture_tensor(j.at("grad_c_n"), dt);
       for (auto it = j.at("grads").begin(); it != j.at("grads").end(); ++it) {
-        c.grads[it.key()] = tensor_from_json(it.value(), dt);
+        const auto& v = it.value();
+        if (v.is_object() && v.contains("sampled_index")) {
+          c.sampled_grads[it.key()] = {v.at("shape").get<Shape>(),
+                                       v.at("sampled_index").get<std::vector<int64_t>>(),
+                                       v.at("sampled_values").get<std::vector<double>>()};
+        } else {
+          c.grads[it.key()] = tensor_from_json(v, dt);
+        }
       }
       cases.push_back(std::move(c));
     }
@@ -243,6 +290,33 @@ inline std::vector<Tensor> layout_to_rows(const RNNCase& c, const Tensor& x, int
 inline Tensor batched_state(const RNNCase& c, const Tensor& s) {
   if (!s.defined() || c.kind != "unbatched") return s;
   return s.view({s.size(0), 1, s.size(1)});
+}
+
+// The gradient of parameter `name` against PyTorch's: every element, or the
+// stored sample of them (same mixed tolerance). Reports the first mismatches.
+inline ::testing::AssertionResult parameter_grad_close(const RNNCase& c, const std::string& name,
+                                                       const Tensor& actual, double tol) {
+  const std::string what = c.name + " grad " + name;
+  const auto s = c.sampled_grads.find(name);
+  if (s == c.sampled_grads.end()) return all_close(actual, c.grads.at(name), tol, tol, what);
+  const SampledGrad& g = s->second;
+  if (actual.shape() != g.shape) {
+    return ::testing::AssertionFailure() << what << ": shape " << shape_str(actual.shape())
+                                         << " != expected " << shape_str(g.shape);
+  }
+  ::testing::AssertionResult res = ::testing::AssertionFailure();
+  res << what << " (sampled):";
+  int bad = 0;
+  for (size_t k = 0; k < g.index.size(); ++k) {
+    const double a = actual.item_as_double(g.index[k]), e = g.values[k];
+    if (!(std::fabs(a - e) <= tol + tol * std::fabs(e))) {
+      if (bad < 5) res << " [" << g.index[k] << "] got " << a << " expected " << e << ";";
+      ++bad;
+    }
+  }
+  if (bad == 0) return ::testing::AssertionSuccess();
+  res << " " << bad << " of " << g.index.size() << " sampled elements differ (tol " << tol << ")";
+  return res;
 }
 
 // Tolerances of issue 3: float32 forward 1e-5, gradients 1e-4 (mixed rel/abs);

@@ -5,6 +5,7 @@
 // 1e-4 for float32 gradients; float64 cases are held to 1e-10 / 1e-9.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <map>
 #include <memory>
 #include <string>
@@ -95,8 +96,7 @@ void expect_weight_grads(const RNNCase& c, const std::vector<Tensor>& weights) {
   const double tol = seqpack::testing::grad_tol(c);
   ASSERT_EQ(weights.size(), c.parameter_names.size()) << c.name;
   for (size_t k = 0; k < weights.size(); ++k) {
-    const std::string& n = c.parameter_names[k];
-    EXPECT_TRUE(all_close(weights[k], c.grads.at(n), tol, tol, c.name + " grad " + n));
+    EXPECT_TRUE(seqpack::testing::parameter_grad_close(c, c.parameter_names[k], weights[k], tol));
   }
 }
 
@@ -224,6 +224,33 @@ INSTANTIATE_TEST_SUITE_P(Modes, RNNParity,
                          [](const ::testing::TestParamInfo<RNNMode>& info) {
                            return std::string(seqpack::rnn_mode_name(info.param));
                          });
+
+// The cases above compare the vector bodies of the gate kernels with PyTorch,
+// not only their scalar tails: hidden sizes past one vector (16 floats with
+// AVX-512) and past the 4-vector unrolled loops (H >= 128), for every mode,
+// with 2 layers, both directions, mixed lengths, proj_size and float64. Guards
+// against a generator change dropping them.
+TEST(RNNParity, WideCasesReachTheVectorBodies) {
+  for (RNNMode mode : {RNNMode::rnn_tanh, RNNMode::rnn_relu, RNNMode::lstm, RNNMode::gru}) {
+    SCOPED_TRACE(seqpack::rnn_mode_name(mode));
+    int wide_bi_2layer = 0, wide_128 = 0, wide_f64 = 0, wide_proj = 0, wide_mixed = 0;
+    for (const RNNCase* c : cases_of(mode)) {
+      const auto& o = c->options;
+      if (o.hidden_size < 33) continue;
+      const bool f32 = o.dtype == DType::f32;
+      wide_bi_2layer += f32 && o.bidirectional && o.num_layers >= 2;
+      wide_128 += f32 && o.hidden_size >= 128 && o.num_layers >= 2;
+      wide_f64 += !f32;
+      wide_proj += f32 && o.proj_size >= 33;
+      wide_mixed += c->max_len() > *std::min_element(c->lengths.begin(), c->lengths.end());
+    }
+    EXPECT_GE(wide_bi_2layer, 1);
+    EXPECT_GE(wide_128, 1);
+    EXPECT_GE(wide_f64, 1);
+    EXPECT_GE(wide_mixed, 2);
+    if (mode == RNNMode::lstm) EXPECT_GE(wide_proj, 1);
+  }
+}
 
 // A state dict moved from PyTorch loads unchanged and comes back identical.
 TEST(RNNParity, StateDictRoundTripsPyTorchNames) {

@@ -111,8 +111,7 @@ TEST(RNNReference, BackwardMatchesPyTorchFixtures) {
     }
     ASSERT_EQ(g.weights.size(), c.parameter_names.size());
     for (size_t k = 0; k < g.weights.size(); ++k) {
-      const std::string& n = c.parameter_names[k];
-      EXPECT_TRUE(all_close(g.weights[k], c.grads.at(n), tol, tol, c.name + " grad " + n));
+      EXPECT_TRUE(seqpack::testing::parameter_grad_close(c, c.parameter_names[k], g.weights[k], tol));
     }
   }
 }

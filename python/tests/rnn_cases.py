@@ -129,3 +129,34 @@ def tolerances(c):
     if c["dtype"] == torch.float64:
         return 1e-10, 1e-9
     return 1e-5, 1e-4
+
+
+def make_wide_configs(seed):
+    """Hidden sizes 37 and 130, past one SIMD vector (4-16 floats) and the kernels'
+    4-vector unrolled loops, so that the vector bodies of the gate kernels meet
+    torch and not only their scalar tails. Per mode: H = 37 and H = 130, both
+    2 layers, bidirectional, packed with mixed lengths; a float64 padded case at
+    H = 37; for LSTM also proj_size 33 at H = 130 and proj_size 5 at H = 37."""
+    rng = np.random.default_rng(seed)
+    configs = []
+
+    def add(mode, hidden, **kw):
+        b = int(rng.integers(2, 5))
+        lengths = rng.integers(1, 6, size=b).tolist()
+        if len(set(lengths)) == 1:
+            lengths[0] += 1  # mixed lengths: some sequences end before others
+        c = dict(index=100 + len(configs), seed=int(seed * 1000 + 100 + len(configs)), mode=mode,
+                 input_size=int(rng.integers(1, 5)), hidden_size=hidden, num_layers=2, bias=True,
+                 batch_first=bool(rng.random() < 0.5), bidirectional=True, proj_size=0,
+                 packed=True, h0=bool(rng.random() < 0.5), lengths=lengths, dtype=torch.float32)
+        c.update(kw)
+        configs.append(c)
+
+    for mode in MODES:
+        add(mode, 37, h0=True)
+        add(mode, 130)
+        add(mode, 37, num_layers=1, packed=False, h0=True, dtype=torch.float64)
+        if mode == "LSTM":
+            add(mode, 130, proj_size=33, h0=True)
+            add(mode, 37, proj_size=5, bidirectional=False)
+    return configs

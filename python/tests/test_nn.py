@@ -5,9 +5,14 @@ import torch
 
 import seqpack
 from helpers import assert_close, base_seed
-from rnn_cases import config_id, make_configs, make_inputs, run_torch, tolerances, torch_module
+from rnn_cases import (config_id, make_configs, make_inputs, make_wide_configs, run_torch,
+                       tolerances, torch_module)
 
-CONFIGS = make_configs(base_seed(), 40)
+CONFIGS = make_configs(base_seed(), 40) + make_wide_configs(base_seed())
+
+
+def parity_id(c):
+    return config_id(c) if c["hidden_size"] < 33 else f"H{c['hidden_size']}-{config_id(c)}"
 
 
 def seqpack_module(c):
@@ -23,7 +28,7 @@ def seqpack_module(c):
                           nonlinearity="tanh" if mode == "RNN_TANH" else "relu", **kwargs)
 
 
-@pytest.mark.parametrize("c", CONFIGS, ids=config_id)
+@pytest.mark.parametrize("c", CONFIGS, ids=parity_id)
 def test_parity_with_torch(c):
     tm = torch_module(c)
     inputs = make_inputs(c)
