@@ -235,6 +235,14 @@ TEST(F32ToBf16, RoundsToNearestEvenAndKeepsSpecials) {
   uint16_t nan_out[4];
   f32_to_bf16(nans, nan_out, 4);
   for (int i = 0; i < 4; ++i) EXPECT_TRUE(std::isnan(bf16_bits_to_double(nan_out[i]))) << i;
+  // Subnormals flush to a zero of their sign, in the vector body and the tail.
+  std::vector<float> tiny(37, 1e-40f);
+  tiny[3] = tiny[36] = -3e-39f;
+  std::vector<uint16_t> tiny_out(tiny.size());
+  f32_to_bf16(tiny.data(), tiny_out.data(), static_cast<int64_t>(tiny.size()));
+  for (std::size_t i = 0; i < tiny.size(); ++i) {
+    EXPECT_EQ(tiny_out[i], tiny[i] < 0 ? 0x8000 : 0x0000) << "element " << i;
+  }
 }
 
 }  // namespace

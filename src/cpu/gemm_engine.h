@@ -72,7 +72,8 @@ const GemmEngine<double>& gemm_engine_f64();
 // oneDNN's bf16 engine (src/cpu/gemm_onednn.cpp).
 const GemmEngine<float>& onednn_bf16_engine();
 
-// fp32 -> bf16, round to nearest even, NaN kept NaN (quiet).
+// fp32 -> bf16, round to nearest even, NaN kept NaN (quiet), subnormals flushed
+// to zero (as AVX512-BF16's vcvtneps2bf16 does).
 void f32_to_bf16(const float* src, uint16_t* dst, int64_t n);
 
 }  // namespace seqpack::cpu

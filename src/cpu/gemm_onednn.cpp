@@ -5,6 +5,7 @@
 // primitive asks for. Primitives are created once per shape and thread and
 // kept (creating one costs ~0.2 ms, fetching a cached one ~1 us); the
 // scratchpad is the caller's (user mode), so two threads never share one.
+#include <immintrin.h>
 #include <oneapi/dnnl/dnnl.hpp>
 
 #include <algorithm>
@@ -21,15 +22,46 @@
 
 namespace seqpack::cpu {
 
-void f32_to_bf16(const float* src, uint16_t* dst, int64_t n) {
-  for (int64_t i = 0; i < n; ++i) {
-    uint32_t u;
-    std::memcpy(&u, &src[i], sizeof u);
-    const uint32_t rounded = (u + 0x7FFFu + ((u >> 16) & 1u)) >> 16;
-    // NaN stays NaN (rounding could carry a NaN's mantissa into infinity).
-    const bool nan = (u & 0x7FFFFFFFu) > 0x7F800000u;
-    dst[i] = static_cast<uint16_t>(nan ? ((u >> 16) | 0x40u) : rounded);
+namespace {
+
+// One value, as the hardware converts it (vcvtneps2bf16): round to nearest
+// even, NaN kept NaN (rounding could carry a NaN's mantissa into infinity),
+// subnormals flushed to zero of the same sign.
+inline uint16_t bf16_of(float x) {
+  uint32_t u;
+  std::memcpy(&u, &x, sizeof u);
+  if ((u & 0x7F800000u) == 0) return static_cast<uint16_t>((u >> 16) & 0x8000u);
+  if ((u & 0x7FFFFFFFu) > 0x7F800000u) return static_cast<uint16_t>((u >> 16) | 0x40u);
+  return static_cast<uint16_t>((u + 0x7FFFu + ((u >> 16) & 1u)) >> 16);
+}
+
+// 16 values per instruction where the CPU converts natively (AVX512-BF16:
+// every CPU the bf16 engine runs on). Highway 1.0 has no bf16 conversion with
+// rounding, hence the intrinsic, compiled for that target only and called
+// after a run-time check.
+__attribute__((target("avx512f,avx512bf16,avx512vl"))) void f32_to_bf16_native(
+    const float* src, uint16_t* dst, int64_t n) {
+  int64_t i = 0;
+  for (; i + 16 <= n; i += 16) {
+    const __m256bh h = _mm512_cvtneps_pbh(_mm512_loadu_ps(src + i));
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst + i), reinterpret_cast<const __m256i&>(h));
   }
+  for (; i < n; ++i) dst[i] = bf16_of(src[i]);
+}
+
+bool native_conversion() {
+  static const bool yes = __builtin_cpu_supports("avx512bf16");
+  return yes;
+}
+
+}  // namespace
+
+void f32_to_bf16(const float* src, uint16_t* dst, int64_t n) {
+  if (native_conversion()) {
+    f32_to_bf16_native(src, dst, n);
+    return;
+  }
+  for (int64_t i = 0; i < n; ++i) dst[i] = bf16_of(src[i]);
 }
 
 namespace {
@@ -54,43 +86,35 @@ ThreadState& thread_state() {
   return s;
 }
 
-// op(X) [rows, cols] (X itself, or the transpose of X [cols, rows]) to a
-// contiguous bf16 [rows, cols].
-void stage(bool trans, int64_t rows, int64_t cols, const float* x, int64_t ldx,
-           std::vector<uint16_t>& out) {
+// X [rows, cols] with row stride ldx to a contiguous bf16 [rows, cols]. A
+// transposed operand is staged as it is stored: the primitive reads it
+// through strides.
+void stage(int64_t rows, int64_t cols, const float* x, int64_t ldx, std::vector<uint16_t>& out) {
   out.resize(static_cast<std::size_t>(rows * cols));
   uint16_t* o = out.data();
-  if (!trans) {
-    if (ldx == cols) {
-      f32_to_bf16(x, o, rows * cols);
-    } else {
-      for (int64_t r = 0; r < rows; ++r) f32_to_bf16(x + r * ldx, o + r * cols, cols);
-    }
+  if (ldx == cols) {
+    f32_to_bf16(x, o, rows * cols);
     return;
   }
-  // out[r][c] = x[c][r], in 16x16 tiles so both sides stay in cache.
-  constexpr int64_t kTile = 16;
-  float tile[kTile];
-  uint16_t conv[kTile];
-  for (int64_t c0 = 0; c0 < cols; c0 += kTile) {
-    const int64_t c1 = std::min(cols, c0 + kTile);
-    for (int64_t r = 0; r < rows; ++r) {
-      for (int64_t c = c0; c < c1; ++c) tile[c - c0] = x[c * ldx + r];
-      f32_to_bf16(tile, conv, c1 - c0);
-      std::memcpy(o + r * cols + c0, conv, static_cast<std::size_t>(c1 - c0) * sizeof(uint16_t));
-    }
-  }
+  for (int64_t r = 0; r < rows; ++r) f32_to_bf16(x + r * ldx, o + r * cols, cols);
 }
 
-// One cached primitive: src [m, k] bf16 contiguous, weights [k, n] bf16
-// (plain row-major or the blocked layout of a prepared operand), dst [m, n]
-// f32 with row stride ldc, optional f32 bias row, beta 0 or 1 (sum post-op).
+// A logical [rows, cols] bf16 matrix stored contiguously, or (trans) stored
+// as its transpose [cols, rows].
+dnnl::memory::desc bf16_desc(int64_t rows, int64_t cols, bool trans) {
+  return dnnl::memory::desc({rows, cols}, dt::bf16, trans ? dims{1, rows} : dims{cols, 1});
+}
+
+// One cached primitive: src [m, k] bf16 (contiguous, or its transpose),
+// weights [k, n] bf16 (contiguous, its transpose, or the blocked layout of a
+// prepared operand), dst [m, n] f32 with row stride ldc, optional f32 bias
+// row, beta 0 or 1 (sum post-op).
 struct Key {
   int64_t m, n, k, ldc;
-  bool sum, bias, blocked;
+  bool trans_a, trans_b, sum, bias, blocked;
   bool operator<(const Key& o) const {
-    return std::tie(m, n, k, ldc, sum, bias, blocked) <
-           std::tie(o.m, o.n, o.k, o.ldc, o.sum, o.bias, o.blocked);
+    return std::tie(m, n, k, ldc, trans_a, trans_b, sum, bias, blocked) <
+           std::tie(o.m, o.n, o.k, o.ldc, o.trans_a, o.trans_b, o.sum, o.bias, o.blocked);
   }
 };
 
@@ -119,9 +143,9 @@ Primitive& primitive(const Key& key) {
   thread_local std::map<Key, Primitive> cache;
   auto it = cache.find(key);
   if (it != cache.end()) return it->second;
-  const dnnl::memory::desc src({key.m, key.k}, dt::bf16, tag::ab);
-  const dnnl::memory::desc wei = key.blocked ? blocked_weights_desc(key.k, key.n)
-                                             : dnnl::memory::desc({key.k, key.n}, dt::bf16, tag::ab);
+  const dnnl::memory::desc src = bf16_desc(key.m, key.k, key.trans_a);
+  const dnnl::memory::desc wei =
+      key.blocked ? blocked_weights_desc(key.k, key.n) : bf16_desc(key.k, key.n, key.trans_b);
   const dnnl::memory::desc dst({key.m, key.n}, dt::f32, dims{key.ldc, 1});
   const dnnl::memory::desc bias({1, key.n}, dt::f32, tag::ab);
   dnnl::primitive_attr attr;
@@ -191,9 +215,10 @@ struct BlockedOperand : StepOperand {
     std::call_once(ready[r], [&] {
       const auto [c0, c1] = ranges[r];
       ThreadState& ts = thread_state();
-      stage(trans, k, c1 - c0, trans ? b + c0 * ldb : b + c0, ldb, ts.b);
-      dnnl::memory plain({{k, c1 - c0}, dt::bf16, tag::ab}, cpu_engine(), ts.b.data());
-      dnnl::memory blocked(blocked_weights_desc(k, c1 - c0), cpu_engine());
+      const int64_t w = c1 - c0;
+      stage(trans ? w : k, trans ? k : w, trans ? b + c0 * ldb : b + c0, ldb, ts.b);
+      dnnl::memory plain(bf16_desc(k, w, trans), cpu_engine(), ts.b.data());
+      dnnl::memory blocked(blocked_weights_desc(k, w), cpu_engine());
       dnnl::reorder(plain, blocked).execute(ts.stream, plain, blocked);
       blocks[r] = std::move(blocked);
     });
@@ -212,9 +237,9 @@ class Bf16Engine : public GemmEngine<float> {
       return;
     }
     ThreadState& ts = thread_state();
-    stage(trans_a, m, k, a, lda, ts.a);
-    stage(trans_b, k, n, b, ldb, ts.b);
-    const Key key{m, n, k, ldc, !c_row && beta != 0.0f, c_row != nullptr, false};
+    stage(trans_a ? k : m, trans_a ? m : k, a, lda, ts.a);
+    stage(trans_b ? n : k, trans_b ? k : n, b, ldb, ts.b);
+    const Key key{m, n, k, ldc, trans_a, trans_b, !c_row && beta != 0.0f, c_row != nullptr, false};
     run(key, ts.b.data(), c, c_row);
   }
 
@@ -239,8 +264,8 @@ class Bf16Engine : public GemmEngine<float> {
     const auto [c0, c1] = op.ranges[range];
     if (m == 0 || c1 <= c0) return;
     ThreadState& ts = thread_state();
-    stage(false, m, op.k, a, lda, ts.a);
-    const Key key{m, c1 - c0, op.k, ldc, beta != 0.0f, false, true};
+    stage(m, op.k, a, lda, ts.a);
+    const Key key{m, c1 - c0, op.k, ldc, false, false, beta != 0.0f, false, true};
     run(key, op.block(range).get_data_handle(), c + c0, nullptr);
   }
 };
