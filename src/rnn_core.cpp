@@ -4,7 +4,7 @@
 //   1. ONE GEMM over all packed rows: G = X·W_ihᵀ + b (the input projection);
 //   2. per step t, ONE GEMM of only its live rows (batch_sizes[t]) with W_hh,
 //      accumulated into that step's rows of G;
-//   3. one fused gate kernel over those rows (src/cpu/rnn_gates.h).
+//   3. the cell's step math over those rows (fused gate kernels, src/cpu/rnn_gates.h).
 // The hidden state lives in a [batch, H] buffer in length-sorted order: the
 // live rows of step t are its first batch_sizes[t] rows, so a sequence that
 // ended keeps its final state in place and, in the reverse direction, a
@@ -16,6 +16,16 @@
 // recurrence (one GEMM of live rows per step), then computes dW_ih, dX, dW_hh
 // and the biases each with ONE GEMM (or one pass) over all packed rows, so its
 // cost is linear in the number of tokens.
+//
+// Shape of the code: forward_impl/backward_impl are the grid (layers ×
+// directions); ForwardDirection/BackwardDirection hold one layer and
+// direction and run the time loop once for every cell, each step handing its
+// rows to the cell's step math (lstm_step, gru_step, rnn_step). Every matrix
+// product goes through the call's GEMM engine (cpu/gemm_engine.h), chosen
+// from the dtype and RNNOptions::precision: a precision is an engine, and
+// nothing here knows which one runs. Threading (two directions side by side,
+// or one direction's columns split over threads) and the embedding-lookup
+// fusion are properties of the loop, not of the cells.
 #include <omp.h>
 
 #include <algorithm>
@@ -249,6 +259,299 @@ Tensor dropout_mask(int64_t rows, int64_t cols, double p, uint64_t seed, int64_t
   return mask;
 }
 
+// ---------------------------------------------------------------------------
+// The forward. forward_impl is the grid (layers, directions); ForwardDirection
+// holds one layer and direction: its input projection, its step operands and
+// its time loop, whose body hands each step's rows to the cell's step math.
+// ---------------------------------------------------------------------------
+
+// This thread's share of a step: hidden units [a, b) of every gate and
+// columns [ra, rb) of h (split_columns), among nth threads.
+struct Split {
+  int tid = 0, nth = 1;
+  int64_t a = 0, b = 0, ra = 0, rb = 0;
+  Split(int tid_, int nth_, int64_t H, int64_t R) : tid(tid_), nth(nth_) {
+    split_columns(H, nth, tid, a, b);
+    split_columns(R, nth, tid, ra, rb);
+  }
+};
+
+inline void step_barrier(const Split& sp) {
+  if (sp.nth > 1) {
+#pragma omp barrier
+  }
+}
+
+// The whole forward workspace of one direction, allocated once per call:
+// nothing is allocated inside the time loop.
+template <typename T>
+struct ForwardWorkspace {
+  std::vector<T> hstate, hprev, cstate, gh, m, bias, proj;
+  std::vector<const T*> proj_rows;  // lookup layer: the projection row of each packed row
+};
+
+// The rows of one step, as the cells see them.
+template <typename T>
+struct ForwardStep {
+  int64_t n = 0;      // live rows
+  int64_t ng = 0;     // rows whose h_prev is not the zero h0 (the product's rows)
+  int64_t r0 = 0;     // first packed row
+  T* g = nullptr;     // gate rows [n, G]: X·W_ihᵀ + b on entry
+  T* out = nullptr;   // output rows, stride ldo
+  const T* h_prev = nullptr;            // [n, R]
+  const T* const* init = nullptr;       // lookup rows fed into the product (engine's init)
+};
+
+template <typename T>
+struct ForwardDirection {
+  const RNNOptions& o;
+  const cpu::GemmEngine<T>& eng;
+  const PackingPlan& plan;
+  const std::vector<int64_t>* lookup;  // layer 0 of rnn_forward_lookup, else null
+  ForwardWorkspace<T>& ws;
+  RNNSaved::Direction& sd;
+  const int64_t l, d, H, R, G, B, N, TT, ldo;
+  const bool save, h0_zero, lstm, gru, relu, proj;
+  DirWeights<T> w;
+  T* gates = nullptr;  // [N, G]
+  T* outp = nullptr;   // this direction's columns of the layer output
+  T *hprev = nullptr, *cs = nullptr, *cps = nullptr, *ms = nullptr, *ghn = nullptr;  // saved
+  std::unique_ptr<cpu::StepOperand> whh, whr;
+  bool fuse_lookup = false;
+
+  ForwardDirection(const RNNOptions& o_, const cpu::GemmEngine<T>& eng_, const PackingPlan& plan_,
+                   const std::vector<Tensor>& weights, const std::vector<int64_t>* lookup_,
+                   ForwardWorkspace<T>& ws_, RNNSaved::Direction& sd_, int64_t l_, int64_t d_,
+                   bool save_, bool h0_zero_)
+      : o(o_), eng(eng_), plan(plan_), lookup(l_ == 0 ? lookup_ : nullptr), ws(ws_), sd(sd_),
+        l(l_), d(d_), H(o.hidden_size), R(o.real_hidden_size()), G(o.gate_count() * H),
+        B(plan.batch()), N(plan.total_rows()), TT(plan.max_len()), ldo(o.output_size()),
+        save(save_), h0_zero(h0_zero_), lstm(o.mode == RNNMode::lstm),
+        gru(o.mode == RNNMode::gru), relu(o.mode == RNNMode::rnn_relu), proj(o.proj_size > 0),
+        w(dir_weights<T>(o, weights, l_, d_)) {}
+
+  // G = X·W_ihᵀ + b, with b = b_ih, plus b_hh except for GRU, whose b_hn must
+  // stay inside r * (W_hn h + b_hn). A lookup layer projects the V table rows
+  // once instead; each step takes its rows' projection (fused into the
+  // product where the engine takes init rows, else copied into G).
+  void project_inputs(const Tensor& x) {
+    Tensor gates_t = cpu::pooled_empty({N, G}, o.dtype);
+    gates = gates_t.data<T>();
+    if (save) sd.gates = gates_t;
+    else ws_gates_ = gates_t;
+    T* bias = ws.bias.data();
+    for (int64_t k = 0; k < G; ++k) {
+      bias[k] = !o.bias ? T(0) : gru ? w.b_ih[k] : w.b_ih[k] + w.b_hh[k];
+    }
+    const int64_t in = x.size(1);
+    if (!lookup) {
+      eng.gemm(false, true, N, G, in, x.data<T>(), in, w.w_ih, in, T(0), gates, G,
+               o.bias ? bias : nullptr);
+      return;
+    }
+    const int64_t V = x.size(0);
+    T* p = ws.proj.data();
+    eng.gemm(false, true, V, G, in, x.data<T>(), in, w.w_ih, in, T(0), p, G);
+    for (int64_t v = 0; v < V; ++v)
+      for (int64_t k = 0; k < G; ++k) p[v * G + k] += bias[k];
+    fuse_lookup = eng.takes_init() && !gru;
+    if (fuse_lookup) {
+      ws.proj_rows.resize(static_cast<std::size_t>(N));
+      for (int64_t r = 0; r < N; ++r)
+        ws.proj_rows[static_cast<std::size_t>(r)] = p + (*lookup)[static_cast<std::size_t>(r)] * G;
+    }
+  }
+
+  // The saved activations, the steps' operands (W_hhᵀ [R, G], W_hrᵀ [H, R])
+  // and the initial state.
+  void prepare(int nt, const Tensor& h0, const Tensor& c0, Tensor& out) {
+    if (save) {
+      sd.h_prev = cpu::pooled_empty({N, R}, o.dtype);
+      hprev = sd.h_prev.data<T>();
+      if (lstm) {
+        sd.c = cpu::pooled_empty({N, H}, o.dtype);
+        sd.c_prev = cpu::pooled_empty({N, H}, o.dtype);
+        cs = sd.c.data<T>();
+        cps = sd.c_prev.data<T>();
+      }
+      if (proj) {
+        sd.m = cpu::pooled_empty({N, H}, o.dtype);
+        ms = sd.m.data<T>();
+      }
+      if (gru) {
+        sd.ghn = cpu::pooled_empty({N, H}, o.dtype);
+        ghn = sd.ghn.data<T>();
+      }
+    }
+    whh = eng.prepare(w.w_hh, /*trans_b=*/true, R, G, R, step_ranges(H, G / H, nt));
+    if (proj) whr = eng.prepare(w.w_hr, /*trans_b=*/true, H, R, H, step_ranges(R, 1, nt));
+    const int64_t ld = l * o.num_directions() + d;
+    load_state(ws.hstate.data(), h0, ld, plan.sorted_indices(), R);
+    if (lstm) load_state(ws.cstate.data(), c0, ld, plan.sorted_indices(), H);
+    outp = out.data<T>() + d * R;
+  }
+
+  // One step, walked by every thread on its columns: one barrier per step
+  // (two with a projection), since each thread multiplies all of h_prev by
+  // its rows of W_hh and runs the gate math on its columns.
+  void step(int64_t s, const Split& sp) {
+    // The reverse direction walks t down; rows bs[t+1]..bs[t]-1 begin there
+    // and still hold h0 in the state buffer.
+    const auto& bs = plan.batch_sizes();
+    const int64_t t = d == 0 ? s : TT - 1 - s;
+    ForwardStep<T> st;
+    st.n = bs[static_cast<std::size_t>(t)];
+    st.r0 = plan.offsets()[static_cast<std::size_t>(t)];
+    st.g = gates + st.r0 * G;
+    st.out = outp + st.r0 * ldo;
+    T* hsrc = save ? hprev + st.r0 * R : ws.hprev.data() + (s % 2) * B * R;
+    copy_rows(hsrc + sp.ra, R, ws.hstate.data() + sp.ra, R, st.n, sp.rb - sp.ra);
+    st.h_prev = hsrc;
+    step_barrier(sp);
+    // Rows past ng hold the zero h0: their product is zero.
+    st.ng = h0_zero ? rows_after_h0(bs, t, d) : st.n;
+    if (lookup) take_lookup_rows(st, sp);
+    if (lstm) {
+      lstm_step(st, sp);
+    } else if (gru) {
+      gru_step(st, sp);
+    } else {
+      rnn_step(st, sp);
+    }
+    copy_rows(ws.hstate.data() + sp.ra, R, st.out + sp.ra, ldo, st.n, sp.rb - sp.ra);
+  }
+
+  // A lookup layer's step: rows < ng take their projection inside the product
+  // (fused), the others (all of them, unfused) are copied into G.
+  void take_lookup_rows(ForwardStep<T>& st, const Split& sp) {
+    const int64_t copied = fuse_lookup ? st.ng : 0;
+    if (fuse_lookup) st.init = ws.proj_rows.data() + st.r0;
+    const T* p = ws.proj.data();
+    for (int64_t j = copied; j < st.n; ++j) {
+      const T* src = p + (*lookup)[static_cast<std::size_t>(st.r0 + j)] * G;
+      for (int64_t q = 0; q < G / H; ++q) {
+        std::memcpy(st.g + j * G + q * H + sp.a, src + q * H + sp.a,
+                    static_cast<std::size_t>(sp.b - sp.a) * sizeof(T));
+      }
+    }
+  }
+
+  // dst[:ng, q*H + a .. q*H + b) (+)= h_prev · W_hh[q*H + a .. q*H + b)ᵀ for each gate q.
+  void hidden_product(const ForwardStep<T>& st, const Split& sp, T beta, T* dst) {
+    if (st.ng == 0) return;
+    const int64_t blocks = sp.nth == 1 ? 1 : G / H;
+    for (int64_t q = 0; q < blocks; ++q) {
+      eng.step(st.ng, st.h_prev, R, *whh, step_range(sp.nth, sp.tid, G / H, q), beta, dst, G,
+               st.init);
+    }
+  }
+
+  // LSTM: c_t = f * c_{t-1} + i * g, h_t = o * tanh(c_t) (then h_t = W_hr h_t
+  // with a projection).
+  void lstm_step(const ForwardStep<T>& st, const Split& sp) {
+    hidden_product(st, sp, T(1), st.g);
+    const int64_t a = sp.a, b = sp.b;
+    T* cdst = ws.cstate.data();
+    if (save) {
+      copy_rows(cps + st.r0 * H + a, H, ws.cstate.data() + a, H, st.n, b - a);
+      cdst = cs + st.r0 * H;
+    }
+    T* hdst = st.out;
+    int64_t ldh = ldo;
+    if (proj) {
+      hdst = save ? ms + st.r0 * H : ws.m.data();
+      ldh = H;
+    }
+    cpu::lstm_gates_forward<T>(st.n, H, a, b, st.g, ws.cstate.data(), H, cdst, H, hdst, ldh);
+    if (save) copy_rows(ws.cstate.data() + a, H, cdst + a, H, st.n, b - a);
+    if (proj) {
+      step_barrier(sp);
+      eng.step(st.n, hdst, H, *whr, step_range(sp.nth, sp.tid, 1, 0), T(0), st.out, ldo);
+    }
+  }
+
+  // GRU: n = tanh(W_in x + b_in + r * (W_hn h + b_hn)), h_t = (1 - z) * n + z * h_{t-1};
+  // the hidden product goes to its own buffer (r multiplies part of it).
+  void gru_step(const ForwardStep<T>& st, const Split& sp) {
+    T* gh = ws.gh.data();
+    hidden_product(st, sp, T(0), gh);
+    for (int64_t r = st.ng; r < st.n; ++r)
+      for (int64_t q = 0; q < 3; ++q)
+        std::fill(gh + r * G + q * H + sp.a, gh + r * G + q * H + sp.b, T(0));
+    cpu::gru_gates_forward<T>(st.n, H, sp.a, sp.b, st.g, gh, w.b_hh, st.h_prev, R, st.out, ldo,
+                              save ? ghn + st.r0 * H : nullptr);
+  }
+
+  // RNN: h_t = tanh or relu(W_ih x + b_ih + W_hh h_{t-1} + b_hh).
+  void rnn_step(const ForwardStep<T>& st, const Split& sp) {
+    hidden_product(st, sp, T(1), st.g);
+    cpu::rnn_gates_forward<T>(st.n, H, sp.a, sp.b, st.g, relu, st.out, ldo);
+  }
+
+  void run(int nt, const Tensor& x, const Tensor& h0, const Tensor& c0, Tensor& out,
+           RNNForwardResult& res) {
+    project_inputs(x);
+    prepare(nt, h0, c0, out);
+    run_threads(nt, [&](int tid, int nth) {
+      const Split sp(tid, nth, H, R);
+      for (int64_t s = 0; s < TT; ++s) step(s, sp);
+    });
+    const int64_t ld = l * o.num_directions() + d;
+    store_state(res.h_n, ws.hstate.data(), ld, plan.sorted_indices(), R);
+    if (lstm) store_state(res.c_n, ws.cstate.data(), ld, plan.sorted_indices(), H);
+  }
+
+ private:
+  Tensor ws_gates_;  // G when nothing is saved
+};
+
+// Runs body(d, nt_steps) for every direction: two directions side by side on
+// two threads (no synchronisation until the layer ends), or one after the
+// other, each splitting its steps by columns over `nt` threads.
+template <typename F>
+void for_directions(int64_t D, int nt, F&& body) {
+  if (D == 2 && omp_get_max_threads() >= 2) {
+    run_threads(2, [&](int tid, int nth) {
+      for (int64_t d = tid; d < D; d += nth) body(d, 1);
+    });
+  } else {
+    for (int64_t d = 0; d < D; ++d) body(d, nt);
+  }
+}
+
+// Layer l's input after inter-layer dropout (training, l > 0): x * mask, the
+// mask holding 0 or 1/(1-p).
+template <typename T>
+Tensor dropped_input(const RNNOptions& o, const Tensor& in, int64_t l, bool training,
+                     uint64_t seed, Tensor& mask) {
+  if (l == 0 || !training || o.dropout <= 0) return in;
+  const int64_t N = in.size(0), F = in.size(1);
+  mask = dropout_mask<T>(N, F, o.dropout, seed, l);
+  Tensor x = cpu::pooled_empty({N, F}, o.dtype);
+  const T* a = in.data<T>();
+  const T* m = mask.data<T>();
+  T* y = x.data<T>();
+  for (int64_t i = 0; i < N * F; ++i) y[i] = a[i] * m[i];
+  return x;
+}
+
+template <typename T>
+std::shared_ptr<RNNSaved> make_saved(const RNNOptions& o, const std::vector<Tensor>& weights,
+                                     const PackingPlan& plan, const Tensor& h0,
+                                     const std::vector<int64_t>* lookup) {
+  auto saved = std::make_shared<RNNSaved>();
+  saved->options = o;
+  saved->weights = weights;
+  saved->batch_sizes = plan.batch_sizes();
+  saved->offsets = plan.offsets();
+  saved->sorted_indices = plan.sorted_indices();
+  saved->batch = plan.batch();
+  saved->total_rows = plan.total_rows();
+  saved->h0_zero = !h0.defined();
+  if (lookup) saved->lookup = *lookup;
+  return saved;
+}
+
 template <typename T>
 RNNForwardResult forward_impl(const RNNOptions& o, const std::vector<Tensor>& weights,
                               const Tensor& data, const std::vector<int64_t>* lookup,
@@ -256,238 +559,283 @@ RNNForwardResult forward_impl(const RNNOptions& o, const std::vector<Tensor>& we
                               bool training, bool save, uint64_t seed) {
   const int64_t L = o.num_layers, D = o.num_directions(), H = o.hidden_size;
   const int64_t R = o.real_hidden_size(), G = o.gate_count() * H;
-  const int64_t B = plan.batch(), N = plan.total_rows(), TT = plan.max_len();
+  const int64_t B = plan.batch(), N = plan.total_rows();
   const bool lstm = o.mode == RNNMode::lstm, gru = o.mode == RNNMode::gru;
-  const bool relu = o.mode == RNNMode::rnn_relu, proj = o.proj_size > 0;
-  const auto& bs = plan.batch_sizes();
-  const auto& off = plan.offsets();
-  const auto& si = plan.sorted_indices();
 
   const cpu::BlasSingleThread one_pool;  // OpenMP's threads only (cpu/gemm.h)
   const cpu::GemmEngine<T>& eng = engine_for<T>(o);
   RNNForwardResult res;
   res.h_n = cpu::pooled_empty({L * D, B, R}, o.dtype);
   if (lstm) res.c_n = cpu::pooled_empty({L * D, B, H}, o.dtype);
+  std::shared_ptr<RNNSaved> saved = save ? make_saved<T>(o, weights, plan, h0, lookup) : nullptr;
 
-  std::shared_ptr<RNNSaved> saved;
-  if (save) {
-    saved = std::make_shared<RNNSaved>();
-    saved->options = o;
-    saved->weights = weights;
-    saved->batch_sizes = bs;
-    saved->offsets = off;
-    saved->sorted_indices = si;
-    saved->batch = B;
-    saved->total_rows = N;
-    saved->h0_zero = !h0.defined();
-    if (lookup) saved->lookup = *lookup;
-  }
-  const bool h0_zero = !h0.defined();
-
-  // The whole workspace of the call, allocated once: nothing is allocated
-  // inside the time loop.
-  struct Workspace {
-    std::vector<T> hstate, hprev, cstate, gh, m, bias, proj;
-    std::vector<const T*> proj_rows;  // lookup layer: the projection row of each packed row
-  };
-  std::vector<Workspace> wss(static_cast<std::size_t>(D));
-  for (Workspace& ws : wss) {
+  std::vector<ForwardWorkspace<T>> wss(static_cast<std::size_t>(D));
+  for (ForwardWorkspace<T>& ws : wss) {
     ws.hstate.resize(static_cast<std::size_t>(B * R));
     // Without save, h_prev of a step goes to one of two alternating buffers
     // (a thread may start the next step while another still reads this one).
     ws.hprev.resize(save ? 0 : static_cast<std::size_t>(2 * B * R));
     ws.cstate.resize(lstm ? static_cast<std::size_t>(B * H) : 0);
     ws.gh.resize(gru ? static_cast<std::size_t>(B * G) : 0);
-    ws.m.resize(proj && !save ? static_cast<std::size_t>(B * H) : 0);
+    ws.m.resize(o.proj_size > 0 && !save ? static_cast<std::size_t>(B * H) : 0);
     ws.bias.resize(static_cast<std::size_t>(G));
     ws.proj.resize(lookup ? static_cast<std::size_t>(data.size(0) * G) : 0);
   }
   const int nt = step_threads(H);
-
   Tensor layer_in = data;
   for (int64_t l = 0; l < L; ++l) {
-    const int64_t in = l == 0 ? o.input_size : D * R;
-    Tensor x = layer_in;
-    Tensor mask;
-    if (l > 0 && training && o.dropout > 0) {
-      mask = dropout_mask<T>(N, in, o.dropout, seed, l);
-      x = cpu::pooled_empty({N, in}, o.dtype);
-      const T* a = layer_in.data<T>();
-      const T* m = mask.data<T>();
-      T* y = x.data<T>();
-      for (int64_t i = 0; i < N * in; ++i) y[i] = a[i] * m[i];
-    }
-    Tensor out = cpu::pooled_empty({N, D * R}, o.dtype);
-    const int64_t ldo = D * R;
     RNNSaved::Layer sl;
+    const Tensor x = dropped_input<T>(o, layer_in, l, training, seed, sl.mask);
+    Tensor out = cpu::pooled_empty({N, D * R}, o.dtype);
+    sl.dirs.resize(static_cast<std::size_t>(D));
+    for_directions(D, nt, [&](int64_t d, int nt_steps) {
+      ForwardDirection<T> fd(o, eng, plan, weights, lookup, wss[static_cast<std::size_t>(d)],
+                             sl.dirs[static_cast<std::size_t>(d)], l, d, save, !h0.defined());
+      fd.run(nt_steps, x, h0, c0, out, res);
+    });
     if (save) {
       sl.input = x;
-      sl.mask = mask;
+      saved->layers.push_back(std::move(sl));
     }
-    std::vector<RNNSaved::Direction> sds(static_cast<std::size_t>(D));
-    auto direction = [&](int64_t d, int nt_steps) {
-      Workspace& ws = wss[static_cast<std::size_t>(d)];
-      const DirWeights<T> w = dir_weights<T>(o, weights, l, d);
-      Tensor gates_t = cpu::pooled_empty({N, G}, o.dtype);
-      T* gates = gates_t.data<T>();
-      // G = X·W_ihᵀ + b, with b = b_ih, plus b_hh except for GRU, whose b_hn
-      // must stay inside r * (W_hn h + b_hn).
-      T* bias = ws.bias.data();
-      for (int64_t k = 0; k < G; ++k) {
-        bias[k] = !o.bias ? T(0) : gru ? w.b_ih[k] : w.b_ih[k] + w.b_hh[k];
-      }
-      const bool lookup_layer = l == 0 && lookup;
-      if (lookup_layer) {
-        // Project the V table rows once; each step copies its rows' own
-        // projection just before its product (while the rows are in cache).
-        const int64_t V = x.size(0);
-        T* p = ws.proj.data();
-        eng.gemm(false, true, V, G, in, x.data<T>(), in, w.w_ih, in, T(0), p, G);
-        for (int64_t v = 0; v < V; ++v)
-          for (int64_t k = 0; k < G; ++k) p[v * G + k] += bias[k];
-      } else {
-        eng.gemm(false, true, N, G, in, x.data<T>(), in, w.w_ih, in, T(0), gates, G,
-                 o.bias ? bias : nullptr);
-      }
-
-      RNNSaved::Direction& sd = sds[static_cast<std::size_t>(d)];
-      T *hprev = nullptr, *cs = nullptr, *cps = nullptr, *ms = nullptr, *ghn = nullptr;
-      if (save) {
-        sd.gates = gates_t;
-        sd.h_prev = cpu::pooled_empty({N, R}, o.dtype);
-        hprev = sd.h_prev.data<T>();
-        if (lstm) {
-          sd.c = cpu::pooled_empty({N, H}, o.dtype);
-          sd.c_prev = cpu::pooled_empty({N, H}, o.dtype);
-          cs = sd.c.data<T>();
-          cps = sd.c_prev.data<T>();
-        }
-        if (proj) {
-          sd.m = cpu::pooled_empty({N, H}, o.dtype);
-          ms = sd.m.data<T>();
-        }
-        if (gru) {
-          sd.ghn = cpu::pooled_empty({N, H}, o.dtype);
-          ghn = sd.ghn.data<T>();
-        }
-      }
-      // W_hhᵀ [R, G] (and W_hrᵀ [H, R]) laid out once for the steps' products.
-      const auto whh = eng.prepare(w.w_hh, /*trans_b=*/true, R, G, R, step_ranges(H, G / H, nt_steps));
-      std::unique_ptr<cpu::StepOperand> whr;
-      if (proj) whr = eng.prepare(w.w_hr, /*trans_b=*/true, H, R, H, step_ranges(R, 1, nt_steps));
-      // The lookup rows start the product's accumulators from their projection
-      // (the engine's init rows, where it takes them) instead of a copy into G;
-      // GRU keeps the copy (its product goes to a separate buffer).
-      const bool fuse_lookup = lookup_layer && eng.takes_init() && !gru;
-      if (fuse_lookup) {
-        ws.proj_rows.resize(static_cast<std::size_t>(N));  // layer 0 only: once per direction
-        for (int64_t r = 0; r < N; ++r)
-          ws.proj_rows[static_cast<std::size_t>(r)] = ws.proj.data() + (*lookup)[static_cast<std::size_t>(r)] * G;
-      }
-      const int64_t ld = l * D + d;
-      load_state(ws.hstate.data(), h0, ld, si, R);
-      if (lstm) load_state(ws.cstate.data(), c0, ld, si, H);
-
-      T* outp = out.data<T>() + d * R;
-      // The time loop, run by `nth` threads that each own hidden units
-      // [a, b) of every gate (and columns [ra, rb) of h): per step each thread
-      // multiplies all of h_prev by its rows of W_hh and runs the gate kernel
-      // on its columns, so one barrier per step suffices (two with a projection).
-      auto time_loop = [&](int tid, int nth) {
-        int64_t a, b, ra, rb;
-        split_columns(H, nth, tid, a, b);
-        split_columns(R, nth, tid, ra, rb);
-        for (int64_t s = 0; s < TT; ++s) {
-          // The reverse direction walks t down; rows bs[t+1]..bs[t]-1 begin
-          // there and still hold h0 in the state buffer.
-          const int64_t t = d == 0 ? s : TT - 1 - s;
-          const int64_t n = bs[static_cast<std::size_t>(t)];
-          const int64_t r0 = off[static_cast<std::size_t>(t)];
-          T* grow = gates + r0 * G;
-          T* orow = outp + r0 * ldo;
-          T* hsrc = save ? hprev + r0 * R : ws.hprev.data() + (s % 2) * B * R;
-          copy_rows(hsrc + ra, R, ws.hstate.data() + ra, R, n, rb - ra);
-          if (nth > 1) {
-#pragma omp barrier
-          }
-          // Rows past ng hold the zero h0: their product is zero.
-          const int64_t ng = h0_zero ? rows_after_h0(bs, t, d) : n;
-          const T* const* init = nullptr;
-          if (lookup_layer) {
-            // Fused: rows < ng take their projection inside the product.
-            const int64_t copied = fuse_lookup ? ng : 0;
-            if (fuse_lookup) init = ws.proj_rows.data() + r0;
-            const T* p = ws.proj.data();
-            for (int64_t j = copied; j < n; ++j) {
-              const T* src = p + (*lookup)[static_cast<std::size_t>(r0 + j)] * G;
-              for (int64_t q = 0; q < G / H; ++q) {
-                std::memcpy(grow + j * G + q * H + a, src + q * H + a,
-                            static_cast<std::size_t>(b - a) * sizeof(T));
-              }
-            }
-          }
-          // grow[:ng, q*H + a .. q*H + b) (+)= h_prev · W_hh[q*H + a .. q*H + b)ᵀ for each gate q.
-          auto hidden_gemm = [&](T beta, T* dst) {
-            if (ng == 0) return;
-            for (int64_t q = 0; q < (nth == 1 ? 1 : G / H); ++q) {
-              eng.step(ng, hsrc, R, *whh, step_range(nth, tid, G / H, q), beta, dst, G, init);
-            }
-          };
-          if (lstm) {
-            hidden_gemm(T(1), grow);
-            T* cdst = ws.cstate.data();
-            if (save) {
-              copy_rows(cps + r0 * H + a, H, ws.cstate.data() + a, H, n, b - a);
-              cdst = cs + r0 * H;
-            }
-            T* hdst = orow;
-            int64_t ldh = ldo;
-            if (proj) {
-              hdst = save ? ms + r0 * H : ws.m.data();
-              ldh = H;
-            }
-            cpu::lstm_gates_forward<T>(n, H, a, b, grow, ws.cstate.data(), H, cdst, H, hdst, ldh);
-            if (save) copy_rows(ws.cstate.data() + a, H, cdst + a, H, n, b - a);
-            if (proj) {
-              if (nth > 1) {
-#pragma omp barrier
-              }
-              eng.step(n, hdst, H, *whr, step_range(nth, tid, 1, 0), T(0), orow, ldo);
-            }
-          } else if (gru) {
-            hidden_gemm(T(0), ws.gh.data());
-            for (int64_t r = ng; r < n; ++r)
-              for (int64_t q = 0; q < 3; ++q)
-                std::fill(ws.gh.data() + r * G + q * H + a, ws.gh.data() + r * G + q * H + b, T(0));
-            cpu::gru_gates_forward<T>(n, H, a, b, grow, ws.gh.data(), w.b_hh, hsrc, R, orow, ldo,
-                                      save ? ghn + r0 * H : nullptr);
-          } else {
-            hidden_gemm(T(1), grow);
-            cpu::rnn_gates_forward<T>(n, H, a, b, grow, relu, orow, ldo);
-          }
-          copy_rows(ws.hstate.data() + ra, R, orow + ra, ldo, n, rb - ra);
-        }
-      };
-      run_threads(nt_steps, time_loop);
-      store_state(res.h_n, ws.hstate.data(), ld, si, R);
-      if (lstm) store_state(res.c_n, ws.cstate.data(), ld, si, H);
-    };
-    // Two directions run side by side on two threads (no synchronisation
-    // until the layer ends); one direction splits its steps by columns.
-    if (D == 2 && omp_get_max_threads() >= 2) {
-      run_threads(2, [&](int tid, int nth) {
-        for (int64_t d = tid; d < D; d += nth) direction(d, 1);
-      });
-    } else {
-      for (int64_t d = 0; d < D; ++d) direction(d, nt);
-    }
-    if (save) sl.dirs = std::move(sds);
-    if (save) saved->layers.push_back(std::move(sl));
     layer_in = out;
   }
   res.output = layer_in;
   res.saved = saved;
   return res;
+}
+
+// ---------------------------------------------------------------------------
+// The backward. backward_impl is the grid (layers down, directions);
+// BackwardDirection walks one layer and direction's steps for the dh/dc
+// recurrence (one product of live rows per step), handing each step's rows to
+// the cell's step math, then computes dW_ih, dW_hh and dW_hr each with one
+// product over all packed rows.
+// ---------------------------------------------------------------------------
+
+template <typename T>
+struct BackwardWorkspace {
+  std::vector<T> dhstate, dcstate, dm, dhtot, dproj;
+  Tensor dg_t, dgh_t;
+  T* dg = nullptr;   // [N, G] gradient of the gate pre-activations (GRU: input side)
+  T* dgh = nullptr;  // GRU: [N, G] gradient of W_h h_prev + b_h; else = dg
+};
+
+// The rows of one backward step, as the cells see them.
+template <typename T>
+struct BackwardStep {
+  int64_t n = 0;   // live rows
+  int64_t ng = 0;  // rows whose dh_prev is needed (not the h0 rows without grad h0)
+  int64_t r0 = 0;  // first packed row
+  const T* dh = nullptr;  // dh of the step's output rows [n, R]
+  T* dg = nullptr;        // gate-gradient rows [n, G]
+};
+
+template <typename T>
+struct BackwardDirection {
+  const RNNSaved& sv;
+  const RNNOptions& o;
+  const cpu::GemmEngine<T>& eng;
+  BackwardWorkspace<T>& ws;
+  const RNNSaved::Direction& sd;
+  RNNGradients& g;
+  const int64_t l, d, H, R, G, N, TT, ldo;
+  const bool lstm, gru, relu, proj, lookup_layer, initial_state_grad;
+  DirWeights<T> w;
+  const T* dout = nullptr;  // this direction's columns of the output gradient, or null
+  T *db_ih = nullptr, *db_hh = nullptr;
+  std::unique_ptr<cpu::StepOperand> whh, whr;
+
+  BackwardDirection(const RNNSaved& sv_, const cpu::GemmEngine<T>& eng_,
+                    BackwardWorkspace<T>& ws_, RNNGradients& g_, int64_t l_, int64_t d_,
+                    bool initial_state_grad_)
+      : sv(sv_), o(sv_.options), eng(eng_), ws(ws_),
+        sd(sv_.layers[static_cast<std::size_t>(l_)].dirs[static_cast<std::size_t>(d_)]), g(g_),
+        l(l_), d(d_), H(o.hidden_size), R(o.real_hidden_size()), G(o.gate_count() * H),
+        N(sv_.total_rows), TT(static_cast<int64_t>(sv_.batch_sizes.size())),
+        ldo(o.output_size()), lstm(o.mode == RNNMode::lstm), gru(o.mode == RNNMode::gru),
+        relu(o.mode == RNNMode::rnn_relu), proj(o.proj_size > 0),
+        lookup_layer(l_ == 0 && !sv_.lookup.empty()), initial_state_grad(initial_state_grad_),
+        w(dir_weights<T>(o, sv_.weights, l_, d_)) {}
+
+  // Bias gradients are summed by the gate kernels step by step (LSTM and RNN:
+  // db_hh == db_ih, copied after); W_hh [G, R] and W_hr [R, H] are laid out
+  // once for the steps' products; dh and dc start from grad_h_n and grad_c_n.
+  void prepare(int nt, const Tensor& dout_t, const Tensor& grad_h_n, const Tensor& grad_c_n) {
+    if (o.bias) {
+      db_ih = g.weights[static_cast<std::size_t>(w.first) + 2].data<T>();
+      db_hh = g.weights[static_cast<std::size_t>(w.first) + 3].data<T>();
+      std::fill(db_ih, db_ih + G, T(0));
+      std::fill(db_hh, db_hh + G, T(0));
+    }
+    whh = eng.prepare(w.w_hh, /*trans_b=*/false, G, R, R, step_ranges(R, 1, nt));
+    if (proj) whr = eng.prepare(w.w_hr, /*trans_b=*/false, R, H, H, step_ranges(H, 1, nt));
+    const int64_t ld = l * o.num_directions() + d;
+    load_state(ws.dhstate.data(), grad_h_n, ld, sv.sorted_indices, R);
+    if (lstm) load_state(ws.dcstate.data(), grad_c_n, ld, sv.sorted_indices, H);
+    dout = dout_t.defined() ? dout_t.data<T>() + d * R : nullptr;
+    // Layer 0 of a lookup: dP[v] sums dg over the rows that read table row v.
+    if (lookup_layer) std::fill(ws.dproj.begin(), ws.dproj.end(), T(0));
+  }
+
+  // dh of this step = upstream gradient of the output rows + what the
+  // following step sent back through W_hh (or grad_h_n at the last step).
+  // With no output gradient and no projection, the LSTM and RNN kernels read
+  // it where it is (they only read dh; the product that overwrites it comes
+  // after them, past the barrier). GRU writes its direct dh_prev part into the
+  // state while it reads dh, so it reads a copy.
+  const T* gather_dh(int64_t n, int64_t r0, const Split& sp) {
+    T* dht = proj ? ws.dhtot.data() + r0 * R : ws.dhtot.data();
+    if (!dout && !proj && !gru) return ws.dhstate.data();
+    if (dout) {
+      for (int64_t j = 0; j < n; ++j) {
+        const T* x = dout + (r0 + j) * ldo;
+        const T* y = ws.dhstate.data() + j * R;
+        T* z = dht + j * R;
+        for (int64_t k = sp.ra; k < sp.rb; ++k) z[k] = x[k] + y[k];
+      }
+    } else {
+      copy_rows(dht + sp.ra, R, ws.dhstate.data() + sp.ra, R, n, sp.rb - sp.ra);
+    }
+    return dht;
+  }
+
+  // Undoes the forward's order: the forward direction walks t down here.
+  void step(int64_t s, const Split& sp) {
+    const int64_t t = d == 0 ? TT - 1 - s : s;
+    BackwardStep<T> st;
+    st.n = sv.batch_sizes[static_cast<std::size_t>(t)];
+    st.r0 = sv.offsets[static_cast<std::size_t>(t)];
+    st.dh = gather_dh(st.n, st.r0, sp);
+    st.dg = ws.dg + st.r0 * G;
+    // Without grad h0, rows past ng send dh_prev nowhere.
+    st.ng = initial_state_grad ? st.n : rows_after_h0(sv.batch_sizes, t, d);
+    if (lstm) {
+      lstm_step(st, sp);
+    } else if (gru) {
+      gru_step(st, sp);
+    } else {
+      rnn_step(st, sp);
+    }
+  }
+
+  // dh_prev[:ng, ra..rb) (+)= dgr · W_hh[:, ra..rb).
+  void hidden_product(int64_t ng, const T* dgr, T beta, const Split& sp) {
+    if (ng == 0) return;
+    eng.step(ng, dgr, G, *whh, step_range(sp.nth, sp.tid, 1, 0), beta, ws.dhstate.data(), R);
+  }
+
+  // Layer 0 of a lookup: dP[v] += dg of the rows that read table row v, added
+  // step by step while the rows are in cache.
+  void scatter_rows(const BackwardStep<T>& st, const Split& sp) {
+    if (!lookup_layer) return;
+    for (int64_t j = 0; j < st.n; ++j) {
+      T* dst = ws.dproj.data() + sv.lookup[static_cast<std::size_t>(st.r0 + j)] * G;
+      const T* src = st.dg + j * G;
+      for (int64_t q = 0; q < G / H; ++q)
+        for (int64_t c = q * H + sp.a; c < q * H + sp.b; ++c) dst[c] += src[c];
+    }
+  }
+
+  void lstm_step(const BackwardStep<T>& st, const Split& sp) {
+    const T* dh_in = st.dh;
+    int64_t ld_dh = R;
+    if (proj) {  // dm = dh · W_hr
+      step_barrier(sp);
+      eng.step(st.n, st.dh, R, *whr, step_range(sp.nth, sp.tid, 1, 0), T(0), ws.dm.data(), H);
+      dh_in = ws.dm.data();
+      ld_dh = H;
+    }
+    const int64_t r0 = st.r0;
+    cpu::lstm_gates_backward<T>(st.n, H, sp.a, sp.b, sd.gates.data<T>() + r0 * G,
+                                sd.c.data<T>() + r0 * H, sd.c_prev.data<T>() + r0 * H, dh_in,
+                                ld_dh, ws.dcstate.data(), st.dg, db_ih);
+    scatter_rows(st, sp);
+    step_barrier(sp);
+    hidden_product(st.ng, st.dg, T(0), sp);
+  }
+
+  void gru_step(const BackwardStep<T>& st, const Split& sp) {
+    T* dghr = ws.dgh + st.r0 * G;
+    cpu::gru_gates_backward<T>(st.n, H, sp.a, sp.b, sd.gates.data<T>() + st.r0 * G,
+                               sd.ghn.data<T>() + st.r0 * H, sd.h_prev.data<T>() + st.r0 * R, R,
+                               st.dh, R, st.dg, dghr, ws.dhstate.data(), db_ih, db_hh);
+    scatter_rows(st, sp);
+    step_barrier(sp);
+    hidden_product(st.ng, dghr, T(1), sp);
+  }
+
+  void rnn_step(const BackwardStep<T>& st, const Split& sp) {
+    cpu::rnn_gates_backward<T>(st.n, H, sp.a, sp.b, sd.gates.data<T>() + st.r0 * G, relu, st.dh,
+                               R, st.dg, db_ih);
+    scatter_rows(st, sp);
+    step_barrier(sp);
+    hidden_product(st.ng, st.dg, T(0), sp);
+  }
+
+  // Everything after the steps is one product (or one pass) over all rows.
+  void weight_gradients(const Tensor& input) {
+    const std::size_t k = static_cast<std::size_t>(w.first);
+    T* dwih = g.weights[k].data<T>();
+    const T* x = input.data<T>();
+    const int64_t in = input.size(1);
+    if (lookup_layer) {  // dW_ih = dPᵀ·table, dP summed during the steps
+      eng.gemm(true, false, G, in, input.size(0), ws.dproj.data(), G, x, in, T(0), dwih, in);
+    } else {
+      eng.gemm(true, false, G, in, N, ws.dg, G, x, in, T(0), dwih, in);
+    }
+    // The forward direction's first rows saw the zero h0: they add nothing to dW_hh.
+    const int64_t skip = sv.h0_zero && d == 0 && TT > 0 ? sv.batch_sizes[0] : 0;
+    eng.gemm(true, false, G, R, N - skip, ws.dgh + skip * G, G,
+             sd.h_prev.data<T>() + skip * R, R, T(0), g.weights[k + 1].data<T>(), R);
+    std::size_t next = k + 2;
+    if (o.bias) {
+      if (!gru) std::copy(db_ih, db_ih + G, db_hh);
+      next += 2;
+    }
+    if (proj) {
+      eng.gemm(true, false, R, H, N, ws.dhtot.data(), R, sd.m.data<T>(), H, T(0),
+               g.weights[next].data<T>(), H);
+    }
+  }
+
+  void run(int nt, const Tensor& dout_t, const Tensor& grad_h_n, const Tensor& grad_c_n,
+           const Tensor& input) {
+    prepare(nt, dout_t, grad_h_n, grad_c_n);
+    run_threads(nt, [&](int tid, int nth) {
+      const Split sp(tid, nth, H, o.real_hidden_size());
+      for (int64_t s = 0; s < TT; ++s) step(s, sp);
+    });
+    if (initial_state_grad) {
+      const int64_t ld = l * o.num_directions() + d;
+      store_state(g.h0, ws.dhstate.data(), ld, sv.sorted_indices, R);
+      if (lstm) store_state(g.c0, ws.dcstate.data(), ld, sv.sorted_indices, H);
+    }
+    weight_gradients(input);
+  }
+};
+
+template <typename T>
+std::vector<BackwardWorkspace<T>> backward_workspaces(const RNNSaved& sv) {
+  const RNNOptions& o = sv.options;
+  const int64_t B = sv.batch, N = sv.total_rows, H = o.hidden_size;
+  const int64_t R = o.real_hidden_size(), G = o.gate_count() * H;
+  const bool gru = o.mode == RNNMode::gru, proj = o.proj_size > 0;
+  std::vector<BackwardWorkspace<T>> wss(static_cast<std::size_t>(o.num_directions()));
+  for (BackwardWorkspace<T>& ws : wss) {
+    ws.dhstate.resize(static_cast<std::size_t>(B * R));
+    ws.dcstate.resize(o.mode == RNNMode::lstm ? static_cast<std::size_t>(B * H) : 0);
+    ws.dm.resize(proj ? static_cast<std::size_t>(B * H) : 0);
+    // Under a projection dW_hr = dHᵀ·M needs dh of every row; otherwise one step's worth.
+    ws.dhtot.resize(static_cast<std::size_t>((proj ? N : B) * R));
+    ws.dg_t = cpu::pooled_empty({N, G}, o.dtype);
+    ws.dg = ws.dg_t.template data<T>();
+    if (gru) ws.dgh_t = cpu::pooled_empty({N, G}, o.dtype);
+    ws.dgh = gru ? ws.dgh_t.template data<T>() : ws.dg;
+    if (!sv.lookup.empty()) {
+      ws.dproj.resize(static_cast<std::size_t>(sv.layers[0].input.size(0) * G));
+    }
+  }
+  return wss;
 }
 
 template <typename T>
@@ -497,12 +845,6 @@ RNNGradients backward_impl(const RNNSaved& sv, const Tensor& grad_output, const 
   const int64_t L = o.num_layers, D = o.num_directions(), H = o.hidden_size;
   const int64_t R = o.real_hidden_size(), G = o.gate_count() * H;
   const int64_t B = sv.batch, N = sv.total_rows;
-  const int64_t TT = static_cast<int64_t>(sv.batch_sizes.size());
-  const bool lstm = o.mode == RNNMode::lstm, gru = o.mode == RNNMode::gru;
-  const bool relu = o.mode == RNNMode::rnn_relu, proj = o.proj_size > 0;
-  const auto& bs = sv.batch_sizes;
-  const auto& off = sv.offsets;
-  const auto& si = sv.sorted_indices;
 
   const cpu::BlasSingleThread one_pool;  // OpenMP's threads only (cpu/gemm.h)
   const cpu::GemmEngine<T>& eng = engine_for<T>(o);
@@ -510,196 +852,30 @@ RNNGradients backward_impl(const RNNSaved& sv, const Tensor& grad_output, const 
   for (const Shape& s : rnn_parameter_shapes(o)) g.weights.push_back(cpu::pooled_empty(s, o.dtype));
   if (initial_state_grad) {
     g.h0 = cpu::pooled_empty({L * D, B, R}, o.dtype);
-    if (lstm) g.c0 = cpu::pooled_empty({L * D, B, H}, o.dtype);
+    if (o.mode == RNNMode::lstm) g.c0 = cpu::pooled_empty({L * D, B, H}, o.dtype);
   }
-  const bool lookup = !sv.lookup.empty();
-
-  struct Workspace {
-    std::vector<T> dhstate, dcstate, dm, dhtot, dproj;
-    Tensor dg_t, dgh_t;
-    T* dg = nullptr;   // [N, G] gradient of the gate pre-activations (GRU: input side)
-    T* dgh = nullptr;  // GRU: [N, G] gradient of W_h h_prev + b_h; else = dg
-  };
-  std::vector<Workspace> wss(static_cast<std::size_t>(D));
-  for (Workspace& ws : wss) {
-    ws.dhstate.resize(static_cast<std::size_t>(B * R));
-    ws.dcstate.resize(lstm ? static_cast<std::size_t>(B * H) : 0);
-    ws.dm.resize(proj ? static_cast<std::size_t>(B * H) : 0);
-    // Under a projection dW_hr = dHᵀ·M needs dh of every row; otherwise one step's worth.
-    ws.dhtot.resize(static_cast<std::size_t>((proj ? N : B) * R));
-    ws.dg_t = cpu::pooled_empty({N, G}, o.dtype);
-    ws.dg = ws.dg_t.template data<T>();
-    if (gru) ws.dgh_t = cpu::pooled_empty({N, G}, o.dtype);
-    ws.dgh = gru ? ws.dgh_t.template data<T>() : ws.dg;
-    if (lookup) ws.dproj.resize(static_cast<std::size_t>(sv.layers[0].input.size(0) * G));
-  }
+  std::vector<BackwardWorkspace<T>> wss = backward_workspaces<T>(sv);
   const int nt = step_threads(H);
 
   Tensor dout = grad_output;  // gradient of this layer's output rows, or undefined
   for (int64_t l = L - 1; l >= 0; --l) {
     const RNNSaved::Layer& sl = sv.layers[static_cast<std::size_t>(l)];
-    const int64_t in = l == 0 ? o.input_size : D * R;
-    const int64_t ldo = D * R;
-    const bool lookup_layer = l == 0 && lookup;
-    const int64_t V = lookup_layer ? sl.input.size(0) : 0;  // table rows
-    Tensor dx = cpu::pooled_empty({lookup_layer ? V : N, in}, o.dtype);
-    auto direction = [&](int64_t d, int nt_steps) {
-      Workspace& ws = wss[static_cast<std::size_t>(d)];
-      T* dg = ws.dg;
-      T* dgh = ws.dgh;
-      const RNNSaved::Direction& sd = sl.dirs[static_cast<std::size_t>(d)];
-      const DirWeights<T> w = dir_weights<T>(o, sv.weights, l, d);
-      const T* gates = sd.gates.data<T>();
-      const T* hprev = sd.h_prev.data<T>();
-      // Bias gradients, summed by the gate kernels step by step (saves a pass
-      // over [N, G] after the loop). LSTM and RNN: db_hh == db_ih, copied after.
-      T* db_ih = o.bias ? g.weights[static_cast<std::size_t>(w.first) + 2].data<T>() : nullptr;
-      T* db_hh = o.bias ? g.weights[static_cast<std::size_t>(w.first) + 3].data<T>() : nullptr;
-      if (db_ih) std::fill(db_ih, db_ih + G, T(0));
-      if (db_hh) std::fill(db_hh, db_hh + G, T(0));
-      // W_hh [G, R] (and W_hr [R, H]) laid out once for the steps' products.
-      const auto whh = eng.prepare(w.w_hh, /*trans_b=*/false, G, R, R, step_ranges(R, 1, nt_steps));
-      std::unique_ptr<cpu::StepOperand> whr;
-      if (proj) whr = eng.prepare(w.w_hr, /*trans_b=*/false, R, H, H, step_ranges(H, 1, nt_steps));
-      const int64_t ld = l * D + d;
-      load_state(ws.dhstate.data(), grad_h_n, ld, si, R);
-      if (lstm) load_state(ws.dcstate.data(), grad_c_n, ld, si, H);
-      const T* doutp = dout.defined() ? dout.data<T>() + d * R : nullptr;
-      // Layer 0 of a lookup: dP[v] sums dg over the rows that read table row v,
-      // added step by step while the rows are in cache.
-      if (lookup_layer) std::fill(ws.dproj.begin(), ws.dproj.end(), T(0));
-      auto scatter_rows = [&](int64_t n, int64_t r0, const T* dgr, int64_t a, int64_t b) {
-        if (!lookup_layer) return;
-        for (int64_t j = 0; j < n; ++j) {
-          T* dst = ws.dproj.data() + sv.lookup[static_cast<std::size_t>(r0 + j)] * G;
-          const T* src = dgr + j * G;
-          for (int64_t q = 0; q < G / H; ++q)
-            for (int64_t c = q * H + a; c < q * H + b; ++c) dst[c] += src[c];
-        }
-      };
-
-      // Same column split as the forward: each thread owns hidden units
-      // [a, b) of the gate gradients and columns [ra, rb) of dh.
-      auto time_loop = [&](int tid, int nth) {
-        int64_t a, b, ra, rb;
-        split_columns(H, nth, tid, a, b);
-        split_columns(R, nth, tid, ra, rb);
-        // dh_prev[:n, ra..rb) (+)= dgr · W_hh[:, ra..rb).
-        auto hidden_gemm = [&](int64_t n, const T* dgr, T beta) {
-          if (n == 0) return;
-          eng.step(n, dgr, G, *whh, step_range(nth, tid, 1, 0), beta, ws.dhstate.data(), R);
-        };
-        for (int64_t s = 0; s < TT; ++s) {
-          // Undo the forward's order: the forward direction walks t down here.
-          const int64_t t = d == 0 ? TT - 1 - s : s;
-          const int64_t n = bs[static_cast<std::size_t>(t)];
-          const int64_t r0 = off[static_cast<std::size_t>(t)];
-          T* dht = proj ? ws.dhtot.data() + r0 * R : ws.dhtot.data();
-          // dh of this step = upstream gradient of the output row + what the
-          // following step sent back through W_hh (or grad_h_n at the last step).
-          // With no output gradient and no projection, the LSTM and RNN kernels
-          // read it where it is (they only read dh; the product that overwrites
-          // it comes after them, past the barrier). GRU writes its direct
-          // dh_prev part into the state while it reads dh, so it reads a copy.
-          if (!doutp && !proj && !gru) {
-            dht = ws.dhstate.data();
-          } else if (doutp) {
-            for (int64_t j = 0; j < n; ++j) {
-              const T* x = doutp + (r0 + j) * ldo;
-              const T* y = ws.dhstate.data() + j * R;
-              T* z = dht + j * R;
-              for (int64_t k = ra; k < rb; ++k) z[k] = x[k] + y[k];
-            }
-          } else {
-            copy_rows(dht + ra, R, ws.dhstate.data() + ra, R, n, rb - ra);
-          }
-          T* dgr = dg + r0 * G;
-          // Without grad h0, rows past ng send dh_prev nowhere.
-          const int64_t ng = initial_state_grad ? n : rows_after_h0(bs, t, d);
-          if (lstm) {
-            const T* dh_in = dht;
-            int64_t ld_dh = R;
-            if (proj) {
-              if (nth > 1) {
-#pragma omp barrier
-              }
-              eng.step(n, dht, R, *whr, step_range(nth, tid, 1, 0), T(0), ws.dm.data(), H);
-              dh_in = ws.dm.data();
-              ld_dh = H;
-            }
-            cpu::lstm_gates_backward<T>(n, H, a, b, gates + r0 * G, sd.c.data<T>() + r0 * H,
-                                        sd.c_prev.data<T>() + r0 * H, dh_in, ld_dh,
-                                        ws.dcstate.data(), dgr, db_ih);
-            scatter_rows(n, r0, dgr, a, b);
-            if (nth > 1) {
-#pragma omp barrier
-            }
-            hidden_gemm(ng, dgr, T(0));
-          } else if (gru) {
-            T* dghr = dgh + r0 * G;
-            cpu::gru_gates_backward<T>(n, H, a, b, gates + r0 * G, sd.ghn.data<T>() + r0 * H,
-                                       hprev + r0 * R, R, dht, R, dgr, dghr, ws.dhstate.data(),
-                                       db_ih, db_hh);
-            scatter_rows(n, r0, dgr, a, b);
-            if (nth > 1) {
-#pragma omp barrier
-            }
-            hidden_gemm(ng, dghr, T(1));
-          } else {
-            cpu::rnn_gates_backward<T>(n, H, a, b, gates + r0 * G, relu, dht, R, dgr, db_ih);
-            scatter_rows(n, r0, dgr, a, b);
-            if (nth > 1) {
-#pragma omp barrier
-            }
-            hidden_gemm(ng, dgr, T(0));
-          }
-        }
-      };
-      run_threads(nt_steps, time_loop);
-      if (initial_state_grad) {
-        store_state(g.h0, ws.dhstate.data(), ld, si, R);
-        if (lstm) store_state(g.c0, ws.dcstate.data(), ld, si, H);
-      }
-
-      // Everything else is one GEMM (or one pass) over all packed rows.
-      const std::size_t k = static_cast<std::size_t>(w.first);
-      T* dwih = g.weights[k].data<T>();
-      T* dwhh = g.weights[k + 1].data<T>();
-      const T* x = sl.input.data<T>();
-      if (lookup_layer) {
-        // dW_ih = dPᵀ·table, dP summed during the steps.
-        eng.gemm(true, false, G, in, V, ws.dproj.data(), G, x, in, T(0), dwih, in);
-      } else {
-        eng.gemm(true, false, G, in, N, dg, G, x, in, T(0), dwih, in);
-      }
-      // The forward direction's first rows saw the zero h0: they add nothing to dW_hh.
-      const int64_t skip = sv.h0_zero && d == 0 && TT > 0 ? bs[0] : 0;
-      eng.gemm(true, false, G, R, N - skip, dgh + skip * G, G, hprev + skip * R, R, T(0), dwhh, R);
-      std::size_t next = k + 2;
-      if (o.bias) {
-        if (!gru) std::copy(db_ih, db_ih + G, db_hh);
-        next += 2;
-      }
-      if (proj) {
-        eng.gemm(true, false, R, H, N, ws.dhtot.data(), R, sd.m.data<T>(), H, T(0),
-                 g.weights[next].data<T>(), H);
-      }
-    };
-    if (D == 2 && omp_get_max_threads() >= 2) {
-      run_threads(2, [&](int tid, int nth) {
-        for (int64_t d = tid; d < D; d += nth) direction(d, 1);
-      });
-    } else {
-      for (int64_t d = 0; d < D; ++d) direction(d, nt);
-    }
+    const bool lookup_layer = l == 0 && !sv.lookup.empty();
+    const int64_t in = sl.input.size(1), rows = lookup_layer ? sl.input.size(0) : N;
+    for_directions(D, nt, [&](int64_t d, int nt_steps) {
+      BackwardDirection<T> bd(sv, eng, wss[static_cast<std::size_t>(d)], g, l, d,
+                              initial_state_grad);
+      bd.run(nt_steps, dout, grad_h_n, grad_c_n, sl.input);
+    });
     // dX sums both directions' contributions, after both are done.
+    Tensor dx = cpu::pooled_empty({rows, in}, o.dtype);
     for (int64_t d = 0; d < D; ++d) {
       const DirWeights<T> w = dir_weights<T>(o, sv.weights, l, d);
-      const Workspace& ws = wss[static_cast<std::size_t>(d)];
-      eng.gemm(false, false, lookup_layer ? V : N, in, G, lookup_layer ? ws.dproj.data() : ws.dg, G,
-               w.w_ih, in, d == 0 ? T(0) : T(1), dx.data<T>(), in);
+      const BackwardWorkspace<T>& ws = wss[static_cast<std::size_t>(d)];
+      eng.gemm(false, false, rows, in, G, lookup_layer ? ws.dproj.data() : ws.dg, G, w.w_ih, in,
+               d == 0 ? T(0) : T(1), dx.data<T>(), in);
     }
-    if (l > 0 && sl.mask.defined()) {
+    if (sl.mask.defined()) {
       T* a = dx.data<T>();
       const T* m = sl.mask.data<T>();
       for (int64_t i = 0; i < N * in; ++i) a[i] *= m[i];
