@@ -12,6 +12,13 @@ forward passes achieve, and whether train_packed time is linear in the lengths
 
     /usr/bin/python3 bench/compare_torch.py --threads 1,2
     /usr/bin/python3 bench/compare_torch.py --quick --workload gru-chars
+    /usr/bin/python3 bench/compare_torch.py --precision bf16 --mode train_packed
+
+--precision bf16 runs seqpack in bf16 mixed precision and adds a second torch
+peer: the same module converted with module.to(torch.bfloat16) on bf16 packed
+input (PyTorch 1.13's only way to run a packed LSTM in bf16 on the CPU); the
+ratios are then given against both torch peers. The ISA the run had (`seqpack
+info`) is printed first: the targets depend on it.
 
 Modes (both implementations time exactly this; inputs and weights are built
 outside the timed region):
@@ -79,11 +86,11 @@ def torch_module(w):
     raise ValueError(f"workload '{w['name']}': cell '{cell}' is not one of {sorted(GATES)}")
 
 
-def torch_bench(w, mode, lengths, min_time, slow_single):
+def torch_bench(w, mode, lengths, min_time, slow_single, dtype=torch.float32):
     torch.manual_seed(0)
-    m = torch_module(w)
+    m = torch_module(w).to(dtype)
     batch, max_len = len(lengths), max(lengths)
-    x = torch.rand(max_len, batch, w["input_size"]) * 2 - 1
+    x = (torch.rand(max_len, batch, w["input_size"]) * 2 - 1).to(dtype)
     if mode == "forward_padded":
         with torch.no_grad():
             return median_time(lambda: m(x), min_time, slow_single)
@@ -111,7 +118,7 @@ def torch_bench(w, mode, lengths, min_time, slow_single):
 def seqpack_bench(args, threads, name, mode, scale=1):
     cmd = [args.seqpack, "bench", "--workloads", args.workloads, "--workload", name, "--mode",
            mode, "--threads", str(threads), "--json", "--min-time", str(args.min_time),
-           "--scale", str(scale)]
+           "--scale", str(scale), "--precision", args.precision]
     res = subprocess.run(cmd, capture_output=True, text=True)
     if res.returncode != 0:
         sys.exit(f"compare_torch: {' '.join(cmd)} failed:\n{res.stderr}")
@@ -173,14 +180,37 @@ def fmt_r(x):
     return f"{x:.2f}" if x is not None else "-"
 
 
-def target_of(name, mode, threads):
+BF16_FOUR = ("lstm-sentences", "lstm-bi-2layer", "lstm-long-tail", "gru-chars")
+
+
+def target_of(name, mode, threads, precision="fp32", cpu=None):
+    """The issue's targets against torch fp32 at one thread, for this precision and CPU."""
     if threads != 1:
+        return None
+    if precision == "bf16":
+        amx = bool(cpu and cpu.get("amx"))
+        if mode == "train_packed" and name in BF16_FOUR:
+            return 8.0 if amx else 5.0
+        if mode == "forward_packed" and name == "lstm-bi-2layer" and amx:
+            return 4.0
         return None
     if mode == "train_packed":
         return 20.0 if name == "lstm-long-seq" else 3.0
-    if mode == "forward_packed" and name in ("gru-chars", "rnn-tanh-tiny"):
-        return 1.5
+    if mode == "forward_packed":
+        return 2.0
     return None
+
+
+def target_bf16_peer(name, mode, threads, precision, cpu):
+    """Against torch bf16 (module.to(torch.bfloat16)): set only on a CPU with AMX."""
+    if threads != 1 or precision != "bf16" or not (cpu and cpu.get("amx")):
+        return None
+    return 4.0 if mode == "train_packed" and name in BF16_FOUR else None
+
+
+def seqpack_info(args):
+    res = subprocess.run([args.seqpack, "info", "--json"], capture_output=True, text=True)
+    return json.loads(res.stdout) if res.returncode == 0 else {}
 
 
 def main():
@@ -206,6 +236,8 @@ def main():
     p.add_argument("--seqpack-only", action="store_true",
                    help="time seqpack only (e.g. for the thread-scaling figures)")
     p.add_argument("--json-out", help="also write every measurement to this file (JSON)")
+    p.add_argument("--precision", choices=["fp32", "bf16"], default="fp32",
+                   help="seqpack's precision; bf16 adds a torch bf16 peer (module.to(torch.bfloat16))")
     args = p.parse_args()
     args.workloads = os.path.abspath(args.workloads)
     args.seqpack = args.seqpack or os.path.join(args.build_dir, "seqpack")
@@ -235,6 +267,11 @@ def main():
     # a spinning thread that loses its core stalls the whole region), so say how busy it was.
     print(f"# torch {torch.__version__}, {os.cpu_count()} CPUs, load average "
           f"{os.getloadavg()[0]:.2f} at start, workloads {args.workloads}", flush=True)
+    cpu = seqpack_info(args)
+    print(f"# seqpack precision {args.precision}; CPU ISA {cpu.get('isa', '?')} (native bf16 "
+          f"{cpu.get('native_bf16', '?')}, AMX {cpu.get('amx', '?')}), oneDNN "
+          f"{cpu.get('onednn', '?')}, {cpu.get('blas', '?')}", flush=True)
+    bf16_peer = args.precision == "bf16" and not args.seqpack_only
     # The sgemm rate is measured again before every workload: on a shared machine one
     # reading can catch a slow moment, and the ceilings below want the machine's best.
     rate, rate_src = sgemm_rate(args)
@@ -265,10 +302,18 @@ def main():
                     else:
                         t_sec, t_cpu, t_reps = torch_bench(w, mode, lengths, args.min_time,
                                                            args.torch_single_run)
+                    b_sec = b_cpu = None
+                    if bf16_peer:
+                        print(f"{tag}: torch bf16", file=sys.stderr, flush=True)
+                        b_sec, b_cpu, _ = torch_bench(w, mode, lengths, args.min_time,
+                                                      args.torch_single_run, torch.bfloat16)
                     rounds.append(dict(seqpack_sec=s_sec, seqpack_cpu=s_cpu, seqpack_reps=s_reps,
                                        torch_sec=t_sec, torch_cpu=t_cpu, torch_reps=t_reps,
                                        ratio=t_sec / s_sec if t_sec else None,
-                                       cpu_ratio=t_cpu / s_cpu if t_cpu else None))
+                                       cpu_ratio=t_cpu / s_cpu if t_cpu else None,
+                                       torch_bf16_sec=b_sec, torch_bf16_cpu=b_cpu,
+                                       ratio_bf16=b_sec / s_sec if b_sec else None,
+                                       cpu_ratio_bf16=b_cpu / s_cpu if b_cpu else None))
                     print(f"... {w['name']} {mode}: seqpack {s_sec:.4g} s, torch {fmt_s(t_sec)} s, "
                           f"ratio {fmt_r(rounds[-1]['ratio'])} (cpu {fmt_r(rounds[-1]['cpu_ratio'])})",
                           file=sys.stderr, flush=True)
@@ -295,7 +340,7 @@ def main():
           f"{'torch/seqpack':>13} {'cpu ratio':>9} {'target wall/cpu':>15} {'reps s/t':>9}"
           + (f" {'range':>13}" if args.rounds > 1 else ""))
     for r in results:
-        target = target_of(r["workload"], r["mode"], r["threads"])
+        target = target_of(r["workload"], r["mode"], r["threads"], args.precision, cpu)
         verdict = ""
         if target is not None and r["ratio"] is not None:
             ok = lambda x: "ok" if x >= target else "MISS"
@@ -304,6 +349,20 @@ def main():
               f"{fmt_s(r['torch_sec']):>10} {fmt_r(r['ratio']):>13} {fmt_r(r['cpu_ratio']):>9} {verdict:>15} "
               f"{r['seqpack_reps']:>4}/{r['torch_reps'] or '-'}"
               + (f" {fmt_r(r['ratio_min']):>6}-{fmt_r(r['ratio_max']):<6}" if args.rounds > 1 else ""))
+
+    if bf16_peer:
+        print()
+        print("against torch bf16 (module.to(torch.bfloat16), bf16 packed input):")
+        print(f"{'threads':>7} {'workload':<15} {'mode':<15} {'seqpack s':>10} {'torch bf16 s':>12} "
+              f"{'torch/seqpack':>13} {'cpu ratio':>9} {'target':>10}")
+        for r in results:
+            target = target_bf16_peer(r["workload"], r["mode"], r["threads"], args.precision, cpu)
+            verdict = ""
+            if target is not None and r["ratio_bf16"] is not None:
+                verdict = f">={target:g} {'ok' if r['ratio_bf16'] >= target else 'MISS'}"
+            print(f"{r['threads']:>7} {r['workload']:<15} {r['mode']:<15} {fmt_s(r['seqpack_sec']):>10} "
+                  f"{fmt_s(r['torch_bf16_sec']):>12} {fmt_r(r['ratio_bf16']):>13} "
+                  f"{fmt_r(r['cpu_ratio_bf16']):>9} {verdict:>10}")
 
     fwd = [r for r in results if r["mode"] == "forward_packed"]
     if fwd:
@@ -340,7 +399,7 @@ def main():
             r["min_flops"] = flops
             r["ceiling"] = r["torch_sec"] / floor
             r["ceiling_cpu"] = r["torch_cpu"] / floor
-            target = target_of(r["workload"], r["mode"], 1)
+            target = target_of(r["workload"], r["mode"], 1, args.precision, cpu)
             note = ""
             if target is not None:
                 note = f"{target:>6g}{' (above the ceiling)' if target > r['ceiling'] else ''}"
@@ -383,7 +442,8 @@ def main():
     print(f"\n# load average {os.getloadavg()[0]:.2f} at the end")
     if args.json_out:
         with open(args.json_out, "w") as f:
-            json.dump(dict(torch=torch.__version__, sgemm_flops=rate, sgemm_readings=rates,
+            json.dump(dict(torch=torch.__version__, precision=args.precision, cpu=cpu,
+                           sgemm_flops=rate, sgemm_readings=rates,
                            sgemm_source=rate_src,
                            results=results, linearity=linearity), f, indent=1)
 

@@ -49,6 +49,9 @@ struct CharClassifierOptions {
   int64_t hidden_size = 128;
   int64_t num_classes = 0;
   DType dtype = DType::f32;
+  // The LSTM's matrix products (RNNOptions::precision); the embedding and the
+  // linear layer stay in `dtype`.
+  Precision precision = Precision::fp32;
 
   // Throws std::invalid_argument naming the offending option and value.
   void validate() const;

@@ -60,6 +60,7 @@ RNNOptions lstm_options(const CharClassifierOptions& o) {
   r.hidden_size = o.hidden_size;
   r.bidirectional = true;
   r.dtype = o.dtype;
+  r.precision = o.precision;
   return r;
 }
 }  // namespace

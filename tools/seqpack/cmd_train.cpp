@@ -22,6 +22,7 @@
 #include "seqpack/data.h"
 #include "seqpack/loss.h"
 #include "seqpack/optim.h"
+#include "seqpack/precision.h"
 #include "seqpack/threading.h"
 #include "seqpack/vocabulary.h"
 
@@ -46,6 +47,8 @@ struct TrainArgs {
   bool quiet = false;
   bool profile = false;
   std::string resume;
+  // fp32, bf16 or auto; resolved to fp32 or bf16 before training starts.
+  std::string precision = "auto";
   // Flags the user typed (as "--name"), so --resume can tell a value taken from
   // the checkpoint from a conflicting one.
   std::set<std::string> given;
@@ -57,7 +60,7 @@ nlohmann::json train_config(const TrainArgs& a) {
   return {{"data", a.data},         {"dict_dir", a.dict_dir}, {"words_per_language", a.words_per_language},
           {"epochs", a.epochs},     {"batch_size", a.batch_size}, {"lr", a.lr},
           {"hidden", a.hidden},     {"embed", a.embed},       {"seed", a.seed},
-          {"clip", a.clip}};
+          {"clip", a.clip},         {"precision", a.precision}};
 }
 
 // Fills `a` from a checkpoint's train_config; a flag the user also gave must
@@ -87,6 +90,15 @@ void apply_checkpoint_config(TrainArgs& a, const nlohmann::json& c, const std::s
   take("--embed", "embed", a.embed);
   take("--seed", "seed", a.seed);
   take("--clip", "clip", a.clip);
+  // Checkpoints written before --precision existed trained in fp32.
+  if (!c.contains("precision")) {
+    if (a.given.count("--precision") && a.precision != "fp32") {
+      conflicts.push_back("--precision " + a.precision + " (the checkpoint has fp32)");
+    }
+    a.precision = "fp32";
+  } else {
+    take("--precision", "precision", a.precision);
+  }
   if (!a.given.count("--epochs")) a.epochs = c.value("epochs", a.epochs);
   if (!conflicts.empty()) {
     std::string msg = "--resume " + a.resume + ": these flags conflict with the checkpoint:";
@@ -213,6 +225,8 @@ void run_train(TrainArgs a) {
                                  ? (std::filesystem::path(a.resume) / "checkpoint.safetensors").string()
                                  : a.resume;
     ck = load_training_checkpoint(path);
+    // "auto" compares with the checkpoint as what it resolves to here.
+    if (a.given.count("--precision")) a.precision = precision_name(resolve_precision(a.precision));
     apply_checkpoint_config(a, nlohmann::json::parse(ck->train_config), path);
     if (!a.given.count("--out")) {
       a.out = std::filesystem::is_directory(a.resume) ? a.resume
@@ -270,6 +284,10 @@ void run_train(TrainArgs a) {
   mo.embed_dim = a.embed;
   mo.hidden_size = a.hidden;
   mo.num_classes = n_classes;
+  std::string precision_note;
+  mo.precision = resolve_precision(a.precision, &precision_note);
+  a.precision = precision_name(mo.precision);  // what the checkpoint records
+  fmt::print("{}, {} thread{}\n", precision_note, num_threads(), num_threads() == 1 ? "" : "s");
   CharClassifier model(mo, a.seed);
   fmt::print("model: Embedding({}, {}, padding_idx=0) -> LSTM({}, {}, bidirectional) -> Linear({}, {})\n",
              mo.vocab_size, mo.embed_dim, mo.embed_dim, mo.hidden_size, 2 * mo.hidden_size, n_classes);
@@ -387,6 +405,11 @@ void setup(CLI::App& sub) {
   sub.add_option("--threads", a->threads, "threads (0: the library default)")->capture_default_str();
   sub.add_option("--clip", a->clip, "clip the gradient norm to this (0: off)")->capture_default_str();
   sub.add_option("--out", a->out, "directory to save the model to")->capture_default_str();
+  sub.add_option("--precision", a->precision,
+                 "LSTM matrix products: fp32 (PyTorch-exact), bf16 (bf16 products, fp32 "
+                 "accumulation; needs native bf16), or auto (bf16 where native)")
+      ->check(CLI::IsMember({"fp32", "bf16", "auto"}))
+      ->capture_default_str();
   sub.add_flag("--quiet", a->quiet, "no progress bar");
   sub.add_flag("--profile", a->profile,
                "print the CPU seconds of each phase of the training step (batch, forward, loss, "
