@@ -8,7 +8,7 @@ NumPy level::
 
 ``import seqpack.torch`` gives drop-in replacements for torch.nn.LSTM/GRU/RNN.
 """
-from ._seqpack import DType  # noqa: F401
+from ._seqpack import DType, cpu_info  # noqa: F401
 from .packing import (  # noqa: F401
     PackedSequence,
     invert_permutation,
@@ -33,5 +33,6 @@ __all__ = [
     "invert_permutation",
     "set_num_threads",
     "get_num_threads",
+    "cpu_info",
     "nn",
 ]

@@ -26,6 +26,17 @@ _DTYPES = {np.dtype(np.float32): _seqpack.DType.float32,
 IncompatibleKeys = namedtuple("IncompatibleKeys", ["missing_keys", "unexpected_keys"])
 
 
+_PRECISIONS = {"fp32": _seqpack.Precision.fp32, "bf16": _seqpack.Precision.bf16}
+
+
+def _precision(precision):
+    """'fp32', 'bf16' or 'auto' (bf16 where the CPU has native bf16) -> 'fp32' or 'bf16'.
+    An explicit 'bf16' on a CPU without native bf16 raises ValueError naming its ISA."""
+    if precision not in ("fp32", "bf16", "auto"):
+        raise ValueError(f"precision must be 'fp32', 'bf16' or 'auto', got {precision!r}")
+    return _seqpack.resolve_precision(precision).name
+
+
 def _seed(seed):
     # Without a seed, draw one from NumPy's global generator so that
     # np.random.seed makes initialisation reproducible.
@@ -110,7 +121,8 @@ class RNNBase(_Parameters):
               "LSTM": _seqpack.RNNMode.lstm, "GRU": _seqpack.RNNMode.gru}
 
     def __init__(self, mode, input_size, hidden_size, num_layers=1, bias=True, batch_first=False,
-                 dropout=0.0, bidirectional=False, proj_size=0, device=None, dtype=None, seed=None):
+                 dropout=0.0, bidirectional=False, proj_size=0, device=None, dtype=None, seed=None,
+                 precision="fp32"):
         if mode not in self._MODES:
             raise ValueError(f"Unrecognized RNN mode: {mode!r}")
         if device not in (None, "cpu"):
@@ -127,10 +139,11 @@ class RNNBase(_Parameters):
         self.bidirectional = as_bool(bidirectional, "bidirectional")
         self.proj_size = as_int(proj_size, "proj_size")
         self.dtype = as_float_dtype(dtype)
+        self.precision = _precision(precision)
         options = _seqpack.RNNOptions(
             self._MODES[mode], self.input_size, self.hidden_size, self.num_layers, self.bias,
             self.batch_first, self.dropout, self.bidirectional, self.proj_size,
-            _DTYPES[self.dtype])
+            _DTYPES[self.dtype], _PRECISIONS[self.precision])
         options.validate()
         self._impl = _seqpack.RNNBase(options, _seed(seed))
         self._last = None
@@ -239,7 +252,7 @@ class RNN(RNNBase):
 
     def __init__(self, input_size, hidden_size, num_layers=1, nonlinearity="tanh", bias=True,
                  batch_first=False, dropout=0.0, bidirectional=False, device=None, dtype=None,
-                 seed=None):
+                 seed=None, precision="fp32"):
         if nonlinearity == "tanh":
             mode = "RNN_TANH"
         elif nonlinearity == "relu":
@@ -248,22 +261,23 @@ class RNN(RNNBase):
             raise ValueError(f"Unknown nonlinearity '{nonlinearity}'")
         self.nonlinearity = nonlinearity
         super().__init__(mode, input_size, hidden_size, num_layers, bias, batch_first, dropout,
-                         bidirectional, 0, device, dtype, seed)
+                         bidirectional, 0, device, dtype, seed, precision)
 
 
 class LSTM(RNNBase):
     def __init__(self, input_size, hidden_size, num_layers=1, bias=True, batch_first=False,
                  dropout=0.0, bidirectional=False, proj_size=0, device=None, dtype=None,
-                 seed=None):
+                 seed=None, precision="fp32"):
         super().__init__("LSTM", input_size, hidden_size, num_layers, bias, batch_first, dropout,
-                         bidirectional, proj_size, device, dtype, seed)
+                         bidirectional, proj_size, device, dtype, seed, precision)
 
 
 class GRU(RNNBase):
     def __init__(self, input_size, hidden_size, num_layers=1, bias=True, batch_first=False,
-                 dropout=0.0, bidirectional=False, device=None, dtype=None, seed=None):
+                 dropout=0.0, bidirectional=False, device=None, dtype=None, seed=None,
+                 precision="fp32"):
         super().__init__("GRU", input_size, hidden_size, num_layers, bias, batch_first, dropout,
-                         bidirectional, 0, device, dtype, seed)
+                         bidirectional, 0, device, dtype, seed, precision)
 
 
 class RNNCellBase(_Parameters):

@@ -35,13 +35,15 @@ void bind_rnn(py::module_& m) {
   py::class_<RNNOptions>(m, "RNNOptions")
       .def(py::init([](RNNMode mode, int64_t input_size, int64_t hidden_size, int64_t num_layers,
                        bool bias, bool batch_first, double dropout, bool bidirectional,
-                       int64_t proj_size, DType dtype) {
-             return RNNOptions{mode,    input_size,    hidden_size, num_layers, bias,
-                               batch_first, dropout, bidirectional, proj_size,  dtype};
+                       int64_t proj_size, DType dtype, Precision precision) {
+             RNNOptions o{mode,    input_size,    hidden_size, num_layers, bias,
+                          batch_first, dropout, bidirectional, proj_size,  dtype};
+             o.precision = precision;
+             return o;
            }),
            py::arg("mode"), py::arg("input_size"), py::arg("hidden_size"), py::arg("num_layers"),
            py::arg("bias"), py::arg("batch_first"), py::arg("dropout"), py::arg("bidirectional"),
-           py::arg("proj_size"), py::arg("dtype"))
+           py::arg("proj_size"), py::arg("dtype"), py::arg("precision") = Precision::fp32)
       .def_readonly("mode", &RNNOptions::mode)
       .def_readonly("input_size", &RNNOptions::input_size)
       .def_readonly("hidden_size", &RNNOptions::hidden_size)
@@ -52,6 +54,7 @@ void bind_rnn(py::module_& m) {
       .def_readonly("bidirectional", &RNNOptions::bidirectional)
       .def_readonly("proj_size", &RNNOptions::proj_size)
       .def_readonly("dtype", &RNNOptions::dtype)
+      .def_readonly("precision", &RNNOptions::precision)
       .def("validate", &RNNOptions::validate)
       .def("parameter_names", &rnn_parameter_names)
       .def("parameter_shapes", &rnn_parameter_shapes);

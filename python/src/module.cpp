@@ -7,6 +7,7 @@ PYBIND11_MODULE(_seqpack, m) {
   m.doc() = "seqpack C++ core (use the seqpack package, not this module)";
   seqpack::python::bind_tensor(m);
   seqpack::python::bind_packing(m);
+  seqpack::python::bind_precision(m);  // before bind_rnn: RNNOptions' default precision
   seqpack::python::bind_rnn(m);
   seqpack::python::bind_threading(m);
 }

@@ -1,0 +1,90 @@
+"""precision= of the seqpack.nn layers: bf16 mixed precision against fp32 (the
+bounds docs/performance.md gives), 'auto', and the refusal on a CPU without
+native bf16, tested on any CPU by capping oneDNN's ISA in a subprocess."""
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+import seqpack
+from seqpack import nn
+
+NATIVE = seqpack.cpu_info()["native_bf16"]
+needs_bf16 = pytest.mark.skipif(not NATIVE, reason=f"no native bf16 on {seqpack.cpu_info()['isa']}")
+
+
+def _run(layer, seed=0):
+    rng = np.random.default_rng(seed)
+    seqs = [rng.uniform(-1, 1, (n, layer.input_size)).astype(np.float32) for n in (7, 0, 12, 3)]
+    out, state = layer(seqpack.pack_sequence(seqs, enforce_sorted=False))
+    return out, state
+
+
+@needs_bf16
+@pytest.mark.parametrize("cls", [nn.LSTM, nn.GRU, nn.RNN])
+def test_bf16_close_to_fp32(cls):
+    a = cls(24, 40, num_layers=2, bidirectional=True, seed=3)
+    b = cls(24, 40, num_layers=2, bidirectional=True, seed=3, precision="bf16")
+    assert a.precision == "fp32" and b.precision == "bf16"
+    out_a, _ = _run(a)
+    out_b, _ = _run(b)
+    err = np.max(np.abs(out_a.data - out_b.data))
+    assert 0 < err <= 0.03, err  # rounded (not fp32 by mistake), within the documented bound
+    assert out_b.data.dtype == np.float32
+
+
+@needs_bf16
+def test_bf16_gradients_agree_with_fp32():
+    a = nn.LSTM(16, 33, seed=1)
+    b = nn.LSTM(16, 33, seed=1, precision="bf16")
+    grads = []
+    for layer in (a, b):
+        out, _ = _run(layer, seed=4)
+        layer.zero_grad()
+        layer.backward(np.ones_like(out.data), None, None)
+        grads.append({k: v.copy() for k, v in layer.grads.items()})
+    for k in grads[0]:
+        x, y = grads[0][k].ravel(), grads[1][k].ravel()
+        cos = x @ y / np.sqrt((x @ x) * (y @ y))
+        assert cos >= 0.999, (k, cos)
+
+
+def test_auto_follows_the_cpu():
+    layer = nn.GRU(4, 5, precision="auto")
+    assert layer.precision == ("bf16" if NATIVE else "fp32")
+
+
+@pytest.mark.parametrize("bad", ["fp16", "BF16", None, 16])
+def test_bad_precision_names(bad):
+    with pytest.raises(ValueError, match="precision"):
+        nn.LSTM(4, 5, precision=bad)
+
+
+@needs_bf16
+def test_bf16_needs_float32():
+    with pytest.raises(ValueError, match="float64"):
+        nn.LSTM(4, 5, dtype=np.float64, precision="bf16")
+
+
+@pytest.mark.parametrize("cap", ["AVX2", "AVX512_CORE"])
+def test_capped_isa_refuses_bf16_and_auto_falls_back(cap):
+    code = (
+        "import seqpack\n"
+        "from seqpack import nn\n"
+        "info = seqpack.cpu_info()\n"
+        "assert not info['native_bf16'], info\n"
+        "assert nn.LSTM(3, 4, precision='auto').precision == 'fp32'\n"
+        "try:\n"
+        "    nn.LSTM(3, 4, precision='bf16')\n"
+        "except ValueError as e:\n"
+        "    assert 'ISA is ' + info['isa'] in str(e), str(e)\n"
+        "    print('refused:', e)\n"
+        "else:\n"
+        "    raise SystemExit('bf16 accepted on ' + info['isa'])\n")
+    env = dict(os.environ, ONEDNN_MAX_CPU_ISA=cap)
+    res = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                         timeout=120)
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert "refused" in res.stdout
