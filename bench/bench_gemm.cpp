@@ -21,6 +21,8 @@
 #include <vector>
 
 #include "cpu/gemm.h"
+#include "cpu/gemm_engine.h"
+#include "seqpack/precision.h"
 #include "seqpack/threading.h"
 
 namespace {
@@ -155,6 +157,98 @@ BENCHMARK(BM_step)
         b->Args({s[0], s[1], s[2], 0});
         b->Args({s[0], s[1], s[2], 1});
       }
+    })
+    ->Unit(benchmark::kMicrosecond);
+
+// The whole-batch products (input projection X·W_ihᵀ, dX = dG·W_ih, dW = dGᵀ·X)
+// through the three ways seqpack can run them: OpenBLAS's sgemm (cpu::gemm),
+// oneDNN's f32 matmul (the f32 engine's choice) and the bf16 engine (bf16
+// operands converted per call, fp32 accumulation; skipped without native bf16).
+// Args: m, n, k, trans_a, trans_b, engine (0 sgemm, 1 oneDNN f32, 2 oneDNN bf16).
+void BM_batch(benchmark::State& state) {
+  const int64_t m = state.range(0), n = state.range(1), k = state.range(2);
+  const bool ta = state.range(3) != 0, tb = state.range(4) != 0;
+  const int64_t engine = state.range(5);
+  if (engine == 2 && !seqpack::cpu_info().native_bf16) {
+    state.SkipWithError("no native bf16 on this CPU");
+    return;
+  }
+  std::mt19937 rng(42);
+  std::uniform_real_distribution<float> u(-1.f, 1.f);
+  std::vector<float> a(static_cast<size_t>(m * k)), b(static_cast<size_t>(k * n)),
+      c(static_cast<size_t>(m * n));
+  for (auto& x : a) x = u(rng);
+  for (auto& x : b) x = u(rng);
+  const int64_t lda = ta ? m : k, ldb = tb ? k : n;
+  const auto& bf16 = engine == 2 ? seqpack::cpu::gemm_engine_f32(seqpack::Precision::bf16)
+                                 : seqpack::cpu::gemm_engine_f32(seqpack::Precision::fp32);
+  for (auto _ : state) {
+    if (engine == 0) {
+      seqpack::cpu::gemm<float>(ta, tb, m, n, k, 1.f, a.data(), lda, b.data(), ldb, 0.f, c.data(), n);
+    } else if (engine == 1) {
+      seqpack::cpu::onednn_gemm_f32(ta, tb, m, n, k, a.data(), lda, b.data(), ldb, 0.f, c.data(), n,
+                                    nullptr);
+    } else {
+      bf16.gemm(ta, tb, m, n, k, a.data(), lda, b.data(), ldb, 0.f, c.data(), n);
+    }
+    benchmark::DoNotOptimize(c.data());
+    benchmark::ClobberMemory();
+  }
+  state.counters["FLOPS"] = benchmark::Counter(
+      2.0 * static_cast<double>(m) * static_cast<double>(n) * static_cast<double>(k),
+      benchmark::Counter::kIsIterationInvariantRate);
+}
+BENCHMARK(BM_batch)
+    ->ArgNames({"m", "n", "k", "ta", "tb", "engine"})
+    ->Apply([](benchmark::internal::Benchmark* b) {
+      // gru-chars (H 128, I 64, 2854 tokens), lstm-sentences (H 256, I 128,
+      // 1316 tokens), lstm-bi-2layer layer 1 (H 512, I 1024, 881 tokens):
+      // input projection, dX, dW_ih, dW_hh.
+      const int64_t shapes[][5] = {
+          {2854, 384, 64, 0, 1},    {2854, 64, 384, 0, 0},   {384, 64, 2854, 1, 0},
+          {384, 128, 2854, 1, 0},   {1316, 1024, 128, 0, 1}, {1316, 128, 1024, 0, 0},
+          {1024, 128, 1316, 1, 0},  {1024, 256, 1316, 1, 0}, {881, 2048, 1024, 0, 1},
+          {881, 1024, 2048, 0, 0},  {2048, 1024, 881, 1, 0}, {2048, 512, 881, 1, 0}};
+      for (const auto& s : shapes)
+        for (int64_t e : {0, 1, 2}) b->Args({s[0], s[1], s[2], s[3], s[4], e});
+    })
+    ->Unit(benchmark::kMicrosecond);
+
+// A step's product of `rows` live rows with W laid out once, through the f32
+// engine (cpu::gemm_packed_small) and the bf16 engine (oneDNN, blocked bf16
+// weights). Args: k, n, rows, engine (1 f32, 2 bf16); forward shapes (beta 1).
+void BM_engine_step(benchmark::State& state) {
+  const int64_t k = state.range(0), n = state.range(1), rows = state.range(2);
+  const bool bf16 = state.range(3) == 2;
+  if (bf16 && !seqpack::cpu_info().native_bf16) {
+    state.SkipWithError("no native bf16 on this CPU");
+    return;
+  }
+  const auto& eng = seqpack::cpu::gemm_engine_f32(bf16 ? seqpack::Precision::bf16
+                                                       : seqpack::Precision::fp32);
+  std::mt19937 rng(42);
+  std::uniform_real_distribution<float> u(-1.f, 1.f);
+  std::vector<float> a(static_cast<size_t>(rows * k)), w(static_cast<size_t>(n * k)),
+      c(static_cast<size_t>(rows * n));
+  for (auto& x : a) x = u(rng);
+  for (auto& x : w) x = u(rng);
+  const auto op = eng.prepare(w.data(), /*trans_b=*/true, k, n, k, {{0, n}});
+  for (auto _ : state) {
+    eng.step(rows, a.data(), k, *op, 0, 1.f, c.data(), n);
+    benchmark::DoNotOptimize(c.data());
+    benchmark::ClobberMemory();
+  }
+  state.counters["FLOPS"] = benchmark::Counter(
+      2.0 * static_cast<double>(rows) * static_cast<double>(n) * static_cast<double>(k),
+      benchmark::Counter::kIsIterationInvariantRate);
+}
+BENCHMARK(BM_engine_step)
+    ->ArgNames({"k", "n", "rows", "engine"})
+    ->Apply([](benchmark::internal::Benchmark* b) {
+      const int64_t shapes[][2] = {{128, 512}, {128, 384}, {256, 1024}, {512, 2048}, {64, 64}};
+      for (const auto& s : shapes)
+        for (int64_t rows : {1, 4, 16, 32, 64, 128, 256})
+          for (int64_t e : {1, 2}) b->Args({s[0], s[1], rows, e});
     })
     ->Unit(benchmark::kMicrosecond);
 

@@ -106,8 +106,11 @@ float at_b(const Problem& p, int64_t kk, int64_t j) {
   return ::testing::AssertionSuccess();
 }
 
+// bf16: whether the engine is the bf16 one (it multiplies in bf16 exactly
+// where bf16_product/bf16_step say so, else in fp32).
 void sweep_gemm(const GemmEngine<float>& eng, bool bf16) {
-  const int64_t shapes[][3] = {{1, 1, 1}, {1, 7, 5}, {3, 17, 33}, {13, 64, 40}, {70, 130, 37}};
+  const int64_t shapes[][3] = {{1, 1, 1}, {1, 7, 5}, {3, 17, 33}, {13, 64, 40}, {70, 130, 37},
+                               {70, 300, 131}, {3, 1000, 800}};
   uint64_t seed = 11;
   for (const auto& s : shapes) {
     for (bool ta : {false, true}) {
@@ -118,7 +121,8 @@ void sweep_gemm(const GemmEngine<float>& eng, bool bf16) {
           const float beta = mode == 1 ? 1.0f : 0.0f;
           eng.gemm(ta, tb, p.m, p.n, p.k, p.a.data(), p.lda, p.b.data(), p.ldb, beta, p.c.data(),
                    p.ldc, mode == 2 ? p.bias.data() : nullptr);
-          ASSERT_TRUE(check(p, p.c, start, mode == 2, beta, bf16, 0, p.n)) << "seed " << seed;
+          const bool rounded = bf16 && bf16_product(p.m, p.n, p.k);
+          ASSERT_TRUE(check(p, p.c, start, mode == 2, beta, rounded, 0, p.n)) << "seed " << seed;
         }
       }
     }
@@ -129,7 +133,8 @@ void sweep_steps(const GemmEngine<float>& eng, bool bf16) {
   // A weight matrix used by column ranges, as the time loop's threads do.
   uint64_t seed = 101;
   for (bool tb : {false, true}) {
-    for (const auto& [k, n] : std::vector<std::pair<int64_t, int64_t>>{{37, 4 * 37}, {64, 512}}) {
+    for (const auto& [k, n] :
+         std::vector<std::pair<int64_t, int64_t>>{{37, 4 * 37}, {64, 512}, {130, 3 * 130}}) {
       Problem p = make_problem(false, tb, 1, n, k, ++seed);
       const std::vector<ColumnRange> ranges{{0, n}, {0, n / 2}, {n / 2, n}, {5, 21}};
       const auto op = eng.prepare(p.b.data(), tb, k, n, p.ldb, ranges);
@@ -141,7 +146,8 @@ void sweep_steps(const GemmEngine<float>& eng, bool bf16) {
           for (float beta : {0.0f, 1.0f}) {
             std::vector<float> c = q.c;
             eng.step(m, q.a.data(), q.lda, *op, r, beta, c.data(), q.ldc);
-            ASSERT_TRUE(check(q, c, q.c, false, beta, bf16, ranges[r].first, ranges[r].second))
+            const bool rounded = bf16 && bf16_step(k, n);
+            ASSERT_TRUE(check(q, c, q.c, false, beta, rounded, ranges[r].first, ranges[r].second))
                 << "range " << r << " m " << m << " seed " << seed;
           }
         }
@@ -182,6 +188,14 @@ TEST(GemmEngine, Bf16MatchesTheProductOfRoundedOperands) {
   EXPECT_FALSE(eng.takes_init());
   sweep_gemm(eng, /*bf16=*/true);
   sweep_steps(eng, /*bf16=*/true);
+}
+
+TEST(GemmEngine, Bf16WhereItPays) {
+  // The thresholds the sweeps rely on: both sides of each are exercised there.
+  EXPECT_FALSE(bf16_product(70, 130, 37));
+  EXPECT_TRUE(bf16_product(70, 300, 131));
+  EXPECT_FALSE(bf16_step(37, 148));
+  EXPECT_TRUE(bf16_step(64, 512));
 }
 
 TEST(GemmEngine, Bf16StepsFromTwoThreadsAtOnce) {

@@ -192,6 +192,26 @@ TEST(RNNBf16, ParityGridAgainstFloat64Reference) {
   }
 }
 
+// Batches big enough that every product runs in bf16 (the engine keeps
+// products too small to pay in fp32: cpu::bf16_product, cpu::bf16_step).
+TEST(RNNBf16, LargeBatchesEveryProductInBf16) {
+  SKIP_WITHOUT_BF16();
+  Worst worst;
+  uint64_t seed = 2000;
+  const std::vector<int64_t> lengths{200, 0, 150, 90, 37, 1};
+  for (RNNMode mode : {RNNMode::lstm, RNNMode::gru, RNNMode::rnn_tanh}) {
+    RNNOptions o{.mode = mode, .input_size = 64, .hidden_size = 130, .num_layers = 2,
+                 .bidirectional = true};
+    check_config(o, lengths, /*give_h0=*/true, ++seed, worst);
+  }
+  // fp32 products would agree with the reference to about 1e-6.
+  EXPECT_GT(worst.forward, 1e-4) << "bf16 did not run";
+  std::printf("bf16 large batches: worst |forward error| %.4g (%s); worst gradient cosine %.6f "
+              "(%s); worst relative gradient error %.4g\n",
+              worst.forward, worst.forward_at.c_str(), worst.cosine, worst.cosine_at.c_str(),
+              worst.rel);
+}
+
 TEST(RNNBf16, ThousandStepSequence) {
   SKIP_WITHOUT_BF16();
   Worst worst;

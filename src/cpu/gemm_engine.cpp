@@ -59,6 +59,12 @@ struct PackedOperand : StepOperand {
 
 class F32Engine : public BlasEngine<float> {
  public:
+  void gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, const float* a,
+            int64_t lda, const float* b, int64_t ldb, float beta, float* c, int64_t ldc,
+            const float* c_row) const override {
+    onednn_gemm_f32(trans_a, trans_b, m, n, k, a, lda, b, ldb, beta, c, ldc, c_row);
+  }
+
   std::unique_ptr<StepOperand> prepare(const float* b, bool trans_b, int64_t k, int64_t n,
                                        int64_t ldb,
                                        const std::vector<ColumnRange>& ranges) const override {

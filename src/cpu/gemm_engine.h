@@ -13,8 +13,10 @@
 //
 // Engines:
 //   f64        BLAS (dgemm) for everything: the float64 path the gradient checks use;
-//   f32        OpenBLAS sgemm for whole-batch products, cpu::gemm_packed_small
-//              for the steps (W_hh packed once per call): PyTorch-exact;
+//   f32        oneDNN's f32 matmul for the whole-batch products (1.0-1.4x
+//              OpenBLAS's sgemm on them: bench_gemm BM_batch),
+//              cpu::gemm_packed_small for the steps (W_hh packed once per call;
+//              faster than both on the steps' row counts: BM_step): PyTorch-exact;
 //   bf16       oneDNN matmul, bf16 operands, fp32 accumulation and results,
 //              primitives cached per shape and thread, step weights reordered
 //              once per call into the layout the primitive asks for.
@@ -71,6 +73,22 @@ const GemmEngine<double>& gemm_engine_f64();
 
 // oneDNN's bf16 engine (src/cpu/gemm_onednn.cpp).
 const GemmEngine<float>& onednn_bf16_engine();
+
+// Where the bf16 engine really multiplies in bf16. Products too small for it
+// to pay run in fp32 instead (more accurate, and faster there: a oneDNN call
+// and the operand conversion cost more than the product): whole-batch
+// products of under 2^21 multiply-adds, and step products whose weights
+// (columns of one range) have at most 8192 elements (bench_gemm
+// BM_engine_step: 64x64 weights run at 10-80 GFLOP/s in bf16 against 50-95
+// in fp32).
+bool bf16_product(int64_t m, int64_t n, int64_t k);
+bool bf16_step(int64_t k, int64_t n);
+
+// cpu::gemm's contract (alpha = 1) through oneDNN's f32 matmul, primitives
+// cached per shape, strides and thread: the f32 engine's whole-batch products.
+void onednn_gemm_f32(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, const float* a,
+                     int64_t lda, const float* b, int64_t ldb, float beta, float* c, int64_t ldc,
+                     const float* c_row);
 
 // fp32 -> bf16, round to nearest even, NaN kept NaN (quiet), subnormals flushed
 // to zero (as AVX512-BF16's vcvtneps2bf16 does).

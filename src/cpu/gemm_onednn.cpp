@@ -99,22 +99,27 @@ void stage(int64_t rows, int64_t cols, const float* x, int64_t ldx, std::vector<
   for (int64_t r = 0; r < rows; ++r) f32_to_bf16(x + r * ldx, o + r * cols, cols);
 }
 
-// A logical [rows, cols] bf16 matrix stored contiguously, or (trans) stored
-// as its transpose [cols, rows].
+// A logical [rows, cols] matrix stored with row stride ld, or (trans) stored
+// as its transpose [cols, rows] with row stride ld.
+dnnl::memory::desc operand_desc(int64_t rows, int64_t cols, bool trans, int64_t ld, dt type) {
+  return dnnl::memory::desc({rows, cols}, type, trans ? dims{1, ld} : dims{ld, 1});
+}
 dnnl::memory::desc bf16_desc(int64_t rows, int64_t cols, bool trans) {
-  return dnnl::memory::desc({rows, cols}, dt::bf16, trans ? dims{1, rows} : dims{cols, 1});
+  return operand_desc(rows, cols, trans, trans ? rows : cols, dt::bf16);
 }
 
-// One cached primitive: src [m, k] bf16 (contiguous, or its transpose),
-// weights [k, n] bf16 (contiguous, its transpose, or the blocked layout of a
-// prepared operand), dst [m, n] f32 with row stride ldc, optional f32 bias
-// row, beta 0 or 1 (sum post-op).
+// One cached primitive: src [m, k] and weights [k, n] (stored as given, or
+// transposed, with row strides lda and ldb; bf16 operands are staged
+// contiguously, so their strides follow from the shape; prepared weights are
+// in the blocked layout), dst [m, n] f32 with row stride ldc, optional f32
+// bias row, beta 0 or 1 (sum post-op).
 struct Key {
-  int64_t m, n, k, ldc;
-  bool trans_a, trans_b, sum, bias, blocked;
+  int64_t m, n, k, lda, ldb, ldc;
+  bool trans_a, trans_b, sum, bias, blocked, f32;
   bool operator<(const Key& o) const {
-    return std::tie(m, n, k, ldc, trans_a, trans_b, sum, bias, blocked) <
-           std::tie(o.m, o.n, o.k, o.ldc, o.trans_a, o.trans_b, o.sum, o.bias, o.blocked);
+    return std::tie(m, n, k, lda, ldb, ldc, trans_a, trans_b, sum, bias, blocked, f32) <
+           std::tie(o.m, o.n, o.k, o.lda, o.ldb, o.ldc, o.trans_a, o.trans_b, o.sum, o.bias,
+                    o.blocked, o.f32);
   }
 };
 
@@ -143,9 +148,10 @@ Primitive& primitive(const Key& key) {
   thread_local std::map<Key, Primitive> cache;
   auto it = cache.find(key);
   if (it != cache.end()) return it->second;
-  const dnnl::memory::desc src = bf16_desc(key.m, key.k, key.trans_a);
-  const dnnl::memory::desc wei =
-      key.blocked ? blocked_weights_desc(key.k, key.n) : bf16_desc(key.k, key.n, key.trans_b);
+  const dt type = key.f32 ? dt::f32 : dt::bf16;
+  const dnnl::memory::desc src = operand_desc(key.m, key.k, key.trans_a, key.lda, type);
+  const dnnl::memory::desc wei = key.blocked ? blocked_weights_desc(key.k, key.n)
+                                             : operand_desc(key.k, key.n, key.trans_b, key.ldb, type);
   const dnnl::memory::desc dst({key.m, key.n}, dt::f32, dims{key.ldc, 1});
   const dnnl::memory::desc bias({1, key.n}, dt::f32, tag::ab);
   dnnl::primitive_attr attr;
@@ -174,12 +180,12 @@ Primitive& primitive(const Key& key) {
   return cache.emplace(key, std::move(p)).first->second;
 }
 
-// dst[:m, :n] (+)= src·wei (+ bias), src staged in ts.a.
-void run(const Key& key, const void* wei, float* dst, const float* bias) {
+// dst[:m, :n] (+)= src·wei (+ bias).
+void run(const Key& key, const void* src, const void* wei, float* dst, const float* bias) {
   ThreadState& ts = thread_state();
   Primitive& p = primitive(key);
   if (ts.scratch.size() < p.scratch_bytes) ts.scratch.resize(p.scratch_bytes);
-  p.src.set_data_handle(ts.a.data());
+  p.src.set_data_handle(const_cast<void*>(src));
   p.wei.set_data_handle(const_cast<void*>(wei));
   p.dst.set_data_handle(dst);
   p.scratch.set_data_handle(ts.scratch.data());
@@ -204,6 +210,7 @@ void run(const Key& key, const void* wei, float* dst, const float* bias) {
 // layout, each laid out on its first use (a call uses either the one-thread
 // range or the per-thread ones, never both).
 struct BlockedOperand : StepOperand {
+  std::unique_ptr<StepOperand> f32;  // the fp32 engine's operand, where bf16 does not pay
   const float* b = nullptr;
   bool trans = false;
   int64_t ldb = 0;
@@ -236,11 +243,16 @@ class Bf16Engine : public GemmEngine<float> {
       cpu::gemm<float>(trans_a, trans_b, m, n, k, 1.0f, a, lda, b, ldb, beta, c, ldc, c_row);
       return;
     }
+    if (!bf16_product(m, n, k)) {
+      onednn_gemm_f32(trans_a, trans_b, m, n, k, a, lda, b, ldb, beta, c, ldc, c_row);
+      return;
+    }
     ThreadState& ts = thread_state();
     stage(trans_a ? k : m, trans_a ? m : k, a, lda, ts.a);
     stage(trans_b ? n : k, trans_b ? k : n, b, ldb, ts.b);
-    const Key key{m, n, k, ldc, trans_a, trans_b, !c_row && beta != 0.0f, c_row != nullptr, false};
-    run(key, ts.b.data(), c, c_row);
+    const Key key{m,       n,       k, trans_a ? m : k, trans_b ? k : n, ldc, trans_a,
+                  trans_b, !c_row && beta != 0.0f, c_row != nullptr, false, false};
+    run(key, ts.a.data(), ts.b.data(), c, c_row);
   }
 
   std::unique_ptr<StepOperand> prepare(const float* b, bool trans_b, int64_t k, int64_t n,
@@ -249,6 +261,10 @@ class Bf16Engine : public GemmEngine<float> {
     auto op = std::make_unique<BlockedOperand>();
     op->k = k;
     op->n = n;
+    if (!bf16_step(k, n)) {
+      op->f32 = gemm_engine_f32(Precision::fp32).prepare(b, trans_b, k, n, ldb, ranges);
+      return op;
+    }
     op->b = b;
     op->trans = trans_b;
     op->ldb = ldb;
@@ -261,16 +277,38 @@ class Bf16Engine : public GemmEngine<float> {
   void step(int64_t m, const float* a, int64_t lda, const StepOperand& sb, std::size_t range,
             float beta, float* c, int64_t ldc, const float* const* init) const override {
     const auto& op = static_cast<const BlockedOperand&>(sb);
+    if (op.f32) {
+      gemm_engine_f32(Precision::fp32).step(m, a, lda, *op.f32, range, beta, c, ldc, nullptr);
+      return;
+    }
     const auto [c0, c1] = op.ranges[range];
     if (m == 0 || c1 <= c0) return;
     ThreadState& ts = thread_state();
     stage(m, op.k, a, lda, ts.a);
-    const Key key{m, c1 - c0, op.k, ldc, false, false, beta != 0.0f, false, true};
-    run(key, op.block(range).get_data_handle(), c + c0, nullptr);
+    const Key key{m, c1 - c0, op.k, op.k, 0, ldc, false, false, beta != 0.0f, false, true, false};
+    run(key, ts.a.data(), op.block(range).get_data_handle(), c + c0, nullptr);
   }
 };
 
 }  // namespace
+
+bool bf16_product(int64_t m, int64_t n, int64_t k) {
+  return static_cast<double>(m) * static_cast<double>(n) * static_cast<double>(k) >= 2097152.0;
+}
+bool bf16_step(int64_t k, int64_t n) { return k * n > 8192; }
+
+void onednn_gemm_f32(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, const float* a,
+                     int64_t lda, const float* b, int64_t ldb, float beta, float* c, int64_t ldc,
+                     const float* c_row) {
+  if (m == 0 || n == 0) return;
+  if (k == 0) {
+    cpu::gemm<float>(trans_a, trans_b, m, n, k, 1.0f, a, lda, b, ldb, beta, c, ldc, c_row);
+    return;
+  }
+  const Key key{m,       n,       k, lda, ldb, ldc, trans_a,
+                trans_b, !c_row && beta != 0.0f, c_row != nullptr, false, true};
+  run(key, a, b, c, c_row);
+}
 
 const GemmEngine<float>& onednn_bf16_engine() {
   static const Bf16Engine bf16;
