@@ -326,6 +326,74 @@ void run_kind(benchmark::State& state, const WorkloadShape& w, const std::string
   state.counters["FLOPS"] = benchmark::Counter(flops, benchmark::Counter::kIsIterationInvariantRate);
 }
 
+// The GEMMs of a workload's mode (forward_packed, or train_packed: forward,
+// then dh_prev per step, dW_ih, dX, dW_hh) with seqpack's shapes, row counts
+// and zero-h0 skips, all through oneDNN at one precision (onednn_engine: the
+// steps on weights laid out once, as seqpack lays them out once per call):
+// oneDNN's own rate on exactly the products seqpack issues. compare_torch.py
+// divides seqpack's achieved GEMM rate by it. Counters: FLOPS (rate) and
+// gemm_flop (FLOPs per batch).
+void run_workload_gemms(benchmark::State& state, const WorkloadShape& w, bool train,
+                        seqpack::Precision precision) {
+  if (precision == seqpack::Precision::bf16 && !seqpack::cpu_info().native_bf16) {
+    state.SkipWithError("no native bf16 on this CPU");
+    return;
+  }
+  const auto& eng = seqpack::cpu::onednn_engine(precision);
+  const int64_t H = w.hidden, G = w.gates * H, N = w.rows, T = static_cast<int64_t>(w.batch_sizes.size());
+  const int64_t widest = std::max({w.input, w.dirs * H, G});
+  std::mt19937 rng(7);
+  std::uniform_real_distribution<float> u(-1.f, 1.f);
+  auto buf = [&](int64_t n) {
+    std::vector<float> v(static_cast<size_t>(n));
+    for (auto& x : v) x = u(rng);
+    return v;
+  };
+  std::vector<float> x = buf(N * widest), g = buf(N * G), wih = buf(G * widest), whh = buf(G * H),
+                     hp = buf(N * H), dw = buf(G * widest), dx = buf(N * widest);
+  const auto fwd_op = eng.prepare(whh.data(), /*trans_b=*/true, H, G, H, {{0, G}});
+  const auto bwd_op = eng.prepare(whh.data(), /*trans_b=*/false, G, H, H, {{0, H}});
+  // Rows of step t whose h_prev is not the zero h0 (rnn_core's rows_after_h0).
+  auto live = [&](int64_t t, int64_t d) -> int64_t {
+    if (d == 0) return t == 0 ? 0 : w.batch_sizes[static_cast<size_t>(t)];
+    return t + 1 < T ? w.batch_sizes[static_cast<size_t>(t + 1)] : 0;
+  };
+  double flops = 0;
+  for (auto _ : state) {
+    flops = 0;
+    for (int64_t l = 0; l < w.layers; ++l) {
+      const int64_t in = l == 0 ? w.input : w.dirs * H;
+      for (int64_t d = 0; d < w.dirs; ++d) {
+        eng.gemm(false, true, N, G, in, x.data(), in, wih.data(), in, 0.f, g.data(), G);
+        flops += 2.0 * N * G * in;
+        for (int pass = 0; pass < (train ? 2 : 1); ++pass) {
+          int64_t r0 = 0;
+          for (int64_t t = 0; t < T; ++t) {
+            const int64_t n = live(t, d);
+            if (pass == 0) {
+              eng.step(n, hp.data() + r0 * H, H, *fwd_op, 0, 1.f, g.data() + r0 * G, G);
+            } else {
+              eng.step(n, g.data() + r0 * G, G, *bwd_op, 0, 0.f, hp.data() + r0 * H, H);
+            }
+            flops += 2.0 * n * G * H;
+            r0 += w.batch_sizes[static_cast<size_t>(t)];
+          }
+        }
+        if (!train) continue;
+        eng.gemm(true, false, G, in, N, g.data(), G, x.data(), in, 0.f, dw.data(), in);
+        eng.gemm(false, false, N, in, G, g.data(), G, wih.data(), in, 1.f, dx.data(), in);
+        const int64_t skip = d == 0 ? w.batch_sizes[0] : 0;
+        eng.gemm(true, false, G, H, N - skip, g.data() + skip * G, G, hp.data() + skip * H, H, 0.f,
+                 dw.data(), H);
+        flops += 2.0 * G * N * 2 * in + 2.0 * G * (N - skip) * H;
+      }
+    }
+    benchmark::ClobberMemory();
+  }
+  state.counters["FLOPS"] = benchmark::Counter(flops, benchmark::Counter::kIsIterationInvariantRate);
+  state.counters["gemm_flop"] = flops;
+}
+
 void register_workloads(const std::string& path) {
   std::ifstream in(path);
   if (!in) return;  // the fixed shapes above still run
@@ -356,6 +424,16 @@ void register_workloads(const std::string& path) {
                                      run_kind(s, w, k);
                                    })
           ->Unit(benchmark::kMillisecond);
+    }
+    for (const char* mode : {"forward_packed", "train_packed"}) {
+      for (auto p : {seqpack::Precision::fp32, seqpack::Precision::bf16}) {
+        const std::string name = "BM_workload_gemms/" + w.name + "/" + mode + "/" +
+                                 seqpack::precision_name(p);
+        benchmark::RegisterBenchmark(name.c_str(), [&w, train = std::string(mode) == "train_packed",
+                                                    p](benchmark::State& s) {
+          run_workload_gemms(s, w, train, p);
+        })->Unit(benchmark::kMillisecond);
+      }
     }
   }
 }

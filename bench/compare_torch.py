@@ -144,6 +144,25 @@ def sgemm_rate(args):
     return 2.0 * n ** 3 / sec, f"torch.mm {n}^3 (fallback: {exe} not built)"
 
 
+def onednn_rate(args, name, mode):
+    """oneDNN's own rate on exactly the GEMMs seqpack issues for this workload and mode, at
+    the run's precision (bench_gemm BM_workload_gemms, one thread): (FLOP/s, FLOPs per
+    batch), or None when bench_gemm is not built."""
+    exe = os.path.join(args.build_dir, "bench", "bench_gemm")
+    if not os.path.exists(exe) or mode == "forward_padded":
+        return None
+    res = subprocess.run([exe, "--threads=1", f"--workloads={args.workloads}",
+                          f"--benchmark_filter=^BM_workload_gemms/{name}/{mode}/{args.precision}$",
+                          "--benchmark_format=json", f"--benchmark_min_time={max(args.min_time, 0.2)}"],
+                         capture_output=True, text=True)
+    if res.returncode != 0:
+        return None
+    benches = json.loads(res.stdout)["benchmarks"]
+    if not benches or "error_message" in benches[0]:
+        return None
+    return benches[0]["FLOPS"], benches[0]["gemm_flop"]
+
+
 def forward_flops(w, tokens):
     """2 * gates*H * (I_layer + H) FLOPs per token, layer and direction: the input and
     recurrent products of a forward pass (the elementwise gate work is not counted)."""
@@ -317,6 +336,9 @@ def main():
                     print(f"... {w['name']} {mode}: seqpack {s_sec:.4g} s, torch {fmt_s(t_sec)} s, "
                           f"ratio {fmt_r(rounds[-1]['ratio'])} (cpu {fmt_r(rounds[-1]['cpu_ratio'])})",
                           file=sys.stderr, flush=True)
+                gemm = onednn_rate(args, w["name"], mode) if threads == 1 else None
+                for r in rounds:
+                    r["onednn_flops_per_s"], r["gemm_flop"] = gemm if gemm else (None, None)
                 key = (lambda r: r["ratio"]) if not args.seqpack_only else (lambda r: r["seqpack_sec"])
                 median_round = sorted(rounds, key=key)[(len(rounds) - 1) // 2]
                 ratios = [r["ratio"] for r in rounds if r["ratio"] is not None]
@@ -363,6 +385,22 @@ def main():
             print(f"{r['threads']:>7} {r['workload']:<15} {r['mode']:<15} {fmt_s(r['seqpack_sec']):>10} "
                   f"{fmt_s(r['torch_bf16_sec']):>12} {fmt_r(r['ratio_bf16']):>13} "
                   f"{fmt_r(r['cpu_ratio_bf16']):>9} {verdict:>10}")
+
+    gem = [r for r in results if r.get("onednn_flops_per_s")]
+    if gem:
+        print()
+        print(f"GEMM rate at 1 thread, {args.precision}: the FLOPs of the GEMMs seqpack issues for the "
+              f"mode per second of seqpack's CPU time, against oneDNN's own rate on exactly those "
+              f"products measured in this run (bench_gemm BM_workload_gemms: {args.precision} "
+              f"matmul, steps on weights laid out once):")
+        print(f"{'workload':<15} {'mode':<15} {'GFLOP':>7} {'oneDNN GFLOP/s':>14} "
+              f"{'seqpack GFLOP/s':>15} {'% of oneDNN':>11}")
+        for r in gem:
+            achieved = r["gemm_flop"] / r["seqpack_cpu"]
+            r["seqpack_gemm_fraction_of_onednn"] = achieved / r["onednn_flops_per_s"]
+            print(f"{r['workload']:<15} {r['mode']:<15} {r['gemm_flop'] / 1e9:>7.3f} "
+                  f"{r['onednn_flops_per_s'] / 1e9:>14.1f} {achieved / 1e9:>15.1f} "
+                  f"{100 * achieved / r['onednn_flops_per_s']:>10.1f}%")
 
     fwd = [r for r in results if r["mode"] == "forward_packed"]
     if fwd:

@@ -106,9 +106,11 @@ float at_b(const Problem& p, int64_t kk, int64_t j) {
   return ::testing::AssertionSuccess();
 }
 
-// bf16: whether the engine is the bf16 one (it multiplies in bf16 exactly
-// where bf16_product/bf16_step say so, else in fp32).
-void sweep_gemm(const GemmEngine<float>& eng, bool bf16) {
+// How an engine multiplies: fp32; bf16 where bf16_product/bf16_step say it
+// pays (the core's bf16 engine); bf16 always (onednn_engine(bf16)).
+enum class Rounding { none, where_it_pays, always };
+
+void sweep_gemm(const GemmEngine<float>& eng, Rounding bf16) {
   const int64_t shapes[][3] = {{1, 1, 1}, {1, 7, 5}, {3, 17, 33}, {13, 64, 40}, {70, 130, 37},
                                {70, 300, 131}, {3, 1000, 800}};
   uint64_t seed = 11;
@@ -121,7 +123,8 @@ void sweep_gemm(const GemmEngine<float>& eng, bool bf16) {
           const float beta = mode == 1 ? 1.0f : 0.0f;
           eng.gemm(ta, tb, p.m, p.n, p.k, p.a.data(), p.lda, p.b.data(), p.ldb, beta, p.c.data(),
                    p.ldc, mode == 2 ? p.bias.data() : nullptr);
-          const bool rounded = bf16 && bf16_product(p.m, p.n, p.k);
+          const bool rounded = bf16 == Rounding::always ||
+                               (bf16 == Rounding::where_it_pays && bf16_product(p.m, p.n, p.k));
           ASSERT_TRUE(check(p, p.c, start, mode == 2, beta, rounded, 0, p.n)) << "seed " << seed;
         }
       }
@@ -129,7 +132,7 @@ void sweep_gemm(const GemmEngine<float>& eng, bool bf16) {
   }
 }
 
-void sweep_steps(const GemmEngine<float>& eng, bool bf16) {
+void sweep_steps(const GemmEngine<float>& eng, Rounding bf16) {
   // A weight matrix used by column ranges, as the time loop's threads do.
   uint64_t seed = 101;
   for (bool tb : {false, true}) {
@@ -146,7 +149,8 @@ void sweep_steps(const GemmEngine<float>& eng, bool bf16) {
           for (float beta : {0.0f, 1.0f}) {
             std::vector<float> c = q.c;
             eng.step(m, q.a.data(), q.lda, *op, r, beta, c.data(), q.ldc);
-            const bool rounded = bf16 && bf16_step(k, n);
+            const bool rounded = bf16 == Rounding::always ||
+                                 (bf16 == Rounding::where_it_pays && bf16_step(k, n));
             ASSERT_TRUE(check(q, c, q.c, false, beta, rounded, ranges[r].first, ranges[r].second))
                 << "range " << r << " m " << m << " seed " << seed;
           }
@@ -157,8 +161,19 @@ void sweep_steps(const GemmEngine<float>& eng, bool bf16) {
 }
 
 TEST(GemmEngine, F32MatchesTripleLoop) {
-  sweep_gemm(gemm_engine_f32(Precision::fp32), /*bf16=*/false);
-  sweep_steps(gemm_engine_f32(Precision::fp32), /*bf16=*/false);
+  sweep_gemm(gemm_engine_f32(Precision::fp32), Rounding::none);
+  sweep_steps(gemm_engine_f32(Precision::fp32), Rounding::none);
+}
+
+TEST(GemmEngine, OnednnF32EverywhereMatchesTripleLoop) {
+  sweep_gemm(onednn_engine(Precision::fp32), Rounding::none);
+  sweep_steps(onednn_engine(Precision::fp32), Rounding::none);
+}
+
+TEST(GemmEngine, OnednnBf16EverywhereRoundsEveryProduct) {
+  if (!cpu_info().native_bf16) GTEST_SKIP() << "no native bf16 on " << cpu_info().isa;
+  sweep_gemm(onednn_engine(Precision::bf16), Rounding::always);
+  sweep_steps(onednn_engine(Precision::bf16), Rounding::always);
 }
 
 TEST(GemmEngine, F32StepTakesInitRows) {
@@ -186,8 +201,8 @@ TEST(GemmEngine, Bf16MatchesTheProductOfRoundedOperands) {
   if (!cpu_info().native_bf16) GTEST_SKIP() << "no native bf16 on " << cpu_info().isa;
   const GemmEngine<float>& eng = gemm_engine_f32(Precision::bf16);
   EXPECT_FALSE(eng.takes_init());
-  sweep_gemm(eng, /*bf16=*/true);
-  sweep_steps(eng, /*bf16=*/true);
+  sweep_gemm(eng, Rounding::where_it_pays);
+  sweep_steps(eng, Rounding::where_it_pays);
 }
 
 TEST(GemmEngine, Bf16WhereItPays) {

@@ -74,6 +74,11 @@ const GemmEngine<double>& gemm_engine_f64();
 // oneDNN's bf16 engine (src/cpu/gemm_onednn.cpp).
 const GemmEngine<float>& onednn_bf16_engine();
 
+// Every product in oneDNN at this precision, steps included (blocked weights)
+// and with no fp32 fall-back: oneDNN's own rate, which bench_gemm's
+// BM_workload_gemms measures for compare_torch.py.
+const GemmEngine<float>& onednn_engine(Precision precision);
+
 // Where the bf16 engine really multiplies in bf16. Products too small for it
 // to pay run in fp32 instead (more accurate, and faster there: a oneDNN call
 // and the operand conversion cost more than the product): whole-batch

@@ -129,19 +129,20 @@ struct Primitive {
   std::size_t scratch_bytes = 0;
 };
 
-// The blocked weights layout oneDNN's matmul picks for [k, n] bf16 (asked
-// once per shape and thread).
-dnnl::memory::desc blocked_weights_desc(int64_t k, int64_t n) {
-  thread_local std::map<std::pair<int64_t, int64_t>, dnnl::memory::desc> known;
-  auto it = known.find({k, n});
+// The blocked weights layout oneDNN's matmul picks for [k, n] of this type
+// (asked once per shape and thread).
+dnnl::memory::desc blocked_weights_desc(int64_t k, int64_t n, bool f32) {
+  thread_local std::map<std::tuple<int64_t, int64_t, bool>, dnnl::memory::desc> known;
+  auto it = known.find({k, n, f32});
   if (it != known.end()) return it->second;
-  const dnnl::memory::desc src({32, k}, dt::bf16, tag::ab);
-  const dnnl::memory::desc wei({k, n}, dt::bf16, tag::any);
+  const dt type = f32 ? dt::f32 : dt::bf16;
+  const dnnl::memory::desc src({32, k}, type, tag::ab);
+  const dnnl::memory::desc wei({k, n}, type, tag::any);
   const dnnl::memory::desc dst({32, n}, dt::f32, tag::ab);
   dnnl::primitive_attr attr;
   attr.set_scratchpad_mode(dnnl::scratchpad_mode::user);
   const dnnl::matmul::primitive_desc pd(dnnl::matmul::desc(src, wei, dst), attr, cpu_engine());
-  return known.emplace(std::make_pair(k, n), pd.weights_desc()).first->second;
+  return known.emplace(std::make_tuple(k, n, f32), pd.weights_desc()).first->second;
 }
 
 Primitive& primitive(const Key& key) {
@@ -150,8 +151,9 @@ Primitive& primitive(const Key& key) {
   if (it != cache.end()) return it->second;
   const dt type = key.f32 ? dt::f32 : dt::bf16;
   const dnnl::memory::desc src = operand_desc(key.m, key.k, key.trans_a, key.lda, type);
-  const dnnl::memory::desc wei = key.blocked ? blocked_weights_desc(key.k, key.n)
-                                             : operand_desc(key.k, key.n, key.trans_b, key.ldb, type);
+  const dnnl::memory::desc wei = key.blocked
+                                     ? blocked_weights_desc(key.k, key.n, key.f32)
+                                     : operand_desc(key.k, key.n, key.trans_b, key.ldb, type);
   const dnnl::memory::desc dst({key.m, key.n}, dt::f32, dims{key.ldc, 1});
   const dnnl::memory::desc bias({1, key.n}, dt::f32, tag::ab);
   dnnl::primitive_attr attr;
@@ -210,9 +212,9 @@ void run(const Key& key, const void* src, const void* wei, float* dst, const flo
 // layout, each laid out on its first use (a call uses either the one-thread
 // range or the per-thread ones, never both).
 struct BlockedOperand : StepOperand {
-  std::unique_ptr<StepOperand> f32;  // the fp32 engine's operand, where bf16 does not pay
+  std::unique_ptr<StepOperand> fallback;  // the fp32 engine's operand, where bf16 does not pay
   const float* b = nullptr;
-  bool trans = false;
+  bool trans = false, f32 = false;
   int64_t ldb = 0;
   std::vector<ColumnRange> ranges;
   mutable std::vector<dnnl::memory> blocks;  // one per range
@@ -223,9 +225,16 @@ struct BlockedOperand : StepOperand {
       const auto [c0, c1] = ranges[r];
       ThreadState& ts = thread_state();
       const int64_t w = c1 - c0;
-      stage(trans ? w : k, trans ? k : w, trans ? b + c0 * ldb : b + c0, ldb, ts.b);
-      dnnl::memory plain(bf16_desc(k, w, trans), cpu_engine(), ts.b.data());
-      dnnl::memory blocked(blocked_weights_desc(k, w), cpu_engine());
+      const float* first = trans ? b + c0 * ldb : b + c0;
+      dnnl::memory plain;
+      if (f32) {
+        plain = dnnl::memory(operand_desc(k, w, trans, ldb, dt::f32), cpu_engine(),
+                             const_cast<float*>(first));
+      } else {
+        stage(trans ? w : k, trans ? k : w, first, ldb, ts.b);
+        plain = dnnl::memory(bf16_desc(k, w, trans), cpu_engine(), ts.b.data());
+      }
+      dnnl::memory blocked(blocked_weights_desc(k, w, f32), cpu_engine());
       dnnl::reorder(plain, blocked).execute(ts.stream, plain, blocked);
       blocks[r] = std::move(blocked);
     });
@@ -233,18 +242,25 @@ struct BlockedOperand : StepOperand {
   }
 };
 
-class Bf16Engine : public GemmEngine<float> {
+// Every product through oneDNN's matmul, in f32 (operands read in place
+// through their strides) or bf16 (operands converted per call; fp32
+// accumulation). With `small_in_fp32`, the products too small for bf16 to pay
+// (bf16_product, bf16_step) run in the fp32 engine instead: the core's bf16
+// engine. Without it: oneDNN's own rate, for bench_gemm.
+class OnednnEngine : public GemmEngine<float> {
  public:
+  OnednnEngine(bool f32, bool small_in_fp32) : f32_(f32), small_in_fp32_(small_in_fp32) {}
+
   void gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, const float* a,
             int64_t lda, const float* b, int64_t ldb, float beta, float* c, int64_t ldc,
             const float* c_row) const override {
+    if (f32_ || (small_in_fp32_ && !bf16_product(m, n, k))) {
+      onednn_gemm_f32(trans_a, trans_b, m, n, k, a, lda, b, ldb, beta, c, ldc, c_row);
+      return;
+    }
     if (m == 0 || n == 0) return;
     if (k == 0) {  // nothing to multiply: cpu::gemm's handling of C
       cpu::gemm<float>(trans_a, trans_b, m, n, k, 1.0f, a, lda, b, ldb, beta, c, ldc, c_row);
-      return;
-    }
-    if (!bf16_product(m, n, k)) {
-      onednn_gemm_f32(trans_a, trans_b, m, n, k, a, lda, b, ldb, beta, c, ldc, c_row);
       return;
     }
     ThreadState& ts = thread_state();
@@ -261,12 +277,13 @@ class Bf16Engine : public GemmEngine<float> {
     auto op = std::make_unique<BlockedOperand>();
     op->k = k;
     op->n = n;
-    if (!bf16_step(k, n)) {
-      op->f32 = gemm_engine_f32(Precision::fp32).prepare(b, trans_b, k, n, ldb, ranges);
+    if (!f32_ && small_in_fp32_ && !bf16_step(k, n)) {
+      op->fallback = gemm_engine_f32(Precision::fp32).prepare(b, trans_b, k, n, ldb, ranges);
       return op;
     }
     op->b = b;
     op->trans = trans_b;
+    op->f32 = f32_;
     op->ldb = ldb;
     op->ranges = ranges;
     op->blocks.resize(ranges.size());
@@ -277,17 +294,25 @@ class Bf16Engine : public GemmEngine<float> {
   void step(int64_t m, const float* a, int64_t lda, const StepOperand& sb, std::size_t range,
             float beta, float* c, int64_t ldc, const float* const* init) const override {
     const auto& op = static_cast<const BlockedOperand&>(sb);
-    if (op.f32) {
-      gemm_engine_f32(Precision::fp32).step(m, a, lda, *op.f32, range, beta, c, ldc, nullptr);
+    if (op.fallback) {
+      gemm_engine_f32(Precision::fp32).step(m, a, lda, *op.fallback, range, beta, c, ldc, nullptr);
       return;
     }
     const auto [c0, c1] = op.ranges[range];
     if (m == 0 || c1 <= c0) return;
-    ThreadState& ts = thread_state();
-    stage(m, op.k, a, lda, ts.a);
-    const Key key{m, c1 - c0, op.k, op.k, 0, ldc, false, false, beta != 0.0f, false, true, false};
-    run(key, ts.a.data(), op.block(range).get_data_handle(), c + c0, nullptr);
+    const void* src = a;
+    if (!f32_) {
+      ThreadState& ts = thread_state();
+      stage(m, op.k, a, lda, ts.a);
+      src = ts.a.data();
+      lda = op.k;
+    }
+    const Key key{m, c1 - c0, op.k, lda, 0, ldc, false, false, beta != 0.0f, false, true, f32_};
+    run(key, src, op.block(range).get_data_handle(), c + c0, nullptr);
   }
+
+ private:
+  bool f32_, small_in_fp32_;
 };
 
 }  // namespace
@@ -311,8 +336,18 @@ void onednn_gemm_f32(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k
 }
 
 const GemmEngine<float>& onednn_bf16_engine() {
-  static const Bf16Engine bf16;
+  static const OnednnEngine bf16(/*f32=*/false, /*small_in_fp32=*/true);
   return bf16;
+}
+
+const GemmEngine<float>& onednn_engine(Precision precision) {
+  static const OnednnEngine f32(/*f32=*/true, /*small_in_fp32=*/false);
+  static const OnednnEngine bf16(/*f32=*/false, /*small_in_fp32=*/false);
+  if (precision == Precision::bf16) {
+    check_precision_supported(precision);
+    return bf16;
+  }
+  return f32;
 }
 
 }  // namespace seqpack::cpu
