@@ -25,6 +25,14 @@ if [ ${#missing[@]} -gt 0 ]; then
   DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}"
 fi
 
+# ONNX Runtime (CPU) for the ONNX export tests: the npm package onnxruntime-node,
+# pinned by tools/ort/package-lock.json. --ignore-scripts: its install script
+# would download a GPU build; the CPU runtime is inside the package.
+if [ ! -f tools/ort/node_modules/onnxruntime-node/package.json ]; then
+  echo "setup: installing onnxruntime-node into tools/ort"
+  (cd tools/ort && npm ci --ignore-scripts --no-audit --no-fund --loglevel=error)
+fi
+
 BUILD_DIR=${SEQPACK_BUILD_DIR:-build}
 cmake -S . -B "$BUILD_DIR" -DCMAKE_BUILD_TYPE=Release \
   -DSEQPACK_BUILD_TESTS=ON -DSEQPACK_BUILD_PYTHON=ON -DSEQPACK_BUILD_BENCHMARKS=ON \
