@@ -13,7 +13,8 @@
 //                     "repeat": 1}]}             (optional: timed runs after the first)
 // RESULT:  {"ort_version": "...",
 //           "results": [{"outputs": {"y": {"type": "float32", "dims": [...], "data": [...]}},
-//                        "seconds": [...]}            (wall time of each repeated run)
+//                        "seconds": [...],            (wall time of each repeated run)
+//                        "cpu_seconds": [...]}        (CPU time of the process during it)
 //                       or {"error": "message"}]}     (a run ONNX Runtime rejected)
 // An error of one run does not stop the others: tests check that a model is rejected.
 'use strict';
@@ -81,15 +82,19 @@ async function main() {
       for (const [name, spec] of Object.entries(run.inputs)) feeds[name] = toTensor(ort, name, spec);
       const out = await session.run(feeds);
       const seconds = [];
+      const cpuSeconds = [];
       for (let i = 0; i < (run.repeat || 0); ++i) {
+        const c0 = process.cpuUsage();
         const t0 = process.hrtime.bigint();
         await session.run(feeds);
         seconds.push(Number(process.hrtime.bigint() - t0) * 1e-9);
+        const c = process.cpuUsage(c0);
+        cpuSeconds.push((c.user + c.system) * 1e-6);
       }
       const wanted = run.outputs || session.outputNames;
       const outputs = {};
       for (const name of wanted) outputs[name] = fromTensor(out[name]);
-      results.push({outputs, seconds});
+      results.push({outputs, seconds, cpu_seconds: cpuSeconds});
     } catch (e) {
       results.push({error: String(e.message || e)});
     }
