@@ -172,6 +172,20 @@ TEST(OnnxExport, RnnGridMatchesSeqpackInOnnxRuntime) {
       }
     }
   }
+  // Without biases, and with dropout (an eval forward: none), in each mode.
+  for (RNNMode mode : {RNNMode::rnn_tanh, RNNMode::rnn_relu, RNNMode::lstm, RNNMode::gru}) {
+    RNNOptions o{.mode = mode, .input_size = 4, .hidden_size = 3, .num_layers = 3,
+                 .bias = false, .batch_first = true, .dropout = 0.5, .bidirectional = true};
+    Case c;
+    c.name = std::string(rnn_mode_name(mode)) + " layers=3 bidirectional bias=false dropout=0.5";
+    c.rnn = make_rnn(o, rng());
+    c.rnn->eval();
+    c.initial_state = true;
+    c.model = (work_dir() / ("rnn_" + std::to_string(cases.size()) + ".onnx")).string();
+    export_rnn_onnx(*c.rnn, c.model, {.opset = kOnnxMinOpset, .initial_state = true});
+    add_batch(c, {2, 7, 0, 5}, 7, rng);
+    cases.push_back(std::move(c));
+  }
   json runs = json::array();
   for (const Case& c : cases) {
     for (const json& r : c.runs) runs.push_back(r);
@@ -239,6 +253,17 @@ TEST(OnnxExport, BadArgumentsAreNamed) {
     EXPECT_NE(std::string(e.what()).find("proj_size = 2"), std::string::npos) << e.what();
   }
   EXPECT_THROW(export_rnn_onnx(lstm, ""), std::invalid_argument);
+}
+
+// float64 modules export as float64 graphs that pass the checker (ONNX Runtime's
+// CPU recurrent kernels run float32 only, so they are not run here).
+TEST(OnnxExport, Float64ModelsPassTheChecker) {
+  GRU gru({.input_size = 2, .hidden_size = 3, .num_layers = 2, .bidirectional = true,
+           .dtype = DType::f64}, 1);
+  EXPECT_GT(rnn_to_onnx(gru, {.initial_state = true}).size(), 0u);
+  CharClassifier model({.vocab_size = 5, .embed_dim = 2, .hidden_size = 3, .num_classes = 2,
+                        .dtype = DType::f64}, 1);
+  EXPECT_GT(classifier_to_onnx(model).size(), 0u);
 }
 
 // The classifier's logits for a batch of token ids, in ONNX Runtime and in seqpack.

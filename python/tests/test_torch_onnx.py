@@ -58,12 +58,18 @@ def export(model, args, names_in, names_out, opset=17, batch_first=False):
 
 
 def grid():
+    """(mode, options, with_hx): every mode x layers x directions x batch_first x hx,
+    and each mode without biases, with dropout (eval: none), at opset 14."""
     for mode in LAYERS:
         for layers in (1, 2):
             for bidirectional in (False, True):
                 for batch_first in (False, True):
                     for with_hx in (False, True):
-                        yield mode, layers, bidirectional, batch_first, with_hx
+                        yield mode, dict(num_layers=layers, bidirectional=bidirectional,
+                                         batch_first=batch_first), with_hx, 17
+    for mode in LAYERS:
+        yield mode, dict(num_layers=3, bidirectional=True, bias=False, dropout=0.5,
+                         batch_first=True), True, 14
 
 
 def make_inputs(model, lengths, T, rng):
@@ -93,21 +99,20 @@ def test_grid_matches_seqpack_in_onnx_runtime(tmp_path):
     rng = np.random.default_rng(seed)
     torch.manual_seed(seed)
     cases, runs = [], []
-    for k, (mode, layers, bidirectional, batch_first, with_hx) in enumerate(grid()):
-        model = Packed(mode, with_hx, num_layers=layers, bidirectional=bidirectional,
-                       batch_first=batch_first).eval()
+    for k, (mode, options, with_hx, opset) in enumerate(grid()):
+        model = Packed(mode, with_hx, **options).eval()
         n_in, n_out = names(model)
         path = tmp_path / f"m{k}.onnx"
         path.write_bytes(export(model, tuple(make_inputs(model, [3, 1, 3], 3, rng)), n_in, n_out,
-                                batch_first=batch_first))
+                                opset=opset, batch_first=model.batch_first))
         # Other batch sizes and padded lengths than exported: mixed unsorted
         # lengths with ties, a batch of 1, T = 1.
         for lengths, T in (([4, 1, 6, 3, 6, 2], 6), ([5], 5), ([1, 1], 1)):
             inputs = make_inputs(model, lengths, T, rng)
             with torch.no_grad():
                 expected = [t.numpy() for t in model(*inputs)]
-            cases.append((f"{mode} layers={layers} bi={bidirectional} batch_first={batch_first} "
-                          f"hx={with_hx} lengths={lengths} (seed {seed})", n_out, expected))
+            cases.append((f"{mode} {options} hx={with_hx} opset={opset} lengths={lengths} "
+                          f"(seed {seed})", n_out, expected))
             runs.append({"model": str(path),
                          "inputs": {n: t.numpy() for n, t in zip(n_in, inputs)}})
     results = ort_runner.run(runs)
