@@ -323,6 +323,28 @@ TEST(OnnxExport, ClassifierMatchesSeqpackInOnnxRuntime) {
   std::printf("[ classifier: max |ONNX Runtime - seqpack| = %.3g ]\n", worst);
 }
 
+// Token ids outside the vocabulary are errors of the runtime, negative ones too
+// (ONNX's Gather alone would read -1 as the last row).
+TEST(OnnxExport, ClassifierRejectsIdsOutsideTheVocabulary) {
+  CharClassifier model({.vocab_size = 6, .embed_dim = 2, .hidden_size = 3, .num_classes = 2}, 5);
+  const std::string path = (work_dir() / "ids.onnx").string();
+  std::ofstream(path, std::ios::binary) << classifier_to_onnx(model);
+  json runs = json::array();
+  for (int64_t bad : {-1, -6, 6, 0}) {
+    const Tensor tokens = Tensor::from_vector(std::vector<int64_t>{1, bad, 2, 3}, {2, 2});
+    runs.push_back({{"model", path},
+                    {"inputs", {{"tokens", tensor_json(tokens)},
+                                {"lengths", tensor_json(Tensor::from_vector(
+                                                std::vector<int64_t>{2, 2}, {2}))}}}});
+  }
+  const json results = run_ort(runs);
+  ASSERT_EQ(results.size(), 4u);
+  EXPECT_TRUE(results[0].contains("error")) << "id -1 ran: " << results[0].dump();
+  EXPECT_TRUE(results[1].contains("error")) << "id -6 ran: " << results[1].dump();
+  EXPECT_TRUE(results[2].contains("error")) << "id 6 ran: " << results[2].dump();
+  EXPECT_FALSE(results[3].contains("error")) << results[3].dump();
+}
+
 // `seqpack export` on a model directory, run in ONNX Runtime, gives the
 // directory's classifier's logits.
 TEST(OnnxExport, CommandLineExportMatchesSeqpack) {

@@ -62,7 +62,8 @@ void export_rnn_onnx(const RNNBase& rnn, const std::string& path,
 
 // The classifier of `seqpack train` (see classifier.h):
 //   inputs  "tokens"  int64 [B, T], padded token ids (padding: any id of the
-//                     vocabulary, 0 by convention; an id outside it is a runtime error)
+//                     vocabulary, 0 by convention; an id outside [0, vocab_size),
+//                     negative ones included, is a runtime error)
 //           "lengths" int64 [B], each in [0, T]
 //   outputs "logits"  [B, classes]
 // A zero-length sequence sees h_n = 0 (only the output layer's bias decides),

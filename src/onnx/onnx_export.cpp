@@ -439,8 +439,14 @@ std::string classifier_to_onnx(CharClassifier& model, const std::vector<std::str
   const Tensor& table = model.embedding().weight();
   const std::string emb = gb.initializer("embedding.weight", co.dtype, {co.vocab_size, co.embed_dim},
                                          table.raw_data(), table.nbytes());
+  // Gather reads a negative id as counted from the end of the table; seqpack
+  // rejects it. Shifting negative ids by -V puts them below Gather's range
+  // [-V, V), so the runtime rejects them as it rejects ids >= V.
+  const std::string shifted = gb.op("Sub", {"tokens", gb.constant_i64({co.vocab_size}, true)});
+  const std::string ids = gb.op(
+      "Where", {gb.op("Less", {"tokens", gb.constant_i64({0}, true)}), shifted, "tokens"});
   // [B, T, E] -> time-major [T, B, E]
-  const std::string x = gb.transpose(gb.op("Gather", {emb, "tokens"}), {1, 0, 2});
+  const std::string x = gb.transpose(gb.op("Gather", {emb, ids}), {1, 0, 2});
   const RnnGraph r = add_rnn(gb, model.lstm().options(), model.lstm().parameters(), x, "lengths",
                              "", "", /*want_output=*/false);
   // h_n [2, B, H] -> features [B, 2H] = [h_n[0, b] ; h_n[1, b]]
