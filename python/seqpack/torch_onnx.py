@@ -207,14 +207,9 @@ def forward(module, input, hx=None):
     is_lstm = mode == "LSTM"
     spec = (mode, module.hidden_size, module.num_layers, module.bidirectional, module.bias)
     weights = [getattr(module, n) for n in module._flat_weights_names]
-    h0 = c0 = None
-    if hx is not None:
-        if is_lstm:
-            if not isinstance(hx, (tuple, list)) or len(hx) != 2:
-                raise TypeError("LSTM expects hx as a tuple (h_0, c_0)")
-            h0, c0 = hx
-        else:
-            h0 = hx
+    if is_lstm and hx is not None and not (isinstance(hx, (tuple, list)) and len(hx) == 2):
+        raise TypeError("LSTM expects hx as a tuple (h_0, c_0)")
+    h0, c0 = (None, None) if hx is None else (tuple(hx) if is_lstm else (hx, None))
 
     if isinstance(input, PackedSequence):
         data, batch_sizes, sorted_indices, unsorted_indices = input
