@@ -126,7 +126,8 @@ void add_batch(Case& c, const std::vector<int64_t>& lengths, int64_t T, std::mt1
   const RNNOptions& o = c.rnn->options();
   const int64_t B = static_cast<int64_t>(lengths.size());
   const int64_t LD = o.num_layers * o.num_directions();
-  Tensor x = random_tensor(o.batch_first ? Shape{B, T, o.input_size} : Shape{T, B, o.input_size}, rng);
+  Tensor x =
+      random_tensor(o.batch_first ? Shape{B, T, o.input_size} : Shape{T, B, o.input_size}, rng);
   Tensor h0, c0;
   json inputs = {{"input", tensor_json(x)},
                  {"lengths", tensor_json(Tensor::from_vector(lengths, {B}))}};
@@ -151,8 +152,12 @@ TEST(OnnxExport, RnnGridMatchesSeqpackInOnnxRuntime) {
       for (bool bidirectional : {false, true}) {
         for (bool batch_first : {false, true}) {
           for (bool initial_state : {false, true}) {
-            RNNOptions o{.mode = mode, .input_size = 3, .hidden_size = 5, .num_layers = layers,
-                         .batch_first = batch_first, .bidirectional = bidirectional};
+            RNNOptions o{.mode = mode,
+                         .input_size = 3,
+                         .hidden_size = 5,
+                         .num_layers = layers,
+                         .batch_first = batch_first,
+                         .bidirectional = bidirectional};
             Case c;
             c.name = std::string(rnn_mode_name(mode)) + " layers=" + std::to_string(layers) +
                      (bidirectional ? " bidirectional" : "") + (batch_first ? " batch_first" : "") +
@@ -163,9 +168,9 @@ TEST(OnnxExport, RnnGridMatchesSeqpackInOnnxRuntime) {
             c.model = (work_dir() / ("rnn_" + std::to_string(cases.size()) + ".onnx")).string();
             export_rnn_onnx(*c.rnn, c.model, {.initial_state = initial_state});
             add_batch(c, {4, 1, 6, 3, 6, 2}, 6, rng);  // mixed, unsorted, ties
-            add_batch(c, {3}, 5, rng);                  // batch of 1, shorter than the padding
-            add_batch(c, {5, 0, 2}, 5, rng);            // a zero-length sequence
-            add_batch(c, {1, 1}, 1, rng);               // T = 1
+            add_batch(c, {3}, 5, rng);                 // batch of 1, shorter than the padding
+            add_batch(c, {5, 0, 2}, 5, rng);           // a zero-length sequence
+            add_batch(c, {1, 1}, 1, rng);              // T = 1
             cases.push_back(std::move(c));
           }
         }
@@ -174,8 +179,14 @@ TEST(OnnxExport, RnnGridMatchesSeqpackInOnnxRuntime) {
   }
   // Without biases, and with dropout (an eval forward: none), in each mode.
   for (RNNMode mode : {RNNMode::rnn_tanh, RNNMode::rnn_relu, RNNMode::lstm, RNNMode::gru}) {
-    RNNOptions o{.mode = mode, .input_size = 4, .hidden_size = 3, .num_layers = 3,
-                 .bias = false, .batch_first = true, .dropout = 0.5, .bidirectional = true};
+    RNNOptions o{.mode = mode,
+                 .input_size = 4,
+                 .hidden_size = 3,
+                 .num_layers = 3,
+                 .bias = false,
+                 .batch_first = true,
+                 .dropout = 0.5,
+                 .bidirectional = true};
     Case c;
     c.name = std::string(rnn_mode_name(mode)) + " layers=3 bidirectional bias=false dropout=0.5";
     c.rnn = make_rnn(o, rng());
@@ -197,8 +208,8 @@ TEST(OnnxExport, RnnGridMatchesSeqpackInOnnxRuntime) {
   for (const Case& c : cases) {
     for (std::size_t b = 0; b < c.runs.size(); ++b, ++k) {
       const json& r = results[k];
-      const std::string what = c.name + " batch " + std::to_string(b) + " (seed " +
-                               std::to_string(seed) + ")";
+      const std::string what =
+          c.name + " batch " + std::to_string(b) + " (seed " + std::to_string(seed) + ")";
       ASSERT_FALSE(r.contains("error")) << what << ": " << r["error"];
       const RNNOutput& e = c.expected[b];
       worst = std::max(worst, max_error(r["outputs"]["output"], e.padded, what + " output"));
@@ -221,11 +232,12 @@ TEST(OnnxExport, RuntimeRejectsLengthsOutsideThePadding) {
   std::mt19937_64 rng(7);
   const Tensor x = random_tensor({4, 2, 2}, rng);
   json runs = json::array();
-  for (const std::vector<int64_t>& lengths : {std::vector<int64_t>{5, 2},
-                                              std::vector<int64_t>{-1, 2}}) {
+  for (const std::vector<int64_t>& lengths :
+       {std::vector<int64_t>{5, 2}, std::vector<int64_t>{-1, 2}}) {
     runs.push_back({{"model", model},
-                    {"inputs", {{"input", tensor_json(x)},
-                                {"lengths", tensor_json(Tensor::from_vector(lengths, {2}))}}}});
+                    {"inputs",
+                     {{"input", tensor_json(x)},
+                      {"lengths", tensor_json(Tensor::from_vector(lengths, {2}))}}}});
   }
   const json results = run_ort(runs);
   ASSERT_EQ(results.size(), 2u);
@@ -258,11 +270,16 @@ TEST(OnnxExport, BadArgumentsAreNamed) {
 // float64 modules export as float64 graphs that pass the checker (ONNX Runtime's
 // CPU recurrent kernels run float32 only, so they are not run here).
 TEST(OnnxExport, Float64ModelsPassTheChecker) {
-  GRU gru({.input_size = 2, .hidden_size = 3, .num_layers = 2, .bidirectional = true,
-           .dtype = DType::f64}, 1);
+  GRU gru({.input_size = 2,
+           .hidden_size = 3,
+           .num_layers = 2,
+           .bidirectional = true,
+           .dtype = DType::f64},
+          1);
   EXPECT_GT(rnn_to_onnx(gru, {.initial_state = true}).size(), 0u);
-  CharClassifier model({.vocab_size = 5, .embed_dim = 2, .hidden_size = 3, .num_classes = 2,
-                        .dtype = DType::f64}, 1);
+  CharClassifier model(
+      {.vocab_size = 5, .embed_dim = 2, .hidden_size = 3, .num_classes = 2, .dtype = DType::f64},
+      1);
   EXPECT_GT(classifier_to_onnx(model).size(), 0u);
 }
 
@@ -296,8 +313,9 @@ double check_classifier(CharClassifier& model, const std::string& onnx_path,
                                      /*requires_grad=*/false));
     const int64_t B = static_cast<int64_t>(lengths.size());
     runs.push_back({{"model", onnx_path},
-                    {"inputs", {{"tokens", tensor_json(cb.tokens)},
-                                {"lengths", tensor_json(Tensor::from_vector(lengths, {B}))}}}});
+                    {"inputs",
+                     {{"tokens", tensor_json(cb.tokens)},
+                      {"lengths", tensor_json(Tensor::from_vector(lengths, {B}))}}}});
   }
   const json results = run_ort(runs);
   EXPECT_EQ(results.size(), runs.size());
@@ -318,8 +336,7 @@ TEST(OnnxExport, ClassifierMatchesSeqpackInOnnxRuntime) {
   CharClassifier model({.vocab_size = 17, .embed_dim = 6, .hidden_size = 7, .num_classes = 4}, 3);
   const std::string path = (work_dir() / "classifier.onnx").string();
   std::ofstream(path, std::ios::binary) << classifier_to_onnx(model);
-  const double worst =
-      check_classifier(model, path, {{5, 1, 9, 3, 9}, {4}, {6, 0, 2}, {1}}, rng);
+  const double worst = check_classifier(model, path, {{5, 1, 9, 3, 9}, {4}, {6, 0, 2}, {1}}, rng);
   std::printf("[ classifier: max |ONNX Runtime - seqpack| = %.3g ]\n", worst);
 }
 
@@ -332,10 +349,11 @@ TEST(OnnxExport, ClassifierRejectsIdsOutsideTheVocabulary) {
   json runs = json::array();
   for (int64_t bad : {-1, -6, 6, 0}) {
     const Tensor tokens = Tensor::from_vector(std::vector<int64_t>{1, bad, 2, 3}, {2, 2});
-    runs.push_back({{"model", path},
-                    {"inputs", {{"tokens", tensor_json(tokens)},
-                                {"lengths", tensor_json(Tensor::from_vector(
-                                                std::vector<int64_t>{2, 2}, {2}))}}}});
+    runs.push_back(
+        {{"model", path},
+         {"inputs",
+          {{"tokens", tensor_json(tokens)},
+           {"lengths", tensor_json(Tensor::from_vector(std::vector<int64_t>{2, 2}, {2}))}}}});
   }
   const json results = run_ort(runs);
   ASSERT_EQ(results.size(), 4u);
@@ -352,7 +370,8 @@ TEST(OnnxExport, CommandLineExportMatchesSeqpack) {
   const std::string dir = (work_dir() / "model").string();
   {
     CharClassifier model({.vocab_size = 9, .embed_dim = 4, .hidden_size = 5, .num_classes = 3}, 4);
-    const Vocabulary vocab = Vocabulary::from_code_points({U'a', U'b', U'c', U'd', U'e', U'f', U'g'});
+    const Vocabulary vocab =
+        Vocabulary::from_code_points({U'a', U'b', U'c', U'd', U'e', U'f', U'g'});
     save_classifier(dir, model, vocab, {"x", "y", "z"});
   }
   const std::string onnx = (work_dir() / "cli.onnx").string();

@@ -21,10 +21,9 @@ namespace seqpack {
 
 void OnnxExportOptions::validate() const {
   if (opset < kOnnxMinOpset || opset > kOnnxMaxOpset) {
-    throw std::invalid_argument("ONNX export: opset = " + std::to_string(opset) +
-                                " is outside the supported range [" +
-                                std::to_string(kOnnxMinOpset) + ", " +
-                                std::to_string(kOnnxMaxOpset) + "]");
+    throw std::invalid_argument(
+        "ONNX export: opset = " + std::to_string(opset) + " is outside the supported range [" +
+        std::to_string(kOnnxMinOpset) + ", " + std::to_string(kOnnxMaxOpset) + "]");
   }
 }
 
@@ -46,7 +45,7 @@ TensorProto_DataType onnx_type(DType dtype) {
 
 // A dimension of a graph input or output: a fixed size, or a symbol ("batch").
 struct Dim {
-  Dim(int64_t v) : value(v) {}  // NOLINT: sizes read naturally at call sites
+  Dim(int64_t v) : value(v) {}       // NOLINT: sizes read naturally at call sites
   Dim(const char* s) : symbol(s) {}  // NOLINT
   int64_t value = -1;
   std::string symbol;
@@ -230,7 +229,7 @@ RnnGraph add_rnn(GraphBuilder& gb, const RNNOptions& o, const std::vector<Tensor
   GraphBuilder::add_int(cast, "to", onnx::TensorProto_DataType_INT32);
   const std::string seq_lens =
       gb.op("Where", {empty, gb.constant_i32_scalar(1), len32});  // [B] int32
-  const std::string empty_3d = gb.unsqueeze(empty, {0, 2});      // [1, B, 1]
+  const std::string empty_3d = gb.unsqueeze(empty, {0, 2});       // [1, B, 1]
   const std::string zero = gb.constant_zero(dt);
 
   std::string layer_in = x;
@@ -302,8 +301,8 @@ RnnGraph add_rnn(GraphBuilder& gb, const RNNOptions& o, const std::vector<Tensor
     // step t of sequence b is real when t < lengths[b].
     const std::string t_len =
         gb.op("Gather", {gb.op("Shape", {x}), gb.constant_i64({0}, /*scalar=*/true)});
-    const std::string steps = gb.op("Range", {gb.constant_i64({0}, true), t_len,
-                                              gb.constant_i64({1}, true)});  // [T]
+    const std::string steps =
+        gb.op("Range", {gb.constant_i64({0}, true), t_len, gb.constant_i64({1}, true)});  // [T]
     const std::string valid = gb.op("Less", {gb.unsqueeze(steps, {1}), gb.unsqueeze(lengths, {0})});
     out.output = gb.op("Where", {gb.unsqueeze(valid, {2}), layer_in, zero});
   }
@@ -340,7 +339,8 @@ std::string check_and_serialize(onnx::ModelProto& m) {
                              e.what());
   }
   std::string bytes;
-  if (!m.SerializeToString(&bytes)) throw std::runtime_error("ONNX export: cannot serialize the model");
+  if (!m.SerializeToString(&bytes))
+    throw std::runtime_error("ONNX export: cannot serialize the model");
   return bytes;
 }
 
@@ -396,7 +396,8 @@ std::string rnn_to_onnx(const RNNBase& rnn, const OnnxExportOptions& options) {
   return check_and_serialize(m);
 }
 
-void export_rnn_onnx(const RNNBase& rnn, const std::string& path, const OnnxExportOptions& options) {
+void export_rnn_onnx(const RNNBase& rnn, const std::string& path,
+                     const OnnxExportOptions& options) {
   write_model(path, rnn_to_onnx(rnn, options));
 }
 
@@ -437,14 +438,15 @@ std::string classifier_to_onnx(CharClassifier& model, const std::vector<std::str
   gb.input("lengths", onnx::TensorProto_DataType_INT64, {"batch"});
 
   const Tensor& table = model.embedding().weight();
-  const std::string emb = gb.initializer("embedding.weight", co.dtype, {co.vocab_size, co.embed_dim},
-                                         table.raw_data(), table.nbytes());
+  const std::string emb =
+      gb.initializer("embedding.weight", co.dtype, {co.vocab_size, co.embed_dim}, table.raw_data(),
+                     table.nbytes());
   // Gather reads a negative id as counted from the end of the table; seqpack
   // rejects it. Shifting negative ids by -V puts them below Gather's range
   // [-V, V), so the runtime rejects them as it rejects ids >= V.
   const std::string shifted = gb.op("Sub", {"tokens", gb.constant_i64({co.vocab_size}, true)});
-  const std::string ids = gb.op(
-      "Where", {gb.op("Less", {"tokens", gb.constant_i64({0}, true)}), shifted, "tokens"});
+  const std::string ids =
+      gb.op("Where", {gb.op("Less", {"tokens", gb.constant_i64({0}, true)}), shifted, "tokens"});
   // [B, T, E] -> time-major [T, B, E]
   const std::string x = gb.transpose(gb.op("Gather", {emb, ids}), {1, 0, 2});
   const RnnGraph r = add_rnn(gb, model.lstm().options(), model.lstm().parameters(), x, "lengths",

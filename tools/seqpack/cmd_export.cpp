@@ -22,8 +22,8 @@ struct ExportArgs {
 
 void run_export(const ExportArgs& a) {
   if (a.opset < kOnnxMinOpset || a.opset > kOnnxMaxOpset) {
-    throw std::invalid_argument(fmt::format("--opset = {} is outside [{}, {}]", a.opset,
-                                            kOnnxMinOpset, kOnnxMaxOpset));
+    throw std::invalid_argument(
+        fmt::format("--opset = {} is outside [{}, {}]", a.opset, kOnnxMinOpset, kOnnxMaxOpset));
   }
   if (a.onnx.empty()) throw std::invalid_argument("--onnx = \"\": give the file to write");
   const TrainedClassifier tc = load_classifier(a.model);
@@ -34,8 +34,8 @@ void run_export(const ExportArgs& a) {
       "Linear({}, {})\n"
       "  inputs  tokens int64 [batch, time] (padded character ids), lengths int64 [batch]\n"
       "  output  logits float32 [batch, {}]; labels and vocabulary in the metadata\n",
-      a.onnx, a.opset, o.vocab_size, o.embed_dim, o.hidden_size, 2 * o.hidden_size,
-      o.num_classes, o.num_classes);
+      a.onnx, a.opset, o.vocab_size, o.embed_dim, o.hidden_size, 2 * o.hidden_size, o.num_classes,
+      o.num_classes);
 }
 
 void setup(CLI::App& sub) {
