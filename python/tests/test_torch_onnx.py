@@ -229,6 +229,38 @@ def test_padded_input_without_lengths(tmp_path):
     assert_close(r["outputs"]["h_n"], h.numpy(), 0, TOL, "padded h_n")
 
 
+def test_unbatched_input_with_state(tmp_path):
+    """An unbatched [T, I] input with an unbatched (h0, c0), as torch accepts it."""
+    rng = np.random.default_rng(base_seed() + 4)
+
+    class Unbatched(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.rnn = st.LSTM(3, 4, num_layers=2, bidirectional=True, batch_first=True)
+
+        def forward(self, x, h0, c0):
+            y, (h, c) = self.rnn(x, (h0, c0))
+            return y, h, c
+
+    model = Unbatched().eval()
+    f = io.BytesIO()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        torch.onnx.export(model, (torch.randn(3, 3), torch.randn(4, 4), torch.randn(4, 4)), f,
+                          opset_version=17, input_names=["x", "h0", "c0"],
+                          output_names=["y", "h_n", "c_n"], dynamic_axes={"x": {0: "time"}})
+    (tmp_path / "u.onnx").write_bytes(f.getvalue())
+    args = [torch.from_numpy(rng.uniform(-1, 1, s).astype(np.float32))
+            for s in ((6, 3), (4, 4), (4, 4))]
+    with torch.no_grad():
+        expected = model(*args)
+    r = ort_runner.run([{"model": str(tmp_path / "u.onnx"),
+                         "inputs": dict(zip(["x", "h0", "c0"], [a.numpy() for a in args]))}])[0]
+    assert "error" not in r, r.get("error")
+    for name, e in zip(["y", "h_n", "c_n"], expected):
+        assert_close(r["outputs"][name], e.numpy(), 0, TOL, f"unbatched {name}")
+
+
 def test_graph_uses_standard_operators_with_sequence_lens():
     onnx = pytest.importorskip("onnx")
     model = Packed("LSTM", False, bidirectional=True).eval()
