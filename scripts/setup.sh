@@ -12,6 +12,7 @@ PACKAGES=(
   wamerican wfrench wngerman wspanish witalian wportuguese wdutch
   clang-14 libclang-rt-14-dev libomp-14-dev
   libdnnl-dev libtorch-dev libonnx-dev python3-onnx python3-venv python3-pip
+  libprotobuf-dev  # seqpack_onnx links protobuf; libonnx-dev does not depend on it
 )
 missing=()
 for p in "${PACKAGES[@]}"; do
