@@ -11,7 +11,9 @@ seqpack is timed as a user runs it: the `seqpack predict --top 1` process on
 every test word (start-up, model load, UTF-8 decoding, the forward, printing),
 with the same process on one word as its start-up cost. (predict runs the
 classifier twice, once for the logits and once for the probabilities.) Its
-logits for the agreement come from one more run with --json. ONNX Runtime
+logits for the agreement come from one more run with --json. The forward alone
+(CharClassifier::forward, as predict calls it) is timed by
+build/bench/bench_classifier_forward when it is built. ONNX Runtime
 (onnxruntime-node, tools/ort) is timed inside one process: session.run on the
 whole split as one padded batch, and in batches of 128 in file order. One thread
 each (OMP_NUM_THREADS=1, intraOpNumThreads=1). Agreement: the largest
@@ -83,6 +85,10 @@ def main():
     ap.add_argument("--onnx", required=True, help="its export (seqpack export)")
     ap.add_argument("--split", required=True, help="directory of seqpack data export")
     ap.add_argument("--seqpack", default=os.path.join(ROOT, "build", "seqpack"))
+    ap.add_argument("--bench", default=os.path.join(ROOT, "build", "bench",
+                                                    "bench_classifier_forward"),
+                    help="the forward alone (built with SEQPACK_BUILD_BENCHMARKS=ON; "
+                         "skipped when missing)")
     ap.add_argument("--repeat", type=int, default=3, help="timed repetitions (best is kept)")
     a = ap.parse_args()
     if a.repeat < 1:
@@ -97,6 +103,25 @@ def main():
     t_one, _ = time_process(predict + words[:1], a.repeat)
     _, out = time_process([a.seqpack, "predict", "--json", "--model", a.model] + words, 1)
     ref = np.array([p["logits"] for p in json.loads(out)["predictions"]], dtype=np.float64)
+
+    forward = None
+    if os.path.exists(a.bench):
+        env = dict(os.environ, OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1",
+                   SEQPACK_BENCH_MODEL=a.model,
+                   SEQPACK_BENCH_TSV=os.path.join(a.split, "test.tsv"))
+        proc = subprocess.run([a.bench, "--benchmark_format=json",
+                               f"--benchmark_repetitions={a.repeat}"],
+                              capture_output=True, text=True, env=env)
+        if proc.returncode != 0:
+            raise SystemExit(f"{a.bench} failed: {proc.stderr}")
+        forward = {}
+        for b in json.loads(proc.stdout)["benchmarks"]:
+            if b.get("run_type") != "iteration":
+                continue
+            key = b["run_name"].split("/")[1]  # "0" one batch, "128"
+            wall, cpu = b["real_time"] * 1e-3, b["cpu_time"] * 1e-3  # ms -> s
+            old = forward.get(key, (wall, cpu))
+            forward[key] = (min(old[0], wall), min(old[1], cpu))
 
     runs = [{"model": a.onnx, "inputs": {"tokens": tokens, "lengths": lengths},
              "repeat": a.repeat}]
@@ -124,6 +149,9 @@ def main():
             ("seqpack predict, all minus one word", (t_all[0] - t_one[0], t_all[1] - t_one[1])),
             ("ONNX Runtime session.run, one batch", whole),
             (f"ONNX Runtime session.run, {len(results) - 1} batches of 128", batched)]
+    if forward is not None:
+        rows[3:3] = [("seqpack forward alone, one batch", forward["0"]),
+                     ("seqpack forward alone, batches of 128", forward["128"])]
     for name, (w, c) in rows:
         print(f"{name:44s} {w:8.3f} {c:8.3f}")
     print(f"ONNX Runtime process (Node, session, JSON, every run {a.repeat + 1} times): "
@@ -131,6 +159,9 @@ def main():
     print(f"ORT / seqpack (all minus one word), CPU time: one batch "
           f"{whole[1] / (t_all[1] - t_one[1]):.2f}x, batches of 128 "
           f"{batched[1] / (t_all[1] - t_one[1]):.2f}x")
+    if forward is not None:
+        print(f"ORT / seqpack forward alone, CPU time: one batch {whole[1] / forward['0'][1]:.2f}x, "
+              f"batches of 128 {batched[1] / forward['128'][1]:.2f}x")
     print(f"max |ORT - seqpack| logits: one batch {np.abs(ort_logits - ref).max():.3g}, "
           f"batches of 128 {np.abs(batched_logits - ref).max():.3g}; "
           f"argmax agreement {np.mean(ort_logits.argmax(1) == ref.argmax(1)) * 100:.2f}%")
