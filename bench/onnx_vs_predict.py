@@ -160,8 +160,9 @@ def main():
           f"{whole[1] / (t_all[1] - t_one[1]):.2f}x, batches of 128 "
           f"{batched[1] / (t_all[1] - t_one[1]):.2f}x")
     if forward is not None:
-        print(f"ORT / seqpack forward alone, CPU time: one batch {whole[1] / forward['0'][1]:.2f}x, "
-              f"batches of 128 {batched[1] / forward['128'][1]:.2f}x")
+        print(f"ORT / seqpack forward alone, CPU time: one batch "
+              f"{whole[1] / forward['0'][1]:.2f}x, batches of 128 "
+              f"{batched[1] / forward['128'][1]:.2f}x")
     print(f"max |ORT - seqpack| logits: one batch {np.abs(ort_logits - ref).max():.3g}, "
           f"batches of 128 {np.abs(batched_logits - ref).max():.3g}; "
           f"argmax agreement {np.mean(ort_logits.argmax(1) == ref.argmax(1)) * 100:.2f}%")

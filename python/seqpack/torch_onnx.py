@@ -59,8 +59,8 @@ def _reorder(g, w, order, hidden):
     """Rows [G*H, ...] of a torch weight or bias in ONNX's gate order."""
     if order == [0]:
         return w
-    blocks = [g.op("Slice", w, _const(g, [k * hidden]), _const(g, [(k + 1) * hidden]), _const(g, [0]))
-              for k in order]
+    blocks = [g.op("Slice", w, _const(g, [k * hidden]), _const(g, [(k + 1) * hidden]),
+                   _const(g, [0])) for k in order]
     return g.op("Concat", *blocks, axis_i=0)
 
 
@@ -93,7 +93,8 @@ class RNNExport(torch.autograd.Function):
               "RNN_RELU": torch._VF.rnn_relu}[mode]
         hx = (h0, zeros if c0 is None else c0) if mode == "LSTM" else h0
         if batch_sizes is not None:
-            result = fn(data, batch_sizes, hx, list(weights), bias, layers, 0.0, False, bidirectional)
+            result = fn(data, batch_sizes, hx, list(weights), bias, layers, 0.0, False,
+                        bidirectional)
         else:
             result = fn(data, hx, list(weights), bias, layers, 0.0, False, bidirectional, False)
         output, states = result[0], tuple(result[1:])

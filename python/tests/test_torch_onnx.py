@@ -148,7 +148,8 @@ def test_zero_length_keeps_initial_state(tmp_path, mode):
         e = inputs[2 + k].numpy().copy()
         e[:, [0, 2]] = state.numpy()
         expected.append(e)
-    r = ort_runner.run([{"model": str(path), "inputs": {n: t.numpy() for n, t in zip(n_in, inputs)}}])[0]
+    feeds = {n: t.numpy() for n, t in zip(n_in, inputs)}
+    r = ort_runner.run([{"model": str(path), "inputs": feeds}])[0]
     assert "error" not in r, r.get("error")
     for name, e in zip(n_out, expected):
         assert_close(r["outputs"][name], e, 0, TOL, f"{mode} zero length {name}")

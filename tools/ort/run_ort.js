@@ -79,7 +79,9 @@ async function main() {
         sessions.set(run.model, session);
       }
       const feeds = {};
-      for (const [name, spec] of Object.entries(run.inputs)) feeds[name] = toTensor(ort, name, spec);
+      for (const [name, spec] of Object.entries(run.inputs)) {
+        feeds[name] = toTensor(ort, name, spec);
+      }
       const out = await session.run(feeds);
       const seconds = [];
       const cpuSeconds = [];
