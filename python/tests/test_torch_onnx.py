@@ -172,7 +172,8 @@ class Classifier(torch.nn.Module):
 
 
 class Stacked(torch.nn.Module):
-    """Two seqpack layers on one PackedSequence, the second fed the first's packed output."""
+    """Two seqpack layers on one PackedSequence, the second fed the first's packed
+    output; lengths sorted by the caller (enforce_sorted=True: no permutation)."""
 
     def __init__(self):
         super().__init__()
@@ -180,7 +181,7 @@ class Stacked(torch.nn.Module):
         self.b = st.LSTM(8, 5)
 
     def forward(self, x, lengths):
-        out, _ = self.a(pack_padded_sequence(x, lengths, enforce_sorted=False))
+        out, _ = self.a(pack_padded_sequence(x, lengths, enforce_sorted=True))
         out, (h, _) = self.b(out)
         y, _ = pad_packed_sequence(out)
         return y, h
@@ -194,7 +195,7 @@ def test_classifier_and_stacked_layers(tmp_path):
     (tmp_path / "clf.onnx").write_bytes(
         export(clf, (tokens, torch.tensor([4, 2, 3])), ["tokens", "lengths"], ["logits"]))
     (tmp_path / "stk.onnx").write_bytes(
-        export(stacked, (torch.randn(4, 3, 3), torch.tensor([4, 2, 3])), ["x", "lengths"],
+        export(stacked, (torch.randn(4, 3, 3), torch.tensor([4, 3, 2])), ["x", "lengths"],
                ["y", "h_n"]))
     lengths = [7, 2, 5, 7, 1]
     tokens = torch.randint(1, 20, (5, 7))
@@ -202,13 +203,14 @@ def test_classifier_and_stacked_layers(tmp_path):
         tokens[b, n:] = 0
     x = torch.from_numpy(rng.uniform(-1, 1, (7, 5, 3)).astype(np.float32))
     L = torch.tensor(lengths)
+    L_sorted = torch.tensor(sorted(lengths, reverse=True))
     with torch.no_grad():
         e_clf = clf(tokens, L).numpy()
-        e_stk = [t.numpy() for t in stacked(x, L)]
+        e_stk = [t.numpy() for t in stacked(x, L_sorted)]
     r = ort_runner.run([{"model": str(tmp_path / "clf.onnx"),
                          "inputs": {"tokens": tokens.numpy(), "lengths": L.numpy()}},
                         {"model": str(tmp_path / "stk.onnx"),
-                         "inputs": {"x": x.numpy(), "lengths": L.numpy()}}])
+                         "inputs": {"x": x.numpy(), "lengths": L_sorted.numpy()}}])
     assert "error" not in r[0] and "error" not in r[1], r
     assert_close(r[0]["outputs"]["logits"], e_clf, 0, TOL, "classifier logits")
     assert_close(r[1]["outputs"]["y"], e_stk[0], 0, TOL, "stacked y")
@@ -268,7 +270,7 @@ def test_graph_uses_standard_operators_with_sequence_lens():
     data = export(model, (torch.randn(3, 2, 3), torch.tensor([3, 2])), ["x", "lengths"],
                   ["y", "h_n", "c_n"])
     m = onnx.load_from_string(data)
-    onnx.checker.check_model(m)
+    onnx.checker.check_model(m, full_check=True)  # with strict shape inference
     lstm = [n for n in m.graph.node if n.op_type == "LSTM"]
     assert len(lstm) == 1 and lstm[0].input[4] != "", "LSTM without sequence_lens"
     kinds = {n.op_type for n in m.graph.node}
