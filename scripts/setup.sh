@@ -12,6 +12,7 @@ PACKAGES=(
   wamerican wfrench wngerman wspanish witalian wportuguese wdutch
   clang-14 libclang-rt-14-dev libomp-14-dev
   libdnnl-dev libtorch-dev libonnx-dev python3-onnx python3-venv python3-pip
+  libprotobuf-dev  # seqpack_onnx links protobuf; libonnx-dev does not depend on it
 )
 missing=()
 for p in "${PACKAGES[@]}"; do
@@ -23,6 +24,14 @@ if [ ${#missing[@]} -gt 0 ]; then
   [ "$(id -u)" -eq 0 ] || SUDO="sudo"
   $SUDO apt-get update -qq
   DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}"
+fi
+
+# ONNX Runtime (CPU) for the ONNX export tests: the npm package onnxruntime-node,
+# pinned by tools/ort/package-lock.json. --ignore-scripts: its install script
+# would download a GPU build; the CPU runtime is inside the package.
+if [ ! -f tools/ort/node_modules/onnxruntime-node/package.json ]; then
+  echo "setup: installing onnxruntime-node into tools/ort"
+  (cd tools/ort && npm ci --ignore-scripts --no-audit --no-fund --loglevel=error)
 fi
 
 BUILD_DIR=${SEQPACK_BUILD_DIR:-build}

@@ -15,6 +15,7 @@ import torch
 from torch.nn.utils.rnn import PackedSequence
 
 from . import _seqpack
+from . import torch_onnx as _onnx
 
 __all__ = ["LSTM", "GRU", "RNN", "RNNFunction"]
 
@@ -91,6 +92,8 @@ class _SeqpackForward:
                                    self.bidirectional, self.proj_size, _CORE_DTYPES[dtype])
 
     def forward(self, input, hx=None):  # noqa: C901 (mirrors torch's forward)
+        if torch.onnx.is_in_onnx_export():  # torch.onnx.export: ONNX's LSTM/GRU/RNN operators
+            return _onnx.forward(self, input, hx)
         is_lstm = self.mode == "LSTM"
         packed = isinstance(input, PackedSequence)
         if packed:

@@ -1,0 +1,246 @@
+"""torch.onnx.export of seqpack.torch layers as ONNX's LSTM / GRU / RNN operators.
+
+    model = MyModel()                      # uses seqpack.torch.LSTM on
+                                           # pack_padded_sequence(x, lengths, enforce_sorted=False)
+    torch.onnx.export(model, (x, lengths), "model.onnx", opset_version=17,
+                      input_names=["x", "lengths"], output_names=["y", "h_n"],
+                      dynamic_axes={"x": {0: "batch", 1: "time"}, "lengths": {0: "batch"},
+                                    "y": {0: "batch", 1: "time"}, "h_n": {1: "batch"}})
+
+While torch.onnx.export traces, the layers' forward hands over to `forward` here
+(a hook of two lines in seqpack/torch.py). It records one autograd Function,
+`RNNExport`, whose `symbolic` writes the graph:
+
+* On packed input, torch's tracer has turned `pack_padded_sequence` into a
+  `prim::PackPadded(padded, lengths)` node (symbolic_opset9._pack_padded_sequence).
+  The symbolic reads the padded input and the lengths straight from that node and
+  gives them to the ONNX operator as X and sequence_lens; the recurrence never
+  sees packed rows. Its output goes through a new `prim::PackPadded`, which the
+  `prim::PadPacked` of the model's `pad_packed_sequence` cancels (torch's
+  removeNopPacking peephole), and the original PackPadded, left without users, is
+  removed as dead code. This is how torch exports its own nn.LSTM, except that
+  torch relies on pushPackingPastRnn, which only matches its own node pattern.
+* h_n is the operator's Y_h: each sequence's state at its own last step (the
+  reverse direction starts there), put back in the caller's order by the
+  PackedSequence's unsorted_indices as torch does.
+* Without hx no initial state is given to the operator (torch's own export
+  builds a zero state of the traced batch size and Expands it, which fails at
+  any other batch size), so batch size and padded length stay dynamic.
+* A zero length is given to the operator as 1 and Where selects h0 (zeros
+  without hx) and zero outputs for it: ONNX Runtime otherwise returns zeros, not
+  the initial state, for such a sequence. torch itself rejects zero lengths in
+  pack_padded_sequence, so this matters only for inputs fed to the exported
+  model.
+
+Limits (each raises a ValueError naming the value, or is a documented property):
+proj_size > 0 (ONNX's LSTM has no projection); opset below 14; packed input not
+produced by pack_padded_sequence / pack_sequence or another seqpack layer; the
+exported pad_packed_sequence pads with zeros to the longest length (torch's
+symbolic for pad_packed_sequence drops padding_value and total_length).
+"""
+import torch
+from torch.nn.utils.rnn import PackedSequence
+from torch.onnx import symbolic_helper
+
+__all__ = ["forward", "RNNExport", "MIN_OPSET"]
+
+MIN_OPSET = 14
+
+# ONNX's gate blocks as indices of PyTorch's: LSTM i,f,g,o -> i,o,f,c; GRU r,z,n -> z,r,h.
+_GATE_ORDER = {"LSTM": [0, 3, 1, 2], "GRU": [1, 0, 2], "RNN_TANH": [0], "RNN_RELU": [0]}
+_ONNX_OP = {"LSTM": "LSTM", "GRU": "GRU", "RNN_TANH": "RNN", "RNN_RELU": "RNN"}
+
+
+def _const(g, values, dtype=torch.int64):
+    return g.op("Constant", value_t=torch.tensor(values, dtype=dtype))
+
+
+def _reorder(g, w, order, hidden):
+    """Rows [G*H, ...] of a torch weight or bias in ONNX's gate order."""
+    if order == [0]:
+        return w
+    blocks = [g.op("Slice", w, _const(g, [k * hidden]), _const(g, [(k + 1) * hidden]),
+                   _const(g, [0])) for k in order]
+    return g.op("Concat", *blocks, axis_i=0)
+
+
+def _stack(g, tensors):
+    """[D, ...] from D tensors of the same shape."""
+    parts = [g.op("Unsqueeze", t, _const(g, [0])) for t in tensors]
+    return parts[0] if len(parts) == 1 else g.op("Concat", *parts, axis_i=0)
+
+
+class RNNExport(torch.autograd.Function):
+    """One recurrent stack as traced by torch.onnx.export.
+
+    apply(spec, data, batch_sizes, h0, c0, *weights): `spec` = (mode, hidden_size,
+    num_layers, bidirectional, bias); `data` packed rows with `batch_sizes` (sorted
+    order, h0/c0 in that order) or, with batch_sizes None, a time-major padded
+    [T, B, I] tensor. Returns (output, batch_sizes, h_n[, c_n]) on packed input,
+    (output, h_n[, c_n]) on padded input; h_n in sorted order.
+    forward computes the values the tracer sees with torch's own kernels; the
+    exported graph is `symbolic`'s.
+    """
+
+    @staticmethod
+    def forward(ctx, spec, data, batch_sizes, h0, c0, *weights):
+        mode, hidden, layers, bidirectional, bias = spec
+        dirs = 2 if bidirectional else 1
+        batch = int(batch_sizes[0]) if batch_sizes is not None else data.shape[1]
+        zeros = data.new_zeros(layers * dirs, batch, hidden)
+        h0 = zeros if h0 is None else h0
+        fn = {"LSTM": torch._VF.lstm, "GRU": torch._VF.gru, "RNN_TANH": torch._VF.rnn_tanh,
+              "RNN_RELU": torch._VF.rnn_relu}[mode]
+        hx = (h0, zeros if c0 is None else c0) if mode == "LSTM" else h0
+        if batch_sizes is not None:
+            result = fn(data, batch_sizes, hx, list(weights), bias, layers, 0.0, False,
+                        bidirectional)
+        else:
+            result = fn(data, hx, list(weights), bias, layers, 0.0, False, bidirectional, False)
+        output, states = result[0], tuple(result[1:])
+        if batch_sizes is not None:
+            return (output, batch_sizes.clone()) + states
+        return (output,) + states
+
+    @staticmethod
+    def symbolic(g, spec, data, batch_sizes, h0, c0, *weights):
+        mode, hidden, layers, bidirectional, bias = spec
+        opset = symbolic_helper.GLOBALS.export_onnx_opset_version
+        if opset < MIN_OPSET:
+            raise ValueError(f"seqpack.torch ONNX export: opset_version = {opset} is below "
+                             f"{MIN_OPSET}")
+        is_lstm = mode == "LSTM"
+        dirs = 2 if bidirectional else 1
+        packed = batch_sizes is not None
+        if packed:
+            node = data.node()
+            if node.kind() != "prim::PackPadded":
+                raise ValueError(
+                    "seqpack.torch ONNX export: the PackedSequence must come straight from "
+                    "pack_padded_sequence / pack_sequence or from another seqpack layer (its data "
+                    f"is produced by {node.kind()}); apply element-wise layers before packing")
+            x, lengths = list(node.inputs())
+            lengths = g.op("Cast", lengths, to_i=6)  # INT32, as sequence_lens wants
+        else:
+            x = data
+        order = _GATE_ORDER[mode]
+        none = g.op("prim::Constant")
+        none.setType(torch._C.OptionalType.ofTensor())
+        float_type = torch.float64 if weights[0].type().scalarType() == "Double" else torch.float32
+        zero = g.op("Constant", value_t=torch.zeros((), dtype=float_type))
+        if packed:
+            empty = g.op("Equal", lengths, _const(g, 0, torch.int32))
+            seq_lens = g.op("Where", empty, _const(g, 1, torch.int32), lengths)
+            empty3 = g.op("Unsqueeze", empty, _const(g, [0, 2]))
+        else:
+            seq_lens = none
+        per_dir = 4 if bias else 2
+        layer_in = x
+        h_parts, c_parts = [], []
+        for layer in range(layers):
+            ws = [weights[(layer * dirs + d) * per_dir:(layer * dirs + d + 1) * per_dir]
+                  for d in range(dirs)]
+            W = _stack(g, [_reorder(g, w[0], order, hidden) for w in ws])
+            R = _stack(g, [_reorder(g, w[1], order, hidden) for w in ws])
+            B = none
+            if bias:
+                B = _stack(g, [g.op("Concat", _reorder(g, w[2], order, hidden),
+                                    _reorder(g, w[3], order, hidden), axis_i=0) for w in ws])
+
+            def layer_slice(state):
+                if state is None:
+                    return none
+                return g.op("Slice", state, _const(g, [layer * dirs]),
+                            _const(g, [(layer + 1) * dirs]), _const(g, [0]))
+
+            h0_l = layer_slice(h0)
+            attrs = {"hidden_size_i": hidden,
+                     "direction_s": "bidirectional" if bidirectional else "forward"}
+            if mode == "GRU":
+                attrs["linear_before_reset_i"] = 1
+            if mode.startswith("RNN_"):
+                attrs["activations_s"] = ["Relu" if mode == "RNN_RELU" else "Tanh"] * dirs
+            if is_lstm:
+                c0_l = layer_slice(c0)
+                y, y_h, y_c = g.op("LSTM", layer_in, W, R, B, seq_lens, h0_l, c0_l, outputs=3,
+                                   **attrs)
+            else:
+                y, y_h = g.op(_ONNX_OP[mode], layer_in, W, R, B, seq_lens, h0_l, outputs=2,
+                              **attrs)
+            if packed:
+                # Zero-length sequences keep their initial state.
+                y_h = g.op("Where", empty3, zero if h0 is None else h0_l, y_h)
+                if is_lstm:
+                    y_c = g.op("Where", empty3, zero if c0 is None else c0_l, y_c)
+            h_parts.append(y_h)
+            if is_lstm:
+                c_parts.append(y_c)
+            # Y [T, dirs, B, H] -> [T, B, dirs * H]
+            layer_in = g.op("Reshape", g.op("Transpose", y, perm_i=[0, 2, 1, 3]),
+                            _const(g, [0, 0, -1]))
+        h_n = h_parts[0] if layers == 1 else g.op("Concat", *h_parts, axis_i=0)
+        states = [h_n]
+        if is_lstm:
+            states.append(c_parts[0] if layers == 1 else g.op("Concat", *c_parts, axis_i=0))
+        if not packed:
+            return tuple([layer_in] + states)
+        # Zeros at padding (and at the one step a zero-length sequence ran), cut
+        # to the longest length as pad_packed_sequence does.
+        t_len = g.op("Gather", g.op("Shape", layer_in), _const(g, 0))
+        steps = g.op("Range", _const(g, 0, torch.int32), g.op("Cast", t_len, to_i=6),
+                     _const(g, 1, torch.int32))
+        valid = g.op("Less", g.op("Unsqueeze", steps, _const(g, [1])),
+                     g.op("Unsqueeze", lengths, _const(g, [0])))
+        y = g.op("Where", g.op("Unsqueeze", valid, _const(g, [2])), layer_in, zero)
+        longest = g.op("Cast", g.op("ReduceMax", lengths, keepdims_i=1), to_i=7)
+        y = g.op("Slice", y, _const(g, [0]), longest, _const(g, [0]))
+        lengths64 = g.op("Cast", lengths, to_i=7)
+        out_data, out_sizes = g.op("prim::PackPadded", y, lengths64, outputs=2)
+        return tuple([out_data, out_sizes] + states)
+
+
+def forward(module, input, hx=None):
+    """forward() of a seqpack.torch layer while torch.onnx.export traces it."""
+    mode = module.mode
+    if getattr(module, "proj_size", 0) > 0:
+        raise ValueError(f"seqpack.torch ONNX export: proj_size = {module.proj_size}: ONNX's LSTM "
+                         "operator has no projection")
+    is_lstm = mode == "LSTM"
+    spec = (mode, module.hidden_size, module.num_layers, module.bidirectional, module.bias)
+    weights = [getattr(module, n) for n in module._flat_weights_names]
+    if is_lstm and hx is not None and not (isinstance(hx, (tuple, list)) and len(hx) == 2):
+        raise TypeError("LSTM expects hx as a tuple (h_0, c_0)")
+    h0, c0 = (None, None) if hx is None else (tuple(hx) if is_lstm else (hx, None))
+
+    if isinstance(input, PackedSequence):
+        data, batch_sizes, sorted_indices, unsorted_indices = input
+        if sorted_indices is not None:
+            h0 = None if h0 is None else h0.index_select(1, sorted_indices)
+            c0 = None if c0 is None else c0.index_select(1, sorted_indices)
+        out = RNNExport.apply(spec, data, batch_sizes, h0, c0, *weights)
+        states = out[2:]
+        if unsorted_indices is not None:
+            states = tuple(s.index_select(1, unsorted_indices) for s in states)
+        hidden = tuple(states) if is_lstm else states[0]
+        return PackedSequence(out[0], out[1], sorted_indices, unsorted_indices), hidden
+
+    if not isinstance(input, torch.Tensor):
+        raise TypeError(f"input must be a Tensor or a PackedSequence, got {type(input).__name__}")
+    if input.dim() not in (2, 3):
+        raise ValueError(f"{type(module).__name__}: Expected input to be 2-D or 3-D but received "
+                         f"{input.dim()}-D tensor")
+    batched = input.dim() == 3
+    x = input if batched else input.unsqueeze(1 if not module.batch_first else 0)
+    if not batched:
+        h0 = None if h0 is None else h0.unsqueeze(1)
+        c0 = None if c0 is None else c0.unsqueeze(1)
+    time_major = x.transpose(0, 1) if module.batch_first else x
+    out = RNNExport.apply(spec, time_major, None, h0, c0, *weights)
+    y, states = out[0], out[1:]
+    if module.batch_first:
+        y = y.transpose(0, 1)
+    if not batched:
+        y = y.squeeze(0 if module.batch_first else 1)
+        states = tuple(s.squeeze(1) for s in states)
+    hidden = tuple(states) if is_lstm else states[0]
+    return y, hidden

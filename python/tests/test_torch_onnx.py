@@ -1,0 +1,309 @@
+"""torch.onnx.export of seqpack.torch layers (seqpack/torch_onnx.py), run in ONNX
+Runtime at other batch sizes and padded lengths than exported, against the
+same model run eagerly on seqpack's kernels."""
+import io
+import warnings
+
+import numpy as np
+import pytest
+import torch
+from torch.nn.utils.rnn import PackedSequence, pack_padded_sequence, pad_packed_sequence
+
+import seqpack.torch as st
+from helpers import assert_close, base_seed
+import ort_runner
+
+TOL = 1e-5  # float32
+LAYERS = {"LSTM": (st.LSTM, {}), "GRU": (st.GRU, {}), "RNN_TANH": (st.RNN, {}),
+          "RNN_RELU": (st.RNN, {"nonlinearity": "relu"})}
+
+
+class Packed(torch.nn.Module):
+    """pack_padded_sequence(enforce_sorted=False) -> seqpack layer -> pad_packed_sequence."""
+
+    def __init__(self, mode, with_hx, **kw):
+        super().__init__()
+        cls, extra = LAYERS[mode]
+        self.rnn = cls(3, 4, **extra, **kw)
+        self.batch_first = kw.get("batch_first", False)
+        self.with_hx = with_hx
+
+    def forward(self, x, lengths, *hx):
+        packed = pack_padded_sequence(x, lengths, batch_first=self.batch_first,
+                                      enforce_sorted=False)
+        if hx:
+            hx = hx if len(hx) == 2 else hx[0]
+        out, h = self.rnn(packed, hx if self.with_hx else None)
+        y, _ = pad_packed_sequence(out, batch_first=self.batch_first)
+        return (y,) + (h if isinstance(h, tuple) else (h,))
+
+
+def export(model, args, names_in, names_out, opset=17, batch_first=False):
+    axes = {}
+    for n in names_in + names_out:
+        if n in ("x", "y"):
+            axes[n] = {0: "batch", 1: "time"} if batch_first else {0: "time", 1: "batch"}
+        elif n == "tokens":
+            axes[n] = {0: "batch", 1: "time"}
+        elif n in ("lengths", "logits"):
+            axes[n] = {0: "batch"}
+        else:
+            axes[n] = {1: "batch"}
+    f = io.BytesIO()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        torch.onnx.export(model, args, f, opset_version=opset, input_names=names_in,
+                          output_names=names_out, dynamic_axes=axes)
+    return f.getvalue()
+
+
+def grid():
+    """(mode, options, with_hx): every mode x layers x directions x batch_first x hx,
+    and each mode without biases, with dropout (eval: none), at opset 14."""
+    for mode in LAYERS:
+        for layers in (1, 2):
+            for bidirectional in (False, True):
+                for batch_first in (False, True):
+                    for with_hx in (False, True):
+                        yield mode, dict(num_layers=layers, bidirectional=bidirectional,
+                                         batch_first=batch_first), with_hx, 17
+    for mode in LAYERS:
+        yield mode, dict(num_layers=3, bidirectional=True, bias=False, dropout=0.5,
+                         batch_first=True), True, 14
+
+
+def make_inputs(model, lengths, T, rng):
+    rnn = model.rnn
+    B = len(lengths)
+    shape = (B, T, 3) if model.batch_first else (T, B, 3)
+    x = torch.from_numpy(rng.uniform(-1, 1, shape).astype(np.float32))
+    inputs = [x, torch.tensor(lengths, dtype=torch.int64)]
+    if model.with_hx:
+        LD = rnn.num_layers * (2 if rnn.bidirectional else 1)
+        n = 2 if rnn.mode == "LSTM" else 1
+        inputs += [torch.from_numpy(rng.uniform(-0.5, 0.5, (LD, B, 4)).astype(np.float32))
+                   for _ in range(n)]
+    return inputs
+
+
+def names(model):
+    n_in = ["x", "lengths"]
+    if model.with_hx:
+        n_in += ["h0", "c0"] if model.rnn.mode == "LSTM" else ["h0"]
+    n_out = ["y", "h_n"] + (["c_n"] if model.rnn.mode == "LSTM" else [])
+    return n_in, n_out
+
+
+def test_grid_matches_seqpack_in_onnx_runtime(tmp_path):
+    seed = base_seed()
+    rng = np.random.default_rng(seed)
+    torch.manual_seed(seed)
+    cases, runs = [], []
+    for k, (mode, options, with_hx, opset) in enumerate(grid()):
+        model = Packed(mode, with_hx, **options).eval()
+        n_in, n_out = names(model)
+        path = tmp_path / f"m{k}.onnx"
+        path.write_bytes(export(model, tuple(make_inputs(model, [3, 1, 3], 3, rng)), n_in, n_out,
+                                opset=opset, batch_first=model.batch_first))
+        # Other batch sizes and padded lengths than exported: mixed unsorted
+        # lengths with ties, a batch of 1, T = 1.
+        for lengths, T in (([4, 1, 6, 3, 6, 2], 6), ([5], 5), ([1, 1], 1)):
+            inputs = make_inputs(model, lengths, T, rng)
+            with torch.no_grad():
+                expected = [t.numpy() for t in model(*inputs)]
+            cases.append((f"{mode} {options} hx={with_hx} opset={opset} lengths={lengths} "
+                          f"(seed {seed})", n_out, expected))
+            runs.append({"model": str(path),
+                         "inputs": {n: t.numpy() for n, t in zip(n_in, inputs)}})
+    results = ort_runner.run(runs)
+    worst = 0.0
+    for (what, n_out, expected), r in zip(cases, results):
+        assert "error" not in r, f"{what}: {r.get('error')}"
+        for name, e in zip(n_out, expected):
+            assert_close(r["outputs"][name], e, 0, TOL, f"{what} {name}")
+            worst = max(worst, float(np.abs(r["outputs"][name] - e).max()))
+    print(f"{len(results)} runs of {len(results) // 3} exported models: "
+          f"max |ONNX Runtime - seqpack| = {worst:.3g}")
+
+
+@pytest.mark.parametrize("mode", list(LAYERS))
+def test_zero_length_keeps_initial_state(tmp_path, mode):
+    """ONNX Runtime gives zeros for a zero length; the export gives h0 (seqpack's meaning)."""
+    rng = np.random.default_rng(base_seed() + 1)
+    model = Packed(mode, True, num_layers=2, bidirectional=True, batch_first=True).eval()
+    n_in, n_out = names(model)
+    path = tmp_path / "m.onnx"
+    path.write_bytes(export(model, tuple(make_inputs(model, [2, 3], 3, rng)), n_in, n_out,
+                            batch_first=True))
+    inputs = make_inputs(model, [3, 0, 5], 5, rng)
+    # Expected: the two non-empty sequences run eagerly; the empty one keeps h0/c0
+    # and has all-zero outputs.
+    keep = torch.tensor([0, 2])
+    sub = [inputs[0][keep], inputs[1][keep]] + [h[:, keep] for h in inputs[2:]]
+    with torch.no_grad():
+        part = model(*sub)
+    expected = [np.zeros((3, 5, part[0].shape[2]), np.float32)]
+    expected[0][[0, 2]] = part[0].numpy()
+    for k, state in enumerate(part[1:]):
+        e = inputs[2 + k].numpy().copy()
+        e[:, [0, 2]] = state.numpy()
+        expected.append(e)
+    feeds = {n: t.numpy() for n, t in zip(n_in, inputs)}
+    r = ort_runner.run([{"model": str(path), "inputs": feeds}])[0]
+    assert "error" not in r, r.get("error")
+    for name, e in zip(n_out, expected):
+        assert_close(r["outputs"][name], e, 0, TOL, f"{mode} zero length {name}")
+
+
+class Classifier(torch.nn.Module):
+    """The main job's shape: embedding, packed bidirectional LSTM, both final states, linear."""
+
+    def __init__(self):
+        super().__init__()
+        self.embedding = torch.nn.Embedding(20, 6, padding_idx=0)
+        self.lstm = st.LSTM(6, 7, bidirectional=True, batch_first=True)
+        self.fc = torch.nn.Linear(14, 3)
+
+    def forward(self, tokens, lengths):
+        packed = pack_padded_sequence(self.embedding(tokens), lengths, batch_first=True,
+                                      enforce_sorted=False)
+        _, (h_n, _) = self.lstm(packed)
+        return self.fc(torch.cat([h_n[0], h_n[1]], dim=1))
+
+
+class Stacked(torch.nn.Module):
+    """Two seqpack layers on one PackedSequence, the second fed the first's packed
+    output; lengths sorted by the caller (enforce_sorted=True: no permutation)."""
+
+    def __init__(self):
+        super().__init__()
+        self.a = st.GRU(3, 4, bidirectional=True)
+        self.b = st.LSTM(8, 5)
+
+    def forward(self, x, lengths):
+        out, _ = self.a(pack_padded_sequence(x, lengths, enforce_sorted=True))
+        out, (h, _) = self.b(out)
+        y, _ = pad_packed_sequence(out)
+        return y, h
+
+
+def test_classifier_and_stacked_layers(tmp_path):
+    rng = np.random.default_rng(base_seed() + 2)
+    torch.manual_seed(base_seed() + 2)
+    clf, stacked = Classifier().eval(), Stacked().eval()
+    tokens = torch.randint(1, 20, (3, 4))
+    (tmp_path / "clf.onnx").write_bytes(
+        export(clf, (tokens, torch.tensor([4, 2, 3])), ["tokens", "lengths"], ["logits"]))
+    (tmp_path / "stk.onnx").write_bytes(
+        export(stacked, (torch.randn(4, 3, 3), torch.tensor([4, 3, 2])), ["x", "lengths"],
+               ["y", "h_n"]))
+    lengths = [7, 2, 5, 7, 1]
+    tokens = torch.randint(1, 20, (5, 7))
+    for b, n in enumerate(lengths):
+        tokens[b, n:] = 0
+    x = torch.from_numpy(rng.uniform(-1, 1, (7, 5, 3)).astype(np.float32))
+    L = torch.tensor(lengths)
+    L_sorted = torch.tensor(sorted(lengths, reverse=True))
+    with torch.no_grad():
+        e_clf = clf(tokens, L).numpy()
+        e_stk = [t.numpy() for t in stacked(x, L_sorted)]
+    r = ort_runner.run([{"model": str(tmp_path / "clf.onnx"),
+                         "inputs": {"tokens": tokens.numpy(), "lengths": L.numpy()}},
+                        {"model": str(tmp_path / "stk.onnx"),
+                         "inputs": {"x": x.numpy(), "lengths": L_sorted.numpy()}}])
+    assert "error" not in r[0] and "error" not in r[1], r
+    assert_close(r[0]["outputs"]["logits"], e_clf, 0, TOL, "classifier logits")
+    assert_close(r[1]["outputs"]["y"], e_stk[0], 0, TOL, "stacked y")
+    assert_close(r[1]["outputs"]["h_n"], e_stk[1], 0, TOL, "stacked h_n")
+
+
+def test_padded_input_without_lengths(tmp_path):
+    """A plain [B, T, I] tensor (every sequence of length T) exports without sequence_lens."""
+    rng = np.random.default_rng(base_seed() + 3)
+    rnn = st.GRU(3, 4, num_layers=2, batch_first=True).eval()
+    (tmp_path / "g.onnx").write_bytes(
+        export(rnn, (torch.randn(2, 3, 3),), ["x"], ["y", "h_n"], batch_first=True))
+    x = torch.from_numpy(rng.uniform(-1, 1, (5, 6, 3)).astype(np.float32))
+    with torch.no_grad():
+        y, h = rnn(x)
+    r = ort_runner.run([{"model": str(tmp_path / "g.onnx"), "inputs": {"x": x.numpy()}}])[0]
+    assert "error" not in r, r.get("error")
+    assert_close(r["outputs"]["y"], y.numpy(), 0, TOL, "padded y")
+    assert_close(r["outputs"]["h_n"], h.numpy(), 0, TOL, "padded h_n")
+
+
+def test_unbatched_input_with_state(tmp_path):
+    """An unbatched [T, I] input with an unbatched (h0, c0), as torch accepts it."""
+    rng = np.random.default_rng(base_seed() + 4)
+
+    class Unbatched(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.rnn = st.LSTM(3, 4, num_layers=2, bidirectional=True, batch_first=True)
+
+        def forward(self, x, h0, c0):
+            y, (h, c) = self.rnn(x, (h0, c0))
+            return y, h, c
+
+    model = Unbatched().eval()
+    f = io.BytesIO()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        torch.onnx.export(model, (torch.randn(3, 3), torch.randn(4, 4), torch.randn(4, 4)), f,
+                          opset_version=17, input_names=["x", "h0", "c0"],
+                          output_names=["y", "h_n", "c_n"], dynamic_axes={"x": {0: "time"}})
+    (tmp_path / "u.onnx").write_bytes(f.getvalue())
+    args = [torch.from_numpy(rng.uniform(-1, 1, s).astype(np.float32))
+            for s in ((6, 3), (4, 4), (4, 4))]
+    with torch.no_grad():
+        expected = model(*args)
+    r = ort_runner.run([{"model": str(tmp_path / "u.onnx"),
+                         "inputs": dict(zip(["x", "h0", "c0"], [a.numpy() for a in args]))}])[0]
+    assert "error" not in r, r.get("error")
+    for name, e in zip(["y", "h_n", "c_n"], expected):
+        assert_close(r["outputs"][name], e.numpy(), 0, TOL, f"unbatched {name}")
+
+
+def test_graph_uses_standard_operators_with_sequence_lens():
+    onnx = pytest.importorskip("onnx")
+    model = Packed("LSTM", False, bidirectional=True).eval()
+    data = export(model, (torch.randn(3, 2, 3), torch.tensor([3, 2])), ["x", "lengths"],
+                  ["y", "h_n", "c_n"])
+    m = onnx.load_from_string(data)
+    onnx.checker.check_model(m, full_check=True)  # with strict shape inference
+    lstm = [n for n in m.graph.node if n.op_type == "LSTM"]
+    assert len(lstm) == 1 and lstm[0].input[4] != "", "LSTM without sequence_lens"
+    kinds = {n.op_type for n in m.graph.node}
+    assert not kinds & {"Expand", "Loop", "Scan"}, kinds
+    assert all(n.domain in ("", "ai.onnx") for n in m.graph.node)
+
+
+def test_unsupported_cases_raise_named_errors():
+    class Projected(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.rnn = st.LSTM(3, 4, proj_size=2)
+
+        def forward(self, x, lengths):
+            return self.rnn(pack_padded_sequence(x, lengths, enforce_sorted=False))[1][0]
+
+    class EmbedAfterPacking(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.embedding = torch.nn.Embedding(10, 3)
+            self.rnn = st.GRU(3, 4)
+
+        def forward(self, tokens, lengths):
+            packed = pack_padded_sequence(tokens, lengths, enforce_sorted=False)
+            x = PackedSequence(self.embedding(packed.data), packed.batch_sizes,
+                               packed.sorted_indices, packed.unsorted_indices)
+            return self.rnn(x)[1]
+
+    args = (torch.randn(3, 2, 3), torch.tensor([3, 2]))
+    with pytest.raises(ValueError, match="proj_size = 2"):
+        export(Projected().eval(), args, ["x", "lengths"], ["h_n"])
+    with pytest.raises(ValueError, match="must come straight from pack_padded_sequence"):
+        export(EmbedAfterPacking().eval(), (torch.randint(0, 10, (3, 2)), torch.tensor([3, 2])),
+               ["x", "lengths"], ["h_n"])
+    with pytest.raises(ValueError, match="opset_version = 13"):
+        export(Packed("GRU", False).eval(), args, ["x", "lengths"], ["y", "h_n"], opset=13)
