@@ -6,8 +6,8 @@
 //
 //   build/bench/bench_kernels [--threads=N] [--workloads=FILE] [google benchmark flags]
 //
-// FILE defaults to $SEQPACK_WORKLOADS, else the source tree's bench/workloads.json. `seqpack bench` measures the same three modes with its own
-// stopping rule; this program is for profiling one case in isolation, e.g.
+// FILE defaults to $SEQPACK_WORKLOADS, else the source tree's bench/workloads.json.
+// `seqpack bench` measures the same three modes with its own stopping rule; this program is for profiling one case in isolation, e.g.
 //   valgrind --tool=callgrind build/bench/bench_kernels
 //     --benchmark_filter='lstm-bi-2layer/forward_packed' --benchmark_min_time=0.01
 #include <benchmark/benchmark.h>
