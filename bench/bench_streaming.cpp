@@ -61,9 +61,9 @@ std::vector<Tensor> inputs(const RNNOptions& o) {
 }
 
 void set_tokens(benchmark::State& state) {
-  state.counters["tokens/s"] = benchmark::Counter(static_cast<double>(kStreams * kSteps) *
-                                                      static_cast<double>(state.iterations()),
-                                                  benchmark::Counter::kIsRate);
+  state.counters["tokens/s"] = benchmark::Counter(
+      static_cast<double>(kStreams * kSteps) * static_cast<double>(state.iterations()),
+      benchmark::Counter::kIsRate);
 }
 
 void bm_streaming(benchmark::State& state, const Model& m, int64_t chunk) {
@@ -72,7 +72,8 @@ void bm_streaming(benchmark::State& state, const Model& m, int64_t chunk) {
   // The chunks are views made outside the timed region, as a server receives them.
   std::vector<std::vector<Tensor>> chunks(static_cast<size_t>(kSteps / chunk));
   for (int64_t k = 0; k < kSteps / chunk; ++k) {
-    for (const auto& s : seqs) chunks[static_cast<size_t>(k)].push_back(s.slice0(k * chunk, (k + 1) * chunk));
+    for (const auto& s : seqs)
+      chunks[static_cast<size_t>(k)].push_back(s.slice0(k * chunk, (k + 1) * chunk));
   }
   for (auto _ : state) {
     StreamingRNN streams(model);
@@ -122,7 +123,8 @@ void bm_whole(benchmark::State& state, const Model& m) {
   const PackingPlan plan = PackingPlan::from_packed(x);
   for (auto _ : state) {
     benchmark::DoNotOptimize(
-        rnn_forward(m.options, model.parameters(), x.data, plan, {}, {}, false, false).output.raw_data());
+        rnn_forward(m.options, model.parameters(), x.data, plan, {}, {}, false, false)
+            .output.raw_data());
   }
   set_tokens(state);
 }
@@ -142,17 +144,18 @@ int main(int argc, char** argv) {
   set_num_threads(threads);
   for (const Model& m : models()) {
     for (int64_t chunk : {1, 8, 64}) {
-      benchmark::RegisterBenchmark(("streaming/" + m.name + "/chunk:" + std::to_string(chunk)).c_str(),
-                                   [&m, chunk](benchmark::State& s) { bm_streaming(s, m, chunk); })
+      benchmark::RegisterBenchmark(
+          ("streaming/" + m.name + "/chunk:" + std::to_string(chunk)).c_str(),
+          [&m, chunk](benchmark::State& s) { bm_streaming(s, m, chunk); })
           ->Unit(benchmark::kMillisecond);
       benchmark::RegisterBenchmark(
           ("chunked_rnn_forward/" + m.name + "/chunk:" + std::to_string(chunk)).c_str(),
           [&m, chunk](benchmark::State& s) { bm_chunked_forward(s, m, chunk); })
           ->Unit(benchmark::kMillisecond);
     }
-    benchmark::RegisterBenchmark(("whole/" + m.name).c_str(),
-                                 [&m](benchmark::State& s) { bm_whole(s, m); })
-        ->Unit(benchmark::kMillisecond);
+    benchmark::RegisterBenchmark(("whole/" + m.name).c_str(), [&m](benchmark::State& s) {
+      bm_whole(s, m);
+    })->Unit(benchmark::kMillisecond);
   }
   int n = static_cast<int>(rest.size());
   benchmark::Initialize(&n, rest.data());

@@ -97,14 +97,11 @@ const StreamState& StreamingRNN::checked(int64_t id, const std::string& where) c
   auto it = states_.find(id);
   if (it != states_.end()) return it->second;
   if (id >= 0 && id < next_id_) {
-    throw std::invalid_argument(where + " = " + str(id) + ": stream " + str(id) +
-                                " was closed");
+    throw std::invalid_argument(where + " = " + str(id) + ": stream " + str(id) + " was closed");
   }
-  throw std::invalid_argument(where + " = " + str(id) + ": no stream " + str(id) +
-                              " was opened (open() has returned " +
-                              (next_id_ == 0 ? std::string("no ids yet")
-                                             : "ids 0.." + str(next_id_ - 1)) +
-                              ")");
+  throw std::invalid_argument(
+      where + " = " + str(id) + ": no stream " + str(id) + " was opened (open() has returned " +
+      (next_id_ == 0 ? std::string("no ids yet") : "ids 0.." + str(next_id_ - 1)) + ")");
 }
 
 void StreamingRNN::reset(int64_t id, const Tensor& h0, const Tensor& c0) {

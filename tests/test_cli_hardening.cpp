@@ -57,7 +57,8 @@ TEST(CliTrainTwice, AnEarlierModelIsKeptAsideAndTheRunSaysSo) {
       << r.out;
   EXPECT_EQ(read_file((out / "previous-1" / "model.safetensors").string()), first);
   EXPECT_EQ(read_file((out / "previous-1" / "checkpoint.safetensors").string()), first_ck);
-  for (const char* f : {"vocabulary.json", "config.json"}) EXPECT_TRUE(fs::exists(out / "previous-1" / f)) << f;
+  for (const char* f : {"vocabulary.json", "config.json"})
+    EXPECT_TRUE(fs::exists(out / "previous-1" / f)) << f;
   const std::string second = read_file((out / "model.safetensors").string());
   EXPECT_NE(second, first);  // seed 2 trained another model, now in place
   // The kept model still predicts.
@@ -82,7 +83,8 @@ TEST(CliTrainTwice, EpochsZeroIsRejectedAndTouchesNothing) {
   const fs::path out = work_dir() / "zero";
   ASSERT_EQ(run_cli(train(out, 1)).status, 0);
   const std::string before = read_file((out / "model.safetensors").string());
-  CliResult r = run_cli("train --data " + tiny_tsv().string() + " --epochs 0 --out " + out.string());
+  CliResult r =
+      run_cli("train --data " + tiny_tsv().string() + " --epochs 0 --out " + out.string());
   EXPECT_NE(r.status, 0);
   EXPECT_NE(r.err.find("--epochs: 0 is out of range: must be >= 1"), std::string::npos) << r.err;
   EXPECT_EQ(read_file((out / "model.safetensors").string()), before);
@@ -94,7 +96,8 @@ TEST(CliTrainProgress, BarOnATerminalOnly) {
   if (std::system("command -v script >/dev/null 2>&1") != 0) GTEST_SKIP() << "no script(1)";
   const fs::path log = work_dir() / "tty.log";
   const std::string cmd = "script -qec \"'" + std::string(SEQPACK_CLI_PATH) + "' " +
-                          train(work_dir() / "tty", 1) + "\" /dev/null > '" + log.string() + "' 2>&1";
+                          train(work_dir() / "tty", 1) + "\" /dev/null > '" + log.string() +
+                          "' 2>&1";
   ASSERT_EQ(std::system(cmd.c_str()), 0) << read_file(log.string());
   const std::string tty = read_file(log.string());
   EXPECT_NE(tty.find("\repoch 1/2 ["), std::string::npos) << tty;
@@ -147,7 +150,8 @@ TEST(CliPredictStream, AnswersEachLineOfAPipeAsItArrives) {
     ASSERT_EQ(::write(to_child[1], line.data(), line.size()), static_cast<ssize_t>(line.size()));
     const std::string got = read_line(from_child[0], 60000);
     EXPECT_EQ(got.rfind((word.empty() ? "\"\"" : word) + ": ", 0), 0u) << word << " -> " << got;
-    EXPECT_TRUE(got.find("english") != std::string::npos || got.find("french") != std::string::npos) << got;
+    EXPECT_TRUE(got.find("english") != std::string::npos || got.find("french") != std::string::npos)
+        << got;
     answers += got + "\n";
   }
   // The same answers as `seqpack predict word...` gives for the four words at once.
@@ -156,7 +160,8 @@ TEST(CliPredictStream, AnswersEachLineOfAPipeAsItArrives) {
   int status = 0;
   ::waitpid(pid, &status, 0);
   EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << status;
-  const CliResult batch = run_cli("predict --top 1 --model " + model.string() + " maison house '' zzz");
+  const CliResult batch =
+      run_cli("predict --top 1 --model " + model.string() + " maison house '' zzz");
   EXPECT_EQ(answers, batch.out);
   ::close(from_child[0]);
 }

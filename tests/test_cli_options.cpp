@@ -15,8 +15,8 @@
 
 namespace {
 
-using seqpack::cli::NumberInfo;
 using seqpack::cli::number_options;
+using seqpack::cli::NumberInfo;
 
 struct NumericOption {
   std::vector<std::string> path;  // "data", "stats"
@@ -99,10 +99,10 @@ TEST(CliOptions, EveryNumericOptionIsRangeChecked) {
     for (const auto& s : o.path) p += s + " ";
     names.push_back(p + o.name);
   }
-  for (const char* expected : {"train --threads", "train --epochs", "train --lr", "train --seed",
-                               "bench --threads", "bench --scale", "bench --min-time",
-                               "predict --top", "data stats --batch-size",
-                               "data export --words-per-language", "demo --seed"}) {
+  for (const char* expected :
+       {"train --threads", "train --epochs", "train --lr", "train --seed", "bench --threads",
+        "bench --scale", "bench --min-time", "predict --top", "data stats --batch-size",
+        "data export --words-per-language", "demo --seed"}) {
     EXPECT_NE(std::find(names.begin(), names.end(), expected), names.end()) << expected;
   }
   int checked = 0;
@@ -113,13 +113,15 @@ TEST(CliOptions, EveryNumericOptionIsRangeChecked) {
       SCOPED_TRACE("seqpack " + cmd + o.name + " " + bad);
       const std::string err = parse_error(o, bad);
       EXPECT_NE(err.find(o.name), std::string::npos) << "accepted, or the error does not name the "
-                                                        "option: '" << err << "'";
-      EXPECT_NE(err.find(bad), std::string::npos) << "the error does not name the value: '" << err << "'";
+                                                        "option: '"
+                                                     << err << "'";
+      EXPECT_NE(err.find(bad), std::string::npos)
+          << "the error does not name the value: '" << err << "'";
       ++checked;
     }
     for (const auto& good : o.info.accepted) {
-      EXPECT_EQ(parse_error(o, good), "") << "seqpack " << cmd << o.name << " " << good
-                                          << " is in range (" << o.info.range << ")";
+      EXPECT_EQ(parse_error(o, good), "")
+          << "seqpack " << cmd << o.name << " " << good << " is in range (" << o.info.range << ")";
     }
   }
   EXPECT_GE(checked, 4 * static_cast<int>(options.size()));

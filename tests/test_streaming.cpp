@@ -96,7 +96,8 @@ void run_schedule(const Case& c, uint64_t seed) {
     seqs.push_back(random_tensor({len, o.input_size}, c.dtype, rng));
     const bool given = rng() % 3 == 0;
     h0s.push_back(given ? random_tensor({c.layers, H}, c.dtype, rng) : Tensor());
-    c0s.push_back(given && lstm ? random_tensor({c.layers, o.hidden_size}, c.dtype, rng) : Tensor());
+    c0s.push_back(given && lstm ? random_tensor({c.layers, o.hidden_size}, c.dtype, rng)
+                                : Tensor());
   }
 
   // Schedule: sequence s is opened at a random push; each push feeds a random
@@ -149,9 +150,8 @@ void run_schedule(const Case& c, uint64_t seed) {
   }
 
   for (int s = 0; s < n_seq; ++s) {
-    SCOPED_TRACE("sequence " + std::to_string(s) + " of length " +
-                 std::to_string(seqs[s].size(0)) + " in " + std::to_string(outs[s].size()) +
-                 " chunks");
+    SCOPED_TRACE("sequence " + std::to_string(s) + " of length " + std::to_string(seqs[s].size(0)) +
+                 " in " + std::to_string(outs[s].size()) + " chunks");
     // One forward over the whole sequence, batch of one.
     const int64_t len = seqs[s].size(0);
     const PackingPlan plan = PackingPlan::from_lengths({len}, /*enforce_sorted=*/true);
@@ -163,14 +163,16 @@ void run_schedule(const Case& c, uint64_t seed) {
     const StreamState st = streams.state(id[s]);
     const Tensor whole_h = whole.h_n.view({c.layers, H});
     if (c.dtype == DType::f64) {
-      EXPECT_TRUE(bitwise_equal(streamed, whole.output)) << all_close(streamed, whole.output, 0, 0, "output");
+      EXPECT_TRUE(bitwise_equal(streamed, whole.output))
+          << all_close(streamed, whole.output, 0, 0, "output");
       EXPECT_TRUE(bitwise_equal(st.h, whole_h)) << all_close(st.h, whole_h, 0, 0, "h");
       if (lstm) {
         const Tensor whole_c = whole.c_n.view({c.layers, o.hidden_size});
         EXPECT_TRUE(bitwise_equal(st.c, whole_c)) << all_close(st.c, whole_c, 0, 0, "c");
       }
       // And the plain reference agrees, so the whole forward is not wrong itself.
-      const RNNReferenceResult ref = rnn_reference_forward(o, model.parameters(), {seqs[s]}, h0, c0);
+      const RNNReferenceResult ref =
+          rnn_reference_forward(o, model.parameters(), {seqs[s]}, h0, c0);
       EXPECT_TRUE(all_close(streamed, ref.outputs[0], 1e-12, 1e-12, "reference output"));
     } else {
       EXPECT_TRUE(all_close(streamed, whole.output, 1e-6, 1e-6, "output"));
@@ -224,7 +226,8 @@ TEST(Streaming, ResetAndCloseAndIds) {
   const Tensor first = s.push({a}, {x})[0];
   s.reset(a);
   EXPECT_TRUE(bitwise_equal(s.push({a}, {x})[0], first));  // as if just opened
-  const Tensor h0 = random_tensor({2, 3}, DType::f32, rng), c0 = random_tensor({2, 3}, DType::f32, rng);
+  const Tensor h0 = random_tensor({2, 3}, DType::f32, rng),
+               c0 = random_tensor({2, 3}, DType::f32, rng);
   s.reset(a, h0, c0);
   EXPECT_TRUE(bitwise_equal(s.state(a).h, h0));
   EXPECT_TRUE(bitwise_equal(s.state(a).c, c0));
@@ -249,30 +252,53 @@ TEST(Streaming, BadInputIsAnErrorAndChangesNoState) {
   const Tensor ok = Tensor::full({2, 2}, 0.5);
   s.push({a, b}, {ok, ok});
   const Tensor ha = s.state(a).h, hb = s.state(b).h;
-  expect_invalid([&] { s.push({a, 7}, {ok, ok}); },
-                 {"stream_ids[1] = 7", "no stream 7 was opened", "ids 0..2"});
+  expect_invalid(
+      [&] {
+        s.push({a, 7}, {ok, ok});
+      },
+      {"stream_ids[1] = 7", "no stream 7 was opened", "ids 0..2"});
   expect_invalid([&] { s.push({a, c}, {ok, ok}); }, {"stream_ids[1] = 2", "stream 2 was closed"});
   expect_invalid([&] { s.push({a, -1}, {ok, ok}); }, {"stream_ids[1] = -1"});
-  expect_invalid([&] { s.push({b, a, b}, {ok, ok, ok}); },
-                 {"stream_ids[2] = 1 repeats stream_ids[0]"});
-  expect_invalid([&] { s.push({a, b}, {ok, Tensor::zeros({2, 5})}); },
-                 {"chunks[1] has shape [2, 5]", "input_size = 2"});
+  expect_invalid(
+      [&] {
+        s.push({b, a, b}, {ok, ok, ok});
+      },
+      {"stream_ids[2] = 1 repeats stream_ids[0]"});
+  expect_invalid(
+      [&] {
+        s.push({a, b}, {ok, Tensor::zeros({2, 5})});
+      },
+      {"chunks[1] has shape [2, 5]", "input_size = 2"});
   expect_invalid([&] { s.push({a}, {Tensor::zeros({2})}); }, {"chunks[0] has shape [2]"});
-  expect_invalid([&] { s.push({a}, {Tensor::zeros({2, 2}, DType::f64)}); },
-                 {"chunks[0] has dtype float64", "float32"});
+  expect_invalid(
+      [&] {
+        s.push({a}, {Tensor::zeros({2, 2}, DType::f64)});
+      },
+      {"chunks[0] has dtype float64", "float32"});
   expect_invalid([&] { s.push({a, b}, {ok}); }, {"2 stream ids for 1 chunks"});
   EXPECT_TRUE(bitwise_equal(s.state(a).h, ha));  // nothing ran
   EXPECT_TRUE(bitwise_equal(s.state(b).h, hb));
   expect_invalid([&] { s.reset(c); }, {"stream 2 was closed"});
   expect_invalid([&] { s.close(c); }, {"stream 2 was closed"});
   expect_invalid([&] { s.state(9); }, {"no stream 9"});
-  expect_invalid([&] { s.open(Tensor::zeros({2, 3})); }, {"h0 is float32 [2, 3]", "expected float32 [1, 3]"});
-  expect_invalid([&] { s.reset(a, Tensor::zeros({1, 3}), Tensor::zeros({1, 4})); }, {"c0", "[1, 4]"});
+  expect_invalid(
+      [&] {
+        s.open(Tensor::zeros({2, 3}));
+      },
+      {"h0 is float32 [2, 3]", "expected float32 [1, 3]"});
+  expect_invalid(
+      [&] {
+        s.reset(a, Tensor::zeros({1, 3}), Tensor::zeros({1, 4}));
+      },
+      {"c0", "[1, 4]"});
 
   GRU gru({.input_size = 2, .hidden_size = 3});
   StreamingRNN g(gru);
-  expect_invalid([&] { g.open(Tensor::zeros({1, 3}), Tensor::zeros({1, 3})); },
-                 {"c0 given to a gru"});
+  expect_invalid(
+      [&] {
+        g.open(Tensor::zeros({1, 3}), Tensor::zeros({1, 3}));
+      },
+      {"c0 given to a gru"});
 
   LSTM bi({.input_size = 2, .hidden_size = 3, .bidirectional = true});
   expect_invalid([&] { StreamingRNN x(bi); }, {"bidirectional"});

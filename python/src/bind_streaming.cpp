@@ -4,8 +4,8 @@
 #include <pybind11/stl.h>
 
 #include "bind.h"
-#include "tensor_caster.h"
 #include "seqpack/streaming.h"
+#include "tensor_caster.h"
 
 namespace seqpack::python {
 
@@ -24,12 +24,13 @@ void bind_streaming(py::module_& m) {
           py::arg("stream_ids"), py::arg("chunks"))
       .def("reset", &StreamingRNN::reset, py::arg("id"), py::arg("h0"), py::arg("c0"))
       .def("close", &StreamingRNN::close, py::arg("id"))
-      .def("state",
-           [](const StreamingRNN& s, int64_t id) {
-             const StreamState st = s.state(id);
-             return py::make_tuple(array_from_tensor(st.h), array_from_tensor(st.c));
-           },
-           py::arg("id"))
+      .def(
+          "state",
+          [](const StreamingRNN& s, int64_t id) {
+            const StreamState st = s.state(id);
+            return py::make_tuple(array_from_tensor(st.h), array_from_tensor(st.c));
+          },
+          py::arg("id"))
       .def("is_open", &StreamingRNN::is_open, py::arg("id"))
       .def("open_ids", &StreamingRNN::open_ids)
       .def_property_readonly("num_open", &StreamingRNN::num_open);

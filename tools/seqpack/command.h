@@ -108,8 +108,9 @@ CLI::Option* add_number(CLI::App& sub, const std::string& name, T& value, const 
   const bool unbounded = max == std::numeric_limits<T>::max();
   NumberInfo info;
   const std::string lo = detail::num_str(min), hi = detail::num_str(max);
-  const std::string bounds = unbounded ? std::string(min_open ? "> " : ">= ") + lo
-                                       : std::string(min_open ? "in (" : "in [") + lo + ", " + hi + "]";
+  const std::string bounds = unbounded
+                                 ? std::string(min_open ? "> " : ">= ") + lo
+                                 : std::string(min_open ? "in (" : "in [") + lo + ", " + hi + "]";
   info.range = "must be " + bounds;
   // Just below the range, just above it (or past the type's limit), and not numbers at all.
   if constexpr (std::is_integral_v<T>) {
