@@ -38,6 +38,20 @@ def schedule(rng, lengths):
     return pushes
 
 
+def feed(streams, seqs, rng):
+    """Runs a random schedule of `seqs` through `streams`; returns the stream ids and
+    each sequence's chunk outputs in order."""
+    ids, outs = {}, {s: [] for s in range(len(seqs))}
+    for opened, push in schedule(rng, [len(x) for x in seqs]):
+        for s in range(len(ids), opened):
+            ids[s] = streams.open()
+        ys = streams.push([ids[s] for s, _, _ in push], [seqs[s][a:b] for s, a, b in push])
+        for (s, a, b), y in zip(push, ys):
+            assert tuple(y.shape)[0] == b - a
+            outs[s].append(y)
+    return ids, outs
+
+
 CASES = [("LSTM", 1, np.float32), ("LSTM", 2, np.float64), ("GRU", 2, np.float32),
          ("GRU", 1, np.float64), ("RNN", 3, np.float32), ("RNN", 2, np.float64)]
 
@@ -57,14 +71,7 @@ def test_numpy_random_schedule_matches_whole_forward(mode, layers, dtype, k):
     lengths = [int(x) for x in rng.integers(0, 15, size=7)]
     seqs = [rng.uniform(-1, 1, size=(n, 3)).astype(dtype) for n in lengths]
     streams = StreamingRNN(m)
-    ids, outs = {}, {s: [] for s in range(len(seqs))}
-    for opened, push in schedule(rng, lengths):
-        for s in range(len(ids), opened):
-            ids[s] = streams.open()
-        ys = streams.push([ids[s] for s, _, _ in push], [seqs[s][a:b] for s, a, b in push])
-        for (s, a, b), y in zip(push, ys):
-            assert y.shape == (b - a, 5)
-            outs[s].append(y)
+    ids, outs = feed(streams, seqs, rng)
     for s, x in enumerate(seqs):
         got = np.concatenate(outs[s]) if outs[s] else np.zeros((0, 5), dtype)
         state = streams.state(ids[s])
@@ -98,13 +105,7 @@ def test_torch_random_schedule_matches_whole_forward(mode, layers, dtype, seqpac
     lengths = [int(x) for x in rng.integers(1, 12, size=6)]
     seqs = [torch.from_numpy(rng.uniform(-1, 1, size=(n, 3))).to(dtype) for n in lengths]
     streams = TorchStreamingRNN(m)
-    ids, outs = {}, {s: [] for s in range(len(seqs))}
-    for opened, push in schedule(rng, lengths):
-        for s in range(len(ids), opened):
-            ids[s] = streams.open()
-        ys = streams.push([ids[s] for s, _, _ in push], [seqs[s][a:b] for s, a, b in push])
-        for (s, _, _), y in zip(push, ys):
-            outs[s].append(y)
+    ids, outs = feed(streams, seqs, rng)
     # The same core's whole forward (seqpack.torch over a packed batch of one).
     core = getattr(st, mode)(3, 6, num_layers=layers).to(dtype).eval()
     core.load_state_dict(m.state_dict())
