@@ -136,20 +136,15 @@ std::vector<Tensor> StreamingRNN::push(const std::vector<int64_t>& stream_ids,
   }
   const int64_t batch = static_cast<int64_t>(chunks.size());
   const int64_t input_size = options_.input_size;
-  // Everything is checked before any state changes.
-  std::unordered_map<int64_t, int64_t> first_index;
-  std::vector<const StreamState*> states(static_cast<std::size_t>(batch));
+  // Everything is checked before any state changes. (Messages are only built
+  // on failure: a push of 64 one-step chunks is a few microseconds of work.)
+  std::vector<StreamState*> states(static_cast<std::size_t>(batch));
   std::vector<int64_t> lengths(static_cast<std::size_t>(batch));
   for (int64_t b = 0; b < batch; ++b) {
     const std::size_t k = static_cast<std::size_t>(b);
-    const std::string where = "push: stream_ids[" + str(b) + "]";
-    states[k] = &checked(stream_ids[k], where);
-    auto [it, inserted] = first_index.emplace(stream_ids[k], b);
-    if (!inserted) {
-      throw std::invalid_argument(where + " = " + str(stream_ids[k]) + " repeats stream_ids[" +
-                                  str(it->second) +
-                                  "]: one chunk per stream per push (concatenate them)");
-    }
+    auto it = states_.find(stream_ids[k]);
+    if (it == states_.end()) checked(stream_ids[k], "push: stream_ids[" + str(b) + "]");
+    states[k] = &it->second;
     const Tensor& x = chunks[k];
     if (!x.defined() || x.dim() != 2 || x.size(1) != input_size) {
       throw std::invalid_argument("push: chunks[" + str(b) + "] has shape " +
@@ -164,15 +159,37 @@ std::vector<Tensor> StreamingRNN::push(const std::vector<int64_t>& stream_ids,
     }
     lengths[k] = x.size(0);
   }
+  // A stream twice in one push: its two states would be the same object.
+  std::vector<StreamState*> sorted = states;
+  std::sort(sorted.begin(), sorted.end());
+  if (std::adjacent_find(sorted.begin(), sorted.end()) != sorted.end()) {
+    for (int64_t b = 1; b < batch; ++b) {
+      for (int64_t a = 0; a < b; ++a) {
+        if (stream_ids[static_cast<std::size_t>(a)] == stream_ids[static_cast<std::size_t>(b)]) {
+          throw std::invalid_argument("push: stream_ids[" + str(b) +
+                                      "] = " + str(stream_ids[static_cast<std::size_t>(b)]) +
+                                      " repeats stream_ids[" + str(a) +
+                                      "]: one chunk per stream per push (concatenate them)");
+        }
+      }
+    }
+  }
 
+  // The outputs: one buffer per push, chunk after chunk; each chunk's is a view.
   const int64_t hidden = options_.real_hidden_size();
+  std::vector<int64_t> first_row(static_cast<std::size_t>(batch) + 1, 0);
+  for (int64_t b = 0; b < batch; ++b) {
+    first_row[static_cast<std::size_t>(b) + 1] =
+        first_row[static_cast<std::size_t>(b)] + lengths[static_cast<std::size_t>(b)];
+  }
+  Tensor out = Tensor::empty({first_row.back(), hidden}, options_.dtype);
   std::vector<Tensor> outputs(static_cast<std::size_t>(batch));
   for (int64_t b = 0; b < batch; ++b) {
-    outputs[static_cast<std::size_t>(b)] =
-        Tensor::empty({lengths[static_cast<std::size_t>(b)], hidden}, options_.dtype);
+    outputs[static_cast<std::size_t>(b)] = out.slice0(first_row[static_cast<std::size_t>(b)],
+                                                      first_row[static_cast<std::size_t>(b) + 1]);
   }
+  if (first_row.back() == 0) return outputs;  // nothing to run; every state stays
   const PackingPlan plan = PackingPlan::from_lengths(lengths, /*enforce_sorted=*/false);
-  if (plan.total_rows() == 0) return outputs;  // nothing to run; every state stays
 
   // Packed rows: row r is step t of chunk b where padded_index[r] = t * batch + b.
   const auto& where_row = plan.padded_index();
@@ -201,12 +218,12 @@ std::vector<Tensor> StreamingRNN::push(const std::vector<int64_t>& stream_ids,
 
   for (int64_t r = 0; r < plan.total_rows(); ++r) {
     const int64_t p = where_row[static_cast<std::size_t>(r)];
-    copy_row(y.output, r, outputs[static_cast<std::size_t>(p % batch)], p / batch, hidden);
+    copy_row(y.output, r, out, first_row[static_cast<std::size_t>(p % batch)] + p / batch, hidden);
   }
   const Tensor h_rows = y.h_n.view({layers * batch, hidden});
   const Tensor c_rows = lstm ? y.c_n.view({layers * batch, cell}) : Tensor();
   for (int64_t b = 0; b < batch; ++b) {
-    StreamState& s = states_.at(stream_ids[static_cast<std::size_t>(b)]);
+    StreamState& s = *states[static_cast<std::size_t>(b)];
     for (int64_t l = 0; l < layers; ++l) {
       copy_row(h_rows, l * batch + b, s.h, l, hidden);
       if (lstm) copy_row(c_rows, l * batch + b, s.c, l, cell);

@@ -55,7 +55,8 @@ class StreamingRNN {
 
   // Runs chunks[i] ([len_i, input_size], len_i >= 0, the options' dtype) on
   // stream stream_ids[i], all in one packed batch. Returns each chunk's
-  // outputs of the last layer, [len_i, real_hidden], in the order given, and
+  // outputs of the last layer, [len_i, real_hidden], in the order given (views
+  // of one buffer per push, chunk after chunk; clone() one to keep it alone), and
   // keeps each stream's state at the end of its chunk. Unknown, closed or
   // repeated ids, and chunks of the wrong shape or dtype, throw
   // std::invalid_argument naming them, before any state changes.
