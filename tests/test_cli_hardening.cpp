@@ -93,7 +93,9 @@ TEST(CliTrainTwice, EpochsZeroIsRejectedAndTouchesNothing) {
 
 TEST(CliTrainProgress, BarOnATerminalOnly) {
   // script(1) gives the tool a pseudo-terminal for both stdout and stderr.
-  if (std::system("command -v script >/dev/null 2>&1") != 0) GTEST_SKIP() << "no script(1)";
+  if (std::system("script -qec true /dev/null >/dev/null 2>&1") != 0) {
+    GTEST_SKIP() << "script(1) cannot give a pseudo-terminal here";
+  }
   const fs::path log = work_dir() / "tty.log";
   const std::string cmd = "script -qec \"'" + std::string(SEQPACK_CLI_PATH) + "' " +
                           train(work_dir() / "tty", 1) + "\" /dev/null > '" + log.string() +
