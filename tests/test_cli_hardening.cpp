@@ -12,7 +12,10 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <nlohmann/json.hpp>
+#include <sstream>
 #include <string>
+#include <vector>
 
 #include "cli_run.h"
 
@@ -166,6 +169,31 @@ TEST(CliPredictStream, AnswersEachLineOfAPipeAsItArrives) {
       run_cli("predict --top 1 --model " + model.string() + " maison house '' zzz");
   EXPECT_EQ(answers, batch.out);
   ::close(from_child[0]);
+}
+
+}  // namespace
+
+namespace {
+
+// --json gives one JSON object per line; a line that is not UTF-8 is answered
+// with an error line (and a message naming the line on stderr), and the stream goes on.
+TEST(CliPredictStream, JsonLinesAndABadLineDoesNotEndTheStream) {
+  const fs::path model = work_dir() / "stream_model_json";
+  ASSERT_EQ(run_cli(train(model, 1)).status, 0);
+  const fs::path in = work_dir() / "stream_in.txt";
+  std::ofstream(in, std::ios::binary) << "maison\n\xff\xfe\nhouse\n";
+  const CliResult r =
+      run_cli("predict --stream --json --model " + model.string() + " < '" + in.string() + "'");
+  ASSERT_EQ(r.status, 0) << r.err;
+  std::istringstream lines(r.out);
+  std::string line;
+  std::vector<nlohmann::json> docs;
+  while (std::getline(lines, line)) docs.push_back(nlohmann::json::parse(line));
+  ASSERT_EQ(docs.size(), 3u) << r.out;
+  EXPECT_EQ(docs[0].at("predictions").at(0).at("word"), "maison");
+  EXPECT_EQ(docs[1].at("error"), "invalid input");
+  EXPECT_EQ(docs[2].at("predictions").at(0).at("word"), "house");
+  EXPECT_NE(r.err.find("seqpack: line 2: "), std::string::npos) << r.err;
 }
 
 }  // namespace
