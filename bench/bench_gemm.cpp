@@ -441,13 +441,13 @@ void register_workloads(const std::string& path) {
 }  // namespace
 
 // Google Benchmark's main, plus --threads=N (default 1: the single-core rate) and
-// --workloads=FILE (default $SEQPACK_WORKLOADS, else ../shared/workloads.json next to
-// the source tree) for the per-workload BM_rnn_gemms cases.
+// --workloads=FILE (default $SEQPACK_WORKLOADS, else the source tree's
+// bench/workloads.json) for the per-workload BM_rnn_gemms cases.
 int main(int argc, char** argv) {
   int threads = 1;
   std::string path;
   if (const char* env = std::getenv("SEQPACK_WORKLOADS")) path = env;
-  if (path.empty()) path = std::string(SEQPACK_SOURCE_DIR) + "/../shared/workloads.json";
+  if (path.empty()) path = std::string(SEQPACK_SOURCE_DIR) + "/bench/workloads.json";
   std::vector<char*> rest;
   for (int i = 0; i < argc; ++i) {
     if (std::strncmp(argv[i], "--threads=", 10) == 0) {

@@ -6,9 +6,8 @@
 //
 //   build/bench/bench_kernels [--threads=N] [--workloads=FILE] [google benchmark flags]
 //
-// FILE defaults to $SEQPACK_WORKLOADS, else ../shared/workloads.json next to the
-// source tree. `seqpack bench` measures the same three modes with its own
-// stopping rule; this program is for profiling one case in isolation, e.g.
+// FILE defaults to $SEQPACK_WORKLOADS, else the source tree's bench/workloads.json.
+// `seqpack bench` measures the same three modes with its own stopping rule; this program is for profiling one case in isolation, e.g.
 //   valgrind --tool=callgrind build/bench/bench_kernels
 //     --benchmark_filter='lstm-bi-2layer/forward_packed' --benchmark_min_time=0.01
 #include <benchmark/benchmark.h>
@@ -165,7 +164,7 @@ int main(int argc, char** argv) {
   int threads = 1;
   std::string path;
   if (const char* env = std::getenv("SEQPACK_WORKLOADS")) path = env;
-  if (path.empty()) path = std::string(SEQPACK_SOURCE_DIR) + "/../shared/workloads.json";
+  if (path.empty()) path = std::string(SEQPACK_SOURCE_DIR) + "/bench/workloads.json";
   std::vector<char*> rest;
   for (int i = 0; i < argc; ++i) {
     if (std::strncmp(argv[i], "--threads=", 10) == 0) {

@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
 """seqpack.torch.LSTM/GRU/RNN vs torch.nn.LSTM/GRU/RNN, packed input, in one run.
 
-For each workload of ../shared/workloads.json (relative to the repository
-root): the same weights and the same packed batch (pack_padded_sequence with
+For each workload of bench/workloads.json (in the repository; --workloads for
+another file): the same weights and the same packed batch (pack_padded_sequence with
 the workload's lengths, enforce_sorted=False) through both modules, forward
 (under torch.no_grad) and forward+backward (sum of the packed outputs), the
 two implementations interleaved repetition by repetition, one thread by
@@ -76,7 +76,8 @@ def measure(w, mode, budget, max_reps):
 
 def main():
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--workloads", default=os.path.join(ROOT, "..", "shared", "workloads.json"))
+    p.add_argument("--workloads", default=os.path.join(ROOT, "bench", "workloads.json"),
+                   help="workloads JSON (default: the repository's bench/workloads.json)")
     p.add_argument("--workload", action="append", help="only these (repeatable)")
     p.add_argument("--mode", action="append", choices=["forward", "train"])
     p.add_argument("--threads", type=int, default=1)

@@ -236,7 +236,8 @@ def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--threads", default="1",
                    help="thread counts, comma-separated (e.g. 1,2); both implementations use each")
-    p.add_argument("--workloads", default=os.path.join(REPO, "..", "shared", "workloads.json"))
+    p.add_argument("--workloads", default=os.path.join(REPO, "bench", "workloads.json"),
+                   help="workloads JSON (default: the repository's bench/workloads.json)")
     p.add_argument("--workload", action="append", help="only these workloads (repeatable)")
     p.add_argument("--mode", action="append", choices=MODES, help="only these modes (repeatable)")
     p.add_argument("--build-dir", default=os.path.join(REPO, "build"))

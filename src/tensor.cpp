@@ -6,6 +6,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <ostream>
 #include <sstream>
 #include <stdexcept>
 #include <vector>
@@ -449,5 +450,7 @@ std::string Tensor::to_string() const {
   }
   return out + ")";
 }
+
+std::ostream& operator<<(std::ostream& out, const Tensor& tensor) { return out << tensor.to_string(); }
 
 }  // namespace seqpack

@@ -181,3 +181,30 @@ TEST_F(BenchCli, BadArgumentsGiveClearErrors) {
 }
 
 }  // namespace
+
+namespace {
+
+// The workloads ship in the repository (bench/workloads.json); where the shared
+// original exists next to the repository (../shared/workloads.json), they are
+// the same bytes.
+TEST(BenchWorkloadsFile, InRepoCopyIsTheSharedFile) {
+  const fs::path repo = fs::path(SEQPACK_SOURCE_DIR) / "bench" / "workloads.json";
+  ASSERT_TRUE(fs::exists(repo)) << repo;
+  EXPECT_NO_THROW(nlohmann::json::parse(seqpack::testing::read_file(repo.string())));
+  const fs::path shared = fs::path(SEQPACK_SOURCE_DIR) / ".." / "shared" / "workloads.json";
+  if (!fs::exists(shared)) GTEST_SKIP() << shared << " does not exist here (a plain clone)";
+  EXPECT_TRUE(seqpack::testing::read_file(repo.string()) == seqpack::testing::read_file(shared.string()))
+      << repo << " differs from " << shared << ": copy the shared file into the repository";
+}
+
+// Without --workloads, from any directory: the in-repo file.
+TEST(BenchWorkloadsFile, DefaultIsTheInRepoFile) {
+  const seqpack::testing::TempDir elsewhere;
+  const std::string cmd = "cd '" + elsewhere.path.string() + "' && '" + SEQPACK_CLI_PATH +
+                          "' bench --workload rnn-tanh-tiny --mode forward_packed --min-time 0.001 --json > out.txt 2>&1";
+  ASSERT_EQ(std::system(cmd.c_str()), 0) << seqpack::testing::read_file(elsewhere.file("out.txt"));
+  const std::string out = seqpack::testing::read_file(elsewhere.file("out.txt"));
+  EXPECT_NE(out.find("\"workload\":\"rnn-tanh-tiny\""), std::string::npos) << out;
+}
+
+}  // namespace

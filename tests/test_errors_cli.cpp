@@ -29,10 +29,13 @@ TEST(ErrorsCli, NoOrUnknownSubcommand) {
 }
 
 TEST(ErrorsCli, TrainFlagsOutOfRange) {
-  EXPECT_CLI_REJECTS("train --epochs -1 --data x.tsv", "--epochs = -1 is negative");
-  EXPECT_CLI_REJECTS("train --batch-size 0 --data x.tsv", "--batch-size = 0 must be positive");
-  EXPECT_CLI_REJECTS("train --lr 0 --data x.tsv", "--lr = 0 must be positive");
-  EXPECT_CLI_REJECTS("train --epochs two", "--epochs");
+  // Every numeric option of every subcommand: tests/test_cli_options.cpp.
+  EXPECT_CLI_REJECTS("train --epochs -1 --data x.tsv", "--epochs: -1 is out of range: must be >= 1");
+  EXPECT_CLI_REJECTS("train --epochs 0 --data x.tsv", "--epochs: 0 is out of range: must be >= 1");
+  EXPECT_CLI_REJECTS("train --batch-size 0 --data x.tsv", "--batch-size: 0 is out of range: must be >= 1");
+  EXPECT_CLI_REJECTS("train --lr 0 --data x.tsv", "--lr: 0 is out of range: must be > 0");
+  EXPECT_CLI_REJECTS("train --threads -1 --data x.tsv", "--threads: -1 is out of range: must be in [0, 1024]");
+  EXPECT_CLI_REJECTS("train --epochs two", "--epochs: 'two' is not an integer");
 }
 
 TEST(ErrorsCli, TrainDataFileMissingOrMalformed) {
@@ -44,7 +47,8 @@ TEST(ErrorsCli, TrainDataFileMissingOrMalformed) {
 
 TEST(ErrorsCli, PredictBadModelTopOrWord) {
   EXPECT_CLI_REJECTS("predict --model /nonexistent/model word", "/nonexistent/model");
-  EXPECT_CLI_REJECTS("predict --top 0 word", "--top = 0 must be positive");
+  EXPECT_CLI_REJECTS("predict --top 0 word", "--top: 0 is out of range: must be >= 1");
+  EXPECT_CLI_REJECTS("predict --stream word", "--stream reads the words from standard input");
   EXPECT_CLI_REJECTS("predict", "words is required");
 }
 

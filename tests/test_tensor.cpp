@@ -1,5 +1,6 @@
 #include <gtest/gtest.h>
 
+#include <sstream>
 #include <stdexcept>
 
 #include "seqpack/tensor.h"
@@ -66,4 +67,15 @@ TEST(Tensor, ConvertsAndPrintsLikePyTorch) {
   EXPECT_EQ(Tensor::from_vector<float>({6, 1, 4}).to_string(), "tensor([6., 1., 4.])");
   EXPECT_FALSE(Tensor().defined());
   EXPECT_TRUE(Tensor::zeros({0, 3}, DType::f32).defined());
+}
+
+// LibTorch users write Tensor::zeros({5, 2}) and std::cout << t: float32 by
+// default, printed as torch prints it (torch.zeros(2, 2) and torch.full((1, 2), 0.5)).
+TEST(TensorLibTorchHabits, FactoriesDefaultToFloat32AndStreamPrintsTheRepr) {
+  EXPECT_EQ(seqpack::Tensor::zeros({5, 2}).dtype(), seqpack::DType::f32);
+  EXPECT_EQ(seqpack::Tensor::full({5, 2}, 1.0).dtype(), seqpack::DType::f32);
+  EXPECT_EQ(seqpack::Tensor::empty({5, 2}).dtype(), seqpack::DType::f32);
+  std::ostringstream s;
+  s << seqpack::Tensor::zeros({2, 2}) << "|" << seqpack::Tensor::full({1, 2}, 0.5);
+  EXPECT_EQ(s.str(), "tensor([[0., 0.],\n        [0., 0.]])|tensor([[0.5000, 0.5000]])");
 }

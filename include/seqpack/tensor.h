@@ -1,6 +1,7 @@
 // seqpack::Tensor: a dense, contiguous, row-major tensor that does no maths.
 //
-//   Tensor x = Tensor::zeros({3, 2}, DType::f32);   // 3 rows of 2 features
+//   Tensor x = Tensor::zeros({3, 2});                // 3 rows of 2 features, float32
+//   std::cout << x;                                  // tensor([[0., 0.], ...]) as torch prints
 //   x.data<float>()[1] = 5.f;                       // x[0][1] = 5
 //   Tensor row = x.slice0(1, 2);                    // rows 1..2, a view sharing storage
 //   Tensor flat = x.view({6});                      // same storage, another shape
@@ -12,6 +13,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <initializer_list>
+#include <iosfwd>
 #include <memory>
 #include <string>
 #include <vector>
@@ -50,11 +52,12 @@ class Tensor {
   // An undefined tensor (no storage): used for optional arguments such as h0.
   Tensor() = default;
 
-  // Zero-filled tensor of the given shape.
-  static Tensor zeros(Shape shape, DType dtype);
-  static Tensor full(Shape shape, double value, DType dtype);
+  // Zero-filled tensor of the given shape. The dtype defaults to float32, as
+  // LibTorch's factories do.
+  static Tensor zeros(Shape shape, DType dtype = DType::f32);
+  static Tensor full(Shape shape, double value, DType dtype = DType::f32);
   // Uninitialised storage, for outputs that are overwritten entirely.
-  static Tensor empty(Shape shape, DType dtype);
+  static Tensor empty(Shape shape, DType dtype = DType::f32);
   // Copies `values` into a new tensor of `shape` (numel must match).
   template <typename T>
   static Tensor from_vector(const std::vector<T>& values, Shape shape);
@@ -121,5 +124,8 @@ class Tensor {
 
 // Number of elements of a shape; throws on a negative size, naming it.
 int64_t shape_numel(const Shape& shape);
+
+// Writes to_string(): PyTorch's repr, "tensor([...])" ("None" when undefined).
+std::ostream& operator<<(std::ostream& out, const Tensor& tensor);
 
 }  // namespace seqpack

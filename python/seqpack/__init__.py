@@ -21,6 +21,7 @@ from .packing import (  # noqa: F401
 )
 from .threading import get_num_threads, set_num_threads  # noqa: F401
 from . import nn  # noqa: F401
+from . import streaming  # noqa: F401
 
 __all__ = [
     "PackedSequence",
@@ -35,4 +36,5 @@ __all__ = [
     "get_num_threads",
     "cpu_info",
     "nn",
+    "streaming",
 ]

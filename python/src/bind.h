@@ -10,5 +10,6 @@ void bind_packing(pybind11::module_& m);
 void bind_rnn(pybind11::module_& m);
 void bind_threading(pybind11::module_& m);
 void bind_precision(pybind11::module_& m);
+void bind_streaming(pybind11::module_& m);
 
 }  // namespace seqpack::python

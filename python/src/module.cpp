@@ -10,4 +10,5 @@ PYBIND11_MODULE(_seqpack, m) {
   seqpack::python::bind_precision(m);  // before bind_rnn: RNNOptions' default precision
   seqpack::python::bind_rnn(m);
   seqpack::python::bind_threading(m);
+  seqpack::python::bind_streaming(m);
 }

@@ -1,5 +1,5 @@
 // `seqpack bench`: median seconds per batch and tokens/s of the recurrent layers
-// on the workloads of a JSON file (schema of ../shared/workloads.json), in three
+// on the workloads of a JSON file (bench/workloads.json by default), in three
 // modes:
 //   forward_packed  rnn_forward over the packed rows of the batch
 //   forward_padded  the same batch with every sequence at max_len (what packing saves)
@@ -9,7 +9,7 @@
 // sec_per_batch (median wall clock), tokens_per_s, cpu_sec_per_batch (median
 // process CPU time), tokens, scale, reps.
 //
-//   seqpack bench --workloads ../shared/workloads.json --threads 1 --json
+//   seqpack bench --threads 1 --json          # bench/workloads.json
 //
 // The packing plan, inputs, weights and grad_output are built once outside the
 // timed region: a timed batch is exactly one rnn_forward (and one rnn_backward).
@@ -233,7 +233,19 @@ Batch make_batch(const std::vector<int64_t>& lengths, int64_t input_size, std::m
   return b;
 }
 
-void run_bench(const Args& args) {
+// The workloads shipped in the repository: bench/workloads.json under the
+// current directory (a clone's root), else under the source tree of this build.
+std::string default_workloads() {
+  const std::string local = "bench/workloads.json";
+  if (std::ifstream(local)) return local;
+  const std::string built = std::string(SEQPACK_SOURCE_DIR) + "/bench/workloads.json";
+  if (std::ifstream(built)) return built;
+  throw std::invalid_argument("no --workloads given, and neither " + local + " nor " + built +
+                              " exists: pass --workloads FILE");
+}
+
+void run_bench(Args args) {
+  if (args.workloads.empty()) args.workloads = default_workloads();
   std::vector<Workload> all = load_workloads(args.workloads);
   std::vector<Workload> selected;
   if (args.names.empty()) {
@@ -329,23 +341,21 @@ void run_bench(const Args& args) {
 void setup(CLI::App& sub) {
   auto args = std::make_shared<Args>();
   sub.add_option("--workloads", args->workloads,
-                 "JSON file of workloads (schema of ../shared/workloads.json)")
-      ->required();
-  sub.add_option("--threads", args->threads, "OpenMP and OpenBLAS threads (default 1)")
-      ->check(CLI::PositiveNumber);
+                 "JSON file of workloads (default: bench/workloads.json of the current directory, "
+                 "else of the source tree the tool was built from)");
+  add_number(sub, "--threads", args->threads, "OpenMP and OpenBLAS threads", 1, 1024);
   sub.add_flag("--json", args->json, "one JSON object per line instead of a table");
   sub.add_option("--workload", args->names, "only these workloads (repeatable)");
   sub.add_option("--mode", args->modes, "only these modes (repeatable)")
       ->check(CLI::IsMember(kModes));
-  sub.add_option("--min-time", args->min_time,
-                 "seconds of timed runs per measurement before the median may be taken "
-                 "(budget: 5x this; default 0.5)")
-      ->check(CLI::PositiveNumber);
+  add_number(sub, "--min-time", args->min_time,
+             "seconds of timed runs per measurement before the median may be taken "
+             "(budget: 5x this)",
+             0.0, 3600.0, /*min_open=*/true);
   sub.add_option("--precision", args->precision,
                  "fp32 (default), bf16 (needs native bf16), or auto (bf16 where native)")
       ->check(CLI::IsMember({"fp32", "bf16", "auto"}));
-  sub.add_option("--scale", args->scale, "multiply every length by this integer (default 1)")
-      ->check(CLI::PositiveNumber);
+  add_number(sub, "--scale", args->scale, "multiply every length by this integer", 1, 1000);
   sub.callback([args] { run_bench(*args); });
 }
 

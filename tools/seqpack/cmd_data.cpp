@@ -32,10 +32,9 @@ seqpack::LanguageIdOptions options_of(const DataArgs& a) {
 void add_dataset_options(CLI::App& sub, DataArgs& a) {
   sub.add_option("--dict-dir", a.dict_dir, "directory holding the Debian word lists")
       ->capture_default_str();
-  sub.add_option("--words-per-language", a.words_per_language, "words sampled per language")
-      ->capture_default_str()
-      ->check(CLI::PositiveNumber);
-  sub.add_option("--seed", a.seed, "seed of the sample and the split")->capture_default_str();
+  seqpack::cli::add_number<int64_t>(sub, "--words-per-language", a.words_per_language,
+                                    "words sampled per language", 1);
+  seqpack::cli::add_number<uint64_t>(sub, "--seed", a.seed, "seed of the sample and the split", 0);
 }
 
 void print_padding(const char* name, const std::vector<seqpack::Example>& part, const DataArgs& a) {
@@ -74,9 +73,7 @@ void setup_data(CLI::App& app) {
       "batches, length-bucketed batches and packing");
   add_dataset_options(*stats, *args);
   stats->add_option("--data", args->tsv, "a label<TAB>text file instead of the default dataset");
-  stats->add_option("--batch-size", args->batch_size, "batch size")
-      ->capture_default_str()
-      ->check(CLI::PositiveNumber);
+  seqpack::cli::add_number<int64_t>(*stats, "--batch-size", args->batch_size, "batch size", 1);
   stats->callback([args] {
     seqpack::DatasetSplit split;
     if (!args->tsv.empty()) {

@@ -124,7 +124,7 @@ const bool registered = seqpack::cli::register_command(
     {"demo", "walk through packing three sequences, then an LSTM over a packed batch",
      [](CLI::App& sub) {
        auto seed = std::make_shared<uint64_t>(0);
-       sub.add_option("--seed", *seed, "seed of the LSTM's weights")->capture_default_str();
+       seqpack::cli::add_number<uint64_t>(sub, "--seed", *seed, "seed of the LSTM's weights", 0);
        sub.callback([seed] {
          packing_walkthrough();
          lstm_walkthrough(*seed);

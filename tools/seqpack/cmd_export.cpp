@@ -21,10 +21,6 @@ struct ExportArgs {
 };
 
 void run_export(const ExportArgs& a) {
-  if (a.opset < kOnnxMinOpset || a.opset > kOnnxMaxOpset) {
-    throw std::invalid_argument(
-        fmt::format("--opset = {} is outside [{}, {}]", a.opset, kOnnxMinOpset, kOnnxMaxOpset));
-  }
   if (a.onnx.empty()) throw std::invalid_argument("--onnx = \"\": give the file to write");
   const TrainedClassifier tc = load_classifier(a.model);
   export_classifier_onnx(tc, a.onnx, {.opset = a.opset});
@@ -43,7 +39,8 @@ void setup(CLI::App& sub) {
   sub.add_option("--model", a->model, "model directory written by seqpack train")
       ->capture_default_str();
   sub.add_option("--onnx", a->onnx, "ONNX file to write")->required();
-  sub.add_option("--opset", a->opset, "ONNX opset of the model")->capture_default_str();
+  seqpack::cli::add_number<int64_t>(sub, "--opset", a->opset, "ONNX opset of the model",
+                                    kOnnxMinOpset, kOnnxMaxOpset);
   sub.callback([a] { run_export(*a); });
 }
 

@@ -45,8 +45,7 @@ void run_info(const Args& args) {
 void setup(CLI::App& sub) {
   auto args = std::make_shared<Args>();
   sub.add_flag("--json", args->json, "one JSON object instead of a table");
-  sub.add_option("--threads", args->threads, "report for this many threads (default: OpenMP's)")
-      ->check(CLI::PositiveNumber);
+  add_number(sub, "--threads", args->threads, "report for this many threads (0: OpenMP's)", 0, 1024);
   sub.callback([args] { run_info(*args); });
 }
 

@@ -8,11 +8,13 @@
 #include <cstdio>
 #include <ctime>
 #include <nlohmann/json.hpp>
+#include <limits>
 #include <numeric>
 #include <optional>
 #include <set>
 #include <filesystem>
 #include <time.h>
+#include <unistd.h>
 #include <type_traits>
 #include <string>
 #include <vector>
@@ -46,6 +48,7 @@ struct TrainArgs {
   std::string out = "seqpack-model";
   bool quiet = false;
   bool profile = false;
+  bool overwrite = false;
   std::string resume;
   // fp32, bf16 or auto; resolved to fp32 or bf16 before training starts.
   std::string precision = "auto";
@@ -160,6 +163,31 @@ void draw_progress(int64_t epoch, int64_t epochs, int64_t done, int64_t total, d
   std::fflush(stderr);
 }
 
+// The files of a model directory: save_classifier's and the checkpoint.
+const char* const kModelFiles[] = {"model.safetensors", "vocabulary.json", "config.json",
+                                   "checkpoint.safetensors"};
+
+// A new run must not destroy the model an earlier run left in `out`: its files
+// move (one rename each, so each file is either still in `out` or complete in
+// the new place) to out/previous-N, the first N free. Returns that directory,
+// or "" when `out` holds no model file.
+std::string keep_previous_model(const std::string& out) {
+  namespace fs = std::filesystem;
+  std::vector<std::string> present;
+  for (const char* f : kModelFiles) {
+    if (fs::exists(fs::path(out) / f)) present.push_back(f);
+  }
+  if (present.empty()) return "";
+  fs::path dest;
+  for (int n = 1;; ++n) {
+    dest = fs::path(out) / ("previous-" + std::to_string(n));
+    if (!fs::exists(dest)) break;
+  }
+  fs::create_directories(dest);
+  for (const auto& f : present) fs::rename(fs::path(out) / f, dest / f);
+  return dest.string();
+}
+
 // Predicted label of every example, in batches (no gradient is kept).
 std::vector<int64_t> predict_all(CharClassifier& model, const Vocabulary& vocab,
                                  const std::vector<Example>& examples, int64_t batch_size) {
@@ -241,11 +269,6 @@ void run_train(TrainArgs a) {
     }
     fmt::print("resuming from {}: epoch {} of {} done\n", path, ck->epoch, a.epochs);
   }
-  if (a.epochs < 0) throw std::invalid_argument("--epochs = " + std::to_string(a.epochs) + " is negative");
-  if (a.batch_size <= 0) {
-    throw std::invalid_argument("--batch-size = " + std::to_string(a.batch_size) + " must be positive");
-  }
-  if (!(a.lr > 0)) throw std::invalid_argument("--lr = " + fmt::format("{}", a.lr) + " must be positive");
   if (a.threads > 0) set_num_threads(a.threads);
 
   const double startup_cpu0 = cpu_seconds();
@@ -308,6 +331,33 @@ void run_train(TrainArgs a) {
     opt.load_state(ck->adam_state, ck->adam_step);
     first_epoch = ck->epoch + 1;
   }
+  // A run that continues its own checkpoint replaces it as it goes; any other
+  // run keeps a model already in --out aside (or replaces it with --overwrite).
+  const bool continuing =
+      ck && (!a.given.count("--out") ||
+             std::filesystem::weakly_canonical(a.out) ==
+                 std::filesystem::weakly_canonical(std::filesystem::is_directory(a.resume)
+                                                       ? std::filesystem::path(a.resume)
+                                                       : std::filesystem::path(a.resume).parent_path()));
+  if (!continuing) {
+    if (a.overwrite) {
+      for (const char* f : kModelFiles) {
+        if (std::filesystem::exists(std::filesystem::path(a.out) / f)) {
+          fmt::print("{}/ holds a model from an earlier run: --overwrite, so this run replaces it\n", a.out);
+          break;
+        }
+      }
+    } else {
+      const std::string kept = keep_previous_model(a.out);
+      if (!kept.empty()) {
+        fmt::print("{}/ held a model from an earlier run: moved it to {}/ (--overwrite replaces it instead)\n",
+                   a.out, kept);
+      }
+    }
+  }
+  // The progress bar redraws one line with carriage returns: only for a terminal.
+  // A log file or pipe gets the one line per epoch below instead.
+  const bool show_bar = !a.quiet && ::isatty(STDOUT_FILENO) && ::isatty(STDERR_FILENO);
   const std::string checkpoint_path = (std::filesystem::path(a.out) / "checkpoint.safetensors").string();
   const std::string config_text = train_config(a).dump();
   CrossEntropyLoss ce;
@@ -348,7 +398,7 @@ void run_train(TrainArgs a) {
       loss_sum += loss;
       running = k == 0 ? loss : 0.98 * running + 0.02 * loss;
       const auto now = Clock::now();
-      if (!a.quiet && (std::chrono::duration<double>(now - last_draw).count() > 0.1 ||
+      if (show_bar && (std::chrono::duration<double>(now - last_draw).count() > 0.1 ||
                        k + 1 == batches.size())) {
         const double s = std::max(1e-9, seconds_since(t0));
         draw_progress(epoch, a.epochs, static_cast<int64_t>(k + 1),
@@ -361,7 +411,7 @@ void run_train(TrainArgs a) {
     const double cpu_secs = static_cast<double>(std::clock() - c0) / CLOCKS_PER_SEC;
     total_train_s += secs;
     total_cpu_s += cpu_secs;
-    if (!a.quiet) fmt::print(stderr, "\n");
+    if (show_bar) fmt::print(stderr, "\n");
     const double val_cpu0 = cpu_seconds();
     const double val_acc = accuracy(predict_all(model, vocab, split.val, 512), split.val);
     if (a.profile) {
@@ -394,23 +444,26 @@ void setup(CLI::App& sub) {
   sub.add_option("--data", a->data,
                  "train on a label<TAB>text file instead of the Debian word lists (split 80/10/10)");
   sub.add_option("--dict-dir", a->dict_dir, "directory of the Debian word lists")->capture_default_str();
-  sub.add_option("--words-per-language", a->words_per_language, "words sampled per language")
-      ->capture_default_str();
-  sub.add_option("--epochs", a->epochs, "passes over the training split")->capture_default_str();
-  sub.add_option("--batch-size", a->batch_size, "sequences per batch")->capture_default_str();
-  sub.add_option("--lr", a->lr, "Adam learning rate")->capture_default_str();
-  sub.add_option("--hidden", a->hidden, "LSTM hidden size per direction")->capture_default_str();
-  sub.add_option("--embed", a->embed, "character embedding size")->capture_default_str();
-  sub.add_option("--seed", a->seed, "seed of the initialisation and batch order")->capture_default_str();
-  sub.add_option("--threads", a->threads, "threads (0: the library default)")->capture_default_str();
-  sub.add_option("--clip", a->clip, "clip the gradient norm to this (0: off)")->capture_default_str();
+  using seqpack::cli::add_number;
+  add_number<int64_t>(sub, "--words-per-language", a->words_per_language, "words sampled per language", 1);
+  add_number<int64_t>(sub, "--epochs", a->epochs, "passes over the training split (with --resume: the new total)", 1);
+  add_number<int64_t>(sub, "--batch-size", a->batch_size, "sequences per batch", 1);
+  add_number(sub, "--lr", a->lr, "Adam learning rate", 0.0, std::numeric_limits<double>::max(),
+             /*min_open=*/true);
+  add_number<int64_t>(sub, "--hidden", a->hidden, "LSTM hidden size per direction", 1, 16384);
+  add_number<int64_t>(sub, "--embed", a->embed, "character embedding size", 1, 16384);
+  add_number<uint64_t>(sub, "--seed", a->seed, "seed of the initialisation and batch order", 0);
+  add_number(sub, "--threads", a->threads, "threads (0: the library default)", 0, 1024);
+  add_number(sub, "--clip", a->clip, "clip the gradient norm to this (0: off)", 0.0);
   sub.add_option("--out", a->out, "directory to save the model to")->capture_default_str();
   sub.add_option("--precision", a->precision,
                  "LSTM matrix products: fp32 (PyTorch-exact), bf16 (bf16 products, fp32 "
                  "accumulation; needs native bf16), or auto (bf16 where native)")
       ->check(CLI::IsMember({"fp32", "bf16", "auto"}))
       ->capture_default_str();
-  sub.add_flag("--quiet", a->quiet, "no progress bar");
+  sub.add_flag("--quiet", a->quiet, "no progress bar (there is none either when the output is not a terminal)");
+  sub.add_flag("--overwrite", a->overwrite,
+               "replace a model already in --out (default: move it to OUT/previous-N first)");
   sub.add_flag("--profile", a->profile,
                "print the CPU seconds of each phase of the training step (batch, forward, loss, "
                "backward, clip, step, zero_grad) per epoch");

@@ -1,11 +1,25 @@
 // Subcommands of the seqpack tool register themselves here, one file each
 // (cmd_demo.cpp, cmd_train.cpp, ...), so main.cpp never changes.
+//
+// Every numeric option is added with add_number, which checks its range when
+// the command line is parsed: "--threads: -1 is out of range: must be >= 0".
+// tests/test_cli_options.cpp walks every option of every subcommand and fails
+// for a numeric option added any other way, so none can be forgotten.
 #pragma once
 
 #include <CLI/CLI.hpp>
 
+#include <cerrno>
+#include <charconv>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
 #include <functional>
+#include <limits>
+#include <map>
+#include <memory>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 namespace seqpack::cli {
@@ -24,6 +38,108 @@ std::vector<Command>& commands();
 inline bool register_command(Command command) {
   commands().push_back(std::move(command));
   return true;
+}
+
+// The whole tool: every registered command added to `app` (main.cpp and the tests).
+void add_commands(CLI::App& app);
+
+// The range of a numeric option, and values just outside and at its edges (for
+// the test that walks every option).
+struct NumberInfo {
+  std::string range;                  // "must be >= 0", "must be > 0", "must be in [1, 16384]"
+  std::vector<std::string> rejected;  // e.g. "-1", "nan", "abc"
+  std::vector<std::string> accepted;  // the bounds themselves
+};
+// The numeric options added so far, by option.
+inline std::map<const CLI::Option*, NumberInfo>& number_options() {
+  static std::map<const CLI::Option*, NumberInfo> all;
+  return all;
+}
+
+namespace detail {
+
+template <typename T>
+std::string num_str(T v) {
+  if constexpr (std::is_floating_point_v<T>) {
+    char buf[64];
+    std::snprintf(buf, sizeof buf, "%g", static_cast<double>(v));
+    return buf;
+  } else {
+    return std::to_string(v);
+  }
+}
+
+// "" when `text` is a T in range; otherwise what is wrong, naming the value.
+template <typename T>
+std::string check_number(const std::string& text, T min, T max, bool min_open,
+                         const std::string& range) {
+  T v{};
+  if constexpr (std::is_integral_v<T>) {
+    const char* end = text.data() + text.size();
+    auto [p, ec] = std::from_chars(text.data(), end, v);
+    if (ec == std::errc::result_out_of_range ||
+        (ec == std::errc::invalid_argument && std::is_unsigned_v<T> && text.size() > 1 &&
+         text[0] == '-' && text.find_first_not_of("0123456789", 1) == std::string::npos)) {
+      return text + " is out of range: " + range;
+    }
+    if (ec != std::errc() || p != end) return "'" + text + "' is not an integer (" + range + ")";
+  } else {
+    char* end = nullptr;
+    errno = 0;
+    const double d = std::strtod(text.c_str(), &end);
+    if (text.empty() || end != text.c_str() + text.size()) {
+      return "'" + text + "' is not a number (" + range + ")";
+    }
+    if (!std::isfinite(d) || errno == ERANGE) return text + " is out of range: " + range;
+    v = static_cast<T>(d);
+  }
+  if (v < min || v > max || (min_open && v == min)) return text + " is out of range: " + range;
+  return "";
+}
+
+}  // namespace detail
+
+// Adds `--name` parsing into `value`, accepted in [min, max] ((min, max] with
+// min_open). The error names the option (CLI11 prefixes it) and the value.
+template <typename T>
+CLI::Option* add_number(CLI::App& sub, const std::string& name, T& value, const std::string& help,
+                        T min, T max = std::numeric_limits<T>::max(), bool min_open = false) {
+  static_assert(std::is_arithmetic_v<T> && !std::is_same_v<T, bool>);
+  const bool unbounded = max == std::numeric_limits<T>::max();
+  NumberInfo info;
+  const std::string lo = detail::num_str(min), hi = detail::num_str(max);
+  const std::string bounds = unbounded
+                                 ? std::string(min_open ? "> " : ">= ") + lo
+                                 : std::string(min_open ? "in (" : "in [") + lo + ", " + hi + "]";
+  info.range = "must be " + bounds;
+  // Just below the range, just above it (or past the type's limit), and not numbers at all.
+  if constexpr (std::is_integral_v<T>) {
+    if (std::is_unsigned_v<T> && min == 0) {
+      info.rejected.push_back("-1");
+    } else if (min == std::numeric_limits<T>::min()) {
+      info.rejected.push_back(detail::num_str(min) + "0");
+    } else {
+      info.rejected.push_back(detail::num_str(static_cast<T>(min - 1)));
+    }
+    info.rejected.push_back(unbounded ? detail::num_str(max) + "0"
+                                      : detail::num_str(static_cast<T>(max + 1)));
+    info.rejected.push_back("1.5");
+    info.accepted = {detail::num_str(static_cast<T>(min + (min_open ? 1 : 0)))};
+  } else {
+    info.rejected.push_back(detail::num_str(min_open ? min : min - 1));
+    if (!unbounded) info.rejected.push_back(detail::num_str(max * 2 + 1));
+    info.rejected.insert(info.rejected.end(), {"nan", "inf", "1e999"});
+    info.accepted = {detail::num_str(min_open ? min + 0.5 : min)};
+  }
+  if (!unbounded) info.accepted.push_back(detail::num_str(max));
+  info.rejected.push_back("abc");
+  const std::string range = info.range;
+  CLI::Option* opt = sub.add_option(name, value, help)->capture_default_str();
+  opt->check(CLI::Validator(
+      [=](std::string& text) { return detail::check_number<T>(text, min, max, min_open, range); },
+      bounds, "seqpack-range"));
+  number_options()[opt] = std::move(info);
+  return opt;
 }
 
 }  // namespace seqpack::cli

@@ -1,28 +1,14 @@
 // The seqpack command-line tool: a thin front end over the public headers.
-#include <algorithm>
 #include <cstdio>
 #include <exception>
 #include <string>
 
 #include "command.h"
 
-namespace seqpack::cli {
-std::vector<Command>& commands() {
-  static std::vector<Command> all;
-  return all;
-}
-}  // namespace seqpack::cli
-
 int main(int argc, char** argv) {
   CLI::App app{"seqpack: variable-length sequence batching and packed recurrent networks"};
-  app.require_subcommand(1);
-  auto& cmds = seqpack::cli::commands();
-  std::sort(cmds.begin(), cmds.end(),
-            [](const auto& a, const auto& b) { return a.name < b.name; });
-  for (auto& cmd : cmds) {
-    CLI::App* sub = app.add_subcommand(cmd.name, cmd.description);
-    cmd.setup(*sub);
-  }
+  seqpack::cli::add_commands(app);
+  const auto& cmds = seqpack::cli::commands();
   // CLI11 reports an unknown first word only as "A subcommand is required";
   // name it and list the commands instead.
   if (argc > 1 && argv[1][0] != '-') {
