@@ -29,6 +29,9 @@ from torch.nn.utils.rnn import PackedSequence
 __all__ = ["LSTM", "GRU", "RNN", "pack_padded_sequence", "pad_packed_sequence", "library_path"]
 
 _LIBRARY = os.path.join(os.path.dirname(os.path.abspath(__file__)), "libseqpack_torch.so")
+if not os.path.exists(_LIBRARY):
+    raise ImportError(f"seqpack.torch needs the operator library {_LIBRARY}: build seqpack with "
+                      f"-DSEQPACK_BUILD_TORCH=ON (scripts/setup.sh does), or install the wheel")
 torch.ops.load_library(_LIBRARY)
 
 

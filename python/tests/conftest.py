@@ -50,10 +50,11 @@ def _import_and_check():
         if source != os.path.join(os.path.realpath(ROOT), "python", "seqpack"):
             problems.append(f"its Python sources from {source}")
     if problems:
-        raise RuntimeError(
-            f"the seqpack under test is {expected}, but the suite {', '.join(problems)}. "
-            f"Build this tree (cmake --build {os.path.dirname(os.path.dirname(expected))}), or "
-            f"set SEQPACK_EXPECTED_PACKAGE to the package directory meant to be tested.")
+        hint = (f"Build this tree (cmake --build {os.path.dirname(os.path.dirname(expected))}), "
+                f"or set SEQPACK_EXPECTED_PACKAGE to the package directory meant to be tested."
+                if in_tree else "Check SEQPACK_EXPECTED_PACKAGE.")
+        raise RuntimeError(f"the seqpack under test is {expected}, but the suite "
+                           f"{', '.join(problems)}. {hint}")
 
 
 _import_and_check()
