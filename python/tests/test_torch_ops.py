@@ -7,7 +7,7 @@ import torch
 from torch.nn.utils import rnn as trnn
 
 import seqpack.torch as spt
-from helpers import assert_close, base_seed
+from helpers import assert_close, base_seed, torch_twin
 
 ops = torch.ops.seqpack
 MODES = ["LSTM", "GRU", "RNN_TANH", "RNN_RELU"]
@@ -20,20 +20,6 @@ def module(mode, dtype=torch.float32, **kwargs):
     if mode == "GRU":
         return spt.GRU(2, 3, dtype=dtype, **kwargs)
     return spt.RNN(2, 3, nonlinearity=mode[4:].lower(), dtype=dtype, **kwargs)
-
-
-def torch_twin(m):
-    """torch.nn's module of the same configuration and weights."""
-    cls = {"LSTM": torch.nn.LSTM, "GRU": torch.nn.GRU}.get(m.mode, torch.nn.RNN)
-    kwargs = dict(num_layers=m.num_layers, bidirectional=m.bidirectional, bias=m.bias,
-                  batch_first=m.batch_first, dtype=m.weight_ih_l0.dtype)
-    if m.mode == "LSTM":
-        kwargs["proj_size"] = m.proj_size
-    if m.mode.startswith("RNN"):
-        kwargs["nonlinearity"] = m.nonlinearity
-    t = cls(m.input_size, m.hidden_size, **kwargs)
-    t.load_state_dict(m.state_dict())
-    return t
 
 
 def rnn_args(m):

@@ -14,7 +14,7 @@ from torch import Tensor
 from torch.nn.utils import rnn as trnn
 
 import seqpack.torch as spt
-from helpers import assert_close, base_seed
+from helpers import assert_close, base_seed, torch_twin
 
 
 class Tagger(torch.nn.Module):
@@ -72,15 +72,7 @@ def batch(lengths, features=3, seed=0):
 
 def torch_reference(rnn, x, lengths):
     """torch.nn's module of the same class and weights, with torch's packing."""
-    cls = {"LSTM": torch.nn.LSTM, "GRU": torch.nn.GRU}.get(rnn.mode, torch.nn.RNN)
-    kwargs = dict(num_layers=rnn.num_layers, bidirectional=rnn.bidirectional, batch_first=True,
-                  bias=rnn.bias)
-    if rnn.mode == "LSTM":
-        kwargs["proj_size"] = rnn.proj_size
-    if rnn.mode.startswith("RNN"):
-        kwargs["nonlinearity"] = rnn.nonlinearity
-    t = cls(rnn.input_size, rnn.hidden_size, **kwargs)
-    t.load_state_dict(rnn.state_dict())
+    t = torch_twin(rnn)
     packed = trnn.pack_padded_sequence(x, lengths, batch_first=True, enforce_sorted=False)
     out, hidden = t(packed)
     padded, _ = trnn.pad_packed_sequence(out, batch_first=True, total_length=x.size(1))
