@@ -90,17 +90,20 @@ class _SeqpackLayer:
             self.dropout, self.training)
 
     def _seqpack_can_run(self, input: Tensor, h0: Optional[Tensor], c0: Optional[Tensor]) -> bool:
-        """CPU float32/float64 throughout; anything else runs torch's implementation."""
-        if input.device.type != "cpu":
+        """CPU float32/float64 input and states of the weights' dtype; anything else runs
+        torch's implementation. (One weight stands for all: a module's parameters
+        share a device and dtype unless set by hand, and then the operator names the
+        odd one.)"""
+        dtype = input.dtype
+        if input.device.type != "cpu" or (dtype != torch.float32 and dtype != torch.float64):
             return False
-        if input.dtype != torch.float32 and input.dtype != torch.float64:
+        w = self._flat_weights[0]
+        if w.device.type != "cpu" or w.dtype != dtype:
             return False
-        for w in self._flat_weights:
-            if w.device.type != "cpu" or w.dtype != input.dtype:
-                return False
-        for s in (h0, c0):
-            if s is not None and (s.device.type != "cpu" or s.dtype != input.dtype):
-                return False
+        if h0 is not None and (h0.device.type != "cpu" or h0.dtype != dtype):
+            return False
+        if c0 is not None and (c0.device.type != "cpu" or c0.dtype != dtype):
+            return False
         return True
 
     def _torch_run(self, input: Tensor, batch_sizes: Optional[Tensor],
@@ -178,6 +181,8 @@ class _SeqpackLayer:
         if lengths is not None:
             raise ValueError("lengths is for padded input; a PackedSequence has its own")
         self.check_input(input.data, input.batch_sizes)
+        if h0 is None and c0 is None:
+            return
         # The batch counts zero-length sequences, which have no packed rows.
         sorted_indices = input.sorted_indices
         if sorted_indices is not None:
