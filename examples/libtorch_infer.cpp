@@ -49,8 +49,8 @@ int main(int argc, char** argv) {
     model.eval();
     torch::NoGradGuard no_grad;
     c10::IValue result = model.forward({x, torch::tensor(lengths, torch::kLong)});
-    torch::Tensor out = result.isTuple() ? result.toTuple()->elements()[0].toTensor()
-                                         : result.toTensor();
+    torch::Tensor out =
+        result.isTuple() ? result.toTuple()->elements()[0].toTensor() : result.toTensor();
     out = out.contiguous().to(torch::kDouble);
     std::printf("output");
     for (int64_t d : out.sizes()) std::printf(" %lld", static_cast<long long>(d));

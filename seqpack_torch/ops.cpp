@@ -62,9 +62,10 @@ DType core_dtype(const Tensor& t, const char* op, const char* what) {
     case at::kLong:
       return DType::i64;
     default:
-      C10_THROW_ERROR(TypeError,
-                      c10::str(op, ": ", what, " has dtype ", t.scalar_type(),
-                               "; seqpack runs float32 and float64 (int64 for lengths and indices)"));
+      C10_THROW_ERROR(
+          TypeError,
+          c10::str(op, ": ", what, " has dtype ", t.scalar_type(),
+                   "; seqpack runs float32 and float64 (int64 for lengths and indices)"));
   }
 }
 
@@ -146,7 +147,8 @@ struct Holder : torch::CustomClassHolder {
 
 template <typename T>
 void stash(AutogradContext* ctx, const char* key, T value) {
-  ctx->saved_data[key] = c10::IValue::make_capsule(c10::make_intrusive<Holder<T>>(std::move(value)));
+  ctx->saved_data[key] =
+      c10::IValue::make_capsule(c10::make_intrusive<Holder<T>>(std::move(value)));
 }
 
 template <typename T>
@@ -155,12 +157,15 @@ const T& unstash(AutogradContext* ctx, const char* key) {
   return static_cast<Holder<T>*>(capsule.get())->value;
 }
 
-bool any_requires_grad(std::initializer_list<const OptTensor*> opts, at::TensorList more) {
+// True when autograd must record the call: grad mode on and some input
+// requiring a gradient.
+bool needs_graph(const Tensor& data, const OptTensor& h0, const OptTensor& c0,
+                 at::TensorList weights) {
   if (!at::GradMode::is_enabled()) return false;
-  for (const OptTensor* t : opts)
-    if (t->has_value() && (*t)->defined() && (*t)->requires_grad()) return true;
-  for (const Tensor& t : more)
-    if (t.requires_grad()) return true;
+  auto wants = [](const OptTensor& t) { return t.has_value() && t->requires_grad(); };
+  if (data.requires_grad() || wants(h0) || wants(c0)) return true;
+  for (const Tensor& w : weights)
+    if (w.requires_grad()) return true;
   return false;
 }
 
@@ -188,11 +193,20 @@ RNNCall make_call(const char* op, const Tensor& x, int64_t input_size, c10::stri
                   int64_t proj_size, double dropout, bool train, c10::optional<int64_t> seed) {
   check_cpu(x, op, "input");
   const DType dtype = core_dtype(x, op, "input");
-  TORCH_CHECK_TYPE(dtype != DType::i64, op, ": input has dtype Long; seqpack runs float32 and float64");
+  TORCH_CHECK_TYPE(dtype != DType::i64, op,
+                   ": input has dtype Long; seqpack runs float32 and float64");
   RNNCall call;
-  call.options = RNNOptions{parse_mode(mode), input_size, hidden_size, num_layers,   bias,
-                            /*batch_first=*/false, dropout, bidirectional, proj_size, dtype};
-  checked(op, [&] { call.options.validate(); });
+  RNNOptions& o = call.options;
+  o.mode = parse_mode(mode);
+  o.input_size = input_size;
+  o.hidden_size = hidden_size;
+  o.num_layers = num_layers;
+  o.bias = bias;
+  o.dropout = dropout;
+  o.bidirectional = bidirectional;
+  o.proj_size = proj_size;
+  o.dtype = dtype;
+  checked(op, [&] { o.validate(); });
   call.train = train;
   if (seed.has_value()) {
     call.seed = static_cast<uint64_t>(*seed);
@@ -286,7 +300,7 @@ class RNNFunction : public torch::autograd::Function<RNNFunction> {
 std::tuple<Tensor, Tensor, Tensor> run_rnn(const RNNCall& call, const Tensor& data,
                                            const OptTensor& h0, const OptTensor& c0,
                                            at::TensorList weights) {
-  if (any_requires_grad({&h0, &c0}, weights) || (at::GradMode::is_enabled() && data.requires_grad())) {
+  if (needs_graph(data, h0, c0, weights)) {
     variable_list out = RNNFunction::apply(data, h0, c0, weights, call);
     return {out[0], out[1], out[2]};
   }
@@ -301,10 +315,12 @@ std::shared_ptr<const PackingPlan> plan_of(const Tensor& data, const Tensor& bat
   // avoids wrapping the features.
   p.data = CoreTensor::empty({data.dim() > 0 ? data.size(0) : 0}, DType::i64);
   p.batch_sizes = to_core(int64_tensor(batch_sizes, op, "batch_sizes"), op, "batch_sizes");
-  p.sorted_indices = to_core(int64_tensor(sorted_indices, op, "sorted_indices"), op, "sorted_indices");
+  p.sorted_indices =
+      to_core(int64_tensor(sorted_indices, op, "sorted_indices"), op, "sorted_indices");
   p.unsorted_indices =
       to_core(int64_tensor(unsorted_indices, op, "unsorted_indices"), op, "unsorted_indices");
-  return checked(op, [&] { return std::make_shared<const PackingPlan>(PackingPlan::from_packed(p)); });
+  return checked(op,
+                 [&] { return std::make_shared<const PackingPlan>(PackingPlan::from_packed(p)); });
 }
 
 std::tuple<Tensor, Tensor, Tensor> rnn(const Tensor& data, const Tensor& batch_sizes,
@@ -342,7 +358,8 @@ class PackFunction : public torch::autograd::Function<PackFunction> {
     indices->batch_sizes = from_core(p.batch_sizes);
     indices->sorted_indices = from_core(p.sorted_indices);
     indices->unsorted_indices = from_core(p.unsorted_indices);
-    stash(ctx, "plan", std::make_shared<const PackingPlan>(PackingPlan::from_lengths(lengths, enforce_sorted)));
+    stash(ctx, "plan",
+          std::make_shared<const PackingPlan>(PackingPlan::from_lengths(lengths, enforce_sorted)));
     ctx->saved_data["padded_length"] = input.size(batch_first ? 1 : 0);
     ctx->saved_data["batch_first"] = batch_first;
     return {from_core(p.data)};
@@ -418,11 +435,13 @@ std::tuple<Tensor, Tensor> pad_packed(const Tensor& data, const Tensor& batch_si
 
 // ---- padded input ----------------------------------------------------------
 
-std::tuple<Tensor, Tensor, Tensor> rnn_padded(
-    const Tensor& input, const OptTensor& lengths, const OptTensor& h0, const OptTensor& c0,
-    at::TensorList weights, c10::string_view mode, int64_t hidden_size, int64_t num_layers,
-    bool bias, bool batch_first, bool bidirectional, int64_t proj_size, double dropout, bool train,
-    c10::optional<int64_t> seed) {
+std::tuple<Tensor, Tensor, Tensor> rnn_padded(const Tensor& input, const OptTensor& lengths,
+                                              const OptTensor& h0, const OptTensor& c0,
+                                              at::TensorList weights, c10::string_view mode,
+                                              int64_t hidden_size, int64_t num_layers, bool bias,
+                                              bool batch_first, bool bidirectional,
+                                              int64_t proj_size, double dropout, bool train,
+                                              c10::optional<int64_t> seed) {
   constexpr const char* op = "seqpack::rnn_padded";
   TORCH_CHECK_VALUE(input.dim() == 3, op, ": input must be 3-D [T, B, input_size] (batch_first: ",
                     "[B, T, input_size]), got shape ", input.sizes());
@@ -436,7 +455,8 @@ std::tuple<Tensor, Tensor, Tensor> rnn_padded(
         pack_padded(input, *lengths, batch_first, /*enforce_sorted=*/false);
     call.plan = plan_of(data, batch_sizes, sorted, unsorted, op);
     auto [out, h_n, c_n] = run_rnn(call, data, h0, c0, weights);
-    Tensor padded = std::get<0>(pad_packed(out, batch_sizes, sorted, unsorted, batch_first, 0.0, T));
+    Tensor padded =
+        std::get<0>(pad_packed(out, batch_sizes, sorted, unsorted, batch_first, 0.0, T));
     return {padded, h_n, c_n};
   }
   // Every sequence has length T: the time-major rows are already the packed
