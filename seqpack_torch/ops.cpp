@@ -250,9 +250,10 @@ class RNNFunction : public torch::autograd::Function<RNNFunction> {
     auto [output, h_n, c_n] = outputs(r, data);
     stash(ctx, "core", std::shared_ptr<const RNNSaved>(r.saved));
     // Saved for torch's version counters: in-place changes of what the core
-    // still reads (inputs, weights, and outputs, which its saved activations
-    // may share) are caught at backward.
-    variable_list saved = {data, output, h_n};
+    // still reads (input, states, weights) are caught at backward. Its saved
+    // activations do not share the outputs' memory (test_torch_ops.py checks),
+    // so the outputs may be modified in place.
+    variable_list saved = {data};
     if (h0.has_value() && h0->defined()) saved.push_back(*h0);
     if (c0.has_value() && c0->defined()) saved.push_back(*c0);
     saved.insert(saved.end(), weights.begin(), weights.end());

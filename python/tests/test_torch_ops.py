@@ -207,3 +207,26 @@ def test_double_backward_is_refused():
     out, _ = m(x)
     with pytest.raises(RuntimeError, match="double backward is not supported"):
         torch.autograd.grad(out.sum(), x, create_graph=True)
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_outputs_modified_in_place_leave_gradients_unchanged(mode):
+    # The operator does not save its outputs for backward: this holds only
+    # while the core's saved activations do not share their memory.
+    m = module(mode, torch.float64, num_layers=2, bidirectional=True)
+    x = torch.randn(4, 3, 2, dtype=torch.float64)
+    g = torch.randn(4, 3, 6, dtype=torch.float64)
+
+    def grads(modify):
+        m.zero_grad()
+        out, hidden = m(x)
+        loss = (out * g).sum()
+        if modify:
+            with torch.no_grad():
+                out.fill_(3.0)
+                for h in (hidden if mode == "LSTM" else (hidden,)):
+                    h.fill_(-2.0)
+        loss.backward()
+        return [p.grad.clone() for p in m.parameters()]
+    for a, b in zip(grads(False), grads(True)):
+        assert torch.equal(a, b)
