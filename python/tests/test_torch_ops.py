@@ -2,6 +2,8 @@
 against finite differences, zero-length sequences and padded input with
 lengths against torch.nn on the non-empty sequences, the packing operators
 against torch's, and bad inputs with clear errors."""
+from typing import Tuple
+
 import pytest
 import torch
 from torch.nn.utils import rnn as trnn
@@ -230,3 +232,51 @@ def test_outputs_modified_in_place_leave_gradients_unchanged(mode):
         return [p.grad.clone() for p in m.parameters()]
     for a, b in zip(grads(False), grads(True)):
         assert torch.equal(a, b)
+
+
+class PackedRun(torch.nn.Module):
+    """A scriptable caller of a layer on packed input with h0 (a scripted layer
+    alone cannot be called: its forward is overloaded, as torch.nn's)."""
+
+    def __init__(self, layer):
+        super().__init__()
+        self.layer = layer
+
+    def forward(self, x: trnn.PackedSequence, h0: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
+        if isinstance(self.layer, spt.LSTM):
+            out, (h, _) = self.layer(x, (h0, torch.zeros_like(h0)))
+            return out.data, h
+        out, h = self.layer(x, h0)
+        return out.data, h
+
+
+class LengthsRun(torch.nn.Module):
+    def __init__(self, layer):
+        super().__init__()
+        self.layer = layer
+
+    def forward(self, x: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
+        return self.layer(x, None, lengths)[0]
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_torch_fallback_for_other_dtypes_packed_lengths_and_scripted(mode):
+    # bfloat16 is not seqpack's: the layers run torch's kernels, eagerly and
+    # scripted, with h0 in the caller's order and with lengths.
+    m = module(mode, num_layers=2, bidirectional=True).bfloat16()
+    t = torch_twin(m)
+    g = torch.Generator().manual_seed(base_seed())
+    seqs = [torch.randn(n, 2, generator=g).bfloat16() for n in (2, 4, 3)]
+    h0 = torch.randn(4, 3, 3, generator=g).bfloat16()
+    hx = (h0, torch.zeros_like(h0)) if mode == "LSTM" else h0
+    packed = trnn.pack_sequence(seqs, enforce_sorted=False)
+    padded, lengths = trnn.pad_sequence(seqs), torch.tensor([2, 4, 3])
+    with torch.no_grad():
+        ref_out, ref_hidden = t(packed, hx)
+        ref_h = ref_hidden[0] if mode == "LSTM" else ref_hidden
+        ref_padded, _ = trnn.pad_packed_sequence(t(packed)[0], total_length=4)
+        for run in (PackedRun(m), torch.jit.script(PackedRun(m))):
+            out, h = run(packed, h0)
+            assert torch.equal(out, ref_out.data) and torch.equal(h, ref_h)
+        for run in (LengthsRun(m), torch.jit.script(LengthsRun(m))):
+            assert torch.equal(run(padded, lengths), ref_padded)
