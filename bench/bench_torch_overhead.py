@@ -6,6 +6,10 @@ batch; forward + out.data.sum().backward() with zero_grad), alternating round
 by round. The difference of the medians is the bridge: argument checks,
 operator dispatch, autograd and the hand-over of tensors (it also holds what
 any torch model pays: the sum, its backward, the gradient accumulation).
+The same run times that harness around one elementwise product of an
+output-sized tensor with a parameter ("torch harness"): what a torch model
+pays per step whatever its layers are, so the bridge's own share of the
+forward+backward overhead is the difference minus that.
 
     /usr/bin/python3 bench/bench_torch_overhead.py [--workload rnn-tanh-tiny]
         [--rounds 5] [--reps 300] [--seqpack build/seqpack]
@@ -57,6 +61,20 @@ def python_times(module, packed, reps):
     return statistics.median(fwd), statistics.median(train)
 
 
+def harness_floor(module, rows, width, reps):
+    """Median process CPU seconds of zero_grad + one elementwise op on a
+    parameter + sum + backward: the training step's fixed cost in torch."""
+    x = torch.randn(rows, width)
+    p = next(module.parameters())
+    times = []
+    for _ in range(reps):
+        c = time.process_time()
+        module.zero_grad(set_to_none=True)
+        (x * p.view(-1)[:width]).sum().backward()
+        times.append(time.process_time() - c)
+    return statistics.median(times)
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--workloads", default=os.path.join(ROOT, "..", "shared", "workloads.json"))
@@ -81,20 +99,26 @@ def main():
     print(f"seqpack from {os.path.dirname(seqpack.__file__)}; workload {w['name']}, 1 thread; "
           f"median process CPU µs per call")
     print(f"{'round':>5} {'C++ fwd':>9} {'torch fwd':>9} {'overhead':>9} "
-          f"{'C++ f+b':>9} {'torch f+b':>9} {'overhead':>9}")
-    over_f, over_t = [], []
+          f"{'C++ f+b':>9} {'torch f+b':>9} {'overhead':>9} {'harness':>9} {'bridge':>9}")
+    over_f, over_t, bridge = [], [], []
+    width = m.proj_size or m.hidden_size
     for r in range(args.rounds):
         cpp = cpp_times(args.seqpack, args.workloads, w["name"])
         f, t = python_times(m, packed, args.reps)
+        floor = harness_floor(m, packed.data.size(0), width, args.reps)
         cf, ct = cpp["forward_packed"], cpp["train_packed"]
         over_f.append(f - cf)
         over_t.append(t - ct)
+        bridge.append(t - ct - floor)
         print(f"{r:>5} {1e6 * cf:>9.1f} {1e6 * f:>9.1f} {1e6 * (f - cf):>9.1f} "
-              f"{1e6 * ct:>9.1f} {1e6 * t:>9.1f} {1e6 * (t - ct):>9.1f}", flush=True)
+              f"{1e6 * ct:>9.1f} {1e6 * t:>9.1f} {1e6 * (t - ct):>9.1f} {1e6 * floor:>9.1f} "
+              f"{1e6 * (t - ct - floor):>9.1f}", flush=True)
     print(f"overhead per call, µs: forward {1e6 * min(over_f):.1f} to {1e6 * max(over_f):.1f} "
           f"(median {1e6 * statistics.median(over_f):.1f}); forward+backward "
           f"{1e6 * min(over_t):.1f} to {1e6 * max(over_t):.1f} "
-          f"(median {1e6 * statistics.median(over_t):.1f})")
+          f"(median {1e6 * statistics.median(over_t):.1f}), of which the bridge's own "
+          f"{1e6 * min(bridge):.1f} to {1e6 * max(bridge):.1f} "
+          f"(median {1e6 * statistics.median(bridge):.1f})")
 
 
 if __name__ == "__main__":

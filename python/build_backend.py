@@ -67,6 +67,9 @@ def _build(config_settings):
                  "-DSEQPACK_BUILD_TESTS=OFF", "-DSEQPACK_BUILD_CLI=OFF",
                  "-DSEQPACK_BUILD_EXAMPLES=OFF", "-DSEQPACK_BUILD_BENCHMARKS=OFF",
                  "-DSEQPACK_BUILD_PYTHON=ON", f"-DSEQPACK_BUILD_TORCH={torch}",
+                 # pybind11 would link the bindings with LTO: slower to build,
+                 # nothing to gain in thin bindings.
+                 "-DCMAKE_INTERPROCEDURAL_OPTIMIZATION=OFF",
                  f"-DPython3_EXECUTABLE={sys.executable}"]
     targets = ["seqpack_python"] + (["seqpack_torch"] if torch == "ON" else [])
     for cmd in (configure, ["cmake", "--build", build_dir, "-j", jobs, "--target", *targets]):
