@@ -89,6 +89,40 @@ class _SeqpackLayer:
             self.num_layers, self.bias, self.batch_first, self.bidirectional, self.proj_size,
             self.dropout, self.training)
 
+    @torch.jit.unused
+    def _exporting_onnx(self) -> bool:
+        return torch.onnx.is_in_onnx_export()
+
+    @torch.jit.unused
+    def _onnx_packed(self, input: PackedSequence, h0: Optional[Tensor], c0: Optional[Tensor]
+                     ) -> Tuple[PackedSequence, Tensor, Tensor]:
+        """_forward_packed under torch.onnx.export: ONNX's LSTM/GRU/RNN operators
+        (seqpack/torch_onnx.py, which takes a layer's forward arguments)."""
+        from . import torch_onnx
+        out, hidden = torch_onnx.forward(self, input, self._hx(h0, c0))
+        return (out,) + self._states(hidden, out.data)
+
+    @torch.jit.unused
+    def _onnx_padded(self, input: Tensor, h0: Optional[Tensor], c0: Optional[Tensor],
+                     lengths: Optional[Tensor]) -> Tuple[Tensor, Tensor, Tensor]:
+        """_forward_padded under torch.onnx.export (see _onnx_packed)."""
+        from . import torch_onnx
+        if lengths is not None:
+            raise ValueError("torch.onnx.export of a seqpack.torch layer called with lengths: "
+                             "pack the input with pack_padded_sequence instead")
+        out, hidden = torch_onnx.forward(self, input, self._hx(h0, c0))
+        return (out,) + self._states(hidden, out)
+
+    @torch.jit.unused
+    def _hx(self, h0, c0):
+        return None if h0 is None else ((h0, c0) if self.mode == "LSTM" else h0)
+
+    @torch.jit.unused
+    def _states(self, hidden, like):
+        if self.mode == "LSTM":
+            return hidden[0], hidden[1]
+        return hidden, torch.empty(0, dtype=like.dtype)
+
     def _seqpack_can_run(self, input: Tensor, h0: Optional[Tensor], c0: Optional[Tensor]) -> bool:
         """CPU float32/float64 input and states of the weights' dtype; anything else runs
         torch's implementation. (One weight stands for all: a module's parameters
@@ -235,6 +269,8 @@ class _SeqpackLayer:
 
     def _forward_padded(self, input: Tensor, h0: Optional[Tensor], c0: Optional[Tensor],
                         lengths: Optional[Tensor]) -> Tuple[Tensor, Tensor, Tensor]:
+        if not torch.jit.is_scripting() and self._exporting_onnx():
+            return self._onnx_padded(input, h0, c0, lengths)
         is_batched, h0, c0 = self._padded_checks(input, h0, c0, lengths)
         if is_batched:
             return self._run(input, None, None, None, lengths, h0, c0)
@@ -245,6 +281,8 @@ class _SeqpackLayer:
     def _forward_packed(self, input: PackedSequence, h0: Optional[Tensor],
                         c0: Optional[Tensor], lengths: Optional[Tensor]
                         ) -> Tuple[PackedSequence, Tensor, Tensor]:
+        if not torch.jit.is_scripting() and self._exporting_onnx():
+            return self._onnx_packed(input, h0, c0)
         self._check_packed(input, h0, c0, lengths)
         out, h_n, c_n = self._run(input.data, input.batch_sizes, input.sorted_indices,
                                   input.unsorted_indices, None, h0, c0)

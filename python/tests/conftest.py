@@ -44,11 +44,11 @@ def _import_and_check():
     if os.path.realpath(found) != os.path.realpath(expected):
         problems.append(f"imported seqpack from {found}")
     if extension != os.path.realpath(expected):
-        problems.append(f"its extension from {extension}")
+        problems.append(f"imported its extension from {extension}")
     if in_tree:
         source = os.path.dirname(os.path.realpath(seqpack.__file__))
         if source != os.path.join(os.path.realpath(ROOT), "python", "seqpack"):
-            problems.append(f"its Python sources from {source}")
+            problems.append(f"imported its Python sources from {source}")
     if problems:
         hint = (f"Build this tree (cmake --build {os.path.dirname(os.path.dirname(expected))}), "
                 f"or set SEQPACK_EXPECTED_PACKAGE to the package directory meant to be tested."
