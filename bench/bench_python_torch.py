@@ -23,9 +23,12 @@ import torch
 from torch.nn.utils import rnn as trnn
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, os.path.join(ROOT, os.environ.get("SEQPACK_BUILD_DIR", "build"), "python"))
+# SEQPACK_PYTHON_ROOT: another seqpack package root to time (e.g. an older build).
+sys.path.insert(0, os.environ.get("SEQPACK_PYTHON_ROOT") or
+                os.path.join(ROOT, os.environ.get("SEQPACK_BUILD_DIR", "build"), "python"))
 import seqpack  # noqa: E402
 import seqpack.torch as spt  # noqa: E402
+from torch_threads import set_torch_threads  # noqa: E402
 
 CLASSES = {"lstm": (torch.nn.LSTM, spt.LSTM, {}), "gru": (torch.nn.GRU, spt.GRU, {}),
            "rnn_tanh": (torch.nn.RNN, spt.RNN, {"nonlinearity": "tanh"}),
@@ -86,7 +89,7 @@ def main():
     p.add_argument("--max-reps", type=int, default=15)
     args = p.parse_args()
 
-    torch.set_num_threads(args.threads)
+    set_torch_threads(args.threads)  # torch's and the OpenBLAS its GEMMs call
     seqpack.set_num_threads(args.threads)
     with open(args.workloads) as f:
         workloads = json.load(f)["workloads"]
@@ -94,6 +97,7 @@ def main():
         workloads = [w for w in workloads if w["name"] in args.workload]
     modes = args.mode or ["forward", "train"]
 
+    print(f"seqpack from {os.path.dirname(seqpack.__file__)}")
     print(f"threads={args.threads} torch {torch.__version__}; median ms per batch (wall, and "
           f"process CPU time, steadier on a shared machine); ratio = torch / seqpack "
           f"(> 1: seqpack faster)")

@@ -37,6 +37,7 @@ fi
 BUILD_DIR=${SEQPACK_BUILD_DIR:-build}
 cmake -S . -B "$BUILD_DIR" -DCMAKE_BUILD_TYPE=Release \
   -DSEQPACK_BUILD_TESTS=ON -DSEQPACK_BUILD_PYTHON=ON -DSEQPACK_BUILD_BENCHMARKS=ON \
+  -DSEQPACK_BUILD_TORCH=ON \
   -DPython3_EXECUTABLE=/usr/bin/python3 "$@" >/dev/null
 cmake --build "$BUILD_DIR" -j "$(nproc)"
 

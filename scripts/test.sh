@@ -18,6 +18,9 @@ if [ -d python/tests ]; then
     /usr/bin/python3 -m pytest -q python/tests
 fi
 
+echo "== pip: the wheel in a virtual environment, the Python suite against it from outside the tree =="
+bash scripts/test_wheel.sh
+
 echo "== C++ tests again under AddressSanitizer + UndefinedBehaviorSanitizer =="
 bash scripts/test_sanitize.sh
 

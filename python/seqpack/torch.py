@@ -6,193 +6,365 @@
 The classes subclass torch's, so constructor arguments, parameter names,
 initialisation (same RNG draws), state_dict, repr, optimisers and
 DistributedDataParallel behave exactly as with torch's modules. Only forward
-changes: the recurrence runs in seqpack's C++ core (rnn_forward/rnn_backward)
-through a torch.autograd.Function, with torch tensors shared with the core
-through NumPy views instead of copies. Inputs seqpack cannot run (not on the
-CPU, or not float32/float64) go to torch's own implementation.
+changes: it calls the operators of libseqpack_torch (torch.ops.seqpack.rnn,
+rnn_padded), whose CPU kernels run seqpack's C++ core on the tensors' memory
+and whose autograd is C++ (torch::autograd::Function), so forward and
+backward never come back to Python. The modules script with torch.jit.script
+and trace with torch.jit.trace; a saved script loads in any process that has
+loaded the operator library (import seqpack.torch, torch.ops.load_library
+(seqpack.torch.library_path()), or a LibTorch program linking it). In eager
+mode, inputs seqpack cannot run (not on the CPU, or not float32/float64) go to
+torch's own implementation.
+
+pack_padded_sequence and pad_packed_sequence are torch's, on
+torch.ops.seqpack.*: zero-length sequences are accepted.
 """
+import os
+from typing import List, Optional, Tuple
+
 import torch
+from torch import Tensor, _VF
 from torch.nn.utils.rnn import PackedSequence
 
-from . import _seqpack
-from . import torch_onnx as _onnx
+__all__ = ["LSTM", "GRU", "RNN", "pack_padded_sequence", "pad_packed_sequence", "library_path",
+           "StreamingRNN"]
 
-__all__ = ["LSTM", "GRU", "RNN", "RNNFunction"]
-
-_CORE_MODES = {"RNN_TANH": _seqpack.RNNMode.rnn_tanh, "RNN_RELU": _seqpack.RNNMode.rnn_relu,
-               "LSTM": _seqpack.RNNMode.lstm, "GRU": _seqpack.RNNMode.gru}
-_CORE_DTYPES = {torch.float32: _seqpack.DType.float32, torch.float64: _seqpack.DType.float64}
-
-
-def _np(t):
-    """NumPy view of a CPU tensor (a copy only when it is not contiguous); None stays None."""
-    if t is None:
-        return None
-    return t.detach().contiguous().numpy()
+_LIBRARY = os.path.join(os.path.dirname(os.path.abspath(__file__)), "libseqpack_torch.so")
+if not os.path.exists(_LIBRARY):
+    raise ImportError(f"seqpack.torch needs the operator library {_LIBRARY}: build seqpack with "
+                      f"-DSEQPACK_BUILD_TORCH=ON (scripts/setup.sh does), or install the wheel")
+torch.ops.load_library(_LIBRARY)
 
 
-def _torch(a):
-    return None if a is None else torch.from_numpy(a)
+def library_path() -> str:
+    """Path of libseqpack_torch (for torch.ops.load_library in another process)."""
+    return _LIBRARY
 
 
-class RNNFunction(torch.autograd.Function):
-    """Autograd node of one multi-layer recurrent forward on packed rows.
+def pack_padded_sequence(input: Tensor, lengths: Tensor, batch_first: bool = False,
+                         enforce_sorted: bool = True) -> PackedSequence:
+    """torch.nn.utils.rnn.pack_padded_sequence, accepting zero-length sequences.
 
-    apply(options, plan, training, dropout_seed, data, h0, c0, *weights) with
-    `options` a _seqpack.RNNOptions, `plan` the _seqpack.PackingPlan of `data`
-    ([plan.total_rows, input_size]) and weights in torch's _flat_weights order.
-    Returns (output rows, h_n) plus c_n for an LSTM.
+    `lengths` is an int64 tensor on the CPU (or, in eager mode, a list of ints).
+    With zero-length sequences the indices are kept even when enforce_sorted,
+    to record the batch size (those sequences have no packed rows).
+    """
+    if not torch.jit.is_scripting() and not isinstance(lengths, torch.Tensor):
+        lengths = torch.tensor(lengths, dtype=torch.int64)
+    data, batch_sizes, sorted_indices, unsorted_indices = torch.ops.seqpack.pack_padded_sequence(
+        input, lengths, batch_first, enforce_sorted)
+    if sorted_indices.numel() == 0:  # where torch's are None (enforce_sorted, none empty)
+        return PackedSequence(data, batch_sizes, None, None)
+    return PackedSequence(data, batch_sizes, sorted_indices, unsorted_indices)
+
+
+def pad_packed_sequence(sequence: PackedSequence, batch_first: bool = False,
+                        padding_value: float = 0.0,
+                        total_length: Optional[int] = None) -> Tuple[Tensor, Tensor]:
+    """torch.nn.utils.rnn.pad_packed_sequence, accepting zero-length sequences."""
+    return torch.ops.seqpack.pad_packed_sequence(
+        sequence.data, sequence.batch_sizes, sequence.sorted_indices, sequence.unsorted_indices,
+        batch_first, padding_value, total_length)
+
+
+class _SeqpackLayer:
+    """What the three layers share. Every forward goes through _run, the one
+    place that calls seqpack's operators."""
+
+    def _run(self, input: Tensor, batch_sizes: Optional[Tensor], sorted_indices: Optional[Tensor],
+             unsorted_indices: Optional[Tensor], lengths: Optional[Tensor],
+             h0: Optional[Tensor], c0: Optional[Tensor]) -> Tuple[Tensor, Tensor, Tensor]:
+        """Packed rows (batch_sizes given) or a padded 3-D batch (optionally with
+        lengths) -> (output, h_n, c_n), states in the caller's batch order; c_n
+        is an empty tensor except for LSTM."""
+        if not self._seqpack_can_run(input, h0, c0):
+            return self._torch_run(input, batch_sizes, sorted_indices, unsorted_indices, lengths,
+                                   h0, c0)
+        if batch_sizes is not None:
+            return torch.ops.seqpack.rnn(
+                input, batch_sizes, sorted_indices, unsorted_indices, h0, c0, self._flat_weights,
+                self.mode, self.hidden_size, self.num_layers, self.bias, self.bidirectional,
+                self.proj_size, self.dropout, self.training)
+        return torch.ops.seqpack.rnn_padded(
+            input, lengths, h0, c0, self._flat_weights, self.mode, self.hidden_size,
+            self.num_layers, self.bias, self.batch_first, self.bidirectional, self.proj_size,
+            self.dropout, self.training)
+
+    @torch.jit.unused
+    def _exporting_onnx(self) -> bool:
+        return torch.onnx.is_in_onnx_export()
+
+    @torch.jit.unused
+    def _onnx_packed(self, input: PackedSequence, h0: Optional[Tensor], c0: Optional[Tensor]
+                     ) -> Tuple[PackedSequence, Tensor, Tensor]:
+        """_forward_packed under torch.onnx.export: ONNX's LSTM/GRU/RNN operators
+        (seqpack/torch_onnx.py, which takes a layer's forward arguments)."""
+        from . import torch_onnx
+        out, hidden = torch_onnx.forward(self, input, self._hx(h0, c0))
+        return (out,) + self._states(hidden, out.data)
+
+    @torch.jit.unused
+    def _onnx_padded(self, input: Tensor, h0: Optional[Tensor], c0: Optional[Tensor],
+                     lengths: Optional[Tensor]) -> Tuple[Tensor, Tensor, Tensor]:
+        """_forward_padded under torch.onnx.export (see _onnx_packed)."""
+        from . import torch_onnx
+        if lengths is not None:
+            raise ValueError("torch.onnx.export of a seqpack.torch layer called with lengths: "
+                             "pack the input with pack_padded_sequence instead")
+        out, hidden = torch_onnx.forward(self, input, self._hx(h0, c0))
+        return (out,) + self._states(hidden, out)
+
+    @torch.jit.unused
+    def _hx(self, h0, c0):
+        return None if h0 is None else ((h0, c0) if self.mode == "LSTM" else h0)
+
+    @torch.jit.unused
+    def _states(self, hidden, like):
+        if self.mode == "LSTM":
+            return hidden[0], hidden[1]
+        return hidden, torch.empty(0, dtype=like.dtype)
+
+    def _seqpack_can_run(self, input: Tensor, h0: Optional[Tensor], c0: Optional[Tensor]) -> bool:
+        """CPU float32/float64 input and states of the weights' dtype; anything else runs
+        torch's implementation. (One weight stands for all: a module's parameters
+        share a device and dtype unless set by hand, and then the operator names the
+        odd one.)"""
+        dtype = input.dtype
+        if input.device.type != "cpu" or (dtype != torch.float32 and dtype != torch.float64):
+            return False
+        w = self._flat_weights[0]
+        if w.device.type != "cpu" or w.dtype != dtype:
+            return False
+        if h0 is not None and (h0.device.type != "cpu" or h0.dtype != dtype):
+            return False
+        if c0 is not None and (c0.device.type != "cpu" or c0.dtype != dtype):
+            return False
+        return True
+
+    def _torch_run(self, input: Tensor, batch_sizes: Optional[Tensor],
+                   sorted_indices: Optional[Tensor], unsorted_indices: Optional[Tensor],
+                   lengths: Optional[Tensor], h0: Optional[Tensor], c0: Optional[Tensor]
+                   ) -> Tuple[Tensor, Tensor, Tensor]:
+        """_run through torch's kernels (torch's _VF calls, as torch.nn's forward makes them)."""
+        total_length = 0
+        if lengths is not None:
+            total_length = input.size(1 if self.batch_first else 0)
+            packed = torch.nn.utils.rnn.pack_padded_sequence(input, lengths.cpu(), self.batch_first,
+                                                             enforce_sorted=False)
+            input, batch_sizes = packed.data, packed.batch_sizes
+            sorted_indices, unsorted_indices = packed.sorted_indices, packed.unsorted_indices
+        if batch_sizes is not None:
+            batch = int(batch_sizes[0])
+        else:
+            batch = input.size(0) if self.batch_first else input.size(1)
+        layers = self.num_layers * (2 if self.bidirectional else 1)
+        real_hidden = self.proj_size if self.proj_size > 0 else self.hidden_size
+        if h0 is None:
+            h0 = torch.zeros(layers, batch, real_hidden, dtype=input.dtype, device=input.device)
+        elif sorted_indices is not None:
+            h0 = h0.index_select(1, sorted_indices)
+        c_n = torch.empty(0, dtype=input.dtype, device=input.device)
+        w = self._flat_weights
+        if self.mode == "LSTM":
+            if c0 is None:
+                c0 = torch.zeros(layers, batch, self.hidden_size, dtype=input.dtype,
+                                 device=input.device)
+            elif sorted_indices is not None:
+                c0 = c0.index_select(1, sorted_indices)
+            if batch_sizes is None:
+                res3 = _VF.lstm(input, (h0, c0), w, self.bias, self.num_layers, self.dropout,
+                              self.training, self.bidirectional, self.batch_first)
+            else:
+                res3 = _VF.lstm(input, batch_sizes, (h0, c0), w, self.bias, self.num_layers,
+                              self.dropout, self.training, self.bidirectional)
+            output, h_n, c_n = res3[0], res3[1], res3[2]
+        else:
+            if batch_sizes is None:
+                if self.mode == "GRU":
+                    res = _VF.gru(input, h0, w, self.bias, self.num_layers, self.dropout,
+                              self.training, self.bidirectional, self.batch_first)
+                elif self.mode == "RNN_TANH":
+                    res = _VF.rnn_tanh(input, h0, w, self.bias, self.num_layers, self.dropout,
+                              self.training, self.bidirectional, self.batch_first)
+                else:
+                    res = _VF.rnn_relu(input, h0, w, self.bias, self.num_layers, self.dropout,
+                              self.training, self.bidirectional, self.batch_first)
+            else:
+                if self.mode == "GRU":
+                    res = _VF.gru(input, batch_sizes, h0, w, self.bias, self.num_layers,
+                              self.dropout, self.training, self.bidirectional)
+                elif self.mode == "RNN_TANH":
+                    res = _VF.rnn_tanh(input, batch_sizes, h0, w, self.bias, self.num_layers,
+                              self.dropout, self.training, self.bidirectional)
+                else:
+                    res = _VF.rnn_relu(input, batch_sizes, h0, w, self.bias, self.num_layers,
+                              self.dropout, self.training, self.bidirectional)
+            output, h_n = res[0], res[1]
+        if unsorted_indices is not None:
+            h_n = h_n.index_select(1, unsorted_indices)
+            if self.mode == "LSTM":
+                c_n = c_n.index_select(1, unsorted_indices)
+        if lengths is not None:
+            assert batch_sizes is not None
+            output, _ = torch.nn.utils.rnn.pad_packed_sequence(
+                PackedSequence(output, batch_sizes, sorted_indices, unsorted_indices),
+                self.batch_first, 0.0, total_length)
+        return output, h_n, c_n
+
+    def _check_packed(self, input: PackedSequence, h0: Optional[Tensor],
+                      c0: Optional[Tensor], lengths: Optional[Tensor]) -> None:
+        if lengths is not None:
+            raise ValueError("lengths is for padded input; a PackedSequence has its own")
+        self.check_input(input.data, input.batch_sizes)
+        if h0 is None and c0 is None:
+            return
+        # The batch counts zero-length sequences, which have no packed rows.
+        sorted_indices = input.sorted_indices
+        if sorted_indices is not None:
+            self._check_states(h0, c0, sorted_indices.size(0))
+        else:
+            self._check_states(h0, c0, int(input.batch_sizes[0]))
+
+    def _padded_checks(self, input: Tensor, h0: Optional[Tensor], c0: Optional[Tensor],
+                       lengths: Optional[Tensor]) -> Tuple[bool, Optional[Tensor], Optional[Tensor]]:
+        """torch's checks of a padded input, with torch's messages; returns
+        (is_batched, h0, c0) with unbatched states given a batch dimension."""
+        if input.dim() not in (2, 3):
+            raise ValueError(f"{self.mode}: Expected input to be 2-D or 3-D but received "
+                             f"{input.dim()}-D tensor")
+        is_batched = input.dim() == 3
+        want = 3 if is_batched else 2
+        kind = "batched 3-D" if is_batched else "unbatched 2-D"
+        if h0 is not None:
+            if c0 is not None:
+                if h0.dim() != want or c0.dim() != want:
+                    raise RuntimeError(f"For {kind} input, hx and cx should also be {want}-D but "
+                                       f"got ({h0.dim()}-D, {c0.dim()}-D) tensors")
+            elif h0.dim() != want:
+                raise RuntimeError(f"For {kind} input, hx should also be {want}-D but got "
+                                   f"{h0.dim()}-D tensor")
+            if not is_batched:
+                h0 = h0.unsqueeze(1)
+                if c0 is not None:
+                    c0 = c0.unsqueeze(1)
+        batch_dim = 0 if self.batch_first else 1
+        x = input if is_batched else input.unsqueeze(batch_dim)
+        self.check_input(x, None)
+        if lengths is not None and (lengths.dim() != 1 or lengths.size(0) != x.size(batch_dim)):
+            raise ValueError(f"lengths must be 1-D with one entry per sequence ({x.size(batch_dim)}), "
+                             f"got shape {list(lengths.size())}")
+        self._check_states(h0, c0, x.size(batch_dim))
+        return is_batched, h0, c0
+
+    def _check_states(self, h0: Optional[Tensor], c0: Optional[Tensor], batch: int) -> None:
+        layers = self.num_layers * (2 if self.bidirectional else 1)
+        real_hidden = self.proj_size if self.proj_size > 0 else self.hidden_size
+        if h0 is not None:
+            # torch's messages: LSTM names hidden[0] and hidden[1].
+            msg = "Expected hidden[0] size {}, got {}" if c0 is not None else \
+                "Expected hidden size {}, got {}"
+            self.check_hidden_size(h0, (layers, batch, real_hidden), msg)
+        if c0 is not None:
+            self.check_hidden_size(c0, (layers, batch, self.hidden_size),
+                                   "Expected hidden[1] size {}, got {}")
+
+    def _forward_padded(self, input: Tensor, h0: Optional[Tensor], c0: Optional[Tensor],
+                        lengths: Optional[Tensor]) -> Tuple[Tensor, Tensor, Tensor]:
+        if not torch.jit.is_scripting() and self._exporting_onnx():
+            return self._onnx_padded(input, h0, c0, lengths)
+        is_batched, h0, c0 = self._padded_checks(input, h0, c0, lengths)
+        if is_batched:
+            return self._run(input, None, None, None, lengths, h0, c0)
+        batch_dim = 0 if self.batch_first else 1
+        out, h_n, c_n = self._run(input.unsqueeze(batch_dim), None, None, None, lengths, h0, c0)
+        return out.squeeze(batch_dim), h_n.squeeze(1), c_n.squeeze(1) if c_n.dim() == 3 else c_n
+
+    def _forward_packed(self, input: PackedSequence, h0: Optional[Tensor],
+                        c0: Optional[Tensor], lengths: Optional[Tensor]
+                        ) -> Tuple[PackedSequence, Tensor, Tensor]:
+        if not torch.jit.is_scripting() and self._exporting_onnx():
+            return self._onnx_packed(input, h0, c0)
+        self._check_packed(input, h0, c0, lengths)
+        out, h_n, c_n = self._run(input.data, input.batch_sizes, input.sorted_indices,
+                                  input.unsorted_indices, None, h0, c0)
+        return PackedSequence(out, input.batch_sizes, input.sorted_indices,
+                              input.unsorted_indices), h_n, c_n
+
+
+class LSTM(_SeqpackLayer, torch.nn.LSTM):
+    """torch.nn.LSTM with seqpack's forward and backward.
+
+    forward(input, hx=None, lengths=None): as torch's; with `lengths` (int64,
+    one per sequence) a padded input runs packed: the output has zeros at the
+    padding and h_n, c_n are each sequence's state at its own last step.
     """
 
-    @staticmethod
-    def forward(ctx, options, plan, training, dropout_seed, data, h0, c0, *weights):
-        out, h_n, c_n, saved = _seqpack.rnn_forward(
-            options, [_np(w) for w in weights], _np(data), plan, _np(h0), _np(c0), training,
-            True, dropout_seed)
-        ctx.core_saved = saved
-        ctx.is_lstm = c_n is not None
-        # Saved only so torch's version counters catch in-place changes of
-        # what the core still points to.
-        ctx.save_for_backward(data, h0, c0, *weights)
-        # Unused outputs get None, not zero tensors: the core treats missing
-        # upstream gradients as zeros without materialising them.
-        ctx.set_materialize_grads(False)
-        if ctx.is_lstm:
-            return _torch(out), _torch(h_n), _torch(c_n)
-        return _torch(out), _torch(h_n)
+    @torch._jit_internal._overload_method  # noqa: F811
+    def forward(self, input: Tensor, hx: Optional[Tuple[Tensor, Tensor]] = None,  # noqa: F811
+                lengths: Optional[Tensor] = None) -> Tuple[Tensor, Tuple[Tensor, Tensor]]:
+        pass
 
-    @staticmethod
-    @torch.autograd.function.once_differentiable
-    def backward(ctx, grad_output, grad_h_n, grad_c_n=None):
-        ctx.saved_tensors  # raises if an input was modified in place since forward
-        need = ctx.needs_input_grad
-        # Without a gradient for h0/c0 the core skips the products only they need.
-        g_in, g_h0, g_c0, g_w = _seqpack.rnn_backward(ctx.core_saved, _np(grad_output),
-                                                      _np(grad_h_n), _np(grad_c_n),
-                                                      need[5] or need[6])
-        grads = [None, None, None, None,
-                 _torch(g_in) if need[4] else None,
-                 _torch(g_h0) if need[5] else None,
-                 _torch(g_c0) if need[6] else None]
-        grads += [_torch(g) if n else None for g, n in zip(g_w, need[7:])]
-        return tuple(grads)
+    @torch._jit_internal._overload_method  # noqa: F811
+    def forward(self, input: PackedSequence, hx: Optional[Tuple[Tensor, Tensor]] = None,  # noqa: F811
+                lengths: Optional[Tensor] = None) -> Tuple[PackedSequence, Tuple[Tensor, Tensor]]:
+        pass
 
-
-class _SeqpackForward:
-    """forward() of torch.nn.RNNBase subclasses, running seqpack's core."""
-
-    def _seqpack_can_run(self, x, weights, hx_tensors):
-        tensors = [x] + weights + hx_tensors
-        return all(t.device.type == "cpu" and t.dtype == x.dtype for t in tensors) and \
-            x.dtype in _CORE_DTYPES
-
-    def _core_options(self, dtype):
-        return _seqpack.RNNOptions(_CORE_MODES[self.mode], self.input_size, self.hidden_size,
-                                   self.num_layers, self.bias, False, float(self.dropout),
-                                   self.bidirectional, self.proj_size, _CORE_DTYPES[dtype])
-
-    def forward(self, input, hx=None):  # noqa: C901 (mirrors torch's forward)
-        if torch.onnx.is_in_onnx_export():  # torch.onnx.export: ONNX's LSTM/GRU/RNN operators
-            return _onnx.forward(self, input, hx)
-        is_lstm = self.mode == "LSTM"
-        packed = isinstance(input, PackedSequence)
-        if packed:
-            x, batch_sizes, sorted_indices, unsorted_indices = input
-            is_batched = True
-        else:
-            if not isinstance(input, torch.Tensor):
-                raise TypeError(f"input must be a Tensor or a PackedSequence, got "
-                                f"{type(input).__name__}")
-            if input.dim() not in (2, 3):
-                raise ValueError(f"{type(self).__name__}: Expected input to be 2-D or 3-D but "
-                                 f"received {input.dim()}-D tensor")
-            x, batch_sizes = input, None
-            is_batched = input.dim() == 3
-            batch_dim = 0 if self.batch_first else 1
-            if not is_batched:
-                x = x.unsqueeze(batch_dim)
-
-        h0 = c0 = None
+    def forward(self, input, hx=None, lengths=None):  # noqa: F811
+        h0: Optional[Tensor] = None
+        c0: Optional[Tensor] = None
         if hx is not None:
-            if is_lstm:
-                if not isinstance(hx, (tuple, list)) or len(hx) != 2:
-                    raise TypeError("LSTM expects hx as a tuple (h_0, c_0)")
-                h0, c0 = hx
-            else:
-                h0 = hx
-            states = [h0, c0] if is_lstm else [h0]
-            if not packed:
-                want = 3 if is_batched else 2
-                if any(s.dim() != want for s in states):
-                    # torch's messages, word for word.
-                    kind = "batched 3-D" if is_batched else "unbatched 2-D"
-                    if is_lstm:
-                        raise RuntimeError(f"For {kind} input, hx and cx should also be {want}-D "
-                                           f"but got ({h0.dim()}-D, {c0.dim()}-D) tensors")
-                    raise RuntimeError(f"For {kind} input, hx should also be {want}-D but got "
-                                       f"{h0.dim()}-D tensor")
-                if not is_batched:
-                    h0 = h0.unsqueeze(1)
-                    c0 = c0.unsqueeze(1) if c0 is not None else None
-            # torch's checks, with torch's messages.
-            self.check_forward_args(x, (h0, c0) if is_lstm else h0, batch_sizes)
+            h0, c0 = hx[0], hx[1]
+        if isinstance(input, PackedSequence):
+            out, h_n, c_n = self._forward_packed(input, h0, c0, lengths)
+            return out, (h_n, c_n)
         else:
-            self.check_input(x, batch_sizes)
+            output, h_n, c_n = self._forward_padded(input, h0, c0, lengths)
+            return output, (h_n, c_n)
 
-        weights = [getattr(self, n) for n in self._flat_weights_names]
-        hx_tensors = [t for t in (h0, c0) if t is not None]
-        if not self._seqpack_can_run(x, weights, hx_tensors):
-            return super().forward(input, hx)
 
-        if packed:
-            plan = _seqpack.PackingPlan.from_packed(
-                (_np(x), _np(batch_sizes), _np(sorted_indices), _np(unsorted_indices)))
-            data = x
+class GRU(_SeqpackLayer, torch.nn.GRU):
+    """torch.nn.GRU with seqpack's forward and backward (`lengths` as for LSTM)."""
+
+    @torch._jit_internal._overload_method  # noqa: F811
+    def forward(self, input: Tensor, hx: Optional[Tensor] = None,  # noqa: F811
+                lengths: Optional[Tensor] = None) -> Tuple[Tensor, Tensor]:
+        pass
+
+    @torch._jit_internal._overload_method  # noqa: F811
+    def forward(self, input: PackedSequence, hx: Optional[Tensor] = None,  # noqa: F811
+                lengths: Optional[Tensor] = None) -> Tuple[PackedSequence, Tensor]:
+        pass
+
+    def forward(self, input, hx=None, lengths=None):  # noqa: F811
+        if isinstance(input, PackedSequence):
+            out, h_n, _ = self._forward_packed(input, hx, None, lengths)
+            return out, h_n
         else:
-            # Sequences of equal length T: packed rows are the time-major
-            # padded rows, so [T, B, I] is already packed data (a view).
-            time_major = x.transpose(0, 1) if self.batch_first else x
-            T, B = time_major.shape[0], time_major.shape[1]
-            data = time_major.contiguous().view(T * B, self.input_size)
-            plan = _seqpack.PackingPlan.from_lengths([T] * B, True)
+            output, h_n, _ = self._forward_padded(input, hx, None, lengths)
+            return output, h_n
 
-        training = bool(self.training)
-        seed = 0
-        if training and self.dropout > 0 and self.num_layers > 1:
-            # Drawn from torch's generator so torch.manual_seed replays the masks.
-            seed = int(torch.randint(0, 2**62, (1,)).item())
-        options = self._core_options(x.dtype)
-        needs_grad = torch.is_grad_enabled() and any(
-            t.requires_grad for t in [data] + hx_tensors + weights)
-        if needs_grad:
-            result = RNNFunction.apply(options, plan, training, seed, data, h0, c0, *weights)
+
+class RNN(_SeqpackLayer, torch.nn.RNN):
+    """torch.nn.RNN (tanh or relu) with seqpack's forward and backward (`lengths` as for LSTM)."""
+
+    @torch._jit_internal._overload_method  # noqa: F811
+    def forward(self, input: Tensor, hx: Optional[Tensor] = None,  # noqa: F811
+                lengths: Optional[Tensor] = None) -> Tuple[Tensor, Tensor]:
+        pass
+
+    @torch._jit_internal._overload_method  # noqa: F811
+    def forward(self, input: PackedSequence, hx: Optional[Tensor] = None,  # noqa: F811
+                lengths: Optional[Tensor] = None) -> Tuple[PackedSequence, Tensor]:
+        pass
+
+    def forward(self, input, hx=None, lengths=None):  # noqa: F811
+        if isinstance(input, PackedSequence):
+            out, h_n, _ = self._forward_packed(input, hx, None, lengths)
+            return out, h_n
         else:
-            out, h_n, c_n, _ = _seqpack.rnn_forward(
-                options, [_np(w) for w in weights], _np(data), plan, _np(h0), _np(c0), training,
-                False, seed)
-            result = (_torch(out), _torch(h_n)) + ((_torch(c_n),) if is_lstm else ())
-        output, hidden = result[0], (result[1:] if is_lstm else result[1])
-        if is_lstm:
-            hidden = tuple(hidden)
-
-        if packed:
-            return PackedSequence(output, batch_sizes, sorted_indices, unsorted_indices), hidden
-        output = output.view(T, B, output.shape[-1])
-        if self.batch_first:
-            output = output.transpose(0, 1)
-        if not is_batched:
-            output = output.squeeze(batch_dim)
-            hidden = tuple(h.squeeze(1) for h in hidden) if is_lstm else hidden.squeeze(1)
-        return output, hidden
+            output, h_n, _ = self._forward_padded(input, hx, None, lengths)
+            return output, h_n
 
 
-class LSTM(_SeqpackForward, torch.nn.LSTM):
-    """torch.nn.LSTM with seqpack's forward and backward."""
-
-
-class GRU(_SeqpackForward, torch.nn.GRU):
-    """torch.nn.GRU with seqpack's forward and backward."""
-
-
-class RNN(_SeqpackForward, torch.nn.RNN):
-    """torch.nn.RNN (tanh or relu) with seqpack's forward and backward."""
+# Per-stream state for chunked inference (seqpack/torch_streaming.py).
+from .torch_streaming import StreamingRNN  # noqa: E402

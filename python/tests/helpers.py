@@ -20,3 +20,19 @@ def assert_close(actual, expected, rtol, atol, what=""):
         raise AssertionError(f"{what}: {bad.sum()} of {bad.size} elements differ; first at "
                              f"{tuple(int(k) for k in i)}: {actual[i]!r} vs expected "
                              f"{expected[i]!r} (rtol={rtol}, atol={atol})")
+
+
+def torch_twin(m):
+    """torch.nn's module with the configuration and weights of `m` (a
+    seqpack.torch layer, or any torch.nn RNN module)."""
+    import torch
+    cls = {"LSTM": torch.nn.LSTM, "GRU": torch.nn.GRU}.get(m.mode, torch.nn.RNN)
+    kwargs = dict(num_layers=m.num_layers, bidirectional=m.bidirectional, bias=m.bias,
+                  batch_first=m.batch_first, dtype=m.weight_ih_l0.dtype)
+    if m.mode == "LSTM":
+        kwargs["proj_size"] = m.proj_size
+    if m.mode.startswith("RNN"):
+        kwargs["nonlinearity"] = m.nonlinearity
+    t = cls(m.input_size, m.hidden_size, **kwargs)
+    t.load_state_dict(m.state_dict())
+    return t

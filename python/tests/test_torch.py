@@ -1,7 +1,6 @@
-"""seqpack.torch (drop-in torch.nn.LSTM/GRU/RNN through autograd) against torch.nn."""
+"""seqpack.torch (drop-in torch.nn.LSTM/GRU/RNN on torch.ops.seqpack.*) against torch.nn."""
 import io
 
-import numpy as np
 import pytest
 import torch
 from torch.nn.utils import rnn as trnn
@@ -75,31 +74,6 @@ def test_errors_match_torch(cls):
         assert str(actual.value) == str(expected.value)
     with pytest.raises(ValueError, match="4-D"):
         s(torch.randn(2, 2, 2, 3))
-
-
-@pytest.mark.parametrize("mode", ["LSTM", "GRU", "RNN_TANH", "RNN_RELU"])
-@pytest.mark.parametrize("packed", [True, False])
-def test_gradcheck_float64(mode, packed):
-    torch.manual_seed(base_seed())
-    lstm = mode == "LSTM"
-    cls = DROP_IN[mode]
-    kwargs = {} if mode in ("LSTM", "GRU") else {"nonlinearity": mode[4:].lower()}
-    if lstm:
-        kwargs["proj_size"] = 2
-    m = cls(2, 3, num_layers=2, bidirectional=True, dtype=torch.float64, **kwargs)
-    lengths = [3, 1, 3, 2] if packed else [3, 3, 3, 3]
-    plan = spt._seqpack.PackingPlan.from_lengths(lengths, False)
-    options = m._core_options(torch.float64)
-    data = torch.randn(sum(lengths), 2, dtype=torch.float64, requires_grad=True)
-    hr = 2 if lstm else 3
-    h0 = torch.randn(4, 4, hr, dtype=torch.float64, requires_grad=True)
-    c0 = torch.randn(4, 4, 3, dtype=torch.float64, requires_grad=True) if lstm else None
-    weights = [getattr(m, n).detach().clone().requires_grad_() for n in m._flat_weights_names]
-
-    def f(data, h0, c0, *w):
-        return spt.RNNFunction.apply(options, plan, False, 0, data, h0, c0, *w)
-    inputs = (data, h0, c0, *weights)
-    assert torch.autograd.gradcheck(f, inputs, eps=1e-6, atol=1e-6, rtol=1e-5)
 
 
 def test_optimiser_steps_match_torch():
@@ -181,12 +155,6 @@ def test_distributed_data_parallel(tmp_path):
         dist.destroy_process_group()
 
 
-def test_torch_to_core_is_zero_copy():
-    x = torch.arange(6, dtype=torch.float32).reshape(3, 2)
-    assert np.shares_memory(spt._np(x), x.numpy())
-    assert not np.shares_memory(spt._np(x.t()), x.numpy())  # non-contiguous: one copy
-
-
 def test_unsupported_dtype_runs_torchs_implementation():
     torch.manual_seed(base_seed())
     t = torch.nn.GRU(2, 3).bfloat16()
@@ -196,9 +164,9 @@ def test_unsupported_dtype_runs_torchs_implementation():
     assert torch.equal(s(x)[0], t(x)[0])
 
 
-def test_runs_seqpacks_function_not_torchs():
+def test_runs_seqpacks_operator_not_torchs():
     s = spt.LSTM(2, 3)
     out, (h, c) = s(trnn.pack_sequence([torch.randn(3, 2), torch.randn(1, 2)]))
-    assert type(out.data.grad_fn).__name__ == "RNNFunctionBackward"
+    assert "RNNFunction" in out.data.grad_fn.name()
     out, _ = s(torch.randn(3, 2, 2))
-    assert type(out.grad_fn.next_functions[0][0]).__name__ == "RNNFunctionBackward"  # a view
+    assert "RNNFunction" in out.grad_fn.next_functions[0][0].name()  # a view

@@ -1,0 +1,129 @@
+"""seqpack's PEP 517 build backend: in-tree (pyproject.toml's backend-path),
+standard library only, so `pip wheel --no-build-isolation .` needs nothing
+from a package index: CMake and a compiler build, this file zips.
+
+build_wheel configures and builds only what the package holds (the library,
+the Python extension seqpack._seqpack and, unless SEQPACK_WHEEL_TORCH=OFF, the
+operator library libseqpack_torch.so; no tests, tool, examples or benchmarks)
+in a build directory of its own (build-wheel/ by default, or
+SEQPACK_WHEEL_BUILD_DIR, reused by the next build), then writes a wheel of
+python/seqpack/*.py and the shared objects, tagged for the interpreter that
+runs it. The extension is for that interpreter and libseqpack_torch for the
+LibTorch that find_package(Torch) finds (Debian's libtorch-dev, the same
+libtorch_cpu.so that python3-torch loads).
+"""
+import base64
+import csv
+import hashlib
+import io
+import os
+import re
+import subprocess
+import sys
+import sysconfig
+import zipfile
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+NAME = "seqpack"
+
+
+def _version():
+    with open(os.path.join(ROOT, "CMakeLists.txt")) as f:
+        return re.search(r"project\(seqpack VERSION ([0-9.]+)", f.read()).group(1)
+
+
+def _tag():
+    impl = f"cp{sys.version_info[0]}{sys.version_info[1]}"
+    platform = sysconfig.get_platform().replace("-", "_").replace(".", "_")
+    return f"{impl}-{impl}-{platform}"
+
+
+def _metadata():
+    with open(os.path.join(ROOT, "README.md")) as f:
+        readme = f.read()
+    return (f"Metadata-Version: 2.1\nName: {NAME}\nVersion: {_version()}\n"
+            "Summary: Batching of variable-length sequences and RNN/LSTM/GRU layers that spend "
+            "no compute on padding, with PyTorch 1.13's semantics\n"
+            "Requires-Python: >=3.9\nRequires-Dist: numpy\n"
+            "Description-Content-Type: text/markdown\n\n" + readme)
+
+
+def _wheel_file():
+    return (f"Wheel-Version: 1.0\nGenerator: seqpack build_backend\nRoot-Is-Purelib: false\n"
+            f"Tag: {_tag()}\n")
+
+
+def _dist_info():
+    return f"{NAME}-{_version()}.dist-info"
+
+
+def _build(config_settings):
+    settings = config_settings or {}
+    build_dir = settings.get("build-dir") or os.environ.get("SEQPACK_WHEEL_BUILD_DIR") or \
+        os.path.join(ROOT, "build-wheel")
+    torch = (settings.get("torch") or os.environ.get("SEQPACK_WHEEL_TORCH", "ON")).upper()
+    jobs = os.environ.get("CMAKE_BUILD_PARALLEL_LEVEL", str(os.cpu_count() or 1))
+    configure = ["cmake", "-S", ROOT, "-B", build_dir, "-DCMAKE_BUILD_TYPE=Release",
+                 "-DSEQPACK_BUILD_TESTS=OFF", "-DSEQPACK_BUILD_CLI=OFF",
+                 "-DSEQPACK_BUILD_EXAMPLES=OFF", "-DSEQPACK_BUILD_BENCHMARKS=OFF",
+                 "-DSEQPACK_BUILD_PYTHON=ON", f"-DSEQPACK_BUILD_TORCH={torch}",
+                 # pybind11 would link the bindings with LTO: slower to build,
+                 # nothing to gain in thin bindings.
+                 "-DCMAKE_INTERPROCEDURAL_OPTIMIZATION=OFF",
+                 f"-DPython3_EXECUTABLE={sys.executable}"]
+    targets = ["seqpack_python"] + (["seqpack_torch"] if torch == "ON" else [])
+    for cmd in (configure, ["cmake", "--build", build_dir, "-j", jobs, "--target", *targets]):
+        print("seqpack build_backend:", " ".join(cmd), file=sys.stderr, flush=True)
+        subprocess.run(cmd, check=True, stdout=sys.stderr)
+    package = os.path.join(build_dir, "python", NAME)
+    files = sorted(f for f in os.listdir(package)
+                   if f.endswith(".py") or f.endswith(".so"))
+    return [(os.path.join(package, f), f"{NAME}/{f}") for f in files]
+
+
+def _record_line(arcname, data):
+    digest = base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
+    return [arcname, f"sha256={digest}", str(len(data))]
+
+
+# ---- PEP 517 hooks ----------------------------------------------------------
+
+def get_requires_for_build_wheel(config_settings=None):
+    return []
+
+
+def prepare_metadata_for_build_wheel(metadata_directory, config_settings=None):
+    path = os.path.join(metadata_directory, _dist_info())
+    os.makedirs(path, exist_ok=True)
+    for name, text in (("METADATA", _metadata()), ("WHEEL", _wheel_file())):
+        with open(os.path.join(path, name), "w") as f:
+            f.write(text)
+    return _dist_info()
+
+
+def build_wheel(wheel_directory, config_settings=None, metadata_directory=None):
+    entries = []
+    for source, arcname in _build(config_settings):
+        with open(source, "rb") as f:  # follows the build tree's symlinks
+            entries.append((arcname, f.read(), 0o755 if arcname.endswith(".so") else 0o644))
+    dist_info = _dist_info()
+    entries.append((f"{dist_info}/METADATA", _metadata().encode(), 0o644))
+    entries.append((f"{dist_info}/WHEEL", _wheel_file().encode(), 0o644))
+    entries.append((f"{dist_info}/top_level.txt", f"{NAME}\n".encode(), 0o644))
+    record = io.StringIO()
+    writer = csv.writer(record, lineterminator="\n")
+    for arcname, data, _ in entries:
+        writer.writerow(_record_line(arcname, data))
+    writer.writerow([f"{dist_info}/RECORD", "", ""])
+    entries.append((f"{dist_info}/RECORD", record.getvalue().encode(), 0o644))
+
+    filename = f"{NAME}-{_version()}-{_tag()}.whl"
+    os.makedirs(wheel_directory, exist_ok=True)
+    with zipfile.ZipFile(os.path.join(wheel_directory, filename), "w",
+                         zipfile.ZIP_DEFLATED) as wheel:
+        for arcname, data, mode in entries:
+            info = zipfile.ZipInfo(arcname, date_time=(2020, 1, 1, 0, 0, 0))
+            info.external_attr = (0o100000 | mode) << 16
+            info.compress_type = zipfile.ZIP_DEFLATED
+            wheel.writestr(info, data)
+    return filename
