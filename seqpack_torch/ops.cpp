@@ -38,6 +38,7 @@
 #include <vector>
 
 #include "seqpack/packed_sequence.h"
+#include "seqpack/precision.h"
 #include "seqpack/rnn.h"
 #include "seqpack/tensor.h"
 
@@ -190,7 +191,8 @@ struct RNNCall {
 
 RNNCall make_call(const char* op, const Tensor& x, int64_t input_size, c10::string_view mode,
                   int64_t hidden_size, int64_t num_layers, bool bias, bool bidirectional,
-                  int64_t proj_size, double dropout, bool train, c10::optional<int64_t> seed) {
+                  int64_t proj_size, double dropout, bool train, c10::optional<int64_t> seed,
+                  c10::string_view precision) {
   check_cpu(x, op, "input");
   const DType dtype = core_dtype(x, op, "input");
   TORCH_CHECK_TYPE(dtype != DType::i64, op,
@@ -206,7 +208,12 @@ RNNCall make_call(const char* op, const Tensor& x, int64_t input_size, c10::stri
   o.bidirectional = bidirectional;
   o.proj_size = proj_size;
   o.dtype = dtype;
-  checked(op, [&] { o.validate(); });
+  // "fp32", "bf16" (an error naming the ISA where the CPU has no native bf16),
+  // or "auto" (bf16 where native: what seqpack.torch passes under autocast).
+  checked(op, [&] {
+    o.precision = resolve_precision(std::string(precision));
+    o.validate();
+  });
   call.train = train;
   if (seed.has_value()) {
     call.seed = static_cast<uint64_t>(*seed);
@@ -331,12 +338,12 @@ std::tuple<Tensor, Tensor, Tensor> rnn(const Tensor& data, const Tensor& batch_s
                                        c10::string_view mode, int64_t hidden_size,
                                        int64_t num_layers, bool bias, bool bidirectional,
                                        int64_t proj_size, double dropout, bool train,
-                                       c10::optional<int64_t> seed) {
+                                       c10::optional<int64_t> seed, c10::string_view precision) {
   constexpr const char* op = "seqpack::rnn";
   TORCH_CHECK_VALUE(data.dim() == 2, op, ": packed data must be 2-D [rows, input_size], got shape ",
                     data.sizes());
   RNNCall call = make_call(op, data, data.size(1), mode, hidden_size, num_layers, bias,
-                           bidirectional, proj_size, dropout, train, seed);
+                           bidirectional, proj_size, dropout, train, seed, precision);
   call.plan = plan_of(data, batch_sizes, sorted_indices, unsorted_indices, op);
   return run_rnn(call, data, h0, c0, weights);
 }
@@ -442,13 +449,14 @@ std::tuple<Tensor, Tensor, Tensor> rnn_padded(const Tensor& input, const OptTens
                                               int64_t hidden_size, int64_t num_layers, bool bias,
                                               bool batch_first, bool bidirectional,
                                               int64_t proj_size, double dropout, bool train,
-                                              c10::optional<int64_t> seed) {
+                                              c10::optional<int64_t> seed,
+                                              c10::string_view precision) {
   constexpr const char* op = "seqpack::rnn_padded";
   TORCH_CHECK_VALUE(input.dim() == 3, op, ": input must be 3-D [T, B, input_size] (batch_first: ",
                     "[B, T, input_size]), got shape ", input.sizes());
   const int64_t T = input.size(batch_first ? 1 : 0), B = input.size(batch_first ? 0 : 1);
   RNNCall call = make_call(op, input, input.size(2), mode, hidden_size, num_layers, bias,
-                           bidirectional, proj_size, dropout, train, seed);
+                           bidirectional, proj_size, dropout, train, seed, precision);
   if (lengths.has_value() && lengths->defined()) {
     // Packed through the plan of the lengths; padding comes back as zeros and
     // h_n is each sequence's state at its own last step.
@@ -479,14 +487,14 @@ TORCH_LIBRARY(seqpack, m) {
   m.def(
       "rnn(Tensor data, Tensor batch_sizes, Tensor? sorted_indices, Tensor? unsorted_indices, "
       "Tensor? h0, Tensor? c0, Tensor[] weights, str mode, int hidden_size, int num_layers, "
-      "bool bias, bool bidirectional, int proj_size, float dropout, bool train, int? seed=None) "
-      "-> (Tensor output, Tensor h_n, Tensor c_n)",
+      "bool bias, bool bidirectional, int proj_size, float dropout, bool train, int? seed=None, "
+      "str precision=\"fp32\") -> (Tensor output, Tensor h_n, Tensor c_n)",
       &rnn);
   m.def(
       "rnn_padded(Tensor input, Tensor? lengths, Tensor? h0, Tensor? c0, Tensor[] weights, "
       "str mode, int hidden_size, int num_layers, bool bias, bool batch_first, "
-      "bool bidirectional, int proj_size, float dropout, bool train, int? seed=None) "
-      "-> (Tensor output, Tensor h_n, Tensor c_n)",
+      "bool bidirectional, int proj_size, float dropout, bool train, int? seed=None, "
+      "str precision=\"fp32\") -> (Tensor output, Tensor h_n, Tensor c_n)",
       &rnn_padded);
   m.def(
       "pack_padded_sequence(Tensor input, Tensor lengths, bool batch_first=False, "

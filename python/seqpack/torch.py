@@ -77,18 +77,46 @@ class _SeqpackLayer:
         """Packed rows (batch_sizes given) or a padded 3-D batch (optionally with
         lengths) -> (output, h_n, c_n), states in the caller's batch order; c_n
         is an empty tensor except for LSTM."""
+        if not torch.jit.is_scripting() and self._autocast_bf16(input):
+            # torch.autocast("cpu", dtype=torch.bfloat16): bf16 products with fp32
+            # accumulation and fp32 state (seqpack's bf16 precision, where the CPU
+            # has native bf16; "auto" keeps fp32 elsewhere), results in the input's dtype.
+            dtype = input.dtype
+            out, h_n, c_n = self._core_run(input.float(), batch_sizes, sorted_indices,
+                                           unsorted_indices, lengths,
+                                           None if h0 is None else h0.float(),
+                                           None if c0 is None else c0.float(), "auto")
+            return out.to(dtype), h_n.to(dtype), c_n.to(dtype)
         if not self._seqpack_can_run(input, h0, c0):
             return self._torch_run(input, batch_sizes, sorted_indices, unsorted_indices, lengths,
                                    h0, c0)
+        return self._core_run(input, batch_sizes, sorted_indices, unsorted_indices, lengths, h0,
+                              c0, "fp32")
+
+    def _core_run(self, input: Tensor, batch_sizes: Optional[Tensor],
+                  sorted_indices: Optional[Tensor], unsorted_indices: Optional[Tensor],
+                  lengths: Optional[Tensor], h0: Optional[Tensor], c0: Optional[Tensor],
+                  precision: str) -> Tuple[Tensor, Tensor, Tensor]:
         if batch_sizes is not None:
             return torch.ops.seqpack.rnn(
                 input, batch_sizes, sorted_indices, unsorted_indices, h0, c0, self._flat_weights,
                 self.mode, self.hidden_size, self.num_layers, self.bias, self.bidirectional,
-                self.proj_size, self.dropout, self.training)
+                self.proj_size, self.dropout, self.training, None, precision)
         return torch.ops.seqpack.rnn_padded(
             input, lengths, h0, c0, self._flat_weights, self.mode, self.hidden_size,
             self.num_layers, self.bias, self.batch_first, self.bidirectional, self.proj_size,
-            self.dropout, self.training)
+            self.dropout, self.training, None, precision)
+
+    @torch.jit.unused
+    def _autocast_bf16(self, input: Tensor) -> bool:
+        """Inside torch.autocast("cpu", dtype=torch.bfloat16), on CPU float32 or bfloat16
+        input with float32 weights (the module itself is not converted under autocast)."""
+        if not (torch.is_autocast_cpu_enabled() and
+                torch.get_autocast_cpu_dtype() == torch.bfloat16):
+            return False
+        w = self._flat_weights[0]
+        return (input.device.type == "cpu" and input.dtype in (torch.float32, torch.bfloat16)
+                and w.device.type == "cpu" and w.dtype == torch.float32)
 
     @torch.jit.unused
     def _exporting_onnx(self) -> bool:
