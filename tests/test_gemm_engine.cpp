@@ -163,17 +163,20 @@ void sweep_steps(const GemmEngine<float>& eng, Rounding bf16) {
 TEST(GemmEngine, F32MatchesTripleLoop) {
   sweep_gemm(gemm_engine_f32(Precision::fp32), Rounding::none);
   sweep_steps(gemm_engine_f32(Precision::fp32), Rounding::none);
+  EXPECT_EQ(onednn_reference_primitives(), 0) << "oneDNN fell back to its reference kernel";
 }
 
 TEST(GemmEngine, OnednnF32EverywhereMatchesTripleLoop) {
   sweep_gemm(onednn_engine(Precision::fp32), Rounding::none);
   sweep_steps(onednn_engine(Precision::fp32), Rounding::none);
+  EXPECT_EQ(onednn_reference_primitives(), 0) << "oneDNN fell back to its reference kernel";
 }
 
 TEST(GemmEngine, OnednnBf16EverywhereRoundsEveryProduct) {
   if (!cpu_info().native_bf16) GTEST_SKIP() << "no native bf16 on " << cpu_info().isa;
   sweep_gemm(onednn_engine(Precision::bf16), Rounding::always);
   sweep_steps(onednn_engine(Precision::bf16), Rounding::always);
+  EXPECT_EQ(onednn_reference_primitives(), 0) << "oneDNN fell back to its reference kernel";
 }
 
 TEST(GemmEngine, F32StepTakesInitRows) {
@@ -203,6 +206,20 @@ TEST(GemmEngine, Bf16MatchesTheProductOfRoundedOperands) {
   EXPECT_FALSE(eng.takes_init());
   sweep_gemm(eng, Rounding::where_it_pays);
   sweep_steps(eng, Rounding::where_it_pays);
+  EXPECT_EQ(onednn_reference_primitives(), 0) << "oneDNN fell back to its reference kernel";
+}
+
+// The steps of every engine, column shares of a wider C included (they once
+// fell back to oneDNN's reference kernel, ~1000x slower), find optimised kernels.
+TEST(GemmEngine, NoOnednnReferenceKernel) {
+  const bool bf16 = cpu_info().native_bf16;
+  sweep_steps(onednn_engine(Precision::fp32), Rounding::none);
+  if (bf16) sweep_steps(onednn_engine(Precision::bf16), Rounding::always);
+  const GemmEngine<float>& eng = gemm_engine_f32(bf16 ? Precision::bf16 : Precision::fp32);
+  Problem p = make_problem(false, true, 24, 1024, 256, 9);
+  const auto op = eng.prepare(p.b.data(), true, p.k, p.n, p.ldb, {{0, 1024}, {0, 512}, {512, 1024}});
+  for (std::size_t r = 0; r < 3; ++r) eng.step(p.m, p.a.data(), p.lda, *op, r, 1.0f, p.c.data(), p.ldc);
+  EXPECT_EQ(onednn_reference_primitives(), 0);
 }
 
 TEST(GemmEngine, Bf16WhereItPays) {

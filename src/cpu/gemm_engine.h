@@ -87,6 +87,9 @@ const GemmEngine<float>& onednn_engine(Precision precision);
 // BM_engine_step: 64x64 weights run at 10-80 GFLOP/s in bf16 against 50-95
 // in fp32).
 bool bf16_product(int64_t m, int64_t n, int64_t k);
+// How many of the oneDNN primitives created so far run oneDNN's reference
+// (unoptimised) kernel; tests check it stays 0.
+int64_t onednn_reference_primitives();
 bool bf16_step(int64_t k, int64_t n);
 
 // cpu::gemm's contract (alpha = 1) through oneDNN's f32 matmul, primitives

@@ -9,6 +9,7 @@
 #include <oneapi/dnnl/dnnl.hpp>
 
 #include <algorithm>
+#include <atomic>
 #include <cstring>
 #include <map>
 #include <memory>
@@ -80,6 +81,8 @@ struct ThreadState {
   dnnl::stream stream{cpu_engine()};
   std::vector<uint16_t> a, b;
   std::vector<uint8_t> scratch;
+  std::vector<float> c;    // a step's result when its columns are not all of C's
+  std::vector<float> a32;  // an f32 step's rows, when strided
 };
 ThreadState& thread_state() {
   thread_local ThreadState s;
@@ -122,6 +125,10 @@ struct Key {
                     o.blocked, o.f32);
   }
 };
+
+// Primitives for which oneDNN found no optimised kernel (its reference one is
+// ~1000x slower): the engines are built so that this stays 0.
+std::atomic<int64_t> reference_primitives{0};
 
 struct Primitive {
   dnnl::matmul prim;
@@ -169,6 +176,9 @@ Primitive& primitive(const Key& key) {
   if (pd.weights_desc() != wei) {
     throw std::runtime_error("oneDNN matmul changed the weights layout for m = " +
                              std::to_string(key.m));
+  }
+  if (std::string(pd.impl_info_str()).rfind("ref", 0) == 0) {
+    reference_primitives.fetch_add(1, std::memory_order_relaxed);
   }
   Primitive p;
   p.prim = dnnl::matmul(pd);
@@ -300,15 +310,41 @@ class OnednnEngine : public GemmEngine<float> {
     }
     const auto [c0, c1] = op.ranges[range];
     if (m == 0 || c1 <= c0) return;
+    // The rows dense (brgemm has no kernel for some strided sources, e.g.
+    // f32 with k = 64): bf16 staging makes them so, f32 copies them if needed.
     const void* src = a;
+    ThreadState& ts = thread_state();
     if (!f32_) {
-      ThreadState& ts = thread_state();
       stage(m, op.k, a, lda, ts.a);
       src = ts.a.data();
-      lda = op.k;
+    } else if (lda != op.k) {
+      ts.a32.resize(static_cast<std::size_t>(m * op.k));
+      for (int64_t i = 0; i < m; ++i)
+        std::memcpy(ts.a32.data() + i * op.k, a + i * lda, static_cast<std::size_t>(op.k) * sizeof(float));
+      src = ts.a32.data();
     }
-    const Key key{m, c1 - c0, op.k, lda, 0, ldc, false, false, beta != 0.0f, false, true, f32_};
-    run(key, src, op.block(range).get_data_handle(), c + c0, nullptr);
+    lda = op.k;
+    const int64_t w = c1 - c0;
+    if (w == ldc) {
+      const Key key{m, w, op.k, lda, 0, ldc, false, false, beta != 0.0f, false, true, f32_};
+      run(key, src, op.block(range).get_data_handle(), c + c0, nullptr);
+      return;
+    }
+    // A thread's share of C's columns: oneDNN's brgemm matmul takes only a
+    // dense destination (a strided one falls back to its reference kernel,
+    // ~1000x slower), so the product goes to a dense buffer first.
+    ts.c.resize(static_cast<std::size_t>(m * w));
+    const Key key{m, w, op.k, lda, 0, w, false, false, false, false, true, f32_};
+    run(key, src, op.block(range).get_data_handle(), ts.c.data(), nullptr);
+    for (int64_t i = 0; i < m; ++i) {
+      float* dst = c + i * ldc + c0;
+      const float* p = ts.c.data() + i * w;
+      if (beta != 0.0f) {
+        for (int64_t j = 0; j < w; ++j) dst[j] += p[j];
+      } else {
+        std::memcpy(dst, p, static_cast<std::size_t>(w) * sizeof(float));
+      }
+    }
   }
 
  private:
@@ -316,6 +352,8 @@ class OnednnEngine : public GemmEngine<float> {
 };
 
 }  // namespace
+
+int64_t onednn_reference_primitives() { return reference_primitives.load(); }
 
 bool bf16_product(int64_t m, int64_t n, int64_t k) {
   return static_cast<double>(m) * static_cast<double>(n) * static_cast<double>(k) >= 2097152.0;
