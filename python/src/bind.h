@@ -9,5 +9,7 @@ void bind_tensor(pybind11::module_& m);
 void bind_packing(pybind11::module_& m);
 void bind_rnn(pybind11::module_& m);
 void bind_threading(pybind11::module_& m);
+void bind_data(pybind11::module_& m);
+void bind_varlen(pybind11::module_& m);
 
 }  // namespace seqpack::python
