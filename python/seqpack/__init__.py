@@ -21,6 +21,7 @@ from .packing import (  # noqa: F401
 )
 from .threading import get_num_threads, set_num_threads  # noqa: F401
 from . import nn  # noqa: F401
+from . import data  # noqa: F401
 
 __all__ = [
     "PackedSequence",
@@ -34,4 +35,5 @@ __all__ = [
     "set_num_threads",
     "get_num_threads",
     "nn",
+    "data",
 ]
