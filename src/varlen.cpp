@@ -24,15 +24,14 @@ std::vector<int64_t> lengths_from_cu_seqlens(const std::vector<int64_t>& cu_seql
     throw std::invalid_argument("cu_seqlens is empty; it needs B + 1 entries starting at 0");
   }
   if (cu_seqlens[0] != 0) {
-    throw std::invalid_argument("cu_seqlens[0] = " + std::to_string(cu_seqlens[0]) +
-                                " must be 0");
+    throw std::invalid_argument("cu_seqlens[0] = " + std::to_string(cu_seqlens[0]) + " must be 0");
   }
   std::vector<int64_t> lengths(cu_seqlens.size() - 1);
   for (std::size_t b = 0; b < lengths.size(); ++b) {
     if (cu_seqlens[b + 1] < cu_seqlens[b]) {
-      throw std::invalid_argument("cu_seqlens[" + std::to_string(b + 1) + "] = " +
-                                  std::to_string(cu_seqlens[b + 1]) + " is less than cu_seqlens[" +
-                                  std::to_string(b) + "] = " + std::to_string(cu_seqlens[b]));
+      throw std::invalid_argument(
+          "cu_seqlens[" + std::to_string(b + 1) + "] = " + std::to_string(cu_seqlens[b + 1]) +
+          " is less than cu_seqlens[" + std::to_string(b) + "] = " + std::to_string(cu_seqlens[b]));
     }
     lengths[b] = cu_seqlens[b + 1] - cu_seqlens[b];
   }
@@ -59,16 +58,15 @@ void for_each_packed_row(const PackingPlan& plan, F&& f) {
 
 void check_lengths(const char* fn, const std::vector<int64_t>& lengths, int64_t padded_length) {
   if (padded_length < 0) {
-    throw std::invalid_argument(std::string(fn) + ": padded_length = " +
-                                std::to_string(padded_length) + " is negative");
+    throw std::invalid_argument(
+        std::string(fn) + ": padded_length = " + std::to_string(padded_length) + " is negative");
   }
   for (std::size_t b = 0; b < lengths.size(); ++b) {
     if (lengths[b] < 0 || lengths[b] > padded_length) {
-      throw std::invalid_argument(std::string(fn) + ": lengths[" + std::to_string(b) + "] = " +
-                                  std::to_string(lengths[b]) +
-                                  (lengths[b] < 0 ? " is negative"
-                                                  : " exceeds the padded length " +
-                                                        std::to_string(padded_length)));
+      throw std::invalid_argument(
+          std::string(fn) + ": lengths[" + std::to_string(b) + "] = " + std::to_string(lengths[b]) +
+          (lengths[b] < 0 ? " is negative"
+                          : " exceeds the padded length " + std::to_string(padded_length)));
     }
   }
 }

@@ -312,8 +312,7 @@ TEST(BucketingSampler, MaxTokensHandWorked) {
   // is only dropped when one more sequence would still fit.
   o.batch_size = 0;
   o.drop_last = true;
-  EXPECT_EQ(BucketingSampler({1, 2, 3, 4, 5, 6}, o).epoch(0),
-            (Batches{{0, 1}, {2, 3}, {4}, {5}}));
+  EXPECT_EQ(BucketingSampler({1, 2, 3, 4, 5, 6}, o).epoch(0), (Batches{{0, 1}, {2, 3}, {4}, {5}}));
   // Lengths 2 2 2 3, max_tokens 9: {2, 2, 2} (4 * 3 = 12 > 9), then {3}, which
   // could take two more: dropped.
   EXPECT_EQ(BucketingSampler({2, 2, 2, 3}, o).epoch(0), (Batches{{0, 1, 2}}));
@@ -450,11 +449,12 @@ TEST(DistributeBatches, TokensBalancedAcrossRanks) {
       SCOPED_TRACE("ranks " + std::to_string(R) + " pool " + std::to_string(pool));
       BucketingOptions o = tokens_options(4096, seed);
       o.pool_batches = pool;
-      const double lt = mean_imbalance(DistributedBucketingSampler(long_tail, o, R, 0).all_ranks(1),
-                                       long_tail);
+      const double lt =
+          mean_imbalance(DistributedBucketingSampler(long_tail, o, R, 0).all_ranks(1), long_tail);
       EXPECT_LE(lt, 1.10) << "long tail";
       o.max_tokens = 1024;
-      const double w = mean_imbalance(DistributedBucketingSampler(words, o, R, 0).all_ranks(1), words);
+      const double w =
+          mean_imbalance(DistributedBucketingSampler(words, o, R, 0).all_ranks(1), words);
       EXPECT_LE(w, 1.10) << "words";
     }
   }
@@ -465,8 +465,8 @@ TEST(DistributeBatches, TokensBalancedOnTheMainJobsData) {
   const auto lengths = seqpack::lengths_of(split.train);
   for (int64_t R : {2, 3, 8}) {
     BucketingOptions o = tokens_options(2048, 0);
-    const double m = mean_imbalance(DistributedBucketingSampler(lengths, o, R, 0).all_ranks(0),
-                                    lengths);
+    const double m =
+        mean_imbalance(DistributedBucketingSampler(lengths, o, R, 0).all_ranks(0), lengths);
     EXPECT_LE(m, 1.10) << R << " ranks";
   }
 }
@@ -478,8 +478,11 @@ TEST(DistributeBatches, BadInputNamesTheValue) {
   expect_invalid([&] { DistributedBucketingSampler({1, 2}, o, 2, 2); }, {"rank = 2", "[0, 2)"});
   expect_invalid([&] { DistributedBucketingSampler({1, 2}, o, 2, -1); }, {"rank = -1"});
   expect_invalid([&] { DistributedBucketingSampler({1, 2}, o, 2, 0).epoch(-1); }, {"epoch = -1"});
-  expect_invalid([] { seqpack::distribute_batches({{0, 5}}, {1, 2}, 2, 0, 0, true, false); },
-                 {"batches[0][1] = 5"});
+  expect_invalid(
+      [] {
+        seqpack::distribute_batches({{0, 5}}, {1, 2}, 2, 0, 0, true, false);
+      },
+      {"batches[0][1] = 5"});
   BucketingOptions t;
   expect_invalid([&] { BucketingSampler({1}, t); }, {"batch_size = 0 and max_tokens = 0"});
   t.max_tokens = -4;

@@ -48,7 +48,8 @@ TEST(Varlen, RandomBatchesAgreeWithPackingAndPadding) {
     for (int64_t b = 0; b < B; ++b) lengths.push_back(static_cast<int64_t>(rng() % 6));
     V varlen;
     for (int64_t b = 0; b < B; ++b)
-      for (int64_t t = 0; t < lengths[static_cast<std::size_t>(b)]; ++t) varlen.push_back(1000 * b + t);
+      for (int64_t t = 0; t < lengths[static_cast<std::size_t>(b)]; ++t)
+        varlen.push_back(1000 * b + t);
     const PackingPlan plan = PackingPlan::from_lengths(lengths, false);
     V packed(static_cast<std::size_t>(plan.total_rows()));
     for (std::size_t r = 0; r < packed.size(); ++r) {
@@ -83,13 +84,21 @@ TEST(Varlen, BadInputNamesTheValue) {
   expect_invalid([] { seqpack::cu_seqlens_from_lengths({1, -2}); }, {"lengths[1] = -2"});
   expect_invalid([] { seqpack::lengths_from_cu_seqlens({}); }, {"empty"});
   expect_invalid([] { seqpack::lengths_from_cu_seqlens({1, 3}); }, {"cu_seqlens[0] = 1"});
-  expect_invalid([] { seqpack::lengths_from_cu_seqlens({0, 3, 2}); },
-                 {"cu_seqlens[2] = 2", "cu_seqlens[1] = 3"});
-  expect_invalid([] { seqpack::lengths_from_cu_seqlens({0, 3}, 4); },
-                 {"cu_seqlens[1] = 3", "4 rows"});
-  expect_invalid([] { seqpack::varlen_gather_from_padded({2, 5}, 4, true); },
-                 {"lengths[1] = 5", "padded length 4"});
+  expect_invalid(
+      [] {
+        seqpack::lengths_from_cu_seqlens({0, 3, 2});
+      },
+      {"cu_seqlens[2] = 2", "cu_seqlens[1] = 3"});
+  expect_invalid(
+      [] {
+        seqpack::lengths_from_cu_seqlens({0, 3}, 4);
+      },
+      {"cu_seqlens[1] = 3", "4 rows"});
+  expect_invalid(
+      [] {
+        seqpack::varlen_gather_from_padded({2, 5}, 4, true);
+      },
+      {"lengths[1] = 5", "padded length 4"});
   expect_invalid([] { seqpack::padded_gather_from_varlen({-1}, 4, true); }, {"lengths[0] = -1"});
-  expect_invalid([] { seqpack::padded_gather_from_varlen({1}, -4, true); },
-                 {"padded_length = -4"});
+  expect_invalid([] { seqpack::padded_gather_from_varlen({1}, -4, true); }, {"padded_length = -4"});
 }

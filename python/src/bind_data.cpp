@@ -3,20 +3,20 @@
 #include <pybind11/stl.h>
 
 #include "bind.h"
-#include "tensor_caster.h"
 #include "seqpack/data.h"
+#include "tensor_caster.h"
 
 namespace seqpack::python {
 
 void bind_data(py::module_& m) {
   py::class_<BucketingOptions>(m, "BucketingOptions")
-      .def(py::init([](int64_t batch_size, int64_t max_tokens, uint64_t seed,
-                       int64_t pool_batches, bool drop_last, bool shuffle) {
-             return BucketingOptions{batch_size, max_tokens, seed, pool_batches, drop_last,
-                                     shuffle};
+      .def(py::init([](int64_t batch_size, int64_t max_tokens, uint64_t seed, int64_t pool_batches,
+                       bool drop_last, bool shuffle) {
+             return BucketingOptions{batch_size,   max_tokens, seed,
+                                     pool_batches, drop_last,  shuffle};
            }),
-           py::arg("batch_size"), py::arg("max_tokens"), py::arg("seed"),
-           py::arg("pool_batches"), py::arg("drop_last"), py::arg("shuffle"))
+           py::arg("batch_size"), py::arg("max_tokens"), py::arg("seed"), py::arg("pool_batches"),
+           py::arg("drop_last"), py::arg("shuffle"))
       .def_readonly("batch_size", &BucketingOptions::batch_size)
       .def_readonly("max_tokens", &BucketingOptions::max_tokens)
       .def_readonly("seed", &BucketingOptions::seed)
@@ -33,8 +33,8 @@ void bind_data(py::module_& m) {
       .def_property_readonly("options", &BucketingSampler::options);
 
   py::class_<DistributedBucketingSampler>(m, "DistributedBucketingSampler")
-      .def(py::init<std::vector<int64_t>, BucketingOptions, int64_t, int64_t>(),
-           py::arg("lengths"), py::arg("options"), py::arg("num_replicas"), py::arg("rank"))
+      .def(py::init<std::vector<int64_t>, BucketingOptions, int64_t, int64_t>(), py::arg("lengths"),
+           py::arg("options"), py::arg("num_replicas"), py::arg("rank"))
       .def("epoch", &DistributedBucketingSampler::epoch, py::arg("epoch"))
       .def("all_ranks", &DistributedBucketingSampler::all_ranks, py::arg("epoch"))
       .def_property_readonly("num_replicas", &DistributedBucketingSampler::num_replicas)

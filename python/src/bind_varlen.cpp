@@ -3,8 +3,8 @@
 #include <pybind11/stl.h>
 
 #include "bind.h"
-#include "tensor_caster.h"
 #include "seqpack/varlen.h"
+#include "tensor_caster.h"
 
 namespace seqpack::python {
 

@@ -98,9 +98,9 @@ BucketingSampler::BucketingSampler(std::vector<int64_t> lengths, BucketingOption
     }
     // fairseq's batch_by_size refuses such a sequence too.
     if (options_.max_tokens > 0 && lengths_[i] > options_.max_tokens) {
-      throw std::invalid_argument("BucketingSampler: lengths[" + std::to_string(i) + "] = " +
-                                  std::to_string(lengths_[i]) + " exceeds max_tokens = " +
-                                  std::to_string(options_.max_tokens));
+      throw std::invalid_argument("BucketingSampler: lengths[" + std::to_string(i) +
+                                  "] = " + std::to_string(lengths_[i]) +
+                                  " exceeds max_tokens = " + std::to_string(options_.max_tokens));
     }
   }
 }
@@ -193,7 +193,8 @@ std::size_t pool_end(const std::vector<int64_t>& order, std::size_t p,
   const int64_t budget = o.pool_batches * o.max_tokens;
   int64_t tokens = 0;
   std::size_t e = p;
-  while (e < n && tokens < budget) tokens += token_cost(lengths[static_cast<std::size_t>(order[e++])]);
+  while (e < n && tokens < budget)
+    tokens += token_cost(lengths[static_cast<std::size_t>(order[e++])]);
   return e;
 }
 }  // namespace
@@ -409,12 +410,14 @@ PaddingReport padding_report(const BucketingSampler& sampler, int64_t epoch) {
   r.bucketed = padding_stats(sampler.lengths(), batches);
   int64_t random_size = sampler.batch_size();
   if (random_size == 0) {
-    random_size = r.num_batches == 0 ? 1 : std::max<int64_t>(1, (sampler.size() + r.num_batches / 2) / r.num_batches);
+    random_size = r.num_batches == 0
+                      ? 1
+                      : std::max<int64_t>(1, (sampler.size() + r.num_batches / 2) / r.num_batches);
   }
-  r.random = padding_stats(sampler.lengths(),
-                           random_batches(sampler.size(), random_size,
-                                          sampler.seed() + static_cast<uint64_t>(epoch),
-                                          sampler.drop_last()));
+  r.random =
+      padding_stats(sampler.lengths(), random_batches(sampler.size(), random_size,
+                                                      sampler.seed() + static_cast<uint64_t>(epoch),
+                                                      sampler.drop_last()));
   r.packed.real_tokens = r.bucketed.real_tokens;
   r.packed.padded_slots = r.bucketed.real_tokens;
   return r;
