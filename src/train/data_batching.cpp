@@ -245,24 +245,31 @@ int64_t BucketingSampler::num_batches(int64_t epoch_index) const {
   return count;
 }
 
-std::vector<int64_t> batch_tokens(const std::vector<int64_t>& lengths,
-                                  const std::vector<std::vector<int64_t>>& batches) {
+namespace {
+// Calls f(b, length) for each index of each batch, after checking the index.
+template <typename F>
+void for_each_batch_length(const char* fn, const std::vector<int64_t>& lengths,
+                           const std::vector<std::vector<int64_t>>& batches, F&& f) {
   const int64_t n = static_cast<int64_t>(lengths.size());
-  std::vector<int64_t> out;
-  out.reserve(batches.size());
   for (std::size_t b = 0; b < batches.size(); ++b) {
-    int64_t sum = 0;
     for (std::size_t i = 0; i < batches[b].size(); ++i) {
       const int64_t idx = batches[b][i];
       if (idx < 0 || idx >= n) {
-        throw std::invalid_argument("batch_tokens: batches[" + std::to_string(b) + "][" +
+        throw std::invalid_argument(std::string(fn) + ": batches[" + std::to_string(b) + "][" +
                                     std::to_string(i) + "] = " + std::to_string(idx) +
                                     " is out of range [0, " + std::to_string(n) + ")");
       }
-      sum += lengths[static_cast<std::size_t>(idx)];
+      f(b, lengths[static_cast<std::size_t>(idx)]);
     }
-    out.push_back(sum);
   }
+}
+}  // namespace
+
+std::vector<int64_t> batch_tokens(const std::vector<int64_t>& lengths,
+                                  const std::vector<std::vector<int64_t>>& batches) {
+  std::vector<int64_t> out(batches.size(), 0);
+  for_each_batch_length("batch_tokens", lengths, batches,
+                        [&](std::size_t b, int64_t len) { out[b] += len; });
   return out;
 }
 
@@ -384,22 +391,13 @@ double PaddingStats::efficiency() const {
 PaddingStats padding_stats(const std::vector<int64_t>& lengths,
                            const std::vector<std::vector<int64_t>>& batches) {
   PaddingStats s;
-  const int64_t n = static_cast<int64_t>(lengths.size());
-  for (std::size_t b = 0; b < batches.size(); ++b) {
-    int64_t longest = 0;
-    for (std::size_t i = 0; i < batches[b].size(); ++i) {
-      const int64_t idx = batches[b][i];
-      if (idx < 0 || idx >= n) {
-        throw std::invalid_argument("padding_stats: batches[" + std::to_string(b) + "][" +
-                                    std::to_string(i) + "] = " + std::to_string(idx) +
-                                    " is out of range [0, " + std::to_string(n) + ")");
-      }
-      const int64_t len = lengths[static_cast<std::size_t>(idx)];
-      s.real_tokens += len;
-      longest = std::max(longest, len);
-    }
-    s.padded_slots += longest * static_cast<int64_t>(batches[b].size());
-  }
+  std::vector<int64_t> longest(batches.size(), 0);
+  for_each_batch_length("padding_stats", lengths, batches, [&](std::size_t b, int64_t len) {
+    s.real_tokens += len;
+    longest[b] = std::max(longest[b], len);
+  });
+  for (std::size_t b = 0; b < batches.size(); ++b)
+    s.padded_slots += longest[b] * static_cast<int64_t>(batches[b].size());
   return s;
 }
 
