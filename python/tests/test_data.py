@@ -265,6 +265,16 @@ def test_varlen_random_against_torch():
             assert torch.equal(v2, values) and c2.tolist() == cu
 
 
+def test_varlen_sorted_packing_and_other_dtypes():
+    # enforce_sorted=True: no sorted_indices; int32 and bool rows gather as well.
+    seqs = [torch.tensor([1, 2, 3], dtype=torch.int32), torch.tensor([4, 5], dtype=torch.int32)]
+    v, c, m = to_cu_seqlens(torch.nn.utils.rnn.pack_sequence(seqs))
+    assert v.tolist() == [1, 2, 3, 4, 5] and v.dtype == torch.int32 and c.tolist() == [0, 3, 5]
+    flags = [torch.tensor([True, False]), torch.tensor([False])]
+    v, c, m = to_cu_seqlens(torch.nn.utils.rnn.pack_sequence(flags, enforce_sorted=False))
+    assert v.tolist() == [True, False, False] and m == 2
+
+
 def test_varlen_zero_lengths_and_gradients():
     values = torch.randn(5, 2, dtype=torch.float64, requires_grad=True)
     cu = [0, 0, 2, 2, 5, 5]
