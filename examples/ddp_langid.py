@@ -15,6 +15,7 @@ cross-entropies on all ranks divided by the global token count (or sequence coun
 batches. Prints tokens/s per rank and in total. Run with Debian's /usr/bin/python3.
 """
 import argparse
+import datetime
 import os
 import sys
 import time
@@ -125,7 +126,6 @@ def accuracy(model, data):
 def main(args):
     distributed = "WORLD_SIZE" in os.environ
     if distributed:
-        import datetime
         dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=args.timeout))
     world = dist.get_world_size() if distributed else 1
     rank = dist.get_rank() if distributed else 0
@@ -176,7 +176,8 @@ def main(args):
             loss_total += loss.item()
             steps += 1
         secs, cpu = time.perf_counter() - t0, time.process_time() - c0
-        report(epoch, rank, world, distributed, tokens, steps, secs, cpu, loss_total)
+        report(epoch, rank, world, distributed, tokens, steps, secs, cpu, loss_total,
+               args.normalize)
         if rank == 0 and not args.no_eval:
             val = encode(read_split(os.path.join(args.split, "val.tsv")), vocab)
             print(f"epoch {epoch + 1}: validation accuracy {100 * accuracy(model, val):.2f}%",
@@ -187,10 +188,10 @@ def main(args):
     return 0
 
 
-def report(epoch, rank, world, distributed, tokens, steps, secs, cpu, loss_total):
+def report(epoch, rank, world, distributed, tokens, steps, secs, cpu, loss_total, normalize):
     """Rank 0 prints every rank's tokens/s and the total (all tokens / the slowest rank's
     time), and the same per CPU second (steadier on a shared machine)."""
-    rates = torch.tensor([tokens / secs, float(tokens), secs, float(steps), cpu],
+    rates = torch.tensor([tokens / secs, float(tokens), secs, float(steps), cpu, loss_total],
                          dtype=torch.float64)
     gathered = [torch.zeros_like(rates) for _ in range(world)]
     if distributed:
@@ -201,8 +202,11 @@ def report(epoch, rank, world, distributed, tokens, steps, secs, cpu, loss_total
         per_rank = ", ".join(f"rank {r}: {g[0]:.0f}" for r, g in enumerate(gathered))
         total = sum(g[1] for g in gathered) / max(g[2] for g in gathered)
         total_cpu = sum(g[1] for g in gathered) / max(g[4] for g in gathered)
-        print(f"epoch {epoch + 1}: steps per rank {[int(g[3]) for g in gathered]}, loss/step "
-              f"{loss_total / max(steps, 1):.4f} (rank 0); tokens/s {per_rank}; "
+        # The ranks' losses add up to world x the step's global loss.
+        loss = sum(g[5] for g in gathered) / world / max(steps, 1)
+        print(f"epoch {epoch + 1}: steps per rank {[int(g[3]) for g in gathered]}, train loss "
+              f"{loss:.4f} per {'token' if normalize == 'tokens' else 'sequence'}; "
+              f"tokens/s {per_rank}; "
               f"total {total:.0f} tokens/s, {total_cpu:.0f} per CPU second of the busiest rank",
               flush=True)
 
