@@ -99,6 +99,10 @@ def test_drop_last_and_zero_lengths():
     s = BucketBatchSampler([0, 0, 0, 0, 0], max_tokens=2, shuffle=False)
     assert list(s) == [[0, 1], [2, 3], [4]]
     assert list(BucketBatchSampler([], batch_size=3)) == []
+    # Bounds far beyond the data: one batch, no overflow in pool sizes or token products.
+    for kw in (dict(max_tokens=2**62), dict(batch_size=2**62), dict(max_tokens=2**63 - 1)):
+        assert [sorted(b) for b in BucketBatchSampler([3, 1, 2], bucket_size_multiplier=7,
+                                                      **kw)] == [[0, 1, 2]]
 
 
 def test_works_as_a_dataloader_batch_sampler():

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cstdlib>
 #include <cstring>
+#include <limits>
 #include <numeric>
 #include <stdexcept>
 #include <string>
@@ -135,7 +136,7 @@ void even_out_last_two(const std::vector<int64_t>& lengths, const BucketingOptio
   const auto len = [&](std::size_t i) { return lengths[static_cast<std::size_t>(both[i])]; };
   const auto fits = [&](std::size_t size, int64_t longest) {
     const int64_t sz = static_cast<int64_t>(size);
-    return (o.batch_size == 0 || sz <= o.batch_size) && sz * token_cost(longest) <= o.max_tokens;
+    return (o.batch_size == 0 || sz <= o.batch_size) && token_cost(longest) <= o.max_tokens / sz;
   };
   int64_t total = 0, head = 0;
   std::size_t best = out[out.size() - 2].size();
@@ -162,7 +163,7 @@ void cut_bounded(const std::vector<int64_t>& order, std::size_t begin, std::size
                  std::vector<std::vector<int64_t>>& out) {
   const auto fits = [&](int64_t size, int64_t longest) {
     return (o.batch_size == 0 || size <= o.batch_size) &&
-           (o.max_tokens == 0 || size * token_cost(longest) <= o.max_tokens);
+           (o.max_tokens == 0 || token_cost(longest) <= o.max_tokens / size);
   };
   const std::size_t first = out.size();
   std::size_t s = begin;
@@ -182,15 +183,21 @@ void cut_bounded(const std::vector<int64_t>& order, std::size_t begin, std::size
   if (!o.drop_last && out.size() >= first + 2) even_out_last_two(lengths, o, out);
 }
 
+// a * b for positive a and b, capped at INT64_MAX (huge bounds mean "everything").
+int64_t saturating_product(int64_t a, int64_t b) {
+  return a > std::numeric_limits<int64_t>::max() / b ? std::numeric_limits<int64_t>::max() : a * b;
+}
+
 // End of the pool starting at `p` in `order`.
 std::size_t pool_end(const std::vector<int64_t>& order, std::size_t p,
                      const std::vector<int64_t>& lengths, const BucketingOptions& o) {
   const std::size_t n = order.size();
   if (o.pool_batches == 0) return n;
   if (o.max_tokens == 0) {
-    return std::min(n, p + static_cast<std::size_t>(o.pool_batches * o.batch_size));
+    return std::min(n,
+                    p + static_cast<std::size_t>(saturating_product(o.pool_batches, o.batch_size)));
   }
-  const int64_t budget = o.pool_batches * o.max_tokens;
+  const int64_t budget = saturating_product(o.pool_batches, o.max_tokens);
   int64_t tokens = 0;
   std::size_t e = p;
   while (e < n && tokens < budget)
@@ -235,12 +242,14 @@ int64_t BucketingSampler::num_batches(int64_t epoch_index) const {
   if (options_.max_tokens > 0) return static_cast<int64_t>(epoch(epoch_index).size());
   const int64_t n = size();
   const int64_t batch_size = options_.batch_size;
-  const int64_t pool =
-      options_.pool_batches > 0 ? options_.pool_batches * batch_size : std::max<int64_t>(n, 1);
+  const int64_t pool = options_.pool_batches > 0
+                           ? saturating_product(options_.pool_batches, batch_size)
+                           : std::max<int64_t>(n, 1);
   int64_t count = 0;
-  for (int64_t p = 0; p < n; p += pool) {
-    const int64_t m = std::min(n, p + pool) - p;
-    count += options_.drop_last ? m / batch_size : (m + batch_size - 1) / batch_size;
+  for (int64_t p = 0; p < n;) {
+    const int64_t m = std::min(n - p, pool);
+    count += m / batch_size + (!options_.drop_last && m % batch_size != 0 ? 1 : 0);
+    p += m;
   }
   return count;
 }
