@@ -1,6 +1,7 @@
 // Data for training on variable-length sequences: labelled text datasets, the
 // default language-identification dataset built from Debian's word lists, a
-// length-bucketing batch sampler with padding statistics, and two helpers for
+// length-bucketing batch sampler with padding statistics (by count or by
+// tokens, and split among processes with balanced tokens), and two helpers for
 // padded batches (each sequence's last valid step; per-sequence reversal).
 //
 //   DatasetSplit split = load_language_id();              // 7 x 20,000 words, 80/10/10
@@ -11,6 +12,8 @@
 //       TokenBatch b = make_token_batch(vocab, split.train, batch, /*batch_first=*/true);
 //       // b.tokens [B, T] int64 padded with <pad>, b.lengths, b.labels [B]
 //     }
+//   // Rank 1 of 4, about 2048 padded tokens per batch, the same step count on every rank:
+//   DistributedBucketingSampler mine(lengths_of(split.train), {.max_tokens = 2048}, 4, 1);
 //
 // Everything random here uses seqpack's own generator (Rng), so a seed gives the
 // same sample, split and batches on every machine and standard library.
