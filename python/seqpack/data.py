@@ -144,7 +144,8 @@ class DistributedBucketBatchSampler(BucketBatchSampler):
     still appears exactly once per epoch over all ranks) or, with
     ``drop_last``, the lightest are dropped. Every rank must use the same
     ``seed`` and call ``set_epoch`` with the same epoch. ``num_replicas`` and
-    ``rank`` default to torch.distributed's world size and rank.
+    ``rank`` default to torch.distributed's world size and rank. ``padding_stats()`` covers
+    the epoch's batches on all ranks, before any halving.
     """
 
     def __init__(self, lengths, num_replicas=None, rank=None, batch_size=None, max_tokens=None,
