@@ -304,6 +304,14 @@ TEST(BucketingSampler, MaxTokensHandWorked) {
   EXPECT_EQ(s.epoch(0), (Batches{{0, 1}, {2, 3}, {4}, {5}}));
   EXPECT_EQ(s.epoch(4), s.epoch(0));  // no shuffling: the same every epoch
   EXPECT_EQ(s.num_batches(), 4);
+  // The random baseline uses the mean batch size, 6 / 4 rounded = 2: three batches.
+  const seqpack::PaddingReport r = seqpack::padding_report(s);
+  EXPECT_EQ(r.num_batches, 4);
+  EXPECT_EQ(r.bucketed.padded_slots, 2 * 2 + 2 * 4 + 5 + 6);
+  EXPECT_EQ(r.random.real_tokens, 21);
+  EXPECT_EQ(
+      r.random.padded_slots,
+      seqpack::padding_stats({1, 2, 3, 4, 5, 6}, seqpack::random_batches(6, 2, 0)).padded_slots);
   // Both bounds: batch_size 1 wins.
   o.batch_size = 1;
   EXPECT_EQ(BucketingSampler({1, 2, 3, 4, 5, 6}, o).epoch(0),
