@@ -1,6 +1,7 @@
 // Data for training on variable-length sequences: labelled text datasets, the
 // default language-identification dataset built from Debian's word lists, a
-// length-bucketing batch sampler with padding statistics, and two helpers for
+// length-bucketing batch sampler with padding statistics (by count or by
+// tokens, and split among processes with balanced tokens), and two helpers for
 // padded batches (each sequence's last valid step; per-sequence reversal).
 //
 //   DatasetSplit split = load_language_id();              // 7 x 20,000 words, 80/10/10
@@ -11,6 +12,8 @@
 //       TokenBatch b = make_token_batch(vocab, split.train, batch, /*batch_first=*/true);
 //       // b.tokens [B, T] int64 padded with <pad>, b.lengths, b.labels [B]
 //     }
+//   // Rank 1 of 4, about 2048 padded tokens per batch, the same step count on every rank:
+//   DistributedBucketingSampler mine(lengths_of(split.train), {.max_tokens = 2048}, 4, 1);
 //
 // Everything random here uses seqpack's own generator (Rng), so a seed gives the
 // same sample, split and batches on every machine and standard library.
@@ -140,30 +143,89 @@ struct TokenBatch {
 TokenBatch make_token_batch(const Vocabulary& vocab, const std::vector<Example>& examples,
                             const std::vector<int64_t>& indices, bool batch_first);
 
-// Groups sequences of similar length into batches of `batch_size`, so padded
-// batches waste little. Each epoch: the indices are shuffled (seed, epoch),
-// stably sorted by length within pools of `pool_batches` batches (0 = the whole
-// dataset), cut into consecutive batches, and the batch order is shuffled.
-// Every index appears exactly once per epoch; the last batch of a pool may be
-// smaller unless drop_last.
+// How BucketingSampler cuts batches. At least one of batch_size and
+// max_tokens must be set (> 0).
+struct BucketingOptions {
+  int64_t batch_size = 0;  // most sequences in a batch (torchtext/AllenNLP); 0 = unbounded
+  // Most padded tokens in a batch, count * max(longest, 1) (fairseq's
+  // max_tokens); 0 = unbounded. A zero-length sequence counts as one token, so
+  // a batch never holds more than max_tokens sequences.
+  int64_t max_tokens = 0;
+  uint64_t seed = 0;
+  // Sort within pools of about this many batches (pool_batches * batch_size
+  // sequences, or pool_batches * max_tokens tokens when max_tokens is set);
+  // 0 = the whole dataset.
+  int64_t pool_batches = 0;
+  // Drop the last batch of each pool unless it is full (batch_size sequences,
+  // or one more sequence of its longest length would exceed max_tokens).
+  bool drop_last = false;
+  // false: no shuffling at all (pools of consecutive indices, batches in
+  // increasing length within each pool, the same every epoch).
+  bool shuffle = true;
+};
+
+// Groups sequences of similar length into batches, so padded batches waste
+// little. Each epoch: the indices are shuffled (seed, epoch), stably sorted by
+// length within pools, cut greedily into consecutive batches bounded by
+// batch_size and/or max_tokens, and the batch order is shuffled. Every index
+// appears exactly once per epoch (unless drop_last).
 class BucketingSampler {
  public:
+  BucketingSampler(std::vector<int64_t> lengths, BucketingOptions options);
   BucketingSampler(std::vector<int64_t> lengths, int64_t batch_size, uint64_t seed,
                    int64_t pool_batches = 0, bool drop_last = false);
   std::vector<std::vector<int64_t>> epoch(int64_t epoch) const;
-  int64_t num_batches() const;
+  // Batches in epoch `epoch`: the same for every epoch when batching by count
+  // alone; with max_tokens and pools it may vary from epoch to epoch.
+  int64_t num_batches(int64_t epoch = 0) const;
   int64_t size() const { return static_cast<int64_t>(lengths_.size()); }
-  int64_t batch_size() const { return batch_size_; }
-  uint64_t seed() const { return seed_; }
-  bool drop_last() const { return drop_last_; }
+  int64_t batch_size() const { return options_.batch_size; }
+  int64_t max_tokens() const { return options_.max_tokens; }
+  uint64_t seed() const { return options_.seed; }
+  bool drop_last() const { return options_.drop_last; }
+  bool shuffle() const { return options_.shuffle; }
+  const BucketingOptions& options() const { return options_; }
   const std::vector<int64_t>& lengths() const { return lengths_; }
 
  private:
   std::vector<int64_t> lengths_;
-  int64_t batch_size_;
-  uint64_t seed_;
-  int64_t pool_batches_;
-  bool drop_last_;
+  BucketingOptions options_;
+};
+
+// Real tokens of each batch (sum of its lengths).
+std::vector<int64_t> batch_tokens(const std::vector<int64_t>& lengths,
+                                  const std::vector<std::vector<int64_t>>& batches);
+
+// Splits one epoch's batches among `num_replicas` ranks so that every rank gets
+// the same number of batches (no rank waits forever for the others) and the
+// ranks' real-token counts at each step are close: batches are stably sorted by
+// real tokens and consecutive runs of num_replicas form a step; the steps are
+// shuffled and so is the rank order within each step (seed, epoch), so every
+// rank computes the same plan from the shared seed. When the count is not a
+// multiple of num_replicas, drop_last drops the batches with the fewest
+// tokens; otherwise the batches with the most tokens are halved (by count)
+// until it is, so every index still appears exactly once, and when no batch is
+// left to halve std::invalid_argument names the counts. Returns out[rank][step].
+std::vector<std::vector<std::vector<int64_t>>> distribute_batches(
+    std::vector<std::vector<int64_t>> batches, const std::vector<int64_t>& lengths,
+    int64_t num_replicas, uint64_t seed, int64_t epoch, bool shuffle, bool drop_last);
+
+// BucketingSampler split among ranks with distribute_batches: each rank builds
+// the whole epoch's plan from the shared seed and keeps its own share.
+class DistributedBucketingSampler {
+ public:
+  DistributedBucketingSampler(std::vector<int64_t> lengths, BucketingOptions options,
+                              int64_t num_replicas, int64_t rank);
+  std::vector<std::vector<int64_t>> epoch(int64_t epoch) const;  // this rank's batches
+  std::vector<std::vector<std::vector<int64_t>>> all_ranks(int64_t epoch) const;
+  const BucketingSampler& sampler() const { return sampler_; }
+  int64_t num_replicas() const { return num_replicas_; }
+  int64_t rank() const { return rank_; }
+
+ private:
+  BucketingSampler sampler_;
+  int64_t num_replicas_;
+  int64_t rank_;
 };
 
 // Plain random batching (shuffle, cut), the baseline bucketing is compared with.
@@ -186,6 +248,8 @@ struct PaddingReport {
   int64_t num_batches = 0;
 };
 // Statistics of epoch `epoch` of `sampler` against random batching with the same seed.
+// The random batches hold batch_size sequences, or, when batching by
+// max_tokens alone, the sampler's mean batch size (rounded).
 PaddingReport padding_report(const BucketingSampler& sampler, int64_t epoch = 0);
 
 // ---------------------------------------------------------------------------

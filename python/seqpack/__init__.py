@@ -22,6 +22,7 @@ from .packing import (  # noqa: F401
 from .threading import get_num_threads, set_num_threads  # noqa: F401
 from . import nn  # noqa: F401
 from . import streaming  # noqa: F401
+from . import data  # noqa: F401
 
 __all__ = [
     "PackedSequence",
@@ -37,4 +38,5 @@ __all__ = [
     "cpu_info",
     "nn",
     "streaming",
+    "data",
 ]

@@ -27,7 +27,7 @@ from torch import Tensor, _VF
 from torch.nn.utils.rnn import PackedSequence
 
 __all__ = ["LSTM", "GRU", "RNN", "pack_padded_sequence", "pad_packed_sequence", "library_path",
-           "StreamingRNN"]
+           "StreamingRNN", "collate_packed", "collate_padded"]
 
 _LIBRARY = os.path.join(os.path.dirname(os.path.abspath(__file__)), "libseqpack_torch.so")
 if not os.path.exists(_LIBRARY):
@@ -396,3 +396,5 @@ class RNN(_SeqpackLayer, torch.nn.RNN):
 
 # Per-stream state for chunked inference (seqpack/torch_streaming.py).
 from .torch_streaming import StreamingRNN  # noqa: E402
+# DataLoader collate functions to a PackedSequence (seqpack/torch_data.py).
+from .torch_data import collate_packed, collate_padded  # noqa: E402

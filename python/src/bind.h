@@ -11,5 +11,7 @@ void bind_rnn(pybind11::module_& m);
 void bind_threading(pybind11::module_& m);
 void bind_precision(pybind11::module_& m);
 void bind_streaming(pybind11::module_& m);
+void bind_data(pybind11::module_& m);
+void bind_varlen(pybind11::module_& m);
 
 }  // namespace seqpack::python

@@ -11,4 +11,6 @@ PYBIND11_MODULE(_seqpack, m) {
   seqpack::python::bind_rnn(m);
   seqpack::python::bind_threading(m);
   seqpack::python::bind_streaming(m);
+  seqpack::python::bind_data(m);
+  seqpack::python::bind_varlen(m);
 }
