@@ -25,8 +25,9 @@ def _run(layer, seed=0):
 @needs_bf16
 @pytest.mark.parametrize("cls", [nn.LSTM, nn.GRU, nn.RNN])
 def test_bf16_close_to_fp32(cls):
-    a = cls(24, 40, num_layers=2, bidirectional=True, seed=3)
-    b = cls(24, 40, num_layers=2, bidirectional=True, seed=3, precision="bf16")
+    # Step weights of 96 x 96 and up: past bf16_step's 8192 elements, so bf16 runs.
+    a = cls(24, 96, num_layers=2, bidirectional=True, seed=3)
+    b = cls(24, 96, num_layers=2, bidirectional=True, seed=3, precision="bf16")
     assert a.precision == "fp32" and b.precision == "bf16"
     out_a, _ = _run(a)
     out_b, _ = _run(b)
@@ -37,8 +38,8 @@ def test_bf16_close_to_fp32(cls):
 
 @needs_bf16
 def test_bf16_gradients_agree_with_fp32():
-    a = nn.LSTM(16, 33, seed=1)
-    b = nn.LSTM(16, 33, seed=1, precision="bf16")
+    a = nn.LSTM(16, 64, seed=1)
+    b = nn.LSTM(16, 64, seed=1, precision="bf16")
     grads = []
     for layer in (a, b):
         out, _ = _run(layer, seed=4)
