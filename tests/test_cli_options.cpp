@@ -49,18 +49,12 @@ void walk(const CLI::App& app, std::vector<std::string> path, std::vector<Numeri
   }
 }
 
-// A fresh app with every callback removed: parsing never runs a command.
+// A fresh app of the tool, callbacks and all. (Removing a command's callback
+// would free the arguments its options write into: they live in the callback.)
 std::unique_ptr<CLI::App> make_app() {
   number_options().clear();
   auto app = std::make_unique<CLI::App>("seqpack");
   seqpack::cli::add_commands(*app);
-  std::vector<CLI::App*> todo = {app.get()};
-  while (!todo.empty()) {
-    CLI::App* a = todo.back();
-    todo.pop_back();
-    a->callback(nullptr);
-    for (CLI::App* s : a->get_subcommands([](CLI::App*) { return true; })) todo.push_back(s);
-  }
   return app;
 }
 
@@ -78,11 +72,17 @@ std::string parse_error(const NumericOption& o, const std::string& value) {
   std::vector<std::string> args = {"seqpack"};
   args.insert(args.end(), o.path.begin(), o.path.end());
   args.push_back(o.name + "=" + value);  // "=" so a value like -1 is never read as a flag
+  // An unknown last argument: CLI11 rejects it (ExtrasError) after every
+  // option's value has been converted and checked and before any command's
+  // callback runs, so parsing never runs a command.
+  args.push_back("--not-an-option-of-any-command");
   std::vector<const char*> argv;
   for (const auto& a : args) argv.push_back(a.c_str());
   try {
     app->parse(static_cast<int>(argv.size()), argv.data());
   } catch (const CLI::RequiredError&) {
+    return "";
+  } catch (const CLI::ExtrasError&) {
     return "";
   } catch (const CLI::ParseError& e) {
     return e.what();
