@@ -160,6 +160,21 @@ BENCHMARK(BM_step)
     })
     ->Unit(benchmark::kMicrosecond);
 
+// n values uniform in [-1, 1], from a fixed seed per call site.
+std::vector<float> random_floats(int64_t n, std::mt19937& rng) {
+  std::uniform_real_distribution<float> u(-1.f, 1.f);
+  std::vector<float> v(static_cast<size_t>(n));
+  for (auto& x : v) x = u(rng);
+  return v;
+}
+
+// The FLOPS rate counter of an m x n x k product per iteration.
+void set_product_rate(benchmark::State& state, int64_t m, int64_t n, int64_t k) {
+  state.counters["FLOPS"] = benchmark::Counter(
+      2.0 * static_cast<double>(m) * static_cast<double>(n) * static_cast<double>(k),
+      benchmark::Counter::kIsIterationInvariantRate);
+}
+
 // The whole-batch products (input projection X·W_ihᵀ, dX = dG·W_ih, dW = dGᵀ·X)
 // through the three ways seqpack can run them: OpenBLAS's sgemm (cpu::gemm),
 // oneDNN's f32 matmul (the f32 engine's choice) and the bf16 engine (bf16
@@ -174,11 +189,8 @@ void BM_batch(benchmark::State& state) {
     return;
   }
   std::mt19937 rng(42);
-  std::uniform_real_distribution<float> u(-1.f, 1.f);
-  std::vector<float> a(static_cast<size_t>(m * k)), b(static_cast<size_t>(k * n)),
-      c(static_cast<size_t>(m * n));
-  for (auto& x : a) x = u(rng);
-  for (auto& x : b) x = u(rng);
+  const std::vector<float> a = random_floats(m * k, rng), b = random_floats(k * n, rng);
+  std::vector<float> c(static_cast<size_t>(m * n));
   const int64_t lda = ta ? m : k, ldb = tb ? k : n;
   const auto& bf16 = engine == 2 ? seqpack::cpu::gemm_engine_f32(seqpack::Precision::bf16)
                                  : seqpack::cpu::gemm_engine_f32(seqpack::Precision::fp32);
@@ -194,9 +206,7 @@ void BM_batch(benchmark::State& state) {
     benchmark::DoNotOptimize(c.data());
     benchmark::ClobberMemory();
   }
-  state.counters["FLOPS"] = benchmark::Counter(
-      2.0 * static_cast<double>(m) * static_cast<double>(n) * static_cast<double>(k),
-      benchmark::Counter::kIsIterationInvariantRate);
+  set_product_rate(state, m, n, k);
 }
 BENCHMARK(BM_batch)
     ->ArgNames({"m", "n", "k", "ta", "tb", "engine"})
@@ -227,20 +237,15 @@ void BM_engine_step(benchmark::State& state) {
   const auto& eng = seqpack::cpu::gemm_engine_f32(bf16 ? seqpack::Precision::bf16
                                                        : seqpack::Precision::fp32);
   std::mt19937 rng(42);
-  std::uniform_real_distribution<float> u(-1.f, 1.f);
-  std::vector<float> a(static_cast<size_t>(rows * k)), w(static_cast<size_t>(n * k)),
-      c(static_cast<size_t>(rows * n));
-  for (auto& x : a) x = u(rng);
-  for (auto& x : w) x = u(rng);
+  const std::vector<float> a = random_floats(rows * k, rng), w = random_floats(n * k, rng);
+  std::vector<float> c(static_cast<size_t>(rows * n));
   const auto op = eng.prepare(w.data(), /*trans_b=*/true, k, n, k, {{0, n}});
   for (auto _ : state) {
     eng.step(rows, a.data(), k, *op, 0, 1.f, c.data(), n);
     benchmark::DoNotOptimize(c.data());
     benchmark::ClobberMemory();
   }
-  state.counters["FLOPS"] = benchmark::Counter(
-      2.0 * static_cast<double>(rows) * static_cast<double>(n) * static_cast<double>(k),
-      benchmark::Counter::kIsIterationInvariantRate);
+  set_product_rate(state, rows, n, k);
 }
 BENCHMARK(BM_engine_step)
     ->ArgNames({"k", "n", "rows", "engine"})
