@@ -276,12 +276,7 @@ void run_kind(benchmark::State& state, const WorkloadShape& w, const std::string
   const int64_t H = w.hidden, G = w.gates * H, N = w.rows;
   const int64_t widest = std::max({w.input, w.dirs * H, G});
   std::mt19937 rng(7);
-  std::uniform_real_distribution<float> u(-1.f, 1.f);
-  auto buf = [&](int64_t n) {
-    std::vector<float> v(static_cast<size_t>(n));
-    for (auto& x : v) x = u(rng);
-    return v;
-  };
+  auto buf = [&](int64_t n) { return random_floats(n, rng); };
   std::vector<float> x = buf(N * widest), g = buf(N * G), wt = buf(G * widest), hp = buf(N * H),
                      dw = buf(G * widest), dx = buf(N * widest);
   double flops = 0;
@@ -348,12 +343,7 @@ void run_workload_gemms(benchmark::State& state, const WorkloadShape& w, bool tr
   const int64_t H = w.hidden, G = w.gates * H, N = w.rows, T = static_cast<int64_t>(w.batch_sizes.size());
   const int64_t widest = std::max({w.input, w.dirs * H, G});
   std::mt19937 rng(7);
-  std::uniform_real_distribution<float> u(-1.f, 1.f);
-  auto buf = [&](int64_t n) {
-    std::vector<float> v(static_cast<size_t>(n));
-    for (auto& x : v) x = u(rng);
-    return v;
-  };
+  auto buf = [&](int64_t n) { return random_floats(n, rng); };
   std::vector<float> x = buf(N * widest), g = buf(N * G), wih = buf(G * widest), whh = buf(G * H),
                      hp = buf(N * H), dw = buf(G * widest), dx = buf(N * widest);
   const auto fwd_op = eng.prepare(whh.data(), /*trans_b=*/true, H, G, H, {{0, G}});
