@@ -49,16 +49,20 @@ void check_permutation(const std::vector<int64_t>& perm, const std::string& cont
                        const std::string& name) {
   const int64_t n = static_cast<int64_t>(perm.size());
   std::vector<int64_t> seen_at(perm.size(), -1);
+  // The messages are built only on failure: this runs on every call of the
+  // torch operators, where formatting 2n strings cost more than the check.
+  auto entry = [&](int64_t i, int64_t v) {
+    return context + name + "[" + str(i) + "] = " + str(v);
+  };
+  auto why = [&] { return ": it must be a permutation of 0.." + str(n - 1); };
   for (int64_t i = 0; i < n; ++i) {
     const int64_t v = perm[static_cast<std::size_t>(i)];
-    const std::string entry = context + name + "[" + str(i) + "] = " + str(v);
-    const std::string why = ": it must be a permutation of 0.." + str(n - 1);
     if (v < 0 || v >= n) {
-      throw std::invalid_argument(entry + " is out of range [0, " + str(n) + ")" + why);
+      throw std::invalid_argument(entry(i, v) + " is out of range [0, " + str(n) + ")" + why());
     }
     int64_t& first = seen_at[static_cast<std::size_t>(v)];
     if (first >= 0) {
-      throw std::invalid_argument(entry + " repeats " + name + "[" + str(first) + "]" + why);
+      throw std::invalid_argument(entry(i, v) + " repeats " + name + "[" + str(first) + "]" + why());
     }
     first = i;
   }
@@ -381,22 +385,25 @@ void check_sequences(const std::vector<Tensor>& sequences, const char* what) {
   }
   for (std::size_t i = 0; i < sequences.size(); ++i) {
     const Tensor& s = sequences[i];
-    const std::string name = "sequences[" + str(static_cast<int64_t>(i)) + "]";
-    if (!s.defined()) throw std::invalid_argument(std::string(what) + ": " + name + " is undefined");
+    // Built only on failure (this loop runs on every call).
+    auto name = [&] { return "sequences[" + str(static_cast<int64_t>(i)) + "]"; };
+    if (!s.defined()) {
+      throw std::invalid_argument(std::string(what) + ": " + name() + " is undefined");
+    }
     if (s.dim() < 1) {
-      throw std::invalid_argument(std::string(what) + ": " + name + " has shape " +
+      throw std::invalid_argument(std::string(what) + ": " + name() + " has shape " +
                                   shape_str(s.shape()) +
                                   "; a sequence needs at least 1 dimension (time)");
     }
     if (i == 0) continue;
     const Tensor& s0 = sequences[0];
     if (s.dtype() != s0.dtype()) {
-      throw std::invalid_argument(std::string(what) + ": " + name + " has dtype " +
+      throw std::invalid_argument(std::string(what) + ": " + name() + " has dtype " +
                                   dtype_name(s.dtype()) + " but sequences[0] has dtype " +
                                   dtype_name(s0.dtype()));
     }
     if (trailing_shape(s, 1) != trailing_shape(s0, 1)) {
-      throw std::invalid_argument(std::string(what) + ": " + name + " has shape " +
+      throw std::invalid_argument(std::string(what) + ": " + name() + " has shape " +
                                   shape_str(s.shape()) + " (trailing " +
                                   shape_str(trailing_shape(s, 1)) + ") but sequences[0] has " +
                                   shape_str(s0.shape()) + " (trailing " +
@@ -423,10 +430,12 @@ void check_lengths(const std::vector<int64_t>& lengths, int64_t batch, int64_t T
                                 (batch_first ? " (batch_first=true)" : " (batch_first=false)"));
   }
   for (std::size_t b = 0; b < lengths.size(); ++b) {
-    const std::string name = "lengths[" + str(static_cast<int64_t>(b)) + "] = " + str(lengths[b]);
-    if (lengths[b] < 0) throw std::invalid_argument(std::string(what) + ": " + name + " is negative");
+    auto name = [&] { return "lengths[" + str(static_cast<int64_t>(b)) + "] = " + str(lengths[b]); };
+    if (lengths[b] < 0) {
+      throw std::invalid_argument(std::string(what) + ": " + name() + " is negative");
+    }
     if (lengths[b] > T) {
-      throw std::invalid_argument(std::string(what) + ": " + name + " exceeds the padded length " +
+      throw std::invalid_argument(std::string(what) + ": " + name() + " exceeds the padded length " +
                                   str(T) + " of the input of shape " + shape_str(input.shape()) +
                                   (batch_first ? " (batch_first=true)" : " (batch_first=false)"));
     }
