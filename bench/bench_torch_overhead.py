@@ -55,6 +55,7 @@ def python_times(module, packed, reps):
         fwd.append(time.process_time() - c)
         c = time.process_time()
         module.zero_grad(set_to_none=True)
+        packed.data.grad = None
         out, _ = module(packed)
         out.data.sum().backward()
         train.append(time.process_time() - c)
@@ -94,6 +95,11 @@ def main():
     lengths = torch.tensor(w["lengths"])
     x = torch.randn(int(lengths.max()), len(w["lengths"]), w["input_size"])
     packed = trnn.pack_padded_sequence(x, lengths, enforce_sorted=False)
+    # The packed rows are a leaf that requires grad, as in `seqpack bench`'s
+    # train_packed, so both compute the input gradient (an input without grad
+    # skips the first layer's dX product, which would hide overhead).
+    packed = trnn.PackedSequence(packed.data.detach().requires_grad_(), packed.batch_sizes,
+                                 packed.sorted_indices, packed.unsorted_indices)
     python_times(m, packed, 20)  # warm-up
 
     print(f"seqpack from {os.path.dirname(seqpack.__file__)}; workload {w['name']}, 1 thread; "

@@ -248,6 +248,13 @@ RNNForwardResult run_forward(const RNNCall& call, const Tensor& data, const OptT
   });
 }
 
+// What the backward needs besides the saved tensors.
+struct NodeState {
+  std::shared_ptr<const RNNSaved> core;  // the core's saved activations
+  int64_t h0_edge = -1, c0_edge = -1, w_edge = 1;
+  bool lstm = false;  // c_n is a real output (else an empty placeholder)
+};
+
 // Autograd node of one multi-layer recurrent forward on packed rows.
 class RNNFunction : public torch::autograd::Function<RNNFunction> {
  public:
@@ -255,7 +262,6 @@ class RNNFunction : public torch::autograd::Function<RNNFunction> {
                                const OptTensor& c0, at::TensorList weights, const RNNCall& call) {
     RNNForwardResult r = run_forward(call, data, h0, c0, weights, /*save=*/true);
     auto [output, h_n, c_n] = outputs(r, data);
-    stash(ctx, "core", std::shared_ptr<const RNNSaved>(r.saved));
     // Saved for torch's version counters: in-place changes of what the core
     // still reads (input, states, weights) are caught at backward. Its saved
     // activations do not share the outputs' memory (test_torch_ops.py checks),
@@ -265,12 +271,15 @@ class RNNFunction : public torch::autograd::Function<RNNFunction> {
     if (c0.has_value() && c0->defined()) saved.push_back(*c0);
     saved.insert(saved.end(), weights.begin(), weights.end());
     ctx->save_for_backward(saved);
-    // Edge index of each input (undefined optionals have no edge).
+    // Everything else in one entry (one hash-map insert per call). Edge index
+    // of each input: undefined optionals have no edge.
+    NodeState st{r.saved};
     int64_t edge = 1;
-    ctx->saved_data["h0_edge"] = h0.has_value() && h0->defined() ? edge++ : int64_t(-1);
-    ctx->saved_data["c0_edge"] = c0.has_value() && c0->defined() ? edge++ : int64_t(-1);
-    ctx->saved_data["w_edge"] = edge;
-    ctx->saved_data["lstm"] = r.c_n.defined();
+    st.h0_edge = h0.has_value() && h0->defined() ? edge++ : -1;
+    st.c0_edge = c0.has_value() && c0->defined() ? edge++ : -1;
+    st.w_edge = edge;
+    st.lstm = r.c_n.defined();
+    stash(ctx, "state", std::move(st));
     if (!r.c_n.defined()) ctx->mark_non_differentiable({c_n});
     ctx->set_materialize_grads(false);  // the core treats missing gradients as zeros
     return {output, h_n, c_n};
@@ -280,20 +289,20 @@ class RNNFunction : public torch::autograd::Function<RNNFunction> {
     constexpr const char* op = "seqpack::rnn backward";
     TORCH_CHECK(!at::GradMode::is_enabled(), op, ": double backward is not supported");
     ctx->get_saved_variables();  // throws if something was modified in place
-    const RNNSaved& saved = *unstash<std::shared_ptr<const RNNSaved>>(ctx, "core");
-    const int64_t h0_edge = ctx->saved_data["h0_edge"].toInt();
-    const int64_t c0_edge = ctx->saved_data["c0_edge"].toInt();
-    const int64_t w_edge = ctx->saved_data["w_edge"].toInt();
+    const NodeState& st = unstash<NodeState>(ctx, "state");
+    const RNNSaved& saved = *st.core;
+    const int64_t h0_edge = st.h0_edge, c0_edge = st.c0_edge, w_edge = st.w_edge;
     const bool state_grad = (h0_edge >= 0 && ctx->needs_input_grad(h0_edge)) ||
                             (c0_edge >= 0 && ctx->needs_input_grad(c0_edge));
     CoreTensor g_out = to_core(grads[0], op, "grad_output");
     CoreTensor g_h = to_core(grads[1], op, "grad_h_n");
     // c_n of a non-LSTM is an empty placeholder: its gradient is not passed on.
-    CoreTensor g_c =
-        ctx->saved_data["lstm"].toBool() ? to_core(grads[2], op, "grad_c_n") : CoreTensor();
-    RNNGradients g = checked(op, [&] { return rnn_backward(saved, g_out, g_h, g_c, state_grad); });
+    CoreTensor g_c = st.lstm ? to_core(grads[2], op, "grad_c_n") : CoreTensor();
+    const bool input_grad = ctx->needs_input_grad(0);
+    RNNGradients g = checked(
+        op, [&] { return rnn_backward(saved, g_out, g_h, g_c, state_grad, input_grad); });
     // One entry per forward argument: data, h0, c0, each weight, call.
-    variable_list result = {ctx->needs_input_grad(0) ? from_core(g.input) : Tensor(),
+    variable_list result = {input_grad ? from_core(g.input) : Tensor(),
                             h0_edge >= 0 ? from_core(g.h0) : Tensor(),
                             c0_edge >= 0 ? from_core(g.c0) : Tensor()};
     for (size_t i = 0; i < g.weights.size(); ++i)

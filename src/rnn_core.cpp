@@ -840,7 +840,7 @@ std::vector<BackwardWorkspace<T>> backward_workspaces(const RNNSaved& sv) {
 
 template <typename T>
 RNNGradients backward_impl(const RNNSaved& sv, const Tensor& grad_output, const Tensor& grad_h_n,
-                           const Tensor& grad_c_n, bool initial_state_grad) {
+                           const Tensor& grad_c_n, bool initial_state_grad, bool input_grad) {
   const RNNOptions& o = sv.options;
   const int64_t L = o.num_layers, D = o.num_directions(), H = o.hidden_size;
   const int64_t R = o.real_hidden_size(), G = o.gate_count() * H;
@@ -867,6 +867,8 @@ RNNGradients backward_impl(const RNNSaved& sv, const Tensor& grad_output, const 
                               initial_state_grad);
       bd.run(nt_steps, dout, grad_h_n, grad_c_n, sl.input);
     });
+    // The first layer's dX is only for the caller: skipped when not wanted.
+    if (l == 0 && !input_grad) return g;
     // dX sums both directions' contributions, after both are done.
     Tensor dx = cpu::pooled_empty({rows, in}, o.dtype);
     for (int64_t d = 0; d < D; ++d) {
@@ -981,7 +983,7 @@ RNNForwardResult rnn_forward_lookup(const RNNOptions& options, const std::vector
 }
 
 RNNGradients rnn_backward(const RNNSaved& saved, const Tensor& grad_output, const Tensor& grad_h_n,
-                          const Tensor& grad_c_n, bool initial_state_grad) {
+                          const Tensor& grad_c_n, bool initial_state_grad, bool input_grad) {
   const RNNOptions& o = saved.options;
   const int64_t LD = o.num_layers * o.num_directions();
   check_state(grad_output, {saved.total_rows, o.output_size()}, o.dtype, "grad_output");
@@ -993,9 +995,11 @@ RNNGradients rnn_backward(const RNNSaved& saved, const Tensor& grad_output, cons
                                 rnn_mode_name(o.mode));
   }
   if (o.dtype == DType::f32) {
-    return backward_impl<float>(saved, grad_output, grad_h_n, grad_c_n, initial_state_grad);
+    return backward_impl<float>(saved, grad_output, grad_h_n, grad_c_n, initial_state_grad,
+                                input_grad);
   }
-  return backward_impl<double>(saved, grad_output, grad_h_n, grad_c_n, initial_state_grad);
+  return backward_impl<double>(saved, grad_output, grad_h_n, grad_c_n, initial_state_grad,
+                               input_grad);
 }
 
 }  // namespace seqpack

@@ -199,6 +199,18 @@ TEST(RNNGradcheck, BackwardMatchesCentralDifferences) {
     ASSERT_EQ(g.weights.size(), names.size());
     for (size_t k = 0; k < weights.size(); ++k) check(weights[k], g.weights[k], names[k]);
     check(x, g.input, "input");
+    // Without the input gradient: no dX, every other gradient bit-identical.
+    {
+      const auto ng = seqpack::rnn_backward(*fwd.saved, w_out, w_h, w_c,
+                                            /*initial_state_grad=*/true, /*input_grad=*/false);
+      EXPECT_FALSE(ng.input.defined()) << "input_grad=false still gave an input gradient";
+      ASSERT_EQ(ng.weights.size(), g.weights.size());
+      for (size_t k = 0; k < g.weights.size(); ++k) {
+        EXPECT_TRUE(seqpack::testing::all_close(ng.weights[k], g.weights[k], 0, 0, names[k]));
+      }
+      if (h0.defined()) EXPECT_TRUE(seqpack::testing::all_close(ng.h0, g.h0, 0, 0, "h0"));
+      if (c0.defined()) EXPECT_TRUE(seqpack::testing::all_close(ng.c0, g.c0, 0, 0, "c0"));
+    }
     if (h0.defined()) check(h0, g.h0, "h0");
     if (c0.defined()) check(c0, g.c0, "c0");
     // Zero-length sequences: their h0/c0 gradient is exactly the upstream h_n/c_n one.

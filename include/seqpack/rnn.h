@@ -111,9 +111,12 @@ RNNForwardResult rnn_forward_lookup(const RNNOptions& options, const std::vector
 // With initial_state_grad = false, h0 and c0 get no gradient (left undefined),
 // which lets the backward skip the products that only feed them: the rows of
 // each step whose h_prev is h0 (one per sequence, about 1/length of the work).
+// With input_grad = false the input gets no gradient (left undefined), which
+// skips the first layer's dX product (what torch skips for an input that does
+// not require grad).
 RNNGradients rnn_backward(const RNNSaved& saved, const Tensor& grad_output,
                           const Tensor& grad_h_n, const Tensor& grad_c_n,
-                          bool initial_state_grad = true);
+                          bool initial_state_grad = true, bool input_grad = true);
 
 // Plain reference: one sequence at a time, one step at a time, scalar loops,
 // computed in double. `sequences[b]` is [len_b, input_size] (caller's order).

@@ -280,3 +280,23 @@ def test_torch_fallback_for_other_dtypes_packed_lengths_and_scripted(mode):
             assert torch.equal(out, ref_out.data) and torch.equal(h, ref_h)
         for run in (LengthsRun(m), torch.jit.script(LengthsRun(m))):
             assert torch.equal(run(padded, lengths), ref_padded)
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_input_without_grad_skips_only_the_input_gradient(mode):
+    """An input that does not require grad gets none (the first layer's dX is
+    skipped), and every weight gradient is what torch.nn computes."""
+    m = module(mode, torch.float64, num_layers=2, bidirectional=True)
+    t = torch_twin(m)
+    g = torch.Generator().manual_seed(base_seed())
+    x = torch.randn(5, 4, 2, dtype=torch.float64, generator=g)
+    lengths = torch.tensor([5, 2, 4, 1])
+    packed = spt.pack_padded_sequence(x, lengths, enforce_sorted=False)
+    out, _ = m(packed)
+    ref, _ = t(trnn.pack_padded_sequence(x, lengths, enforce_sorted=False))
+    weights = torch.randn(out.data.shape, dtype=torch.float64, generator=g)
+    (out.data * weights).sum().backward()
+    (ref.data * weights).sum().backward()
+    assert x.grad is None and packed.data.grad is None
+    for (name, p), q in zip(m.named_parameters(), t.parameters()):
+        assert_close(p.grad.numpy(), q.grad.numpy(), 1e-10, 1e-10, name)
