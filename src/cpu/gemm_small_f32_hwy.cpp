@@ -245,25 +245,34 @@ void pack_weights(const float* b, bool trans_b, int64_t k, int64_t n, int64_t ld
   // are split over threads) is split over the threads by panels: done on one
   // thread, the other threads would wait for it.
   const bool split = k * n >= kParallelPackElements && !omp_in_parallel();
-#pragma omp parallel for schedule(static) if (split)
-  for (int64_t p = 0; p < panels; ++p) {
+  auto pack_panel = [&](int64_t p) {
     float* panel = dst + p * k * W;
     const int64_t cols = std::min(W, n - p * W);
     if (trans_b) {
-      // Column j of B is row j of b: copy it down the panel's column c.
-      for (int64_t kk = 0; kk < k; ++kk) {
-        float* row = panel + kk * W;
-        for (int64_t c = 0; c < cols; ++c) row[c] = b[(p * W + c) * ldb + kk];
-        for (int64_t c = cols; c < W; ++c) row[c] = 0.f;
+      // Column j of B is row j of b: read it contiguously, write it down the
+      // panel's column c (the panel, k x W, stays in L1 for the RNN's shapes).
+      for (int64_t c = 0; c < cols; ++c) {
+        const float* src = b + (p * W + c) * ldb;
+        for (int64_t kk = 0; kk < k; ++kk) panel[kk * W + c] = src[kk];
+      }
+      if (cols < W) {
+        for (int64_t kk = 0; kk < k; ++kk) std::fill(panel + kk * W + cols, panel + (kk + 1) * W, 0.f);
       }
     } else {
       for (int64_t kk = 0; kk < k; ++kk) {
         float* row = panel + kk * W;
         const float* src = b + kk * ldb + p * W;
-        for (int64_t c = 0; c < cols; ++c) row[c] = src[c];
-        for (int64_t c = cols; c < W; ++c) row[c] = 0.f;
+        std::copy(src, src + cols, row);
+        std::fill(row + cols, row + W, 0.f);
       }
     }
+  };
+  if (split) {
+#pragma omp parallel for schedule(static)
+    for (int64_t p = 0; p < panels; ++p) pack_panel(p);
+  } else {
+    // No parallel region at all: opening one costs more than packing a small matrix.
+    for (int64_t p = 0; p < panels; ++p) pack_panel(p);
   }
 }
 
