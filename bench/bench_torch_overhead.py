@@ -46,13 +46,17 @@ def cpp_times(binary, workloads, name):
 
 
 def python_times(module, packed, reps):
-    """(forward, forward+backward) median process CPU seconds per call."""
+    """(forward, forward+backward) median process CPU seconds per call. Each
+    mode runs its calls back to back, as `seqpack bench` does (a forward timed
+    right after a training step would also pay for the caches that step
+    evicted, which is not the bridge's cost)."""
     fwd, train = [], []
     for _ in range(reps):
         c = time.process_time()
         with torch.no_grad():
             module(packed)
         fwd.append(time.process_time() - c)
+    for _ in range(reps):
         c = time.process_time()
         module.zero_grad(set_to_none=True)
         packed.data.grad = None
@@ -72,6 +76,23 @@ def harness_floor(module, rows, width, reps):
         c = time.process_time()
         module.zero_grad(set_to_none=True)
         (x * p.view(-1)[:width]).sum().backward()
+        times.append(time.process_time() - c)
+    return statistics.median(times)
+
+
+def linear_floor(module, reps):
+    """Median process CPU seconds of a training step (zero_grad, forward,
+    sum, backward) of a torch.nn.Linear(input_size, hidden_size) on 4 rows:
+    the lightest torch layer with weights, i.e. what any layer pays per call
+    for the dispatcher and autograd, with next to no arithmetic."""
+    lin = torch.nn.Linear(module.input_size, module.hidden_size)
+    x = torch.randn(4, module.input_size, requires_grad=True)
+    times = []
+    for _ in range(reps):
+        c = time.process_time()
+        lin.zero_grad(set_to_none=True)
+        x.grad = None
+        lin(x).sum().backward()
         times.append(time.process_time() - c)
     return statistics.median(times)
 
@@ -125,6 +146,8 @@ def main():
           f"(median {1e6 * statistics.median(over_t):.1f}), of which the bridge's own "
           f"{1e6 * min(bridge):.1f} to {1e6 * max(bridge):.1f} "
           f"(median {1e6 * statistics.median(bridge):.1f})")
+    print(f"for scale: a training step of torch.nn.Linear({m.input_size}, {m.hidden_size}) on "
+          f"4 rows costs {1e6 * linear_floor(m, args.reps):.1f} µs in all")
 
 
 if __name__ == "__main__":
