@@ -115,6 +115,8 @@ struct TrainedClassifier {
   std::vector<std::vector<LabelScore>> predict(const std::vector<std::u32string>& words);
   // The raw logits [words, labels].
   Tensor logits(const std::vector<std::u32string>& words);
+  // predict's result from logits already computed (one forward for both).
+  std::vector<std::vector<LabelScore>> scores(const Tensor& logits) const;
 };
 
 // Writes a model directory: model.safetensors (torch's state_dict names),

@@ -443,9 +443,14 @@ Tensor TrainedClassifier::logits(const std::vector<std::u32string>& words) {
 std::vector<std::vector<LabelScore>> TrainedClassifier::predict(
     const std::vector<std::u32string>& words) {
   if (words.empty()) return {};
-  const Tensor p = softmax(logits(words));
-  std::vector<std::vector<LabelScore>> out(words.size());
-  for (std::size_t i = 0; i < words.size(); ++i) {
+  return scores(logits(words));
+}
+
+std::vector<std::vector<LabelScore>> TrainedClassifier::scores(const Tensor& logits) const {
+  const Tensor p = softmax(logits);
+  const std::size_t n = static_cast<std::size_t>(logits.size(0));
+  std::vector<std::vector<LabelScore>> out(n);
+  for (std::size_t i = 0; i < n; ++i) {
     for (std::size_t c = 0; c < labels.size(); ++c) {
       out[i].push_back({labels[c], p.item_as_double(static_cast<int64_t>(i * labels.size() + c))});
     }

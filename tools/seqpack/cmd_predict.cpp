@@ -36,7 +36,7 @@ void print_predictions(TrainedClassifier& tc, const std::vector<std::string>& te
     words.push_back(decode_utf8(texts[i], "word " + std::to_string(i + 1)));
   }
   const Tensor logits = tc.logits(words);
-  const auto scores = tc.predict(words);
+  const auto scores = tc.scores(logits);
   auto unknown_chars = [&tc](const std::u32string& w) {
     int64_t n = 0;
     for (char32_t ch : w) n += tc.vocabulary.contains(ch) ? 0 : 1;
