@@ -10,6 +10,7 @@
 // with W_hh (h[live, H] * W_hh^T).
 #include <benchmark/benchmark.h>
 #include <cblas.h>
+#include <immintrin.h>
 
 #include <algorithm>
 #include <cstdlib>
@@ -50,6 +51,82 @@ void BM_sgemm_peak(benchmark::State& state) {
   run_sgemm(state, state.range(0), state.range(0), state.range(0));
 }
 BENCHMARK(BM_sgemm_peak)->Arg(1024)->Unit(benchmark::kMillisecond);
+
+// The core's arithmetic peak: kChains independent multiply-add chains held in
+// registers (no memory traffic), 512-bit where the CPU has AVX-512, else 256-bit
+// FMA. BM_fma_peak/0 is fp32 FMA, BM_fma_peak/1 bf16 dot products (vdpbf16ps,
+// 2 multiply-adds per fp32 lane; skipped without AVX512-BF16). No GEMM on this
+// core can run faster, so compare_torch.py divides by it for the hard ceilings.
+constexpr int kChains = 12;
+
+__attribute__((target("avx512f"))) float fma_chains_avx512(int64_t iters) {
+  __m512 acc[kChains];
+  for (auto& a : acc) a = _mm512_setzero_ps();
+  __m512 x = _mm512_set1_ps(1e-7f);
+  const __m512 y = _mm512_set1_ps(1.0001f);
+  for (int64_t i = 0; i < iters; ++i) {
+#pragma GCC unroll 12
+    for (int c = 0; c < kChains; ++c) acc[c] = _mm512_fmadd_ps(x, y, acc[c]);
+    __asm__ volatile("" : "+v"(x));  // opaque: the chains cannot be folded into one product
+  }
+  float sum = 0;
+  for (auto& a : acc) sum += _mm512_reduce_add_ps(a);
+  return sum;
+}
+
+__attribute__((target("avx2,fma"))) float fma_chains_avx2(int64_t iters) {
+  __m256 acc[kChains];
+  for (auto& a : acc) a = _mm256_setzero_ps();
+  __m256 x = _mm256_set1_ps(1e-7f);
+  const __m256 y = _mm256_set1_ps(1.0001f);
+  for (int64_t i = 0; i < iters; ++i) {
+#pragma GCC unroll 12
+    for (int c = 0; c < kChains; ++c) acc[c] = _mm256_fmadd_ps(x, y, acc[c]);
+    __asm__ volatile("" : "+v"(x));  // opaque: the chains cannot be folded into one product
+  }
+  alignas(32) float lanes[8];
+  float sum = 0;
+  for (auto& a : acc) {
+    _mm256_store_ps(lanes, a);
+    for (float v : lanes) sum += v;
+  }
+  return sum;
+}
+
+__attribute__((target("avx512f,avx512bf16"))) float dpbf16_chains(int64_t iters) {
+  __m512 acc[kChains];
+  for (auto& a : acc) a = _mm512_setzero_ps();
+  __m512bh x = reinterpret_cast<__m512bh>(_mm512_set1_epi16(0x3f80));  // 1.0
+  const __m512bh y = reinterpret_cast<__m512bh>(_mm512_set1_epi16(0x3380));  // 2^-24
+  for (int64_t i = 0; i < iters; ++i) {
+#pragma GCC unroll 12
+    for (int c = 0; c < kChains; ++c) acc[c] = _mm512_dpbf16_ps(acc[c], x, y);
+    __asm__ volatile("" : "+v"(x));  // opaque: the chains cannot be folded into one product
+  }
+  float sum = 0;
+  for (auto& a : acc) sum += _mm512_reduce_add_ps(a);
+  return sum;
+}
+
+void BM_fma_peak(benchmark::State& state) {
+  const bool bf16 = state.range(0) == 1;
+  const bool avx512 = __builtin_cpu_supports("avx512f");
+  if (bf16 && !(avx512 && __builtin_cpu_supports("avx512bf16"))) {
+    state.SkipWithError("no AVX512-BF16 on this CPU");
+    return;
+  }
+  constexpr int64_t kIters = 1 << 16;
+  for (auto _ : state) {
+    const float r = bf16 ? dpbf16_chains(kIters)
+                         : (avx512 ? fma_chains_avx512(kIters) : fma_chains_avx2(kIters));
+    benchmark::DoNotOptimize(r);
+  }
+  // FLOPs (2 per multiply-add) per call: chains x lanes x multiply-adds per lane.
+  const double lanes = avx512 ? 16 : 8, per_lane = bf16 ? 2 : 1;
+  state.counters["FLOPS"] = benchmark::Counter(2.0 * kChains * lanes * per_lane * kIters,
+                                               benchmark::Counter::kIsIterationInvariantRate);
+}
+BENCHMARK(BM_fma_peak)->ArgNames({"bf16"})->Arg(0)->Arg(1)->Unit(benchmark::kMicrosecond);
 
 // Args: m (rows), n (output features = gates * H), k (input features).
 void BM_sgemm_rnn(benchmark::State& state) {
