@@ -39,6 +39,7 @@
 #include "cpu/gemm.h"
 #include "cpu/gemm_engine.h"
 #include "cpu/rnn_gates.h"
+#include "cpu/scratch.h"
 #include "seqpack/rnn.h"
 
 namespace seqpack {
@@ -286,7 +287,7 @@ inline void step_barrier(const Split& sp) {
 // nothing is allocated inside the time loop.
 template <typename T>
 struct ForwardWorkspace {
-  std::vector<T> hstate, hprev, cstate, gh, m, bias, proj;
+  cpu::Scratch<T> hstate, hprev, cstate, gh, m, bias, proj;
   std::vector<const T*> proj_rows;  // lookup layer: the projection row of each packed row
 };
 
@@ -614,7 +615,7 @@ RNNForwardResult forward_impl(const RNNOptions& o, const std::vector<Tensor>& we
 
 template <typename T>
 struct BackwardWorkspace {
-  std::vector<T> dhstate, dcstate, dm, dhtot, dproj;
+  cpu::Scratch<T> dhstate, dcstate, dm, dhtot, dproj;
   Tensor dg_t, dgh_t;
   T* dg = nullptr;   // [N, G] gradient of the gate pre-activations (GRU: input side)
   T* dgh = nullptr;  // GRU: [N, G] gradient of W_h h_prev + b_h; else = dg

@@ -15,6 +15,8 @@
 #include <string>
 #include <vector>
 
+#include "cpu/scratch.h"
+
 namespace seqpack::cpu {
 
 template <typename T>
@@ -57,7 +59,7 @@ std::string blas_config();
 // target), each [k][width], columns past n zero-filled.
 struct PackedWeights {
   int64_t k = 0, n = 0, width = 0;
-  std::vector<float> storage;  // over-allocated so the panels start 64-byte aligned
+  Scratch<float> storage;  // over-allocated so the panels start 64-byte aligned
   int64_t offset = 0;          // first element of the panels within storage
   const float* panels() const { return storage.data() + offset; }
 };
