@@ -300,6 +300,7 @@ struct ForwardStep {
   T* out = nullptr;   // output rows, stride ldo
   const T* h_prev = nullptr;            // [n, R]
   const T* const* init = nullptr;       // lookup rows fed into the product (engine's init)
+  const T* const* x_rows = nullptr;     // lookup rows the LSTM gate kernel adds to g
 };
 
 template <typename T>
@@ -317,7 +318,9 @@ struct ForwardDirection {
   T* outp = nullptr;   // this direction's columns of the layer output
   T *hprev = nullptr, *cs = nullptr, *cps = nullptr, *ms = nullptr, *ghn = nullptr;  // saved
   std::unique_ptr<cpu::StepOperand> whh, whr;
-  bool fuse_lookup = false;
+  // A lookup layer's projected rows: fed into the product where the engine
+  // takes init rows, else (LSTM) added by the gate kernel, else copied into G.
+  bool fuse_lookup = false, lookup_in_gates = false;
 
   ForwardDirection(const RNNOptions& o_, const cpu::GemmEngine<T>& eng_, const PackingPlan& plan_,
                    const std::vector<Tensor>& weights, const std::vector<int64_t>* lookup_,
@@ -333,7 +336,8 @@ struct ForwardDirection {
   // G = X·W_ihᵀ + b, with b = b_ih, plus b_hh except for GRU, whose b_hn must
   // stay inside r * (W_hn h + b_hn). A lookup layer projects the V table rows
   // once instead; each step takes its rows' projection (fused into the
-  // product where the engine takes init rows, else copied into G).
+  // product where the engine takes init rows, into the LSTM gate kernel
+  // otherwise, else copied into G).
   void project_inputs(const Tensor& x) {
     Tensor gates_t = cpu::pooled_empty({N, G}, o.dtype);
     gates = gates_t.data<T>();
@@ -355,7 +359,8 @@ struct ForwardDirection {
     for (int64_t v = 0; v < V; ++v)
       for (int64_t k = 0; k < G; ++k) p[v * G + k] += bias[k];
     fuse_lookup = eng.takes_init() && !gru;
-    if (fuse_lookup) {
+    lookup_in_gates = !fuse_lookup && lstm;
+    if (fuse_lookup || lookup_in_gates) {
       ws.proj_rows.resize(static_cast<std::size_t>(N));
       for (int64_t r = 0; r < N; ++r)
         ws.proj_rows[static_cast<std::size_t>(r)] = p + (*lookup)[static_cast<std::size_t>(r)] * G;
@@ -422,8 +427,17 @@ struct ForwardDirection {
   }
 
   // A lookup layer's step: rows < ng take their projection inside the product
-  // (fused), the others (all of them, unfused) are copied into G.
+  // (fused), the others (all of them, unfused) are copied into G; or the gate
+  // kernel adds every row's, and rows past ng, which get no product, start
+  // from zero.
   void take_lookup_rows(ForwardStep<T>& st, const Split& sp) {
+    if (lookup_in_gates) {
+      st.x_rows = ws.proj_rows.data() + st.r0;
+      for (int64_t j = st.ng; j < st.n; ++j)
+        for (int64_t q = 0; q < G / H; ++q)
+          std::fill(st.g + j * G + q * H + sp.a, st.g + j * G + q * H + sp.b, T(0));
+      return;
+    }
     const int64_t copied = fuse_lookup ? st.ng : 0;
     if (fuse_lookup) st.init = ws.proj_rows.data() + st.r0;
     const T* p = ws.proj.data();
@@ -449,7 +463,7 @@ struct ForwardDirection {
   // LSTM: c_t = f * c_{t-1} + i * g, h_t = o * tanh(c_t) (then h_t = W_hr h_t
   // with a projection).
   void lstm_step(const ForwardStep<T>& st, const Split& sp) {
-    hidden_product(st, sp, T(1), st.g);
+    hidden_product(st, sp, st.x_rows ? T(0) : T(1), st.g);
     const int64_t a = sp.a, b = sp.b;
     T* cdst = ws.cstate.data();
     if (save) {
@@ -462,7 +476,8 @@ struct ForwardDirection {
       hdst = save ? ms + st.r0 * H : ws.m.data();
       ldh = H;
     }
-    cpu::lstm_gates_forward<T>(st.n, H, a, b, st.g, ws.cstate.data(), H, cdst, H, hdst, ldh);
+    cpu::lstm_gates_forward<T>(st.n, H, a, b, st.g, ws.cstate.data(), H, cdst, H, hdst, ldh,
+                               st.x_rows);
     if (save) copy_rows(ws.cstate.data() + a, H, cdst + a, H, st.n, b - a);
     if (proj) {
       step_barrier(sp);
@@ -615,6 +630,7 @@ RNNForwardResult forward_impl(const RNNOptions& o, const std::vector<Tensor>& we
 template <typename T>
 struct BackwardWorkspace {
   std::vector<T> dhstate, dcstate, dm, dhtot, dproj;
+  std::vector<T*> dproj_rows;  // LSTM lookup layer: the dP row of each packed row
   Tensor dg_t, dgh_t;
   T* dg = nullptr;   // [N, G] gradient of the gate pre-activations (GRU: input side)
   T* dgh = nullptr;  // GRU: [N, G] gradient of W_h h_prev + b_h; else = dg
@@ -673,8 +689,14 @@ struct BackwardDirection {
     load_state(ws.dhstate.data(), grad_h_n, ld, sv.sorted_indices, R);
     if (lstm) load_state(ws.dcstate.data(), grad_c_n, ld, sv.sorted_indices, H);
     dout = dout_t.defined() ? dout_t.data<T>() + d * R : nullptr;
-    // Layer 0 of a lookup: dP[v] sums dg over the rows that read table row v.
-    if (lookup_layer) std::fill(ws.dproj.begin(), ws.dproj.end(), T(0));
+    // Layer 0 of a lookup: dP[v] sums dg over the rows that read table row v
+    // (the LSTM gate kernel adds each row into its dP row).
+    if (lookup_layer) {
+      std::fill(ws.dproj.begin(), ws.dproj.end(), T(0));
+      ws.dproj_rows.resize(lstm ? static_cast<std::size_t>(N) : 0);
+      for (std::size_t r = 0; r < ws.dproj_rows.size(); ++r)
+        ws.dproj_rows[r] = ws.dproj.data() + sv.lookup[r] * G;
+    }
   }
 
   // dh of this step = upstream gradient of the output rows + what the
@@ -748,8 +770,8 @@ struct BackwardDirection {
     const int64_t r0 = st.r0;
     cpu::lstm_gates_backward<T>(st.n, H, sp.a, sp.b, sd.gates.data<T>() + r0 * G,
                                 sd.c.data<T>() + r0 * H, sd.c_prev.data<T>() + r0 * H, dh_in,
-                                ld_dh, ws.dcstate.data(), st.dg, db_ih);
-    scatter_rows(st, sp);
+                                ld_dh, ws.dcstate.data(), st.dg, db_ih,
+                                lookup_layer ? ws.dproj_rows.data() + r0 : nullptr);
     step_barrier(sp);
     hidden_product(st.ng, st.dg, T(0), sp);
   }

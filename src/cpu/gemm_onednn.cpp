@@ -76,13 +76,34 @@ const dnnl::engine& cpu_engine() {
   return eng;
 }
 
+// A buffer that grows without initialising what it adds: a std::vector's
+// resize() zero-fills every time a whole-batch product's operand (thousands
+// of rows) follows a step's (one step's rows) in the same staging buffer, a
+// memset as large as the conversion itself.
+template <typename T>
+class Staging {
+ public:
+  T* resize(std::size_t n) {
+    if (n > capacity_) {
+      data_ = std::make_unique_for_overwrite<T[]>(n);
+      capacity_ = n;
+    }
+    return data_.get();
+  }
+  T* data() const { return data_.get(); }
+
+ private:
+  std::unique_ptr<T[]> data_;
+  std::size_t capacity_ = 0;
+};
+
 // Per-thread state: a stream, bf16 staging buffers and the scratchpad.
 struct ThreadState {
   dnnl::stream stream{cpu_engine()};
-  std::vector<uint16_t> a, b;
-  std::vector<uint8_t> scratch;
-  std::vector<float> c;    // a step's result when its columns are not all of C's
-  std::vector<float> a32;  // an f32 step's rows, when strided
+  Staging<uint16_t> a, b;
+  Staging<uint8_t> scratch;
+  Staging<float> c;    // a step's result when its columns are not all of C's
+  Staging<float> a32;  // an f32 step's rows, when strided
 };
 ThreadState& thread_state() {
   thread_local ThreadState s;
@@ -92,9 +113,8 @@ ThreadState& thread_state() {
 // X [rows, cols] with row stride ldx to a contiguous bf16 [rows, cols]. A
 // transposed operand is staged as it is stored: the primitive reads it
 // through strides.
-void stage(int64_t rows, int64_t cols, const float* x, int64_t ldx, std::vector<uint16_t>& out) {
-  out.resize(static_cast<std::size_t>(rows * cols));
-  uint16_t* o = out.data();
+void stage(int64_t rows, int64_t cols, const float* x, int64_t ldx, Staging<uint16_t>& out) {
+  uint16_t* o = out.resize(static_cast<std::size_t>(rows * cols));
   if (ldx == cols) {
     f32_to_bf16(x, o, rows * cols);
     return;
@@ -196,7 +216,7 @@ Primitive& primitive(const Key& key) {
 void run(const Key& key, const void* src, const void* wei, float* dst, const float* bias) {
   ThreadState& ts = thread_state();
   Primitive& p = primitive(key);
-  if (ts.scratch.size() < p.scratch_bytes) ts.scratch.resize(p.scratch_bytes);
+  ts.scratch.resize(p.scratch_bytes);
   p.src.set_data_handle(const_cast<void*>(src));
   p.wei.set_data_handle(const_cast<void*>(wei));
   p.dst.set_data_handle(dst);
@@ -318,10 +338,10 @@ class OnednnEngine : public GemmEngine<float> {
       stage(m, op.k, a, lda, ts.a);
       src = ts.a.data();
     } else if (lda != op.k) {
-      ts.a32.resize(static_cast<std::size_t>(m * op.k));
+      float* rows = ts.a32.resize(static_cast<std::size_t>(m * op.k));
       for (int64_t i = 0; i < m; ++i)
-        std::memcpy(ts.a32.data() + i * op.k, a + i * lda, static_cast<std::size_t>(op.k) * sizeof(float));
-      src = ts.a32.data();
+        std::memcpy(rows + i * op.k, a + i * lda, static_cast<std::size_t>(op.k) * sizeof(float));
+      src = rows;
     }
     lda = op.k;
     const int64_t w = c1 - c0;
