@@ -47,8 +47,9 @@ struct RNNSaved {
   struct Direction {
     Tensor gates;   // [N, G] gate activations (RNN: h itself)
     Tensor h_prev;  // [N, R] h entering each row's step
-    Tensor c;       // LSTM [N, H] c after the step
-    Tensor c_prev;  // LSTM [N, H] c entering the step
+    Tensor c;       // LSTM [N, H] c after the step (c entering a step is the
+                    // previous step's, or c0 for a row that begins there)
+    Tensor c0;      // LSTM [B, H] c0 in length-sorted order (zeros without c0)
     Tensor m;       // LSTM with projection [N, H]: o * tanh(c), before W_hr
     Tensor ghn;     // GRU [N, H]: W_hn h_prev + b_hn
   };
@@ -316,7 +317,7 @@ struct ForwardDirection {
   DirWeights<T> w;
   T* gates = nullptr;  // [N, G]
   T* outp = nullptr;   // this direction's columns of the layer output
-  T *hprev = nullptr, *cs = nullptr, *cps = nullptr, *ms = nullptr, *ghn = nullptr;  // saved
+  T *hprev = nullptr, *cs = nullptr, *ms = nullptr, *ghn = nullptr;  // saved
   std::unique_ptr<cpu::StepOperand> whh, whr;
   // A lookup layer's projected rows: fed into the product where the engine
   // takes init rows, else (LSTM) added by the gate kernel, else copied into G.
@@ -375,9 +376,7 @@ struct ForwardDirection {
       hprev = sd.h_prev.data<T>();
       if (lstm) {
         sd.c = cpu::pooled_empty({N, H}, o.dtype);
-        sd.c_prev = cpu::pooled_empty({N, H}, o.dtype);
         cs = sd.c.data<T>();
-        cps = sd.c_prev.data<T>();
       }
       if (proj) {
         sd.m = cpu::pooled_empty({N, H}, o.dtype);
@@ -393,6 +392,10 @@ struct ForwardDirection {
     const int64_t ld = l * o.num_directions() + d;
     load_state(ws.hstate.data(), h0, ld, plan.sorted_indices(), R);
     if (lstm) load_state(ws.cstate.data(), c0, ld, plan.sorted_indices(), H);
+    if (lstm && save) {
+      sd.c0 = cpu::pooled_empty({B, H}, o.dtype);
+      std::copy(ws.cstate.begin(), ws.cstate.end(), sd.c0.data<T>());
+    }
     outp = out.data<T>() + d * R;
   }
 
@@ -465,11 +468,7 @@ struct ForwardDirection {
   void lstm_step(const ForwardStep<T>& st, const Split& sp) {
     hidden_product(st, sp, st.x_rows ? T(0) : T(1), st.g);
     const int64_t a = sp.a, b = sp.b;
-    T* cdst = ws.cstate.data();
-    if (save) {
-      copy_rows(cps + st.r0 * H + a, H, ws.cstate.data() + a, H, st.n, b - a);
-      cdst = cs + st.r0 * H;
-    }
+    T* cdst = save ? cs + st.r0 * H : ws.cstate.data();
     T* hdst = st.out;
     int64_t ldh = ldo;
     if (proj) {
@@ -639,6 +638,7 @@ struct BackwardWorkspace {
 // The rows of one backward step, as the cells see them.
 template <typename T>
 struct BackwardStep {
+  int64_t t = 0;   // the step
   int64_t n = 0;   // live rows
   int64_t ng = 0;  // rows whose dh_prev is needed (not the h0 rows without grad h0)
   int64_t r0 = 0;  // first packed row
@@ -725,6 +725,7 @@ struct BackwardDirection {
   void step(int64_t s, const Split& sp) {
     const int64_t t = d == 0 ? TT - 1 - s : s;
     BackwardStep<T> st;
+    st.t = t;
     st.n = sv.batch_sizes[static_cast<std::size_t>(t)];
     st.r0 = sv.offsets[static_cast<std::size_t>(t)];
     st.dh = gather_dh(st.n, st.r0, sp);
@@ -758,6 +759,18 @@ struct BackwardDirection {
     }
   }
 
+  // Rows [lo, hi) of a step through the LSTM gate kernel, c_prev being
+  // their c entering the step.
+  void lstm_cell_backward(const BackwardStep<T>& st, int64_t lo, int64_t hi, const T* c_prev,
+                          const T* dh_in, int64_t ld_dh, const Split& sp) {
+    if (hi <= lo) return;
+    const int64_t r = st.r0 + lo;
+    cpu::lstm_gates_backward<T>(hi - lo, H, sp.a, sp.b, sd.gates.data<T>() + r * G,
+                                sd.c.data<T>() + r * H, c_prev, dh_in + lo * ld_dh, ld_dh,
+                                ws.dcstate.data() + lo * H, st.dg + lo * G, db_ih,
+                                lookup_layer ? ws.dproj_rows.data() + r : nullptr);
+  }
+
   void lstm_step(const BackwardStep<T>& st, const Split& sp) {
     const T* dh_in = st.dh;
     int64_t ld_dh = R;
@@ -767,11 +780,15 @@ struct BackwardDirection {
       dh_in = ws.dm.data();
       ld_dh = H;
     }
-    const int64_t r0 = st.r0;
-    cpu::lstm_gates_backward<T>(st.n, H, sp.a, sp.b, sd.gates.data<T>() + r0 * G,
-                                sd.c.data<T>() + r0 * H, sd.c_prev.data<T>() + r0 * H, dh_in,
-                                ld_dh, ws.dcstate.data(), st.dg, db_ih,
-                                lookup_layer ? ws.dproj_rows.data() + r0 : nullptr);
+    // c entering the step: the previous step's c for the rows that continue
+    // from it (its first rows, in length-sorted order), c0 for the others.
+    const int64_t cont = rows_after_h0(sv.batch_sizes, st.t, d);
+    const int64_t prev = d == 0 ? st.t - 1 : st.t + 1;
+    if (cont > 0) {
+      lstm_cell_backward(st, 0, cont, sd.c.data<T>() + sv.offsets[std::size_t(prev)] * H, dh_in,
+                         ld_dh, sp);
+    }
+    lstm_cell_backward(st, cont, st.n, sd.c0.data<T>() + cont * H, dh_in, ld_dh, sp);
     step_barrier(sp);
     hidden_product(st.ng, st.dg, T(0), sp);
   }
