@@ -660,6 +660,8 @@ struct BackwardDirection {
   const T* dout = nullptr;  // this direction's columns of the output gradient, or null
   T *db_ih = nullptr, *db_hh = nullptr;
   std::unique_ptr<cpu::StepOperand> whh, whr;
+  // dG_h's rows as the steps' products converted them, for dW_hh (the engine's, or null).
+  std::unique_ptr<cpu::RowStore> dgh_kept;
 
   BackwardDirection(const RNNSaved& sv_, const cpu::GemmEngine<T>& eng_,
                     BackwardWorkspace<T>& ws_, RNNGradients& g_, int64_t l_, int64_t d_,
@@ -685,6 +687,7 @@ struct BackwardDirection {
     }
     whh = eng.prepare(w.w_hh, /*trans_b=*/false, G, R, R, step_ranges(R, 1, nt));
     if (proj) whr = eng.prepare(w.w_hr, /*trans_b=*/false, R, H, H, step_ranges(H, 1, nt));
+    dgh_kept = eng.keep_rows(ws.dgh, N, G, G);
     const int64_t ld = l * o.num_directions() + d;
     load_state(ws.dhstate.data(), grad_h_n, ld, sv.sorted_indices, R);
     if (lstm) load_state(ws.dcstate.data(), grad_c_n, ld, sv.sorted_indices, H);
@@ -744,7 +747,8 @@ struct BackwardDirection {
   // dh_prev[:ng, ra..rb) (+)= dgr · W_hh[:, ra..rb).
   void hidden_product(int64_t ng, const T* dgr, T beta, const Split& sp) {
     if (ng == 0) return;
-    eng.step(ng, dgr, G, *whh, step_range(sp.nth, sp.tid, 1, 0), beta, ws.dhstate.data(), R);
+    eng.step(ng, dgr, G, *whh, step_range(sp.nth, sp.tid, 1, 0), beta, ws.dhstate.data(), R,
+             nullptr, dgh_kept.get());
   }
 
   // Layer 0 of a lookup: dP[v] += dg of the rows that read table row v, added
@@ -825,7 +829,8 @@ struct BackwardDirection {
     // The forward direction's first rows saw the zero h0: they add nothing to dW_hh.
     const int64_t skip = sv.h0_zero && d == 0 && TT > 0 ? sv.batch_sizes[0] : 0;
     eng.gemm(true, false, G, R, N - skip, ws.dgh + skip * G, G,
-             sd.h_prev.data<T>() + skip * R, R, T(0), g.weights[k + 1].data<T>(), R);
+             sd.h_prev.data<T>() + skip * R, R, T(0), g.weights[k + 1].data<T>(), R, nullptr,
+             dgh_kept.get());
     std::size_t next = k + 2;
     if (o.bias) {
       if (!gru) std::copy(db_ih, db_ih + G, db_hh);

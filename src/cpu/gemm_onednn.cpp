@@ -18,6 +18,7 @@
 #include <string>
 #include <tuple>
 
+#include "cpu/buffer_pool.h"
 #include "cpu/gemm.h"
 #include "cpu/gemm_engine.h"
 
@@ -272,6 +273,33 @@ struct BlockedOperand : StepOperand {
   }
 };
 
+// The bf16 rows of a matrix kept by step() for a later gemm(): which rows
+// are there, and where the fp32 matrix is (step() and gemm() find a row's
+// place from its address).
+struct Bf16Rows : RowStore {
+  const float* base = nullptr;
+  int64_t rows = 0, cols = 0, ld = 0;
+  Tensor storage;  // the bf16 rows, pooled (a fresh block per call would fault its pages in)
+  std::vector<char> have;  // per row
+
+  // Row index of `a` when rows [a, a + m rows) lie in the matrix, else -1.
+  int64_t row_of(const float* a, int64_t m, int64_t lda, int64_t width) const {
+    if (lda != ld || width != cols || a < base || (a - base) % ld != 0) return -1;
+    const int64_t r = (a - base) / ld;
+    return r + m <= rows ? r : -1;
+  }
+  uint16_t* row(int64_t r) const {
+    return static_cast<uint16_t*>(const_cast<void*>(storage.raw_data())) + r * cols;
+  }
+  // Rows [r, r + m) in bf16, converting those no step kept.
+  const uint16_t* complete(int64_t r, int64_t m) {
+    for (int64_t i = r; i < r + m; ++i) {
+      if (!have[std::size_t(i)]) f32_to_bf16(base + i * ld, row(i), cols);
+    }
+    return row(r);
+  }
+};
+
 // Every product through oneDNN's matmul, in f32 (operands read in place
 // through their strides) or bf16 (operands converted per call; fp32
 // accumulation). With `small_in_fp32`, the products too small for bf16 to pay
@@ -283,7 +311,7 @@ class OnednnEngine : public GemmEngine<float> {
 
   void gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, const float* a,
             int64_t lda, const float* b, int64_t ldb, float beta, float* c, int64_t ldc,
-            const float* c_row) const override {
+            const float* c_row, const RowStore* kept) const override {
     if (f32_ || (small_in_fp32_ && !bf16_product(m, n, k))) {
       onednn_gemm_f32(trans_a, trans_b, m, n, k, a, lda, b, ldb, beta, c, ldc, c_row);
       return;
@@ -294,11 +322,34 @@ class OnednnEngine : public GemmEngine<float> {
       return;
     }
     ThreadState& ts = thread_state();
-    stage(trans_a ? k : m, trans_a ? m : k, a, lda, ts.a);
+    const int64_t a_rows = trans_a ? k : m, a_cols = trans_a ? m : k;
+    auto* store = const_cast<Bf16Rows*>(static_cast<const Bf16Rows*>(kept));
+    const int64_t r = store ? store->row_of(a, a_rows, lda, a_cols) : -1;
+    const uint16_t* a16 = nullptr;
+    if (r >= 0) {
+      a16 = store->complete(r, a_rows);
+    } else {
+      stage(a_rows, a_cols, a, lda, ts.a);
+      a16 = ts.a.data();
+    }
     stage(trans_b ? n : k, trans_b ? k : n, b, ldb, ts.b);
     const Key key{m,       n,       k, trans_a ? m : k, trans_b ? k : n, ldc, trans_a,
                   trans_b, !c_row && beta != 0.0f, c_row != nullptr, false, false};
-    run(key, ts.a.data(), ts.b.data(), c, c_row);
+    run(key, a16, ts.b.data(), c, c_row);
+  }
+
+  std::unique_ptr<RowStore> keep_rows(const float* base, int64_t rows, int64_t cols,
+                                      int64_t ld) const override {
+    if (f32_) return nullptr;
+    auto store = std::make_unique<Bf16Rows>();
+    store->base = base;
+    store->rows = rows;
+    store->cols = cols;
+    store->ld = ld;
+    // bf16 pairs in f32 elements (Tensor has no 16-bit type).
+    store->storage = pooled_empty({(rows * cols + 1) / 2}, DType::f32);
+    store->have.assign(static_cast<std::size_t>(rows), 0);
+    return store;
   }
 
   std::unique_ptr<StepOperand> prepare(const float* b, bool trans_b, int64_t k, int64_t n,
@@ -322,7 +373,8 @@ class OnednnEngine : public GemmEngine<float> {
   }
 
   void step(int64_t m, const float* a, int64_t lda, const StepOperand& sb, std::size_t range,
-            float beta, float* c, int64_t ldc, const float* const* init) const override {
+            float beta, float* c, int64_t ldc, const float* const* init,
+            RowStore* keep) const override {
     const auto& op = static_cast<const BlockedOperand&>(sb);
     if (op.fallback) {
       gemm_engine_f32(Precision::fp32).step(m, a, lda, *op.fallback, range, beta, c, ldc, nullptr);
@@ -334,7 +386,13 @@ class OnednnEngine : public GemmEngine<float> {
     // f32 with k = 64): bf16 staging makes them so, f32 copies them if needed.
     const void* src = a;
     ThreadState& ts = thread_state();
-    if (!f32_) {
+    auto* store = static_cast<Bf16Rows*>(keep);
+    const int64_t r = store && c0 == 0 ? store->row_of(a, m, lda, op.k) : -1;
+    if (!f32_ && r >= 0) {  // converted into the store, kept for gemm()
+      for (int64_t i = 0; i < m; ++i) f32_to_bf16(a + i * lda, store->row(r + i), op.k);
+      std::fill(store->have.begin() + r, store->have.begin() + r + m, char(1));
+      src = store->row(r);
+    } else if (!f32_) {
       stage(m, op.k, a, lda, ts.a);
       src = ts.a.data();
     } else if (lda != op.k) {
