@@ -228,7 +228,9 @@ HWY_INLINE void AddInto(DF d, float* dx, int64_t at, VF v) {
 // The saved gates and c were written by the forward long before (a whole
 // batch earlier, both directions in between): they come from L3 or memory,
 // and the loads of each row stalled on them until each vector also
-// prefetches the same columns kPrefetchRows rows further on.
+// prefetches the same columns kPrefetchRows rows further on. The gate
+// gradients' rows are as cold and each store waited for its line: they are
+// prefetched for writing.
 template <bool kAddDx>
 HWY_INLINE void LstmBackwardRows(int64_t n, int64_t H, int64_t k0, int64_t k1, const float* gates,
                                  const float* c, const float* c_prev, const float* dh,
@@ -264,6 +266,8 @@ HWY_INLINE void LstmBackwardRows(int64_t n, int64_t H, int64_t k0, int64_t k1, c
         for (int64_t j = 0; j < 4; ++j) hwy::Prefetch(pg + j * H);
         hwy::Prefetch(cr + kPrefetchRows * H + k);
         hwy::Prefetch(cp + kPrefetchRows * H + k);
+        float* pdg = dg + kPrefetchRows * 4 * H + k;
+        for (int64_t j = 0; j < 4; ++j) __builtin_prefetch(pdg + j * H, /*rw=*/1);
       }
       const VF tc = hn::Load(d, ring + slot * L);
       const VF ig = hn::LoadU(d, g + k), fg = hn::LoadU(d, g + H + k);
