@@ -249,6 +249,52 @@ TEST(GemmEngine, Bf16StepsFromTwoThreadsAtOnce) {
   }
 }
 
+// A matrix whose rows step() products read a few at a time and a whole-batch
+// product reads again (the backward's dG): the products that read the kept
+// rows give exactly what they give converting the matrix themselves, rows no
+// step read included, from one thread or two on column shares.
+TEST(GemmEngine, KeptRowsGiveTheSameProducts) {
+  for (const Precision precision : {Precision::fp32, Precision::bf16}) {
+    if (precision == Precision::bf16 && !cpu_info().native_bf16) continue;
+    SCOPED_TRACE(precision_name(precision));
+    const GemmEngine<float>& eng = gemm_engine_f32(precision);
+    const int64_t N = 300, G = 256, R = 64, ld = G + 3;
+    // dG [N, G] with row stride ld, W [G, R] for the steps, H_prev [N, R].
+    const Problem p = make_problem(false, false, N, R, G, 11);  // p.a: dG, p.b: W
+    ASSERT_EQ(p.lda, ld);
+    const Problem q = make_problem(false, false, N, 1, R, 12);  // q.a: H_prev, stride R + 3
+    const std::vector<float>& dg = p.a;
+    const std::vector<float>& hp = q.a;
+    const std::vector<ColumnRange> ranges{{0, R}, {0, 32}, {32, R}};
+    const auto op = eng.prepare(p.b.data(), false, G, R, p.ldb, ranges);
+    const auto kept = eng.keep_rows(dg.data(), N, G, ld);
+    EXPECT_EQ(kept == nullptr, precision == Precision::fp32);
+    std::vector<float> plain(static_cast<std::size_t>(N * R)), with(plain.size());
+    // Steps over rows [0, 40), [40, 100) (two column shares), [120, 300);
+    // rows [100, 120) are never read by a step.
+    const std::vector<std::pair<int64_t, int64_t>> steps{{0, 40}, {40, 100}, {120, 300}};
+    for (const auto& [r0, r1] : steps) {
+      const float* a = dg.data() + r0 * ld;
+      eng.step(r1 - r0, a, ld, *op, 0, 0.0f, plain.data() + r0 * R, R);
+      if (r0 == 40) {
+        for (std::size_t r : {1, 2})
+          eng.step(r1 - r0, a, ld, *op, r, 0.0f, with.data() + r0 * R, R, nullptr, kept.get());
+      } else {
+        eng.step(r1 - r0, a, ld, *op, 0, 0.0f, with.data() + r0 * R, R, nullptr, kept.get());
+      }
+    }
+    ASSERT_EQ(std::memcmp(plain.data(), with.data(), plain.size() * sizeof(float)), 0);
+    // dW = dG[skip:]ᵀ·H_prev[skip:], as the backward's dW_hh.
+    const int64_t skip = 10;
+    std::vector<float> dw_plain(static_cast<std::size_t>(G * R)), dw_kept(dw_plain.size());
+    eng.gemm(true, false, G, R, N - skip, dg.data() + skip * ld, ld,
+             hp.data() + skip * q.lda, q.lda, 0.0f, dw_plain.data(), R);
+    eng.gemm(true, false, G, R, N - skip, dg.data() + skip * ld, ld,
+             hp.data() + skip * q.lda, q.lda, 0.0f, dw_kept.data(), R, nullptr, kept.get());
+    ASSERT_EQ(std::memcmp(dw_plain.data(), dw_kept.data(), dw_plain.size() * sizeof(float)), 0);
+  }
+}
+
 TEST(GemmEngine, Bf16RefusedWithoutNativeBf16) {
   if (cpu_info().native_bf16) GTEST_SKIP() << "native bf16 here; the capped run tests this";
   try {
