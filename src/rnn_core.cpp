@@ -302,6 +302,8 @@ struct ForwardStep {
   const T* h_prev = nullptr;            // [n, R]
   const T* const* init = nullptr;       // lookup rows fed into the product (engine's init)
   const T* const* x_rows = nullptr;     // lookup rows the LSTM gate kernel adds to g
+  const T* next_g = nullptr;            // the next step's gate rows (a prefetch hint)
+  int64_t next_len = 0;                 // their elements
 };
 
 template <typename T>
@@ -411,6 +413,11 @@ struct ForwardDirection {
     st.n = bs[static_cast<std::size_t>(t)];
     st.r0 = plan.offsets()[static_cast<std::size_t>(t)];
     st.g = gates + st.r0 * G;
+    if (s + 1 < TT) {
+      const auto tn = static_cast<std::size_t>(d == 0 ? t + 1 : t - 1);
+      st.next_g = gates + plan.offsets()[tn] * G;
+      st.next_len = bs[tn] * G;
+    }
     st.out = outp + st.r0 * ldo;
     T* hsrc = save ? hprev + st.r0 * R : ws.hprev.data() + (s % 2) * B * R;
     copy_rows(hsrc + sp.ra, R, ws.hstate.data() + sp.ra, R, st.n, sp.rb - sp.ra);
@@ -476,7 +483,7 @@ struct ForwardDirection {
       ldh = H;
     }
     cpu::lstm_gates_forward<T>(st.n, H, a, b, st.g, ws.cstate.data(), H, cdst, H, hdst, ldh,
-                               st.x_rows);
+                               st.x_rows, st.next_g, st.next_len);
     if (save) copy_rows(ws.cstate.data() + a, H, cdst + a, H, st.n, b - a);
     if (proj) {
       step_barrier(sp);

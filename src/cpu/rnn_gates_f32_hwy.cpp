@@ -126,13 +126,21 @@ HWY_INLINE VF PreActivation(DF d, const float* g, const float* x, int64_t at) {
 // dependent transcendentals (≈ 150 cycles of latency in ≈ 160 instructions),
 // and the out-of-order window cannot hold enough columns to hide it; split,
 // each pass is a set of short independent chains and runs at throughput.
+// Each vector also prefetches, for writing, the next kPrefetchLines lines of
+// `next` (the rows the next step's product will write: cold, and the
+// product waited for each of them; the transcendentals here hide the wait).
+constexpr int64_t kPrefetchLines = 4;
+
 template <bool kAddX>
 HWY_INLINE void LstmForwardRows(int64_t n, int64_t H, int64_t k0, int64_t k1, float* gates,
                                 const float* c_prev, int64_t ld_cprev, float* c, int64_t ld_c,
-                                float* h, int64_t ld_h, const float* const* x_rows) {
+                                float* h, int64_t ld_h, const float* const* x_rows,
+                                const float* next, int64_t next_len) {
   const DF d;
   const int64_t L = static_cast<int64_t>(hn::Lanes(d));
   const int64_t kv = k0 + (k1 - k0) / L * L;  // end of the full vectors
+  constexpr int64_t kLine = 64 / sizeof(float);
+  const float* next_end = next + next_len;
   for (int64_t r = 0; r < n; ++r) {
     float* g = gates + r * 4 * H;
     const float* x = kAddX ? x_rows[r] : nullptr;
@@ -140,6 +148,9 @@ HWY_INLINE void LstmForwardRows(int64_t n, int64_t H, int64_t k0, int64_t k1, fl
     float* cr = c + r * ld_c;
     float* hr = h + r * ld_h;
     for (int64_t k = k0; k < kv; k += L) {
+      for (int64_t j = 0; j < kPrefetchLines && next < next_end; ++j, next += kLine) {
+        __builtin_prefetch(next, /*rw=*/1);
+      }
       const VF ig = Sigmoid(d, PreActivation<kAddX>(d, g, x, k));
       const VF fg = Sigmoid(d, PreActivation<kAddX>(d, g, x, H + k));
       const VF gg = Tanh(d, PreActivation<kAddX>(d, g, x, 2 * H + k));
@@ -159,11 +170,13 @@ HWY_INLINE void LstmForwardRows(int64_t n, int64_t H, int64_t k0, int64_t k1, fl
 
 void LstmForward(int64_t n, int64_t H, int64_t k0, int64_t k1, float* gates, const float* c_prev,
                  int64_t ld_cprev, float* c, int64_t ld_c, float* h, int64_t ld_h,
-                 const float* const* x_rows) {
+                 const float* const* x_rows, const float* next, int64_t next_len) {
   if (x_rows) {
-    LstmForwardRows<true>(n, H, k0, k1, gates, c_prev, ld_cprev, c, ld_c, h, ld_h, x_rows);
+    LstmForwardRows<true>(n, H, k0, k1, gates, c_prev, ld_cprev, c, ld_c, h, ld_h, x_rows, next,
+                          next_len);
   } else {
-    LstmForwardRows<false>(n, H, k0, k1, gates, c_prev, ld_cprev, c, ld_c, h, ld_h, x_rows);
+    LstmForwardRows<false>(n, H, k0, k1, gates, c_prev, ld_cprev, c, ld_c, h, ld_h, x_rows, next,
+                           next_len);
   }
 }
 
@@ -478,8 +491,10 @@ HWY_EXPORT(TargetName);
 template <>
 void lstm_gates_forward<float>(int64_t n, int64_t H, int64_t k0, int64_t k1, float* gates,
                                const float* c_prev, int64_t ld_cprev, float* c, int64_t ld_c,
-                               float* h, int64_t ld_h, const float* const* x_rows) {
-  HWY_DYNAMIC_DISPATCH(LstmForward)(n, H, k0, k1, gates, c_prev, ld_cprev, c, ld_c, h, ld_h, x_rows);
+                               float* h, int64_t ld_h, const float* const* x_rows,
+                               const float* next, int64_t next_len) {
+  HWY_DYNAMIC_DISPATCH(LstmForward)
+  (n, H, k0, k1, gates, c_prev, ld_cprev, c, ld_c, h, ld_h, x_rows, next, next_len);
 }
 template <>
 void lstm_gates_backward<float>(int64_t n, int64_t H, int64_t k0, int64_t k1, const float* gates,
