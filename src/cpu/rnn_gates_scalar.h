@@ -118,7 +118,7 @@ inline void rnn_backward_at(int64_t k, const T* hs, bool relu, const T* d, T* o,
 template <typename T>
 void lstm_gates_forward(int64_t n, int64_t H, int64_t k0, int64_t k1, T* gates, const T* c_prev,
                         int64_t ld_cprev, T* c, int64_t ld_c, T* h, int64_t ld_h,
-                        const T* const* x_rows = nullptr) {  // (no prefetch hint)
+                        const T* const* x_rows = nullptr) {
   for (int64_t r = 0; r < n; ++r)
     for (int64_t k = k0; k < k1; ++k)
       lstm_forward_at(H, k, gates + r * 4 * H, c_prev + r * ld_cprev, c + r * ld_c, h + r * ld_h,
