@@ -637,6 +637,7 @@ template <typename T>
 struct BackwardWorkspace {
   std::vector<T> dhstate, dcstate, dm, dhtot, dproj;
   std::vector<T*> dproj_rows;  // LSTM lookup layer: the dP row of each packed row
+  std::vector<T> dg_step;      // two steps' dG rows, where nothing reads them past the step
   Tensor dg_t, dgh_t;
   T* dg = nullptr;   // [N, G] gradient of the gate pre-activations (GRU: input side)
   T* dgh = nullptr;  // GRU: [N, G] gradient of W_h h_prev + b_h; else = dg
@@ -669,6 +670,10 @@ struct BackwardDirection {
   std::unique_ptr<cpu::StepOperand> whh, whr;
   // dG_h's rows as the steps' products converted them, for dW_hh (the engine's, or null).
   std::unique_ptr<cpu::RowStore> dgh_kept;
+  // Whether dG lives one step at a time (ws.dg_step): a lookup layer's dW_ih
+  // and dX read dP instead, and dW_hh the kept rows. Its rows stay in cache
+  // instead of streaming [N, G] through memory.
+  bool dg_per_step = false;
 
   BackwardDirection(const RNNSaved& sv_, const cpu::GemmEngine<T>& eng_,
                     BackwardWorkspace<T>& ws_, RNNGradients& g_, int64_t l_, int64_t d_,
@@ -694,7 +699,9 @@ struct BackwardDirection {
     }
     whh = eng.prepare(w.w_hh, /*trans_b=*/false, G, R, R, step_ranges(R, 1, nt));
     if (proj) whr = eng.prepare(w.w_hr, /*trans_b=*/false, R, H, H, step_ranges(H, 1, nt));
-    dgh_kept = eng.keep_rows(ws.dgh, N, G, G);
+    dgh_kept = eng.keep_rows(N, G, R, N - dw_hh_skip());
+    dg_per_step = dgh_kept && lookup_layer && !gru;
+    if (dg_per_step) ws.dg_step.resize(static_cast<std::size_t>(2 * sv.batch * G));
     const int64_t ld = l * o.num_directions() + d;
     load_state(ws.dhstate.data(), grad_h_n, ld, sv.sorted_indices, R);
     if (lstm) load_state(ws.dcstate.data(), grad_c_n, ld, sv.sorted_indices, H);
@@ -739,7 +746,9 @@ struct BackwardDirection {
     st.n = sv.batch_sizes[static_cast<std::size_t>(t)];
     st.r0 = sv.offsets[static_cast<std::size_t>(t)];
     st.dh = gather_dh(st.n, st.r0, sp);
-    st.dg = ws.dg + st.r0 * G;
+    // One step's dG alternates between two buffers: a thread may start the
+    // next step's kernel while another still multiplies this step's rows.
+    st.dg = dg_per_step ? ws.dg_step.data() + (s % 2) * sv.batch * G : ws.dg + st.r0 * G;
     // Without grad h0, rows past ng send dh_prev nowhere.
     st.ng = initial_state_grad ? st.n : rows_after_h0(sv.batch_sizes, t, d);
     if (lstm) {
@@ -751,12 +760,18 @@ struct BackwardDirection {
     }
   }
 
-  // dh_prev[:ng, ra..rb) (+)= dgr · W_hh[:, ra..rb).
-  void hidden_product(int64_t ng, const T* dgr, T beta, const Split& sp) {
-    if (ng == 0) return;
-    eng.step(ng, dgr, G, *whh, step_range(sp.nth, sp.tid, 1, 0), beta, ws.dhstate.data(), R,
-             nullptr, dgh_kept.get());
+  // dh_prev[:ng, ra..rb) (+)= dgr · W_hh[:, ra..rb). The engine keeps dgr's
+  // rows for dW_hh (rows past ng too, which the product skips).
+  void hidden_product(const BackwardStep<T>& st, const T* dgr, T beta, const Split& sp) {
+    if (dgh_kept && sp.tid == 0 && st.ng < st.n)
+      eng.keep(*dgh_kept, st.r0 + st.ng, dgr + st.ng * G, G, st.n - st.ng);
+    if (st.ng == 0) return;
+    eng.step(st.ng, dgr, G, *whh, step_range(sp.nth, sp.tid, 1, 0), beta, ws.dhstate.data(), R,
+             nullptr, dgh_kept.get(), st.r0);
   }
+
+  // The forward direction's first rows saw the zero h0: they add nothing to dW_hh.
+  int64_t dw_hh_skip() const { return sv.h0_zero && d == 0 && TT > 0 ? sv.batch_sizes[0] : 0; }
 
   // Layer 0 of a lookup: dP[v] += dg of the rows that read table row v, added
   // step by step while the rows are in cache.
@@ -801,7 +816,7 @@ struct BackwardDirection {
     }
     lstm_cell_backward(st, cont, st.n, sd.c0.data<T>() + cont * H, dh_in, ld_dh, sp);
     step_barrier(sp);
-    hidden_product(st.ng, st.dg, T(0), sp);
+    hidden_product(st, st.dg, T(0), sp);
   }
 
   void gru_step(const BackwardStep<T>& st, const Split& sp) {
@@ -811,7 +826,7 @@ struct BackwardDirection {
                                st.dh, R, st.dg, dghr, ws.dhstate.data(), db_ih, db_hh);
     scatter_rows(st, sp);
     step_barrier(sp);
-    hidden_product(st.ng, dghr, T(1), sp);
+    hidden_product(st, dghr, T(1), sp);
   }
 
   void rnn_step(const BackwardStep<T>& st, const Split& sp) {
@@ -819,7 +834,7 @@ struct BackwardDirection {
                                R, st.dg, db_ih);
     scatter_rows(st, sp);
     step_barrier(sp);
-    hidden_product(st.ng, st.dg, T(0), sp);
+    hidden_product(st, st.dg, T(0), sp);
   }
 
   // Everything after the steps is one product (or one pass) over all rows.
@@ -833,11 +848,10 @@ struct BackwardDirection {
     } else {
       eng.gemm(true, false, G, in, N, ws.dg, G, x, in, T(0), dwih, in);
     }
-    // The forward direction's first rows saw the zero h0: they add nothing to dW_hh.
-    const int64_t skip = sv.h0_zero && d == 0 && TT > 0 ? sv.batch_sizes[0] : 0;
+    const int64_t skip = dw_hh_skip();
     eng.gemm(true, false, G, R, N - skip, ws.dgh + skip * G, G,
              sd.h_prev.data<T>() + skip * R, R, T(0), g.weights[k + 1].data<T>(), R, nullptr,
-             dgh_kept.get());
+             dgh_kept.get(), skip);
     std::size_t next = k + 2;
     if (o.bias) {
       if (!gru) std::copy(db_ih, db_ih + G, db_hh);

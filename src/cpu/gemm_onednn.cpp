@@ -273,28 +273,29 @@ struct BlockedOperand : StepOperand {
   }
 };
 
-// The bf16 rows of a matrix kept by step() for a later gemm(): which rows
-// are there, and where the fp32 matrix is (step() and gemm() find a row's
-// place from its address).
+// The bf16 rows of a matrix kept by step() and keep() for a later gemm().
 struct Bf16Rows : RowStore {
-  const float* base = nullptr;
-  int64_t rows = 0, cols = 0, ld = 0;
+  int64_t rows = 0, cols = 0;
   Tensor storage;  // the bf16 rows, pooled (a fresh block per call would fault its pages in)
   std::vector<char> have;  // per row
 
-  // Row index of `a` when rows [a, a + m rows) lie in the matrix, else -1.
-  int64_t row_of(const float* a, int64_t m, int64_t lda, int64_t width) const {
-    if (lda != ld || width != cols || a < base || (a - base) % ld != 0) return -1;
-    const int64_t r = (a - base) / ld;
-    return r + m <= rows ? r : -1;
-  }
   uint16_t* row(int64_t r) const {
     return static_cast<uint16_t*>(const_cast<void*>(storage.raw_data())) + r * cols;
   }
-  // Rows [r, r + m) in bf16, converting those no step kept.
-  const uint16_t* complete(int64_t r, int64_t m) {
-    for (int64_t i = r; i < r + m; ++i) {
-      if (!have[std::size_t(i)]) f32_to_bf16(base + i * ld, row(i), cols);
+  // Rows [r, r + m) = a[:m] (row stride lda) in bf16.
+  void put(int64_t r, const float* a, int64_t lda, int64_t m) {
+    if (r < 0 || r + m > rows) {
+      throw std::logic_error("kept rows [" + std::to_string(r) + ", " + std::to_string(r + m) +
+                             ") outside the store's " + std::to_string(rows));
+    }
+    for (int64_t i = 0; i < m; ++i) f32_to_bf16(a + i * lda, row(r + i), cols);
+    std::fill(have.begin() + r, have.begin() + r + m, char(1));
+  }
+  // Rows [r, r + m), every one of which must have been kept.
+  const uint16_t* rows_from(int64_t r, int64_t m) const {
+    if (r < 0 || r + m > rows ||
+        std::find(have.begin() + r, have.begin() + r + m, char(0)) != have.begin() + r + m) {
+      throw std::logic_error("a product read rows of a RowStore that were never kept");
     }
     return row(r);
   }
@@ -311,7 +312,7 @@ class OnednnEngine : public GemmEngine<float> {
 
   void gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, const float* a,
             int64_t lda, const float* b, int64_t ldb, float beta, float* c, int64_t ldc,
-            const float* c_row, const RowStore* kept) const override {
+            const float* c_row, const RowStore* kept, int64_t kept_row) const override {
     if (f32_ || (small_in_fp32_ && !bf16_product(m, n, k))) {
       onednn_gemm_f32(trans_a, trans_b, m, n, k, a, lda, b, ldb, beta, c, ldc, c_row);
       return;
@@ -323,11 +324,10 @@ class OnednnEngine : public GemmEngine<float> {
     }
     ThreadState& ts = thread_state();
     const int64_t a_rows = trans_a ? k : m, a_cols = trans_a ? m : k;
-    auto* store = const_cast<Bf16Rows*>(static_cast<const Bf16Rows*>(kept));
-    const int64_t r = store ? store->row_of(a, a_rows, lda, a_cols) : -1;
+    const auto* store = static_cast<const Bf16Rows*>(kept);
     const uint16_t* a16 = nullptr;
-    if (r >= 0) {
-      a16 = store->complete(r, a_rows);
+    if (store && store->cols == a_cols) {
+      a16 = store->rows_from(kept_row, a_rows);
     } else {
       stage(a_rows, a_cols, a, lda, ts.a);
       a16 = ts.a.data();
@@ -338,18 +338,21 @@ class OnednnEngine : public GemmEngine<float> {
     run(key, a16, ts.b.data(), c, c_row);
   }
 
-  std::unique_ptr<RowStore> keep_rows(const float* base, int64_t rows, int64_t cols,
-                                      int64_t ld) const override {
-    if (f32_) return nullptr;
+  std::unique_ptr<RowStore> keep_rows(int64_t rows, int64_t cols, int64_t n,
+                                      int64_t k) const override {
+    if (f32_ || (small_in_fp32_ && !bf16_product(cols, n, k))) return nullptr;
     auto store = std::make_unique<Bf16Rows>();
-    store->base = base;
     store->rows = rows;
     store->cols = cols;
-    store->ld = ld;
     // bf16 pairs in f32 elements (Tensor has no 16-bit type).
     store->storage = pooled_empty({(rows * cols + 1) / 2}, DType::f32);
     store->have.assign(static_cast<std::size_t>(rows), 0);
     return store;
+  }
+
+  void keep(RowStore& store, int64_t row, const float* a, int64_t lda,
+            int64_t m) const override {
+    static_cast<Bf16Rows&>(store).put(row, a, lda, m);
   }
 
   std::unique_ptr<StepOperand> prepare(const float* b, bool trans_b, int64_t k, int64_t n,
@@ -358,6 +361,7 @@ class OnednnEngine : public GemmEngine<float> {
     auto op = std::make_unique<BlockedOperand>();
     op->k = k;
     op->n = n;
+    op->ranges = ranges;
     if (!f32_ && small_in_fp32_ && !bf16_step(k, n)) {
       op->fallback = gemm_engine_f32(Precision::fp32).prepare(b, trans_b, k, n, ldb, ranges);
       return op;
@@ -366,18 +370,19 @@ class OnednnEngine : public GemmEngine<float> {
     op->trans = trans_b;
     op->f32 = f32_;
     op->ldb = ldb;
-    op->ranges = ranges;
     op->blocks.resize(ranges.size());
     op->ready = std::make_unique<std::once_flag[]>(ranges.size());
     return op;
   }
 
   void step(int64_t m, const float* a, int64_t lda, const StepOperand& sb, std::size_t range,
-            float beta, float* c, int64_t ldc, const float* const* init,
-            RowStore* keep) const override {
+            float beta, float* c, int64_t ldc, const float* const* init, RowStore* keep,
+            int64_t keep_row) const override {
     const auto& op = static_cast<const BlockedOperand&>(sb);
+    auto* store = static_cast<Bf16Rows*>(keep);
     if (op.fallback) {
       gemm_engine_f32(Precision::fp32).step(m, a, lda, *op.fallback, range, beta, c, ldc, nullptr);
+      if (store && op.ranges[range].first == 0) store->put(keep_row, a, lda, m);
       return;
     }
     const auto [c0, c1] = op.ranges[range];
@@ -386,12 +391,9 @@ class OnednnEngine : public GemmEngine<float> {
     // f32 with k = 64): bf16 staging makes them so, f32 copies them if needed.
     const void* src = a;
     ThreadState& ts = thread_state();
-    auto* store = static_cast<Bf16Rows*>(keep);
-    const int64_t r = store && c0 == 0 ? store->row_of(a, m, lda, op.k) : -1;
-    if (!f32_ && r >= 0) {  // converted into the store, kept for gemm()
-      for (int64_t i = 0; i < m; ++i) f32_to_bf16(a + i * lda, store->row(r + i), op.k);
-      std::fill(store->have.begin() + r, store->have.begin() + r + m, char(1));
-      src = store->row(r);
+    if (!f32_ && store && c0 == 0 && store->cols == op.k) {  // converted into the store
+      store->put(keep_row, a, lda, m);
+      src = store->row(keep_row);
     } else if (!f32_) {
       stage(m, op.k, a, lda, ts.a);
       src = ts.a.data();
