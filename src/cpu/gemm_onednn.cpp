@@ -1,8 +1,9 @@
 // The bf16 engine: oneDNN matmul with bf16 operands and fp32 accumulation and
 // results. The operands are converted to bf16 (rounded to nearest even) right
-// before each product: whole-batch operands per call, a step's rows per step;
-// the step weights once per call, reordered into the blocked layout the
-// primitive asks for. Primitives are created once per shape and thread and
+// before each product: whole-batch operands per call, a step's rows per step
+// (kept in a RowStore when a whole-batch product reads them again, which then
+// converts nothing); the step weights once per call, reordered into the
+// blocked layout the primitive asks for. Primitives are created once per shape and thread and
 // kept (creating one costs ~0.2 ms, fetching a cached one ~1 us); the
 // scratchpad is the caller's (user mode), so two threads never share one.
 #include <immintrin.h>
