@@ -27,6 +27,7 @@
 #include "seqpack/packed_sequence.h"
 #include "seqpack/precision.h"
 #include "seqpack/rnn.h"
+#include "seqpack/threading.h"
 #include "test_util.h"
 
 namespace seqpack {
@@ -289,17 +290,23 @@ TEST(RNNBf16, FiveThousandStepsStayFinite) {
 // backward takes c entering each step from the previous step's saved c or
 // c0, and dW_hh reads dG as the steps' products converted it. Against the
 // float64 reference on the gathered rows, with and without h0/c0, at sizes
-// where every recurrent product runs in bf16.
+// where every recurrent product runs in bf16: both directions side by side
+// (H 130), and one direction with its steps split over two threads (H 256).
 TEST(RNNBf16, LookupLayerAgainstFloat64Reference) {
   SKIP_WITHOUT_BF16();
   Worst worst;
-  for (const bool give_h0 : {false, true}) {
-    const uint64_t seed = give_h0 ? 31 : 30;
-    RNNOptions o{.mode = RNNMode::lstm, .input_size = 24, .hidden_size = 130, .num_layers = 1,
-                 .bidirectional = true};
+  const int threads_before = num_threads();
+  set_num_threads(2);
+  for (const int config : {0, 1, 2}) {
+    const bool give_h0 = config == 1, bi = config < 2;
+    const uint64_t seed = 30 + static_cast<uint64_t>(config);
+    RNNOptions o{.mode = RNNMode::lstm, .input_size = 24, .hidden_size = bi ? 130 : 256,
+                 .num_layers = 1, .bidirectional = bi};
     o.precision = Precision::bf16;
-    const std::string what = std::string("lookup LSTM H130 bi") + (give_h0 ? " h0" : "") +
-                             " seed " + std::to_string(seed);
+    const int64_t D = o.num_directions();
+    const std::string what = "lookup LSTM H" + std::to_string(o.hidden_size) +
+                             (bi ? " bi" : "") + (give_h0 ? " h0" : "") + " seed " +
+                             std::to_string(seed);
     SCOPED_TRACE(what);
     std::mt19937_64 gen(seed);
     const PackingPlan plan =
@@ -315,10 +322,10 @@ TEST(RNNBf16, LookupLayerAgainstFloat64Reference) {
     for (int64_t r = 0; r < N; ++r)
       for (int64_t f = 0; f < F; ++f)
         x.data<float>()[r * F + f] = table.data<float>()[ids[std::size_t(r)] * F + f];
-    const Tensor h0 = give_h0 ? random_tensor({2, B, o.hidden_size}, 0.5, gen) : Tensor();
-    const Tensor c0 = give_h0 ? random_tensor({2, B, o.hidden_size}, 0.5, gen) : Tensor();
+    const Tensor h0 = give_h0 ? random_tensor({D, B, o.hidden_size}, 0.5, gen) : Tensor();
+    const Tensor c0 = give_h0 ? random_tensor({D, B, o.hidden_size}, 0.5, gen) : Tensor();
     const auto fwd = rnn_forward_lookup(o, weights, table, ids, plan, h0, c0, true, true);
-    const Tensor gh = random_tensor({2, B, o.hidden_size}, 1.0, gen);
+    const Tensor gh = random_tensor({D, B, o.hidden_size}, 1.0, gen);
     const auto g = rnn_backward(*fwd.saved, {}, gh, {}, /*initial_state_grad=*/give_h0);
 
     std::vector<Tensor> seqs, no_grad;
@@ -326,7 +333,7 @@ TEST(RNNBf16, LookupLayerAgainstFloat64Reference) {
     for (int64_t b = 0; b < B; ++b) {
       rows.push_back(rows_of(plan, b));
       seqs.push_back(gather_rows(x, rows.back()));
-      no_grad.push_back(Tensor::zeros({static_cast<int64_t>(rows.back().size()), 2 * o.hidden_size},
+      no_grad.push_back(Tensor::zeros({static_cast<int64_t>(rows.back().size()), D * o.hidden_size},
                                       DType::f64));
     }
     const auto ref = rnn_reference_forward(o, weights, seqs, h0, c0);
@@ -361,6 +368,7 @@ TEST(RNNBf16, LookupLayerAgainstFloat64Reference) {
               rg.inputs[std::size_t(b)].item_as_double(static_cast<int64_t>(i) * F + f);
     note_grad(g.input, gt, "grad table");
   }
+  set_num_threads(threads_before);
   EXPECT_GT(worst.forward, 1e-4) << "bf16 did not run";
   std::printf("bf16 lookup layer: worst |forward error| %.4g; worst gradient cosine %.6f; worst "
               "relative gradient error %.4g\n",
