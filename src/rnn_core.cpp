@@ -48,8 +48,9 @@ struct RNNSaved {
   struct Direction {
     Tensor gates;   // [N, G] gate activations (RNN: h itself)
     Tensor h_prev;  // [N, R] h entering each row's step
-    Tensor c;       // LSTM [N, H] c after the step
-    Tensor c_prev;  // LSTM [N, H] c entering the step
+    Tensor c;       // LSTM [N, H] c after the step (c entering a step is the
+                    // previous step's, or c0 for a row that begins there)
+    Tensor c0;      // LSTM [B, H] c0 in length-sorted order (zeros without c0)
     Tensor m;       // LSTM with projection [N, H]: o * tanh(c), before W_hr
     Tensor ghn;     // GRU [N, H]: W_hn h_prev + b_hn
   };
@@ -301,6 +302,9 @@ struct ForwardStep {
   T* out = nullptr;   // output rows, stride ldo
   const T* h_prev = nullptr;            // [n, R]
   const T* const* init = nullptr;       // lookup rows fed into the product (engine's init)
+  const T* const* x_rows = nullptr;     // lookup rows the LSTM gate kernel adds to g
+  const T* next_g = nullptr;            // the next step's gate rows (a prefetch hint)
+  int64_t next_len = 0;                 // their elements
 };
 
 template <typename T>
@@ -316,9 +320,11 @@ struct ForwardDirection {
   DirWeights<T> w;
   T* gates = nullptr;  // [N, G]
   T* outp = nullptr;   // this direction's columns of the layer output
-  T *hprev = nullptr, *cs = nullptr, *cps = nullptr, *ms = nullptr, *ghn = nullptr;  // saved
+  T *hprev = nullptr, *cs = nullptr, *ms = nullptr, *ghn = nullptr;  // saved
   std::unique_ptr<cpu::StepOperand> whh, whr;
-  bool fuse_lookup = false;
+  // A lookup layer's projected rows: fed into the product where the engine
+  // takes init rows, else (LSTM) added by the gate kernel, else copied into G.
+  bool fuse_lookup = false, lookup_in_gates = false;
 
   ForwardDirection(const RNNOptions& o_, const cpu::GemmEngine<T>& eng_, const PackingPlan& plan_,
                    const std::vector<Tensor>& weights, const std::vector<int64_t>* lookup_,
@@ -334,7 +340,8 @@ struct ForwardDirection {
   // G = X·W_ihᵀ + b, with b = b_ih, plus b_hh except for GRU, whose b_hn must
   // stay inside r * (W_hn h + b_hn). A lookup layer projects the V table rows
   // once instead; each step takes its rows' projection (fused into the
-  // product where the engine takes init rows, else copied into G).
+  // product where the engine takes init rows, into the LSTM gate kernel
+  // otherwise, else copied into G).
   void project_inputs(const Tensor& x) {
     Tensor gates_t = cpu::pooled_empty({N, G}, o.dtype);
     gates = gates_t.data<T>();
@@ -356,7 +363,8 @@ struct ForwardDirection {
     for (int64_t v = 0; v < V; ++v)
       for (int64_t k = 0; k < G; ++k) p[v * G + k] += bias[k];
     fuse_lookup = eng.takes_init() && !gru;
-    if (fuse_lookup) {
+    lookup_in_gates = !fuse_lookup && lstm;
+    if (fuse_lookup || lookup_in_gates) {
       ws.proj_rows.resize(static_cast<std::size_t>(N));
       for (int64_t r = 0; r < N; ++r)
         ws.proj_rows[static_cast<std::size_t>(r)] = p + (*lookup)[static_cast<std::size_t>(r)] * G;
@@ -371,9 +379,7 @@ struct ForwardDirection {
       hprev = sd.h_prev.data<T>();
       if (lstm) {
         sd.c = cpu::pooled_empty({N, H}, o.dtype);
-        sd.c_prev = cpu::pooled_empty({N, H}, o.dtype);
         cs = sd.c.data<T>();
-        cps = sd.c_prev.data<T>();
       }
       if (proj) {
         sd.m = cpu::pooled_empty({N, H}, o.dtype);
@@ -389,6 +395,10 @@ struct ForwardDirection {
     const int64_t ld = l * o.num_directions() + d;
     load_state(ws.hstate.data(), h0, ld, plan.sorted_indices(), R);
     if (lstm) load_state(ws.cstate.data(), c0, ld, plan.sorted_indices(), H);
+    if (lstm && save) {
+      sd.c0 = cpu::pooled_empty({B, H}, o.dtype);
+      std::copy(ws.cstate.begin(), ws.cstate.end(), sd.c0.data<T>());
+    }
     outp = out.data<T>() + d * R;
   }
 
@@ -404,6 +414,11 @@ struct ForwardDirection {
     st.n = bs[static_cast<std::size_t>(t)];
     st.r0 = plan.offsets()[static_cast<std::size_t>(t)];
     st.g = gates + st.r0 * G;
+    if (s + 1 < TT) {
+      const auto tn = static_cast<std::size_t>(d == 0 ? t + 1 : t - 1);
+      st.next_g = gates + plan.offsets()[tn] * G;
+      st.next_len = bs[tn] * G;
+    }
     st.out = outp + st.r0 * ldo;
     T* hsrc = save ? hprev + st.r0 * R : ws.hprev.data() + (s % 2) * B * R;
     copy_rows(hsrc + sp.ra, R, ws.hstate.data() + sp.ra, R, st.n, sp.rb - sp.ra);
@@ -423,8 +438,17 @@ struct ForwardDirection {
   }
 
   // A lookup layer's step: rows < ng take their projection inside the product
-  // (fused), the others (all of them, unfused) are copied into G.
+  // (fused), the others (all of them, unfused) are copied into G; or the gate
+  // kernel adds every row's, and rows past ng, which get no product, start
+  // from zero.
   void take_lookup_rows(ForwardStep<T>& st, const Split& sp) {
+    if (lookup_in_gates) {
+      st.x_rows = ws.proj_rows.data() + st.r0;
+      for (int64_t j = st.ng; j < st.n; ++j)
+        for (int64_t q = 0; q < G / H; ++q)
+          std::fill(st.g + j * G + q * H + sp.a, st.g + j * G + q * H + sp.b, T(0));
+      return;
+    }
     const int64_t copied = fuse_lookup ? st.ng : 0;
     if (fuse_lookup) st.init = ws.proj_rows.data() + st.r0;
     const T* p = ws.proj.data();
@@ -450,20 +474,17 @@ struct ForwardDirection {
   // LSTM: c_t = f * c_{t-1} + i * g, h_t = o * tanh(c_t) (then h_t = W_hr h_t
   // with a projection).
   void lstm_step(const ForwardStep<T>& st, const Split& sp) {
-    hidden_product(st, sp, T(1), st.g);
+    hidden_product(st, sp, st.x_rows ? T(0) : T(1), st.g);
     const int64_t a = sp.a, b = sp.b;
-    T* cdst = ws.cstate.data();
-    if (save) {
-      copy_rows(cps + st.r0 * H + a, H, ws.cstate.data() + a, H, st.n, b - a);
-      cdst = cs + st.r0 * H;
-    }
+    T* cdst = save ? cs + st.r0 * H : ws.cstate.data();
     T* hdst = st.out;
     int64_t ldh = ldo;
     if (proj) {
       hdst = save ? ms + st.r0 * H : ws.m.data();
       ldh = H;
     }
-    cpu::lstm_gates_forward<T>(st.n, H, a, b, st.g, ws.cstate.data(), H, cdst, H, hdst, ldh);
+    cpu::lstm_gates_forward<T>(st.n, H, a, b, st.g, ws.cstate.data(), H, cdst, H, hdst, ldh,
+                               st.x_rows, st.next_g, st.next_len);
     if (save) copy_rows(ws.cstate.data() + a, H, cdst + a, H, st.n, b - a);
     if (proj) {
       step_barrier(sp);
@@ -616,6 +637,8 @@ RNNForwardResult forward_impl(const RNNOptions& o, const std::vector<Tensor>& we
 template <typename T>
 struct BackwardWorkspace {
   cpu::Scratch<T> dhstate, dcstate, dm, dhtot, dproj;
+  std::vector<T*> dproj_rows;  // LSTM lookup layer: the dP row of each packed row
+  cpu::Scratch<T> dg_step;     // two steps' dG rows, where nothing reads them past the step
   Tensor dg_t, dgh_t;
   T* dg = nullptr;   // [N, G] gradient of the gate pre-activations (GRU: input side)
   T* dgh = nullptr;  // GRU: [N, G] gradient of W_h h_prev + b_h; else = dg
@@ -624,6 +647,7 @@ struct BackwardWorkspace {
 // The rows of one backward step, as the cells see them.
 template <typename T>
 struct BackwardStep {
+  int64_t t = 0;   // the step
   int64_t n = 0;   // live rows
   int64_t ng = 0;  // rows whose dh_prev is needed (not the h0 rows without grad h0)
   int64_t r0 = 0;  // first packed row
@@ -645,6 +669,12 @@ struct BackwardDirection {
   const T* dout = nullptr;  // this direction's columns of the output gradient, or null
   T *db_ih = nullptr, *db_hh = nullptr;
   std::unique_ptr<cpu::StepOperand> whh, whr;
+  // dG_h's rows as the steps' products converted them, for dW_hh (the engine's, or null).
+  std::unique_ptr<cpu::RowStore> dgh_kept;
+  // Whether dG lives one step at a time (ws.dg_step): a lookup layer's dW_ih
+  // and dX read dP instead, and dW_hh the kept rows. Its rows stay in cache
+  // instead of streaming [N, G] through memory.
+  bool dg_per_step = false;
 
   BackwardDirection(const RNNSaved& sv_, const cpu::GemmEngine<T>& eng_,
                     BackwardWorkspace<T>& ws_, RNNGradients& g_, int64_t l_, int64_t d_,
@@ -670,12 +700,21 @@ struct BackwardDirection {
     }
     whh = eng.prepare(w.w_hh, /*trans_b=*/false, G, R, R, step_ranges(R, 1, nt));
     if (proj) whr = eng.prepare(w.w_hr, /*trans_b=*/false, R, H, H, step_ranges(H, 1, nt));
+    dgh_kept = eng.keep_rows(N, G, R, N - dw_hh_skip());
+    dg_per_step = dgh_kept && lookup_layer && !gru;
+    if (dg_per_step) ws.dg_step.resize(static_cast<std::size_t>(2 * sv.batch * G));
     const int64_t ld = l * o.num_directions() + d;
     load_state(ws.dhstate.data(), grad_h_n, ld, sv.sorted_indices, R);
     if (lstm) load_state(ws.dcstate.data(), grad_c_n, ld, sv.sorted_indices, H);
     dout = dout_t.defined() ? dout_t.data<T>() + d * R : nullptr;
-    // Layer 0 of a lookup: dP[v] sums dg over the rows that read table row v.
-    if (lookup_layer) std::fill(ws.dproj.begin(), ws.dproj.end(), T(0));
+    // Layer 0 of a lookup: dP[v] sums dg over the rows that read table row v
+    // (the LSTM gate kernel adds each row into its dP row).
+    if (lookup_layer) {
+      std::fill(ws.dproj.begin(), ws.dproj.end(), T(0));
+      ws.dproj_rows.resize(lstm ? static_cast<std::size_t>(N) : 0);
+      for (std::size_t r = 0; r < ws.dproj_rows.size(); ++r)
+        ws.dproj_rows[r] = ws.dproj.data() + sv.lookup[r] * G;
+    }
   }
 
   // dh of this step = upstream gradient of the output rows + what the
@@ -704,10 +743,13 @@ struct BackwardDirection {
   void step(int64_t s, const Split& sp) {
     const int64_t t = d == 0 ? TT - 1 - s : s;
     BackwardStep<T> st;
+    st.t = t;
     st.n = sv.batch_sizes[static_cast<std::size_t>(t)];
     st.r0 = sv.offsets[static_cast<std::size_t>(t)];
     st.dh = gather_dh(st.n, st.r0, sp);
-    st.dg = ws.dg + st.r0 * G;
+    // One step's dG alternates between two buffers: a thread may start the
+    // next step's kernel while another still multiplies this step's rows.
+    st.dg = dg_per_step ? ws.dg_step.data() + (s % 2) * sv.batch * G : ws.dg + st.r0 * G;
     // Without grad h0, rows past ng send dh_prev nowhere.
     st.ng = initial_state_grad ? st.n : rows_after_h0(sv.batch_sizes, t, d);
     if (lstm) {
@@ -719,11 +761,18 @@ struct BackwardDirection {
     }
   }
 
-  // dh_prev[:ng, ra..rb) (+)= dgr · W_hh[:, ra..rb).
-  void hidden_product(int64_t ng, const T* dgr, T beta, const Split& sp) {
-    if (ng == 0) return;
-    eng.step(ng, dgr, G, *whh, step_range(sp.nth, sp.tid, 1, 0), beta, ws.dhstate.data(), R);
+  // dh_prev[:ng, ra..rb) (+)= dgr · W_hh[:, ra..rb). The engine keeps dgr's
+  // rows for dW_hh (rows past ng too, which the product skips).
+  void hidden_product(const BackwardStep<T>& st, const T* dgr, T beta, const Split& sp) {
+    if (dgh_kept && sp.tid == 0 && st.ng < st.n)
+      eng.keep(*dgh_kept, st.r0 + st.ng, dgr + st.ng * G, G, st.n - st.ng);
+    if (st.ng == 0) return;
+    eng.step(st.ng, dgr, G, *whh, step_range(sp.nth, sp.tid, 1, 0), beta, ws.dhstate.data(), R,
+             nullptr, dgh_kept.get(), st.r0);
   }
+
+  // The forward direction's first rows saw the zero h0: they add nothing to dW_hh.
+  int64_t dw_hh_skip() const { return sv.h0_zero && d == 0 && TT > 0 ? sv.batch_sizes[0] : 0; }
 
   // Layer 0 of a lookup: dP[v] += dg of the rows that read table row v, added
   // step by step while the rows are in cache.
@@ -737,6 +786,18 @@ struct BackwardDirection {
     }
   }
 
+  // Rows [lo, hi) of a step through the LSTM gate kernel, c_prev being
+  // their c entering the step.
+  void lstm_cell_backward(const BackwardStep<T>& st, int64_t lo, int64_t hi, const T* c_prev,
+                          const T* dh_in, int64_t ld_dh, const Split& sp) {
+    if (hi <= lo) return;
+    const int64_t r = st.r0 + lo;
+    cpu::lstm_gates_backward<T>(hi - lo, H, sp.a, sp.b, sd.gates.data<T>() + r * G,
+                                sd.c.data<T>() + r * H, c_prev, dh_in + lo * ld_dh, ld_dh,
+                                ws.dcstate.data() + lo * H, st.dg + lo * G, db_ih,
+                                lookup_layer ? ws.dproj_rows.data() + r : nullptr);
+  }
+
   void lstm_step(const BackwardStep<T>& st, const Split& sp) {
     const T* dh_in = st.dh;
     int64_t ld_dh = R;
@@ -746,13 +807,17 @@ struct BackwardDirection {
       dh_in = ws.dm.data();
       ld_dh = H;
     }
-    const int64_t r0 = st.r0;
-    cpu::lstm_gates_backward<T>(st.n, H, sp.a, sp.b, sd.gates.data<T>() + r0 * G,
-                                sd.c.data<T>() + r0 * H, sd.c_prev.data<T>() + r0 * H, dh_in,
-                                ld_dh, ws.dcstate.data(), st.dg, db_ih);
-    scatter_rows(st, sp);
+    // c entering the step: the previous step's c for the rows that continue
+    // from it (its first rows, in length-sorted order), c0 for the others.
+    const int64_t cont = rows_after_h0(sv.batch_sizes, st.t, d);
+    const int64_t prev = d == 0 ? st.t - 1 : st.t + 1;
+    if (cont > 0) {
+      lstm_cell_backward(st, 0, cont, sd.c.data<T>() + sv.offsets[std::size_t(prev)] * H, dh_in,
+                         ld_dh, sp);
+    }
+    lstm_cell_backward(st, cont, st.n, sd.c0.data<T>() + cont * H, dh_in, ld_dh, sp);
     step_barrier(sp);
-    hidden_product(st.ng, st.dg, T(0), sp);
+    hidden_product(st, st.dg, T(0), sp);
   }
 
   void gru_step(const BackwardStep<T>& st, const Split& sp) {
@@ -762,7 +827,7 @@ struct BackwardDirection {
                                st.dh, R, st.dg, dghr, ws.dhstate.data(), db_ih, db_hh);
     scatter_rows(st, sp);
     step_barrier(sp);
-    hidden_product(st.ng, dghr, T(1), sp);
+    hidden_product(st, dghr, T(1), sp);
   }
 
   void rnn_step(const BackwardStep<T>& st, const Split& sp) {
@@ -770,7 +835,7 @@ struct BackwardDirection {
                                R, st.dg, db_ih);
     scatter_rows(st, sp);
     step_barrier(sp);
-    hidden_product(st.ng, st.dg, T(0), sp);
+    hidden_product(st, st.dg, T(0), sp);
   }
 
   // Everything after the steps is one product (or one pass) over all rows.
@@ -784,10 +849,10 @@ struct BackwardDirection {
     } else {
       eng.gemm(true, false, G, in, N, ws.dg, G, x, in, T(0), dwih, in);
     }
-    // The forward direction's first rows saw the zero h0: they add nothing to dW_hh.
-    const int64_t skip = sv.h0_zero && d == 0 && TT > 0 ? sv.batch_sizes[0] : 0;
+    const int64_t skip = dw_hh_skip();
     eng.gemm(true, false, G, R, N - skip, ws.dgh + skip * G, G,
-             sd.h_prev.data<T>() + skip * R, R, T(0), g.weights[k + 1].data<T>(), R);
+             sd.h_prev.data<T>() + skip * R, R, T(0), g.weights[k + 1].data<T>(), R, nullptr,
+             dgh_kept.get(), skip);
     std::size_t next = k + 2;
     if (o.bias) {
       if (!gru) std::copy(db_ih, db_ih + G, db_hh);

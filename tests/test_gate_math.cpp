@@ -264,6 +264,108 @@ TEST_F(GateKernels, LstmForward) {
   }
 }
 
+// Input rows added by the kernel (a lookup layer's projected rows, shared by
+// several rows): exactly the kernel on gates + x summed in float first, and
+// the float64 formulas on the same sums.
+TEST_F(GateKernels, LstmForwardAddsInputRows) {
+  SCOPED_TRACE("seed " + std::to_string(seed_));
+  for (const KernelShape& s : shapes()) {
+    SCOPED_TRACE("n " + std::to_string(s.n) + " H " + std::to_string(s.H));
+    const auto nH = static_cast<std::size_t>(s.n * s.H);
+    Buffers g = random_buffer(4 * nH, 4.0, rng_), cp = random_buffer(nH, 3.0, rng_);
+    const Buffers table = random_buffer(static_cast<std::size_t>(2 * 4 * s.H), 4.0, rng_);
+    std::vector<const float*> rows;
+    std::vector<float> summed = g.f;
+    for (int64_t r = 0; r < s.n; ++r) {
+      const std::size_t v = static_cast<std::size_t>(r % 3 == 1) * static_cast<std::size_t>(4 * s.H);
+      rows.push_back(table.f.data() + v);
+      for (int64_t k = 0; k < 4 * s.H; ++k) {
+        const auto i = static_cast<std::size_t>(r * 4 * s.H + k);
+        summed[i] += table.f[v + static_cast<std::size_t>(k)];
+        g.d[i] += static_cast<double>(table.f[v + static_cast<std::size_t>(k)]);
+      }
+    }
+    std::vector<float> c(nH), h(nH), c_sum(nH), h_sum(nH);
+    Buffers cd = random_buffer(nH, 1.0, rng_), hd = random_buffer(nH, 1.0, rng_);
+    seqpack::cpu::lstm_gates_forward<float>(s.n, s.H, s.k0, s.k1, g.f.data(), cp.f.data(), s.H,
+                                            c.data(), s.H, h.data(), s.H, rows.data());
+    seqpack::cpu::lstm_gates_forward<float>(s.n, s.H, s.k0, s.k1, summed.data(), cp.f.data(),
+                                            s.H, c_sum.data(), s.H, h_sum.data(), s.H);
+    seqpack::cpu::scalar::lstm_gates_forward<double>(s.n, s.H, s.k0, s.k1, g.d.data(),
+                                                     cp.d.data(), s.H, cd.d.data(), s.H,
+                                                     hd.d.data(), s.H);
+    for (int64_t r = 0; r < s.n; ++r) {
+      for (int64_t k = s.k0; k < s.k1; ++k) {
+        const auto i = static_cast<std::size_t>(r * s.H + k);
+        ASSERT_EQ(c[i], c_sum[i]) << "c[" << i << "]";
+        ASSERT_EQ(h[i], h_sum[i]) << "h[" << i << "]";
+        for (int64_t j = 0; j < 4; ++j) {
+          const auto gi = static_cast<std::size_t>(r * 4 * s.H + j * s.H + k);
+          ASSERT_EQ(g.f[gi], summed[gi]) << "gates[" << gi << "]";
+        }
+        cd.f[i] = c[i];
+        hd.f[i] = h[i];
+      }
+    }
+    for (int64_t r = 0; r < s.n; ++r) {  // outside [k0, k1) neither kernel wrote
+      for (int64_t k = 0; k < s.H; ++k) {
+        if (k >= s.k0 && k < s.k1) continue;
+        const auto i = static_cast<std::size_t>(r * s.H + k);
+        cd.f[i] = static_cast<float>(cd.d[i]);
+        hd.f[i] = static_cast<float>(hd.d[i]);
+      }
+    }
+    EXPECT_TRUE(close(cd, "c"));
+    EXPECT_TRUE(close(hd, "h"));
+  }
+}
+
+// Input-row gradients accumulated by the kernel, rows sharing an
+// accumulator: the accumulator gains the sum of its rows' gate gradients.
+TEST_F(GateKernels, LstmBackwardAccumulatesInputRows) {
+  SCOPED_TRACE("seed " + std::to_string(seed_));
+  for (const KernelShape& s : shapes()) {
+    SCOPED_TRACE("n " + std::to_string(s.n) + " H " + std::to_string(s.H));
+    const auto nH = static_cast<std::size_t>(s.n * s.H);
+    const auto G = static_cast<std::size_t>(4 * s.H);
+    Buffers g = random_buffer(4 * nH, 1.0, rng_), c = random_buffer(nH, 4.0, rng_);
+    Buffers cp = random_buffer(nH, 4.0, rng_), dh = random_buffer(nH, 1.0, rng_);
+    Buffers dc = random_buffer(nH, 1.0, rng_), dg = random_buffer(4 * nH, 1.0, rng_);
+    Buffers dx = random_buffer(2 * G, 1.0, rng_);
+    std::vector<float*> rows_f;
+    std::vector<double*> rows_d;
+    std::vector<std::size_t> ids;
+    for (int64_t r = 0; r < s.n; ++r) {
+      ids.push_back(static_cast<std::size_t>(r % 3 == 1));
+      rows_f.push_back(dx.f.data() + ids.back() * G);
+      rows_d.push_back(dx.d.data() + ids.back() * G);
+    }
+    const std::vector<double> dx0 = dx.d;
+    seqpack::cpu::lstm_gates_backward<float>(s.n, s.H, s.k0, s.k1, g.f.data(), c.f.data(),
+                                             cp.f.data(), dh.f.data(), s.H, dc.f.data(),
+                                             dg.f.data(), nullptr, rows_f.data());
+    seqpack::cpu::scalar::lstm_gates_backward<double>(
+        s.n, s.H, s.k0, s.k1, g.d.data(), c.d.data(), cp.d.data(), dh.d.data(), s.H, dc.d.data(),
+        dg.d.data(), nullptr, rows_d.data());
+    EXPECT_TRUE(close(dg, "dgates"));
+    EXPECT_TRUE(close(dx, "dx"));
+    // Independently of both kernels: each accumulator gained its rows' dgates.
+    for (std::size_t v = 0; v < 2; ++v) {
+      for (int64_t j = 0; j < 4; ++j) {
+        for (int64_t k = 0; k < s.H; ++k) {
+          const auto i = v * G + static_cast<std::size_t>(j * s.H + k);
+          double want = dx0[i];
+          for (int64_t r = 0; r < s.n; ++r) {
+            if (ids[static_cast<std::size_t>(r)] == v && k >= s.k0 && k < s.k1)
+              want += dg.d[static_cast<std::size_t>(r) * G + static_cast<std::size_t>(j * s.H + k)];
+          }
+          EXPECT_NEAR(dx.f[i], want, 1e-5) << "dx[" << i << "]";
+        }
+      }
+    }
+  }
+}
+
 TEST_F(GateKernels, LstmBackwardWithAndWithoutBiasSums) {
   SCOPED_TRACE("seed " + std::to_string(seed_));
   for (const KernelShape& s : shapes()) {

@@ -249,6 +249,74 @@ TEST(GemmEngine, Bf16StepsFromTwoThreadsAtOnce) {
   }
 }
 
+// A matrix whose rows step() products read a few at a time and a whole-batch
+// product reads again (the backward's dG): the products that read the kept
+// rows give exactly what they give converting the matrix themselves, with
+// rows no step multiplies kept by keep(), steps on one thread or two column
+// shares, and the fp32 rows overwritten after their step.
+TEST(GemmEngine, KeptRowsGiveTheSameProducts) {
+  for (const Precision precision : {Precision::fp32, Precision::bf16}) {
+    if (precision == Precision::bf16 && !cpu_info().native_bf16) continue;
+    SCOPED_TRACE(precision_name(precision));
+    const GemmEngine<float>& eng = gemm_engine_f32(precision);
+    const int64_t N = 300, G = 256, R = 64, ld = G + 3, skip = 10;
+    // dG [N, G] with row stride ld, W [G, R] for the steps, H_prev [N, R].
+    const Problem p = make_problem(false, false, N, R, G, 11);  // p.a: dG, p.b: W
+    ASSERT_EQ(p.lda, ld);
+    const Problem q = make_problem(false, false, N, 1, R, 12);  // q.a: H_prev, stride R + 3
+    const std::vector<float>& dg = p.a;
+    const std::vector<float>& hp = q.a;
+    const std::vector<ColumnRange> ranges{{0, R}, {0, 32}, {32, R}};
+    const auto op = eng.prepare(p.b.data(), false, G, R, p.ldb, ranges);
+    const auto kept = eng.keep_rows(N, G, R, N - skip);
+    EXPECT_EQ(kept == nullptr, precision == Precision::fp32);
+    std::vector<float> plain(static_cast<std::size_t>(N * R)), with(plain.size());
+    // Steps over rows [0, 40), [40, 100) (two column shares), [120, 300),
+    // each from a copy of its rows that the next step overwrites; rows
+    // [100, 120) are kept without a product.
+    std::vector<float> rows(dg.size());
+    const std::vector<std::pair<int64_t, int64_t>> steps{{0, 40}, {40, 100}, {120, 300}};
+    for (const auto& [r0, r1] : steps) {
+      const float* a = dg.data() + r0 * ld;
+      std::copy(a, a + (r1 - r0) * ld, rows.begin());
+      eng.step(r1 - r0, a, ld, *op, 0, 0.0f, plain.data() + r0 * R, R);
+      if (r0 == 40) {
+        for (std::size_t r : {1, 2})
+          eng.step(r1 - r0, rows.data(), ld, *op, r, 0.0f, with.data() + r0 * R, R, nullptr,
+                   kept.get(), r0);
+      } else {
+        eng.step(r1 - r0, rows.data(), ld, *op, 0, 0.0f, with.data() + r0 * R, R, nullptr,
+                 kept.get(), r0);
+      }
+      std::fill(rows.begin(), rows.end(), std::numeric_limits<float>::quiet_NaN());
+    }
+    if (kept) eng.keep(*kept, 100, dg.data() + 100 * ld, ld, 20);
+    ASSERT_EQ(std::memcmp(plain.data(), with.data(), plain.size() * sizeof(float)), 0);
+    // dW = dG[skip:]ᵀ·H_prev[skip:], as the backward's dW_hh; with the kept
+    // rows, A is not read.
+    std::vector<float> dw_plain(static_cast<std::size_t>(G * R)), dw_kept(dw_plain.size());
+    eng.gemm(true, false, G, R, N - skip, dg.data() + skip * ld, ld, hp.data() + skip * q.lda,
+             q.lda, 0.0f, dw_plain.data(), R);
+    eng.gemm(true, false, G, R, N - skip, kept ? nullptr : dg.data() + skip * ld, ld,
+             hp.data() + skip * q.lda, q.lda, 0.0f, dw_kept.data(), R, nullptr, kept.get(), skip);
+    ASSERT_EQ(std::memcmp(dw_plain.data(), dw_kept.data(), dw_plain.size() * sizeof(float)), 0);
+  }
+}
+
+// A product that reads rows nobody kept is refused, not computed from garbage.
+TEST(GemmEngine, RowsNeverKeptAreRefused) {
+  if (!cpu_info().native_bf16) GTEST_SKIP() << "no native bf16 on " << cpu_info().isa;
+  const GemmEngine<float>& eng = gemm_engine_f32(Precision::bf16);
+  const Problem q = make_problem(false, false, 200, 1, 64, 13);
+  const auto kept = eng.keep_rows(200, 256, 64, 200);
+  ASSERT_NE(kept, nullptr);
+  std::vector<float> rows(static_cast<std::size_t>(150 * 256), 0.5f), dw(256 * 64);
+  eng.keep(*kept, 0, rows.data(), 256, 150);
+  EXPECT_THROW(eng.gemm(true, false, 256, 64, 200, nullptr, 256, q.a.data(), q.lda, 0.0f,
+                        dw.data(), 64, nullptr, kept.get(), 0),
+               std::logic_error);
+}
+
 TEST(GemmEngine, Bf16RefusedWithoutNativeBf16) {
   if (cpu_info().native_bf16) GTEST_SKIP() << "native bf16 here; the capped run tests this";
   try {

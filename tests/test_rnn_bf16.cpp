@@ -27,6 +27,7 @@
 #include "seqpack/packed_sequence.h"
 #include "seqpack/precision.h"
 #include "seqpack/rnn.h"
+#include "seqpack/threading.h"
 #include "test_util.h"
 
 namespace seqpack {
@@ -282,6 +283,96 @@ TEST(RNNBf16, FiveThousandStepsStayFinite) {
   EXPECT_TRUE(finite(y.c_n));
   EXPECT_TRUE(finite(g.input));
   for (const Tensor& w : g.weights) EXPECT_TRUE(finite(w));
+}
+
+// The embedding lookup fused into layer 0 (the main job's layer): the gate
+// kernels add the projected table rows and accumulate their gradients, the
+// backward takes c entering each step from the previous step's saved c or
+// c0, and dW_hh reads dG as the steps' products converted it. Against the
+// float64 reference on the gathered rows, with and without h0/c0, at sizes
+// where every recurrent product runs in bf16: both directions side by side
+// (H 130), and one direction with its steps split over two threads (H 256).
+TEST(RNNBf16, LookupLayerAgainstFloat64Reference) {
+  SKIP_WITHOUT_BF16();
+  Worst worst;
+  const int threads_before = num_threads();
+  set_num_threads(2);
+  for (const int config : {0, 1, 2}) {
+    const bool give_h0 = config == 1, bi = config < 2;
+    const uint64_t seed = 30 + static_cast<uint64_t>(config);
+    RNNOptions o{.mode = RNNMode::lstm, .input_size = 24, .hidden_size = bi ? 130 : 256,
+                 .num_layers = 1, .bidirectional = bi};
+    o.precision = Precision::bf16;
+    const int64_t D = o.num_directions();
+    const std::string what = "lookup LSTM H" + std::to_string(o.hidden_size) +
+                             (bi ? " bi" : "") + (give_h0 ? " h0" : "") + " seed " +
+                             std::to_string(seed);
+    SCOPED_TRACE(what);
+    std::mt19937_64 gen(seed);
+    const PackingPlan plan =
+        PackingPlan::from_lengths({200, 0, 150, 90, 37, 1, 150}, /*enforce_sorted=*/false);
+    const int64_t B = plan.batch(), N = plan.total_rows(), V = 11, F = o.input_size;
+    std::vector<Tensor> weights;
+    for (const Shape& sh : rnn_parameter_shapes(o))
+      weights.push_back(random_tensor(sh, 1.0 / std::sqrt(double(o.hidden_size)), gen));
+    const Tensor table = random_tensor({V, F}, 1.0, gen);
+    std::vector<int64_t> ids(static_cast<std::size_t>(N));
+    for (auto& id : ids) id = std::uniform_int_distribution<int64_t>(0, V - 1)(gen);
+    Tensor x = Tensor::empty({N, F}, DType::f32);  // the gathered rows
+    for (int64_t r = 0; r < N; ++r)
+      for (int64_t f = 0; f < F; ++f)
+        x.data<float>()[r * F + f] = table.data<float>()[ids[std::size_t(r)] * F + f];
+    const Tensor h0 = give_h0 ? random_tensor({D, B, o.hidden_size}, 0.5, gen) : Tensor();
+    const Tensor c0 = give_h0 ? random_tensor({D, B, o.hidden_size}, 0.5, gen) : Tensor();
+    const auto fwd = rnn_forward_lookup(o, weights, table, ids, plan, h0, c0, true, true);
+    const Tensor gh = random_tensor({D, B, o.hidden_size}, 1.0, gen);
+    const auto g = rnn_backward(*fwd.saved, {}, gh, {}, /*initial_state_grad=*/give_h0);
+
+    std::vector<Tensor> seqs, no_grad;
+    std::vector<std::vector<int64_t>> rows;
+    for (int64_t b = 0; b < B; ++b) {
+      rows.push_back(rows_of(plan, b));
+      seqs.push_back(gather_rows(x, rows.back()));
+      no_grad.push_back(Tensor::zeros({static_cast<int64_t>(rows.back().size()), D * o.hidden_size},
+                                      DType::f64));
+    }
+    const auto ref = rnn_reference_forward(o, weights, seqs, h0, c0);
+    const auto rg =
+        reference::rnn_reference_backward(o, weights, seqs, h0, c0, no_grad, gh, Tensor());
+    const double d = std::max({max_abs_diff(fwd.h_n, ref.h_n), max_abs_diff(fwd.c_n, ref.c_n)});
+    EXPECT_LE(d, kForwardAbs) << "h_n, c_n";
+    worst.forward = std::max(worst.forward, d);
+    for (int64_t b = 0; b < B; ++b) {
+      const double db = max_abs_diff(gather_rows(fwd.output, rows[std::size_t(b)]),
+                                     ref.outputs[std::size_t(b)]);
+      EXPECT_LE(db, kForwardAbs) << "output " << b;
+      worst.forward = std::max(worst.forward, db);
+    }
+    auto note_grad = [&](const Tensor& got, const Tensor& want, const std::string& name) {
+      const Agreement a = agreement(got, want);
+      EXPECT_GE(a.cosine, kGradCosine) << name;
+      EXPECT_LE(a.rel, kGradRel) << name;
+      worst.cosine = std::min(worst.cosine, a.cosine);
+      worst.rel = std::max(worst.rel, a.rel);
+    };
+    const auto names = rnn_parameter_names(o);
+    for (std::size_t k = 0; k < names.size(); ++k)
+      note_grad(g.weights[k], rg.weights[k], "grad " + names[k]);
+    if (give_h0) note_grad(g.h0, rg.h0, "grad h0");
+    // The table's gradient: the reference's input gradients summed by id.
+    Tensor gt = Tensor::zeros({V, F}, DType::f64);
+    for (int64_t b = 0; b < B; ++b)
+      for (std::size_t i = 0; i < rows[std::size_t(b)].size(); ++i)
+        for (int64_t f = 0; f < F; ++f)
+          gt.data<double>()[ids[std::size_t(rows[std::size_t(b)][i])] * F + f] +=
+              rg.inputs[std::size_t(b)].item_as_double(static_cast<int64_t>(i) * F + f);
+    note_grad(g.input, gt, "grad table");
+  }
+  set_num_threads(threads_before);
+  EXPECT_GT(worst.forward, 1e-4) << "bf16 did not run";
+  std::printf("bf16 lookup layer: worst |forward error| %.4g; worst gradient cosine %.6f; worst "
+              "relative gradient error %.4g\n",
+              worst.forward, worst.cosine, worst.rel);
 }
 
 

@@ -24,7 +24,8 @@ template <typename T>
 class BlasEngine : public GemmEngine<T> {
  public:
   void gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, const T* a, int64_t lda,
-            const T* b, int64_t ldb, T beta, T* c, int64_t ldc, const T* c_row) const override {
+            const T* b, int64_t ldb, T beta, T* c, int64_t ldc, const T* c_row,
+            const RowStore*, int64_t) const override {
     cpu::gemm<T>(trans_a, trans_b, m, n, k, T(1), a, lda, b, ldb, beta, c, ldc, c_row);
   }
 
@@ -42,7 +43,7 @@ class BlasEngine : public GemmEngine<T> {
   }
 
   void step(int64_t m, const T* a, int64_t lda, const StepOperand& sb, std::size_t range, T beta,
-            T* c, int64_t ldc, const T* const* init) const override {
+            T* c, int64_t ldc, const T* const* init, RowStore*, int64_t) const override {
     const auto& op = static_cast<const BlasOperand<T>&>(sb);
     const auto [c0, c1] = op.ranges[range];
     if (m == 0 || c1 <= c0) return;
@@ -61,7 +62,7 @@ class F32Engine : public BlasEngine<float> {
  public:
   void gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, const float* a,
             int64_t lda, const float* b, int64_t ldb, float beta, float* c, int64_t ldc,
-            const float* c_row) const override {
+            const float* c_row, const RowStore*, int64_t) const override {
     onednn_gemm_f32(trans_a, trans_b, m, n, k, a, lda, b, ldb, beta, c, ldc, c_row);
   }
 
@@ -77,7 +78,8 @@ class F32Engine : public BlasEngine<float> {
   }
 
   void step(int64_t m, const float* a, int64_t lda, const StepOperand& sb, std::size_t range,
-            float beta, float* c, int64_t ldc, const float* const* init) const override {
+            float beta, float* c, int64_t ldc, const float* const* init, RowStore*,
+            int64_t) const override {
     const auto& op = static_cast<const PackedOperand&>(sb);
     const auto [c0, c1] = op.ranges[range];
     if (m == 0) return;

@@ -39,6 +39,16 @@ struct StepOperand {
 
 using ColumnRange = std::pair<int64_t, int64_t>;  // [first, last) columns
 
+// A matrix whose rows step() products read as their A operand a step at a
+// time and a later gemm() reads again as a whole (the backward's dG: each
+// step's rows times W_hh, then dW_hh = dGᵀ·H_prev over all rows). An engine
+// that converts its operands (bf16) keeps each step's converted rows here, and
+// gemm() reads them from here: the caller need not keep the fp32 rows past
+// their step (opaque).
+struct RowStore {
+  virtual ~RowStore() = default;
+};
+
 template <typename T>
 class GemmEngine {
  public:
@@ -46,9 +56,23 @@ class GemmEngine {
 
   // C[m, n] = op(A)·op(B) + beta·C, or c_row (broadcast) + op(A)·op(B).
   // Called outside the time loop's parallel regions (may use every thread).
+  // kept (optional, from keep_rows()): A's stored rows are the store's rows
+  // from kept_row on, every one of them kept (a is not read).
   virtual void gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, const T* a,
                     int64_t lda, const T* b, int64_t ldb, T beta, T* c, int64_t ldc,
-                    const T* c_row = nullptr) const = 0;
+                    const T* c_row = nullptr, const RowStore* kept = nullptr,
+                    int64_t kept_row = 0) const = 0;
+
+  // A store for a [rows, cols] matrix whose rows [rows - k, rows) a later
+  // gemm(trans_a = true, cols, n, k) reads, or null where the engine reads
+  // its operands as they are (or would not convert that product's).
+  virtual std::unique_ptr<RowStore> keep_rows(int64_t rows, int64_t cols, int64_t n,
+                                              int64_t k) const {
+    return nullptr;
+  }
+  // Rows [row, row + m) of the store's matrix are a[:m] (row stride lda): for
+  // rows that no step() product reads.
+  virtual void keep(RowStore& store, int64_t row, const T* a, int64_t lda, int64_t m) const {}
 
   // Lays out B = op(b) [k, n] for step() on each of `ranges` (columns of B).
   virtual std::unique_ptr<StepOperand> prepare(const T* b, bool trans_b, int64_t k, int64_t n,
@@ -58,9 +82,13 @@ class GemmEngine {
   // C[:m, r) = A[:m, :k]·B[:, r) + beta·C[:m, r) for the range r = ranges[range]
   // given to prepare(); c points at column 0 of C. With `init` (m row
   // pointers; only when takes_init()), row i starts from init[i][r) instead.
+  // With `keep` (from keep_rows()), A's rows are rows keep_row.. of the
+  // store's matrix and the engine keeps them there; of several threads on one
+  // step, the one whose range starts at column 0 does.
   // Safe to call from several threads at once on different ranges.
   virtual void step(int64_t m, const T* a, int64_t lda, const StepOperand& b, std::size_t range,
-                    T beta, T* c, int64_t ldc, const T* const* init = nullptr) const = 0;
+                    T beta, T* c, int64_t ldc, const T* const* init = nullptr,
+                    RowStore* keep = nullptr, int64_t keep_row = 0) const = 0;
 
   // Whether step() takes init rows (else the caller copies them into C).
   virtual bool takes_init() const { return false; }

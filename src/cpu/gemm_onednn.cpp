@@ -1,8 +1,9 @@
 // The bf16 engine: oneDNN matmul with bf16 operands and fp32 accumulation and
 // results. The operands are converted to bf16 (rounded to nearest even) right
-// before each product: whole-batch operands per call, a step's rows per step;
-// the step weights once per call, reordered into the blocked layout the
-// primitive asks for. Primitives are created once per shape and thread and
+// before each product: whole-batch operands per call, a step's rows per step
+// (kept in a RowStore when a whole-batch product reads them again, which then
+// converts nothing); the step weights once per call, reordered into the
+// blocked layout the primitive asks for. Primitives are created once per shape and thread and
 // kept (creating one costs ~0.2 ms, fetching a cached one ~1 us); the
 // scratchpad is the caller's (user mode), so two threads never share one.
 #include <immintrin.h>
@@ -18,6 +19,7 @@
 #include <string>
 #include <tuple>
 
+#include "cpu/buffer_pool.h"
 #include "cpu/gemm.h"
 #include "cpu/gemm_engine.h"
 
@@ -76,13 +78,34 @@ const dnnl::engine& cpu_engine() {
   return eng;
 }
 
+// A buffer that grows without initialising what it adds: a std::vector's
+// resize() zero-fills every time a whole-batch product's operand (thousands
+// of rows) follows a step's (one step's rows) in the same staging buffer, a
+// memset as large as the conversion itself.
+template <typename T>
+class Staging {
+ public:
+  T* resize(std::size_t n) {
+    if (n > capacity_) {
+      data_ = std::make_unique_for_overwrite<T[]>(n);
+      capacity_ = n;
+    }
+    return data_.get();
+  }
+  T* data() const { return data_.get(); }
+
+ private:
+  std::unique_ptr<T[]> data_;
+  std::size_t capacity_ = 0;
+};
+
 // Per-thread state: a stream, bf16 staging buffers and the scratchpad.
 struct ThreadState {
   dnnl::stream stream{cpu_engine()};
-  std::vector<uint16_t> a, b;
-  std::vector<uint8_t> scratch;
-  std::vector<float> c;    // a step's result when its columns are not all of C's
-  std::vector<float> a32;  // an f32 step's rows, when strided
+  Staging<uint16_t> a, b;
+  Staging<uint8_t> scratch;
+  Staging<float> c;    // a step's result when its columns are not all of C's
+  Staging<float> a32;  // an f32 step's rows, when strided
 };
 ThreadState& thread_state() {
   thread_local ThreadState s;
@@ -92,9 +115,8 @@ ThreadState& thread_state() {
 // X [rows, cols] with row stride ldx to a contiguous bf16 [rows, cols]. A
 // transposed operand is staged as it is stored: the primitive reads it
 // through strides.
-void stage(int64_t rows, int64_t cols, const float* x, int64_t ldx, std::vector<uint16_t>& out) {
-  out.resize(static_cast<std::size_t>(rows * cols));
-  uint16_t* o = out.data();
+void stage(int64_t rows, int64_t cols, const float* x, int64_t ldx, Staging<uint16_t>& out) {
+  uint16_t* o = out.resize(static_cast<std::size_t>(rows * cols));
   if (ldx == cols) {
     f32_to_bf16(x, o, rows * cols);
     return;
@@ -196,7 +218,7 @@ Primitive& primitive(const Key& key) {
 void run(const Key& key, const void* src, const void* wei, float* dst, const float* bias) {
   ThreadState& ts = thread_state();
   Primitive& p = primitive(key);
-  if (ts.scratch.size() < p.scratch_bytes) ts.scratch.resize(p.scratch_bytes);
+  ts.scratch.resize(p.scratch_bytes);
   p.src.set_data_handle(const_cast<void*>(src));
   p.wei.set_data_handle(const_cast<void*>(wei));
   p.dst.set_data_handle(dst);
@@ -252,6 +274,34 @@ struct BlockedOperand : StepOperand {
   }
 };
 
+// The bf16 rows of a matrix kept by step() and keep() for a later gemm().
+struct Bf16Rows : RowStore {
+  int64_t rows = 0, cols = 0;
+  Tensor storage;  // the bf16 rows, pooled (a fresh block per call would fault its pages in)
+  std::vector<char> have;  // per row
+
+  uint16_t* row(int64_t r) const {
+    return static_cast<uint16_t*>(const_cast<void*>(storage.raw_data())) + r * cols;
+  }
+  // Rows [r, r + m) = a[:m] (row stride lda) in bf16.
+  void put(int64_t r, const float* a, int64_t lda, int64_t m) {
+    if (r < 0 || r + m > rows) {
+      throw std::logic_error("kept rows [" + std::to_string(r) + ", " + std::to_string(r + m) +
+                             ") outside the store's " + std::to_string(rows));
+    }
+    for (int64_t i = 0; i < m; ++i) f32_to_bf16(a + i * lda, row(r + i), cols);
+    std::fill(have.begin() + r, have.begin() + r + m, char(1));
+  }
+  // Rows [r, r + m), every one of which must have been kept.
+  const uint16_t* rows_from(int64_t r, int64_t m) const {
+    if (r < 0 || r + m > rows ||
+        std::find(have.begin() + r, have.begin() + r + m, char(0)) != have.begin() + r + m) {
+      throw std::logic_error("a product read rows of a RowStore that were never kept");
+    }
+    return row(r);
+  }
+};
+
 // Every product through oneDNN's matmul, in f32 (operands read in place
 // through their strides) or bf16 (operands converted per call; fp32
 // accumulation). With `small_in_fp32`, the products too small for bf16 to pay
@@ -263,7 +313,7 @@ class OnednnEngine : public GemmEngine<float> {
 
   void gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, const float* a,
             int64_t lda, const float* b, int64_t ldb, float beta, float* c, int64_t ldc,
-            const float* c_row) const override {
+            const float* c_row, const RowStore* kept, int64_t kept_row) const override {
     if (f32_ || (small_in_fp32_ && !bf16_product(m, n, k))) {
       onednn_gemm_f32(trans_a, trans_b, m, n, k, a, lda, b, ldb, beta, c, ldc, c_row);
       return;
@@ -274,11 +324,36 @@ class OnednnEngine : public GemmEngine<float> {
       return;
     }
     ThreadState& ts = thread_state();
-    stage(trans_a ? k : m, trans_a ? m : k, a, lda, ts.a);
+    const int64_t a_rows = trans_a ? k : m, a_cols = trans_a ? m : k;
+    const auto* store = static_cast<const Bf16Rows*>(kept);
+    const uint16_t* a16 = nullptr;
+    if (store && store->cols == a_cols) {
+      a16 = store->rows_from(kept_row, a_rows);
+    } else {
+      stage(a_rows, a_cols, a, lda, ts.a);
+      a16 = ts.a.data();
+    }
     stage(trans_b ? n : k, trans_b ? k : n, b, ldb, ts.b);
     const Key key{m,       n,       k, trans_a ? m : k, trans_b ? k : n, ldc, trans_a,
                   trans_b, !c_row && beta != 0.0f, c_row != nullptr, false, false};
-    run(key, ts.a.data(), ts.b.data(), c, c_row);
+    run(key, a16, ts.b.data(), c, c_row);
+  }
+
+  std::unique_ptr<RowStore> keep_rows(int64_t rows, int64_t cols, int64_t n,
+                                      int64_t k) const override {
+    if (f32_ || (small_in_fp32_ && !bf16_product(cols, n, k))) return nullptr;
+    auto store = std::make_unique<Bf16Rows>();
+    store->rows = rows;
+    store->cols = cols;
+    // bf16 pairs in f32 elements (Tensor has no 16-bit type).
+    store->storage = pooled_empty({(rows * cols + 1) / 2}, DType::f32);
+    store->have.assign(static_cast<std::size_t>(rows), 0);
+    return store;
+  }
+
+  void keep(RowStore& store, int64_t row, const float* a, int64_t lda,
+            int64_t m) const override {
+    static_cast<Bf16Rows&>(store).put(row, a, lda, m);
   }
 
   std::unique_ptr<StepOperand> prepare(const float* b, bool trans_b, int64_t k, int64_t n,
@@ -287,6 +362,7 @@ class OnednnEngine : public GemmEngine<float> {
     auto op = std::make_unique<BlockedOperand>();
     op->k = k;
     op->n = n;
+    op->ranges = ranges;
     if (!f32_ && small_in_fp32_ && !bf16_step(k, n)) {
       op->fallback = gemm_engine_f32(Precision::fp32).prepare(b, trans_b, k, n, ldb, ranges);
       return op;
@@ -295,17 +371,19 @@ class OnednnEngine : public GemmEngine<float> {
     op->trans = trans_b;
     op->f32 = f32_;
     op->ldb = ldb;
-    op->ranges = ranges;
     op->blocks.resize(ranges.size());
     op->ready = std::make_unique<std::once_flag[]>(ranges.size());
     return op;
   }
 
   void step(int64_t m, const float* a, int64_t lda, const StepOperand& sb, std::size_t range,
-            float beta, float* c, int64_t ldc, const float* const* init) const override {
+            float beta, float* c, int64_t ldc, const float* const* init, RowStore* keep,
+            int64_t keep_row) const override {
     const auto& op = static_cast<const BlockedOperand&>(sb);
+    auto* store = static_cast<Bf16Rows*>(keep);
     if (op.fallback) {
       gemm_engine_f32(Precision::fp32).step(m, a, lda, *op.fallback, range, beta, c, ldc, nullptr);
+      if (store && op.ranges[range].first == 0) store->put(keep_row, a, lda, m);
       return;
     }
     const auto [c0, c1] = op.ranges[range];
@@ -314,14 +392,17 @@ class OnednnEngine : public GemmEngine<float> {
     // f32 with k = 64): bf16 staging makes them so, f32 copies them if needed.
     const void* src = a;
     ThreadState& ts = thread_state();
-    if (!f32_) {
+    if (!f32_ && store && c0 == 0 && store->cols == op.k) {  // converted into the store
+      store->put(keep_row, a, lda, m);
+      src = store->row(keep_row);
+    } else if (!f32_) {
       stage(m, op.k, a, lda, ts.a);
       src = ts.a.data();
     } else if (lda != op.k) {
-      ts.a32.resize(static_cast<std::size_t>(m * op.k));
+      float* rows = ts.a32.resize(static_cast<std::size_t>(m * op.k));
       for (int64_t i = 0; i < m; ++i)
-        std::memcpy(ts.a32.data() + i * op.k, a + i * lda, static_cast<std::size_t>(op.k) * sizeof(float));
-      src = ts.a32.data();
+        std::memcpy(rows + i * op.k, a + i * lda, static_cast<std::size_t>(op.k) * sizeof(float));
+      src = rows;
     }
     lda = op.k;
     const int64_t w = c1 - c0;

@@ -26,18 +26,29 @@ namespace seqpack::cpu {
 
 // gates: pre-activations in, activations (σ(i), σ(f), tanh(g), σ(o)) out.
 // c = f * c_prev + i * g;  h = o * tanh(c). c_prev may alias c (same rows).
+// x_rows (optional, n pointers to [4H] rows): row r's pre-activations are
+// gates[r] + x_rows[r] (a lookup layer's projected input rows, read where
+// they are instead of being copied into the gates first). next, next_len
+// (optional): memory the caller writes next (the next step's gate rows),
+// prefetched for writing while the kernel computes (a hint: the values are
+// untouched).
 template <typename T>
 void lstm_gates_forward(int64_t n, int64_t H, int64_t k0, int64_t k1, T* gates, const T* c_prev,
-                        int64_t ld_cprev, T* c, int64_t ld_c, T* h, int64_t ld_h);
+                        int64_t ld_cprev, T* c, int64_t ld_c, T* h, int64_t ld_h,
+                        const T* const* x_rows = nullptr, const T* next = nullptr,
+                        int64_t next_len = 0);
 
 // dh: gradient of h (or of o * tanh(c) under a projection). dc: gradient of c
 // from the next step on entry, gradient of c_prev on exit. dgates: gradient of
 // the gate pre-activations [n, 4H]. dbias (optional, [4H]): += the column
-// sums of dgates, the gradient of both b_ih and b_hh.
+// sums of dgates, the gradient of both b_ih and b_hh. dx_rows (optional, n
+// pointers to [4H] rows): dx_rows[r] += dgates[r], row by row in order (a
+// lookup layer's gradient of the table row that row r read; rows may share
+// a pointer).
 template <typename T>
 void lstm_gates_backward(int64_t n, int64_t H, int64_t k0, int64_t k1, const T* gates, const T* c,
                          const T* c_prev, const T* dh, int64_t ld_dh, T* dc, T* dgates,
-                         T* dbias = nullptr);
+                         T* dbias = nullptr, T* const* dx_rows = nullptr);
 
 // gx: W_i x + b_i in, activations (r, z, n) out. gh: W_h h_prev without bias;
 // b_hh may be null. ghn (optional, [n, H]) receives W_hn h_prev + b_hn, which

@@ -8,6 +8,7 @@
 #define HWY_TARGET_INCLUDE "cpu/rnn_gates_f32_hwy.cpp"
 #include <hwy/foreach_target.h>  // IWYU pragma: keep
 
+#include <hwy/cache_control.h>
 #include <hwy/highway.h>
 
 #include "cpu/rnn_gates.h"
@@ -113,26 +114,47 @@ HWY_INLINE VF Tanh(DF d, VF x) {
   return hn::Or(hn::Abs(neg_t), sign);
 }
 
+// A pre-activation: the gate row's value, plus the input row's (kAddX).
+template <bool kAddX>
+HWY_INLINE VF PreActivation(DF d, const float* g, const float* x, int64_t at) {
+  if (kAddX) return hn::Add(hn::LoadU(d, g + at), hn::LoadU(d, x + at));
+  return hn::LoadU(d, g + at);
+}
+
 // Two passes over each row: the gates and c first, then h = o·tanh(c) from
 // c and o reloaded (L1 hits). In one pass every column is a chain of two
 // dependent transcendentals (≈ 150 cycles of latency in ≈ 160 instructions),
 // and the out-of-order window cannot hold enough columns to hide it; split,
 // each pass is a set of short independent chains and runs at throughput.
-void LstmForward(int64_t n, int64_t H, int64_t k0, int64_t k1, float* gates, const float* c_prev,
-                 int64_t ld_cprev, float* c, int64_t ld_c, float* h, int64_t ld_h) {
+// Each vector also prefetches, for writing, the next kPrefetchLines lines of
+// `next` (the rows the next step's product will write: cold, and the
+// product waited for each of them; the transcendentals here hide the wait).
+constexpr int64_t kPrefetchLines = 4;
+
+template <bool kAddX>
+HWY_INLINE void LstmForwardRows(int64_t n, int64_t H, int64_t k0, int64_t k1, float* gates,
+                                const float* c_prev, int64_t ld_cprev, float* c, int64_t ld_c,
+                                float* h, int64_t ld_h, const float* const* x_rows,
+                                const float* next, int64_t next_len) {
   const DF d;
   const int64_t L = static_cast<int64_t>(hn::Lanes(d));
   const int64_t kv = k0 + (k1 - k0) / L * L;  // end of the full vectors
+  constexpr int64_t kLine = 64 / sizeof(float);
+  const float* next_end = next + next_len;
   for (int64_t r = 0; r < n; ++r) {
     float* g = gates + r * 4 * H;
+    const float* x = kAddX ? x_rows[r] : nullptr;
     const float* cp = c_prev + r * ld_cprev;
     float* cr = c + r * ld_c;
     float* hr = h + r * ld_h;
     for (int64_t k = k0; k < kv; k += L) {
-      const VF ig = Sigmoid(d, hn::LoadU(d, g + k));
-      const VF fg = Sigmoid(d, hn::LoadU(d, g + H + k));
-      const VF gg = Tanh(d, hn::LoadU(d, g + 2 * H + k));
-      const VF og = Sigmoid(d, hn::LoadU(d, g + 3 * H + k));
+      for (int64_t j = 0; j < kPrefetchLines && next < next_end; ++j, next += kLine) {
+        __builtin_prefetch(next, /*rw=*/1);
+      }
+      const VF ig = Sigmoid(d, PreActivation<kAddX>(d, g, x, k));
+      const VF fg = Sigmoid(d, PreActivation<kAddX>(d, g, x, H + k));
+      const VF gg = Tanh(d, PreActivation<kAddX>(d, g, x, 2 * H + k));
+      const VF og = Sigmoid(d, PreActivation<kAddX>(d, g, x, 3 * H + k));
       hn::StoreU(ig, d, g + k);
       hn::StoreU(fg, d, g + H + k);
       hn::StoreU(gg, d, g + 2 * H + k);
@@ -142,7 +164,19 @@ void LstmForward(int64_t n, int64_t H, int64_t k0, int64_t k1, float* gates, con
     for (int64_t k = k0; k < kv; k += L) {
       hn::StoreU(hn::Mul(hn::LoadU(d, g + 3 * H + k), Tanh(d, hn::LoadU(d, cr + k))), d, hr + k);
     }
-    for (int64_t k = kv; k < k1; ++k) scalar::lstm_forward_at(H, k, g, cp, cr, hr);
+    for (int64_t k = kv; k < k1; ++k) scalar::lstm_forward_at(H, k, g, cp, cr, hr, x);
+  }
+}
+
+void LstmForward(int64_t n, int64_t H, int64_t k0, int64_t k1, float* gates, const float* c_prev,
+                 int64_t ld_cprev, float* c, int64_t ld_c, float* h, int64_t ld_h,
+                 const float* const* x_rows, const float* next, int64_t next_len) {
+  if (x_rows) {
+    LstmForwardRows<true>(n, H, k0, k1, gates, c_prev, ld_cprev, c, ld_c, h, ld_h, x_rows, next,
+                          next_len);
+  } else {
+    LstmForwardRows<false>(n, H, k0, k1, gates, c_prev, ld_cprev, c, ld_c, h, ld_h, x_rows, next,
+                           next_len);
   }
 }
 
@@ -189,6 +223,12 @@ void AddColumnSums(int64_t n, int64_t ld, int64_t ng, int64_t H, int64_t k0, int
   }
 }
 
+// dx += v for an input-row accumulator (kAddDx).
+template <bool kAddDx>
+HWY_INLINE void AddInto(DF d, float* dx, int64_t at, VF v) {
+  if (kAddDx) hn::StoreU(hn::Add(hn::LoadU(d, dx + at), v), d, dx + at);
+}
+
 // Products arranged so that each x(1-x) factor is one fused x - x·x on a
 // partial product and shared products are formed once: 12 vector operations
 // for the 5 outputs, against 20 for the formulas as written.
@@ -198,21 +238,31 @@ void AddColumnSums(int64_t n, int64_t ld, int64_t ng, int64_t H, int64_t k0, int
 // overlap the memory traffic this loop is mostly made of (8 loads, 5 stores
 // per vector). One vector ahead was not enough at H = 512 (20.6-24 µs per
 // call against 20 at four ahead, n = 32).
-void LstmBackward(int64_t n, int64_t H, int64_t k0, int64_t k1, const float* gates, const float* c,
-                  const float* c_prev, const float* dh, int64_t ld_dh, float* dc, float* dgates,
-                  float* dbias) {
+// The saved gates and c were written by the forward long before (a whole
+// batch earlier, both directions in between): they come from L3 or memory,
+// and the loads of each row stalled on them until each vector also
+// prefetches the same columns kPrefetchRows rows further on. The gate
+// gradients' rows are as cold and each store waited for its line: they are
+// prefetched for writing.
+template <bool kAddDx>
+HWY_INLINE void LstmBackwardRows(int64_t n, int64_t H, int64_t k0, int64_t k1, const float* gates,
+                                 const float* c, const float* c_prev, const float* dh,
+                                 int64_t ld_dh, float* dc, float* dgates, float* const* dx_rows) {
   const DF d;
   const int64_t L = static_cast<int64_t>(hn::Lanes(d));
   const int64_t kv = k0 + (k1 - k0) / L * L;
   constexpr int64_t kAhead = 4;
+  constexpr int64_t kPrefetchRows = 2;
   HWY_ALIGN float ring[2 * kAhead * HWY_MAX_BYTES / sizeof(float)];
   for (int64_t r = 0; r < n; ++r) {
     const float* g = gates + r * 4 * H;
     const float* cr = c + r * H;
     const float* cp = c_prev + r * H;
+    const bool prefetch = r + kPrefetchRows < n;
     const float* dhr = dh + r * ld_dh;
     float* dcr = dc + r * H;
     float* dg = dgates + r * 4 * H;
+    float* dx = kAddDx ? dx_rows[r] : nullptr;
     // tanh(c) runs kAhead vectors ahead of its use, through a ring of
     // 2·kAhead vectors on the stack.
     for (int64_t j = 0; j < kAhead && k0 + j * L < kv; ++j) {
@@ -223,6 +273,14 @@ void LstmBackward(int64_t n, int64_t H, int64_t k0, int64_t k1, const float* gat
       if (k + kAhead * L < kv) {
         hn::Store(Tanh(d, hn::LoadU(d, cr + k + kAhead * L)), d,
                   ring + ((slot + kAhead) & (2 * kAhead - 1)) * L);
+      }
+      if (prefetch) {
+        const float* pg = g + kPrefetchRows * 4 * H + k;
+        for (int64_t j = 0; j < 4; ++j) hwy::Prefetch(pg + j * H);
+        hwy::Prefetch(cr + kPrefetchRows * H + k);
+        hwy::Prefetch(cp + kPrefetchRows * H + k);
+        float* pdg = dg + kPrefetchRows * 4 * H + k;
+        for (int64_t j = 0; j < 4; ++j) __builtin_prefetch(pdg + j * H, /*rw=*/1);
       }
       const VF tc = hn::Load(d, ring + slot * L);
       const VF ig = hn::LoadU(d, g + k), fg = hn::LoadU(d, g + H + k);
@@ -244,10 +302,24 @@ void LstmBackward(int64_t n, int64_t H, int64_t k0, int64_t k1, const float* gat
       hn::StoreU(dgg, d, dg + 2 * H + k);
       hn::StoreU(dgo, d, dg + 3 * H + k);
       hn::StoreU(df, d, dcr + k);
+      AddInto<kAddDx>(d, dx, k, dgi);
+      AddInto<kAddDx>(d, dx, H + k, dgf);
+      AddInto<kAddDx>(d, dx, 2 * H + k, dgg);
+      AddInto<kAddDx>(d, dx, 3 * H + k, dgo);
     }
     for (int64_t k = kv; k < k1; ++k) {
-      scalar::lstm_backward_at<float>(H, k, g, cr, cp, dhr, dcr, dg, nullptr);
+      scalar::lstm_backward_at<float>(H, k, g, cr, cp, dhr, dcr, dg, nullptr, dx);
     }
+  }
+}
+
+void LstmBackward(int64_t n, int64_t H, int64_t k0, int64_t k1, const float* gates, const float* c,
+                  const float* c_prev, const float* dh, int64_t ld_dh, float* dc, float* dgates,
+                  float* dbias, float* const* dx_rows) {
+  if (dx_rows) {
+    LstmBackwardRows<true>(n, H, k0, k1, gates, c, c_prev, dh, ld_dh, dc, dgates, dx_rows);
+  } else {
+    LstmBackwardRows<false>(n, H, k0, k1, gates, c, c_prev, dh, ld_dh, dc, dgates, dx_rows);
   }
   if (dbias) AddColumnSums(n, 4 * H, 4, H, k0, k1, dgates, dbias);
 }
@@ -419,15 +491,17 @@ HWY_EXPORT(TargetName);
 template <>
 void lstm_gates_forward<float>(int64_t n, int64_t H, int64_t k0, int64_t k1, float* gates,
                                const float* c_prev, int64_t ld_cprev, float* c, int64_t ld_c,
-                               float* h, int64_t ld_h) {
-  HWY_DYNAMIC_DISPATCH(LstmForward)(n, H, k0, k1, gates, c_prev, ld_cprev, c, ld_c, h, ld_h);
+                               float* h, int64_t ld_h, const float* const* x_rows,
+                               const float* next, int64_t next_len) {
+  HWY_DYNAMIC_DISPATCH(LstmForward)
+  (n, H, k0, k1, gates, c_prev, ld_cprev, c, ld_c, h, ld_h, x_rows, next, next_len);
 }
 template <>
 void lstm_gates_backward<float>(int64_t n, int64_t H, int64_t k0, int64_t k1, const float* gates,
                                 const float* c, const float* c_prev, const float* dh, int64_t ld_dh,
-                                float* dc, float* dgates, float* dbias) {
+                                float* dc, float* dgates, float* dbias, float* const* dx_rows) {
   HWY_DYNAMIC_DISPATCH(LstmBackward)
-  (n, H, k0, k1, gates, c, c_prev, dh, ld_dh, dc, dgates, dbias);
+  (n, H, k0, k1, gates, c, c_prev, dh, ld_dh, dc, dgates, dbias, dx_rows);
 }
 template <>
 void gru_gates_forward<float>(int64_t n, int64_t H, int64_t k0, int64_t k1, float* gx,

@@ -8,14 +8,17 @@ namespace seqpack::cpu {
 template <>
 void lstm_gates_forward<double>(int64_t n, int64_t H, int64_t k0, int64_t k1, double* gates,
                                 const double* c_prev, int64_t ld_cprev, double* c, int64_t ld_c,
-                                double* h, int64_t ld_h) {
-  scalar::lstm_gates_forward(n, H, k0, k1, gates, c_prev, ld_cprev, c, ld_c, h, ld_h);
+                                double* h, int64_t ld_h, const double* const* x_rows,
+                                const double*, int64_t) {
+  scalar::lstm_gates_forward(n, H, k0, k1, gates, c_prev, ld_cprev, c, ld_c, h, ld_h, x_rows);
 }
 template <>
 void lstm_gates_backward<double>(int64_t n, int64_t H, int64_t k0, int64_t k1, const double* gates,
                                  const double* c, const double* c_prev, const double* dh,
-                                 int64_t ld_dh, double* dc, double* dgates, double* dbias) {
-  scalar::lstm_gates_backward(n, H, k0, k1, gates, c, c_prev, dh, ld_dh, dc, dgates, dbias);
+                                 int64_t ld_dh, double* dc, double* dgates, double* dbias,
+                                 double* const* dx_rows) {
+  scalar::lstm_gates_backward(n, H, k0, k1, gates, c, c_prev, dh, ld_dh, dc, dgates, dbias,
+                              dx_rows);
 }
 template <>
 void gru_gates_forward<double>(int64_t n, int64_t H, int64_t k0, int64_t k1, double* gx,

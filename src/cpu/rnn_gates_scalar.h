@@ -17,8 +17,13 @@ inline T sigmoid(T x) {
 
 // i = σ(a_i), f = σ(a_f), g = tanh(a_g), o = σ(a_o)
 // c = f * c_prev + i * g;  h = o * tanh(c)
+// x: optional input rows added to a first (rnn_gates.h), null to skip.
 template <typename T>
-inline void lstm_forward_at(int64_t H, int64_t k, T* g, const T* cp, T* c, T* h) {
+inline void lstm_forward_at(int64_t H, int64_t k, T* g, const T* cp, T* c, T* h,
+                            const T* x = nullptr) {
+  if (x) {
+    for (int64_t j = 0; j < 4; ++j) g[j * H + k] += x[j * H + k];
+  }
   const T ig = sigmoid(g[k]);
   const T fg = sigmoid(g[H + k]);
   const T gg = std::tanh(g[2 * H + k]);
@@ -32,10 +37,11 @@ inline void lstm_forward_at(int64_t H, int64_t k, T* g, const T* cp, T* c, T* h)
   h[k] = og * std::tanh(cn);
 }
 
-// db: optional bias-gradient accumulators (rnn_gates.h), null to skip.
+// db: optional bias-gradient accumulators, dx: optional input-row
+// accumulators (rnn_gates.h), null to skip.
 template <typename T>
 inline void lstm_backward_at(int64_t H, int64_t k, const T* g, const T* c, const T* cp, const T* dh,
-                             T* dc, T* dg, T* db) {
+                             T* dc, T* dg, T* db, T* dx = nullptr) {
   const T ig = g[k], fg = g[H + k], gg = g[2 * H + k], og = g[3 * H + k];
   const T tc = std::tanh(c[k]);
   // dc_t = dc_{t+1}·f_{t+1} (carried in dc) + dh·o·(1 - tanh²c)
@@ -47,6 +53,9 @@ inline void lstm_backward_at(int64_t H, int64_t k, const T* g, const T* c, const
   dc[k] = dct * fg;
   if (db) {
     for (int64_t j = 0; j < 4; ++j) db[j * H + k] += dg[j * H + k];
+  }
+  if (dx) {
+    for (int64_t j = 0; j < 4; ++j) dx[j * H + k] += dg[j * H + k];
   }
 }
 
@@ -108,20 +117,22 @@ inline void rnn_backward_at(int64_t k, const T* hs, bool relu, const T* d, T* o,
 
 template <typename T>
 void lstm_gates_forward(int64_t n, int64_t H, int64_t k0, int64_t k1, T* gates, const T* c_prev,
-                        int64_t ld_cprev, T* c, int64_t ld_c, T* h, int64_t ld_h) {
+                        int64_t ld_cprev, T* c, int64_t ld_c, T* h, int64_t ld_h,
+                        const T* const* x_rows = nullptr) {
   for (int64_t r = 0; r < n; ++r)
     for (int64_t k = k0; k < k1; ++k)
-      lstm_forward_at(H, k, gates + r * 4 * H, c_prev + r * ld_cprev, c + r * ld_c, h + r * ld_h);
+      lstm_forward_at(H, k, gates + r * 4 * H, c_prev + r * ld_cprev, c + r * ld_c, h + r * ld_h,
+                      x_rows ? x_rows[r] : nullptr);
 }
 
 template <typename T>
 void lstm_gates_backward(int64_t n, int64_t H, int64_t k0, int64_t k1, const T* gates, const T* c,
                          const T* c_prev, const T* dh, int64_t ld_dh, T* dc, T* dgates,
-                         T* dbias) {
+                         T* dbias, T* const* dx_rows = nullptr) {
   for (int64_t r = 0; r < n; ++r)
     for (int64_t k = k0; k < k1; ++k)
       lstm_backward_at(H, k, gates + r * 4 * H, c + r * H, c_prev + r * H, dh + r * ld_dh,
-                       dc + r * H, dgates + r * 4 * H, dbias);
+                       dc + r * H, dgates + r * 4 * H, dbias, dx_rows ? dx_rows[r] : nullptr);
 }
 
 template <typename T>
