@@ -265,19 +265,42 @@ Tensor dropout_mask(int64_t rows, int64_t cols, double p, uint64_t seed, int64_t
 // its time loop, whose body hands each step's rows to the cell's step math.
 // ---------------------------------------------------------------------------
 
-// This thread's share of a step: hidden units [a, b) of every gate and
-// columns [ra, rb) of h (split_columns), among nth threads.
+// This thread's share of a step among nth threads. By columns (the
+// default): hidden units [a, b) of every gate and columns [ra, rb) of h
+// (split_columns), for all of the step's rows. By rows (engines whose
+// steps_by_rows(), on several threads): every column, for the rows rows(n)
+// of a step of n rows.
 struct Split {
   int tid = 0, nth = 1;
+  bool by_rows = false;
   int64_t a = 0, b = 0, ra = 0, rb = 0;
-  Split(int tid_, int nth_, int64_t H, int64_t R) : tid(tid_), nth(nth_) {
-    split_columns(H, nth, tid, a, b);
-    split_columns(R, nth, tid, ra, rb);
+  Split(int tid_, int nth_, int64_t H, int64_t R, bool rows_)
+      : tid(tid_), nth(nth_), by_rows(rows_ && nth_ > 1) {
+    split_columns(H, by_rows ? 1 : nth, by_rows ? 0 : tid, a, b);
+    split_columns(R, by_rows ? 1 : nth, by_rows ? 0 : tid, ra, rb);
+  }
+  // This thread's rows [first, last) of a step of n rows.
+  std::pair<int64_t, int64_t> rows(int64_t n) const {
+    if (!by_rows) return {0, n};
+    return {n * tid / nth, n * (tid + 1) / nth};
+  }
+  // The engine's range (step_ranges) of this thread's columns of block q of `blocks`.
+  std::size_t range(int64_t blocks, int64_t q) const {
+    return by_rows ? 0 : step_range(nth, tid, blocks, q);
   }
 };
 
-inline void step_barrier(const Split& sp) {
-  if (sp.nth > 1) {
+// The threads of a column split meet inside a step (a product reads every
+// column of its rows); those of a row split meet between steps instead (a
+// row's owner changes with the step's row count, and the state rows it reads
+// were written by the previous step's owner).
+inline void columns_barrier(const Split& sp) {
+  if (sp.nth > 1 && !sp.by_rows) {
+#pragma omp barrier
+  }
+}
+inline void rows_barrier(const Split& sp) {
+  if (sp.by_rows) {
 #pragma omp barrier
   }
 }
@@ -293,9 +316,10 @@ struct ForwardWorkspace {
 // The rows of one step, as the cells see them.
 template <typename T>
 struct ForwardStep {
-  int64_t n = 0;      // live rows
+  int64_t n = 0;      // live rows (of this thread, under a row split)
   int64_t ng = 0;     // rows whose h_prev is not the zero h0 (the product's rows)
   int64_t r0 = 0;     // first packed row
+  int64_t j0 = 0;     // first state row (row split: > 0 past the first thread)
   T* g = nullptr;     // gate rows [n, G]: X·W_ihᵀ + b on entry
   T* out = nullptr;   // output rows, stride ldo
   const T* h_prev = nullptr;            // [n, R]
@@ -383,33 +407,41 @@ struct ForwardDirection {
         ghn = sd.ghn.data<T>();
       }
     }
-    whh = eng.prepare(w.w_hh, /*trans_b=*/true, R, G, R, step_ranges(H, G / H, nt));
-    if (proj) whr = eng.prepare(w.w_hr, /*trans_b=*/true, H, R, H, step_ranges(R, 1, nt));
+    const int nc = eng.steps_by_rows() ? 1 : nt;  // threads sharing the columns
+    whh = eng.prepare(w.w_hh, /*trans_b=*/true, R, G, R, step_ranges(H, G / H, nc));
+    if (proj) whr = eng.prepare(w.w_hr, /*trans_b=*/true, H, R, H, step_ranges(R, 1, nc));
     const int64_t ld = l * o.num_directions() + d;
     load_state(ws.hstate.data(), h0, ld, plan.sorted_indices(), R);
     if (lstm) load_state(ws.cstate.data(), c0, ld, plan.sorted_indices(), H);
     outp = out.data<T>() + d * R;
   }
 
-  // One step, walked by every thread on its columns: one barrier per step
-  // (two with a projection), since each thread multiplies all of h_prev by
-  // its rows of W_hh and runs the gate math on its columns.
+  // One step, walked by every thread on its share: by columns, one barrier
+  // per step (two with a projection), since each thread multiplies all of
+  // h_prev by its rows of W_hh and runs the gate math on its columns; by
+  // rows, one barrier per step, before it, and each thread's rows go through
+  // the product and the gate math on that thread alone.
   void step(int64_t s, const Split& sp) {
+    rows_barrier(sp);
     // The reverse direction walks t down; rows bs[t+1]..bs[t]-1 begin there
     // and still hold h0 in the state buffer.
     const auto& bs = plan.batch_sizes();
     const int64_t t = d == 0 ? s : TT - 1 - s;
+    const auto [j0, j1] = sp.rows(bs[static_cast<std::size_t>(t)]);
     ForwardStep<T> st;
-    st.n = bs[static_cast<std::size_t>(t)];
-    st.r0 = plan.offsets()[static_cast<std::size_t>(t)];
+    st.n = j1 - j0;
+    st.j0 = j0;
+    st.r0 = plan.offsets()[static_cast<std::size_t>(t)] + j0;
     st.g = gates + st.r0 * G;
     st.out = outp + st.r0 * ldo;
-    T* hsrc = save ? hprev + st.r0 * R : ws.hprev.data() + (s % 2) * B * R;
-    copy_rows(hsrc + sp.ra, R, ws.hstate.data() + sp.ra, R, st.n, sp.rb - sp.ra);
+    T* hsrc = save ? hprev + st.r0 * R : ws.hprev.data() + ((s % 2) * B + j0) * R;
+    T* hstate = ws.hstate.data() + j0 * R;
+    copy_rows(hsrc + sp.ra, R, hstate + sp.ra, R, st.n, sp.rb - sp.ra);
     st.h_prev = hsrc;
-    step_barrier(sp);
+    columns_barrier(sp);
     // Rows past ng hold the zero h0: their product is zero.
-    st.ng = h0_zero ? rows_after_h0(bs, t, d) : st.n;
+    const int64_t ng = h0_zero ? rows_after_h0(bs, t, d) : bs[static_cast<std::size_t>(t)];
+    st.ng = std::clamp<int64_t>(ng - j0, 0, st.n);
     if (lookup) take_lookup_rows(st, sp);
     if (lstm) {
       lstm_step(st, sp);
@@ -418,7 +450,7 @@ struct ForwardDirection {
     } else {
       rnn_step(st, sp);
     }
-    copy_rows(ws.hstate.data() + sp.ra, R, st.out + sp.ra, ldo, st.n, sp.rb - sp.ra);
+    copy_rows(hstate + sp.ra, R, st.out + sp.ra, ldo, st.n, sp.rb - sp.ra);
   }
 
   // A lookup layer's step: rows < ng take their projection inside the product
@@ -439,10 +471,9 @@ struct ForwardDirection {
   // dst[:ng, q*H + a .. q*H + b) (+)= h_prev · W_hh[q*H + a .. q*H + b)ᵀ for each gate q.
   void hidden_product(const ForwardStep<T>& st, const Split& sp, T beta, T* dst) {
     if (st.ng == 0) return;
-    const int64_t blocks = sp.nth == 1 ? 1 : G / H;
+    const int64_t blocks = sp.nth == 1 || sp.by_rows ? 1 : G / H;
     for (int64_t q = 0; q < blocks; ++q) {
-      eng.step(st.ng, st.h_prev, R, *whh, step_range(sp.nth, sp.tid, G / H, q), beta, dst, G,
-               st.init);
+      eng.step(st.ng, st.h_prev, R, *whh, sp.range(G / H, q), beta, dst, G, st.init);
     }
   }
 
@@ -451,29 +482,30 @@ struct ForwardDirection {
   void lstm_step(const ForwardStep<T>& st, const Split& sp) {
     hidden_product(st, sp, T(1), st.g);
     const int64_t a = sp.a, b = sp.b;
-    T* cdst = ws.cstate.data();
+    T* cstate = ws.cstate.data() + st.j0 * H;
+    T* cdst = cstate;
     if (save) {
-      copy_rows(cps + st.r0 * H + a, H, ws.cstate.data() + a, H, st.n, b - a);
+      copy_rows(cps + st.r0 * H + a, H, cstate + a, H, st.n, b - a);
       cdst = cs + st.r0 * H;
     }
     T* hdst = st.out;
     int64_t ldh = ldo;
     if (proj) {
-      hdst = save ? ms + st.r0 * H : ws.m.data();
+      hdst = save ? ms + st.r0 * H : ws.m.data() + st.j0 * H;
       ldh = H;
     }
-    cpu::lstm_gates_forward<T>(st.n, H, a, b, st.g, ws.cstate.data(), H, cdst, H, hdst, ldh);
-    if (save) copy_rows(ws.cstate.data() + a, H, cdst + a, H, st.n, b - a);
+    cpu::lstm_gates_forward<T>(st.n, H, a, b, st.g, cstate, H, cdst, H, hdst, ldh);
+    if (save) copy_rows(cstate + a, H, cdst + a, H, st.n, b - a);
     if (proj) {
-      step_barrier(sp);
-      eng.step(st.n, hdst, H, *whr, step_range(sp.nth, sp.tid, 1, 0), T(0), st.out, ldo);
+      columns_barrier(sp);
+      eng.step(st.n, hdst, H, *whr, sp.range(1, 0), T(0), st.out, ldo);
     }
   }
 
   // GRU: n = tanh(W_in x + b_in + r * (W_hn h + b_hn)), h_t = (1 - z) * n + z * h_{t-1};
   // the hidden product goes to its own buffer (r multiplies part of it).
   void gru_step(const ForwardStep<T>& st, const Split& sp) {
-    T* gh = ws.gh.data();
+    T* gh = ws.gh.data() + st.j0 * G;
     hidden_product(st, sp, T(0), gh);
     for (int64_t r = st.ng; r < st.n; ++r)
       for (int64_t q = 0; q < 3; ++q)
@@ -493,7 +525,7 @@ struct ForwardDirection {
     project_inputs(x);
     prepare(nt, h0, c0, out);
     run_threads(nt, [&](int tid, int nth) {
-      const Split sp(tid, nth, H, R);
+      const Split sp(tid, nth, H, R, eng.steps_by_rows());
       for (int64_t s = 0; s < TT; ++s) step(s, sp);
     });
     const int64_t ld = l * o.num_directions() + d;
@@ -623,9 +655,10 @@ struct BackwardWorkspace {
 // The rows of one backward step, as the cells see them.
 template <typename T>
 struct BackwardStep {
-  int64_t n = 0;   // live rows
+  int64_t n = 0;   // live rows (of this thread, under a row split)
   int64_t ng = 0;  // rows whose dh_prev is needed (not the h0 rows without grad h0)
   int64_t r0 = 0;  // first packed row
+  int64_t j0 = 0;  // first state row (row split: > 0 past the first thread)
   const T* dh = nullptr;  // dh of the step's output rows [n, R]
   T* dg = nullptr;        // gate-gradient rows [n, G]
 };
@@ -667,8 +700,9 @@ struct BackwardDirection {
       std::fill(db_ih, db_ih + G, T(0));
       std::fill(db_hh, db_hh + G, T(0));
     }
-    whh = eng.prepare(w.w_hh, /*trans_b=*/false, G, R, R, step_ranges(R, 1, nt));
-    if (proj) whr = eng.prepare(w.w_hr, /*trans_b=*/false, R, H, H, step_ranges(H, 1, nt));
+    const int nc = eng.steps_by_rows() ? 1 : nt;  // threads sharing the columns
+    whh = eng.prepare(w.w_hh, /*trans_b=*/false, G, R, R, step_ranges(R, 1, nc));
+    if (proj) whr = eng.prepare(w.w_hr, /*trans_b=*/false, R, H, H, step_ranges(H, 1, nc));
     const int64_t ld = l * o.num_directions() + d;
     load_state(ws.dhstate.data(), grad_h_n, ld, sv.sorted_indices, R);
     if (lstm) load_state(ws.dcstate.data(), grad_c_n, ld, sv.sorted_indices, H);
@@ -683,32 +717,39 @@ struct BackwardDirection {
   // it where it is (they only read dh; the product that overwrites it comes
   // after them, past the barrier). GRU writes its direct dh_prev part into the
   // state while it reads dh, so it reads a copy.
-  const T* gather_dh(int64_t n, int64_t r0, const Split& sp) {
-    T* dht = proj ? ws.dhtot.data() + r0 * R : ws.dhtot.data();
-    if (!dout && !proj && !gru) return ws.dhstate.data();
+  const T* gather_dh(const BackwardStep<T>& st, const Split& sp) {
+    const int64_t n = st.n, r0 = st.r0;
+    const T* dhstate = ws.dhstate.data() + st.j0 * R;
+    T* dht = proj ? ws.dhtot.data() + r0 * R : ws.dhtot.data() + st.j0 * R;
+    if (!dout && !proj && !gru) return dhstate;
     if (dout) {
       for (int64_t j = 0; j < n; ++j) {
         const T* x = dout + (r0 + j) * ldo;
-        const T* y = ws.dhstate.data() + j * R;
+        const T* y = dhstate + j * R;
         T* z = dht + j * R;
         for (int64_t k = sp.ra; k < sp.rb; ++k) z[k] = x[k] + y[k];
       }
     } else {
-      copy_rows(dht + sp.ra, R, ws.dhstate.data() + sp.ra, R, n, sp.rb - sp.ra);
+      copy_rows(dht + sp.ra, R, dhstate + sp.ra, R, n, sp.rb - sp.ra);
     }
     return dht;
   }
 
   // Undoes the forward's order: the forward direction walks t down here.
   void step(int64_t s, const Split& sp) {
+    rows_barrier(sp);
     const int64_t t = d == 0 ? TT - 1 - s : s;
+    const int64_t n = sv.batch_sizes[static_cast<std::size_t>(t)];
+    const auto [j0, j1] = sp.rows(n);
     BackwardStep<T> st;
-    st.n = sv.batch_sizes[static_cast<std::size_t>(t)];
-    st.r0 = sv.offsets[static_cast<std::size_t>(t)];
-    st.dh = gather_dh(st.n, st.r0, sp);
+    st.n = j1 - j0;
+    st.j0 = j0;
+    st.r0 = sv.offsets[static_cast<std::size_t>(t)] + j0;
+    st.dh = gather_dh(st, sp);
     st.dg = ws.dg + st.r0 * G;
     // Without grad h0, rows past ng send dh_prev nowhere.
-    st.ng = initial_state_grad ? st.n : rows_after_h0(sv.batch_sizes, t, d);
+    const int64_t ng = initial_state_grad ? n : rows_after_h0(sv.batch_sizes, t, d);
+    st.ng = std::clamp<int64_t>(ng - j0, 0, st.n);
     if (lstm) {
       lstm_step(st, sp);
     } else if (gru) {
@@ -719,15 +760,16 @@ struct BackwardDirection {
   }
 
   // dh_prev[:ng, ra..rb) (+)= dgr · W_hh[:, ra..rb).
-  void hidden_product(int64_t ng, const T* dgr, T beta, const Split& sp) {
-    if (ng == 0) return;
-    eng.step(ng, dgr, G, *whh, step_range(sp.nth, sp.tid, 1, 0), beta, ws.dhstate.data(), R);
+  void hidden_product(const BackwardStep<T>& st, const T* dgr, T beta, const Split& sp) {
+    if (st.ng == 0) return;
+    eng.step(st.ng, dgr, G, *whh, sp.range(1, 0), beta, ws.dhstate.data() + st.j0 * R, R);
   }
 
   // Layer 0 of a lookup: dP[v] += dg of the rows that read table row v, added
-  // step by step while the rows are in cache.
+  // step by step while the rows are in cache (by a row split's threads after
+  // the steps instead: two of them may share a table row).
   void scatter_rows(const BackwardStep<T>& st, const Split& sp) {
-    if (!lookup_layer) return;
+    if (!lookup_layer || sp.by_rows) return;
     for (int64_t j = 0; j < st.n; ++j) {
       T* dst = ws.dproj.data() + sv.lookup[static_cast<std::size_t>(st.r0 + j)] * G;
       const T* src = st.dg + j * G;
@@ -740,36 +782,69 @@ struct BackwardDirection {
     const T* dh_in = st.dh;
     int64_t ld_dh = R;
     if (proj) {  // dm = dh · W_hr
-      step_barrier(sp);
-      eng.step(st.n, st.dh, R, *whr, step_range(sp.nth, sp.tid, 1, 0), T(0), ws.dm.data(), H);
-      dh_in = ws.dm.data();
+      columns_barrier(sp);
+      T* dm = ws.dm.data() + st.j0 * H;
+      eng.step(st.n, st.dh, R, *whr, sp.range(1, 0), T(0), dm, H);
+      dh_in = dm;
       ld_dh = H;
     }
     const int64_t r0 = st.r0;
     cpu::lstm_gates_backward<T>(st.n, H, sp.a, sp.b, sd.gates.data<T>() + r0 * G,
                                 sd.c.data<T>() + r0 * H, sd.c_prev.data<T>() + r0 * H, dh_in,
-                                ld_dh, ws.dcstate.data(), st.dg, db_ih);
+                                ld_dh, ws.dcstate.data() + st.j0 * H, st.dg, bias_sums(sp, db_ih));
     scatter_rows(st, sp);
-    step_barrier(sp);
-    hidden_product(st.ng, st.dg, T(0), sp);
+    columns_barrier(sp);
+    hidden_product(st, st.dg, T(0), sp);
   }
 
   void gru_step(const BackwardStep<T>& st, const Split& sp) {
     T* dghr = ws.dgh + st.r0 * G;
     cpu::gru_gates_backward<T>(st.n, H, sp.a, sp.b, sd.gates.data<T>() + st.r0 * G,
                                sd.ghn.data<T>() + st.r0 * H, sd.h_prev.data<T>() + st.r0 * R, R,
-                               st.dh, R, st.dg, dghr, ws.dhstate.data(), db_ih, db_hh);
+                               st.dh, R, st.dg, dghr, ws.dhstate.data() + st.j0 * R,
+                               bias_sums(sp, db_ih), bias_sums(sp, db_hh));
     scatter_rows(st, sp);
-    step_barrier(sp);
-    hidden_product(st.ng, dghr, T(1), sp);
+    columns_barrier(sp);
+    hidden_product(st, dghr, T(1), sp);
   }
 
   void rnn_step(const BackwardStep<T>& st, const Split& sp) {
     cpu::rnn_gates_backward<T>(st.n, H, sp.a, sp.b, sd.gates.data<T>() + st.r0 * G, relu, st.dh,
-                               R, st.dg, db_ih);
+                               R, st.dg, bias_sums(sp, db_ih));
     scatter_rows(st, sp);
-    step_barrier(sp);
-    hidden_product(st.ng, st.dg, T(0), sp);
+    columns_barrier(sp);
+    hidden_product(st, st.dg, T(0), sp);
+  }
+
+  // Where the gate kernels add the bias gradients: a column split's threads
+  // own their columns of db; a row split's would share them, so they sum
+  // after the steps (sum_rows).
+  static T* bias_sums(const Split& sp, T* db) { return sp.by_rows ? nullptr : db; }
+
+  // A row split, after its steps: what the steps of a column split summed as
+  // they went (the bias gradients, a lookup's dP), over every row in the
+  // steps' order, so each sum adds the same terms in the same order; this
+  // thread takes its share of the G columns.
+  void sum_rows(const Split& sp) {
+    if (!sp.by_rows) return;
+#pragma omp barrier
+    int64_t a, b;
+    split_columns(G, sp.nth, sp.tid, a, b);
+    for (int64_t s = 0; s < TT; ++s) {
+      const int64_t t = d == 0 ? TT - 1 - s : s;
+      const int64_t r0 = sv.offsets[static_cast<std::size_t>(t)];
+      for (int64_t r = r0; r < r0 + sv.batch_sizes[static_cast<std::size_t>(t)]; ++r) {
+        const T* dg = ws.dg + r * G;
+        if (o.bias) add_row(dg, db_ih, a, b);
+        if (o.bias && gru) add_row(ws.dgh + r * G, db_hh, a, b);
+        if (lookup_layer) {
+          add_row(dg, ws.dproj.data() + sv.lookup[static_cast<std::size_t>(r)] * G, a, b);
+        }
+      }
+    }
+  }
+  static void add_row(const T* src, T* dst, int64_t a, int64_t b) {
+    for (int64_t c = a; c < b; ++c) dst[c] += src[c];
   }
 
   // Everything after the steps is one product (or one pass) over all rows.
@@ -802,8 +877,9 @@ struct BackwardDirection {
            const Tensor& input) {
     prepare(nt, dout_t, grad_h_n, grad_c_n);
     run_threads(nt, [&](int tid, int nth) {
-      const Split sp(tid, nth, H, o.real_hidden_size());
+      const Split sp(tid, nth, H, o.real_hidden_size(), eng.steps_by_rows());
       for (int64_t s = 0; s < TT; ++s) step(s, sp);
+      sum_rows(sp);
     });
     if (initial_state_grad) {
       const int64_t ld = l * o.num_directions() + d;

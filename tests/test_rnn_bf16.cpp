@@ -27,6 +27,7 @@
 #include "seqpack/packed_sequence.h"
 #include "seqpack/precision.h"
 #include "seqpack/rnn.h"
+#include "seqpack/threading.h"
 #include "test_util.h"
 
 namespace seqpack {
@@ -284,6 +285,111 @@ TEST(RNNBf16, FiveThousandStepsStayFinite) {
   for (const Tensor& w : g.weights) EXPECT_TRUE(finite(w));
 }
 
+
+// On two threads the bf16 engine splits each step by rows (steps_by_rows):
+// every thread multiplies its rows by all of W_hh and runs their gate math.
+// Hidden size 256 (the core splits a direction's steps from 128 units per
+// thread on), one direction (two run side by side instead), steps of odd row
+// counts and of one row (fewer rows than threads), zero-length sequences, and
+// a lookup layer whose rows share table rows across threads. Checked: the
+// results agree with one thread's, and with the float64 reference.
+struct ThreadedRun {
+  RNNForwardResult fwd;
+  RNNGradients grad;
+};
+
+ThreadedRun run_on_threads(int threads, const RNNOptions& o, const std::vector<Tensor>& weights,
+                           const Tensor& x, const std::vector<int64_t>* ids,
+                           const PackingPlan& plan, const Tensor& h0, const Tensor& c0,
+                           const Tensor& gy, const Tensor& gh) {
+  const int before = num_threads();
+  set_num_threads(threads);
+  ThreadedRun r;
+  r.fwd = ids ? rnn_forward_lookup(o, weights, x, *ids, plan, h0, c0, true, true)
+              : rnn_forward(o, weights, x, plan, h0, c0, true, true);
+  r.grad = rnn_backward(*r.fwd.saved, gy, gh, {}, /*initial_state_grad=*/true);
+  set_num_threads(before);
+  return r;
+}
+
+// max |a - b| over outputs and states; the worst gradient agreement.
+void compare_runs(const ThreadedRun& one, const ThreadedRun& two, const std::string& what,
+                  double& worst_abs, double& worst_cosine) {
+  SCOPED_TRACE(what);
+  auto forward = [&](const Tensor& a, const Tensor& b, const char* name) {
+    ASSERT_EQ(a.defined(), b.defined()) << name;
+    if (!a.defined()) return;
+    const double d = max_abs_diff(a, b);
+    EXPECT_LE(d, kForwardAbs) << name;
+    worst_abs = std::max(worst_abs, d);
+  };
+  forward(two.fwd.output, one.fwd.output, "output");
+  forward(two.fwd.h_n, one.fwd.h_n, "h_n");
+  forward(two.fwd.c_n, one.fwd.c_n, "c_n");
+  auto grad = [&](const Tensor& a, const Tensor& b, const std::string& name) {
+    const Agreement g = agreement(a, b);
+    EXPECT_GE(g.cosine, kGradCosine) << name;
+    EXPECT_LE(g.rel, kGradRel) << name;
+    worst_cosine = std::min(worst_cosine, g.cosine);
+    worst_abs = std::max(worst_abs, max_abs_diff(a, b));
+  };
+  grad(two.grad.input, one.grad.input, "grad input");
+  grad(two.grad.h0, one.grad.h0, "grad h0");
+  for (std::size_t k = 0; k < one.grad.weights.size(); ++k)
+    grad(two.grad.weights[k], one.grad.weights[k], "grad weight " + std::to_string(k));
+}
+
+TEST(RNNBf16, TwoThreadsSplitStepsByRows) {
+  SKIP_WITHOUT_BF16();
+  const int before = num_threads();
+  set_num_threads(2);
+  const int threads = num_threads();
+  set_num_threads(before);
+  if (threads < 2) GTEST_SKIP() << "OpenMP gives one thread";
+  // Batch sizes 7 6 6 5 4 3 3 3 2 1: odd, even, one row.
+  const std::vector<int64_t> lengths{9, 0, 4, 8, 1, 10, 3, 5};
+  const PackingPlan plan = PackingPlan::from_lengths(lengths, /*enforce_sorted=*/false);
+  Worst parity;
+  double worst_abs = 0, worst_cosine = 1;
+  uint64_t seed = 3000;
+  for (RNNMode mode : {RNNMode::lstm, RNNMode::gru, RNNMode::rnn_tanh}) {
+    for (int64_t layers : {1, 2}) {
+      for (bool lookup : {false, true}) {
+        RNNOptions o{.mode = mode, .input_size = 24, .hidden_size = 256, .num_layers = layers};
+        if (mode == RNNMode::lstm && layers == 2) o.proj_size = 100;
+        o.precision = Precision::bf16;
+        const std::string what = std::string(rnn_mode_name(mode)) + " L" +
+                                 std::to_string(layers) + (lookup ? " lookup" : "") + " seed " +
+                                 std::to_string(++seed);
+        std::mt19937_64 gen(seed);
+        std::vector<Tensor> weights;
+        for (const Shape& s : rnn_parameter_shapes(o)) weights.push_back(random_tensor(s, 0.0625, gen));
+        const int64_t N = plan.total_rows(), B = plan.batch(), LD = o.num_layers;
+        // A lookup reads 5 table rows, so the two threads' rows share them.
+        std::vector<int64_t> ids(static_cast<std::size_t>(N));
+        for (auto& id : ids) id = std::uniform_int_distribution<int64_t>(0, 4)(gen);
+        const Tensor x = random_tensor({lookup ? 5 : N, o.input_size}, 1.0, gen);
+        const Tensor h0 = random_tensor({LD, B, o.real_hidden_size()}, 0.5, gen);
+        const Tensor c0 = mode == RNNMode::lstm ? random_tensor({LD, B, 256}, 0.5, gen) : Tensor();
+        const Tensor gy = random_tensor({N, o.output_size()}, 1.0, gen);
+        const Tensor gh = random_tensor({LD, B, o.real_hidden_size()}, 1.0, gen);
+        const auto* idp = lookup ? &ids : nullptr;
+        const ThreadedRun one = run_on_threads(1, o, weights, x, idp, plan, h0, c0, gy, gh);
+        const ThreadedRun two = run_on_threads(2, o, weights, x, idp, plan, h0, c0, gy, gh);
+        compare_runs(one, two, what, worst_abs, worst_cosine);
+      }
+      RNNOptions o{.mode = mode, .input_size = 24, .hidden_size = 256, .num_layers = layers};
+      set_num_threads(2);
+      check_config(o, lengths, /*give_h0=*/(seed % 2) == 0, ++seed, parity);
+      set_num_threads(before);
+    }
+  }
+  std::printf("bf16, 2 threads against 1: worst |difference| %.4g, worst gradient cosine %.8f; "
+              "against the reference: worst |forward error| %.4g (%s), worst gradient cosine "
+              "%.6f (%s)\n",
+              worst_abs, worst_cosine, parity.forward, parity.forward_at.c_str(), parity.cosine,
+              parity.cosine_at.c_str());
+}
 
 // A small training run (the main job's model on a synthetic task: the class is
 // the most frequent of 4 token groups in a random sequence) reaches in bf16 the

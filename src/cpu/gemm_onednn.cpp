@@ -347,6 +347,11 @@ class OnednnEngine : public GemmEngine<float> {
     }
   }
 
+  // A column share costs one call per gate block, each staging the rows
+  // again and going through a dense buffer (above); a row share is one call
+  // per thread straight into C's rows.
+  bool steps_by_rows() const override { return true; }
+
  private:
   bool f32_, small_in_fp32_;
 };
