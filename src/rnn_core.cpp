@@ -265,24 +265,52 @@ Tensor dropout_mask(int64_t rows, int64_t cols, double p, uint64_t seed, int64_t
 // its time loop, whose body hands each step's rows to the cell's step math.
 // ---------------------------------------------------------------------------
 
+// Rows [bounds[i], bounds[i + 1]) for thread i of nt under a row split:
+// contiguous in the length-sorted order, each holding about 1/nt of the
+// tokens (row j lives in the steps t with j < bs[t]). A row is one sequence
+// from its first step to its last, so its thread owns it for the whole loop.
+std::vector<int64_t> row_bounds(const std::vector<int64_t>& bs, int64_t B, int nt) {
+  std::vector<int64_t> ending(static_cast<std::size_t>(B + 1), 0);  // steps with bs[t] = v
+  for (int64_t n : bs) ++ending[static_cast<std::size_t>(n)];
+  std::vector<int64_t> tokens(static_cast<std::size_t>(B + 1), 0);  // in rows [0, r)
+  int64_t len = static_cast<int64_t>(bs.size());                    // length of row r
+  for (int64_t r = 0; r < B; ++r) {
+    len -= ending[static_cast<std::size_t>(r)];
+    tokens[static_cast<std::size_t>(r + 1)] = tokens[static_cast<std::size_t>(r)] + len;
+  }
+  std::vector<int64_t> bounds{0};
+  for (int i = 1; i < nt; ++i) {
+    int64_t r = bounds.back();
+    while (r < B && tokens[static_cast<std::size_t>(r)] * nt < tokens.back() * i) ++r;
+    bounds.push_back(r);
+  }
+  bounds.push_back(B);
+  return bounds;
+}
+
 // This thread's share of a step among nth threads. By columns (the
 // default): hidden units [a, b) of every gate and columns [ra, rb) of h
 // (split_columns), for all of the step's rows. By rows (engines whose
-// steps_by_rows(), on several threads): every column, for the rows rows(n)
-// of a step of n rows.
+// steps_by_rows(), on several threads; `bounds` from row_bounds): every
+// column, for this thread's rows of each step, the same rows all along.
 struct Split {
   int tid = 0, nth = 1;
   bool by_rows = false;
   int64_t a = 0, b = 0, ra = 0, rb = 0;
-  Split(int tid_, int nth_, int64_t H, int64_t R, bool rows_)
-      : tid(tid_), nth(nth_), by_rows(rows_ && nth_ > 1) {
+  int64_t row0 = 0, row1 = 0;  // a row split's rows
+  Split(int tid_, int nth_, int64_t H, int64_t R, const std::vector<int64_t>& bounds)
+      : tid(tid_), nth(nth_), by_rows(!bounds.empty() && nth_ > 1) {
     split_columns(H, by_rows ? 1 : nth, by_rows ? 0 : tid, a, b);
     split_columns(R, by_rows ? 1 : nth, by_rows ? 0 : tid, ra, rb);
+    if (by_rows) {
+      row0 = bounds[static_cast<std::size_t>(tid)];
+      row1 = bounds[static_cast<std::size_t>(tid + 1)];
+    }
   }
   // This thread's rows [first, last) of a step of n rows.
   std::pair<int64_t, int64_t> rows(int64_t n) const {
     if (!by_rows) return {0, n};
-    return {n * tid / nth, n * (tid + 1) / nth};
+    return {std::min(n, row0), std::min(n, row1)};
   }
   // The engine's range (step_ranges) of this thread's columns of block q of `blocks`.
   std::size_t range(int64_t blocks, int64_t q) const {
@@ -291,16 +319,10 @@ struct Split {
 };
 
 // The threads of a column split meet inside a step (a product reads every
-// column of its rows); those of a row split meet between steps instead (a
-// row's owner changes with the step's row count, and the state rows it reads
-// were written by the previous step's owner).
+// column of its rows). Those of a row split never meet in the loop: each
+// row's state is read and written by its thread alone.
 inline void columns_barrier(const Split& sp) {
   if (sp.nth > 1 && !sp.by_rows) {
-#pragma omp barrier
-  }
-}
-inline void rows_barrier(const Split& sp) {
-  if (sp.by_rows) {
 #pragma omp barrier
   }
 }
@@ -419,10 +441,9 @@ struct ForwardDirection {
   // One step, walked by every thread on its share: by columns, one barrier
   // per step (two with a projection), since each thread multiplies all of
   // h_prev by its rows of W_hh and runs the gate math on its columns; by
-  // rows, one barrier per step, before it, and each thread's rows go through
-  // the product and the gate math on that thread alone.
+  // rows, none: each thread's rows go through the product and the gate math
+  // on that thread alone.
   void step(int64_t s, const Split& sp) {
-    rows_barrier(sp);
     // The reverse direction walks t down; rows bs[t+1]..bs[t]-1 begin there
     // and still hold h0 in the state buffer.
     const auto& bs = plan.batch_sizes();
@@ -524,8 +545,11 @@ struct ForwardDirection {
            RNNForwardResult& res) {
     project_inputs(x);
     prepare(nt, h0, c0, out);
+    const std::vector<int64_t> bounds = eng.steps_by_rows() && nt > 1
+                                            ? row_bounds(plan.batch_sizes(), B, nt)
+                                            : std::vector<int64_t>{};
     run_threads(nt, [&](int tid, int nth) {
-      const Split sp(tid, nth, H, R, eng.steps_by_rows());
+      const Split sp(tid, nth, H, R, bounds);
       for (int64_t s = 0; s < TT; ++s) step(s, sp);
     });
     const int64_t ld = l * o.num_directions() + d;
@@ -737,7 +761,6 @@ struct BackwardDirection {
 
   // Undoes the forward's order: the forward direction walks t down here.
   void step(int64_t s, const Split& sp) {
-    rows_barrier(sp);
     const int64_t t = d == 0 ? TT - 1 - s : s;
     const int64_t n = sv.batch_sizes[static_cast<std::size_t>(t)];
     const auto [j0, j1] = sp.rows(n);
@@ -876,8 +899,11 @@ struct BackwardDirection {
   void run(int nt, const Tensor& dout_t, const Tensor& grad_h_n, const Tensor& grad_c_n,
            const Tensor& input) {
     prepare(nt, dout_t, grad_h_n, grad_c_n);
+    const std::vector<int64_t> bounds = eng.steps_by_rows() && nt > 1
+                                            ? row_bounds(sv.batch_sizes, sv.batch, nt)
+                                            : std::vector<int64_t>{};
     run_threads(nt, [&](int tid, int nth) {
-      const Split sp(tid, nth, H, o.real_hidden_size(), eng.steps_by_rows());
+      const Split sp(tid, nth, H, o.real_hidden_size(), bounds);
       for (int64_t s = 0; s < TT; ++s) step(s, sp);
       sum_rows(sp);
     });

@@ -286,13 +286,14 @@ TEST(RNNBf16, FiveThousandStepsStayFinite) {
 }
 
 
-// On two threads the bf16 engine splits each step by rows (steps_by_rows):
-// every thread multiplies its rows by all of W_hh and runs their gate math.
-// Hidden size 256 (the core splits a direction's steps from 128 units per
-// thread on), one direction (two run side by side instead), steps of odd row
-// counts and of one row (fewer rows than threads), zero-length sequences, and
-// a lookup layer whose rows share table rows across threads. Checked: the
-// results agree with one thread's, and with the float64 reference.
+// On two threads the bf16 engine splits the steps by rows (steps_by_rows):
+// every thread owns whole sequences (about half of the tokens), multiplies
+// its rows by all of W_hh and runs their gate math. Hidden size 256 (the core
+// splits a direction's steps from 128 units per thread on), one direction
+// (two run side by side instead), steps of odd row counts and of one row,
+// zero-length sequences, one sequence (a thread with no rows), and a lookup
+// layer whose rows share table rows across threads. Checked: the results
+// agree with one thread's, and with the float64 reference.
 struct ThreadedRun {
   RNNForwardResult fwd;
   RNNGradients grad;
@@ -339,6 +340,48 @@ void compare_runs(const ThreadedRun& one, const ThreadedRun& two, const std::str
     grad(two.grad.weights[k], one.grad.weights[k], "grad weight " + std::to_string(k));
 }
 
+// The largest 2-thread against 1-thread differences, and the agreement
+// with the reference at 2 threads.
+struct ThreadWorst {
+  double abs = 0, cosine = 1;
+  Worst parity;
+};
+
+// One cell and depth on `lengths`: plain and lookup input on 1 and 2 threads,
+// then against the reference on 2.
+void check_two_threads(RNNMode mode, int64_t layers, const std::vector<int64_t>& lengths,
+                       uint64_t& seed, ThreadWorst& worst) {
+  const PackingPlan plan = PackingPlan::from_lengths(lengths, /*enforce_sorted=*/false);
+  RNNOptions o{.mode = mode, .input_size = 24, .hidden_size = 256, .num_layers = layers};
+  if (mode == RNNMode::lstm && layers == 2) o.proj_size = 100;
+  const int64_t N = plan.total_rows(), B = plan.batch(), LD = o.num_layers;
+  for (bool lookup : {false, true}) {
+    o.precision = Precision::bf16;
+    const std::string what = std::string(rnn_mode_name(mode)) + " L" + std::to_string(layers) +
+                             " B" + std::to_string(B) + (lookup ? " lookup" : "") + " seed " +
+                             std::to_string(++seed);
+    std::mt19937_64 gen(seed);
+    std::vector<Tensor> weights;
+    for (const Shape& s : rnn_parameter_shapes(o)) weights.push_back(random_tensor(s, 0.0625, gen));
+    // A lookup reads 5 table rows, so the two threads' rows share them.
+    std::vector<int64_t> ids(static_cast<std::size_t>(N));
+    for (auto& id : ids) id = std::uniform_int_distribution<int64_t>(0, 4)(gen);
+    const Tensor x = random_tensor({lookup ? 5 : N, o.input_size}, 1.0, gen);
+    const Tensor h0 = random_tensor({LD, B, o.real_hidden_size()}, 0.5, gen);
+    const Tensor c0 = mode == RNNMode::lstm ? random_tensor({LD, B, 256}, 0.5, gen) : Tensor();
+    const Tensor gy = random_tensor({N, o.output_size()}, 1.0, gen);
+    const Tensor gh = random_tensor({LD, B, o.real_hidden_size()}, 1.0, gen);
+    const auto* idp = lookup ? &ids : nullptr;
+    const ThreadedRun one = run_on_threads(1, o, weights, x, idp, plan, h0, c0, gy, gh);
+    const ThreadedRun two = run_on_threads(2, o, weights, x, idp, plan, h0, c0, gy, gh);
+    compare_runs(one, two, what, worst.abs, worst.cosine);
+  }
+  const int before = num_threads();
+  set_num_threads(2);
+  check_config(o, lengths, /*give_h0=*/(seed % 2) == 0, ++seed, worst.parity);
+  set_num_threads(before);
+}
+
 TEST(RNNBf16, TwoThreadsSplitStepsByRows) {
   SKIP_WITHOUT_BF16();
   const int before = num_threads();
@@ -346,49 +389,21 @@ TEST(RNNBf16, TwoThreadsSplitStepsByRows) {
   const int threads = num_threads();
   set_num_threads(before);
   if (threads < 2) GTEST_SKIP() << "OpenMP gives one thread";
-  // Batch sizes 7 6 6 5 4 3 3 3 2 1: odd, even, one row.
-  const std::vector<int64_t> lengths{9, 0, 4, 8, 1, 10, 3, 5};
-  const PackingPlan plan = PackingPlan::from_lengths(lengths, /*enforce_sorted=*/false);
-  Worst parity;
-  double worst_abs = 0, worst_cosine = 1;
+  ThreadWorst worst;
   uint64_t seed = 3000;
-  for (RNNMode mode : {RNNMode::lstm, RNNMode::gru, RNNMode::rnn_tanh}) {
-    for (int64_t layers : {1, 2}) {
-      for (bool lookup : {false, true}) {
-        RNNOptions o{.mode = mode, .input_size = 24, .hidden_size = 256, .num_layers = layers};
-        if (mode == RNNMode::lstm && layers == 2) o.proj_size = 100;
-        o.precision = Precision::bf16;
-        const std::string what = std::string(rnn_mode_name(mode)) + " L" +
-                                 std::to_string(layers) + (lookup ? " lookup" : "") + " seed " +
-                                 std::to_string(++seed);
-        std::mt19937_64 gen(seed);
-        std::vector<Tensor> weights;
-        for (const Shape& s : rnn_parameter_shapes(o)) weights.push_back(random_tensor(s, 0.0625, gen));
-        const int64_t N = plan.total_rows(), B = plan.batch(), LD = o.num_layers;
-        // A lookup reads 5 table rows, so the two threads' rows share them.
-        std::vector<int64_t> ids(static_cast<std::size_t>(N));
-        for (auto& id : ids) id = std::uniform_int_distribution<int64_t>(0, 4)(gen);
-        const Tensor x = random_tensor({lookup ? 5 : N, o.input_size}, 1.0, gen);
-        const Tensor h0 = random_tensor({LD, B, o.real_hidden_size()}, 0.5, gen);
-        const Tensor c0 = mode == RNNMode::lstm ? random_tensor({LD, B, 256}, 0.5, gen) : Tensor();
-        const Tensor gy = random_tensor({N, o.output_size()}, 1.0, gen);
-        const Tensor gh = random_tensor({LD, B, o.real_hidden_size()}, 1.0, gen);
-        const auto* idp = lookup ? &ids : nullptr;
-        const ThreadedRun one = run_on_threads(1, o, weights, x, idp, plan, h0, c0, gy, gh);
-        const ThreadedRun two = run_on_threads(2, o, weights, x, idp, plan, h0, c0, gy, gh);
-        compare_runs(one, two, what, worst_abs, worst_cosine);
-      }
-      RNNOptions o{.mode = mode, .input_size = 24, .hidden_size = 256, .num_layers = layers};
-      set_num_threads(2);
-      check_config(o, lengths, /*give_h0=*/(seed % 2) == 0, ++seed, parity);
-      set_num_threads(before);
-    }
-  }
+  // Batch sizes 7 6 6 5 4 3 3 3 2 1: odd, even, one row.
+  for (RNNMode mode : {RNNMode::lstm, RNNMode::gru, RNNMode::rnn_tanh})
+    for (int64_t layers : {1, 2})
+      check_two_threads(mode, layers, {9, 0, 4, 8, 1, 10, 3, 5}, seed, worst);
+  // One sequence (the second thread has no rows); one beside a zero-length one.
+  for (const std::vector<int64_t>& lengths : {std::vector<int64_t>{6}, std::vector<int64_t>{0, 5}})
+    for (int64_t layers : {1, 2}) check_two_threads(RNNMode::lstm, layers, lengths, seed, worst);
+  const Worst& p = worst.parity;
   std::printf("bf16, 2 threads against 1: worst |difference| %.4g, worst gradient cosine %.8f; "
               "against the reference: worst |forward error| %.4g (%s), worst gradient cosine "
               "%.6f (%s)\n",
-              worst_abs, worst_cosine, parity.forward, parity.forward_at.c_str(), parity.cosine,
-              parity.cosine_at.c_str());
+              worst.abs, worst.cosine, p.forward, p.forward_at.c_str(), p.cosine,
+              p.cosine_at.c_str());
 }
 
 // A small training run (the main job's model on a synthetic task: the class is
