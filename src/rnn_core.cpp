@@ -671,6 +671,7 @@ RNNForwardResult forward_impl(const RNNOptions& o, const std::vector<Tensor>& we
 template <typename T>
 struct BackwardWorkspace {
   std::vector<T> dhstate, dcstate, dm, dhtot, dproj;
+  std::vector<T> db_parts;  // a row split: threads 1.. sum their bias gradients here
   Tensor dg_t, dgh_t;
   T* dg = nullptr;   // [N, G] gradient of the gate pre-activations (GRU: input side)
   T* dgh = nullptr;  // GRU: [N, G] gradient of W_h h_prev + b_h; else = dg
@@ -814,7 +815,8 @@ struct BackwardDirection {
     const int64_t r0 = st.r0;
     cpu::lstm_gates_backward<T>(st.n, H, sp.a, sp.b, sd.gates.data<T>() + r0 * G,
                                 sd.c.data<T>() + r0 * H, sd.c_prev.data<T>() + r0 * H, dh_in,
-                                ld_dh, ws.dcstate.data() + st.j0 * H, st.dg, bias_sums(sp, db_ih));
+                                ld_dh, ws.dcstate.data() + st.j0 * H, st.dg,
+                                bias_sums(sp, db_ih));
     scatter_rows(st, sp);
     columns_barrier(sp);
     hidden_product(st, st.dg, T(0), sp);
@@ -839,17 +841,28 @@ struct BackwardDirection {
     hidden_product(st, st.dg, T(0), sp);
   }
 
-  // Where the gate kernels add the bias gradients: a column split's threads
-  // own their columns of db; a row split's would share them, so they sum
-  // after the steps (sum_rows).
-  static T* bias_sums(const Split& sp, T* db) { return sp.by_rows ? nullptr : db; }
+  // Where the gate kernels add the bias gradients (db_ih or db_hh): a column
+  // split's threads own their columns of db; a row split's threads past the
+  // first sum their rows apart (db_parts), added after the steps.
+  T* bias_sums(const Split& sp, T* db) {
+    if (!sp.by_rows || sp.tid == 0 || !db) return db;
+    const int64_t which = db == db_hh ? 1 : 0;
+    return ws.db_parts.data() + ((sp.tid - 1) * 2 + which) * G;
+  }
+  void add_bias_parts(int nt) {
+    for (int i = 0; i + 1 < nt && o.bias; ++i) {
+      const T* part = ws.db_parts.data() + i * 2 * G;
+      for (int64_t c = 0; c < G; ++c) db_ih[c] += part[c];
+      for (int64_t c = 0; c < G && gru; ++c) db_hh[c] += part[G + c];
+    }
+  }
 
-  // A row split, after its steps: what the steps of a column split summed as
-  // they went (the bias gradients, a lookup's dP), over every row in the
-  // steps' order, so each sum adds the same terms in the same order; this
-  // thread takes its share of the G columns.
-  void sum_rows(const Split& sp) {
-    if (!sp.by_rows) return;
+  // Layer 0 of a lookup under a row split, after its steps: dP summed as the
+  // steps of a column split sum it, over every row in the steps' order (the
+  // same terms in the same order); this thread takes its share of the G
+  // columns.
+  void scatter_after_steps(const Split& sp) {
+    if (!sp.by_rows || !lookup_layer) return;
 #pragma omp barrier
     int64_t a, b;
     split_columns(G, sp.nth, sp.tid, a, b);
@@ -857,17 +870,11 @@ struct BackwardDirection {
       const int64_t t = d == 0 ? TT - 1 - s : s;
       const int64_t r0 = sv.offsets[static_cast<std::size_t>(t)];
       for (int64_t r = r0; r < r0 + sv.batch_sizes[static_cast<std::size_t>(t)]; ++r) {
-        const T* dg = ws.dg + r * G;
-        if (o.bias) add_row(dg, db_ih, a, b);
-        if (o.bias && gru) add_row(ws.dgh + r * G, db_hh, a, b);
-        if (lookup_layer) {
-          add_row(dg, ws.dproj.data() + sv.lookup[static_cast<std::size_t>(r)] * G, a, b);
-        }
+        const T* src = ws.dg + r * G;
+        T* dst = ws.dproj.data() + sv.lookup[static_cast<std::size_t>(r)] * G;
+        for (int64_t c = a; c < b; ++c) dst[c] += src[c];
       }
     }
-  }
-  static void add_row(const T* src, T* dst, int64_t a, int64_t b) {
-    for (int64_t c = a; c < b; ++c) dst[c] += src[c];
   }
 
   // Everything after the steps is one product (or one pass) over all rows.
@@ -902,11 +909,13 @@ struct BackwardDirection {
     const std::vector<int64_t> bounds = eng.steps_by_rows() && nt > 1
                                             ? row_bounds(sv.batch_sizes, sv.batch, nt)
                                             : std::vector<int64_t>{};
+    if (!bounds.empty()) ws.db_parts.assign(static_cast<std::size_t>((nt - 1) * 2 * G), T(0));
     run_threads(nt, [&](int tid, int nth) {
       const Split sp(tid, nth, H, o.real_hidden_size(), bounds);
       for (int64_t s = 0; s < TT; ++s) step(s, sp);
-      sum_rows(sp);
+      scatter_after_steps(sp);
     });
+    if (!bounds.empty()) add_bias_parts(nt);
     if (initial_state_grad) {
       const int64_t ld = l * o.num_directions() + d;
       store_state(g.h0, ws.dhstate.data(), ld, sv.sorted_indices, R);

@@ -293,7 +293,11 @@ TEST(RNNBf16, FiveThousandStepsStayFinite) {
 // (two run side by side instead), steps of odd row counts and of one row,
 // zero-length sequences, one sequence (a thread with no rows), and a lookup
 // layer whose rows share table rows across threads. Checked: the results
-// agree with one thread's, and with the float64 reference.
+// agree with one thread's (each row goes through the same products and gate
+// math; only the bias gradients are summed in another order, per thread and
+// then across), and with the float64 reference.
+constexpr double kThreadsForwardAbs = 1e-5;
+constexpr double kThreadsGradRel = 1e-4;
 struct ThreadedRun {
   RNNForwardResult fwd;
   RNNGradients grad;
@@ -313,15 +317,15 @@ ThreadedRun run_on_threads(int threads, const RNNOptions& o, const std::vector<T
   return r;
 }
 
-// max |a - b| over outputs and states; the worst gradient agreement.
+// max |a - b| over outputs, states and gradients; the worst relative gradient difference.
 void compare_runs(const ThreadedRun& one, const ThreadedRun& two, const std::string& what,
-                  double& worst_abs, double& worst_cosine) {
+                  double& worst_abs, double& worst_rel) {
   SCOPED_TRACE(what);
   auto forward = [&](const Tensor& a, const Tensor& b, const char* name) {
     ASSERT_EQ(a.defined(), b.defined()) << name;
     if (!a.defined()) return;
     const double d = max_abs_diff(a, b);
-    EXPECT_LE(d, kForwardAbs) << name;
+    EXPECT_LE(d, kThreadsForwardAbs) << name;
     worst_abs = std::max(worst_abs, d);
   };
   forward(two.fwd.output, one.fwd.output, "output");
@@ -329,9 +333,8 @@ void compare_runs(const ThreadedRun& one, const ThreadedRun& two, const std::str
   forward(two.fwd.c_n, one.fwd.c_n, "c_n");
   auto grad = [&](const Tensor& a, const Tensor& b, const std::string& name) {
     const Agreement g = agreement(a, b);
-    EXPECT_GE(g.cosine, kGradCosine) << name;
-    EXPECT_LE(g.rel, kGradRel) << name;
-    worst_cosine = std::min(worst_cosine, g.cosine);
+    EXPECT_LE(g.rel, kThreadsGradRel) << name;
+    worst_rel = std::max(worst_rel, g.rel);
     worst_abs = std::max(worst_abs, max_abs_diff(a, b));
   };
   grad(two.grad.input, one.grad.input, "grad input");
@@ -343,7 +346,7 @@ void compare_runs(const ThreadedRun& one, const ThreadedRun& two, const std::str
 // The largest 2-thread against 1-thread differences, and the agreement
 // with the reference at 2 threads.
 struct ThreadWorst {
-  double abs = 0, cosine = 1;
+  double abs = 0, rel = 0;
   Worst parity;
 };
 
@@ -374,7 +377,7 @@ void check_two_threads(RNNMode mode, int64_t layers, const std::vector<int64_t>&
     const auto* idp = lookup ? &ids : nullptr;
     const ThreadedRun one = run_on_threads(1, o, weights, x, idp, plan, h0, c0, gy, gh);
     const ThreadedRun two = run_on_threads(2, o, weights, x, idp, plan, h0, c0, gy, gh);
-    compare_runs(one, two, what, worst.abs, worst.cosine);
+    compare_runs(one, two, what, worst.abs, worst.rel);
   }
   const int before = num_threads();
   set_num_threads(2);
@@ -399,10 +402,11 @@ TEST(RNNBf16, TwoThreadsSplitStepsByRows) {
   for (const std::vector<int64_t>& lengths : {std::vector<int64_t>{6}, std::vector<int64_t>{0, 5}})
     for (int64_t layers : {1, 2}) check_two_threads(RNNMode::lstm, layers, lengths, seed, worst);
   const Worst& p = worst.parity;
-  std::printf("bf16, 2 threads against 1: worst |difference| %.4g, worst gradient cosine %.8f; "
+  std::printf("bf16, 2 threads against 1: worst |difference| %.4g, worst relative gradient "
+              "difference %.3g; "
               "against the reference: worst |forward error| %.4g (%s), worst gradient cosine "
               "%.6f (%s)\n",
-              worst.abs, worst.cosine, p.forward, p.forward_at.c_str(), p.cosine,
+              worst.abs, worst.rel, p.forward, p.forward_at.c_str(), p.cosine,
               p.cosine_at.c_str());
 }
 
