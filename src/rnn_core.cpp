@@ -24,7 +24,8 @@
 // product goes through the call's GEMM engine (cpu/gemm_engine.h), chosen
 // from the dtype and RNNOptions::precision: a precision is an engine, and
 // nothing here knows which one runs. Threading (two directions side by side,
-// or one direction's columns split over threads) and the embedding-lookup
+// or one direction's columns split over threads, or its sequences where the
+// engine prefers rows: GemmEngine::steps_by_rows) and the embedding-lookup
 // fusion are properties of the loop, not of the cells.
 #include <omp.h>
 

@@ -9,7 +9,9 @@
 //   prepare()/step()  the per-step products of a step's live rows with one weight
 //                     matrix (W_hh, W_hr): the matrix is laid out once per call
 //                     (layer and direction) for the column ranges the threads
-//                     will ask for, then multiplied by 1..batch rows per step.
+//                     will ask for (one range, all columns, when the threads
+//                     split the rows: steps_by_rows()), then multiplied by
+//                     1..batch rows per step.
 //
 // Engines:
 //   f64        BLAS (dgemm) for everything: the float64 path the gradient checks use;
