@@ -138,8 +138,10 @@ void check_weights(const RNNOptions& o, const std::vector<Tensor>& weights) {
 // least 128 hidden units per thread. Below that the per-step barriers cost more
 // than the split saves (and on a loaded machine a barrier waiting for a
 // descheduled thread costs far more: rnn-tanh-tiny, H = 64, ran 2000x slower
-// on two threads with 32 units each).
-int step_threads(int64_t H) {
+// on two threads with 32 units each). A row split (by_rows) has no barrier
+// in its steps: every thread.
+int step_threads(int64_t H, bool by_rows) {
+  if (by_rows) return omp_get_max_threads();
   const int64_t by_width = std::max<int64_t>(1, H / 128);
   return static_cast<int>(std::min<int64_t>(omp_get_max_threads(), by_width));
 }
@@ -638,7 +640,7 @@ RNNForwardResult forward_impl(const RNNOptions& o, const std::vector<Tensor>& we
     ws.bias.resize(static_cast<std::size_t>(G));
     ws.proj.resize(lookup ? static_cast<std::size_t>(data.size(0) * G) : 0);
   }
-  const int nt = step_threads(H);
+  const int nt = step_threads(H, eng.steps_by_rows());
   Tensor layer_in = data;
   for (int64_t l = 0; l < L; ++l) {
     RNNSaved::Layer sl;
@@ -967,7 +969,7 @@ RNNGradients backward_impl(const RNNSaved& sv, const Tensor& grad_output, const 
     if (o.mode == RNNMode::lstm) g.c0 = cpu::pooled_empty({L * D, B, H}, o.dtype);
   }
   std::vector<BackwardWorkspace<T>> wss = backward_workspaces<T>(sv);
-  const int nt = step_threads(H);
+  const int nt = step_threads(H, eng.steps_by_rows());
 
   Tensor dout = grad_output;  // gradient of this layer's output rows, or undefined
   for (int64_t l = L - 1; l >= 0; --l) {

@@ -288,9 +288,9 @@ TEST(RNNBf16, FiveThousandStepsStayFinite) {
 
 // On two threads the bf16 engine splits the steps by rows (steps_by_rows):
 // every thread owns whole sequences (about half of the tokens), multiplies
-// its rows by all of W_hh and runs their gate math. Hidden size 256 (the core
-// splits a direction's steps from 128 units per thread on), one direction
-// (two run side by side instead), steps of odd row counts and of one row,
+// its rows by all of W_hh and runs their gate math. Hidden sizes 256 and 40
+// (whose step products the engine runs in fp32), one direction (two run side
+// by side instead), steps of odd row counts and of one row,
 // zero-length sequences, one sequence (a thread with no rows), and a lookup
 // layer whose rows share table rows across threads. Checked: the results
 // agree with one thread's (each row goes through the same products and gate
@@ -352,17 +352,17 @@ struct ThreadWorst {
 
 // One cell and depth on `lengths`: plain and lookup input on 1 and 2 threads,
 // then against the reference on 2.
-void check_two_threads(RNNMode mode, int64_t layers, const std::vector<int64_t>& lengths,
-                       uint64_t& seed, ThreadWorst& worst) {
+void check_two_threads(RNNMode mode, int64_t layers, int64_t H,
+                       const std::vector<int64_t>& lengths, uint64_t& seed, ThreadWorst& worst) {
   const PackingPlan plan = PackingPlan::from_lengths(lengths, /*enforce_sorted=*/false);
-  RNNOptions o{.mode = mode, .input_size = 24, .hidden_size = 256, .num_layers = layers};
-  if (mode == RNNMode::lstm && layers == 2) o.proj_size = 100;
+  RNNOptions o{.mode = mode, .input_size = 24, .hidden_size = H, .num_layers = layers};
+  if (mode == RNNMode::lstm && layers == 2) o.proj_size = H / 2 - 3;
   const int64_t N = plan.total_rows(), B = plan.batch(), LD = o.num_layers;
   for (bool lookup : {false, true}) {
     o.precision = Precision::bf16;
-    const std::string what = std::string(rnn_mode_name(mode)) + " L" + std::to_string(layers) +
-                             " B" + std::to_string(B) + (lookup ? " lookup" : "") + " seed " +
-                             std::to_string(++seed);
+    const std::string what = std::string(rnn_mode_name(mode)) + " H" + std::to_string(H) + " L" +
+                             std::to_string(layers) + " B" + std::to_string(B) +
+                             (lookup ? " lookup" : "") + " seed " + std::to_string(++seed);
     std::mt19937_64 gen(seed);
     std::vector<Tensor> weights;
     for (const Shape& s : rnn_parameter_shapes(o)) weights.push_back(random_tensor(s, 0.0625, gen));
@@ -371,7 +371,7 @@ void check_two_threads(RNNMode mode, int64_t layers, const std::vector<int64_t>&
     for (auto& id : ids) id = std::uniform_int_distribution<int64_t>(0, 4)(gen);
     const Tensor x = random_tensor({lookup ? 5 : N, o.input_size}, 1.0, gen);
     const Tensor h0 = random_tensor({LD, B, o.real_hidden_size()}, 0.5, gen);
-    const Tensor c0 = mode == RNNMode::lstm ? random_tensor({LD, B, 256}, 0.5, gen) : Tensor();
+    const Tensor c0 = mode == RNNMode::lstm ? random_tensor({LD, B, H}, 0.5, gen) : Tensor();
     const Tensor gy = random_tensor({N, o.output_size()}, 1.0, gen);
     const Tensor gh = random_tensor({LD, B, o.real_hidden_size()}, 1.0, gen);
     const auto* idp = lookup ? &ids : nullptr;
@@ -395,12 +395,14 @@ TEST(RNNBf16, TwoThreadsSplitStepsByRows) {
   ThreadWorst worst;
   uint64_t seed = 3000;
   // Batch sizes 7 6 6 5 4 3 3 3 2 1: odd, even, one row.
-  for (RNNMode mode : {RNNMode::lstm, RNNMode::gru, RNNMode::rnn_tanh})
-    for (int64_t layers : {1, 2})
-      check_two_threads(mode, layers, {9, 0, 4, 8, 1, 10, 3, 5}, seed, worst);
+  for (int64_t H : {256, 40})
+    for (RNNMode mode : {RNNMode::lstm, RNNMode::gru, RNNMode::rnn_tanh})
+      for (int64_t layers : {1, 2})
+        check_two_threads(mode, layers, H, {9, 0, 4, 8, 1, 10, 3, 5}, seed, worst);
   // One sequence (the second thread has no rows); one beside a zero-length one.
   for (const std::vector<int64_t>& lengths : {std::vector<int64_t>{6}, std::vector<int64_t>{0, 5}})
-    for (int64_t layers : {1, 2}) check_two_threads(RNNMode::lstm, layers, lengths, seed, worst);
+    for (int64_t layers : {1, 2})
+      check_two_threads(RNNMode::lstm, layers, 256, lengths, seed, worst);
   const Worst& p = worst.parity;
   std::printf("bf16, 2 threads against 1: worst |difference| %.4g, worst relative gradient "
               "difference %.3g; "
