@@ -25,7 +25,7 @@
 // from the dtype and RNNOptions::precision: a precision is an engine, and
 // nothing here knows which one runs. Threading (two directions side by side,
 // or one direction's columns split over threads, or its sequences where the
-// engine prefers rows: GemmEngine::steps_by_rows) and the embedding-lookup
+// engine prefers rows: rows_split) and the embedding-lookup
 // fusion are properties of the loop, not of the cells.
 #include <omp.h>
 
@@ -184,6 +184,13 @@ const cpu::GemmEngine<T>& engine_for(const RNNOptions& o) {
   }
 }
 
+// Whether a direction's threads split its steps by rows (whole sequences per
+// thread) rather than by columns: the engine's choice for W_hh [R, G].
+template <typename T>
+bool rows_split(const cpu::GemmEngine<T>& eng, const RNNOptions& o) {
+  return eng.steps_by_rows(o.real_hidden_size(), o.gate_count() * o.hidden_size);
+}
+
 // Column ranges of a per-step product over `blocks` blocks of `width`
 // columns: index 0 is all of them (one thread); then, for each thread of
 // `nt`, its share [a, b) of every block (split_columns), so that thread tid's
@@ -294,7 +301,7 @@ std::vector<int64_t> row_bounds(const std::vector<int64_t>& bs, int64_t B, int n
 // This thread's share of a step among nth threads. By columns (the
 // default): hidden units [a, b) of every gate and columns [ra, rb) of h
 // (split_columns), for all of the step's rows. By rows (engines whose
-// steps_by_rows(), on several threads; `bounds` from row_bounds): every
+// rows_split, on several threads; `bounds` from row_bounds): every
 // column, for this thread's rows of each step, the same rows all along.
 struct Split {
   int tid = 0, nth = 1;
@@ -432,7 +439,7 @@ struct ForwardDirection {
         ghn = sd.ghn.data<T>();
       }
     }
-    const int nc = eng.steps_by_rows() ? 1 : nt;  // threads sharing the columns
+    const int nc = rows_split(eng, o) ? 1 : nt;  // threads sharing the columns
     whh = eng.prepare(w.w_hh, /*trans_b=*/true, R, G, R, step_ranges(H, G / H, nc));
     if (proj) whr = eng.prepare(w.w_hr, /*trans_b=*/true, H, R, H, step_ranges(R, 1, nc));
     const int64_t ld = l * o.num_directions() + d;
@@ -548,7 +555,7 @@ struct ForwardDirection {
            RNNForwardResult& res) {
     project_inputs(x);
     prepare(nt, h0, c0, out);
-    const std::vector<int64_t> bounds = eng.steps_by_rows() && nt > 1
+    const std::vector<int64_t> bounds = rows_split(eng, o) && nt > 1
                                             ? row_bounds(plan.batch_sizes(), B, nt)
                                             : std::vector<int64_t>{};
     run_threads(nt, [&](int tid, int nth) {
@@ -640,7 +647,7 @@ RNNForwardResult forward_impl(const RNNOptions& o, const std::vector<Tensor>& we
     ws.bias.resize(static_cast<std::size_t>(G));
     ws.proj.resize(lookup ? static_cast<std::size_t>(data.size(0) * G) : 0);
   }
-  const int nt = step_threads(H, eng.steps_by_rows());
+  const int nt = step_threads(H, rows_split(eng, o));
   Tensor layer_in = data;
   for (int64_t l = 0; l < L; ++l) {
     RNNSaved::Layer sl;
@@ -728,7 +735,7 @@ struct BackwardDirection {
       std::fill(db_ih, db_ih + G, T(0));
       std::fill(db_hh, db_hh + G, T(0));
     }
-    const int nc = eng.steps_by_rows() ? 1 : nt;  // threads sharing the columns
+    const int nc = rows_split(eng, o) ? 1 : nt;  // threads sharing the columns
     whh = eng.prepare(w.w_hh, /*trans_b=*/false, G, R, R, step_ranges(R, 1, nc));
     if (proj) whr = eng.prepare(w.w_hr, /*trans_b=*/false, R, H, H, step_ranges(H, 1, nc));
     const int64_t ld = l * o.num_directions() + d;
@@ -909,7 +916,7 @@ struct BackwardDirection {
   void run(int nt, const Tensor& dout_t, const Tensor& grad_h_n, const Tensor& grad_c_n,
            const Tensor& input) {
     prepare(nt, dout_t, grad_h_n, grad_c_n);
-    const std::vector<int64_t> bounds = eng.steps_by_rows() && nt > 1
+    const std::vector<int64_t> bounds = rows_split(eng, o) && nt > 1
                                             ? row_bounds(sv.batch_sizes, sv.batch, nt)
                                             : std::vector<int64_t>{};
     if (!bounds.empty()) ws.db_parts.assign(static_cast<std::size_t>((nt - 1) * 2 * G), T(0));
@@ -969,7 +976,7 @@ RNNGradients backward_impl(const RNNSaved& sv, const Tensor& grad_output, const 
     if (o.mode == RNNMode::lstm) g.c0 = cpu::pooled_empty({L * D, B, H}, o.dtype);
   }
   std::vector<BackwardWorkspace<T>> wss = backward_workspaces<T>(sv);
-  const int nt = step_threads(H, eng.steps_by_rows());
+  const int nt = step_threads(H, rows_split(eng, o));
 
   Tensor dout = grad_output;  // gradient of this layer's output rows, or undefined
   for (int64_t l = L - 1; l >= 0; --l) {

@@ -289,8 +289,9 @@ TEST(RNNBf16, FiveThousandStepsStayFinite) {
 // On two threads the bf16 engine splits the steps by rows (steps_by_rows):
 // every thread owns whole sequences (about half of the tokens), multiplies
 // its rows by all of W_hh and runs their gate math. Hidden sizes 256 and 40
-// (whose step products the engine runs in fp32), one direction (two run side
-// by side instead), steps of odd row counts and of one row,
+// (whose step products the engine runs in fp32), and an LSTM of 512 whose
+// W_hh (2 MB in bf16) the threads split by columns instead; one direction
+// (two run side by side instead), steps of odd row counts and of one row,
 // zero-length sequences, one sequence (a thread with no rows), and a lookup
 // layer whose rows share table rows across threads. Checked: the results
 // agree with one thread's (each row goes through the same products and gate
@@ -399,6 +400,7 @@ TEST(RNNBf16, TwoThreadsSplitStepsByRows) {
     for (RNNMode mode : {RNNMode::lstm, RNNMode::gru, RNNMode::rnn_tanh})
       for (int64_t layers : {1, 2})
         check_two_threads(mode, layers, H, {9, 0, 4, 8, 1, 10, 3, 5}, seed, worst);
+  check_two_threads(RNNMode::lstm, 1, 512, {9, 0, 4, 8, 1, 10, 3, 5}, seed, worst);
   // One sequence (the second thread has no rows); one beside a zero-length one.
   for (const std::vector<int64_t>& lengths : {std::vector<int64_t>{6}, std::vector<int64_t>{0, 5}})
     for (int64_t layers : {1, 2})
