@@ -24,7 +24,8 @@
 // product goes through the call's GEMM engine (cpu/gemm_engine.h), chosen
 // from the dtype and RNNOptions::precision: a precision is an engine, and
 // nothing here knows which one runs. Threading (two directions side by side,
-// or one direction's columns split over threads) and the embedding-lookup
+// or one direction's columns split over threads, or its sequences where the
+// engine prefers rows: rows_split) and the embedding-lookup
 // fusion are properties of the loop, not of the cells.
 #include <omp.h>
 
@@ -139,8 +140,10 @@ void check_weights(const RNNOptions& o, const std::vector<Tensor>& weights) {
 // least 128 hidden units per thread. Below that the per-step barriers cost more
 // than the split saves (and on a loaded machine a barrier waiting for a
 // descheduled thread costs far more: rnn-tanh-tiny, H = 64, ran 2000x slower
-// on two threads with 32 units each).
-int step_threads(int64_t H) {
+// on two threads with 32 units each). A row split (by_rows) has no barrier
+// in its steps: every thread.
+int step_threads(int64_t H, bool by_rows) {
+  if (by_rows) return omp_get_max_threads();
   const int64_t by_width = std::max<int64_t>(1, H / 128);
   return static_cast<int>(std::min<int64_t>(omp_get_max_threads(), by_width));
 }
@@ -181,6 +184,13 @@ const cpu::GemmEngine<T>& engine_for(const RNNOptions& o) {
   } else {
     return cpu::gemm_engine_f64();
   }
+}
+
+// Whether a direction's threads split its steps by rows (whole sequences per
+// thread) rather than by columns: the engine's choice for W_hh [R, G].
+template <typename T>
+bool rows_split(const cpu::GemmEngine<T>& eng, const RNNOptions& o) {
+  return eng.steps_by_rows(o.real_hidden_size(), o.gate_count() * o.hidden_size);
 }
 
 // Column ranges of a per-step product over `blocks` blocks of `width`
@@ -267,19 +277,64 @@ Tensor dropout_mask(int64_t rows, int64_t cols, double p, uint64_t seed, int64_t
 // its time loop, whose body hands each step's rows to the cell's step math.
 // ---------------------------------------------------------------------------
 
-// This thread's share of a step: hidden units [a, b) of every gate and
-// columns [ra, rb) of h (split_columns), among nth threads.
+// Rows [bounds[i], bounds[i + 1]) for thread i of nt under a row split:
+// contiguous in the length-sorted order, each holding about 1/nt of the
+// tokens (row j lives in the steps t with j < bs[t]). A row is one sequence
+// from its first step to its last, so its thread owns it for the whole loop.
+std::vector<int64_t> row_bounds(const std::vector<int64_t>& bs, int64_t B, int nt) {
+  std::vector<int64_t> ending(static_cast<std::size_t>(B + 1), 0);  // steps with bs[t] = v
+  for (int64_t n : bs) ++ending[static_cast<std::size_t>(n)];
+  std::vector<int64_t> tokens(static_cast<std::size_t>(B + 1), 0);  // in rows [0, r)
+  int64_t len = static_cast<int64_t>(bs.size());                    // length of row r
+  for (int64_t r = 0; r < B; ++r) {
+    len -= ending[static_cast<std::size_t>(r)];
+    tokens[static_cast<std::size_t>(r + 1)] = tokens[static_cast<std::size_t>(r)] + len;
+  }
+  std::vector<int64_t> bounds{0};
+  for (int i = 1; i < nt; ++i) {
+    int64_t r = bounds.back();
+    while (r < B && tokens[static_cast<std::size_t>(r)] * nt < tokens.back() * i) ++r;
+    bounds.push_back(r);
+  }
+  bounds.push_back(B);
+  return bounds;
+}
+
+// This thread's share of a step among nth threads. By columns (the
+// default): hidden units [a, b) of every gate and columns [ra, rb) of h
+// (split_columns), for all of the step's rows. By rows (engines whose
+// rows_split, on several threads; `bounds` from row_bounds): every
+// column, for this thread's rows of each step, the same rows all along.
 struct Split {
   int tid = 0, nth = 1;
+  bool by_rows = false;
   int64_t a = 0, b = 0, ra = 0, rb = 0;
-  Split(int tid_, int nth_, int64_t H, int64_t R) : tid(tid_), nth(nth_) {
-    split_columns(H, nth, tid, a, b);
-    split_columns(R, nth, tid, ra, rb);
+  int64_t row0 = 0, row1 = 0;  // a row split's rows
+  Split(int tid_, int nth_, int64_t H, int64_t R, const std::vector<int64_t>& bounds)
+      : tid(tid_), nth(nth_), by_rows(!bounds.empty() && nth_ > 1) {
+    split_columns(H, by_rows ? 1 : nth, by_rows ? 0 : tid, a, b);
+    split_columns(R, by_rows ? 1 : nth, by_rows ? 0 : tid, ra, rb);
+    if (by_rows) {
+      row0 = bounds[static_cast<std::size_t>(tid)];
+      row1 = bounds[static_cast<std::size_t>(tid + 1)];
+    }
+  }
+  // This thread's rows [first, last) of a step of n rows.
+  std::pair<int64_t, int64_t> rows(int64_t n) const {
+    if (!by_rows) return {0, n};
+    return {std::min(n, row0), std::min(n, row1)};
+  }
+  // The engine's range (step_ranges) of this thread's columns of block q of `blocks`.
+  std::size_t range(int64_t blocks, int64_t q) const {
+    return by_rows ? 0 : step_range(nth, tid, blocks, q);
   }
 };
 
-inline void step_barrier(const Split& sp) {
-  if (sp.nth > 1) {
+// The threads of a column split meet inside a step (a product reads every
+// column of its rows). Those of a row split never meet in the loop: each
+// row's state is read and written by its thread alone.
+inline void columns_barrier(const Split& sp) {
+  if (sp.nth > 1 && !sp.by_rows) {
 #pragma omp barrier
   }
 }
@@ -295,9 +350,10 @@ struct ForwardWorkspace {
 // The rows of one step, as the cells see them.
 template <typename T>
 struct ForwardStep {
-  int64_t n = 0;      // live rows
+  int64_t n = 0;      // live rows (of this thread, under a row split)
   int64_t ng = 0;     // rows whose h_prev is not the zero h0 (the product's rows)
   int64_t r0 = 0;     // first packed row
+  int64_t j0 = 0;     // first state row (row split: > 0 past the first thread)
   T* g = nullptr;     // gate rows [n, G]: X·W_ihᵀ + b on entry
   T* out = nullptr;   // output rows, stride ldo
   const T* h_prev = nullptr;            // [n, R]
@@ -390,8 +446,9 @@ struct ForwardDirection {
         ghn = sd.ghn.data<T>();
       }
     }
-    whh = eng.prepare(w.w_hh, /*trans_b=*/true, R, G, R, step_ranges(H, G / H, nt));
-    if (proj) whr = eng.prepare(w.w_hr, /*trans_b=*/true, H, R, H, step_ranges(R, 1, nt));
+    const int nc = rows_split(eng, o) ? 1 : nt;  // threads sharing the columns
+    whh = eng.prepare(w.w_hh, /*trans_b=*/true, R, G, R, step_ranges(H, G / H, nc));
+    if (proj) whr = eng.prepare(w.w_hr, /*trans_b=*/true, H, R, H, step_ranges(R, 1, nc));
     const int64_t ld = l * o.num_directions() + d;
     load_state(ws.hstate.data(), h0, ld, plan.sorted_indices(), R);
     if (lstm) load_state(ws.cstate.data(), c0, ld, plan.sorted_indices(), H);
@@ -402,30 +459,37 @@ struct ForwardDirection {
     outp = out.data<T>() + d * R;
   }
 
-  // One step, walked by every thread on its columns: one barrier per step
-  // (two with a projection), since each thread multiplies all of h_prev by
-  // its rows of W_hh and runs the gate math on its columns.
+  // One step, walked by every thread on its share: by columns, one barrier
+  // per step (two with a projection), since each thread multiplies all of
+  // h_prev by its rows of W_hh and runs the gate math on its columns; by
+  // rows, none: each thread's rows go through the product and the gate math
+  // on that thread alone.
   void step(int64_t s, const Split& sp) {
     // The reverse direction walks t down; rows bs[t+1]..bs[t]-1 begin there
     // and still hold h0 in the state buffer.
     const auto& bs = plan.batch_sizes();
     const int64_t t = d == 0 ? s : TT - 1 - s;
+    const auto [j0, j1] = sp.rows(bs[static_cast<std::size_t>(t)]);
     ForwardStep<T> st;
-    st.n = bs[static_cast<std::size_t>(t)];
-    st.r0 = plan.offsets()[static_cast<std::size_t>(t)];
+    st.n = j1 - j0;
+    st.j0 = j0;
+    st.r0 = plan.offsets()[static_cast<std::size_t>(t)] + j0;
     st.g = gates + st.r0 * G;
-    if (s + 1 < TT) {
+    if (s + 1 < TT) {  // this thread's rows of the next step
       const auto tn = static_cast<std::size_t>(d == 0 ? t + 1 : t - 1);
-      st.next_g = gates + plan.offsets()[tn] * G;
-      st.next_len = bs[tn] * G;
+      const auto [n0, n1] = sp.rows(bs[tn]);
+      st.next_g = gates + (plan.offsets()[tn] + n0) * G;
+      st.next_len = (n1 - n0) * G;
     }
     st.out = outp + st.r0 * ldo;
-    T* hsrc = save ? hprev + st.r0 * R : ws.hprev.data() + (s % 2) * B * R;
-    copy_rows(hsrc + sp.ra, R, ws.hstate.data() + sp.ra, R, st.n, sp.rb - sp.ra);
+    T* hsrc = save ? hprev + st.r0 * R : ws.hprev.data() + ((s % 2) * B + j0) * R;
+    T* hstate = ws.hstate.data() + j0 * R;
+    copy_rows(hsrc + sp.ra, R, hstate + sp.ra, R, st.n, sp.rb - sp.ra);
     st.h_prev = hsrc;
-    step_barrier(sp);
+    columns_barrier(sp);
     // Rows past ng hold the zero h0: their product is zero.
-    st.ng = h0_zero ? rows_after_h0(bs, t, d) : st.n;
+    const int64_t ng = h0_zero ? rows_after_h0(bs, t, d) : bs[static_cast<std::size_t>(t)];
+    st.ng = std::clamp<int64_t>(ng - j0, 0, st.n);
     if (lookup) take_lookup_rows(st, sp);
     if (lstm) {
       lstm_step(st, sp);
@@ -434,7 +498,7 @@ struct ForwardDirection {
     } else {
       rnn_step(st, sp);
     }
-    copy_rows(ws.hstate.data() + sp.ra, R, st.out + sp.ra, ldo, st.n, sp.rb - sp.ra);
+    copy_rows(hstate + sp.ra, R, st.out + sp.ra, ldo, st.n, sp.rb - sp.ra);
   }
 
   // A lookup layer's step: rows < ng take their projection inside the product
@@ -464,10 +528,9 @@ struct ForwardDirection {
   // dst[:ng, q*H + a .. q*H + b) (+)= h_prev · W_hh[q*H + a .. q*H + b)ᵀ for each gate q.
   void hidden_product(const ForwardStep<T>& st, const Split& sp, T beta, T* dst) {
     if (st.ng == 0) return;
-    const int64_t blocks = sp.nth == 1 ? 1 : G / H;
+    const int64_t blocks = sp.nth == 1 || sp.by_rows ? 1 : G / H;
     for (int64_t q = 0; q < blocks; ++q) {
-      eng.step(st.ng, st.h_prev, R, *whh, step_range(sp.nth, sp.tid, G / H, q), beta, dst, G,
-               st.init);
+      eng.step(st.ng, st.h_prev, R, *whh, sp.range(G / H, q), beta, dst, G, st.init);
     }
   }
 
@@ -476,26 +539,27 @@ struct ForwardDirection {
   void lstm_step(const ForwardStep<T>& st, const Split& sp) {
     hidden_product(st, sp, st.x_rows ? T(0) : T(1), st.g);
     const int64_t a = sp.a, b = sp.b;
-    T* cdst = save ? cs + st.r0 * H : ws.cstate.data();
+    T* cstate = ws.cstate.data() + st.j0 * H;
+    T* cdst = save ? cs + st.r0 * H : cstate;
     T* hdst = st.out;
     int64_t ldh = ldo;
     if (proj) {
-      hdst = save ? ms + st.r0 * H : ws.m.data();
+      hdst = save ? ms + st.r0 * H : ws.m.data() + st.j0 * H;
       ldh = H;
     }
-    cpu::lstm_gates_forward<T>(st.n, H, a, b, st.g, ws.cstate.data(), H, cdst, H, hdst, ldh,
-                               st.x_rows, st.next_g, st.next_len);
-    if (save) copy_rows(ws.cstate.data() + a, H, cdst + a, H, st.n, b - a);
+    cpu::lstm_gates_forward<T>(st.n, H, a, b, st.g, cstate, H, cdst, H, hdst, ldh, st.x_rows,
+                               st.next_g, st.next_len);
+    if (save) copy_rows(cstate + a, H, cdst + a, H, st.n, b - a);
     if (proj) {
-      step_barrier(sp);
-      eng.step(st.n, hdst, H, *whr, step_range(sp.nth, sp.tid, 1, 0), T(0), st.out, ldo);
+      columns_barrier(sp);
+      eng.step(st.n, hdst, H, *whr, sp.range(1, 0), T(0), st.out, ldo);
     }
   }
 
   // GRU: n = tanh(W_in x + b_in + r * (W_hn h + b_hn)), h_t = (1 - z) * n + z * h_{t-1};
   // the hidden product goes to its own buffer (r multiplies part of it).
   void gru_step(const ForwardStep<T>& st, const Split& sp) {
-    T* gh = ws.gh.data();
+    T* gh = ws.gh.data() + st.j0 * G;
     hidden_product(st, sp, T(0), gh);
     for (int64_t r = st.ng; r < st.n; ++r)
       for (int64_t q = 0; q < 3; ++q)
@@ -514,8 +578,11 @@ struct ForwardDirection {
            RNNForwardResult& res) {
     project_inputs(x);
     prepare(nt, h0, c0, out);
+    const std::vector<int64_t> bounds = rows_split(eng, o) && nt > 1
+                                            ? row_bounds(plan.batch_sizes(), B, nt)
+                                            : std::vector<int64_t>{};
     run_threads(nt, [&](int tid, int nth) {
-      const Split sp(tid, nth, H, R);
+      const Split sp(tid, nth, H, R, bounds);
       for (int64_t s = 0; s < TT; ++s) step(s, sp);
     });
     const int64_t ld = l * o.num_directions() + d;
@@ -603,7 +670,7 @@ RNNForwardResult forward_impl(const RNNOptions& o, const std::vector<Tensor>& we
     ws.bias.resize(static_cast<std::size_t>(G));
     ws.proj.resize(lookup ? static_cast<std::size_t>(data.size(0) * G) : 0);
   }
-  const int nt = step_threads(H);
+  const int nt = step_threads(H, rows_split(eng, o));
   Tensor layer_in = data;
   for (int64_t l = 0; l < L; ++l) {
     RNNSaved::Layer sl;
@@ -639,6 +706,7 @@ struct BackwardWorkspace {
   cpu::Scratch<T> dhstate, dcstate, dm, dhtot, dproj;
   std::vector<T*> dproj_rows;  // LSTM lookup layer: the dP row of each packed row
   cpu::Scratch<T> dg_step;     // two steps' dG rows, where nothing reads them past the step
+  std::vector<T> db_parts;     // a row split: threads 1.. sum their bias gradients here
   Tensor dg_t, dgh_t;
   T* dg = nullptr;   // [N, G] gradient of the gate pre-activations (GRU: input side)
   T* dgh = nullptr;  // GRU: [N, G] gradient of W_h h_prev + b_h; else = dg
@@ -648,9 +716,10 @@ struct BackwardWorkspace {
 template <typename T>
 struct BackwardStep {
   int64_t t = 0;   // the step
-  int64_t n = 0;   // live rows
+  int64_t n = 0;   // live rows (of this thread, under a row split)
   int64_t ng = 0;  // rows whose dh_prev is needed (not the h0 rows without grad h0)
   int64_t r0 = 0;  // first packed row
+  int64_t j0 = 0;  // first state row (row split: > 0 past the first thread)
   const T* dh = nullptr;  // dh of the step's output rows [n, R]
   T* dg = nullptr;        // gate-gradient rows [n, G]
 };
@@ -675,6 +744,7 @@ struct BackwardDirection {
   // and dX read dP instead, and dW_hh the kept rows. Its rows stay in cache
   // instead of streaming [N, G] through memory.
   bool dg_per_step = false;
+  bool row_split = false;  // the steps split by rows (else by columns)
 
   BackwardDirection(const RNNSaved& sv_, const cpu::GemmEngine<T>& eng_,
                     BackwardWorkspace<T>& ws_, RNNGradients& g_, int64_t l_, int64_t d_,
@@ -698,8 +768,9 @@ struct BackwardDirection {
       std::fill(db_ih, db_ih + G, T(0));
       std::fill(db_hh, db_hh + G, T(0));
     }
-    whh = eng.prepare(w.w_hh, /*trans_b=*/false, G, R, R, step_ranges(R, 1, nt));
-    if (proj) whr = eng.prepare(w.w_hr, /*trans_b=*/false, R, H, H, step_ranges(H, 1, nt));
+    const int nc = row_split ? 1 : nt;  // threads sharing the columns
+    whh = eng.prepare(w.w_hh, /*trans_b=*/false, G, R, R, step_ranges(R, 1, nc));
+    if (proj) whr = eng.prepare(w.w_hr, /*trans_b=*/false, R, H, H, step_ranges(H, 1, nc));
     dgh_kept = eng.keep_rows(N, G, R, N - dw_hh_skip());
     dg_per_step = dgh_kept && lookup_layer && !gru;
     if (dg_per_step) ws.dg_step.resize(static_cast<std::size_t>(2 * sv.batch * G));
@@ -723,18 +794,20 @@ struct BackwardDirection {
   // it where it is (they only read dh; the product that overwrites it comes
   // after them, past the barrier). GRU writes its direct dh_prev part into the
   // state while it reads dh, so it reads a copy.
-  const T* gather_dh(int64_t n, int64_t r0, const Split& sp) {
-    T* dht = proj ? ws.dhtot.data() + r0 * R : ws.dhtot.data();
-    if (!dout && !proj && !gru) return ws.dhstate.data();
+  const T* gather_dh(const BackwardStep<T>& st, const Split& sp) {
+    const int64_t n = st.n, r0 = st.r0;
+    const T* dhstate = ws.dhstate.data() + st.j0 * R;
+    T* dht = proj ? ws.dhtot.data() + r0 * R : ws.dhtot.data() + st.j0 * R;
+    if (!dout && !proj && !gru) return dhstate;
     if (dout) {
       for (int64_t j = 0; j < n; ++j) {
         const T* x = dout + (r0 + j) * ldo;
-        const T* y = ws.dhstate.data() + j * R;
+        const T* y = dhstate + j * R;
         T* z = dht + j * R;
         for (int64_t k = sp.ra; k < sp.rb; ++k) z[k] = x[k] + y[k];
       }
     } else {
-      copy_rows(dht + sp.ra, R, ws.dhstate.data() + sp.ra, R, n, sp.rb - sp.ra);
+      copy_rows(dht + sp.ra, R, dhstate + sp.ra, R, n, sp.rb - sp.ra);
     }
     return dht;
   }
@@ -742,16 +815,20 @@ struct BackwardDirection {
   // Undoes the forward's order: the forward direction walks t down here.
   void step(int64_t s, const Split& sp) {
     const int64_t t = d == 0 ? TT - 1 - s : s;
+    const int64_t n = sv.batch_sizes[static_cast<std::size_t>(t)];
+    const auto [j0, j1] = sp.rows(n);
     BackwardStep<T> st;
     st.t = t;
-    st.n = sv.batch_sizes[static_cast<std::size_t>(t)];
-    st.r0 = sv.offsets[static_cast<std::size_t>(t)];
-    st.dh = gather_dh(st.n, st.r0, sp);
+    st.n = j1 - j0;
+    st.j0 = j0;
+    st.r0 = sv.offsets[static_cast<std::size_t>(t)] + j0;
+    st.dh = gather_dh(st, sp);
     // One step's dG alternates between two buffers: a thread may start the
     // next step's kernel while another still multiplies this step's rows.
-    st.dg = dg_per_step ? ws.dg_step.data() + (s % 2) * sv.batch * G : ws.dg + st.r0 * G;
+    st.dg = dg_per_step ? ws.dg_step.data() + ((s % 2) * sv.batch + j0) * G : ws.dg + st.r0 * G;
     // Without grad h0, rows past ng send dh_prev nowhere.
-    st.ng = initial_state_grad ? st.n : rows_after_h0(sv.batch_sizes, t, d);
+    const int64_t ng = initial_state_grad ? n : rows_after_h0(sv.batch_sizes, t, d);
+    st.ng = std::clamp<int64_t>(ng - j0, 0, st.n);
     if (lstm) {
       lstm_step(st, sp);
     } else if (gru) {
@@ -762,12 +839,13 @@ struct BackwardDirection {
   }
 
   // dh_prev[:ng, ra..rb) (+)= dgr · W_hh[:, ra..rb). The engine keeps dgr's
-  // rows for dW_hh (rows past ng too, which the product skips).
+  // rows for dW_hh (rows past ng too, which the product skips): under a
+  // column split those of thread 0, under a row split each thread its own.
   void hidden_product(const BackwardStep<T>& st, const T* dgr, T beta, const Split& sp) {
-    if (dgh_kept && sp.tid == 0 && st.ng < st.n)
+    if (dgh_kept && (sp.by_rows || sp.tid == 0) && st.ng < st.n)
       eng.keep(*dgh_kept, st.r0 + st.ng, dgr + st.ng * G, G, st.n - st.ng);
     if (st.ng == 0) return;
-    eng.step(st.ng, dgr, G, *whh, step_range(sp.nth, sp.tid, 1, 0), beta, ws.dhstate.data(), R,
+    eng.step(st.ng, dgr, G, *whh, sp.range(1, 0), beta, ws.dhstate.data() + st.j0 * R, R,
              nullptr, dgh_kept.get(), st.r0);
   }
 
@@ -775,7 +853,8 @@ struct BackwardDirection {
   int64_t dw_hh_skip() const { return sv.h0_zero && d == 0 && TT > 0 ? sv.batch_sizes[0] : 0; }
 
   // Layer 0 of a lookup: dP[v] += dg of the rows that read table row v, added
-  // step by step while the rows are in cache.
+  // step by step while the rows are in cache (a lookup layer is never split by
+  // rows: two threads' rows may share a table row).
   void scatter_rows(const BackwardStep<T>& st, const Split& sp) {
     if (!lookup_layer) return;
     for (int64_t j = 0; j < st.n; ++j) {
@@ -794,7 +873,8 @@ struct BackwardDirection {
     const int64_t r = st.r0 + lo;
     cpu::lstm_gates_backward<T>(hi - lo, H, sp.a, sp.b, sd.gates.data<T>() + r * G,
                                 sd.c.data<T>() + r * H, c_prev, dh_in + lo * ld_dh, ld_dh,
-                                ws.dcstate.data() + lo * H, st.dg + lo * G, db_ih,
+                                ws.dcstate.data() + (st.j0 + lo) * H, st.dg + lo * G,
+                                bias_sums(sp, db_ih),
                                 lookup_layer ? ws.dproj_rows.data() + r : nullptr);
   }
 
@@ -802,21 +882,25 @@ struct BackwardDirection {
     const T* dh_in = st.dh;
     int64_t ld_dh = R;
     if (proj) {  // dm = dh · W_hr
-      step_barrier(sp);
-      eng.step(st.n, st.dh, R, *whr, step_range(sp.nth, sp.tid, 1, 0), T(0), ws.dm.data(), H);
-      dh_in = ws.dm.data();
+      columns_barrier(sp);
+      T* dm = ws.dm.data() + st.j0 * H;
+      eng.step(st.n, st.dh, R, *whr, sp.range(1, 0), T(0), dm, H);
+      dh_in = dm;
       ld_dh = H;
     }
     // c entering the step: the previous step's c for the rows that continue
-    // from it (its first rows, in length-sorted order), c0 for the others.
-    const int64_t cont = rows_after_h0(sv.batch_sizes, st.t, d);
+    // from it (its first rows, in length-sorted order), c0 for the others;
+    // under a row split, of this thread's rows.
+    const int64_t cont =
+        std::clamp<int64_t>(rows_after_h0(sv.batch_sizes, st.t, d) - st.j0, 0, st.n);
     const int64_t prev = d == 0 ? st.t - 1 : st.t + 1;
     if (cont > 0) {
-      lstm_cell_backward(st, 0, cont, sd.c.data<T>() + sv.offsets[std::size_t(prev)] * H, dh_in,
+      lstm_cell_backward(st, 0, cont,
+                         sd.c.data<T>() + (sv.offsets[std::size_t(prev)] + st.j0) * H, dh_in,
                          ld_dh, sp);
     }
-    lstm_cell_backward(st, cont, st.n, sd.c0.data<T>() + cont * H, dh_in, ld_dh, sp);
-    step_barrier(sp);
+    lstm_cell_backward(st, cont, st.n, sd.c0.data<T>() + (st.j0 + cont) * H, dh_in, ld_dh, sp);
+    columns_barrier(sp);
     hidden_product(st, st.dg, T(0), sp);
   }
 
@@ -824,18 +908,35 @@ struct BackwardDirection {
     T* dghr = ws.dgh + st.r0 * G;
     cpu::gru_gates_backward<T>(st.n, H, sp.a, sp.b, sd.gates.data<T>() + st.r0 * G,
                                sd.ghn.data<T>() + st.r0 * H, sd.h_prev.data<T>() + st.r0 * R, R,
-                               st.dh, R, st.dg, dghr, ws.dhstate.data(), db_ih, db_hh);
+                               st.dh, R, st.dg, dghr, ws.dhstate.data() + st.j0 * R,
+                               bias_sums(sp, db_ih), bias_sums(sp, db_hh));
     scatter_rows(st, sp);
-    step_barrier(sp);
+    columns_barrier(sp);
     hidden_product(st, dghr, T(1), sp);
   }
 
   void rnn_step(const BackwardStep<T>& st, const Split& sp) {
     cpu::rnn_gates_backward<T>(st.n, H, sp.a, sp.b, sd.gates.data<T>() + st.r0 * G, relu, st.dh,
-                               R, st.dg, db_ih);
+                               R, st.dg, bias_sums(sp, db_ih));
     scatter_rows(st, sp);
-    step_barrier(sp);
+    columns_barrier(sp);
     hidden_product(st, st.dg, T(0), sp);
+  }
+
+  // Where the gate kernels add the bias gradients (db_ih or db_hh): a column
+  // split's threads own their columns of db; a row split's threads past the
+  // first sum their rows apart (db_parts), added after the steps.
+  T* bias_sums(const Split& sp, T* db) {
+    if (!sp.by_rows || sp.tid == 0 || !db) return db;
+    const int64_t which = db == db_hh ? 1 : 0;
+    return ws.db_parts.data() + ((sp.tid - 1) * 2 + which) * G;
+  }
+  void add_bias_parts(int nt) {
+    for (int i = 0; i + 1 < nt && o.bias; ++i) {
+      const T* part = ws.db_parts.data() + i * 2 * G;
+      for (int64_t c = 0; c < G; ++c) db_ih[c] += part[c];
+      for (int64_t c = 0; c < G && gru; ++c) db_hh[c] += part[G + c];
+    }
   }
 
   // Everything after the steps is one product (or one pass) over all rows.
@@ -866,11 +967,20 @@ struct BackwardDirection {
 
   void run(int nt, const Tensor& dout_t, const Tensor& grad_h_n, const Tensor& grad_c_n,
            const Tensor& input) {
+    // A lookup layer's threads would share dP rows under a row split (the
+    // LSTM kernel adds each row into its dP row): it keeps the column split,
+    // and the column split's thread count.
+    if (lookup_layer && rows_split(eng, o)) nt = std::min(nt, step_threads(H, false));
+    row_split = rows_split(eng, o) && nt > 1 && !lookup_layer;
     prepare(nt, dout_t, grad_h_n, grad_c_n);
+    const std::vector<int64_t> bounds =
+        row_split ? row_bounds(sv.batch_sizes, sv.batch, nt) : std::vector<int64_t>{};
+    if (row_split) ws.db_parts.assign(static_cast<std::size_t>((nt - 1) * 2 * G), T(0));
     run_threads(nt, [&](int tid, int nth) {
-      const Split sp(tid, nth, H, o.real_hidden_size());
+      const Split sp(tid, nth, H, o.real_hidden_size(), bounds);
       for (int64_t s = 0; s < TT; ++s) step(s, sp);
     });
+    if (row_split) add_bias_parts(nt);
     if (initial_state_grad) {
       const int64_t ld = l * o.num_directions() + d;
       store_state(g.h0, ws.dhstate.data(), ld, sv.sorted_indices, R);
@@ -921,7 +1031,7 @@ RNNGradients backward_impl(const RNNSaved& sv, const Tensor& grad_output, const 
     if (o.mode == RNNMode::lstm) g.c0 = cpu::pooled_empty({L * D, B, H}, o.dtype);
   }
   std::vector<BackwardWorkspace<T>> wss = backward_workspaces<T>(sv);
-  const int nt = step_threads(H);
+  const int nt = step_threads(H, rows_split(eng, o));
 
   Tensor dout = grad_output;  // gradient of this layer's output rows, or undefined
   for (int64_t l = L - 1; l >= 0; --l) {

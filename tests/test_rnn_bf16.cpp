@@ -376,6 +376,134 @@ TEST(RNNBf16, LookupLayerAgainstFloat64Reference) {
 }
 
 
+// On two threads the bf16 engine splits the steps by rows (steps_by_rows):
+// every thread owns whole sequences (about half of the tokens), multiplies
+// its rows by all of W_hh and runs their gate math. Hidden sizes 256 and 40
+// (whose step products the engine runs in fp32), and an LSTM of 512 whose
+// W_hh (2 MB in bf16) the threads split by columns instead; one direction
+// (two run side by side instead), steps of odd row counts and of one row,
+// zero-length sequences, one sequence (a thread with no rows), and a lookup
+// layer whose rows share table rows across threads. Checked: the results
+// agree with one thread's (each row goes through the same products and gate
+// math; only the bias gradients are summed in another order, per thread and
+// then across), and with the float64 reference.
+constexpr double kThreadsForwardAbs = 1e-5;
+constexpr double kThreadsGradRel = 1e-4;
+struct ThreadedRun {
+  RNNForwardResult fwd;
+  RNNGradients grad;
+};
+
+ThreadedRun run_on_threads(int threads, const RNNOptions& o, const std::vector<Tensor>& weights,
+                           const Tensor& x, const std::vector<int64_t>* ids,
+                           const PackingPlan& plan, const Tensor& h0, const Tensor& c0,
+                           const Tensor& gy, const Tensor& gh) {
+  const int before = num_threads();
+  set_num_threads(threads);
+  ThreadedRun r;
+  r.fwd = ids ? rnn_forward_lookup(o, weights, x, *ids, plan, h0, c0, true, true)
+              : rnn_forward(o, weights, x, plan, h0, c0, true, true);
+  r.grad = rnn_backward(*r.fwd.saved, gy, gh, {}, /*initial_state_grad=*/true);
+  set_num_threads(before);
+  return r;
+}
+
+// max |a - b| over outputs, states and gradients; the worst relative gradient difference.
+void compare_runs(const ThreadedRun& one, const ThreadedRun& two, const std::string& what,
+                  double& worst_abs, double& worst_rel) {
+  SCOPED_TRACE(what);
+  auto forward = [&](const Tensor& a, const Tensor& b, const char* name) {
+    ASSERT_EQ(a.defined(), b.defined()) << name;
+    if (!a.defined()) return;
+    const double d = max_abs_diff(a, b);
+    EXPECT_LE(d, kThreadsForwardAbs) << name;
+    worst_abs = std::max(worst_abs, d);
+  };
+  forward(two.fwd.output, one.fwd.output, "output");
+  forward(two.fwd.h_n, one.fwd.h_n, "h_n");
+  forward(two.fwd.c_n, one.fwd.c_n, "c_n");
+  auto grad = [&](const Tensor& a, const Tensor& b, const std::string& name) {
+    const Agreement g = agreement(a, b);
+    EXPECT_LE(g.rel, kThreadsGradRel) << name;
+    worst_rel = std::max(worst_rel, g.rel);
+    worst_abs = std::max(worst_abs, max_abs_diff(a, b));
+  };
+  grad(two.grad.input, one.grad.input, "grad input");
+  grad(two.grad.h0, one.grad.h0, "grad h0");
+  for (std::size_t k = 0; k < one.grad.weights.size(); ++k)
+    grad(two.grad.weights[k], one.grad.weights[k], "grad weight " + std::to_string(k));
+}
+
+// The largest 2-thread against 1-thread differences, and the agreement
+// with the reference at 2 threads.
+struct ThreadWorst {
+  double abs = 0, rel = 0;
+  Worst parity;
+};
+
+// One cell and depth on `lengths`: plain and lookup input on 1 and 2 threads,
+// then against the reference on 2.
+void check_two_threads(RNNMode mode, int64_t layers, int64_t H,
+                       const std::vector<int64_t>& lengths, uint64_t& seed, ThreadWorst& worst) {
+  const PackingPlan plan = PackingPlan::from_lengths(lengths, /*enforce_sorted=*/false);
+  RNNOptions o{.mode = mode, .input_size = 24, .hidden_size = H, .num_layers = layers};
+  if (mode == RNNMode::lstm && layers == 2) o.proj_size = H / 2 - 3;
+  const int64_t N = plan.total_rows(), B = plan.batch(), LD = o.num_layers;
+  for (bool lookup : {false, true}) {
+    o.precision = Precision::bf16;
+    const std::string what = std::string(rnn_mode_name(mode)) + " H" + std::to_string(H) + " L" +
+                             std::to_string(layers) + " B" + std::to_string(B) +
+                             (lookup ? " lookup" : "") + " seed " + std::to_string(++seed);
+    std::mt19937_64 gen(seed);
+    std::vector<Tensor> weights;
+    for (const Shape& s : rnn_parameter_shapes(o)) weights.push_back(random_tensor(s, 0.0625, gen));
+    // A lookup reads 5 table rows, so the two threads' rows share them.
+    std::vector<int64_t> ids(static_cast<std::size_t>(N));
+    for (auto& id : ids) id = std::uniform_int_distribution<int64_t>(0, 4)(gen);
+    const Tensor x = random_tensor({lookup ? 5 : N, o.input_size}, 1.0, gen);
+    const Tensor h0 = random_tensor({LD, B, o.real_hidden_size()}, 0.5, gen);
+    const Tensor c0 = mode == RNNMode::lstm ? random_tensor({LD, B, H}, 0.5, gen) : Tensor();
+    const Tensor gy = random_tensor({N, o.output_size()}, 1.0, gen);
+    const Tensor gh = random_tensor({LD, B, o.real_hidden_size()}, 1.0, gen);
+    const auto* idp = lookup ? &ids : nullptr;
+    const ThreadedRun one = run_on_threads(1, o, weights, x, idp, plan, h0, c0, gy, gh);
+    const ThreadedRun two = run_on_threads(2, o, weights, x, idp, plan, h0, c0, gy, gh);
+    compare_runs(one, two, what, worst.abs, worst.rel);
+  }
+  const int before = num_threads();
+  set_num_threads(2);
+  check_config(o, lengths, /*give_h0=*/(seed % 2) == 0, ++seed, worst.parity);
+  set_num_threads(before);
+}
+
+TEST(RNNBf16, TwoThreadsSplitStepsByRows) {
+  SKIP_WITHOUT_BF16();
+  const int before = num_threads();
+  set_num_threads(2);
+  const int threads = num_threads();
+  set_num_threads(before);
+  if (threads < 2) GTEST_SKIP() << "OpenMP gives one thread";
+  ThreadWorst worst;
+  uint64_t seed = 3000;
+  // Batch sizes 7 6 6 5 4 3 3 3 2 1: odd, even, one row.
+  for (int64_t H : {256, 40})
+    for (RNNMode mode : {RNNMode::lstm, RNNMode::gru, RNNMode::rnn_tanh})
+      for (int64_t layers : {1, 2})
+        check_two_threads(mode, layers, H, {9, 0, 4, 8, 1, 10, 3, 5}, seed, worst);
+  check_two_threads(RNNMode::lstm, 1, 512, {9, 0, 4, 8, 1, 10, 3, 5}, seed, worst);
+  // One sequence (the second thread has no rows); one beside a zero-length one.
+  for (const std::vector<int64_t>& lengths : {std::vector<int64_t>{6}, std::vector<int64_t>{0, 5}})
+    for (int64_t layers : {1, 2})
+      check_two_threads(RNNMode::lstm, layers, 256, lengths, seed, worst);
+  const Worst& p = worst.parity;
+  std::printf("bf16, 2 threads against 1: worst |difference| %.4g, worst relative gradient "
+              "difference %.3g; "
+              "against the reference: worst |forward error| %.4g (%s), worst gradient cosine "
+              "%.6f (%s)\n",
+              worst.abs, worst.rel, p.forward, p.forward_at.c_str(), p.cosine,
+              p.cosine_at.c_str());
+}
+
 // A small training run (the main job's model on a synthetic task: the class is
 // the most frequent of 4 token groups in a random sequence) reaches in bf16 the
 // loss it reaches in fp32, within kTrainLossMargin, from the same seed.

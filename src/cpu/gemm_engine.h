@@ -9,7 +9,9 @@
 //   prepare()/step()  the per-step products of a step's live rows with one weight
 //                     matrix (W_hh, W_hr): the matrix is laid out once per call
 //                     (layer and direction) for the column ranges the threads
-//                     will ask for, then multiplied by 1..batch rows per step.
+//                     will ask for (one range, all columns, when the threads
+//                     split the rows: steps_by_rows), then multiplied by
+//                     1..batch rows per step.
 //
 // Engines:
 //   f64        BLAS (dgemm) for everything: the float64 path the gradient checks use;
@@ -92,6 +94,16 @@ class GemmEngine {
 
   // Whether step() takes init rows (else the caller copies them into C).
   virtual bool takes_init() const { return false; }
+
+  // How the time loop's threads share the steps' products with a [k, n]
+  // weight matrix: false, by columns (each thread multiplies all of the
+  // step's rows by its ranges of B, one per gate block); true, by rows (each
+  // thread multiplies its rows by all of B, range 0, into dense rows of C).
+  // An engine whose calls cost much more than their multiply-adds at a step's
+  // sizes, or that needs a dense destination, prefers rows (one call per
+  // thread and step instead of one per gate) while all of B stays in a
+  // core's cache.
+  virtual bool steps_by_rows(int64_t k, int64_t n) const { return false; }
 };
 
 // The engine for this element type and precision (a process-wide instance).
