@@ -144,44 +144,44 @@ def sgemm_rate(args):
     return 2.0 * n ** 3 / sec, f"torch.mm {n}^3 (fallback: {exe} not built)"
 
 
+def bench_gemm_one(args, bench_filter, extra=(), min_time=0.2):
+    """The first benchmark of bench_gemm (one thread) matching `bench_filter`, as Google
+    Benchmark's JSON dict, or None when bench_gemm is not built, fails, or skips it."""
+    exe = os.path.join(args.build_dir, "bench", "bench_gemm")
+    if not os.path.exists(exe):
+        return None
+    res = subprocess.run([exe, "--threads=1", *extra, f"--benchmark_filter={bench_filter}",
+                          "--benchmark_format=json", f"--benchmark_min_time={min_time}"],
+                         capture_output=True, text=True)
+    if res.returncode != 0:
+        return None
+    benches = json.loads(res.stdout)["benchmarks"]
+    if not benches or "error_message" in benches[0]:
+        return None
+    return benches[0]
+
+
 def fma_peak(args):
     """The core's arithmetic peak for the run's precision: independent FMA chains in
     registers (bench_gemm BM_fma_peak: fp32 FMA, or bf16 dot products), FLOP/s, or
     None when bench_gemm is not built or the CPU lacks the instructions. No GEMM on
     this core runs faster, so a target above the ceiling at this rate is out of reach
     for any implementation."""
-    exe = os.path.join(args.build_dir, "bench", "bench_gemm")
-    if not os.path.exists(exe):
-        return None
     arg = 1 if args.precision == "bf16" else 0
-    res = subprocess.run([exe, "--threads=1", f"--benchmark_filter=^BM_fma_peak/bf16:{arg}$",
-                          "--benchmark_format=json", "--benchmark_min_time=0.2"],
-                         capture_output=True, text=True)
-    if res.returncode != 0:
-        return None
-    benches = json.loads(res.stdout)["benchmarks"]
-    if not benches or "error_message" in benches[0]:
-        return None
-    return benches[0]["FLOPS"]
+    bench = bench_gemm_one(args, f"^BM_fma_peak/bf16:{arg}$")
+    return bench["FLOPS"] if bench else None
 
 
 def onednn_rate(args, name, mode):
     """oneDNN's own rate on exactly the GEMMs seqpack issues for this workload and mode, at
     the run's precision (bench_gemm BM_workload_gemms, one thread): (FLOP/s, FLOPs per
     batch), or None when bench_gemm is not built."""
-    exe = os.path.join(args.build_dir, "bench", "bench_gemm")
-    if not os.path.exists(exe) or mode == "forward_padded":
+    if mode == "forward_padded":
         return None
-    res = subprocess.run([exe, "--threads=1", f"--workloads={args.workloads}",
-                          f"--benchmark_filter=^BM_workload_gemms/{name}/{mode}/{args.precision}$",
-                          "--benchmark_format=json", f"--benchmark_min_time={max(args.min_time, 0.2)}"],
-                         capture_output=True, text=True)
-    if res.returncode != 0:
-        return None
-    benches = json.loads(res.stdout)["benchmarks"]
-    if not benches or "error_message" in benches[0]:
-        return None
-    return benches[0]["FLOPS"], benches[0]["gemm_flop"]
+    bench = bench_gemm_one(args, f"^BM_workload_gemms/{name}/{mode}/{args.precision}$",
+                           extra=[f"--workloads={args.workloads}"],
+                           min_time=max(args.min_time, 0.2))
+    return (bench["FLOPS"], bench["gemm_flop"]) if bench else None
 
 
 def forward_flops(w, tokens):
