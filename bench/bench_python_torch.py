@@ -28,7 +28,7 @@ sys.path.insert(0, os.environ.get("SEQPACK_PYTHON_ROOT") or
                 os.path.join(ROOT, os.environ.get("SEQPACK_BUILD_DIR", "build"), "python"))
 import seqpack  # noqa: E402
 import seqpack.torch as spt  # noqa: E402
-from torch_threads import set_torch_threads  # noqa: E402
+from torch_threads import add_malloc_option, apply_malloc, malloc_settings, set_torch_threads  # noqa: E402
 
 CLASSES = {"lstm": (torch.nn.LSTM, spt.LSTM, {}), "gru": (torch.nn.GRU, spt.GRU, {}),
            "rnn_tanh": (torch.nn.RNN, spt.RNN, {"nonlinearity": "tanh"}),
@@ -87,7 +87,9 @@ def main():
     p.add_argument("--budget", type=float, default=2.0,
                    help="seconds per measurement, both implementations together")
     p.add_argument("--max-reps", type=int, default=15)
+    add_malloc_option(p)
     args = p.parse_args()
+    apply_malloc(args.malloc)
 
     set_torch_threads(args.threads)  # torch's and the OpenBLAS its GEMMs call
     seqpack.set_num_threads(args.threads)
@@ -98,6 +100,7 @@ def main():
     modes = args.mode or ["forward", "train"]
 
     print(f"seqpack from {os.path.dirname(seqpack.__file__)}")
+    print(f"allocator: {malloc_settings()}")
     print(f"threads={args.threads} torch {torch.__version__}; median ms per batch (wall, and "
           f"process CPU time, steadier on a shared machine); ratio = torch / seqpack "
           f"(> 1: seqpack faster)")

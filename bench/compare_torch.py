@@ -38,7 +38,7 @@ import time
 import torch
 from torch.nn.utils.rnn import PackedSequence, pack_padded_sequence
 
-from torch_threads import set_torch_threads
+from torch_threads import add_malloc_option, apply_malloc, malloc_settings, set_torch_threads
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 MODES = ["forward_packed", "forward_padded", "train_packed"]
@@ -279,7 +279,9 @@ def main():
     p.add_argument("--json-out", help="also write every measurement to this file (JSON)")
     p.add_argument("--precision", choices=["fp32", "bf16"], default="fp32",
                    help="seqpack's precision; bf16 adds a torch bf16 peer (module.to(torch.bfloat16))")
+    add_malloc_option(p)
     args = p.parse_args()
+    apply_malloc(args.malloc)
     args.workloads = os.path.abspath(args.workloads)
     args.seqpack = args.seqpack or os.path.join(args.build_dir, "seqpack")
     if args.min_time is None:
@@ -308,6 +310,7 @@ def main():
     # a spinning thread that loses its core stalls the whole region), so say how busy it was.
     print(f"# torch {torch.__version__}, {os.cpu_count()} CPUs, load average "
           f"{os.getloadavg()[0]:.2f} at start, workloads {args.workloads}", flush=True)
+    print(f"# allocator: {malloc_settings()}", flush=True)
     cpu = seqpack_info(args)
     print(f"# seqpack precision {args.precision}; CPU ISA {cpu.get('isa', '?')} (native bf16 "
           f"{cpu.get('native_bf16', '?')}, AMX {cpu.get('amx', '?')}), oneDNN "
