@@ -28,6 +28,10 @@ Columns, forward+backward (training step):
                       part of the bridge that any custom operator pays in torch,
                       i.e. the lowest the bridge column can go.
   own                 bridge - floor: seqpack's own share of the bridge.
+The harness's product and its backward are arithmetic on output-sized
+tensors, which the no-op skips, so the floor may be negative; the summary
+also gives the no-op f+b over a bare harness (zero_grad + sum + backward of
+an output-sized leaf): what a custom operator's autograd node costs at least.
 The summary adds the same no-op through a Python torch.autograd.Function (a
 bridge written in Python instead of C++) and the cost of calling an empty
 torch.nn.Module (every layer pays it; it is in "own" above, not in the floor).
@@ -100,6 +104,21 @@ def harness_floor(module, rows, width, reps):
         c = time.process_time()
         module.zero_grad(set_to_none=True)
         (x * p.view(-1)[:width]).sum().backward()
+        times.append(time.process_time() - c)
+    return statistics.median(times)
+
+
+def bare_harness(module, rows, width, reps):
+    """Median process CPU seconds of zero_grad + sum + backward of an
+    output-sized leaf: the training harness with no layer and no arithmetic
+    besides the sum (harness_floor adds a product and its backward)."""
+    out = torch.randn(rows, width, requires_grad=True)
+    times = []
+    for _ in range(reps):
+        c = time.process_time()
+        module.zero_grad(set_to_none=True)
+        out.grad = None
+        out.sum().backward()
         times.append(time.process_time() - c)
     return statistics.median(times)
 
@@ -241,7 +260,8 @@ def main():
     print(f"{'round':>5} {'C++ fwd':>9} {'torch fwd':>9} {'overhead':>9} {'noop fwd':>9} "
           f"{'own':>9} {'C++ f+b':>9} {'torch f+b':>9} {'overhead':>9} {'harness':>9} "
           f"{'bridge':>9} {'floor':>9} {'own':>9}")
-    over_f, over_t, bridge, floor_f, floor_t, own_f, own_t, py_f, py_t = ([] for _ in range(9))
+    over_f, over_t, bridge, floor_f, floor_t, own_f, own_t, py_f, py_t, bare_t, node_t = (
+        [] for _ in range(11))
     width = m.proj_size or m.hidden_size
 
     def us(v):
@@ -263,8 +283,12 @@ def main():
             own_f.append(over_f[-1] - nf)
             own_t.append(bridge[-1] - floor_t[-1])
         pf, pt = op_times(m, packed, noop["py"], args.reps)
+        bare = bare_harness(m, packed.data.size(0), width, args.reps)
         py_f.append(pf)
         py_t.append(pt - harness)
+        bare_t.append(bare)
+        if nt is not None:
+            node_t.append(nt - bare)
         print(f"{r:>5} {us(cf)} {us(f)} {us(f - cf)} {us(nf)} "
               f"{us(None if nf is None else own_f[-1])} "
               f"{us(ct)} {us(t)} {us(t - ct)} {us(harness)} {us(bridge[-1])} "
@@ -278,6 +302,10 @@ def main():
               f"{_range('forward+backward over the harness', floor_t)}")
         print(f"seqpack's own share, µs: {_range('forward', own_f)}; "
               f"{_range('bridge - floor', own_t)}")
+        print(f"the harness holds arithmetic on output-sized tensors; without it (zero_grad + "
+              f"sum + backward of an output-sized leaf, {_range('', bare_t).strip()} µs) the "
+              f"no-op operator's f+b costs {_range('', node_t).strip()} µs: what any custom "
+              f"operator's node adds to a training step in this torch")
     print(f"the no-op through a Python torch.autograd.Function, µs: {_range('forward', py_f)}; "
           f"{_range('forward+backward over the harness', py_t)}")
     print(f"calling an empty torch.nn.Module costs {1e6 * module_call_floor(args.reps):.1f} µs; "
