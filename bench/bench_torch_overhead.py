@@ -40,15 +40,23 @@ Without the no-op library (built with -DSEQPACK_BUILD_TORCH=ON
 
     /usr/bin/python3 bench/bench_torch_overhead.py [--workload rnn-tanh-tiny]
         [--rounds 5] [--reps 300] [--seqpack build/seqpack] [--noop-library PATH]
+        [--instructions N]
+--instructions N counts instructions per call instead (valgrind --tool=callgrind,
+N calls per mode: the layer's and the no-op's forward and forward+backward,
+each split into seqpack's core and the rest); unlike the times they do not
+move with the machine's load.
 SEQPACK_BUILD_DIR names the build (default build); SEQPACK_PYTHON_ROOT picks
 another seqpack package root (an older build).
 """
 import argparse
+import ctypes
+import glob
 import json
 import os
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 
 import torch
@@ -217,6 +225,74 @@ def _range(name, values):
             f"(median {1e6 * statistics.median(values):.1f})")
 
 
+def _steps(module, packed, call):
+    """(forward, forward+backward) of `call()` (output rows first) as the timed
+    modes run them."""
+    def forward():
+        with torch.no_grad():
+            call()
+
+    def train():
+        module.zero_grad(set_to_none=True)
+        packed.data.grad = None
+        call()[0].sum().backward()
+    return forward, train
+
+
+def instructions_child(module, packed, library, n):
+    """Under callgrind: each mode's n calls counted as one dump named after it."""
+    torch.ops.load_library(library)
+    lib = ctypes.CDLL(library)
+    lib.seqpack_bench_callgrind_stop.argtypes = [ctypes.c_char_p]
+    op, args = torch.ops.seqpack_bench.noop_rnn, noop_args(module, packed)
+    modes = list(zip(("layer f", "layer f+b"), _steps(module, packed, lambda: module(packed)[0])))
+    modes += zip(("noop f", "noop f+b"), _steps(module, packed, lambda: op(*args)))
+    for name, step in modes:
+        for _ in range(20):
+            step()
+        if not lib.seqpack_bench_callgrind_start():
+            sys.exit("not under valgrind, or the no-op library was built without valgrind's headers")
+        for _ in range(n):
+            step()
+        lib.seqpack_bench_callgrind_stop(name.encode())
+
+
+def instructions(args):
+    """Runs this script under callgrind (--instructions-child) and prints
+    instructions per call of each mode: all, in seqpack's core (rnn_forward,
+    rnn_backward, inclusive) and the rest. Unlike the times, these do not
+    move with the machine's load."""
+    with tempfile.TemporaryDirectory() as d:
+        out = os.path.join(d, "callgrind.out")
+        cmd = ["valgrind", "--tool=callgrind", "--instr-atstart=no", "--collect-atstart=no",
+               f"--callgrind-out-file={out}", sys.executable, os.path.abspath(__file__),
+               "--instructions-child", str(args.instructions), "--workloads", args.workloads,
+               "--workload", args.workload, "--noop-library", args.noop_library]
+        proc = subprocess.run(cmd, capture_output=True, text=True)
+        if proc.returncode != 0:
+            sys.exit(f"callgrind run failed:\n{proc.stderr[-2000:]}")
+        rows = {}
+        for dump in glob.glob(out + ".*"):
+            with open(dump) as f:
+                text = f.read()
+            name = text.split("Client Request: ", 1)[1].split("\n", 1)[0]
+            total = int(text.split("\nsummary: ", 1)[1].split()[0])
+            annotate = subprocess.run(["callgrind_annotate", "--inclusive=yes", dump],
+                                      capture_output=True, text=True, check=True).stdout
+            core = sum(int(line.split()[0].replace(",", "")) for line in annotate.splitlines()
+                       if "seqpack::rnn_forward(" in line or "seqpack::rnn_backward(" in line)
+            rows[name] = (total / args.instructions, core / args.instructions)
+    print(f"instructions per call, valgrind --tool=callgrind, {args.instructions} calls per mode, "
+          f"workload {args.workload}")
+    print(f"{'mode':>10} {'all':>10} {'core':>10} {'rest':>10}")
+    for name in ("layer f", "noop f", "layer f+b", "noop f+b"):
+        total, core = rows[name]
+        print(f"{name:>10} {total:>10.0f} {core:>10.0f} {total - core:>10.0f}")
+    own = [rows[f"layer {m}"][0] - rows[f"layer {m}"][1] - rows[f"noop {m}"][0] for m in ("f", "f+b")]
+    print(f"seqpack's own share (layer's rest - noop's): forward {own[0]:.0f}, "
+          f"forward+backward {own[1]:.0f} instructions per call")
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--workloads", default=os.path.join(ROOT, "bench", "workloads.json"))
@@ -227,7 +303,14 @@ def main():
                    help="the no-op operator library (bench/torch_noop_op.cpp)")
     p.add_argument("--rounds", type=int, default=5)
     p.add_argument("--reps", type=int, default=300, help="Python calls per round and mode")
+    p.add_argument("--instructions", type=int, metavar="N",
+                   help="instead of times, count instructions per call over N calls of each "
+                        "mode under valgrind --tool=callgrind (needs valgrind)")
+    p.add_argument("--instructions-child", type=int, help=argparse.SUPPRESS)
     args = p.parse_args()
+    if args.instructions:
+        instructions(args)
+        return
     set_torch_threads(1)
     seqpack.set_num_threads(1)
     with open(args.workloads) as f:
@@ -244,6 +327,9 @@ def main():
     # skips the first layer's dX product, which would hide overhead).
     packed = trnn.PackedSequence(packed.data.detach().requires_grad_(), packed.batch_sizes,
                                  packed.sorted_indices, packed.unsorted_indices)
+    if args.instructions_child:
+        instructions_child(m, packed, args.noop_library, args.instructions_child)
+        return
     python_times(m, packed, 20)  # warm-up
     noop = noop_calls(m, packed, args.noop_library)
     for call in noop.values():

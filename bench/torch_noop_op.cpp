@@ -19,6 +19,11 @@
 #include <tuple>
 #include <vector>
 
+#if __has_include(<valgrind/callgrind.h>)
+#include <valgrind/callgrind.h>
+#define SEQPACK_BENCH_CALLGRIND 1
+#endif
+
 namespace seqpack_bench {
 
 namespace {
@@ -138,4 +143,30 @@ TORCH_LIBRARY(seqpack_bench, m) {
       "float dropout, bool train, int? seed=None, str precision=\"fp32\") "
       "-> (Tensor output, Tensor h_n, Tensor c_n)",
       &seqpack_bench::noop_rnn);
+}
+
+// bench_torch_overhead.py --instructions: counts the instructions of one
+// stretch of calls under valgrind --tool=callgrind (started with
+// --instr-atstart=no --collect-atstart=no) and writes them as a dump named
+// `name`. start returns 0 when not under valgrind (or built without its
+// headers): nothing is counted then.
+extern "C" int seqpack_bench_callgrind_start() {
+#ifdef SEQPACK_BENCH_CALLGRIND
+  if (!RUNNING_ON_VALGRIND) return 0;
+  CALLGRIND_START_INSTRUMENTATION;
+  CALLGRIND_ZERO_STATS;
+  CALLGRIND_TOGGLE_COLLECT;
+  return 1;
+#else
+  return 0;
+#endif
+}
+
+extern "C" void seqpack_bench_callgrind_stop(const char* name) {
+#ifdef SEQPACK_BENCH_CALLGRIND
+  CALLGRIND_TOGGLE_COLLECT;
+  CALLGRIND_DUMP_STATS_AT(name);
+#else
+  (void)name;
+#endif
 }
