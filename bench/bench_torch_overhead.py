@@ -251,7 +251,8 @@ def instructions_child(module, packed, library, n):
         for _ in range(20):
             step()
         if not lib.seqpack_bench_callgrind_start():
-            sys.exit("not under valgrind, or the no-op library was built without valgrind's headers")
+            sys.exit("not under valgrind, or the no-op library was built without "
+                     "valgrind's headers")
         for _ in range(n):
             step()
         lib.seqpack_bench_callgrind_stop(name.encode())
@@ -288,7 +289,8 @@ def instructions(args):
     for name in ("layer f", "noop f", "layer f+b", "noop f+b"):
         total, core = rows[name]
         print(f"{name:>10} {total:>10.0f} {core:>10.0f} {total - core:>10.0f}")
-    own = [rows[f"layer {m}"][0] - rows[f"layer {m}"][1] - rows[f"noop {m}"][0] for m in ("f", "f+b")]
+    own = [rows[f"layer {m}"][0] - rows[f"layer {m}"][1] - rows[f"noop {m}"][0]
+           for m in ("f", "f+b")]
     print(f"seqpack's own share (layer's rest - noop's): forward {own[0]:.0f}, "
           f"forward+backward {own[1]:.0f} instructions per call")
 
