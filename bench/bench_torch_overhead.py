@@ -35,6 +35,11 @@ an output-sized leaf): what a custom operator's autograd node costs at least.
 The summary adds the same no-op through a Python torch.autograd.Function (a
 bridge written in Python instead of C++) and the cost of calling an empty
 torch.nn.Module (every layer pays it; it is in "own" above, not in the floor).
+"own" also holds whatever makes the core itself slower inside a torch
+training step than in `seqpack bench`. The C++ and Python times come from
+different processes and moments: on a shared machine their differences can
+swing by tens of µs between rounds (even below zero); --instructions gives
+figures that do not.
 Without the no-op library (built with -DSEQPACK_BUILD_TORCH=ON
 -DSEQPACK_BUILD_BENCHMARKS=ON into <build>/bench/) the floor is skipped.
 
