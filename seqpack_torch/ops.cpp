@@ -29,6 +29,7 @@
 #include <torch/autograd.h>
 #include <torch/library.h>
 
+#include <algorithm>
 #include <memory>
 #include <optional>
 #include <stdexcept>
@@ -111,14 +112,16 @@ Tensor int64_tensor(const OptTensor& t, const char* op, const char* what) {
   return *t;
 }
 
-// A torch tensor viewing `t`'s storage (kept alive by the deleter).
+// A torch tensor viewing `t`'s storage, which a copy of `t` held as the data
+// pointer's context keeps alive (a context, unlike a deleter, needs no
+// std::function per tensor).
 Tensor from_core(const CoreTensor& t) {
   if (!t.defined()) return Tensor();
   auto* keep = new CoreTensor(t);
-  std::vector<int64_t> sizes(t.shape().begin(), t.shape().end());
-  return at::from_blob(
-      const_cast<void*>(keep->raw_data()), sizes, [keep](void*) { delete keep; },
-      at::TensorOptions().dtype(torch_dtype(t.dtype())));
+  return at::for_blob(const_cast<void*>(keep->raw_data()), t.shape())
+      .context(keep, [](void* p) { delete static_cast<CoreTensor*>(p); })
+      .options(at::TensorOptions().dtype(torch_dtype(t.dtype())))
+      .make_tensor();
 }
 
 std::vector<int64_t> to_vector(const Tensor& lengths, const char* op) {
@@ -211,7 +214,8 @@ RNNCall make_call(const char* op, const Tensor& x, int64_t input_size, c10::stri
   // "fp32", "bf16" (an error naming the ISA where the CPU has no native bf16),
   // or "auto" (bf16 where native: what seqpack.torch passes under autocast).
   checked(op, [&] {
-    o.precision = resolve_precision(std::string(precision));
+    // "fp32" (what every call outside autocast passes) needs no CPU query.
+    o.precision = precision == "fp32" ? Precision::fp32 : resolve_precision(std::string(precision));
     o.validate();
   });
   call.train = train;
@@ -324,20 +328,57 @@ std::tuple<Tensor, Tensor, Tensor> run_rnn(const RNNCall& call, const Tensor& da
   return outputs(run_forward(call, data, h0, c0, weights, /*save=*/false), data);
 }
 
+// The plan this thread made last, with the values it was made from. A batch
+// reaches plan_of more than once (seqpack::rnn, then pad_packed_sequence; a
+// stack of layers; an epoch's repeated shapes), and comparing its indices in
+// full costs far less than deriving the plan again (O(rows) and several
+// allocations), so an exact match reuses the plan.
+struct PlanCache {
+  std::vector<int64_t> batch_sizes, sorted_indices, unsorted_indices;
+  bool indices = false;
+  int64_t rows = -1;
+  std::shared_ptr<const PackingPlan> plan;
+};
+
+bool holds(const CoreTensor& t, const std::vector<int64_t>& values) {
+  return t.defined() && t.dtype() == DType::i64 && t.dim() == 1 &&
+         t.size(0) == static_cast<int64_t>(values.size()) &&
+         std::equal(values.begin(), values.end(), t.data<int64_t>());
+}
+
 std::shared_ptr<const PackingPlan> plan_of(const Tensor& data, const Tensor& batch_sizes,
                                            const OptTensor& sorted_indices,
                                            const OptTensor& unsorted_indices, const char* op) {
   PackedSequence p;
-  // Only the row count of data matters to the plan: a 1-D int64 stand-in
-  // avoids wrapping the features.
-  p.data = CoreTensor::empty({data.dim() > 0 ? data.size(0) : 0}, DType::i64);
   p.batch_sizes = to_core(int64_tensor(batch_sizes, op, "batch_sizes"), op, "batch_sizes");
   p.sorted_indices =
       to_core(int64_tensor(sorted_indices, op, "sorted_indices"), op, "sorted_indices");
   p.unsorted_indices =
       to_core(int64_tensor(unsorted_indices, op, "unsorted_indices"), op, "unsorted_indices");
-  return checked(op,
-                 [&] { return std::make_shared<const PackingPlan>(PackingPlan::from_packed(p)); });
+  thread_local PlanCache cache;
+  const bool indices = p.sorted_indices.defined() || p.unsorted_indices.defined();
+  if (cache.plan && data.dim() >= 1 && data.size(0) == cache.rows && indices == cache.indices &&
+      holds(p.batch_sizes, cache.batch_sizes) &&
+      (!indices || (holds(p.sorted_indices, cache.sorted_indices) &&
+                    holds(p.unsorted_indices, cache.unsorted_indices)))) {
+    return cache.plan;
+  }
+  // Only data's shape matters to the plan (its memory is never read): a
+  // stand-in of that shape on no memory, rather than an allocation per call.
+  static char no_memory;
+  p.data = CoreTensor::wrap(&no_memory, Shape(data.sizes().begin(), data.sizes().end()),
+                            DType::f32, nullptr);
+  auto plan = checked(
+      op, [&] { return std::make_shared<const PackingPlan>(PackingPlan::from_packed(p)); });
+  // Valid from here on (from_packed validated all of it).
+  cache.batch_sizes = p.batch_sizes.to_vector<int64_t>();
+  cache.indices = indices;
+  cache.sorted_indices = indices ? p.sorted_indices.to_vector<int64_t>() : std::vector<int64_t>();
+  cache.unsorted_indices =
+      indices ? p.unsorted_indices.to_vector<int64_t>() : std::vector<int64_t>();
+  cache.rows = data.size(0);
+  cache.plan = plan;
+  return plan;
 }
 
 std::tuple<Tensor, Tensor, Tensor> rnn(const Tensor& data, const Tensor& batch_sizes,

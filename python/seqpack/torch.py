@@ -67,6 +67,14 @@ def pad_packed_sequence(sequence: PackedSequence, batch_first: bool = False,
         batch_first, padding_value, total_length)
 
 
+@torch.jit.unused
+def _new_packed(data: Tensor, like: PackedSequence) -> PackedSequence:
+    """PackedSequence(data, like.batch_sizes, like.sorted_indices,
+    like.unsorted_indices) without the constructor's checks (a tenth of the time)."""
+    return tuple.__new__(PackedSequence,
+                         (data, like.batch_sizes, like.sorted_indices, like.unsorted_indices))
+
+
 class _SeqpackLayer:
     """What the three layers share. Every forward goes through _run, the one
     place that calls seqpack's operators."""
@@ -157,15 +165,17 @@ class _SeqpackLayer:
         torch's implementation. (One weight stands for all: a module's parameters
         share a device and dtype unless set by hand, and then the operator names the
         odd one.)"""
+        # is_cpu, not device.type: a torch.device per check costs more than the
+        # rest of this method.
         dtype = input.dtype
-        if input.device.type != "cpu" or (dtype != torch.float32 and dtype != torch.float64):
+        if not input.is_cpu or (dtype != torch.float32 and dtype != torch.float64):
             return False
         w = self._flat_weights[0]
-        if w.device.type != "cpu" or w.dtype != dtype:
+        if not w.is_cpu or w.dtype != dtype:
             return False
-        if h0 is not None and (h0.device.type != "cpu" or h0.dtype != dtype):
+        if h0 is not None and (not h0.is_cpu or h0.dtype != dtype):
             return False
-        if c0 is not None and (c0.device.type != "cpu" or c0.dtype != dtype):
+        if c0 is not None and (not c0.is_cpu or c0.dtype != dtype):
             return False
         return True
 
@@ -315,6 +325,10 @@ class _SeqpackLayer:
         self._check_packed(input, h0, c0, lengths)
         out, h_n, c_n = self._run(input.data, input.batch_sizes, input.sorted_indices,
                                   input.unsorted_indices, None, h0, c0)
+        if not torch.jit.is_scripting():
+            # The input's batch_sizes and indices, which PackedSequence's
+            # constructor checked when the input was made: only the tuple is new.
+            return _new_packed(out, input), h_n, c_n
         return PackedSequence(out, input.batch_sizes, input.sorted_indices,
                               input.unsorted_indices), h_n, c_n
 

@@ -300,3 +300,31 @@ def test_input_without_grad_skips_only_the_input_gradient(mode):
     assert x.grad is None and packed.data.grad is None
     for (name, p), q in zip(m.named_parameters(), t.parameters()):
         assert_close(p.grad.numpy(), q.grad.numpy(), 1e-10, 1e-10, name)
+
+
+def test_packing_plan_reuse_follows_the_index_values():
+    """seqpack::rnn reuses the last packing plan only for the same index values:
+    batches that share batch_sizes but not the order, index tensors changed in
+    place between calls, and indices dropped all run their own plan (checked
+    against torch.nn)."""
+    m = module("GRU")
+    t = torch_twin(m)
+    g = torch.Generator().manual_seed(base_seed())
+    x = torch.randn(3, 3, 2, generator=g)
+
+    def check(packed):
+        out, h_n = m(packed)
+        ref, ref_h = t(packed)
+        assert_close(out.data.detach().numpy(), ref.data.detach().numpy(), 1e-5, 1e-5, "output")
+        assert_close(h_n.detach().numpy(), ref_h.detach().numpy(), 1e-5, 1e-5, "h_n")
+
+    for lengths in ([3, 1, 2], [1, 2, 3], [2, 3, 1], [2, 3, 1]):
+        check(trnn.pack_padded_sequence(x, torch.tensor(lengths), enforce_sorted=False))
+    packed = trnn.pack_padded_sequence(x, torch.tensor([3, 1, 2]), enforce_sorted=False)
+    check(packed)
+    other = trnn.pack_padded_sequence(x, torch.tensor([1, 3, 2]), enforce_sorted=False)
+    packed.sorted_indices.copy_(other.sorted_indices)
+    packed.unsorted_indices.copy_(other.unsorted_indices)
+    check(trnn.PackedSequence(other.data, packed.batch_sizes, packed.sorted_indices,
+                              packed.unsorted_indices))
+    check(trnn.pack_padded_sequence(x, torch.tensor([3, 2, 1])))  # no indices
