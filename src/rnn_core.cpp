@@ -30,6 +30,7 @@
 #include <omp.h>
 
 #include <algorithm>
+#include <cassert>
 #include <cstring>
 #include <random>
 #include <stdexcept>
@@ -361,6 +362,9 @@ struct ForwardStep {
   const T* const* x_rows = nullptr;     // lookup rows the LSTM gate kernel adds to g
   const T* next_g = nullptr;            // the next step's gate rows (a prefetch hint)
   int64_t next_len = 0;                 // their elements
+  int64_t h_row = 0;                    // row of h_prev's rows in the engine's store
+  uint16_t* h16 = nullptr;              // where the kernel writes h's rows for the next
+                                        // step's product (the engine's sink, or null)
 };
 
 template <typename T>
@@ -378,6 +382,12 @@ struct ForwardDirection {
   T* outp = nullptr;   // this direction's columns of the layer output
   T *hprev = nullptr, *cs = nullptr, *ms = nullptr, *ghn = nullptr;  // saved
   std::unique_ptr<cpu::StepOperand> whh, whr;
+  // The engine's form of h_prev for the steps' products (null where it reads
+  // them as they are): two halves of [B, R], the steps alternating between
+  // them (a thread may write a step's h while another still multiplies the
+  // previous one's), filled by the gate kernels through hsink.
+  std::unique_ptr<cpu::RowStore> hkept;
+  cpu::RowSink hsink;
   // A lookup layer's projected rows: fed into the product where the engine
   // takes init rows, else (LSTM) added by the gate kernel, else copied into G.
   bool fuse_lookup = false, lookup_in_gates = false;
@@ -457,6 +467,15 @@ struct ForwardDirection {
       std::copy(ws.cstate.begin(), ws.cstate.end(), sd.c0.data<T>());
     }
     outp = out.data<T>() + d * R;
+    // Under a projection h_prev is W_hr's product, not a kernel's output.
+    hkept = proj ? nullptr : eng.step_rows(*whh, 2 * B);
+    if (hkept) {
+      if (!h0_zero) {  // rows that begin later read h0 from either half
+        eng.keep(*hkept, 0, ws.hstate.data(), R, B);
+        eng.keep(*hkept, B, ws.hstate.data(), R, B);
+      }
+      hsink = eng.sink(*hkept);
+    }
   }
 
   // One step, walked by every thread on its share: by columns, one barrier
@@ -482,6 +501,8 @@ struct ForwardDirection {
       st.next_len = (n1 - n0) * G;
     }
     st.out = outp + st.r0 * ldo;
+    st.h_row = (s % 2) * B + j0;
+    st.h16 = hsink.row(((s + 1) % 2) * B + j0);
     T* hsrc = save ? hprev + st.r0 * R : ws.hprev.data() + ((s % 2) * B + j0) * R;
     T* hstate = ws.hstate.data() + j0 * R;
     copy_rows(hsrc + sp.ra, R, hstate + sp.ra, R, st.n, sp.rb - sp.ra);
@@ -530,7 +551,8 @@ struct ForwardDirection {
     if (st.ng == 0) return;
     const int64_t blocks = sp.nth == 1 || sp.by_rows ? 1 : G / H;
     for (int64_t q = 0; q < blocks; ++q) {
-      eng.step(st.ng, st.h_prev, R, *whh, sp.range(G / H, q), beta, dst, G, st.init);
+      eng.step(st.ng, st.h_prev, R, *whh, sp.range(G / H, q), beta, dst, G, st.init, hkept.get(),
+               st.h_row);
     }
   }
 
@@ -548,7 +570,7 @@ struct ForwardDirection {
       ldh = H;
     }
     cpu::lstm_gates_forward<T>(st.n, H, a, b, st.g, cstate, H, cdst, H, hdst, ldh, st.x_rows,
-                               st.next_g, st.next_len);
+                               st.next_g, st.next_len, st.h16, hsink.ld);
     if (save) copy_rows(cstate + a, H, cdst + a, H, st.n, b - a);
     if (proj) {
       columns_barrier(sp);
@@ -565,13 +587,13 @@ struct ForwardDirection {
       for (int64_t q = 0; q < 3; ++q)
         std::fill(gh + r * G + q * H + sp.a, gh + r * G + q * H + sp.b, T(0));
     cpu::gru_gates_forward<T>(st.n, H, sp.a, sp.b, st.g, gh, w.b_hh, st.h_prev, R, st.out, ldo,
-                              save ? ghn + st.r0 * H : nullptr);
+                              save ? ghn + st.r0 * H : nullptr, st.h16, hsink.ld);
   }
 
   // RNN: h_t = tanh or relu(W_ih x + b_ih + W_hh h_{t-1} + b_hh).
   void rnn_step(const ForwardStep<T>& st, const Split& sp) {
     hidden_product(st, sp, T(1), st.g);
-    cpu::rnn_gates_forward<T>(st.n, H, sp.a, sp.b, st.g, relu, st.out, ldo);
+    cpu::rnn_gates_forward<T>(st.n, H, sp.a, sp.b, st.g, relu, st.out, ldo, st.h16, hsink.ld);
   }
 
   void run(int nt, const Tensor& x, const Tensor& h0, const Tensor& c0, Tensor& out,
@@ -658,17 +680,19 @@ RNNForwardResult forward_impl(const RNNOptions& o, const std::vector<Tensor>& we
   if (lstm) res.c_n = cpu::pooled_empty({L * D, B, H}, o.dtype);
   std::shared_ptr<RNNSaved> saved = save ? make_saved<T>(o, weights, plan, h0, lookup) : nullptr;
 
+  // Every workspace is written before it is read (load_state, the products
+  // with beta 0, the kernels): none is zero-filled.
   std::vector<ForwardWorkspace<T>> wss(static_cast<std::size_t>(D));
   for (ForwardWorkspace<T>& ws : wss) {
-    ws.hstate.resize(static_cast<std::size_t>(B * R));
+    ws.hstate.resize_for_overwrite(static_cast<std::size_t>(B * R));
     // Without save, h_prev of a step goes to one of two alternating buffers
     // (a thread may start the next step while another still reads this one).
-    ws.hprev.resize(save ? 0 : static_cast<std::size_t>(2 * B * R));
-    ws.cstate.resize(lstm ? static_cast<std::size_t>(B * H) : 0);
-    ws.gh.resize(gru ? static_cast<std::size_t>(B * G) : 0);
-    ws.m.resize(o.proj_size > 0 && !save ? static_cast<std::size_t>(B * H) : 0);
-    ws.bias.resize(static_cast<std::size_t>(G));
-    ws.proj.resize(lookup ? static_cast<std::size_t>(data.size(0) * G) : 0);
+    ws.hprev.resize_for_overwrite(save ? 0 : static_cast<std::size_t>(2 * B * R));
+    ws.cstate.resize_for_overwrite(lstm ? static_cast<std::size_t>(B * H) : 0);
+    ws.gh.resize_for_overwrite(gru ? static_cast<std::size_t>(B * G) : 0);
+    ws.m.resize_for_overwrite(o.proj_size > 0 && !save ? static_cast<std::size_t>(B * H) : 0);
+    ws.bias.resize_for_overwrite(static_cast<std::size_t>(G));
+    ws.proj.resize_for_overwrite(lookup ? static_cast<std::size_t>(data.size(0) * G) : 0);
   }
   const int nt = step_threads(H, rows_split(eng, o));
   Tensor layer_in = data;
@@ -710,6 +734,13 @@ struct BackwardWorkspace {
   Tensor dg_t, dgh_t;
   T* dg = nullptr;   // [N, G] gradient of the gate pre-activations (GRU: input side)
   T* dgh = nullptr;  // GRU: [N, G] gradient of W_h h_prev + b_h; else = dg
+  // The engine's stores of dG's rows (null where it reads operands as they
+  // are): dgh_kept as the steps' products took them, for dW_hh (and, where dG
+  // is dG_h, for dW_ih and dX); GRU's dgx_kept, kept step by step while the
+  // rows are in cache, for dW_ih and dX. Without them, each of those products
+  // would convert all of dG again, streaming it from memory.
+  std::unique_ptr<cpu::RowStore> dgh_kept, dgx_kept;
+  const cpu::RowStore* dg_kept() const { return dgh == dg ? dgh_kept.get() : dgx_kept.get(); }
 };
 
 // The rows of one backward step, as the cells see them.
@@ -738,13 +769,14 @@ struct BackwardDirection {
   const T* dout = nullptr;  // this direction's columns of the output gradient, or null
   T *db_ih = nullptr, *db_hh = nullptr;
   std::unique_ptr<cpu::StepOperand> whh, whr;
-  // dG_h's rows as the steps' products converted them, for dW_hh (the engine's, or null).
-  std::unique_ptr<cpu::RowStore> dgh_kept;
   // Whether dG lives one step at a time (ws.dg_step): a lookup layer's dW_ih
   // and dX read dP instead, and dW_hh the kept rows. Its rows stay in cache
   // instead of streaming [N, G] through memory.
   bool dg_per_step = false;
   bool row_split = false;  // the steps split by rows (else by columns)
+  // Where the gate kernels write dG_h's and GRU's dG_x's rows in the engine's
+  // form (its sinks into ws.dgh_kept and ws.dgx_kept, or empty).
+  cpu::RowSink dgh_sink, dgx_sink;
 
   BackwardDirection(const RNNSaved& sv_, const cpu::GemmEngine<T>& eng_,
                     BackwardWorkspace<T>& ws_, RNNGradients& g_, int64_t l_, int64_t d_,
@@ -761,7 +793,8 @@ struct BackwardDirection {
   // Bias gradients are summed by the gate kernels step by step (LSTM and RNN:
   // db_hh == db_ih, copied after); W_hh [G, R] and W_hr [R, H] are laid out
   // once for the steps' products; dh and dc start from grad_h_n and grad_c_n.
-  void prepare(int nt, const Tensor& dout_t, const Tensor& grad_h_n, const Tensor& grad_c_n) {
+  void prepare(int nt, const Tensor& dout_t, const Tensor& grad_h_n, const Tensor& grad_c_n,
+               int64_t in) {
     if (o.bias) {
       db_ih = g.weights[static_cast<std::size_t>(w.first) + 2].data<T>();
       db_hh = g.weights[static_cast<std::size_t>(w.first) + 3].data<T>();
@@ -771,9 +804,15 @@ struct BackwardDirection {
     const int nc = row_split ? 1 : nt;  // threads sharing the columns
     whh = eng.prepare(w.w_hh, /*trans_b=*/false, G, R, R, step_ranges(R, 1, nc));
     if (proj) whr = eng.prepare(w.w_hr, /*trans_b=*/false, R, H, H, step_ranges(H, 1, nc));
-    dgh_kept = eng.keep_rows(N, G, R, N - dw_hh_skip());
-    dg_per_step = dgh_kept && lookup_layer && !gru;
-    if (dg_per_step) ws.dg_step.resize(static_cast<std::size_t>(2 * sv.batch * G));
+    ws.dgh_kept = eng.keep_rows(N, G, R, N - dw_hh_skip());
+    // A lookup layer's dW_ih and dX read dP, not dG.
+    ws.dgx_kept = gru && !lookup_layer ? eng.keep_rows(N, G, in, N) : nullptr;
+    dg_per_step = ws.dgh_kept && lookup_layer && !gru;
+    dgh_sink = ws.dgh_kept ? eng.sink(*ws.dgh_kept) : cpu::RowSink{};
+    dgx_sink = ws.dgx_kept ? eng.sink(*ws.dgx_kept) : cpu::RowSink{};
+    assert(!dgh_sink.data || dgh_sink.ld == G);  // the kernels write dG's layout
+    assert(!dgx_sink.data || dgx_sink.ld == G);
+    if (dg_per_step) ws.dg_step.resize_for_overwrite(static_cast<std::size_t>(2 * sv.batch * G));
     const int64_t ld = l * o.num_directions() + d;
     load_state(ws.dhstate.data(), grad_h_n, ld, sv.sorted_indices, R);
     if (lstm) load_state(ws.dcstate.data(), grad_c_n, ld, sv.sorted_indices, H);
@@ -842,11 +881,11 @@ struct BackwardDirection {
   // rows for dW_hh (rows past ng too, which the product skips): under a
   // column split those of thread 0, under a row split each thread its own.
   void hidden_product(const BackwardStep<T>& st, const T* dgr, T beta, const Split& sp) {
-    if (dgh_kept && (sp.by_rows || sp.tid == 0) && st.ng < st.n)
-      eng.keep(*dgh_kept, st.r0 + st.ng, dgr + st.ng * G, G, st.n - st.ng);
+    if (ws.dgh_kept && (sp.by_rows || sp.tid == 0) && st.ng < st.n)
+      eng.keep(*ws.dgh_kept, st.r0 + st.ng, dgr + st.ng * G, G, st.n - st.ng);
     if (st.ng == 0) return;
     eng.step(st.ng, dgr, G, *whh, sp.range(1, 0), beta, ws.dhstate.data() + st.j0 * R, R,
-             nullptr, dgh_kept.get(), st.r0);
+             nullptr, ws.dgh_kept.get(), st.r0);
   }
 
   // The forward direction's first rows saw the zero h0: they add nothing to dW_hh.
@@ -875,7 +914,8 @@ struct BackwardDirection {
                                 sd.c.data<T>() + r * H, c_prev, dh_in + lo * ld_dh, ld_dh,
                                 ws.dcstate.data() + (st.j0 + lo) * H, st.dg + lo * G,
                                 bias_sums(sp, db_ih),
-                                lookup_layer ? ws.dproj_rows.data() + r : nullptr);
+                                lookup_layer ? ws.dproj_rows.data() + r : nullptr,
+                                dgh_sink.row(r));
   }
 
   void lstm_step(const BackwardStep<T>& st, const Split& sp) {
@@ -909,15 +949,17 @@ struct BackwardDirection {
     cpu::gru_gates_backward<T>(st.n, H, sp.a, sp.b, sd.gates.data<T>() + st.r0 * G,
                                sd.ghn.data<T>() + st.r0 * H, sd.h_prev.data<T>() + st.r0 * R, R,
                                st.dh, R, st.dg, dghr, ws.dhstate.data() + st.j0 * R,
-                               bias_sums(sp, db_ih), bias_sums(sp, db_hh));
+                               bias_sums(sp, db_ih), bias_sums(sp, db_hh), dgx_sink.row(st.r0),
+                               dgh_sink.row(st.r0));
     scatter_rows(st, sp);
     columns_barrier(sp);
+    if (ws.dgx_kept && (sp.by_rows || sp.tid == 0)) eng.keep(*ws.dgx_kept, st.r0, st.dg, G, st.n);
     hidden_product(st, dghr, T(1), sp);
   }
 
   void rnn_step(const BackwardStep<T>& st, const Split& sp) {
     cpu::rnn_gates_backward<T>(st.n, H, sp.a, sp.b, sd.gates.data<T>() + st.r0 * G, relu, st.dh,
-                               R, st.dg, bias_sums(sp, db_ih));
+                               R, st.dg, bias_sums(sp, db_ih), dgh_sink.row(st.r0));
     scatter_rows(st, sp);
     columns_barrier(sp);
     hidden_product(st, st.dg, T(0), sp);
@@ -948,12 +990,12 @@ struct BackwardDirection {
     if (lookup_layer) {  // dW_ih = dPᵀ·table, dP summed during the steps
       eng.gemm(true, false, G, in, input.size(0), ws.dproj.data(), G, x, in, T(0), dwih, in);
     } else {
-      eng.gemm(true, false, G, in, N, ws.dg, G, x, in, T(0), dwih, in);
+      eng.gemm(true, false, G, in, N, ws.dg, G, x, in, T(0), dwih, in, nullptr, ws.dg_kept(), 0);
     }
     const int64_t skip = dw_hh_skip();
     eng.gemm(true, false, G, R, N - skip, ws.dgh + skip * G, G,
              sd.h_prev.data<T>() + skip * R, R, T(0), g.weights[k + 1].data<T>(), R, nullptr,
-             dgh_kept.get(), skip);
+             ws.dgh_kept.get(), skip);
     std::size_t next = k + 2;
     if (o.bias) {
       if (!gru) std::copy(db_ih, db_ih + G, db_hh);
@@ -972,7 +1014,7 @@ struct BackwardDirection {
     // and the column split's thread count.
     if (lookup_layer && rows_split(eng, o)) nt = std::min(nt, step_threads(H, false));
     row_split = rows_split(eng, o) && nt > 1 && !lookup_layer;
-    prepare(nt, dout_t, grad_h_n, grad_c_n);
+    prepare(nt, dout_t, grad_h_n, grad_c_n, input.size(1));
     const std::vector<int64_t> bounds =
         row_split ? row_bounds(sv.batch_sizes, sv.batch, nt) : std::vector<int64_t>{};
     if (row_split) ws.db_parts.assign(static_cast<std::size_t>((nt - 1) * 2 * G), T(0));
@@ -996,19 +1038,20 @@ std::vector<BackwardWorkspace<T>> backward_workspaces(const RNNSaved& sv) {
   const int64_t B = sv.batch, N = sv.total_rows, H = o.hidden_size;
   const int64_t R = o.real_hidden_size(), G = o.gate_count() * H;
   const bool gru = o.mode == RNNMode::gru, proj = o.proj_size > 0;
+  // Written before read, as the forward's (dP is zeroed where its sums begin).
   std::vector<BackwardWorkspace<T>> wss(static_cast<std::size_t>(o.num_directions()));
   for (BackwardWorkspace<T>& ws : wss) {
-    ws.dhstate.resize(static_cast<std::size_t>(B * R));
-    ws.dcstate.resize(o.mode == RNNMode::lstm ? static_cast<std::size_t>(B * H) : 0);
-    ws.dm.resize(proj ? static_cast<std::size_t>(B * H) : 0);
+    ws.dhstate.resize_for_overwrite(static_cast<std::size_t>(B * R));
+    ws.dcstate.resize_for_overwrite(o.mode == RNNMode::lstm ? static_cast<std::size_t>(B * H) : 0);
+    ws.dm.resize_for_overwrite(proj ? static_cast<std::size_t>(B * H) : 0);
     // Under a projection dW_hr = dHᵀ·M needs dh of every row; otherwise one step's worth.
-    ws.dhtot.resize(static_cast<std::size_t>((proj ? N : B) * R));
+    ws.dhtot.resize_for_overwrite(static_cast<std::size_t>((proj ? N : B) * R));
     ws.dg_t = cpu::pooled_empty({N, G}, o.dtype);
     ws.dg = ws.dg_t.template data<T>();
     if (gru) ws.dgh_t = cpu::pooled_empty({N, G}, o.dtype);
     ws.dgh = gru ? ws.dgh_t.template data<T>() : ws.dg;
     if (!sv.lookup.empty()) {
-      ws.dproj.resize(static_cast<std::size_t>(sv.layers[0].input.size(0) * G));
+      ws.dproj.resize_for_overwrite(static_cast<std::size_t>(sv.layers[0].input.size(0) * G));
     }
   }
   return wss;
@@ -1051,7 +1094,8 @@ RNNGradients backward_impl(const RNNSaved& sv, const Tensor& grad_output, const 
       const DirWeights<T> w = dir_weights<T>(o, sv.weights, l, d);
       const BackwardWorkspace<T>& ws = wss[static_cast<std::size_t>(d)];
       eng.gemm(false, false, rows, in, G, lookup_layer ? ws.dproj.data() : ws.dg, G, w.w_ih, in,
-               d == 0 ? T(0) : T(1), dx.data<T>(), in);
+               d == 0 ? T(0) : T(1), dx.data<T>(), in, nullptr,
+               lookup_layer ? nullptr : ws.dg_kept(), 0);
     }
     if (sl.mask.defined()) {
       T* a = dx.data<T>();

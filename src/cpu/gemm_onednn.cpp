@@ -20,6 +20,7 @@
 #include <string>
 #include <tuple>
 
+#include "cpu/bf16.h"
 #include "cpu/buffer_pool.h"
 #include "cpu/gemm.h"
 #include "cpu/gemm_engine.h"
@@ -27,17 +28,6 @@
 namespace seqpack::cpu {
 
 namespace {
-
-// One value, as the hardware converts it (vcvtneps2bf16): round to nearest
-// even, NaN kept NaN (rounding could carry a NaN's mantissa into infinity),
-// subnormals flushed to zero of the same sign.
-inline uint16_t bf16_of(float x) {
-  uint32_t u;
-  std::memcpy(&u, &x, sizeof u);
-  if ((u & 0x7F800000u) == 0) return static_cast<uint16_t>((u >> 16) & 0x8000u);
-  if ((u & 0x7FFFFFFFu) > 0x7F800000u) return static_cast<uint16_t>((u >> 16) | 0x40u);
-  return static_cast<uint16_t>((u + 0x7FFFu + ((u >> 16) & 1u)) >> 16);
-}
 
 // 16 values per instruction where the CPU converts natively (AVX512-BF16:
 // every CPU the bf16 engine runs on). Highway 1.0 has no bf16 conversion with
@@ -297,22 +287,26 @@ struct BlockedOperand : StepOperand {
   }
 };
 
-// The bf16 rows of a matrix kept by step() and keep() for a later gemm().
+// The bf16 rows of a matrix kept by step() and keep() for a later gemm(), or
+// (sunk) written by the caller through sink() and recorded by them.
 struct Bf16Rows : RowStore {
   int64_t rows = 0, cols = 0;
   Tensor storage;  // the bf16 rows, pooled (a fresh block per call would fault its pages in)
   std::vector<char> have;  // per row
+  bool sunk = false;       // the caller writes the rows (sink())
 
   uint16_t* row(int64_t r) const {
     return static_cast<uint16_t*>(const_cast<void*>(storage.raw_data())) + r * cols;
   }
-  // Rows [r, r + m) = a[:m] (row stride lda) in bf16.
+  // Rows [r, r + m) = a[:m] (row stride lda) in bf16 (sunk: written already).
   void put(int64_t r, const float* a, int64_t lda, int64_t m) {
     if (r < 0 || r + m > rows) {
       throw std::logic_error("kept rows [" + std::to_string(r) + ", " + std::to_string(r + m) +
                              ") outside the store's " + std::to_string(rows));
     }
-    for (int64_t i = 0; i < m; ++i) f32_to_bf16(a + i * lda, row(r + i), cols);
+    if (!sunk) {
+      for (int64_t i = 0; i < m; ++i) f32_to_bf16(a + i * lda, row(r + i), cols);
+    }
     std::fill(have.begin() + r, have.begin() + r + m, char(1));
   }
   // Rows [r, r + m), every one of which must have been kept.
@@ -365,6 +359,21 @@ class OnednnEngine : public GemmEngine<float> {
   std::unique_ptr<RowStore> keep_rows(int64_t rows, int64_t cols, int64_t n,
                                       int64_t k) const override {
     if (f32_ || (small_in_fp32_ && !bf16_product(cols, n, k))) return nullptr;
+    return make_store(rows, cols);
+  }
+
+  std::unique_ptr<RowStore> step_rows(const StepOperand& b, int64_t rows) const override {
+    if (f32_ || static_cast<const BlockedOperand&>(b).fallback) return nullptr;
+    return make_store(rows, b.k);
+  }
+
+  RowSink sink(RowStore& store) const override {
+    auto& s = static_cast<Bf16Rows&>(store);
+    s.sunk = true;
+    return {s.row(0), s.cols};
+  }
+
+  static std::unique_ptr<Bf16Rows> make_store(int64_t rows, int64_t cols) {
     auto store = std::make_unique<Bf16Rows>();
     store->rows = rows;
     store->cols = cols;
@@ -415,8 +424,10 @@ class OnednnEngine : public GemmEngine<float> {
     // f32 with k = 64): bf16 staging makes them so, f32 copies them if needed.
     const void* src = a;
     ThreadState& ts = thread_state();
-    if (!f32_ && store && c0 == 0 && store->cols == op.k) {  // converted into the store
-      store->put(keep_row, a, lda, m);
+    if (!f32_ && store && store->cols == op.k && (c0 == 0 || store->sunk)) {
+      // Converted into the store (by the range at column 0), or written there
+      // by the caller (sunk: every range reads them).
+      if (c0 == 0) store->put(keep_row, a, lda, m);
       src = store->row(keep_row);
     } else if (!f32_) {
       stage(m, op.k, a, lda, ts.a);
