@@ -353,6 +353,8 @@ template <typename T>
 struct ForwardStep {
   int64_t n = 0;      // live rows (of this thread, under a row split)
   int64_t ng = 0;     // rows whose h_prev is not the zero h0 (the product's rows)
+  int64_t cont = 0;   // rows that continue from the previous step (the others begin here)
+  int64_t r_prev = 0; // first packed row of those rows at the previous step
   int64_t r0 = 0;     // first packed row
   int64_t j0 = 0;     // first state row (row split: > 0 past the first thread)
   T* g = nullptr;     // gate rows [n, G]: X·W_ihᵀ + b on entry
@@ -485,7 +487,7 @@ struct ForwardDirection {
   // on that thread alone.
   void step(int64_t s, const Split& sp) {
     // The reverse direction walks t down; rows bs[t+1]..bs[t]-1 begin there
-    // and still hold h0 in the state buffer.
+    // and take h0 (and c0) from the state buffers, which hold nothing else.
     const auto& bs = plan.batch_sizes();
     const int64_t t = d == 0 ? s : TT - 1 - s;
     const auto [j0, j1] = sp.rows(bs[static_cast<std::size_t>(t)]);
@@ -504,8 +506,16 @@ struct ForwardDirection {
     st.h_row = (s % 2) * B + j0;
     st.h16 = hsink.row(((s + 1) % 2) * B + j0);
     T* hsrc = save ? hprev + st.r0 * R : ws.hprev.data() + ((s % 2) * B + j0) * R;
-    T* hstate = ws.hstate.data() + j0 * R;
-    copy_rows(hsrc + sp.ra, R, hstate + sp.ra, R, st.n, sp.rb - sp.ra);
+    // h_prev: the previous step's output rows for the rows that continue
+    // from it (read where the kernel wrote them: no copy into a state
+    // buffer), h0 for the others.
+    st.cont = std::clamp<int64_t>(rows_after_h0(bs, t, d) - j0, 0, st.n);
+    if (st.cont > 0) {
+      st.r_prev = plan.offsets()[static_cast<std::size_t>(d == 0 ? t - 1 : t + 1)] + j0;
+      copy_rows(hsrc + sp.ra, R, outp + st.r_prev * ldo + sp.ra, ldo, st.cont, sp.rb - sp.ra);
+    }
+    copy_rows(hsrc + st.cont * R + sp.ra, R, ws.hstate.data() + (j0 + st.cont) * R + sp.ra, R,
+              st.n - st.cont, sp.rb - sp.ra);
     st.h_prev = hsrc;
     columns_barrier(sp);
     // Rows past ng hold the zero h0: their product is zero.
@@ -519,7 +529,6 @@ struct ForwardDirection {
     } else {
       rnn_step(st, sp);
     }
-    copy_rows(hstate + sp.ra, R, st.out + sp.ra, ldo, st.n, sp.rb - sp.ra);
   }
 
   // A lookup layer's step: rows < ng take their projection inside the product
@@ -569,9 +578,20 @@ struct ForwardDirection {
       hdst = save ? ms + st.r0 * H : ws.m.data() + st.j0 * H;
       ldh = H;
     }
-    cpu::lstm_gates_forward<T>(st.n, H, a, b, st.g, cstate, H, cdst, H, hdst, ldh, st.x_rows,
-                               st.next_g, st.next_len, st.h16, hsink.ld);
-    if (save) copy_rows(cstate + a, H, cdst + a, H, st.n, b - a);
+    // Rows [lo, hi) with c_prev their c entering the step.
+    auto rows = [&](int64_t lo, int64_t hi, const T* c_prev) {
+      if (hi <= lo) return;
+      cpu::lstm_gates_forward<T>(hi - lo, H, a, b, st.g + lo * G, c_prev, H, cdst + lo * H, H,
+                                 hdst + lo * ldh, ldh, st.x_rows ? st.x_rows + lo : nullptr,
+                                 st.next_g, st.next_len, st.h16 ? st.h16 + lo * hsink.ld : nullptr,
+                                 hsink.ld);
+    };
+    if (save) {  // c_prev: the previous step's saved c, or c0 (no copy back into the state)
+      rows(0, st.cont, cs + st.r_prev * H);
+      rows(st.cont, st.n, cstate + st.cont * H);
+    } else {  // c updated in place in the state
+      rows(0, st.n, cstate);
+    }
     if (proj) {
       columns_barrier(sp);
       eng.step(st.n, hdst, H, *whr, sp.range(1, 0), T(0), st.out, ldo);
@@ -608,8 +628,25 @@ struct ForwardDirection {
       for (int64_t s = 0; s < TT; ++s) step(s, sp);
     });
     const int64_t ld = l * o.num_directions() + d;
+    final_rows(ws.hstate.data(), outp, ldo, R);
     store_state(res.h_n, ws.hstate.data(), ld, plan.sorted_indices(), R);
+    if (lstm && save) final_rows(ws.cstate.data(), cs, H, H);
     if (lstm) store_state(res.c_n, ws.cstate.data(), ld, plan.sorted_indices(), H);
+  }
+
+  // state[j] = row j's values (packed rows src, stride ld) at its last step:
+  // the forward direction's rows [bs[t+1], bs[t]) end at step t, the reverse
+  // direction's all at step 0. A row never live keeps the state's h0 or c0.
+  void final_rows(T* state, const T* src, int64_t ld, int64_t width) {
+    const auto& bs = plan.batch_sizes();
+    const auto& off = plan.offsets();
+    for (int64_t t = 0; t < TT; ++t) {
+      const int64_t hi = bs[static_cast<std::size_t>(t)];
+      int64_t lo = t + 1 < TT ? bs[static_cast<std::size_t>(t + 1)] : 0;
+      if (d != 0) lo = t == 0 ? 0 : hi;
+      copy_rows(state + lo * width, width, src + (off[static_cast<std::size_t>(t)] + lo) * ld, ld,
+                hi - lo, width);
+    }
   }
 
  private:

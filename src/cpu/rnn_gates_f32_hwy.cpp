@@ -312,6 +312,10 @@ HWY_INLINE void LstmBackwardRows(int64_t n, int64_t H, int64_t k0, int64_t k1, c
         hwy::Prefetch(cp + kPrefetchRows * H + k);
         float* pdg = dg + kPrefetchRows * 4 * H + k;
         for (int64_t j = 0; j < 4; ++j) __builtin_prefetch(pdg + j * H, /*rw=*/1);
+        if (dg16) {  // as cold as dg's
+          uint16_t* p16 = dg16 + kPrefetchRows * 4 * H + k;
+          for (int64_t j = 0; j < 4; ++j) __builtin_prefetch(p16 + j * H, /*rw=*/1);
+        }
       }
       const VF tc = hn::Load(d, ring + slot * L);
       const VF ig = hn::LoadU(d, g + k), fg = hn::LoadU(d, g + H + k);
