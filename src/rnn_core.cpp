@@ -55,6 +55,10 @@ struct RNNSaved {
     Tensor c0;      // LSTM [B, H] c0 in length-sorted order (zeros without c0)
     Tensor m;       // LSTM with projection [N, H]: o * tanh(c), before W_hr
     Tensor ghn;     // GRU [N, H]: W_hn h_prev + b_hn
+    // h_prev's rows in the engine's form for dW_hh (the bf16 engine's, where
+    // it multiplies dW_hh in bf16; else null). With it, h_prev is undefined
+    // where only dW_hh would read it (LSTM, RNN, steps read from the store).
+    std::shared_ptr<cpu::RowStore> h_prev_kept;
   };
   struct Layer {
     Tensor input;  // [N, in] what W_ih saw (after dropout); layer 0 of a lookup: the table
@@ -367,6 +371,7 @@ struct ForwardStep {
   int64_t h_row = 0;                    // row of h_prev's rows in the engine's store
   uint16_t* h16 = nullptr;              // where the kernel writes h's rows for the next
                                         // step's product (the engine's sink, or null)
+  int64_t n16 = 0;                      // rows that have one there (they continue)
 };
 
 template <typename T>
@@ -390,6 +395,12 @@ struct ForwardDirection {
   // previous one's), filled by the gate kernels through hsink.
   std::unique_ptr<cpu::RowStore> hkept;
   cpu::RowSink hsink;
+  // Saving for a backward whose dW_hh the engine multiplies in bf16: h_prev's
+  // rows in its form in packed row order instead (row r: h entering row r's
+  // step), kept for dW_hh; the kernels write each step's rows that continue
+  // into the next step's rows, h0 is kept for the rows that begin.
+  std::shared_ptr<cpu::RowStore> hp_kept;
+  bool fp32_hprev = true;  // whether h_prev's fp32 rows are written (GRU reads them, or a step)
   // A lookup layer's projected rows: fed into the product where the engine
   // takes init rows, else (LSTM) added by the gate kernel, else copied into G.
   bool fuse_lookup = false, lookup_in_gates = false;
@@ -442,9 +453,24 @@ struct ForwardDirection {
   // The saved activations, the steps' operands (W_hhᵀ [R, G], W_hrᵀ [H, R])
   // and the initial state.
   void prepare(int nt, const Tensor& h0, const Tensor& c0, Tensor& out) {
+    const int nc = rows_split(eng, o) ? 1 : nt;  // threads sharing the columns
+    whh = eng.prepare(w.w_hh, /*trans_b=*/true, R, G, R, step_ranges(H, G / H, nc));
+    if (proj) whr = eng.prepare(w.w_hr, /*trans_b=*/true, H, R, H, step_ranges(R, 1, nc));
+    // Under a projection h_prev is W_hr's product, not a kernel's output.
+    if (save && !proj) {
+      const int64_t skip = h0_zero && d == 0 && TT > 0 ? plan.batch_sizes()[0] : 0;
+      hp_kept = eng.keep_rows(N, R, G, N - skip);  // dW_hh = dGᵀ·H_prev[skip:]
+    }
+    if (hp_kept) {
+      hsink = eng.sink(*hp_kept);
+      sd.h_prev_kept = hp_kept;
+    }
+    fp32_hprev = !hp_kept || gru || !eng.step_reads_rows(*whh);
     if (save) {
-      sd.h_prev = cpu::pooled_empty({N, R}, o.dtype);
-      hprev = sd.h_prev.data<T>();
+      if (fp32_hprev) {
+        sd.h_prev = cpu::pooled_empty({N, R}, o.dtype);
+        hprev = sd.h_prev.data<T>();
+      }
       if (lstm) {
         sd.c = cpu::pooled_empty({N, H}, o.dtype);
         cs = sd.c.data<T>();
@@ -458,9 +484,6 @@ struct ForwardDirection {
         ghn = sd.ghn.data<T>();
       }
     }
-    const int nc = rows_split(eng, o) ? 1 : nt;  // threads sharing the columns
-    whh = eng.prepare(w.w_hh, /*trans_b=*/true, R, G, R, step_ranges(H, G / H, nc));
-    if (proj) whr = eng.prepare(w.w_hr, /*trans_b=*/true, H, R, H, step_ranges(R, 1, nc));
     const int64_t ld = l * o.num_directions() + d;
     load_state(ws.hstate.data(), h0, ld, plan.sorted_indices(), R);
     if (lstm) load_state(ws.cstate.data(), c0, ld, plan.sorted_indices(), H);
@@ -469,8 +492,7 @@ struct ForwardDirection {
       std::copy(ws.cstate.begin(), ws.cstate.end(), sd.c0.data<T>());
     }
     outp = out.data<T>() + d * R;
-    // Under a projection h_prev is W_hr's product, not a kernel's output.
-    hkept = proj ? nullptr : eng.step_rows(*whh, 2 * B);
+    hkept = proj || hp_kept ? nullptr : eng.step_rows(*whh, 2 * B);
     if (hkept) {
       if (!h0_zero) {  // rows that begin later read h0 from either half
         eng.keep(*hkept, 0, ws.hstate.data(), R, B);
@@ -503,20 +525,37 @@ struct ForwardDirection {
       st.next_len = (n1 - n0) * G;
     }
     st.out = outp + st.r0 * ldo;
-    st.h_row = (s % 2) * B + j0;
-    st.h16 = hsink.row(((s + 1) % 2) * B + j0);
-    T* hsrc = save ? hprev + st.r0 * R : ws.hprev.data() + ((s % 2) * B + j0) * R;
+    st.cont = std::clamp<int64_t>(rows_after_h0(bs, t, d) - j0, 0, st.n);
+    if (st.cont > 0)
+      st.r_prev = plan.offsets()[static_cast<std::size_t>(d == 0 ? t - 1 : t + 1)] + j0;
+    if (hp_kept) {  // packed rows: the next step's are where this step's h goes
+      st.h_row = st.r0;
+      if (s + 1 < TT) {
+        const auto tn = static_cast<std::size_t>(d == 0 ? t + 1 : t - 1);
+        st.h16 = hsink.row(plan.offsets()[tn] + j0);
+        st.n16 = std::clamp<int64_t>(bs[tn] - j0, 0, st.n);
+      }
+      // The rows that begin here take h0 (before the barrier: every thread's
+      // product reads them).
+      if ((sp.by_rows || sp.tid == 0) && st.cont < st.n)
+        eng.keep(*hp_kept, st.r0 + st.cont, ws.hstate.data() + (j0 + st.cont) * R, R,
+                 st.n - st.cont);
+    } else {
+      st.h_row = (s % 2) * B + j0;
+      st.h16 = hsink.row(((s + 1) % 2) * B + j0);
+      st.n16 = st.n;
+    }
     // h_prev: the previous step's output rows for the rows that continue
     // from it (read where the kernel wrote them: no copy into a state
     // buffer), h0 for the others.
-    st.cont = std::clamp<int64_t>(rows_after_h0(bs, t, d) - j0, 0, st.n);
-    if (st.cont > 0) {
-      st.r_prev = plan.offsets()[static_cast<std::size_t>(d == 0 ? t - 1 : t + 1)] + j0;
-      copy_rows(hsrc + sp.ra, R, outp + st.r_prev * ldo + sp.ra, ldo, st.cont, sp.rb - sp.ra);
+    if (fp32_hprev) {
+      T* hsrc = save ? hprev + st.r0 * R : ws.hprev.data() + ((s % 2) * B + j0) * R;
+      if (st.cont > 0)
+        copy_rows(hsrc + sp.ra, R, outp + st.r_prev * ldo + sp.ra, ldo, st.cont, sp.rb - sp.ra);
+      copy_rows(hsrc + st.cont * R + sp.ra, R, ws.hstate.data() + (j0 + st.cont) * R + sp.ra, R,
+                st.n - st.cont, sp.rb - sp.ra);
+      st.h_prev = hsrc;
     }
-    copy_rows(hsrc + st.cont * R + sp.ra, R, ws.hstate.data() + (j0 + st.cont) * R + sp.ra, R,
-              st.n - st.cont, sp.rb - sp.ra);
-    st.h_prev = hsrc;
     columns_barrier(sp);
     // Rows past ng hold the zero h0: their product is zero.
     const int64_t ng = h0_zero ? rows_after_h0(bs, t, d) : bs[static_cast<std::size_t>(t)];
@@ -560,8 +599,8 @@ struct ForwardDirection {
     if (st.ng == 0) return;
     const int64_t blocks = sp.nth == 1 || sp.by_rows ? 1 : G / H;
     for (int64_t q = 0; q < blocks; ++q) {
-      eng.step(st.ng, st.h_prev, R, *whh, sp.range(G / H, q), beta, dst, G, st.init, hkept.get(),
-               st.h_row);
+      eng.step(st.ng, st.h_prev, R, *whh, sp.range(G / H, q), beta, dst, G, st.init,
+               hp_kept ? hp_kept.get() : hkept.get(), st.h_row);
     }
   }
 
@@ -580,11 +619,12 @@ struct ForwardDirection {
     }
     // Rows [lo, hi) with c_prev their c entering the step.
     auto rows = [&](int64_t lo, int64_t hi, const T* c_prev) {
-      if (hi <= lo) return;
-      cpu::lstm_gates_forward<T>(hi - lo, H, a, b, st.g + lo * G, c_prev, H, cdst + lo * H, H,
-                                 hdst + lo * ldh, ldh, st.x_rows ? st.x_rows + lo : nullptr,
-                                 st.next_g, st.next_len, st.h16 ? st.h16 + lo * hsink.ld : nullptr,
-                                 hsink.ld);
+      by_h16(st, lo, hi, [&](int64_t r0, int64_t r1, uint16_t* h16) {
+        cpu::lstm_gates_forward<T>(r1 - r0, H, a, b, st.g + r0 * G, c_prev + (r0 - lo) * H, H,
+                                   cdst + r0 * H, H, hdst + r0 * ldh, ldh,
+                                   st.x_rows ? st.x_rows + r0 : nullptr, st.next_g, st.next_len,
+                                   h16, hsink.ld);
+      });
     };
     if (save) {  // c_prev: the previous step's saved c, or c0 (no copy back into the state)
       rows(0, st.cont, cs + st.r_prev * H);
@@ -606,14 +646,29 @@ struct ForwardDirection {
     for (int64_t r = st.ng; r < st.n; ++r)
       for (int64_t q = 0; q < 3; ++q)
         std::fill(gh + r * G + q * H + sp.a, gh + r * G + q * H + sp.b, T(0));
-    cpu::gru_gates_forward<T>(st.n, H, sp.a, sp.b, st.g, gh, w.b_hh, st.h_prev, R, st.out, ldo,
-                              save ? ghn + st.r0 * H : nullptr, st.h16, hsink.ld);
+    by_h16(st, 0, st.n, [&](int64_t r0, int64_t r1, uint16_t* h16) {
+      cpu::gru_gates_forward<T>(r1 - r0, H, sp.a, sp.b, st.g + r0 * G, gh + r0 * G, w.b_hh,
+                                st.h_prev + r0 * R, R, st.out + r0 * ldo, ldo,
+                                save ? ghn + (st.r0 + r0) * H : nullptr, h16, hsink.ld);
+    });
   }
 
   // RNN: h_t = tanh or relu(W_ih x + b_ih + W_hh h_{t-1} + b_hh).
   void rnn_step(const ForwardStep<T>& st, const Split& sp) {
     hidden_product(st, sp, T(1), st.g);
-    cpu::rnn_gates_forward<T>(st.n, H, sp.a, sp.b, st.g, relu, st.out, ldo, st.h16, hsink.ld);
+    by_h16(st, 0, st.n, [&](int64_t r0, int64_t r1, uint16_t* h16) {
+      cpu::rnn_gates_forward<T>(r1 - r0, H, sp.a, sp.b, st.g + r0 * G, relu, st.out + r0 * ldo,
+                                ldo, h16, hsink.ld);
+    });
+  }
+
+  // f(r0, r1, h16) over rows [lo, hi) split where the rows with a bf16 copy
+  // (the first n16) end: h16 is their row r0 in the sink, null for the others.
+  template <typename F>
+  void by_h16(const ForwardStep<T>& st, int64_t lo, int64_t hi, F&& f) {
+    const int64_t mid = std::clamp(st.n16, lo, hi);
+    if (mid > lo) f(lo, mid, st.h16 ? st.h16 + lo * hsink.ld : nullptr);
+    if (hi > mid) f(mid, hi, nullptr);
   }
 
   void run(int nt, const Tensor& x, const Tensor& h0, const Tensor& c0, Tensor& out,
@@ -918,8 +973,10 @@ struct BackwardDirection {
   // rows for dW_hh (rows past ng too, which the product skips): under a
   // column split those of thread 0, under a row split each thread its own.
   void hidden_product(const BackwardStep<T>& st, const T* dgr, T beta, const Split& sp) {
-    if (ws.dgh_kept && (sp.by_rows || sp.tid == 0) && st.ng < st.n)
-      eng.keep(*ws.dgh_kept, st.r0 + st.ng, dgr + st.ng * G, G, st.n - st.ng);
+    if (ws.dgh_kept && (sp.by_rows || sp.tid == 0) && st.ng < st.n) {
+      eng.keep(*ws.dgh_kept, st.r0 + st.ng, dgh_sink.data ? nullptr : dgr + st.ng * G, G,
+               st.n - st.ng);
+    }
     if (st.ng == 0) return;
     eng.step(st.ng, dgr, G, *whh, sp.range(1, 0), beta, ws.dhstate.data() + st.j0 * R, R,
              nullptr, ws.dgh_kept.get(), st.r0);
@@ -990,7 +1047,8 @@ struct BackwardDirection {
                                dgh_sink.row(st.r0));
     scatter_rows(st, sp);
     columns_barrier(sp);
-    if (ws.dgx_kept && (sp.by_rows || sp.tid == 0)) eng.keep(*ws.dgx_kept, st.r0, st.dg, G, st.n);
+    if (ws.dgx_kept && (sp.by_rows || sp.tid == 0))
+      eng.keep(*ws.dgx_kept, st.r0, dgx_sink.data ? nullptr : st.dg, G, st.n);
     hidden_product(st, dghr, T(1), sp);
   }
 
@@ -1031,8 +1089,9 @@ struct BackwardDirection {
     }
     const int64_t skip = dw_hh_skip();
     eng.gemm(true, false, G, R, N - skip, ws.dgh + skip * G, G,
-             sd.h_prev.data<T>() + skip * R, R, T(0), g.weights[k + 1].data<T>(), R, nullptr,
-             ws.dgh_kept.get(), skip);
+             sd.h_prev.defined() ? sd.h_prev.data<T>() + skip * R : nullptr, R, T(0),
+             g.weights[k + 1].data<T>(), R, nullptr, ws.dgh_kept.get(), skip,
+             sd.h_prev_kept.get(), skip);
     std::size_t next = k + 2;
     if (o.bias) {
       if (!gru) std::copy(db_ih, db_ih + G, db_hh);

@@ -69,11 +69,13 @@ class GemmEngine {
   // C[m, n] = op(A)·op(B) + beta·C, or c_row (broadcast) + op(A)·op(B).
   // Called outside the time loop's parallel regions (may use every thread).
   // kept (optional, from keep_rows()): A's stored rows are the store's rows
-  // from kept_row on, every one of them kept (a is not read).
+  // from kept_row on, every one of them kept (a is not read); kept_b, the
+  // same for B (b is not read).
   virtual void gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, const T* a,
                     int64_t lda, const T* b, int64_t ldb, T beta, T* c, int64_t ldc,
                     const T* c_row = nullptr, const RowStore* kept = nullptr,
-                    int64_t kept_row = 0) const = 0;
+                    int64_t kept_row = 0, const RowStore* kept_b = nullptr,
+                    int64_t kept_b_row = 0) const = 0;
 
   // A store for a [rows, cols] matrix whose rows [rows - k, rows) a later
   // gemm(trans_a = true, cols, n, k) reads, or null where the engine reads
@@ -82,8 +84,9 @@ class GemmEngine {
                                               int64_t k) const {
     return nullptr;
   }
-  // Rows [row, row + m) of the store's matrix are a[:m] (row stride lda): for
-  // rows that no step() product reads.
+  // Rows [row, row + m) of the store's matrix are a[:m] (row stride lda), or
+  // (a null, after sink()) were written through the sink: for rows that no
+  // step() product reads, or that one reads after this call.
   virtual void keep(RowStore& store, int64_t row, const T* a, int64_t lda, int64_t m) const {}
 
   // A store for the A rows of step() products with b (rows of b.k columns,
@@ -92,11 +95,14 @@ class GemmEngine {
   virtual std::unique_ptr<RowStore> step_rows(const StepOperand& b, int64_t rows) const {
     return nullptr;
   }
+  // Whether step() products with b read A from the store they are given (a
+  // sunk one: a is then not read), i.e. where step_rows(b) gives a store.
+  virtual bool step_reads_rows(const StepOperand& b) const { return false; }
 
   // Hands the writing of the store's rows to the caller: from now on each row
-  // is written through the sink (by the kernel that writes its fp32 values)
-  // before keep() or step() names it, and those only record the rows, and
-  // read them, instead of converting a's. Rows kept before stay. The rows'
+  // is written through the sink (by the kernel that writes its fp32 values),
+  // or by keep() from fp32 rows, before step() names it; step() then only
+  // records the rows, and reads them, instead of converting a's. The rows'
   // writers and step()'s readers must not overlap in time (the time loop's
   // barriers, or alternating stores).
   virtual RowSink sink(RowStore& store) const { return {}; }

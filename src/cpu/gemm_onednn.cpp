@@ -298,13 +298,14 @@ struct Bf16Rows : RowStore {
   uint16_t* row(int64_t r) const {
     return static_cast<uint16_t*>(const_cast<void*>(storage.raw_data())) + r * cols;
   }
-  // Rows [r, r + m) = a[:m] (row stride lda) in bf16 (sunk: written already).
+  // Rows [r, r + m) = a[:m] (row stride lda) in bf16, or (a null) written
+  // already through the sink.
   void put(int64_t r, const float* a, int64_t lda, int64_t m) {
     if (r < 0 || r + m > rows) {
       throw std::logic_error("kept rows [" + std::to_string(r) + ", " + std::to_string(r + m) +
                              ") outside the store's " + std::to_string(rows));
     }
-    if (!sunk) {
+    if (a) {
       for (int64_t i = 0; i < m; ++i) f32_to_bf16(a + i * lda, row(r + i), cols);
     }
     std::fill(have.begin() + r, have.begin() + r + m, char(1));
@@ -330,7 +331,8 @@ class OnednnEngine : public GemmEngine<float> {
 
   void gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, const float* a,
             int64_t lda, const float* b, int64_t ldb, float beta, float* c, int64_t ldc,
-            const float* c_row, const RowStore* kept, int64_t kept_row) const override {
+            const float* c_row, const RowStore* kept, int64_t kept_row, const RowStore* kept_b,
+            int64_t kept_b_row) const override {
     if (f32_ || (small_in_fp32_ && !bf16_product(m, n, k))) {
       onednn_gemm_f32(trans_a, trans_b, m, n, k, a, lda, b, ldb, beta, c, ldc, c_row);
       return;
@@ -350,10 +352,18 @@ class OnednnEngine : public GemmEngine<float> {
       stage(a_rows, a_cols, a, lda, ts.a);
       a16 = ts.a.data();
     }
-    stage(trans_b ? n : k, trans_b ? k : n, b, ldb, ts.b);
+    const int64_t b_rows = trans_b ? n : k, b_cols = trans_b ? k : n;
+    const auto* store_b = static_cast<const Bf16Rows*>(kept_b);
+    const uint16_t* b16 = nullptr;
+    if (store_b && store_b->cols == b_cols) {
+      b16 = store_b->rows_from(kept_b_row, b_rows);
+    } else {
+      stage(b_rows, b_cols, b, ldb, ts.b);
+      b16 = ts.b.data();
+    }
     const Key key{m,       n,       k, trans_a ? m : k, trans_b ? k : n, ldc, trans_a,
                   trans_b, !c_row && beta != 0.0f, c_row != nullptr, false, false};
-    run(key, a16, ts.b.data(), c, c_row);
+    run(key, a16, b16, c, c_row);
   }
 
   std::unique_ptr<RowStore> keep_rows(int64_t rows, int64_t cols, int64_t n,
@@ -363,8 +373,12 @@ class OnednnEngine : public GemmEngine<float> {
   }
 
   std::unique_ptr<RowStore> step_rows(const StepOperand& b, int64_t rows) const override {
-    if (f32_ || static_cast<const BlockedOperand&>(b).fallback) return nullptr;
+    if (!step_reads_rows(b)) return nullptr;
     return make_store(rows, b.k);
+  }
+
+  bool step_reads_rows(const StepOperand& b) const override {
+    return !f32_ && !static_cast<const BlockedOperand&>(b).fallback;
   }
 
   RowSink sink(RowStore& store) const override {
@@ -415,7 +429,8 @@ class OnednnEngine : public GemmEngine<float> {
     auto* store = static_cast<Bf16Rows*>(keep);
     if (op.fallback) {
       gemm_engine_f32(Precision::fp32).step(m, a, lda, *op.fallback, range, beta, c, ldc, nullptr);
-      if (store && op.ranges[range].first == 0) store->put(keep_row, a, lda, m);
+      if (store && op.ranges[range].first == 0)
+        store->put(keep_row, store->sunk ? nullptr : a, lda, m);
       return;
     }
     const auto [c0, c1] = op.ranges[range];
@@ -427,7 +442,7 @@ class OnednnEngine : public GemmEngine<float> {
     if (!f32_ && store && store->cols == op.k && (c0 == 0 || store->sunk)) {
       // Converted into the store (by the range at column 0), or written there
       // by the caller (sunk: every range reads them).
-      if (c0 == 0) store->put(keep_row, a, lda, m);
+      if (c0 == 0) store->put(keep_row, store->sunk ? nullptr : a, lda, m);
       src = store->row(keep_row);
     } else if (!f32_) {
       stage(m, op.k, a, lda, ts.a);
