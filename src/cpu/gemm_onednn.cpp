@@ -19,6 +19,7 @@
 #include <stdexcept>
 #include <string>
 #include <tuple>
+#include <unordered_map>
 
 #include "cpu/bf16.h"
 #include "cpu/buffer_pool.h"
@@ -154,10 +155,25 @@ dnnl::memory::desc bf16_desc(int64_t rows, int64_t cols, bool trans) {
 struct Key {
   int64_t m, n, k, lda, ldb, ldc;
   bool trans_a, trans_b, sum, bias, blocked, f32;
-  bool operator<(const Key& o) const {
-    return std::tie(m, n, k, lda, ldb, ldc, trans_a, trans_b, sum, bias, blocked, f32) <
+  bool operator==(const Key& o) const {
+    return std::tie(m, n, k, lda, ldb, ldc, trans_a, trans_b, sum, bias, blocked, f32) ==
            std::tie(o.m, o.n, o.k, o.lda, o.ldb, o.ldc, o.trans_a, o.trans_b, o.sum, o.bias,
                     o.blocked, o.f32);
+  }
+};
+
+// A hash for the primitive cache: looked up on every product (each step's),
+// a std::map's dozen-field comparisons down its tree cost ~0.5% of the main
+// job (perf).
+struct KeyHash {
+  std::size_t operator()(const Key& key) const {
+    uint64_t h = 0x9E3779B97F4A7C15ULL;
+    for (const int64_t v : {key.m, key.n, key.k, key.lda, key.ldb, key.ldc}) {
+      h = (h ^ static_cast<uint64_t>(v)) * 0x100000001B3ULL;
+    }
+    const uint64_t flags = key.trans_a | key.trans_b << 1 | key.sum << 2 | key.bias << 3 |
+                           key.blocked << 4 | key.f32 << 5;
+    return static_cast<std::size_t>((h ^ flags) * 0x100000001B3ULL);
   }
 };
 
@@ -188,7 +204,7 @@ dnnl::memory::desc blocked_weights_desc(int64_t k, int64_t n, bool f32) {
 }
 
 Primitive& primitive(const Key& key) {
-  thread_local std::map<Key, Primitive> cache;
+  thread_local std::unordered_map<Key, Primitive, KeyHash> cache;
   auto it = cache.find(key);
   if (it != cache.end()) return it->second;
   const dt type = key.f32 ? dt::f32 : dt::bf16;
