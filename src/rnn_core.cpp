@@ -358,7 +358,7 @@ struct ForwardStep {
   int64_t n = 0;      // live rows (of this thread, under a row split)
   int64_t ng = 0;     // rows whose h_prev is not the zero h0 (the product's rows)
   int64_t cont = 0;   // rows that continue from the previous step (the others begin here)
-  int64_t r_prev = 0; // first packed row of those rows at the previous step
+  int64_t r_prev = 0;  // first packed row of those rows at the previous step
   int64_t r0 = 0;     // first packed row
   int64_t j0 = 0;     // first state row (row split: > 0 past the first thread)
   T* g = nullptr;     // gate rows [n, G]: X·W_ihᵀ + b on entry
@@ -657,8 +657,8 @@ struct ForwardDirection {
   void rnn_step(const ForwardStep<T>& st, const Split& sp) {
     hidden_product(st, sp, T(1), st.g);
     by_h16(st, 0, st.n, [&](int64_t r0, int64_t r1, uint16_t* h16) {
-      cpu::rnn_gates_forward<T>(r1 - r0, H, sp.a, sp.b, st.g + r0 * G, relu, st.out + r0 * ldo,
-                                ldo, h16, hsink.ld);
+      cpu::rnn_gates_forward<T>(r1 - r0, H, sp.a, sp.b, st.g + r0 * G, relu, st.out + r0 * ldo, ldo,
+                                h16, hsink.ld);
     });
   }
 
@@ -978,8 +978,8 @@ struct BackwardDirection {
                st.n - st.ng);
     }
     if (st.ng == 0) return;
-    eng.step(st.ng, dgr, G, *whh, sp.range(1, 0), beta, ws.dhstate.data() + st.j0 * R, R,
-             nullptr, ws.dgh_kept.get(), st.r0);
+    eng.step(st.ng, dgr, G, *whh, sp.range(1, 0), beta, ws.dhstate.data() + st.j0 * R, R, nullptr,
+             ws.dgh_kept.get(), st.r0);
   }
 
   // The forward direction's first rows saw the zero h0: they add nothing to dW_hh.
@@ -1004,12 +1004,10 @@ struct BackwardDirection {
                           const T* dh_in, int64_t ld_dh, const Split& sp) {
     if (hi <= lo) return;
     const int64_t r = st.r0 + lo;
-    cpu::lstm_gates_backward<T>(hi - lo, H, sp.a, sp.b, sd.gates.data<T>() + r * G,
-                                sd.c.data<T>() + r * H, c_prev, dh_in + lo * ld_dh, ld_dh,
-                                ws.dcstate.data() + (st.j0 + lo) * H, st.dg + lo * G,
-                                bias_sums(sp, db_ih),
-                                lookup_layer ? ws.dproj_rows.data() + r : nullptr,
-                                dgh_sink.row(r));
+    cpu::lstm_gates_backward<T>(
+        hi - lo, H, sp.a, sp.b, sd.gates.data<T>() + r * G, sd.c.data<T>() + r * H, c_prev,
+        dh_in + lo * ld_dh, ld_dh, ws.dcstate.data() + (st.j0 + lo) * H, st.dg + lo * G,
+        bias_sums(sp, db_ih), lookup_layer ? ws.dproj_rows.data() + r : nullptr, dgh_sink.row(r));
   }
 
   void lstm_step(const BackwardStep<T>& st, const Split& sp) {
@@ -1040,11 +1038,10 @@ struct BackwardDirection {
 
   void gru_step(const BackwardStep<T>& st, const Split& sp) {
     T* dghr = ws.dgh + st.r0 * G;
-    cpu::gru_gates_backward<T>(st.n, H, sp.a, sp.b, sd.gates.data<T>() + st.r0 * G,
-                               sd.ghn.data<T>() + st.r0 * H, sd.h_prev.data<T>() + st.r0 * R, R,
-                               st.dh, R, st.dg, dghr, ws.dhstate.data() + st.j0 * R,
-                               bias_sums(sp, db_ih), bias_sums(sp, db_hh), dgx_sink.row(st.r0),
-                               dgh_sink.row(st.r0));
+    cpu::gru_gates_backward<T>(
+        st.n, H, sp.a, sp.b, sd.gates.data<T>() + st.r0 * G, sd.ghn.data<T>() + st.r0 * H,
+        sd.h_prev.data<T>() + st.r0 * R, R, st.dh, R, st.dg, dghr, ws.dhstate.data() + st.j0 * R,
+        bias_sums(sp, db_ih), bias_sums(sp, db_hh), dgx_sink.row(st.r0), dgh_sink.row(st.r0));
     scatter_rows(st, sp);
     columns_barrier(sp);
     if (ws.dgx_kept && (sp.by_rows || sp.tid == 0))
@@ -1053,8 +1050,8 @@ struct BackwardDirection {
   }
 
   void rnn_step(const BackwardStep<T>& st, const Split& sp) {
-    cpu::rnn_gates_backward<T>(st.n, H, sp.a, sp.b, sd.gates.data<T>() + st.r0 * G, relu, st.dh,
-                               R, st.dg, bias_sums(sp, db_ih), dgh_sink.row(st.r0));
+    cpu::rnn_gates_backward<T>(st.n, H, sp.a, sp.b, sd.gates.data<T>() + st.r0 * G, relu, st.dh, R,
+                               st.dg, bias_sums(sp, db_ih), dgh_sink.row(st.r0));
     scatter_rows(st, sp);
     columns_barrier(sp);
     hidden_product(st, st.dg, T(0), sp);
@@ -1090,8 +1087,8 @@ struct BackwardDirection {
     const int64_t skip = dw_hh_skip();
     eng.gemm(true, false, G, R, N - skip, ws.dgh + skip * G, G,
              sd.h_prev.defined() ? sd.h_prev.data<T>() + skip * R : nullptr, R, T(0),
-             g.weights[k + 1].data<T>(), R, nullptr, ws.dgh_kept.get(), skip,
-             sd.h_prev_kept.get(), skip);
+             g.weights[k + 1].data<T>(), R, nullptr, ws.dgh_kept.get(), skip, sd.h_prev_kept.get(),
+             skip);
     std::size_t next = k + 2;
     if (o.bias) {
       if (!gru) std::copy(db_ih, db_ih + G, db_hh);

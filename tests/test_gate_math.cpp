@@ -529,8 +529,8 @@ constexpr uint16_t kUntouched = 0xABCD;
       const uint16_t have = got[static_cast<std::size_t>(r * ld16 + c)];
       if (have != want) {
         return ::testing::AssertionFailure()
-               << what << "[" << r << ", " << c << "]: 0x" << std::hex << have << " want 0x"
-               << want << std::dec << (in ? " (bf16 of the fp32 value)" : " (untouched)");
+               << what << "[" << r << ", " << c << "]: 0x" << std::hex << have << " want 0x" << want
+               << std::dec << (in ? " (bf16 of the fp32 value)" : " (untouched)");
       }
     }
   }
@@ -549,8 +549,8 @@ bool bf16_is_nan(uint16_t h) { return (h & 0x7F80u) == 0x7F80u && (h & 0x7Fu) !=
   const bool simd = std::string(seqpack::cpu::rnn_gates_f32_target()) != "SCALAR";
   if (std::isnan(v) == bf16_is_nan(c) && (std::isnan(v) || !simd))
     return ::testing::AssertionSuccess();
-  return ::testing::AssertionFailure() << "value " << v << " at " << at << ", bf16 copy 0x"
-                                       << std::hex << c;
+  return ::testing::AssertionFailure()
+         << "value " << v << " at " << at << ", bf16 copy 0x" << std::hex << c;
 }
 
 template <typename T>
@@ -587,10 +587,10 @@ TEST_F(GateKernels, Bf16CopiesAreTheFp32ValuesRounded) {
         const std::vector<float> cp = uniform(nH, 2.0f, rng_);
         std::vector<float> g1 = g0, c1(nH), h1(nH), g2 = g0, c2(nH), h2(nH);
         std::vector<uint16_t> h16 = copies(static_cast<std::size_t>(n * ld16));
-        seqpack::cpu::lstm_gates_forward<float>(n, H, k0, k1, g1.data(), cp.data(), H, c1.data(),
-                                                H, h1.data(), H);
-        seqpack::cpu::lstm_gates_forward<float>(n, H, k0, k1, g2.data(), cp.data(), H, c2.data(),
-                                                H, h2.data(), H, nullptr, nullptr, 0, h16.data(),
+        seqpack::cpu::lstm_gates_forward<float>(n, H, k0, k1, g1.data(), cp.data(), H, c1.data(), H,
+                                                h1.data(), H);
+        seqpack::cpu::lstm_gates_forward<float>(n, H, k0, k1, g2.data(), cp.data(), H, c2.data(), H,
+                                                h2.data(), H, nullptr, nullptr, 0, h16.data(),
                                                 ld16);
         EXPECT_TRUE(same_bits(g1, g2) && same_bits(c1, c2) && same_bits(h1, h2));
         EXPECT_TRUE(bf16_copy_of(h16, ld16, h2, H, n, H, 1, k0, k1, "lstm h16"));
@@ -622,8 +622,8 @@ TEST_F(GateKernels, Bf16CopiesAreTheFp32ValuesRounded) {
         seqpack::cpu::gru_gates_forward<float>(n, H, k0, k1, x1.data(), y.data(), b.data(),
                                                hp.data(), H, h1.data(), H, ghn1.data());
         seqpack::cpu::gru_gates_forward<float>(n, H, k0, k1, x2.data(), y.data(), b.data(),
-                                               hp.data(), H, h2.data(), H, ghn2.data(),
-                                               h16.data(), ld16);
+                                               hp.data(), H, h2.data(), H, ghn2.data(), h16.data(),
+                                               ld16);
         EXPECT_TRUE(same_bits(x1, x2) && same_bits(h1, h2) && same_bits(ghn1, ghn2));
         EXPECT_TRUE(bf16_copy_of(h16, ld16, h2, H, n, H, 1, k0, k1, "gru h16"));
         EXPECT_TRUE(nan_stays_nan(h16, h2, k0));

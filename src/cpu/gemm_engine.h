@@ -73,9 +73,8 @@ class GemmEngine {
   // same for B (b is not read).
   virtual void gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, const T* a,
                     int64_t lda, const T* b, int64_t ldb, T beta, T* c, int64_t ldc,
-                    const T* c_row = nullptr, const RowStore* kept = nullptr,
-                    int64_t kept_row = 0, const RowStore* kept_b = nullptr,
-                    int64_t kept_b_row = 0) const = 0;
+                    const T* c_row = nullptr, const RowStore* kept = nullptr, int64_t kept_row = 0,
+                    const RowStore* kept_b = nullptr, int64_t kept_b_row = 0) const = 0;
 
   // A store for a [rows, cols] matrix whose rows [rows - k, rows) a later
   // gemm(trans_a = true, cols, n, k) reads, or null where the engine reads

@@ -63,8 +63,8 @@ void lstm_gates_backward(int64_t n, int64_t H, int64_t k0, int64_t k1, const T* 
 // the backward needs.
 template <typename T>
 void gru_gates_forward(int64_t n, int64_t H, int64_t k0, int64_t k1, T* gx, const T* gh,
-                       const T* b_hh, const T* h_prev, int64_t ld_hprev, T* h, int64_t ld_h,
-                       T* ghn, uint16_t* h16 = nullptr, int64_t ld_h16 = 0);
+                       const T* b_hh, const T* h_prev, int64_t ld_hprev, T* h, int64_t ld_h, T* ghn,
+                       uint16_t* h16 = nullptr, int64_t ld_h16 = 0);
 
 // dgx: gradient of W_i x + b_i [n, 3H]; dgh: of W_h h_prev + b_h [n, 3H];
 // dh_prev: the part of dL/dh_prev that bypasses W_hh (dh * z), ld H.

@@ -567,8 +567,7 @@ template <>
 void lstm_gates_forward<float>(int64_t n, int64_t H, int64_t k0, int64_t k1, float* gates,
                                const float* c_prev, int64_t ld_cprev, float* c, int64_t ld_c,
                                float* h, int64_t ld_h, const float* const* x_rows,
-                               const float* next, int64_t next_len, uint16_t* h16,
-                               int64_t ld_h16) {
+                               const float* next, int64_t next_len, uint16_t* h16, int64_t ld_h16) {
   HWY_DYNAMIC_DISPATCH(LstmForward)
   (n, H, k0, k1, gates, c_prev, ld_cprev, c, ld_c, h, ld_h, x_rows, next, next_len, h16, ld_h16);
 }
@@ -605,8 +604,8 @@ void rnn_gates_forward<float>(int64_t n, int64_t H, int64_t k0, int64_t k1, floa
 }
 template <>
 void rnn_gates_backward<float>(int64_t n, int64_t H, int64_t k0, int64_t k1, const float* h_saved,
-                               bool relu, const float* dh, int64_t ld_dh, float* dpre,
-                               float* dbias, uint16_t* dpre16) {
+                               bool relu, const float* dh, int64_t ld_dh, float* dpre, float* dbias,
+                               uint16_t* dpre16) {
   HWY_DYNAMIC_DISPATCH(RnnBackward)(n, H, k0, k1, h_saved, relu, dh, ld_dh, dpre, dbias, dpre16);
 }
 

@@ -9,8 +9,8 @@ namespace seqpack::cpu {
 template <>
 void lstm_gates_forward<double>(int64_t n, int64_t H, int64_t k0, int64_t k1, double* gates,
                                 const double* c_prev, int64_t ld_cprev, double* c, int64_t ld_c,
-                                double* h, int64_t ld_h, const double* const* x_rows,
-                                const double*, int64_t, uint16_t*, int64_t) {
+                                double* h, int64_t ld_h, const double* const* x_rows, const double*,
+                                int64_t, uint16_t*, int64_t) {
   scalar::lstm_gates_forward(n, H, k0, k1, gates, c_prev, ld_cprev, c, ld_c, h, ld_h, x_rows);
 }
 template <>
