@@ -8,6 +8,8 @@
 #define HWY_TARGET_INCLUDE "cpu/rnn_gates_f32_hwy.cpp"
 #include <hwy/foreach_target.h>  // IWYU pragma: keep
 
+#include <type_traits>
+
 #include <hwy/cache_control.h>
 #include <hwy/highway.h>
 
@@ -152,7 +154,9 @@ HWY_INLINE VF PreActivation(DF d, const float* g, const float* x, int64_t at) {
 // product waited for each of them; the transcendentals here hide the wait).
 constexpr int64_t kPrefetchLines = 4;
 
-template <bool kAddX>
+// kBf16: h16 given (the bf16 copies' stores compiled in only then, so the
+// fp32 path runs the loop it ran before they existed).
+template <bool kAddX, bool kBf16>
 HWY_INLINE void LstmForwardRows(int64_t n, int64_t H, int64_t k0, int64_t k1, float* gates,
                                 const float* c_prev, int64_t ld_cprev, float* c, int64_t ld_c,
                                 float* h, int64_t ld_h, const float* const* x_rows,
@@ -187,7 +191,7 @@ HWY_INLINE void LstmForwardRows(int64_t n, int64_t H, int64_t k0, int64_t k1, fl
     for (int64_t k = k0; k < kv; k += L) {
       const VF hv = hn::Mul(hn::LoadU(d, g + 3 * H + k), Tanh(d, hn::LoadU(d, cr + k)));
       hn::StoreU(hv, d, hr + k);
-      if (h16r) StoreBf16(d, hv, h16r + k);
+      if (kBf16) StoreBf16(d, hv, h16r + k);
     }
     for (int64_t k = kv; k < k1; ++k) {
       scalar::lstm_forward_at(H, k, g, cp, cr, hr, x);
@@ -200,12 +204,17 @@ void LstmForward(int64_t n, int64_t H, int64_t k0, int64_t k1, float* gates, con
                  int64_t ld_cprev, float* c, int64_t ld_c, float* h, int64_t ld_h,
                  const float* const* x_rows, const float* next, int64_t next_len, uint16_t* h16,
                  int64_t ld_h16) {
+  auto rows = [&](auto add_x, auto bf16) {
+    LstmForwardRows<decltype(add_x)::value, decltype(bf16)::value>(
+        n, H, k0, k1, gates, c_prev, ld_cprev, c, ld_c, h, ld_h, x_rows, next, next_len, h16,
+        ld_h16);
+  };
+  using Yes = std::true_type;
+  using No = std::false_type;
   if (x_rows) {
-    LstmForwardRows<true>(n, H, k0, k1, gates, c_prev, ld_cprev, c, ld_c, h, ld_h, x_rows, next,
-                          next_len, h16, ld_h16);
+    h16 ? rows(Yes{}, Yes{}) : rows(Yes{}, No{});
   } else {
-    LstmForwardRows<false>(n, H, k0, k1, gates, c_prev, ld_cprev, c, ld_c, h, ld_h, x_rows, next,
-                           next_len, h16, ld_h16);
+    h16 ? rows(No{}, Yes{}) : rows(No{}, No{});
   }
 }
 
@@ -273,7 +282,7 @@ HWY_INLINE void AddInto(DF d, float* dx, int64_t at, VF v) {
 // prefetches the same columns kPrefetchRows rows further on. The gate
 // gradients' rows are as cold and each store waited for its line: they are
 // prefetched for writing.
-template <bool kAddDx>
+template <bool kAddDx, bool kBf16>  // kBf16: dgates16 given (as LstmForwardRows)
 HWY_INLINE void LstmBackwardRows(int64_t n, int64_t H, int64_t k0, int64_t k1, const float* gates,
                                  const float* c, const float* c_prev, const float* dh,
                                  int64_t ld_dh, float* dc, float* dgates, float* const* dx_rows,
@@ -312,7 +321,7 @@ HWY_INLINE void LstmBackwardRows(int64_t n, int64_t H, int64_t k0, int64_t k1, c
         hwy::Prefetch(cp + kPrefetchRows * H + k);
         float* pdg = dg + kPrefetchRows * 4 * H + k;
         for (int64_t j = 0; j < 4; ++j) __builtin_prefetch(pdg + j * H, /*rw=*/1);
-        if (dg16) {  // as cold as dg's
+        if (kBf16) {  // as cold as dg's
           uint16_t* p16 = dg16 + kPrefetchRows * 4 * H + k;
           for (int64_t j = 0; j < 4; ++j) __builtin_prefetch(p16 + j * H, /*rw=*/1);
         }
@@ -337,7 +346,7 @@ HWY_INLINE void LstmBackwardRows(int64_t n, int64_t H, int64_t k0, int64_t k1, c
       hn::StoreU(dgg, d, dg + 2 * H + k);
       hn::StoreU(dgo, d, dg + 3 * H + k);
       hn::StoreU(df, d, dcr + k);
-      if (dg16) {
+      if (kBf16) {
         StoreBf16(d, dgi, dg16 + k);
         StoreBf16(d, dgf, dg16 + H + k);
         StoreBf16(d, dgg, dg16 + 2 * H + k);
@@ -358,12 +367,16 @@ HWY_INLINE void LstmBackwardRows(int64_t n, int64_t H, int64_t k0, int64_t k1, c
 void LstmBackward(int64_t n, int64_t H, int64_t k0, int64_t k1, const float* gates, const float* c,
                   const float* c_prev, const float* dh, int64_t ld_dh, float* dc, float* dgates,
                   float* dbias, float* const* dx_rows, uint16_t* dgates16) {
+  auto rows = [&](auto add_dx, auto bf16) {
+    LstmBackwardRows<decltype(add_dx)::value, decltype(bf16)::value>(
+        n, H, k0, k1, gates, c, c_prev, dh, ld_dh, dc, dgates, dx_rows, dgates16);
+  };
+  using Yes = std::true_type;
+  using No = std::false_type;
   if (dx_rows) {
-    LstmBackwardRows<true>(n, H, k0, k1, gates, c, c_prev, dh, ld_dh, dc, dgates, dx_rows,
-                           dgates16);
+    dgates16 ? rows(Yes{}, Yes{}) : rows(Yes{}, No{});
   } else {
-    LstmBackwardRows<false>(n, H, k0, k1, gates, c, c_prev, dh, ld_dh, dc, dgates, dx_rows,
-                            dgates16);
+    dgates16 ? rows(No{}, Yes{}) : rows(No{}, No{});
   }
   if (dbias) AddColumnSums(n, 4 * H, 4, H, k0, k1, dgates, dbias);
 }
