@@ -30,6 +30,7 @@
 #include <omp.h>
 
 #include <algorithm>
+#include <cassert>
 #include <cstring>
 #include <random>
 #include <stdexcept>
@@ -54,6 +55,10 @@ struct RNNSaved {
     Tensor c0;      // LSTM [B, H] c0 in length-sorted order (zeros without c0)
     Tensor m;       // LSTM with projection [N, H]: o * tanh(c), before W_hr
     Tensor ghn;     // GRU [N, H]: W_hn h_prev + b_hn
+    // h_prev's rows in the engine's form for dW_hh (the bf16 engine's, where
+    // it multiplies dW_hh in bf16; else null). With it, h_prev is undefined
+    // where only dW_hh would read it (LSTM, RNN, steps read from the store).
+    std::shared_ptr<cpu::RowStore> h_prev_kept;
   };
   struct Layer {
     Tensor input;  // [N, in] what W_ih saw (after dropout); layer 0 of a lookup: the table
@@ -352,6 +357,8 @@ template <typename T>
 struct ForwardStep {
   int64_t n = 0;      // live rows (of this thread, under a row split)
   int64_t ng = 0;     // rows whose h_prev is not the zero h0 (the product's rows)
+  int64_t cont = 0;   // rows that continue from the previous step (the others begin here)
+  int64_t r_prev = 0;  // first packed row of those rows at the previous step
   int64_t r0 = 0;     // first packed row
   int64_t j0 = 0;     // first state row (row split: > 0 past the first thread)
   T* g = nullptr;     // gate rows [n, G]: X·W_ihᵀ + b on entry
@@ -361,6 +368,10 @@ struct ForwardStep {
   const T* const* x_rows = nullptr;     // lookup rows the LSTM gate kernel adds to g
   const T* next_g = nullptr;            // the next step's gate rows (a prefetch hint)
   int64_t next_len = 0;                 // their elements
+  int64_t h_row = 0;                    // row of h_prev's rows in the engine's store
+  uint16_t* h16 = nullptr;              // where the kernel writes h's rows for the next
+                                        // step's product (the engine's sink, or null)
+  int64_t n16 = 0;                      // rows that have one there (they continue)
 };
 
 template <typename T>
@@ -378,6 +389,18 @@ struct ForwardDirection {
   T* outp = nullptr;   // this direction's columns of the layer output
   T *hprev = nullptr, *cs = nullptr, *ms = nullptr, *ghn = nullptr;  // saved
   std::unique_ptr<cpu::StepOperand> whh, whr;
+  // The engine's form of h_prev for the steps' products (null where it reads
+  // them as they are): two halves of [B, R], the steps alternating between
+  // them (a thread may write a step's h while another still multiplies the
+  // previous one's), filled by the gate kernels through hsink.
+  std::unique_ptr<cpu::RowStore> hkept;
+  cpu::RowSink hsink;
+  // Saving for a backward whose dW_hh the engine multiplies in bf16: h_prev's
+  // rows in its form in packed row order instead (row r: h entering row r's
+  // step), kept for dW_hh; the kernels write each step's rows that continue
+  // into the next step's rows, h0 is kept for the rows that begin.
+  std::shared_ptr<cpu::RowStore> hp_kept;
+  bool fp32_hprev = true;  // whether h_prev's fp32 rows are written (GRU reads them, or a step)
   // A lookup layer's projected rows: fed into the product where the engine
   // takes init rows, else (LSTM) added by the gate kernel, else copied into G.
   bool fuse_lookup = false, lookup_in_gates = false;
@@ -430,9 +453,24 @@ struct ForwardDirection {
   // The saved activations, the steps' operands (W_hhᵀ [R, G], W_hrᵀ [H, R])
   // and the initial state.
   void prepare(int nt, const Tensor& h0, const Tensor& c0, Tensor& out) {
+    const int nc = rows_split(eng, o) ? 1 : nt;  // threads sharing the columns
+    whh = eng.prepare(w.w_hh, /*trans_b=*/true, R, G, R, step_ranges(H, G / H, nc));
+    if (proj) whr = eng.prepare(w.w_hr, /*trans_b=*/true, H, R, H, step_ranges(R, 1, nc));
+    // Under a projection h_prev is W_hr's product, not a kernel's output.
+    if (save && !proj) {
+      const int64_t skip = h0_zero && d == 0 && TT > 0 ? plan.batch_sizes()[0] : 0;
+      hp_kept = eng.keep_rows(N, R, G, N - skip);  // dW_hh = dGᵀ·H_prev[skip:]
+    }
+    if (hp_kept) {
+      hsink = eng.sink(*hp_kept);
+      sd.h_prev_kept = hp_kept;
+    }
+    fp32_hprev = !hp_kept || gru || !eng.step_reads_rows(*whh);
     if (save) {
-      sd.h_prev = cpu::pooled_empty({N, R}, o.dtype);
-      hprev = sd.h_prev.data<T>();
+      if (fp32_hprev) {
+        sd.h_prev = cpu::pooled_empty({N, R}, o.dtype);
+        hprev = sd.h_prev.data<T>();
+      }
       if (lstm) {
         sd.c = cpu::pooled_empty({N, H}, o.dtype);
         cs = sd.c.data<T>();
@@ -446,9 +484,6 @@ struct ForwardDirection {
         ghn = sd.ghn.data<T>();
       }
     }
-    const int nc = rows_split(eng, o) ? 1 : nt;  // threads sharing the columns
-    whh = eng.prepare(w.w_hh, /*trans_b=*/true, R, G, R, step_ranges(H, G / H, nc));
-    if (proj) whr = eng.prepare(w.w_hr, /*trans_b=*/true, H, R, H, step_ranges(R, 1, nc));
     const int64_t ld = l * o.num_directions() + d;
     load_state(ws.hstate.data(), h0, ld, plan.sorted_indices(), R);
     if (lstm) load_state(ws.cstate.data(), c0, ld, plan.sorted_indices(), H);
@@ -457,6 +492,14 @@ struct ForwardDirection {
       std::copy(ws.cstate.begin(), ws.cstate.end(), sd.c0.data<T>());
     }
     outp = out.data<T>() + d * R;
+    hkept = proj || hp_kept ? nullptr : eng.step_rows(*whh, 2 * B);
+    if (hkept) {
+      if (!h0_zero) {  // rows that begin later read h0 from either half
+        eng.keep(*hkept, 0, ws.hstate.data(), R, B);
+        eng.keep(*hkept, B, ws.hstate.data(), R, B);
+      }
+      hsink = eng.sink(*hkept);
+    }
   }
 
   // One step, walked by every thread on its share: by columns, one barrier
@@ -466,7 +509,7 @@ struct ForwardDirection {
   // on that thread alone.
   void step(int64_t s, const Split& sp) {
     // The reverse direction walks t down; rows bs[t+1]..bs[t]-1 begin there
-    // and still hold h0 in the state buffer.
+    // and take h0 (and c0) from the state buffers, which hold nothing else.
     const auto& bs = plan.batch_sizes();
     const int64_t t = d == 0 ? s : TT - 1 - s;
     const auto [j0, j1] = sp.rows(bs[static_cast<std::size_t>(t)]);
@@ -482,10 +525,37 @@ struct ForwardDirection {
       st.next_len = (n1 - n0) * G;
     }
     st.out = outp + st.r0 * ldo;
-    T* hsrc = save ? hprev + st.r0 * R : ws.hprev.data() + ((s % 2) * B + j0) * R;
-    T* hstate = ws.hstate.data() + j0 * R;
-    copy_rows(hsrc + sp.ra, R, hstate + sp.ra, R, st.n, sp.rb - sp.ra);
-    st.h_prev = hsrc;
+    st.cont = std::clamp<int64_t>(rows_after_h0(bs, t, d) - j0, 0, st.n);
+    if (st.cont > 0)
+      st.r_prev = plan.offsets()[static_cast<std::size_t>(d == 0 ? t - 1 : t + 1)] + j0;
+    if (hp_kept) {  // packed rows: the next step's are where this step's h goes
+      st.h_row = st.r0;
+      if (s + 1 < TT) {
+        const auto tn = static_cast<std::size_t>(d == 0 ? t + 1 : t - 1);
+        st.h16 = hsink.row(plan.offsets()[tn] + j0);
+        st.n16 = std::clamp<int64_t>(bs[tn] - j0, 0, st.n);
+      }
+      // The rows that begin here take h0 (before the barrier: every thread's
+      // product reads them).
+      if ((sp.by_rows || sp.tid == 0) && st.cont < st.n)
+        eng.keep(*hp_kept, st.r0 + st.cont, ws.hstate.data() + (j0 + st.cont) * R, R,
+                 st.n - st.cont);
+    } else {
+      st.h_row = (s % 2) * B + j0;
+      st.h16 = hsink.row(((s + 1) % 2) * B + j0);
+      st.n16 = st.n;
+    }
+    // h_prev: the previous step's output rows for the rows that continue
+    // from it (read where the kernel wrote them: no copy into a state
+    // buffer), h0 for the others.
+    if (fp32_hprev) {
+      T* hsrc = save ? hprev + st.r0 * R : ws.hprev.data() + ((s % 2) * B + j0) * R;
+      if (st.cont > 0)
+        copy_rows(hsrc + sp.ra, R, outp + st.r_prev * ldo + sp.ra, ldo, st.cont, sp.rb - sp.ra);
+      copy_rows(hsrc + st.cont * R + sp.ra, R, ws.hstate.data() + (j0 + st.cont) * R + sp.ra, R,
+                st.n - st.cont, sp.rb - sp.ra);
+      st.h_prev = hsrc;
+    }
     columns_barrier(sp);
     // Rows past ng hold the zero h0: their product is zero.
     const int64_t ng = h0_zero ? rows_after_h0(bs, t, d) : bs[static_cast<std::size_t>(t)];
@@ -498,7 +568,6 @@ struct ForwardDirection {
     } else {
       rnn_step(st, sp);
     }
-    copy_rows(hstate + sp.ra, R, st.out + sp.ra, ldo, st.n, sp.rb - sp.ra);
   }
 
   // A lookup layer's step: rows < ng take their projection inside the product
@@ -530,7 +599,8 @@ struct ForwardDirection {
     if (st.ng == 0) return;
     const int64_t blocks = sp.nth == 1 || sp.by_rows ? 1 : G / H;
     for (int64_t q = 0; q < blocks; ++q) {
-      eng.step(st.ng, st.h_prev, R, *whh, sp.range(G / H, q), beta, dst, G, st.init);
+      eng.step(st.ng, st.h_prev, R, *whh, sp.range(G / H, q), beta, dst, G, st.init,
+               hp_kept ? hp_kept.get() : hkept.get(), st.h_row);
     }
   }
 
@@ -547,9 +617,21 @@ struct ForwardDirection {
       hdst = save ? ms + st.r0 * H : ws.m.data() + st.j0 * H;
       ldh = H;
     }
-    cpu::lstm_gates_forward<T>(st.n, H, a, b, st.g, cstate, H, cdst, H, hdst, ldh, st.x_rows,
-                               st.next_g, st.next_len);
-    if (save) copy_rows(cstate + a, H, cdst + a, H, st.n, b - a);
+    // Rows [lo, hi) with c_prev their c entering the step.
+    auto rows = [&](int64_t lo, int64_t hi, const T* c_prev) {
+      by_h16(st, lo, hi, [&](int64_t r0, int64_t r1, uint16_t* h16) {
+        cpu::lstm_gates_forward<T>(r1 - r0, H, a, b, st.g + r0 * G, c_prev + (r0 - lo) * H, H,
+                                   cdst + r0 * H, H, hdst + r0 * ldh, ldh,
+                                   st.x_rows ? st.x_rows + r0 : nullptr, st.next_g, st.next_len,
+                                   h16, hsink.ld);
+      });
+    };
+    if (save) {  // c_prev: the previous step's saved c, or c0 (no copy back into the state)
+      rows(0, st.cont, cs + st.r_prev * H);
+      rows(st.cont, st.n, cstate + st.cont * H);
+    } else {  // c updated in place in the state
+      rows(0, st.n, cstate);
+    }
     if (proj) {
       columns_barrier(sp);
       eng.step(st.n, hdst, H, *whr, sp.range(1, 0), T(0), st.out, ldo);
@@ -564,14 +646,29 @@ struct ForwardDirection {
     for (int64_t r = st.ng; r < st.n; ++r)
       for (int64_t q = 0; q < 3; ++q)
         std::fill(gh + r * G + q * H + sp.a, gh + r * G + q * H + sp.b, T(0));
-    cpu::gru_gates_forward<T>(st.n, H, sp.a, sp.b, st.g, gh, w.b_hh, st.h_prev, R, st.out, ldo,
-                              save ? ghn + st.r0 * H : nullptr);
+    by_h16(st, 0, st.n, [&](int64_t r0, int64_t r1, uint16_t* h16) {
+      cpu::gru_gates_forward<T>(r1 - r0, H, sp.a, sp.b, st.g + r0 * G, gh + r0 * G, w.b_hh,
+                                st.h_prev + r0 * R, R, st.out + r0 * ldo, ldo,
+                                save ? ghn + (st.r0 + r0) * H : nullptr, h16, hsink.ld);
+    });
   }
 
   // RNN: h_t = tanh or relu(W_ih x + b_ih + W_hh h_{t-1} + b_hh).
   void rnn_step(const ForwardStep<T>& st, const Split& sp) {
     hidden_product(st, sp, T(1), st.g);
-    cpu::rnn_gates_forward<T>(st.n, H, sp.a, sp.b, st.g, relu, st.out, ldo);
+    by_h16(st, 0, st.n, [&](int64_t r0, int64_t r1, uint16_t* h16) {
+      cpu::rnn_gates_forward<T>(r1 - r0, H, sp.a, sp.b, st.g + r0 * G, relu, st.out + r0 * ldo, ldo,
+                                h16, hsink.ld);
+    });
+  }
+
+  // f(r0, r1, h16) over rows [lo, hi) split where the rows with a bf16 copy
+  // (the first n16) end: h16 is their row r0 in the sink, null for the others.
+  template <typename F>
+  void by_h16(const ForwardStep<T>& st, int64_t lo, int64_t hi, F&& f) {
+    const int64_t mid = std::clamp(st.n16, lo, hi);
+    if (mid > lo) f(lo, mid, st.h16 ? st.h16 + lo * hsink.ld : nullptr);
+    if (hi > mid) f(mid, hi, nullptr);
   }
 
   void run(int nt, const Tensor& x, const Tensor& h0, const Tensor& c0, Tensor& out,
@@ -586,8 +683,25 @@ struct ForwardDirection {
       for (int64_t s = 0; s < TT; ++s) step(s, sp);
     });
     const int64_t ld = l * o.num_directions() + d;
+    final_rows(ws.hstate.data(), outp, ldo, R);
     store_state(res.h_n, ws.hstate.data(), ld, plan.sorted_indices(), R);
+    if (lstm && save) final_rows(ws.cstate.data(), cs, H, H);
     if (lstm) store_state(res.c_n, ws.cstate.data(), ld, plan.sorted_indices(), H);
+  }
+
+  // state[j] = row j's values (packed rows src, stride ld) at its last step:
+  // the forward direction's rows [bs[t+1], bs[t]) end at step t, the reverse
+  // direction's all at step 0. A row never live keeps the state's h0 or c0.
+  void final_rows(T* state, const T* src, int64_t ld, int64_t width) {
+    const auto& bs = plan.batch_sizes();
+    const auto& off = plan.offsets();
+    for (int64_t t = 0; t < TT; ++t) {
+      const int64_t hi = bs[static_cast<std::size_t>(t)];
+      int64_t lo = t + 1 < TT ? bs[static_cast<std::size_t>(t + 1)] : 0;
+      if (d != 0) lo = t == 0 ? 0 : hi;
+      copy_rows(state + lo * width, width, src + (off[static_cast<std::size_t>(t)] + lo) * ld, ld,
+                hi - lo, width);
+    }
   }
 
  private:
@@ -658,17 +772,19 @@ RNNForwardResult forward_impl(const RNNOptions& o, const std::vector<Tensor>& we
   if (lstm) res.c_n = cpu::pooled_empty({L * D, B, H}, o.dtype);
   std::shared_ptr<RNNSaved> saved = save ? make_saved<T>(o, weights, plan, h0, lookup) : nullptr;
 
+  // Every workspace is written before it is read (load_state, the products
+  // with beta 0, the kernels): none is zero-filled.
   std::vector<ForwardWorkspace<T>> wss(static_cast<std::size_t>(D));
   for (ForwardWorkspace<T>& ws : wss) {
-    ws.hstate.resize(static_cast<std::size_t>(B * R));
+    ws.hstate.resize_for_overwrite(static_cast<std::size_t>(B * R));
     // Without save, h_prev of a step goes to one of two alternating buffers
     // (a thread may start the next step while another still reads this one).
-    ws.hprev.resize(save ? 0 : static_cast<std::size_t>(2 * B * R));
-    ws.cstate.resize(lstm ? static_cast<std::size_t>(B * H) : 0);
-    ws.gh.resize(gru ? static_cast<std::size_t>(B * G) : 0);
-    ws.m.resize(o.proj_size > 0 && !save ? static_cast<std::size_t>(B * H) : 0);
-    ws.bias.resize(static_cast<std::size_t>(G));
-    ws.proj.resize(lookup ? static_cast<std::size_t>(data.size(0) * G) : 0);
+    ws.hprev.resize_for_overwrite(save ? 0 : static_cast<std::size_t>(2 * B * R));
+    ws.cstate.resize_for_overwrite(lstm ? static_cast<std::size_t>(B * H) : 0);
+    ws.gh.resize_for_overwrite(gru ? static_cast<std::size_t>(B * G) : 0);
+    ws.m.resize_for_overwrite(o.proj_size > 0 && !save ? static_cast<std::size_t>(B * H) : 0);
+    ws.bias.resize_for_overwrite(static_cast<std::size_t>(G));
+    ws.proj.resize_for_overwrite(lookup ? static_cast<std::size_t>(data.size(0) * G) : 0);
   }
   const int nt = step_threads(H, rows_split(eng, o));
   Tensor layer_in = data;
@@ -710,6 +826,13 @@ struct BackwardWorkspace {
   Tensor dg_t, dgh_t;
   T* dg = nullptr;   // [N, G] gradient of the gate pre-activations (GRU: input side)
   T* dgh = nullptr;  // GRU: [N, G] gradient of W_h h_prev + b_h; else = dg
+  // The engine's stores of dG's rows (null where it reads operands as they
+  // are): dgh_kept as the steps' products took them, for dW_hh (and, where dG
+  // is dG_h, for dW_ih and dX); GRU's dgx_kept, kept step by step while the
+  // rows are in cache, for dW_ih and dX. Without them, each of those products
+  // would convert all of dG again, streaming it from memory.
+  std::unique_ptr<cpu::RowStore> dgh_kept, dgx_kept;
+  const cpu::RowStore* dg_kept() const { return dgh == dg ? dgh_kept.get() : dgx_kept.get(); }
 };
 
 // The rows of one backward step, as the cells see them.
@@ -738,13 +861,14 @@ struct BackwardDirection {
   const T* dout = nullptr;  // this direction's columns of the output gradient, or null
   T *db_ih = nullptr, *db_hh = nullptr;
   std::unique_ptr<cpu::StepOperand> whh, whr;
-  // dG_h's rows as the steps' products converted them, for dW_hh (the engine's, or null).
-  std::unique_ptr<cpu::RowStore> dgh_kept;
   // Whether dG lives one step at a time (ws.dg_step): a lookup layer's dW_ih
   // and dX read dP instead, and dW_hh the kept rows. Its rows stay in cache
   // instead of streaming [N, G] through memory.
   bool dg_per_step = false;
   bool row_split = false;  // the steps split by rows (else by columns)
+  // Where the gate kernels write dG_h's and GRU's dG_x's rows in the engine's
+  // form (its sinks into ws.dgh_kept and ws.dgx_kept, or empty).
+  cpu::RowSink dgh_sink, dgx_sink;
 
   BackwardDirection(const RNNSaved& sv_, const cpu::GemmEngine<T>& eng_,
                     BackwardWorkspace<T>& ws_, RNNGradients& g_, int64_t l_, int64_t d_,
@@ -761,7 +885,8 @@ struct BackwardDirection {
   // Bias gradients are summed by the gate kernels step by step (LSTM and RNN:
   // db_hh == db_ih, copied after); W_hh [G, R] and W_hr [R, H] are laid out
   // once for the steps' products; dh and dc start from grad_h_n and grad_c_n.
-  void prepare(int nt, const Tensor& dout_t, const Tensor& grad_h_n, const Tensor& grad_c_n) {
+  void prepare(int nt, const Tensor& dout_t, const Tensor& grad_h_n, const Tensor& grad_c_n,
+               int64_t in) {
     if (o.bias) {
       db_ih = g.weights[static_cast<std::size_t>(w.first) + 2].data<T>();
       db_hh = g.weights[static_cast<std::size_t>(w.first) + 3].data<T>();
@@ -771,9 +896,15 @@ struct BackwardDirection {
     const int nc = row_split ? 1 : nt;  // threads sharing the columns
     whh = eng.prepare(w.w_hh, /*trans_b=*/false, G, R, R, step_ranges(R, 1, nc));
     if (proj) whr = eng.prepare(w.w_hr, /*trans_b=*/false, R, H, H, step_ranges(H, 1, nc));
-    dgh_kept = eng.keep_rows(N, G, R, N - dw_hh_skip());
-    dg_per_step = dgh_kept && lookup_layer && !gru;
-    if (dg_per_step) ws.dg_step.resize(static_cast<std::size_t>(2 * sv.batch * G));
+    ws.dgh_kept = eng.keep_rows(N, G, R, N - dw_hh_skip());
+    // A lookup layer's dW_ih and dX read dP, not dG.
+    ws.dgx_kept = gru && !lookup_layer ? eng.keep_rows(N, G, in, N) : nullptr;
+    dg_per_step = ws.dgh_kept && lookup_layer && !gru;
+    dgh_sink = ws.dgh_kept ? eng.sink(*ws.dgh_kept) : cpu::RowSink{};
+    dgx_sink = ws.dgx_kept ? eng.sink(*ws.dgx_kept) : cpu::RowSink{};
+    assert(!dgh_sink.data || dgh_sink.ld == G);  // the kernels write dG's layout
+    assert(!dgx_sink.data || dgx_sink.ld == G);
+    if (dg_per_step) ws.dg_step.resize_for_overwrite(static_cast<std::size_t>(2 * sv.batch * G));
     const int64_t ld = l * o.num_directions() + d;
     load_state(ws.dhstate.data(), grad_h_n, ld, sv.sorted_indices, R);
     if (lstm) load_state(ws.dcstate.data(), grad_c_n, ld, sv.sorted_indices, H);
@@ -842,11 +973,13 @@ struct BackwardDirection {
   // rows for dW_hh (rows past ng too, which the product skips): under a
   // column split those of thread 0, under a row split each thread its own.
   void hidden_product(const BackwardStep<T>& st, const T* dgr, T beta, const Split& sp) {
-    if (dgh_kept && (sp.by_rows || sp.tid == 0) && st.ng < st.n)
-      eng.keep(*dgh_kept, st.r0 + st.ng, dgr + st.ng * G, G, st.n - st.ng);
+    if (ws.dgh_kept && (sp.by_rows || sp.tid == 0) && st.ng < st.n) {
+      eng.keep(*ws.dgh_kept, st.r0 + st.ng, dgh_sink.data ? nullptr : dgr + st.ng * G, G,
+               st.n - st.ng);
+    }
     if (st.ng == 0) return;
-    eng.step(st.ng, dgr, G, *whh, sp.range(1, 0), beta, ws.dhstate.data() + st.j0 * R, R,
-             nullptr, dgh_kept.get(), st.r0);
+    eng.step(st.ng, dgr, G, *whh, sp.range(1, 0), beta, ws.dhstate.data() + st.j0 * R, R, nullptr,
+             ws.dgh_kept.get(), st.r0);
   }
 
   // The forward direction's first rows saw the zero h0: they add nothing to dW_hh.
@@ -871,11 +1004,10 @@ struct BackwardDirection {
                           const T* dh_in, int64_t ld_dh, const Split& sp) {
     if (hi <= lo) return;
     const int64_t r = st.r0 + lo;
-    cpu::lstm_gates_backward<T>(hi - lo, H, sp.a, sp.b, sd.gates.data<T>() + r * G,
-                                sd.c.data<T>() + r * H, c_prev, dh_in + lo * ld_dh, ld_dh,
-                                ws.dcstate.data() + (st.j0 + lo) * H, st.dg + lo * G,
-                                bias_sums(sp, db_ih),
-                                lookup_layer ? ws.dproj_rows.data() + r : nullptr);
+    cpu::lstm_gates_backward<T>(
+        hi - lo, H, sp.a, sp.b, sd.gates.data<T>() + r * G, sd.c.data<T>() + r * H, c_prev,
+        dh_in + lo * ld_dh, ld_dh, ws.dcstate.data() + (st.j0 + lo) * H, st.dg + lo * G,
+        bias_sums(sp, db_ih), lookup_layer ? ws.dproj_rows.data() + r : nullptr, dgh_sink.row(r));
   }
 
   void lstm_step(const BackwardStep<T>& st, const Split& sp) {
@@ -906,18 +1038,20 @@ struct BackwardDirection {
 
   void gru_step(const BackwardStep<T>& st, const Split& sp) {
     T* dghr = ws.dgh + st.r0 * G;
-    cpu::gru_gates_backward<T>(st.n, H, sp.a, sp.b, sd.gates.data<T>() + st.r0 * G,
-                               sd.ghn.data<T>() + st.r0 * H, sd.h_prev.data<T>() + st.r0 * R, R,
-                               st.dh, R, st.dg, dghr, ws.dhstate.data() + st.j0 * R,
-                               bias_sums(sp, db_ih), bias_sums(sp, db_hh));
+    cpu::gru_gates_backward<T>(
+        st.n, H, sp.a, sp.b, sd.gates.data<T>() + st.r0 * G, sd.ghn.data<T>() + st.r0 * H,
+        sd.h_prev.data<T>() + st.r0 * R, R, st.dh, R, st.dg, dghr, ws.dhstate.data() + st.j0 * R,
+        bias_sums(sp, db_ih), bias_sums(sp, db_hh), dgx_sink.row(st.r0), dgh_sink.row(st.r0));
     scatter_rows(st, sp);
     columns_barrier(sp);
+    if (ws.dgx_kept && (sp.by_rows || sp.tid == 0))
+      eng.keep(*ws.dgx_kept, st.r0, dgx_sink.data ? nullptr : st.dg, G, st.n);
     hidden_product(st, dghr, T(1), sp);
   }
 
   void rnn_step(const BackwardStep<T>& st, const Split& sp) {
-    cpu::rnn_gates_backward<T>(st.n, H, sp.a, sp.b, sd.gates.data<T>() + st.r0 * G, relu, st.dh,
-                               R, st.dg, bias_sums(sp, db_ih));
+    cpu::rnn_gates_backward<T>(st.n, H, sp.a, sp.b, sd.gates.data<T>() + st.r0 * G, relu, st.dh, R,
+                               st.dg, bias_sums(sp, db_ih), dgh_sink.row(st.r0));
     scatter_rows(st, sp);
     columns_barrier(sp);
     hidden_product(st, st.dg, T(0), sp);
@@ -948,12 +1082,13 @@ struct BackwardDirection {
     if (lookup_layer) {  // dW_ih = dPᵀ·table, dP summed during the steps
       eng.gemm(true, false, G, in, input.size(0), ws.dproj.data(), G, x, in, T(0), dwih, in);
     } else {
-      eng.gemm(true, false, G, in, N, ws.dg, G, x, in, T(0), dwih, in);
+      eng.gemm(true, false, G, in, N, ws.dg, G, x, in, T(0), dwih, in, nullptr, ws.dg_kept(), 0);
     }
     const int64_t skip = dw_hh_skip();
     eng.gemm(true, false, G, R, N - skip, ws.dgh + skip * G, G,
-             sd.h_prev.data<T>() + skip * R, R, T(0), g.weights[k + 1].data<T>(), R, nullptr,
-             dgh_kept.get(), skip);
+             sd.h_prev.defined() ? sd.h_prev.data<T>() + skip * R : nullptr, R, T(0),
+             g.weights[k + 1].data<T>(), R, nullptr, ws.dgh_kept.get(), skip, sd.h_prev_kept.get(),
+             skip);
     std::size_t next = k + 2;
     if (o.bias) {
       if (!gru) std::copy(db_ih, db_ih + G, db_hh);
@@ -972,7 +1107,7 @@ struct BackwardDirection {
     // and the column split's thread count.
     if (lookup_layer && rows_split(eng, o)) nt = std::min(nt, step_threads(H, false));
     row_split = rows_split(eng, o) && nt > 1 && !lookup_layer;
-    prepare(nt, dout_t, grad_h_n, grad_c_n);
+    prepare(nt, dout_t, grad_h_n, grad_c_n, input.size(1));
     const std::vector<int64_t> bounds =
         row_split ? row_bounds(sv.batch_sizes, sv.batch, nt) : std::vector<int64_t>{};
     if (row_split) ws.db_parts.assign(static_cast<std::size_t>((nt - 1) * 2 * G), T(0));
@@ -996,19 +1131,20 @@ std::vector<BackwardWorkspace<T>> backward_workspaces(const RNNSaved& sv) {
   const int64_t B = sv.batch, N = sv.total_rows, H = o.hidden_size;
   const int64_t R = o.real_hidden_size(), G = o.gate_count() * H;
   const bool gru = o.mode == RNNMode::gru, proj = o.proj_size > 0;
+  // Written before read, as the forward's (dP is zeroed where its sums begin).
   std::vector<BackwardWorkspace<T>> wss(static_cast<std::size_t>(o.num_directions()));
   for (BackwardWorkspace<T>& ws : wss) {
-    ws.dhstate.resize(static_cast<std::size_t>(B * R));
-    ws.dcstate.resize(o.mode == RNNMode::lstm ? static_cast<std::size_t>(B * H) : 0);
-    ws.dm.resize(proj ? static_cast<std::size_t>(B * H) : 0);
+    ws.dhstate.resize_for_overwrite(static_cast<std::size_t>(B * R));
+    ws.dcstate.resize_for_overwrite(o.mode == RNNMode::lstm ? static_cast<std::size_t>(B * H) : 0);
+    ws.dm.resize_for_overwrite(proj ? static_cast<std::size_t>(B * H) : 0);
     // Under a projection dW_hr = dHᵀ·M needs dh of every row; otherwise one step's worth.
-    ws.dhtot.resize(static_cast<std::size_t>((proj ? N : B) * R));
+    ws.dhtot.resize_for_overwrite(static_cast<std::size_t>((proj ? N : B) * R));
     ws.dg_t = cpu::pooled_empty({N, G}, o.dtype);
     ws.dg = ws.dg_t.template data<T>();
     if (gru) ws.dgh_t = cpu::pooled_empty({N, G}, o.dtype);
     ws.dgh = gru ? ws.dgh_t.template data<T>() : ws.dg;
     if (!sv.lookup.empty()) {
-      ws.dproj.resize(static_cast<std::size_t>(sv.layers[0].input.size(0) * G));
+      ws.dproj.resize_for_overwrite(static_cast<std::size_t>(sv.layers[0].input.size(0) * G));
     }
   }
   return wss;
@@ -1051,7 +1187,8 @@ RNNGradients backward_impl(const RNNSaved& sv, const Tensor& grad_output, const 
       const DirWeights<T> w = dir_weights<T>(o, sv.weights, l, d);
       const BackwardWorkspace<T>& ws = wss[static_cast<std::size_t>(d)];
       eng.gemm(false, false, rows, in, G, lookup_layer ? ws.dproj.data() : ws.dg, G, w.w_ih, in,
-               d == 0 ? T(0) : T(1), dx.data<T>(), in);
+               d == 0 ? T(0) : T(1), dx.data<T>(), in, nullptr,
+               lookup_layer ? nullptr : ws.dg_kept(), 0);
     }
     if (sl.mask.defined()) {
       T* a = dx.data<T>();

@@ -6,11 +6,16 @@
 
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <limits>
 #include <random>
 #include <string>
 #include <vector>
 
+#include <hwy/targets.h>
+
+#include "cpu/bf16.h"
+#include "cpu/gemm_engine.h"
 #include "cpu/rnn_gates.h"
 #include "cpu/rnn_gates_scalar.h"
 #include "test_util.h"
@@ -498,6 +503,191 @@ TEST_F(GateKernels, RnnForwardAndBackward) {
       }
     }
   }
+}
+
+// The bf16 copies the kernels write for a bf16 engine's row sink
+// (h16, dgates16, dgx16/dgh16, dpre16): exactly bf16_of (the hardware's
+// rounding, cpu/bf16.h) of each fp32 value the kernel writes, in the same
+// layout (h16 with its own row stride), nothing outside [k0, k1) of a row, and
+// the fp32 outputs the same bits as a call without the copies. A NaN row
+// (NaN in a pre-activation or in dh) stays NaN in bf16. On every SIMD target
+// Highway built that this CPU runs: AVX-512 converts with vcvtneps2bf16, the
+// others with the scalar reference.
+constexpr uint16_t kUntouched = 0xABCD;
+
+// got [n, ld16] (bf16 bits) against bf16_of(vals [n, ld]) in columns [k0, k1)
+// of each of the `blocks` blocks of H, kUntouched elsewhere.
+::testing::AssertionResult bf16_copy_of(const std::vector<uint16_t>& got, int64_t ld16,
+                                        const std::vector<float>& vals, int64_t ld, int64_t n,
+                                        int64_t H, int64_t blocks, int64_t k0, int64_t k1,
+                                        const char* what) {
+  for (int64_t r = 0; r < n; ++r) {
+    for (int64_t c = 0; c < ld16; ++c) {
+      const bool in = c < blocks * H && c % H >= k0 && c % H < k1;
+      const uint16_t want =
+          in ? seqpack::cpu::bf16_of(vals[static_cast<std::size_t>(r * ld + c)]) : kUntouched;
+      const uint16_t have = got[static_cast<std::size_t>(r * ld16 + c)];
+      if (have != want) {
+        return ::testing::AssertionFailure()
+               << what << "[" << r << ", " << c << "]: 0x" << std::hex << have << " want 0x" << want
+               << std::dec << (in ? " (bf16 of the fp32 value)" : " (untouched)");
+      }
+    }
+  }
+  return ::testing::AssertionSuccess();
+}
+
+bool bf16_is_nan(uint16_t h) { return (h & 0x7F80u) == 0x7F80u && (h & 0x7Fu) != 0; }
+
+// The NaN row's value at `at`: NaN in fp32 (on a SIMD target: its formulas
+// propagate NaN, Highway's SCALAR target's clamps need not) and then NaN in
+// bf16 too.
+::testing::AssertionResult nan_stays_nan(const std::vector<uint16_t>& copy,
+                                         const std::vector<float>& vals, int64_t at) {
+  const float v = vals[static_cast<std::size_t>(at)];
+  const uint16_t c = copy[static_cast<std::size_t>(at)];
+  const bool simd = std::string(seqpack::cpu::rnn_gates_f32_target()) != "SCALAR";
+  if (std::isnan(v) == bf16_is_nan(c) && (std::isnan(v) || !simd))
+    return ::testing::AssertionSuccess();
+  return ::testing::AssertionFailure()
+         << "value " << v << " at " << at << ", bf16 copy 0x" << std::hex << c;
+}
+
+template <typename T>
+bool same_bits(const std::vector<T>& a, const std::vector<T>& b) {
+  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(T)) == 0;
+}
+
+std::vector<float> uniform(std::size_t size, float bound, std::mt19937_64& rng) {
+  std::uniform_real_distribution<float> u(-bound, bound);
+  std::vector<float> v(size);
+  for (float& x : v) x = u(rng);
+  return v;
+}
+
+TEST_F(GateKernels, Bf16CopiesAreTheFp32ValuesRounded) {
+  SCOPED_TRACE("seed " + std::to_string(seed_));
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  for (const int64_t target : hwy::SupportedAndGeneratedTargets()) {
+    hwy::SetSupportedTargetsForTest(target);
+    SCOPED_TRACE(std::string("target ") + seqpack::cpu::rnn_gates_f32_target());
+    for (const KernelShape& s : shapes()) {
+      SCOPED_TRACE("n " + std::to_string(s.n) + " H " + std::to_string(s.H) + " columns [" +
+                   std::to_string(s.k0) + ", " + std::to_string(s.k1) + ")");
+      const int64_t n = s.n, H = s.H, k0 = s.k0, k1 = s.k1, ld16 = H + 3;
+      const auto nH = static_cast<std::size_t>(n * H);
+      // Row 0 is a NaN row: NaN in column k0 of a pre-activation or of dh.
+      auto with_nan = [&](std::vector<float> v, int64_t at) {
+        v[static_cast<std::size_t>(at)] = nan;
+        return v;
+      };
+      auto copies = [](std::size_t size) { return std::vector<uint16_t>(size, kUntouched); };
+      {  // LSTM forward
+        const std::vector<float> g0 = with_nan(uniform(4 * nH, 6.0f, rng_), 2 * H + k0);
+        const std::vector<float> cp = uniform(nH, 2.0f, rng_);
+        std::vector<float> g1 = g0, c1(nH), h1(nH), g2 = g0, c2(nH), h2(nH);
+        std::vector<uint16_t> h16 = copies(static_cast<std::size_t>(n * ld16));
+        seqpack::cpu::lstm_gates_forward<float>(n, H, k0, k1, g1.data(), cp.data(), H, c1.data(), H,
+                                                h1.data(), H);
+        seqpack::cpu::lstm_gates_forward<float>(n, H, k0, k1, g2.data(), cp.data(), H, c2.data(), H,
+                                                h2.data(), H, nullptr, nullptr, 0, h16.data(),
+                                                ld16);
+        EXPECT_TRUE(same_bits(g1, g2) && same_bits(c1, c2) && same_bits(h1, h2));
+        EXPECT_TRUE(bf16_copy_of(h16, ld16, h2, H, n, H, 1, k0, k1, "lstm h16"));
+        EXPECT_TRUE(nan_stays_nan(h16, h2, k0));
+      }
+      {  // LSTM backward
+        const std::vector<float> g = uniform(4 * nH, 1.0f, rng_), c = uniform(nH, 2.0f, rng_);
+        const std::vector<float> cp = uniform(nH, 2.0f, rng_);
+        const std::vector<float> dh = with_nan(uniform(nH, 1.0f, rng_), k0);
+        const std::vector<float> dc0 = uniform(nH, 1.0f, rng_);
+        std::vector<float> dc1 = dc0, dg1(4 * nH), dc2 = dc0, dg2(4 * nH);
+        std::vector<uint16_t> dg16 = copies(4 * nH);
+        seqpack::cpu::lstm_gates_backward<float>(n, H, k0, k1, g.data(), c.data(), cp.data(),
+                                                 dh.data(), H, dc1.data(), dg1.data());
+        seqpack::cpu::lstm_gates_backward<float>(n, H, k0, k1, g.data(), c.data(), cp.data(),
+                                                 dh.data(), H, dc2.data(), dg2.data(), nullptr,
+                                                 nullptr, dg16.data());
+        EXPECT_TRUE(same_bits(dc1, dc2) && same_bits(dg1, dg2));
+        EXPECT_TRUE(bf16_copy_of(dg16, 4 * H, dg2, 4 * H, n, H, 4, k0, k1, "lstm dgates16"));
+        EXPECT_TRUE(nan_stays_nan(dg16, dg2, 3 * H + k0));
+      }
+      {  // GRU forward
+        const std::vector<float> x0 = with_nan(uniform(3 * nH, 5.0f, rng_), 2 * H + k0);
+        const std::vector<float> y = uniform(3 * nH, 5.0f, rng_);
+        const std::vector<float> b = uniform(static_cast<std::size_t>(3 * H), 1.0f, rng_);
+        const std::vector<float> hp = uniform(nH, 1.0f, rng_);
+        std::vector<float> x1 = x0, h1(nH), ghn1(nH), x2 = x0, h2(nH), ghn2(nH);
+        std::vector<uint16_t> h16 = copies(static_cast<std::size_t>(n * ld16));
+        seqpack::cpu::gru_gates_forward<float>(n, H, k0, k1, x1.data(), y.data(), b.data(),
+                                               hp.data(), H, h1.data(), H, ghn1.data());
+        seqpack::cpu::gru_gates_forward<float>(n, H, k0, k1, x2.data(), y.data(), b.data(),
+                                               hp.data(), H, h2.data(), H, ghn2.data(), h16.data(),
+                                               ld16);
+        EXPECT_TRUE(same_bits(x1, x2) && same_bits(h1, h2) && same_bits(ghn1, ghn2));
+        EXPECT_TRUE(bf16_copy_of(h16, ld16, h2, H, n, H, 1, k0, k1, "gru h16"));
+        EXPECT_TRUE(nan_stays_nan(h16, h2, k0));
+      }
+      {  // GRU backward
+        const std::vector<float> g = uniform(3 * nH, 1.0f, rng_), ghn = uniform(nH, 2.0f, rng_);
+        const std::vector<float> hp = uniform(nH, 1.0f, rng_);
+        const std::vector<float> dh = with_nan(uniform(nH, 1.0f, rng_), k0);
+        std::vector<float> dx1(3 * nH), dy1(3 * nH), dhp1(nH), dx2(3 * nH), dy2(3 * nH), dhp2(nH);
+        std::vector<uint16_t> dx16 = copies(3 * nH), dy16 = copies(3 * nH);
+        seqpack::cpu::gru_gates_backward<float>(n, H, k0, k1, g.data(), ghn.data(), hp.data(), H,
+                                                dh.data(), H, dx1.data(), dy1.data(), dhp1.data());
+        seqpack::cpu::gru_gates_backward<float>(n, H, k0, k1, g.data(), ghn.data(), hp.data(), H,
+                                                dh.data(), H, dx2.data(), dy2.data(), dhp2.data(),
+                                                nullptr, nullptr, dx16.data(), dy16.data());
+        EXPECT_TRUE(same_bits(dx1, dx2) && same_bits(dy1, dy2) && same_bits(dhp1, dhp2));
+        EXPECT_TRUE(bf16_copy_of(dx16, 3 * H, dx2, 3 * H, n, H, 3, k0, k1, "gru dgx16"));
+        EXPECT_TRUE(bf16_copy_of(dy16, 3 * H, dy2, 3 * H, n, H, 3, k0, k1, "gru dgh16"));
+        EXPECT_TRUE(nan_stays_nan(dx16, dx2, 2 * H + k0));
+        EXPECT_TRUE(nan_stays_nan(dy16, dy2, 2 * H + k0));
+      }
+      for (const bool relu : {false, true}) {  // RNN forward and backward
+        const std::vector<float> g0 = with_nan(uniform(nH, 6.0f, rng_), k0);
+        std::vector<float> g1 = g0, h1(nH), g2 = g0, h2(nH);
+        std::vector<uint16_t> h16 = copies(static_cast<std::size_t>(n * ld16));
+        seqpack::cpu::rnn_gates_forward<float>(n, H, k0, k1, g1.data(), relu, h1.data(), H);
+        seqpack::cpu::rnn_gates_forward<float>(n, H, k0, k1, g2.data(), relu, h2.data(), H,
+                                               h16.data(), ld16);
+        EXPECT_TRUE(same_bits(g1, g2) && same_bits(h1, h2));
+        EXPECT_TRUE(bf16_copy_of(h16, ld16, h2, H, n, H, 1, k0, k1, "rnn h16"));
+        EXPECT_TRUE(nan_stays_nan(h16, h2, k0));
+        const std::vector<float> hs = uniform(nH, 1.0f, rng_);
+        const std::vector<float> dh = with_nan(uniform(nH, 1.0f, rng_), k0);
+        std::vector<float> d1(nH), d2(nH);
+        std::vector<uint16_t> d16 = copies(nH);
+        seqpack::cpu::rnn_gates_backward<float>(n, H, k0, k1, hs.data(), relu, dh.data(), H,
+                                                d1.data());
+        seqpack::cpu::rnn_gates_backward<float>(n, H, k0, k1, hs.data(), relu, dh.data(), H,
+                                                d2.data(), nullptr, d16.data());
+        EXPECT_TRUE(same_bits(d1, d2));
+        EXPECT_TRUE(bf16_copy_of(d16, H, d2, H, n, H, 1, k0, k1, "rnn dpre16"));
+        // relu passes dh only where h > 0
+        if (!relu || hs[static_cast<std::size_t>(k0)] > 0.0f) {
+          EXPECT_TRUE(nan_stays_nan(d16, d2, k0));
+        }
+      }
+    }
+  }
+  hwy::SetSupportedTargetsForTest(0);  // back to what the CPU supports
+}
+
+// bf16_of, the reference the kernels' copies are held to, is the engine's
+// converter bit for bit, specials included.
+TEST(Bf16Of, IsTheEngineConverter) {
+  std::mt19937_64 rng(7);
+  std::vector<float> xs = uniform(4096, 1e4f, rng);
+  for (float x : {0.0f, -0.0f, 1e-40f, -1e-40f, std::numeric_limits<float>::infinity(),
+                  -std::numeric_limits<float>::infinity(), std::numeric_limits<float>::quiet_NaN(),
+                  std::numeric_limits<float>::max(), 1.00390625f, 1.01171875f})
+    xs.push_back(x);
+  std::vector<uint16_t> got(xs.size());
+  seqpack::cpu::f32_to_bf16(xs.data(), got.data(), static_cast<int64_t>(xs.size()));
+  for (std::size_t i = 0; i < xs.size(); ++i)
+    ASSERT_EQ(got[i], seqpack::cpu::bf16_of(xs[i])) << "x = " << xs[i];
 }
 
 // NaN in a pre-activation comes out as NaN in every output it feeds, as in

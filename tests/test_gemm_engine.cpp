@@ -303,6 +303,73 @@ TEST(GemmEngine, KeptRowsGiveTheSameProducts) {
   }
 }
 
+// Rows the caller writes itself through the engine's sink (as the gate
+// kernels do): the products that read them give exactly what they give
+// converting the fp32 rows, with a's rows never read (NaN here), on one
+// thread or two column shares; step_rows() stores only where the step
+// product is bf16.
+TEST(GemmEngine, SunkRowsGiveTheSameProducts) {
+  for (const Precision precision : {Precision::fp32, Precision::bf16}) {
+    if (precision == Precision::bf16 && !cpu_info().native_bf16) continue;
+    SCOPED_TRACE(precision_name(precision));
+    const GemmEngine<float>& eng = gemm_engine_f32(precision);
+    const int64_t N = 300, G = 256, R = 64, ld = G + 3, skip = 10;
+    const Problem p = make_problem(false, false, N, R, G, 21);  // p.a: dG, p.b: W
+    const Problem q = make_problem(false, false, N, 1, R, 22);  // q.a: H_prev
+    const std::vector<float>& dg = p.a;
+    const std::vector<ColumnRange> ranges{{0, R}, {0, 32}, {32, R}};
+    const auto op = eng.prepare(p.b.data(), false, G, R, p.ldb, ranges);
+    const auto kept = eng.keep_rows(N, G, R, N - skip);
+    if (!kept) {  // fp32: nothing to sink
+      EXPECT_EQ(precision, Precision::fp32);
+      EXPECT_EQ(eng.step_rows(*op, 8), nullptr);
+      continue;
+    }
+    const RowSink sink = eng.sink(*kept);
+    ASSERT_NE(sink.data, nullptr);
+    ASSERT_EQ(sink.ld, G);
+    for (int64_t r = 0; r < N; ++r) f32_to_bf16(dg.data() + r * ld, sink.row(r), G);
+    const std::vector<float> nans(dg.size(), std::numeric_limits<float>::quiet_NaN());
+    std::vector<float> plain(static_cast<std::size_t>(N * R)), with(plain.size());
+    const std::vector<std::pair<int64_t, int64_t>> steps{{0, 40}, {40, 100}, {120, 300}};
+    for (const auto& [r0, r1] : steps) {
+      eng.step(r1 - r0, dg.data() + r0 * ld, ld, *op, 0, 0.0f, plain.data() + r0 * R, R);
+      for (std::size_t r : r0 == 40 ? std::vector<std::size_t>{2, 1} : std::vector<std::size_t>{0})
+        eng.step(r1 - r0, nans.data(), ld, *op, r, 0.0f, with.data() + r0 * R, R, nullptr,
+                 kept.get(), r0);
+    }
+    eng.keep(*kept, 100, nullptr, ld, 20);  // written through the sink
+    ASSERT_EQ(std::memcmp(plain.data(), with.data(), plain.size() * sizeof(float)), 0);
+    std::vector<float> dw_plain(static_cast<std::size_t>(G * R)), dw_kept(dw_plain.size());
+    eng.gemm(true, false, G, R, N - skip, dg.data() + skip * ld, ld, q.a.data() + skip * q.lda,
+             q.lda, 0.0f, dw_plain.data(), R);
+    eng.gemm(true, false, G, R, N - skip, nullptr, ld, q.a.data() + skip * q.lda, q.lda, 0.0f,
+             dw_kept.data(), R, nullptr, kept.get(), skip);
+    ASSERT_EQ(std::memcmp(dw_plain.data(), dw_kept.data(), dw_plain.size() * sizeof(float)), 0);
+
+    // A step product's own rows (the forward's h_prev): a store where the
+    // product is bf16, none where it runs in fp32 (bf16_step).
+    const Problem h = make_problem(false, true, 24, 256, 64, 23);  // h.a: h_prev, h.b: W_hhᵀ
+    const auto wop = eng.prepare(h.b.data(), true, 64, 256, h.ldb, {{0, 256}});
+    const auto hstore = eng.step_rows(*wop, 2 * 24);
+    ASSERT_NE(hstore, nullptr);
+    const RowSink hs = eng.sink(*hstore);
+    // Rows 24..35 through the sink, 36..47 converted by keep() (the rows
+    // that begin with h0).
+    for (int64_t r = 0; r < 12; ++r) f32_to_bf16(h.a.data() + r * h.lda, hs.row(24 + r), 64);
+    eng.keep(*hstore, 36, h.a.data() + 12 * h.lda, h.lda, 12);
+    std::vector<float> c_plain = h.c, c_sunk = h.c;
+    eng.step(24, h.a.data(), h.lda, *wop, 0, 1.0f, c_plain.data(), h.ldc);
+    eng.step(24, nans.data(), h.lda, *wop, 0, 1.0f, c_sunk.data(), h.ldc, nullptr, hstore.get(),
+             24);
+    ASSERT_EQ(std::memcmp(c_plain.data(), c_sunk.data(), c_plain.size() * sizeof(float)), 0);
+    const Problem small = make_problem(false, true, 4, 64, 64, 24);
+    const auto sop = eng.prepare(small.b.data(), true, 64, 64, small.ldb, {{0, 64}});
+    EXPECT_FALSE(bf16_step(64, 64));
+    EXPECT_EQ(eng.step_rows(*sop, 8), nullptr);
+  }
+}
+
 // A product that reads rows nobody kept is refused, not computed from garbage.
 TEST(GemmEngine, RowsNeverKeptAreRefused) {
   if (!cpu_info().native_bf16) GTEST_SKIP() << "no native bf16 on " << cpu_info().isa;

@@ -15,6 +15,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <limits>
 #include <random>
 #include <string>
@@ -119,6 +120,15 @@ void check_config(const RNNOptions& base, const std::vector<int64_t>& lengths, b
   const Tensor c0 =
       give_h0 && o.mode == RNNMode::lstm ? random_tensor({LD, B, o.hidden_size}, 0.5, gen) : Tensor();
   const auto fwd = rnn_forward(o, weights, x, plan, h0, c0, /*training=*/false, true);
+  {  // without saving (other state buffers, the same bf16 rows): the same bits
+    const auto unsaved = rnn_forward(o, weights, x, plan, h0, c0, /*training=*/false, false);
+    EXPECT_EQ(std::memcmp(unsaved.output.raw_data(), fwd.output.raw_data(),
+                          static_cast<std::size_t>(fwd.output.numel()) * sizeof(float)),
+              0);
+    EXPECT_EQ(std::memcmp(unsaved.h_n.raw_data(), fwd.h_n.raw_data(),
+                          static_cast<std::size_t>(fwd.h_n.numel()) * sizeof(float)),
+              0);
+  }
 
   std::vector<Tensor> seqs, gy_rows;
   std::vector<std::vector<int64_t>> rows;

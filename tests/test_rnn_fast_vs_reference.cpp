@@ -149,6 +149,15 @@ TEST(RNNFastVsReference, RandomConfigurationsForwardAndBackward) {
     } else {
       EXPECT_FALSE(fast.c_n.defined());
     }
+    // Without saving, the forward keeps its states in other buffers (h_prev
+    // alternating, c in place): the same bits.
+    const auto unsaved = seqpack::rnn_forward(o, weights, x, plan, h0, c0, /*training=*/false,
+                                              /*save_for_backward=*/false);
+    EXPECT_TRUE(all_close(unsaved.output, fast.output, 0.0, 0.0, "output without save"));
+    EXPECT_TRUE(all_close(unsaved.h_n, fast.h_n, 0.0, 0.0, "h_n without save"));
+    if (o.mode == RNNMode::lstm) {
+      EXPECT_TRUE(all_close(unsaved.c_n, fast.c_n, 0.0, 0.0, "c_n without save"));
+    }
 
     // Backward with random upstream gradients; sometimes h_n's or c_n's is absent.
     const Tensor gy = rng.tensor({plan.total_rows(), o.output_size()}, dt);

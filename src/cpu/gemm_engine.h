@@ -51,6 +51,16 @@ struct RowStore {
   virtual ~RowStore() = default;
 };
 
+// Where the producer of a RowStore's rows (a gate kernel) writes them in the
+// engine's operand form itself, next to its fp32 rows: bf16 bits, row r of
+// the store's matrix at data + r * ld. Empty (data null) where the engine
+// converts the rows itself (or keeps none).
+struct RowSink {
+  uint16_t* data = nullptr;
+  int64_t ld = 0;
+  uint16_t* row(int64_t r) const { return data ? data + r * ld : nullptr; }
+};
+
 template <typename T>
 class GemmEngine {
  public:
@@ -59,11 +69,12 @@ class GemmEngine {
   // C[m, n] = op(A)·op(B) + beta·C, or c_row (broadcast) + op(A)·op(B).
   // Called outside the time loop's parallel regions (may use every thread).
   // kept (optional, from keep_rows()): A's stored rows are the store's rows
-  // from kept_row on, every one of them kept (a is not read).
+  // from kept_row on, every one of them kept (a is not read); kept_b, the
+  // same for B (b is not read).
   virtual void gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, const T* a,
                     int64_t lda, const T* b, int64_t ldb, T beta, T* c, int64_t ldc,
-                    const T* c_row = nullptr, const RowStore* kept = nullptr,
-                    int64_t kept_row = 0) const = 0;
+                    const T* c_row = nullptr, const RowStore* kept = nullptr, int64_t kept_row = 0,
+                    const RowStore* kept_b = nullptr, int64_t kept_b_row = 0) const = 0;
 
   // A store for a [rows, cols] matrix whose rows [rows - k, rows) a later
   // gemm(trans_a = true, cols, n, k) reads, or null where the engine reads
@@ -72,9 +83,28 @@ class GemmEngine {
                                               int64_t k) const {
     return nullptr;
   }
-  // Rows [row, row + m) of the store's matrix are a[:m] (row stride lda): for
-  // rows that no step() product reads.
+  // Rows [row, row + m) of the store's matrix are a[:m] (row stride lda), or
+  // (a null, after sink()) were written through the sink: for rows that no
+  // step() product reads, or that one reads after this call.
   virtual void keep(RowStore& store, int64_t row, const T* a, int64_t lda, int64_t m) const {}
+
+  // A store for the A rows of step() products with b (rows of b.k columns,
+  // `rows` of them), which the caller fills through sink(); null where the
+  // engine reads those rows as they are (fp32, or a product it runs in fp32).
+  virtual std::unique_ptr<RowStore> step_rows(const StepOperand& b, int64_t rows) const {
+    return nullptr;
+  }
+  // Whether step() products with b read A from the store they are given (a
+  // sunk one: a is then not read), i.e. where step_rows(b) gives a store.
+  virtual bool step_reads_rows(const StepOperand& b) const { return false; }
+
+  // Hands the writing of the store's rows to the caller: from now on each row
+  // is written through the sink (by the kernel that writes its fp32 values),
+  // or by keep() from fp32 rows, before step() names it; step() then only
+  // records the rows, and reads them, instead of converting a's. The rows'
+  // writers and step()'s readers must not overlap in time (the time loop's
+  // barriers, or alternating stores).
+  virtual RowSink sink(RowStore& store) const { return {}; }
 
   // Lays out B = op(b) [k, n] for step() on each of `ranges` (columns of B).
   virtual std::unique_ptr<StepOperand> prepare(const T* b, bool trans_b, int64_t k, int64_t n,
@@ -84,9 +114,10 @@ class GemmEngine {
   // C[:m, r) = A[:m, :k]·B[:, r) + beta·C[:m, r) for the range r = ranges[range]
   // given to prepare(); c points at column 0 of C. With `init` (m row
   // pointers; only when takes_init()), row i starts from init[i][r) instead.
-  // With `keep` (from keep_rows()), A's rows are rows keep_row.. of the
-  // store's matrix and the engine keeps them there; of several threads on one
-  // step, the one whose range starts at column 0 does.
+  // With `keep` (from keep_rows() or step_rows()), A's rows are rows
+  // keep_row.. of the store's matrix and the engine keeps them there; of
+  // several threads on one step, the one whose range starts at column 0 does
+  // (after sink(): the rows are there already, and every thread reads them).
   // Safe to call from several threads at once on different ranges.
   virtual void step(int64_t m, const T* a, int64_t lda, const StepOperand& b, std::size_t range,
                     T beta, T* c, int64_t ldc, const T* const* init = nullptr,

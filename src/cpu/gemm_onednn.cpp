@@ -19,7 +19,9 @@
 #include <stdexcept>
 #include <string>
 #include <tuple>
+#include <unordered_map>
 
+#include "cpu/bf16.h"
 #include "cpu/buffer_pool.h"
 #include "cpu/gemm.h"
 #include "cpu/gemm_engine.h"
@@ -27,17 +29,6 @@
 namespace seqpack::cpu {
 
 namespace {
-
-// One value, as the hardware converts it (vcvtneps2bf16): round to nearest
-// even, NaN kept NaN (rounding could carry a NaN's mantissa into infinity),
-// subnormals flushed to zero of the same sign.
-inline uint16_t bf16_of(float x) {
-  uint32_t u;
-  std::memcpy(&u, &x, sizeof u);
-  if ((u & 0x7F800000u) == 0) return static_cast<uint16_t>((u >> 16) & 0x8000u);
-  if ((u & 0x7FFFFFFFu) > 0x7F800000u) return static_cast<uint16_t>((u >> 16) | 0x40u);
-  return static_cast<uint16_t>((u + 0x7FFFu + ((u >> 16) & 1u)) >> 16);
-}
 
 // 16 values per instruction where the CPU converts natively (AVX512-BF16:
 // every CPU the bf16 engine runs on). Highway 1.0 has no bf16 conversion with
@@ -164,10 +155,25 @@ dnnl::memory::desc bf16_desc(int64_t rows, int64_t cols, bool trans) {
 struct Key {
   int64_t m, n, k, lda, ldb, ldc;
   bool trans_a, trans_b, sum, bias, blocked, f32;
-  bool operator<(const Key& o) const {
-    return std::tie(m, n, k, lda, ldb, ldc, trans_a, trans_b, sum, bias, blocked, f32) <
+  bool operator==(const Key& o) const {
+    return std::tie(m, n, k, lda, ldb, ldc, trans_a, trans_b, sum, bias, blocked, f32) ==
            std::tie(o.m, o.n, o.k, o.lda, o.ldb, o.ldc, o.trans_a, o.trans_b, o.sum, o.bias,
                     o.blocked, o.f32);
+  }
+};
+
+// A hash for the primitive cache: looked up on every product (each step's),
+// a std::map's dozen-field comparisons down its tree cost ~0.5% of the main
+// job (perf).
+struct KeyHash {
+  std::size_t operator()(const Key& key) const {
+    uint64_t h = 0x9E3779B97F4A7C15ULL;
+    for (const int64_t v : {key.m, key.n, key.k, key.lda, key.ldb, key.ldc}) {
+      h = (h ^ static_cast<uint64_t>(v)) * 0x100000001B3ULL;
+    }
+    const uint64_t flags = key.trans_a | key.trans_b << 1 | key.sum << 2 | key.bias << 3 |
+                           key.blocked << 4 | key.f32 << 5;
+    return static_cast<std::size_t>((h ^ flags) * 0x100000001B3ULL);
   }
 };
 
@@ -198,7 +204,7 @@ dnnl::memory::desc blocked_weights_desc(int64_t k, int64_t n, bool f32) {
 }
 
 Primitive& primitive(const Key& key) {
-  thread_local std::map<Key, Primitive> cache;
+  thread_local std::unordered_map<Key, Primitive, KeyHash> cache;
   auto it = cache.find(key);
   if (it != cache.end()) return it->second;
   const dt type = key.f32 ? dt::f32 : dt::bf16;
@@ -263,6 +269,20 @@ void run(const Key& key, const void* src, const void* wei, float* dst, const flo
   }
 }
 
+// The reorder of a plain [k, w] weight operand (transposed or not; f32 with
+// row stride ld, or contiguous bf16 with ld 0) into the blocked layout,
+// created once per shape and thread: created per call (each W_hh and W_hr,
+// per layer, direction and call), its creation cost more than the reorder
+// (perf: 1.1% of the main job in dnnl_primitive_create).
+const dnnl::reorder& weights_reorder(int64_t k, int64_t w, bool trans, int64_t ld,
+                                     const dnnl::memory& plain, const dnnl::memory& blocked) {
+  thread_local std::map<std::tuple<int64_t, int64_t, bool, int64_t>, dnnl::reorder> known;
+  const auto key = std::make_tuple(k, w, trans, ld);
+  auto it = known.find(key);
+  if (it == known.end()) it = known.emplace(key, dnnl::reorder(plain, blocked)).first;
+  return it->second;
+}
+
 // Columns [c0, c1) of op(b) [k, n] per range, in the primitive's blocked
 // layout, each laid out on its first use (a call uses either the one-thread
 // range or the per-thread ones, never both).
@@ -290,29 +310,35 @@ struct BlockedOperand : StepOperand {
         plain = dnnl::memory(bf16_desc(k, w, trans), cpu_engine(), ts.b.data());
       }
       dnnl::memory blocked(blocked_weights_desc(k, w, f32), cpu_engine());
-      dnnl::reorder(plain, blocked).execute(ts.stream, plain, blocked);
+      weights_reorder(k, w, trans, f32 ? ldb : 0, plain, blocked)
+          .execute(ts.stream, plain, blocked);
       blocks[r] = std::move(blocked);
     });
     return blocks[r];
   }
 };
 
-// The bf16 rows of a matrix kept by step() and keep() for a later gemm().
+// The bf16 rows of a matrix kept by step() and keep() for a later gemm(), or
+// (sunk) written by the caller through sink() and recorded by them.
 struct Bf16Rows : RowStore {
   int64_t rows = 0, cols = 0;
   Tensor storage;  // the bf16 rows, pooled (a fresh block per call would fault its pages in)
   std::vector<char> have;  // per row
+  bool sunk = false;       // the caller writes the rows (sink())
 
   uint16_t* row(int64_t r) const {
     return static_cast<uint16_t*>(const_cast<void*>(storage.raw_data())) + r * cols;
   }
-  // Rows [r, r + m) = a[:m] (row stride lda) in bf16.
+  // Rows [r, r + m) = a[:m] (row stride lda) in bf16, or (a null) written
+  // already through the sink.
   void put(int64_t r, const float* a, int64_t lda, int64_t m) {
     if (r < 0 || r + m > rows) {
       throw std::logic_error("kept rows [" + std::to_string(r) + ", " + std::to_string(r + m) +
                              ") outside the store's " + std::to_string(rows));
     }
-    for (int64_t i = 0; i < m; ++i) f32_to_bf16(a + i * lda, row(r + i), cols);
+    if (a) {
+      for (int64_t i = 0; i < m; ++i) f32_to_bf16(a + i * lda, row(r + i), cols);
+    }
     std::fill(have.begin() + r, have.begin() + r + m, char(1));
   }
   // Rows [r, r + m), every one of which must have been kept.
@@ -336,7 +362,8 @@ class OnednnEngine : public GemmEngine<float> {
 
   void gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, const float* a,
             int64_t lda, const float* b, int64_t ldb, float beta, float* c, int64_t ldc,
-            const float* c_row, const RowStore* kept, int64_t kept_row) const override {
+            const float* c_row, const RowStore* kept, int64_t kept_row, const RowStore* kept_b,
+            int64_t kept_b_row) const override {
     if (f32_ || (small_in_fp32_ && !bf16_product(m, n, k))) {
       onednn_gemm_f32(trans_a, trans_b, m, n, k, a, lda, b, ldb, beta, c, ldc, c_row);
       return;
@@ -356,15 +383,42 @@ class OnednnEngine : public GemmEngine<float> {
       stage(a_rows, a_cols, a, lda, ts.a);
       a16 = ts.a.data();
     }
-    stage(trans_b ? n : k, trans_b ? k : n, b, ldb, ts.b);
+    const int64_t b_rows = trans_b ? n : k, b_cols = trans_b ? k : n;
+    const auto* store_b = static_cast<const Bf16Rows*>(kept_b);
+    const uint16_t* b16 = nullptr;
+    if (store_b && store_b->cols == b_cols) {
+      b16 = store_b->rows_from(kept_b_row, b_rows);
+    } else {
+      stage(b_rows, b_cols, b, ldb, ts.b);
+      b16 = ts.b.data();
+    }
     const Key key{m,       n,       k, trans_a ? m : k, trans_b ? k : n, ldc, trans_a,
                   trans_b, !c_row && beta != 0.0f, c_row != nullptr, false, false};
-    run(key, a16, ts.b.data(), c, c_row);
+    run(key, a16, b16, c, c_row);
   }
 
   std::unique_ptr<RowStore> keep_rows(int64_t rows, int64_t cols, int64_t n,
                                       int64_t k) const override {
     if (f32_ || (small_in_fp32_ && !bf16_product(cols, n, k))) return nullptr;
+    return make_store(rows, cols);
+  }
+
+  std::unique_ptr<RowStore> step_rows(const StepOperand& b, int64_t rows) const override {
+    if (!step_reads_rows(b)) return nullptr;
+    return make_store(rows, b.k);
+  }
+
+  bool step_reads_rows(const StepOperand& b) const override {
+    return !f32_ && !static_cast<const BlockedOperand&>(b).fallback;
+  }
+
+  RowSink sink(RowStore& store) const override {
+    auto& s = static_cast<Bf16Rows&>(store);
+    s.sunk = true;
+    return {s.row(0), s.cols};
+  }
+
+  static std::unique_ptr<Bf16Rows> make_store(int64_t rows, int64_t cols) {
     auto store = std::make_unique<Bf16Rows>();
     store->rows = rows;
     store->cols = cols;
@@ -406,7 +460,8 @@ class OnednnEngine : public GemmEngine<float> {
     auto* store = static_cast<Bf16Rows*>(keep);
     if (op.fallback) {
       gemm_engine_f32(Precision::fp32).step(m, a, lda, *op.fallback, range, beta, c, ldc, nullptr);
-      if (store && op.ranges[range].first == 0) store->put(keep_row, a, lda, m);
+      if (store && op.ranges[range].first == 0)
+        store->put(keep_row, store->sunk ? nullptr : a, lda, m);
       return;
     }
     const auto [c0, c1] = op.ranges[range];
@@ -415,8 +470,10 @@ class OnednnEngine : public GemmEngine<float> {
     // f32 with k = 64): bf16 staging makes them so, f32 copies them if needed.
     const void* src = a;
     ThreadState& ts = thread_state();
-    if (!f32_ && store && c0 == 0 && store->cols == op.k) {  // converted into the store
-      store->put(keep_row, a, lda, m);
+    if (!f32_ && store && store->cols == op.k && (c0 == 0 || store->sunk)) {
+      // Converted into the store (by the range at column 0), or written there
+      // by the caller (sunk: every range reads them).
+      if (c0 == 0) store->put(keep_row, store->sunk ? nullptr : a, lda, m);
       src = store->row(keep_row);
     } else if (!f32_) {
       stage(m, op.k, a, lda, ts.a);

@@ -8,9 +8,12 @@
 #define HWY_TARGET_INCLUDE "cpu/rnn_gates_f32_hwy.cpp"
 #include <hwy/foreach_target.h>  // IWYU pragma: keep
 
+#include <type_traits>
+
 #include <hwy/cache_control.h>
 #include <hwy/highway.h>
 
+#include "cpu/bf16.h"
 #include "cpu/rnn_gates.h"
 #include "cpu/rnn_gates_scalar.h"
 
@@ -114,6 +117,26 @@ HWY_INLINE VF Tanh(DF d, VF x) {
   return hn::Or(hn::Abs(neg_t), sign);
 }
 
+// p[0, lanes) = bf16_of(v): a value's bf16 copy for a bf16 engine's row sink,
+// written while the value is in a register instead of in a pass over the rows
+// after the kernel. AVX-512: one vcvtneps2bf16, as inline assembly (Highway
+// 1.0's DemoteTo truncates; the intrinsic would need avx512bf16 enabled on
+// every kernel); reached only with a sink, which only the bf16 engine hands
+// out, and that engine runs only on CPUs with AVX512-BF16. Other targets:
+// the scalar reference, lane by lane.
+HWY_INLINE void StoreBf16(DF d, VF v, uint16_t* p) {
+#if HWY_TARGET == HWY_AVX3 || HWY_TARGET == HWY_AVX3_DL
+  (void)d;
+  __m256i bits;
+  asm("vcvtneps2bf16 %1, %0" : "=v"(bits) : "v"(v.raw));
+  _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), bits);
+#else
+  HWY_ALIGN float lanes[HWY_MAX_BYTES / sizeof(float)];
+  hn::Store(v, d, lanes);
+  for (size_t i = 0; i < hn::Lanes(d); ++i) p[i] = bf16_of(lanes[i]);
+#endif
+}
+
 // A pre-activation: the gate row's value, plus the input row's (kAddX).
 template <bool kAddX>
 HWY_INLINE VF PreActivation(DF d, const float* g, const float* x, int64_t at) {
@@ -131,11 +154,14 @@ HWY_INLINE VF PreActivation(DF d, const float* g, const float* x, int64_t at) {
 // product waited for each of them; the transcendentals here hide the wait).
 constexpr int64_t kPrefetchLines = 4;
 
-template <bool kAddX>
+// kBf16: h16 given (the bf16 copies' stores compiled in only then, so the
+// fp32 path runs the loop it ran before they existed).
+template <bool kAddX, bool kBf16>
 HWY_INLINE void LstmForwardRows(int64_t n, int64_t H, int64_t k0, int64_t k1, float* gates,
                                 const float* c_prev, int64_t ld_cprev, float* c, int64_t ld_c,
                                 float* h, int64_t ld_h, const float* const* x_rows,
-                                const float* next, int64_t next_len) {
+                                const float* next, int64_t next_len, uint16_t* h16,
+                                int64_t ld_h16) {
   const DF d;
   const int64_t L = static_cast<int64_t>(hn::Lanes(d));
   const int64_t kv = k0 + (k1 - k0) / L * L;  // end of the full vectors
@@ -147,6 +173,7 @@ HWY_INLINE void LstmForwardRows(int64_t n, int64_t H, int64_t k0, int64_t k1, fl
     const float* cp = c_prev + r * ld_cprev;
     float* cr = c + r * ld_c;
     float* hr = h + r * ld_h;
+    uint16_t* h16r = h16 ? h16 + r * ld_h16 : nullptr;
     for (int64_t k = k0; k < kv; k += L) {
       for (int64_t j = 0; j < kPrefetchLines && next < next_end; ++j, next += kLine) {
         __builtin_prefetch(next, /*rw=*/1);
@@ -162,21 +189,32 @@ HWY_INLINE void LstmForwardRows(int64_t n, int64_t H, int64_t k0, int64_t k1, fl
       hn::StoreU(hn::MulAdd(fg, hn::LoadU(d, cp + k), hn::Mul(ig, gg)), d, cr + k);
     }
     for (int64_t k = k0; k < kv; k += L) {
-      hn::StoreU(hn::Mul(hn::LoadU(d, g + 3 * H + k), Tanh(d, hn::LoadU(d, cr + k))), d, hr + k);
+      const VF hv = hn::Mul(hn::LoadU(d, g + 3 * H + k), Tanh(d, hn::LoadU(d, cr + k)));
+      hn::StoreU(hv, d, hr + k);
+      if (kBf16) StoreBf16(d, hv, h16r + k);
     }
-    for (int64_t k = kv; k < k1; ++k) scalar::lstm_forward_at(H, k, g, cp, cr, hr, x);
+    for (int64_t k = kv; k < k1; ++k) {
+      scalar::lstm_forward_at(H, k, g, cp, cr, hr, x);
+      if (h16r) h16r[k] = bf16_of(hr[k]);
+    }
   }
 }
 
 void LstmForward(int64_t n, int64_t H, int64_t k0, int64_t k1, float* gates, const float* c_prev,
                  int64_t ld_cprev, float* c, int64_t ld_c, float* h, int64_t ld_h,
-                 const float* const* x_rows, const float* next, int64_t next_len) {
+                 const float* const* x_rows, const float* next, int64_t next_len, uint16_t* h16,
+                 int64_t ld_h16) {
+  auto rows = [&](auto add_x, auto bf16) {
+    LstmForwardRows<decltype(add_x)::value, decltype(bf16)::value>(
+        n, H, k0, k1, gates, c_prev, ld_cprev, c, ld_c, h, ld_h, x_rows, next, next_len, h16,
+        ld_h16);
+  };
+  using Yes = std::true_type;
+  using No = std::false_type;
   if (x_rows) {
-    LstmForwardRows<true>(n, H, k0, k1, gates, c_prev, ld_cprev, c, ld_c, h, ld_h, x_rows, next,
-                          next_len);
+    h16 ? rows(Yes{}, Yes{}) : rows(Yes{}, No{});
   } else {
-    LstmForwardRows<false>(n, H, k0, k1, gates, c_prev, ld_cprev, c, ld_c, h, ld_h, x_rows, next,
-                           next_len);
+    h16 ? rows(No{}, Yes{}) : rows(No{}, No{});
   }
 }
 
@@ -244,10 +282,11 @@ HWY_INLINE void AddInto(DF d, float* dx, int64_t at, VF v) {
 // prefetches the same columns kPrefetchRows rows further on. The gate
 // gradients' rows are as cold and each store waited for its line: they are
 // prefetched for writing.
-template <bool kAddDx>
+template <bool kAddDx, bool kBf16>  // kBf16: dgates16 given (as LstmForwardRows)
 HWY_INLINE void LstmBackwardRows(int64_t n, int64_t H, int64_t k0, int64_t k1, const float* gates,
                                  const float* c, const float* c_prev, const float* dh,
-                                 int64_t ld_dh, float* dc, float* dgates, float* const* dx_rows) {
+                                 int64_t ld_dh, float* dc, float* dgates, float* const* dx_rows,
+                                 uint16_t* dgates16) {
   const DF d;
   const int64_t L = static_cast<int64_t>(hn::Lanes(d));
   const int64_t kv = k0 + (k1 - k0) / L * L;
@@ -262,6 +301,7 @@ HWY_INLINE void LstmBackwardRows(int64_t n, int64_t H, int64_t k0, int64_t k1, c
     const float* dhr = dh + r * ld_dh;
     float* dcr = dc + r * H;
     float* dg = dgates + r * 4 * H;
+    uint16_t* dg16 = dgates16 ? dgates16 + r * 4 * H : nullptr;
     float* dx = kAddDx ? dx_rows[r] : nullptr;
     // tanh(c) runs kAhead vectors ahead of its use, through a ring of
     // 2·kAhead vectors on the stack.
@@ -281,6 +321,10 @@ HWY_INLINE void LstmBackwardRows(int64_t n, int64_t H, int64_t k0, int64_t k1, c
         hwy::Prefetch(cp + kPrefetchRows * H + k);
         float* pdg = dg + kPrefetchRows * 4 * H + k;
         for (int64_t j = 0; j < 4; ++j) __builtin_prefetch(pdg + j * H, /*rw=*/1);
+        if (kBf16) {  // as cold as dg's
+          uint16_t* p16 = dg16 + kPrefetchRows * 4 * H + k;
+          for (int64_t j = 0; j < 4; ++j) __builtin_prefetch(p16 + j * H, /*rw=*/1);
+        }
       }
       const VF tc = hn::Load(d, ring + slot * L);
       const VF ig = hn::LoadU(d, g + k), fg = hn::LoadU(d, g + H + k);
@@ -302,6 +346,12 @@ HWY_INLINE void LstmBackwardRows(int64_t n, int64_t H, int64_t k0, int64_t k1, c
       hn::StoreU(dgg, d, dg + 2 * H + k);
       hn::StoreU(dgo, d, dg + 3 * H + k);
       hn::StoreU(df, d, dcr + k);
+      if (kBf16) {
+        StoreBf16(d, dgi, dg16 + k);
+        StoreBf16(d, dgf, dg16 + H + k);
+        StoreBf16(d, dgg, dg16 + 2 * H + k);
+        StoreBf16(d, dgo, dg16 + 3 * H + k);
+      }
       AddInto<kAddDx>(d, dx, k, dgi);
       AddInto<kAddDx>(d, dx, H + k, dgf);
       AddInto<kAddDx>(d, dx, 2 * H + k, dgg);
@@ -309,24 +359,31 @@ HWY_INLINE void LstmBackwardRows(int64_t n, int64_t H, int64_t k0, int64_t k1, c
     }
     for (int64_t k = kv; k < k1; ++k) {
       scalar::lstm_backward_at<float>(H, k, g, cr, cp, dhr, dcr, dg, nullptr, dx);
+      for (int64_t j = 0; j < 4 && dg16; ++j) dg16[j * H + k] = bf16_of(dg[j * H + k]);
     }
   }
 }
 
 void LstmBackward(int64_t n, int64_t H, int64_t k0, int64_t k1, const float* gates, const float* c,
                   const float* c_prev, const float* dh, int64_t ld_dh, float* dc, float* dgates,
-                  float* dbias, float* const* dx_rows) {
+                  float* dbias, float* const* dx_rows, uint16_t* dgates16) {
+  auto rows = [&](auto add_dx, auto bf16) {
+    LstmBackwardRows<decltype(add_dx)::value, decltype(bf16)::value>(
+        n, H, k0, k1, gates, c, c_prev, dh, ld_dh, dc, dgates, dx_rows, dgates16);
+  };
+  using Yes = std::true_type;
+  using No = std::false_type;
   if (dx_rows) {
-    LstmBackwardRows<true>(n, H, k0, k1, gates, c, c_prev, dh, ld_dh, dc, dgates, dx_rows);
+    dgates16 ? rows(Yes{}, Yes{}) : rows(Yes{}, No{});
   } else {
-    LstmBackwardRows<false>(n, H, k0, k1, gates, c, c_prev, dh, ld_dh, dc, dgates, dx_rows);
+    dgates16 ? rows(No{}, Yes{}) : rows(No{}, No{});
   }
   if (dbias) AddColumnSums(n, 4 * H, 4, H, k0, k1, dgates, dbias);
 }
 
 void GruForward(int64_t n, int64_t H, int64_t k0, int64_t k1, float* gx, const float* gh,
                 const float* b_hh, const float* h_prev, int64_t ld_hprev, float* h, int64_t ld_h,
-                float* ghn) {
+                float* ghn, uint16_t* h16, int64_t ld_h16) {
   const DF d;
   const int64_t L = static_cast<int64_t>(hn::Lanes(d));
   const int64_t kv = k0 + (k1 - k0) / L * L;
@@ -337,6 +394,7 @@ void GruForward(int64_t n, int64_t H, int64_t k0, int64_t k1, float* gx, const f
     const float* hp = h_prev + r * ld_hprev;
     float* hr = h + r * ld_h;
     float* ghr = ghn ? ghn + r * H : nullptr;
+    uint16_t* h16r = h16 ? h16 + r * ld_h16 : nullptr;
     for (int64_t k = k0; k < kv; k += L) {
       const VF bhr = b_hh ? hn::LoadU(d, b_hh + k) : zero;
       const VF bhz = b_hh ? hn::LoadU(d, b_hh + H + k) : zero;
@@ -353,10 +411,13 @@ void GruForward(int64_t n, int64_t H, int64_t k0, int64_t k1, float* gx, const f
       hn::StoreU(ng, d, x + 2 * H + k);
       if (ghr) hn::StoreU(hnv, d, ghr + k);
       // h' = n + z (h - n) = (1 - z) n + z h
-      hn::StoreU(hn::MulAdd(zg, hn::Sub(hn::LoadU(d, hp + k), ng), ng), d, hr + k);
+      const VF hv = hn::MulAdd(zg, hn::Sub(hn::LoadU(d, hp + k), ng), ng);
+      hn::StoreU(hv, d, hr + k);
+      if (h16r) StoreBf16(d, hv, h16r + k);
     }
     for (int64_t k = kv; k < k1; ++k) {
       scalar::gru_forward_at(H, k, x, y, b_hh, hp, hr, ghr ? ghr : nullptr);
+      if (h16r) h16r[k] = bf16_of(hr[k]);
     }
   }
 }
@@ -364,7 +425,8 @@ void GruForward(int64_t n, int64_t H, int64_t k0, int64_t k1, float* gx, const f
 // 10 vector operations for the 7 outputs (17 as written), see LstmBackward.
 void GruBackward(int64_t n, int64_t H, int64_t k0, int64_t k1, const float* gates, const float* ghn,
                  const float* h_prev, int64_t ld_hprev, const float* dh, int64_t ld_dh, float* dgx,
-                 float* dgh, float* dh_prev, float* db_ih, float* db_hh) {
+                 float* dgh, float* dh_prev, float* db_ih, float* db_hh, uint16_t* dgx16,
+                 uint16_t* dgh16) {
   const DF d;
   const int64_t L = static_cast<int64_t>(hn::Lanes(d));
   for (int64_t r = 0; r < n; ++r) {
@@ -375,6 +437,8 @@ void GruBackward(int64_t n, int64_t H, int64_t k0, int64_t k1, const float* gate
     float* dx = dgx + r * 3 * H;
     float* dy = dgh + r * 3 * H;
     float* dhp = dh_prev + r * H;
+    uint16_t* dx16 = dgx16 ? dgx16 + r * 3 * H : nullptr;
+    uint16_t* dy16 = dgh16 ? dgh16 + r * 3 * H : nullptr;
     int64_t k = k0;
     for (; k + L <= k1; k += L) {
       const VF rg = hn::LoadU(d, g + k), zg = hn::LoadU(d, g + H + k);
@@ -396,9 +460,23 @@ void GruBackward(int64_t n, int64_t H, int64_t k0, int64_t k1, const float* gate
       hn::StoreU(dzp, d, dy + H + k);
       hn::StoreU(dyn, d, dy + 2 * H + k);
       hn::StoreU(dvz, d, dhp + k);
+      if (dx16) {
+        StoreBf16(d, drp, dx16 + k);
+        StoreBf16(d, dzp, dx16 + H + k);
+        StoreBf16(d, dnp, dx16 + 2 * H + k);
+      }
+      if (dy16) {
+        StoreBf16(d, drp, dy16 + k);
+        StoreBf16(d, dzp, dy16 + H + k);
+        StoreBf16(d, dyn, dy16 + 2 * H + k);
+      }
     }
     for (; k < k1; ++k) {
       scalar::gru_backward_at<float>(H, k, g, hnr, hp, dr, dx, dy, dhp, nullptr, nullptr);
+      for (int64_t j = 0; j < 3; ++j) {
+        if (dx16) dx16[j * H + k] = bf16_of(dx[j * H + k]);
+        if (dy16) dy16[j * H + k] = bf16_of(dy[j * H + k]);
+      }
     }
   }
   // Both or neither: the two biases exist together (RNNOptions::bias).
@@ -409,13 +487,14 @@ void GruBackward(int64_t n, int64_t H, int64_t k0, int64_t k1, const float* gate
 }
 
 void RnnForward(int64_t n, int64_t H, int64_t k0, int64_t k1, float* gates, bool relu, float* h,
-                int64_t ld_h) {
+                int64_t ld_h, uint16_t* h16, int64_t ld_h16) {
   const DF d;
   const int64_t L = static_cast<int64_t>(hn::Lanes(d));
   const VF zero = hn::Zero(d);
   for (int64_t r = 0; r < n; ++r) {
     float* g = gates + r * H;
     float* hr = h + r * ld_h;
+    uint16_t* h16r = h16 ? h16 + r * ld_h16 : nullptr;
     int64_t k = k0;
     for (; k + L <= k1; k += L) {
       const VF a = hn::LoadU(d, g + k);
@@ -423,13 +502,17 @@ void RnnForward(int64_t n, int64_t H, int64_t k0, int64_t k1, float* gates, bool
       const VF v = relu ? hn::IfThenElse(hn::Lt(a, zero), zero, a) : Tanh(d, a);
       hn::StoreU(v, d, g + k);
       hn::StoreU(v, d, hr + k);
+      if (h16r) StoreBf16(d, v, h16r + k);
     }
-    for (; k < k1; ++k) scalar::rnn_forward_at(k, g, relu, hr);
+    for (; k < k1; ++k) {
+      scalar::rnn_forward_at(k, g, relu, hr);
+      if (h16r) h16r[k] = bf16_of(hr[k]);
+    }
   }
 }
 
 void RnnBackward(int64_t n, int64_t H, int64_t k0, int64_t k1, const float* h_saved, bool relu,
-                 const float* dh, int64_t ld_dh, float* dpre, float* dbias) {
+                 const float* dh, int64_t ld_dh, float* dpre, float* dbias, uint16_t* dpre16) {
   const DF d;
   const int64_t L = static_cast<int64_t>(hn::Lanes(d));
   const VF zero = hn::Zero(d);
@@ -437,6 +520,7 @@ void RnnBackward(int64_t n, int64_t H, int64_t k0, int64_t k1, const float* h_sa
     const float* hs = h_saved + r * H;
     const float* dr = dh + r * ld_dh;
     float* o = dpre + r * H;
+    uint16_t* o16 = dpre16 ? dpre16 + r * H : nullptr;
     int64_t k = k0;
     for (; k + L <= k1; k += L) {
       const VF hv = hn::LoadU(d, hs + k);
@@ -444,8 +528,12 @@ void RnnBackward(int64_t n, int64_t H, int64_t k0, int64_t k1, const float* h_sa
       const VF res = relu ? hn::IfThenZeroElse(hn::Le(hv, zero), dv)
                           : hn::NegMulAdd(hn::Mul(dv, hv), hv, dv);  // dh·(1 - h²)
       hn::StoreU(res, d, o + k);
+      if (o16) StoreBf16(d, res, o16 + k);
     }
-    for (; k < k1; ++k) scalar::rnn_backward_at<float>(k, hs, relu, dr, o, nullptr);
+    for (; k < k1; ++k) {
+      scalar::rnn_backward_at<float>(k, hs, relu, dr, o, nullptr);
+      if (o16) o16[k] = bf16_of(o[k]);
+    }
   }
   if (dbias) AddColumnSums(n, H, 1, H, k0, k1, dpre, dbias);
 }
@@ -492,41 +580,46 @@ template <>
 void lstm_gates_forward<float>(int64_t n, int64_t H, int64_t k0, int64_t k1, float* gates,
                                const float* c_prev, int64_t ld_cprev, float* c, int64_t ld_c,
                                float* h, int64_t ld_h, const float* const* x_rows,
-                               const float* next, int64_t next_len) {
+                               const float* next, int64_t next_len, uint16_t* h16, int64_t ld_h16) {
   HWY_DYNAMIC_DISPATCH(LstmForward)
-  (n, H, k0, k1, gates, c_prev, ld_cprev, c, ld_c, h, ld_h, x_rows, next, next_len);
+  (n, H, k0, k1, gates, c_prev, ld_cprev, c, ld_c, h, ld_h, x_rows, next, next_len, h16, ld_h16);
 }
 template <>
 void lstm_gates_backward<float>(int64_t n, int64_t H, int64_t k0, int64_t k1, const float* gates,
                                 const float* c, const float* c_prev, const float* dh, int64_t ld_dh,
-                                float* dc, float* dgates, float* dbias, float* const* dx_rows) {
+                                float* dc, float* dgates, float* dbias, float* const* dx_rows,
+                                uint16_t* dgates16) {
   HWY_DYNAMIC_DISPATCH(LstmBackward)
-  (n, H, k0, k1, gates, c, c_prev, dh, ld_dh, dc, dgates, dbias, dx_rows);
+  (n, H, k0, k1, gates, c, c_prev, dh, ld_dh, dc, dgates, dbias, dx_rows, dgates16);
 }
 template <>
 void gru_gates_forward<float>(int64_t n, int64_t H, int64_t k0, int64_t k1, float* gx,
                               const float* gh, const float* b_hh, const float* h_prev,
-                              int64_t ld_hprev, float* h, int64_t ld_h, float* ghn) {
-  HWY_DYNAMIC_DISPATCH(GruForward)(n, H, k0, k1, gx, gh, b_hh, h_prev, ld_hprev, h, ld_h, ghn);
+                              int64_t ld_hprev, float* h, int64_t ld_h, float* ghn, uint16_t* h16,
+                              int64_t ld_h16) {
+  HWY_DYNAMIC_DISPATCH(GruForward)
+  (n, H, k0, k1, gx, gh, b_hh, h_prev, ld_hprev, h, ld_h, ghn, h16, ld_h16);
 }
 template <>
 void gru_gates_backward<float>(int64_t n, int64_t H, int64_t k0, int64_t k1, const float* gates,
                                const float* ghn, const float* h_prev, int64_t ld_hprev,
                                const float* dh, int64_t ld_dh, float* dgx, float* dgh,
-                               float* dh_prev, float* db_ih, float* db_hh) {
+                               float* dh_prev, float* db_ih, float* db_hh, uint16_t* dgx16,
+                               uint16_t* dgh16) {
   HWY_DYNAMIC_DISPATCH(GruBackward)
-  (n, H, k0, k1, gates, ghn, h_prev, ld_hprev, dh, ld_dh, dgx, dgh, dh_prev, db_ih, db_hh);
+  (n, H, k0, k1, gates, ghn, h_prev, ld_hprev, dh, ld_dh, dgx, dgh, dh_prev, db_ih, db_hh, dgx16,
+   dgh16);
 }
 template <>
 void rnn_gates_forward<float>(int64_t n, int64_t H, int64_t k0, int64_t k1, float* gates, bool relu,
-                              float* h, int64_t ld_h) {
-  HWY_DYNAMIC_DISPATCH(RnnForward)(n, H, k0, k1, gates, relu, h, ld_h);
+                              float* h, int64_t ld_h, uint16_t* h16, int64_t ld_h16) {
+  HWY_DYNAMIC_DISPATCH(RnnForward)(n, H, k0, k1, gates, relu, h, ld_h, h16, ld_h16);
 }
 template <>
 void rnn_gates_backward<float>(int64_t n, int64_t H, int64_t k0, int64_t k1, const float* h_saved,
-                               bool relu, const float* dh, int64_t ld_dh, float* dpre,
-                               float* dbias) {
-  HWY_DYNAMIC_DISPATCH(RnnBackward)(n, H, k0, k1, h_saved, relu, dh, ld_dh, dpre, dbias);
+                               bool relu, const float* dh, int64_t ld_dh, float* dpre, float* dbias,
+                               uint16_t* dpre16) {
+  HWY_DYNAMIC_DISPATCH(RnnBackward)(n, H, k0, k1, h_saved, relu, dh, ld_dh, dpre, dbias, dpre16);
 }
 
 void sigmoid_f32(int64_t n, const float* x, float* y) {

@@ -33,6 +33,14 @@ class Scratch {
   // n zeros (what std::vector<T>::resize gives an empty vector); the previous
   // contents are dropped.
   void resize(std::size_t n) {
+    resize_for_overwrite(n);
+    std::fill_n(data_, n, T(0));
+  }
+  // n elements of unspecified value (a recycled block's old contents): for a
+  // workspace every element of which is written before it is read, where the
+  // zero-fill would be a pass over it for nothing (the main job's backward
+  // zero-filled 512 KB of dG rows per direction and batch that way).
+  void resize_for_overwrite(std::size_t n) {
     size_ = n;
     if (n == 0) {
       storage_ = Tensor();
@@ -42,7 +50,6 @@ class Scratch {
     storage_ = pooled_empty({static_cast<int64_t>(n)},
                             std::is_same_v<T, float> ? DType::f32 : DType::f64);
     data_ = storage_.data<T>();
-    std::fill_n(data_, n, T(0));
   }
 
   T* data() { return data_; }
