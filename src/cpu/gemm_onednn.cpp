@@ -351,6 +351,17 @@ struct Bf16Rows : RowStore {
   }
 };
 
+// A whole-batch product's bf16 operand [rows, cols]: rows [row, row + rows)
+// of a kept store where it holds rows of this width, else x (row stride ld)
+// converted into buf.
+const uint16_t* bf16_operand(const RowStore* kept, int64_t row, int64_t rows, int64_t cols,
+                             const float* x, int64_t ld, Staging<uint16_t>& buf) {
+  const auto* store = static_cast<const Bf16Rows*>(kept);
+  if (store && store->cols == cols) return store->rows_from(row, rows);
+  stage(rows, cols, x, ld, buf);
+  return buf.data();
+}
+
 // Every product through oneDNN's matmul, in f32 (operands read in place
 // through their strides) or bf16 (operands converted per call; fp32
 // accumulation). With `small_in_fp32`, the products too small for bf16 to pay
@@ -374,24 +385,10 @@ class OnednnEngine : public GemmEngine<float> {
       return;
     }
     ThreadState& ts = thread_state();
-    const int64_t a_rows = trans_a ? k : m, a_cols = trans_a ? m : k;
-    const auto* store = static_cast<const Bf16Rows*>(kept);
-    const uint16_t* a16 = nullptr;
-    if (store && store->cols == a_cols) {
-      a16 = store->rows_from(kept_row, a_rows);
-    } else {
-      stage(a_rows, a_cols, a, lda, ts.a);
-      a16 = ts.a.data();
-    }
-    const int64_t b_rows = trans_b ? n : k, b_cols = trans_b ? k : n;
-    const auto* store_b = static_cast<const Bf16Rows*>(kept_b);
-    const uint16_t* b16 = nullptr;
-    if (store_b && store_b->cols == b_cols) {
-      b16 = store_b->rows_from(kept_b_row, b_rows);
-    } else {
-      stage(b_rows, b_cols, b, ldb, ts.b);
-      b16 = ts.b.data();
-    }
+    const uint16_t* a16 =
+        bf16_operand(kept, kept_row, trans_a ? k : m, trans_a ? m : k, a, lda, ts.a);
+    const uint16_t* b16 =
+        bf16_operand(kept_b, kept_b_row, trans_b ? n : k, trans_b ? k : n, b, ldb, ts.b);
     const Key key{m,       n,       k, trans_a ? m : k, trans_b ? k : n, ldc, trans_a,
                   trans_b, !c_row && beta != 0.0f, c_row != nullptr, false, false};
     run(key, a16, b16, c, c_row);
