@@ -38,11 +38,11 @@ int64_t first_non_finite(const Tensor& t) {
   return -1;
 }
 
-#define EXPECT_FINITE(t, what)                                                         \
-  do {                                                                                 \
-    const int64_t bad_ = first_non_finite(t);                                          \
-    EXPECT_EQ(bad_, -1) << what << ": element " << bad_ << " = "                       \
-                        << (bad_ >= 0 ? (t).item_as_double(bad_) : 0.0);               \
+#define EXPECT_FINITE(t, what)                                           \
+  do {                                                                   \
+    const int64_t bad_ = first_non_finite(t);                            \
+    EXPECT_EQ(bad_, -1) << what << ": element " << bad_ << " = "         \
+                        << (bad_ >= 0 ? (t).item_as_double(bad_) : 0.0); \
   } while (0)
 
 RNNOptions options(RNNMode mode, int64_t input, int64_t hidden, int64_t layers, bool bidirectional,
@@ -93,15 +93,16 @@ bool any_nan(const std::vector<double>& v) {
 
 // Identical element for element (the fast path is deterministic and rows of a
 // GEMM do not interact, so a clean sequence must be bit-for-bit unchanged).
-::testing::AssertionResult same_values(const std::vector<double>& got, const std::vector<double>& want,
-                                       const std::string& what) {
+::testing::AssertionResult same_values(const std::vector<double>& got,
+                                       const std::vector<double>& want, const std::string& what) {
   if (got.size() != want.size()) {
-    return ::testing::AssertionFailure() << what << ": " << got.size() << " values, expected " << want.size();
+    return ::testing::AssertionFailure()
+           << what << ": " << got.size() << " values, expected " << want.size();
   }
   for (std::size_t i = 0; i < got.size(); ++i) {
     if (!(got[i] == want[i])) {
-      return ::testing::AssertionFailure() << what << ": [" << i << "] got " << got[i] << " expected "
-                                           << want[i];
+      return ::testing::AssertionFailure()
+             << what << ": [" << i << "] got " << got[i] << " expected " << want[i];
     }
   }
   return ::testing::AssertionSuccess();
@@ -203,7 +204,8 @@ TEST_P(LongSequence, ForwardBackwardOver5000StepsStaysFiniteAndNearTheReference)
   EXPECT_FINITE(g.input, "grad input");
   EXPECT_FINITE(g.h0, "grad h0");
   EXPECT_FINITE(g.c0, "grad c0");
-  for (std::size_t i = 0; i < g.weights.size(); ++i) EXPECT_FINITE(g.weights[i], m.parameter_names()[i]);
+  for (std::size_t i = 0; i < g.weights.size(); ++i)
+    EXPECT_FINITE(g.weights[i], m.parameter_names()[i]);
 
   std::vector<Tensor> gy64;
   const std::vector<Tensor> out = per_sequence(y.packed.data, *y.plan);
@@ -281,7 +283,8 @@ TEST_P(NaNIsolation, PackedNaNReachesOnlyItsOwnSequence) {
   RNNGradients gcl = m.backward(yc, gy, gh, gc);
   RNNGradients gpo = m.backward(yp, gy, gh, gc);
 
-  const auto oc = per_sequence(yc.packed.data, *yc.plan), op = per_sequence(yp.packed.data, *yp.plan);
+  const auto oc = per_sequence(yc.packed.data, *yc.plan),
+             op = per_sequence(yp.packed.data, *yp.plan);
   const auto ic = per_sequence(gcl.input, *yc.plan), ip = per_sequence(gpo.input, *yp.plan);
   for (int64_t b = 0; b < kB; ++b) {
     SCOPED_TRACE("sequence " + std::to_string(b));
@@ -318,7 +321,8 @@ TEST_P(NaNIsolation, PaddedNaNReachesOnlyItsOwnSequence) {
     RNNBase m(o, seed);
     const int64_t LD = 4, O = o.output_size();
     // Padded [T, B, I] (or [B, T, I]); the padding holds finite garbage.
-    const Tensor clean = uniform(batch_first ? Shape{kB, kT, kI} : Shape{kT, kB, kI}, DType::f32, gen);
+    const Tensor clean =
+        uniform(batch_first ? Shape{kB, kT, kI} : Shape{kT, kB, kI}, DType::f32, gen);
     auto at = [&](int64_t t, int64_t b, int64_t k, int64_t width) {
       return (batch_first ? b * kT + t : t * kB + b) * width + k;
     };
@@ -347,12 +351,14 @@ TEST_P(NaNIsolation, PaddedNaNReachesOnlyItsOwnSequence) {
         EXPECT_TRUE(any_nan(column(yp.padded, O))) << "the NaN vanished from its own outputs";
         EXPECT_TRUE(any_nan(state_of(yp.h_n, b))) << "the NaN vanished from its own h_n";
         if (GetParam() != RNNMode::rnn_relu) {  // see PackedNaNReachesOnlyItsOwnSequence
-          EXPECT_TRUE(any_nan(column(gpo.input, kI))) << "the NaN vanished from its own input gradient";
+          EXPECT_TRUE(any_nan(column(gpo.input, kI)))
+              << "the NaN vanished from its own input gradient";
         }
         // Padding stays padding: zero output and zero gradient past the length.
         for (int64_t s = lengths_[b]; s < kT; ++s) {
           for (int64_t k = 0; k < O; ++k) EXPECT_EQ(yp.padded.item_as_double(at(s, b, k, O)), 0.0);
-          for (int64_t k = 0; k < kI; ++k) EXPECT_EQ(gpo.input.item_as_double(at(s, b, k, kI)), 0.0);
+          for (int64_t k = 0; k < kI; ++k)
+            EXPECT_EQ(gpo.input.item_as_double(at(s, b, k, kI)), 0.0);
         }
         continue;
       }
@@ -391,7 +397,8 @@ TEST_P(NaNIsolation, NonFinitePaddingIsNeverRead) {
   EXPECT_TRUE(same_values(values(yp.h_n), values(yc.h_n), "h_n"));
   EXPECT_TRUE(same_values(values(gpo.input), values(gcl.input), "grad input"));
   for (std::size_t i = 0; i < gcl.weights.size(); ++i) {
-    EXPECT_TRUE(same_values(values(gpo.weights[i]), values(gcl.weights[i]), m.parameter_names()[i]));
+    EXPECT_TRUE(
+        same_values(values(gpo.weights[i]), values(gcl.weights[i]), m.parameter_names()[i]));
   }
 }
 

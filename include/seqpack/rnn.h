@@ -13,6 +13,7 @@
 #pragma once
 
 #include <cstdint>
+#include <limits>
 #include <map>
 #include <memory>
 #include <string>
@@ -121,10 +122,15 @@ RNNGradients rnn_backward(const RNNSaved& saved, const Tensor& grad_output,
 // Plain reference: one sequence at a time, one step at a time, scalar loops,
 // computed in double. `sequences[b]` is [len_b, input_size] (caller's order).
 // Returns per-sequence outputs [len_b, output_size], h_n and c_n (dropout off).
+// `relu_margin` (rnn_relu only, else infinity): the smallest |pre-activation|
+// of any unit at any step, layer and direction. A ReLU's derivative jumps at 0,
+// so a float32 computation may put a unit closer to 0 than its rounding on the
+// other side, and its gradients then part from the reference's.
 struct RNNReferenceResult {
   std::vector<Tensor> outputs;
   Tensor h_n;
   Tensor c_n;
+  double relu_margin = std::numeric_limits<double>::infinity();
 };
 RNNReferenceResult rnn_reference_forward(const RNNOptions& options,
                                          const std::vector<Tensor>& weights,

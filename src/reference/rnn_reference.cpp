@@ -5,8 +5,10 @@
 // obviously correct over being fast.
 #include "reference/rnn_reference.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstddef>
+#include <limits>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -353,6 +355,7 @@ using Trace = std::vector<std::vector<std::vector<std::vector<StepCache>>>>;
 struct RunResult {
   std::vector<std::vector<Vec>> outputs;  // [b][t] -> output_size values
   std::vector<Vec> h_n, c_n;              // [(l * D + dir) * B + b]
+  double relu_margin = std::numeric_limits<double>::infinity();  // see RNNReferenceResult
 };
 
 RunResult run_forward(const RNNOptions& o, const std::vector<DirParams>& params,
@@ -421,6 +424,9 @@ RunResult run_forward(const RNNOptions& o, const std::vector<DirParams>& params,
           s.h_prev = h;
           s.c_prev = c;
           cell_step(o.mode, d, p, s);
+          if (o.mode == RNNMode::rnn_relu) {
+            for (double a : s.pre) res.relu_margin = std::min(res.relu_margin, std::fabs(a));
+          }
           h = s.h;
           if (o.mode == RNNMode::lstm) c = s.c;
           for (int64_t j = 0; j < d.P; ++j) {
@@ -624,6 +630,7 @@ RNNReferenceResult rnn_reference_forward(const RNNOptions& options,
   out.h_n = state_tensor(r.h_n, d.L * d.D, B, d.P, options.dtype);
   if (options.mode == RNNMode::lstm)
     out.c_n = state_tensor(r.c_n, d.L * d.D, B, d.H, options.dtype);
+  out.relu_margin = r.relu_margin;
   return out;
 }
 
