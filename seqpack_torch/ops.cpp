@@ -370,14 +370,18 @@ std::shared_ptr<const PackingPlan> plan_of(const Tensor& data, const Tensor& bat
                             DType::f32, nullptr);
   auto plan = checked(
       op, [&] { return std::make_shared<const PackingPlan>(PackingPlan::from_packed(p)); });
-  // Valid from here on (from_packed validated all of it).
-  cache.batch_sizes = p.batch_sizes.to_vector<int64_t>();
-  cache.indices = indices;
-  cache.sorted_indices = indices ? p.sorted_indices.to_vector<int64_t>() : std::vector<int64_t>();
-  cache.unsorted_indices =
-      indices ? p.unsorted_indices.to_vector<int64_t>() : std::vector<int64_t>();
-  cache.rows = data.size(0);
-  cache.plan = plan;
+  // Valid from here on (from_packed validated all of it). Built apart and
+  // moved in whole, so a throwing copy leaves the old entry intact.
+  PlanCache entry;
+  entry.batch_sizes = p.batch_sizes.to_vector<int64_t>();
+  entry.indices = indices;
+  if (indices) {
+    entry.sorted_indices = p.sorted_indices.to_vector<int64_t>();
+    entry.unsorted_indices = p.unsorted_indices.to_vector<int64_t>();
+  }
+  entry.rows = data.size(0);
+  entry.plan = plan;
+  cache = std::move(entry);
   return plan;
 }
 

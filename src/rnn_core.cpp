@@ -532,8 +532,9 @@ struct ForwardDirection {
       st.h_row = st.r0;
       if (s + 1 < TT) {
         const auto tn = static_cast<std::size_t>(d == 0 ? t + 1 : t - 1);
-        st.h16 = hsink.row(plan.offsets()[tn] + j0);
         st.n16 = std::clamp<int64_t>(bs[tn] - j0, 0, st.n);
+        // (a row split's j0 may lie past the next step's rows: no sink row then)
+        if (st.n16 > 0) st.h16 = hsink.row(plan.offsets()[tn] + j0);
       }
       // The rows that begin here take h0 (before the barrier: every thread's
       // product reads them).

@@ -457,7 +457,10 @@ class OnednnEngine : public GemmEngine<float> {
     auto* store = static_cast<Bf16Rows*>(keep);
     if (op.fallback) {
       gemm_engine_f32(Precision::fp32).step(m, a, lda, *op.fallback, range, beta, c, ldc, nullptr);
-      if (store && op.ranges[range].first == 0)
+      // One thread keeps the rows: range 0 (one thread, or a row split's own
+      // rows) or 1 (thread 0's first block of a column split), even when its
+      // share of the columns is empty and another thread's starts at 0.
+      if (store && range <= 1 && op.ranges[range].first == 0)
         store->put(keep_row, store->sunk ? nullptr : a, lda, m);
       return;
     }
