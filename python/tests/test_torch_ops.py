@@ -236,14 +236,21 @@ def test_outputs_modified_in_place_leave_gradients_unchanged(mode):
 
 class PackedRun(torch.nn.Module):
     """A scriptable caller of a layer on packed input with h0 (a scripted layer
-    alone cannot be called: its forward is overloaded, as torch.nn's)."""
+    alone cannot be called: its forward is overloaded, as torch.nn's). The
+    branch is a constant: with torch 1.13, `isinstance(self.layer, spt.LSTM)`
+    in the scripted code came out false for an LSTM once an earlier test in the
+    process had scripted another LSTM, and the other branch then failed to
+    compile."""
+
+    is_lstm: torch.jit.Final[bool]
 
     def __init__(self, layer):
         super().__init__()
         self.layer = layer
+        self.is_lstm = isinstance(layer, spt.LSTM)
 
     def forward(self, x: trnn.PackedSequence, h0: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
-        if isinstance(self.layer, spt.LSTM):
+        if self.is_lstm:
             out, (h, _) = self.layer(x, (h0, torch.zeros_like(h0)))
             return out.data, h
         out, h = self.layer(x, h0)
