@@ -120,9 +120,16 @@ struct TrainedClassifier {
 };
 
 // Writes a model directory: model.safetensors (torch's state_dict names),
-// vocabulary.json and config.json (sizes and label names), each atomically.
+// vocabulary.json and config.json (sizes and label names). The directory
+// changes as one unit (seqpack/model_dir.h): a process killed at any point
+// leaves it holding the whole old model or the whole new one. Throws
+// ModelDirBusy while another process writes it.
 void save_classifier(const std::string& dir, CharClassifier& model, const Vocabulary& vocabulary,
                      const std::vector<std::string>& labels);
+// The three files of save_classifier written into `dir` as they are, each
+// atomically but not together (for a staging directory of a ModelDirWriter).
+void write_classifier_files(const std::string& dir, CharClassifier& model, const Vocabulary& vocabulary,
+                            const std::vector<std::string>& labels);
 // Reads a directory written by save_classifier (or by the torch side, see
 // tests/fixtures/gen_model.py). Throws std::invalid_argument naming the
 // directory and the missing or inconsistent file.
@@ -153,9 +160,6 @@ struct TrainingCheckpoint {
 // Writes the checkpoint to `path` atomically: complete temporary file in the same
 // directory, fsync, rename over `path`, fsync of the directory. A process killed
 // at any point leaves either the previous checkpoint or the new one.
-// Test hook: with the environment variable SEQPACK_TEST_ABORT_BEFORE_RENAME=1 the
-// process calls std::abort() after the temporary file is complete, right before
-// the rename, so tests can check the previous checkpoint survives.
 void save_training_checkpoint(const std::string& path, CharClassifier& model, const Adam& optimizer,
                               const Vocabulary& vocabulary, const std::vector<std::string>& labels,
                               int64_t epoch, const std::string& train_config);

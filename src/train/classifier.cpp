@@ -15,6 +15,7 @@
 #include <stdexcept>
 
 #include "seqpack/loss.h"
+#include "seqpack/model_dir.h"
 #include "seqpack/packed_sequence.h"
 #include "seqpack/safetensors.h"
 
@@ -232,8 +233,8 @@ std::string read_text(const std::string& path) {
 }
 }  // namespace
 
-void save_classifier(const std::string& dir, CharClassifier& model, const Vocabulary& vocabulary,
-                     const std::vector<std::string>& labels) {
+void write_classifier_files(const std::string& dir, CharClassifier& model, const Vocabulary& vocabulary,
+                            const std::vector<std::string>& labels) {
   const auto& o = model.options();
   if (static_cast<int64_t>(labels.size()) != o.num_classes) {
     throw std::invalid_argument("save_classifier: " + std::to_string(labels.size()) +
@@ -259,6 +260,20 @@ void save_classifier(const std::string& dir, CharClassifier& model, const Vocabu
                            {"num_classes", o.num_classes},
                            {"labels", labels}};
   write_file_atomically(dir + "/config.json", config.dump(2) + "\n");
+}
+
+void save_classifier(const std::string& dir, CharClassifier& model, const Vocabulary& vocabulary,
+                     const std::vector<std::string>& labels) {
+  ModelDirWriter w(dir, "save_classifier");
+  w.discard_interrupted();
+  w.begin(/*keep_previous=*/false);
+  try {
+    write_classifier_files(w.staging(), model, vocabulary, labels);
+  } catch (...) {
+    w.abandon();
+    throw;
+  }
+  w.commit();
 }
 
 TrainedClassifier load_classifier(const std::string& dir) {
@@ -341,28 +356,8 @@ void save_training_checkpoint(const std::string& path, CharClassifier& model, co
       {"vocabulary", vocabulary.to_json()},
       {"labels", nlohmann::json(labels).dump()},
       {"train_config", train_config}};
-  const std::string dir = parent_dir(path);
-  std::filesystem::create_directories(dir);
-  // The temporary name is unique to this process, so two trainers writing the
-  // same directory do not rename each other's half-written files; a leftover from
-  // a killed process is a complete file under a name nothing reads.
-  const std::string tmp = path + ".tmp-" + std::to_string(::getpid());
-  write_file_atomically(tmp, serialize_safetensors(tensors, meta));
-  if (const char* hook = std::getenv("SEQPACK_TEST_ABORT_BEFORE_RENAME");
-      hook != nullptr && std::string(hook) == "1") {
-    std::abort();
-  }
-  if (::rename(tmp.c_str(), path.c_str()) != 0) {
-    const std::string err = std::strerror(errno);
-    ::unlink(tmp.c_str());
-    throw std::runtime_error("cannot write checkpoint '" + path + "': rename: " + err);
-  }
-  // The rename itself is durable only once the directory is synced.
-  const int dfd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY);
-  if (dfd >= 0) {
-    ::fsync(dfd);
-    ::close(dfd);
-  }
+  std::filesystem::create_directories(parent_dir(path));
+  write_file_atomically(path, serialize_safetensors(tensors, meta));
 }
 
 TrainingCheckpoint load_training_checkpoint(const std::string& path) {

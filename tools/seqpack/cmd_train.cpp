@@ -10,6 +10,7 @@
 #include <nlohmann/json.hpp>
 #include <limits>
 #include <numeric>
+#include <memory>
 #include <optional>
 #include <set>
 #include <filesystem>
@@ -23,6 +24,7 @@
 #include "seqpack/classifier.h"
 #include "seqpack/data.h"
 #include "seqpack/loss.h"
+#include "seqpack/model_dir.h"
 #include "seqpack/optim.h"
 #include "seqpack/precision.h"
 #include "seqpack/threading.h"
@@ -163,31 +165,6 @@ void draw_progress(int64_t epoch, int64_t epochs, int64_t done, int64_t total, d
   std::fflush(stderr);
 }
 
-// The files of a model directory: save_classifier's and the checkpoint.
-const char* const kModelFiles[] = {"model.safetensors", "vocabulary.json", "config.json",
-                                   "checkpoint.safetensors"};
-
-// A new run must not destroy the model an earlier run left in `out`: its files
-// move (one rename each, so each file is either still in `out` or complete in
-// the new place) to out/previous-N, the first N free. Returns that directory,
-// or "" when `out` holds no model file.
-std::string keep_previous_model(const std::string& out) {
-  namespace fs = std::filesystem;
-  std::vector<std::string> present;
-  for (const char* f : kModelFiles) {
-    if (fs::exists(fs::path(out) / f)) present.push_back(f);
-  }
-  if (present.empty()) return "";
-  fs::path dest;
-  for (int n = 1;; ++n) {
-    dest = fs::path(out) / ("previous-" + std::to_string(n));
-    if (!fs::exists(dest)) break;
-  }
-  fs::create_directories(dest);
-  for (const auto& f : present) fs::rename(fs::path(out) / f, dest / f);
-  return dest.string();
-}
-
 // Predicted label of every example, in batches (no gradient is kept).
 std::vector<int64_t> predict_all(CharClassifier& model, const Vocabulary& vocab,
                                  const std::vector<Example>& examples, int64_t batch_size) {
@@ -244,34 +221,133 @@ void print_confusion(const std::vector<int64_t>& pred, const std::vector<Example
   }
 }
 
-void run_train(TrainArgs a) {
-  // --resume DIR: the checkpoint inside the output directory of an earlier run
-  // (or the checkpoint file itself).
+// Where --resume reads from, and the output directory this run writes.
+struct RunDirs {
+  std::unique_ptr<ModelDirWriter> out;      // locked for the whole run
+  std::unique_ptr<ModelDirWriter> source;   // --resume DIR other than --out (locked too)
   std::optional<TrainingCheckpoint> ck;
+  std::string ck_path;
+  bool continue_interrupted = false;  // ck is the interrupted run's own staging in --out
+};
+
+std::string resume_dir_of(const std::string& resume) {
+  namespace fs = std::filesystem;
+  if (!fs::is_regular_file(resume)) return resume;
+  const std::string p = fs::path(resume).parent_path().string();
+  return p.empty() ? "." : p;
+}
+
+bool same_dir(const std::string& x, const std::string& y) {
+  namespace fs = std::filesystem;
+  return fs::weakly_canonical(fs::absolute(x)) == fs::weakly_canonical(fs::absolute(y));
+}
+
+void print_notes(const ModelDirWriter& w) {
+  for (const auto& n : w.notes()) fmt::print("{}\n", n);
+}
+
+// Locks --out (and the --resume directory), finishes what an interrupted run
+// left there, and loads the checkpoint to resume from: an interrupted run's
+// (killed while training or while saving) before the directory's own.
+RunDirs open_dirs(TrainArgs& a) {
+  RunDirs d;
+  const std::string holder = "seqpack train";
   if (!a.resume.empty()) {
-    const std::string path = std::filesystem::is_directory(a.resume)
-                                 ? (std::filesystem::path(a.resume) / "checkpoint.safetensors").string()
-                                 : a.resume;
-    ck = load_training_checkpoint(path);
+    // Nothing at all to resume: said before any directory is locked or created.
+    namespace fs = std::filesystem;
+    const fs::path r = fs::absolute(a.resume).lexically_normal();
+    bool staged = false;
+    if (!fs::exists(r) && fs::is_directory(r.parent_path())) {
+      for (const auto& e : fs::directory_iterator(r.parent_path())) {
+        staged = staged || e.path().filename().string().rfind("." + r.filename().string() + ".saving-", 0) == 0;
+      }
+    }
+    if (!fs::exists(r) && !staged) {
+      throw std::invalid_argument("no checkpoint at " + a.resume + ": it does not exist");
+    }
+    if (!a.given.count("--out")) a.out = resume_dir_of(a.resume);
+  }
+  d.out = std::make_unique<ModelDirWriter>(a.out, holder);
+  print_notes(*d.out);
+  if (!a.resume.empty()) {
+    // A model directory (or one whose interrupted run is all there is), or a checkpoint file.
+    const bool is_dir = !std::filesystem::is_regular_file(a.resume);
+    const bool into_itself = is_dir && same_dir(a.resume, a.out);
+    if (is_dir && !into_itself) {
+      d.source = std::make_unique<ModelDirWriter>(a.resume, holder);
+      print_notes(*d.source);
+    }
+    const ModelDirWriter* src = is_dir ? (into_itself ? d.out.get() : d.source.get()) : nullptr;
+    if (src != nullptr && src->interrupted_checkpoint()) {
+      d.ck_path = *src->interrupted_checkpoint();
+      d.continue_interrupted = into_itself;
+    } else {
+      d.ck_path = is_dir ? (std::filesystem::path(a.resume) / "checkpoint.safetensors").string() : a.resume;
+    }
+    d.ck = load_training_checkpoint(d.ck_path);
     // "auto" compares with the checkpoint as what it resolves to here.
     if (a.given.count("--precision")) a.precision = precision_name(resolve_precision(a.precision));
-    apply_checkpoint_config(a, nlohmann::json::parse(ck->train_config), path);
-    if (!a.given.count("--out")) {
-      a.out = std::filesystem::is_directory(a.resume) ? a.resume
-                                                      : std::filesystem::path(a.resume).parent_path().string();
-      if (a.out.empty()) a.out = ".";
-    }
-    if (ck->epoch >= a.epochs) {
-      fmt::print("{}: all {} epochs are already done (the checkpoint is at epoch {}); nothing to train. "
-                 "Pass --epochs N with N > {} to train further.\n",
-                 path, a.epochs, ck->epoch, ck->epoch);
-      return;
-    }
-    fmt::print("resuming from {}: epoch {} of {} done\n", path, ck->epoch, a.epochs);
+    apply_checkpoint_config(a, nlohmann::json::parse(d.ck->train_config), d.ck_path);
   }
-  if (a.threads > 0) set_num_threads(a.threads);
+  if (a.overwrite) {
+    for (const char* f : {"model.safetensors", "checkpoint.safetensors"}) {
+      if (std::filesystem::exists(std::filesystem::path(a.out) / f)) {
+        fmt::print("{}/ holds a model from an earlier run: --overwrite, so this run replaces it\n", a.out);
+        break;
+      }
+    }
+  }
+  if (d.out->interrupted_checkpoint() && !d.continue_interrupted) {
+    fmt::print("{}/: discarded the checkpoint of an interrupted run (train --resume {} would have "
+               "continued it)\n", a.out, a.out);
+    d.out->discard_interrupted();
+  }
+  return d;
+}
 
-  const double startup_cpu0 = cpu_seconds();
+// The first parameter whose gradient holds a NaN or an infinity, or "".
+std::string non_finite_grad(const std::vector<Parameter>& params) {
+  for (const auto& p : params) {
+    const int64_t n = p.grad.numel();
+    bool ok = true;
+    if (p.grad.dtype() == DType::f32) {
+      const float* g = p.grad.data<float>();
+      for (int64_t i = 0; i < n && ok; ++i) ok = std::isfinite(g[i]);
+    } else {
+      const double* g = p.grad.data<double>();
+      for (int64_t i = 0; i < n && ok; ++i) ok = std::isfinite(g[i]);
+    }
+    if (!ok) return p.name;
+  }
+  return "";
+}
+
+// Stops the run when a step's loss or gradient is not finite: nothing of it is
+// saved, the output directory keeps the model it had.
+void check_finite(const TrainArgs& a, int64_t epoch, std::size_t batch, double loss, const std::string& grad) {
+  if (std::isfinite(loss) && grad.empty()) return;
+  const std::string what =
+      !std::isfinite(loss) ? fmt::format("the loss is {}", loss) : "the gradient of " + grad + " is not finite";
+  throw std::runtime_error(fmt::format(
+      "training diverged at epoch {}, batch {}: {}. Nothing of this epoch is saved; {}/ keeps the model it "
+      "had. Try a smaller --lr (now {:g}){}",
+      epoch, batch + 1, what, a.out, a.lr, a.clip > 0 ? " or a smaller --clip" : " or --clip 1"));
+}
+
+// The checkpoint's weights written as the model, when an interrupted run had
+// finished training but not its save.
+void finish_interrupted_save(TrainArgs& a, RunDirs& d) {
+  CharClassifier model(d.ck->model_options, 0);
+  model.load_state_dict(d.ck->model_state);
+  d.out->begin(/*keep_previous=*/!a.overwrite, /*continue_interrupted=*/true);
+  write_classifier_files(d.out->staging(), model, d.ck->vocabulary, d.ck->labels);
+  const std::string kept = d.out->commit();
+  fmt::print("{}: the interrupted run had trained all {} epochs; saved its model to {}/{}\n", d.ck_path,
+             d.ck->epoch, a.out, kept.empty() ? "" : " (the model that was there is in " + kept + "/)");
+}
+
+// The training data, split.
+DatasetSplit load_split(const TrainArgs& a) {
   DatasetSplit split;
   if (a.data.empty()) {
     LanguageIdOptions lo;
@@ -291,17 +367,113 @@ void run_train(TrainArgs a) {
   if (split.train.empty()) throw std::invalid_argument("the training split is empty: not enough examples");
   fmt::print("split: {} train, {} validation, {} test\n", split.train.size(), split.val.size(),
              split.test.size());
+  return split;
+}
 
-  const Vocabulary vocab = Vocabulary::build(texts_of(split.train));
-  if (a.profile) fmt::print("profile: data and vocabulary {:.3f} cpu s\n", cpu_seconds() - startup_cpu0);
-  // The data is rebuilt from its source on resume; if that changed, the
-  // checkpoint's weights would silently meet different characters.
-  if (ck && (vocab.to_json() != ck->vocabulary.to_json() || split.labels != ck->labels)) {
-    throw std::invalid_argument("--resume " + a.resume + ": the training data (" +
-                                (a.data.empty() ? a.dict_dir : a.data) +
-                                ") no longer gives the checkpoint's vocabulary and labels");
+// One epoch's measurements.
+struct EpochResult {
+  double loss_sum = 0.0;
+  int64_t words = 0, tokens = 0;
+};
+
+// One pass over `batches`: forward, loss, backward, clip, step; the progress bar
+// on a terminal.
+EpochResult train_epoch(const TrainArgs& a, int64_t epoch, const std::vector<std::vector<int64_t>>& batches,
+                        const DatasetSplit& split, const Vocabulary& vocab, CharClassifier& model, Adam& opt,
+                        StepProfile* prof) {
+  // The progress bar redraws one line with carriage returns: only for a terminal.
+  // A log file or pipe gets the one line per epoch below instead.
+  const bool show_bar = !a.quiet && ::isatty(STDOUT_FILENO) && ::isatty(STDERR_FILENO);
+  CrossEntropyLoss ce;
+  EpochResult r;
+  const auto t0 = Clock::now();
+  auto last_draw = t0;
+  double running = 0.0;
+  // Marks cost two clock reads each; without --profile they are skipped.
+  const auto mark = [&](int phase) {
+    if (prof != nullptr) prof->mark(phase);
+  };
+  if (prof != nullptr) prof->start();
+  for (std::size_t k = 0; k < batches.size(); ++k) {
+    TokenBatch b = make_token_batch(vocab, split.train, batches[k], /*batch_first=*/true);
+    mark(0);
+    Tensor logits = model.forward(b.tokens, b.lengths, /*batch_first=*/true);
+    mark(1);
+    const double loss = ce.forward(logits, b.labels);
+    const Tensor grad_logits = ce.backward();
+    mark(2);
+    model.backward(grad_logits);
+    mark(3);
+    const double norm = a.clip > 0 ? clip_grad_norm(opt.parameters(), a.clip) : 0.0;
+    check_finite(a, epoch, k, loss, std::isfinite(norm) ? non_finite_grad(opt.parameters()) : "the model");
+    mark(4);
+    opt.step();
+    mark(5);
+    opt.zero_grad();
+    mark(6);
+    r.words += static_cast<int64_t>(b.lengths.size());
+    r.tokens += std::accumulate(b.lengths.begin(), b.lengths.end(), int64_t{0});
+    r.loss_sum += loss;
+    running = k == 0 ? loss : 0.98 * running + 0.02 * loss;
+    const auto now = Clock::now();
+    if (show_bar && (std::chrono::duration<double>(now - last_draw).count() > 0.1 || k + 1 == batches.size())) {
+      const double s = std::max(1e-9, seconds_since(t0));
+      draw_progress(epoch, a.epochs, static_cast<int64_t>(k + 1), static_cast<int64_t>(batches.size()),
+                    r.words / s, r.tokens / s, running);
+      last_draw = now;
+    }
+    mark(7);
   }
-  const int64_t n_classes = static_cast<int64_t>(split.labels.size());
+  if (show_bar) fmt::print(stderr, "\n");
+  return r;
+}
+
+// Epochs first_epoch..a.epochs, each followed by its validation accuracy and a
+// checkpoint in the staging directory.
+void train_epochs(const TrainArgs& a, int64_t first_epoch, const DatasetSplit& split, const Vocabulary& vocab,
+                  CharClassifier& model, Adam& opt, const std::string& checkpoint_path) {
+  BucketingSampler sampler(lengths_of(split.train), a.batch_size, a.seed);
+  const PaddingReport pr = padding_report(sampler, 0);
+  const auto pad_pct = [](const PaddingStats& s) { return 100.0 * (1.0 - s.efficiency()); };
+  fmt::print(
+      "padding: random batches of {} would compute {} slots for {} real tokens ({:.1f}% padding); "
+      "bucketing cuts that to {} ({:.1f}% padding); packing computes only the {} real tokens (0% padding)\n",
+      a.batch_size, pr.random.padded_slots, pr.random.real_tokens, pad_pct(pr.random),
+      pr.bucketed.padded_slots, pad_pct(pr.bucketed), pr.packed.real_tokens);
+  const std::string config_text = train_config(a).dump();
+  double total_train_s = 0.0, total_cpu_s = 0.0;
+  for (int64_t epoch = first_epoch; epoch <= a.epochs; ++epoch) {
+    const auto batches = sampler.epoch(epoch - 1);
+    const auto t0 = Clock::now();
+    // Process CPU time too: on a shared machine wall time depends on the
+    // neighbours, CPU time (with --threads 1) does not.
+    const std::clock_t c0 = std::clock();
+    StepProfile prof;
+    const EpochResult r = train_epoch(a, epoch, batches, split, vocab, model, opt, a.profile ? &prof : nullptr);
+    const double secs = seconds_since(t0);
+    const double cpu_secs = static_cast<double>(std::clock() - c0) / CLOCKS_PER_SEC;
+    total_train_s += secs;
+    total_cpu_s += cpu_secs;
+    const double val_cpu0 = cpu_seconds();
+    const double val_acc = accuracy(predict_all(model, vocab, split.val, 512), split.val);
+    if (a.profile) fmt::print("{}; validation {:.3f}\n", prof.str(), cpu_seconds() - val_cpu0);
+    fmt::print(
+        "epoch {}/{}: train loss {:.4f}, validation accuracy {:.2f}%, {:.2f} s, cpu {:.2f} s "
+        "({:.0f} words/s, {:.0f} tokens/s)\n",
+        epoch, a.epochs, batches.empty() ? 0.0 : r.loss_sum / static_cast<double>(batches.size()),
+        100.0 * val_acc, secs, cpu_secs, r.words / std::max(1e-9, secs), r.tokens / std::max(1e-9, secs));
+    std::fflush(stdout);
+    save_training_checkpoint(checkpoint_path, model, opt, vocab, split.labels, epoch, config_text);
+  }
+  const int64_t trained = a.epochs - first_epoch + 1;
+  if (trained > 0) {
+    fmt::print("training time: {:.2f} s, {:.2f} s per epoch (cpu {:.2f} s per epoch)\n", total_train_s,
+               total_train_s / static_cast<double>(trained), total_cpu_s / static_cast<double>(trained));
+  }
+}
+
+// The model and its options for this run's data.
+CharClassifierOptions model_options(TrainArgs& a, const Vocabulary& vocab, int64_t n_classes) {
   CharClassifierOptions mo;
   mo.vocab_size = vocab.size();
   mo.embed_dim = a.embed;
@@ -311,129 +483,57 @@ void run_train(TrainArgs a) {
   mo.precision = resolve_precision(a.precision, &precision_note);
   a.precision = precision_name(mo.precision);  // what the checkpoint records
   fmt::print("{}, {} thread{}\n", precision_note, num_threads(), num_threads() == 1 ? "" : "s");
-  CharClassifier model(mo, a.seed);
   fmt::print("model: Embedding({}, {}, padding_idx=0) -> LSTM({}, {}, bidirectional) -> Linear({}, {})\n",
              mo.vocab_size, mo.embed_dim, mo.embed_dim, mo.hidden_size, 2 * mo.hidden_size, n_classes);
+  return mo;
+}
 
-  BucketingSampler sampler(lengths_of(split.train), a.batch_size, a.seed);
-  const PaddingReport pr = padding_report(sampler, 0);
-  const auto pad_pct = [](const PaddingStats& s) { return 100.0 * (1.0 - s.efficiency()); };
-  fmt::print(
-      "padding: random batches of {} would compute {} slots for {} real tokens ({:.1f}% padding); "
-      "bucketing cuts that to {} ({:.1f}% padding); packing computes only the {} real tokens (0% padding)\n",
-      a.batch_size, pr.random.padded_slots, pr.random.real_tokens, pad_pct(pr.random),
-      pr.bucketed.padded_slots, pad_pct(pr.bucketed), pr.packed.real_tokens);
-
+void run_train(TrainArgs a) {
+  RunDirs d = open_dirs(a);
+  if (d.ck) {
+    if (d.ck->epoch >= a.epochs) {
+      if (d.continue_interrupted) return finish_interrupted_save(a, d);
+      fmt::print("{}: all {} epochs are already done (the checkpoint is at epoch {}); nothing to train. "
+                 "Pass --epochs N with N > {} to train further.\n",
+                 d.ck_path, a.epochs, d.ck->epoch, d.ck->epoch);
+      return;
+    }
+    fmt::print("resuming from {}: epoch {} of {} done\n", d.ck_path, d.ck->epoch, a.epochs);
+  }
+  if (a.threads > 0) set_num_threads(a.threads);
+  const double startup_cpu0 = cpu_seconds();
+  const DatasetSplit split = load_split(a);
+  const Vocabulary vocab = Vocabulary::build(texts_of(split.train));
+  if (a.profile) fmt::print("profile: data and vocabulary {:.3f} cpu s\n", cpu_seconds() - startup_cpu0);
+  // The data is rebuilt from its source on resume; if that changed, the
+  // checkpoint's weights would silently meet different characters.
+  if (d.ck && (vocab.to_json() != d.ck->vocabulary.to_json() || split.labels != d.ck->labels)) {
+    throw std::invalid_argument("--resume " + a.resume + ": the training data (" +
+                                (a.data.empty() ? a.dict_dir : a.data) +
+                                ") no longer gives the checkpoint's vocabulary and labels");
+  }
+  CharClassifier model(model_options(a, vocab, static_cast<int64_t>(split.labels.size())), a.seed);
   Adam opt(model.parameters(), {.lr = a.lr});
   int64_t first_epoch = 1;
-  if (ck) {
-    model.load_state_dict(ck->model_state);
-    opt.load_state(ck->adam_state, ck->adam_step);
-    first_epoch = ck->epoch + 1;
+  if (d.ck) {
+    model.load_state_dict(d.ck->model_state);
+    opt.load_state(d.ck->adam_state, d.ck->adam_step);
+    first_epoch = d.ck->epoch + 1;
   }
-  // A run that continues its own checkpoint replaces it as it goes; any other
-  // run keeps a model already in --out aside (or replaces it with --overwrite).
-  const bool continuing =
-      ck && (!a.given.count("--out") ||
-             std::filesystem::weakly_canonical(a.out) ==
-                 std::filesystem::weakly_canonical(std::filesystem::is_directory(a.resume)
-                                                       ? std::filesystem::path(a.resume)
-                                                       : std::filesystem::path(a.resume).parent_path()));
-  if (!continuing) {
-    if (a.overwrite) {
-      for (const char* f : kModelFiles) {
-        if (std::filesystem::exists(std::filesystem::path(a.out) / f)) {
-          fmt::print("{}/ holds a model from an earlier run: --overwrite, so this run replaces it\n", a.out);
-          break;
-        }
-      }
-    } else {
-      const std::string kept = keep_previous_model(a.out);
-      if (!kept.empty()) {
-        fmt::print("{}/ held a model from an earlier run: moved it to {}/ (--overwrite replaces it instead)\n",
-                   a.out, kept);
-      }
-    }
-  }
-  // The progress bar redraws one line with carriage returns: only for a terminal.
-  // A log file or pipe gets the one line per epoch below instead.
-  const bool show_bar = !a.quiet && ::isatty(STDOUT_FILENO) && ::isatty(STDERR_FILENO);
-  const std::string checkpoint_path = (std::filesystem::path(a.out) / "checkpoint.safetensors").string();
-  const std::string config_text = train_config(a).dump();
-  CrossEntropyLoss ce;
-  double total_train_s = 0.0, total_cpu_s = 0.0;
-  for (int64_t epoch = first_epoch; epoch <= a.epochs; ++epoch) {
-    const auto batches = sampler.epoch(epoch - 1);
-    const auto t0 = Clock::now();
-    // Process CPU time too: on a shared machine wall time depends on the
-    // neighbours, CPU time (with --threads 1) does not.
-    const std::clock_t c0 = std::clock();
-    auto last_draw = t0;
-    int64_t words = 0, tokens = 0;
-    double loss_sum = 0.0, running = 0.0;
-    StepProfile prof;
-    // Marks cost two clock reads each; without --profile they are skipped.
-    const auto mark = [&](int phase) {
-      if (a.profile) prof.mark(phase);
-    };
-    if (a.profile) prof.start();
-    for (std::size_t k = 0; k < batches.size(); ++k) {
-      TokenBatch b = make_token_batch(vocab, split.train, batches[k], /*batch_first=*/true);
-      mark(0);
-      Tensor logits = model.forward(b.tokens, b.lengths, /*batch_first=*/true);
-      mark(1);
-      const double loss = ce.forward(logits, b.labels);
-      const Tensor grad_logits = ce.backward();
-      mark(2);
-      model.backward(grad_logits);
-      mark(3);
-      if (a.clip > 0) clip_grad_norm(opt.parameters(), a.clip);
-      mark(4);
-      opt.step();
-      mark(5);
-      opt.zero_grad();
-      mark(6);
-      words += static_cast<int64_t>(b.lengths.size());
-      tokens += std::accumulate(b.lengths.begin(), b.lengths.end(), int64_t{0});
-      loss_sum += loss;
-      running = k == 0 ? loss : 0.98 * running + 0.02 * loss;
-      const auto now = Clock::now();
-      if (show_bar && (std::chrono::duration<double>(now - last_draw).count() > 0.1 ||
-                       k + 1 == batches.size())) {
-        const double s = std::max(1e-9, seconds_since(t0));
-        draw_progress(epoch, a.epochs, static_cast<int64_t>(k + 1),
-                      static_cast<int64_t>(batches.size()), words / s, tokens / s, running);
-        last_draw = now;
-      }
-      mark(7);
-    }
-    const double secs = seconds_since(t0);
-    const double cpu_secs = static_cast<double>(std::clock() - c0) / CLOCKS_PER_SEC;
-    total_train_s += secs;
-    total_cpu_s += cpu_secs;
-    if (show_bar) fmt::print(stderr, "\n");
-    const double val_cpu0 = cpu_seconds();
-    const double val_acc = accuracy(predict_all(model, vocab, split.val, 512), split.val);
-    if (a.profile) {
-      fmt::print("{}; validation {:.3f}\n", prof.str(), cpu_seconds() - val_cpu0);
-    }
-    fmt::print(
-        "epoch {}/{}: train loss {:.4f}, validation accuracy {:.2f}%, {:.2f} s, cpu {:.2f} s "
-        "({:.0f} words/s, {:.0f} tokens/s)\n",
-        epoch, a.epochs, batches.empty() ? 0.0 : loss_sum / static_cast<double>(batches.size()),
-        100.0 * val_acc, secs, cpu_secs, words / std::max(1e-9, secs), tokens / std::max(1e-9, secs));
-    std::fflush(stdout);
-    save_training_checkpoint(checkpoint_path, model, opt, vocab, split.labels, epoch, config_text);
-  }
-  const int64_t trained = a.epochs - first_epoch + 1;
-  if (trained > 0) {
-    fmt::print("training time: {:.2f} s, {:.2f} s per epoch (cpu {:.2f} s per epoch)\n", total_train_s,
-               total_train_s / static_cast<double>(trained), total_cpu_s / static_cast<double>(trained));
-  }
+  // Everything goes to a staging directory beside --out; --out changes only at
+  // the end, in one step (seqpack/model_dir.h).
+  d.out->begin(/*keep_previous=*/!a.overwrite, d.continue_interrupted);
+  train_epochs(a, first_epoch, split, vocab, model, opt,
+               (std::filesystem::path(d.out->staging()) / "checkpoint.safetensors").string());
   const std::vector<int64_t> pred = predict_all(model, vocab, split.test, 512);
   fmt::print("test accuracy: {:.2f}% ({} words)\n", 100.0 * accuracy(pred, split.test), split.test.size());
   print_confusion(pred, split.test, split.labels);
-  save_classifier(a.out, model, vocab, split.labels);
+  write_classifier_files(d.out->staging(), model, vocab, split.labels);
+  const std::string kept = d.out->commit();
+  if (!kept.empty()) {
+    fmt::print("{}/ held a model from an earlier run: moved it to {}/ (--overwrite replaces it instead)\n",
+               a.out, kept);
+  }
   fmt::print("saved the model to {}/ (model.safetensors, vocabulary.json, config.json; checkpoint.safetensors "
              "for --resume)\n", a.out);
   fmt::print("try: seqpack predict --model {} <word>...\n", a.out);

@@ -1,0 +1,361 @@
+// A model directory holds the whole old model or the whole new one under any
+// single fault, and `train --resume` completes after it (seqpack/model_dir.h).
+//
+// The fault matrix: a run of `seqpack train` into a directory holding an
+// earlier model is first run once under tests/fault_shim.c to list its
+// file-system calls under the directory's parent; then, for each call in turn,
+// the run is repeated with that one call killing the process (SIGKILL; a write
+// tears first) or failing with ENOSPC. After each: the directory's four files
+// are byte for byte the old model's or the new one's; then `train --resume DIR`
+// exits 0 and leaves the new model when the run had staged a checkpoint before
+// the fault (else the old one), the old model in DIR/previous-1 beside a new one,
+// and no leftover beside or inside DIR. Then: --overwrite, a directory that does
+// not exist yet, a file system without RENAME_EXCHANGE, two trainers at once,
+// a full tmpfs, an unwritable or foreign --out, and a diverging run.
+#include <fcntl.h>
+#include <sys/file.h>
+#include <sys/mount.h>
+#include <unistd.h>
+
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "cli_run.h"
+#include "test_util.h"
+
+namespace {
+
+namespace fs = std::filesystem;
+using seqpack::testing::CliResult;
+using seqpack::testing::read_file;
+using seqpack::testing::run_cli;
+using seqpack::testing::work_dir;
+
+const char* const kFiles[] = {"model.safetensors", "vocabulary.json", "config.json", "checkpoint.safetensors"};
+
+using Model = std::map<std::string, std::string>;  // file -> bytes; a missing file is absent
+
+Model read_model(const fs::path& dir) {
+  Model m;
+  for (const char* f : kFiles) {
+    if (fs::exists(dir / f)) m[f] = read_file((dir / f).string());
+  }
+  return m;
+}
+
+const fs::path& tiny_tsv() {
+  static const fs::path p = [] {
+    const fs::path f = work_dir() / "tiny.tsv";
+    const char* en[] = {"the", "house", "water", "night", "light", "which", "there", "would", "about", "think"};
+    const char* fr[] = {"maison", "eau", "nuit", "été", "château", "être", "très", "quelle", "chose", "année"};
+    std::ofstream o(f);
+    for (int i = 0; i < 10; ++i) o << "english\t" << en[i] << "\nfrench\t" << fr[i] << "\n";
+    return f;
+  }();
+  return p;
+}
+
+// Run A (the old model) and run B (the new one) differ in seed and epochs.
+std::string train_a(const fs::path& out) {
+  return "train --quiet --threads 1 --data " + tiny_tsv().string() +
+         " --epochs 1 --hidden 8 --embed 4 --batch-size 4 --seed 7 --out " + out.string();
+}
+std::string train_b(const fs::path& out, const std::string& extra = "") {
+  return "train --quiet --threads 1 --data " + tiny_tsv().string() +
+         " --epochs 2 --hidden 8 --embed 4 --batch-size 4 --seed 8 --out " + out.string() + extra;
+}
+
+const Model& old_model() {
+  static const Model m = [] {
+    const fs::path d = work_dir() / "ref-old" / "model";
+    const CliResult r = run_cli(train_a(d));
+    EXPECT_EQ(r.status, 0) << r.out << r.err;
+    return read_model(d);
+  }();
+  return m;
+}
+
+const Model& new_model() {
+  static const Model m = [] {
+    const fs::path d = work_dir() / "ref-new" / "model";
+    const CliResult r = run_cli(train_b(d));
+    EXPECT_EQ(r.status, 0) << r.out << r.err;
+    return read_model(d);
+  }();
+  return m;
+}
+
+std::string shim_env(const fs::path& dir, long at, const std::string& mode, const fs::path& log = {},
+                     bool no_exchange = false) {
+  std::string e = std::string("LD_PRELOAD=") + SEQPACK_FAULT_SHIM + " SEQPACK_FAULT_DIR=" + dir.string();
+  if (at > 0) e += " SEQPACK_FAULT_AT=" + std::to_string(at) + " SEQPACK_FAULT_MODE=" + mode;
+  if (!log.empty()) e += " SEQPACK_FAULT_LOG=" + log.string();
+  if (no_exchange) e += " SEQPACK_FAULT_NO_EXCHANGE=1";
+  return e;
+}
+
+// A fresh parent directory holding `model/` with the old model (or nothing).
+fs::path fresh_case(const std::string& name, bool with_old) {
+  const fs::path p = work_dir() / name;
+  fs::remove_all(p);
+  fs::create_directories(p);
+  if (with_old) {
+    fs::create_directories(p / "model");
+    for (const auto& [f, bytes] : old_model()) {
+      std::ofstream(p / "model" / f, std::ios::binary) << bytes;
+    }
+  }
+  return p;
+}
+
+struct Calls {
+  std::vector<std::string> lines;  // "call path", index i is call i + 1
+  long first_checkpoint = 0;       // the call that put the first checkpoint in place
+};
+
+Calls list_calls(const std::string& name, bool with_old, const std::string& extra, bool no_exchange) {
+  const fs::path p = fresh_case(name, with_old);
+  const fs::path log = work_dir() / (name + ".log");
+  fs::remove(log);
+  const CliResult r = run_cli(train_b(p / "model", extra), shim_env(p, 0, "", log, no_exchange));
+  EXPECT_EQ(r.status, 0) << r.out << r.err;
+  Calls c;
+  std::ifstream in(log);
+  std::string line;
+  while (std::getline(in, line)) {
+    const std::size_t sp = line.find(' ');
+    c.lines.push_back(line.substr(sp + 1));
+    const std::string& l = c.lines.back();
+    if (c.first_checkpoint == 0 && l.rfind("rename ", 0) == 0 && l.find(".saving-") != std::string::npos &&
+        l.size() >= 23 && l.compare(l.size() - 23, 23, "/checkpoint.safetensors") == 0) {
+      c.first_checkpoint = static_cast<long>(c.lines.size());
+    }
+  }
+  EXPECT_GT(c.first_checkpoint, 0) << "no checkpoint rename among the calls";
+  return c;
+}
+
+// What may be beside the model directory once a run has finished: its lock file.
+std::vector<std::string> leftovers(const fs::path& parent) {
+  std::vector<std::string> out;
+  for (const auto& e : fs::directory_iterator(parent)) {
+    const std::string n = e.path().filename().string();
+    if (n != "model" && n != ".model.lock") out.push_back(n);
+  }
+  if (fs::exists(parent / "model")) {
+    for (const auto& e : fs::directory_iterator(parent / "model")) {
+      const std::string n = e.path().filename().string();
+      bool known = n.rfind("previous-", 0) == 0;
+      for (const char* f : kFiles) known = known || n == f;
+      if (!known) out.push_back("model/" + n);
+    }
+  }
+  return out;
+}
+
+// Runs the matrix for one kind of run. keep_old: the old model must end in
+// previous-1 when the new one is in place.
+void fault_matrix(const std::string& name, const std::string& mode, bool with_old, const std::string& extra,
+                  bool keep_old, bool no_exchange = false) {
+#if defined(__SANITIZE_ADDRESS__)
+  GTEST_SKIP() << "the LD_PRELOAD shim does not mix with AddressSanitizer's runtime";
+#endif
+  const Calls calls = list_calls(name + "-count", with_old, extra, no_exchange);
+  const Model& before = with_old ? old_model() : Model{};
+  ASSERT_FALSE(new_model().empty());
+  for (long at = 1; at <= static_cast<long>(calls.lines.size()); ++at) {
+    SCOPED_TRACE("fault " + mode + " at call " + std::to_string(at) + ": " + calls.lines[at - 1]);
+    const fs::path p = fresh_case(name, with_old);
+    const fs::path dir = p / "model";
+    const CliResult r = run_cli(train_b(dir, extra), shim_env(p, at, mode, {}, no_exchange));
+    if (mode == "kill") {
+      EXPECT_EQ(r.status, 128 + 9) << r.out << r.err;
+    } else if (r.status != 0) {
+      EXPECT_EQ(r.status, 1) << r.err;  // an error, not a crash
+      EXPECT_NE(r.err.find("No space left on device"), std::string::npos) << r.err;
+    }
+    const Model after = read_model(dir);
+    // Without RENAME_EXCHANGE the directory is missing between the two renames
+    // of the swap (the one documented window); the next run finishes the swap.
+    const std::string& call = calls.lines[at - 1];
+    const bool in_window = no_exchange && call.rfind("rename ", 0) == 0 && call.size() > 6 &&
+                           call.compare(call.size() - 6, 6, "/model") == 0;
+    EXPECT_TRUE(after == before || after == new_model() || (in_window && after.empty()))
+        << "a mix of old and new files";
+    if (r.status == 0) EXPECT_TRUE(after == new_model());
+
+    const bool staged = at > calls.first_checkpoint || after == new_model();
+    const CliResult res = run_cli("train --quiet --threads 1 --resume " + dir.string());
+    if (!with_old && !staged) {  // nothing was ever saved there: nothing to resume
+      EXPECT_EQ(res.status, 1) << res.out << res.err;
+      EXPECT_NE(res.err.find("no checkpoint at " + dir.string()), std::string::npos) << res.err;
+      EXPECT_EQ(leftovers(p), std::vector<std::string>{}) << res.out;
+      continue;
+    }
+    ASSERT_EQ(res.status, 0) << res.out << res.err;
+    const Model resumed = read_model(dir);
+    EXPECT_TRUE(resumed == (staged ? new_model() : before)) << res.out;
+    if (keep_old && staged) {
+      EXPECT_TRUE(read_model(dir / "previous-1") == old_model()) << "the old model is lost";
+    }
+    EXPECT_FALSE(fs::exists(dir / (keep_old ? "previous-2" : "previous-1")));
+    EXPECT_EQ(leftovers(p), std::vector<std::string>{}) << res.out;
+    if (::testing::Test::HasFailure()) break;  // one failing call is enough to read
+  }
+}
+
+TEST(ModelDirFaults, KillAtEveryCallOfARunThatKeepsTheOldModel) {
+  fault_matrix("keep-kill", "kill", /*with_old=*/true, "", /*keep_old=*/true);
+}
+
+TEST(ModelDirFaults, FullDiskAtEveryCallOfARunThatKeepsTheOldModel) {
+  fault_matrix("keep-enospc", "enospc", /*with_old=*/true, "", /*keep_old=*/true);
+}
+
+TEST(ModelDirFaults, KillAtEveryCallOfAnOverwritingRun) {
+  fault_matrix("overwrite-kill", "kill", /*with_old=*/true, " --overwrite", /*keep_old=*/false);
+}
+
+TEST(ModelDirFaults, KillAtEveryCallOfARunIntoANewDirectory) {
+  fault_matrix("new-kill", "kill", /*with_old=*/false, "", /*keep_old=*/false);
+}
+
+TEST(ModelDirFaults, KillAtEveryCallWithoutRenameExchange) {
+  fault_matrix("noexchange-kill", "kill", /*with_old=*/true, "", /*keep_old=*/true, /*no_exchange=*/true);
+}
+
+TEST(ModelDirFaults, TheLockNamesItsHolderAndASecondWriterIsRefused) {
+  const fs::path p = fresh_case("locked", /*with_old=*/true);
+  const int fd = ::open((p / ".model.lock").c_str(), O_RDWR | O_CREAT, 0644);
+  ASSERT_GE(fd, 0);
+  ASSERT_EQ(::flock(fd, LOCK_EX | LOCK_NB), 0);
+  const std::string holder = "pid 4242, the test's own holder\n";
+  ASSERT_EQ(::write(fd, holder.data(), holder.size()), static_cast<ssize_t>(holder.size()));
+  const CliResult r = run_cli(train_b(p / "model"));
+  EXPECT_EQ(r.status, 1) << r.out << r.err;
+  EXPECT_NE(r.err.find("is in use by another process (pid 4242, the test's own holder"), std::string::npos)
+      << r.err;
+  EXPECT_EQ(r.out.find("epoch 1/"), std::string::npos) << "refused only after training: " << r.out;
+  EXPECT_TRUE(read_model(p / "model") == old_model());
+  ::close(fd);
+  // Released: the same run goes through.
+  const CliResult ok = run_cli(train_b(p / "model"));
+  EXPECT_EQ(ok.status, 0) << ok.err;
+  EXPECT_TRUE(read_model(p / "model") == new_model());
+  EXPECT_TRUE(read_model(p / "model" / "previous-1") == old_model());
+}
+
+TEST(ModelDirFaults, TwoTrainersAtOnceLoseNoModel) {
+  const fs::path p = fresh_case("concurrent", /*with_old=*/true);
+  const fs::path dir = p / "model";
+  // Long enough (many epochs) that the two overlap.
+  const std::string base = std::string("'") + SEQPACK_CLI_PATH + "' train --quiet --threads 1 --data " +
+                           tiny_tsv().string() + " --epochs 40 --hidden 8 --embed 4 --batch-size 4 --out " +
+                           dir.string();
+  const std::string cmd = "(" + base + " --seed 1 >" + (p / "o1").string() + " 2>" + (p / "e1").string() +
+                          "; echo $? >" + (p / "s1").string() + ") & (" + base + " --seed 2 >" +
+                          (p / "o2").string() + " 2>" + (p / "e2").string() + "; echo $? >" +
+                          (p / "s2").string() + ") & wait";
+  ASSERT_EQ(std::system(cmd.c_str()), 0);
+  int saved = 0;
+  for (const char* k : {"1", "2"}) {
+    const std::string status = read_file((p / (std::string("s") + k)).string());
+    const std::string out = read_file((p / (std::string("o") + k)).string());
+    const std::string err = read_file((p / (std::string("e") + k)).string());
+    if (status == "0\n") {
+      ++saved;
+      EXPECT_NE(out.find("saved the model to"), std::string::npos) << out;
+    } else {
+      EXPECT_EQ(status, "1\n") << err;
+      EXPECT_NE(err.find("is in use by another process (pid "), std::string::npos) << err;
+      EXPECT_NE(err.find("seqpack train, since"), std::string::npos) << err;
+    }
+  }
+  EXPECT_GE(saved, 1);
+  // Every model that was there or was saved is still somewhere: the old one in
+  // previous-1, each saved one in the directory or a later previous-N.
+  EXPECT_TRUE(read_model(dir / "previous-1") == old_model());
+  EXPECT_EQ(read_model(dir).size(), 4u);
+  EXPECT_EQ(fs::exists(dir / "previous-2"), saved == 2);
+  EXPECT_FALSE(fs::exists(dir / "previous-3"));
+}
+
+TEST(ModelDirFaults, AFullTmpfsLeavesTheOldModelAndResumeFinishesOnceThereIsRoom) {
+  const fs::path p = work_dir() / "tmpfs";
+  fs::create_directories(p);
+  if (::mount("tmpfs", p.c_str(), "tmpfs", 0, "size=512k") != 0) {
+    GTEST_SKIP() << "cannot mount a tmpfs here (" << std::strerror(errno)
+                 << "); the shim's ENOSPC matrix covers the same calls";
+  }
+  struct Unmount {
+    fs::path p;
+    ~Unmount() { ::umount2(p.c_str(), MNT_DETACH); }
+  } unmount{p};
+  const fs::path dir = p / "model";
+  ASSERT_EQ(run_cli(train_a(dir)).status, 0);
+  ASSERT_TRUE(read_model(dir) == old_model());
+  {  // Fill it to the last few KiB: the old model and the lock fit, a new one does not.
+    std::ofstream fill(p / "filler", std::ios::binary);
+    const std::string block(4096, 'x');
+    while (fill.write(block.data(), block.size())) {
+    }
+  }
+  const CliResult r = run_cli(train_b(dir));
+  EXPECT_EQ(r.status, 1) << r.out << r.err;
+  EXPECT_NE(r.err.find("No space left on device"), std::string::npos) << r.err;
+  EXPECT_TRUE(read_model(dir) == old_model());
+  fs::remove(p / "filler");
+  const CliResult res = run_cli("train --quiet --threads 1 --resume " + dir.string() + " --epochs 2");
+  EXPECT_EQ(res.status, 0) << res.out << res.err;
+}
+
+TEST(ModelDirFaults, AnUnwritableOrForeignOutIsRefusedBeforeTraining) {
+  // /proc takes no new directories, even from root.
+  CliResult r = run_cli(train_a("/proc/seqpack-no-such-dir/model"));
+  EXPECT_EQ(r.status, 1);
+  EXPECT_NE(r.err.find("/proc/seqpack-no-such-dir"), std::string::npos) << r.err;
+  EXPECT_EQ(r.out.find("epoch 1/"), std::string::npos) << r.out;
+
+  const fs::path p = fresh_case("foreign", /*with_old=*/false);
+  fs::create_directories(p / "model");
+  std::ofstream(p / "model" / "notes.txt") << "mine";
+  r = run_cli(train_a(p / "model"));
+  EXPECT_EQ(r.status, 1);
+  EXPECT_NE(r.err.find("holds files that are not part of a seqpack model ('notes.txt')"), std::string::npos)
+      << r.err;
+  EXPECT_EQ(r.out.find("epoch 1/"), std::string::npos) << r.out;
+  EXPECT_EQ(read_file((p / "model" / "notes.txt").string()), "mine");
+
+  std::ofstream(p / "file") << "x";
+  r = run_cli(train_a(p / "file"));
+  EXPECT_EQ(r.status, 1);
+  EXPECT_NE(r.err.find("exists and is not a directory"), std::string::npos) << r.err;
+}
+
+TEST(ModelDirFaults, LeftoverTemporaryFilesAreCleanedUpByTheNextRun) {
+  const fs::path p = fresh_case("temps", /*with_old=*/true);
+  std::ofstream(p / "model" / "checkpoint.safetensors.tmp-12345") << "old seqpack's leftover";
+  std::ofstream(p / "model" / ".config.json.tmp.Ab12Cd") << "{";
+  fs::create_directories(p / ".model.saving-0123456789abcdef");  // killed before its marker
+  ASSERT_EQ(run_cli(train_b(p / "model")).status, 0);
+  EXPECT_EQ(leftovers(p), std::vector<std::string>{});
+  EXPECT_TRUE(read_model(p / "model") == new_model());
+}
+
+TEST(ModelDirFaults, ADivergingRunStopsNamingTheStepAndKeepsTheModel) {
+  const fs::path p = fresh_case("nan", /*with_old=*/true);
+  const CliResult r = run_cli(train_b(p / "model", " --lr 1e300"));
+  EXPECT_EQ(r.status, 1) << r.out;
+  EXPECT_NE(r.err.find("training diverged at epoch 1, batch "), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("Try a smaller --lr (now 1e+300)"), std::string::npos) << r.err;
+  EXPECT_TRUE(read_model(p / "model") == old_model());
+  EXPECT_EQ(r.out.find("saved the model"), std::string::npos);
+}
+
+}  // namespace
