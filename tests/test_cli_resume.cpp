@@ -7,6 +7,8 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <map>
+#include <nlohmann/json.hpp>
 #include <string>
 
 #include "cli_run.h"
@@ -132,6 +134,45 @@ TEST(CliResume, FinishedCheckpointSaysSoAndConflictingFlagsAreNamed) {
   EXPECT_NE(c.err.find("--seed 1 (the checkpoint has 7)"), std::string::npos) << c.err;
   EXPECT_EQ(c.err.find("--hidden"), std::string::npos) << c.err;
   EXPECT_TRUE(slurp(full / "model.safetensors") == model);
+}
+
+// A checkpoint's train_config gets the command line's checks: a value the
+// flags would reject, or of the wrong JSON type, is an error naming it.
+TEST(CliResume, OutOfRangeOrMistypedTrainConfigIsNamed) {
+  const std::string ck = slurp(full_run() / "checkpoint.safetensors");
+  const auto with_config = [&](const std::string& name, const std::string& key, const nlohmann::json& value) {
+    std::map<std::string, std::string> meta;
+    const auto tensors = seqpack::parse_safetensors(ck, &meta);
+    auto config = nlohmann::json::parse(meta.at("train_config"));
+    config[key] = value;
+    meta["train_config"] = config.dump();
+    const fs::path d = work_dir() / name;
+    fs::create_directories(d);
+    seqpack::save_safetensors((d / "checkpoint.safetensors").string(), tensors, meta);
+    return d;
+  };
+  const struct {
+    const char* key;
+    nlohmann::json value;
+    const char* message;
+  } cases[] = {
+      {"clip", -1.0, "train_config clip = -1 is out of range: must be >= 0 and finite"},
+      {"lr", 0.0, "train_config lr = 0 is out of range: must be > 0 and finite"},
+      {"hidden", 16.5, "train_config has no valid 'hidden' (it has 16.5)"},
+      {"hidden", 100000, "train_config hidden = 100000 is out of range: must be in [1, 16384]"},
+      {"batch_size", 0, "train_config batch_size = 0 is out of range: must be >= 1"},
+      {"seed", -3, "train_config has no valid 'seed' (it has -3)"},
+      {"precision", "int8", "train_config precision = 'int8' is out of range: must be fp32, bf16 or auto"},
+      {"epochs", "5", "train_config has no valid 'epochs' (it has \"5\")"},
+  };
+  int i = 0;
+  for (const auto& c : cases) {
+    const fs::path d = with_config("bad-config-" + std::to_string(i++), c.key, c.value);
+    const CliResult r = run_cli("train --quiet --resume " + d.string() + (std::string(c.key) == "epochs" ? "" : " --epochs 9"));
+    EXPECT_EQ(r.status, 1) << c.key;
+    EXPECT_NE(r.err.find(c.message), std::string::npos) << r.err;
+    EXPECT_EQ(r.out.find("epoch 2/"), std::string::npos) << r.out;
+  }
 }
 
 // The optimiser state round trip the checkpoint relies on: an Adam restored

@@ -68,6 +68,24 @@ nlohmann::json train_config(const TrainArgs& a) {
           {"clip", a.clip},         {"precision", a.precision}};
 }
 
+// The ranges the command line enforces, for values read from a checkpoint.
+void check_saved_ranges(const TrainArgs& a, const std::string& path) {
+  const auto bad = [&](const char* key, const std::string& value, const char* range) {
+    throw std::invalid_argument(fmt::format("checkpoint {}: train_config {} = {} is out of range: must be {}",
+                                            path, key, value, range));
+  };
+  if (a.words_per_language < 1) bad("words_per_language", std::to_string(a.words_per_language), ">= 1");
+  if (a.epochs < 1) bad("epochs", std::to_string(a.epochs), ">= 1");
+  if (a.batch_size < 1) bad("batch_size", std::to_string(a.batch_size), ">= 1");
+  if (!(a.lr > 0) || !std::isfinite(a.lr)) bad("lr", fmt::format("{:g}", a.lr), "> 0 and finite");
+  if (a.hidden < 1 || a.hidden > 16384) bad("hidden", std::to_string(a.hidden), "in [1, 16384]");
+  if (a.embed < 1 || a.embed > 16384) bad("embed", std::to_string(a.embed), "in [1, 16384]");
+  if (!(a.clip >= 0) || !std::isfinite(a.clip)) bad("clip", fmt::format("{:g}", a.clip), ">= 0 and finite");
+  if (a.precision != "fp32" && a.precision != "bf16" && a.precision != "auto") {
+    bad("precision", "'" + a.precision + "'", "fp32, bf16 or auto");
+  }
+}
+
 // Fills `a` from a checkpoint's train_config; a flag the user also gave must
 // agree with it (--epochs excepted: it is the new total). Every conflict is
 // named in one error.
@@ -76,11 +94,23 @@ void apply_checkpoint_config(TrainArgs& a, const nlohmann::json& c, const std::s
   auto take = [&](const char* flag, const char* key, auto& field) {
     using T = std::decay_t<decltype(field)>;
     T saved;
-    try {
-      saved = c.at(key).get<T>();
-    } catch (const nlohmann::json::exception&) {
-      throw std::invalid_argument("checkpoint " + path + ": train_config has no valid '" + key + "'");
+    const auto bad = [&] {
+      return std::invalid_argument("checkpoint " + path + ": train_config has no valid '" + key + "'" +
+                                   (c.contains(key) ? " (it has " + c.at(key).dump() + ")" : ""));
+    };
+    if (!c.contains(key)) throw bad();
+    const auto& v = c.at(key);
+    // Exactly the JSON type the field was written with: 16.5 is no size, -1 no seed.
+    if constexpr (std::is_same_v<T, std::string>) {
+      if (!v.is_string()) throw bad();
+    } else if constexpr (std::is_unsigned_v<T>) {
+      if (!v.is_number_unsigned()) throw bad();
+    } else if constexpr (std::is_integral_v<T>) {
+      if (!v.is_number_integer()) throw bad();
+    } else {
+      if (!v.is_number()) throw bad();
     }
+    saved = v.get<T>();
     if (a.given.count(flag) && field != saved) {
       conflicts.push_back(fmt::format("{} {} (the checkpoint has {})", flag, field, saved));
     }
@@ -104,7 +134,14 @@ void apply_checkpoint_config(TrainArgs& a, const nlohmann::json& c, const std::s
   } else {
     take("--precision", "precision", a.precision);
   }
-  if (!a.given.count("--epochs")) a.epochs = c.value("epochs", a.epochs);
+  if (!a.given.count("--epochs")) {
+    if (c.contains("epochs") && !c.at("epochs").is_number_integer()) {
+      throw std::invalid_argument("checkpoint " + path + ": train_config has no valid 'epochs' (it has " +
+                                  c.at("epochs").dump() + ")");
+    }
+    a.epochs = c.value("epochs", a.epochs);
+  }
+  check_saved_ranges(a, path);
   if (!conflicts.empty()) {
     std::string msg = "--resume " + a.resume + ": these flags conflict with the checkpoint:";
     for (const auto& s : conflicts) msg += " " + s + ";";
