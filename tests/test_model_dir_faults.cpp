@@ -21,6 +21,7 @@
 
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <map>
 #include <sstream>
 #include <string>
@@ -119,11 +120,14 @@ struct Calls {
   long first_checkpoint = 0;       // the call that put the first checkpoint in place
 };
 
-Calls list_calls(const std::string& name, bool with_old, const std::string& extra, bool no_exchange) {
+// The run under test, given the model directory.
+using RunCommand = std::function<std::string(const fs::path&)>;
+
+Calls list_calls(const std::string& name, bool with_old, const RunCommand& run, bool no_exchange) {
   const fs::path p = fresh_case(name, with_old);
   const fs::path log = work_dir() / (name + ".log");
   fs::remove(log);
-  const CliResult r = run_cli(train_b(p / "model", extra), shim_env(p, 0, "", log, no_exchange));
+  const CliResult r = run_cli(run(p / "model"), shim_env(p, 0, "", log, no_exchange));
   EXPECT_EQ(r.status, 0) << r.out << r.err;
   Calls c;
   std::ifstream in(log);
@@ -161,24 +165,25 @@ std::vector<std::string> leftovers(const fs::path& parent) {
 
 // Runs the matrix for one kind of run. keep_old: the old model must end in
 // previous-1 when the new one is in place.
-void fault_matrix(const std::string& name, const std::string& mode, bool with_old, const std::string& extra,
-                  bool keep_old, bool no_exchange = false) {
+void fault_matrix(const std::string& name, const std::string& mode, bool with_old, const RunCommand& run,
+                  const Model& expected, bool keep_old, bool no_exchange = false) {
 #if defined(__SANITIZE_ADDRESS__)
   GTEST_SKIP() << "the LD_PRELOAD shim does not mix with AddressSanitizer's runtime";
 #endif
-  const Calls calls = list_calls(name + "-count", with_old, extra, no_exchange);
+  const Calls calls = list_calls(name + "-count", with_old, run, no_exchange);
   const Model& before = with_old ? old_model() : Model{};
-  ASSERT_FALSE(new_model().empty());
+  ASSERT_FALSE(expected.empty());
   for (long at = 1; at <= static_cast<long>(calls.lines.size()); ++at) {
     SCOPED_TRACE("fault " + mode + " at call " + std::to_string(at) + ": " + calls.lines[at - 1]);
     const fs::path p = fresh_case(name, with_old);
     const fs::path dir = p / "model";
-    const CliResult r = run_cli(train_b(dir, extra), shim_env(p, at, mode, {}, no_exchange));
+    const CliResult r = run_cli(run(dir), shim_env(p, at, mode, {}, no_exchange));
     if (mode == "kill") {
       EXPECT_EQ(r.status, 128 + 9) << r.out << r.err;
     } else if (r.status != 0) {
       EXPECT_EQ(r.status, 1) << r.err;  // an error, not a crash
-      EXPECT_NE(r.err.find("No space left on device"), std::string::npos) << r.err;
+      EXPECT_NE(r.err.find(mode == "eio" ? "Input/output error" : "No space left on device"), std::string::npos)
+          << r.err;
     }
     const Model after = read_model(dir);
     // Without RENAME_EXCHANGE the directory is missing between the two renames
@@ -186,11 +191,11 @@ void fault_matrix(const std::string& name, const std::string& mode, bool with_ol
     const std::string& call = calls.lines[at - 1];
     const bool in_window = no_exchange && call.rfind("rename ", 0) == 0 && call.size() > 6 &&
                            call.compare(call.size() - 6, 6, "/model") == 0;
-    EXPECT_TRUE(after == before || after == new_model() || (in_window && after.empty()))
+    EXPECT_TRUE(after == before || after == expected || (in_window && after.empty()))
         << "a mix of old and new files";
-    if (r.status == 0) EXPECT_TRUE(after == new_model());
+    if (r.status == 0) EXPECT_TRUE(after == expected);
 
-    const bool staged = at > calls.first_checkpoint || after == new_model();
+    const bool staged = at > calls.first_checkpoint || after == expected;
     const CliResult res = run_cli("train --quiet --threads 1 --resume " + dir.string());
     if (!with_old && !staged) {  // nothing was ever saved there: nothing to resume
       EXPECT_EQ(res.status, 1) << res.out << res.err;
@@ -200,7 +205,7 @@ void fault_matrix(const std::string& name, const std::string& mode, bool with_ol
     }
     ASSERT_EQ(res.status, 0) << res.out << res.err;
     const Model resumed = read_model(dir);
-    EXPECT_TRUE(resumed == (staged ? new_model() : before)) << res.out;
+    EXPECT_TRUE(resumed == (staged ? expected : before)) << res.out;
     if (keep_old && staged) {
       EXPECT_TRUE(read_model(dir / "previous-1") == old_model()) << "the old model is lost";
     }
@@ -210,24 +215,51 @@ void fault_matrix(const std::string& name, const std::string& mode, bool with_ol
   }
 }
 
+RunCommand run_b(const std::string& extra = "") {
+  return [extra](const fs::path& dir) { return train_b(dir, extra); };
+}
+
 TEST(ModelDirFaults, KillAtEveryCallOfARunThatKeepsTheOldModel) {
-  fault_matrix("keep-kill", "kill", /*with_old=*/true, "", /*keep_old=*/true);
+  fault_matrix("keep-kill", "kill", /*with_old=*/true, run_b(), new_model(), /*keep_old=*/true);
 }
 
 TEST(ModelDirFaults, FullDiskAtEveryCallOfARunThatKeepsTheOldModel) {
-  fault_matrix("keep-enospc", "enospc", /*with_old=*/true, "", /*keep_old=*/true);
+  fault_matrix("keep-enospc", "enospc", /*with_old=*/true, run_b(), new_model(), /*keep_old=*/true);
+}
+
+TEST(ModelDirFaults, IoErrorAtEveryCallOfARunThatKeepsTheOldModel) {
+  fault_matrix("keep-eio", "eio", /*with_old=*/true, run_b(), new_model(), /*keep_old=*/true);
 }
 
 TEST(ModelDirFaults, KillAtEveryCallOfAnOverwritingRun) {
-  fault_matrix("overwrite-kill", "kill", /*with_old=*/true, " --overwrite", /*keep_old=*/false);
+  fault_matrix("overwrite-kill", "kill", /*with_old=*/true, run_b(" --overwrite"), new_model(),
+               /*keep_old=*/false);
 }
 
 TEST(ModelDirFaults, KillAtEveryCallOfARunIntoANewDirectory) {
-  fault_matrix("new-kill", "kill", /*with_old=*/false, "", /*keep_old=*/false);
+  fault_matrix("new-kill", "kill", /*with_old=*/false, run_b(), new_model(), /*keep_old=*/false);
 }
 
 TEST(ModelDirFaults, KillAtEveryCallWithoutRenameExchange) {
-  fault_matrix("noexchange-kill", "kill", /*with_old=*/true, "", /*keep_old=*/true, /*no_exchange=*/true);
+  fault_matrix("noexchange-kill", "kill", /*with_old=*/true, run_b(), new_model(), /*keep_old=*/true,
+               /*no_exchange=*/true);
+}
+
+// A run that continues the directory's own checkpoint (run A, 1 epoch, to 3):
+// killed anywhere, `--resume` still ends with the bytes of 3 epochs at once.
+TEST(ModelDirFaults, KillAtEveryCallOfAResumedRun) {
+  static const Model three = [] {
+    const fs::path d = work_dir() / "ref-a3" / "model";
+    std::string cmd = train_a(d);
+    cmd.replace(cmd.find("--epochs 1"), 10, "--epochs 3");
+    const CliResult r = run_cli(cmd);
+    EXPECT_EQ(r.status, 0) << r.err;
+    return read_model(d);
+  }();
+  const RunCommand resume = [](const fs::path& dir) {
+    return "train --quiet --threads 1 --resume " + dir.string() + " --epochs 3";
+  };
+  fault_matrix("resume-kill", "kill", /*with_old=*/true, resume, three, /*keep_old=*/true);
 }
 
 TEST(ModelDirFaults, TheLockNamesItsHolderAndASecondWriterIsRefused) {
