@@ -352,6 +352,31 @@ TEST(OnnxExport, RuntimeRejectsLengthsOutsideThePadding) {
   EXPECT_TRUE(results[1].contains("error")) << "length -1 ran: " << results[1].dump();
 }
 
+// At T = 0 the operator does not run (ONNX Runtime would crash on it); the graph
+// rejects a length other than 0 itself.
+TEST(OnnxExport, RuntimeRejectsLengthsAtZeroPaddedLength) {
+  for (RNNMode mode : {RNNMode::rnn_tanh, RNNMode::lstm, RNNMode::gru}) {
+    const std::unique_ptr<RNNBase> rnn =
+        make_rnn({.mode = mode, .input_size = 2, .hidden_size = 3, .num_layers = 2}, 1);
+    const std::string model =
+        (work_dir() / (std::string("t0_") + rnn_mode_name(mode) + ".onnx")).string();
+    export_rnn_onnx(*rnn, model);
+    json runs = json::array();
+    for (const std::vector<int64_t>& lengths :
+         {std::vector<int64_t>{0, 1}, std::vector<int64_t>{-1, 0}, std::vector<int64_t>{0, 0}}) {
+      runs.push_back({{"model", model},
+                      {"inputs",
+                       {{"input", tensor_json(Tensor::zeros({0, 2, 2}, DType::f32))},
+                        {"lengths", tensor_json(Tensor::from_vector(lengths, {2}))}}}});
+    }
+    const json results = run_ort(runs);
+    ASSERT_EQ(results.size(), 3u);
+    EXPECT_TRUE(results[0].contains("error")) << "length 1 at T = 0 ran: " << results[0].dump();
+    EXPECT_TRUE(results[1].contains("error")) << "length -1 at T = 0 ran: " << results[1].dump();
+    EXPECT_FALSE(results[2].contains("error")) << results[2].dump();
+  }
+}
+
 TEST(OnnxExport, BadArgumentsAreNamed) {
   LSTM lstm({.input_size = 2, .hidden_size = 3}, 1);
   auto message = [&](const OnnxExportOptions& o) {

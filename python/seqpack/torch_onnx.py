@@ -75,12 +75,16 @@ def _stack(g, tensors):
     return parts[0] if len(parts) == 1 else g.op("Concat", *parts, axis_i=0)
 
 
-def _guarded(g, op, has_rows, x_shape, inputs, n_out, dirs, hidden, float_type, **attrs):
+def _guarded(g, op, has_rows, x_shape, lengths, inputs, n_out, dirs, hidden, float_type,
+             **attrs):
     """`op` (LSTM, GRU or RNN) inside an If on "the input has elements".
 
     ONNX Runtime 1.20.1 crashes the process on an empty input (its LSTM and GRU at
     batch 0, its RNN at a padded length of 0), so the else branch gives the
     outputs' shapes filled with zeros: Y [T, dirs, B, H], Y_h / Y_c [dirs, B, H].
+    With `lengths` (int32 [B]) it also rejects, as the operator would, a length
+    other than 0 at T = 0: a Gather from one element at index max |length| fails
+    ("indices element out of data bounds"), and its 0 is added to B so it runs.
     """
     outs = g.op("If", has_rows, outputs=n_out)
     node = (outs[0] if n_out > 1 else outs).node()
@@ -98,8 +102,14 @@ def _guarded(g, op, has_rows, x_shape, inputs, n_out, dirs, hidden, float_type, 
     def dim(i):
         return else_g.op("Gather", x_shape, _const(else_g, [i]))
 
-    state = [_const(else_g, [dirs]), dim(1), _const(else_g, [hidden])]
-    shapes = [[dim(0)] + state[:1] + [dim(1)] + state[2:]] + [state] * (n_out - 1)
+    batch = dim(1)
+    if lengths is not None:
+        abs_max = else_g.op("ReduceMax", else_g.op("Concat", else_g.op("Abs", lengths),
+                                                   _const(else_g, [0], torch.int32), axis_i=0),
+                            keepdims_i=1)
+        batch = else_g.op("Add", batch, else_g.op("Gather", _const(else_g, [0]), abs_max))
+    state = [_const(else_g, [dirs]), batch, _const(else_g, [hidden])]
+    shapes = [[dim(0)] + state] + [state] * (n_out - 1)
     for shape in shapes:
         zeros = else_g.op("ConstantOfShape", else_g.op("Concat", *shape, axis_i=0),
                           value_t=torch.zeros(1, dtype=float_type))
@@ -202,10 +212,12 @@ class RNNExport(torch.autograd.Function):
             if is_lstm:
                 c0_l = layer_slice(c0)
                 y, y_h, y_c = _guarded(g, "LSTM", has_rows, x_shape,
+                                       lengths if packed else None,
                                        [layer_in, W, R, B, seq_lens, h0_l, c0_l], 3, dirs,
                                        hidden, float_type, **attrs)
             else:
                 y, y_h = _guarded(g, _ONNX_OP[mode], has_rows, x_shape,
+                                  lengths if packed else None,
                                   [layer_in, W, R, B, seq_lens, h0_l], 2, dirs, hidden,
                                   float_type, **attrs)
             if packed:

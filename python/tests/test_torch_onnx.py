@@ -296,7 +296,8 @@ def test_empty_batch_runs(tmp_path, mode):
     out: torch's shapes for an empty batch (nn.LSTM on [T, 0, I] gives output
     [T, 0, dirs * H] and h_n [layers * dirs, 0, H]); the padded output is cut to the
     longest length, which for no sequence is 0. Also T = 0 with every length 0:
-    each sequence keeps h0 (zeros without) and has no output steps."""
+    each sequence keeps h0 (zeros without) and has no output steps; any other
+    length at T = 0 is an error."""
     rng = np.random.default_rng(base_seed() + 2)
     runs, cases = [], []
     for k, (bidirectional, batch_first, with_hx) in enumerate(
@@ -316,8 +317,17 @@ def test_empty_batch_runs(tmp_path, mode):
             cases.append((f"{mode} bidirectional={bidirectional} batch_first={batch_first} "
                           f"hx={with_hx} B={B} T={T}", n_out, expected))
             runs.append({"model": str(path), "inputs": dict(zip(n_in, inputs))})
+        # At T = 0 a length other than 0 is rejected, as the operator rejects
+        # lengths outside [0, T] at T >= 1.
+        for bad in ([0, 2, 0], [-1, 0, 0]):
+            inputs = [t.numpy() for t in make_inputs(model, bad, 0, rng)]
+            cases.append((f"{mode} lengths={bad} at T=0", None, None))
+            runs.append({"model": str(path), "inputs": dict(zip(n_in, inputs))})
     results = ort_runner.run(runs)
     for (what, n_out, expected), r in zip(cases, results):
+        if expected is None:
+            assert "indices element out of data bounds" in r.get("error", ""), f"{what}: {r}"
+            continue
         assert "error" not in r, f"{what}: {r.get('error')}"
         for name, e in zip(n_out, expected):
             assert r["outputs"][name].shape == e.shape, \

@@ -278,6 +278,7 @@ RnnGraph add_rnn(GraphBuilder& gb, const RNNOptions& o, const std::vector<Tensor
   const std::string b_dim = gb.constant_i64({1});
   const std::string dirs_dim = gb.constant_i64({D});
   const std::string hidden_dim = gb.constant_i64({H});
+  const std::string zero_i64_1d = gb.constant_i64({0});
 
   std::string layer_in = x;
   std::vector<std::string> h_parts, c_parts;
@@ -339,7 +340,20 @@ RnnGraph add_rnn(GraphBuilder& gb, const RNNOptions& o, const std::vector<Tensor
       GraphBuilder::add_zero_value(c, dt);
       return out;
     };
-    const std::string batch_dim = skip.op("Gather", {x_shape, b_dim});
+    // At T = 0 every length must be 0. The operator, which rejects lengths
+    // outside [0, T], does not run here, so the branch rejects them itself: a
+    // Gather from one element at index max |length| fails for any length but 0
+    // ("indices element out of data bounds, idx=<|length|>"); its 0 is added to
+    // the batch size, so the check runs whenever the branch does.
+    onnx::NodeProto* concat_node = nullptr;
+    onnx::NodeProto* abs_max = skip.node(
+        "ReduceMax", {skip.op("Concat", {skip.op("Abs", {lengths}), zero_i64_1d}, &concat_node)},
+        {skip.fresh("max_abs_length")});
+    GraphBuilder::add_int(concat_node, "axis", 0);
+    GraphBuilder::add_int(abs_max, "keepdims", 1);
+    const std::string batch_dim =
+        skip.op("Add", {skip.op("Gather", {x_shape, b_dim}),
+                        skip.op("Gather", {zero_i64_1d, abs_max->output(0)})});
     if (!y.empty()) {
       const std::string time_dim = skip.op("Gather", {x_shape, t_dim});
       run.output(ry, onnx_type(dt), {kUnknownDim, D, kUnknownDim, H});
