@@ -224,6 +224,113 @@ TEST(OnnxExport, RnnGridMatchesSeqpackInOnnxRuntime) {
   RecordProperty("max_abs_error", std::to_string(worst));
 }
 
+// Empty inputs: a batch of 0 (at any padded length) and a padded length of 0
+// (every length 0). ONNX Runtime 1.20.1 itself crashes the process on them (its
+// LSTM and GRU at batch 0, its RNN at T = 0 with a batch), so the exported graph
+// runs each operator only when the input has elements. Expected values are
+// written out, not computed by seqpack: at batch 0 the shapes torch gives for an
+// empty batch (nn.LSTM(I, H, num_layers=L, bidirectional) on [T, 0, I]: output
+// [T, 0, dirs * H], h_n and c_n [L * dirs, 0, H]); at T = 0 every sequence has
+// length 0 and keeps its initial state (h0, or zeros), with no output.
+TEST(OnnxExport, EmptyBatchAndZeroPaddedLengthRunInOnnxRuntime) {
+  std::mt19937_64 rng(21);
+  struct Empty {
+    std::string name;
+    std::string model;
+    RNNOptions o;
+    bool initial_state;
+    Tensor h0, c0;  // expected h_n, c_n
+    Shape output;   // expected output shape
+  };
+  std::vector<Empty> cases;
+  json runs = json::array();
+  for (RNNMode mode : {RNNMode::rnn_tanh, RNNMode::rnn_relu, RNNMode::lstm, RNNMode::gru}) {
+    for (bool bidirectional : {false, true}) {
+      for (bool initial_state : {false, true}) {
+        const RNNOptions o{.mode = mode,
+                           .input_size = 3,
+                           .hidden_size = 4,
+                           .num_layers = 2,
+                           .batch_first = initial_state,
+                           .bidirectional = bidirectional};
+        const std::unique_ptr<RNNBase> rnn = make_rnn(o, rng());
+        const std::string name = std::string(rnn_mode_name(mode)) +
+                                 (bidirectional ? " bidirectional" : "") +
+                                 (initial_state ? " batch_first with h0" : "");
+        const std::string model =
+            (work_dir() / ("empty_" + std::to_string(cases.size()) + ".onnx")).string();
+        export_rnn_onnx(*rnn, model, {.initial_state = initial_state});
+        const int64_t LD = 2 * o.num_directions(), H = o.hidden_size, DH = o.output_size();
+        for (const auto& [B, T] : {std::pair<int64_t, int64_t>{0, 5}, {0, 1}, {0, 0}, {3, 0}}) {
+          Empty e{name + " B=" + std::to_string(B) + " T=" + std::to_string(T),
+                  model,
+                  o,
+                  initial_state,
+                  Tensor::zeros({LD, B, H}, DType::f32),
+                  Tensor::zeros({LD, B, H}, DType::f32),
+                  o.batch_first ? Shape{B, T, DH} : Shape{T, B, DH}};
+          const Tensor x = random_tensor(
+              o.batch_first ? Shape{B, T, o.input_size} : Shape{T, B, o.input_size}, rng);
+          json inputs = {
+              {"input", tensor_json(x)},
+              {"lengths", tensor_json(Tensor::from_vector(std::vector<int64_t>(B, 0), {B}))}};
+          if (initial_state) {
+            e.h0 = random_tensor({LD, B, H}, rng, 0.5);
+            inputs["h0"] = tensor_json(e.h0);
+            if (mode == RNNMode::lstm) {
+              e.c0 = random_tensor({LD, B, H}, rng, 0.5);
+              inputs["c0"] = tensor_json(e.c0);
+            }
+          }
+          runs.push_back({{"model", model}, {"inputs", inputs}});
+          cases.push_back(std::move(e));
+        }
+      }
+    }
+  }
+  const json results = run_ort(runs);
+  ASSERT_EQ(results.size(), runs.size()) << "ONNX Runtime did not answer every run";
+  for (std::size_t i = 0; i < cases.size(); ++i) {
+    const Empty& e = cases[i];
+    const json& r = results[i];
+    ASSERT_FALSE(r.contains("error")) << e.name << ": " << r["error"];
+    max_error(r["outputs"]["output"], Tensor::zeros(e.output, DType::f32), e.name + " output");
+    max_error(r["outputs"]["h_n"], e.h0, e.name + " h_n");
+    if (e.o.mode == RNNMode::lstm) max_error(r["outputs"]["c_n"], e.c0, e.name + " c_n");
+  }
+}
+
+// The classifier on an empty batch gives logits [0, classes]; on a padded
+// length of 0 (every word empty) each word's logits are the output layer's bias
+// (h_n = 0), as CharClassifier::forward says for an empty word.
+TEST(OnnxExport, ClassifierRunsOnAnEmptyBatch) {
+  CharClassifier model({.vocab_size = 6, .embed_dim = 2, .hidden_size = 3, .num_classes = 4}, 5);
+  const std::string path = (work_dir() / "empty_classifier.onnx").string();
+  std::ofstream(path, std::ios::binary) << classifier_to_onnx(model);
+  json runs = json::array();
+  for (const auto& [B, T] : {std::pair<int64_t, int64_t>{0, 4}, {0, 0}, {2, 0}}) {
+    runs.push_back(
+        {{"model", path},
+         {"inputs",
+          {{"tokens", tensor_json(Tensor::zeros({B, T}, DType::i64))},
+           {"lengths", tensor_json(Tensor::from_vector(std::vector<int64_t>(B, 0), {B}))}}}});
+  }
+  const json results = run_ort(runs);
+  ASSERT_EQ(results.size(), 3u) << "ONNX Runtime did not answer every run";
+  for (std::size_t i = 0; i < 2; ++i) {
+    ASSERT_FALSE(results[i].contains("error")) << results[i]["error"];
+    max_error(results[i]["outputs"]["logits"], Tensor::zeros({0, 4}, DType::f32),
+              "empty batch " + std::to_string(i));
+  }
+  ASSERT_FALSE(results[2].contains("error")) << results[2]["error"];
+  const Tensor bias = model.fc().bias();
+  Tensor expected = Tensor::empty({2, 4}, DType::f32);
+  for (int64_t b = 0; b < 2; ++b) {
+    for (int64_t k = 0; k < 4; ++k) expected.data<float>()[b * 4 + k] = bias.data<float>()[k];
+  }
+  max_error(results[2]["outputs"]["logits"], expected, "two empty words");
+}
+
 // ONNX Runtime must reject, not silently run, lengths outside [0, T].
 TEST(OnnxExport, RuntimeRejectsLengthsOutsideThePadding) {
   LSTM lstm({.input_size = 2, .hidden_size = 3, .bidirectional = true}, 1);
@@ -243,6 +350,31 @@ TEST(OnnxExport, RuntimeRejectsLengthsOutsideThePadding) {
   ASSERT_EQ(results.size(), 2u);
   EXPECT_TRUE(results[0].contains("error")) << "length 5 > T = 4 ran: " << results[0].dump();
   EXPECT_TRUE(results[1].contains("error")) << "length -1 ran: " << results[1].dump();
+}
+
+// At T = 0 the operator does not run (ONNX Runtime would crash on it); the graph
+// rejects a length other than 0 itself.
+TEST(OnnxExport, RuntimeRejectsLengthsAtZeroPaddedLength) {
+  for (RNNMode mode : {RNNMode::rnn_tanh, RNNMode::lstm, RNNMode::gru}) {
+    const std::unique_ptr<RNNBase> rnn =
+        make_rnn({.mode = mode, .input_size = 2, .hidden_size = 3, .num_layers = 2}, 1);
+    const std::string model =
+        (work_dir() / (std::string("t0_") + rnn_mode_name(mode) + ".onnx")).string();
+    export_rnn_onnx(*rnn, model);
+    json runs = json::array();
+    for (const std::vector<int64_t>& lengths :
+         {std::vector<int64_t>{0, 1}, std::vector<int64_t>{-1, 0}, std::vector<int64_t>{0, 0}}) {
+      runs.push_back({{"model", model},
+                      {"inputs",
+                       {{"input", tensor_json(Tensor::zeros({0, 2, 2}, DType::f32))},
+                        {"lengths", tensor_json(Tensor::from_vector(lengths, {2}))}}}});
+    }
+    const json results = run_ort(runs);
+    ASSERT_EQ(results.size(), 3u);
+    EXPECT_TRUE(results[0].contains("error")) << "length 1 at T = 0 ran: " << results[0].dump();
+    EXPECT_TRUE(results[1].contains("error")) << "length -1 at T = 0 ran: " << results[1].dump();
+    EXPECT_FALSE(results[2].contains("error")) << results[2].dump();
+  }
 }
 
 TEST(OnnxExport, BadArgumentsAreNamed) {

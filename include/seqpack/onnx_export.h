@@ -13,6 +13,11 @@
 // PyTorch's (LSTM i,f,g,o -> ONNX i,o,f,c; GRU r,z,n -> ONNX z,r,h with
 // linear_before_reset = 1; B = [Wb ; Rb]).
 //
+// Empty inputs run: ONNX Runtime 1.20.1 crashes the process on its LSTM and GRU
+// at batch 0 and on its RNN at T = 0, so each operator sits in an If on
+// T * B > 0 whose else branch gives zeros of the outputs' shapes (batch 0:
+// output [T, 0, dirs * H], h_n [layers * dirs, 0, H]; T = 0: h_n = h0).
+//
 // Zero-length sequences keep seqpack's meaning (h_n = h0, c_n = c0, output all
 // zeros): ONNX Runtime's RNN kernels give zeros there instead of the initial
 // state, so the graph runs such a sequence for one step and selects h0 / c0 and

@@ -15,7 +15,8 @@
 // states), so many streams cost one batched recurrence, not one each.
 // Contract: feeding a sequence in any split into chunks, interleaved with other
 // streams, gives the outputs and final state of one forward over the whole
-// sequence (to rounding in float32, exactly in float64).
+// sequence, to rounding (float32 within 1e-6, float64 within 1e-12: the BLAS
+// rounds a row differently with the number of rows, so not bit for bit).
 //
 // Stream ids are issued by open(), counting from 0, and never reused: an id
 // that open() never returned is unknown, one that was closed stays closed.

@@ -26,6 +26,10 @@ While torch.onnx.export traces, the layers' forward hands over to `forward` here
 * Without hx no initial state is given to the operator (torch's own export
   builds a zero state of the traced batch size and Expands it, which fails at
   any other batch size), so batch size and padded length stay dynamic.
+* Each operator runs in the then branch of an If on "the input has elements"
+  (Size(X) > 0): ONNX Runtime 1.20.1 crashes the process on its LSTM and GRU at
+  batch 0 and on its RNN at T = 0. The else branch gives zeros of the outputs'
+  shapes, so an empty batch gives empty outputs (torch's shapes for it).
 * A zero length is given to the operator as 1 and Where selects h0 (zeros
   without hx) and zero outputs for it: ONNX Runtime otherwise returns zeros, not
   the initial state, for such a sequence. torch itself rejects zero lengths in
@@ -41,6 +45,7 @@ symbolic for pad_packed_sequence drops padding_value and total_length).
 import torch
 from torch.nn.utils.rnn import PackedSequence
 from torch.onnx import symbolic_helper
+from torch.onnx._internal import jit_utils
 
 __all__ = ["forward", "RNNExport", "MIN_OPSET"]
 
@@ -68,6 +73,48 @@ def _stack(g, tensors):
     """[D, ...] from D tensors of the same shape."""
     parts = [g.op("Unsqueeze", t, _const(g, [0])) for t in tensors]
     return parts[0] if len(parts) == 1 else g.op("Concat", *parts, axis_i=0)
+
+
+def _guarded(g, op, has_rows, x_shape, lengths, inputs, n_out, dirs, hidden, float_type,
+             **attrs):
+    """`op` (LSTM, GRU or RNN) inside an If on "the input has elements".
+
+    ONNX Runtime 1.20.1 crashes the process on an empty input (its LSTM and GRU at
+    batch 0, its RNN at a padded length of 0), so the else branch gives the
+    outputs' shapes filled with zeros: Y [T, dirs, B, H], Y_h / Y_c [dirs, B, H].
+    With `lengths` (int32 [B]) it also rejects, as the operator would, a length
+    other than 0 at T = 0: a Gather from one element at index max |length| fails
+    ("indices element out of data bounds"), and its 0 is added to B so it runs.
+    """
+    outs = g.op("If", has_rows, outputs=n_out)
+    node = (outs[0] if n_out > 1 else outs).node()
+    # An autograd Function's symbolic gets the bare torch._C.Graph (torch 1.13):
+    # ops go into the branches through contexts on the If's blocks.
+    graph = getattr(g, "graph", g)
+    opset = symbolic_helper.GLOBALS.export_onnx_opset_version
+    then_g, else_g = (jit_utils.GraphContext(graph=graph, block=node.addBlock(), opset=opset,
+                                             original_node=node, params_dict={}, env={})
+                      for _ in range(2))
+    ran = then_g.op(op, *inputs, outputs=n_out, **attrs)
+    for v in (ran if n_out > 1 else (ran,)):
+        then_g.block.registerOutput(v)
+
+    def dim(i):
+        return else_g.op("Gather", x_shape, _const(else_g, [i]))
+
+    batch = dim(1)
+    if lengths is not None:
+        abs_max = else_g.op("ReduceMax", else_g.op("Concat", else_g.op("Abs", lengths),
+                                                   _const(else_g, [0], torch.int32), axis_i=0),
+                            keepdims_i=1)
+        batch = else_g.op("Add", batch, else_g.op("Gather", _const(else_g, [0]), abs_max))
+    state = [_const(else_g, [dirs]), batch, _const(else_g, [hidden])]
+    shapes = [[dim(0)] + state] + [state] * (n_out - 1)
+    for shape in shapes:
+        zeros = else_g.op("ConstantOfShape", else_g.op("Concat", *shape, axis_i=0),
+                          value_t=torch.zeros(1, dtype=float_type))
+        else_g.block.registerOutput(zeros)
+    return outs if n_out > 1 else (outs,)
 
 
 class RNNExport(torch.autograd.Function):
@@ -135,6 +182,8 @@ class RNNExport(torch.autograd.Function):
         else:
             seq_lens = none
         per_dir = 4 if bias else 2
+        x_shape = g.op("Shape", x)
+        has_rows = g.op("Greater", g.op("Size", x), _const(g, 0))
         layer_in = x
         h_parts, c_parts = [], []
         for layer in range(layers):
@@ -162,11 +211,15 @@ class RNNExport(torch.autograd.Function):
                 attrs["activations_s"] = ["Relu" if mode == "RNN_RELU" else "Tanh"] * dirs
             if is_lstm:
                 c0_l = layer_slice(c0)
-                y, y_h, y_c = g.op("LSTM", layer_in, W, R, B, seq_lens, h0_l, c0_l, outputs=3,
-                                   **attrs)
+                y, y_h, y_c = _guarded(g, "LSTM", has_rows, x_shape,
+                                       lengths if packed else None,
+                                       [layer_in, W, R, B, seq_lens, h0_l, c0_l], 3, dirs,
+                                       hidden, float_type, **attrs)
             else:
-                y, y_h = g.op(_ONNX_OP[mode], layer_in, W, R, B, seq_lens, h0_l, outputs=2,
-                              **attrs)
+                y, y_h = _guarded(g, _ONNX_OP[mode], has_rows, x_shape,
+                                  lengths if packed else None,
+                                  [layer_in, W, R, B, seq_lens, h0_l], 2, dirs, hidden,
+                                  float_type, **attrs)
             if packed:
                 # Zero-length sequences keep their initial state.
                 y_h = g.op("Where", empty3, zero if h0 is None else h0_l, y_h)
@@ -175,9 +228,10 @@ class RNNExport(torch.autograd.Function):
             h_parts.append(y_h)
             if is_lstm:
                 c_parts.append(y_c)
-            # Y [T, dirs, B, H] -> [T, B, dirs * H]
+            # Y [T, dirs, B, H] -> [T, B, dirs * H] (no -1: Reshape cannot infer it
+            # from an empty tensor)
             layer_in = g.op("Reshape", g.op("Transpose", y, perm_i=[0, 2, 1, 3]),
-                            _const(g, [0, 0, -1]))
+                            _const(g, [0, 0, dirs * hidden]))
         h_n = h_parts[0] if layers == 1 else g.op("Concat", *h_parts, axis_i=0)
         states = [h_n]
         if is_lstm:
@@ -192,7 +246,9 @@ class RNNExport(torch.autograd.Function):
         valid = g.op("Less", g.op("Unsqueeze", steps, _const(g, [1])),
                      g.op("Unsqueeze", lengths, _const(g, [0])))
         y = g.op("Where", g.op("Unsqueeze", valid, _const(g, [2])), layer_in, zero)
-        longest = g.op("Cast", g.op("ReduceMax", lengths, keepdims_i=1), to_i=7)
+        # The longest length: max(lengths, 0), as ReduceMax rejects an empty batch.
+        with_zero = g.op("Concat", lengths, _const(g, [0], torch.int32), axis_i=0)
+        longest = g.op("Cast", g.op("ReduceMax", with_zero, keepdims_i=1), to_i=7)
         y = g.op("Slice", y, _const(g, [0]), longest, _const(g, [0]))
         lengths64 = g.op("Cast", lengths, to_i=7)
         out_data, out_sizes = g.op("prim::PackPadded", y, lengths64, outputs=2)

@@ -271,11 +271,68 @@ def test_graph_uses_standard_operators_with_sequence_lens():
                   ["y", "h_n", "c_n"])
     m = onnx.load_from_string(data)
     onnx.checker.check_model(m, full_check=True)  # with strict shape inference
-    lstm = [n for n in m.graph.node if n.op_type == "LSTM"]
+    def nodes(graph):
+        for n in graph.node:
+            yield n
+            for a in n.attribute:
+                if a.type == onnx.AttributeProto.GRAPH:
+                    yield from nodes(a.g)
+
+    lstm = [n for n in nodes(m.graph) if n.op_type == "LSTM"]
     assert len(lstm) == 1 and lstm[0].input[4] != "", "LSTM without sequence_lens"
-    kinds = {n.op_type for n in m.graph.node}
+    # The LSTM runs in the then branch of an If on "the input has elements".
+    (guard,) = [n for n in m.graph.node if n.op_type == "If"]
+    assert [n.op_type for n in guard.attribute[0].g.node] == ["LSTM"] or \
+        [n.op_type for n in guard.attribute[1].g.node] == ["LSTM"]
+    kinds = {n.op_type for n in nodes(m.graph)}
     assert not kinds & {"Expand", "Loop", "Scan"}, kinds
-    assert all(n.domain in ("", "ai.onnx") for n in m.graph.node)
+    assert all(n.domain in ("", "ai.onnx") for n in nodes(m.graph))
+
+
+@pytest.mark.parametrize("mode", list(LAYERS))
+def test_empty_batch_runs(tmp_path, mode):
+    """Batch 0 (ONNX Runtime 1.20.1 crashes the process on an LSTM or GRU at batch 0,
+    so the export runs the operator only on a non-empty input). Expected, written
+    out: torch's shapes for an empty batch (nn.LSTM on [T, 0, I] gives output
+    [T, 0, dirs * H] and h_n [layers * dirs, 0, H]); the padded output is cut to the
+    longest length, which for no sequence is 0. Also T = 0 with every length 0:
+    each sequence keeps h0 (zeros without) and has no output steps; any other
+    length at T = 0 is an error."""
+    rng = np.random.default_rng(base_seed() + 2)
+    runs, cases = [], []
+    for k, (bidirectional, batch_first, with_hx) in enumerate(
+            [(False, False, False), (True, True, True), (True, False, True), (False, True, False)]):
+        model = Packed(mode, with_hx, num_layers=2, bidirectional=bidirectional,
+                       batch_first=batch_first).eval()
+        n_in, n_out = names(model)
+        path = tmp_path / f"m{k}.onnx"
+        path.write_bytes(export(model, tuple(make_inputs(model, [2, 3], 3, rng)), n_in, n_out,
+                                batch_first=batch_first))
+        LD, DH = 2 * (2 if bidirectional else 1), 4 * (2 if bidirectional else 1)
+        for B, T in ((0, 4), (0, 0), (3, 0)):
+            inputs = [t.numpy() for t in make_inputs(model, [0] * B, T, rng)]
+            states = inputs[2:] if with_hx else \
+                [np.zeros((LD, B, 4), np.float32)] * (len(n_out) - 1)
+            expected = [np.zeros((B, 0, DH) if batch_first else (0, B, DH), np.float32)] + states
+            cases.append((f"{mode} bidirectional={bidirectional} batch_first={batch_first} "
+                          f"hx={with_hx} B={B} T={T}", n_out, expected))
+            runs.append({"model": str(path), "inputs": dict(zip(n_in, inputs))})
+        # At T = 0 a length other than 0 is rejected, as the operator rejects
+        # lengths outside [0, T] at T >= 1.
+        for bad in ([0, 2, 0], [-1, 0, 0]):
+            inputs = [t.numpy() for t in make_inputs(model, bad, 0, rng)]
+            cases.append((f"{mode} lengths={bad} at T=0", None, None))
+            runs.append({"model": str(path), "inputs": dict(zip(n_in, inputs))})
+    results = ort_runner.run(runs)
+    for (what, n_out, expected), r in zip(cases, results):
+        if expected is None:
+            assert "indices element out of data bounds" in r.get("error", ""), f"{what}: {r}"
+            continue
+        assert "error" not in r, f"{what}: {r.get('error')}"
+        for name, e in zip(n_out, expected):
+            assert r["outputs"][name].shape == e.shape, \
+                f"{what} {name}: shape {r['outputs'][name].shape}, expected {e.shape}"
+            assert_close(r["outputs"][name], e, 0, TOL, f"{what} {name}")
 
 
 def test_unsupported_cases_raise_named_errors():

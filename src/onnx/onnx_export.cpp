@@ -43,20 +43,28 @@ TensorProto_DataType onnx_type(DType dtype) {
   throw std::invalid_argument("ONNX export: unknown dtype");
 }
 
-// A dimension of a graph input or output: a fixed size, or a symbol ("batch").
+// A dimension of a graph input or output: a fixed size, a symbol ("batch"), or
+// unknown (kUnknownDim).
+inline constexpr int64_t kUnknownDim = -1;
 struct Dim {
   Dim(int64_t v) : value(v) {}       // NOLINT: sizes read naturally at call sites
   Dim(const char* s) : symbol(s) {}  // NOLINT
-  int64_t value = -1;
+  int64_t value = kUnknownDim;
   std::string symbol;
 };
 
 // Adds nodes, initializers and constants to one graph with unique names.
 class GraphBuilder {
  public:
-  explicit GraphBuilder(onnx::GraphProto* graph) : g_(graph) {}
+  explicit GraphBuilder(onnx::GraphProto* graph) : g_(graph), counter_(&own_counter_) {}
+  GraphBuilder(const GraphBuilder&) = delete;
+  GraphBuilder& operator=(const GraphBuilder&) = delete;
+  // A builder for a subgraph (a branch of an If): its names come from the same
+  // counter as the outer graph's, so they stay unique in the whole model.
+  GraphBuilder(onnx::GraphProto* subgraph, GraphBuilder& outer)
+      : g_(subgraph), counter_(outer.counter_) {}
 
-  std::string fresh(const std::string& hint) { return hint + "_" + std::to_string(counter_++); }
+  std::string fresh(const std::string& hint) { return hint + "_" + std::to_string((*counter_)++); }
 
   // A node with `outputs` names ("" = optional output left out); returns it so
   // the caller can add attributes.
@@ -153,6 +161,29 @@ class GraphBuilder {
     a->set_type(onnx::AttributeProto_AttributeType_STRING);
     a->set_s(v);
   }
+  // A GRAPH attribute (a branch of an If), returned empty for the caller to fill.
+  onnx::GraphProto* add_graph(onnx::NodeProto* n, const char* name) {
+    onnx::AttributeProto* a = n->add_attribute();
+    a->set_name(name);
+    a->set_type(onnx::AttributeProto_AttributeType_GRAPH);
+    onnx::GraphProto* sub = a->mutable_g();
+    sub->set_name(fresh(name));
+    return sub;
+  }
+  // ConstantOfShape's `value`: one zero of `dtype`.
+  static void add_zero_value(onnx::NodeProto* n, DType dtype) {
+    onnx::AttributeProto* a = n->add_attribute();
+    a->set_name("value");
+    a->set_type(onnx::AttributeProto_AttributeType_TENSOR);
+    onnx::TensorProto* t = a->mutable_t();
+    t->set_data_type(onnx_type(dtype));
+    t->add_dims(1);
+    if (dtype == DType::f64) {
+      t->add_double_data(0.0);
+    } else {
+      t->add_float_data(0.0f);
+    }
+  }
   static void add_strings(onnx::NodeProto* n, const char* name, const std::vector<std::string>& v) {
     onnx::AttributeProto* a = n->add_attribute();
     a->set_name(name);
@@ -170,7 +201,7 @@ class GraphBuilder {
     for (const Dim& d : dims) {
       onnx::TensorShapeProto_Dimension* sd = shape->add_dim();
       if (d.symbol.empty()) {
-        sd->set_dim_value(d.value);
+        if (d.value != kUnknownDim) sd->set_dim_value(d.value);
       } else {
         sd->set_dim_param(d.symbol);
       }
@@ -178,7 +209,8 @@ class GraphBuilder {
   }
 
   onnx::GraphProto* g_;
-  int64_t counter_ = 0;
+  int64_t own_counter_ = 0;
+  int64_t* counter_;
 };
 
 // ONNX's gate blocks as indices into PyTorch's: LSTM torch i,f,g,o -> onnx
@@ -232,6 +264,22 @@ RnnGraph add_rnn(GraphBuilder& gb, const RNNOptions& o, const std::vector<Tensor
   const std::string empty_3d = gb.unsqueeze(empty, {0, 2});       // [1, B, 1]
   const std::string zero = gb.constant_zero(dt);
 
+  // ONNX Runtime 1.20.1 crashes the process on an empty input: its LSTM and GRU
+  // kernels at batch 0 (SIGSEGV with sequence_lens, std::terminate without), its
+  // RNN at a padded length of 0 with a batch. So each operator runs inside an
+  // If on "the input has elements" (T * B > 0); the else branch gives its
+  // outputs' shapes filled with zeros (Y [T, dirs, B, H], Y_h/Y_c [dirs, B, H]:
+  // empty at B = 0, and at T = 0 the zero-length sequences' Where below puts
+  // h0/c0 in). The weights live in the then branch, as constants of the
+  // operator's own graph (what ONNX Runtime prepacks).
+  const std::string x_shape = gb.op("Shape", {x});  // [3]: T, B, I
+  const std::string has_rows = gb.op("Greater", {gb.op("Size", {x}), zero_i64});
+  const std::string t_dim = gb.constant_i64({0});
+  const std::string b_dim = gb.constant_i64({1});
+  const std::string dirs_dim = gb.constant_i64({D});
+  const std::string hidden_dim = gb.constant_i64({H});
+  const std::string zero_i64_1d = gb.constant_i64({0});
+
   std::string layer_in = x;
   std::vector<std::string> h_parts, c_parts;
   const std::string op_name = lstm ? "LSTM" : (o.mode == RNNMode::gru ? "GRU" : "RNN");
@@ -251,10 +299,6 @@ RnnGraph add_rnn(GraphBuilder& gb, const RNNOptions& o, const std::vector<Tensor
       }
     }
     const std::string suffix = "_l" + std::to_string(l);
-    const std::string w = gb.initializer("W" + suffix, dt, {D, G * H, in_size}, W.data(), W.size());
-    const std::string r = gb.initializer("R" + suffix, dt, {D, G * H, H}, R.data(), R.size());
-    const std::string b =
-        o.bias ? gb.initializer("B" + suffix, dt, {D, 2 * G * H}, B.data(), B.size()) : "";
     auto layer_slice = [&](const std::string& s) -> std::string {
       if (s.empty()) return "";
       return gb.op("Slice", {s, gb.constant_i64({l * D}), gb.constant_i64({(l + 1) * D}),
@@ -262,14 +306,66 @@ RnnGraph add_rnn(GraphBuilder& gb, const RNNOptions& o, const std::vector<Tensor
     };
     const std::string h0_l = layer_slice(h0);
     const std::string c0_l = lstm ? layer_slice(c0) : "";
-
     const bool last = l + 1 == o.num_layers;
     const std::string y = (!last || want_output) ? gb.fresh("Y" + suffix) : "";
     const std::string yh = gb.fresh("Y_h" + suffix);
     const std::string yc = lstm ? gb.fresh("Y_c" + suffix) : "";
+    onnx::NodeProto* branch = gb.node("If", {has_rows}, {});
+    for (const std::string* out : {&y, &yh, &yc}) {
+      if (!out->empty()) branch->add_output(*out);
+    }
+    GraphBuilder run(gb.add_graph(branch, "then_branch"), gb);
+    GraphBuilder skip(gb.add_graph(branch, "else_branch"), gb);
+
+    const std::string w =
+        run.initializer("W" + suffix, dt, {D, G * H, in_size}, W.data(), W.size());
+    const std::string r = run.initializer("R" + suffix, dt, {D, G * H, H}, R.data(), R.size());
+    const std::string b =
+        o.bias ? run.initializer("B" + suffix, dt, {D, 2 * G * H}, B.data(), B.size()) : "";
+
+    // Then: the operator. Its outputs get names of their own (the If's are y, yh, yc).
+    const std::string ry = y.empty() ? "" : run.fresh("then_Y" + suffix);
+    const std::string ryh = run.fresh("then_Y_h" + suffix);
+    const std::string ryc = lstm ? run.fresh("then_Y_c" + suffix) : "";
     onnx::NodeProto* n =
-        lstm ? gb.node(op_name, {layer_in, w, r, b, seq_lens, h0_l, c0_l}, {y, yh, yc})
-             : gb.node(op_name, {layer_in, w, r, b, seq_lens, h0_l}, {y, yh});
+        lstm ? run.node(op_name, {layer_in, w, r, b, seq_lens, h0_l, c0_l}, {ry, ryh, ryc})
+             : run.node(op_name, {layer_in, w, r, b, seq_lens, h0_l}, {ry, ryh});
+    // Else: zeros of the outputs' shapes.
+    auto zeros = [&](std::initializer_list<std::string> dims) {
+      onnx::NodeProto* shape = skip.node("Concat", {}, {skip.fresh("else_shape")});
+      for (const auto& d : dims) shape->add_input(d);
+      GraphBuilder::add_int(shape, "axis", 0);
+      onnx::NodeProto* c = nullptr;
+      const std::string out = skip.op("ConstantOfShape", {shape->output(0)}, &c);
+      GraphBuilder::add_zero_value(c, dt);
+      return out;
+    };
+    // At T = 0 every length must be 0. The operator, which rejects lengths
+    // outside [0, T], does not run here, so the branch rejects them itself: a
+    // Gather from one element at index max |length| fails for any length but 0
+    // ("indices element out of data bounds, idx=<|length|>"); its 0 is added to
+    // the batch size, so the check runs whenever the branch does.
+    onnx::NodeProto* concat_node = nullptr;
+    onnx::NodeProto* abs_max = skip.node(
+        "ReduceMax", {skip.op("Concat", {skip.op("Abs", {lengths}), zero_i64_1d}, &concat_node)},
+        {skip.fresh("max_abs_length")});
+    GraphBuilder::add_int(concat_node, "axis", 0);
+    GraphBuilder::add_int(abs_max, "keepdims", 1);
+    const std::string batch_dim =
+        skip.op("Add", {skip.op("Gather", {x_shape, b_dim}),
+                        skip.op("Gather", {zero_i64_1d, abs_max->output(0)})});
+    if (!y.empty()) {
+      const std::string time_dim = skip.op("Gather", {x_shape, t_dim});
+      run.output(ry, onnx_type(dt), {kUnknownDim, D, kUnknownDim, H});
+      skip.output(zeros({time_dim, dirs_dim, batch_dim, hidden_dim}), onnx_type(dt),
+                  {kUnknownDim, D, kUnknownDim, H});
+    }
+    run.output(ryh, onnx_type(dt), {D, kUnknownDim, H});
+    skip.output(zeros({dirs_dim, batch_dim, hidden_dim}), onnx_type(dt), {D, kUnknownDim, H});
+    if (lstm) {
+      run.output(ryc, onnx_type(dt), {D, kUnknownDim, H});
+      skip.output(zeros({dirs_dim, batch_dim, hidden_dim}), onnx_type(dt), {D, kUnknownDim, H});
+    }
     GraphBuilder::add_int(n, "hidden_size", H);
     GraphBuilder::add_string(n, "direction", D == 2 ? "bidirectional" : "forward");
     if (o.mode == RNNMode::gru) GraphBuilder::add_int(n, "linear_before_reset", 1);
@@ -282,8 +378,9 @@ RnnGraph add_rnn(GraphBuilder& gb, const RNNOptions& o, const std::vector<Tensor
     h_parts.push_back(gb.op("Where", {empty_3d, h0_l.empty() ? zero : h0_l, yh}));
     if (lstm) c_parts.push_back(gb.op("Where", {empty_3d, c0_l.empty() ? zero : c0_l, yc}));
     if (!y.empty()) {
-      // Y [T, dirs, B, H] -> [T, B, dirs * H], the next layer's input.
-      layer_in = gb.op("Reshape", {gb.transpose(y, {0, 2, 1, 3}), gb.constant_i64({0, 0, -1})});
+      // Y [T, dirs, B, H] -> [T, B, dirs * H], the next layer's input. (The size
+      // is spelled out: Reshape cannot infer a -1 from an empty tensor.)
+      layer_in = gb.op("Reshape", {gb.transpose(y, {0, 2, 1, 3}), gb.constant_i64({0, 0, D * H})});
     }
   }
   RnnGraph out;
@@ -453,7 +550,7 @@ std::string classifier_to_onnx(CharClassifier& model, const std::vector<std::str
                              "", "", /*want_output=*/false);
   // h_n [2, B, H] -> features [B, 2H] = [h_n[0, b] ; h_n[1, b]]
   const std::string feat =
-      gb.op("Reshape", {gb.transpose(r.h_n, {1, 0, 2}), gb.constant_i64({0, -1})});
+      gb.op("Reshape", {gb.transpose(r.h_n, {1, 0, 2}), gb.constant_i64({0, 2 * co.hidden_size})});
   Linear& fc = model.fc();
   const std::string w = gb.initializer("fc.weight", co.dtype, {co.num_classes, 2 * co.hidden_size},
                                        fc.weight().raw_data(), fc.weight().nbytes());
