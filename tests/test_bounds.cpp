@@ -105,4 +105,45 @@ TEST(BoundsTensor, AFailedAllocationSaysHowManyBytesForWhichShape) {
   }
 }
 
+// ------------------------------------------------------------ RNN sizes
+
+TEST(BoundsRnn, OptionsRejectSizesAboveTheLimitNamingTheOption) {
+  RNNOptions o;
+  o.input_size = 4;
+  o.hidden_size = int64_t{1} << 60;  // the config.json of issue 21
+  EXPECT_CONTAINS(invalid_argument_of([&] { o.validate(); }),
+                  "hidden_size = 1152921504606846976 is too large: seqpack allows at most 16777216");
+  o.hidden_size = 8;
+  o.input_size = int64_t{1} << 62;
+  EXPECT_CONTAINS(invalid_argument_of([&] { o.validate(); }), "input_size = 4611686018427387904");
+  o.input_size = 4;
+  o.num_layers = 1 << 20;
+  EXPECT_CONTAINS(invalid_argument_of([&] { o.validate(); }), "num_layers = 1048576 is too large");
+  // Each size allowed alone, but their product is not: 4 * 2^24 * 2^24 float32.
+  o.num_layers = 1;
+  o.input_size = o.hidden_size = int64_t{1} << 24;
+  const std::string m = invalid_argument_of([&] { o.validate(); });
+  EXPECT_CONTAINS(m, "input_size = 16777216, hidden_size = 16777216, num_layers = 1: parameter "
+                     "weight_ih_l0: a float32 tensor of shape [67108864, 16777216]");
+}
+
+TEST(BoundsRnn, ModulesAndCellsWithHugeSizesThrowInsteadOfCrashing) {
+  RNNOptions o;
+  o.input_size = 4;
+  o.hidden_size = int64_t{1} << 60;
+  EXPECT_CONTAINS(invalid_argument_of([&] { LSTM m(o, 1); }), "hidden_size = 1152921504606846976");
+  o.hidden_size = int64_t{1} << 62;
+  EXPECT_CONTAINS(invalid_argument_of([&] { GRU m(o, 1); }), "hidden_size = 4611686018427387904");
+  EXPECT_CONTAINS(invalid_argument_of([] { LSTMCell c(4, int64_t{1} << 60, true, DType::f32, 1); }),
+                  "hidden_size = 1152921504606846976");
+  EXPECT_CONTAINS(invalid_argument_of([] { Linear l(int64_t{1} << 40, int64_t{1} << 40); }),
+                  "Linear: in_features = 1099511627776, out_features = 1099511627776: shape "
+                  "[1099511627776, 1099511627776] has more elements than a 64-bit integer");
+  EXPECT_CONTAINS(invalid_argument_of([] { Linear l(int64_t{1} << 20, int64_t{1} << 30); }),
+                  "Linear: in_features = 1048576, out_features = 1073741824: a float32 tensor of "
+                  "shape [1073741824, 1048576] would take 4503599627370496 bytes");
+  EXPECT_CONTAINS(invalid_argument_of([] { Embedding e(int64_t{1} << 62, 4); }),
+                  "Embedding: num_embeddings = 4611686018427387904, embedding_dim = 4");
+}
+
 }  // namespace
