@@ -10,7 +10,7 @@ from collections import namedtuple
 import numpy as np
 
 from . import _seqpack
-from ._checks import as_array, as_bool, as_lengths
+from ._checks import as_array, as_bool, as_int, as_lengths
 
 _PackedSequenceBase = namedtuple(
     "PackedSequence", ["data", "batch_sizes", "sorted_indices", "unsorted_indices"])
@@ -95,7 +95,7 @@ def _as_packed(sequence, name):
 def pad_packed_sequence(sequence, batch_first=False, padding_value=0.0, total_length=None):
     """Inverse of pack_padded_sequence: (padded, lengths), both in the caller's order."""
     if total_length is not None:
-        total_length = int(total_length)
+        total_length = as_int(total_length, "total_length")
     return _seqpack.pad_packed_sequence(_as_packed(sequence, "sequence"),
                                         as_bool(batch_first, "batch_first"),
                                         float(padding_value), total_length)
