@@ -16,6 +16,7 @@
 #include <string>
 #include <vector>
 
+#include "cpu/omp_errors.h"
 #include "seqpack/data.h"
 #include "seqpack/nn.h"
 #include "seqpack/packed_sequence.h"
@@ -144,6 +145,54 @@ TEST(BoundsRnn, ModulesAndCellsWithHugeSizesThrowInsteadOfCrashing) {
                   "shape [1073741824, 1048576] would take 4503599627370496 bytes");
   EXPECT_CONTAINS(invalid_argument_of([] { Embedding e(int64_t{1} << 62, 4); }),
                   "Embedding: num_embeddings = 4611686018427387904, embedding_dim = 4");
+}
+
+// ------------------------------------------------------------ OpenMP regions
+
+TEST(BoundsOpenMp, AnExceptionInARegionIsRethrownAfterIt) {
+  cpu::OmpErrors errors;
+  int ran = 0;
+#pragma omp parallel num_threads(2) reduction(+ : ran)
+  errors.run([&] {
+    ++ran;
+    if (omp_get_thread_num() == omp_get_num_threads() - 1) throw std::length_error("worker failed");
+  });
+  EXPECT_GE(ran, 1);
+  EXPECT_THROW(
+      try { errors.rethrow(); } catch (const std::length_error& e) {
+        EXPECT_STREQ(e.what(), "worker failed");
+        throw;
+      },
+      std::length_error);
+  cpu::OmpErrors none;
+  none.run([] {});
+  EXPECT_NO_THROW(none.rethrow());
+}
+
+// A bidirectional layer runs its two directions on two OpenMP threads, each
+// allocating its gates there. Under an address-space limit the allocation
+// fails inside the region: the caller gets the error (once std::terminate).
+TEST(BoundsOpenMp, AnAllocationFailingInsideTheRecurrentCoreReachesTheCaller) {
+  const int threads_before = num_threads();
+  set_num_threads(2);
+  RNNOptions o;
+  o.mode = RNNMode::lstm;
+  o.input_size = 1;
+  o.hidden_size = 4096;
+  o.proj_size = 1;  // small outputs, allocated before the region; large gates inside it
+  o.bidirectional = true;
+  LSTM lstm(o, 1);
+  const int64_t T = 1 << 18;  // gates: 2^18 * 4 * 4096 float32 = 16 GiB per direction
+  const Tensor x = Tensor::zeros({T, 1, 1});
+  AddressSpaceLimit limit(rlim_t{12} << 30);
+  ASSERT_TRUE(limit.ok);  // without it the forward would run (for minutes)
+  try {
+    lstm.forward(x);
+    ADD_FAILURE() << "the forward needed 32 GiB and did not fail under a 12 GiB limit";
+  } catch (const std::bad_alloc& e) {
+    EXPECT_CONTAINS(e.what(), "cannot allocate");
+  }
+  set_num_threads(threads_before);
 }
 
 }  // namespace
