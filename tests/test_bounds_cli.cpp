@@ -71,4 +71,71 @@ TEST(BoundsCliSizes, AHugeHiddenSizeInConfigIsAnErrorNotACrash) {
   }
 }
 
+// ------------------------------------------------------------ predict --stream
+
+TEST(BoundsCliStream, AnOverLongLineIsAnsweredWithAnErrorAndTheStreamGoesOn) {
+  const fs::path in = work_dir() / "long_line.txt";
+  std::ofstream(in, std::ios::binary) << "maison\n" << std::string(20000, 'a') << "\nhouse\n";
+  const CliResult r =
+      run_cli("predict --stream --top 1 --model " + model().string() + " < '" + in.string() + "'");
+  ASSERT_EQ(r.status, 0) << r.err;
+  const auto out = lines_of(r.out);
+  ASSERT_EQ(out.size(), 3u) << r.out;
+  EXPECT_EQ(out[0].rfind("maison: ", 0), 0u) << out[0];
+  EXPECT_EQ(out[1], "error: line too long");
+  EXPECT_EQ(out[2].rfind("house: ", 0), 0u) << out[2];
+  EXPECT_CONTAINS(r.err, "seqpack: line 2: 20000 characters, more than --max-chars 10000: skipped");
+
+  // --json: the error is a JSON line too.
+  const CliResult j = run_cli("predict --stream --json --model " + model().string() + " < '" +
+                              in.string() + "'");
+  ASSERT_EQ(j.status, 0) << j.err;
+  const auto docs = lines_of(j.out);
+  ASSERT_EQ(docs.size(), 3u) << j.out;
+  EXPECT_EQ(nlohmann::json::parse(docs[1]), nlohmann::json({{"error", "line too long"}}));
+  EXPECT_EQ(nlohmann::json::parse(docs[2]).at("predictions").at(0).at("word"), "house");
+}
+
+// --max-chars counts characters, not bytes: "été" is 3 characters in 5 bytes.
+TEST(BoundsCliStream, MaxCharsCountsCharacters) {
+  const fs::path in = work_dir() / "chars.txt";
+  std::ofstream(in, std::ios::binary) << "été\r\nmaison\neau\n\xff\n";
+  const CliResult r = run_cli("predict --stream --top 1 --max-chars 3 --model " + model().string() +
+                              " < '" + in.string() + "'");
+  ASSERT_EQ(r.status, 0) << r.err;
+  const auto out = lines_of(r.out);
+  ASSERT_EQ(out.size(), 4u) << r.out;
+  EXPECT_EQ(out[0].rfind("été: ", 0), 0u) << out[0];  // the '\r' is not a character
+  EXPECT_EQ(out[1], "error: line too long");
+  EXPECT_EQ(out[2].rfind("eau: ", 0), 0u) << out[2];
+  EXPECT_EQ(out[3], "error: invalid input");  // not UTF-8: as before, the stream goes on
+  EXPECT_CONTAINS(r.err, "seqpack: line 2: 6 characters, more than --max-chars 3: skipped");
+  EXPECT_CONTAINS(r.err, "seqpack: line 4: ");
+  EXPECT_CONTAINS(run_cli("predict --stream --max-chars 0").err,
+                  "--max-chars: 0 is out of range: must be in [1, 1000000]");
+}
+
+// A 64 MB line under a 2 GB address-space limit: once it was buffered whole,
+// decoded and run through the network (gigabytes), and the std::bad_alloc from
+// an OpenMP worker aborted the process (exit 134) with the next line unanswered.
+TEST(BoundsCliStream, AHugeLineTakesBoundedMemory) {
+  const fs::path in = work_dir() / "huge_line.txt";
+  {
+    std::ofstream o(in, std::ios::binary);
+    o << "eau\n";
+    const std::string block(1 << 20, 'a');
+    for (int i = 0; i < 64; ++i) o << block;
+    o << "\nnuit\n";
+  }
+  const CliResult r = run_cli("predict --stream --top 1 --model " + model().string() + " < '" +
+                              in.string() + "'",
+                              "ulimit -v 2000000;");
+  ASSERT_EQ(r.status, 0) << r.err;
+  const auto out = lines_of(r.out);
+  ASSERT_EQ(out.size(), 3u) << r.out;
+  EXPECT_EQ(out[1], "error: line too long");
+  EXPECT_EQ(out[2].rfind("nuit: ", 0), 0u) << out[2];
+  EXPECT_CONTAINS(r.err, "line 2: more than 40001 bytes, so more than --max-chars 10000 characters");
+}
+
 }  // namespace
