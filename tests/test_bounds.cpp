@@ -190,9 +190,56 @@ TEST(BoundsOpenMp, AnAllocationFailingInsideTheRecurrentCoreReachesTheCaller) {
     lstm.forward(x);
     ADD_FAILURE() << "the forward needed 32 GiB and did not fail under a 12 GiB limit";
   } catch (const std::bad_alloc& e) {
-    EXPECT_CONTAINS(e.what(), "cannot allocate");
+    // The gates [N, 4H] of one direction, allocated inside the region.
+    EXPECT_CONTAINS(std::string(e.what()), "for a float32 tensor of shape [262144, 16384]");
   }
   set_num_threads(threads_before);
+}
+
+// ------------------------------------------------------------ files
+
+struct Files {
+  seqpack::testing::TempDir dir;
+  fs::path fifo, zero_link, directory;
+  Files() {
+    directory = dir.path / "a_directory";
+    fs::create_directory(directory);
+    zero_link = dir.path / "zero_link";
+    fs::create_symlink("/dev/zero", zero_link);
+    fifo = dir.path / "a_fifo";
+    ::mkfifo(fifo.c_str(), 0600);
+  }
+};
+
+TEST(BoundsFiles, DataFilesMustBeRegularFilesNamingThePath) {
+  const Files f;
+  EXPECT_CONTAINS(invalid_argument_of([&] { load_tsv(f.directory.string()); }),
+                  "TSV file '" + f.directory.string() + "' is a directory, not a regular file");
+  // Read forever once; now refused before reading.
+  EXPECT_CONTAINS(invalid_argument_of([&] { load_tsv(f.zero_link.string()); }),
+                  "TSV file '" + f.zero_link.string() + "' is a character device");
+  // Opening a FIFO with no writer would block: refused before opening.
+  EXPECT_CONTAINS(invalid_argument_of([&] { load_tsv(f.fifo.string()); }),
+                  "'" + f.fifo.string() + "' is a FIFO (named pipe)");
+  EXPECT_CONTAINS(invalid_argument_of([] { load_tsv("/nonexistent/x.tsv"); }),
+                  "cannot open TSV file '/nonexistent/x.tsv'");
+}
+
+TEST(BoundsFiles, SafetensorsFilesMustBeRegularFilesNamingThePath) {
+  const Files f;
+  EXPECT_CONTAINS(invalid_argument_of([&] { load_safetensors(f.directory.string()); }),
+                  "safetensors file '" + f.directory.string() + "' is a directory");
+  EXPECT_CONTAINS(invalid_argument_of([&] { load_safetensors(f.zero_link.string()); }),
+                  "safetensors file '" + f.zero_link.string() + "' is a character device");
+  EXPECT_CONTAINS(invalid_argument_of([&] { load_safetensors(f.fifo.string()); }),
+                  "is a FIFO (named pipe)");
+  // A regular file behind a symbolic link is read as usual.
+  const fs::path file = f.dir.path / "t.safetensors";
+  save_safetensors(file.string(), {{"w", Tensor::from_vector<float>({1.f, 2.f, 3.f})}});
+  const fs::path link = f.dir.path / "link.safetensors";
+  fs::create_symlink(file, link);
+  const auto loaded = load_safetensors(link.string());
+  EXPECT_EQ(loaded.at("w").to_vector<float>(), (std::vector<float>{1.f, 2.f, 3.f}));
 }
 
 }  // namespace

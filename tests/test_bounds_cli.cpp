@@ -138,4 +138,39 @@ TEST(BoundsCliStream, AHugeLineTakesBoundedMemory) {
   EXPECT_CONTAINS(r.err, "line 2: more than 40001 bytes, so more than --max-chars 10000 characters");
 }
 
+// ------------------------------------------------------------ regular files only
+
+TEST(BoundsCliFiles, DataAndModelFilesMustBeRegularFiles) {
+  // `train --data /dev/zero` read forever; now refused at once, naming the path.
+  CliResult r = run_cli("train --epochs 1 --data /dev/zero --out " + (work_dir() / "z").string(),
+                        "timeout 60");
+  EXPECT_EQ(r.status, 1) << r.err;
+  EXPECT_CONTAINS(r.err, "TSV file '/dev/zero' is a character device, not a regular file");
+  r = run_cli("train --epochs 1 --data " + work_dir().string() + " --out " + (work_dir() / "z").string(),
+              "timeout 60");
+  EXPECT_EQ(r.status, 1) << r.err;
+  EXPECT_CONTAINS(r.err, "TSV file '" + work_dir().string() + "' is a directory");
+  const fs::path fifo = work_dir() / "data.fifo";
+  ::mkfifo(fifo.c_str(), 0600);
+  r = run_cli("train --epochs 1 --data " + fifo.string() + " --out " + (work_dir() / "z").string(),
+              "timeout 60");
+  EXPECT_EQ(r.status, 1) << r.err;
+  EXPECT_CONTAINS(r.err, "'" + fifo.string() + "' is a FIFO (named pipe)");
+
+  // A model whose weights file is a link to /dev/zero (predict hung) or a directory.
+  const fs::path dir = work_dir() / "zero_model";
+  fs::remove_all(dir);
+  fs::copy(model(), dir, fs::copy_options::recursive);
+  fs::remove(dir / "model.safetensors");
+  fs::create_symlink("/dev/zero", dir / "model.safetensors");
+  r = run_cli("predict --model " + dir.string() + " maison", "timeout 60");
+  EXPECT_EQ(r.status, 1) << r.err;
+  EXPECT_CONTAINS(r.err, "'" + (dir / "model.safetensors").string() + "' is a character device");
+  fs::remove(dir / "model.safetensors");
+  fs::create_directory(dir / "model.safetensors");
+  r = run_cli("predict --model " + dir.string() + " maison", "timeout 60");
+  EXPECT_EQ(r.status, 1) << r.err;
+  EXPECT_CONTAINS(r.err, "'" + (dir / "model.safetensors").string() + "' is a directory");
+}
+
 }  // namespace
