@@ -242,4 +242,19 @@ TEST(BoundsFiles, SafetensorsFilesMustBeRegularFilesNamingThePath) {
   EXPECT_EQ(loaded.at("w").to_vector<float>(), (std::vector<float>{1.f, 2.f, 3.f}));
 }
 
+// A byte-order mark is not part of the first label: two labels stay two.
+TEST(BoundsFiles, AByteOrderMarkAtTheStartOfATsvIsSkipped) {
+  const seqpack::testing::TempDir dir;
+  const fs::path tsv = dir.path / "bom.tsv";
+  std::ofstream(tsv, std::ios::binary) << "\xEF\xBB\xBF" "en\tcat\nfr\tchat\nen\tdog\n";
+  const TextDataset ds = load_tsv(tsv.string());
+  EXPECT_EQ(ds.labels, (std::vector<std::string>{"en", "fr"}));
+  ASSERT_EQ(ds.examples.size(), 3u);
+  EXPECT_EQ(ds.examples[0].label, ds.examples[2].label);
+  // Only at the very start: a mark later on is text (here inside the label).
+  const fs::path later = dir.path / "later.tsv";
+  std::ofstream(later, std::ios::binary) << "en\tcat\n\xEF\xBB\xBF" "en\tdog\n";
+  EXPECT_EQ(load_tsv(later.string()).labels.size(), 2u);
+}
+
 }  // namespace

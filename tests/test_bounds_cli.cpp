@@ -173,4 +173,21 @@ TEST(BoundsCliFiles, DataAndModelFilesMustBeRegularFiles) {
   EXPECT_CONTAINS(r.err, "'" + (dir / "model.safetensors").string() + "' is a directory");
 }
 
+// A byte-order mark does not become part of the first label: two labels, not three.
+TEST(BoundsCliFiles, AByteOrderMarkInTheDataIsSkipped) {
+  const fs::path tsv = work_dir() / "bom.tsv";
+  {
+    std::ofstream o(tsv, std::ios::binary);
+    o << "\xEF\xBB\xBF";
+    for (const char* w : {"the", "house", "water", "night"}) o << "english\t" << w << "\n";
+    for (const char* w : {"maison", "eau", "nuit", "soir"}) o << "french\t" << w << "\n";
+  }
+  const fs::path out = work_dir() / "bom_model";
+  const CliResult r = run_cli("train --threads 1 --data " + tsv.string() +
+                              " --epochs 1 --hidden 4 --embed 2 --out " + out.string());
+  ASSERT_EQ(r.status, 0) << r.err;
+  const auto config = nlohmann::json::parse(read_file((out / "config.json").string()));
+  EXPECT_EQ(config.at("labels"), nlohmann::json({"english", "french"}));
+}
+
 }  // namespace

@@ -113,6 +113,8 @@ TextDataset load_tsv(const std::string& path) {
   int64_t line_no = 0;
   while (std::getline(in, line)) {
     ++line_no;
+    // A UTF-8 byte-order mark (as some Windows editors write) is not part of the first label.
+    if (line_no == 1 && line.rfind("\xEF\xBB\xBF", 0) == 0) line.erase(0, 3);
     if (!line.empty() && line.back() == '\r') line.pop_back();
     if (line.empty()) {
       ++ds.empty_lines;
