@@ -190,4 +190,42 @@ TEST(BoundsCliFiles, AByteOrderMarkInTheDataIsSkipped) {
   EXPECT_EQ(config.at("labels"), nlohmann::json({"english", "french"}));
 }
 
+// ------------------------------------------------------------ bench workloads
+
+TEST(BoundsCliBench, WorkloadsAreCappedBeforeAnythingIsAllocated) {
+  struct Case {
+    std::string workload, message;
+  };
+  const std::vector<Case> cases = {
+      // 3e9 tokens once grew to 23 GB before std::bad_alloc.
+      {R"("input_size": 8, "hidden_size": 8, "num_layers": 1, "lengths": [3000000000])",
+       "workload 'w': lengths[0] = 3000000000 is larger than the bench's cap of 100000000 tokens"},
+      {R"("input_size": 8, "hidden_size": 8, "num_layers": 1, "lengths": [60000000, 60000000])",
+       "workload 'w': 120000000 tokens (the sum of its lengths) is more than the bench's cap of "
+       "100000000"},
+      {R"("input_size": 8, "hidden_size": 100000, "num_layers": 1, "lengths": [4])",
+       "workload 'w': key 'hidden_size' = 100000 is larger than the bench's cap of 16384"},
+      {R"("input_size": 8, "hidden_size": 8, "num_layers": 1000, "lengths": [4])",
+       "key 'num_layers' = 1000 is larger than the bench's cap of 64"},
+      {R"("input_size": 8, "hidden_size": 18446744073709551615, "num_layers": 1, "lengths": [4])",
+       "key 'hidden_size' = 18446744073709551615 must be an integer >= 1"},
+      {R"("input_size": 16384, "hidden_size": 16384, "num_layers": 1, "lengths": [100000])",
+       "is more than the bench's cap of 17179869184 bytes (16 GiB)"},
+  };
+  for (const auto& c : cases) {
+    const fs::path w = work_dir() / "capped.json";
+    std::ofstream(w) << R"({"workloads": [{"name": "w", "cell": "lstm", )" << c.workload << "}]}";
+    const CliResult r = run_cli("bench --min-time 0.01 --workloads " + w.string(), "timeout 60");
+    EXPECT_EQ(r.status, 1) << c.workload << ": " << r.err;
+    EXPECT_CONTAINS(r.err, c.message);
+  }
+  // --scale multiplies the lengths before the cap applies.
+  const fs::path w = work_dir() / "scaled.json";
+  std::ofstream(w) << R"({"workloads": [{"name": "w", "cell": "gru", "input_size": 4, )"
+                   << R"("hidden_size": 4, "num_layers": 1, "lengths": [200000]}]})";
+  const CliResult r = run_cli("bench --scale 1000 --workloads " + w.string(), "timeout 60");
+  EXPECT_EQ(r.status, 1) << r.err;
+  EXPECT_CONTAINS(r.err, "200000000 tokens (the sum of its lengths, times --scale 1000)");
+}
+
 }  // namespace
