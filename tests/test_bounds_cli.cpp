@@ -228,4 +228,17 @@ TEST(BoundsCliBench, WorkloadsAreCappedBeforeAnythingIsAllocated) {
   EXPECT_CONTAINS(r.err, "200000000 tokens (the sum of its lengths, times --scale 1000)");
 }
 
+// An allocation that fails (here under an address-space limit, within the
+// caps) names the bytes, the shape and the command, not a bare std::bad_alloc.
+TEST(BoundsCliBench, OutOfMemoryNamesTheCommandAndTheTensor) {
+  const fs::path w = work_dir() / "big.json";
+  std::ofstream(w) << R"({"workloads": [{"name": "big", "cell": "rnn_tanh", "input_size": 256, )"
+                   << R"("hidden_size": 1, "num_layers": 1, "lengths": [5000000]}]})";
+  const CliResult r = run_cli("bench --mode forward_packed --workloads " + w.string(),
+                              "ulimit -v 2000000; timeout 120");
+  EXPECT_EQ(r.status, 1) << r.err;
+  EXPECT_CONTAINS(r.err, "seqpack: error: out of memory while running 'seqpack bench' (cannot "
+                         "allocate 5120000000 bytes for a float32 tensor of shape [5000000, 256]");
+}
+
 }  // namespace
