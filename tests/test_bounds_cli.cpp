@@ -241,4 +241,34 @@ TEST(BoundsCliBench, OutOfMemoryNamesTheCommandAndTheTensor) {
                          "allocate 5120000000 bytes for a float32 tensor of shape [5000000, 256]");
 }
 
+// ------------------------------------------------------------ numeric options
+
+TEST(BoundsCliOptions, MessagesDoNotContradictTheirValue) {
+  // Past int64: not "must be >= 1", which the value satisfies.
+  CliResult r = run_cli("train --epochs 99999999999999999999 --data x.tsv");
+  EXPECT_NE(r.status, 0);
+  EXPECT_LT(r.status, 128) << r.err;
+  EXPECT_CONTAINS(r.err, "--epochs: 99999999999999999999 is out of range: larger than the largest "
+                         "64-bit integer, 9223372036854775807 (must be >= 1)");
+  r = run_cli("train --seed 99999999999999999999 --data x.tsv");
+  EXPECT_CONTAINS(r.err, "larger than the largest 64-bit unsigned integer, 18446744073709551615");
+  r = run_cli("train --hidden -99999999999999999999 --data x.tsv");
+  EXPECT_CONTAINS(r.err, "--hidden: -99999999999999999999 is out of range: smaller than the "
+                         "smallest 64-bit integer, -9223372036854775808 (must be in [1, 16384])");
+  r = run_cli("train --lr 1e999 --data x.tsv");
+  EXPECT_CONTAINS(r.err, "--lr: 1e999 is out of range: above the largest finite double (must be > 0)");
+  r = run_cli("train --lr 1e-999 --data x.tsv");
+  EXPECT_CONTAINS(r.err, "--lr: 1e-999 is out of range: too close to 0 to be represented");
+  // "-0" is 0, for an unsigned option as for a signed one; a negative value is not.
+  r = run_cli("train --seed -0 --data /nonexistent/x.tsv");
+  EXPECT_EQ(r.err.find("--seed"), std::string::npos) << r.err;
+  EXPECT_CONTAINS(r.err, "cannot open TSV file '/nonexistent/x.tsv'");
+  r = run_cli("train --threads -0 --data /nonexistent/x.tsv");
+  EXPECT_EQ(r.err.find("--threads"), std::string::npos) << r.err;
+  r = run_cli("train --seed -3 --data x.tsv");
+  EXPECT_CONTAINS(r.err, "--seed: -3 is out of range: must be >= 0");
+  r = run_cli("train --seed -00 --data /nonexistent/x.tsv");
+  EXPECT_EQ(r.err.find("--seed"), std::string::npos) << r.err;
+}
+
 }  // namespace
