@@ -51,7 +51,7 @@ namespace {
 // fits in int64_t and every parameter's bytes can be checked before anything
 // is allocated ("hidden_size": 2^60 in a config.json once wrapped 4 * H * I
 // around to a small buffer that init_uniform then overran).
-constexpr int64_t kMaxRnnSize = int64_t{1} << 24;   // input_size, hidden_size, proj_size
+constexpr int64_t kMaxRnnSize = int64_t{1} << 24;    // input_size, hidden_size, proj_size
 constexpr int64_t kMaxRnnLayers = int64_t{1} << 16;  // num_layers
 
 void check_sizes(const RNNOptions& o) {
@@ -85,8 +85,10 @@ void check_sizes(const RNNOptions& o) {
       throw std::invalid_argument(sizes_text + ": parameter " + names[i] + ": " + e.what());
     }
     if (total > kMaxTensorBytes) {
-      throw std::invalid_argument(sizes_text + ": the parameters would take more than seqpack's "
-                                  "limit of " + std::to_string(kMaxTensorBytes) + " bytes (2^46)");
+      throw std::invalid_argument(sizes_text +
+                                  ": the parameters would take more than seqpack's "
+                                  "limit of " +
+                                  std::to_string(kMaxTensorBytes) + " bytes (2^46)");
     }
   }
 }

@@ -73,7 +73,8 @@ std::size_t shape_nbytes(const Shape& shape, DType dtype) {
     // n * esize may not fit in int64_t: print it as a 128-bit product.
     const unsigned __int128 bytes = static_cast<unsigned __int128>(n) * esize;
     std::string digits;
-    for (unsigned __int128 v = bytes; v > 0; v /= 10) digits.insert(digits.begin(), char('0' + int(v % 10)));
+    for (unsigned __int128 v = bytes; v > 0; v /= 10)
+      digits.insert(digits.begin(), char('0' + int(v % 10)));
     throw std::invalid_argument("a " + std::string(dtype_name(dtype)) + " tensor of shape " +
                                 shape_str(shape) + " would take " + digits +
                                 " bytes, more than seqpack's limit of " +

@@ -42,8 +42,9 @@ std::string invalid_argument_of(F&& f) {
   return "";
 }
 
-#define EXPECT_CONTAINS(text, needle) \
-  EXPECT_NE(std::string(text).find(needle), std::string::npos) << "'" << (text) << "' lacks '" << (needle) << "'"
+#define EXPECT_CONTAINS(text, needle)                          \
+  EXPECT_NE(std::string(text).find(needle), std::string::npos) \
+      << "'" << (text) << "' lacks '" << (needle) << "'"
 
 // ------------------------------------------------------------ tensor sizes
 
@@ -53,7 +54,9 @@ TEST(BoundsTensor, ShapeProductsThatOverflowInt64AreRejectedNamingTheShape) {
   EXPECT_CONTAINS(m, "shape [4611686018427387904, 4]");
   EXPECT_CONTAINS(m, "more elements than a 64-bit integer");
   // Same for three factors, none of them large alone after the first product.
-  EXPECT_CONTAINS(invalid_argument_of([] { shape_numel({int64_t{1} << 32, int64_t{1} << 31, 2}); }),
+  EXPECT_CONTAINS(invalid_argument_of([] {
+                    shape_numel({int64_t{1} << 32, int64_t{1} << 31, 2});
+                  }),
                   "64-bit integer");
   // A zero size makes the product empty, however large the others.
   EXPECT_EQ(shape_numel({0, INT64_MAX, INT64_MAX}), 0);
@@ -63,14 +66,18 @@ TEST(BoundsTensor, ShapeProductsThatOverflowInt64AreRejectedNamingTheShape) {
 
 TEST(BoundsTensor, TensorsAboveTheByteLimitAreRejectedBeforeAllocating) {
   // 2^44 * 2 float32 = 2^47 bytes > 2^46.
-  const std::string m =
-      invalid_argument_of([] { Tensor::empty({int64_t{1} << 44, 2}, DType::f32); });
-  EXPECT_CONTAINS(m, "float32 tensor of shape [17592186044416, 2] would take 140737488355328 bytes");
+  const std::string m = invalid_argument_of([] {
+    Tensor::empty({int64_t{1} << 44, 2}, DType::f32);
+  });
+  EXPECT_CONTAINS(m,
+                  "float32 tensor of shape [17592186044416, 2] would take 140737488355328 bytes");
   EXPECT_CONTAINS(m, "limit of 70368744177664 bytes");
   // The byte count itself past int64: 2^62 float64 elements = 2^65 bytes.
   EXPECT_CONTAINS(invalid_argument_of([] { Tensor::zeros({int64_t{1} << 62}, DType::f64); }),
                   "would take 36893488147419103232 bytes");
-  EXPECT_CONTAINS(invalid_argument_of([] { Tensor::full({int64_t{1} << 62, 4}, 1.0); }),
+  EXPECT_CONTAINS(invalid_argument_of([] {
+                    Tensor::full({int64_t{1} << 62, 4}, 1.0);
+                  }),
                   "64-bit integer");
   // Exactly at the limit is not refused by the check (2^44 float32 = 2^46 bytes).
   EXPECT_EQ(shape_nbytes({int64_t{1} << 44}, DType::f32), std::size_t{1} << 46);
@@ -112,8 +119,9 @@ TEST(BoundsRnn, OptionsRejectSizesAboveTheLimitNamingTheOption) {
   RNNOptions o;
   o.input_size = 4;
   o.hidden_size = int64_t{1} << 60;  // the config.json of issue 21
-  EXPECT_CONTAINS(invalid_argument_of([&] { o.validate(); }),
-                  "hidden_size = 1152921504606846976 is too large: seqpack allows at most 16777216");
+  EXPECT_CONTAINS(
+      invalid_argument_of([&] { o.validate(); }),
+      "hidden_size = 1152921504606846976 is too large: seqpack allows at most 16777216");
   o.hidden_size = 8;
   o.input_size = int64_t{1} << 62;
   EXPECT_CONTAINS(invalid_argument_of([&] { o.validate(); }), "input_size = 4611686018427387904");
@@ -124,8 +132,9 @@ TEST(BoundsRnn, OptionsRejectSizesAboveTheLimitNamingTheOption) {
   o.num_layers = 1;
   o.input_size = o.hidden_size = int64_t{1} << 24;
   const std::string m = invalid_argument_of([&] { o.validate(); });
-  EXPECT_CONTAINS(m, "input_size = 16777216, hidden_size = 16777216, num_layers = 1: parameter "
-                     "weight_ih_l0: a float32 tensor of shape [67108864, 16777216]");
+  EXPECT_CONTAINS(m,
+                  "input_size = 16777216, hidden_size = 16777216, num_layers = 1: parameter "
+                  "weight_ih_l0: a float32 tensor of shape [67108864, 16777216]");
 }
 
 TEST(BoundsRnn, ModulesAndCellsWithHugeSizesThrowInsteadOfCrashing) {
@@ -246,14 +255,16 @@ TEST(BoundsFiles, SafetensorsFilesMustBeRegularFilesNamingThePath) {
 TEST(BoundsFiles, AByteOrderMarkAtTheStartOfATsvIsSkipped) {
   const seqpack::testing::TempDir dir;
   const fs::path tsv = dir.path / "bom.tsv";
-  std::ofstream(tsv, std::ios::binary) << "\xEF\xBB\xBF" "en\tcat\nfr\tchat\nen\tdog\n";
+  std::ofstream(tsv, std::ios::binary) << "\xEF\xBB\xBF"
+                                          "en\tcat\nfr\tchat\nen\tdog\n";
   const TextDataset ds = load_tsv(tsv.string());
   EXPECT_EQ(ds.labels, (std::vector<std::string>{"en", "fr"}));
   ASSERT_EQ(ds.examples.size(), 3u);
   EXPECT_EQ(ds.examples[0].label, ds.examples[2].label);
   // Only at the very start: a mark later on is text (here inside the label).
   const fs::path later = dir.path / "later.tsv";
-  std::ofstream(later, std::ios::binary) << "en\tcat\n\xEF\xBB\xBF" "en\tdog\n";
+  std::ofstream(later, std::ios::binary) << "en\tcat\n\xEF\xBB\xBF"
+                                            "en\tdog\n";
   EXPECT_EQ(load_tsv(later.string()).labels.size(), 2u);
 }
 

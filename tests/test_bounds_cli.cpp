@@ -24,8 +24,9 @@ using seqpack::testing::read_file;
 using seqpack::testing::run_cli;
 using seqpack::testing::work_dir;
 
-#define EXPECT_CONTAINS(text, needle) \
-  EXPECT_NE((text).find(needle), std::string::npos) << "'" << (text) << "' lacks '" << (needle) << "'"
+#define EXPECT_CONTAINS(text, needle)               \
+  EXPECT_NE((text).find(needle), std::string::npos) \
+      << "'" << (text) << "' lacks '" << (needle) << "'"
 
 // A model trained once for the tests that need one.
 const fs::path& model() {
@@ -33,12 +34,15 @@ const fs::path& model() {
     const fs::path tsv = work_dir() / "tiny.tsv";
     {
       std::ofstream o(tsv);
-      for (const char* w : {"the", "house", "water", "night", "light"}) o << "english\t" << w << "\n";
-      for (const char* w : {"maison", "eau", "nuit", "été", "château"}) o << "french\t" << w << "\n";
+      for (const char* w : {"the", "house", "water", "night", "light"})
+        o << "english\t" << w << "\n";
+      for (const char* w : {"maison", "eau", "nuit", "été", "château"})
+        o << "french\t" << w << "\n";
     }
     const fs::path out = work_dir() / "model";
-    const CliResult r = run_cli("train --threads 1 --data " + tsv.string() +
-                                " --epochs 1 --hidden 8 --embed 4 --batch-size 4 --out " + out.string());
+    const CliResult r =
+        run_cli("train --threads 1 --data " + tsv.string() +
+                " --epochs 1 --hidden 8 --embed 4 --batch-size 4 --out " + out.string());
     EXPECT_EQ(r.status, 0) << r.err;
     return out;
   }();
@@ -61,9 +65,9 @@ TEST(BoundsCliSizes, AHugeHiddenSizeInConfigIsAnErrorNotACrash) {
   nlohmann::json config = nlohmann::json::parse(read_file((dir / "config.json").string()));
   config["hidden_size"] = uint64_t{1} << 60;  // 1152921504606846976: segfaulted in init_uniform
   std::ofstream(dir / "config.json") << config.dump(1);
-  for (const std::string cmd : {"predict --model " + dir.string() + " maison",
-                                "export --model " + dir.string() + " --onnx " +
-                                    (work_dir() / "huge.onnx").string()}) {
+  for (const std::string cmd :
+       {"predict --model " + dir.string() + " maison",
+        "export --model " + dir.string() + " --onnx " + (work_dir() / "huge.onnx").string()}) {
     const CliResult r = run_cli(cmd);
     EXPECT_NE(r.status, 0) << cmd;
     EXPECT_LT(r.status, 128) << cmd << " crashed: " << r.err;
@@ -87,8 +91,8 @@ TEST(BoundsCliStream, AnOverLongLineIsAnsweredWithAnErrorAndTheStreamGoesOn) {
   EXPECT_CONTAINS(r.err, "seqpack: line 2: 20000 characters, more than --max-chars 10000: skipped");
 
   // --json: the error is a JSON line too.
-  const CliResult j = run_cli("predict --stream --json --model " + model().string() + " < '" +
-                              in.string() + "'");
+  const CliResult j =
+      run_cli("predict --stream --json --model " + model().string() + " < '" + in.string() + "'");
   ASSERT_EQ(j.status, 0) << j.err;
   const auto docs = lines_of(j.out);
   ASSERT_EQ(docs.size(), 3u) << j.out;
@@ -127,15 +131,16 @@ TEST(BoundsCliStream, AHugeLineTakesBoundedMemory) {
     for (int i = 0; i < 64; ++i) o << block;
     o << "\nnuit\n";
   }
-  const CliResult r = run_cli("predict --stream --top 1 --model " + model().string() + " < '" +
-                              in.string() + "'",
-                              "ulimit -v 2000000;");
+  const CliResult r =
+      run_cli("predict --stream --top 1 --model " + model().string() + " < '" + in.string() + "'",
+              "ulimit -v 2000000;");
   ASSERT_EQ(r.status, 0) << r.err;
   const auto out = lines_of(r.out);
   ASSERT_EQ(out.size(), 3u) << r.out;
   EXPECT_EQ(out[1], "error: line too long");
   EXPECT_EQ(out[2].rfind("nuit: ", 0), 0u) << out[2];
-  EXPECT_CONTAINS(r.err, "line 2: more than 40001 bytes, so more than --max-chars 10000 characters");
+  EXPECT_CONTAINS(r.err,
+                  "line 2: more than 40001 bytes, so more than --max-chars 10000 characters");
 }
 
 // ------------------------------------------------------------ regular files only
@@ -146,8 +151,9 @@ TEST(BoundsCliFiles, DataAndModelFilesMustBeRegularFiles) {
                         "timeout 60");
   EXPECT_EQ(r.status, 1) << r.err;
   EXPECT_CONTAINS(r.err, "TSV file '/dev/zero' is a character device, not a regular file");
-  r = run_cli("train --epochs 1 --data " + work_dir().string() + " --out " + (work_dir() / "z").string(),
-              "timeout 60");
+  r = run_cli(
+      "train --epochs 1 --data " + work_dir().string() + " --out " + (work_dir() / "z").string(),
+      "timeout 60");
   EXPECT_EQ(r.status, 1) << r.err;
   EXPECT_CONTAINS(r.err, "TSV file '" + work_dir().string() + "' is a directory");
   const fs::path fifo = work_dir() / "data.fifo";
@@ -237,8 +243,9 @@ TEST(BoundsCliBench, OutOfMemoryNamesTheCommandAndTheTensor) {
   const CliResult r = run_cli("bench --mode forward_packed --workloads " + w.string(),
                               "ulimit -v 2000000; timeout 120");
   EXPECT_EQ(r.status, 1) << r.err;
-  EXPECT_CONTAINS(r.err, "seqpack: error: out of memory while running 'seqpack bench' (cannot "
-                         "allocate 5120000000 bytes for a float32 tensor of shape [5000000, 256]");
+  EXPECT_CONTAINS(r.err,
+                  "seqpack: error: out of memory while running 'seqpack bench' (cannot "
+                  "allocate 5120000000 bytes for a float32 tensor of shape [5000000, 256]");
 }
 
 // ------------------------------------------------------------ numeric options
@@ -248,15 +255,18 @@ TEST(BoundsCliOptions, MessagesDoNotContradictTheirValue) {
   CliResult r = run_cli("train --epochs 99999999999999999999 --data x.tsv");
   EXPECT_NE(r.status, 0);
   EXPECT_LT(r.status, 128) << r.err;
-  EXPECT_CONTAINS(r.err, "--epochs: 99999999999999999999 is out of range: larger than the largest "
-                         "64-bit integer, 9223372036854775807 (must be >= 1)");
+  EXPECT_CONTAINS(r.err,
+                  "--epochs: 99999999999999999999 is out of range: larger than the largest "
+                  "64-bit integer, 9223372036854775807 (must be >= 1)");
   r = run_cli("train --seed 99999999999999999999 --data x.tsv");
   EXPECT_CONTAINS(r.err, "larger than the largest 64-bit unsigned integer, 18446744073709551615");
   r = run_cli("train --hidden -99999999999999999999 --data x.tsv");
-  EXPECT_CONTAINS(r.err, "--hidden: -99999999999999999999 is out of range: smaller than the "
-                         "smallest 64-bit integer, -9223372036854775808 (must be in [1, 16384])");
+  EXPECT_CONTAINS(r.err,
+                  "--hidden: -99999999999999999999 is out of range: smaller than the "
+                  "smallest 64-bit integer, -9223372036854775808 (must be in [1, 16384])");
   r = run_cli("train --lr 1e999 --data x.tsv");
-  EXPECT_CONTAINS(r.err, "--lr: 1e999 is out of range: above the largest finite double (must be > 0)");
+  EXPECT_CONTAINS(r.err,
+                  "--lr: 1e999 is out of range: above the largest finite double (must be > 0)");
   r = run_cli("train --lr 1e-999 --data x.tsv");
   EXPECT_CONTAINS(r.err, "--lr: 1e-999 is out of range: too close to 0 to be represented");
   // "-0" is 0, for an unsigned option as for a signed one; a negative value is not.

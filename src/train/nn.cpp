@@ -27,7 +27,8 @@ void require_positive(int64_t v, const char* who, const char* what) {
 
 // A parameter's shape, checked (int64 overflow, kMaxTensorBytes) before any
 // allocation, with the module and its sizes in the message.
-void require_allocatable(const Shape& shape, DType dtype, const char* who, const std::string& sizes) {
+void require_allocatable(const Shape& shape, DType dtype, const char* who,
+                         const std::string& sizes) {
   try {
     shape_nbytes(shape, dtype);
   } catch (const std::invalid_argument& e) {

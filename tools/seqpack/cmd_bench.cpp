@@ -45,11 +45,11 @@ const std::vector<std::string> kModes = {"forward_packed", "forward_padded", "tr
 // Caps on a workload, checked before anything is allocated: a workload of 3e9
 // tokens once grew to 23 GB before std::bad_alloc. They are far above the
 // shipped workloads (at most 16k tokens, hidden 512).
-constexpr int64_t kMaxBenchSize = 16384;                 // input_size, hidden_size (train's --hidden)
-constexpr int64_t kMaxBenchLayers = 64;                  // num_layers
-constexpr int64_t kMaxBenchBatch = 1'000'000;            // sequences (entries of lengths)
-constexpr int64_t kMaxBenchTokens = 100'000'000;         // sum of the lengths, after --scale
-constexpr double kMaxBenchBytes = 16.0 * (1ull << 30);   // estimated tensors of one run: 16 GiB
+constexpr int64_t kMaxBenchSize = 16384;          // input_size, hidden_size (train's --hidden)
+constexpr int64_t kMaxBenchLayers = 64;           // num_layers
+constexpr int64_t kMaxBenchBatch = 1'000'000;     // sequences (entries of lengths)
+constexpr int64_t kMaxBenchTokens = 100'000'000;  // sum of the lengths, after --scale
+constexpr double kMaxBenchBytes = 16.0 * (1ull << 30);  // estimated tensors of one run: 16 GiB
 
 struct Workload {
   std::string name;
@@ -85,9 +85,9 @@ int64_t positive_int(const nlohmann::json& w, const std::string& name, const cha
                                             name, key, v.dump(), min_value));
   }
   if (v.get<int64_t>() > max_value) {
-    throw std::invalid_argument(fmt::format(
-        "workload '{}': key '{}' = {} is larger than the bench's cap of {}", name, key, v.dump(),
-        max_value));
+    throw std::invalid_argument(
+        fmt::format("workload '{}': key '{}' = {} is larger than the bench's cap of {}", name, key,
+                    v.dump(), max_value));
   }
   return v.get<int64_t>();
 }
@@ -113,9 +113,9 @@ void check_workload_size(const Workload& wl, int64_t scale) {
   const double n = static_cast<double>(tokens * scale);
   const double padded = static_cast<double>(B) * static_cast<double>(max_len * scale);
   const double D = static_cast<double>(o.num_directions()), H = static_cast<double>(o.hidden_size);
-  const double per_row = static_cast<double>(o.input_size) +
-                         static_cast<double>(o.num_layers) * D *
-                             (static_cast<double>(o.gate_count()) * H + 3 * H);
+  const double per_row =
+      static_cast<double>(o.input_size) +
+      static_cast<double>(o.num_layers) * D * (static_cast<double>(o.gate_count()) * H + 3 * H);
   const double bytes = 4.0 * (n * per_row + padded * static_cast<double>(o.input_size));
   if (bytes > kMaxBenchBytes) {
     throw std::invalid_argument(fmt::format(
@@ -178,14 +178,14 @@ std::vector<Workload> load_workloads(const std::string& path) {
     }
     const auto& lengths = w.at("lengths");
     if (static_cast<int64_t>(lengths.size()) > kMaxBenchBatch) {
-      throw std::invalid_argument(
-          fmt::format("workload '{}': key 'lengths' has {} sequences, more than the bench's cap of {}",
-                      wl.name, lengths.size(), kMaxBenchBatch));
+      throw std::invalid_argument(fmt::format(
+          "workload '{}': key 'lengths' has {} sequences, more than the bench's cap of {}", wl.name,
+          lengths.size(), kMaxBenchBatch));
     }
     for (size_t b = 0; b < lengths.size(); ++b) {
       const auto& len = lengths[b];
-      if (!len.is_number_integer() || (len.is_number_unsigned() && len.get<uint64_t>() > INT64_MAX) ||
-          len.get<int64_t>() < 0) {
+      if (!len.is_number_integer() ||
+          (len.is_number_unsigned() && len.get<uint64_t>() > INT64_MAX) || len.get<int64_t>() < 0) {
         throw std::invalid_argument(fmt::format(
             "workload '{}': lengths[{}] = {} must be an integer >= 0", wl.name, b, len.dump()));
       }

@@ -9,8 +9,8 @@
 
 #include <algorithm>
 #include <cstdio>
-#include <stdexcept>
 #include <nlohmann/json.hpp>
+#include <stdexcept>
 #include <string>
 #include <vector>
 

@@ -79,8 +79,8 @@ std::string check_number(const std::string& text, T min, T max, bool min_open,
   T v{};
   if constexpr (std::is_integral_v<T>) {
     constexpr int bits = std::numeric_limits<T>::digits + (std::is_signed_v<T> ? 1 : 0);
-    const std::string type = std::to_string(bits) + "-bit" + (std::is_signed_v<T> ? "" : " unsigned") +
-                             " integer";
+    const std::string type =
+        std::to_string(bits) + "-bit" + (std::is_signed_v<T> ? "" : " unsigned") + " integer";
     const char* end = text.data() + text.size();
     const bool negative_digits = text.size() > 1 && text[0] == '-' &&
                                  text.find_first_not_of("0123456789", 1) == std::string::npos;
@@ -95,8 +95,10 @@ std::string check_number(const std::string& text, T min, T max, bool min_open,
     }
     if (ec == std::errc::result_out_of_range) {
       return text + " is out of range: " +
-             (text[0] == '-' ? "smaller than the smallest " + type + ", " + num_str(std::numeric_limits<T>::min())
-                             : "larger than the largest " + type + ", " + num_str(std::numeric_limits<T>::max())) +
+             (text[0] == '-' ? "smaller than the smallest " + type + ", " +
+                                   num_str(std::numeric_limits<T>::min())
+                             : "larger than the largest " + type + ", " +
+                                   num_str(std::numeric_limits<T>::max())) +
              " (" + range + ")";
     }
     if (ec != std::errc() || p != end) return "'" + text + "' is not an integer (" + range + ")";
@@ -112,7 +114,8 @@ std::string check_number(const std::string& text, T min, T max, bool min_open,
              " finite double (" + range + ")";
     }
     if (errno == ERANGE) {
-      return text + " is out of range: too close to 0 to be represented as a double (" + range + ")";
+      return text + " is out of range: too close to 0 to be represented as a double (" + range +
+             ")";
     }
     if (std::isnan(d)) return text + " is out of range: " + range;
     v = static_cast<T>(d);
