@@ -52,3 +52,9 @@ def test_pad_packed_total_length_past_int64():
     x = seqpack.pack_sequence([np.ones((2, 1), np.float32)])
     with pytest.raises(ValueError, match="total_length = 1180591620717411303424 is out of range"):
         seqpack.pad_packed_sequence(x, total_length=2**70)
+
+
+def test_set_num_threads_past_int():
+    with pytest.raises(ValueError, match=r"set_num_threads: n must be a positive int \(at most "
+                                         r"2\*\*31 - 1\), got 1180591620717411303424"):
+        seqpack.set_num_threads(2**70)
