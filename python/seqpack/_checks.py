@@ -52,6 +52,19 @@ def as_int(value, name, lo=INT64_MIN, hi=INT64_MAX):
     return value
 
 
+def as_float(value, name):
+    """A Python float, with the argument named when `value` is not a number or
+    is an integer too large for a double (float(10**400) raises OverflowError)."""
+    if isinstance(value, (str, bytes)):
+        raise TypeError(f"{name} should be a number, got: {type(value).__name__} ({value!r})")
+    try:
+        return float(value)
+    except OverflowError:
+        raise ValueError(f"{name} = {value} is too large for a double") from None
+    except (TypeError, ValueError) as e:
+        raise TypeError(f"{name} should be a number, got: {type(value).__name__} ({e})") from None
+
+
 def as_bool(value, name):
     if not isinstance(value, (bool, np.bool_)):
         raise TypeError(f"{name} should be of type bool, got: {type(value).__name__} ({value!r})")

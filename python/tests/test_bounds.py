@@ -18,8 +18,9 @@ def test_huge_hidden_size_is_a_value_error_not_a_crash(hidden):
 
 
 def test_sizes_past_int64_name_the_argument():
+    int64_range = r"must be in \[-9223372036854775808, 9223372036854775807\]"
     with pytest.raises(ValueError, match=r"hidden_size = 1180591620717411303424 is out of range: "
-                                         r"must be in \[-9223372036854775808, 9223372036854775807\]"):
+                                         + int64_range):
         seqpack.nn.LSTM(4, 2**70)
     with pytest.raises(ValueError, match="input_size = -1180591620717411303424 is out of range"):
         seqpack.nn.RNN(-2**70, 4)
@@ -58,3 +59,14 @@ def test_set_num_threads_past_int():
     with pytest.raises(ValueError, match=r"set_num_threads: n must be a positive int \(at most "
                                          r"2\*\*31 - 1\), got 1180591620717411303424"):
         seqpack.set_num_threads(2**70)
+
+
+def test_padding_value_too_large_for_a_double_names_the_argument():
+    seq = [np.ones((2, 1), np.float32)]
+    too_large = "padding_value = 1" + "0" * 400 + " is too large for a double"
+    with pytest.raises(ValueError, match=too_large):
+        seqpack.pad_sequence(seq, padding_value=10**400)
+    with pytest.raises(TypeError, match="padding_value should be a number, got: str"):
+        seqpack.pad_sequence(seq, padding_value="0")
+    with pytest.raises(ValueError, match="padding_value = .* is too large for a double"):
+        seqpack.pad_packed_sequence(seqpack.pack_sequence(seq), padding_value=-10**400)
