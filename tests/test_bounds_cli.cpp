@@ -119,6 +119,17 @@ TEST(BoundsCliStream, MaxCharsCountsCharacters) {
                   "--max-chars: 0 is out of range: must be in [1, 1000000]");
 }
 
+// Words on the command line are bounded the same way (an error: there is no next line).
+TEST(BoundsCliStream, WordsOnTheCommandLineAreBoundedToo) {
+  CliResult r = run_cli("predict --max-chars 3 --model " + model().string() + " eau maison");
+  EXPECT_EQ(r.status, 1) << r.err;
+  EXPECT_CONTAINS(r.err, "seqpack: error: word 2 has 6 characters, more than --max-chars 3");
+  EXPECT_EQ(r.out, "");
+  r = run_cli("predict --top 1 --max-chars 3 --model " + model().string() + " été");
+  EXPECT_EQ(r.status, 0) << r.err;
+  EXPECT_EQ(r.out.rfind("été: ", 0), 0u) << r.out;
+}
+
 // A 64 MB line under a 2 GB address-space limit: once it was buffered whole,
 // decoded and run through the network (gigabytes), and the std::bad_alloc from
 // an OpenMP worker aborted the process (exit 134) with the next line unanswered.

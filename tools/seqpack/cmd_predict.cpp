@@ -104,6 +104,19 @@ void run_predict(const PredictArgs& a) {
     throw std::invalid_argument("words is required: give words to classify, or --stream to read "
                                 "them from standard input");
   }
+  if (!a.stream) {
+    // Words on the command line are bounded like lines of a stream (the
+    // forward's memory grows with a word's length).
+    for (std::size_t i = 0; i < a.words.size(); ++i) {
+      const std::string where = "word " + std::to_string(i + 1);
+      const int64_t chars = static_cast<int64_t>(decode_utf8(a.words[i], where).size());
+      if (chars > a.max_chars) {
+        throw std::invalid_argument(where + " has " + std::to_string(chars) +
+                                    " characters, more than --max-chars " +
+                                    std::to_string(a.max_chars));
+      }
+    }
+  }
   TrainedClassifier tc = load_classifier(a.model);
   if (!a.stream) {
     print_predictions(tc, a.words, a, /*one_line_json=*/false);
@@ -169,8 +182,8 @@ void setup(CLI::App& sub) {
                "(the model is loaded once)");
   seqpack::cli::add_number<int64_t>(
       sub, "--max-chars", a->max_chars,
-      "with --stream: the longest line answered, in characters; a longer one is answered with an "
-      "error and skipped (the memory a line takes grows with its length)",
+      "the longest word, in characters (the memory a word takes grows with its length); with "
+      "--stream a longer line is answered with an error and skipped, otherwise it is an error",
       1, 1'000'000);
   sub.callback([a] { run_predict(*a); });
 }
