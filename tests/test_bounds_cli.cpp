@@ -236,6 +236,10 @@ TEST(BoundsCliBench, WorkloadsAreCappedBeforeAnythingIsAllocated) {
     EXPECT_EQ(r.status, 1) << c.workload << ": " << r.err;
     EXPECT_CONTAINS(r.err, c.message);
   }
+  // A directory as the workloads file names the path (it failed in the stream library).
+  CliResult d = run_cli("bench --workloads " + work_dir().string());
+  EXPECT_EQ(d.status, 1) << d.err;
+  EXPECT_CONTAINS(d.err, "workloads file '" + work_dir().string() + "' is not a regular file");
   // --scale multiplies the lengths before the cap applies.
   const fs::path w = work_dir() / "scaled.json";
   std::ofstream(w) << R"({"workloads": [{"name": "w", "cell": "gru", "input_size": 4, )"

@@ -20,6 +20,7 @@
 #include <cmath>
 #include <cstdio>
 #include <ctime>
+#include <filesystem>
 #include <fstream>
 #include <functional>
 #include <map>
@@ -127,6 +128,13 @@ void check_workload_size(const Workload& wl, int64_t scale) {
 }
 
 std::vector<Workload> load_workloads(const std::string& path) {
+  // A directory failed deep in the stream library without the path, a device
+  // or FIFO would be read forever.
+  std::error_code ec;
+  if (std::filesystem::exists(path, ec) && !std::filesystem::is_regular_file(path, ec)) {
+    throw std::invalid_argument(fmt::format(
+        "workloads file '{}' is not a regular file (a directory, device or FIFO)", path));
+  }
   std::ifstream in(path);
   if (!in) throw std::invalid_argument(fmt::format("cannot open workloads file '{}'", path));
   nlohmann::json doc;
