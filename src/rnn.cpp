@@ -6,6 +6,8 @@
 #include <random>
 #include <stdexcept>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "seqpack/rnn.h"
 
@@ -43,6 +45,56 @@ RNNMode parse_rnn_mode(const std::string& name) {
                               "' (expected rnn_tanh, rnn_relu, lstm or gru)");
 }
 
+namespace {
+
+// Limits per size, far above any trained network, so that a product of sizes
+// fits in int64_t and every parameter's bytes can be checked before anything
+// is allocated ("hidden_size": 2^60 in a config.json once wrapped 4 * H * I
+// around to a small buffer that init_uniform then overran).
+constexpr int64_t kMaxRnnSize = int64_t{1} << 24;    // input_size, hidden_size, proj_size
+constexpr int64_t kMaxRnnLayers = int64_t{1} << 16;  // num_layers
+
+void check_sizes(const RNNOptions& o) {
+  const std::pair<const char*, int64_t> sizes[] = {
+      {"input_size", o.input_size}, {"hidden_size", o.hidden_size}, {"proj_size", o.proj_size}};
+  for (const auto& [name, v] : sizes) {
+    if (v > kMaxRnnSize) {
+      throw std::invalid_argument(std::string(name) + " = " + std::to_string(v) +
+                                  " is too large: seqpack allows at most " +
+                                  std::to_string(kMaxRnnSize) + " (2^24)");
+    }
+  }
+  if (o.num_layers > kMaxRnnLayers) {
+    throw std::invalid_argument("num_layers = " + std::to_string(o.num_layers) +
+                                " is too large: seqpack allows at most " +
+                                std::to_string(kMaxRnnLayers) + " (2^16)");
+  }
+  // Every size is now at most 2^24, so each shape's product fits in int64_t;
+  // the bytes are checked per parameter and in total (stopping at the first
+  // excess, so the sum cannot overflow either).
+  const std::vector<std::string> names = rnn_parameter_names(o);
+  const std::vector<Shape> shapes = rnn_parameter_shapes(o);
+  const std::string sizes_text = "input_size = " + std::to_string(o.input_size) +
+                                 ", hidden_size = " + std::to_string(o.hidden_size) +
+                                 ", num_layers = " + std::to_string(o.num_layers);
+  int64_t total = 0;
+  for (std::size_t i = 0; i < shapes.size(); ++i) {
+    try {
+      total += static_cast<int64_t>(shape_nbytes(shapes[i], o.dtype));
+    } catch (const std::invalid_argument& e) {
+      throw std::invalid_argument(sizes_text + ": parameter " + names[i] + ": " + e.what());
+    }
+    if (total > kMaxTensorBytes) {
+      throw std::invalid_argument(sizes_text +
+                                  ": the parameters would take more than seqpack's "
+                                  "limit of " +
+                                  std::to_string(kMaxTensorBytes) + " bytes (2^46)");
+    }
+  }
+}
+
+}  // namespace
+
 void RNNOptions::validate() const {
   if (input_size <= 0) {
     throw std::invalid_argument("input_size must be positive, got " + std::to_string(input_size));
@@ -78,6 +130,7 @@ void RNNOptions::validate() const {
     throw std::invalid_argument(std::string("precision bf16 needs dtype float32, got ") +
                                 dtype_name(dtype));
   }
+  check_sizes(*this);
   check_precision_supported(precision);
 }
 

@@ -40,6 +40,7 @@
 #include "cpu/buffer_pool.h"
 #include "cpu/gemm.h"
 #include "cpu/gemm_engine.h"
+#include "cpu/omp_errors.h"
 #include "cpu/rnn_gates.h"
 #include "cpu/scratch.h"
 #include "seqpack/rnn.h"
@@ -169,8 +170,10 @@ void run_threads(int nt, F&& body) {
     body(0, 1);
     return;
   }
+  // No exception may leave the region (std::terminate): kept, rethrown after it.
+  cpu::OmpErrors errors;
 #pragma omp parallel num_threads(nt)
-  {
+  errors.run([&] {
     // The column split (and the engine's step ranges) were planned for nt
     // threads; a smaller team runs it all on one thread.
     if (omp_get_num_threads() == nt) {
@@ -178,7 +181,8 @@ void run_threads(int nt, F&& body) {
     } else if (omp_get_thread_num() == 0) {
       body(0, 1);
     }
-  }
+  });
+  errors.rethrow();
 }
 
 // The GEMM engine of a call: its element type and precision decide it.

@@ -47,16 +47,45 @@ std::string shape_str(const Shape& shape) {
 
 int64_t shape_numel(const Shape& shape) {
   int64_t n = 1;
+  bool overflow = false;
   for (std::size_t i = 0; i < shape.size(); ++i) {
     if (shape[i] < 0) {
       throw std::invalid_argument("shape " + shape_str(shape) + " has a negative size " +
                                   std::to_string(shape[i]) + " at dimension " +
                                   std::to_string(i));
     }
-    n *= shape[i];
+    overflow |= __builtin_mul_overflow(n, shape[i], &n);
+  }
+  // A zero size makes any product empty, even one that overflowed on the way
+  // (while an overflowed product can wrap to exactly 0: [2^62, 4]).
+  if (std::find(shape.begin(), shape.end(), 0) != shape.end()) return 0;
+  if (overflow) {
+    throw std::invalid_argument("shape " + shape_str(shape) +
+                                " has more elements than a 64-bit integer can count");
   }
   return n;
 }
+
+std::size_t shape_nbytes(const Shape& shape, DType dtype) {
+  const int64_t n = shape_numel(shape);
+  const int64_t esize = static_cast<int64_t>(dtype_size(dtype));
+  if (n > kMaxTensorBytes / esize) {
+    // n * esize may not fit in int64_t: print it as a 128-bit product.
+    const unsigned __int128 bytes = static_cast<unsigned __int128>(n) * esize;
+    std::string digits;
+    for (unsigned __int128 v = bytes; v > 0; v /= 10)
+      digits.insert(digits.begin(), char('0' + int(v % 10)));
+    throw std::invalid_argument("a " + std::string(dtype_name(dtype)) + " tensor of shape " +
+                                shape_str(shape) + " would take " + digits +
+                                " bytes, more than seqpack's limit of " +
+                                std::to_string(kMaxTensorBytes) + " bytes (2^46) per tensor");
+  }
+  return static_cast<std::size_t>(n * esize);
+}
+
+AllocationError::AllocationError(std::size_t nbytes, const Shape& shape, DType dtype)
+    : message_("cannot allocate " + std::to_string(nbytes) + " bytes for a " + dtype_name(dtype) +
+               " tensor of shape " + shape_str(shape) + ": out of memory") {}
 
 Tensor::Tensor(std::shared_ptr<void> storage, void* ptr, Shape shape, DType dtype)
     : storage_(std::move(storage)),
@@ -68,17 +97,20 @@ Tensor::Tensor(std::shared_ptr<void> storage, void* ptr, Shape shape, DType dtyp
 
 namespace {
 // 64-byte aligned so SIMD kernels and BLAS see cache-line aligned rows.
-std::shared_ptr<void> allocate(std::size_t nbytes) {
+std::shared_ptr<void> allocate(std::size_t nbytes, const Shape& shape, DType dtype) {
   const std::size_t rounded = (nbytes + 63) / 64 * 64;
   void* p = std::aligned_alloc(64, rounded == 0 ? 64 : rounded);
-  if (!p) throw std::bad_alloc();
-  return std::shared_ptr<void>(p, [](void* q) { std::free(q); });
+  if (!p) throw AllocationError(nbytes, shape, dtype);
+  try {
+    return std::shared_ptr<void>(p, [](void* q) { std::free(q); });
+  } catch (const std::bad_alloc&) {  // the control block's own; shared_ptr has freed p
+    throw AllocationError(nbytes, shape, dtype);
+  }
 }
 }  // namespace
 
 Tensor Tensor::empty(Shape shape, DType dtype) {
-  const int64_t n = shape_numel(shape);
-  auto storage = allocate(static_cast<std::size_t>(n) * dtype_size(dtype));
+  auto storage = allocate(shape_nbytes(shape, dtype), shape, dtype);
   void* ptr = storage.get();
   return Tensor(std::move(storage), ptr, std::move(shape), dtype);
 }

@@ -15,6 +15,7 @@
 #include <initializer_list>
 #include <iosfwd>
 #include <memory>
+#include <new>
 #include <string>
 #include <vector>
 
@@ -122,8 +123,30 @@ class Tensor {
   bool defined_ = false;
 };
 
-// Number of elements of a shape; throws on a negative size, naming it.
+// The largest tensor seqpack allocates: 2^46 bytes (64 TiB). It is more than
+// any machine's memory, so it refuses no real workload, but it stops a hostile
+// size (a config's "hidden_size": 2^60) long before a byte count can wrap
+// around to a small allocation that later writes overrun.
+inline constexpr int64_t kMaxTensorBytes = int64_t{1} << 46;
+
+// Number of elements of a shape. Throws std::invalid_argument naming the shape
+// on a negative size, or when the product does not fit in int64_t.
 int64_t shape_numel(const Shape& shape);
+// Bytes of a tensor of `shape` and `dtype`. Throws std::invalid_argument naming
+// the shape when they exceed kMaxTensorBytes (or overflow).
+std::size_t shape_nbytes(const Shape& shape, DType dtype);
+
+// A failed allocation: a std::bad_alloc (so callers catching that still do)
+// whose what() says what was asked for: "cannot allocate 8589934592 bytes for a
+// float32 tensor of shape [65536, 32768]: out of memory".
+class AllocationError : public std::bad_alloc {
+ public:
+  AllocationError(std::size_t nbytes, const Shape& shape, DType dtype);
+  const char* what() const noexcept override { return message_.c_str(); }
+
+ private:
+  std::string message_;
+};
 
 // Writes to_string(): PyTorch's repr, "tensor([...])" ("None" when undefined).
 std::ostream& operator<<(std::ostream& out, const Tensor& tensor);

@@ -38,10 +38,31 @@ def as_lengths(lengths, name="lengths"):
     return np.ascontiguousarray(a, dtype=np.int64)
 
 
-def as_int(value, name):
+INT64_MIN, INT64_MAX = -2**63, 2**63 - 1
+
+
+def as_int(value, name, lo=INT64_MIN, hi=INT64_MAX):
+    """An int in [lo, hi] (the C++ core's int64_t by default): a larger one would
+    reach pybind11 as a bare "incompatible function arguments" TypeError."""
     if isinstance(value, bool) or not isinstance(value, numbers.Integral):
         raise TypeError(f"{name} should be of type int, got: {type(value).__name__} ({value!r})")
-    return int(value)
+    value = int(value)
+    if not lo <= value <= hi:
+        raise ValueError(f"{name} = {value} is out of range: must be in [{lo}, {hi}]")
+    return value
+
+
+def as_float(value, name):
+    """A Python float, with the argument named when `value` is not a number or
+    is an integer too large for a double (float(10**400) raises OverflowError)."""
+    if isinstance(value, (str, bytes)):
+        raise TypeError(f"{name} should be a number, got: {type(value).__name__} ({value!r})")
+    try:
+        return float(value)
+    except OverflowError:
+        raise ValueError(f"{name} = {value} is too large for a double") from None
+    except (TypeError, ValueError) as e:
+        raise TypeError(f"{name} should be a number, got: {type(value).__name__} ({e})") from None
 
 
 def as_bool(value, name):

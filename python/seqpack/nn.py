@@ -42,7 +42,7 @@ def _seed(seed):
     # np.random.seed makes initialisation reproducible.
     if seed is None:
         return int(np.random.randint(0, 2**62, dtype=np.int64))
-    return as_int(seed, "seed")
+    return as_int(seed, "seed", 0, 2**64 - 1)
 
 
 class _Parameters:

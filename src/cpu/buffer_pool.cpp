@@ -20,7 +20,7 @@ struct Pool {
   std::map<std::size_t, std::vector<void*>> free_blocks;  // by exact block size
   std::size_t cached = 0;
 
-  void* take(std::size_t bytes) {
+  void* take(std::size_t bytes, const Shape& shape, DType dtype) {
     {
       std::lock_guard<std::mutex> lock(mu);
       auto it = free_blocks.find(bytes);
@@ -32,7 +32,7 @@ struct Pool {
       }
     }
     void* p = std::aligned_alloc(64, bytes);
-    if (!p) throw std::bad_alloc();
+    if (!p) throw AllocationError(bytes, shape, dtype);
     return p;
   }
 
@@ -77,11 +77,11 @@ std::size_t pool_cached_bytes() {
 }
 
 Tensor pooled_empty(Shape shape, DType dtype) {
-  const std::size_t bytes = static_cast<std::size_t>(shape_numel(shape)) * dtype_size(dtype);
+  const std::size_t bytes = shape_nbytes(shape, dtype);
   const std::size_t rounded = pool_block_bytes(bytes);
   // Small buffers gain nothing from pooling.
   if (rounded == 0) return Tensor::empty(std::move(shape), dtype);
-  void* p = pool().take(rounded);
+  void* p = pool().take(rounded, shape, dtype);
   std::shared_ptr<void> owner(p, [rounded](void* q) { pool().give(q, rounded); });
   return Tensor::wrap(p, std::move(shape), dtype, std::move(owner));
 }

@@ -14,6 +14,7 @@
 
 #include "seqpack/data.h"
 #include "seqpack/safetensors.h"
+#include "train/regular_file.h"
 
 namespace seqpack {
 
@@ -99,6 +100,7 @@ uint64_t Rng::below(uint64_t n) {
 double Rng::uniform() { return static_cast<double>(next() >> 11) * 0x1.0p-53; }
 
 TextDataset load_tsv(const std::string& path) {
+  detail::require_regular_file(path, "TSV file");
   std::ifstream in(path, std::ios::binary);
   if (!in) throw std::invalid_argument("cannot open TSV file '" + path + "'");
   struct Raw {
@@ -111,6 +113,8 @@ TextDataset load_tsv(const std::string& path) {
   int64_t line_no = 0;
   while (std::getline(in, line)) {
     ++line_no;
+    // A UTF-8 byte-order mark (as some Windows editors write) is not part of the first label.
+    if (line_no == 1 && line.rfind("\xEF\xBB\xBF", 0) == 0) line.erase(0, 3);
     if (!line.empty() && line.back() == '\r') line.pop_back();
     if (line.empty()) {
       ++ds.empty_lines;

@@ -25,6 +25,17 @@ void require_positive(int64_t v, const char* who, const char* what) {
   }
 }
 
+// A parameter's shape, checked (int64 overflow, kMaxTensorBytes) before any
+// allocation, with the module and its sizes in the message.
+void require_allocatable(const Shape& shape, DType dtype, const char* who,
+                         const std::string& sizes) {
+  try {
+    shape_nbytes(shape, dtype);
+  } catch (const std::invalid_argument& e) {
+    throw std::invalid_argument(std::string(who) + ": " + sizes + ": " + e.what());
+  }
+}
+
 void require_float_dtype(DType dtype, const char* who) {
   if (dtype == DType::i64) throw std::invalid_argument(std::string(who) + ": dtype must be float32 or float64");
 }
@@ -69,6 +80,9 @@ Embedding::Embedding(int64_t num_embeddings, int64_t embedding_dim,
     if (p < 0) p += num_embeddings;
     padding_idx_ = p;
   }
+  require_allocatable({num_embeddings, embedding_dim}, dtype, "Embedding",
+                      "num_embeddings = " + std::to_string(num_embeddings) +
+                          ", embedding_dim = " + std::to_string(embedding_dim));
   weight_ = Tensor::empty({num_embeddings, embedding_dim}, dtype);
   grad_ = Tensor::zeros({num_embeddings, embedding_dim}, dtype);
   std::mt19937_64 rng(seed);
@@ -162,6 +176,9 @@ Linear::Linear(int64_t in_features, int64_t out_features, bool bias, DType dtype
   require_positive(in_features, "Linear", "in_features");
   require_positive(out_features, "Linear", "out_features");
   require_float_dtype(dtype, "Linear");
+  require_allocatable({out_features, in_features}, dtype, "Linear",
+                      "in_features = " + std::to_string(in_features) +
+                          ", out_features = " + std::to_string(out_features));
   std::mt19937_64 rng(seed);
   const double bound = 1.0 / std::sqrt(static_cast<double>(in_features));
   weight_ = Tensor::empty({out_features, in_features}, dtype);

@@ -15,6 +15,8 @@
 #include <stdexcept>
 #include <vector>
 
+#include "train/regular_file.h"
+
 namespace seqpack {
 
 // The data buffer is copied byte for byte into tensors, which is only right
@@ -304,12 +306,28 @@ void save_safetensors(const std::string& path, const std::map<std::string, Tenso
 
 std::map<std::string, Tensor> load_safetensors(const std::string& path,
                                                std::map<std::string, std::string>* metadata) {
+  // A directory, device or FIFO is refused before reading (a link to /dev/zero
+  // was read forever); a regular file is read in one piece of its stat'ed size.
+  const uint64_t size = detail::require_regular_file(path, "safetensors file");
   std::ifstream in(path, std::ios::binary);
   if (!in) {
     throw std::invalid_argument("cannot open safetensors file '" + path + "': " + errno_text());
   }
-  std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  if (in.bad()) throw std::invalid_argument("cannot read safetensors file '" + path + "'");
+  if (size > static_cast<uint64_t>(kMaxTensorBytes)) {
+    throw std::invalid_argument("safetensors file '" + path + "' is " + std::to_string(size) +
+                                " bytes, more than seqpack's limit of " +
+                                std::to_string(kMaxTensorBytes) + " bytes (2^46)");
+  }
+  std::string bytes(static_cast<std::size_t>(size), '\0');
+  in.read(bytes.data(), static_cast<std::streamsize>(size));
+  bytes.resize(static_cast<std::size_t>(in.gcount()));
+  if (in.bad()) {
+    throw std::invalid_argument("cannot read safetensors file '" + path + "': " + errno_text());
+  }
+  if (in.get() != std::char_traits<char>::eof()) {
+    throw std::invalid_argument("cannot read safetensors file '" + path +
+                                "': it grew while being read");
+  }
   return parse_safetensors(bytes, metadata, "'" + path + "'");
 }
 

@@ -20,6 +20,7 @@
 #include <cmath>
 #include <cstdio>
 #include <ctime>
+#include <filesystem>
 #include <fstream>
 #include <functional>
 #include <map>
@@ -41,6 +42,15 @@ namespace seqpack::cli {
 namespace {
 
 const std::vector<std::string> kModes = {"forward_packed", "forward_padded", "train_packed"};
+
+// Caps on a workload, checked before anything is allocated: a workload of 3e9
+// tokens once grew to 23 GB before std::bad_alloc. They are far above the
+// shipped workloads (at most 16k tokens, hidden 512).
+constexpr int64_t kMaxBenchSize = 16384;          // input_size, hidden_size (train's --hidden)
+constexpr int64_t kMaxBenchLayers = 64;           // num_layers
+constexpr int64_t kMaxBenchBatch = 1'000'000;     // sequences (entries of lengths)
+constexpr int64_t kMaxBenchTokens = 100'000'000;  // sum of the lengths, after --scale
+constexpr double kMaxBenchBytes = 16.0 * (1ull << 30);  // estimated tensors of one run: 16 GiB
 
 struct Workload {
   std::string name;
@@ -64,19 +74,67 @@ RNNMode cell_from_name(const std::string& workload, const std::string& cell) {
 }
 
 int64_t positive_int(const nlohmann::json& w, const std::string& name, const char* key,
-                     int64_t min_value) {
+                     int64_t min_value, int64_t max_value) {
   if (!w.contains(key)) {
     throw std::invalid_argument(fmt::format("workload '{}': key '{}' is missing", name, key));
   }
   const auto& v = w.at(key);
-  if (!v.is_number_integer() || v.get<int64_t>() < min_value) {
+  // An unsigned value above INT64_MAX would read back as a negative int64_t.
+  if (!v.is_number_integer() || (v.is_number_unsigned() && v.get<uint64_t>() > INT64_MAX) ||
+      v.get<int64_t>() < min_value) {
     throw std::invalid_argument(fmt::format("workload '{}': key '{}' = {} must be an integer >= {}",
                                             name, key, v.dump(), min_value));
+  }
+  if (v.get<int64_t>() > max_value) {
+    throw std::invalid_argument(
+        fmt::format("workload '{}': key '{}' = {} is larger than the bench's cap of {}", name, key,
+                    v.dump(), max_value));
   }
   return v.get<int64_t>();
 }
 
+// Checks the size of `wl` with every length multiplied by `scale`, before
+// anything is allocated: tokens, and an estimate of the bytes of its tensors
+// (inputs, the padded batch, and per layer the gates, outputs and cell states
+// a train_packed run keeps for its backward).
+void check_workload_size(const Workload& wl, int64_t scale) {
+  int64_t tokens = 0, max_len = 0;
+  for (int64_t l : wl.lengths) {
+    tokens += l;
+    max_len = std::max(max_len, l);
+  }
+  const int64_t B = static_cast<int64_t>(wl.lengths.size());
+  if (tokens > kMaxBenchTokens / scale) {
+    throw std::invalid_argument(fmt::format(
+        "workload '{}': {} tokens (the sum of its lengths{}) is more than the bench's cap of {}",
+        wl.name, static_cast<double>(tokens) * static_cast<double>(scale),
+        scale > 1 ? fmt::format(", times --scale {}", scale) : "", kMaxBenchTokens));
+  }
+  const RNNOptions& o = wl.options;
+  const double n = static_cast<double>(tokens * scale);
+  const double padded = static_cast<double>(B) * static_cast<double>(max_len * scale);
+  const double D = static_cast<double>(o.num_directions()), H = static_cast<double>(o.hidden_size);
+  const double per_row =
+      static_cast<double>(o.input_size) +
+      static_cast<double>(o.num_layers) * D * (static_cast<double>(o.gate_count()) * H + 3 * H);
+  const double bytes = 4.0 * (n * per_row + padded * static_cast<double>(o.input_size));
+  if (bytes > kMaxBenchBytes) {
+    throw std::invalid_argument(fmt::format(
+        "workload '{}': about {:.3g} bytes of tensors ({} tokens, input_size {}, hidden_size {}, "
+        "num_layers {}{}) is more than the bench's cap of {:.0f} bytes (16 GiB)",
+        wl.name, bytes, static_cast<int64_t>(n), o.input_size, o.hidden_size, o.num_layers,
+        o.bidirectional ? ", bidirectional" : "", kMaxBenchBytes));
+  }
+}
+
 std::vector<Workload> load_workloads(const std::string& path) {
+  // A directory failed deep in the stream library without the path, a device
+  // or FIFO would be read forever.
+  std::error_code ec;
+  if (std::filesystem::exists(path, ec) && !std::filesystem::is_regular_file(path, ec)) {
+    throw std::invalid_argument(fmt::format(
+        "workloads file '{}' is not a regular file (a directory, device or FIFO)", path));
+  }
   std::ifstream in(path);
   if (!in) throw std::invalid_argument(fmt::format("cannot open workloads file '{}'", path));
   nlohmann::json doc;
@@ -111,9 +169,9 @@ std::vector<Workload> load_workloads(const std::string& path) {
     }
     RNNOptions& o = wl.options;
     o.mode = cell_from_name(wl.name, w.at("cell").get<std::string>());
-    o.input_size = positive_int(w, wl.name, "input_size", 1);
-    o.hidden_size = positive_int(w, wl.name, "hidden_size", 1);
-    o.num_layers = positive_int(w, wl.name, "num_layers", 1);
+    o.input_size = positive_int(w, wl.name, "input_size", 1, kMaxBenchSize);
+    o.hidden_size = positive_int(w, wl.name, "hidden_size", 1, kMaxBenchSize);
+    o.num_layers = positive_int(w, wl.name, "num_layers", 1, kMaxBenchLayers);
     if (w.contains("bidirectional")) {
       if (!w.at("bidirectional").is_boolean()) {
         throw std::invalid_argument(fmt::format(
@@ -127,13 +185,24 @@ std::vector<Workload> load_workloads(const std::string& path) {
           "workload '{}': key 'lengths' (a non-empty array of integers) is missing", wl.name));
     }
     const auto& lengths = w.at("lengths");
+    if (static_cast<int64_t>(lengths.size()) > kMaxBenchBatch) {
+      throw std::invalid_argument(fmt::format(
+          "workload '{}': key 'lengths' has {} sequences, more than the bench's cap of {}", wl.name,
+          lengths.size(), kMaxBenchBatch));
+    }
     for (size_t b = 0; b < lengths.size(); ++b) {
-      if (!lengths[b].is_number_integer() || lengths[b].get<int64_t>() < 0) {
+      const auto& len = lengths[b];
+      if (!len.is_number_integer() ||
+          (len.is_number_unsigned() && len.get<uint64_t>() > INT64_MAX) || len.get<int64_t>() < 0) {
         throw std::invalid_argument(fmt::format(
-            "workload '{}': lengths[{}] = {} must be an integer >= 0", wl.name, b,
-            lengths[b].dump()));
+            "workload '{}': lengths[{}] = {} must be an integer >= 0", wl.name, b, len.dump()));
       }
-      wl.lengths.push_back(lengths[b].get<int64_t>());
+      if (len.get<int64_t>() > kMaxBenchTokens) {
+        throw std::invalid_argument(fmt::format(
+            "workload '{}': lengths[{}] = {} is larger than the bench's cap of {} tokens", wl.name,
+            b, len.dump(), kMaxBenchTokens));
+      }
+      wl.lengths.push_back(len.get<int64_t>());
     }
     if (*std::max_element(wl.lengths.begin(), wl.lengths.end()) == 0) {
       throw std::invalid_argument(
@@ -262,6 +331,8 @@ void run_bench(Args args) {
       selected.push_back(*it);
     }
   }
+  // Every selected workload is checked before the first one runs.
+  for (const Workload& wl : selected) check_workload_size(wl, args.scale);
   const std::vector<std::string>& modes = args.modes.empty() ? kModes : args.modes;
   set_num_threads(args.threads);
   const Precision precision = resolve_precision(args.precision);

@@ -1,13 +1,16 @@
 // `seqpack predict --model DIR word...`: the top labels of each word with
 // their probabilities, from a model saved by `seqpack train`.
 // `seqpack predict --stream`: the same for each line of standard input, answered
-// and flushed as it arrives, with the model loaded once.
+// and flushed as it arrives, with the model loaded once. A line longer than
+// --max-chars characters is answered with an error and skipped without being
+// held in memory (the forward's workspace grows with the line: 0.53 GB at
+// 100k characters), and the stream goes on.
 #include <fmt/core.h>
 
 #include <algorithm>
 #include <cstdio>
-#include <iostream>
 #include <nlohmann/json.hpp>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -25,7 +28,26 @@ struct PredictArgs {
   int64_t top = 3;
   bool json = false;
   bool stream = false;
+  int64_t max_chars = 10000;
 };
+
+// Reads one line of `in` (without its '\n') into `line`, keeping at most `cap`
+// bytes and discarding the rest of a longer one; `overlong` says whether any
+// were discarded. False at the end of the input with nothing read.
+bool read_line_bounded(std::FILE* in, std::string& line, std::size_t cap, bool& overlong) {
+  line.clear();
+  overlong = false;
+  int c = std::getc(in);
+  if (c == EOF) return false;
+  for (; c != EOF && c != '\n'; c = std::getc(in)) {
+    if (line.size() < cap) {
+      line.push_back(static_cast<char>(c));
+    } else {
+      overlong = true;
+    }
+  }
+  return true;
+}
 
 // Prints the predictions for `texts` (UTF-8): "word: label p%, ..." lines, or
 // with --json one JSON document (compact, on one line, when streaming).
@@ -82,6 +104,19 @@ void run_predict(const PredictArgs& a) {
     throw std::invalid_argument("words is required: give words to classify, or --stream to read "
                                 "them from standard input");
   }
+  if (!a.stream) {
+    // Words on the command line are bounded like lines of a stream (the
+    // forward's memory grows with a word's length).
+    for (std::size_t i = 0; i < a.words.size(); ++i) {
+      const std::string where = "word " + std::to_string(i + 1);
+      const int64_t chars = static_cast<int64_t>(decode_utf8(a.words[i], where).size());
+      if (chars > a.max_chars) {
+        throw std::invalid_argument(where + " has " + std::to_string(chars) +
+                                    " characters, more than --max-chars " +
+                                    std::to_string(a.max_chars));
+      }
+    }
+  }
   TrainedClassifier tc = load_classifier(a.model);
   if (!a.stream) {
     print_predictions(tc, a.words, a, /*one_line_json=*/false);
@@ -89,21 +124,51 @@ void run_predict(const PredictArgs& a) {
   }
   // The model stays loaded; each line is answered (and flushed) as it arrives,
   // so a pipe or a socket gets its answer before sending the next word.
+  // A character is at most 4 bytes of UTF-8, so a line of more than
+  // 4 * max_chars bytes (+1 for a '\r') has more than max_chars characters
+  // without being kept whole.
+  const std::size_t cap = static_cast<std::size_t>(a.max_chars) * 4 + 1;
   std::string line;
+  bool overlong = false;
   int64_t line_no = 0;
-  while (std::getline(std::cin, line)) {
+  auto reject = [&](const std::string& why, const char* short_why) {
+    fmt::print(stderr, "seqpack: line {}: {}\n", line_no, why);
+    fmt::print("{}\n", a.json ? fmt::format(R"({{"error": "{}"}})", short_why)
+                              : fmt::format("error: {}", short_why));
+  };
+  while (read_line_bounded(stdin, line, cap, overlong)) {
     ++line_no;
-    if (!line.empty() && line.back() == '\r') line.pop_back();
+    if (!overlong && !line.empty() && line.back() == '\r') line.pop_back();
+    // One bad line must not end the service: say why, answer it with an error
+    // line, and go on with the next.
     try {
+      if (overlong) {
+        throw std::length_error("more than " + std::to_string(cap) + " bytes, so more than " +
+                                "--max-chars " + std::to_string(a.max_chars) +
+                                " characters: skipped");
+      }
+      const int64_t chars =
+          static_cast<int64_t>(decode_utf8(line, "line " + std::to_string(line_no)).size());
+      if (chars > a.max_chars) {
+        throw std::length_error(std::to_string(chars) + " characters, more than --max-chars " +
+                                std::to_string(a.max_chars) + ": skipped");
+      }
       print_predictions(tc, {line}, a, /*one_line_json=*/true);
+    } catch (const std::length_error& e) {
+      reject(e.what(), "line too long");
     } catch (const std::invalid_argument& e) {
-      // One bad line (invalid UTF-8) must not end the service: say so and go on.
-      fmt::print(stderr, "seqpack: line {}: {}\n", line_no, e.what());
-      fmt::print("{}\n", a.json ? R"({"error": "invalid input"})" : "error: invalid input");
+      reject(e.what(), "invalid input");
+    } catch (const std::bad_alloc& e) {
+      reject(std::string("out of memory while classifying it (") + e.what() +
+                 "): a smaller --max-chars bounds the memory a line may take",
+             "out of memory");
+    } catch (const std::exception& e) {
+      reject(e.what(), "failed");
     }
     std::fflush(stdout);
     std::fflush(stderr);
   }
+  if (std::ferror(stdin)) throw std::runtime_error("error reading standard input");
 }
 
 void setup(CLI::App& sub) {
@@ -115,6 +180,11 @@ void setup(CLI::App& sub) {
   sub.add_flag("--stream", a->stream,
                "read words from standard input, one per line, and answer each line as it arrives "
                "(the model is loaded once)");
+  seqpack::cli::add_number<int64_t>(
+      sub, "--max-chars", a->max_chars,
+      "the longest word, in characters (the memory a word takes grows with its length); with "
+      "--stream a longer line is answered with an error and skipped, otherwise it is an error",
+      1, 1'000'000);
   sub.callback([a] { run_predict(*a); });
 }
 

@@ -70,17 +70,36 @@ std::string num_str(T v) {
 }
 
 // "" when `text` is a T in range; otherwise what is wrong, naming the value.
+// A value past the type's own limits says so ("larger than the largest 64-bit
+// integer"), rather than quoting a range it satisfies ("must be >= 1"). "-0"
+// is 0 for every type, unsigned ones included, as it is for signed ones.
 template <typename T>
 std::string check_number(const std::string& text, T min, T max, bool min_open,
                          const std::string& range) {
   T v{};
   if constexpr (std::is_integral_v<T>) {
+    constexpr int bits = std::numeric_limits<T>::digits + (std::is_signed_v<T> ? 1 : 0);
+    const std::string type =
+        std::to_string(bits) + "-bit" + (std::is_signed_v<T> ? "" : " unsigned") + " integer";
     const char* end = text.data() + text.size();
+    const bool negative_digits = text.size() > 1 && text[0] == '-' &&
+                                 text.find_first_not_of("0123456789", 1) == std::string::npos;
     auto [p, ec] = std::from_chars(text.data(), end, v);
-    if (ec == std::errc::result_out_of_range ||
-        (ec == std::errc::invalid_argument && std::is_unsigned_v<T> && text.size() > 1 &&
-         text[0] == '-' && text.find_first_not_of("0123456789", 1) == std::string::npos)) {
-      return text + " is out of range: " + range;
+    if (ec == std::errc::invalid_argument && std::is_unsigned_v<T> && negative_digits) {
+      if (text.find_first_not_of('0', 1) != std::string::npos) {
+        return text + " is out of range: " + range;
+      }
+      v = 0;  // "-0"
+      ec = std::errc();
+      p = end;
+    }
+    if (ec == std::errc::result_out_of_range) {
+      return text + " is out of range: " +
+             (text[0] == '-' ? "smaller than the smallest " + type + ", " +
+                                   num_str(std::numeric_limits<T>::min())
+                             : "larger than the largest " + type + ", " +
+                                   num_str(std::numeric_limits<T>::max())) +
+             " (" + range + ")";
     }
     if (ec != std::errc() || p != end) return "'" + text + "' is not an integer (" + range + ")";
   } else {
@@ -90,7 +109,15 @@ std::string check_number(const std::string& text, T min, T max, bool min_open,
     if (text.empty() || end != text.c_str() + text.size()) {
       return "'" + text + "' is not a number (" + range + ")";
     }
-    if (!std::isfinite(d) || errno == ERANGE) return text + " is out of range: " + range;
+    if (std::isinf(d) || (errno == ERANGE && std::fabs(d) > 1)) {
+      return text + " is out of range: " + (d < 0 ? "below the lowest" : "above the largest") +
+             " finite double (" + range + ")";
+    }
+    if (errno == ERANGE) {
+      return text + " is out of range: too close to 0 to be represented as a double (" + range +
+             ")";
+    }
+    if (std::isnan(d)) return text + " is out of range: " + range;
     v = static_cast<T>(d);
   }
   if (v < min || v > max || (min_open && v == min)) return text + " is out of range: " + range;
