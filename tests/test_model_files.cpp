@@ -2,7 +2,7 @@
 // model.safetensors) and of a training checkpoint are validated field by field
 // before anything is built from them: formats and versions, integer fields that
 // are integers within the limits `seqpack train` enforces, label lists, tensor
-// names/shapes/dtypes. Every
+// names/shapes/dtypes, finite values. Every
 // rejection is a std::invalid_argument naming the file, the field and the value.
 //
 // The limits are written here from their sources, not from the code under test:
@@ -216,6 +216,18 @@ TEST(ModelDirectory, TensorsMustMatchTheConfigBeforeAnythingIsAllocated) {
                                                   ", 16384]"});
 }
 
+TEST(ModelDirectory, NonFiniteWeightsAreRejected) {
+  for (double bad : {std::nan(""), double{INFINITY}, -double{INFINITY}}) {
+    SavedModel m;
+    m.edit_weights([&](auto& t) { t.at("fc.weight").template data<float>()[3] = static_cast<float>(bad); });
+    expect_invalid([&] { load_classifier(m.dir); },
+                   {m.path("model.safetensors"), "tensor 'fc.weight' holds " + std::to_string(bad) + " at index 3"});
+  }
+  SavedModel m;
+  m.edit_weights([](auto& t) { t.at("lstm.weight_hh_l0_reverse").template data<float>()[0] = NAN; });
+  expect_invalid([&] { load_classifier(m.dir); }, {"tensor 'lstm.weight_hh_l0_reverse' holds nan at index 0"});
+}
+
 TEST(ModelDirectory, MisnamedOrMistypedWeightsAreRejected) {
   SavedModel extra;
   extra.edit_weights([](auto& t) { t["fc.extra"] = Tensor::zeros({1}); });
@@ -357,6 +369,28 @@ TEST(CheckpointFile, TensorsMatchTheConfig) {
     c.tensors["adam.momentum.fc.bias"] = Tensor::zeros({2});
     c.rewrite();
     expect_invalid([&] { load_training_checkpoint(c.path); }, {"unexpected tensor 'adam.momentum.fc.bias'"});
+  }
+}
+
+TEST(CheckpointFile, NonFiniteValuesAreRejected) {
+  {
+    SavedCheckpoint c;
+    c.tensors.at("model.fc.bias").data<float>()[1] = NAN;
+    c.rewrite();
+    expect_invalid([&] { load_training_checkpoint(c.path); }, {c.path, "tensor 'model.fc.bias' holds nan at index 1"});
+  }
+  {
+    SavedCheckpoint c;
+    c.tensors.at("adam.exp_avg.fc.bias").data<float>()[0] = INFINITY;
+    c.rewrite();
+    expect_invalid([&] { load_training_checkpoint(c.path); }, {"tensor 'adam.exp_avg.fc.bias' holds inf at index 0"});
+  }
+  {
+    SavedCheckpoint c;
+    c.tensors.at("adam.exp_avg_sq.fc.weight").data<float>()[2] = -1.0f;
+    c.rewrite();
+    expect_invalid([&] { load_training_checkpoint(c.path); },
+                   {"tensor 'adam.exp_avg_sq.fc.weight' holds -1.000000 at index 2 (it must be non-negative)"});
   }
 }
 

@@ -161,8 +161,27 @@ const char* dtype_label(DType d) {
   return "?";
 }
 
+// A floating-point tensor holding only finite values (and, with
+// non_negative, none below zero); throws naming the tensor and the first bad element.
+void check_values(const Tensor& t, const std::string& name, bool non_negative,
+                  const std::string& where) {
+  auto scan = [&](const auto* p) {
+    for (int64_t i = 0; i < t.numel(); ++i) {
+      const double v = static_cast<double>(p[i]);
+      if (!std::isfinite(v) || (non_negative && v < 0)) {
+        schema_error(where, "tensor '" + name + "' holds " + std::to_string(v) + " at index " +
+                                std::to_string(i) +
+                                (std::isfinite(v) ? " (it must be non-negative)"
+                                                  : " (only finite values are loaded)"));
+      }
+    }
+  };
+  if (t.dtype() == DType::f32) scan(t.data<float>());
+  if (t.dtype() == DType::f64) scan(t.data<double>());
+}
+
 // A tensor of a model's state: the expected shape, a floating-point dtype
-// (exactly `dtype` when given).
+// (exactly `dtype` when given), finite values.
 void check_tensor(const Tensor& t, const std::string& name, const Shape& shape,
                   std::optional<DType> dtype, bool non_negative, const std::string& where) {
   if (t.dtype() == DType::i64 || (dtype && t.dtype() != *dtype)) {
@@ -173,6 +192,7 @@ void check_tensor(const Tensor& t, const std::string& name, const Shape& shape,
     schema_error(where, "tensor '" + name + "' has shape " + shape_str(t.shape()) + ", expected " +
                             shape_str(shape) + " from the model's sizes");
   }
+  check_values(t, name, non_negative, where);
 }
 
 // `state` holds exactly the parameters of a model with `o`'s sizes.
