@@ -2,7 +2,7 @@
 // model.safetensors) and of a training checkpoint are validated field by field
 // before anything is built from them: formats and versions, integer fields that
 // are integers within the limits `seqpack train` enforces, label lists, tensor
-// names/shapes/dtypes, finite values. Every
+// names/shapes/dtypes, finite values, and only regular files are read. Every
 // rejection is a std::invalid_argument naming the file, the field and the value.
 //
 // The limits are written here from their sources, not from the code under test:
@@ -48,6 +48,49 @@ const json kGoodConfig = {{"format", "seqpack-char-classifier"},
 json with(json j, const std::string& key, const json& value) {
   j[key] = value;
   return j;
+}
+
+// Runs `f` in a child process that is killed after `seconds`: a load that
+// blocks or reads forever is reported as a failure instead of hanging the
+// suite. Expects f to throw std::invalid_argument containing every needle.
+void expect_invalid_promptly(const std::function<void()>& f, const std::vector<std::string>& needles,
+                             unsigned seconds = 10) {
+  int fds[2];
+  ASSERT_EQ(::pipe(fds), 0);
+  const pid_t pid = ::fork();
+  ASSERT_GE(pid, 0);
+  if (pid == 0) {
+    ::close(fds[0]);
+    ::alarm(seconds);
+    std::string msg = "no exception";
+    int code = 2;
+    try {
+      f();
+    } catch (const std::invalid_argument& e) {
+      msg = e.what();
+      code = 0;
+    } catch (const std::exception& e) {
+      msg = std::string("not an invalid_argument: ") + e.what();
+      code = 3;
+    }
+    (void)!::write(fds[1], msg.data(), msg.size());
+    ::_exit(code);
+  }
+  ::close(fds[1]);
+  std::string msg;
+  char buf[512];
+  for (ssize_t n; (n = ::read(fds[0], buf, sizeof buf)) > 0;) msg.append(buf, static_cast<std::size_t>(n));
+  ::close(fds[0]);
+  int status = 0;
+  ::waitpid(pid, &status, 0);
+  if (WIFSIGNALED(status)) {
+    ADD_FAILURE() << "killed by signal " << WTERMSIG(status)
+                  << (WTERMSIG(status) == SIGALRM ? " (still running after the time limit: a hang)" : "");
+    return;
+  }
+  ASSERT_TRUE(WIFEXITED(status));
+  ASSERT_EQ(WEXITSTATUS(status), 0) << msg;
+  for (const auto& n : needles) EXPECT_NE(msg.find(n), std::string::npos) << "message \"" << msg << "\" lacks \"" << n << "\"";
 }
 
 // ---------------------------------------------------------------- config.json
@@ -240,6 +283,51 @@ TEST(ModelDirectory, MisnamedOrMistypedWeightsAreRejected) {
   expect_invalid([&] { load_classifier(ints.dir); }, {"tensor 'fc.bias' has dtype int64"});
 }
 
+TEST(ModelDirectory, MissingOrWrongKindOfDirectoryIsNamedPrecisely) {
+  TempDir tmp;
+  expect_invalid([&] { load_classifier(tmp.file("nothing")); },
+                 {"model directory '" + tmp.file("nothing") + "' does not exist"});
+  tmp.write("a_file", "x");
+  expect_invalid([&] { load_classifier(tmp.file("a_file")); },
+                 {"'" + tmp.file("a_file") + "' is not a model directory: it is a regular file"});
+  fs::create_directory(tmp.file("empty"));
+  expect_invalid([&] { load_classifier(tmp.file("empty")); },
+                 {"model directory '" + tmp.file("empty") + "' has no config.json"});
+  SavedModel m;
+  fs::remove(m.path("model.safetensors"));
+  expect_invalid([&] { load_classifier(m.dir); }, {"model directory '" + m.dir + "' has no model.safetensors"});
+}
+
+// A directory, a link to /dev/zero, a FIFO: refused by path, promptly.
+TEST(ModelDirectory, OnlyRegularFilesAreRead) {
+  for (const std::string name : {"config.json", "vocabulary.json", "model.safetensors"}) {
+    SCOPED_TRACE(name);
+    {
+      SavedModel m;
+      fs::remove(m.path(name));
+      fs::create_symlink("/dev/zero", m.path(name));
+      expect_invalid_promptly([&] { load_classifier(m.dir); }, {m.path(name), "not a regular file", "character device"});
+    }
+    {
+      SavedModel m;
+      fs::remove(m.path(name));
+      ASSERT_EQ(::mkfifo(m.path(name).c_str(), 0600), 0);
+      expect_invalid_promptly([&] { load_classifier(m.dir); }, {m.path(name), "not a regular file", "FIFO"});
+    }
+    {
+      SavedModel m;
+      fs::remove(m.path(name));
+      fs::create_directory(m.path(name));
+      expect_invalid_promptly([&] { load_classifier(m.dir); }, {m.path(name), "not a regular file", "directory"});
+    }
+  }
+  TempDir tmp;
+  ASSERT_EQ(::mkfifo(tmp.file("fifo").c_str(), 0600), 0);
+  expect_invalid_promptly([&] { Vocabulary::load(tmp.file("fifo")); },
+                          {"vocabulary file '" + tmp.file("fifo") + "' is not a regular file (it is a FIFO)"});
+  expect_invalid_promptly([&] { Vocabulary::load(tmp.path.string()); }, {"is not a regular file (it is a directory)"});
+}
+
 // ------------------------------------------------------------ vocabulary.json
 
 TEST(VocabularyFile, VersionIsTheInteger1) {
@@ -392,6 +480,16 @@ TEST(CheckpointFile, NonFiniteValuesAreRejected) {
     expect_invalid([&] { load_training_checkpoint(c.path); },
                    {"tensor 'adam.exp_avg_sq.fc.weight' holds -1.000000 at index 2 (it must be non-negative)"});
   }
+}
+
+TEST(CheckpointFile, OnlyARegularFileIsACheckpoint) {
+  TempDir tmp;
+  fs::create_directory(tmp.file("ck"));
+  expect_invalid_promptly([&] { load_training_checkpoint(tmp.file("ck")); },
+                          {"checkpoint " + tmp.file("ck") + " is not a regular file (it is a directory)"});
+  fs::create_symlink("/dev/zero", tmp.file("zero"));
+  expect_invalid_promptly([&] { load_training_checkpoint(tmp.file("zero")); }, {"character device"});
+  expect_invalid([&] { load_training_checkpoint(tmp.file("none")); }, {"no checkpoint at " + tmp.file("none")});
 }
 
 }  // namespace

@@ -1,6 +1,7 @@
 #include "seqpack/classifier.h"
 
 #include <fcntl.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -22,6 +23,7 @@
 #include "seqpack/loss.h"
 #include "seqpack/packed_sequence.h"
 #include "seqpack/safetensors.h"
+#include "train/regular_file.h"
 
 namespace seqpack {
 
@@ -209,6 +211,19 @@ void check_state(const std::map<std::string, Tensor>& state, const CharClassifie
   }
 }
 
+// stat(2) of `path` (links followed): it must be a regular file.
+void require_regular_file(const std::string& path, const std::string& missing,
+                          const std::string& where) {
+  struct stat st {};
+  if (::stat(path.c_str(), &st) != 0) {
+    if (errno == ENOENT) throw std::invalid_argument(where + ": " + missing);
+    throw std::invalid_argument(where + ": cannot access '" + path + "': " + std::strerror(errno));
+  }
+  if (!S_ISREG(st.st_mode)) {
+    throw std::invalid_argument(where + ": '" + path + "' is not a regular file (it is " +
+                                detail::file_kind(st.st_mode) + ")");
+  }
+}
 }  // namespace
 
 CharClassifierOptions parse_classifier_config(const std::string& json_text, const std::string& where,
@@ -422,16 +437,6 @@ void CharClassifier::load_state_dict(const std::map<std::string, Tensor>& state)
 
 // ------------------------------------------------------------ saving, loading
 
-namespace {
-std::string read_text(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) throw std::invalid_argument("cannot open " + path);
-  std::ostringstream s;
-  s << in.rdbuf();
-  return s.str();
-}
-}  // namespace
-
 void save_classifier(const std::string& dir, CharClassifier& model, const Vocabulary& vocabulary,
                      const std::vector<std::string>& labels) {
   const auto& o = model.options();
@@ -463,12 +468,27 @@ void save_classifier(const std::string& dir, CharClassifier& model, const Vocabu
 
 TrainedClassifier load_classifier(const std::string& dir) {
   const std::string where = "load_classifier";
-  if (!std::filesystem::is_directory(dir)) {
-    throw std::invalid_argument(where + ": " + dir + " is not a model directory");
+  struct stat st {};
+  if (::stat(dir.c_str(), &st) != 0) {
+    if (errno == ENOENT || errno == ENOTDIR) {
+      throw std::invalid_argument(where + ": model directory '" + dir + "' does not exist");
+    }
+    throw std::invalid_argument(where + ": cannot access model directory '" + dir + "': " +
+                                std::strerror(errno));
+  }
+  if (!S_ISDIR(st.st_mode)) {
+    throw std::invalid_argument(where + ": '" + dir + "' is not a model directory: it is " +
+                                detail::file_kind(st.st_mode) + ", not a directory");
   }
   const std::string config_path = dir + "/config.json";
   const std::string model_path = dir + "/model.safetensors";
-  const std::string text = read_text(config_path);
+  require_regular_file(config_path, "model directory '" + dir + "' has no config.json", where);
+  std::string text;
+  try {
+    text = detail::read_regular_file(config_path, "model config");
+  } catch (const std::invalid_argument& e) {
+    throw std::invalid_argument(where + ": " + e.what());
+  }
   TrainedClassifier tc;
   const CharClassifierOptions o =
       parse_classifier_config(text, where + ": '" + config_path + "'", &tc.labels);
@@ -478,6 +498,7 @@ TrainedClassifier load_classifier(const std::string& dir) {
                                 std::to_string(tc.vocabulary.size()) +
                                 " entries but vocab_size = " + std::to_string(o.vocab_size));
   }
+  require_regular_file(model_path, "model directory '" + dir + "' has no model.safetensors", where);
   const std::map<std::string, Tensor> state = load_safetensors(model_path);
   // Checked before the model is built: its sizes come from config.json, and
   // only tensors that exist in the file are allocated for them.
@@ -655,8 +676,11 @@ TrainingCheckpoint parse_training_checkpoint(const std::map<std::string, std::st
 }
 
 TrainingCheckpoint load_training_checkpoint(const std::string& path) {
-  if (!std::filesystem::is_regular_file(path)) {
-    throw std::invalid_argument("no checkpoint at " + path);
+  struct stat st {};
+  if (::stat(path.c_str(), &st) != 0) throw std::invalid_argument("no checkpoint at " + path);
+  if (!S_ISREG(st.st_mode)) {
+    throw std::invalid_argument("checkpoint " + path + " is not a regular file (it is " +
+                                detail::file_kind(st.st_mode) + ")");
   }
   std::map<std::string, std::string> meta;
   std::map<std::string, Tensor> tensors;

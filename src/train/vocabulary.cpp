@@ -10,6 +10,7 @@
 #include <stdexcept>
 
 #include "seqpack/safetensors.h"
+#include "train/regular_file.h"
 
 namespace seqpack {
 
@@ -301,10 +302,8 @@ Vocabulary Vocabulary::from_json(std::string_view json, const std::string& sourc
 void Vocabulary::save(const std::string& path) const { write_file_atomically(path, to_json()); }
 
 Vocabulary Vocabulary::load(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) throw std::invalid_argument("cannot open vocabulary file '" + path + "'");
-  const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  return from_json(text, "'" + path + "'");
+  // Only a regular file: a directory, /dev/zero or a FIFO is refused by name.
+  return from_json(detail::read_regular_file(path, "vocabulary file"), "'" + path + "'");
 }
 
 }  // namespace seqpack
