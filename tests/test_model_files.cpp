@@ -53,8 +53,8 @@ json with(json j, const std::string& key, const json& value) {
 // Runs `f` in a child process that is killed after `seconds`: a load that
 // blocks or reads forever is reported as a failure instead of hanging the
 // suite. Expects f to throw std::invalid_argument containing every needle.
-void expect_invalid_promptly(const std::function<void()>& f, const std::vector<std::string>& needles,
-                             unsigned seconds = 10) {
+void expect_invalid_promptly(const std::function<void()>& f,
+                             const std::vector<std::string>& needles, unsigned seconds = 10) {
   int fds[2];
   ASSERT_EQ(::pipe(fds), 0);
   const pid_t pid = ::fork();
@@ -79,18 +79,21 @@ void expect_invalid_promptly(const std::function<void()>& f, const std::vector<s
   ::close(fds[1]);
   std::string msg;
   char buf[512];
-  for (ssize_t n; (n = ::read(fds[0], buf, sizeof buf)) > 0;) msg.append(buf, static_cast<std::size_t>(n));
+  for (ssize_t n; (n = ::read(fds[0], buf, sizeof buf)) > 0;)
+    msg.append(buf, static_cast<std::size_t>(n));
   ::close(fds[0]);
   int status = 0;
   ::waitpid(pid, &status, 0);
   if (WIFSIGNALED(status)) {
     ADD_FAILURE() << "killed by signal " << WTERMSIG(status)
-                  << (WTERMSIG(status) == SIGALRM ? " (still running after the time limit: a hang)" : "");
+                  << (WTERMSIG(status) == SIGALRM ? " (still running after the time limit: a hang)"
+                                                  : "");
     return;
   }
   ASSERT_TRUE(WIFEXITED(status));
   ASSERT_EQ(WEXITSTATUS(status), 0) << msg;
-  for (const auto& n : needles) EXPECT_NE(msg.find(n), std::string::npos) << "message \"" << msg << "\" lacks \"" << n << "\"";
+  for (const auto& n : needles)
+    EXPECT_NE(msg.find(n), std::string::npos) << "message \"" << msg << "\" lacks \"" << n << "\"";
 }
 
 // ---------------------------------------------------------------- config.json
@@ -111,17 +114,21 @@ TEST(ModelConfig, AGoodConfigGivesItsSizesAndLabels) {
 }
 
 TEST(ModelConfig, FormatAndVersionAreChecked) {
-  expect_invalid([] { parse_classifier_config(with(kGoodConfig, "format", "pt").dump(), "c.json"); },
-                 {"c.json", "\"format\" is \"pt\", expected \"seqpack-char-classifier\""});
+  expect_invalid(
+      [] { parse_classifier_config(with(kGoodConfig, "format", "pt").dump(), "c.json"); },
+      {"c.json", "\"format\" is \"pt\", expected \"seqpack-char-classifier\""});
   expect_invalid([] { parse_classifier_config(with(kGoodConfig, "version", 2).dump(), "c.json"); },
                  {"c.json", "\"version\" is 2"});
-  expect_invalid([] { parse_classifier_config(with(kGoodConfig, "version", "1").dump(), "c.json"); },
-                 {"\"version\" is \"1\""});
-  expect_invalid([] { parse_classifier_config(with(kGoodConfig, "version", 1.5).dump(), "c.json"); },
-                 {"\"version\" is 1.5"});
+  expect_invalid(
+      [] { parse_classifier_config(with(kGoodConfig, "version", "1").dump(), "c.json"); },
+      {"\"version\" is \"1\""});
+  expect_invalid(
+      [] { parse_classifier_config(with(kGoodConfig, "version", 1.5).dump(), "c.json"); },
+      {"\"version\" is 1.5"});
   json no_format = kGoodConfig;
   no_format.erase("format");
-  expect_invalid([&] { parse_classifier_config(no_format.dump(), "c.json"); }, {"c.json", "\"format\" is missing"});
+  expect_invalid([&] { parse_classifier_config(no_format.dump(), "c.json"); },
+                 {"c.json", "\"format\" is missing"});
 }
 
 TEST(ModelConfig, IntegerFieldsMustBeIntegersWithinTheLimits) {
@@ -133,8 +140,10 @@ TEST(ModelConfig, IntegerFieldsMustBeIntegersWithinTheLimits) {
       {"hidden_size", "1e23", "\"hidden_size\" = 1e+23 is not an integer"},
       {"hidden_size", "16.0", "\"hidden_size\" = 16.0 is not an integer"},
       {"hidden_size", "\"16\"", "\"hidden_size\" = \"16\" is not an integer"},
-      {"hidden_size", "1152921504606846976", "\"hidden_size\" = 1152921504606846976 is out of range [1, 16384]"},
-      {"hidden_size", "18446744073709551615", "\"hidden_size\" = 18446744073709551615 is out of range [1, 16384]"},
+      {"hidden_size", "1152921504606846976",
+       "\"hidden_size\" = 1152921504606846976 is out of range [1, 16384]"},
+      {"hidden_size", "18446744073709551615",
+       "\"hidden_size\" = 18446744073709551615 is out of range [1, 16384]"},
       {"hidden_size", "16385", "\"hidden_size\" = 16385 is out of range [1, 16384]"},
       {"hidden_size", "0", "\"hidden_size\" = 0 is out of range [1, 16384]"},
       {"embed_dim", "-3", "\"embed_dim\" = -3 is out of range [1, 16384]"},
@@ -146,7 +155,8 @@ TEST(ModelConfig, IntegerFieldsMustBeIntegersWithinTheLimits) {
     SCOPED_TRACE(c.key + " = " + c.value);
     json j = kGoodConfig;
     j[c.key] = json::parse(c.value);
-    expect_invalid([&] { parse_classifier_config(j.dump(), "dir/config.json"); }, {"dir/config.json", c.expect});
+    expect_invalid([&] { parse_classifier_config(j.dump(), "dir/config.json"); },
+                   {"dir/config.json", c.expect});
     // Never the wrapped-around value of a conversion.
     try {
       parse_classifier_config(j.dump(), "dir/config.json");
@@ -156,19 +166,32 @@ TEST(ModelConfig, IntegerFieldsMustBeIntegersWithinTheLimits) {
   }
   json missing = kGoodConfig;
   missing.erase("embed_dim");
-  expect_invalid([&] { parse_classifier_config(missing.dump(), "c.json"); }, {"\"embed_dim\" is missing"});
+  expect_invalid([&] { parse_classifier_config(missing.dump(), "c.json"); },
+                 {"\"embed_dim\" is missing"});
 }
 
 TEST(ModelConfig, LabelsAreDistinctNonEmptyStringsOnePerClass) {
   const auto labels = [](const json& l) { return with(kGoodConfig, "labels", l).dump(); };
-  expect_invalid([&] { parse_classifier_config(labels({"en", "fr", "en"}), "c.json"); },
-                 {"c.json", "\"labels\"[2] = \"en\" repeats \"labels\"[0]"});
-  expect_invalid([&] { parse_classifier_config(labels({"en", "", "de"}), "c.json"); },
-                 {"\"labels\"[1] is an empty label"});
-  expect_invalid([&] { parse_classifier_config(labels({"en", 7, "de"}), "c.json"); },
-                 {"\"labels\"[1] = 7 is not a string"});
-  expect_invalid([&] { parse_classifier_config(labels({"en", "fr"}), "c.json"); },
-                 {"\"labels\" has 2 entries but \"num_classes\" = 3"});
+  expect_invalid(
+      [&] {
+        parse_classifier_config(labels({"en", "fr", "en"}), "c.json");
+      },
+      {"c.json", "\"labels\"[2] = \"en\" repeats \"labels\"[0]"});
+  expect_invalid(
+      [&] {
+        parse_classifier_config(labels({"en", "", "de"}), "c.json");
+      },
+      {"\"labels\"[1] is an empty label"});
+  expect_invalid(
+      [&] {
+        parse_classifier_config(labels({"en", 7, "de"}), "c.json");
+      },
+      {"\"labels\"[1] = 7 is not a string"});
+  expect_invalid(
+      [&] {
+        parse_classifier_config(labels({"en", "fr"}), "c.json");
+      },
+      {"\"labels\" has 2 entries but \"num_classes\" = 3"});
   expect_invalid([&] { parse_classifier_config(labels("en"), "c.json"); },
                  {"\"labels\" = \"en\" is not an array"});
 }
@@ -206,7 +229,8 @@ struct SavedModel {
   std::string dir;
   SavedModel() : dir(tmp.file("model")) {
     const Vocabulary vocab = Vocabulary::build({U"hello", U"wörld"});
-    CharClassifier model({.vocab_size = vocab.size(), .embed_dim = 3, .hidden_size = 4, .num_classes = 2}, 1);
+    CharClassifier model(
+        {.vocab_size = vocab.size(), .embed_dim = 3, .hidden_size = 4, .num_classes = 2}, 1);
     save_classifier(dir, model, vocab, {"yes", "no"});
   }
   std::string path(const std::string& name) const { return dir + "/" + name; }
@@ -233,14 +257,17 @@ TEST(ModelDirectory, ASavedModelLoads) {
 TEST(ModelDirectory, AnAbsurdSizeIsAnErrorNotACrash) {
   SavedModel m;
   m.write_config(with(m.config(), "hidden_size", json::parse("1152921504606846976")));
-  expect_invalid([&] { load_classifier(m.dir); },
-                 {m.path("config.json"), "\"hidden_size\" = 1152921504606846976 is out of range [1, 16384]"});
+  expect_invalid(
+      [&] { load_classifier(m.dir); },
+      {m.path("config.json"), "\"hidden_size\" = 1152921504606846976 is out of range [1, 16384]"});
   m.write_config(with(m.config(), "hidden_size", 16.5));
-  expect_invalid([&] { load_classifier(m.dir); }, {m.path("config.json"), "\"hidden_size\" = 16.5 is not an integer"});
+  expect_invalid([&] { load_classifier(m.dir); },
+                 {m.path("config.json"), "\"hidden_size\" = 16.5 is not an integer"});
   m.write_config(with(m.config(), "hidden_size", 1e23));
   expect_invalid([&] { load_classifier(m.dir); }, {"\"hidden_size\" = 1e+23 is not an integer"});
   m.write_config(with(m.config(), "format", "other"));
-  expect_invalid([&] { load_classifier(m.dir); }, {m.path("config.json"), "\"format\" is \"other\""});
+  expect_invalid([&] { load_classifier(m.dir); },
+                 {m.path("config.json"), "\"format\" is \"other\""});
 }
 
 TEST(ModelDirectory, TensorsMustMatchTheConfigBeforeAnythingIsAllocated) {
@@ -255,26 +282,31 @@ TEST(ModelDirectory, TensorsMustMatchTheConfigBeforeAnythingIsAllocated) {
   expect_invalid([&] { load_classifier(m.dir); },
                  {m.path("model.safetensors"), "has shape [", "expected [", "16384"});
   m.write_config(with(big, "hidden_size", 4));
-  expect_invalid([&] { load_classifier(m.dir); }, {"tensor 'embedding.weight' has shape [", ", expected [",
-                                                  ", 16384]"});
+  expect_invalid([&] { load_classifier(m.dir); },
+                 {"tensor 'embedding.weight' has shape [", ", expected [", ", 16384]"});
 }
 
 TEST(ModelDirectory, NonFiniteWeightsAreRejected) {
   for (double bad : {std::nan(""), double{INFINITY}, -double{INFINITY}}) {
     SavedModel m;
-    m.edit_weights([&](auto& t) { t.at("fc.weight").template data<float>()[3] = static_cast<float>(bad); });
+    m.edit_weights(
+        [&](auto& t) { t.at("fc.weight").template data<float>()[3] = static_cast<float>(bad); });
     expect_invalid([&] { load_classifier(m.dir); },
-                   {m.path("model.safetensors"), "tensor 'fc.weight' holds " + std::to_string(bad) + " at index 3"});
+                   {m.path("model.safetensors"),
+                    "tensor 'fc.weight' holds " + std::to_string(bad) + " at index 3"});
   }
   SavedModel m;
-  m.edit_weights([](auto& t) { t.at("lstm.weight_hh_l0_reverse").template data<float>()[0] = NAN; });
-  expect_invalid([&] { load_classifier(m.dir); }, {"tensor 'lstm.weight_hh_l0_reverse' holds nan at index 0"});
+  m.edit_weights(
+      [](auto& t) { t.at("lstm.weight_hh_l0_reverse").template data<float>()[0] = NAN; });
+  expect_invalid([&] { load_classifier(m.dir); },
+                 {"tensor 'lstm.weight_hh_l0_reverse' holds nan at index 0"});
 }
 
 TEST(ModelDirectory, MisnamedOrMistypedWeightsAreRejected) {
   SavedModel extra;
   extra.edit_weights([](auto& t) { t["fc.extra"] = Tensor::zeros({1}); });
-  expect_invalid([&] { load_classifier(extra.dir); }, {extra.path("model.safetensors"), "unexpected tensor 'fc.extra'"});
+  expect_invalid([&] { load_classifier(extra.dir); },
+                 {extra.path("model.safetensors"), "unexpected tensor 'fc.extra'"});
   SavedModel missing;
   missing.edit_weights([](auto& t) { t.erase("fc.bias"); });
   expect_invalid([&] { load_classifier(missing.dir); }, {"tensor 'fc.bias' is missing"});
@@ -295,7 +327,8 @@ TEST(ModelDirectory, MissingOrWrongKindOfDirectoryIsNamedPrecisely) {
                  {"model directory '" + tmp.file("empty") + "' has no config.json"});
   SavedModel m;
   fs::remove(m.path("model.safetensors"));
-  expect_invalid([&] { load_classifier(m.dir); }, {"model directory '" + m.dir + "' has no model.safetensors"});
+  expect_invalid([&] { load_classifier(m.dir); },
+                 {"model directory '" + m.dir + "' has no model.safetensors"});
 }
 
 // A directory, a link to /dev/zero, a FIFO: refused by path, promptly.
@@ -306,35 +339,43 @@ TEST(ModelDirectory, OnlyRegularFilesAreRead) {
       SavedModel m;
       fs::remove(m.path(name));
       fs::create_symlink("/dev/zero", m.path(name));
-      expect_invalid_promptly([&] { load_classifier(m.dir); }, {m.path(name), "not a regular file", "character device"});
+      expect_invalid_promptly([&] { load_classifier(m.dir); },
+                              {m.path(name), "not a regular file", "character device"});
     }
     {
       SavedModel m;
       fs::remove(m.path(name));
       ASSERT_EQ(::mkfifo(m.path(name).c_str(), 0600), 0);
-      expect_invalid_promptly([&] { load_classifier(m.dir); }, {m.path(name), "not a regular file", "FIFO"});
+      expect_invalid_promptly([&] { load_classifier(m.dir); },
+                              {m.path(name), "not a regular file", "FIFO"});
     }
     {
       SavedModel m;
       fs::remove(m.path(name));
       fs::create_directory(m.path(name));
-      expect_invalid_promptly([&] { load_classifier(m.dir); }, {m.path(name), "not a regular file", "directory"});
+      expect_invalid_promptly([&] { load_classifier(m.dir); },
+                              {m.path(name), "not a regular file", "directory"});
     }
   }
   TempDir tmp;
   ASSERT_EQ(::mkfifo(tmp.file("fifo").c_str(), 0600), 0);
-  expect_invalid_promptly([&] { Vocabulary::load(tmp.file("fifo")); },
-                          {"vocabulary file '" + tmp.file("fifo") + "' is not a regular file (it is a FIFO)"});
-  expect_invalid_promptly([&] { Vocabulary::load(tmp.path.string()); }, {"is not a regular file (it is a directory)"});
+  expect_invalid_promptly(
+      [&] { Vocabulary::load(tmp.file("fifo")); },
+      {"vocabulary file '" + tmp.file("fifo") + "' is not a regular file (it is a FIFO)"});
+  expect_invalid_promptly([&] { Vocabulary::load(tmp.path.string()); },
+                          {"is not a regular file (it is a directory)"});
 }
 
 // ------------------------------------------------------------ vocabulary.json
 
 TEST(VocabularyFile, VersionIsTheInteger1) {
-  const std::string head = R"({"format":"seqpack-vocabulary","special_tokens":["<pad>","<unk>"],"tokens":["a"],)";
+  const std::string head =
+      R"({"format":"seqpack-vocabulary","special_tokens":["<pad>","<unk>"],"tokens":["a"],)";
   EXPECT_EQ(Vocabulary::from_json(head + R"("version":1})").size(), 3);
-  expect_invalid([&] { Vocabulary::from_json(head + R"("version":1.0})", "v.json"); }, {"v.json", "\"version\" is 1.0"});
-  expect_invalid([&] { Vocabulary::from_json(head + R"("version":true})", "v.json"); }, {"\"version\" is true"});
+  expect_invalid([&] { Vocabulary::from_json(head + R"("version":1.0})", "v.json"); },
+                 {"v.json", "\"version\" is 1.0"});
+  expect_invalid([&] { Vocabulary::from_json(head + R"("version":true})", "v.json"); },
+                 {"\"version\" is true"});
   const std::string long_format = R"({"format":")" + std::string(100000, 'y') + "\"}";
   try {
     Vocabulary::from_json(long_format, "v.json");
@@ -353,7 +394,10 @@ struct SavedCheckpoint {
   std::map<std::string, Tensor> tensors;
   explicit SavedCheckpoint(DType dtype = DType::f32) {
     const Vocabulary vocab = Vocabulary::build({U"abc"});
-    CharClassifier model({.vocab_size = vocab.size(), .embed_dim = 2, .hidden_size = 3, .num_classes = 2,
+    CharClassifier model({.vocab_size = vocab.size(),
+                          .embed_dim = 2,
+                          .hidden_size = 3,
+                          .num_classes = 2,
                           .dtype = dtype},
                          2);
     Adam opt(model.parameters(), {.lr = 1e-3});
@@ -391,7 +435,8 @@ TEST(CheckpointFile, ModelConfigIsValidatedFieldByField) {
       {"dtype", "int8", "\"dtype\" = \"int8\" is not \"F32\" or \"F64\""},
       {"dtype", 32, "\"dtype\" = 32 is not \"F32\" or \"F64\""},
       {"hidden_size", 16.5, "\"hidden_size\" = 16.5 is not an integer"},
-      {"hidden_size", json::parse("1152921504606846976"), "\"hidden_size\" = 1152921504606846976 is out of range [1, 16384]"},
+      {"hidden_size", json::parse("1152921504606846976"),
+       "\"hidden_size\" = 1152921504606846976 is out of range [1, 16384]"},
       {"num_classes", 0, "\"num_classes\" = 0 is out of range [1, 1048576]"},
   };
   for (const Case& k : cases) {
@@ -399,12 +444,14 @@ TEST(CheckpointFile, ModelConfigIsValidatedFieldByField) {
     SavedCheckpoint c;
     c.set_config(k.key, k.value);
     c.rewrite();
-    expect_invalid([&] { load_training_checkpoint(c.path); }, {c.path, "metadata \"model_config\"", k.expect});
+    expect_invalid([&] { load_training_checkpoint(c.path); },
+                   {c.path, "metadata \"model_config\"", k.expect});
   }
   SavedCheckpoint c;
   c.meta["model_config"] = "{\"vocab_size\": ";
   c.rewrite();
-  expect_invalid([&] { load_training_checkpoint(c.path); }, {c.path, "metadata \"model_config\": not valid JSON ("});
+  expect_invalid([&] { load_training_checkpoint(c.path); },
+                 {c.path, "metadata \"model_config\": not valid JSON ("});
 }
 
 TEST(CheckpointFile, CountsLabelsAndTrainConfigAreChecked) {
@@ -415,7 +462,8 @@ TEST(CheckpointFile, CountsLabelsAndTrainConfigAreChecked) {
       {"epoch", "12abc", "metadata \"epoch\" = '12abc' is not a non-negative integer"},
       {"epoch", "-1", "metadata \"epoch\" = '-1' is not a non-negative integer"},
       {"epoch", " 3", "metadata \"epoch\" = ' 3' is not a non-negative integer"},
-      {"adam_step", "99999999999999999999", "metadata \"adam_step\" = '99999999999999999999' is too large"},
+      {"adam_step", "99999999999999999999",
+       "metadata \"adam_step\" = '99999999999999999999' is too large"},
       {"labels", R"(["a", "a"])", "metadata \"labels\": labels[1] = \"a\" repeats labels[0]"},
       {"labels", R"(["a", ""])", "labels[1] is an empty label"},
       {"labels", R"(["a"])", "labels has 1 entries but \"num_classes\" = 2"},
@@ -438,25 +486,29 @@ TEST(CheckpointFile, TensorsMatchTheConfig) {
     SavedCheckpoint c;
     c.set_config("hidden_size", 4);
     c.rewrite();
-    expect_invalid([&] { load_training_checkpoint(c.path); }, {c.path, "tensor 'model.", "has shape ["});
+    expect_invalid([&] { load_training_checkpoint(c.path); },
+                   {c.path, "tensor 'model.", "has shape ["});
   }
   {
     SavedCheckpoint c;  // float32 tensors said to be float64
     c.set_config("dtype", "F64");
     c.rewrite();
-    expect_invalid([&] { load_training_checkpoint(c.path); }, {c.path, "has dtype float32, expected float64"});
+    expect_invalid([&] { load_training_checkpoint(c.path); },
+                   {c.path, "has dtype float32, expected float64"});
   }
   {
     SavedCheckpoint c;
     c.tensors.erase("adam.exp_avg_sq.fc.bias");
     c.rewrite();
-    expect_invalid([&] { load_training_checkpoint(c.path); }, {"tensor 'adam.exp_avg_sq.fc.bias' is missing"});
+    expect_invalid([&] { load_training_checkpoint(c.path); },
+                   {"tensor 'adam.exp_avg_sq.fc.bias' is missing"});
   }
   {
     SavedCheckpoint c;
     c.tensors["adam.momentum.fc.bias"] = Tensor::zeros({2});
     c.rewrite();
-    expect_invalid([&] { load_training_checkpoint(c.path); }, {"unexpected tensor 'adam.momentum.fc.bias'"});
+    expect_invalid([&] { load_training_checkpoint(c.path); },
+                   {"unexpected tensor 'adam.momentum.fc.bias'"});
   }
 }
 
@@ -465,31 +517,37 @@ TEST(CheckpointFile, NonFiniteValuesAreRejected) {
     SavedCheckpoint c;
     c.tensors.at("model.fc.bias").data<float>()[1] = NAN;
     c.rewrite();
-    expect_invalid([&] { load_training_checkpoint(c.path); }, {c.path, "tensor 'model.fc.bias' holds nan at index 1"});
+    expect_invalid([&] { load_training_checkpoint(c.path); },
+                   {c.path, "tensor 'model.fc.bias' holds nan at index 1"});
   }
   {
     SavedCheckpoint c;
     c.tensors.at("adam.exp_avg.fc.bias").data<float>()[0] = INFINITY;
     c.rewrite();
-    expect_invalid([&] { load_training_checkpoint(c.path); }, {"tensor 'adam.exp_avg.fc.bias' holds inf at index 0"});
+    expect_invalid([&] { load_training_checkpoint(c.path); },
+                   {"tensor 'adam.exp_avg.fc.bias' holds inf at index 0"});
   }
   {
     SavedCheckpoint c;
     c.tensors.at("adam.exp_avg_sq.fc.weight").data<float>()[2] = -1.0f;
     c.rewrite();
     expect_invalid([&] { load_training_checkpoint(c.path); },
-                   {"tensor 'adam.exp_avg_sq.fc.weight' holds -1.000000 at index 2 (it must be non-negative)"});
+                   {"tensor 'adam.exp_avg_sq.fc.weight' holds -1.000000 at index 2 (it must be "
+                    "non-negative)"});
   }
 }
 
 TEST(CheckpointFile, OnlyARegularFileIsACheckpoint) {
   TempDir tmp;
   fs::create_directory(tmp.file("ck"));
-  expect_invalid_promptly([&] { load_training_checkpoint(tmp.file("ck")); },
-                          {"checkpoint " + tmp.file("ck") + " is not a regular file (it is a directory)"});
+  expect_invalid_promptly(
+      [&] { load_training_checkpoint(tmp.file("ck")); },
+      {"checkpoint " + tmp.file("ck") + " is not a regular file (it is a directory)"});
   fs::create_symlink("/dev/zero", tmp.file("zero"));
-  expect_invalid_promptly([&] { load_training_checkpoint(tmp.file("zero")); }, {"character device"});
-  expect_invalid([&] { load_training_checkpoint(tmp.file("none")); }, {"no checkpoint at " + tmp.file("none")});
+  expect_invalid_promptly([&] { load_training_checkpoint(tmp.file("zero")); },
+                          {"character device"});
+  expect_invalid([&] { load_training_checkpoint(tmp.file("none")); },
+                 {"no checkpoint at " + tmp.file("none")});
 }
 
 }  // namespace

@@ -148,7 +148,8 @@ struct TrainingCheckpoint;
 // strings} (other keys are ignored). Returns the sizes; `labels`, when given,
 // receives the labels. Throws std::invalid_argument starting with `where`
 // (e.g. the file's path) and naming the field and its value.
-CharClassifierOptions parse_classifier_config(const std::string& json_text, const std::string& where,
+CharClassifierOptions parse_classifier_config(const std::string& json_text,
+                                              const std::string& where,
                                               std::vector<std::string>* labels = nullptr);
 // The checks of load_training_checkpoint on a file already parsed (metadata and
 // tensors as load_safetensors returns them): metadata fields, the tensors' names,

@@ -31,8 +31,8 @@ void CharClassifierOptions::validate() const {
   auto in_range = [](const char* name, int64_t v, int64_t max) {
     if (v < 1 || v > max) {
       throw std::invalid_argument(std::string("CharClassifier: ") + name + " = " +
-                                  std::to_string(v) + " is out of range [1, " + std::to_string(max) +
-                                  "]");
+                                  std::to_string(v) + " is out of range [1, " +
+                                  std::to_string(max) + "]");
     }
   };
   in_range("vocab_size", vocab_size, max_vocab_size);
@@ -80,12 +80,12 @@ const json& field_of(const json& obj, const std::string& key, const std::string&
 int64_t integer_field(const json& obj, const std::string& key, int64_t lo, int64_t hi,
                       const std::string& where) {
   const json& v = field_of(obj, key, where);
-  if (!v.is_number_integer()) schema_error(where, quoted(key) + " = " + shown(v) + " is not an integer");
+  if (!v.is_number_integer())
+    schema_error(where, quoted(key) + " = " + shown(v) + " is not an integer");
   // Compared in the value's own type: 2^64 - 1 must not wrap to -1 on the way.
-  const bool in_range = v.is_number_unsigned()
-                            ? v.get<uint64_t>() <= static_cast<uint64_t>(hi) &&
-                                  static_cast<int64_t>(v.get<uint64_t>()) >= lo
-                            : v.get<int64_t>() >= lo && v.get<int64_t>() <= hi;
+  const bool in_range = v.is_number_unsigned() ? v.get<uint64_t>() <= static_cast<uint64_t>(hi) &&
+                                                     static_cast<int64_t>(v.get<uint64_t>()) >= lo
+                                               : v.get<int64_t>() >= lo && v.get<int64_t>() <= hi;
   if (!in_range) {
     schema_error(where, quoted(key) + " = " + shown(v) + " is out of range [" + std::to_string(lo) +
                             ", " + std::to_string(hi) + "]");
@@ -156,9 +156,12 @@ std::map<std::string, Shape> state_shapes(const CharClassifierOptions& o) {
 
 const char* dtype_label(DType d) {
   switch (d) {
-    case DType::f32: return "float32";
-    case DType::f64: return "float64";
-    case DType::i64: return "int64";
+    case DType::f32:
+      return "float32";
+    case DType::f64:
+      return "float64";
+    case DType::i64:
+      return "int64";
   }
   return "?";
 }
@@ -187,8 +190,8 @@ void check_values(const Tensor& t, const std::string& name, bool non_negative,
 void check_tensor(const Tensor& t, const std::string& name, const Shape& shape,
                   std::optional<DType> dtype, bool non_negative, const std::string& where) {
   if (t.dtype() == DType::i64 || (dtype && t.dtype() != *dtype)) {
-    schema_error(where, "tensor '" + name + "' has dtype " + dtype_label(t.dtype()) + ", expected " +
-                            (dtype ? dtype_label(*dtype) : "float32 or float64"));
+    schema_error(where, "tensor '" + name + "' has dtype " + dtype_label(t.dtype()) +
+                            ", expected " + (dtype ? dtype_label(*dtype) : "float32 or float64"));
   }
   if (t.shape() != shape) {
     schema_error(where, "tensor '" + name + "' has shape " + shape_str(t.shape()) + ", expected " +
@@ -226,20 +229,23 @@ void require_regular_file(const std::string& path, const std::string& missing,
 }
 }  // namespace
 
-CharClassifierOptions parse_classifier_config(const std::string& json_text, const std::string& where,
+CharClassifierOptions parse_classifier_config(const std::string& json_text,
+                                              const std::string& where,
                                               std::vector<std::string>* labels) {
   const json config = parse_json(json_text, where);
   if (!config.is_object()) schema_error(where, "expected a JSON object, got " + shown(config));
   const json& format = field_of(config, "format", where);
   if (format != "seqpack-char-classifier") {
-    schema_error(where, "\"format\" is " + shown(format) + ", expected \"seqpack-char-classifier\"");
+    schema_error(where,
+                 "\"format\" is " + shown(format) + ", expected \"seqpack-char-classifier\"");
   }
   const json& version = field_of(config, "version", where);
   if (!version.is_number_integer() || version != 1) {
     schema_error(where, "\"version\" is " + shown(version) + ", this seqpack reads version 1");
   }
   const CharClassifierOptions o = sizes_from(config, where);
-  std::vector<std::string> l = labels_from(field_of(config, "labels", where), "\"labels\"", o.num_classes, where);
+  std::vector<std::string> l =
+      labels_from(field_of(config, "labels", where), "\"labels\"", o.num_classes, where);
   if (labels != nullptr) *labels = std::move(l);
   return o;
 }
@@ -473,8 +479,8 @@ TrainedClassifier load_classifier(const std::string& dir) {
     if (errno == ENOENT || errno == ENOTDIR) {
       throw std::invalid_argument(where + ": model directory '" + dir + "' does not exist");
     }
-    throw std::invalid_argument(where + ": cannot access model directory '" + dir + "': " +
-                                std::strerror(errno));
+    throw std::invalid_argument(where + ": cannot access model directory '" + dir +
+                                "': " + std::strerror(errno));
   }
   if (!S_ISDIR(st.st_mode)) {
     throw std::invalid_argument(where + ": '" + dir + "' is not a model directory: it is " +
@@ -582,7 +588,8 @@ int64_t metadata_count(const std::string& text, const std::string& key, const st
   const auto bad = [&](const std::string& why) {
     schema_error(where, "metadata \"" + key + "\" = '" + shown_text + "' " + why);
   };
-  if (text.empty() || !std::all_of(text.begin(), text.end(), [](char c) { return c >= '0' && c <= '9'; })) {
+  if (text.empty() ||
+      !std::all_of(text.begin(), text.end(), [](char c) { return c >= '0' && c <= '9'; })) {
     bad("is not a non-negative integer");
   }
   int64_t v = 0;
@@ -598,14 +605,17 @@ TrainingCheckpoint parse_training_checkpoint(const std::map<std::string, std::st
                                              const std::map<std::string, Tensor>& tensors,
                                              const std::string& source) {
   // "<source> has ..." reads better than "<source>: has ...".
-  const auto whole = [&](const std::string& what) { throw std::invalid_argument(source + " " + what); };
+  const auto whole = [&](const std::string& what) {
+    throw std::invalid_argument(source + " " + what);
+  };
   const auto field = [&](const char* key) -> const std::string& {
     auto it = meta.find(key);
     if (it == meta.end()) whole(std::string("has no '") + key + "' metadata");
     return it->second;
   };
   if (field("format") != kCheckpointFormat) {
-    whole("has format '" + field("format").substr(0, 80) + "', expected '" + kCheckpointFormat + "'");
+    whole("has format '" + field("format").substr(0, 80) + "', expected '" + kCheckpointFormat +
+          "'");
   }
   if (field("version") != "1") {
     whole("has version '" + field("version").substr(0, 80) + "', this seqpack reads version 1");

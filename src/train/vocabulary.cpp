@@ -271,8 +271,8 @@ Vocabulary Vocabulary::from_json(std::string_view json, const std::string& sourc
   }
   // An integer 1: 1.0 and true are not versions.
   if (!j.contains("version") || !j["version"].is_number_integer() || j["version"] != 1) {
-    fail("\"version\" is " + (j.contains("version") ? shown(j["version"]) : std::string("missing")) +
-         ", expected 1");
+    fail("\"version\" is " +
+         (j.contains("version") ? shown(j["version"]) : std::string("missing")) + ", expected 1");
   }
   const nlohmann::json expected_specials = {pad_token, unk_token};
   if (!j.contains("special_tokens") || j["special_tokens"] != expected_specials) {
@@ -286,8 +286,8 @@ Vocabulary Vocabulary::from_json(std::string_view json, const std::string& sourc
   for (std::size_t i = 0; i < tokens.size(); ++i) {
     const auto where = [&] { return "tokens[" + std::to_string(i) + "] = " + shown(tokens[i]); };
     if (!tokens[i].is_string()) fail(where() + " is not a string");
-    const std::u32string cp =
-        decode_utf8(tokens[i].get_ref<const std::string&>(), "vocabulary " + source + " " + where());
+    const std::u32string cp = decode_utf8(tokens[i].get_ref<const std::string&>(),
+                                          "vocabulary " + source + " " + where());
     if (cp.size() != 1) fail(where() + " is not exactly one character");
     cps.push_back(cp[0]);
   }
