@@ -49,9 +49,11 @@ std::u32string decode_utf8(std::string_view bytes, std::string_view context) {
       ++i;
       continue;
     }
-    int extra;
-    char32_t cp;
-    char32_t min;
+    // Initialised although every branch below sets them or throws: `fail` is a
+    // lambda the compiler does not know never returns (clang -Wsometimes-uninitialized).
+    int extra = 0;
+    char32_t cp = 0;
+    char32_t min = 0;
     if (b0 >= 0xC2 && b0 <= 0xDF) {
       extra = 1, cp = b0 & 0x1F, min = 0x80;
     } else if (b0 >= 0xE0 && b0 <= 0xEF) {
