@@ -153,8 +153,8 @@ CharClassifierOptions parse_classifier_config(const std::string& json_text,
                                               std::vector<std::string>* labels = nullptr);
 // The checks of load_training_checkpoint on a file already parsed (metadata and
 // tensors as load_safetensors returns them): metadata fields, the tensors' names,
-// shapes and dtypes against model_config, finite values. `source` starts every
-// message (load_training_checkpoint passes "checkpoint <path>").
+// shapes and dtypes against model_config, finite values. `source` names the
+// file in every message (load_training_checkpoint passes "checkpoint <path>").
 TrainingCheckpoint parse_training_checkpoint(const std::map<std::string, std::string>& metadata,
                                              const std::map<std::string, Tensor>& tensors,
                                              const std::string& source);
