@@ -19,13 +19,16 @@
 #include <fstream>
 #include <limits>
 #include <map>
+#include <nlohmann/json.hpp>
 #include <optional>
 #include <stdexcept>
 #include <string>
 #include <string_view>
 #include <vector>
 
+#include "seqpack/classifier.h"
 #include "seqpack/data.h"
+#include "seqpack/optim.h"
 #include "seqpack/packed_sequence.h"
 #include "seqpack/safetensors.h"
 #include "seqpack/tensor.h"
@@ -137,7 +140,9 @@ inline void check_vocabulary_json(std::string_view bytes) {
   Vocabulary v;
   try {
     v = Vocabulary::from_json(bytes, "<fuzz>");
-  } catch (const std::invalid_argument&) {
+  } catch (const std::invalid_argument& e) {
+    require(std::string(e.what()).find("<fuzz>") != std::string::npos,
+            std::string("vocabulary error does not name its source: ") + e.what());
     return;
   }
   const Vocabulary back = Vocabulary::from_json(v.to_json(), "<round trip>");
@@ -201,6 +206,199 @@ inline void check_tsv_vocabulary(const uint8_t* data, std::size_t size) {
   check_utf8(bytes);
   check_vocabulary_json(bytes);
   check_tsv(bytes);
+}
+
+// ---------------------------------------------------------------------------
+// Model files: config.json, vocabulary.json and a training checkpoint's
+// metadata. The first byte picks the file, the rest is its text (for a
+// checkpoint: edits of a valid one, see check_checkpoint_edits). Rejection is
+// only std::invalid_argument naming the source; whatever is accepted satisfies
+// the documented limits, and an accepted checkpoint really loads into a model
+// and an optimiser.
+
+namespace detail {
+
+inline bool labels_ok(const std::vector<std::string>& labels, int64_t num_classes) {
+  std::vector<std::string> sorted = labels;
+  std::sort(sorted.begin(), sorted.end());
+  return static_cast<int64_t>(labels.size()) == num_classes &&
+         std::adjacent_find(sorted.begin(), sorted.end()) == sorted.end() &&
+         std::none_of(labels.begin(), labels.end(), [](const std::string& l) { return l.empty(); });
+}
+
+inline bool sizes_ok(const CharClassifierOptions& o) {
+  using O = CharClassifierOptions;
+  return o.vocab_size >= 1 && o.vocab_size <= O::max_vocab_size && o.embed_dim >= 1 &&
+         o.embed_dim <= O::max_embed_dim && o.hidden_size >= 1 &&
+         o.hidden_size <= O::max_hidden_size && o.num_classes >= 1 &&
+         o.num_classes <= O::max_num_classes;
+}
+
+inline bool mentions(const std::exception& e, const std::string& source) {
+  return std::string(e.what()).find(source) != std::string::npos;
+}
+
+// A small valid checkpoint, written by save_training_checkpoint itself (once per
+// process) and read back: its metadata and tensors are what the fuzzer edits.
+struct BaseCheckpoint {
+  std::map<std::string, std::string> meta;
+  std::map<std::string, Tensor> tensors;
+};
+
+inline const BaseCheckpoint& base_checkpoint() {
+  static const BaseCheckpoint base = [] {
+    const Vocabulary vocab = Vocabulary::build({U"ab\u00e9"});
+    CharClassifier model(
+        {.vocab_size = vocab.size(), .embed_dim = 2, .hidden_size = 2, .num_classes = 2}, 1);
+    Adam opt(model.parameters(), {.lr = 1e-3});
+    const char* dir = std::getenv("TMPDIR");
+    const std::string path = std::string(dir && *dir ? dir : "/tmp") + "/seqpack_fuzz_ckpt_" +
+                             std::to_string(static_cast<long>(getpid())) + ".safetensors";
+    save_training_checkpoint(path, model, opt, vocab, {"x", "y"}, 3, R"({"epochs": 5})");
+    BaseCheckpoint b;
+    b.tensors = load_safetensors(path, &b.meta);
+    std::remove(path.c_str());
+    return b;
+  }();
+  return base;
+}
+
+}  // namespace detail
+
+// Each returns whether the input was accepted (so tests can tell), and throws
+// Finding for a broken invariant.
+inline bool check_classifier_config(std::string_view bytes) {
+  const std::string source = "<fuzz config.json>";
+  std::vector<std::string> labels;
+  CharClassifierOptions o;
+  try {
+    o = parse_classifier_config(std::string(bytes), source, &labels);
+  } catch (const std::invalid_argument& e) {
+    require(detail::mentions(e, source),
+            std::string("config error does not name its source: ") + e.what());
+    return false;
+  }
+  require(detail::sizes_ok(o), "an accepted config.json has a size outside the limits");
+  require(detail::labels_ok(labels, o.num_classes), "an accepted config.json has bad labels");
+  // What it says, written back canonically, reads the same.
+  const nlohmann::json again = {{"format", "seqpack-char-classifier"},
+                                {"version", 1},
+                                {"vocab_size", o.vocab_size},
+                                {"embed_dim", o.embed_dim},
+                                {"hidden_size", o.hidden_size},
+                                {"num_classes", o.num_classes},
+                                {"labels", labels}};
+  std::vector<std::string> labels2;
+  const CharClassifierOptions o2 = parse_classifier_config(again.dump(), "<round trip>", &labels2);
+  require(o2.vocab_size == o.vocab_size && o2.embed_dim == o.embed_dim &&
+              o2.hidden_size == o.hidden_size && o2.num_classes == o.num_classes &&
+              labels2 == labels,
+          "config.json changed in a write/read round trip");
+  return true;
+}
+
+// `edits`: '\n'-separated lines applied to a valid checkpoint:
+//   key=value      sets metadata `key` (any key, any bytes)
+//   key            removes metadata `key`
+//   @nan:T  @inf:T  @neg:T  put NaN / +Inf / -1 in tensor T's first element
+//   @drop:T  @grow:T  @f64:T  remove T, give it one more element, convert it to float64
+//   @add:T         adds a float32 tensor T of one zero
+inline bool check_checkpoint_edits(std::string_view edits) {
+  const std::string source = "<fuzz checkpoint>";
+  std::map<std::string, std::string> meta = detail::base_checkpoint().meta;
+  std::map<std::string, Tensor> tensors;
+  for (const auto& [k, v] : detail::base_checkpoint().tensors) tensors[k] = v.clone();
+  std::size_t pos = 0;
+  while (pos <= edits.size()) {
+    std::size_t end = edits.find('\n', pos);
+    if (end == std::string_view::npos) end = edits.size();
+    const std::string line(edits.substr(pos, end - pos));
+    pos = end + 1;
+    if (line.empty()) continue;
+    if (line[0] == '@') {
+      const std::size_t colon = line.find(':');
+      if (colon == std::string::npos) continue;
+      const std::string op = line.substr(1, colon - 1), name = line.substr(colon + 1);
+      if (op == "add") {
+        tensors[name] = Tensor::zeros({1});
+        continue;
+      }
+      const auto it = tensors.find(name);
+      if (it == tensors.end()) continue;
+      Tensor& t = it->second;
+      if (op == "drop") {
+        tensors.erase(it);
+      } else if (op == "grow") {
+        Shape shape = t.shape();
+        shape.push_back(1);
+        if (!shape.empty()) shape[0] += 1;
+        t = Tensor::zeros(shape, t.dtype());
+      } else if (op == "f64") {
+        t = t.to(DType::f64);
+      } else if (t.numel() > 0 && (op == "nan" || op == "inf" || op == "neg")) {
+        const double v = op == "nan" ? std::nan("") : op == "inf" ? INFINITY : -1.0;
+        if (t.dtype() == DType::f32) t.data<float>()[0] = static_cast<float>(v);
+        if (t.dtype() == DType::f64) t.data<double>()[0] = v;
+      }
+    } else {
+      const std::size_t eq = line.find('=');
+      if (eq == std::string::npos) {
+        meta.erase(line);
+      } else {
+        meta[line.substr(0, eq)] = line.substr(eq + 1);
+      }
+    }
+  }
+  TrainingCheckpoint ck;
+  try {
+    ck = parse_training_checkpoint(meta, tensors, source);
+  } catch (const std::invalid_argument& e) {
+    require(detail::mentions(e, source),
+            std::string("checkpoint error does not name its source: ") + e.what());
+    return false;
+  }
+  const CharClassifierOptions& o = ck.model_options;
+  require(detail::sizes_ok(o), "an accepted checkpoint has a size outside the limits");
+  require(o.dtype == DType::f32 || o.dtype == DType::f64,
+          "an accepted checkpoint has an integer dtype");
+  require(detail::labels_ok(ck.labels, o.num_classes), "an accepted checkpoint has bad labels");
+  require(ck.vocabulary.size() == o.vocab_size,
+          "an accepted checkpoint's vocabulary disagrees with its sizes");
+  require(ck.epoch >= 0 && ck.adam_step >= 0, "an accepted checkpoint has a negative count");
+  // Its tensors match model_config, so this allocates no more than the input holds.
+  CharClassifier model(o, 0);
+  bool amsgrad = false;
+  for (const auto& [k, v] : ck.adam_state) amsgrad = amsgrad || k.rfind("max_exp_avg_sq.", 0) == 0;
+  Adam opt(model.parameters(), {.lr = 1e-3, .amsgrad = amsgrad});
+  try {
+    model.load_state_dict(ck.model_state);
+    opt.load_state(ck.adam_state, ck.adam_step);
+  } catch (const std::invalid_argument& e) {
+    throw Finding(std::string("an accepted checkpoint does not load: ") + e.what());
+  }
+  for (const Parameter& p : model.parameters()) {
+    for (int64_t i = 0; i < p.value.numel(); ++i) {
+      require(std::isfinite(p.value.item_as_double(i)),
+              "an accepted checkpoint holds a non-finite weight");
+    }
+  }
+  return true;
+}
+
+inline void check_model_files(const uint8_t* data, std::size_t size) {
+  if (size == 0) return;
+  const std::string_view text(reinterpret_cast<const char*>(data) + 1, size - 1);
+  switch (data[0] % 3) {
+    case 0:
+      check_classifier_config(text);
+      break;
+    case 1:
+      check_vocabulary_json(text);
+      break;
+    default:
+      check_checkpoint_edits(text);
+      break;
+  }
 }
 
 // ---------------------------------------------------------------------------

@@ -91,6 +91,45 @@ def tsv_vocabulary_seeds():
     w("vocab_two_chars", json.dumps(two).encode())
 
 
+def model_files_seeds():
+    """The first byte picks the file (fuzz/fuzz_checks.h, check_model_files): 0 config.json,
+    1 vocabulary.json, 2 edits of a valid training checkpoint ('key=value' sets a metadata
+    field, '@nan:T' and friends corrupt tensor T; one edit per line)."""
+    w = lambda n, mode, text: write("model_files", n, bytes([mode]) + text.encode())
+    config = {"format": "seqpack-char-classifier", "version": 1, "vocab_size": 19, "embed_dim": 6,
+              "hidden_size": 5, "num_classes": 3, "labels": ["english", "french", "german"]}
+    w("config_valid", 0, json.dumps(config, indent=2))
+    w("config_limits", 0, json.dumps(dict(config, vocab_size=1112066, embed_dim=16384,
+                                          hidden_size=16384)))
+    for name, key, value in [("config_fraction", "hidden_size", 16.5),
+                             ("config_exponent", "hidden_size", 1e23),
+                             ("config_huge", "hidden_size", 1152921504606846976),
+                             ("config_negative", "embed_dim", -1),
+                             ("config_version_2", "version", 2),
+                             ("config_format", "format", "pt"),
+                             ("config_duplicate_labels", "labels", ["a", "b", "a"]),
+                             ("config_empty_label", "labels", ["a", "", "c"])]:
+        w(name, 0, json.dumps(dict(config, **{key: value})))
+    vocab = {"format": "seqpack-vocabulary", "version": 1,
+             "special_tokens": ["<pad>", "<unk>"], "tokens": ["a", "b", "\u00e9", "\U0001F600"]}
+    w("vocab_valid", 1, json.dumps(vocab, ensure_ascii=False))
+    w("vocab_version_float", 1, json.dumps(dict(vocab, version=1.0)))
+    w("vocab_duplicate", 1, json.dumps(dict(vocab, tokens=["a", "a"])))
+    model_config = {"vocab_size": 5, "embed_dim": 2, "hidden_size": 2, "num_classes": 2,
+                    "dtype": "F32"}
+    w("ckpt_unchanged", 2, "")
+    w("ckpt_model_config", 2, "model_config=" + json.dumps(model_config))
+    w("ckpt_dtype_int8", 2, "model_config=" + json.dumps(dict(model_config, dtype="int8")))
+    w("ckpt_hidden_fraction", 2, "model_config=" + json.dumps(dict(model_config, hidden_size=2.5)))
+    w("ckpt_counts", 2, "epoch=12abc\nadam_step=99999999999999999999")
+    w("ckpt_labels", 2, 'labels=["x","x"]')
+    w("ckpt_vocabulary", 2, "vocabulary=" + json.dumps(dict(vocab, tokens=["a", "b", "\u00e9"])))
+    w("ckpt_train_config", 2, "train_config=[1]\nformat=seqpack-train-checkpoint\nversion=1")
+    w("ckpt_missing_field", 2, "labels")
+    w("ckpt_tensors", 2, "@nan:model.fc.weight\n@neg:adam.exp_avg_sq.fc.bias\n@grow:model.fc.bias\n"
+      "@f64:adam.exp_avg.fc.bias\n@drop:model.lstm.bias_hh_l0\n@add:model.extra")
+
+
 def packing_seeds():
     rng = random.Random(20240229)
     for i in range(24):
@@ -104,3 +143,4 @@ if __name__ == "__main__":
     safetensors_seeds()
     tsv_vocabulary_seeds()
     packing_seeds()
+    model_files_seeds()

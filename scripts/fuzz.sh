@@ -18,7 +18,7 @@ SECONDS_PER_TARGET=${SEQPACK_FUZZ_SECONDS:-60}
 BUILD_DIR=${SEQPACK_FUZZ_BUILD_DIR:-build-fuzz}
 JOBS=${SEQPACK_JOBS:-$(nproc)}
 TARGETS=("$@")
-[ ${#TARGETS[@]} -gt 0 ] || TARGETS=(safetensors tsv_vocabulary packing)
+[ ${#TARGETS[@]} -gt 0 ] || TARGETS=(safetensors tsv_vocabulary packing model_files)
 
 CC=clang-14 CXX=clang++-14 cmake -S . -B "$BUILD_DIR" -DCMAKE_BUILD_TYPE=RelWithDebInfo \
   -DSEQPACK_BUILD_FUZZERS=ON -DSEQPACK_BUILD_TESTS=OFF -DSEQPACK_BUILD_CLI=OFF \

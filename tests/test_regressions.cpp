@@ -60,6 +60,42 @@ TEST(FuzzReplay, PackingCorpus) {
   replay("regressions", "packing", seqpack::fuzz::check_packing);
 }
 
+TEST(FuzzReplay, ModelFilesCorpus) {
+  EXPECT_GT(replay("corpus", "model_files", seqpack::fuzz::check_model_files), 0);
+  replay("regressions", "model_files", seqpack::fuzz::check_model_files);
+}
+
+// The model-file checks tell accepted from rejected inputs as the schemas say
+// (tests/test_model_files.cpp has the messages), so the replay above is not
+// vacuous: the unedited checkpoint loads, each forbidden edit is rejected.
+TEST(FuzzReplay, ModelFilesChecksAcceptAndRejectAsDocumented) {
+  using seqpack::fuzz::check_checkpoint_edits;
+  using seqpack::fuzz::check_classifier_config;
+  EXPECT_TRUE(check_checkpoint_edits(""));
+  EXPECT_TRUE(check_checkpoint_edits("epoch=7\nadam_step=0\ncomment=ignored"));
+  for (const char* edit :
+       {"model_config={\"vocab_size\":5,\"embed_dim\":2,\"hidden_size\":2,\"num_classes\":2,"
+        "\"dtype\":\"int8\"}",
+        "model_config={\"vocab_size\":5,\"embed_dim\":2,\"hidden_size\":2.5,\"num_classes\":2,"
+        "\"dtype\":\"F32\"}",
+        "epoch=3x", "adam_step", "labels=[\"x\",\"x\"]", "labels=[\"x\",\"\"]",
+        "@nan:model.fc.weight", "@inf:adam.exp_avg.fc.bias", "@neg:adam.exp_avg_sq.fc.bias",
+        "@grow:model.fc.bias", "@f64:model.fc.bias", "@drop:adam.exp_avg.fc.bias",
+        "@add:model.extra"}) {
+    EXPECT_FALSE(check_checkpoint_edits(edit)) << edit;
+  }
+  const std::string config = R"({"format": "seqpack-char-classifier", "version": 1, "vocab_size": 5,
+      "embed_dim": 2, "hidden_size": HIDDEN, "num_classes": 2, "labels": ["x", "y"]})";
+  const auto with_hidden = [&](const std::string& h) {
+    std::string c = config;
+    return c.replace(c.find("HIDDEN"), 6, h);
+  };
+  EXPECT_TRUE(check_classifier_config(with_hidden("16384")));
+  for (const char* bad : {"16.5", "1e23", "16385", "1152921504606846976", "0", "\"2\""}) {
+    EXPECT_FALSE(check_classifier_config(with_hidden(bad))) << bad;
+  }
+}
+
 // The checks themselves must be able to fail: a broken invariant is a Finding,
 // which is not an invalid_argument, so it escapes a target as a crash.
 TEST(FuzzReplay, FindingIsNotARejection) {

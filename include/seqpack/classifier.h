@@ -53,7 +53,17 @@ struct CharClassifierOptions {
   // linear layer stay in `dtype`.
   Precision precision = Precision::fp32;
 
-  // Throws std::invalid_argument naming the offending option and value.
+  // The largest sizes a model may have: `seqpack train`'s ranges for --embed
+  // and --hidden, every Unicode scalar value plus <pad> and <unk> for the
+  // vocabulary, and 2^20 labels. validate() and the model loaders enforce them,
+  // so a hostile file cannot make seqpack allocate absurd tensors.
+  static constexpr int64_t max_embed_dim = 16384;
+  static constexpr int64_t max_hidden_size = 16384;
+  static constexpr int64_t max_vocab_size = 2 + 0x110000 - 0x800;
+  static constexpr int64_t max_num_classes = int64_t{1} << 20;
+
+  // Throws std::invalid_argument naming the offending option and value: every
+  // size must be in [1, its maximum] and dtype a floating-point type.
   void validate() const;
 };
 
@@ -134,6 +144,27 @@ void write_classifier_files(const std::string& dir, CharClassifier& model, const
 // tests/fixtures/gen_model.py). Throws std::invalid_argument naming the
 // directory and the missing or inconsistent file.
 TrainedClassifier load_classifier(const std::string& dir);
+
+// ---- Validation of the model files (used by load_classifier and
+// load_training_checkpoint; public so they can be fuzzed without files).
+struct TrainingCheckpoint;
+//
+// config.json's text: {"format": "seqpack-char-classifier", "version": 1,
+// "vocab_size", "embed_dim", "hidden_size", "num_classes": JSON integers within
+// CharClassifierOptions' limits, "labels": num_classes distinct non-empty
+// strings} (other keys are ignored). Returns the sizes; `labels`, when given,
+// receives the labels. Throws std::invalid_argument starting with `where`
+// (e.g. the file's path) and naming the field and its value.
+CharClassifierOptions parse_classifier_config(const std::string& json_text,
+                                              const std::string& where,
+                                              std::vector<std::string>* labels = nullptr);
+// The checks of load_training_checkpoint on a file already parsed (metadata and
+// tensors as load_safetensors returns them): metadata fields, the tensors' names,
+// shapes and dtypes against model_config, finite values. `source` names the
+// file in every message (load_training_checkpoint passes "checkpoint <path>").
+TrainingCheckpoint parse_training_checkpoint(const std::map<std::string, std::string>& metadata,
+                                             const std::map<std::string, Tensor>& tensors,
+                                             const std::string& source);
 
 // A training checkpoint: everything `seqpack train --resume` needs to continue
 // as if it had never stopped. One safetensors file, so replacing it is a single

@@ -8,7 +8,12 @@ batch with lengths) straight from variable-length samples.
     for packed, targets in loader:
         out, h = lstm(packed)            # seqpack.torch.LSTM or torch.nn.LSTM
 
-(They will also be importable from seqpack.torch.)
+(Also importable from seqpack.torch.)
+
+A sample is a sequence (a tensor, array or nested list [L, *]) or a tuple
+(sequence, target, ...). Only a tuple is split into fields: a list is always a
+sequence, so [[1.0], [2.0]] is one sequence of two steps, never a sequence
+[1.0] with the target [2.0].
 """
 import torch
 from torch.utils.data import default_collate
@@ -24,9 +29,10 @@ def _split(samples):
         raise TypeError(f"samples must be a list, got {type(samples).__name__}")
     seqs, rest = [], []
     for i, s in enumerate(samples):
-        if isinstance(s, (tuple, list)):
+        # Only a tuple is (sequence, target, ...): a list is a sequence's steps.
+        if isinstance(s, tuple):
             if len(s) == 0:
-                raise ValueError(f"samples[{i}] is an empty {type(s).__name__}")
+                raise ValueError(f"samples[{i}] is an empty tuple")
             seq, other = s[0], tuple(s[1:])
         else:
             seq, other = s, None
@@ -64,6 +70,7 @@ def collate_packed(samples):
     targets, ...), the other fields stacked by default_collate.
 
     Sequences are tensors (or arrays, lists) [L_i, *] of one dtype; zero-length ones are kept.
+    Only tuples are (sequence, target, ...) samples: a list sample is a sequence.
     The PackedSequence has sorted_indices (as pack_sequence(..., enforce_sorted=False)); it is
     built by one concatenation and one gather, without padding."""
     seqs, rest = _split(samples)

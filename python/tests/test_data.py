@@ -351,3 +351,29 @@ def test_collate_bad_input():
         collate_packed([torch.tensor(3.0)])
     with pytest.raises(TypeError, match="samples must be a list"):
         collate_packed(torch.zeros(3, 2))
+
+
+def test_collate_list_samples_are_sequences():
+    # A list sample is a sequence (docs/python.md): two sequences of two steps with one
+    # feature each, not two length-1 sequences and a "target" (issue 21, defect 8).
+    samples = [[[1.0], [2.0]], [[3.0], [4.0]]]
+    packed = collate_packed(samples)
+    assert isinstance(packed, torch.nn.utils.rnn.PackedSequence)
+    ref = pack_sequence([torch.tensor(s) for s in samples], enforce_sorted=False)
+    for a, b in zip(packed, ref):
+        assert torch.equal(a, b)
+    assert packed.batch_sizes.tolist() == [2, 2]
+    assert packed.data.tolist() == [[1.0], [3.0], [2.0], [4.0]]
+    padded, lengths = collate_padded(samples, batch_first=True)
+    assert padded.tolist() == samples and lengths.tolist() == [2, 2]
+    # Token ids as lists of ints; lists inside a tuple are the tuple's sequence.
+    ids = collate_packed([[5, 6, 7], [8, 9]])
+    assert ids.batch_sizes.tolist() == [2, 2, 1] and ids.data.tolist() == [5, 8, 6, 9, 7]
+    packed, targets = collate_packed([([5, 6, 7], 0), ([8, 9], 1)])
+    assert packed.data.tolist() == [5, 8, 6, 9, 7] and targets.tolist() == [0, 1]
+    # An empty list is a zero-length sequence; an empty tuple has no sequence at all.
+    assert collate_packed([[1.0], []]).batch_sizes.tolist() == [1]
+    with pytest.raises(ValueError, match=r"samples\[0\] is an empty tuple"):
+        collate_packed([(), ()])
+    with pytest.raises(ValueError, match=r"samples\[1\] is a bare sequence"):
+        collate_packed([([1.0], 0), [1.0, 2.0]])

@@ -1,38 +1,254 @@
 #include "seqpack/classifier.h"
 
 #include <fcntl.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
+#include <charconv>
 #include <cstdlib>
 #include <cmath>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <limits>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <sstream>
 #include <stdexcept>
+#include <string_view>
+#include <unordered_map>
 
 #include "seqpack/loss.h"
 #include "seqpack/model_dir.h"
 #include "seqpack/packed_sequence.h"
 #include "seqpack/safetensors.h"
+#include "train/regular_file.h"
 
 namespace seqpack {
 
 void CharClassifierOptions::validate() const {
-  auto positive = [](const char* name, int64_t v) {
-    if (v <= 0) {
+  auto in_range = [](const char* name, int64_t v, int64_t max) {
+    if (v < 1 || v > max) {
       throw std::invalid_argument(std::string("CharClassifier: ") + name + " = " +
-                                  std::to_string(v) + " must be positive");
+                                  std::to_string(v) + " is out of range [1, " +
+                                  std::to_string(max) + "]");
     }
   };
-  positive("vocab_size", vocab_size);
-  positive("embed_dim", embed_dim);
-  positive("hidden_size", hidden_size);
-  positive("num_classes", num_classes);
+  in_range("vocab_size", vocab_size, max_vocab_size);
+  in_range("embed_dim", embed_dim, max_embed_dim);
+  in_range("hidden_size", hidden_size, max_hidden_size);
+  in_range("num_classes", num_classes, max_num_classes);
   if (dtype == DType::i64) throw std::invalid_argument("CharClassifier: dtype must be float32 or float64");
+}
+
+// ------------------------------------------------------------ model files: validation
+
+namespace {
+using json = nlohmann::json;
+
+// A JSON value for a message, cut short: a hostile file must not make a huge one.
+// Numbers with a fraction or exponent in their shortest form ("1e+23", where
+// nlohmann's dump gives 9.999999999999999e+22), always marked as not integral ("16.0").
+std::string shown(const json& v) {
+  if (v.is_number_float()) {
+    char buf[64];
+    const auto r = std::to_chars(buf, buf + sizeof buf, v.get<double>());
+    std::string s(buf, r.ptr);
+    if (s.find_first_of(".en") == std::string::npos) s += ".0";
+    return s;
+  }
+  std::string s = v.dump(-1, ' ', false, json::error_handler_t::replace);
+  if (s.size() > 80) s = s.substr(0, 77) + "...";
+  return s;
+}
+
+[[noreturn]] void schema_error(const std::string& where, const std::string& what) {
+  throw std::invalid_argument(where + ": " + what);
+}
+
+std::string quoted(const std::string& key) { return "\"" + key + "\""; }
+
+const json& field_of(const json& obj, const std::string& key, const std::string& where) {
+  const auto it = obj.find(key);
+  if (it == obj.end()) schema_error(where, quoted(key) + " is missing");
+  return *it;
+}
+
+// obj[key] as an integer in [lo, hi]. Only a JSON integer is one: 16.5 and
+// 1e3 are rejected rather than truncated or converted.
+int64_t integer_field(const json& obj, const std::string& key, int64_t lo, int64_t hi,
+                      const std::string& where) {
+  const json& v = field_of(obj, key, where);
+  if (!v.is_number_integer())
+    schema_error(where, quoted(key) + " = " + shown(v) + " is not an integer");
+  // Compared in the value's own type: 2^64 - 1 must not wrap to -1 on the way.
+  const bool in_range = v.is_number_unsigned() ? v.get<uint64_t>() <= static_cast<uint64_t>(hi) &&
+                                                     static_cast<int64_t>(v.get<uint64_t>()) >= lo
+                                               : v.get<int64_t>() >= lo && v.get<int64_t>() <= hi;
+  if (!in_range) {
+    schema_error(where, quoted(key) + " = " + shown(v) + " is out of range [" + std::to_string(lo) +
+                            ", " + std::to_string(hi) + "]");
+  }
+  return v.get<int64_t>();
+}
+
+// The sizes shared by config.json and a checkpoint's model_config.
+CharClassifierOptions sizes_from(const json& obj, const std::string& where) {
+  using O = CharClassifierOptions;
+  CharClassifierOptions o;
+  o.vocab_size = integer_field(obj, "vocab_size", 1, O::max_vocab_size, where);
+  o.embed_dim = integer_field(obj, "embed_dim", 1, O::max_embed_dim, where);
+  o.hidden_size = integer_field(obj, "hidden_size", 1, O::max_hidden_size, where);
+  o.num_classes = integer_field(obj, "num_classes", 1, O::max_num_classes, where);
+  return o;
+}
+
+// A label list: an array of num_classes distinct non-empty strings.
+std::vector<std::string> labels_from(const json& v, const std::string& name, int64_t num_classes,
+                                     const std::string& where) {
+  if (!v.is_array()) schema_error(where, name + " = " + shown(v) + " is not an array");
+  std::vector<std::string> labels;
+  std::unordered_map<std::string, std::size_t> first;
+  for (std::size_t i = 0; i < v.size(); ++i) {
+    const std::string at = name + "[" + std::to_string(i) + "]";
+    if (!v[i].is_string()) schema_error(where, at + " = " + shown(v[i]) + " is not a string");
+    const std::string& label = v[i].get_ref<const std::string&>();
+    if (label.empty()) schema_error(where, at + " is an empty label");
+    const auto [it, fresh] = first.emplace(label, i);
+    if (!fresh) {
+      schema_error(where, at + " = " + shown(v[i]) + " repeats " + name + "[" +
+                              std::to_string(it->second) + "]");
+    }
+    labels.push_back(label);
+  }
+  if (static_cast<int64_t>(labels.size()) != num_classes) {
+    schema_error(where, name + " has " + std::to_string(labels.size()) +
+                            " entries but \"num_classes\" = " + std::to_string(num_classes));
+  }
+  return labels;
+}
+
+json parse_json(std::string_view text, const std::string& where) {
+  try {
+    return json::parse(text.begin(), text.end());
+  } catch (const json::exception& e) {
+    // nlohmann's message says where in the text; ours says which text.
+    schema_error(where, std::string("not valid JSON (") + e.what() + ")");
+  }
+}
+
+// The parameter shapes of a CharClassifier with these sizes, by torch name
+// (tests compare this with CharClassifier::state_dict()). Computed before any
+// model is built, so a file is checked without allocating what its config says.
+std::map<std::string, Shape> state_shapes(const CharClassifierOptions& o) {
+  const int64_t V = o.vocab_size, E = o.embed_dim, H = o.hidden_size, C = o.num_classes;
+  std::map<std::string, Shape> s = {
+      {"embedding.weight", {V, E}}, {"fc.weight", {C, 2 * H}}, {"fc.bias", {C}}};
+  for (const std::string suffix : {"", "_reverse"}) {
+    s["lstm.weight_ih_l0" + suffix] = {4 * H, E};
+    s["lstm.weight_hh_l0" + suffix] = {4 * H, H};
+    s["lstm.bias_ih_l0" + suffix] = {4 * H};
+    s["lstm.bias_hh_l0" + suffix] = {4 * H};
+  }
+  return s;
+}
+
+const char* dtype_label(DType d) {
+  switch (d) {
+    case DType::f32:
+      return "float32";
+    case DType::f64:
+      return "float64";
+    case DType::i64:
+      return "int64";
+  }
+  return "?";
+}
+
+// A floating-point tensor holding only finite values (and, with
+// non_negative, none below zero); throws naming the tensor and the first bad element.
+void check_values(const Tensor& t, const std::string& name, bool non_negative,
+                  const std::string& where) {
+  auto scan = [&](const auto* p) {
+    for (int64_t i = 0; i < t.numel(); ++i) {
+      const double v = static_cast<double>(p[i]);
+      if (!std::isfinite(v) || (non_negative && v < 0)) {
+        schema_error(where, "tensor '" + name + "' holds " + std::to_string(v) + " at index " +
+                                std::to_string(i) +
+                                (std::isfinite(v) ? " (it must be non-negative)"
+                                                  : " (only finite values are loaded)"));
+      }
+    }
+  };
+  if (t.dtype() == DType::f32) scan(t.data<float>());
+  if (t.dtype() == DType::f64) scan(t.data<double>());
+}
+
+// A tensor of a model's state: the expected shape, a floating-point dtype
+// (exactly `dtype` when given), finite values.
+void check_tensor(const Tensor& t, const std::string& name, const Shape& shape,
+                  std::optional<DType> dtype, bool non_negative, const std::string& where) {
+  if (t.dtype() == DType::i64 || (dtype && t.dtype() != *dtype)) {
+    schema_error(where, "tensor '" + name + "' has dtype " + dtype_label(t.dtype()) +
+                            ", expected " + (dtype ? dtype_label(*dtype) : "float32 or float64"));
+  }
+  if (t.shape() != shape) {
+    schema_error(where, "tensor '" + name + "' has shape " + shape_str(t.shape()) + ", expected " +
+                            shape_str(shape) + " from the model's sizes");
+  }
+  check_values(t, name, non_negative, where);
+}
+
+// `state` holds exactly the parameters of a model with `o`'s sizes.
+void check_state(const std::map<std::string, Tensor>& state, const CharClassifierOptions& o,
+                 std::optional<DType> dtype, const std::string& prefix, const std::string& where) {
+  const std::map<std::string, Shape> shapes = state_shapes(o);
+  for (const auto& [name, t] : state) {
+    if (!shapes.count(name)) schema_error(where, "unexpected tensor '" + prefix + name + "'");
+  }
+  for (const auto& [name, shape] : shapes) {
+    const auto it = state.find(name);
+    if (it == state.end()) schema_error(where, "tensor '" + prefix + name + "' is missing");
+    check_tensor(it->second, prefix + name, shape, dtype, /*non_negative=*/false, where);
+  }
+}
+
+// stat(2) of `path` (links followed): it must be a regular file.
+void require_regular_file(const std::string& path, const std::string& missing,
+                          const std::string& where) {
+  struct stat st {};
+  if (::stat(path.c_str(), &st) != 0) {
+    if (errno == ENOENT) throw std::invalid_argument(where + ": " + missing);
+    throw std::invalid_argument(where + ": cannot access '" + path + "': " + std::strerror(errno));
+  }
+  if (!S_ISREG(st.st_mode)) {
+    throw std::invalid_argument(where + ": '" + path + "' is not a regular file (it is " +
+                                detail::file_kind(st.st_mode) + ")");
+  }
+}
+}  // namespace
+
+CharClassifierOptions parse_classifier_config(const std::string& json_text,
+                                              const std::string& where,
+                                              std::vector<std::string>* labels) {
+  const json config = parse_json(json_text, where);
+  if (!config.is_object()) schema_error(where, "expected a JSON object, got " + shown(config));
+  const json& format = field_of(config, "format", where);
+  if (format != "seqpack-char-classifier") {
+    schema_error(where,
+                 "\"format\" is " + shown(format) + ", expected \"seqpack-char-classifier\"");
+  }
+  const json& version = field_of(config, "version", where);
+  if (!version.is_number_integer() || version != 1) {
+    schema_error(where, "\"version\" is " + shown(version) + ", this seqpack reads version 1");
+  }
+  const CharClassifierOptions o = sizes_from(config, where);
+  std::vector<std::string> l =
+      labels_from(field_of(config, "labels", where), "\"labels\"", o.num_classes, where);
+  if (labels != nullptr) *labels = std::move(l);
+  return o;
 }
 
 namespace {
@@ -53,8 +269,13 @@ void add_into(Tensor& dst, const Tensor& src, int64_t skip_row = -1) {
   }
 }
 
-RNNOptions lstm_options(const CharClassifierOptions& o) {
+// Runs before any member is built, so bad sizes never reach an allocation.
+const CharClassifierOptions& validated(const CharClassifierOptions& o) {
   o.validate();
+  return o;
+}
+
+RNNOptions lstm_options(const CharClassifierOptions& o) {
   RNNOptions r;
   r.mode = RNNMode::lstm;
   r.input_size = o.embed_dim;
@@ -69,7 +290,7 @@ RNNOptions lstm_options(const CharClassifierOptions& o) {
 // Each module gets its own seed derived from `seed`, so changing one size does
 // not reshuffle the others' initial values.
 CharClassifier::CharClassifier(CharClassifierOptions options, uint64_t seed)
-    : options_(options),
+    : options_(validated(options)),
       embedding_(options.vocab_size, options.embed_dim, /*padding_idx=*/0, options.dtype,
                  seed * 3 + 1),
       lstm_(lstm_options(options), seed * 3 + 2),
@@ -223,16 +444,6 @@ void CharClassifier::load_state_dict(const std::map<std::string, Tensor>& state)
 
 // ------------------------------------------------------------ saving, loading
 
-namespace {
-std::string read_text(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) throw std::invalid_argument("cannot open " + path);
-  std::ostringstream s;
-  s << in.rdbuf();
-  return s.str();
-}
-}  // namespace
-
 void write_classifier_files(const std::string& dir, CharClassifier& model, const Vocabulary& vocabulary,
                             const std::vector<std::string>& labels) {
   const auto& o = model.options();
@@ -277,39 +488,44 @@ void save_classifier(const std::string& dir, CharClassifier& model, const Vocabu
 }
 
 TrainedClassifier load_classifier(const std::string& dir) {
-  if (!std::filesystem::is_directory(dir)) {
-    throw std::invalid_argument("load_classifier: " + dir + " is not a model directory");
+  const std::string where = "load_classifier";
+  struct stat st {};
+  if (::stat(dir.c_str(), &st) != 0) {
+    if (errno == ENOENT || errno == ENOTDIR) {
+      throw std::invalid_argument(where + ": model directory '" + dir + "' does not exist");
+    }
+    throw std::invalid_argument(where + ": cannot access model directory '" + dir +
+                                "': " + std::strerror(errno));
   }
-  nlohmann::json config;
+  if (!S_ISDIR(st.st_mode)) {
+    throw std::invalid_argument(where + ": '" + dir + "' is not a model directory: it is " +
+                                detail::file_kind(st.st_mode) + ", not a directory");
+  }
+  const std::string config_path = dir + "/config.json";
+  const std::string model_path = dir + "/model.safetensors";
+  require_regular_file(config_path, "model directory '" + dir + "' has no config.json", where);
+  std::string text;
   try {
-    config = nlohmann::json::parse(read_text(dir + "/config.json"));
-  } catch (const nlohmann::json::exception& e) {
-    throw std::invalid_argument("load_classifier: " + dir + "/config.json: " + e.what());
+    text = detail::read_regular_file(config_path, "model config");
+  } catch (const std::invalid_argument& e) {
+    throw std::invalid_argument(where + ": " + e.what());
   }
   TrainedClassifier tc;
-  CharClassifierOptions o;
-  try {
-    o.vocab_size = config.at("vocab_size").get<int64_t>();
-    o.embed_dim = config.at("embed_dim").get<int64_t>();
-    o.hidden_size = config.at("hidden_size").get<int64_t>();
-    o.num_classes = config.at("num_classes").get<int64_t>();
-    tc.labels = config.at("labels").get<std::vector<std::string>>();
-  } catch (const nlohmann::json::exception& e) {
-    throw std::invalid_argument("load_classifier: " + dir + "/config.json: " + e.what());
-  }
-  if (static_cast<int64_t>(tc.labels.size()) != o.num_classes) {
-    throw std::invalid_argument("load_classifier: " + dir + "/config.json lists " +
-                                std::to_string(tc.labels.size()) + " labels but num_classes = " +
-                                std::to_string(o.num_classes));
-  }
+  const CharClassifierOptions o =
+      parse_classifier_config(text, where + ": '" + config_path + "'", &tc.labels);
   tc.vocabulary = Vocabulary::load(dir + "/vocabulary.json");
   if (tc.vocabulary.size() != o.vocab_size) {
-    throw std::invalid_argument("load_classifier: " + dir + "/vocabulary.json has " +
+    throw std::invalid_argument(where + ": " + dir + "/vocabulary.json has " +
                                 std::to_string(tc.vocabulary.size()) +
                                 " entries but vocab_size = " + std::to_string(o.vocab_size));
   }
+  require_regular_file(model_path, "model directory '" + dir + "' has no model.safetensors", where);
+  const std::map<std::string, Tensor> state = load_safetensors(model_path);
+  // Checked before the model is built: its sizes come from config.json, and
+  // only tensors that exist in the file are allocated for them.
+  check_state(state, o, std::nullopt, "", where + ": '" + model_path + "'");
   tc.model = std::make_unique<CharClassifier>(o, 0);
-  tc.model->load_state_dict(load_safetensors(dir + "/model.safetensors"));
+  tc.model->load_state_dict(state);
   return tc;
 }
 
@@ -360,9 +576,116 @@ void save_training_checkpoint(const std::string& path, CharClassifier& model, co
   write_file_atomically(path, serialize_safetensors(tensors, meta));
 }
 
+namespace {
+// A non-negative decimal integer, digits only ("12", not "+12", " 12" or "12abc").
+int64_t metadata_count(const std::string& text, const std::string& key, const std::string& where) {
+  const std::string shown_text = text.size() > 40 ? text.substr(0, 37) + "..." : text;
+  const auto bad = [&](const std::string& why) {
+    schema_error(where, "metadata \"" + key + "\" = '" + shown_text + "' " + why);
+  };
+  if (text.empty() ||
+      !std::all_of(text.begin(), text.end(), [](char c) { return c >= '0' && c <= '9'; })) {
+    bad("is not a non-negative integer");
+  }
+  int64_t v = 0;
+  for (char c : text) {
+    if (v > (std::numeric_limits<int64_t>::max() - (c - '0')) / 10) bad("is too large");
+    v = v * 10 + (c - '0');
+  }
+  return v;
+}
+}  // namespace
+
+TrainingCheckpoint parse_training_checkpoint(const std::map<std::string, std::string>& meta,
+                                             const std::map<std::string, Tensor>& tensors,
+                                             const std::string& source) {
+  // "<source> has ..." reads better than "<source>: has ...".
+  const auto whole = [&](const std::string& what) {
+    throw std::invalid_argument(source + " " + what);
+  };
+  const auto field = [&](const char* key) -> const std::string& {
+    auto it = meta.find(key);
+    if (it == meta.end()) whole(std::string("has no '") + key + "' metadata");
+    return it->second;
+  };
+  if (field("format") != kCheckpointFormat) {
+    whole("has format '" + field("format").substr(0, 80) + "', expected '" + kCheckpointFormat +
+          "'");
+  }
+  if (field("version") != "1") {
+    whole("has version '" + field("version").substr(0, 80) + "', this seqpack reads version 1");
+  }
+  TrainingCheckpoint ck;
+  ck.epoch = metadata_count(field("epoch"), "epoch", source);
+  ck.adam_step = metadata_count(field("adam_step"), "adam_step", source);
+
+  const std::string mc_where = source + ": metadata \"model_config\"";
+  const json mc = parse_json(field("model_config"), mc_where);
+  if (!mc.is_object()) schema_error(mc_where, "expected a JSON object, got " + shown(mc));
+  const CharClassifierOptions sizes = sizes_from(mc, mc_where);
+  ck.model_options.vocab_size = sizes.vocab_size;
+  ck.model_options.embed_dim = sizes.embed_dim;
+  ck.model_options.hidden_size = sizes.hidden_size;
+  ck.model_options.num_classes = sizes.num_classes;
+  const json& dtype = field_of(mc, "dtype", mc_where);
+  if (dtype != "F32" && dtype != "F64") {
+    schema_error(mc_where, "\"dtype\" = " + shown(dtype) + " is not \"F32\" or \"F64\"");
+  }
+  ck.model_options.dtype = dtype == "F64" ? DType::f64 : DType::f32;
+
+  const std::string labels_where = source + ": metadata \"labels\"";
+  ck.labels = labels_from(parse_json(field("labels"), labels_where), "labels",
+                          ck.model_options.num_classes, labels_where);
+  ck.train_config = field("train_config");
+  const std::string tc_where = source + ": metadata \"train_config\"";
+  const json tc = parse_json(ck.train_config, tc_where);
+  if (!tc.is_object()) schema_error(tc_where, "expected a JSON object, got " + shown(tc));
+  ck.vocabulary = Vocabulary::from_json(field("vocabulary"), source + " (metadata \"vocabulary\")");
+  if (ck.vocabulary.size() != ck.model_options.vocab_size) {
+    schema_error(source, "the vocabulary has " + std::to_string(ck.vocabulary.size()) +
+                             " entries but model_config's vocab_size = " +
+                             std::to_string(ck.model_options.vocab_size));
+  }
+
+  for (const auto& [k, v] : tensors) {
+    if (k.rfind("model.", 0) == 0) {
+      ck.model_state[k.substr(6)] = v;
+    } else if (k.rfind("adam.", 0) == 0) {
+      ck.adam_state[k.substr(5)] = v;
+    } else {
+      schema_error(source, "unexpected tensor '" + k + "'");
+    }
+  }
+  // Parameters in the training dtype with model_config's shapes; Adam's moments
+  // shaped like their parameter (exp_avg_sq, a mean of squares, never negative).
+  check_state(ck.model_state, ck.model_options, ck.model_options.dtype, "model.", source);
+  const std::map<std::string, Shape> shapes = state_shapes(ck.model_options);
+  const bool amsgrad = std::any_of(ck.adam_state.begin(), ck.adam_state.end(), [](const auto& kv) {
+    return kv.first.rfind("max_exp_avg_sq.", 0) == 0;
+  });
+  std::map<std::string, std::pair<Shape, bool>> adam;  // key -> (shape, non-negative)
+  for (const auto& [name, shape] : shapes) {
+    adam["exp_avg." + name] = {shape, false};
+    adam["exp_avg_sq." + name] = {shape, true};
+    if (amsgrad) adam["max_exp_avg_sq." + name] = {shape, true};
+  }
+  for (const auto& [k, v] : ck.adam_state) {
+    if (!adam.count(k)) schema_error(source, "unexpected tensor 'adam." + k + "'");
+  }
+  for (const auto& [k, spec] : adam) {
+    const auto it = ck.adam_state.find(k);
+    if (it == ck.adam_state.end()) schema_error(source, "tensor 'adam." + k + "' is missing");
+    check_tensor(it->second, "adam." + k, spec.first, ck.model_options.dtype, spec.second, source);
+  }
+  return ck;
+}
+
 TrainingCheckpoint load_training_checkpoint(const std::string& path) {
-  if (!std::filesystem::is_regular_file(path)) {
-    throw std::invalid_argument("no checkpoint at " + path);
+  struct stat st {};
+  if (::stat(path.c_str(), &st) != 0) throw std::invalid_argument("no checkpoint at " + path);
+  if (!S_ISREG(st.st_mode)) {
+    throw std::invalid_argument("checkpoint " + path + " is not a regular file (it is " +
+                                detail::file_kind(st.st_mode) + ")");
   }
   std::map<std::string, std::string> meta;
   std::map<std::string, Tensor> tensors;
@@ -371,62 +694,7 @@ TrainingCheckpoint load_training_checkpoint(const std::string& path) {
   } catch (const std::invalid_argument& e) {
     throw std::invalid_argument("checkpoint " + path + " is corrupt: " + e.what());
   }
-  const auto field = [&](const char* key) -> const std::string& {
-    auto it = meta.find(key);
-    if (it == meta.end()) {
-      throw std::invalid_argument("checkpoint " + path + " has no '" + key + "' metadata");
-    }
-    return it->second;
-  };
-  if (field("format") != kCheckpointFormat) {
-    throw std::invalid_argument("checkpoint " + path + " has format '" + field("format") +
-                                "', expected '" + kCheckpointFormat + "'");
-  }
-  if (field("version") != "1") {
-    throw std::invalid_argument("checkpoint " + path + " has version " + field("version") +
-                                ", this seqpack reads version 1");
-  }
-  TrainingCheckpoint ck;
-  try {
-    ck.epoch = std::stoll(field("epoch"));
-    ck.adam_step = std::stoll(field("adam_step"));
-    const auto mc = nlohmann::json::parse(field("model_config"));
-    ck.model_options.vocab_size = mc.at("vocab_size").get<int64_t>();
-    ck.model_options.embed_dim = mc.at("embed_dim").get<int64_t>();
-    ck.model_options.hidden_size = mc.at("hidden_size").get<int64_t>();
-    ck.model_options.num_classes = mc.at("num_classes").get<int64_t>();
-    ck.model_options.dtype = mc.at("dtype").get<std::string>() == "F64" ? DType::f64 : DType::f32;
-    ck.labels = nlohmann::json::parse(field("labels")).get<std::vector<std::string>>();
-    ck.train_config = field("train_config");
-    if (!nlohmann::json::parse(ck.train_config).is_object()) {
-      throw std::invalid_argument("checkpoint " + path + ": train_config is not a JSON object");
-    }
-  } catch (const nlohmann::json::exception& e) {
-    throw std::invalid_argument("checkpoint " + path + ": bad metadata: " + e.what());
-  } catch (const std::logic_error& e) {  // std::stoll
-    throw std::invalid_argument("checkpoint " + path + ": bad epoch or adam_step metadata");
-  }
-  ck.vocabulary = Vocabulary::from_json(field("vocabulary"), path);
-  if (ck.epoch < 0 || ck.adam_step < 0) {
-    throw std::invalid_argument("checkpoint " + path + ": epoch " + std::to_string(ck.epoch) +
-                                " or adam_step " + std::to_string(ck.adam_step) + " is negative");
-  }
-  if (static_cast<int64_t>(ck.labels.size()) != ck.model_options.num_classes ||
-      ck.vocabulary.size() != ck.model_options.vocab_size) {
-    throw std::invalid_argument("checkpoint " + path + ": " + std::to_string(ck.labels.size()) +
-                                " labels and " + std::to_string(ck.vocabulary.size()) +
-                                " vocabulary entries disagree with its model_config");
-  }
-  for (auto& [k, v] : tensors) {
-    if (k.rfind("model.", 0) == 0) {
-      ck.model_state[k.substr(6)] = v;
-    } else if (k.rfind("adam.", 0) == 0) {
-      ck.adam_state[k.substr(5)] = v;
-    } else {
-      throw std::invalid_argument("checkpoint " + path + ": unexpected tensor '" + k + "'");
-    }
-  }
-  return ck;
+  return parse_training_checkpoint(meta, tensors, "checkpoint " + path);
 }
 
 Tensor TrainedClassifier::logits(const std::vector<std::u32string>& words) {

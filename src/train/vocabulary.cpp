@@ -10,6 +10,7 @@
 #include <stdexcept>
 
 #include "seqpack/safetensors.h"
+#include "train/regular_file.h"
 
 namespace seqpack {
 
@@ -48,9 +49,11 @@ std::u32string decode_utf8(std::string_view bytes, std::string_view context) {
       ++i;
       continue;
     }
-    int extra;
-    char32_t cp;
-    char32_t min;
+    // Initialised although every branch below sets them or throws: `fail` is a
+    // lambda the compiler does not know never returns (clang -Wsometimes-uninitialized).
+    int extra = 0;
+    char32_t cp = 0;
+    char32_t min = 0;
     if (b0 >= 0xC2 && b0 <= 0xDF) {
       extra = 1, cp = b0 & 0x1F, min = 0x80;
     } else if (b0 >= 0xE0 && b0 <= 0xEF) {
@@ -247,6 +250,15 @@ std::string Vocabulary::to_json() const {
   return j.dump(1) + "\n";
 }
 
+namespace {
+// A JSON value for a message, cut short: a hostile file must not make a huge one.
+std::string shown(const nlohmann::json& v) {
+  std::string s = v.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
+  if (s.size() > 80) s = s.substr(0, 77) + "...";
+  return s;
+}
+}  // namespace
+
 Vocabulary Vocabulary::from_json(std::string_view json, const std::string& source) {
   const auto fail = [&](const std::string& what) -> void {
     throw std::invalid_argument("vocabulary " + source + ": " + what);
@@ -256,28 +268,29 @@ Vocabulary Vocabulary::from_json(std::string_view json, const std::string& sourc
   if (j.is_discarded()) fail("not valid JSON");
   if (!j.is_object()) fail("expected a JSON object");
   if (!j.contains("format") || j["format"] != "seqpack-vocabulary") {
-    fail("\"format\" is " + (j.contains("format") ? j["format"].dump() : std::string("missing")) +
+    fail("\"format\" is " + (j.contains("format") ? shown(j["format"]) : std::string("missing")) +
          ", expected \"seqpack-vocabulary\"");
   }
-  if (!j.contains("version") || j["version"] != 1) {
+  // An integer 1: 1.0 and true are not versions.
+  if (!j.contains("version") || !j["version"].is_number_integer() || j["version"] != 1) {
     fail("\"version\" is " +
-         (j.contains("version") ? j["version"].dump() : std::string("missing")) + ", expected 1");
+         (j.contains("version") ? shown(j["version"]) : std::string("missing")) + ", expected 1");
   }
   const nlohmann::json expected_specials = {pad_token, unk_token};
   if (!j.contains("special_tokens") || j["special_tokens"] != expected_specials) {
     fail("\"special_tokens\" is " +
-         (j.contains("special_tokens") ? j["special_tokens"].dump() : std::string("missing")) +
+         (j.contains("special_tokens") ? shown(j["special_tokens"]) : std::string("missing")) +
          ", expected [\"<pad>\",\"<unk>\"]");
   }
   if (!j.contains("tokens") || !j["tokens"].is_array()) fail("\"tokens\" is not an array");
   std::vector<char32_t> cps;
   const auto& tokens = j["tokens"];
   for (std::size_t i = 0; i < tokens.size(); ++i) {
-    const std::string where = "tokens[" + std::to_string(i) + "] = " + tokens[i].dump();
-    if (!tokens[i].is_string()) fail(where + " is not a string");
-    const std::u32string cp =
-        decode_utf8(tokens[i].get<std::string>(), "vocabulary " + source + " " + where);
-    if (cp.size() != 1) fail(where + " is not exactly one character");
+    const auto where = [&] { return "tokens[" + std::to_string(i) + "] = " + shown(tokens[i]); };
+    if (!tokens[i].is_string()) fail(where() + " is not a string");
+    const std::u32string cp = decode_utf8(tokens[i].get_ref<const std::string&>(),
+                                          "vocabulary " + source + " " + where());
+    if (cp.size() != 1) fail(where() + " is not exactly one character");
     cps.push_back(cp[0]);
   }
   try {
@@ -291,10 +304,8 @@ Vocabulary Vocabulary::from_json(std::string_view json, const std::string& sourc
 void Vocabulary::save(const std::string& path) const { write_file_atomically(path, to_json()); }
 
 Vocabulary Vocabulary::load(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) throw std::invalid_argument("cannot open vocabulary file '" + path + "'");
-  const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  return from_json(text, "'" + path + "'");
+  // Only a regular file: a directory, /dev/zero or a FIFO is refused by name.
+  return from_json(detail::read_regular_file(path, "vocabulary file"), "'" + path + "'");
 }
 
 }  // namespace seqpack
