@@ -19,15 +19,20 @@
 
 #include <gtest/gtest.h>
 
+#include <atomic>
+#include <chrono>
 #include <filesystem>
 #include <fstream>
 #include <functional>
 #include <map>
 #include <sstream>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "cli_run.h"
+#include "seqpack/classifier.h"
+#include "seqpack/vocabulary.h"
 #include "test_util.h"
 
 namespace {
@@ -388,6 +393,57 @@ TEST(ModelDirFaults, ADivergingRunStopsNamingTheStepAndKeepsTheModel) {
   EXPECT_NE(r.err.find("Try a smaller --lr (now 1e+300)"), std::string::npos) << r.err;
   EXPECT_TRUE(read_model(p / "model") == old_model());
   EXPECT_EQ(r.out.find("saved the model"), std::string::npos);
+}
+
+}  // namespace
+
+namespace {
+
+// Readers never see half of one model and half of another: load_classifier
+// while another thread keeps replacing the directory with models of other
+// sizes (a mix would fail the size checks or give other labels).
+TEST(ModelDirReaders, LoadClassifierSeesOneWholeModelWhileAWriterSwaps) {
+  using namespace seqpack;
+  const fs::path dir = work_dir() / "swapping" / "model";
+  const Vocabulary small = Vocabulary::build({U"ab"}), large = Vocabulary::build({U"abcdefgh"});
+  CharClassifier a({.vocab_size = small.size(), .embed_dim = 2, .hidden_size = 3, .num_classes = 2}, 1);
+  CharClassifier b({.vocab_size = large.size(), .embed_dim = 3, .hidden_size = 5, .num_classes = 3}, 2);
+  save_classifier(dir.string(), a, small, {"a1", "a2"});
+  std::atomic<bool> stop{false};
+  std::atomic<int> saves{0};
+  std::thread writer([&] {
+    for (int i = 0; !stop && i < 400; ++i) {
+      if (i % 2) {
+        save_classifier(dir.string(), a, small, {"a1", "a2"});
+      } else {
+        save_classifier(dir.string(), b, large, {"b1", "b2", "b3"});
+      }
+      ++saves;
+    }
+  });
+  int loads = 0;
+  const auto t0 = std::chrono::steady_clock::now();
+  while (saves < 400 && std::chrono::steady_clock::now() - t0 < std::chrono::seconds(2)) {
+    TrainedClassifier tc;
+    try {
+      tc = load_classifier(dir.string());
+    } catch (const std::exception& e) {
+      ADD_FAILURE() << "after " << saves << " saves: " << e.what();
+      break;
+    }
+    const std::vector<std::string> a_labels = {"a1", "a2"};
+    const bool is_a = tc.labels == a_labels;
+    const std::vector<std::string> b_labels = {"b1", "b2", "b3"};
+    EXPECT_TRUE(is_a || tc.labels == b_labels);
+    EXPECT_EQ(tc.vocabulary.size(), (is_a ? small : large).size());
+    EXPECT_EQ(tc.model->options().hidden_size, is_a ? 3 : 5);
+    ++loads;
+    if (::testing::Test::HasFailure()) break;
+  }
+  stop = true;
+  writer.join();
+  EXPECT_GT(loads, 10);
+  EXPECT_GT(saves.load(), 10);
 }
 
 }  // namespace

@@ -17,6 +17,7 @@
 #include <optional>
 #include <sstream>
 #include <stdexcept>
+#include <utility>
 #include <string_view>
 #include <unordered_map>
 
@@ -487,7 +488,8 @@ void save_classifier(const std::string& dir, CharClassifier& model, const Vocabu
   w.commit();
 }
 
-TrainedClassifier load_classifier(const std::string& dir) {
+namespace {
+TrainedClassifier load_classifier_files(const std::string& dir) {
   const std::string where = "load_classifier";
   struct stat st {};
   if (::stat(dir.c_str(), &st) != 0) {
@@ -527,6 +529,31 @@ TrainedClassifier load_classifier(const std::string& dir) {
   tc.model = std::make_unique<CharClassifier>(o, 0);
   tc.model->load_state_dict(state);
   return tc;
+}
+
+// The directory the path names now (a writer swaps in a new one whole).
+std::pair<dev_t, ino_t> directory_identity(const std::string& dir) {
+  struct stat st {};
+  if (::stat(dir.c_str(), &st) != 0) return {0, 0};
+  return {st.st_dev, st.st_ino};
+}
+}  // namespace
+
+TrainedClassifier load_classifier(const std::string& dir) {
+  // A model directory never changes in place: a save swaps in a new directory
+  // (seqpack/model_dir.h). If that happened while the files were read, some
+  // may be the old model's and some the new one's: read again.
+  for (int attempt = 1;; ++attempt) {
+    const auto before = directory_identity(dir);
+    try {
+      TrainedClassifier tc = load_classifier_files(dir);
+      if (directory_identity(dir) == before || attempt == 5) return tc;
+    } catch (const std::invalid_argument&) {
+      // A mix of two models fails its consistency checks: an error only if
+      // the files did not change under the reader.
+      if (directory_identity(dir) == before || attempt == 5) throw;
+    }
+  }
 }
 
 // ------------------------------------------------------------ checkpoints

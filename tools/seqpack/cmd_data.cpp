@@ -15,7 +15,9 @@ namespace {
 struct DataArgs {
   std::string dict_dir = "/usr/share/dict";
   int64_t words_per_language = 20000;
-  uint64_t seed = seqpack::LanguageIdOptions{}.seed;
+  // As `seqpack train --seed`: the same value gives the same sample, split and
+  // batches in both commands (the word lists add LanguageIdOptions' own seed).
+  uint64_t seed = 0;
   std::string out;
   int64_t batch_size = 128;
   std::string tsv;
@@ -25,7 +27,7 @@ seqpack::LanguageIdOptions options_of(const DataArgs& a) {
   seqpack::LanguageIdOptions o;
   o.dict_dir = a.dict_dir;
   o.words_per_language = a.words_per_language;
-  o.seed = a.seed;
+  o.seed = o.seed + a.seed;
   return o;
 }
 
@@ -34,7 +36,7 @@ void add_dataset_options(CLI::App& sub, DataArgs& a) {
       ->capture_default_str();
   seqpack::cli::add_number<int64_t>(sub, "--words-per-language", a.words_per_language,
                                     "words sampled per language", 1);
-  seqpack::cli::add_number<uint64_t>(sub, "--seed", a.seed, "seed of the sample and the split", 0);
+  seqpack::cli::add_number<uint64_t>(sub, "--seed", a.seed, "seed of the sample, the split and the batches (the same as seqpack train --seed)", 0);
 }
 
 void print_padding(const char* name, const std::vector<seqpack::Example>& part, const DataArgs& a) {
