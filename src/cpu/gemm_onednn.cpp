@@ -25,6 +25,7 @@
 #include "cpu/buffer_pool.h"
 #include "cpu/gemm.h"
 #include "cpu/gemm_engine.h"
+#include "cpu/onednn_compat.h"
 
 namespace seqpack::cpu {
 
@@ -199,7 +200,7 @@ dnnl::memory::desc blocked_weights_desc(int64_t k, int64_t n, bool f32) {
   const dnnl::memory::desc dst({32, n}, dt::f32, tag::ab);
   dnnl::primitive_attr attr;
   attr.set_scratchpad_mode(dnnl::scratchpad_mode::user);
-  const dnnl::matmul::primitive_desc pd(dnnl::matmul::desc(src, wei, dst), attr, cpu_engine());
+  const auto pd = onednn::matmul_pd(cpu_engine(), src, wei, nullptr, dst, attr);
   return known.emplace(std::make_tuple(k, n, f32), pd.weights_desc()).first->second;
 }
 
@@ -221,9 +222,7 @@ Primitive& primitive(const Key& key) {
     ops.append_sum(1.0f);
     attr.set_post_ops(ops);
   }
-  const auto desc = key.bias ? dnnl::matmul::desc(src, wei, bias, dst)
-                             : dnnl::matmul::desc(src, wei, dst);
-  const dnnl::matmul::primitive_desc pd(desc, attr, cpu_engine());
+  const auto pd = onednn::matmul_pd(cpu_engine(), src, wei, key.bias ? &bias : nullptr, dst, attr);
   if (pd.weights_desc() != wei) {
     throw std::runtime_error("oneDNN matmul changed the weights layout for m = " +
                              std::to_string(key.m));
