@@ -15,6 +15,8 @@
 
 #include <oneapi/dnnl/dnnl.hpp>
 
+#include <cstdint>
+
 namespace seqpack::cpu::onednn {
 
 // matmul dst = src · wei (+ bias): the primitive descriptor, or an exception
@@ -33,6 +35,28 @@ inline dnnl::matmul::primitive_desc matmul_pd(const dnnl::engine& engine,
   return dnnl::matmul::primitive_desc(desc, attr, engine);
 #endif
 }
+
+// A [rows, cols] matrix with the given row and column strides. oneDNN 3.7's
+// brgemm matmul computes a one-row source stored transposed (strides {1, ld})
+// wrongly (m = 1, k = 5: every value); a one-row or one-column matrix is the
+// same memory whatever its other stride, so 3.x gets the row-major one.
+inline dnnl::memory::desc matrix_desc(int64_t rows, int64_t cols, dnnl::memory::data_type type,
+                                      int64_t row_stride, int64_t col_stride) {
+#if DNNL_VERSION_MAJOR >= 3
+  if (rows == 1) row_stride = cols * col_stride;
+  if (cols == 1) col_stride = 1;
+#endif
+  return dnnl::memory::desc({rows, cols}, type, {row_stride, col_stride});
+}
+// Described so, a one-row operand with strided elements (a transposed one with
+// ld > 1) has no optimised kernel: the engine copies it dense first.
+constexpr bool kOneRowOperandsRowMajor = DNNL_VERSION_MAJOR >= 3;
+
+// Whether weights stored transposed reach the blocked layout through a
+// row-major copy: oneDNN 3.7's reorder from a transposed f32 [k, n] into the
+// matmul's blocked layout (BA16a64b) leaves the columns past the last full
+// 128 wrong (k = 37, n = 148: columns 128-147); from row-major it is right.
+constexpr bool kReorderTransposedThroughRowMajor = DNNL_VERSION_MAJOR >= 3;
 
 // Whether `isa` includes every instruction of `base` (bit-mask containment).
 inline bool isa_includes(dnnl::cpu_isa isa, dnnl::cpu_isa base) {
