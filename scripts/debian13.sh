@@ -101,7 +101,20 @@ if [ ! -f "$ROOT/.seqpack-debootstrap" ]; then
     apt-get update -qq
     DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends debootstrap
   fi
-  rm -rf "$ROOT"  # a run that stopped half-way
+  # A run that stopped half-way left a partial root: made again. Anything
+  # else in the way is left alone.
+  if [ -d "$ROOT" ] && [ -n "$(ls -A "$ROOT")" ] && [ ! -d "$ROOT/debootstrap" ] &&
+    [ ! -d "$ROOT/var/lib/dpkg" ]; then
+    echo "debian13: $ROOT is neither empty nor a Debian root; set SEQPACK_DEBIAN13_ROOT" >&2
+    exit 1
+  fi
+  case "$(realpath -m "$ROOT")" in
+    / | /var | /var/cache | /usr | /home | /root | /tmp)
+      echo "debian13: refusing SEQPACK_DEBIAN13_ROOT=$ROOT" >&2
+      exit 1
+      ;;
+  esac
+  rm -rf "$ROOT"
   mkdir -p "$ROOT"
   echo "debian13: debootstrap --variant=minbase trixie $ROOT $MIRROR"
   t0=$(seconds)
