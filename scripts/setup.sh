@@ -1,8 +1,28 @@
 #!/usr/bin/env bash
 # Installs what seqpack needs from Debian's archive (as root), then configures
-# and builds it into build/. Safe to run again: apt-get skips what is there.
+# and builds it into build/ (or $SEQPACK_BUILD_DIR). Safe to run again:
+# apt-get skips what is there. Debian 12 (bookworm) and 13 (trixie); with
+# SEQPACK_SETUP_PACKAGES_ONLY=1 it stops after the packages.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+
+# The release's clang (sanitizer and fuzzing builds): 14 on Debian 12, 19 on
+# Debian 13; elsewhere the version Debian's `clang` package depends on.
+clang_version() {
+  local codename
+  codename=$(. /etc/os-release 2>/dev/null && echo "${VERSION_CODENAME:-}")
+  case "$codename" in
+    bookworm) echo 14 ;;
+    trixie) echo 19 ;;
+    *) apt-cache depends clang 2>/dev/null | sed -n 's/.*Depends: clang-\([0-9][0-9]*\)$/\1/p' |
+         head -n 1 ;;
+  esac
+}
+CLANG_VERSION=${SEQPACK_CLANG_VERSION:-$(clang_version)}
+if [ -z "$CLANG_VERSION" ]; then
+  echo "setup: cannot tell this release's clang version; set SEQPACK_CLANG_VERSION" >&2
+  exit 1
+fi
 
 PACKAGES=(
   build-essential cmake git pkg-config
@@ -10,7 +30,7 @@ PACKAGES=(
   libgtest-dev libgmock-dev libbenchmark-dev
   python3 python3-dev python3-numpy python3-pytest python3-torch pybind11-dev
   wamerican wfrench wngerman wspanish witalian wportuguese wdutch
-  clang-14 libclang-rt-14-dev libomp-14-dev
+  "clang-$CLANG_VERSION" "libclang-rt-$CLANG_VERSION-dev" "libomp-$CLANG_VERSION-dev"
   libdnnl-dev libtorch-dev libonnx-dev python3-onnx python3-venv python3-pip
   libprotobuf-dev  # seqpack_onnx links protobuf; libonnx-dev does not depend on it
 )
@@ -25,6 +45,7 @@ if [ ${#missing[@]} -gt 0 ]; then
   $SUDO apt-get update -qq
   DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}"
 fi
+if [ "${SEQPACK_SETUP_PACKAGES_ONLY:-0}" = 1 ]; then exit 0; fi
 
 # ONNX Runtime (CPU) for the ONNX export tests: the npm package onnxruntime-node,
 # pinned by tools/ort/package-lock.json. --ignore-scripts: its install script

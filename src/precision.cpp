@@ -5,6 +5,7 @@
 #include <stdexcept>
 
 #include "cpu/gemm.h"
+#include "cpu/onednn_compat.h"
 #include "seqpack/threading.h"
 
 namespace seqpack {
@@ -14,25 +15,9 @@ namespace {
 // The ISA oneDNN dispatches to: the CPU's, capped by ONEDNN_MAX_CPU_ISA.
 dnnl::cpu_isa effective_isa() { return dnnl::get_effective_cpu_isa(); }
 
-const char* isa_name(dnnl::cpu_isa isa) {
-  switch (isa) {
-    case dnnl::cpu_isa::sse41: return "sse41";
-    case dnnl::cpu_isa::avx: return "avx";
-    case dnnl::cpu_isa::avx2: return "avx2";
-    case dnnl::cpu_isa::avx2_vnni: return "avx2_vnni";
-    case dnnl::cpu_isa::avx512_mic: return "avx512_mic";
-    case dnnl::cpu_isa::avx512_mic_4ops: return "avx512_mic_4ops";
-    case dnnl::cpu_isa::avx512_core: return "avx512_core";
-    case dnnl::cpu_isa::avx512_core_vnni: return "avx512_core_vnni";
-    case dnnl::cpu_isa::avx512_core_bf16: return "avx512_core_bf16";
-    case dnnl::cpu_isa::avx512_core_amx: return "avx512_core_amx";
-    default: return "unknown";
-  }
-}
-
-bool isa_has_bf16(dnnl::cpu_isa isa) {
-  return isa == dnnl::cpu_isa::avx512_core_bf16 || isa == dnnl::cpu_isa::avx512_core_amx;
-}
+using cpu::onednn::isa_has_amx;
+using cpu::onednn::isa_has_bf16;
+using cpu::onednn::isa_name;
 
 }  // namespace
 
@@ -49,7 +34,7 @@ CpuInfo cpu_info() {
   const dnnl::cpu_isa isa = effective_isa();
   info.isa = isa_name(isa);
   info.native_bf16 = isa_has_bf16(isa);
-  info.amx = isa == dnnl::cpu_isa::avx512_core_amx;
+  info.amx = isa_has_amx(isa);
   const dnnl_version_t* v = dnnl::version();
   info.onednn_version =
       std::to_string(v->major) + "." + std::to_string(v->minor) + "." + std::to_string(v->patch);

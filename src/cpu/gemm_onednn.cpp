@@ -25,6 +25,7 @@
 #include "cpu/buffer_pool.h"
 #include "cpu/gemm.h"
 #include "cpu/gemm_engine.h"
+#include "cpu/onednn_compat.h"
 
 namespace seqpack::cpu {
 
@@ -141,7 +142,8 @@ void stage(int64_t rows, int64_t cols, const float* x, int64_t ldx, Staging<uint
 // A logical [rows, cols] matrix stored with row stride ld, or (trans) stored
 // as its transpose [cols, rows] with row stride ld.
 dnnl::memory::desc operand_desc(int64_t rows, int64_t cols, bool trans, int64_t ld, dt type) {
-  return dnnl::memory::desc({rows, cols}, type, trans ? dims{1, ld} : dims{ld, 1});
+  return trans ? onednn::matrix_desc(rows, cols, type, 1, ld)
+               : onednn::matrix_desc(rows, cols, type, ld, 1);
 }
 dnnl::memory::desc bf16_desc(int64_t rows, int64_t cols, bool trans) {
   return operand_desc(rows, cols, trans, trans ? rows : cols, dt::bf16);
@@ -199,7 +201,7 @@ dnnl::memory::desc blocked_weights_desc(int64_t k, int64_t n, bool f32) {
   const dnnl::memory::desc dst({32, n}, dt::f32, tag::ab);
   dnnl::primitive_attr attr;
   attr.set_scratchpad_mode(dnnl::scratchpad_mode::user);
-  const dnnl::matmul::primitive_desc pd(dnnl::matmul::desc(src, wei, dst), attr, cpu_engine());
+  const auto pd = onednn::matmul_pd(cpu_engine(), src, wei, nullptr, dst, attr);
   return known.emplace(std::make_tuple(k, n, f32), pd.weights_desc()).first->second;
 }
 
@@ -221,9 +223,7 @@ Primitive& primitive(const Key& key) {
     ops.append_sum(1.0f);
     attr.set_post_ops(ops);
   }
-  const auto desc = key.bias ? dnnl::matmul::desc(src, wei, bias, dst)
-                             : dnnl::matmul::desc(src, wei, dst);
-  const dnnl::matmul::primitive_desc pd(desc, attr, cpu_engine());
+  const auto pd = onednn::matmul_pd(cpu_engine(), src, wei, key.bias ? &bias : nullptr, dst, attr);
   if (pd.weights_desc() != wei) {
     throw std::runtime_error("oneDNN matmul changed the weights layout for m = " +
                              std::to_string(key.m));
@@ -309,9 +309,19 @@ struct BlockedOperand : StepOperand {
         stage(trans ? w : k, trans ? k : w, first, ldb, ts.b);
         plain = dnnl::memory(bf16_desc(k, w, trans), cpu_engine(), ts.b.data());
       }
+      // The reorder's source: key (k, w, trans, ld), ld 0 for contiguous bf16.
+      bool src_trans = trans;
+      int64_t src_ld = f32 ? ldb : 0;
+      if (trans && onednn::kReorderTransposedThroughRowMajor) {
+        dnnl::memory rows(dnnl::memory::desc({k, w}, f32 ? dt::f32 : dt::bf16, tag::ab),
+                          cpu_engine());
+        dnnl::reorder(plain, rows).execute(ts.stream, plain, rows);
+        plain = rows;
+        src_trans = false;
+        src_ld = f32 ? w : 0;  // as a row-major operand of this shape
+      }
       dnnl::memory blocked(blocked_weights_desc(k, w, f32), cpu_engine());
-      weights_reorder(k, w, trans, f32 ? ldb : 0, plain, blocked)
-          .execute(ts.stream, plain, blocked);
+      weights_reorder(k, w, src_trans, src_ld, plain, blocked).execute(ts.stream, plain, blocked);
       blocks[r] = std::move(blocked);
     });
     return blocks[r];
@@ -539,6 +549,24 @@ void onednn_gemm_f32(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k
   if (k == 0) {
     cpu::gemm<float>(trans_a, trans_b, m, n, k, 1.0f, a, lda, b, ldb, beta, c, ldc, c_row);
     return;
+  }
+  // A one-row operand with strided elements (A transposed with m = 1, B
+  // transposed with k = 1): where oneDNN describes it
+  // row-major (onednn_compat.h) it has no optimised kernel, so it is copied dense.
+  if (onednn::kOneRowOperandsRowMajor) {
+    ThreadState& ts = thread_state();
+    if (trans_a && m == 1 && lda != 1) {
+      float* dense = ts.a32.resize(static_cast<std::size_t>(k));
+      for (int64_t i = 0; i < k; ++i) dense[i] = a[i * lda];
+      a = dense;
+      lda = 1;
+    }
+    if (trans_b && k == 1 && ldb != 1) {
+      float* dense = ts.c.resize(static_cast<std::size_t>(n));
+      for (int64_t j = 0; j < n; ++j) dense[j] = b[j * ldb];
+      b = dense;
+      ldb = 1;
+    }
   }
   const Key key{m,       n,       k, lda, ldb, ldc, trans_a,
                 trans_b, !c_row && beta != 0.0f, c_row != nullptr, false, true};
