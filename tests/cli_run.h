@@ -9,6 +9,7 @@
 
 #include <cstdlib>
 #include <filesystem>
+#include <fstream>
 #include <string>
 
 #include "temp_dir.h"
@@ -35,6 +36,20 @@ inline CliResult run_cli(const std::string& args, const std::string& env = "") {
   const int raw = std::system(cmd.c_str());
   const int status = WIFEXITED(raw) ? WEXITSTATUS(raw) : 128 + WTERMSIG(raw);
   return {status, read_file(out), read_file(err)};
+}
+
+// 20 words (10 English, 10 French) as a label<TAB>text file: a training run on
+// it takes well under a second.
+inline const std::filesystem::path& tiny_tsv() {
+  static const std::filesystem::path p = [] {
+    const std::filesystem::path f = work_dir() / "tiny.tsv";
+    const char* en[] = {"the", "house", "water", "night", "light", "which", "there", "would", "about", "think"};
+    const char* fr[] = {"maison", "eau", "nuit", "été", "château", "être", "très", "quelle", "chose", "année"};
+    std::ofstream o(f);
+    for (int i = 0; i < 10; ++i) o << "english\t" << en[i] << "\nfrench\t" << fr[i] << "\n";
+    return f;
+  }();
+  return p;
 }
 
 }  // namespace seqpack::testing

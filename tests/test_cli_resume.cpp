@@ -22,21 +22,10 @@ namespace {
 namespace fs = std::filesystem;
 using seqpack::testing::CliResult;
 using seqpack::testing::run_cli;
+using seqpack::testing::tiny_tsv;
 using seqpack::testing::work_dir;
 
 std::string slurp(const fs::path& p) { return seqpack::testing::read_file(p.string()); }
-
-const fs::path& tiny_tsv() {
-  static const fs::path p = [] {
-    const fs::path f = work_dir() / "tiny.tsv";
-    const char* en[] = {"the", "house", "water", "night", "light", "which", "there", "would", "about", "think"};
-    const char* fr[] = {"maison", "eau", "nuit", "été", "château", "être", "très", "quelle", "chose", "année"};
-    std::ofstream o(f);
-    for (int i = 0; i < 10; ++i) o << "english\t" << en[i] << "\nfrench\t" << fr[i] << "\n";
-    return f;
-  }();
-  return p;
-}
 
 // Small enough to be fast, with several batches per epoch so the batch order
 // (a function of seed and epoch) matters.

@@ -41,6 +41,7 @@ namespace fs = std::filesystem;
 using seqpack::testing::CliResult;
 using seqpack::testing::read_file;
 using seqpack::testing::run_cli;
+using seqpack::testing::tiny_tsv;
 using seqpack::testing::work_dir;
 
 const char* const kFiles[] = {"model.safetensors", "vocabulary.json", "config.json", "checkpoint.safetensors"};
@@ -53,18 +54,6 @@ Model read_model(const fs::path& dir) {
     if (fs::exists(dir / f)) m[f] = read_file((dir / f).string());
   }
   return m;
-}
-
-const fs::path& tiny_tsv() {
-  static const fs::path p = [] {
-    const fs::path f = work_dir() / "tiny.tsv";
-    const char* en[] = {"the", "house", "water", "night", "light", "which", "there", "would", "about", "think"};
-    const char* fr[] = {"maison", "eau", "nuit", "été", "château", "être", "très", "quelle", "chose", "année"};
-    std::ofstream o(f);
-    for (int i = 0; i < 10; ++i) o << "english\t" << en[i] << "\nfrench\t" << fr[i] << "\n";
-    return f;
-  }();
-  return p;
 }
 
 // Run A (the old model) and run B (the new one) differ in seed and epochs.

@@ -20,25 +20,9 @@ namespace {
 
 using namespace seqpack;
 using seqpack::testing::all_close;
+using seqpack::testing::bitwise_equal;
+using seqpack::testing::random_tensor;
 using seqpack::testing::expect_invalid;
-
-Tensor random_tensor(const Shape& shape, DType dtype, std::mt19937_64& rng) {
-  Tensor t = Tensor::empty(shape, dtype);
-  std::uniform_real_distribution<double> u(-1.0, 1.0);
-  for (int64_t i = 0; i < t.numel(); ++i) {
-    if (dtype == DType::f32) {
-      t.data<float>()[i] = static_cast<float>(u(rng));
-    } else {
-      t.data<double>()[i] = u(rng);
-    }
-  }
-  return t;
-}
-
-bool bitwise_equal(const Tensor& a, const Tensor& b) {
-  return a.shape() == b.shape() && a.dtype() == b.dtype() &&
-         std::memcmp(a.raw_data(), b.raw_data(), a.nbytes()) == 0;
-}
 
 // Rows [start, stop) of a 2-D tensor, as its own tensor.
 Tensor rows(const Tensor& t, int64_t start, int64_t stop) { return t.slice0(start, stop).clone(); }

@@ -51,6 +51,8 @@ namespace {
 
 using namespace seqpack;
 using seqpack::testing::all_close;
+using seqpack::testing::bitwise_equal;
+using seqpack::testing::random_tensor;
 
 constexpr int kMaxOpen = 64;       // streams open at once in a round
 constexpr int kOpsPerRound = 400;  // operations per round
@@ -84,24 +86,6 @@ int64_t env_int(const char* name, int64_t fallback, int64_t lo, int64_t hi) {
                                 std::to_string(lo) + ", " + std::to_string(hi) + "]");
   }
   return v;
-}
-
-Tensor random_tensor(const Shape& shape, DType dtype, std::mt19937_64& rng) {
-  Tensor t = Tensor::empty(shape, dtype);
-  std::uniform_real_distribution<double> u(-1.0, 1.0);
-  for (int64_t i = 0; i < t.numel(); ++i) {
-    if (dtype == DType::f32) {
-      t.data<float>()[i] = static_cast<float>(u(rng));
-    } else {
-      t.data<double>()[i] = u(rng);
-    }
-  }
-  return t;
-}
-
-bool bitwise_equal(const Tensor& a, const Tensor& b) {
-  return a.shape() == b.shape() && a.dtype() == b.dtype() &&
-         std::memcmp(a.raw_data(), b.raw_data(), a.nbytes()) == 0;
 }
 
 // The models of a run, shared (read-only) by every thread's StreamingRNNs.

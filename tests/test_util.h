@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstring>
 #include <cstdlib>
 #include <fstream>
 #include <functional>
@@ -154,6 +155,26 @@ inline void compare_redrawing_near_relu_kinks(const std::function<void(double&)>
 
 // A seed for random tests: SEQPACK_TEST_SEED from the environment, else random.
 // Tests print it (SCOPED_TRACE) so a failure can be replayed.
+// Uniform in [-1, 1), float32 or float64.
+inline Tensor random_tensor(const Shape& shape, DType dtype, std::mt19937_64& rng) {
+  Tensor t = Tensor::empty(shape, dtype);
+  std::uniform_real_distribution<double> u(-1.0, 1.0);
+  for (int64_t i = 0; i < t.numel(); ++i) {
+    if (dtype == DType::f32) {
+      t.data<float>()[i] = static_cast<float>(u(rng));
+    } else {
+      t.data<double>()[i] = u(rng);
+    }
+  }
+  return t;
+}
+
+// Same shape, dtype and bytes.
+inline bool bitwise_equal(const Tensor& a, const Tensor& b) {
+  return a.shape() == b.shape() && a.dtype() == b.dtype() &&
+         std::memcmp(a.raw_data(), b.raw_data(), a.nbytes()) == 0;
+}
+
 inline uint64_t test_seed() {
   if (const char* s = std::getenv("SEQPACK_TEST_SEED")) return std::stoull(s);
   return std::random_device{}();

@@ -156,17 +156,6 @@ std::map<std::string, Shape> state_shapes(const CharClassifierOptions& o) {
   return s;
 }
 
-const char* dtype_label(DType d) {
-  switch (d) {
-    case DType::f32:
-      return "float32";
-    case DType::f64:
-      return "float64";
-    case DType::i64:
-      return "int64";
-  }
-  return "?";
-}
 
 // A floating-point tensor holding only finite values (and, with
 // non_negative, none below zero); throws naming the tensor and the first bad element.
@@ -192,8 +181,8 @@ void check_values(const Tensor& t, const std::string& name, bool non_negative,
 void check_tensor(const Tensor& t, const std::string& name, const Shape& shape,
                   std::optional<DType> dtype, bool non_negative, const std::string& where) {
   if (t.dtype() == DType::i64 || (dtype && t.dtype() != *dtype)) {
-    schema_error(where, "tensor '" + name + "' has dtype " + dtype_label(t.dtype()) +
-                            ", expected " + (dtype ? dtype_label(*dtype) : "float32 or float64"));
+    schema_error(where, "tensor '" + name + "' has dtype " + dtype_name(t.dtype()) +
+                            ", expected " + (dtype ? dtype_name(*dtype) : "float32 or float64"));
   }
   if (t.shape() != shape) {
     schema_error(where, "tensor '" + name + "' has shape " + shape_str(t.shape()) + ", expected " +
