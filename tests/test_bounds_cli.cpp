@@ -182,12 +182,15 @@ TEST(BoundsCliFiles, DataAndModelFilesMustBeRegularFiles) {
   fs::create_symlink("/dev/zero", dir / "model.safetensors");
   r = run_cli("predict --model " + dir.string() + " maison", "timeout 60");
   EXPECT_EQ(r.status, 1) << r.err;
-  EXPECT_CONTAINS(r.err, "'" + (dir / "model.safetensors").string() + "' is a character device");
+  // load_classifier checks the directory's files before load_safetensors would.
+  EXPECT_CONTAINS(r.err, "'" + (dir / "model.safetensors").string() +
+                             "' is not a regular file (it is a character device)");
   fs::remove(dir / "model.safetensors");
   fs::create_directory(dir / "model.safetensors");
   r = run_cli("predict --model " + dir.string() + " maison", "timeout 60");
   EXPECT_EQ(r.status, 1) << r.err;
-  EXPECT_CONTAINS(r.err, "'" + (dir / "model.safetensors").string() + "' is a directory");
+  EXPECT_CONTAINS(r.err, "'" + (dir / "model.safetensors").string() +
+                             "' is not a regular file (it is a directory)");
 }
 
 // A byte-order mark does not become part of the first label: two labels, not three.
