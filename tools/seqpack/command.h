@@ -14,6 +14,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <filesystem>
 #include <functional>
 #include <limits>
 #include <map>
@@ -74,9 +75,10 @@ std::string num_str(T v) {
 // integer"), rather than quoting a range it satisfies ("must be >= 1"). "-0"
 // is 0 for every type, unsigned ones included, as it is for signed ones.
 template <typename T>
-std::string check_number(const std::string& text, T min, T max, bool min_open,
+std::string check_number(std::string& text, T min, T max, bool min_open,
                          const std::string& range) {
   T v{};
+  bool negative_zero = false;  // an unsigned "-0": passed on as "0" (CLI11 2.4 rejects "-0")
   if constexpr (std::is_integral_v<T>) {
     constexpr int bits = std::numeric_limits<T>::digits + (std::is_signed_v<T> ? 1 : 0);
     const std::string type =
@@ -90,6 +92,7 @@ std::string check_number(const std::string& text, T min, T max, bool min_open,
         return text + " is out of range: " + range;
       }
       v = 0;  // "-0"
+      negative_zero = true;
       ec = std::errc();
       p = end;
     }
@@ -121,6 +124,7 @@ std::string check_number(const std::string& text, T min, T max, bool min_open,
     v = static_cast<T>(d);
   }
   if (v < min || v > max || (min_open && v == min)) return text + " is out of range: " + range;
+  if (negative_zero) text = "0";
   return "";
 }
 
@@ -162,11 +166,41 @@ CLI::Option* add_number(CLI::App& sub, const std::string& name, T& value, const 
   info.rejected.push_back("abc");
   const std::string range = info.range;
   CLI::Option* opt = sub.add_option(name, value, help)->capture_default_str();
-  opt->check(CLI::Validator(
+  // transform, not check: a check's changes to the text are discarded ("-0" -> "0" above).
+  opt->transform(CLI::Validator(
       [=](std::string& text) { return detail::check_number<T>(text, min, max, min_open, range); },
       bounds, "seqpack-range"));
   number_options()[opt] = std::move(info);
   return opt;
 }
+
+// seqpack train's default --out, and the default --model of the commands that read a model.
+inline constexpr const char* kDefaultModelDir = "seqpack-model";
+
+// `--model DIR` of a command that reads a model. `model_dir()` names the
+// directory; when --model was not given and the default does not exist, it
+// throws an error saying so (the library's own message would not tell the
+// user that a default was used, or where it was looked for).
+class ModelOption {
+ public:
+  void add(CLI::App& sub) {
+    sub.add_option("--model", dir_, "model directory written by seqpack train")
+        ->capture_default_str()
+        ->each([this](const std::string&) { given_ = true; });
+  }
+  const std::string& model_dir() const {
+    if (!given_ && !std::filesystem::exists(dir_)) {
+      throw std::invalid_argument(
+          "no model: --model was not given and the default model directory '" + dir_ +
+          "' does not exist in " + std::filesystem::current_path().string() +
+          " (seqpack train writes it there by default; or give --model DIR)");
+    }
+    return dir_;
+  }
+
+ private:
+  std::string dir_ = kDefaultModelDir;
+  bool given_ = false;
+};
 
 }  // namespace seqpack::cli
