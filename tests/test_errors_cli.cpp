@@ -12,6 +12,8 @@
 namespace {
 
 namespace fs = std::filesystem;
+using seqpack::testing::CliResult;
+using seqpack::testing::run_cli;
 using seqpack::testing::work_dir;
 
 #define EXPECT_CLI_REJECTS(args, needle)                                                   \
@@ -50,6 +52,28 @@ TEST(ErrorsCli, PredictBadModelTopOrWord) {
   EXPECT_CLI_REJECTS("predict --top 0 word", "--top: 0 is out of range: must be >= 1");
   EXPECT_CLI_REJECTS("predict --stream word", "--stream reads the words from standard input");
   EXPECT_CLI_REJECTS("predict", "words is required");
+}
+
+// Without --model, predict and export read ./seqpack-model (train's default
+// --out); when it is missing, the error says that this default was used and where.
+TEST(ErrorsCli, MissingDefaultModelIsNamedAsTheDefault) {
+  const fs::path empty = work_dir() / "no-model-here";
+  fs::create_directories(empty);
+  const std::string in_empty = "cd '" + empty.string() + "' &&";
+  for (const std::string cmd : {"predict word", "export --onnx m.onnx"}) {
+    const CliResult r = run_cli(cmd, in_empty);
+    EXPECT_EQ(r.status, 1) << cmd;
+    EXPECT_NE(r.err.find("no model: --model was not given and the default model directory "
+                         "'seqpack-model' does not exist in " + empty.string()),
+              std::string::npos)
+        << cmd << ": " << r.err;
+  }
+  // Given explicitly, a missing directory is named as missing, not as a default.
+  const CliResult r = run_cli("predict --model seqpack-model word", in_empty);
+  EXPECT_EQ(r.status, 1);
+  EXPECT_NE(r.err.find("model directory 'seqpack-model' does not exist"), std::string::npos)
+      << r.err;
+  EXPECT_EQ(r.err.find("default"), std::string::npos) << r.err;
 }
 
 TEST(ErrorsCli, BenchWorkloads) {

@@ -15,14 +15,14 @@ namespace {
 using namespace seqpack;
 
 struct ExportArgs {
-  std::string model = "seqpack-model";
+  seqpack::cli::ModelOption model;
   std::string onnx;
   int64_t opset = kOnnxMaxOpset;
 };
 
 void run_export(const ExportArgs& a) {
   if (a.onnx.empty()) throw std::invalid_argument("--onnx = \"\": give the file to write");
-  const TrainedClassifier tc = load_classifier(a.model);
+  const TrainedClassifier tc = load_classifier(a.model.model_dir());
   export_classifier_onnx(tc, a.onnx, {.opset = a.opset});
   const CharClassifierOptions& o = tc.model->options();
   fmt::print(
@@ -36,8 +36,7 @@ void run_export(const ExportArgs& a) {
 
 void setup(CLI::App& sub) {
   auto a = std::make_shared<ExportArgs>();
-  sub.add_option("--model", a->model, "model directory written by seqpack train")
-      ->capture_default_str();
+  a->model.add(sub);
   sub.add_option("--onnx", a->onnx, "ONNX file to write")->required();
   seqpack::cli::add_number<int64_t>(sub, "--opset", a->opset, "ONNX opset of the model",
                                     kOnnxMinOpset, kOnnxMaxOpset);

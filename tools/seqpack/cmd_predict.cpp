@@ -23,7 +23,7 @@ namespace {
 using namespace seqpack;
 
 struct PredictArgs {
-  std::string model = "seqpack-model";
+  seqpack::cli::ModelOption model;
   std::vector<std::string> words;
   int64_t top = 3;
   bool json = false;
@@ -117,7 +117,7 @@ void run_predict(const PredictArgs& a) {
       }
     }
   }
-  TrainedClassifier tc = load_classifier(a.model);
+  TrainedClassifier tc = load_classifier(a.model.model_dir());
   if (!a.stream) {
     print_predictions(tc, a.words, a, /*one_line_json=*/false);
     return;
@@ -173,7 +173,7 @@ void run_predict(const PredictArgs& a) {
 
 void setup(CLI::App& sub) {
   auto a = std::make_shared<PredictArgs>();
-  sub.add_option("--model", a->model, "model directory written by seqpack train")->capture_default_str();
+  a->model.add(sub);
   sub.add_option("words", a->words, "words to classify");
   seqpack::cli::add_number<int64_t>(sub, "--top", a->top, "labels shown per word", 1);
   sub.add_flag("--json", a->json, "print logits and labels as JSON (with --stream: one line per word)");

@@ -47,7 +47,7 @@ struct TrainArgs {
   uint64_t seed = 0;
   int threads = 0;
   double clip = 0.0;
-  std::string out = "seqpack-model";
+  std::string out = seqpack::cli::kDefaultModelDir;
   bool quiet = false;
   bool profile = false;
   bool overwrite = false;
