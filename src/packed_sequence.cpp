@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cstring>
 #include <numeric>
+#include <ostream>
 #include <sstream>
 #include <stdexcept>
 #include <string>
@@ -145,6 +146,8 @@ std::string PackedSequence::to_string() const {
          ", sorted_indices=" + sorted_indices.to_string() +
          ", unsorted_indices=" + unsorted_indices.to_string() + ")";
 }
+
+std::ostream& operator<<(std::ostream& out, const PackedSequence& p) { return out << p.to_string(); }
 
 // ---------------------------------------------------------------------------
 // PackingPlan

@@ -10,6 +10,7 @@
 // data = 6 1 4 7 2 5 8 3 9, batch_sizes = 3 3 2 1.
 #include <gtest/gtest.h>
 
+#include <sstream>
 #include <stdexcept>
 #include <string>
 
@@ -223,6 +224,9 @@ TEST(Packing, PackSequenceExample) {
   EXPECT_EQ(q.to_string(),
             "PackedSequence(data=tensor([6., 1., 4., 7., 2., 5., 8., 3., 9.]), "
             "batch_sizes=tensor([3, 3, 2, 1]), sorted_indices=None, unsorted_indices=None)");
+  std::ostringstream streamed;  // operator<< prints the same, as print(p) does in Python
+  streamed << p << '|' << q;
+  EXPECT_EQ(streamed.str(), p.to_string() + "|" + q.to_string());
 }
 
 TEST(Packing, PadSequenceExample) {

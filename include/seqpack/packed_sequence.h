@@ -15,6 +15,7 @@
 // no packed rows, get all-padding rows when padded, and report length 0.
 #pragma once
 
+#include <iosfwd>
 #include <optional>
 #include <string>
 #include <utility>
@@ -38,6 +39,9 @@ struct PackedSequence {
   // PyTorch's repr: "PackedSequence(data=tensor([...]), batch_sizes=tensor([...]), ...)".
   std::string to_string() const;
 };
+
+// Writes p.to_string() (PyTorch's repr), as operator<< of Tensor does.
+std::ostream& operator<<(std::ostream& out, const PackedSequence& p);
 
 enum class PaddingSide { right, left };
 
