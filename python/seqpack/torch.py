@@ -27,7 +27,7 @@ from torch import Tensor, _VF
 from torch.nn.utils.rnn import PackedSequence
 
 __all__ = ["LSTM", "GRU", "RNN", "pack_padded_sequence", "pad_packed_sequence", "library_path",
-           "StreamingRNN", "collate_packed", "collate_padded"]
+           "StreamingRNN", "collate_packed", "collate_padded", "CharClassifier", "load_classifier"]
 
 _LIBRARY = os.path.join(os.path.dirname(os.path.abspath(__file__)), "libseqpack_torch.so")
 if not os.path.exists(_LIBRARY):
@@ -412,3 +412,5 @@ class RNN(_SeqpackLayer, torch.nn.RNN):
 from .torch_streaming import StreamingRNN  # noqa: E402
 # DataLoader collate functions to a PackedSequence (seqpack/torch_data.py).
 from .torch_data import collate_packed, collate_padded  # noqa: E402
+# A model saved by `seqpack train` as a torch module (seqpack/torch_classifier.py).
+from .torch_classifier import CharClassifier, load_classifier  # noqa: E402

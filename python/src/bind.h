@@ -13,5 +13,6 @@ void bind_precision(pybind11::module_& m);
 void bind_streaming(pybind11::module_& m);
 void bind_data(pybind11::module_& m);
 void bind_varlen(pybind11::module_& m);
+void bind_classifier(pybind11::module_& m);
 
 }  // namespace seqpack::python

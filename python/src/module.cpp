@@ -13,4 +13,5 @@ PYBIND11_MODULE(_seqpack, m) {
   seqpack::python::bind_streaming(m);
   seqpack::python::bind_data(m);
   seqpack::python::bind_varlen(m);
+  seqpack::python::bind_classifier(m);
 }
