@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Builds the libFuzzer targets (clang-14, ASan + UBSan) into build-fuzz/ and runs
+# Builds the libFuzzer targets (the release's clang, ASan + UBSan) into build-fuzz/ and runs
 # each for a short fixed time from the seed corpus under fuzz/corpus/<target>/.
 #
 # Inputs libFuzzer finds interesting go to a scratch corpus in the build
@@ -20,7 +20,8 @@ JOBS=${SEQPACK_JOBS:-$(nproc)}
 TARGETS=("$@")
 [ ${#TARGETS[@]} -gt 0 ] || TARGETS=(safetensors tsv_vocabulary packing model_files)
 
-CC=clang-14 CXX=clang++-14 cmake -S . -B "$BUILD_DIR" -DCMAKE_BUILD_TYPE=RelWithDebInfo \
+CLANG_VERSION=$(bash scripts/clang_version.sh)
+CC=clang-$CLANG_VERSION CXX=clang++-$CLANG_VERSION cmake -S . -B "$BUILD_DIR" -DCMAKE_BUILD_TYPE=RelWithDebInfo \
   -DSEQPACK_BUILD_FUZZERS=ON -DSEQPACK_BUILD_TESTS=OFF -DSEQPACK_BUILD_CLI=OFF \
   -DSEQPACK_BUILD_EXAMPLES=OFF -DSEQPACK_BUILD_PYTHON=OFF -DSEQPACK_BUILD_BENCHMARKS=OFF \
   >/dev/null

@@ -6,23 +6,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-# The release's clang (sanitizer and fuzzing builds): 14 on Debian 12, 19 on
-# Debian 13; elsewhere the version Debian's `clang` package depends on.
-clang_version() {
-  local codename
-  codename=$(. /etc/os-release 2>/dev/null && echo "${VERSION_CODENAME:-}")
-  case "$codename" in
-    bookworm) echo 14 ;;
-    trixie) echo 19 ;;
-    *) apt-cache depends clang 2>/dev/null | sed -n 's/.*Depends: clang-\([0-9][0-9]*\)$/\1/p' |
-         head -n 1 ;;
-  esac
-}
-CLANG_VERSION=${SEQPACK_CLANG_VERSION:-$(clang_version)}
-if [ -z "$CLANG_VERSION" ]; then
-  echo "setup: cannot tell this release's clang version; set SEQPACK_CLANG_VERSION" >&2
-  exit 1
-fi
+# The release's clang (sanitizer and fuzzing builds): scripts/clang_version.sh.
+CLANG_VERSION=$(bash scripts/clang_version.sh)
 
 PACKAGES=(
   build-essential cmake git pkg-config

@@ -1,28 +1,72 @@
 #!/usr/bin/env bash
 # Sets everything up and runs every test: the C++ suite (CTest), the check that
-# committed PyTorch fixtures still match a fresh generation, and the Python suite.
+# committed PyTorch fixtures still match a fresh generation, the Python suite,
+# the wheel, then AddressSanitizer/UBSan and fuzzing. On a Debian 12 host (as
+# root) it then runs the same suite on Debian 13 through scripts/debian13.sh
+# (whose root it prepares in the background meanwhile), without the sanitizer
+# and fuzzing builds, which run once, here.
+#
+# Environment:
+#   SEQPACK_TEST_DEBIAN13=0   skip the Debian 13 suite (default: 1 on Debian 12 as root)
+#   SEQPACK_TEST_SANITIZERS=0 skip the sanitizer and fuzzing builds
 set -euo pipefail
 cd "$(dirname "$0")/.."
-bash scripts/setup.sh
 BUILD_DIR=${SEQPACK_BUILD_DIR:-build}
+codename=$(. /etc/os-release 2>/dev/null && echo "${VERSION_CODENAME:-}")
+start=$(date +%s)
+stage() { echo "== [$(( $(date +%s) - start )) s] $* =="; }
 
-echo "== fixtures: regenerate with PyTorch and compare with the committed ones =="
+DEBIAN13=${SEQPACK_TEST_DEBIAN13:-}
+if [ -z "$DEBIAN13" ]; then
+  DEBIAN13=0
+  if [ "$codename" = bookworm ] && [ "$(id -u)" -eq 0 ]; then DEBIAN13=1; fi
+fi
+
+stage "setup: packages"
+SEQPACK_SETUP_PACKAGES_ONLY=1 bash scripts/setup.sh
+if [ "$DEBIAN13" = 1 ]; then
+  # The Debian 13 root (debootstrap and its packages: mostly downloads) is
+  # made while this machine builds; its log goes to a file.
+  mkdir -p "$BUILD_DIR"
+  prepare_log=$PWD/$BUILD_DIR/debian13-prepare.log
+  bash scripts/debian13.sh true >"$prepare_log" 2>&1 &
+  prepare_pid=$!
+fi
+
+stage "setup: build"
+bash scripts/setup.sh
+
+stage "fixtures: regenerate with PyTorch and compare with the committed ones"
 /usr/bin/python3 scripts/check_fixtures.py
 
-echo "== C++ tests (CTest) =="
+stage "C++ tests (CTest)"
 (cd "$BUILD_DIR" && ctest --output-on-failure -j "$(nproc)")
 
 if [ -d python/tests ]; then
-  echo "== Python tests (pytest) =="
+  stage "Python tests (pytest)"
   PYTHONPATH="$PWD/$BUILD_DIR/python:$PWD/python${PYTHONPATH:+:$PYTHONPATH}" \
     /usr/bin/python3 -m pytest -q python/tests
 fi
 
-echo "== pip: the wheel in a virtual environment, the Python suite against it from outside the tree =="
+stage "pip: the wheel in a virtual environment, the Python suite against it from outside the tree"
 bash scripts/test_wheel.sh
 
-echo "== C++ tests again under AddressSanitizer + UndefinedBehaviorSanitizer =="
-bash scripts/test_sanitize.sh
+if [ "${SEQPACK_TEST_SANITIZERS:-1}" = 1 ]; then
+  stage "C++ tests again under AddressSanitizer + UndefinedBehaviorSanitizer"
+  bash scripts/test_sanitize.sh
 
-echo "== fuzzing: each libFuzzer target for a short fixed time =="
-bash scripts/fuzz.sh
+  stage "fuzzing: each libFuzzer target for a short fixed time"
+  SEQPACK_FUZZ_SECONDS=${SEQPACK_FUZZ_SECONDS:-30} bash scripts/fuzz.sh
+fi
+
+if [ "$DEBIAN13" = 1 ]; then
+  stage "Debian 13: preparing its root (log: $prepare_log)"
+  if ! wait "$prepare_pid"; then
+    tail -n 40 "$prepare_log"
+    echo "test: making the Debian 13 root failed (log: $prepare_log)" >&2
+    exit 1
+  fi
+  stage "Debian 13 (PyTorch 2.6, oneDNN 3.7, Python 3.13, GCC 14): the same suite"
+  SEQPACK_TEST_SANITIZERS=0 SEQPACK_TEST_DEBIAN13=0 bash scripts/debian13.sh bash scripts/test.sh
+fi
+stage "all tests passed"
