@@ -18,6 +18,11 @@ torch's own implementation.
 
 pack_padded_sequence and pad_packed_sequence are torch's, on
 torch.ops.seqpack.*: zero-length sequences are accepted.
+
+On PyTorch 2.4+ every operator has a fake implementation (end of this file),
+so torch.compile (fullgraph, dynamic shapes, forward and backward) and
+torch.export trace models using the layers and the packing functions
+(docs/python.md, "torch.compile, torch.export and autocast").
 """
 import os
 from typing import List, Optional, Tuple
