@@ -16,8 +16,11 @@
 // packed_sequence.h) on the torch tensors' memory: a contiguous CPU tensor is
 // wrapped by seqpack::Tensor::wrap (the wrapper keeps the torch tensor alive),
 // and the core's results come back through at::from_blob with a deleter that
-// holds the seqpack tensor. Autograd is torch::autograd::Function in C++, so a
-// forward and backward never return to Python. Zero-length sequences are
+// holds the seqpack tensor. Autograd is torch::autograd::Function in C++ (the
+// operators' Autograd kernels), so a forward and backward never return to
+// Python; its forward and backward call operators of their own
+// (seqpack::_rnn_train, _rnn_backward, _pack_padded_sequence_backward,
+// _pad_packed_sequence_backward), which is what lets torch.compile trace them. Zero-length sequences are
 // accepted everywhere, as in the rest of seqpack; h0/c0 and h_n/c_n are in the
 // caller's batch order.
 //
@@ -26,8 +29,10 @@
 // each naming the operator, the argument and the value.
 #include <ATen/ATen.h>
 #include <ATen/CPUGeneratorImpl.h>
+#include <ATen/core/dispatch/Dispatcher.h>
 #include <torch/autograd.h>
 #include <torch/library.h>
+#include <torch/version.h>
 
 #include <algorithm>
 #include <memory>
@@ -252,81 +257,6 @@ RNNForwardResult run_forward(const RNNCall& call, const Tensor& data, const OptT
   });
 }
 
-// What the backward needs besides the saved tensors.
-struct NodeState {
-  std::shared_ptr<const RNNSaved> core;  // the core's saved activations
-  int64_t h0_edge = -1, c0_edge = -1, w_edge = 1;
-  bool lstm = false;  // c_n is a real output (else an empty placeholder)
-};
-
-// Autograd node of one multi-layer recurrent forward on packed rows.
-class RNNFunction : public torch::autograd::Function<RNNFunction> {
- public:
-  static variable_list forward(AutogradContext* ctx, const Tensor& data, const OptTensor& h0,
-                               const OptTensor& c0, at::TensorList weights, const RNNCall& call) {
-    RNNForwardResult r = run_forward(call, data, h0, c0, weights, /*save=*/true);
-    auto [output, h_n, c_n] = outputs(r, data);
-    // Saved for torch's version counters: in-place changes of what the core
-    // still reads (input, states, weights) are caught at backward. Its saved
-    // activations do not share the outputs' memory (test_torch_ops.py checks),
-    // so the outputs may be modified in place.
-    variable_list saved = {data};
-    if (h0.has_value() && h0->defined()) saved.push_back(*h0);
-    if (c0.has_value() && c0->defined()) saved.push_back(*c0);
-    saved.insert(saved.end(), weights.begin(), weights.end());
-    ctx->save_for_backward(saved);
-    // Everything else in one entry (one hash-map insert per call). Edge index
-    // of each input: undefined optionals have no edge.
-    NodeState st{r.saved};
-    int64_t edge = 1;
-    st.h0_edge = h0.has_value() && h0->defined() ? edge++ : -1;
-    st.c0_edge = c0.has_value() && c0->defined() ? edge++ : -1;
-    st.w_edge = edge;
-    st.lstm = r.c_n.defined();
-    stash(ctx, "state", std::move(st));
-    if (!r.c_n.defined()) ctx->mark_non_differentiable({c_n});
-    ctx->set_materialize_grads(false);  // the core treats missing gradients as zeros
-    return {output, h_n, c_n};
-  }
-
-  static variable_list backward(AutogradContext* ctx, variable_list grads) {
-    constexpr const char* op = "seqpack::rnn backward";
-    TORCH_CHECK(!at::GradMode::is_enabled(), op, ": double backward is not supported");
-    ctx->get_saved_variables();  // throws if something was modified in place
-    const NodeState& st = unstash<NodeState>(ctx, "state");
-    const RNNSaved& saved = *st.core;
-    const int64_t h0_edge = st.h0_edge, c0_edge = st.c0_edge, w_edge = st.w_edge;
-    const bool state_grad = (h0_edge >= 0 && ctx->needs_input_grad(h0_edge)) ||
-                            (c0_edge >= 0 && ctx->needs_input_grad(c0_edge));
-    CoreTensor g_out = to_core(grads[0], op, "grad_output");
-    CoreTensor g_h = to_core(grads[1], op, "grad_h_n");
-    // c_n of a non-LSTM is an empty placeholder: its gradient is not passed on.
-    CoreTensor g_c = st.lstm ? to_core(grads[2], op, "grad_c_n") : CoreTensor();
-    const bool input_grad = ctx->needs_input_grad(0);
-    RNNGradients g = checked(
-        op, [&] { return rnn_backward(saved, g_out, g_h, g_c, state_grad, input_grad); });
-    // One entry per forward argument: data, h0, c0, each weight, call.
-    variable_list result = {input_grad ? from_core(g.input) : Tensor(),
-                            h0_edge >= 0 ? from_core(g.h0) : Tensor(),
-                            c0_edge >= 0 ? from_core(g.c0) : Tensor()};
-    for (size_t i = 0; i < g.weights.size(); ++i)
-      result.push_back(ctx->needs_input_grad(w_edge + static_cast<int64_t>(i))
-                           ? from_core(g.weights[i])
-                           : Tensor());
-    result.emplace_back();  // call
-    return result;
-  }
-};
-
-std::tuple<Tensor, Tensor, Tensor> run_rnn(const RNNCall& call, const Tensor& data,
-                                           const OptTensor& h0, const OptTensor& c0,
-                                           at::TensorList weights) {
-  if (needs_graph(data, h0, c0, weights)) {
-    variable_list out = RNNFunction::apply(data, h0, c0, weights, call);
-    return {out[0], out[1], out[2]};
-  }
-  return outputs(run_forward(call, data, h0, c0, weights, /*save=*/false), data);
-}
 
 // The plan this thread made last, with the values it was made from. A batch
 // reaches plan_of more than once (seqpack::rnn, then pad_packed_sequence; a
@@ -351,10 +281,14 @@ std::shared_ptr<const PackingPlan> plan_of(const Tensor& data, const Tensor& bat
                                            const OptTensor& unsorted_indices, const char* op) {
   PackedSequence p;
   p.batch_sizes = to_core(int64_tensor(batch_sizes, op, "batch_sizes"), op, "batch_sizes");
-  p.sorted_indices =
-      to_core(int64_tensor(sorted_indices, op, "sorted_indices"), op, "sorted_indices");
-  p.unsorted_indices =
-      to_core(int64_tensor(unsorted_indices, op, "unsorted_indices"), op, "unsorted_indices");
+  // An empty index tensor stands for none: pack_padded_sequence's are empty
+  // where torch's would be None (enforce_sorted, no zero-length sequence).
+  auto index = [&](const OptTensor& t, const char* what) {
+    Tensor i = int64_tensor(t, op, what);
+    return to_core(i.defined() && i.numel() == 0 ? Tensor() : i, op, what);
+  };
+  p.sorted_indices = index(sorted_indices, "sorted_indices");
+  p.unsorted_indices = index(unsorted_indices, "unsorted_indices");
   thread_local PlanCache cache;
   const bool indices = p.sorted_indices.defined() || p.unsorted_indices.defined();
   if (cache.plan && data.dim() >= 1 && data.size(0) == cache.rows && indices == cache.indices &&
@@ -385,103 +319,270 @@ std::shared_ptr<const PackingPlan> plan_of(const Tensor& data, const Tensor& bat
   return plan;
 }
 
-std::tuple<Tensor, Tensor, Tensor> rnn(const Tensor& data, const Tensor& batch_sizes,
-                                       const OptTensor& sorted_indices,
-                                       const OptTensor& unsorted_indices, const OptTensor& h0,
-                                       const OptTensor& c0, at::TensorList weights,
-                                       c10::string_view mode, int64_t hidden_size,
-                                       int64_t num_layers, bool bias, bool bidirectional,
-                                       int64_t proj_size, double dropout, bool train,
-                                       c10::optional<int64_t> seed, c10::string_view precision) {
+
+// ---- kernels ---------------------------------------------------------------
+//
+// Each public operator has a CPU kernel (the computation, no autograd) and an
+// Autograd kernel. The Autograd kernel calls the operator below autograd when
+// nothing needs a gradient, and otherwise a torch::autograd::Function whose
+// forward and backward call operators through the dispatcher (seqpack::_rnn_train
+// and the *_backward operators): every computation is an operator call, so
+// torch.compile and torch.export (PyTorch 2.4+) trace forward and backward with
+// the fake implementations of python/seqpack/torch.py.
+
+// The opaque state the core saves for a backward (activations, plan) travels
+// between seqpack::_rnn_train and seqpack::_rnn_backward as a one-byte uint8
+// tensor whose storage holds it: it lives as long as that tensor, which autograd
+// (or a compiled graph) keeps for the backward.
+struct SavedHandle {
+  std::shared_ptr<const RNNSaved> saved;
+  uint8_t byte = 0;
+};
+
+void delete_handle(void* p) { delete static_cast<SavedHandle*>(p); }
+
+Tensor make_handle(std::shared_ptr<const RNNSaved> saved) {
+  auto* h = new SavedHandle{std::move(saved)};
+  return at::for_blob(&h->byte, {1})
+      .context(h, &delete_handle)
+      .options(at::TensorOptions().dtype(at::kByte))
+      .make_tensor();
+}
+
+const RNNSaved& from_handle(const Tensor& t, const char* op) {
+  TORCH_CHECK_VALUE(t.defined() && t.has_storage() &&
+                        t.storage().data_ptr().get_deleter() == &delete_handle,
+                    op, ": saved is not the saved state of a seqpack::_rnn_train call");
+  return *static_cast<SavedHandle*>(t.storage().data_ptr().get_context())->saved;
+}
+
+Tensor or_empty(const Tensor& t, const at::TensorOptions& options) {
+  return t.defined() ? t : at::empty({0}, options);
+}
+
+RNNCall rnn_call(const Tensor& data, const Tensor& batch_sizes, const OptTensor& sorted_indices,
+                 const OptTensor& unsorted_indices, c10::string_view mode, int64_t hidden_size,
+                 int64_t num_layers, bool bias, bool bidirectional, int64_t proj_size,
+                 double dropout, bool train, c10::optional<int64_t> seed,
+                 c10::string_view precision) {
   constexpr const char* op = "seqpack::rnn";
   TORCH_CHECK_VALUE(data.dim() == 2, op, ": packed data must be 2-D [rows, input_size], got shape ",
                     data.sizes());
   RNNCall call = make_call(op, data, data.size(1), mode, hidden_size, num_layers, bias,
                            bidirectional, proj_size, dropout, train, seed, precision);
   call.plan = plan_of(data, batch_sizes, sorted_indices, unsorted_indices, op);
-  return run_rnn(call, data, h0, c0, weights);
+  return call;
+}
+
+std::tuple<Tensor, Tensor, Tensor> rnn_cpu(const Tensor& data, const Tensor& batch_sizes,
+                                           const OptTensor& sorted_indices,
+                                           const OptTensor& unsorted_indices, const OptTensor& h0,
+                                           const OptTensor& c0, at::TensorList weights,
+                                           c10::string_view mode, int64_t hidden_size,
+                                           int64_t num_layers, bool bias, bool bidirectional,
+                                           int64_t proj_size, double dropout, bool train,
+                                           c10::optional<int64_t> seed,
+                                           c10::string_view precision) {
+  RNNCall call = rnn_call(data, batch_sizes, sorted_indices, unsorted_indices, mode, hidden_size,
+                          num_layers, bias, bidirectional, proj_size, dropout, train, seed,
+                          precision);
+  return outputs(run_forward(call, data, h0, c0, weights, /*save=*/false), data);
+}
+
+// rnn, plus the state its backward needs (a handle, see SavedHandle).
+std::tuple<Tensor, Tensor, Tensor, Tensor> rnn_train_cpu(
+    const Tensor& data, const Tensor& batch_sizes, const OptTensor& sorted_indices,
+    const OptTensor& unsorted_indices, const OptTensor& h0, const OptTensor& c0,
+    at::TensorList weights, c10::string_view mode, int64_t hidden_size, int64_t num_layers,
+    bool bias, bool bidirectional, int64_t proj_size, double dropout, bool train,
+    c10::optional<int64_t> seed, c10::string_view precision) {
+  RNNCall call = rnn_call(data, batch_sizes, sorted_indices, unsorted_indices, mode, hidden_size,
+                          num_layers, bias, bidirectional, proj_size, dropout, train, seed,
+                          precision);
+  RNNForwardResult r = run_forward(call, data, h0, c0, weights, /*save=*/true);
+  auto [output, h_n, c_n] = outputs(r, data);
+  return {output, h_n, c_n, make_handle(r.saved)};
+}
+
+// Gradients of one rnn call. data, h0, c0 and weights give the shapes (and
+// are what autograd saved, so in-place changes were caught); a gradient not
+// asked for is an empty tensor.
+std::tuple<Tensor, Tensor, Tensor, std::vector<Tensor>> rnn_backward_cpu(
+    const Tensor& saved, const OptTensor& grad_output, const OptTensor& grad_h_n,
+    const OptTensor& grad_c_n, const Tensor& data, const OptTensor& h0, const OptTensor& c0,
+    at::TensorList weights, bool input_grad, bool state_grad) {
+  constexpr const char* op = "seqpack::rnn backward";
+  const RNNSaved& core = from_handle(saved, op);
+  CoreTensor g_out = to_core(grad_output, op, "grad_output");
+  CoreTensor g_h = to_core(grad_h_n, op, "grad_h_n");
+  CoreTensor g_c = to_core(grad_c_n, op, "grad_c_n");
+  RNNGradients g =
+      checked(op, [&] { return rnn_backward(core, g_out, g_h, g_c, state_grad, input_grad); });
+  const auto options = data.options();
+  const bool has_h0 = h0.has_value() && h0->defined(), has_c0 = c0.has_value() && c0->defined();
+  std::vector<Tensor> gw;
+  gw.reserve(g.weights.size());
+  for (const CoreTensor& w : g.weights) gw.push_back(from_core(w));
+  return {input_grad ? or_empty(from_core(g.input), options) : at::empty({0}, options),
+          state_grad && has_h0 ? or_empty(from_core(g.h0), options) : at::empty({0}, options),
+          state_grad && has_c0 ? or_empty(from_core(g.c0), options) : at::empty({0}, options),
+          std::move(gw)};
+}
+
+// The operators as the autograd kernels call them (through the dispatcher).
+#define SEQPACK_OP(name, overload, ...)                                            \
+  static const auto handle = c10::Dispatcher::singleton()                          \
+                                 .findSchemaOrThrow("seqpack::" name, overload)    \
+                                 .typed<__VA_ARGS__>();                            \
+  return handle
+
+// What a recurrent call passes besides its differentiable tensors.
+struct RNNArgs {
+  Tensor batch_sizes;
+  OptTensor sorted_indices, unsorted_indices;
+  std::string mode;
+  int64_t hidden_size, num_layers;
+  bool bias, bidirectional;
+  int64_t proj_size;
+  double dropout;
+  bool train;
+  c10::optional<int64_t> seed;
+  std::string precision;
+};
+
+const auto& rnn_op() { SEQPACK_OP("rnn", "", decltype(rnn_cpu)); }
+const auto& rnn_train_op() { SEQPACK_OP("_rnn_train", "", decltype(rnn_train_cpu)); }
+const auto& rnn_backward_op() { SEQPACK_OP("_rnn_backward", "", decltype(rnn_backward_cpu)); }
+
+// What the backward needs besides the saved tensors.
+struct NodeState {
+  int64_t h0_edge = -1, c0_edge = -1, w_edge = 1;
+  size_t weights = 0;
+  bool lstm = false;  // c_n is a real output (else an empty placeholder)
+};
+
+// Autograd node of one multi-layer recurrent forward on packed rows.
+class RNNFunction : public torch::autograd::Function<RNNFunction> {
+ public:
+  static variable_list forward(AutogradContext* ctx, const Tensor& data, const OptTensor& h0,
+                               const OptTensor& c0, at::TensorList weights, const RNNArgs& a) {
+    Tensor output, h_n, c_n, saved;
+    {
+      at::AutoDispatchBelowADInplaceOrView guard;
+      std::tie(output, h_n, c_n, saved) = rnn_train_op().call(
+          data, a.batch_sizes, a.sorted_indices, a.unsorted_indices, h0, c0, weights, a.mode,
+          a.hidden_size, a.num_layers, a.bias, a.bidirectional, a.proj_size, a.dropout, a.train,
+          a.seed, a.precision);
+    }
+    // Saved for torch's version counters: in-place changes of what the core
+    // still reads (input, states, weights) are caught at backward. Its saved
+    // activations do not share the outputs' memory (test_torch_ops.py checks),
+    // so the outputs may be modified in place.
+    const bool has_h0 = h0.has_value() && h0->defined(), has_c0 = c0.has_value() && c0->defined();
+    variable_list to_save = {saved, data};
+    if (has_h0) to_save.push_back(*h0);
+    if (has_c0) to_save.push_back(*c0);
+    to_save.insert(to_save.end(), weights.begin(), weights.end());
+    ctx->save_for_backward(to_save);
+    // Edge index of each input: undefined optionals have no edge.
+    NodeState st;
+    int64_t edge = 1;
+    st.h0_edge = has_h0 ? edge++ : -1;
+    st.c0_edge = has_c0 ? edge++ : -1;
+    st.w_edge = edge;
+    st.weights = weights.size();
+    st.lstm = a.mode == "LSTM";
+    stash(ctx, "state", st);
+    if (!st.lstm) ctx->mark_non_differentiable({c_n});
+    ctx->set_materialize_grads(false);  // the core treats missing gradients as zeros
+    return {output, h_n, c_n};
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    TORCH_CHECK(!at::GradMode::is_enabled(),
+                "seqpack::rnn backward: double backward is not supported");
+    const NodeState st = unstash<NodeState>(ctx, "state");
+    variable_list saved = ctx->get_saved_variables();  // throws if modified in place
+    size_t i = 2;
+    OptTensor h0, c0;
+    if (st.h0_edge >= 0) h0 = saved[i++];
+    if (st.c0_edge >= 0) c0 = saved[i++];
+    std::vector<Tensor> weights(saved.begin() + static_cast<std::ptrdiff_t>(i), saved.end());
+    const bool state_grad = (st.h0_edge >= 0 && ctx->needs_input_grad(st.h0_edge)) ||
+                            (st.c0_edge >= 0 && ctx->needs_input_grad(st.c0_edge));
+    const bool input_grad = ctx->needs_input_grad(0);
+    auto opt = [](const Tensor& t) { return t.defined() ? OptTensor(t) : OptTensor(); };
+    // c_n of a non-LSTM is an empty placeholder: its gradient is not passed on.
+    auto [g_input, g_h0, g_c0, g_weights] = rnn_backward_op().call(
+        saved[0], opt(grads[0]), opt(grads[1]), st.lstm ? opt(grads[2]) : OptTensor(), saved[1],
+        h0, c0, weights, input_grad, state_grad);
+    // One entry per forward argument: data, h0, c0, each weight, args.
+    variable_list result = {input_grad ? g_input : Tensor(),
+                            st.h0_edge >= 0 && ctx->needs_input_grad(st.h0_edge) ? g_h0 : Tensor(),
+                            st.c0_edge >= 0 && ctx->needs_input_grad(st.c0_edge) ? g_c0 : Tensor()};
+    for (size_t w = 0; w < g_weights.size(); ++w)
+      result.push_back(ctx->needs_input_grad(st.w_edge + static_cast<int64_t>(w)) ? g_weights[w]
+                                                                                  : Tensor());
+    result.emplace_back();  // args
+    return result;
+  }
+};
+
+std::tuple<Tensor, Tensor, Tensor> rnn_autograd(
+    const Tensor& data, const Tensor& batch_sizes, const OptTensor& sorted_indices,
+    const OptTensor& unsorted_indices, const OptTensor& h0, const OptTensor& c0,
+    at::TensorList weights, c10::string_view mode, int64_t hidden_size, int64_t num_layers,
+    bool bias, bool bidirectional, int64_t proj_size, double dropout, bool train,
+    c10::optional<int64_t> seed, c10::string_view precision) {
+  if (!needs_graph(data, h0, c0, weights)) {
+    at::AutoDispatchBelowADInplaceOrView guard;
+    return rnn_op().call(data, batch_sizes, sorted_indices, unsorted_indices, h0, c0, weights,
+                         mode, hidden_size, num_layers, bias, bidirectional, proj_size, dropout,
+                         train, seed, precision);
+  }
+  RNNArgs a{batch_sizes, sorted_indices, unsorted_indices, std::string(mode), hidden_size,
+            num_layers, bias, bidirectional, proj_size, dropout, train, seed,
+            std::string(precision)};
+  variable_list out = RNNFunction::apply(data, h0, c0, weights, a);
+  return {out[0], out[1], out[2]};
 }
 
 // ---- packing ---------------------------------------------------------------
 
-struct PackIndices {
-  Tensor batch_sizes, sorted_indices, unsorted_indices;
-};
-
-class PackFunction : public torch::autograd::Function<PackFunction> {
- public:
-  static variable_list forward(AutogradContext* ctx, const Tensor& input,
-                               const std::vector<int64_t>& lengths, bool batch_first,
-                               bool enforce_sorted, PackIndices* indices) {
-    constexpr const char* op = "seqpack::pack_padded_sequence";
-    CoreTensor x = to_core(input, op, "input");
-    PackedSequence p =
-        checked(op, [&] { return pack_padded_sequence(x, lengths, batch_first, enforce_sorted); });
-    indices->batch_sizes = from_core(p.batch_sizes);
-    indices->sorted_indices = from_core(p.sorted_indices);
-    indices->unsorted_indices = from_core(p.unsorted_indices);
-    stash(ctx, "plan",
-          std::make_shared<const PackingPlan>(PackingPlan::from_lengths(lengths, enforce_sorted)));
-    ctx->saved_data["padded_length"] = input.size(batch_first ? 1 : 0);
-    ctx->saved_data["batch_first"] = batch_first;
-    return {from_core(p.data)};
-  }
-
-  static variable_list backward(AutogradContext* ctx, variable_list grads) {
-    constexpr const char* op = "seqpack::pack_padded_sequence backward";
-    const auto& plan = unstash<std::shared_ptr<const PackingPlan>>(ctx, "plan");
-    CoreTensor g = to_core(grads[0], op, "grad_data");
-    CoreTensor gi = checked(op, [&] {
-      return pack_padded_sequence_backward(g, *plan, ctx->saved_data["padded_length"].toInt(),
-                                           ctx->saved_data["batch_first"].toBool());
-    });
-    return {from_core(gi), Tensor(), Tensor(), Tensor(), Tensor()};
-  }
-};
-
 // The index tensors are empty where torch's would be None (enforce_sorted and
 // no zero-length sequence): the tracer cannot record optional outputs.
-std::tuple<Tensor, Tensor, Tensor, Tensor> pack_padded(const Tensor& input, const Tensor& lengths,
-                                                       bool batch_first, bool enforce_sorted) {
+std::tuple<Tensor, Tensor, Tensor, Tensor> pack_cpu(const Tensor& input, const Tensor& lengths,
+                                                    bool batch_first, bool enforce_sorted) {
   constexpr const char* op = "seqpack::pack_padded_sequence";
   std::vector<int64_t> len = to_vector(int64_tensor(lengths, op, "lengths"), op);
-  PackIndices idx;
-  Tensor data = PackFunction::apply(input, len, batch_first, enforce_sorted, &idx)[0];
-  auto or_empty = [](const Tensor& t) { return t.defined() ? t : at::empty({0}, at::kLong); };
-  return {data, idx.batch_sizes, or_empty(idx.sorted_indices), or_empty(idx.unsorted_indices)};
+  CoreTensor x = to_core(input, op, "input");
+  PackedSequence p =
+      checked(op, [&] { return pack_padded_sequence(x, len, batch_first, enforce_sorted); });
+  const auto index = at::TensorOptions().dtype(at::kLong);
+  return {from_core(p.data), from_core(p.batch_sizes),
+          or_empty(from_core(p.sorted_indices), index),
+          or_empty(from_core(p.unsorted_indices), index)};
 }
 
-class PadFunction : public torch::autograd::Function<PadFunction> {
- public:
-  static variable_list forward(AutogradContext* ctx, const Tensor& data,
-                               const std::shared_ptr<const PackingPlan>& plan, bool batch_first,
-                               double padding_value, int64_t total_length) {
-    constexpr const char* op = "seqpack::pad_packed_sequence";
-    CoreTensor x = to_core(data, op, "data");
-    CoreTensor out = checked(op, [&] {
-      CoreTensor tm = plan->unpack(x, total_length, padding_value);
-      return batch_first ? transpose01(tm) : tm;
-    });
-    stash(ctx, "plan", plan);
-    ctx->saved_data["batch_first"] = batch_first;
-    return {from_core(out)};
-  }
+// d(loss)/d(padded input) from d(loss)/d(packed data); size is the padded
+// input's shape.
+Tensor pack_backward_cpu(const Tensor& grad, const Tensor& batch_sizes,
+                         const Tensor& sorted_indices, const Tensor& unsorted_indices,
+                         at::IntArrayRef size, bool batch_first) {
+  constexpr const char* op = "seqpack::pack_padded_sequence backward";
+  TORCH_CHECK_VALUE(size.size() >= 2, op, ": input size must have 2 dimensions or more, got ",
+                    size);
+  auto plan = plan_of(grad, batch_sizes, sorted_indices, unsorted_indices, op);
+  CoreTensor g = to_core(grad, op, "grad_data");
+  return from_core(checked(op, [&] {
+    return pack_padded_sequence_backward(g, *plan, size[batch_first ? 1 : 0], batch_first);
+  }));
+}
 
-  static variable_list backward(AutogradContext* ctx, variable_list grads) {
-    constexpr const char* op = "seqpack::pad_packed_sequence backward";
-    const auto& plan = unstash<std::shared_ptr<const PackingPlan>>(ctx, "plan");
-    CoreTensor g = to_core(grads[0], op, "grad_padded");
-    CoreTensor gd = checked(op, [&] {
-      return pad_packed_sequence_backward(g, *plan, ctx->saved_data["batch_first"].toBool());
-    });
-    return {from_core(gd), Tensor(), Tensor(), Tensor(), Tensor()};
-  }
-};
-
-std::tuple<Tensor, Tensor> pad_packed(const Tensor& data, const Tensor& batch_sizes,
-                                      const OptTensor& sorted_indices,
-                                      const OptTensor& unsorted_indices, bool batch_first,
-                                      double padding_value, c10::optional<int64_t> total_length) {
+std::tuple<Tensor, Tensor> pad_cpu(const Tensor& data, const Tensor& batch_sizes,
+                                   const OptTensor& sorted_indices,
+                                   const OptTensor& unsorted_indices, bool batch_first,
+                                   double padding_value, c10::optional<int64_t> total_length) {
   constexpr const char* op = "seqpack::pad_packed_sequence";
   auto plan = plan_of(data, batch_sizes, sorted_indices, unsorted_indices, op);
   int64_t T = plan->max_len();
@@ -490,36 +591,186 @@ std::tuple<Tensor, Tensor> pad_packed(const Tensor& data, const Tensor& batch_si
                       " is less than the longest sequence's length ", T);
     T = *total_length;
   }
-  Tensor padded = PadFunction::apply(data, plan, batch_first, padding_value, T)[0];
+  CoreTensor x = to_core(data, op, "data");
+  CoreTensor out = checked(op, [&] {
+    CoreTensor tm = plan->unpack(x, T, padding_value);
+    return batch_first ? transpose01(tm) : tm;
+  });
   Tensor lengths = at::tensor(plan->lengths(), at::TensorOptions().dtype(at::kLong));
-  return {padded, lengths};
+  return {from_core(out), lengths};
+}
+
+// d(loss)/d(packed data) from d(loss)/d(padded output); size is the packed
+// data's shape.
+Tensor pad_backward_cpu(const Tensor& grad, const Tensor& batch_sizes,
+                        const OptTensor& sorted_indices, const OptTensor& unsorted_indices,
+                        at::IntArrayRef size, bool batch_first) {
+  constexpr const char* op = "seqpack::pad_packed_sequence backward";
+  TORCH_CHECK_VALUE(!size.empty(), op, ": data size must have 1 dimension or more");
+  // plan_of reads only the packed data's row count from its first argument.
+  // plan_of reads only the packed data's shape: a stand-in of that shape on
+  // one byte.
+  auto plan = plan_of(at::empty({1}, at::TensorOptions().dtype(at::kByte)).expand(size),
+                      batch_sizes, sorted_indices, unsorted_indices, op);
+  CoreTensor g = to_core(grad, op, "grad_padded");
+  return from_core(
+      checked(op, [&] { return pad_packed_sequence_backward(g, *plan, batch_first); }));
+}
+
+#if TORCH_VERSION_MAJOR >= 2
+// Sizes as the autograd kernels pass them: symbolic under torch.compile.
+#define SEQPACK_SYMINT "SymInt"
+using SymInt = c10::SymInt;
+using SymIntList = c10::SymIntArrayRef;
+SymInt sym_size(const Tensor& t, int64_t d) { return t.sym_size(d); }
+std::vector<SymInt> sym_sizes(const Tensor& t) { return t.sym_sizes().vec(); }
+#else
+#define SEQPACK_SYMINT "int"
+using SymInt = int64_t;
+using SymIntList = at::IntArrayRef;
+SymInt sym_size(const Tensor& t, int64_t d) { return t.size(d); }
+std::vector<SymInt> sym_sizes(const Tensor& t) { return t.sizes().vec(); }
+#endif
+
+using PackFn = std::tuple<Tensor, Tensor, Tensor, Tensor>(const Tensor&, const Tensor&, bool, bool);
+using PackBackwardFn = Tensor(const Tensor&, const Tensor&, const Tensor&, const Tensor&,
+                              SymIntList, bool);
+using PadFn = std::tuple<Tensor, Tensor>(const Tensor&, const Tensor&, const OptTensor&,
+                                         const OptTensor&, bool, double, c10::optional<SymInt>);
+using PadBackwardFn = Tensor(const Tensor&, const Tensor&, const OptTensor&, const OptTensor&,
+                             SymIntList, bool);
+const auto& pack_op() { SEQPACK_OP("pack_padded_sequence", "", PackFn); }
+const auto& pack_backward_op() { SEQPACK_OP("_pack_padded_sequence_backward", "", PackBackwardFn); }
+const auto& pad_op() { SEQPACK_OP("pad_packed_sequence", "", PadFn); }
+const auto& pad_backward_op() { SEQPACK_OP("_pad_packed_sequence_backward", "", PadBackwardFn); }
+
+struct PackArgs {
+  Tensor lengths;
+  bool batch_first, enforce_sorted;
+};
+
+class PackFunction : public torch::autograd::Function<PackFunction> {
+ public:
+  static variable_list forward(AutogradContext* ctx, const Tensor& input, const PackArgs& a) {
+    Tensor data, batch_sizes, sorted, unsorted;
+    {
+      at::AutoDispatchBelowADInplaceOrView guard;
+      std::tie(data, batch_sizes, sorted, unsorted) =
+          pack_op().call(input, a.lengths, a.batch_first, a.enforce_sorted);
+    }
+    ctx->save_for_backward({batch_sizes, sorted, unsorted});
+    stash(ctx, "size", sym_sizes(input));
+    ctx->saved_data["batch_first"] = a.batch_first;
+    ctx->mark_non_differentiable({batch_sizes, sorted, unsorted});
+    return {data, batch_sizes, sorted, unsorted};
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    variable_list saved = ctx->get_saved_variables();
+    const auto& size = unstash<std::vector<SymInt>>(ctx, "size");
+    Tensor g = pack_backward_op().call(grads[0], saved[0], saved[1], saved[2], size,
+                                       ctx->saved_data["batch_first"].toBool());
+    return {g, Tensor()};
+  }
+};
+
+std::tuple<Tensor, Tensor, Tensor, Tensor> pack_autograd(const Tensor& input,
+                                                         const Tensor& lengths, bool batch_first,
+                                                         bool enforce_sorted) {
+  if (!(at::GradMode::is_enabled() && input.requires_grad())) {
+    at::AutoDispatchBelowADInplaceOrView guard;
+    return pack_op().call(input, lengths, batch_first, enforce_sorted);
+  }
+  variable_list out = PackFunction::apply(input, PackArgs{lengths, batch_first, enforce_sorted});
+  return {out[0], out[1], out[2], out[3]};
+}
+
+struct PadArgs {
+  Tensor batch_sizes;
+  OptTensor sorted_indices, unsorted_indices;
+  bool batch_first;
+  double padding_value;
+  c10::optional<SymInt> total_length;
+};
+
+class PadFunction : public torch::autograd::Function<PadFunction> {
+ public:
+  static variable_list forward(AutogradContext* ctx, const Tensor& data, const PadArgs& a) {
+    Tensor padded, lengths;
+    {
+      at::AutoDispatchBelowADInplaceOrView guard;
+      std::tie(padded, lengths) = pad_op().call(data, a.batch_sizes, a.sorted_indices,
+                                                a.unsorted_indices, a.batch_first,
+                                                a.padding_value, a.total_length);
+    }
+    variable_list to_save = {a.batch_sizes};
+    const bool indices = a.sorted_indices.has_value() && a.sorted_indices->defined();
+    if (indices) to_save.insert(to_save.end(), {*a.sorted_indices, *a.unsorted_indices});
+    ctx->save_for_backward(to_save);
+    stash(ctx, "size", sym_sizes(data));
+    ctx->saved_data["batch_first"] = a.batch_first;
+    ctx->mark_non_differentiable({lengths});
+    return {padded, lengths};
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    variable_list saved = ctx->get_saved_variables();
+    OptTensor sorted, unsorted;
+    if (saved.size() == 3) sorted = saved[1], unsorted = saved[2];
+    const auto& size = unstash<std::vector<SymInt>>(ctx, "size");
+    Tensor g = pad_backward_op().call(grads[0], saved[0], sorted, unsorted, size,
+                                      ctx->saved_data["batch_first"].toBool());
+    return {g, Tensor()};
+  }
+};
+
+std::tuple<Tensor, Tensor> pad_autograd(const Tensor& data, const Tensor& batch_sizes,
+                                        const OptTensor& sorted_indices,
+                                        const OptTensor& unsorted_indices, bool batch_first,
+                                        double padding_value,
+                                        c10::optional<SymInt> total_length) {
+  if (!(at::GradMode::is_enabled() && data.requires_grad())) {
+    at::AutoDispatchBelowADInplaceOrView guard;
+    return pad_op().call(data, batch_sizes, sorted_indices, unsorted_indices, batch_first,
+                         padding_value, total_length);
+  }
+  variable_list out = PadFunction::apply(
+      data, PadArgs{batch_sizes, sorted_indices, unsorted_indices, batch_first, padding_value,
+                    total_length});
+  return {out[0], out[1]};
 }
 
 // ---- padded input ----------------------------------------------------------
 
-std::tuple<Tensor, Tensor, Tensor> rnn_padded(const Tensor& input, const OptTensor& lengths,
-                                              const OptTensor& h0, const OptTensor& c0,
-                                              at::TensorList weights, c10::string_view mode,
-                                              int64_t hidden_size, int64_t num_layers, bool bias,
-                                              bool batch_first, bool bidirectional,
-                                              int64_t proj_size, double dropout, bool train,
-                                              c10::optional<int64_t> seed,
-                                              c10::string_view precision) {
-  constexpr const char* op = "seqpack::rnn_padded";
-  TORCH_CHECK_VALUE(input.dim() == 3, op, ": input must be 3-D [T, B, input_size] (batch_first: ",
+// The shape checks and the all-sequences-of-length-T batch of rnn_padded.
+struct Padded {
+  int64_t T, B;
+};
+
+Padded padded_shape(const Tensor& input, bool batch_first) {
+  TORCH_CHECK_VALUE(input.dim() == 3,
+                    "seqpack::rnn_padded: input must be 3-D [T, B, input_size] (batch_first: ",
                     "[B, T, input_size]), got shape ", input.sizes());
-  const int64_t T = input.size(batch_first ? 1 : 0), B = input.size(batch_first ? 0 : 1);
+  return {input.size(batch_first ? 1 : 0), input.size(batch_first ? 0 : 1)};
+}
+
+std::tuple<Tensor, Tensor, Tensor> rnn_padded_cpu(
+    const Tensor& input, const OptTensor& lengths, const OptTensor& h0, const OptTensor& c0,
+    at::TensorList weights, c10::string_view mode, int64_t hidden_size, int64_t num_layers,
+    bool bias, bool batch_first, bool bidirectional, int64_t proj_size, double dropout,
+    bool train, c10::optional<int64_t> seed, c10::string_view precision) {
+  constexpr const char* op = "seqpack::rnn_padded";
+  const auto [T, B] = padded_shape(input, batch_first);
   RNNCall call = make_call(op, input, input.size(2), mode, hidden_size, num_layers, bias,
                            bidirectional, proj_size, dropout, train, seed, precision);
   if (lengths.has_value() && lengths->defined()) {
     // Packed through the plan of the lengths; padding comes back as zeros and
     // h_n is each sequence's state at its own last step.
     auto [data, batch_sizes, sorted, unsorted] =
-        pack_padded(input, *lengths, batch_first, /*enforce_sorted=*/false);
+        pack_cpu(input, *lengths, batch_first, /*enforce_sorted=*/false);
     call.plan = plan_of(data, batch_sizes, sorted, unsorted, op);
-    auto [out, h_n, c_n] = run_rnn(call, data, h0, c0, weights);
-    Tensor padded =
-        std::get<0>(pad_packed(out, batch_sizes, sorted, unsorted, batch_first, 0.0, T));
+    auto [out, h_n, c_n] = outputs(run_forward(call, data, h0, c0, weights, false), data);
+    Tensor padded = std::get<0>(pad_cpu(out, batch_sizes, sorted, unsorted, batch_first, 0.0, T));
     return {padded, h_n, c_n};
   }
   // Every sequence has length T: the time-major rows are already the packed
@@ -528,7 +779,44 @@ std::tuple<Tensor, Tensor, Tensor> rnn_padded(const Tensor& input, const OptTens
   Tensor data = time_major.contiguous().view({T * B, input.size(2)});
   call.plan = std::make_shared<const PackingPlan>(
       PackingPlan::from_lengths(std::vector<int64_t>(B, T), /*enforce_sorted=*/true));
-  auto [out, h_n, c_n] = run_rnn(call, data, h0, c0, weights);
+  auto [out, h_n, c_n] = outputs(run_forward(call, data, h0, c0, weights, false), data);
+  Tensor output = out.view({T, B, out.size(1)});
+  return {batch_first ? output.transpose(0, 1) : output, h_n, c_n};
+}
+
+const auto& rnn_padded_op() { SEQPACK_OP("rnn_padded", "", decltype(rnn_padded_cpu)); }
+
+// With a gradient to record: the composition of the packed operators (whose
+// autograd kernels record it).
+std::tuple<Tensor, Tensor, Tensor> rnn_padded_autograd(
+    const Tensor& input, const OptTensor& lengths, const OptTensor& h0, const OptTensor& c0,
+    at::TensorList weights, c10::string_view mode, int64_t hidden_size, int64_t num_layers,
+    bool bias, bool batch_first, bool bidirectional, int64_t proj_size, double dropout,
+    bool train, c10::optional<int64_t> seed, c10::string_view precision) {
+  if (!needs_graph(input, h0, c0, weights)) {
+    at::AutoDispatchBelowADInplaceOrView guard;
+    return rnn_padded_op().call(input, lengths, h0, c0, weights, mode, hidden_size, num_layers,
+                                bias, batch_first, bidirectional, proj_size, dropout, train, seed,
+                                precision);
+  }
+  const auto [T, B] = padded_shape(input, batch_first);
+  if (lengths.has_value() && lengths->defined()) {
+    auto [data, batch_sizes, sorted, unsorted] =
+        pack_op().call(input, *lengths, batch_first, /*enforce_sorted=*/false);
+    auto [out, h_n, c_n] =
+        rnn_op().call(data, batch_sizes, sorted, unsorted, h0, c0, weights, mode, hidden_size,
+                      num_layers, bias, bidirectional, proj_size, dropout, train, seed, precision);
+    Tensor padded = std::get<0>(
+        pad_op().call(out, batch_sizes, sorted, unsorted, batch_first, 0.0, SymInt(T)));
+    return {padded, h_n, c_n};
+  }
+  Tensor time_major = batch_first ? input.transpose(0, 1) : input;
+  Tensor data = time_major.contiguous().view({T * B, input.size(2)});
+  Tensor batch_sizes = at::full({T}, B, at::TensorOptions().dtype(at::kLong));
+  auto [out, h_n, c_n] =
+      rnn_op().call(data, batch_sizes, c10::nullopt, c10::nullopt, h0, c0, weights, mode,
+                    hidden_size, num_layers, bias, bidirectional, proj_size, dropout, train, seed,
+                    precision);
   Tensor output = out.view({T, B, out.size(1)});
   return {batch_first ? output.transpose(0, 1) : output, h_n, c_n};
 }
@@ -536,28 +824,66 @@ std::tuple<Tensor, Tensor, Tensor> rnn_padded(const Tensor& input, const OptTens
 }  // namespace
 }  // namespace seqpack::torch_ops
 
+// Schemas: the public four, then the forward-with-saved-state and backward
+// operators the autograd kernels call (names with a leading underscore: not
+// for direct use; their fake implementations are in python/seqpack/torch.py).
 TORCH_LIBRARY(seqpack, m) {
-  using namespace seqpack::torch_ops;
   m.def(
       "rnn(Tensor data, Tensor batch_sizes, Tensor? sorted_indices, Tensor? unsorted_indices, "
       "Tensor? h0, Tensor? c0, Tensor[] weights, str mode, int hidden_size, int num_layers, "
       "bool bias, bool bidirectional, int proj_size, float dropout, bool train, int? seed=None, "
-      "str precision=\"fp32\") -> (Tensor output, Tensor h_n, Tensor c_n)",
-      &rnn);
+      "str precision=\"fp32\") -> (Tensor output, Tensor h_n, Tensor c_n)");
   m.def(
       "rnn_padded(Tensor input, Tensor? lengths, Tensor? h0, Tensor? c0, Tensor[] weights, "
       "str mode, int hidden_size, int num_layers, bool bias, bool batch_first, "
       "bool bidirectional, int proj_size, float dropout, bool train, int? seed=None, "
-      "str precision=\"fp32\") -> (Tensor output, Tensor h_n, Tensor c_n)",
-      &rnn_padded);
+      "str precision=\"fp32\") -> (Tensor output, Tensor h_n, Tensor c_n)");
   m.def(
       "pack_padded_sequence(Tensor input, Tensor lengths, bool batch_first=False, "
       "bool enforce_sorted=True) -> (Tensor data, Tensor batch_sizes, Tensor sorted_indices, "
-      "Tensor unsorted_indices)",
-      &pack_padded);
+      "Tensor unsorted_indices)");
   m.def(
       "pad_packed_sequence(Tensor data, Tensor batch_sizes, Tensor? sorted_indices, "
-      "Tensor? unsorted_indices, bool batch_first=False, float padding_value=0.0, "
-      "int? total_length=None) -> (Tensor padded, Tensor lengths)",
-      &pad_packed);
+      "Tensor? unsorted_indices, bool batch_first=False, float padding_value=0.0, " SEQPACK_SYMINT
+      "? total_length=None) -> (Tensor padded, Tensor lengths)");
+  m.def(
+      "_rnn_train(Tensor data, Tensor batch_sizes, Tensor? sorted_indices, "
+      "Tensor? unsorted_indices, Tensor? h0, Tensor? c0, Tensor[] weights, str mode, "
+      "int hidden_size, int num_layers, bool bias, bool bidirectional, int proj_size, "
+      "float dropout, bool train, int? seed=None, str precision=\"fp32\") -> "
+      "(Tensor output, Tensor h_n, Tensor c_n, Tensor saved)");
+  m.def(
+      "_rnn_backward(Tensor saved, Tensor? grad_output, Tensor? grad_h_n, Tensor? grad_c_n, "
+      "Tensor data, Tensor? h0, Tensor? c0, Tensor[] weights, bool input_grad, "
+      "bool state_grad) -> (Tensor grad_input, Tensor grad_h0, Tensor grad_c0, "
+      "Tensor[] grad_weights)");
+  m.def(
+      "_pack_padded_sequence_backward(Tensor grad, Tensor batch_sizes, Tensor sorted_indices, "
+      "Tensor unsorted_indices, " SEQPACK_SYMINT "[] size, bool batch_first) -> Tensor");
+  m.def(
+      "_pad_packed_sequence_backward(Tensor grad, Tensor batch_sizes, Tensor? sorted_indices, "
+      "Tensor? unsorted_indices, " SEQPACK_SYMINT "[] size, bool batch_first) -> Tensor");
+}
+
+// The computations on any backend key, so a tensor on another device reaches
+// them and gets their error naming the device (PyTorch 2.4+: the fake
+// implementations also register Meta kernels, which run instead on meta tensors).
+TORCH_LIBRARY_IMPL(seqpack, CompositeExplicitAutograd, m) {
+  using namespace seqpack::torch_ops;
+  m.impl("rnn", &rnn_cpu);
+  m.impl("rnn_padded", &rnn_padded_cpu);
+  m.impl("pack_padded_sequence", &pack_cpu);
+  m.impl("pad_packed_sequence", &pad_cpu);
+  m.impl("_rnn_train", &rnn_train_cpu);
+  m.impl("_rnn_backward", &rnn_backward_cpu);
+  m.impl("_pack_padded_sequence_backward", &pack_backward_cpu);
+  m.impl("_pad_packed_sequence_backward", &pad_backward_cpu);
+}
+
+TORCH_LIBRARY_IMPL(seqpack, Autograd, m) {
+  using namespace seqpack::torch_ops;
+  m.impl("rnn", &rnn_autograd);
+  m.impl("rnn_padded", &rnn_padded_autograd);
+  m.impl("pack_padded_sequence", &pack_autograd);
+  m.impl("pad_packed_sequence", &pad_autograd);
 }

@@ -18,6 +18,11 @@ torch's own implementation.
 
 pack_padded_sequence and pad_packed_sequence are torch's, on
 torch.ops.seqpack.*: zero-length sequences are accepted.
+
+On PyTorch 2.4+ every operator has a fake implementation (end of this file),
+so torch.compile (fullgraph, dynamic shapes, forward and backward) and
+torch.export trace models using the layers and the packing functions
+(docs/python.md, "torch.compile, torch.export and autocast").
 """
 import os
 from typing import List, Optional, Tuple
@@ -45,17 +50,90 @@ def pack_padded_sequence(input: Tensor, lengths: Tensor, batch_first: bool = Fal
                          enforce_sorted: bool = True) -> PackedSequence:
     """torch.nn.utils.rnn.pack_padded_sequence, accepting zero-length sequences.
 
-    `lengths` is an int64 tensor on the CPU (or, in eager mode, a list of ints).
-    With zero-length sequences the indices are kept even when enforce_sorted,
-    to record the batch size (those sequences have no packed rows).
+    `lengths`: a 1-D integer tensor on the CPU (int64, int32, int16, int8, uint8),
+    or in eager mode a list or tuple of ints (or a NumPy integer array), as torch
+    takes them; floating-point or bool lengths are a TypeError (torch truncates
+    floats). With zero-length sequences the indices are kept even when
+    enforce_sorted, to record the batch size (those sequences have no packed rows).
     """
-    if not torch.jit.is_scripting() and not isinstance(lengths, torch.Tensor):
-        lengths = torch.tensor(lengths, dtype=torch.int64)
+    if not torch.jit.is_scripting():
+        lengths = _lengths_tensor(lengths, "pack_padded_sequence")
     data, batch_sizes, sorted_indices, unsorted_indices = torch.ops.seqpack.pack_padded_sequence(
         input, lengths, batch_first, enforce_sorted)
+    if not torch.jit.is_scripting() and _traced(data):
+        # Traced (torch.compile, torch.export): the indices' count is a symbol;
+        # with enforce_sorted it is 0 or the batch size, known only when the
+        # graph runs. The tensors are kept (empty where torch's are None), and
+        # seqpack's operators read an empty index tensor as none.
+        return _traced_packed(data, batch_sizes, sorted_indices, unsorted_indices)
     if sorted_indices.numel() == 0:  # where torch's are None (enforce_sorted, none empty)
         return PackedSequence(data, batch_sizes, None, None)
     return PackedSequence(data, batch_sizes, sorted_indices, unsorted_indices)
+
+
+if hasattr(torch.nn.utils.rnn, "PackedSequence_"):
+    class _TracedPackedSequence(PackedSequence, torch.nn.utils.rnn.PackedSequence_):
+        """A PackedSequence that Dynamo can make. PackedSequence's own __new__
+        (which checks its arguments) makes Dynamo stop at the constructor
+        ("call_function UserDefinedClassVariable(PackedSequence)", PyTorch 2.6);
+        with the plain namedtuple's __new__ Dynamo sees a namedtuple, and the
+        result is still an instance of PackedSequence. The packing operators
+        made the fields, so there is nothing to check."""
+        __slots__ = ()
+        __new__ = torch.nn.utils.rnn.PackedSequence_.__new__
+else:  # no Dynamo to serve
+    _TracedPackedSequence = PackedSequence
+
+
+@torch.jit.unused
+def _traced_packed(data: Tensor, batch_sizes: Tensor, sorted_indices: Optional[Tensor],
+                   unsorted_indices: Optional[Tensor]) -> PackedSequence:
+    return _TracedPackedSequence(data, batch_sizes, sorted_indices, unsorted_indices)
+
+
+@torch.jit.unused
+def _lengths_tensor(lengths, where: str) -> Tensor:
+    """`lengths` as pack_padded_sequence and the layers' forward take them (an
+    integer tensor, a list or tuple of ints, a NumPy integer array) -> an int64
+    tensor; anything else is a TypeError naming it."""
+    if not isinstance(lengths, torch.Tensor):
+        try:
+            t = torch.as_tensor(lengths)
+        except (TypeError, ValueError, RuntimeError) as e:
+            raise TypeError(f"{where}: lengths must be a 1-D integer tensor or a list or tuple of "
+                            f"ints, got {type(lengths).__name__} ({e})") from None
+        if t.numel() == 0:  # [] is a float32 tensor to torch.as_tensor
+            t = t.to(torch.int64)
+    else:
+        t = lengths
+    if t.dtype.is_floating_point or t.dtype.is_complex or t.dtype == torch.bool:
+        raise TypeError(f"{where}: lengths has dtype {t.dtype}; lengths are whole numbers: pass an "
+                        f"integer tensor (int64, int32, ...) or a list of ints, e.g. lengths.long()")
+    return t if t.dtype == torch.int64 else t.to(torch.int64)
+
+
+@torch.jit.unused
+def _symbolic(t: Tensor) -> bool:
+    """True when `t` has a symbolic size: it is being traced by torch.compile or
+    torch.export with dynamic shapes, or is the output of an operator whose
+    output size depends on values (the packing operators' fake implementations)."""
+    sym = getattr(torch, "SymInt", None)
+    return sym is not None and any(isinstance(n, sym) for n in t.shape)
+
+
+@torch.jit.unused
+def _compiling() -> bool:
+    """Inside torch.compile or torch.export (PyTorch 2.x; never on 1.13)."""
+    compiler = getattr(torch, "compiler", None)
+    if compiler is not None and hasattr(compiler, "is_compiling"):
+        return compiler.is_compiling()
+    dynamo = getattr(torch, "_dynamo", None)
+    return dynamo is not None and dynamo.is_compiling()
+
+
+@torch.jit.unused
+def _traced(t: Tensor) -> bool:
+    return _compiling() or _symbolic(t)
 
 
 def pad_packed_sequence(sequence: PackedSequence, batch_first: bool = False,
@@ -71,6 +149,8 @@ def pad_packed_sequence(sequence: PackedSequence, batch_first: bool = False,
 def _new_packed(data: Tensor, like: PackedSequence) -> PackedSequence:
     """PackedSequence(data, like.batch_sizes, like.sorted_indices,
     like.unsorted_indices) without the constructor's checks (a tenth of the time)."""
+    if _traced(data):
+        return _traced_packed(data, like.batch_sizes, like.sorted_indices, like.unsorted_indices)
     return tuple.__new__(PackedSequence,
                          (data, like.batch_sizes, like.sorted_indices, like.unsorted_indices))
 
@@ -110,17 +190,49 @@ class _SeqpackLayer:
                 input, batch_sizes, sorted_indices, unsorted_indices, h0, c0, self._flat_weights,
                 self.mode, self.hidden_size, self.num_layers, self.bias, self.bidirectional,
                 self.proj_size, self.dropout, self.training, None, precision)
+        if not torch.jit.is_scripting() and _traced(input):
+            return self._traced_padded(input, lengths, h0, c0, precision)
         return torch.ops.seqpack.rnn_padded(
             input, lengths, h0, c0, self._flat_weights, self.mode, self.hidden_size,
             self.num_layers, self.bias, self.batch_first, self.bidirectional, self.proj_size,
             self.dropout, self.training, None, precision)
 
     @torch.jit.unused
+    def _traced_padded(self, input: Tensor, lengths: Optional[Tensor], h0: Optional[Tensor],
+                       c0: Optional[Tensor], precision: str) -> Tuple[Tensor, Tensor, Tensor]:
+        """rnn_padded as torch.compile and torch.export trace it: the packed
+        operators (rnn_padded's autograd kernel reads concrete sizes)."""
+        bf = self.batch_first
+        T, B = input.size(1 if bf else 0), input.size(0 if bf else 1)
+        if lengths is not None:
+            data, batch_sizes, sorted_indices, unsorted_indices = \
+                torch.ops.seqpack.pack_padded_sequence(input, lengths, bf, False)
+            out, h_n, c_n = self._core_run(data, batch_sizes, sorted_indices, unsorted_indices,
+                                           None, h0, c0, precision)
+            padded, _ = torch.ops.seqpack.pad_packed_sequence(
+                out, batch_sizes, sorted_indices, unsorted_indices, bf, 0.0, T)
+            return padded, h_n, c_n
+        # Every sequence has length T. The identity permutation as indices keeps
+        # the batch size a size the fake implementations know.
+        time_major = input.transpose(0, 1) if bf else input
+        data = time_major.reshape(T * B, input.size(2))
+        index = torch.arange(B, dtype=torch.int64)
+        batch_sizes = torch.full((T,), B, dtype=torch.int64)
+        out, h_n, c_n = self._core_run(data, batch_sizes, index, index, None, h0, c0, precision)
+        out = out.view(T, B, out.size(1))
+        return out.transpose(0, 1) if bf else out, h_n, c_n
+
+    @torch.jit.unused
     def _autocast_bf16(self, input: Tensor) -> bool:
         """Inside torch.autocast("cpu", dtype=torch.bfloat16), on CPU float32 or bfloat16
         input with float32 weights (the module itself is not converted under autocast)."""
-        if not (torch.is_autocast_cpu_enabled() and
-                torch.get_autocast_cpu_dtype() == torch.bfloat16):
+        # The device-taking forms (2.4+) are what Dynamo traces without warnings.
+        if hasattr(torch, "get_autocast_dtype"):
+            if not (torch.is_autocast_enabled("cpu") and
+                    torch.get_autocast_dtype("cpu") == torch.bfloat16):
+                return False
+        elif not (torch.is_autocast_cpu_enabled() and
+                  torch.get_autocast_cpu_dtype() == torch.bfloat16):
             return False
         w = self._flat_weights[0]
         return (input.device.type == "cpu" and input.dtype in (torch.float32, torch.bfloat16)
@@ -253,6 +365,11 @@ class _SeqpackLayer:
                       c0: Optional[Tensor], lengths: Optional[Tensor]) -> None:
         if lengths is not None:
             raise ValueError("lengths is for padded input; a PackedSequence has its own")
+        if not torch.jit.is_scripting() and _traced(input.data):
+            # torch.export does not trace torch.nn.RNNBase's check methods, and
+            # the batch size may be known only when the graph runs: the
+            # operator checks the shapes then.
+            return
         self.check_input(input.data, input.batch_sizes)
         if h0 is None and c0 is None:
             return
@@ -287,6 +404,8 @@ class _SeqpackLayer:
                     c0 = c0.unsqueeze(1)
         batch_dim = 0 if self.batch_first else 1
         x = input if is_batched else input.unsqueeze(batch_dim)
+        if not torch.jit.is_scripting() and _traced(x):
+            return is_batched, h0, c0  # as in _check_packed
         self.check_input(x, None)
         if lengths is not None and (lengths.dim() != 1 or lengths.size(0) != x.size(batch_dim)):
             raise ValueError(f"lengths must be 1-D with one entry per sequence ({x.size(batch_dim)}), "
@@ -308,6 +427,8 @@ class _SeqpackLayer:
 
     def _forward_padded(self, input: Tensor, h0: Optional[Tensor], c0: Optional[Tensor],
                         lengths: Optional[Tensor]) -> Tuple[Tensor, Tensor, Tensor]:
+        if not torch.jit.is_scripting() and lengths is not None:
+            lengths = _lengths_tensor(lengths, f"{type(self).__name__}.forward")
         if not torch.jit.is_scripting() and self._exporting_onnx():
             return self._onnx_padded(input, h0, c0, lengths)
         is_batched, h0, c0 = self._padded_checks(input, h0, c0, lengths)
@@ -406,6 +527,149 @@ class RNN(_SeqpackLayer, torch.nn.RNN):
         else:
             output, h_n, _ = self._forward_padded(input, hx, None, lengths)
             return output, h_n
+
+
+# ---- fake implementations (PyTorch 2.4+) ---------------------------------
+# What torch.compile and torch.export run instead of the operators while they
+# trace: the outputs' shapes and dtypes, no computation. The packed row count
+# (the sum of the lengths) and the number of time steps (the longest length)
+# depend on the lengths' values, so pack_padded_sequence's fake makes them
+# unbacked sizes (ctx.new_dynamic_size()); the batch size is the lengths' size
+# and stays a known (possibly symbolic) size through the indices. Autograd is
+# the operators' C++ autograd kernels, whose forward and backward call
+# operators (seqpack::_rnn_train, _rnn_backward, _*_backward) with fakes here.
+# PyTorch before 2.4 has no torch.library.register_fake: nothing is registered
+# and torch.compile cannot trace the operators.
+
+
+def _is_unbacked(n) -> bool:
+    if not isinstance(n, torch.SymInt):
+        return False
+    from torch.fx.experimental.symbolic_shapes import free_unbacked_symbols
+    return bool(free_unbacked_symbols(n))
+
+
+def _dynamic_size(ctx):
+    """A size known only when the graph runs (an unbacked symbol). Dynamo's
+    ctx.new_dynamic_size() refuses unless torch._dynamo.config.
+    capture_dynamic_output_shape_ops (a graph break at every operator with such
+    outputs: torch's own pack_padded_sequence); seqpack's operators opt in on
+    their own, with the same symbol from the same ShapeEnv, so a packed model
+    compiles with fullgraph=True without changing that setting for other code."""
+    try:
+        return ctx.new_dynamic_size()
+    except torch._subclasses.fake_tensor.DynamicOutputShapeException:
+        shape_env = getattr(ctx, "_shape_env", None)
+        if shape_env is None:
+            raise
+        n = shape_env.create_unbacked_symint()
+        torch._check_is_size(n)
+        return n
+
+
+def _fake_batch(ctx, h0: Optional[Tensor], sorted_indices: Optional[Tensor]):
+    """The batch size of a packed batch as the operators find it: the indices'
+    size where there are indices (an empty index tensor stands for none), else
+    the first batch size, a value."""
+    if sorted_indices is not None:
+        n = sorted_indices.size(0)
+        if not _is_unbacked(n) and n != 0:
+            return n
+    if h0 is not None:
+        return h0.size(1)
+    return _dynamic_size(ctx)
+
+
+def _fake_rnn(data, batch_sizes, sorted_indices, unsorted_indices, h0, c0, weights, mode,
+              hidden_size, num_layers, bias, bidirectional, proj_size, dropout, train, seed=None,
+              precision="fp32"):
+    ctx = torch.library.get_ctx()
+    directions = 2 if bidirectional else 1
+    real_hidden = proj_size if proj_size > 0 else hidden_size
+    batch = _fake_batch(ctx, h0, sorted_indices)
+    output = data.new_empty((data.size(0), directions * real_hidden))
+    h_n = data.new_empty((num_layers * directions, batch, real_hidden))
+    if mode == "LSTM":
+        c_n = data.new_empty((num_layers * directions, batch, hidden_size))
+    else:
+        c_n = data.new_empty((0,))
+    return output, h_n, c_n
+
+
+def _fake_rnn_train(*args, **kwargs):
+    output, h_n, c_n = _fake_rnn(*args, **kwargs)
+    return output, h_n, c_n, output.new_empty((1,), dtype=torch.uint8)
+
+
+def _fake_rnn_backward(saved, grad_output, grad_h_n, grad_c_n, data, h0, c0, weights, input_grad,
+                       state_grad):
+    empty = data.new_empty((0,))
+    return (data.new_empty(data.shape) if input_grad else empty,
+            h0.new_empty(h0.shape) if state_grad and h0 is not None else empty,
+            c0.new_empty(c0.shape) if state_grad and c0 is not None else data.new_empty((0,)),
+            [w.new_empty(w.shape) for w in weights])
+
+
+def _fake_rnn_padded(input, lengths, h0, c0, weights, mode, hidden_size, num_layers, bias,
+                     batch_first, bidirectional, proj_size, dropout, train, seed=None,
+                     precision="fp32"):
+    directions = 2 if bidirectional else 1
+    real_hidden = proj_size if proj_size > 0 else hidden_size
+    T, B = (input.size(1), input.size(0)) if batch_first else (input.size(0), input.size(1))
+    if lengths is not None or not batch_first:  # padded by pad_packed_sequence, or a view
+        shape = (B, T) if batch_first else (T, B)
+        output = input.new_empty(shape + (directions * real_hidden,))
+    else:
+        output = input.new_empty((T, B, directions * real_hidden)).transpose(0, 1)
+    h_n = input.new_empty((num_layers * directions, B, real_hidden))
+    if mode == "LSTM":
+        c_n = input.new_empty((num_layers * directions, B, hidden_size))
+    else:
+        c_n = input.new_empty((0,))
+    return output, h_n, c_n
+
+
+def _fake_pack(input, lengths, batch_first=False, enforce_sorted=True):
+    ctx = torch.library.get_ctx()
+    rows = _dynamic_size(ctx)  # sum(lengths)
+    steps = _dynamic_size(ctx)  # max(lengths)
+    # Without enforce_sorted the indices are the batch's; with it they are
+    # there only when some sequence is empty.
+    n = _dynamic_size(ctx) if enforce_sorted else lengths.size(0)
+    index = lengths.new_empty((n,), dtype=torch.int64)
+    return (input.new_empty((rows,) + tuple(input.shape[2:])),
+            lengths.new_empty((steps,), dtype=torch.int64), index, index.new_empty((n,)))
+
+
+def _fake_pad(data, batch_sizes, sorted_indices, unsorted_indices, batch_first=False,
+              padding_value=0.0, total_length=None):
+    ctx = torch.library.get_ctx()
+    steps = batch_sizes.size(0) if total_length is None else total_length
+    batch = _fake_batch(ctx, None, sorted_indices)
+    shape = (batch, steps) if batch_first else (steps, batch)
+    return (data.new_empty(shape + tuple(data.shape[1:])),
+            batch_sizes.new_empty((batch,), dtype=torch.int64))
+
+
+def _fake_sized(grad, batch_sizes, sorted_indices, unsorted_indices, size, batch_first):
+    return grad.new_empty(tuple(size))
+
+
+def _register_fakes():
+    register = getattr(torch.library, "register_fake", None)
+    # Once per process (a re-import of this module finds them registered:
+    # register_fake also registers a Meta kernel).
+    if register is None or torch._C._dispatch_has_kernel_for_dispatch_key("seqpack::rnn", "Meta"):
+        return
+    for name, fake in [("rnn", _fake_rnn), ("_rnn_train", _fake_rnn_train),
+                       ("_rnn_backward", _fake_rnn_backward), ("rnn_padded", _fake_rnn_padded),
+                       ("pack_padded_sequence", _fake_pack), ("pad_packed_sequence", _fake_pad),
+                       ("_pack_padded_sequence_backward", _fake_sized),
+                       ("_pad_packed_sequence_backward", _fake_sized)]:
+        register("seqpack::" + name, fake)
+
+
+_register_fakes()
 
 
 # Per-stream state for chunked inference (seqpack/torch_streaming.py).

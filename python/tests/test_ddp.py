@@ -48,8 +48,12 @@ def free_port():
 
 
 def run_two_ranks(split, dump):
+    # USE_LIBUV=0: PyTorch 2.4+ makes the TCPStore of env:// rendezvous use libuv by
+    # default, and Debian 13's torch 2.6 (gloo built without it) then fails with
+    # "use_libuv was requested but PyTorch was build without libuv support";
+    # 1.13 ignores the variable.
     env = dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()), WORLD_SIZE="2",
-               GLOO_SOCKET_IFNAME="lo", OMP_NUM_THREADS="1",
+               GLOO_SOCKET_IFNAME="lo", OMP_NUM_THREADS="1", USE_LIBUV="0",
                PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
     procs = [subprocess.Popen([sys.executable, EXAMPLE, "--split", split, "--dump", dump] + FLAGS,
                               env=dict(env, RANK=str(r), LOCAL_RANK=str(r)),
