@@ -98,6 +98,15 @@ def _guarded(g, op, has_rows, x_shape, lengths, inputs, n_out, dirs, hidden, flo
     # If's blocks, as torch's own symbolics for If and Loop make them (g is a
     # dataclass whose `block` is where g.op inserts, on torch 1.13 and 2.x alike).
     then_g, else_g = (dataclasses.replace(g, block=node.addBlock()) for _ in range(2))
+    # Absent optional inputs (None): trailing ones are left out, others are the
+    # exporter's placeholder for "no input", an optional-typed prim::Constant.
+    inputs = list(inputs)
+    while inputs[-1] is None:
+        inputs.pop()
+    if None in inputs:
+        absent = then_g.op("prim::Constant")
+        absent.setType(torch._C.OptionalType.ofTensor())
+        inputs = [absent if v is None else v for v in inputs]
     ran = then_g.op(op, *inputs, outputs=n_out, **attrs)
     for v in (ran if n_out > 1 else (ran,)):
         then_g.block.registerOutput(v)
@@ -187,8 +196,7 @@ def _symbolic(g, data, batch_sizes, h0, c0, weights, mode, hidden, layers, bidir
     else:
         x = data
     order = _GATE_ORDER[mode]
-    none = g.op("prim::Constant")
-    none.setType(torch._C.OptionalType.ofTensor())
+    none = None  # an absent optional input of the operator (see _guarded)
     float_type = torch.float64 if weights[0].type().scalarType() == "Double" else torch.float32
     zero = g.op("Constant", value_t=torch.zeros((), dtype=float_type))
     if packed:

@@ -373,7 +373,8 @@ def test_unsupported_cases_raise_named_errors():
 # What torch itself still warns during these exports (docs/onnx.md lists them):
 # torch 1.13's tracer on the torch.as_tensor in torch.nn.utils.rnn's
 # pack_padded_sequence, and its exporter's shape inference on the prim:: nodes of
-# packing (torch 2.6 prints the latter from C++ to stderr, not as Python warnings).
+# packing and on the placeholder for an absent input (a layer without biases);
+# torch 2.6 prints the latter from C++ to stderr, not as Python warnings.
 TORCH_WARNINGS = ("torch.as_tensor results are registered as constants in the trace",
                   "The shape inference of prim::PackPadded type is missing",
                   "The shape inference of prim::PadPacked type is missing",
@@ -397,6 +398,8 @@ def test_export_warns_nothing_of_seqpack():
            ["y", "h_n"], record=caught)
     export(st.GRU(3, 4, num_layers=2, batch_first=True).eval(), (torch.randn(2, 3, 3),), ["x"],
            ["y", "h_n"], batch_first=True, record=caught)
+    no_bias = Packed("GRU", False, bias=False).eval()
+    export(no_bias, (torch.randn(3, 2, 3), torch.tensor([3, 2])), *names(no_bias), record=caught)
     package = os.path.dirname(os.path.abspath(seqpack.__file__))
     sources = os.path.dirname(os.path.realpath(st.__file__))
     torch_dir = os.path.dirname(os.path.realpath(torch.__file__))
