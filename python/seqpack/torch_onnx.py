@@ -287,6 +287,65 @@ def _symbolic(g, data, batch_sizes, h0, c0, weights, mode, hidden, layers, bidir
 torch.onnx.register_custom_op_symbolic(OP_NAME, _symbolic, 9)
 
 
+@symbolic_helper.parse_args("v", "v", "b", "b")
+def _pack_symbolic(g, input, lengths, batch_first, enforce_sorted):
+    """seqpack::pack_padded_sequence (seqpack.torch.pack_padded_sequence) as torch's
+    own symbolic writes torch's: a prim::PackPadded of the time-major padded input
+    and the lengths, which _symbolic reads (the node itself is removed). Without
+    enforce_sorted the batch is sorted by decreasing length first (TopK), and the
+    inverse permutation is the ascending TopK of that order."""
+    if batch_first:
+        input = g.op("Transpose", input, perm_i=[1, 0, 2])
+    lengths = g.op("Cast", lengths, to_i=7)  # INT64
+    size = g.op("Shape", lengths)
+    if enforce_sorted:
+        order = g.op("Range", _const(g, 0), g.op("Squeeze", size, _const(g, [0])), _const(g, 1))
+        inverse = order
+    else:
+        _, order = g.op("TopK", lengths, size, axis_i=0, largest_i=1, sorted_i=1, outputs=2)
+        _, inverse = g.op("TopK", order, size, axis_i=0, largest_i=0, sorted_i=1, outputs=2)
+        input = g.op("Gather", input, order, axis_i=1)
+        lengths = g.op("Gather", lengths, order, axis_i=0)
+    data, batch_sizes = g.op("prim::PackPadded", input, g.op("Cast", lengths, to_i=6), outputs=2)
+    return data, batch_sizes, order, inverse
+
+
+@symbolic_helper.parse_args("v", "v", "v", "v", "b", "f", "v")
+def _pad_symbolic(g, data, batch_sizes, sorted_indices, unsorted_indices, batch_first,
+                  padding_value, total_length):
+    """seqpack::pad_packed_sequence (seqpack.torch.pad_packed_sequence): a
+    prim::PadPacked, which cancels the prim::PackPadded of _symbolic's output,
+    then the caller's order, padding_value at padding and total_length steps
+    (torch's own symbolic for pad_packed_sequence drops the last two)."""
+    padded, lengths = g.op("prim::PadPacked", data, batch_sizes, outputs=2)
+    lengths = g.op("Cast", lengths, to_i=7)
+    if not unsorted_indices.node().mustBeNone():
+        padded = g.op("Gather", padded, unsorted_indices, axis_i=1)
+        lengths = g.op("Gather", lengths, unsorted_indices, axis_i=0)
+    if padding_value != 0.0:
+        t_len = g.op("Gather", g.op("Shape", padded), _const(g, 0))
+        steps = g.op("Range", _const(g, 0), t_len, _const(g, 1))
+        valid = g.op("Less", g.op("Unsqueeze", steps, _const(g, [1])),
+                     g.op("Unsqueeze", lengths, _const(g, [0])))
+        fill = g.op("CastLike", _const(g, padding_value, torch.float64), padded)
+        padded = g.op("Where", g.op("Unsqueeze", valid, _const(g, [2])), padded, fill)
+    if not total_length.node().mustBeNone():
+        # Zero steps appended up to total_length (pads [0, 0, 0, total - T, 0, 0]).
+        t_len = g.op("Gather", g.op("Shape", padded), _const(g, [0]))
+        total = g.op("Reshape", g.op("Cast", total_length, to_i=7), _const(g, [1]))
+        pads = g.op("Concat", _const(g, [0, 0, 0]), g.op("Sub", total, t_len), _const(g, [0, 0]),
+                    axis_i=0)
+        fill = g.op("CastLike", _const(g, padding_value, torch.float64), padded)
+        padded = g.op("Pad", padded, pads, fill)
+    if batch_first:
+        padded = g.op("Transpose", padded, perm_i=[1, 0, 2])
+    return padded, lengths
+
+
+torch.onnx.register_custom_op_symbolic("seqpack::pack_padded_sequence", _pack_symbolic, 9)
+torch.onnx.register_custom_op_symbolic("seqpack::pad_packed_sequence", _pad_symbolic, 9)
+
+
 def forward(module, input, hx=None):
     """forward() of a seqpack.torch layer while torch.onnx.export traces it."""
     mode = module.mode

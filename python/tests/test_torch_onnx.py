@@ -414,3 +414,58 @@ def test_export_warns_nothing_of_seqpack():
         if os.path.realpath(path).startswith(torch_dir + os.sep):
             assert not issubclass(w.category, (DeprecationWarning, FutureWarning)), where
             assert text.startswith(TORCH_WARNINGS), f"a new warning from torch: {where}"
+
+
+class SeqpackPacking(torch.nn.Module):
+    """seqpack.torch.pack_padded_sequence -> 2-layer bidirectional LSTM ->
+    seqpack.torch.pad_packed_sequence (with padding_value and total_length)."""
+
+    def __init__(self, enforce_sorted, batch_first, padding_value, total_length):
+        super().__init__()
+        self.lstm = st.LSTM(3, 5, num_layers=2, bidirectional=True, batch_first=batch_first)
+        self.options = (enforce_sorted, batch_first, padding_value, total_length)
+
+    def forward(self, x, lengths):
+        enforce_sorted, batch_first, padding_value, total_length = self.options
+        packed = st.pack_padded_sequence(x, lengths, batch_first=batch_first,
+                                         enforce_sorted=enforce_sorted)
+        out, (h_n, c_n) = self.lstm(packed)
+        y, out_lengths = st.pad_packed_sequence(out, batch_first=batch_first,
+                                                padding_value=padding_value,
+                                                total_length=total_length)
+        return y, h_n, c_n, out_lengths
+
+
+@pytest.mark.parametrize("enforce_sorted,batch_first,padding_value,total_length",
+                         [(False, True, 0.0, None), (False, False, -1.5, 9),
+                          (True, True, 2.0, 9), (True, False, 0.0, None)])
+def test_seqpack_packing_functions_export(tmp_path, enforce_sorted, batch_first, padding_value,
+                                          total_length):
+    """seqpack.torch's packing functions export too (symbolics for
+    seqpack::pack_padded_sequence / pad_packed_sequence), zero lengths included,
+    at other batch sizes and padded lengths than traced."""
+    rng = np.random.default_rng(base_seed() + 6)
+    torch.manual_seed(base_seed() + 6)
+    model = SeqpackPacking(enforce_sorted, batch_first, padding_value, total_length).eval()
+    names_out = ["y", "h_n", "c_n", "out_lengths"]
+    traced = [6, 4, 2] if enforce_sorted else [2, 6, 4]
+    x0 = torch.randn((3, 6, 3) if batch_first else (6, 3, 3))
+    (tmp_path / "m.onnx").write_bytes(
+        export(model, (x0, torch.tensor(traced)), ["x", "lengths"], names_out,
+               batch_first=batch_first))
+    runs, expected = [], []
+    for lengths, T in (([7, 5, 3, 1, 0], 8) if enforce_sorted else ([3, 0, 7, 5, 1], 8),
+                       ([4], 4), ([0, 0], 2) if not enforce_sorted else ([2, 0], 2)):
+        shape = (len(lengths), T, 3) if batch_first else (T, len(lengths), 3)
+        x = torch.from_numpy(rng.uniform(-1, 1, shape).astype(np.float32))
+        L = torch.tensor(lengths)
+        with torch.no_grad():
+            expected.append((lengths, [t.numpy() for t in model(x, L)]))
+        runs.append({"model": str(tmp_path / "m.onnx"),
+                     "inputs": {"x": x.numpy(), "lengths": L.numpy()}})
+    for (lengths, e), r in zip(expected, ort_runner.run(runs)):
+        assert "error" not in r, f"lengths {lengths}: {r.get('error')}"
+        for name, v in zip(names_out, e):
+            got = r["outputs"][name]
+            assert got.shape == v.shape, f"lengths {lengths} {name}: {got.shape} vs {v.shape}"
+            assert_close(got, v, 0, TOL, f"seqpack packing lengths={lengths} {name}")
