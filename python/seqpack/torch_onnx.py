@@ -44,8 +44,9 @@ exporter (`torch.onnx.export(..., dynamo=False)`, 2.6's default):
 Limits (each raises a ValueError naming the value, or is a documented property):
 proj_size > 0 (ONNX's LSTM has no projection); opset below 14; packed input not
 produced by pack_padded_sequence / pack_sequence or another seqpack layer; the
-exported pad_packed_sequence pads with zeros to the longest length (torch's
-symbolic for pad_packed_sequence drops padding_value and total_length).
+exported torch.nn.utils.rnn.pad_packed_sequence pads with zeros to the longest
+length (torch's symbolic for it drops padding_value and total_length; the
+symbolics here for seqpack.torch's packing functions keep both).
 """
 import dataclasses
 
@@ -139,26 +140,34 @@ OP_NAME = "seqpack_onnx::rnn"
 # torch._C.Graph, whose op() is the deprecated torch.onnx._patch_torch._graph_op).
 _LIB = torch.library.Library("seqpack_onnx", "DEF")
 _LIB.define("rnn(Tensor data, Tensor? batch_sizes, Tensor? h0, Tensor? c0, Tensor[] weights, "
-            "str mode, int hidden_size, int num_layers, bool bidirectional, bool bias) "
-            "-> (Tensor, Tensor, Tensor, Tensor)")
+            "str mode, int hidden_size, int num_layers, bool bidirectional, bool bias, "
+            "Tensor? sorted_indices) -> (Tensor, Tensor, Tensor, Tensor)")
 
 _RECURRENCES = {"LSTM": torch.lstm, "GRU": torch.gru, "RNN_TANH": torch.rnn_tanh,
                 "RNN_RELU": torch.rnn_relu}
 
 
-def _rnn_kernel(data, batch_sizes, h0, c0, weights, mode, hidden, layers, bidirectional, bias):
+def _rnn_kernel(data, batch_sizes, h0, c0, weights, mode, hidden, layers, bidirectional, bias,
+                sorted_indices):
     """seqpack_onnx::rnn: one recurrent stack, as torch computes it.
 
     `data` packed rows with `batch_sizes` (sorted order, h0/c0 in that order) or,
     with batch_sizes None, a time-major padded [T, B, I] tensor. Returns (output,
     batch_sizes or an empty tensor, h_n, c_n or an empty tensor), h_n in the
-    order of h0. The exported graph is `_symbolic`'s.
+    order of h0. The batch is that of `sorted_indices` when given: sequences of
+    length 0 (seqpack.torch.pack_padded_sequence keeps them, last in sorted
+    order, without rows) keep their initial state. The exported graph is
+    `_symbolic`'s.
     """
     dirs = 2 if bidirectional else 1
-    batch = int(batch_sizes[0]) if batch_sizes is not None else data.shape[1]
-    zeros = data.new_zeros(layers * dirs, batch, hidden)
+    batch = int(batch_sizes[0]) if batch_sizes is not None and len(batch_sizes) else 0
+    if batch_sizes is None:
+        batch = data.shape[1]
+    full = len(sorted_indices) if batch_sizes is not None and sorted_indices is not None else batch
+    zeros = data.new_zeros(layers * dirs, full, hidden)
     h0 = zeros if h0 is None else h0
-    hx = (h0, zeros if c0 is None else c0) if mode == "LSTM" else h0
+    c0 = zeros if c0 is None else c0
+    hx = (h0[:, :batch], c0[:, :batch]) if mode == "LSTM" else h0[:, :batch]
     fn = _RECURRENCES[mode]
     if batch_sizes is not None:
         result = fn(data, batch_sizes, hx, list(weights), bias, layers, 0.0, False, bidirectional)
@@ -166,14 +175,17 @@ def _rnn_kernel(data, batch_sizes, h0, c0, weights, mode, hidden, layers, bidire
         result = fn(data, hx, list(weights), bias, layers, 0.0, False, bidirectional, False)
     empty = data.new_empty(0)
     sizes = batch_sizes.clone() if batch_sizes is not None else empty.long()
-    return result[0], sizes, result[1], result[2] if mode == "LSTM" else empty
+    h_n = torch.cat([result[1], h0[:, batch:]], 1)
+    c_n = torch.cat([result[2], c0[:, batch:]], 1) if mode == "LSTM" else empty
+    return result[0], sizes, h_n, c_n
 
 
 _LIB.impl("rnn", _rnn_kernel, "CompositeExplicitAutograd")
 
 
-@symbolic_helper.parse_args("v", "v", "v", "v", "v", "s", "i", "i", "b", "b")
-def _symbolic(g, data, batch_sizes, h0, c0, weights, mode, hidden, layers, bidirectional, bias):
+@symbolic_helper.parse_args("v", "v", "v", "v", "v", "s", "i", "i", "b", "b", "v")
+def _symbolic(g, data, batch_sizes, h0, c0, weights, mode, hidden, layers, bidirectional, bias,
+              sorted_indices):
     """The ONNX graph of seqpack_onnx::rnn (see the module's docstring)."""
     opset = g.opset
     if opset < MIN_OPSET:
@@ -356,9 +368,9 @@ def forward(module, input, hx=None):
     spec = (mode, module.hidden_size, module.num_layers, module.bidirectional, module.bias)
     weights = [getattr(module, n) for n in module._flat_weights_names]
 
-    def run(data, batch_sizes, h0, c0):
+    def run(data, batch_sizes, h0, c0, sorted_indices=None):
         output, sizes, h_n, c_n = torch.ops.seqpack_onnx.rnn(data, batch_sizes, h0, c0, weights,
-                                                            *spec)
+                                                            *spec, sorted_indices)
         return output, sizes, ((h_n, c_n) if is_lstm else (h_n,))
 
     if is_lstm and hx is not None and not (isinstance(hx, (tuple, list)) and len(hx) == 2):
@@ -370,7 +382,7 @@ def forward(module, input, hx=None):
         if sorted_indices is not None:
             h0 = None if h0 is None else h0.index_select(1, sorted_indices)
             c0 = None if c0 is None else c0.index_select(1, sorted_indices)
-        output, sizes, states = run(data, batch_sizes, h0, c0)
+        output, sizes, states = run(data, batch_sizes, h0, c0, sorted_indices)
         if unsorted_indices is not None:
             states = tuple(s.index_select(1, unsorted_indices) for s in states)
         hidden = tuple(states) if is_lstm else states[0]
