@@ -227,7 +227,11 @@ def _symbolic(g, data, batch_sizes, h0, c0, weights, mode, hidden, layers, bidir
               for d in range(dirs)]
         W = _stack(g, [_reorder(g, w[0], order, hidden) for w in ws])
         R = _stack(g, [_reorder(g, w[1], order, hidden) for w in ws])
-        B = none
+        # Without biases, zeros (ONNX's default for an absent B) rather than an
+        # absent input before sequence_lens, which the exporter can only write
+        # through an optional-typed placeholder.
+        B = g.op("Constant", value_t=torch.zeros(dirs, 2 * len(order) * hidden,
+                                                 dtype=float_type)) if packed else none
         if bias:
             B = _stack(g, [g.op("Concat", _reorder(g, w[2], order, hidden),
                                 _reorder(g, w[3], order, hidden), axis_i=0) for w in ws])
