@@ -485,3 +485,27 @@ def test_seqpack_packing_export_warns_nothing_of_seqpack():
            (torch.randn(3, 4, 3), torch.tensor([4, 0, 2])), ["x", "lengths"],
            ["y", "h_n", "c_n", "out_lengths"], batch_first=True, record=caught)
     check_warnings(caught)
+
+
+@pytest.mark.skipif(int(torch.__version__.split(".")[0]) < 2,
+                    reason="torch 1.13 exports up to opset 17")
+@pytest.mark.parametrize("opset", [18, 20])
+def test_newer_opsets_on_torch2(tmp_path, opset):
+    """PyTorch 2.x exports opsets 18 to 20 too: every mode, run at another batch."""
+    rng = np.random.default_rng(base_seed() + 7)
+    torch.manual_seed(base_seed() + 7)
+    runs, cases = [], []
+    for mode in LAYERS:
+        model = Packed(mode, True, num_layers=2, bidirectional=True, batch_first=True).eval()
+        n_in, n_out = names(model)
+        path = tmp_path / f"{mode}.onnx"
+        path.write_bytes(export(model, tuple(make_inputs(model, [3, 1, 2], 3, rng)), n_in, n_out,
+                                opset=opset, batch_first=True))
+        inputs = make_inputs(model, [4, 1, 6, 2], 6, rng)
+        with torch.no_grad():
+            cases.append((mode, n_out, [t.numpy() for t in model(*inputs)]))
+        runs.append({"model": str(path), "inputs": {n: t.numpy() for n, t in zip(n_in, inputs)}})
+    for (mode, n_out, expected), r in zip(cases, ort_runner.run(runs)):
+        assert "error" not in r, f"{mode} opset {opset}: {r.get('error')}"
+        for name, e in zip(n_out, expected):
+            assert_close(r["outputs"][name], e, 0, TOL, f"{mode} opset {opset} {name}")
