@@ -333,6 +333,10 @@ def _pad_symbolic(g, data, batch_sizes, sorted_indices, unsorted_indices, batch_
     prim::PadPacked, which cancels the prim::PackPadded of _symbolic's output,
     then the caller's order, padding_value at padding and total_length steps
     (torch's own symbolic for pad_packed_sequence drops the last two)."""
+    # The padding value in the data's type: the traced node's (the converted
+    # values of prim:: nodes carry no type).
+    traced = next(g.original_node.outputs()).type().scalarType()
+    fill = _const(g, padding_value, torch.float64 if traced == "Double" else torch.float32)
     padded, lengths = g.op("prim::PadPacked", data, batch_sizes, outputs=2)
     lengths = g.op("Cast", lengths, to_i=7)
     if not unsorted_indices.node().mustBeNone():
@@ -343,7 +347,6 @@ def _pad_symbolic(g, data, batch_sizes, sorted_indices, unsorted_indices, batch_
         steps = g.op("Range", _const(g, 0), t_len, _const(g, 1))
         valid = g.op("Less", g.op("Unsqueeze", steps, _const(g, [1])),
                      g.op("Unsqueeze", lengths, _const(g, [0])))
-        fill = g.op("CastLike", _const(g, padding_value, torch.float64), padded)
         padded = g.op("Where", g.op("Unsqueeze", valid, _const(g, [2])), padded, fill)
     if not total_length.node().mustBeNone():
         # Zero steps appended up to total_length (pads [0, 0, 0, total - T, 0, 0]).
@@ -351,7 +354,6 @@ def _pad_symbolic(g, data, batch_sizes, sorted_indices, unsorted_indices, batch_
         total = g.op("Reshape", g.op("Cast", total_length, to_i=7), _const(g, [1]))
         pads = g.op("Concat", _const(g, [0, 0, 0]), g.op("Sub", total, t_len), _const(g, [0, 0]),
                     axis_i=0)
-        fill = g.op("CastLike", _const(g, padding_value, torch.float64), padded)
         padded = g.op("Pad", padded, pads, fill)
     if batch_first:
         padded = g.op("Transpose", padded, perm_i=[1, 0, 2])

@@ -440,11 +440,11 @@ class SeqpackPacking(torch.nn.Module):
         return y, h_n, c_n, out_lengths
 
 
-@pytest.mark.parametrize("enforce_sorted,batch_first,padding_value,total_length",
-                         [(False, True, 0.0, None), (False, False, -1.5, 9),
-                          (True, True, 2.0, 9), (True, False, 0.0, None)])
+@pytest.mark.parametrize("enforce_sorted,batch_first,padding_value,total_length,opset",
+                         [(False, True, 0.0, None, 17), (False, False, -1.5, 9, 17),
+                          (True, True, 2.0, 9, 14), (True, False, 0.0, None, 17)])
 def test_seqpack_packing_functions_export(tmp_path, enforce_sorted, batch_first, padding_value,
-                                          total_length):
+                                          total_length, opset):
     """seqpack.torch's packing functions export too (symbolics for
     seqpack::pack_padded_sequence / pad_packed_sequence), zero lengths included
     when traced and when run, at other batch sizes and padded lengths than traced."""
@@ -456,7 +456,7 @@ def test_seqpack_packing_functions_export(tmp_path, enforce_sorted, batch_first,
     traced = [6, 4, 0] if enforce_sorted else [0, 6, 4]
     x0 = torch.randn((3, 6, 3) if batch_first else (6, 3, 3))
     (tmp_path / "m.onnx").write_bytes(
-        export(model, (x0, torch.tensor(traced)), ["x", "lengths"], names_out,
+        export(model, (x0, torch.tensor(traced)), ["x", "lengths"], names_out, opset=opset,
                batch_first=batch_first))
     runs, expected = [], []
     for lengths, T in (([7, 5, 3, 1, 0], 8) if enforce_sorted else ([3, 0, 7, 5, 1], 8),
