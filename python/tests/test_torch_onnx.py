@@ -447,7 +447,8 @@ def test_seqpack_packing_functions_export(tmp_path, enforce_sorted, batch_first,
                                           total_length, opset):
     """seqpack.torch's packing functions export too (symbolics for
     seqpack::pack_padded_sequence / pad_packed_sequence), zero lengths included
-    when traced and when run, at other batch sizes and padded lengths than traced."""
+    when traced and when run, at other batch sizes and padded lengths than traced,
+    batch 0 and padded length 0 included."""
     rng = np.random.default_rng(base_seed() + 6)
     torch.manual_seed(base_seed() + 6)
     model = SeqpackPacking(enforce_sorted, batch_first, padding_value, total_length).eval()
@@ -460,10 +461,11 @@ def test_seqpack_packing_functions_export(tmp_path, enforce_sorted, batch_first,
                batch_first=batch_first))
     runs, expected = [], []
     for lengths, T in (([7, 5, 3, 1, 0], 8) if enforce_sorted else ([3, 0, 7, 5, 1], 8),
-                       ([4], 4), ([0, 0], 2) if not enforce_sorted else ([2, 0], 2)):
+                       ([4], 4), ([0, 0], 2) if not enforce_sorted else ([2, 0], 2),
+                       ([], 4), ([0, 0, 0], 0)):  # empty inputs, as in test_empty_batch_runs
         shape = (len(lengths), T, 3) if batch_first else (T, len(lengths), 3)
         x = torch.from_numpy(rng.uniform(-1, 1, shape).astype(np.float32))
-        L = torch.tensor(lengths)
+        L = torch.tensor(lengths, dtype=torch.int64)
         with torch.no_grad():
             expected.append((lengths, [t.numpy() for t in model(x, L)]))
         runs.append({"model": str(tmp_path / "m.onnx"),
