@@ -16,6 +16,10 @@ torch.onnx API is used (g.op on the graph context torch gives a registered
 symbolic, symbolic_helper.parse_args), on PyTorch 1.13 and on 2.x's TorchScript
 exporter (`torch.onnx.export(..., dynamo=False)`, 2.6's default):
 
+* seqpack.torch.pack_padded_sequence / pad_packed_sequence (the operators
+  seqpack::pack_padded_sequence / pad_packed_sequence) get symbolics here too,
+  `_pack_symbolic` / `_pad_symbolic`, which write the prim::PackPadded /
+  prim::PadPacked that torch's symbolics write for its own functions.
 * On packed input, torch's tracer has turned `pack_padded_sequence` into a
   `prim::PackPadded(padded, lengths)` node (symbolic_opset9._pack_padded_sequence).
   The symbolic reads the padded input and the lengths straight from that node and
@@ -208,7 +212,6 @@ def _symbolic(g, data, batch_sizes, h0, c0, weights, mode, hidden, layers, bidir
     else:
         x = data
     order = _GATE_ORDER[mode]
-    none = None  # an absent optional input of the operator (see _guarded)
     float_type = torch.float64 if weights[0].type().scalarType() == "Double" else torch.float32
     zero = g.op("Constant", value_t=torch.zeros((), dtype=float_type))
     if packed:
@@ -216,7 +219,7 @@ def _symbolic(g, data, batch_sizes, h0, c0, weights, mode, hidden, layers, bidir
         seq_lens = g.op("Where", empty, _const(g, 1, torch.int32), lengths)
         empty3 = g.op("Unsqueeze", empty, _const(g, [0, 2]))
     else:
-        seq_lens = none
+        seq_lens = None  # absent (see _guarded)
     per_dir = 4 if bias else 2
     x_shape = g.op("Shape", x)
     has_rows = g.op("Greater", g.op("Size", x), _const(g, 0))
@@ -231,14 +234,14 @@ def _symbolic(g, data, batch_sizes, h0, c0, weights, mode, hidden, layers, bidir
         # absent input before sequence_lens, which the exporter can only write
         # through an optional-typed placeholder.
         B = g.op("Constant", value_t=torch.zeros(dirs, 2 * len(order) * hidden,
-                                                 dtype=float_type)) if packed else none
+                                                 dtype=float_type)) if packed else None
         if bias:
             B = _stack(g, [g.op("Concat", _reorder(g, w[2], order, hidden),
                                 _reorder(g, w[3], order, hidden), axis_i=0) for w in ws])
 
         def layer_slice(state):
             if state is None:
-                return none
+                return None
             return g.op("Slice", state, _const(g, [layer * dirs]),
                         _const(g, [(layer + 1) * dirs]), _const(g, [0]))
 
