@@ -478,9 +478,6 @@ def test_seqpack_packing_functions_export(tmp_path, enforce_sorted, batch_first,
             assert_close(got, v, 0, TOL, f"seqpack packing lengths={lengths} {name}")
 
 
-@pytest.mark.xfail(strict=True, raises=AssertionError,
-                   reason="seqpack.torch.pack_padded_sequence's check for empty "
-                   "indices (sorted_indices.numel() == 0, seqpack/torch.py) warns under the tracer")
 def test_seqpack_packing_export_warns_nothing_of_seqpack():
     caught = []
     export(SeqpackPacking(False, True, 0.0, None).eval(),
