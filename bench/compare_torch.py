@@ -14,6 +14,13 @@ forward passes achieve, and whether train_packed time is linear in the lengths
     /usr/bin/python3 bench/compare_torch.py --quick --workload gru-chars
     /usr/bin/python3 bench/compare_torch.py --precision bf16 --mode train_packed
 
+--fastest-torch times torch.nn in every configuration (fp32 or bf16 module,
+packed or padded input: bench/torch_peer.py) and reports seqpack against the
+fastest; --torch-2.6 adds PyTorch 2.6 from Debian 13 (scripts/debian13.sh, as
+root) beside the torch this script runs under, timed in the same run:
+
+    /usr/bin/python3 bench/compare_torch.py --malloc tuned --torch-2.6 --precision bf16 --mode train_packed
+
 --precision bf16 runs seqpack in bf16 mixed precision and adds a second torch
 peer: the same module converted with module.to(torch.bfloat16) on bf16 packed
 input (PyTorch 1.13's only way to run a packed LSTM in bf16 on the CPU); the
@@ -30,14 +37,13 @@ import argparse
 import json
 import math
 import os
-import statistics
 import subprocess
 import sys
 import time
 
 import torch
-from torch.nn.utils.rnn import PackedSequence, pack_padded_sequence
 
+from torch_peer import DTYPES, median_time, torch_bench
 from torch_threads import add_malloc_option, apply_malloc, malloc_settings, set_torch_threads
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -45,74 +51,51 @@ MODES = ["forward_packed", "forward_padded", "train_packed"]
 GATES = {"lstm": 4, "gru": 3, "rnn_tanh": 1, "rnn_relu": 1}
 
 
-def median_time(run, min_time, slow_single):
-    """One warm-up, then timed runs until min_time is spent on >= 3 runs and the
-    median is stable (as `seqpack bench` does), within a budget of 5 * min_time.
-    A warm-up slower than `slow_single` seconds is itself the one sample: PyTorch's
-    packed LSTM backward is quadratic in the length and takes tens of seconds on
-    lstm-long-seq, where one run in either direction changes nothing."""
-    c0, t0 = time.process_time(), time.perf_counter()
-    run()
-    warm, warm_cpu = time.perf_counter() - t0, time.process_time() - c0
-    if warm > slow_single:
-        return warm, warm_cpu, 1
-    budget = 5 * min_time
-    samples, cpu_samples = [], []
-    while True:
-        c0, t0 = time.process_time(), time.perf_counter()
-        run()
-        samples.append(time.perf_counter() - t0)
-        cpu_samples.append(time.process_time() - c0)
-        total = sum(samples)
-        if total >= budget:
-            break
-        if total >= min_time and len(samples) >= 3:
-            m = statistics.median(samples)
-            if abs(m - statistics.median(samples[:-2])) <= 0.01 * m:
-                break
-    return statistics.median(samples), statistics.median(cpu_samples), len(samples)
+class RemotePeer:
+    """PyTorch 2.6 in Debian 13: bench/torch_peer.py --serve through scripts/debian13.sh."""
+
+    def __init__(self, malloc):
+        self.proc = subprocess.Popen(
+            ["bash", os.path.join(REPO, "scripts", "debian13.sh"), "/usr/bin/python3",
+             "bench/torch_peer.py", "--serve", "--malloc", malloc],
+            cwd=REPO, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        self.hello = self._read()
+        self.version = self.hello["torch"]
+
+    def _read(self):
+        for line in self.proc.stdout:
+            if line.startswith("PEER "):
+                return json.loads(line[5:])
+        sys.exit(f"compare_torch: the Debian 13 torch peer ended (exit {self.proc.wait()})")
+
+    def bench(self, **request):
+        self.proc.stdin.write(json.dumps(request) + "\n")
+        self.proc.stdin.flush()
+        r = self._read()
+        if "error" in r:
+            sys.exit(f"compare_torch: torch {self.version} failed on {request['workload']['name']} "
+                     f"{request['mode']} {request['dtype']} {request['layout']}: {r['error']}")
+        return r["sec"], r["cpu"], r["reps"]
 
 
-def torch_module(w):
-    kw = dict(input_size=w["input_size"], hidden_size=w["hidden_size"],
-              num_layers=w["num_layers"], bidirectional=w.get("bidirectional", False))
-    cell = w["cell"]
-    if cell == "lstm":
-        return torch.nn.LSTM(**kw)
-    if cell == "gru":
-        return torch.nn.GRU(**kw)
-    if cell in ("rnn_tanh", "rnn_relu"):
-        return torch.nn.RNN(nonlinearity=cell[4:], **kw)
-    raise ValueError(f"workload '{w['name']}': cell '{cell}' is not one of {sorted(GATES)}")
+class LocalPeer:
+    """The torch this script runs under (1.13 on Debian 12)."""
+    version = torch.__version__
+
+    def bench(self, workload, mode, lengths, min_time, slow_single, dtype, layout, threads):
+        set_torch_threads(threads)
+        return torch_bench(workload, mode, lengths, min_time, slow_single, DTYPES[dtype], layout)
 
 
-def torch_bench(w, mode, lengths, min_time, slow_single, dtype=torch.float32):
-    torch.manual_seed(0)
-    m = torch_module(w).to(dtype)
-    batch, max_len = len(lengths), max(lengths)
-    x = (torch.rand(max_len, batch, w["input_size"]) * 2 - 1).to(dtype)
-    if mode == "forward_padded":
-        with torch.no_grad():
-            return median_time(lambda: m(x), min_time, slow_single)
-    packed = pack_padded_sequence(x, torch.tensor(lengths), enforce_sorted=False)
-    if mode == "forward_packed":
-        with torch.no_grad():
-            return median_time(lambda: m(packed), min_time, slow_single)
-    # train_packed: the packed rows are a leaf so the input gradient is computed too,
-    # as seqpack's rnn_backward does; gradients are dropped between runs instead of
-    # accumulated, as seqpack's are returned fresh.
-    data = packed.data.detach().requires_grad_()
-    leaf = PackedSequence(data, packed.batch_sizes, packed.sorted_indices, packed.unsorted_indices)
-    params = list(m.parameters())
-
-    def step():
-        for p in params:
-            p.grad = None
-        data.grad = None
-        out, _ = m(leaf)
-        out.data.sum().backward()
-
-    return median_time(step, min_time, slow_single)
+def peer_configs(mode, names):
+    """The (dtype, layout) pairs of `names` ("fp32-packed", ...) that apply to `mode`."""
+    out = []
+    for n in names:
+        dtype, layout = n.split("-")
+        if mode == "forward_padded" and layout == "packed":
+            continue
+        out.append(("float32" if dtype == "fp32" else "bfloat16", layout))
+    return out
 
 
 def seqpack_bench(args, threads, name, mode, scale=1):
@@ -248,6 +231,31 @@ def target_bf16_peer(name, mode, threads, precision, cpu):
     return 4.0 if mode == "train_packed" and name in BF16_FOUR else None
 
 
+def print_fastest(results, peers, precision):
+    """seqpack against each torch's fastest configuration, and against the fastest of all."""
+    print(f"\nagainst each PyTorch's fastest configuration (seqpack {precision}; the configuration "
+          f"is dtype and layout; ratio = torch s / seqpack s, wall clock, same run):")
+    head = f"{'threads':>7} {'workload':<15} {'mode':<15} {'seqpack s':>10}"
+    for peer in peers:
+        head += f" {'torch ' + peer.version[:8] + ' fastest':>36} {'ratio':>6}"
+    print(head + f" {'vs fastest of all':>17}")
+    for r in results:
+        line = f"{r['threads']:>7} {r['workload']:<15} {r['mode']:<15} {fmt_s(r['seqpack_sec']):>10}"
+        best_all = None
+        for peer in peers:
+            mine = {k: v for k, v in r["peers"].items() if k.startswith(peer.version + " ")}
+            if not mine:
+                line += f" {'-':>36} {'-':>6}"
+                continue
+            key = min(mine, key=lambda k: mine[k][0])
+            sec = mine[key][0]
+            best_all = sec if best_all is None else min(best_all, sec)
+            config = key[len(peer.version) + 1:]
+            line += f" {fmt_s(sec) + ' s ' + config:>36} {fmt_r(sec / r['seqpack_sec']):>6}"
+        line += f" {fmt_r(best_all / r['seqpack_sec']) if best_all else '-':>17}"
+        print(line)
+
+
 def seqpack_info(args):
     res = subprocess.run([args.seqpack, "info", "--json"], capture_output=True, text=True)
     return json.loads(res.stdout) if res.returncode == 0 else {}
@@ -279,6 +287,13 @@ def main():
     p.add_argument("--json-out", help="also write every measurement to this file (JSON)")
     p.add_argument("--precision", choices=["fp32", "bf16"], default="fp32",
                    help="seqpack's precision; bf16 adds a torch bf16 peer (module.to(torch.bfloat16))")
+    p.add_argument("--torch-2.6", dest="torch26", action="store_true",
+                   help="also time PyTorch 2.6 (Debian 13 through scripts/debian13.sh, as root)")
+    p.add_argument("--fastest-torch", action="store_true",
+                   help="time every configuration of --peer-configs on each torch and report "
+                        "seqpack against the fastest (implied by --torch-2.6)")
+    p.add_argument("--peer-configs", default="fp32-packed,fp32-padded,bf16-packed,bf16-padded",
+                   help="torch configurations for --fastest-torch (dtype-layout, comma-separated)")
     add_malloc_option(p)
     args = p.parse_args()
     apply_malloc(args.malloc)
@@ -316,6 +331,18 @@ def main():
           f"{cpu.get('native_bf16', '?')}, AMX {cpu.get('amx', '?')}), oneDNN "
           f"{cpu.get('onednn', '?')}, {cpu.get('blas', '?')}", flush=True)
     bf16_peer = args.precision == "bf16" and not args.seqpack_only
+    configs = [c.strip() for c in args.peer_configs.split(",") if c.strip()]
+    for c in configs:
+        if c not in ("fp32-packed", "fp32-padded", "bf16-packed", "bf16-padded"):
+            sys.exit(f"compare_torch: --peer-configs entry '{c}' is not one of fp32-packed, "
+                     f"fp32-padded, bf16-packed, bf16-padded")
+    peers = []
+    if (args.fastest_torch or args.torch26) and not args.seqpack_only:
+        peers.append(LocalPeer())
+        if args.torch26:
+            peers.append(RemotePeer(args.malloc))
+            print(f"# second torch: {peers[-1].version} in Debian 13 (allocator: "
+                  f"{peers[-1].hello['allocator']})", flush=True)
     # The sgemm rate is measured again before every workload: on a shared machine one
     # reading can catch a slow moment, and the ceilings below want the machine's best.
     rate, rate_src = sgemm_rate(args)
@@ -351,7 +378,19 @@ def main():
                         print(f"{tag}: torch bf16", file=sys.stderr, flush=True)
                         b_sec, b_cpu, _ = torch_bench(w, mode, lengths, args.min_time,
                                                       args.torch_single_run, torch.bfloat16)
-                    rounds.append(dict(seqpack_sec=s_sec, seqpack_cpu=s_cpu, seqpack_reps=s_reps,
+                    fastest = {}
+                    for peer in peers:
+                        for dtype, layout in peer_configs(mode, configs):
+                            print(f"{tag}: torch {peer.version} {dtype} {layout}", file=sys.stderr,
+                                  flush=True)
+                            sec, cpu_sec, _ = peer.bench(
+                                workload=w, mode=mode, lengths=lengths, min_time=args.min_time,
+                                slow_single=args.torch_single_run, dtype=dtype, layout=layout,
+                                threads=threads)
+                            key = f"{peer.version} {dtype} {layout}"
+                            fastest[key] = (sec, cpu_sec)
+                    rounds.append(dict(peers=fastest,
+                                       seqpack_sec=s_sec, seqpack_cpu=s_cpu, seqpack_reps=s_reps,
                                        torch_sec=t_sec, torch_cpu=t_cpu, torch_reps=t_reps,
                                        ratio=t_sec / s_sec if t_sec else None,
                                        cpu_ratio=t_cpu / s_cpu if t_cpu else None,
@@ -516,10 +555,14 @@ def main():
                   f"x{two / one:.2f} {'ok' if two / one <= 2.2 else 'MISS'}   "
                   f"(cpu x{two_cpu / one_cpu:.2f})", flush=True)
 
+    if peers:
+        print_fastest(results, peers, args.precision)
+
     print(f"\n# load average {os.getloadavg()[0]:.2f} at the end")
     if args.json_out:
         with open(args.json_out, "w") as f:
             json.dump(dict(torch=torch.__version__, precision=args.precision, cpu=cpu,
+                           torch_peers=[p.version for p in peers],
                            sgemm_flops=rate, sgemm_readings=rates,
                            sgemm_source=rate_src,
                            results=results, linearity=linearity), f, indent=1)
