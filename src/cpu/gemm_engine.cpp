@@ -4,6 +4,7 @@
 
 #include <stdexcept>
 
+#include "cpu/cpu_info.h"
 #include "cpu/gemm.h"
 
 namespace seqpack::cpu {
@@ -94,7 +95,7 @@ class F32Engine : public BlasEngine<float> {
 const GemmEngine<float>& gemm_engine_f32(Precision precision) {
   static const F32Engine f32;
   if (precision == Precision::bf16) {
-    check_precision_supported(precision);
+    require_bf16_dot_products();
     return onednn_bf16_engine();
   }
   return f32;

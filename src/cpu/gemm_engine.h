@@ -138,7 +138,7 @@ class GemmEngine {
 };
 
 // The engine for this element type and precision (a process-wide instance).
-// bf16 requires float and native bf16 dot products (check_precision_supported).
+// bf16 requires float and native bf16 dot products (require_bf16_dot_products).
 const GemmEngine<float>& gemm_engine_f32(Precision precision);
 const GemmEngine<double>& gemm_engine_f64();
 

@@ -23,6 +23,7 @@
 
 #include "cpu/bf16.h"
 #include "cpu/buffer_pool.h"
+#include "cpu/cpu_info.h"
 #include "cpu/gemm.h"
 #include "cpu/gemm_engine.h"
 #include "cpu/onednn_compat.h"
@@ -582,7 +583,7 @@ const GemmEngine<float>& onednn_engine(Precision precision) {
   static const OnednnEngine f32(/*f32=*/true, /*small_in_fp32=*/false);
   static const OnednnEngine bf16(/*f32=*/false, /*small_in_fp32=*/false);
   if (precision == Precision::bf16) {
-    check_precision_supported(precision);
+    require_bf16_dot_products();
     return bf16;
   }
   return f32;
