@@ -436,13 +436,25 @@ struct ForwardDirection {
     }
     const int64_t in = x.size(1);
     if (!lookup) {
-      eng.gemm(false, true, N, G, in, x.data<T>(), in, w.w_ih, in, T(0), gates, G,
-               o.bias ? bias : nullptr);
+      eng.gemm({.m = N,
+                .n = G,
+                .k = in,
+                .a = {.data = x.data<T>(), .ld = in},
+                .b = {.data = w.w_ih, .ld = in, .trans = true},
+                .c = gates,
+                .ldc = G,
+                .c_row = o.bias ? bias : nullptr});
       return;
     }
     const int64_t V = x.size(0);
     T* p = ws.proj.data();
-    eng.gemm(false, true, V, G, in, x.data<T>(), in, w.w_ih, in, T(0), p, G);
+    eng.gemm({.m = V,
+              .n = G,
+              .k = in,
+              .a = {.data = x.data<T>(), .ld = in},
+              .b = {.data = w.w_ih, .ld = in, .trans = true},
+              .c = p,
+              .ldc = G});
     for (int64_t v = 0; v < V; ++v)
       for (int64_t k = 0; k < G; ++k) p[v * G + k] += bias[k];
     fuse_lookup = eng.takes_init() && !gru;
@@ -1085,23 +1097,50 @@ struct BackwardDirection {
     const T* x = input.data<T>();
     const int64_t in = input.size(1);
     if (lookup_layer) {  // dW_ih = dPᵀ·table, dP summed during the steps
-      eng.gemm(true, false, G, in, input.size(0), ws.dproj.data(), G, x, in, T(0), dwih, in);
+      eng.gemm({.m = G,
+                .n = in,
+                .k = input.size(0),
+                .a = {.data = ws.dproj.data(), .ld = G, .trans = true},
+                .b = {.data = x, .ld = in},
+                .c = dwih,
+                .ldc = in});
     } else {
-      eng.gemm(true, false, G, in, N, ws.dg, G, x, in, T(0), dwih, in, nullptr, ws.dg_kept(), 0);
+      eng.gemm({.m = G,
+                .n = in,
+                .k = N,
+                .a = {.data = ws.dg, .ld = G, .trans = true, .kept = ws.dg_kept()},
+                .b = {.data = x, .ld = in},
+                .c = dwih,
+                .ldc = in});
     }
     const int64_t skip = dw_hh_skip();
-    eng.gemm(true, false, G, R, N - skip, ws.dgh + skip * G, G,
-             sd.h_prev.defined() ? sd.h_prev.data<T>() + skip * R : nullptr, R, T(0),
-             g.weights[k + 1].data<T>(), R, nullptr, ws.dgh_kept.get(), skip, sd.h_prev_kept.get(),
-             skip);
+    eng.gemm({.m = G,
+              .n = R,
+              .k = N - skip,
+              .a = {.data = ws.dgh + skip * G,
+                    .ld = G,
+                    .trans = true,
+                    .kept = ws.dgh_kept.get(),
+                    .kept_row = skip},
+              .b = {.data = sd.h_prev.defined() ? sd.h_prev.data<T>() + skip * R : nullptr,
+                    .ld = R,
+                    .kept = sd.h_prev_kept.get(),
+                    .kept_row = skip},
+              .c = g.weights[k + 1].data<T>(),
+              .ldc = R});
     std::size_t next = k + 2;
     if (o.bias) {
       if (!gru) std::copy(db_ih, db_ih + G, db_hh);
       next += 2;
     }
     if (proj) {
-      eng.gemm(true, false, R, H, N, ws.dhtot.data(), R, sd.m.data<T>(), H, T(0),
-               g.weights[next].data<T>(), H);
+      eng.gemm({.m = R,
+                .n = H,
+                .k = N,
+                .a = {.data = ws.dhtot.data(), .ld = R, .trans = true},
+                .b = {.data = sd.m.data<T>(), .ld = H},
+                .c = g.weights[next].data<T>(),
+                .ldc = H});
     }
   }
 
@@ -1191,9 +1230,16 @@ RNNGradients backward_impl(const RNNSaved& sv, const Tensor& grad_output, const 
     for (int64_t d = 0; d < D; ++d) {
       const DirWeights<T> w = dir_weights<T>(o, sv.weights, l, d);
       const BackwardWorkspace<T>& ws = wss[static_cast<std::size_t>(d)];
-      eng.gemm(false, false, rows, in, G, lookup_layer ? ws.dproj.data() : ws.dg, G, w.w_ih, in,
-               d == 0 ? T(0) : T(1), dx.data<T>(), in, nullptr,
-               lookup_layer ? nullptr : ws.dg_kept(), 0);
+      eng.gemm({.m = rows,
+                .n = in,
+                .k = G,
+                .a = {.data = lookup_layer ? ws.dproj.data() : ws.dg,
+                      .ld = G,
+                      .kept = lookup_layer ? nullptr : ws.dg_kept()},
+                .b = {.data = w.w_ih, .ld = in},
+                .beta = d == 0 ? T(0) : T(1),
+                .c = dx.data<T>(),
+                .ldc = in});
     }
     if (sl.mask.defined()) {
       T* a = dx.data<T>();

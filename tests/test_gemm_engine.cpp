@@ -121,8 +121,15 @@ void sweep_gemm(const GemmEngine<float>& eng, Rounding bf16) {
           Problem p = make_problem(ta, tb, s[0], s[1], s[2], ++seed);
           const std::vector<float> start = p.c;
           const float beta = mode == 1 ? 1.0f : 0.0f;
-          eng.gemm(ta, tb, p.m, p.n, p.k, p.a.data(), p.lda, p.b.data(), p.ldb, beta, p.c.data(),
-                   p.ldc, mode == 2 ? p.bias.data() : nullptr);
+          eng.gemm({.m = p.m,
+                    .n = p.n,
+                    .k = p.k,
+                    .a = {.data = p.a.data(), .ld = p.lda, .trans = ta},
+                    .b = {.data = p.b.data(), .ld = p.ldb, .trans = tb},
+                    .beta = beta,
+                    .c = p.c.data(),
+                    .ldc = p.ldc,
+                    .c_row = mode == 2 ? p.bias.data() : nullptr});
           const bool rounded = bf16 == Rounding::always ||
                                (bf16 == Rounding::where_it_pays && bf16_product(p.m, p.n, p.k));
           ASSERT_TRUE(check(p, p.c, start, mode == 2, beta, rounded, 0, p.n)) << "seed " << seed;
@@ -295,10 +302,24 @@ TEST(GemmEngine, KeptRowsGiveTheSameProducts) {
     // dW = dG[skip:]ᵀ·H_prev[skip:], as the backward's dW_hh; with the kept
     // rows, A is not read.
     std::vector<float> dw_plain(static_cast<std::size_t>(G * R)), dw_kept(dw_plain.size());
-    eng.gemm(true, false, G, R, N - skip, dg.data() + skip * ld, ld, hp.data() + skip * q.lda,
-             q.lda, 0.0f, dw_plain.data(), R);
-    eng.gemm(true, false, G, R, N - skip, kept ? nullptr : dg.data() + skip * ld, ld,
-             hp.data() + skip * q.lda, q.lda, 0.0f, dw_kept.data(), R, nullptr, kept.get(), skip);
+    eng.gemm({.m = G,
+              .n = R,
+              .k = N - skip,
+              .a = {.data = dg.data() + skip * ld, .ld = ld, .trans = true},
+              .b = {.data = hp.data() + skip * q.lda, .ld = q.lda},
+              .c = dw_plain.data(),
+              .ldc = R});
+    eng.gemm({.m = G,
+              .n = R,
+              .k = N - skip,
+              .a = {.data = kept ? nullptr : dg.data() + skip * ld,
+                    .ld = ld,
+                    .trans = true,
+                    .kept = kept.get(),
+                    .kept_row = skip},
+              .b = {.data = hp.data() + skip * q.lda, .ld = q.lda},
+              .c = dw_kept.data(),
+              .ldc = R});
     ASSERT_EQ(std::memcmp(dw_plain.data(), dw_kept.data(), dw_plain.size() * sizeof(float)), 0);
   }
 }
@@ -341,10 +362,20 @@ TEST(GemmEngine, SunkRowsGiveTheSameProducts) {
     eng.keep(*kept, 100, nullptr, ld, 20);  // written through the sink
     ASSERT_EQ(std::memcmp(plain.data(), with.data(), plain.size() * sizeof(float)), 0);
     std::vector<float> dw_plain(static_cast<std::size_t>(G * R)), dw_kept(dw_plain.size());
-    eng.gemm(true, false, G, R, N - skip, dg.data() + skip * ld, ld, q.a.data() + skip * q.lda,
-             q.lda, 0.0f, dw_plain.data(), R);
-    eng.gemm(true, false, G, R, N - skip, nullptr, ld, q.a.data() + skip * q.lda, q.lda, 0.0f,
-             dw_kept.data(), R, nullptr, kept.get(), skip);
+    eng.gemm({.m = G,
+              .n = R,
+              .k = N - skip,
+              .a = {.data = dg.data() + skip * ld, .ld = ld, .trans = true},
+              .b = {.data = q.a.data() + skip * q.lda, .ld = q.lda},
+              .c = dw_plain.data(),
+              .ldc = R});
+    eng.gemm({.m = G,
+              .n = R,
+              .k = N - skip,
+              .a = {.data = nullptr, .ld = ld, .trans = true, .kept = kept.get(), .kept_row = skip},
+              .b = {.data = q.a.data() + skip * q.lda, .ld = q.lda},
+              .c = dw_kept.data(),
+              .ldc = R});
     ASSERT_EQ(std::memcmp(dw_plain.data(), dw_kept.data(), dw_plain.size() * sizeof(float)), 0);
 
     // A step product's own rows (the forward's h_prev): a store where the
@@ -379,8 +410,13 @@ TEST(GemmEngine, RowsNeverKeptAreRefused) {
   ASSERT_NE(kept, nullptr);
   std::vector<float> rows(static_cast<std::size_t>(150 * 256), 0.5f), dw(256 * 64);
   eng.keep(*kept, 0, rows.data(), 256, 150);
-  EXPECT_THROW(eng.gemm(true, false, 256, 64, 200, nullptr, 256, q.a.data(), q.lda, 0.0f,
-                        dw.data(), 64, nullptr, kept.get(), 0),
+  EXPECT_THROW(eng.gemm({.m = 256,
+                         .n = 64,
+                         .k = 200,
+                         .a = {.data = nullptr, .ld = 256, .trans = true, .kept = kept.get()},
+                         .b = {.data = q.a.data(), .ld = q.lda},
+                         .c = dw.data(),
+                         .ldc = 64}),
                std::logic_error);
 }
 
