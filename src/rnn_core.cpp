@@ -373,9 +373,9 @@ struct ForwardStep {
   const T* next_g = nullptr;            // the next step's gate rows (a prefetch hint)
   int64_t next_len = 0;                 // their elements
   int64_t h_row = 0;                    // row of h_prev's rows in the engine's store
-  uint16_t* h16 = nullptr;              // where the kernel writes h's rows for the next
-                                        // step's product (the engine's sink, or null)
-  int64_t n16 = 0;                      // rows that have one there (they continue)
+  cpu::RowSink h_next;                  // where the kernel writes h's rows for the next
+                                        // step's product (the engine's sink, or empty)
+  int64_t n_next = 0;                   // rows that have one there (they continue)
 };
 
 template <typename T>
@@ -548,9 +548,9 @@ struct ForwardDirection {
       st.h_row = st.r0;
       if (s + 1 < TT) {
         const auto tn = static_cast<std::size_t>(d == 0 ? t + 1 : t - 1);
-        st.n16 = std::clamp<int64_t>(bs[tn] - j0, 0, st.n);
+        st.n_next = std::clamp<int64_t>(bs[tn] - j0, 0, st.n);
         // (a row split's j0 may lie past the next step's rows: no sink row then)
-        if (st.n16 > 0) st.h16 = hsink.row(plan.offsets()[tn] + j0);
+        if (st.n_next > 0) st.h_next = hsink.from_row(plan.offsets()[tn] + j0);
       }
       // The rows that begin here take h0 (before the barrier: every thread's
       // product reads them).
@@ -559,8 +559,8 @@ struct ForwardDirection {
                  st.n - st.cont);
     } else {
       st.h_row = (s % 2) * B + j0;
-      st.h16 = hsink.row(((s + 1) % 2) * B + j0);
-      st.n16 = st.n;
+      st.h_next = hsink.from_row(((s + 1) % 2) * B + j0);
+      st.n_next = st.n;
     }
     // h_prev: the previous step's output rows for the rows that continue
     // from it (read where the kernel wrote them: no copy into a state
@@ -636,11 +636,11 @@ struct ForwardDirection {
     }
     // Rows [lo, hi) with c_prev their c entering the step.
     auto rows = [&](int64_t lo, int64_t hi, const T* c_prev) {
-      by_h16(st, lo, hi, [&](int64_t r0, int64_t r1, uint16_t* h16) {
+      by_sink(st, lo, hi, [&](int64_t r0, int64_t r1, cpu::RowSink h_next) {
         cpu::lstm_gates_forward<T>(r1 - r0, H, a, b, st.g + r0 * G, c_prev + (r0 - lo) * H, H,
                                    cdst + r0 * H, H, hdst + r0 * ldh, ldh,
                                    st.x_rows ? st.x_rows + r0 : nullptr, st.next_g, st.next_len,
-                                   h16, hsink.ld);
+                                   h_next);
       });
     };
     if (save) {  // c_prev: the previous step's saved c, or c0 (no copy back into the state)
@@ -663,29 +663,30 @@ struct ForwardDirection {
     for (int64_t r = st.ng; r < st.n; ++r)
       for (int64_t q = 0; q < 3; ++q)
         std::fill(gh + r * G + q * H + sp.a, gh + r * G + q * H + sp.b, T(0));
-    by_h16(st, 0, st.n, [&](int64_t r0, int64_t r1, uint16_t* h16) {
+    by_sink(st, 0, st.n, [&](int64_t r0, int64_t r1, cpu::RowSink h_next) {
       cpu::gru_gates_forward<T>(r1 - r0, H, sp.a, sp.b, st.g + r0 * G, gh + r0 * G, w.b_hh,
                                 st.h_prev + r0 * R, R, st.out + r0 * ldo, ldo,
-                                save ? ghn + (st.r0 + r0) * H : nullptr, h16, hsink.ld);
+                                save ? ghn + (st.r0 + r0) * H : nullptr, h_next);
     });
   }
 
   // RNN: h_t = tanh or relu(W_ih x + b_ih + W_hh h_{t-1} + b_hh).
   void rnn_step(const ForwardStep<T>& st, const Split& sp) {
     hidden_product(st, sp, T(1), st.g);
-    by_h16(st, 0, st.n, [&](int64_t r0, int64_t r1, uint16_t* h16) {
+    by_sink(st, 0, st.n, [&](int64_t r0, int64_t r1, cpu::RowSink h_next) {
       cpu::rnn_gates_forward<T>(r1 - r0, H, sp.a, sp.b, st.g + r0 * G, relu, st.out + r0 * ldo, ldo,
-                                h16, hsink.ld);
+                                h_next);
     });
   }
 
-  // f(r0, r1, h16) over rows [lo, hi) split where the rows with a bf16 copy
-  // (the first n16) end: h16 is their row r0 in the sink, null for the others.
+  // f(r0, r1, h_next) over rows [lo, hi) split where the rows with a row in
+  // the sink (the first n_next) end: h_next is the sink from their row r0 on,
+  // empty for the others.
   template <typename F>
-  void by_h16(const ForwardStep<T>& st, int64_t lo, int64_t hi, F&& f) {
-    const int64_t mid = std::clamp(st.n16, lo, hi);
-    if (mid > lo) f(lo, mid, st.h16 ? st.h16 + lo * hsink.ld : nullptr);
-    if (hi > mid) f(mid, hi, nullptr);
+  void by_sink(const ForwardStep<T>& st, int64_t lo, int64_t hi, F&& f) {
+    const int64_t mid = std::clamp(st.n_next, lo, hi);
+    if (mid > lo) f(lo, mid, st.h_next.from_row(lo));
+    if (hi > mid) f(mid, hi, cpu::RowSink{});
   }
 
   void run(int nt, const Tensor& x, const Tensor& h0, const Tensor& c0, Tensor& out,
@@ -1024,7 +1025,8 @@ struct BackwardDirection {
     cpu::lstm_gates_backward<T>(
         hi - lo, H, sp.a, sp.b, sd.gates.data<T>() + r * G, sd.c.data<T>() + r * H, c_prev,
         dh_in + lo * ld_dh, ld_dh, ws.dcstate.data() + (st.j0 + lo) * H, st.dg + lo * G,
-        bias_sums(sp, db_ih), lookup_layer ? ws.dproj_rows.data() + r : nullptr, dgh_sink.row(r));
+        bias_sums(sp, db_ih), lookup_layer ? ws.dproj_rows.data() + r : nullptr,
+        dgh_sink.from_row(r));
   }
 
   void lstm_step(const BackwardStep<T>& st, const Split& sp) {
@@ -1055,10 +1057,11 @@ struct BackwardDirection {
 
   void gru_step(const BackwardStep<T>& st, const Split& sp) {
     T* dghr = ws.dgh + st.r0 * G;
-    cpu::gru_gates_backward<T>(
-        st.n, H, sp.a, sp.b, sd.gates.data<T>() + st.r0 * G, sd.ghn.data<T>() + st.r0 * H,
-        sd.h_prev.data<T>() + st.r0 * R, R, st.dh, R, st.dg, dghr, ws.dhstate.data() + st.j0 * R,
-        bias_sums(sp, db_ih), bias_sums(sp, db_hh), dgx_sink.row(st.r0), dgh_sink.row(st.r0));
+    cpu::gru_gates_backward<T>(st.n, H, sp.a, sp.b, sd.gates.data<T>() + st.r0 * G,
+                               sd.ghn.data<T>() + st.r0 * H, sd.h_prev.data<T>() + st.r0 * R, R,
+                               st.dh, R, st.dg, dghr, ws.dhstate.data() + st.j0 * R,
+                               bias_sums(sp, db_ih), bias_sums(sp, db_hh), dgx_sink.from_row(st.r0),
+                               dgh_sink.from_row(st.r0));
     scatter_rows(st, sp);
     columns_barrier(sp);
     if (ws.dgx_kept && (sp.by_rows || sp.tid == 0))
@@ -1068,7 +1071,7 @@ struct BackwardDirection {
 
   void rnn_step(const BackwardStep<T>& st, const Split& sp) {
     cpu::rnn_gates_backward<T>(st.n, H, sp.a, sp.b, sd.gates.data<T>() + st.r0 * G, relu, st.dh, R,
-                               st.dg, bias_sums(sp, db_ih), dgh_sink.row(st.r0));
+                               st.dg, bias_sums(sp, db_ih), dgh_sink.from_row(st.r0));
     scatter_rows(st, sp);
     columns_barrier(sp);
     hidden_product(st, st.dg, T(0), sp);

@@ -349,7 +349,7 @@ TEST(GemmEngine, SunkRowsGiveTheSameProducts) {
     const RowSink sink = eng.sink(*kept);
     ASSERT_NE(sink.data, nullptr);
     ASSERT_EQ(sink.ld, G);
-    for (int64_t r = 0; r < N; ++r) f32_to_bf16(dg.data() + r * ld, sink.row(r), G);
+    for (int64_t r = 0; r < N; ++r) f32_to_bf16(dg.data() + r * ld, sink.bf16_row(r), G);
     const std::vector<float> nans(dg.size(), std::numeric_limits<float>::quiet_NaN());
     std::vector<float> plain(static_cast<std::size_t>(N * R)), with(plain.size());
     const std::vector<std::pair<int64_t, int64_t>> steps{{0, 40}, {40, 100}, {120, 300}};
@@ -387,7 +387,7 @@ TEST(GemmEngine, SunkRowsGiveTheSameProducts) {
     const RowSink hs = eng.sink(*hstore);
     // Rows 24..35 through the sink, 36..47 converted by keep() (the rows
     // that begin with h0).
-    for (int64_t r = 0; r < 12; ++r) f32_to_bf16(h.a.data() + r * h.lda, hs.row(24 + r), 64);
+    for (int64_t r = 0; r < 12; ++r) f32_to_bf16(h.a.data() + r * h.lda, hs.bf16_row(24 + r), 64);
     eng.keep(*hstore, 36, h.a.data() + 12 * h.lda, h.lda, 12);
     std::vector<float> c_plain = h.c, c_sunk = h.c;
     eng.step(24, h.a.data(), h.lda, *wop, 0, 1.0f, c_plain.data(), h.ldc);

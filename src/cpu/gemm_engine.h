@@ -29,6 +29,7 @@
 #include <utility>
 #include <vector>
 
+#include "cpu/row_sink.h"
 #include "seqpack/precision.h"
 
 namespace seqpack::cpu {
@@ -49,16 +50,6 @@ using ColumnRange = std::pair<int64_t, int64_t>;  // [first, last) columns
 // their step (opaque).
 struct RowStore {
   virtual ~RowStore() = default;
-};
-
-// Where the producer of a RowStore's rows (a gate kernel) writes them in the
-// engine's operand form itself, next to its fp32 rows: bf16 bits, row r of
-// the store's matrix at data + r * ld. Empty (data null) where the engine
-// converts the rows itself (or keeps none).
-struct RowSink {
-  uint16_t* data = nullptr;
-  int64_t ld = 0;
-  uint16_t* row(int64_t r) const { return data ? data + r * ld : nullptr; }
 };
 
 // One operand of a whole-batch product: op(X), X row-major with row stride
@@ -123,6 +114,9 @@ class GemmEngine {
   // records the rows, and reads them, instead of converting a's. The rows'
   // writers and step()'s readers must not overlap in time (the time loop's
   // barriers, or alternating stores).
+  // The sink (cpu/row_sink.h) says in which form the rows are written (the
+  // engine's operand form: bf16 bits for the bf16 engine); the kernels are
+  // instantiated per form. Empty where the engine converts the rows itself.
   virtual RowSink sink(RowStore& store) const { return {}; }
 
   // Lays out B = op(b) [k, n] for step() on each of `ranges` (columns of B).

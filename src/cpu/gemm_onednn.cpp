@@ -425,7 +425,7 @@ class OnednnEngine : public GemmEngine<float> {
   RowSink sink(RowStore& store) const override {
     auto& s = static_cast<Bf16Rows&>(store);
     s.sunk = true;
-    return {s.row(0), s.cols};
+    return RowSink::bf16(s.row(0), s.cols);
   }
 
   static std::unique_ptr<Bf16Rows> make_store(int64_t rows, int64_t cols) {
