@@ -278,7 +278,13 @@ void BM_batch(benchmark::State& state) {
       seqpack::cpu::onednn_gemm_f32(ta, tb, m, n, k, a.data(), lda, b.data(), ldb, 0.f, c.data(), n,
                                     nullptr);
     } else {
-      bf16.gemm(ta, tb, m, n, k, a.data(), lda, b.data(), ldb, 0.f, c.data(), n);
+      bf16.gemm({.m = m,
+                 .n = n,
+                 .k = k,
+                 .a = {.data = a.data(), .ld = lda, .trans = ta},
+                 .b = {.data = b.data(), .ld = ldb, .trans = tb},
+                 .c = c.data(),
+                 .ldc = n});
     }
     benchmark::DoNotOptimize(c.data());
     benchmark::ClobberMemory();
@@ -436,7 +442,13 @@ void run_workload_gemms(benchmark::State& state, const WorkloadShape& w, bool tr
     for (int64_t l = 0; l < w.layers; ++l) {
       const int64_t in = l == 0 ? w.input : w.dirs * H;
       for (int64_t d = 0; d < w.dirs; ++d) {
-        eng.gemm(false, true, N, G, in, x.data(), in, wih.data(), in, 0.f, g.data(), G);
+        eng.gemm({.m = N,
+                  .n = G,
+                  .k = in,
+                  .a = {.data = x.data(), .ld = in},
+                  .b = {.data = wih.data(), .ld = in, .trans = true},
+                  .c = g.data(),
+                  .ldc = G});
         flops += 2.0 * N * G * in;
         for (int pass = 0; pass < (train ? 2 : 1); ++pass) {
           int64_t r0 = 0;
@@ -452,11 +464,29 @@ void run_workload_gemms(benchmark::State& state, const WorkloadShape& w, bool tr
           }
         }
         if (!train) continue;
-        eng.gemm(true, false, G, in, N, g.data(), G, x.data(), in, 0.f, dw.data(), in);
-        eng.gemm(false, false, N, in, G, g.data(), G, wih.data(), in, 1.f, dx.data(), in);
+        eng.gemm({.m = G,
+                  .n = in,
+                  .k = N,
+                  .a = {.data = g.data(), .ld = G, .trans = true},
+                  .b = {.data = x.data(), .ld = in},
+                  .c = dw.data(),
+                  .ldc = in});
+        eng.gemm({.m = N,
+                  .n = in,
+                  .k = G,
+                  .a = {.data = g.data(), .ld = G},
+                  .b = {.data = wih.data(), .ld = in},
+                  .beta = 1.f,
+                  .c = dx.data(),
+                  .ldc = in});
         const int64_t skip = d == 0 ? w.batch_sizes[0] : 0;
-        eng.gemm(true, false, G, H, N - skip, g.data() + skip * G, G, hp.data() + skip * H, H, 0.f,
-                 dw.data(), H);
+        eng.gemm({.m = G,
+                  .n = H,
+                  .k = N - skip,
+                  .a = {.data = g.data() + skip * G, .ld = G, .trans = true},
+                  .b = {.data = hp.data() + skip * H, .ld = H},
+                  .c = dw.data(),
+                  .ldc = H});
         flops += 2.0 * G * N * 2 * in + 2.0 * G * (N - skip) * H;
       }
     }

@@ -19,9 +19,11 @@
 //
 // Shape of the code: forward_impl/backward_impl are the grid (layers ×
 // directions); ForwardDirection/BackwardDirection hold one layer and
-// direction and run the time loop once for every cell, each step handing its
-// rows to the cell's step math (lstm_step, gru_step, rnn_step). Every matrix
-// product goes through the call's GEMM engine (cpu/gemm_engine.h), chosen
+// direction and run the time loop, written once for every cell: each step
+// runs its phases (before the product, the product, after it) with the
+// barriers between them, and hands its rows to the cell's step math
+// (LstmCell, GruCell, RnnCell: each cell's traits and kernels in one place).
+// Every matrix product goes through the call's GEMM engine (cpu/gemm_engine.h), chosen
 // from the dtype and RNNOptions::precision: a precision is an engine, and
 // nothing here knows which one runs. Threading (two directions side by side,
 // or one direction's columns split over threads, or its sequences where the
@@ -348,6 +350,184 @@ inline void columns_barrier(const Split& sp) {
   }
 }
 
+// ---------------------------------------------------------------------------
+// The cells. Each says in one place what the time loop needs to know of it
+// (its traits, read by the loop and the workspaces: the loop never asks which
+// cell it runs) and holds its step math: the gate kernels over a step's rows,
+// forward after the step's product, backward before it. The loop runs the
+// phases (before the product, the product, after it), the barriers between
+// them and the rows each thread owns; a cell sees its rows (ForwardStep,
+// BackwardStep) and its direction's buffers, and never waits for a thread.
+// ---------------------------------------------------------------------------
+
+// LSTM: c_t = f * c_{t-1} + i * g, h_t = o * tanh(c_t) (then h_t = W_hr h_t
+// with a projection, a product the loop runs after the cell).
+struct LstmCell {
+  // c beside h: c0 and c_n, c saved per row, dc in the backward.
+  static constexpr bool cell_state = true;
+  // The step's product goes to a buffer of its own (ws.gh) instead of being
+  // added to the gate rows; in the backward the product's operand dG_h is then
+  // apart from dG_x (W_ih's), each kept on its own.
+  static constexpr bool hidden_apart = false;
+  // The input projection carries b_hh with b_ih.
+  static constexpr bool b_hh_in_projection = true;
+  // The forward kernel reads h_prev's fp32 rows, so the loop writes them even
+  // where the product reads the engine's rows.
+  static constexpr bool reads_h_prev = false;
+  // A lookup layer's rows may enter the product as its init rows.
+  static constexpr bool lookup_in_product = true;
+  // The kernels add a lookup layer's rows themselves (forward: into the
+  // pre-activations; backward: dG into the rows of dP).
+  static constexpr bool lookup_in_kernel = true;
+  // db_hh summed apart from db_ih (else the same sums, copied after the steps).
+  static constexpr bool separate_db_hh = false;
+  // The backward kernel writes the part of dh_prev that bypasses W_hh, so dh
+  // is read from a copy and the product adds to it (beta 1).
+  static constexpr bool dh_prev_in_kernel = false;
+  // W_hn h_prev + b_hn saved per row (ghn).
+  static constexpr bool saves_ghn = false;
+
+  static void forward(auto& fd, const auto& st, const Split& sp) {
+    using T = typename std::remove_reference_t<decltype(fd)>::Scalar;
+    const int64_t H = fd.H, G = fd.G;
+    T* cstate = fd.ws.cstate.data() + st.j0 * H;
+    T* cdst = fd.save ? fd.cs + st.r0 * H : cstate;
+    // Rows [lo, hi) with c_prev their c entering the step.
+    auto rows = [&](int64_t lo, int64_t hi, const T* c_prev) {
+      fd.by_sink(st, lo, hi, [&](int64_t r0, int64_t r1, cpu::RowSink h_next) {
+        cpu::lstm_gates_forward<T>(r1 - r0, H, sp.a, sp.b, st.g + r0 * G, c_prev + (r0 - lo) * H, H,
+                                   cdst + r0 * H, H, st.h + r0 * st.ldh, st.ldh,
+                                   st.x_rows ? st.x_rows + r0 : nullptr, st.next_g, st.next_len,
+                                   h_next);
+      });
+    };
+    if (fd.save) {  // c_prev: the previous step's saved c, or c0 (no copy back into the state)
+      rows(0, st.cont, fd.cs + st.r_prev * H);
+      rows(st.cont, st.n, cstate + st.cont * H);
+    } else {  // c updated in place in the state
+      rows(0, st.n, cstate);
+    }
+  }
+
+  static void backward(auto& bd, const auto& st, const Split& sp) {
+    // c entering the step: the previous step's c for the rows that continue
+    // from it (its first rows, in length-sorted order), c0 for the others;
+    // under a row split, of this thread's rows.
+    using T = typename std::remove_reference_t<decltype(bd)>::Scalar;
+    const int64_t H = bd.H, d = bd.d;
+    const auto& sv = bd.sv;
+    const int64_t cont =
+        std::clamp<int64_t>(rows_after_h0(sv.batch_sizes, st.t, d) - st.j0, 0, st.n);
+    const int64_t prev = d == 0 ? st.t - 1 : st.t + 1;
+    if (cont > 0) {
+      rows_backward(bd, st, 0, cont,
+                    bd.sd.c.template data<T>() + (sv.offsets[std::size_t(prev)] + st.j0) * H, sp);
+    }
+    rows_backward(bd, st, cont, st.n, bd.sd.c0.template data<T>() + (st.j0 + cont) * H, sp);
+  }
+
+  // Rows [lo, hi) of a step through the backward kernel, c_prev being their
+  // c entering the step.
+  template <typename T>
+  static void rows_backward(auto& bd, const auto& st, int64_t lo, int64_t hi, const T* c_prev,
+                            const Split& sp) {
+    if (hi <= lo) return;
+    const int64_t H = bd.H, G = bd.G;
+    const int64_t r = st.r0 + lo;
+    cpu::lstm_gates_backward<T>(
+        hi - lo, H, sp.a, sp.b, bd.sd.gates.template data<T>() + r * G,
+        bd.sd.c.template data<T>() + r * H, c_prev, st.dh + lo * st.ld_dh, st.ld_dh,
+        bd.ws.dcstate.data() + (st.j0 + lo) * H, st.dg + lo * G, bd.bias_sums(sp, bd.db_ih),
+        bd.lookup_layer ? bd.ws.dproj_rows.data() + r : nullptr, bd.dgh_sink.from_row(r));
+  }
+};
+
+// GRU: n = tanh(W_in x + b_in + r * (W_hn h + b_hn)), h_t = (1 - z) * n + z * h_{t-1}.
+// r multiplies part of the hidden product: it has its own buffer, with b_hn.
+struct GruCell {
+  static constexpr bool cell_state = false;
+  static constexpr bool hidden_apart = true;
+  static constexpr bool b_hh_in_projection = false;
+  static constexpr bool reads_h_prev = true;
+  static constexpr bool lookup_in_product = false;
+  static constexpr bool lookup_in_kernel = false;
+  static constexpr bool separate_db_hh = true;
+  static constexpr bool dh_prev_in_kernel = true;
+  static constexpr bool saves_ghn = true;
+
+  static void forward(auto& fd, const auto& st, const Split& sp) {
+    using T = typename std::remove_reference_t<decltype(fd)>::Scalar;
+    const int64_t H = fd.H, G = fd.G, R = fd.R;
+    fd.by_sink(st, 0, st.n, [&](int64_t r0, int64_t r1, cpu::RowSink h_next) {
+      cpu::gru_gates_forward<T>(r1 - r0, H, sp.a, sp.b, st.g + r0 * G, st.gh + r0 * G, fd.w.b_hh,
+                                st.h_prev + r0 * R, R, st.h + r0 * st.ldh, st.ldh,
+                                fd.save ? fd.ghn + (st.r0 + r0) * H : nullptr, h_next);
+    });
+  }
+
+  static void backward(auto& bd, const auto& st, const Split& sp) {
+    using T = typename std::remove_reference_t<decltype(bd)>::Scalar;
+    const int64_t H = bd.H, G = bd.G, R = bd.R;
+    cpu::gru_gates_backward<T>(st.n, H, sp.a, sp.b, bd.sd.gates.template data<T>() + st.r0 * G,
+                               bd.sd.ghn.template data<T>() + st.r0 * H,
+                               bd.sd.h_prev.template data<T>() + st.r0 * R, R, st.dh, st.ld_dh,
+                               st.dg, bd.ws.dgh + st.r0 * G, bd.ws.dhstate.data() + st.j0 * R,
+                               bd.bias_sums(sp, bd.db_ih), bd.bias_sums(sp, bd.db_hh),
+                               bd.dgx_sink.from_row(st.r0), bd.dgh_sink.from_row(st.r0));
+  }
+};
+
+// RNN: h_t = tanh or relu(W_ih x + b_ih + W_hh h_{t-1} + b_hh).
+struct RnnCell {
+  static constexpr bool cell_state = false;
+  static constexpr bool hidden_apart = false;
+  static constexpr bool b_hh_in_projection = true;
+  static constexpr bool reads_h_prev = false;
+  static constexpr bool lookup_in_product = true;
+  static constexpr bool lookup_in_kernel = false;
+  static constexpr bool separate_db_hh = false;
+  static constexpr bool dh_prev_in_kernel = false;
+  static constexpr bool saves_ghn = false;
+
+  static bool relu(const RNNOptions& o) { return o.mode == RNNMode::rnn_relu; }
+
+  static void forward(auto& fd, const auto& st, const Split& sp) {
+    using T = typename std::remove_reference_t<decltype(fd)>::Scalar;
+    const bool relu_ = relu(fd.o);
+    fd.by_sink(st, 0, st.n, [&](int64_t r0, int64_t r1, cpu::RowSink h_next) {
+      cpu::rnn_gates_forward<T>(r1 - r0, fd.H, sp.a, sp.b, st.g + r0 * fd.G, relu_,
+                                st.h + r0 * st.ldh, st.ldh, h_next);
+    });
+  }
+
+  static void backward(auto& bd, const auto& st, const Split& sp) {
+    using T = typename std::remove_reference_t<decltype(bd)>::Scalar;
+    cpu::rnn_gates_backward<T>(
+        st.n, bd.H, sp.a, sp.b, bd.sd.gates.template data<T>() + st.r0 * bd.G, relu(bd.o), st.dh,
+        st.ld_dh, st.dg, bd.bias_sums(sp, bd.db_ih), bd.dgh_sink.from_row(st.r0));
+  }
+};
+
+// f(cell) with the cell of this mode: the one place that maps a mode to its cell.
+template <typename F>
+decltype(auto) with_cell(RNNMode mode, F&& f) {
+  switch (mode) {
+    case RNNMode::lstm:
+      return f(LstmCell{});
+    case RNNMode::gru:
+      return f(GruCell{});
+    case RNNMode::rnn_tanh:
+    case RNNMode::rnn_relu:
+      break;
+  }
+  return f(RnnCell{});
+}
+
+// Whether the mode's cell has a cell state (c0, c_n, grad_c_n).
+bool has_cell_state(RNNMode mode) {
+  return with_cell(mode, [](auto cell) { return decltype(cell)::cell_state; });
+}
+
 // The whole forward workspace of one direction, allocated once per call:
 // nothing is allocated inside the time loop.
 template <typename T>
@@ -366,20 +546,24 @@ struct ForwardStep {
   int64_t r0 = 0;     // first packed row
   int64_t j0 = 0;     // first state row (row split: > 0 past the first thread)
   T* g = nullptr;     // gate rows [n, G]: X·W_ihᵀ + b on entry
+  T* gh = nullptr;    // a hidden_apart cell's product rows [n, G] (else g)
   T* out = nullptr;   // output rows, stride ldo
+  T* h = nullptr;     // where the cell writes h (out, or before a projection m), stride ldh
+  int64_t ldh = 0;
   const T* h_prev = nullptr;            // [n, R]
   const T* const* init = nullptr;       // lookup rows fed into the product (engine's init)
-  const T* const* x_rows = nullptr;     // lookup rows the LSTM gate kernel adds to g
+  const T* const* x_rows = nullptr;     // lookup rows the gate kernel adds to g (lookup_in_kernel)
   const T* next_g = nullptr;            // the next step's gate rows (a prefetch hint)
   int64_t next_len = 0;                 // their elements
   int64_t h_row = 0;                    // row of h_prev's rows in the engine's store
-  uint16_t* h16 = nullptr;              // where the kernel writes h's rows for the next
-                                        // step's product (the engine's sink, or null)
-  int64_t n16 = 0;                      // rows that have one there (they continue)
+  cpu::RowSink h_next;                  // where the kernel writes h's rows for the next
+                                        // step's product (the engine's sink, or empty)
+  int64_t n_next = 0;                   // rows that have one there (they continue)
 };
 
-template <typename T>
+template <typename T, typename Cell>
 struct ForwardDirection {
+  using Scalar = T;
   const RNNOptions& o;
   const cpu::GemmEngine<T>& eng;
   const PackingPlan& plan;
@@ -387,7 +571,7 @@ struct ForwardDirection {
   ForwardWorkspace<T>& ws;
   RNNSaved::Direction& sd;
   const int64_t l, d, H, R, G, B, N, TT, ldo;
-  const bool save, h0_zero, lstm, gru, relu, proj;
+  const bool save, h0_zero, proj;
   DirWeights<T> w;
   T* gates = nullptr;  // [N, G]
   T* outp = nullptr;   // this direction's columns of the layer output
@@ -406,25 +590,39 @@ struct ForwardDirection {
   std::shared_ptr<cpu::RowStore> hp_kept;
   bool fp32_hprev = true;  // whether h_prev's fp32 rows are written (GRU reads them, or a step)
   // A lookup layer's projected rows: fed into the product where the engine
-  // takes init rows, else (LSTM) added by the gate kernel, else copied into G.
+  // takes init rows (and the cell lets it), else added by the gate kernel
+  // (lookup_in_kernel), else copied into G.
   bool fuse_lookup = false, lookup_in_gates = false;
 
   ForwardDirection(const RNNOptions& o_, const cpu::GemmEngine<T>& eng_, const PackingPlan& plan_,
                    const std::vector<Tensor>& weights, const std::vector<int64_t>* lookup_,
                    ForwardWorkspace<T>& ws_, RNNSaved::Direction& sd_, int64_t l_, int64_t d_,
                    bool save_, bool h0_zero_)
-      : o(o_), eng(eng_), plan(plan_), lookup(l_ == 0 ? lookup_ : nullptr), ws(ws_), sd(sd_),
-        l(l_), d(d_), H(o.hidden_size), R(o.real_hidden_size()), G(o.gate_count() * H),
-        B(plan.batch()), N(plan.total_rows()), TT(plan.max_len()), ldo(o.output_size()),
-        save(save_), h0_zero(h0_zero_), lstm(o.mode == RNNMode::lstm),
-        gru(o.mode == RNNMode::gru), relu(o.mode == RNNMode::rnn_relu), proj(o.proj_size > 0),
+      : o(o_),
+        eng(eng_),
+        plan(plan_),
+        lookup(l_ == 0 ? lookup_ : nullptr),
+        ws(ws_),
+        sd(sd_),
+        l(l_),
+        d(d_),
+        H(o.hidden_size),
+        R(o.real_hidden_size()),
+        G(o.gate_count() * H),
+        B(plan.batch()),
+        N(plan.total_rows()),
+        TT(plan.max_len()),
+        ldo(o.output_size()),
+        save(save_),
+        h0_zero(h0_zero_),
+        proj(o.proj_size > 0),
         w(dir_weights<T>(o, weights, l_, d_)) {}
 
-  // G = X·W_ihᵀ + b, with b = b_ih, plus b_hh except for GRU, whose b_hn must
-  // stay inside r * (W_hn h + b_hn). A lookup layer projects the V table rows
-  // once instead; each step takes its rows' projection (fused into the
-  // product where the engine takes init rows, into the LSTM gate kernel
-  // otherwise, else copied into G).
+  // G = X·W_ihᵀ + b, with b = b_ih, plus b_hh where the cell has it there
+  // (b_hh_in_projection; GRU's b_hn stays inside r * (W_hn h + b_hn)). A
+  // lookup layer projects the V table rows once instead; each step takes its
+  // rows' projection (fused into the product where the engine takes init
+  // rows, into the gate kernel otherwise, else copied into G).
   void project_inputs(const Tensor& x) {
     Tensor gates_t = cpu::pooled_empty({N, G}, o.dtype);
     gates = gates_t.data<T>();
@@ -432,21 +630,33 @@ struct ForwardDirection {
     else ws_gates_ = gates_t;
     T* bias = ws.bias.data();
     for (int64_t k = 0; k < G; ++k) {
-      bias[k] = !o.bias ? T(0) : gru ? w.b_ih[k] : w.b_ih[k] + w.b_hh[k];
+      bias[k] = !o.bias ? T(0) : !Cell::b_hh_in_projection ? w.b_ih[k] : w.b_ih[k] + w.b_hh[k];
     }
     const int64_t in = x.size(1);
     if (!lookup) {
-      eng.gemm(false, true, N, G, in, x.data<T>(), in, w.w_ih, in, T(0), gates, G,
-               o.bias ? bias : nullptr);
+      eng.gemm({.m = N,
+                .n = G,
+                .k = in,
+                .a = {.data = x.data<T>(), .ld = in},
+                .b = {.data = w.w_ih, .ld = in, .trans = true},
+                .c = gates,
+                .ldc = G,
+                .c_row = o.bias ? bias : nullptr});
       return;
     }
     const int64_t V = x.size(0);
     T* p = ws.proj.data();
-    eng.gemm(false, true, V, G, in, x.data<T>(), in, w.w_ih, in, T(0), p, G);
+    eng.gemm({.m = V,
+              .n = G,
+              .k = in,
+              .a = {.data = x.data<T>(), .ld = in},
+              .b = {.data = w.w_ih, .ld = in, .trans = true},
+              .c = p,
+              .ldc = G});
     for (int64_t v = 0; v < V; ++v)
       for (int64_t k = 0; k < G; ++k) p[v * G + k] += bias[k];
-    fuse_lookup = eng.takes_init() && !gru;
-    lookup_in_gates = !fuse_lookup && lstm;
+    fuse_lookup = eng.takes_init() && Cell::lookup_in_product;
+    lookup_in_gates = !fuse_lookup && Cell::lookup_in_kernel;
     if (fuse_lookup || lookup_in_gates) {
       ws.proj_rows.resize(static_cast<std::size_t>(N));
       for (int64_t r = 0; r < N; ++r)
@@ -469,13 +679,13 @@ struct ForwardDirection {
       hsink = eng.sink(*hp_kept);
       sd.h_prev_kept = hp_kept;
     }
-    fp32_hprev = !hp_kept || gru || !eng.step_reads_rows(*whh);
+    fp32_hprev = !hp_kept || Cell::reads_h_prev || !eng.step_reads_rows(*whh);
     if (save) {
       if (fp32_hprev) {
         sd.h_prev = cpu::pooled_empty({N, R}, o.dtype);
         hprev = sd.h_prev.data<T>();
       }
-      if (lstm) {
+      if (Cell::cell_state) {
         sd.c = cpu::pooled_empty({N, H}, o.dtype);
         cs = sd.c.data<T>();
       }
@@ -483,15 +693,15 @@ struct ForwardDirection {
         sd.m = cpu::pooled_empty({N, H}, o.dtype);
         ms = sd.m.data<T>();
       }
-      if (gru) {
+      if (Cell::saves_ghn) {
         sd.ghn = cpu::pooled_empty({N, H}, o.dtype);
         ghn = sd.ghn.data<T>();
       }
     }
     const int64_t ld = l * o.num_directions() + d;
     load_state(ws.hstate.data(), h0, ld, plan.sorted_indices(), R);
-    if (lstm) load_state(ws.cstate.data(), c0, ld, plan.sorted_indices(), H);
-    if (lstm && save) {
+    if (Cell::cell_state) load_state(ws.cstate.data(), c0, ld, plan.sorted_indices(), H);
+    if (Cell::cell_state && save) {
       sd.c0 = cpu::pooled_empty({B, H}, o.dtype);
       std::copy(ws.cstate.begin(), ws.cstate.end(), sd.c0.data<T>());
     }
@@ -506,12 +716,22 @@ struct ForwardDirection {
     }
   }
 
-  // One step, walked by every thread on its share: by columns, one barrier
-  // per step (two with a projection), since each thread multiplies all of
-  // h_prev by its rows of W_hh and runs the gate math on its columns; by
-  // rows, none: each thread's rows go through the product and the gate math
-  // on that thread alone.
+  // One step, walked by every thread on its share, in phases: before the
+  // product (the step's rows, h_prev), the product, after it (the cell's
+  // math, then a projection). By columns, one barrier per step (two with a
+  // projection), since each thread multiplies all of h_prev by its rows of
+  // W_hh and runs the gate math on its columns; by rows, none: each thread's
+  // rows go through the product and the gate math on that thread alone.
   void step(int64_t s, const Split& sp) {
+    ForwardStep<T> st = before_product(s, sp);
+    columns_barrier(sp);  // the product reads every column of h_prev
+    product(st, sp);
+    after_product(st, sp);
+  }
+
+  // This thread's rows of step s, where their h goes in the engine's form,
+  // and their h_prev.
+  ForwardStep<T> before_product(int64_t s, const Split& sp) {
     // The reverse direction walks t down; rows bs[t+1]..bs[t]-1 begin there
     // and take h0 (and c0) from the state buffers, which hold nothing else.
     const auto& bs = plan.batch_sizes();
@@ -536,9 +756,9 @@ struct ForwardDirection {
       st.h_row = st.r0;
       if (s + 1 < TT) {
         const auto tn = static_cast<std::size_t>(d == 0 ? t + 1 : t - 1);
-        st.n16 = std::clamp<int64_t>(bs[tn] - j0, 0, st.n);
+        st.n_next = std::clamp<int64_t>(bs[tn] - j0, 0, st.n);
         // (a row split's j0 may lie past the next step's rows: no sink row then)
-        if (st.n16 > 0) st.h16 = hsink.row(plan.offsets()[tn] + j0);
+        if (st.n_next > 0) st.h_next = hsink.from_row(plan.offsets()[tn] + j0);
       }
       // The rows that begin here take h0 (before the barrier: every thread's
       // product reads them).
@@ -547,8 +767,8 @@ struct ForwardDirection {
                  st.n - st.cont);
     } else {
       st.h_row = (s % 2) * B + j0;
-      st.h16 = hsink.row(((s + 1) % 2) * B + j0);
-      st.n16 = st.n;
+      st.h_next = hsink.from_row(((s + 1) % 2) * B + j0);
+      st.n_next = st.n;
     }
     // h_prev: the previous step's output rows for the rows that continue
     // from it (read where the kernel wrote them: no copy into a state
@@ -561,17 +781,42 @@ struct ForwardDirection {
                 st.n - st.cont, sp.rb - sp.ra);
       st.h_prev = hsrc;
     }
-    columns_barrier(sp);
     // Rows past ng hold the zero h0: their product is zero.
     const int64_t ng = h0_zero ? rows_after_h0(bs, t, d) : bs[static_cast<std::size_t>(t)];
     st.ng = std::clamp<int64_t>(ng - j0, 0, st.n);
+    return st;
+  }
+
+  // The product: h_prev · W_hhᵀ into the gate rows, or into the cell's own
+  // buffer (hidden_apart), whose rows without a product read zeros; a lookup
+  // layer's rows go in with it, or into G, or to the kernel.
+  void product(ForwardStep<T>& st, const Split& sp) {
     if (lookup) take_lookup_rows(st, sp);
-    if (lstm) {
-      lstm_step(st, sp);
-    } else if (gru) {
-      gru_step(st, sp);
+    if constexpr (Cell::hidden_apart) {
+      st.gh = ws.gh.data() + st.j0 * G;
+      hidden_product(st, sp, T(0), st.gh);
+      for (int64_t r = st.ng; r < st.n; ++r)
+        for (int64_t q = 0; q < G / H; ++q)
+          std::fill(st.gh + r * G + q * H + sp.a, st.gh + r * G + q * H + sp.b, T(0));
     } else {
-      rnn_step(st, sp);
+      st.gh = st.g;
+      hidden_product(st, sp, st.x_rows ? T(0) : T(1), st.g);
+    }
+  }
+
+  // After the product: the cell's math on this thread's columns and rows,
+  // writing h (before a projection: m), then h = W_hr m.
+  void after_product(ForwardStep<T>& st, const Split& sp) {
+    st.h = st.out;
+    st.ldh = ldo;
+    if (proj) {
+      st.h = save ? ms + st.r0 * H : ws.m.data() + st.j0 * H;
+      st.ldh = H;
+    }
+    Cell::forward(*this, st, sp);
+    if (proj) {
+      columns_barrier(sp);  // the projection reads every column of m
+      eng.step(st.n, st.h, H, *whr, sp.range(1, 0), T(0), st.out, ldo);
     }
   }
 
@@ -609,71 +854,14 @@ struct ForwardDirection {
     }
   }
 
-  // LSTM: c_t = f * c_{t-1} + i * g, h_t = o * tanh(c_t) (then h_t = W_hr h_t
-  // with a projection).
-  void lstm_step(const ForwardStep<T>& st, const Split& sp) {
-    hidden_product(st, sp, st.x_rows ? T(0) : T(1), st.g);
-    const int64_t a = sp.a, b = sp.b;
-    T* cstate = ws.cstate.data() + st.j0 * H;
-    T* cdst = save ? cs + st.r0 * H : cstate;
-    T* hdst = st.out;
-    int64_t ldh = ldo;
-    if (proj) {
-      hdst = save ? ms + st.r0 * H : ws.m.data() + st.j0 * H;
-      ldh = H;
-    }
-    // Rows [lo, hi) with c_prev their c entering the step.
-    auto rows = [&](int64_t lo, int64_t hi, const T* c_prev) {
-      by_h16(st, lo, hi, [&](int64_t r0, int64_t r1, uint16_t* h16) {
-        cpu::lstm_gates_forward<T>(r1 - r0, H, a, b, st.g + r0 * G, c_prev + (r0 - lo) * H, H,
-                                   cdst + r0 * H, H, hdst + r0 * ldh, ldh,
-                                   st.x_rows ? st.x_rows + r0 : nullptr, st.next_g, st.next_len,
-                                   h16, hsink.ld);
-      });
-    };
-    if (save) {  // c_prev: the previous step's saved c, or c0 (no copy back into the state)
-      rows(0, st.cont, cs + st.r_prev * H);
-      rows(st.cont, st.n, cstate + st.cont * H);
-    } else {  // c updated in place in the state
-      rows(0, st.n, cstate);
-    }
-    if (proj) {
-      columns_barrier(sp);
-      eng.step(st.n, hdst, H, *whr, sp.range(1, 0), T(0), st.out, ldo);
-    }
-  }
-
-  // GRU: n = tanh(W_in x + b_in + r * (W_hn h + b_hn)), h_t = (1 - z) * n + z * h_{t-1};
-  // the hidden product goes to its own buffer (r multiplies part of it).
-  void gru_step(const ForwardStep<T>& st, const Split& sp) {
-    T* gh = ws.gh.data() + st.j0 * G;
-    hidden_product(st, sp, T(0), gh);
-    for (int64_t r = st.ng; r < st.n; ++r)
-      for (int64_t q = 0; q < 3; ++q)
-        std::fill(gh + r * G + q * H + sp.a, gh + r * G + q * H + sp.b, T(0));
-    by_h16(st, 0, st.n, [&](int64_t r0, int64_t r1, uint16_t* h16) {
-      cpu::gru_gates_forward<T>(r1 - r0, H, sp.a, sp.b, st.g + r0 * G, gh + r0 * G, w.b_hh,
-                                st.h_prev + r0 * R, R, st.out + r0 * ldo, ldo,
-                                save ? ghn + (st.r0 + r0) * H : nullptr, h16, hsink.ld);
-    });
-  }
-
-  // RNN: h_t = tanh or relu(W_ih x + b_ih + W_hh h_{t-1} + b_hh).
-  void rnn_step(const ForwardStep<T>& st, const Split& sp) {
-    hidden_product(st, sp, T(1), st.g);
-    by_h16(st, 0, st.n, [&](int64_t r0, int64_t r1, uint16_t* h16) {
-      cpu::rnn_gates_forward<T>(r1 - r0, H, sp.a, sp.b, st.g + r0 * G, relu, st.out + r0 * ldo, ldo,
-                                h16, hsink.ld);
-    });
-  }
-
-  // f(r0, r1, h16) over rows [lo, hi) split where the rows with a bf16 copy
-  // (the first n16) end: h16 is their row r0 in the sink, null for the others.
+  // f(r0, r1, h_next) over rows [lo, hi) split where the rows with a row in
+  // the sink (the first n_next) end: h_next is the sink from their row r0 on,
+  // empty for the others.
   template <typename F>
-  void by_h16(const ForwardStep<T>& st, int64_t lo, int64_t hi, F&& f) {
-    const int64_t mid = std::clamp(st.n16, lo, hi);
-    if (mid > lo) f(lo, mid, st.h16 ? st.h16 + lo * hsink.ld : nullptr);
-    if (hi > mid) f(mid, hi, nullptr);
+  void by_sink(const ForwardStep<T>& st, int64_t lo, int64_t hi, F&& f) {
+    const int64_t mid = std::clamp(st.n_next, lo, hi);
+    if (mid > lo) f(lo, mid, st.h_next.from_row(lo));
+    if (hi > mid) f(mid, hi, cpu::RowSink{});
   }
 
   void run(int nt, const Tensor& x, const Tensor& h0, const Tensor& c0, Tensor& out,
@@ -690,8 +878,8 @@ struct ForwardDirection {
     const int64_t ld = l * o.num_directions() + d;
     final_rows(ws.hstate.data(), outp, ldo, R);
     store_state(res.h_n, ws.hstate.data(), ld, plan.sorted_indices(), R);
-    if (lstm && save) final_rows(ws.cstate.data(), cs, H, H);
-    if (lstm) store_state(res.c_n, ws.cstate.data(), ld, plan.sorted_indices(), H);
+    if (Cell::cell_state && save) final_rows(ws.cstate.data(), cs, H, H);
+    if (Cell::cell_state) store_state(res.c_n, ws.cstate.data(), ld, plan.sorted_indices(), H);
   }
 
   // state[j] = row j's values (packed rows src, stride ld) at its last step:
@@ -760,7 +948,7 @@ std::shared_ptr<RNNSaved> make_saved(const RNNOptions& o, const std::vector<Tens
   return saved;
 }
 
-template <typename T>
+template <typename T, typename Cell>
 RNNForwardResult forward_impl(const RNNOptions& o, const std::vector<Tensor>& weights,
                               const Tensor& data, const std::vector<int64_t>* lookup,
                               const PackingPlan& plan, const Tensor& h0, const Tensor& c0,
@@ -768,13 +956,12 @@ RNNForwardResult forward_impl(const RNNOptions& o, const std::vector<Tensor>& we
   const int64_t L = o.num_layers, D = o.num_directions(), H = o.hidden_size;
   const int64_t R = o.real_hidden_size(), G = o.gate_count() * H;
   const int64_t B = plan.batch(), N = plan.total_rows();
-  const bool lstm = o.mode == RNNMode::lstm, gru = o.mode == RNNMode::gru;
 
   const cpu::BlasSingleThread one_pool;  // OpenMP's threads only (cpu/gemm.h)
   const cpu::GemmEngine<T>& eng = engine_for<T>(o);
   RNNForwardResult res;
   res.h_n = cpu::pooled_empty({L * D, B, R}, o.dtype);
-  if (lstm) res.c_n = cpu::pooled_empty({L * D, B, H}, o.dtype);
+  if (Cell::cell_state) res.c_n = cpu::pooled_empty({L * D, B, H}, o.dtype);
   std::shared_ptr<RNNSaved> saved = save ? make_saved<T>(o, weights, plan, h0, lookup) : nullptr;
 
   // Every workspace is written before it is read (load_state, the products
@@ -785,8 +972,8 @@ RNNForwardResult forward_impl(const RNNOptions& o, const std::vector<Tensor>& we
     // Without save, h_prev of a step goes to one of two alternating buffers
     // (a thread may start the next step while another still reads this one).
     ws.hprev.resize_for_overwrite(save ? 0 : static_cast<std::size_t>(2 * B * R));
-    ws.cstate.resize_for_overwrite(lstm ? static_cast<std::size_t>(B * H) : 0);
-    ws.gh.resize_for_overwrite(gru ? static_cast<std::size_t>(B * G) : 0);
+    ws.cstate.resize_for_overwrite(Cell::cell_state ? static_cast<std::size_t>(B * H) : 0);
+    ws.gh.resize_for_overwrite(Cell::hidden_apart ? static_cast<std::size_t>(B * G) : 0);
     ws.m.resize_for_overwrite(o.proj_size > 0 && !save ? static_cast<std::size_t>(B * H) : 0);
     ws.bias.resize_for_overwrite(static_cast<std::size_t>(G));
     ws.proj.resize_for_overwrite(lookup ? static_cast<std::size_t>(data.size(0) * G) : 0);
@@ -799,8 +986,8 @@ RNNForwardResult forward_impl(const RNNOptions& o, const std::vector<Tensor>& we
     Tensor out = cpu::pooled_empty({N, D * R}, o.dtype);
     sl.dirs.resize(static_cast<std::size_t>(D));
     for_directions(D, nt, [&](int64_t d, int nt_steps) {
-      ForwardDirection<T> fd(o, eng, plan, weights, lookup, wss[static_cast<std::size_t>(d)],
-                             sl.dirs[static_cast<std::size_t>(d)], l, d, save, !h0.defined());
+      ForwardDirection<T, Cell> fd(o, eng, plan, weights, lookup, wss[static_cast<std::size_t>(d)],
+                                   sl.dirs[static_cast<std::size_t>(d)], l, d, save, !h0.defined());
       fd.run(nt_steps, x, h0, c0, out, res);
     });
     if (save) {
@@ -848,12 +1035,15 @@ struct BackwardStep {
   int64_t ng = 0;  // rows whose dh_prev is needed (not the h0 rows without grad h0)
   int64_t r0 = 0;  // first packed row
   int64_t j0 = 0;  // first state row (row split: > 0 past the first thread)
-  const T* dh = nullptr;  // dh of the step's output rows [n, R]
+  const T* dh = nullptr;  // dh of the step's output rows [n, R] (under a projection,
+                          // once through W_hr: dm [n, H]), stride ld_dh
+  int64_t ld_dh = 0;
   T* dg = nullptr;        // gate-gradient rows [n, G]
 };
 
-template <typename T>
+template <typename T, typename Cell>
 struct BackwardDirection {
+  using Scalar = T;
   const RNNSaved& sv;
   const RNNOptions& o;
   const cpu::GemmEngine<T>& eng;
@@ -861,7 +1051,7 @@ struct BackwardDirection {
   const RNNSaved::Direction& sd;
   RNNGradients& g;
   const int64_t l, d, H, R, G, N, TT, ldo;
-  const bool lstm, gru, relu, proj, lookup_layer, initial_state_grad;
+  const bool proj, lookup_layer, initial_state_grad;
   DirWeights<T> w;
   const T* dout = nullptr;  // this direction's columns of the output gradient, or null
   T *db_ih = nullptr, *db_hh = nullptr;
@@ -875,16 +1065,25 @@ struct BackwardDirection {
   // form (its sinks into ws.dgh_kept and ws.dgx_kept, or empty).
   cpu::RowSink dgh_sink, dgx_sink;
 
-  BackwardDirection(const RNNSaved& sv_, const cpu::GemmEngine<T>& eng_,
-                    BackwardWorkspace<T>& ws_, RNNGradients& g_, int64_t l_, int64_t d_,
-                    bool initial_state_grad_)
-      : sv(sv_), o(sv_.options), eng(eng_), ws(ws_),
-        sd(sv_.layers[static_cast<std::size_t>(l_)].dirs[static_cast<std::size_t>(d_)]), g(g_),
-        l(l_), d(d_), H(o.hidden_size), R(o.real_hidden_size()), G(o.gate_count() * H),
-        N(sv_.total_rows), TT(static_cast<int64_t>(sv_.batch_sizes.size())),
-        ldo(o.output_size()), lstm(o.mode == RNNMode::lstm), gru(o.mode == RNNMode::gru),
-        relu(o.mode == RNNMode::rnn_relu), proj(o.proj_size > 0),
-        lookup_layer(l_ == 0 && !sv_.lookup.empty()), initial_state_grad(initial_state_grad_),
+  BackwardDirection(const RNNSaved& sv_, const cpu::GemmEngine<T>& eng_, BackwardWorkspace<T>& ws_,
+                    RNNGradients& g_, int64_t l_, int64_t d_, bool initial_state_grad_)
+      : sv(sv_),
+        o(sv_.options),
+        eng(eng_),
+        ws(ws_),
+        sd(sv_.layers[static_cast<std::size_t>(l_)].dirs[static_cast<std::size_t>(d_)]),
+        g(g_),
+        l(l_),
+        d(d_),
+        H(o.hidden_size),
+        R(o.real_hidden_size()),
+        G(o.gate_count() * H),
+        N(sv_.total_rows),
+        TT(static_cast<int64_t>(sv_.batch_sizes.size())),
+        ldo(o.output_size()),
+        proj(o.proj_size > 0),
+        lookup_layer(l_ == 0 && !sv_.lookup.empty()),
+        initial_state_grad(initial_state_grad_),
         w(dir_weights<T>(o, sv_.weights, l_, d_)) {}
 
   // Bias gradients are summed by the gate kernels step by step (LSTM and RNN:
@@ -903,8 +1102,8 @@ struct BackwardDirection {
     if (proj) whr = eng.prepare(w.w_hr, /*trans_b=*/false, R, H, H, step_ranges(H, 1, nc));
     ws.dgh_kept = eng.keep_rows(N, G, R, N - dw_hh_skip());
     // A lookup layer's dW_ih and dX read dP, not dG.
-    ws.dgx_kept = gru && !lookup_layer ? eng.keep_rows(N, G, in, N) : nullptr;
-    dg_per_step = ws.dgh_kept && lookup_layer && !gru;
+    ws.dgx_kept = Cell::hidden_apart && !lookup_layer ? eng.keep_rows(N, G, in, N) : nullptr;
+    dg_per_step = ws.dgh_kept && lookup_layer && !Cell::hidden_apart;
     dgh_sink = ws.dgh_kept ? eng.sink(*ws.dgh_kept) : cpu::RowSink{};
     dgx_sink = ws.dgx_kept ? eng.sink(*ws.dgx_kept) : cpu::RowSink{};
     assert(!dgh_sink.data || dgh_sink.ld == G);  // the kernels write dG's layout
@@ -912,13 +1111,14 @@ struct BackwardDirection {
     if (dg_per_step) ws.dg_step.resize_for_overwrite(static_cast<std::size_t>(2 * sv.batch * G));
     const int64_t ld = l * o.num_directions() + d;
     load_state(ws.dhstate.data(), grad_h_n, ld, sv.sorted_indices, R);
-    if (lstm) load_state(ws.dcstate.data(), grad_c_n, ld, sv.sorted_indices, H);
+    if (Cell::cell_state) load_state(ws.dcstate.data(), grad_c_n, ld, sv.sorted_indices, H);
     dout = dout_t.defined() ? dout_t.data<T>() + d * R : nullptr;
     // Layer 0 of a lookup: dP[v] sums dg over the rows that read table row v
-    // (the LSTM gate kernel adds each row into its dP row).
+    // (where the gate kernel adds each row into its dP row: lookup_in_kernel;
+    // else scatter_rows).
     if (lookup_layer) {
       std::fill(ws.dproj.begin(), ws.dproj.end(), T(0));
-      ws.dproj_rows.resize(lstm ? static_cast<std::size_t>(N) : 0);
+      ws.dproj_rows.resize(Cell::lookup_in_kernel ? static_cast<std::size_t>(N) : 0);
       for (std::size_t r = 0; r < ws.dproj_rows.size(); ++r)
         ws.dproj_rows[r] = ws.dproj.data() + sv.lookup[r] * G;
     }
@@ -926,15 +1126,15 @@ struct BackwardDirection {
 
   // dh of this step = upstream gradient of the output rows + what the
   // following step sent back through W_hh (or grad_h_n at the last step).
-  // With no output gradient and no projection, the LSTM and RNN kernels read
-  // it where it is (they only read dh; the product that overwrites it comes
-  // after them, past the barrier). GRU writes its direct dh_prev part into the
-  // state while it reads dh, so it reads a copy.
+  // With no output gradient and no projection, the kernels read it where it
+  // is (they only read dh; the product that overwrites it comes after them,
+  // past the barrier), except a kernel that writes its direct dh_prev part
+  // into the state while it reads dh (dh_prev_in_kernel): it reads a copy.
   const T* gather_dh(const BackwardStep<T>& st, const Split& sp) {
     const int64_t n = st.n, r0 = st.r0;
     const T* dhstate = ws.dhstate.data() + st.j0 * R;
     T* dht = proj ? ws.dhtot.data() + r0 * R : ws.dhtot.data() + st.j0 * R;
-    if (!dout && !proj && !gru) return dhstate;
+    if (!dout && !proj && !Cell::dh_prev_in_kernel) return dhstate;
     if (dout) {
       for (int64_t j = 0; j < n; ++j) {
         const T* x = dout + (r0 + j) * ldo;
@@ -965,13 +1165,34 @@ struct BackwardDirection {
     // Without grad h0, rows past ng send dh_prev nowhere.
     const int64_t ng = initial_state_grad ? n : rows_after_h0(sv.batch_sizes, t, d);
     st.ng = std::clamp<int64_t>(ng - j0, 0, st.n);
-    if (lstm) {
-      lstm_step(st, sp);
-    } else if (gru) {
-      gru_step(st, sp);
-    } else {
-      rnn_step(st, sp);
+    st.ld_dh = R;
+    before_product(st, sp);
+    columns_barrier(sp);  // the product reads every column of dG
+    product(st, sp);
+  }
+
+  // Before the product: dh through the projection (dm = dh · W_hr), then the
+  // cell's math, which writes dG (and a lookup layer's dP rows).
+  void before_product(BackwardStep<T>& st, const Split& sp) {
+    if (proj) {
+      columns_barrier(sp);  // the product reads every column of dh
+      T* dm = ws.dm.data() + st.j0 * H;
+      eng.step(st.n, st.dh, R, *whr, sp.range(1, 0), T(0), dm, H);
+      st.dh = dm;
+      st.ld_dh = H;
     }
+    Cell::backward(*this, st, sp);
+    if constexpr (!Cell::lookup_in_kernel) scatter_rows(st, sp);
+  }
+
+  // The product: dh_prev = dG_h · W_hh (added to the cell's direct part
+  // where its kernel wrote one); an apart dG_x is kept for dW_ih and dX.
+  // (After it, nothing: the next step's dh is this product.)
+  void product(const BackwardStep<T>& st, const Split& sp) {
+    if (ws.dgx_kept && (sp.by_rows || sp.tid == 0))
+      eng.keep(*ws.dgx_kept, st.r0, dgx_sink.data ? nullptr : st.dg, G, st.n);
+    hidden_product(st, Cell::hidden_apart ? ws.dgh + st.r0 * G : st.dg,
+                   Cell::dh_prev_in_kernel ? T(1) : T(0), sp);
   }
 
   // dh_prev[:ng, ra..rb) (+)= dgr · W_hh[:, ra..rb). The engine keeps dgr's
@@ -1003,65 +1224,6 @@ struct BackwardDirection {
     }
   }
 
-  // Rows [lo, hi) of a step through the LSTM gate kernel, c_prev being
-  // their c entering the step.
-  void lstm_cell_backward(const BackwardStep<T>& st, int64_t lo, int64_t hi, const T* c_prev,
-                          const T* dh_in, int64_t ld_dh, const Split& sp) {
-    if (hi <= lo) return;
-    const int64_t r = st.r0 + lo;
-    cpu::lstm_gates_backward<T>(
-        hi - lo, H, sp.a, sp.b, sd.gates.data<T>() + r * G, sd.c.data<T>() + r * H, c_prev,
-        dh_in + lo * ld_dh, ld_dh, ws.dcstate.data() + (st.j0 + lo) * H, st.dg + lo * G,
-        bias_sums(sp, db_ih), lookup_layer ? ws.dproj_rows.data() + r : nullptr, dgh_sink.row(r));
-  }
-
-  void lstm_step(const BackwardStep<T>& st, const Split& sp) {
-    const T* dh_in = st.dh;
-    int64_t ld_dh = R;
-    if (proj) {  // dm = dh · W_hr
-      columns_barrier(sp);
-      T* dm = ws.dm.data() + st.j0 * H;
-      eng.step(st.n, st.dh, R, *whr, sp.range(1, 0), T(0), dm, H);
-      dh_in = dm;
-      ld_dh = H;
-    }
-    // c entering the step: the previous step's c for the rows that continue
-    // from it (its first rows, in length-sorted order), c0 for the others;
-    // under a row split, of this thread's rows.
-    const int64_t cont =
-        std::clamp<int64_t>(rows_after_h0(sv.batch_sizes, st.t, d) - st.j0, 0, st.n);
-    const int64_t prev = d == 0 ? st.t - 1 : st.t + 1;
-    if (cont > 0) {
-      lstm_cell_backward(st, 0, cont,
-                         sd.c.data<T>() + (sv.offsets[std::size_t(prev)] + st.j0) * H, dh_in,
-                         ld_dh, sp);
-    }
-    lstm_cell_backward(st, cont, st.n, sd.c0.data<T>() + (st.j0 + cont) * H, dh_in, ld_dh, sp);
-    columns_barrier(sp);
-    hidden_product(st, st.dg, T(0), sp);
-  }
-
-  void gru_step(const BackwardStep<T>& st, const Split& sp) {
-    T* dghr = ws.dgh + st.r0 * G;
-    cpu::gru_gates_backward<T>(
-        st.n, H, sp.a, sp.b, sd.gates.data<T>() + st.r0 * G, sd.ghn.data<T>() + st.r0 * H,
-        sd.h_prev.data<T>() + st.r0 * R, R, st.dh, R, st.dg, dghr, ws.dhstate.data() + st.j0 * R,
-        bias_sums(sp, db_ih), bias_sums(sp, db_hh), dgx_sink.row(st.r0), dgh_sink.row(st.r0));
-    scatter_rows(st, sp);
-    columns_barrier(sp);
-    if (ws.dgx_kept && (sp.by_rows || sp.tid == 0))
-      eng.keep(*ws.dgx_kept, st.r0, dgx_sink.data ? nullptr : st.dg, G, st.n);
-    hidden_product(st, dghr, T(1), sp);
-  }
-
-  void rnn_step(const BackwardStep<T>& st, const Split& sp) {
-    cpu::rnn_gates_backward<T>(st.n, H, sp.a, sp.b, sd.gates.data<T>() + st.r0 * G, relu, st.dh, R,
-                               st.dg, bias_sums(sp, db_ih), dgh_sink.row(st.r0));
-    scatter_rows(st, sp);
-    columns_barrier(sp);
-    hidden_product(st, st.dg, T(0), sp);
-  }
-
   // Where the gate kernels add the bias gradients (db_ih or db_hh): a column
   // split's threads own their columns of db; a row split's threads past the
   // first sum their rows apart (db_parts), added after the steps.
@@ -1074,7 +1236,7 @@ struct BackwardDirection {
     for (int i = 0; i + 1 < nt && o.bias; ++i) {
       const T* part = ws.db_parts.data() + i * 2 * G;
       for (int64_t c = 0; c < G; ++c) db_ih[c] += part[c];
-      for (int64_t c = 0; c < G && gru; ++c) db_hh[c] += part[G + c];
+      for (int64_t c = 0; c < G && Cell::separate_db_hh; ++c) db_hh[c] += part[G + c];
     }
   }
 
@@ -1085,23 +1247,50 @@ struct BackwardDirection {
     const T* x = input.data<T>();
     const int64_t in = input.size(1);
     if (lookup_layer) {  // dW_ih = dPᵀ·table, dP summed during the steps
-      eng.gemm(true, false, G, in, input.size(0), ws.dproj.data(), G, x, in, T(0), dwih, in);
+      eng.gemm({.m = G,
+                .n = in,
+                .k = input.size(0),
+                .a = {.data = ws.dproj.data(), .ld = G, .trans = true},
+                .b = {.data = x, .ld = in},
+                .c = dwih,
+                .ldc = in});
     } else {
-      eng.gemm(true, false, G, in, N, ws.dg, G, x, in, T(0), dwih, in, nullptr, ws.dg_kept(), 0);
+      eng.gemm({.m = G,
+                .n = in,
+                .k = N,
+                .a = {.data = ws.dg, .ld = G, .trans = true, .kept = ws.dg_kept()},
+                .b = {.data = x, .ld = in},
+                .c = dwih,
+                .ldc = in});
     }
     const int64_t skip = dw_hh_skip();
-    eng.gemm(true, false, G, R, N - skip, ws.dgh + skip * G, G,
-             sd.h_prev.defined() ? sd.h_prev.data<T>() + skip * R : nullptr, R, T(0),
-             g.weights[k + 1].data<T>(), R, nullptr, ws.dgh_kept.get(), skip, sd.h_prev_kept.get(),
-             skip);
+    eng.gemm({.m = G,
+              .n = R,
+              .k = N - skip,
+              .a = {.data = ws.dgh + skip * G,
+                    .ld = G,
+                    .trans = true,
+                    .kept = ws.dgh_kept.get(),
+                    .kept_row = skip},
+              .b = {.data = sd.h_prev.defined() ? sd.h_prev.data<T>() + skip * R : nullptr,
+                    .ld = R,
+                    .kept = sd.h_prev_kept.get(),
+                    .kept_row = skip},
+              .c = g.weights[k + 1].data<T>(),
+              .ldc = R});
     std::size_t next = k + 2;
     if (o.bias) {
-      if (!gru) std::copy(db_ih, db_ih + G, db_hh);
+      if (!Cell::separate_db_hh) std::copy(db_ih, db_ih + G, db_hh);
       next += 2;
     }
     if (proj) {
-      eng.gemm(true, false, R, H, N, ws.dhtot.data(), R, sd.m.data<T>(), H, T(0),
-               g.weights[next].data<T>(), H);
+      eng.gemm({.m = R,
+                .n = H,
+                .k = N,
+                .a = {.data = ws.dhtot.data(), .ld = R, .trans = true},
+                .b = {.data = sd.m.data<T>(), .ld = H},
+                .c = g.weights[next].data<T>(),
+                .ldc = H});
     }
   }
 
@@ -1124,30 +1313,30 @@ struct BackwardDirection {
     if (initial_state_grad) {
       const int64_t ld = l * o.num_directions() + d;
       store_state(g.h0, ws.dhstate.data(), ld, sv.sorted_indices, R);
-      if (lstm) store_state(g.c0, ws.dcstate.data(), ld, sv.sorted_indices, H);
+      if (Cell::cell_state) store_state(g.c0, ws.dcstate.data(), ld, sv.sorted_indices, H);
     }
     weight_gradients(input);
   }
 };
 
-template <typename T>
+template <typename T, typename Cell>
 std::vector<BackwardWorkspace<T>> backward_workspaces(const RNNSaved& sv) {
   const RNNOptions& o = sv.options;
   const int64_t B = sv.batch, N = sv.total_rows, H = o.hidden_size;
   const int64_t R = o.real_hidden_size(), G = o.gate_count() * H;
-  const bool gru = o.mode == RNNMode::gru, proj = o.proj_size > 0;
+  const bool proj = o.proj_size > 0;
   // Written before read, as the forward's (dP is zeroed where its sums begin).
   std::vector<BackwardWorkspace<T>> wss(static_cast<std::size_t>(o.num_directions()));
   for (BackwardWorkspace<T>& ws : wss) {
     ws.dhstate.resize_for_overwrite(static_cast<std::size_t>(B * R));
-    ws.dcstate.resize_for_overwrite(o.mode == RNNMode::lstm ? static_cast<std::size_t>(B * H) : 0);
+    ws.dcstate.resize_for_overwrite(Cell::cell_state ? static_cast<std::size_t>(B * H) : 0);
     ws.dm.resize_for_overwrite(proj ? static_cast<std::size_t>(B * H) : 0);
     // Under a projection dW_hr = dHᵀ·M needs dh of every row; otherwise one step's worth.
     ws.dhtot.resize_for_overwrite(static_cast<std::size_t>((proj ? N : B) * R));
     ws.dg_t = cpu::pooled_empty({N, G}, o.dtype);
     ws.dg = ws.dg_t.template data<T>();
-    if (gru) ws.dgh_t = cpu::pooled_empty({N, G}, o.dtype);
-    ws.dgh = gru ? ws.dgh_t.template data<T>() : ws.dg;
+    if (Cell::hidden_apart) ws.dgh_t = cpu::pooled_empty({N, G}, o.dtype);
+    ws.dgh = Cell::hidden_apart ? ws.dgh_t.template data<T>() : ws.dg;
     if (!sv.lookup.empty()) {
       ws.dproj.resize_for_overwrite(static_cast<std::size_t>(sv.layers[0].input.size(0) * G));
     }
@@ -1155,7 +1344,7 @@ std::vector<BackwardWorkspace<T>> backward_workspaces(const RNNSaved& sv) {
   return wss;
 }
 
-template <typename T>
+template <typename T, typename Cell>
 RNNGradients backward_impl(const RNNSaved& sv, const Tensor& grad_output, const Tensor& grad_h_n,
                            const Tensor& grad_c_n, bool initial_state_grad, bool input_grad) {
   const RNNOptions& o = sv.options;
@@ -1169,9 +1358,9 @@ RNNGradients backward_impl(const RNNSaved& sv, const Tensor& grad_output, const 
   for (const Shape& s : rnn_parameter_shapes(o)) g.weights.push_back(cpu::pooled_empty(s, o.dtype));
   if (initial_state_grad) {
     g.h0 = cpu::pooled_empty({L * D, B, R}, o.dtype);
-    if (o.mode == RNNMode::lstm) g.c0 = cpu::pooled_empty({L * D, B, H}, o.dtype);
+    if (Cell::cell_state) g.c0 = cpu::pooled_empty({L * D, B, H}, o.dtype);
   }
-  std::vector<BackwardWorkspace<T>> wss = backward_workspaces<T>(sv);
+  std::vector<BackwardWorkspace<T>> wss = backward_workspaces<T, Cell>(sv);
   const int nt = step_threads(H, rows_split(eng, o));
 
   Tensor dout = grad_output;  // gradient of this layer's output rows, or undefined
@@ -1180,8 +1369,8 @@ RNNGradients backward_impl(const RNNSaved& sv, const Tensor& grad_output, const 
     const bool lookup_layer = l == 0 && !sv.lookup.empty();
     const int64_t in = sl.input.size(1), rows = lookup_layer ? sl.input.size(0) : N;
     for_directions(D, nt, [&](int64_t d, int nt_steps) {
-      BackwardDirection<T> bd(sv, eng, wss[static_cast<std::size_t>(d)], g, l, d,
-                              initial_state_grad);
+      BackwardDirection<T, Cell> bd(sv, eng, wss[static_cast<std::size_t>(d)], g, l, d,
+                                    initial_state_grad);
       bd.run(nt_steps, dout, grad_h_n, grad_c_n, sl.input);
     });
     // The first layer's dX is only for the caller: skipped when not wanted.
@@ -1191,9 +1380,16 @@ RNNGradients backward_impl(const RNNSaved& sv, const Tensor& grad_output, const 
     for (int64_t d = 0; d < D; ++d) {
       const DirWeights<T> w = dir_weights<T>(o, sv.weights, l, d);
       const BackwardWorkspace<T>& ws = wss[static_cast<std::size_t>(d)];
-      eng.gemm(false, false, rows, in, G, lookup_layer ? ws.dproj.data() : ws.dg, G, w.w_ih, in,
-               d == 0 ? T(0) : T(1), dx.data<T>(), in, nullptr,
-               lookup_layer ? nullptr : ws.dg_kept(), 0);
+      eng.gemm({.m = rows,
+                .n = in,
+                .k = G,
+                .a = {.data = lookup_layer ? ws.dproj.data() : ws.dg,
+                      .ld = G,
+                      .kept = lookup_layer ? nullptr : ws.dg_kept()},
+                .b = {.data = w.w_ih, .ld = in},
+                .beta = d == 0 ? T(0) : T(1),
+                .c = dx.data<T>(),
+                .ldc = in});
     }
     if (sl.mask.defined()) {
       T* a = dx.data<T>();
@@ -1215,7 +1411,7 @@ void check_initial_state(const RNNOptions& options, const PackingPlan& plan, con
                          const Tensor& c0) {
   const int64_t LD = options.num_layers * options.num_directions();
   check_state(h0, {LD, plan.batch(), options.real_hidden_size()}, options.dtype, "h0");
-  if (options.mode == RNNMode::lstm) {
+  if (has_cell_state(options.mode)) {
     check_state(c0, {LD, plan.batch(), options.hidden_size}, options.dtype, "c0");
   } else if (c0.defined()) {
     throw std::invalid_argument(std::string("c0 is only used by LSTM, not ") +
@@ -1227,12 +1423,14 @@ RNNForwardResult dispatch_forward(const RNNOptions& options, const std::vector<T
                                   const Tensor& data, const std::vector<int64_t>* lookup,
                                   const PackingPlan& plan, const Tensor& h0, const Tensor& c0,
                                   bool training, bool save_for_backward, uint64_t dropout_seed) {
-  if (options.dtype == DType::f32) {
-    return forward_impl<float>(options, weights, data, lookup, plan, h0, c0, training,
-                               save_for_backward, dropout_seed);
-  }
-  return forward_impl<double>(options, weights, data, lookup, plan, h0, c0, training,
-                              save_for_backward, dropout_seed);
+  return with_cell(options.mode, [&]<typename Cell>(Cell) {
+    if (options.dtype == DType::f32) {
+      return forward_impl<float, Cell>(options, weights, data, lookup, plan, h0, c0, training,
+                                       save_for_backward, dropout_seed);
+    }
+    return forward_impl<double, Cell>(options, weights, data, lookup, plan, h0, c0, training,
+                                      save_for_backward, dropout_seed);
+  });
 }
 
 }  // namespace
@@ -1306,18 +1504,20 @@ RNNGradients rnn_backward(const RNNSaved& saved, const Tensor& grad_output, cons
   const int64_t LD = o.num_layers * o.num_directions();
   check_state(grad_output, {saved.total_rows, o.output_size()}, o.dtype, "grad_output");
   check_state(grad_h_n, {LD, saved.batch, o.real_hidden_size()}, o.dtype, "grad_h_n");
-  if (o.mode == RNNMode::lstm) {
+  if (has_cell_state(o.mode)) {
     check_state(grad_c_n, {LD, saved.batch, o.hidden_size}, o.dtype, "grad_c_n");
   } else if (grad_c_n.defined()) {
     throw std::invalid_argument(std::string("grad_c_n is only used by LSTM, not ") +
                                 rnn_mode_name(o.mode));
   }
-  if (o.dtype == DType::f32) {
-    return backward_impl<float>(saved, grad_output, grad_h_n, grad_c_n, initial_state_grad,
-                                input_grad);
-  }
-  return backward_impl<double>(saved, grad_output, grad_h_n, grad_c_n, initial_state_grad,
-                               input_grad);
+  return with_cell(o.mode, [&]<typename Cell>(Cell) {
+    if (o.dtype == DType::f32) {
+      return backward_impl<float, Cell>(saved, grad_output, grad_h_n, grad_c_n, initial_state_grad,
+                                        input_grad);
+    }
+    return backward_impl<double, Cell>(saved, grad_output, grad_h_n, grad_c_n, initial_state_grad,
+                                       input_grad);
+  });
 }
 
 }  // namespace seqpack

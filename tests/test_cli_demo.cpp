@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "reference/rnn_reference.h"
 #include "seqpack/rnn.h"
 
 namespace seqpack {

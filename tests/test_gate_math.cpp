@@ -22,6 +22,7 @@
 
 namespace {
 
+using seqpack::cpu::RowSink;
 using seqpack::cpu::sigmoid_f32;
 using seqpack::cpu::tanh_f32;
 
@@ -590,8 +591,8 @@ TEST_F(GateKernels, Bf16CopiesAreTheFp32ValuesRounded) {
         seqpack::cpu::lstm_gates_forward<float>(n, H, k0, k1, g1.data(), cp.data(), H, c1.data(), H,
                                                 h1.data(), H);
         seqpack::cpu::lstm_gates_forward<float>(n, H, k0, k1, g2.data(), cp.data(), H, c2.data(), H,
-                                                h2.data(), H, nullptr, nullptr, 0, h16.data(),
-                                                ld16);
+                                                h2.data(), H, nullptr, nullptr, 0,
+                                                RowSink::bf16(h16.data(), ld16));
         EXPECT_TRUE(same_bits(g1, g2) && same_bits(c1, c2) && same_bits(h1, h2));
         EXPECT_TRUE(bf16_copy_of(h16, ld16, h2, H, n, H, 1, k0, k1, "lstm h16"));
         EXPECT_TRUE(nan_stays_nan(h16, h2, k0));
@@ -607,7 +608,7 @@ TEST_F(GateKernels, Bf16CopiesAreTheFp32ValuesRounded) {
                                                  dh.data(), H, dc1.data(), dg1.data());
         seqpack::cpu::lstm_gates_backward<float>(n, H, k0, k1, g.data(), c.data(), cp.data(),
                                                  dh.data(), H, dc2.data(), dg2.data(), nullptr,
-                                                 nullptr, dg16.data());
+                                                 nullptr, RowSink::bf16(dg16.data(), 4 * H));
         EXPECT_TRUE(same_bits(dc1, dc2) && same_bits(dg1, dg2));
         EXPECT_TRUE(bf16_copy_of(dg16, 4 * H, dg2, 4 * H, n, H, 4, k0, k1, "lstm dgates16"));
         EXPECT_TRUE(nan_stays_nan(dg16, dg2, 3 * H + k0));
@@ -622,8 +623,8 @@ TEST_F(GateKernels, Bf16CopiesAreTheFp32ValuesRounded) {
         seqpack::cpu::gru_gates_forward<float>(n, H, k0, k1, x1.data(), y.data(), b.data(),
                                                hp.data(), H, h1.data(), H, ghn1.data());
         seqpack::cpu::gru_gates_forward<float>(n, H, k0, k1, x2.data(), y.data(), b.data(),
-                                               hp.data(), H, h2.data(), H, ghn2.data(), h16.data(),
-                                               ld16);
+                                               hp.data(), H, h2.data(), H, ghn2.data(),
+                                               RowSink::bf16(h16.data(), ld16));
         EXPECT_TRUE(same_bits(x1, x2) && same_bits(h1, h2) && same_bits(ghn1, ghn2));
         EXPECT_TRUE(bf16_copy_of(h16, ld16, h2, H, n, H, 1, k0, k1, "gru h16"));
         EXPECT_TRUE(nan_stays_nan(h16, h2, k0));
@@ -638,7 +639,8 @@ TEST_F(GateKernels, Bf16CopiesAreTheFp32ValuesRounded) {
                                                 dh.data(), H, dx1.data(), dy1.data(), dhp1.data());
         seqpack::cpu::gru_gates_backward<float>(n, H, k0, k1, g.data(), ghn.data(), hp.data(), H,
                                                 dh.data(), H, dx2.data(), dy2.data(), dhp2.data(),
-                                                nullptr, nullptr, dx16.data(), dy16.data());
+                                                nullptr, nullptr, RowSink::bf16(dx16.data(), 3 * H),
+                                                RowSink::bf16(dy16.data(), 3 * H));
         EXPECT_TRUE(same_bits(dx1, dx2) && same_bits(dy1, dy2) && same_bits(dhp1, dhp2));
         EXPECT_TRUE(bf16_copy_of(dx16, 3 * H, dx2, 3 * H, n, H, 3, k0, k1, "gru dgx16"));
         EXPECT_TRUE(bf16_copy_of(dy16, 3 * H, dy2, 3 * H, n, H, 3, k0, k1, "gru dgh16"));
@@ -651,7 +653,7 @@ TEST_F(GateKernels, Bf16CopiesAreTheFp32ValuesRounded) {
         std::vector<uint16_t> h16 = copies(static_cast<std::size_t>(n * ld16));
         seqpack::cpu::rnn_gates_forward<float>(n, H, k0, k1, g1.data(), relu, h1.data(), H);
         seqpack::cpu::rnn_gates_forward<float>(n, H, k0, k1, g2.data(), relu, h2.data(), H,
-                                               h16.data(), ld16);
+                                               RowSink::bf16(h16.data(), ld16));
         EXPECT_TRUE(same_bits(g1, g2) && same_bits(h1, h2));
         EXPECT_TRUE(bf16_copy_of(h16, ld16, h2, H, n, H, 1, k0, k1, "rnn h16"));
         EXPECT_TRUE(nan_stays_nan(h16, h2, k0));
@@ -662,7 +664,7 @@ TEST_F(GateKernels, Bf16CopiesAreTheFp32ValuesRounded) {
         seqpack::cpu::rnn_gates_backward<float>(n, H, k0, k1, hs.data(), relu, dh.data(), H,
                                                 d1.data());
         seqpack::cpu::rnn_gates_backward<float>(n, H, k0, k1, hs.data(), relu, dh.data(), H,
-                                                d2.data(), nullptr, d16.data());
+                                                d2.data(), nullptr, RowSink::bf16(d16.data(), H));
         EXPECT_TRUE(same_bits(d1, d2));
         EXPECT_TRUE(bf16_copy_of(d16, H, d2, H, n, H, 1, k0, k1, "rnn dpre16"));
         // relu passes dh only where h > 0

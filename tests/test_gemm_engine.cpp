@@ -121,8 +121,15 @@ void sweep_gemm(const GemmEngine<float>& eng, Rounding bf16) {
           Problem p = make_problem(ta, tb, s[0], s[1], s[2], ++seed);
           const std::vector<float> start = p.c;
           const float beta = mode == 1 ? 1.0f : 0.0f;
-          eng.gemm(ta, tb, p.m, p.n, p.k, p.a.data(), p.lda, p.b.data(), p.ldb, beta, p.c.data(),
-                   p.ldc, mode == 2 ? p.bias.data() : nullptr);
+          eng.gemm({.m = p.m,
+                    .n = p.n,
+                    .k = p.k,
+                    .a = {.data = p.a.data(), .ld = p.lda, .trans = ta},
+                    .b = {.data = p.b.data(), .ld = p.ldb, .trans = tb},
+                    .beta = beta,
+                    .c = p.c.data(),
+                    .ldc = p.ldc,
+                    .c_row = mode == 2 ? p.bias.data() : nullptr});
           const bool rounded = bf16 == Rounding::always ||
                                (bf16 == Rounding::where_it_pays && bf16_product(p.m, p.n, p.k));
           ASSERT_TRUE(check(p, p.c, start, mode == 2, beta, rounded, 0, p.n)) << "seed " << seed;
@@ -295,10 +302,24 @@ TEST(GemmEngine, KeptRowsGiveTheSameProducts) {
     // dW = dG[skip:]ᵀ·H_prev[skip:], as the backward's dW_hh; with the kept
     // rows, A is not read.
     std::vector<float> dw_plain(static_cast<std::size_t>(G * R)), dw_kept(dw_plain.size());
-    eng.gemm(true, false, G, R, N - skip, dg.data() + skip * ld, ld, hp.data() + skip * q.lda,
-             q.lda, 0.0f, dw_plain.data(), R);
-    eng.gemm(true, false, G, R, N - skip, kept ? nullptr : dg.data() + skip * ld, ld,
-             hp.data() + skip * q.lda, q.lda, 0.0f, dw_kept.data(), R, nullptr, kept.get(), skip);
+    eng.gemm({.m = G,
+              .n = R,
+              .k = N - skip,
+              .a = {.data = dg.data() + skip * ld, .ld = ld, .trans = true},
+              .b = {.data = hp.data() + skip * q.lda, .ld = q.lda},
+              .c = dw_plain.data(),
+              .ldc = R});
+    eng.gemm({.m = G,
+              .n = R,
+              .k = N - skip,
+              .a = {.data = kept ? nullptr : dg.data() + skip * ld,
+                    .ld = ld,
+                    .trans = true,
+                    .kept = kept.get(),
+                    .kept_row = skip},
+              .b = {.data = hp.data() + skip * q.lda, .ld = q.lda},
+              .c = dw_kept.data(),
+              .ldc = R});
     ASSERT_EQ(std::memcmp(dw_plain.data(), dw_kept.data(), dw_plain.size() * sizeof(float)), 0);
   }
 }
@@ -328,7 +349,7 @@ TEST(GemmEngine, SunkRowsGiveTheSameProducts) {
     const RowSink sink = eng.sink(*kept);
     ASSERT_NE(sink.data, nullptr);
     ASSERT_EQ(sink.ld, G);
-    for (int64_t r = 0; r < N; ++r) f32_to_bf16(dg.data() + r * ld, sink.row(r), G);
+    for (int64_t r = 0; r < N; ++r) f32_to_bf16(dg.data() + r * ld, sink.bf16_row(r), G);
     const std::vector<float> nans(dg.size(), std::numeric_limits<float>::quiet_NaN());
     std::vector<float> plain(static_cast<std::size_t>(N * R)), with(plain.size());
     const std::vector<std::pair<int64_t, int64_t>> steps{{0, 40}, {40, 100}, {120, 300}};
@@ -341,10 +362,20 @@ TEST(GemmEngine, SunkRowsGiveTheSameProducts) {
     eng.keep(*kept, 100, nullptr, ld, 20);  // written through the sink
     ASSERT_EQ(std::memcmp(plain.data(), with.data(), plain.size() * sizeof(float)), 0);
     std::vector<float> dw_plain(static_cast<std::size_t>(G * R)), dw_kept(dw_plain.size());
-    eng.gemm(true, false, G, R, N - skip, dg.data() + skip * ld, ld, q.a.data() + skip * q.lda,
-             q.lda, 0.0f, dw_plain.data(), R);
-    eng.gemm(true, false, G, R, N - skip, nullptr, ld, q.a.data() + skip * q.lda, q.lda, 0.0f,
-             dw_kept.data(), R, nullptr, kept.get(), skip);
+    eng.gemm({.m = G,
+              .n = R,
+              .k = N - skip,
+              .a = {.data = dg.data() + skip * ld, .ld = ld, .trans = true},
+              .b = {.data = q.a.data() + skip * q.lda, .ld = q.lda},
+              .c = dw_plain.data(),
+              .ldc = R});
+    eng.gemm({.m = G,
+              .n = R,
+              .k = N - skip,
+              .a = {.data = nullptr, .ld = ld, .trans = true, .kept = kept.get(), .kept_row = skip},
+              .b = {.data = q.a.data() + skip * q.lda, .ld = q.lda},
+              .c = dw_kept.data(),
+              .ldc = R});
     ASSERT_EQ(std::memcmp(dw_plain.data(), dw_kept.data(), dw_plain.size() * sizeof(float)), 0);
 
     // A step product's own rows (the forward's h_prev): a store where the
@@ -356,7 +387,7 @@ TEST(GemmEngine, SunkRowsGiveTheSameProducts) {
     const RowSink hs = eng.sink(*hstore);
     // Rows 24..35 through the sink, 36..47 converted by keep() (the rows
     // that begin with h0).
-    for (int64_t r = 0; r < 12; ++r) f32_to_bf16(h.a.data() + r * h.lda, hs.row(24 + r), 64);
+    for (int64_t r = 0; r < 12; ++r) f32_to_bf16(h.a.data() + r * h.lda, hs.bf16_row(24 + r), 64);
     eng.keep(*hstore, 36, h.a.data() + 12 * h.lda, h.lda, 12);
     std::vector<float> c_plain = h.c, c_sunk = h.c;
     eng.step(24, h.a.data(), h.lda, *wop, 0, 1.0f, c_plain.data(), h.ldc);
@@ -379,8 +410,13 @@ TEST(GemmEngine, RowsNeverKeptAreRefused) {
   ASSERT_NE(kept, nullptr);
   std::vector<float> rows(static_cast<std::size_t>(150 * 256), 0.5f), dw(256 * 64);
   eng.keep(*kept, 0, rows.data(), 256, 150);
-  EXPECT_THROW(eng.gemm(true, false, 256, 64, 200, nullptr, 256, q.a.data(), q.lda, 0.0f,
-                        dw.data(), 64, nullptr, kept.get(), 0),
+  EXPECT_THROW(eng.gemm({.m = 256,
+                         .n = 64,
+                         .k = 200,
+                         .a = {.data = nullptr, .ld = 256, .trans = true, .kept = kept.get()},
+                         .b = {.data = q.a.data(), .ld = q.lda},
+                         .c = dw.data(),
+                         .ldc = 64}),
                std::logic_error);
 }
 

@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "reference/rnn_reference.h"
 #include "seqpack/packed_sequence.h"
 #include "seqpack/rnn.h"
 #include "seqpack/streaming.h"

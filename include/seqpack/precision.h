@@ -2,7 +2,7 @@
 //
 //   RNNOptions o{.mode = RNNMode::lstm, .input_size = 64, .hidden_size = 128};
 //   o.precision = resolve_precision("auto");   // bf16 where the CPU has bf16 dot products
-//   CpuInfo cpu = cpu_info();                  // cpu.isa, cpu.native_bf16, ...
+//   CpuInfo cpu = cpu_info();                  // cpu.isa, cpu.native_bf16, ... (cpu_info.h)
 //
 // fp32 (the default) is PyTorch-exact. bf16 is mixed precision: the matrix
 // products read bf16 copies of their operands and accumulate in fp32; gate
@@ -14,6 +14,8 @@
 
 #include <string>
 
+#include "seqpack/cpu_info.h"  // CpuInfo, cpu_info(): what the choice of a precision reads
+
 namespace seqpack {
 
 enum class Precision { fp32, bf16 };
@@ -23,16 +25,6 @@ const char* precision_name(Precision p);
 // "fp32" or "bf16"; throws std::invalid_argument naming the value otherwise
 // ("auto" is resolve_precision's).
 Precision parse_precision(const std::string& name);
-
-struct CpuInfo {
-  std::string isa;             // the ISA oneDNN dispatches to, e.g. "avx512_core_bf16"
-  bool native_bf16 = false;    // bf16 dot products in hardware (AVX512-BF16 or AMX)
-  bool amx = false;            // AMX tiles (bf16/int8 matrix units)
-  std::string onednn_version;  // e.g. "2.6.3"
-  std::string blas;            // the BLAS's own description (OpenBLAS: version and kernel)
-  int threads = 1;             // seqpack's thread count (num_threads())
-};
-CpuInfo cpu_info();
 
 // "fp32", "bf16" or "auto" (bf16 where native, else fp32). An explicit "bf16"
 // on a CPU without native bf16 throws std::invalid_argument naming the CPU's

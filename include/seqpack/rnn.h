@@ -13,7 +13,6 @@
 #pragma once
 
 #include <cstdint>
-#include <limits>
 #include <map>
 #include <memory>
 #include <string>
@@ -118,24 +117,6 @@ RNNForwardResult rnn_forward_lookup(const RNNOptions& options, const std::vector
 RNNGradients rnn_backward(const RNNSaved& saved, const Tensor& grad_output,
                           const Tensor& grad_h_n, const Tensor& grad_c_n,
                           bool initial_state_grad = true, bool input_grad = true);
-
-// Plain reference: one sequence at a time, one step at a time, scalar loops,
-// computed in double. `sequences[b]` is [len_b, input_size] (caller's order).
-// Returns per-sequence outputs [len_b, output_size], h_n and c_n (dropout off).
-// `relu_margin` (rnn_relu only, else infinity): the smallest |pre-activation|
-// of any unit at any step, layer and direction. A ReLU's derivative jumps at 0,
-// so a float32 computation may put a unit closer to 0 than its rounding on the
-// other side, and its gradients then part from the reference's.
-struct RNNReferenceResult {
-  std::vector<Tensor> outputs;
-  Tensor h_n;
-  Tensor c_n;
-  double relu_margin = std::numeric_limits<double>::infinity();
-};
-RNNReferenceResult rnn_reference_forward(const RNNOptions& options,
-                                         const std::vector<Tensor>& weights,
-                                         const std::vector<Tensor>& sequences, const Tensor& h0,
-                                         const Tensor& c0);
 
 // Output of a module forward. For packed input `packed` is set (same
 // batch_sizes and indices as the input); for padded input `padded` is set

@@ -4,6 +4,7 @@
 
 #include <stdexcept>
 
+#include "cpu/cpu_info.h"
 #include "cpu/gemm.h"
 
 namespace seqpack::cpu {
@@ -23,10 +24,9 @@ struct BlasOperand : StepOperand {
 template <typename T>
 class BlasEngine : public GemmEngine<T> {
  public:
-  void gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, const T* a, int64_t lda,
-            const T* b, int64_t ldb, T beta, T* c, int64_t ldc, const T* c_row, const RowStore*,
-            int64_t, const RowStore*, int64_t) const override {
-    cpu::gemm<T>(trans_a, trans_b, m, n, k, T(1), a, lda, b, ldb, beta, c, ldc, c_row);
+  void gemm(const GemmProduct<T>& p) const override {
+    cpu::gemm<T>(p.a.trans, p.b.trans, p.m, p.n, p.k, T(1), p.a.data, p.a.ld, p.b.data, p.b.ld,
+                 p.beta, p.c, p.ldc, p.c_row);
   }
 
   std::unique_ptr<StepOperand> prepare(const T* b, bool trans_b, int64_t k, int64_t n,
@@ -60,10 +60,9 @@ struct PackedOperand : StepOperand {
 
 class F32Engine : public BlasEngine<float> {
  public:
-  void gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, const float* a,
-            int64_t lda, const float* b, int64_t ldb, float beta, float* c, int64_t ldc,
-            const float* c_row, const RowStore*, int64_t, const RowStore*, int64_t) const override {
-    onednn_gemm_f32(trans_a, trans_b, m, n, k, a, lda, b, ldb, beta, c, ldc, c_row);
+  void gemm(const GemmProduct<float>& p) const override {
+    onednn_gemm_f32(p.a.trans, p.b.trans, p.m, p.n, p.k, p.a.data, p.a.ld, p.b.data, p.b.ld,
+                    p.beta, p.c, p.ldc, p.c_row);
   }
 
   std::unique_ptr<StepOperand> prepare(const float* b, bool trans_b, int64_t k, int64_t n,
@@ -94,7 +93,7 @@ class F32Engine : public BlasEngine<float> {
 const GemmEngine<float>& gemm_engine_f32(Precision precision) {
   static const F32Engine f32;
   if (precision == Precision::bf16) {
-    check_precision_supported(precision);
+    require_bf16_dot_products();
     return onednn_bf16_engine();
   }
   return f32;

@@ -29,6 +29,7 @@
 #include <utility>
 #include <vector>
 
+#include "cpu/row_sink.h"
 #include "seqpack/precision.h"
 
 namespace seqpack::cpu {
@@ -51,14 +52,29 @@ struct RowStore {
   virtual ~RowStore() = default;
 };
 
-// Where the producer of a RowStore's rows (a gate kernel) writes them in the
-// engine's operand form itself, next to its fp32 rows: bf16 bits, row r of
-// the store's matrix at data + r * ld. Empty (data null) where the engine
-// converts the rows itself (or keeps none).
-struct RowSink {
-  uint16_t* data = nullptr;
+// One operand of a whole-batch product: op(X), X row-major with row stride
+// ld (transposed where trans). With `kept` (from keep_rows()), X's stored
+// rows are the store's rows from kept_row on, every one of them kept, and
+// data is not read.
+template <typename T>
+struct GemmOperand {
+  const T* data = nullptr;
   int64_t ld = 0;
-  uint16_t* row(int64_t r) const { return data ? data + r * ld : nullptr; }
+  bool trans = false;
+  const RowStore* kept = nullptr;
+  int64_t kept_row = 0;
+};
+
+// A whole-batch product: C[m, n] = op(A)[m, k]·op(B)[k, n] + beta·C, or,
+// with c_row, c_row (broadcast over the rows) + op(A)·op(B) (beta unused).
+template <typename T>
+struct GemmProduct {
+  int64_t m = 0, n = 0, k = 0;
+  GemmOperand<T> a, b;
+  T beta = T(0);
+  T* c = nullptr;
+  int64_t ldc = 0;
+  const T* c_row = nullptr;
 };
 
 template <typename T>
@@ -66,15 +82,9 @@ class GemmEngine {
  public:
   virtual ~GemmEngine() = default;
 
-  // C[m, n] = op(A)·op(B) + beta·C, or c_row (broadcast) + op(A)·op(B).
-  // Called outside the time loop's parallel regions (may use every thread).
-  // kept (optional, from keep_rows()): A's stored rows are the store's rows
-  // from kept_row on, every one of them kept (a is not read); kept_b, the
-  // same for B (b is not read).
-  virtual void gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, const T* a,
-                    int64_t lda, const T* b, int64_t ldb, T beta, T* c, int64_t ldc,
-                    const T* c_row = nullptr, const RowStore* kept = nullptr, int64_t kept_row = 0,
-                    const RowStore* kept_b = nullptr, int64_t kept_b_row = 0) const = 0;
+  // The product p (cpu::gemm's contract with alpha = 1). Called outside the
+  // time loop's parallel regions (may use every thread).
+  virtual void gemm(const GemmProduct<T>& p) const = 0;
 
   // A store for a [rows, cols] matrix whose rows [rows - k, rows) a later
   // gemm(trans_a = true, cols, n, k) reads, or null where the engine reads
@@ -104,6 +114,9 @@ class GemmEngine {
   // records the rows, and reads them, instead of converting a's. The rows'
   // writers and step()'s readers must not overlap in time (the time loop's
   // barriers, or alternating stores).
+  // The sink (cpu/row_sink.h) says in which form the rows are written (the
+  // engine's operand form: bf16 bits for the bf16 engine); the kernels are
+  // instantiated per form. Empty where the engine converts the rows itself.
   virtual RowSink sink(RowStore& store) const { return {}; }
 
   // Lays out B = op(b) [k, n] for step() on each of `ranges` (columns of B).
@@ -138,7 +151,7 @@ class GemmEngine {
 };
 
 // The engine for this element type and precision (a process-wide instance).
-// bf16 requires float and native bf16 dot products (check_precision_supported).
+// bf16 requires float and native bf16 dot products (require_bf16_dot_products).
 const GemmEngine<float>& gemm_engine_f32(Precision precision);
 const GemmEngine<double>& gemm_engine_f64();
 

@@ -23,6 +23,7 @@
 
 #include "cpu/bf16.h"
 #include "cpu/buffer_pool.h"
+#include "cpu/cpu_info.h"
 #include "cpu/gemm.h"
 #include "cpu/gemm_engine.h"
 #include "cpu/onednn_compat.h"
@@ -381,27 +382,29 @@ class OnednnEngine : public GemmEngine<float> {
  public:
   OnednnEngine(bool f32, bool small_in_fp32) : f32_(f32), small_in_fp32_(small_in_fp32) {}
 
-  void gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, const float* a,
-            int64_t lda, const float* b, int64_t ldb, float beta, float* c, int64_t ldc,
-            const float* c_row, const RowStore* kept, int64_t kept_row, const RowStore* kept_b,
-            int64_t kept_b_row) const override {
+  void gemm(const GemmProduct<float>& p) const override {
+    const GemmOperand<float>& a = p.a;
+    const GemmOperand<float>& b = p.b;
+    const int64_t m = p.m, n = p.n, k = p.k;
     if (f32_ || (small_in_fp32_ && !bf16_product(m, n, k))) {
-      onednn_gemm_f32(trans_a, trans_b, m, n, k, a, lda, b, ldb, beta, c, ldc, c_row);
+      onednn_gemm_f32(a.trans, b.trans, m, n, k, a.data, a.ld, b.data, b.ld, p.beta, p.c, p.ldc,
+                      p.c_row);
       return;
     }
     if (m == 0 || n == 0) return;
     if (k == 0) {  // nothing to multiply: cpu::gemm's handling of C
-      cpu::gemm<float>(trans_a, trans_b, m, n, k, 1.0f, a, lda, b, ldb, beta, c, ldc, c_row);
+      cpu::gemm<float>(a.trans, b.trans, m, n, k, 1.0f, a.data, a.ld, b.data, b.ld, p.beta, p.c,
+                       p.ldc, p.c_row);
       return;
     }
     ThreadState& ts = thread_state();
     const uint16_t* a16 =
-        bf16_operand(kept, kept_row, trans_a ? k : m, trans_a ? m : k, a, lda, ts.a);
+        bf16_operand(a.kept, a.kept_row, a.trans ? k : m, a.trans ? m : k, a.data, a.ld, ts.a);
     const uint16_t* b16 =
-        bf16_operand(kept_b, kept_b_row, trans_b ? n : k, trans_b ? k : n, b, ldb, ts.b);
-    const Key key{m,       n,       k, trans_a ? m : k, trans_b ? k : n, ldc, trans_a,
-                  trans_b, !c_row && beta != 0.0f, c_row != nullptr, false, false};
-    run(key, a16, b16, c, c_row);
+        bf16_operand(b.kept, b.kept_row, b.trans ? n : k, b.trans ? k : n, b.data, b.ld, ts.b);
+    const Key key{m,       n,       k, a.trans ? m : k, b.trans ? k : n, p.ldc, a.trans,
+                  b.trans, !p.c_row && p.beta != 0.0f, p.c_row != nullptr, false, false};
+    run(key, a16, b16, p.c, p.c_row);
   }
 
   std::unique_ptr<RowStore> keep_rows(int64_t rows, int64_t cols, int64_t n,
@@ -422,7 +425,7 @@ class OnednnEngine : public GemmEngine<float> {
   RowSink sink(RowStore& store) const override {
     auto& s = static_cast<Bf16Rows&>(store);
     s.sunk = true;
-    return {s.row(0), s.cols};
+    return RowSink::bf16(s.row(0), s.cols);
   }
 
   static std::unique_ptr<Bf16Rows> make_store(int64_t rows, int64_t cols) {
@@ -582,7 +585,7 @@ const GemmEngine<float>& onednn_engine(Precision precision) {
   static const OnednnEngine f32(/*f32=*/true, /*small_in_fp32=*/false);
   static const OnednnEngine bf16(/*f32=*/false, /*small_in_fp32=*/false);
   if (precision == Precision::bf16) {
-    check_precision_supported(precision);
+    require_bf16_dot_products();
     return bf16;
   }
   return f32;

@@ -15,12 +15,15 @@
 // gradient buffers after it. Only columns [k0, k1) are touched, so threads
 // splitting a step by columns never share an accumulator element.
 //
-// bf16 copies (optional, the h16/dgates16/... arguments, uint16_t bits): a bf16
-// engine's row sink (cpu/gemm_engine.h RowSink). The kernel also writes
-// bf16_of (cpu/bf16.h) of each value it writes to the matching fp32 rows, in
-// the same layout (h16: row stride ld_h16), while the value is in a register:
-// the engine's next product reads them with no conversion pass of its own.
-// Null (fp32 and f64 engines): nothing else is written.
+// Side-written rows (optional, the *_sink arguments, cpu/row_sink.h): the
+// rows of the engine's next product in its operand form, row 0 of the sink
+// being the kernel's row 0. The kernel also writes each value it writes to
+// the matching fp32 rows in the sink's form (bf16: bf16_of, cpu/bf16.h), in
+// the same layout (h: the sink's row stride; gate gradients: their own, G),
+// while the value is in a register: the engine's next product reads them with
+// no conversion pass of its own. Empty (fp32 and f64 engines): nothing else
+// is written. float32 has an instantiation per sink element; float64 takes
+// none.
 //
 // Row layouts (n rows, hidden size H):
 //   LSTM gates [n, 4H] in the order i, f, g, o;  GRU gates [n, 3H] r, z, n;
@@ -28,6 +31,8 @@
 #pragma once
 
 #include <cstdint>
+
+#include "cpu/row_sink.h"
 
 namespace seqpack::cpu {
 
@@ -43,7 +48,7 @@ template <typename T>
 void lstm_gates_forward(int64_t n, int64_t H, int64_t k0, int64_t k1, T* gates, const T* c_prev,
                         int64_t ld_cprev, T* c, int64_t ld_c, T* h, int64_t ld_h,
                         const T* const* x_rows = nullptr, const T* next = nullptr,
-                        int64_t next_len = 0, uint16_t* h16 = nullptr, int64_t ld_h16 = 0);
+                        int64_t next_len = 0, RowSink h_sink = {});
 
 // dh: gradient of h (or of o * tanh(c) under a projection). dc: gradient of c
 // from the next step on entry, gradient of c_prev on exit. dgates: gradient of
@@ -55,8 +60,7 @@ void lstm_gates_forward(int64_t n, int64_t H, int64_t k0, int64_t k1, T* gates, 
 template <typename T>
 void lstm_gates_backward(int64_t n, int64_t H, int64_t k0, int64_t k1, const T* gates, const T* c,
                          const T* c_prev, const T* dh, int64_t ld_dh, T* dc, T* dgates,
-                         T* dbias = nullptr, T* const* dx_rows = nullptr,
-                         uint16_t* dgates16 = nullptr);
+                         T* dbias = nullptr, T* const* dx_rows = nullptr, RowSink dgates_sink = {});
 
 // gx: W_i x + b_i in, activations (r, z, n) out. gh: W_h h_prev without bias;
 // b_hh may be null. ghn (optional, [n, H]) receives W_hn h_prev + b_hn, which
@@ -64,7 +68,7 @@ void lstm_gates_backward(int64_t n, int64_t H, int64_t k0, int64_t k1, const T* 
 template <typename T>
 void gru_gates_forward(int64_t n, int64_t H, int64_t k0, int64_t k1, T* gx, const T* gh,
                        const T* b_hh, const T* h_prev, int64_t ld_hprev, T* h, int64_t ld_h, T* ghn,
-                       uint16_t* h16 = nullptr, int64_t ld_h16 = 0);
+                       RowSink h_sink = {});
 
 // dgx: gradient of W_i x + b_i [n, 3H]; dgh: of W_h h_prev + b_h [n, 3H];
 // dh_prev: the part of dL/dh_prev that bypasses W_hh (dh * z), ld H.
@@ -74,19 +78,19 @@ template <typename T>
 void gru_gates_backward(int64_t n, int64_t H, int64_t k0, int64_t k1, const T* gates, const T* ghn,
                         const T* h_prev, int64_t ld_hprev, const T* dh, int64_t ld_dh, T* dgx,
                         T* dgh, T* dh_prev, T* db_ih = nullptr, T* db_hh = nullptr,
-                        uint16_t* dgx16 = nullptr, uint16_t* dgh16 = nullptr);
+                        RowSink dgx_sink = {}, RowSink dgh_sink = {});
 
 // gates: pre-activation in, h = tanh or relu out; h is also written to `h`.
 template <typename T>
 void rnn_gates_forward(int64_t n, int64_t H, int64_t k0, int64_t k1, T* gates, bool relu, T* h,
-                       int64_t ld_h, uint16_t* h16 = nullptr, int64_t ld_h16 = 0);
+                       int64_t ld_h, RowSink h_sink = {});
 
 // dpre = dh * act'(pre), from the saved h. dbias (optional, [H]): += the
 // column sums of dpre, the gradient of both b_ih and b_hh.
 template <typename T>
 void rnn_gates_backward(int64_t n, int64_t H, int64_t k0, int64_t k1, const T* h_saved, bool relu,
                         const T* dh, int64_t ld_dh, T* dpre, T* dbias = nullptr,
-                        uint16_t* dpre16 = nullptr);
+                        RowSink dpre_sink = {});
 
 // y[i] = σ(x[i]) / tanh(x[i]) for i < n with the float32 kernels' vector
 // formulas (no scalar tail), so tests can sweep their accuracy. y may alias x.

@@ -8,6 +8,7 @@
 #define HWY_TARGET_INCLUDE "cpu/rnn_gates_f32_hwy.cpp"
 #include <hwy/foreach_target.h>  // IWYU pragma: keep
 
+#include <cassert>
 #include <type_traits>
 
 #include <hwy/cache_control.h>
@@ -576,50 +577,66 @@ HWY_EXPORT(SigmoidArray);
 HWY_EXPORT(TanhArray);
 HWY_EXPORT(TargetName);
 
+// The sink's element picks the kernels' instantiation: bf16 stores compiled
+// in (the h16/dgates16 rows), or none.
+namespace {
+uint16_t* bf16_rows(const RowSink& sink) {
+  assert(!sink || sink.element == SinkElement::bf16);  // the only form the kernels write
+  return sink.bf16_row(0);
+}
+}  // namespace
+
 template <>
 void lstm_gates_forward<float>(int64_t n, int64_t H, int64_t k0, int64_t k1, float* gates,
                                const float* c_prev, int64_t ld_cprev, float* c, int64_t ld_c,
                                float* h, int64_t ld_h, const float* const* x_rows,
-                               const float* next, int64_t next_len, uint16_t* h16, int64_t ld_h16) {
+                               const float* next, int64_t next_len, RowSink h_sink) {
   HWY_DYNAMIC_DISPATCH(LstmForward)
-  (n, H, k0, k1, gates, c_prev, ld_cprev, c, ld_c, h, ld_h, x_rows, next, next_len, h16, ld_h16);
+  (n, H, k0, k1, gates, c_prev, ld_cprev, c, ld_c, h, ld_h, x_rows, next, next_len,
+   bf16_rows(h_sink), h_sink.ld);
 }
 template <>
 void lstm_gates_backward<float>(int64_t n, int64_t H, int64_t k0, int64_t k1, const float* gates,
                                 const float* c, const float* c_prev, const float* dh, int64_t ld_dh,
                                 float* dc, float* dgates, float* dbias, float* const* dx_rows,
-                                uint16_t* dgates16) {
+                                RowSink dgates_sink) {
+  assert(!dgates_sink || dgates_sink.ld == 4 * H);
   HWY_DYNAMIC_DISPATCH(LstmBackward)
-  (n, H, k0, k1, gates, c, c_prev, dh, ld_dh, dc, dgates, dbias, dx_rows, dgates16);
+  (n, H, k0, k1, gates, c, c_prev, dh, ld_dh, dc, dgates, dbias, dx_rows, bf16_rows(dgates_sink));
 }
 template <>
 void gru_gates_forward<float>(int64_t n, int64_t H, int64_t k0, int64_t k1, float* gx,
                               const float* gh, const float* b_hh, const float* h_prev,
-                              int64_t ld_hprev, float* h, int64_t ld_h, float* ghn, uint16_t* h16,
-                              int64_t ld_h16) {
+                              int64_t ld_hprev, float* h, int64_t ld_h, float* ghn,
+                              RowSink h_sink) {
   HWY_DYNAMIC_DISPATCH(GruForward)
-  (n, H, k0, k1, gx, gh, b_hh, h_prev, ld_hprev, h, ld_h, ghn, h16, ld_h16);
+  (n, H, k0, k1, gx, gh, b_hh, h_prev, ld_hprev, h, ld_h, ghn, bf16_rows(h_sink), h_sink.ld);
 }
 template <>
 void gru_gates_backward<float>(int64_t n, int64_t H, int64_t k0, int64_t k1, const float* gates,
                                const float* ghn, const float* h_prev, int64_t ld_hprev,
                                const float* dh, int64_t ld_dh, float* dgx, float* dgh,
-                               float* dh_prev, float* db_ih, float* db_hh, uint16_t* dgx16,
-                               uint16_t* dgh16) {
+                               float* dh_prev, float* db_ih, float* db_hh, RowSink dgx_sink,
+                               RowSink dgh_sink) {
+  assert(!dgx_sink || dgx_sink.ld == 3 * H);
+  assert(!dgh_sink || dgh_sink.ld == 3 * H);
   HWY_DYNAMIC_DISPATCH(GruBackward)
-  (n, H, k0, k1, gates, ghn, h_prev, ld_hprev, dh, ld_dh, dgx, dgh, dh_prev, db_ih, db_hh, dgx16,
-   dgh16);
+  (n, H, k0, k1, gates, ghn, h_prev, ld_hprev, dh, ld_dh, dgx, dgh, dh_prev, db_ih, db_hh,
+   bf16_rows(dgx_sink), bf16_rows(dgh_sink));
 }
 template <>
 void rnn_gates_forward<float>(int64_t n, int64_t H, int64_t k0, int64_t k1, float* gates, bool relu,
-                              float* h, int64_t ld_h, uint16_t* h16, int64_t ld_h16) {
-  HWY_DYNAMIC_DISPATCH(RnnForward)(n, H, k0, k1, gates, relu, h, ld_h, h16, ld_h16);
+                              float* h, int64_t ld_h, RowSink h_sink) {
+  HWY_DYNAMIC_DISPATCH(RnnForward)
+  (n, H, k0, k1, gates, relu, h, ld_h, bf16_rows(h_sink), h_sink.ld);
 }
 template <>
 void rnn_gates_backward<float>(int64_t n, int64_t H, int64_t k0, int64_t k1, const float* h_saved,
                                bool relu, const float* dh, int64_t ld_dh, float* dpre, float* dbias,
-                               uint16_t* dpre16) {
-  HWY_DYNAMIC_DISPATCH(RnnBackward)(n, H, k0, k1, h_saved, relu, dh, ld_dh, dpre, dbias, dpre16);
+                               RowSink dpre_sink) {
+  assert(!dpre_sink || dpre_sink.ld == H);
+  HWY_DYNAMIC_DISPATCH(RnnBackward)
+  (n, H, k0, k1, h_saved, relu, dh, ld_dh, dpre, dbias, bf16_rows(dpre_sink));
 }
 
 void sigmoid_f32(int64_t n, const float* x, float* y) {

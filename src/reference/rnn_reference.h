@@ -1,13 +1,36 @@
-// Private helpers of the plain RNN/LSTM/GRU reference (src/reference/rnn_reference.cpp).
-// The forward is public (seqpack/rnn.h: rnn_reference_forward); the reference
-// backward and the local parameter naming live here so tests can use them
-// without making them part of the installed API.
+// The plain RNN/LSTM/GRU reference (src/reference/rnn_reference.cpp), in
+// float64: what the tests compare the fast path with. It is built only with
+// the tests (the seqpack_reference library, tests/CMakeLists.txt), never into
+// the library users link, and this header is not installed.
 #pragma once
 
+#include <limits>
 #include <string>
 #include <vector>
 
 #include "seqpack/rnn.h"
+
+namespace seqpack {
+
+// Plain reference: one sequence at a time, one step at a time, scalar loops,
+// computed in double. `sequences[b]` is [len_b, input_size] (caller's order).
+// Returns per-sequence outputs [len_b, output_size], h_n and c_n (dropout off).
+// `relu_margin` (rnn_relu only, else infinity): the smallest |pre-activation|
+// of any unit at any step, layer and direction. A ReLU's derivative jumps at 0,
+// so a float32 computation may put a unit closer to 0 than its rounding on the
+// other side, and its gradients then part from the reference's.
+struct RNNReferenceResult {
+  std::vector<Tensor> outputs;
+  Tensor h_n;
+  Tensor c_n;
+  double relu_margin = std::numeric_limits<double>::infinity();
+};
+RNNReferenceResult rnn_reference_forward(const RNNOptions& options,
+                                         const std::vector<Tensor>& weights,
+                                         const std::vector<Tensor>& sequences, const Tensor& h0,
+                                         const Tensor& c0);
+
+}  // namespace seqpack
 
 namespace seqpack::reference {
 

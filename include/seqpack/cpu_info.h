@@ -1,0 +1,24 @@
+// What this CPU offers the recurrent core, as read at run time.
+//
+//   CpuInfo cpu = cpu_info();   // cpu.isa, cpu.native_bf16, cpu.amx, ...
+//
+// The ISA is the one oneDNN dispatches to: the CPU's, capped by
+// ONEDNN_MAX_CPU_ISA. seqpack/precision.h decides from it which precisions
+// can run.
+#pragma once
+
+#include <string>
+
+namespace seqpack {
+
+struct CpuInfo {
+  std::string isa;             // the ISA oneDNN dispatches to, e.g. "avx512_core_bf16"
+  bool native_bf16 = false;    // bf16 dot products in hardware (AVX512-BF16 or AMX)
+  bool amx = false;            // AMX tiles (bf16/int8 matrix units)
+  std::string onednn_version;  // e.g. "2.6.3"
+  std::string blas;            // the BLAS's own description (OpenBLAS: version and kernel)
+  int threads = 1;             // seqpack's thread count (num_threads())
+};
+CpuInfo cpu_info();
+
+}  // namespace seqpack

@@ -1,0 +1,50 @@
+#include "seqpack/cpu_info.h"
+
+#include <oneapi/dnnl/dnnl.hpp>
+
+#include <stdexcept>
+#include <string>
+
+#include "cpu/cpu_info.h"
+#include "cpu/gemm.h"
+#include "cpu/onednn_compat.h"
+#include "seqpack/threading.h"
+
+namespace seqpack {
+
+namespace cpu {
+
+namespace {
+// The ISA oneDNN dispatches to: the CPU's, capped by ONEDNN_MAX_CPU_ISA.
+dnnl::cpu_isa effective_isa() { return dnnl::get_effective_cpu_isa(); }
+}  // namespace
+
+const char* isa_name() { return onednn::isa_name(effective_isa()); }
+
+bool has_bf16_dot_products() { return onednn::isa_has_bf16(effective_isa()); }
+
+void require_bf16_dot_products() {
+  if (has_bf16_dot_products()) return;
+  throw std::invalid_argument(
+      std::string("precision bf16 needs native bf16 dot products (AVX512-BF16 or AMX), but "
+                  "this CPU's ISA is ") +
+      isa_name() + "; use fp32 (or auto)");
+}
+
+}  // namespace cpu
+
+CpuInfo cpu_info() {
+  CpuInfo info;
+  const dnnl::cpu_isa isa = cpu::effective_isa();
+  info.isa = cpu::onednn::isa_name(isa);
+  info.native_bf16 = cpu::onednn::isa_has_bf16(isa);
+  info.amx = cpu::onednn::isa_has_amx(isa);
+  const dnnl_version_t* v = dnnl::version();
+  info.onednn_version =
+      std::to_string(v->major) + "." + std::to_string(v->minor) + "." + std::to_string(v->patch);
+  info.threads = num_threads();
+  info.blas = cpu::blas_config();
+  return info;
+}
+
+}  // namespace seqpack

@@ -1,0 +1,17 @@
+// The CPU's capabilities as the kernels and engines need them (private; the
+// public summary is seqpack/cpu_info.h). Nothing here knows about precisions:
+// src/precision.cpp decides from these what may run.
+#pragma once
+
+namespace seqpack::cpu {
+
+// The ISA oneDNN dispatches to (the CPU's, capped by ONEDNN_MAX_CPU_ISA), in
+// ONEDNN_MAX_CPU_ISA's spelling.
+const char* isa_name();
+// Native bf16 dot products: AVX512-BF16 or AMX.
+bool has_bf16_dot_products();
+// Throws std::invalid_argument naming the ISA when the CPU has no native bf16
+// dot products (what the bf16 engines need).
+void require_bf16_dot_products();
+
+}  // namespace seqpack::cpu
