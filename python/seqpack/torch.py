@@ -602,12 +602,15 @@ def _fake_rnn(data, batch_sizes, sorted_indices, unsorted_indices, h0, c0, weigh
     real_hidden = proj_size if proj_size > 0 else hidden_size
     batch = _fake_batch(ctx, h0, sorted_indices)
     output = data.new_empty((data.size(0), directions * real_hidden))
-    h_n = data.new_empty((num_layers * directions, batch, real_hidden))
-    if mode == "LSTM":
-        c_n = data.new_empty((num_layers * directions, batch, hidden_size))
-    else:
-        c_n = data.new_empty((0,))
-    return output, h_n, c_n
+    return (output,) + _fake_states(data, mode, num_layers * directions, batch, hidden_size,
+                                    real_hidden)
+
+
+def _fake_states(like, mode, layers, batch, hidden_size, real_hidden):
+    """h_n and c_n (empty but for LSTM) of the fake implementations."""
+    h_n = like.new_empty((layers, batch, real_hidden))
+    c_n = like.new_empty((layers, batch, hidden_size) if mode == "LSTM" else (0,))
+    return h_n, c_n
 
 
 def _fake_rnn_train(*args, **kwargs):
@@ -635,12 +638,8 @@ def _fake_rnn_padded(input, lengths, h0, c0, weights, mode, hidden_size, num_lay
         output = input.new_empty(shape + (directions * real_hidden,))
     else:
         output = input.new_empty((T, B, directions * real_hidden)).transpose(0, 1)
-    h_n = input.new_empty((num_layers * directions, B, real_hidden))
-    if mode == "LSTM":
-        c_n = input.new_empty((num_layers * directions, B, hidden_size))
-    else:
-        c_n = input.new_empty((0,))
-    return output, h_n, c_n
+    return (output,) + _fake_states(input, mode, num_layers * directions, B, hidden_size,
+                                    real_hidden)
 
 
 def _fake_pack(input, lengths, batch_first=False, enforce_sorted=True):
