@@ -19,6 +19,7 @@ PACKAGES=(
   "clang-$CLANG_VERSION" "libclang-rt-$CLANG_VERSION-dev" "libomp-$CLANG_VERSION-dev"
   libdnnl-dev libtorch-dev libonnx-dev python3-onnx python3-venv python3-pip
   libprotobuf-dev  # seqpack_onnx links protobuf; libonnx-dev does not depend on it
+  ccache  # repeated builds (the wheel's reuses this build's objects: scripts/test.sh)
 )
 missing=()
 for p in "${PACKAGES[@]}"; do
@@ -42,7 +43,15 @@ if [ ! -f tools/ort/node_modules/onnxruntime-node/package.json ]; then
 fi
 
 BUILD_DIR=${SEQPACK_BUILD_DIR:-build}
-cmake -S . -B "$BUILD_DIR" -DCMAKE_BUILD_TYPE=Release \
+# Compiles through ccache (SEQPACK_CCACHE=0: not), with paths relative to the
+# repository, so another build directory beside build/ (the wheel's in
+# scripts/test.sh) gets the same objects from the cache.
+LAUNCHER=()
+if [ "${SEQPACK_CCACHE:-1}" = 1 ] && command -v ccache >/dev/null; then
+  export CCACHE_BASEDIR=${CCACHE_BASEDIR:-$PWD} CCACHE_NOHASHDIR=${CCACHE_NOHASHDIR:-1}
+  LAUNCHER=(-DCMAKE_C_COMPILER_LAUNCHER=ccache -DCMAKE_CXX_COMPILER_LAUNCHER=ccache)
+fi
+cmake -S . -B "$BUILD_DIR" -DCMAKE_BUILD_TYPE=Release "${LAUNCHER[@]}" \
   -DSEQPACK_BUILD_TESTS=ON -DSEQPACK_BUILD_PYTHON=ON -DSEQPACK_BUILD_BENCHMARKS=ON \
   -DSEQPACK_BUILD_TORCH=ON \
   -DPython3_EXECUTABLE=/usr/bin/python3 "$@" >/dev/null
