@@ -1,7 +1,5 @@
-// seqpack_torch_version() (seqpack_torch/include/seqpack/torch.h): a symbol of
-// libseqpack_torch that programs can reference, so that the linker keeps the
-// library (whose operators register themselves when it loads) even under
-// --as-needed; seqpack::torch asks for it with -u.
+// seqpack_torch_version() (seqpack_torch/include/seqpack/torch.h): the version
+// of seqpack that libseqpack_torch was built from, for LibTorch programs.
 #include "seqpack/torch.h"
 
 #include "seqpack/version.h"

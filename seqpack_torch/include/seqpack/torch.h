@@ -6,9 +6,9 @@
 // seqpack::pad_packed_sequence) with the dispatcher when it is loaded, so
 // torch::jit::load finds them in a TorchScript model scripted from
 // seqpack.torch, and c10::Dispatcher finds them by name. The target makes the
-// linker keep the library even under --as-needed (it asks for the symbol
-// below with -u), so this header is optional: include it to call the
-// function, e.g. to print the version of the operators a program runs.
+// linker keep the library even under --as-needed (it links it inside
+// --no-as-needed), so this header is optional: include it to call the
+// function below, e.g. to print the version of the operators a program runs.
 #pragma once
 
 extern "C" {
