@@ -16,7 +16,7 @@ loads). The version is CMake's project(seqpack VERSION ...), as everywhere.
 Progress: a line per stage and CMake's own output go to stderr, which pip
 shows with -v (without it pip shows a spinner, and the output if the build
 fails). Extra CMake arguments: SEQPACK_CMAKE_ARGS or the config setting
-cmake-args (`pip wheel -C cmake-args="-DX=Y -DZ=W"`), split as a shell would;
+cmake-args (`pip wheel --config-settings cmake-args="-DX=Y -DZ=W"`), split as a shell would;
 CMAKE_C_COMPILER_LAUNCHER / CMAKE_CXX_COMPILER_LAUNCHER in the environment
 (e.g. ccache) are passed on to CMake.
 """
@@ -85,7 +85,7 @@ def _cmake_args(settings):
             if os.environ.get(var)]
     args += shlex.split(os.environ.get("SEQPACK_CMAKE_ARGS", ""))
     extra = settings.get("cmake-args") or []
-    for item in [extra] if isinstance(extra, str) else extra:  # -C given once or repeated
+    for item in [extra] if isinstance(extra, str) else extra:  # given once or repeated
         args += shlex.split(item)
     return args
 
