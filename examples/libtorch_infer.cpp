@@ -14,8 +14,9 @@
 //
 // Linking libseqpack_torch is what makes seqpack's operators known to
 // torch::jit::load: the library registers them when it is loaded. Nothing
-// refers to it by symbol, so it is linked with --no-as-needed (see
-// examples/CMakeLists.txt).
+// refers to it by symbol; the target seqpack::torch links it inside
+// --no-as-needed (seqpack_torch/CMakeLists.txt), and an installed seqpack
+// gives the same target (find_package(seqpack CONFIG COMPONENTS torch)).
 #include <torch/script.h>
 
 #include <cmath>

@@ -5,12 +5,20 @@ from a package index: CMake and a compiler build, this file zips.
 build_wheel configures and builds only what the package holds (the library,
 the Python extension seqpack._seqpack and, unless SEQPACK_WHEEL_TORCH=OFF, the
 operator library libseqpack_torch.so; no tests, tool, examples or benchmarks)
-in a build directory of its own (build-wheel/ by default, or
-SEQPACK_WHEEL_BUILD_DIR, reused by the next build), then writes a wheel of
-python/seqpack/*.py and the shared objects, tagged for the interpreter that
-runs it. The extension is for that interpreter and libseqpack_torch for the
-LibTorch that find_package(Torch) finds (Debian's libtorch-dev, the same
-libtorch_cpu.so that python3-torch loads).
+out of the source tree: in a temporary directory removed afterwards, or in
+SEQPACK_WHEEL_BUILD_DIR (config setting build-dir), kept and reused by the next
+build. It then writes a wheel of python/seqpack/*.py and the shared objects,
+tagged for the interpreter that runs it. The extension is for that
+interpreter and libseqpack_torch for the LibTorch that find_package(Torch)
+finds (Debian's libtorch-dev, the same libtorch_cpu.so that python3-torch
+loads). The version is CMake's project(seqpack VERSION ...), as everywhere.
+
+Progress: a line per stage and CMake's own output go to stderr, which pip
+shows with -v (without it pip shows a spinner, and the output if the build
+fails). Extra CMake arguments: SEQPACK_CMAKE_ARGS or the config setting
+cmake-args (`pip wheel --config-settings cmake-args="-DX=Y -DZ=W"`), split as a shell would;
+CMAKE_C_COMPILER_LAUNCHER / CMAKE_CXX_COMPILER_LAUNCHER in the environment
+(e.g. ccache) are passed on to CMake.
 """
 import base64
 import csv
@@ -18,9 +26,13 @@ import hashlib
 import io
 import os
 import re
+import shlex
+import shutil
 import subprocess
 import sys
 import sysconfig
+import tempfile
+import time
 import zipfile
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -28,8 +40,12 @@ NAME = "seqpack"
 
 
 def _version():
+    """CMake's project(seqpack VERSION x.y.z), the one version of the project."""
     with open(os.path.join(ROOT, "CMakeLists.txt")) as f:
-        return re.search(r"project\(seqpack VERSION ([0-9.]+)", f.read()).group(1)
+        m = re.search(r"project\(\s*seqpack\s+VERSION\s+(\d+\.\d+\.\d+)", f.read())
+    if not m:
+        raise ValueError(f"{os.path.join(ROOT, 'CMakeLists.txt')}: no project(seqpack VERSION x.y.z)")
+    return m.group(1)
 
 
 def _tag():
@@ -57,10 +73,25 @@ def _dist_info():
     return f"{NAME}-{_version()}.dist-info"
 
 
-def _build(config_settings):
+def _say(message):
+    print(f"seqpack build_backend: {message}", file=sys.stderr, flush=True)
+
+
+def _cmake_args(settings):
+    """Extra CMake arguments: compiler launchers from the environment, then
+    SEQPACK_CMAKE_ARGS, then the config setting cmake-args (later ones win)."""
+    args = [f"-D{var}={os.environ[var]}"
+            for var in ("CMAKE_C_COMPILER_LAUNCHER", "CMAKE_CXX_COMPILER_LAUNCHER")
+            if os.environ.get(var)]
+    args += shlex.split(os.environ.get("SEQPACK_CMAKE_ARGS", ""))
+    extra = settings.get("cmake-args") or []
+    for item in [extra] if isinstance(extra, str) else extra:  # given once or repeated
+        args += shlex.split(item)
+    return args
+
+
+def _build(config_settings, build_dir):
     settings = config_settings or {}
-    build_dir = settings.get("build-dir") or os.environ.get("SEQPACK_WHEEL_BUILD_DIR") or \
-        os.path.join(ROOT, "build-wheel")
     torch = (settings.get("torch") or os.environ.get("SEQPACK_WHEEL_TORCH", "ON")).upper()
     jobs = os.environ.get("CMAKE_BUILD_PARALLEL_LEVEL", str(os.cpu_count() or 1))
     configure = ["cmake", "-S", ROOT, "-B", build_dir, "-DCMAKE_BUILD_TYPE=Release",
@@ -70,15 +101,23 @@ def _build(config_settings):
                  # pybind11 would link the bindings with LTO: slower to build,
                  # nothing to gain in thin bindings.
                  "-DCMAKE_INTERPROCEDURAL_OPTIMIZATION=OFF",
-                 f"-DPython3_EXECUTABLE={sys.executable}"]
+                 f"-DPython3_EXECUTABLE={sys.executable}", *_cmake_args(settings)]
     targets = ["seqpack_python"] + (["seqpack_torch"] if torch == "ON" else [])
-    for cmd in (configure, ["cmake", "--build", build_dir, "-j", jobs, "--target", *targets]):
-        print("seqpack build_backend:", " ".join(cmd), file=sys.stderr, flush=True)
+    build = ["cmake", "--build", build_dir, "-j", jobs, "--target", *targets]
+    for step, (what, cmd) in enumerate((("configuring", configure),
+                                        (f"building {', '.join(targets)}", build)), 1):
+        _say(f"[{step}/3] {what}: {' '.join(shlex.quote(c) for c in cmd)}")
+        start = time.monotonic()
         subprocess.run(cmd, check=True, stdout=sys.stderr)
+        _say(f"[{step}/3] {what}: done in {time.monotonic() - start:.0f} s")
     package = os.path.join(build_dir, "python", NAME)
     files = sorted(f for f in os.listdir(package)
                    if f.endswith(".py") or f.endswith(".so"))
-    return [(os.path.join(package, f), f"{NAME}/{f}") for f in files]
+    entries = []
+    for f in files:
+        with open(os.path.join(package, f), "rb") as data:  # follows the build tree's symlinks
+            entries.append((f"{NAME}/{f}", data.read(), 0o755 if f.endswith(".so") else 0o644))
+    return entries
 
 
 def _record_line(arcname, data):
@@ -102,10 +141,16 @@ def prepare_metadata_for_build_wheel(metadata_directory, config_settings=None):
 
 
 def build_wheel(wheel_directory, config_settings=None, metadata_directory=None):
-    entries = []
-    for source, arcname in _build(config_settings):
-        with open(source, "rb") as f:  # follows the build tree's symlinks
-            entries.append((arcname, f.read(), 0o755 if arcname.endswith(".so") else 0o644))
+    settings = config_settings or {}
+    build_dir = settings.get("build-dir") or os.environ.get("SEQPACK_WHEEL_BUILD_DIR")
+    if build_dir:
+        entries = _build(settings, os.path.abspath(build_dir))
+    else:
+        temp = tempfile.mkdtemp(prefix="seqpack-wheel-")
+        try:
+            entries = _build(settings, temp)
+        finally:
+            shutil.rmtree(temp, ignore_errors=True)
     dist_info = _dist_info()
     entries.append((f"{dist_info}/METADATA", _metadata().encode(), 0o644))
     entries.append((f"{dist_info}/WHEEL", _wheel_file().encode(), 0o644))
@@ -118,6 +163,7 @@ def build_wheel(wheel_directory, config_settings=None, metadata_directory=None):
     entries.append((f"{dist_info}/RECORD", record.getvalue().encode(), 0o644))
 
     filename = f"{NAME}-{_version()}-{_tag()}.whl"
+    _say(f"[3/3] writing {filename}")
     os.makedirs(wheel_directory, exist_ok=True)
     with zipfile.ZipFile(os.path.join(wheel_directory, filename), "w",
                          zipfile.ZIP_DEFLATED) as wheel:

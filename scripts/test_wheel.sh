@@ -1,22 +1,44 @@
 #!/usr/bin/env bash
 # The pip route, as a Python user takes it: builds a wheel with
 # `pip wheel --no-build-isolation` (the in-tree PEP 517 backend runs CMake for
-# the library, the Python extension and libseqpack_torch only, in a build
-# directory of its own), installs it into a virtual environment that sees
-# Debian's torch and NumPy (--system-site-packages), and runs the Python suite
-# from outside the source tree against the installed package
-# (SEQPACK_EXPECTED_PACKAGE: python/tests/conftest.py fails if another seqpack
-# is imported). Prints the build time.
+# the library, the Python extension and libseqpack_torch only, in a temporary
+# build directory, or SEQPACK_WHEEL_BUILD_DIR when set; SEQPACK_CMAKE_ARGS and
+# CMAKE_*_COMPILER_LAUNCHER pass on), checks that the build left the source
+# tree as it was (`git status --porcelain --ignored`, __pycache__ aside),
+# installs the wheel into a virtual environment that sees Debian's torch and
+# NumPy (--system-site-packages), and runs the Python suite from outside the
+# source tree against the installed package (SEQPACK_EXPECTED_PACKAGE:
+# python/tests/conftest.py fails if another seqpack is imported;
+# test_version.py checks the installed metadata's version against
+# seqpack.__version__). Prints the build time.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$PWD
 WORK=$(mktemp -d)
 trap 'rm -rf "$WORK"' EXIT
-export SEQPACK_WHEEL_BUILD_DIR=${SEQPACK_WHEEL_BUILD_DIR:-$WORK/build}
+
+# Everything in the tree, ignored files included, except bytecode caches
+# (importing the backend writes python/__pycache__).
+tree_state() {
+  git -C "$ROOT" status --porcelain --ignored=matching --untracked-files=all 2>/dev/null |
+    grep -v '__pycache__/' | sort || true
+}
+in_git=false
+git -C "$ROOT" rev-parse --is-inside-work-tree >/dev/null 2>&1 && in_git=true
+$in_git && tree_state >"$WORK/tree.before"
 
 start=$(date +%s)
 /usr/bin/python3 -m pip wheel --no-build-isolation --no-deps --no-index -q -w "$WORK/dist" .
 echo "test_wheel: wheel built in $(( $(date +%s) - start )) s: $(cd "$WORK/dist" && ls)"
+if $in_git; then
+  tree_state >"$WORK/tree.after"
+  if ! diff "$WORK/tree.before" "$WORK/tree.after" >"$WORK/tree.diff"; then
+    echo "test_wheel: FAIL: building the wheel changed the source tree:" >&2
+    cat "$WORK/tree.diff" >&2
+    exit 1
+  fi
+  echo "test_wheel: the source tree is as it was"
+fi
 
 /usr/bin/python3 -m venv --system-site-packages "$WORK/venv"
 "$WORK/venv/bin/python" -m pip install --no-build-isolation --no-deps --no-index -q \

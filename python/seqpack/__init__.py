@@ -9,6 +9,9 @@ NumPy level::
 ``import seqpack.torch`` gives drop-in replacements for torch.nn.LSTM/GRU/RNN.
 """
 from ._seqpack import DType, cpu_info  # noqa: F401
+# The compiled library's version (CMake's project VERSION), so that it always
+# names the library this package runs: "0.1.0".
+from ._seqpack import __version__  # noqa: F401
 from .packing import (  # noqa: F401
     PackedSequence,
     invert_permutation,

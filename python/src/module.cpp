@@ -2,9 +2,12 @@
 // user-facing API (argument checks, torch-like signatures) is the pure-Python
 // package around it.
 #include "bind.h"
+#include "seqpack/version.h"
 
 PYBIND11_MODULE(_seqpack, m) {
   m.doc() = "seqpack C++ core (use the seqpack package, not this module)";
+  // The linked library's version (seqpack.__version__, include/seqpack/version.h).
+  m.attr("__version__") = seqpack::version();
   seqpack::python::bind_tensor(m);
   seqpack::python::bind_packing(m);
   seqpack::python::bind_precision(m);  // before bind_rnn: RNNOptions' default precision

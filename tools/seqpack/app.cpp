@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "command.h"
+#include "seqpack/version.h"
 
 namespace seqpack::cli {
 
@@ -12,6 +13,9 @@ std::vector<Command>& commands() {
 }
 
 void add_commands(CLI::App& app) {
+  // `seqpack --version` prints "seqpack 0.1.0" and exits 0 (the flag is
+  // handled before the required subcommand is asked for).
+  app.set_version_flag("--version", std::string("seqpack ") + version());
   app.require_subcommand(1);
   auto& cmds = commands();
   std::sort(cmds.begin(), cmds.end(), [](const auto& a, const auto& b) { return a.name < b.name; });

@@ -1,6 +1,6 @@
 // `seqpack info`: what this machine offers seqpack: the ISA oneDNN dispatches
 // to (capped by ONEDNN_MAX_CPU_ISA), native bf16, AMX, the precision `auto`
-// picks, the thread count and the library versions. --json for scripts.
+// picks, the thread count and the library versions (seqpack's own first). --json for scripts.
 #include <fmt/core.h>
 
 #include <nlohmann/json.hpp>
@@ -9,6 +9,7 @@
 #include "command.h"
 #include "seqpack/precision.h"
 #include "seqpack/threading.h"
+#include "seqpack/version.h"
 
 namespace seqpack::cli {
 namespace {
@@ -23,7 +24,8 @@ void run_info(const Args& args) {
   const CpuInfo cpu = cpu_info();
   const Precision autop = resolve_precision("auto");
   if (args.json) {
-    nlohmann::ordered_json j = {{"isa", cpu.isa},
+    nlohmann::ordered_json j = {{"seqpack", version()},
+                                {"isa", cpu.isa},
                                 {"native_bf16", cpu.native_bf16},
                                 {"amx", cpu.amx},
                                 {"auto_precision", precision_name(autop)},
@@ -33,6 +35,7 @@ void run_info(const Args& args) {
     fmt::print("{}\n", j.dump());
     return;
   }
+  fmt::print("seqpack          {}\n", version());
   fmt::print("ISA (oneDNN)     {}\n", cpu.isa);
   fmt::print("native bf16      {}\n", cpu.native_bf16 ? "yes" : "no");
   fmt::print("AMX              {}\n", cpu.amx ? "yes" : "no");
