@@ -66,7 +66,11 @@ def pack_padded_sequence(input: Tensor, lengths: Tensor, batch_first: bool = Fal
         # graph runs. The tensors are kept (empty where torch's are None), and
         # seqpack's operators read an empty index tensor as none.
         return _traced_packed(data, batch_sizes, sorted_indices, unsorted_indices)
-    if _no_indices(sorted_indices):  # where torch's are None (enforce_sorted, none empty)
+    if torch.jit.is_scripting():
+        no_indices = sorted_indices.numel() == 0
+    else:
+        no_indices = _no_indices(sorted_indices)
+    if no_indices:  # where torch's are None (enforce_sorted, none empty)
         return PackedSequence(data, batch_sizes, None, None)
     return PackedSequence(data, batch_sizes, sorted_indices, unsorted_indices)
 
@@ -76,8 +80,9 @@ def _no_indices(sorted_indices: Tensor) -> bool:
     torch.onnx.export) the test would warn that the trace might not generalise:
     either answer gives a graph that is right for any lengths (with no indices
     the layers and pad_packed_sequence keep the packed order, which is then the
-    caller's), so the warning is silenced there."""
-    if torch.jit.is_scripting() or not torch.jit.is_tracing():
+    caller's), so the warning is silenced there. Not compiled by TorchScript
+    (pack_padded_sequence tests the indices itself when scripted)."""
+    if not torch.jit.is_tracing():
         return sorted_indices.numel() == 0
     import warnings
     with warnings.catch_warnings():
