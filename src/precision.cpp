@@ -6,16 +6,24 @@
 
 namespace seqpack {
 
-const char* precision_name(Precision p) { return p == Precision::bf16 ? "bf16" : "fp32"; }
+const char* precision_name(Precision p) {
+  switch (p) {
+    case Precision::bf16: return "bf16";
+    case Precision::int8: return "int8";
+    default: return "fp32";
+  }
+}
 
 Precision parse_precision(const std::string& name) {
   if (name == "fp32") return Precision::fp32;
   if (name == "bf16") return Precision::bf16;
-  throw std::invalid_argument("precision must be fp32 or bf16, got '" + name + "'");
+  if (name == "int8") return Precision::int8;
+  throw std::invalid_argument("precision must be fp32, bf16 or int8, got '" + name + "'");
 }
 
 void check_precision_supported(Precision p) {
   if (p == Precision::bf16) cpu::require_bf16_dot_products();
+  if (p == Precision::int8) cpu::require_int8_dot_products();
 }
 
 Precision resolve_precision(const std::string& name, std::string* note) {
@@ -29,8 +37,8 @@ Precision resolve_precision(const std::string& name, std::string* note) {
     }
     return p;
   }
-  if (name != "fp32" && name != "bf16") {
-    throw std::invalid_argument("precision must be fp32, bf16 or auto, got '" + name + "'");
+  if (name != "fp32" && name != "bf16" && name != "int8") {
+    throw std::invalid_argument("precision must be fp32, bf16, int8 or auto, got '" + name + "'");
   }
   p = parse_precision(name);
   check_precision_supported(p);

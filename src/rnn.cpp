@@ -126,9 +126,9 @@ void RNNOptions::validate() const {
     throw std::invalid_argument(std::string("dtype must be float32 or float64, got ") +
                                 dtype_name(dtype));
   }
-  if (precision == Precision::bf16 && dtype != DType::f32) {
-    throw std::invalid_argument(std::string("precision bf16 needs dtype float32, got ") +
-                                dtype_name(dtype));
+  if (precision != Precision::fp32 && dtype != DType::f32) {
+    throw std::invalid_argument(std::string("precision ") + precision_name(precision) +
+                                " needs dtype float32, got " + dtype_name(dtype));
   }
   check_sizes(*this);
   check_precision_supported(precision);
@@ -310,6 +310,19 @@ Tensor unbatched_state(const Tensor& s, bool unbatched) {
   if (!s.defined() || !unbatched) return s;
   return s.view({s.size(0), s.size(2)});
 }
+// Whether a module's forward saves for a backward: an int8 module's never
+// does (int8 has no gradient), whatever requires_grad says, so that eval()
+// is all an int8 module needs.
+bool saves(const RNNOptions& o, bool requires_grad) {
+  return requires_grad && o.precision != Precision::int8;
+}
+
+std::string no_saved_message(const RNNOptions& o) {
+  return o.precision == Precision::int8
+             ? "backward: precision int8 is for inference only (its forwards save nothing)"
+             : "backward: the forward ran without requires_grad";
+}
+
 }  // namespace
 
 RNNOutput RNNBase::forward(const PackedSequence& input, const Tensor& h0, const Tensor& c0,
@@ -319,7 +332,8 @@ RNNOutput RNNBase::forward(const PackedSequence& input, const Tensor& h0, const 
   const uint64_t seed = dropout_seed_;
   if (training_ && options_.dropout > 0) ++dropout_seed_;
   RNNForwardResult r =
-      rnn_forward(options_, params_, input.data, *plan, h0, c0, training_, requires_grad, seed);
+      rnn_forward(options_, params_, input.data, *plan, h0, c0, training_,
+                  saves(options_, requires_grad), seed);
   RNNOutput out;
   out.packed.data = r.output;
   out.packed.batch_sizes = input.batch_sizes;
@@ -379,7 +393,8 @@ RNNOutput RNNBase::forward(const Tensor& input, const std::vector<int64_t>& leng
   if (training_ && options_.dropout > 0) ++dropout_seed_;
   RNNForwardResult r = rnn_forward(options_, params_, data, *plan,
                                    batched_state(h0, unbatched, "h0"),
-                                   batched_state(c0, unbatched, "c0"), training_, requires_grad,
+                                   batched_state(c0, unbatched, "c0"), training_,
+                                   saves(options_, requires_grad),
                                    seed);
   RNNOutput out;
   Tensor padded = plan->unpack(r.output, T, 0.0);  // [T, B, O]
@@ -399,7 +414,7 @@ RNNOutput RNNBase::forward(const Tensor& input, const std::vector<int64_t>& leng
 RNNGradients RNNBase::backward(const RNNOutput& out, const Tensor& grad_output,
                                const Tensor& grad_h_n, const Tensor& grad_c_n) {
   if (!out.saved || !out.plan) {
-    throw std::invalid_argument("backward: the forward ran without requires_grad");
+    throw std::invalid_argument(no_saved_message(options_));
   }
   const bool padded = out.padded.defined();
   const bool unbatched = padded && out.padded.dim() == 2;
@@ -520,7 +535,7 @@ CellOutput RNNCellBase::forward(const Tensor& input, const Tensor& hx, const Ten
   RNNForwardResult r = rnn_forward(options_, params_, input.view({B, I}), plan,
                                    cell_state(hx, B, H, unbatched, "hx"),
                                    cell_state(cx, B, H, unbatched, "cx"), /*training=*/false,
-                                   requires_grad);
+                                   saves(options_, requires_grad));
   CellOutput out;
   out.unbatched = unbatched;
   const Shape s = unbatched ? Shape{H} : Shape{B, H};
@@ -532,7 +547,7 @@ CellOutput RNNCellBase::forward(const Tensor& input, const Tensor& hx, const Ten
 
 CellGradients RNNCellBase::backward(const CellOutput& out, const Tensor& grad_h,
                                     const Tensor& grad_c) {
-  if (!out.saved) throw std::invalid_argument("backward: the forward ran without requires_grad");
+  if (!out.saved) throw std::invalid_argument(no_saved_message(options_));
   const int64_t H = options_.hidden_size;
   const int64_t B = out.unbatched ? 1 : out.h.size(0);
   RNNGradients g = rnn_backward(*out.saved, Tensor(),

@@ -1423,6 +1423,12 @@ RNNForwardResult dispatch_forward(const RNNOptions& options, const std::vector<T
                                   const Tensor& data, const std::vector<int64_t>* lookup,
                                   const PackingPlan& plan, const Tensor& h0, const Tensor& c0,
                                   bool training, bool save_for_backward, uint64_t dropout_seed) {
+  if (options.precision == Precision::int8 && (training || save_for_backward)) {
+    throw std::invalid_argument(
+        std::string("precision int8 is for inference only, but this forward is ") +
+        (training ? "in training mode (call eval(), or pass training = false)"
+                  : "saving for a backward (int8 has no gradient; use fp32 or bf16)"));
+  }
   return with_cell(options.mode, [&]<typename Cell>(Cell) {
     if (options.dtype == DType::f32) {
       return forward_impl<float, Cell>(options, weights, data, lookup, plan, h0, c0, training,

@@ -14,6 +14,7 @@ namespace seqpack {
 struct CpuInfo {
   std::string isa;             // the ISA oneDNN dispatches to, e.g. "avx512_core_bf16"
   bool native_bf16 = false;    // bf16 dot products in hardware (AVX512-BF16 or AMX)
+  bool native_int8 = false;    // int8 dot products the int8 precision runs on (AVX512-VNNI)
   bool amx = false;            // AMX tiles (bf16/int8 matrix units)
   std::string onednn_version;  // e.g. "2.6.3"
   std::string blas;            // the BLAS's own description (OpenBLAS: version and kernel)

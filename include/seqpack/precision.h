@@ -10,6 +10,13 @@
 // stay fp32 (docs/performance.md gives the error bounds). It runs only where
 // the CPU has native bf16 dot products (AVX512-BF16 or AMX), read at run time
 // (ONEDNN_MAX_CPU_ISA caps it).
+//
+// int8 is for inference only (a forward without saving for backward, not
+// training): weights int8, symmetric, one scale per output unit; the layer
+// input and h quantized per row at run time (asymmetric u8), so a sequence's
+// result does not depend on the batch around it; int32 accumulation on
+// AVX512-VNNI; gate math, the cell state and outputs fp32 (cpu/gemm_int8.h has
+// the scheme, docs/performance.md the error bounds). `auto` never picks it.
 #pragma once
 
 #include <string>
@@ -18,17 +25,17 @@
 
 namespace seqpack {
 
-enum class Precision { fp32, bf16 };
+enum class Precision { fp32, bf16, int8 };
 
-// "fp32", "bf16".
+// "fp32", "bf16", "int8".
 const char* precision_name(Precision p);
-// "fp32" or "bf16"; throws std::invalid_argument naming the value otherwise
+// "fp32", "bf16" or "int8"; throws std::invalid_argument naming the value otherwise
 // ("auto" is resolve_precision's).
 Precision parse_precision(const std::string& name);
 
-// "fp32", "bf16" or "auto" (bf16 where native, else fp32). An explicit "bf16"
-// on a CPU without native bf16 throws std::invalid_argument naming the CPU's
-// ISA. `note`, when given, receives one line saying what was chosen and why.
+// "fp32", "bf16", "int8" or "auto" (bf16 where native, else fp32; never
+// int8). An explicit "bf16" or "int8" on a CPU without its dot products
+// throws std::invalid_argument naming the CPU's ISA. `note`, when given, receives one line saying what was chosen and why.
 Precision resolve_precision(const std::string& name, std::string* note = nullptr);
 
 // Throws std::invalid_argument naming the ISA when `p` cannot run here.

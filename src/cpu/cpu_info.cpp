@@ -7,6 +7,7 @@
 
 #include "cpu/cpu_info.h"
 #include "cpu/gemm.h"
+#include "cpu/gemm_int8.h"
 #include "cpu/onednn_compat.h"
 #include "seqpack/threading.h"
 
@@ -31,6 +32,16 @@ void require_bf16_dot_products() {
       isa_name() + "; use fp32 (or auto)");
 }
 
+bool has_int8_dot_products() { return onednn::isa_has_vnni(effective_isa()); }
+
+void require_int8_dot_products() {
+  if (int8_kernels_supported()) return;
+  throw std::invalid_argument(
+      std::string("precision int8 needs native int8 dot products (AVX512-VNNI), but this "
+                  "CPU's ISA is ") +
+      isa_name() + "; use fp32, bf16 or auto");
+}
+
 }  // namespace cpu
 
 CpuInfo cpu_info() {
@@ -38,6 +49,7 @@ CpuInfo cpu_info() {
   const dnnl::cpu_isa isa = cpu::effective_isa();
   info.isa = cpu::onednn::isa_name(isa);
   info.native_bf16 = cpu::onednn::isa_has_bf16(isa);
+  info.native_int8 = cpu::int8_kernels_supported();
   info.amx = cpu::onednn::isa_has_amx(isa);
   const dnnl_version_t* v = dnnl::version();
   info.onednn_version =

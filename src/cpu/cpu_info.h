@@ -13,5 +13,9 @@ bool has_bf16_dot_products();
 // Throws std::invalid_argument naming the ISA when the CPU has no native bf16
 // dot products (what the bf16 engines need).
 void require_bf16_dot_products();
+// Native int8 dot products for the int8 kernels: AVX512-VNNI (AMX CPUs have it).
+bool has_int8_dot_products();
+// Throws std::invalid_argument naming the ISA when the int8 kernels cannot run.
+void require_int8_dot_products();
 
 }  // namespace seqpack::cpu

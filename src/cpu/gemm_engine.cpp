@@ -96,6 +96,10 @@ const GemmEngine<float>& gemm_engine_f32(Precision precision) {
     require_bf16_dot_products();
     return onednn_bf16_engine();
   }
+  if (precision == Precision::int8) {
+    require_int8_dot_products();
+    return int8_engine();
+  }
   return f32;
 }
 

@@ -21,7 +21,10 @@
 //              faster than both on the steps' row counts: BM_step): PyTorch-exact;
 //   bf16       oneDNN matmul, bf16 operands, fp32 accumulation and results,
 //              primitives cached per shape and thread, step weights reordered
-//              once per call into the layout the primitive asks for.
+//              once per call into the layout the primitive asks for;
+//   int8       inference: u8 rows (quantized per row) times s8 weights
+//              (per column), int32 accumulation on AVX512-VNNI, fp32 results
+//              (cpu/gemm_int8.h); forward products only.
 #pragma once
 
 #include <cstdint>
@@ -154,6 +157,9 @@ class GemmEngine {
 // bf16 requires float and native bf16 dot products (require_bf16_dot_products).
 const GemmEngine<float>& gemm_engine_f32(Precision precision);
 const GemmEngine<double>& gemm_engine_f64();
+
+// The int8 engine (src/cpu/gemm_engine_int8.cpp): forward products only.
+const GemmEngine<float>& int8_engine();
 
 // oneDNN's bf16 engine (src/cpu/gemm_onednn.cpp).
 const GemmEngine<float>& onednn_bf16_engine();

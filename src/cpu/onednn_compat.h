@@ -68,6 +68,9 @@ inline bool isa_includes(dnnl::cpu_isa isa, dnnl::cpu_isa base) {
 inline bool isa_has_bf16(dnnl::cpu_isa isa) {
   return isa_includes(isa, dnnl::cpu_isa::avx512_core_bf16);
 }
+inline bool isa_has_vnni(dnnl::cpu_isa isa) {
+  return isa_includes(isa, dnnl::cpu_isa::avx512_core_vnni);
+}
 inline bool isa_has_amx(dnnl::cpu_isa isa) {
   return isa_includes(isa, dnnl::cpu_isa::avx512_core_amx);
 }

@@ -1,0 +1,93 @@
+// The int8 engine: forward products on u8 rows and s8 weights (cpu/gemm_int8.h).
+//
+// Each product quantizes its A rows itself, per row, into the calling
+// thread's staging: the time loop's h rows stay fp32 (no sink), and a row's
+// quantization needs all of its values, which a kernel writing a column range
+// does not have. Two threads splitting a step's columns each quantize all of
+// its rows: k values a row against k * n / threads multiply-adds, a fraction
+// of a percent.
+//
+// Weights are quantized when the loop lays them out (prepare, once per
+// call, layer and direction) and per whole-batch product: the products get
+// float weights, which the caller may have changed since the last call.
+#include <omp.h>
+
+#include <algorithm>
+#include <memory>
+#include <stdexcept>
+
+#include "cpu/cpu_info.h"
+#include "cpu/gemm_engine.h"
+#include "cpu/gemm_int8.h"
+
+namespace seqpack::cpu {
+
+namespace {
+
+struct Int8Operand : StepOperand {
+  QuantizedWeights w;
+  std::vector<ColumnRange> ranges;
+};
+
+QuantizedRows& thread_rows() {
+  thread_local QuantizedRows rows;
+  return rows;
+}
+
+// Rows per task of a whole-batch product: enough to fill the register blocks
+// and amortise a column block's trip through L1.
+constexpr int64_t kRowsPerTask = 48;
+
+class Int8Engine : public GemmEngine<float> {
+ public:
+  void gemm(const GemmProduct<float>& p) const override {
+    if (p.a.trans || p.a.kept) {
+      throw std::logic_error("the int8 engine runs forward products only, not op(A)ᵀ·op(B)");
+    }
+    if (p.m == 0 || p.n == 0) return;
+    QuantizedWeights w;
+    quantize_weights_s8(p.b.data, p.b.trans, p.k, p.n, p.b.ld, w);
+    const int64_t tasks = (p.m + kRowsPerTask - 1) / kRowsPerTask;
+    const bool parallel = !omp_in_parallel() && tasks > 1;
+#pragma omp parallel for schedule(static) if (parallel)
+    for (int64_t t = 0; t < tasks; ++t) {
+      const int64_t r0 = t * kRowsPerTask, rows = std::min(kRowsPerTask, p.m - r0);
+      QuantizedRows& q = thread_rows();
+      quantize_rows_u8(rows, p.k, p.a.data + r0 * p.a.ld, p.a.ld, q);
+      gemm_u8s8_f32(rows, q, 0, w, 0, p.n, p.beta, p.c + r0 * p.ldc, p.ldc, nullptr, p.c_row);
+    }
+  }
+
+  std::unique_ptr<StepOperand> prepare(const float* b, bool trans_b, int64_t k, int64_t n,
+                                       int64_t ldb,
+                                       const std::vector<ColumnRange>& ranges) const override {
+    auto op = std::make_unique<Int8Operand>();
+    op->k = k;
+    op->n = n;
+    op->ranges = ranges;
+    quantize_weights_s8(b, trans_b, k, n, ldb, op->w);
+    return op;
+  }
+
+  void step(int64_t m, const float* a, int64_t lda, const StepOperand& sb, std::size_t range,
+            float beta, float* c, int64_t ldc, const float* const* init, RowStore*,
+            int64_t) const override {
+    const auto& op = static_cast<const Int8Operand&>(sb);
+    const auto [c0, c1] = op.ranges[range];
+    if (m == 0 || c1 <= c0) return;
+    QuantizedRows& q = thread_rows();
+    quantize_rows_u8(m, op.k, a, lda, q);
+    gemm_u8s8_f32(m, q, 0, op.w, c0, c1, beta, c, ldc, init);
+  }
+
+  bool takes_init() const override { return true; }
+};
+
+}  // namespace
+
+const GemmEngine<float>& int8_engine() {
+  static const Int8Engine engine;
+  return engine;
+}
+
+}  // namespace seqpack::cpu

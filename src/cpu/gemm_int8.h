@@ -1,0 +1,89 @@
+// int8 products of the int8 engine (cpu/gemm_engine_int8.cpp): u8 rows times
+// s8 weights with int32 accumulation, on AVX512-VNNI's vpdpbusd.
+//
+// Quantization, both sides chosen so that a row's result depends on that row
+// and the weights alone (no scale is shared between rows: results are
+// independent of the batch around a sequence):
+//   A (the layer input, h): per row, asymmetric u8. lo = min(0, min x),
+//     hi = max(0, max x), scale = (hi - lo) / 255, zero point
+//     zp = round(-lo / scale), q = clamp(round(x / scale) + zp, 0, 255):
+//     x ≈ scale * (q - zp), 0 exact. An all-zero row has scale 1, zp 0; a row
+//     with a non-finite value has scale NaN (its results are NaN, as fp32's).
+//   B (weights, [k, n] as op(W)): per column (one output unit), symmetric s8.
+//     scale = max|w| / 127 (1 for a zero column), q = clamp(round(w / scale),
+//     -127, 127). Columns past n are zero.
+//   C[i, j] = float(Σ_k qa[i,k]·qb[k,j] - zp_i·Σ_k qb[k,j]) · (sb_j · sa_i),
+//     exact in int32 up to the float conversion (|acc| < 2^31 for k < 66000).
+// Rounding is to nearest even (the CPU's default mode) on both sides.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+
+namespace seqpack::cpu {
+
+// A buffer that grows without initialising (a step's quantized rows are
+// rewritten at every step), 64-byte aligned.
+template <typename T>
+class GrowBuffer {
+ public:
+  T* resize(std::size_t n) {
+    if (n > capacity_) {
+      storage_ = std::make_unique_for_overwrite<T[]>(n + 64 / sizeof(T));
+      const auto addr = reinterpret_cast<std::uintptr_t>(storage_.get());
+      data_ = storage_.get() + ((64 - addr % 64) % 64) / sizeof(T);
+      capacity_ = n;
+    }
+    return data_;
+  }
+  T* data() { return data_; }
+  const T* data() const { return data_; }
+
+ private:
+  std::unique_ptr<T[]> storage_;
+  T* data_ = nullptr;
+  std::size_t capacity_ = 0;
+};
+
+// Whether this CPU (as oneDNN dispatches, ONEDNN_MAX_CPU_ISA capping it) and
+// this build can run the int8 kernels: AVX512-VNNI (and AVX512-BW).
+bool int8_kernels_supported();
+
+// A's rows quantized: row i is q + i * ld (ld = k rounded up to 4, the
+// padding zero), with scale[i] and zp[i].
+struct QuantizedRows {
+  int64_t m = 0, k = 0, ld = 0;
+  GrowBuffer<uint8_t> q;
+  GrowBuffer<float> scale;
+  GrowBuffer<int32_t> zp;
+};
+
+// Quantizes rows [0, m) of x (row stride ldx, k columns) into out (storage
+// reused when large enough).
+void quantize_rows_u8(int64_t m, int64_t k, const float* x, int64_t ldx, QuantizedRows& out);
+
+// B [k, n] = op(b) quantized per column and laid out for the kernel: groups
+// of 16 columns, each [ceil(k/4)][16][4] bytes (vpdpbusd's operand: 4
+// consecutive k of one column in one int32 lane).
+struct QuantizedWeights {
+  int64_t k = 0, n = 0, k4 = 0, groups = 0;
+  GrowBuffer<int8_t> packed;  // groups * k4 * 64
+  GrowBuffer<float> scale;    // groups * 16
+  GrowBuffer<int32_t> sum;    // groups * 16: Σ_k q[k, j]
+};
+
+// B[kk][j] = trans_b ? b[j * ldb + kk] : b[kk * ldb + j].
+void quantize_weights_s8(const float* b, bool trans_b, int64_t k, int64_t n, int64_t ldb,
+                         QuantizedWeights& out);
+
+// C[i, j] (j in [col0, col1), c at column 0, row stride ldc) for rows
+// i < m of a (rows from row a_row0 of a) =
+//   init ? init[i][j] + P : c_row ? c_row[j] + P : beta == 0 ? P : P + beta * C[i, j],
+// P the dequantized product above. The bits of C[i, j] do not depend on m,
+// a_row0, col0 or col1.
+void gemm_u8s8_f32(int64_t m, const QuantizedRows& a, int64_t a_row0, const QuantizedWeights& b,
+                   int64_t col0, int64_t col1, float beta, float* c, int64_t ldc,
+                   const float* const* init = nullptr, const float* c_row = nullptr);
+
+}  // namespace seqpack::cpu

@@ -1,0 +1,416 @@
+// int8 inference (Precision::int8, cpu/gemm_int8.h):
+//   - the kernels against a plain scalar implementation of the quantization
+//     scheme (the same rounding, computed element by element, products in
+//     int64): quantized rows and weights equal, products within float rounding;
+//   - the recurrent forward against the float64 reference over the parity
+//     grid, within the bounds docs/performance.md documents:
+//       outputs, h_n, c_n   |int8 - reference| <= kForwardAbs
+//   - batch invariance: a sequence gives the same bits alone, in any batch,
+//     at 1 and 2 threads;
+//   - refusals: training, saving for a backward, float64.
+// Skipped on a CPU without VNNI (the refusal there is test_precision's).
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <limits>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "cpu/gemm_int8.h"
+#include "reference/rnn_reference.h"
+#include "seqpack/packed_sequence.h"
+#include "seqpack/precision.h"
+#include "seqpack/rnn.h"
+#include "seqpack/threading.h"
+
+namespace seqpack {
+namespace {
+
+constexpr double kForwardAbs = 0.03;
+
+#define SKIP_WITHOUT_INT8() \
+  if (!cpu_info().native_int8) GTEST_SKIP() << "no AVX512-VNNI on " << cpu_info().isa
+
+// ---- the kernels against a plain implementation of the scheme ----
+
+struct PlainRow {
+  std::vector<int32_t> q;
+  float scale = 1;
+  int32_t zp = 0;
+};
+PlainRow plain_quantize_row(const float* x, int64_t k) {
+  PlainRow r;
+  float lo = 0, hi = 0;
+  bool nan = false;
+  for (int64_t i = 0; i < k; ++i) {
+    nan |= std::isnan(x[i]);
+    lo = std::min(lo, x[i]);
+    hi = std::max(hi, x[i]);
+  }
+  r.q.assign(static_cast<std::size_t>(k), 0);
+  const float spread = hi - lo;
+  if (nan || !std::isfinite(spread)) {
+    r.scale = std::numeric_limits<float>::quiet_NaN();
+    return r;
+  }
+  if (spread < 1e-30f) return r;
+  r.scale = spread / 255.f;
+  const float inv = 1.f / r.scale;
+  r.zp = std::clamp(static_cast<int32_t>(std::nearbyint(-lo * inv)), 0, 255);
+  for (int64_t i = 0; i < k; ++i)
+    r.q[static_cast<std::size_t>(i)] =
+        std::clamp(static_cast<int32_t>(std::nearbyint(x[i] * inv)) + r.zp, 0, 255);
+  return r;
+}
+
+PlainRow plain_quantize_column(const std::vector<float>& w) {
+  PlainRow r;
+  float mx = 0;
+  for (float v : w) mx = std::max(mx, std::fabs(v));
+  r.scale = mx > 0 ? mx / 127.f : 1.f;
+  const float inv = mx > 0 ? 1.f / r.scale : 0.f;
+  for (float v : w) r.q.push_back(std::clamp(static_cast<int32_t>(std::nearbyint(v * inv)), -127, 127));
+  return r;
+}
+
+TEST(Int8Kernels, QuantizationAndProductsMatchThePlainScheme) {
+  SKIP_WITHOUT_INT8();
+  std::mt19937_64 gen(77);
+  std::uniform_real_distribution<float> u(-2.f, 2.f);
+  for (const int64_t k : {1, 3, 4, 17, 64, 130}) {
+    for (const int64_t n : {1, 15, 16, 33, 70}) {
+      for (const bool trans_b : {false, true}) {
+        const int64_t m = 1 + static_cast<int64_t>(gen() % 13);
+        SCOPED_TRACE("k " + std::to_string(k) + " n " + std::to_string(n) + " m " +
+                     std::to_string(m) + (trans_b ? " trans_b" : ""));
+        std::vector<float> a(static_cast<std::size_t>(m * (k + 2))), b(static_cast<std::size_t>(k * n));
+        for (auto& v : a) v = u(gen);
+        for (auto& v : b) v = u(gen);
+        if (m > 2) {  // an all-zero row and a non-negative row
+          std::fill_n(a.begin() + (k + 2), k, 0.f);
+          for (int64_t i = 0; i < k; ++i) a[static_cast<std::size_t>(2 * (k + 2) + i)] = std::fabs(a[static_cast<std::size_t>(2 * (k + 2) + i)]);
+        }
+        const int64_t ldb = trans_b ? k : n;
+        auto bat = [&](int64_t kk, int64_t j) {
+          return trans_b ? b[static_cast<std::size_t>(j * k + kk)] : b[static_cast<std::size_t>(kk * n + j)];
+        };
+        cpu::QuantizedRows qa;
+        cpu::quantize_rows_u8(m, k, a.data(), k + 2, qa);
+        cpu::QuantizedWeights qb;
+        cpu::quantize_weights_s8(b.data(), trans_b, k, n, ldb, qb);
+        std::vector<PlainRow> rows, cols;
+        for (int64_t i = 0; i < m; ++i) {
+          rows.push_back(plain_quantize_row(a.data() + i * (k + 2), k));
+          ASSERT_EQ(qa.scale.data()[i], rows.back().scale) << "row " << i;
+          ASSERT_EQ(qa.zp.data()[i], rows.back().zp) << "row " << i;
+          for (int64_t kk = 0; kk < k; ++kk)
+            ASSERT_EQ(qa.q.data()[i * qa.ld + kk], rows.back().q[static_cast<std::size_t>(kk)])
+                << "row " << i << " k " << kk;
+        }
+        for (int64_t j = 0; j < n; ++j) {
+          std::vector<float> col;
+          for (int64_t kk = 0; kk < k; ++kk) col.push_back(bat(kk, j));
+          cols.push_back(plain_quantize_column(col));
+          ASSERT_EQ(qb.scale.data()[j], cols.back().scale) << "column " << j;
+        }
+        // C = init + P on a column range not aligned to 16, and c_row + P, and P + C.
+        const int64_t col0 = n > 2 ? 1 : 0, col1 = n > 3 ? n - 1 : n;
+        std::vector<float> init(static_cast<std::size_t>(m * n)), c(static_cast<std::size_t>(m * n), 7.f);
+        for (auto& v : init) v = u(gen);
+        std::vector<const float*> init_rows;
+        for (int64_t i = 0; i < m; ++i) init_rows.push_back(init.data() + i * n);
+        for (const int variant : {0, 1, 2}) {
+          std::fill(c.begin(), c.end(), 7.f);
+          cpu::gemm_u8s8_f32(m, qa, 0, qb, col0, col1, variant == 2 ? 1.f : 0.f, c.data(), n,
+                             variant == 0 ? init_rows.data() : nullptr,
+                             variant == 1 ? init.data() : nullptr);
+          for (int64_t i = 0; i < m; ++i) {
+            for (int64_t j = 0; j < n; ++j) {
+              const float got = c[static_cast<std::size_t>(i * n + j)];
+              if (j < col0 || j >= col1) {
+                ASSERT_EQ(got, 7.f) << "column " << j << " outside the range was written";
+                continue;
+              }
+              int64_t acc = 0;
+              for (int64_t kk = 0; kk < k; ++kk)
+                acc += int64_t(rows[std::size_t(i)].q[std::size_t(kk)] - rows[std::size_t(i)].zp) *
+                       cols[std::size_t(j)].q[std::size_t(kk)];
+              const double p = double(acc) * rows[std::size_t(i)].scale * cols[std::size_t(j)].scale;
+              const double base = variant == 0 ? init[std::size_t(i * n + j)]
+                                  : variant == 1 ? init[std::size_t(j)]
+                                                 : 7.0;
+              const double want = base + p;
+              ASSERT_NEAR(got, want, 1e-5 * (1 + std::fabs(want)))
+                  << "variant " << variant << " row " << i << " column " << j;
+            }
+          }
+        }
+      }
+    }
+  }
+}
+
+// ---- the recurrent forward ----
+
+Tensor random_tensor(const Shape& s, double scale, std::mt19937_64& gen) {
+  Tensor t = Tensor::empty(s, DType::f32);
+  std::uniform_real_distribution<float> u(static_cast<float>(-scale), static_cast<float>(scale));
+  for (int64_t i = 0; i < t.numel(); ++i) t.data<float>()[i] = u(gen);
+  return t;
+}
+
+std::vector<int64_t> rows_of(const PackingPlan& plan, int64_t b) {
+  std::vector<int64_t> rows;
+  const auto& idx = plan.padded_index();
+  for (int64_t r = 0; r < static_cast<int64_t>(idx.size()); ++r)
+    if (idx[static_cast<std::size_t>(r)] % plan.batch() == b) rows.push_back(r);
+  return rows;
+}
+
+Tensor gather_rows(const Tensor& packed, const std::vector<int64_t>& rows) {
+  const int64_t F = packed.size(1);
+  Tensor out = Tensor::empty({static_cast<int64_t>(rows.size()), F}, DType::f64);
+  for (std::size_t i = 0; i < rows.size(); ++i)
+    for (int64_t f = 0; f < F; ++f)
+      out.data<double>()[static_cast<int64_t>(i) * F + f] = packed.item_as_double(rows[i] * F + f);
+  return out;
+}
+
+double max_abs_diff(const Tensor& a, const Tensor& b) {
+  double worst = 0;
+  for (int64_t i = 0; i < a.numel(); ++i) {
+    const double d = std::fabs(a.item_as_double(i) - b.item_as_double(i));
+    if (!(d <= worst)) worst = d;
+  }
+  return worst;
+}
+
+struct Worst {
+  double forward = 0;
+  std::string at;
+};
+
+void check_config(RNNOptions o, const std::vector<int64_t>& lengths, bool give_h0, uint64_t seed,
+                  Worst& worst) {
+  o.precision = Precision::int8;
+  const std::string what = std::string(rnn_mode_name(o.mode)) + " H" +
+                           std::to_string(o.hidden_size) + " L" + std::to_string(o.num_layers) +
+                           (o.bidirectional ? " bi" : "") +
+                           (o.proj_size ? " P" + std::to_string(o.proj_size) : "") + " seed " +
+                           std::to_string(seed);
+  SCOPED_TRACE(what);
+  std::mt19937_64 gen(seed);
+  const PackingPlan plan = PackingPlan::from_lengths(lengths, /*enforce_sorted=*/false);
+  const int64_t B = plan.batch(), LD = o.num_layers * o.num_directions();
+  std::vector<Tensor> weights;
+  for (const Shape& s : rnn_parameter_shapes(o))
+    weights.push_back(random_tensor(s, 1.0 / std::sqrt(double(o.hidden_size)), gen));
+  const Tensor x = random_tensor({plan.total_rows(), o.input_size}, 1.0, gen);
+  const Tensor h0 = give_h0 ? random_tensor({LD, B, o.real_hidden_size()}, 0.5, gen) : Tensor();
+  const Tensor c0 =
+      give_h0 && o.mode == RNNMode::lstm ? random_tensor({LD, B, o.hidden_size}, 0.5, gen) : Tensor();
+  const auto fwd = rnn_forward(o, weights, x, plan, h0, c0, /*training=*/false, false);
+  std::vector<Tensor> seqs;
+  std::vector<std::vector<int64_t>> rows;
+  for (int64_t b = 0; b < B; ++b) {
+    rows.push_back(rows_of(plan, b));
+    seqs.push_back(gather_rows(x, rows.back()));
+  }
+  const auto ref = rnn_reference_forward(o, weights, seqs, h0, c0);
+  auto note = [&](const Tensor& got, const Tensor& want, const std::string& name) {
+    const double d = max_abs_diff(got, want);
+    EXPECT_LE(d, kForwardAbs) << name;
+    if (!(d <= worst.forward)) {
+      worst.forward = d;
+      worst.at = what + " " + name;
+    }
+  };
+  for (int64_t b = 0; b < B; ++b)
+    note(gather_rows(fwd.output, rows[std::size_t(b)]), ref.outputs[std::size_t(b)],
+         "output " + std::to_string(b));
+  note(fwd.h_n, ref.h_n, "h_n");
+  if (o.mode == RNNMode::lstm) note(fwd.c_n, ref.c_n, "c_n");
+}
+
+TEST(RNNInt8, ParityGridAgainstFloat64Reference) {
+  SKIP_WITHOUT_INT8();
+  Worst worst;
+  uint64_t seed = 3000;
+  const std::vector<int64_t> lengths{12, 0, 9, 15, 3, 11, 1, 15};
+  for (RNNMode mode : {RNNMode::lstm, RNNMode::gru, RNNMode::rnn_tanh, RNNMode::rnn_relu}) {
+    for (int64_t layers : {1, 2}) {
+      for (bool bi : {false, true}) {
+        for (int64_t H : {37, 130}) {
+          RNNOptions o{.mode = mode, .input_size = 29, .hidden_size = H, .num_layers = layers,
+                       .bidirectional = bi};
+          check_config(o, lengths, /*give_h0=*/(seed % 2) == 0, ++seed, worst);
+          if (mode == RNNMode::lstm) {
+            o.proj_size = H / 3;
+            check_config(o, lengths, /*give_h0=*/true, ++seed, worst);
+          }
+        }
+      }
+    }
+  }
+  std::printf("int8 parity grid: worst |forward error| %.4g (%s)\n", worst.forward,
+              worst.at.c_str());
+}
+
+TEST(RNNInt8, LongSequencesAndLargeBatches) {
+  SKIP_WITHOUT_INT8();
+  Worst worst;
+  uint64_t seed = 4000;
+  for (RNNMode mode : {RNNMode::lstm, RNNMode::gru, RNNMode::rnn_tanh}) {
+    RNNOptions o{.mode = mode, .input_size = 64, .hidden_size = 256, .num_layers = 2,
+                 .bidirectional = true};
+    check_config(o, {300, 0, 150, 90, 37, 1, 64, 64, 12, 200}, /*give_h0=*/true, ++seed, worst);
+  }
+  std::printf("int8 long sequences: worst |forward error| %.4g (%s)\n", worst.forward,
+              worst.at.c_str());
+}
+
+// Sequence b's output rows and final state, as raw bits.
+std::vector<float> sequence_bits(const RNNForwardResult& r, const PackingPlan& plan, int64_t b) {
+  std::vector<float> bits;
+  const int64_t F = r.output.size(1);
+  for (int64_t row : rows_of(plan, b))
+    for (int64_t f = 0; f < F; ++f) bits.push_back(r.output.data<float>()[row * F + f]);
+  for (const Tensor* s : {&r.h_n, &r.c_n}) {
+    if (!s->defined()) continue;
+    const int64_t LD = s->size(0), B = s->size(1), W = s->size(2);
+    for (int64_t l = 0; l < LD; ++l)
+      for (int64_t w = 0; w < W; ++w) bits.push_back(s->data<float>()[(l * B + b) * W + w]);
+  }
+  return bits;
+}
+
+// A sequence alone, then inside batches of different company, sizes and
+// order, at 1 and 2 threads (by columns and with the steps' rows split):
+// the same bits every time, for its outputs, h_n and c_n.
+TEST(RNNInt8, ResultsDoNotDependOnTheBatch) {
+  SKIP_WITHOUT_INT8();
+  const int threads_before = num_threads();
+  for (RNNMode mode : {RNNMode::lstm, RNNMode::gru, RNNMode::rnn_tanh}) {
+    RNNOptions o{.mode = mode, .input_size = 24, .hidden_size = 96, .num_layers = 2,
+                 .bidirectional = true};
+    o.precision = Precision::int8;
+    SCOPED_TRACE(rnn_mode_name(mode));
+    std::mt19937_64 gen(11);
+    std::vector<Tensor> weights;
+    for (const Shape& s : rnn_parameter_shapes(o)) weights.push_back(random_tensor(s, 0.2, gen));
+    const int64_t len = 17;
+    const Tensor mine = random_tensor({len, o.input_size}, 1.5, gen);
+    const Tensor h0_mine = random_tensor({4, 1, o.hidden_size}, 0.5, gen);
+    const Tensor c0_mine = random_tensor({4, 1, o.hidden_size}, 0.5, gen);
+    for (const bool with_h0 : {false, true}) {  // the zero-h0 skip, and a given h0
+      std::vector<float> alone;
+      for (int threads : {1, 2}) {
+        set_num_threads(threads);
+        for (const std::vector<int64_t>& company :
+             {std::vector<int64_t>{}, {40, 3}, {17, 17, 17}, {1}, {5, 60, 2, 17, 9, 33, 12}}) {
+          std::vector<int64_t> lengths = company;
+          const auto at = static_cast<int64_t>(company.size() / 2);  // where mine goes
+          lengths.insert(lengths.begin() + at, len);
+          std::vector<Tensor> seqs;
+          for (int64_t L : lengths) seqs.push_back(random_tensor({L, o.input_size}, 3.0, gen));
+          seqs[static_cast<std::size_t>(at)] = mine;
+          const PackedSequence p = pack_sequence(seqs, /*enforce_sorted=*/false);
+          const PackingPlan plan = PackingPlan::from_packed(p);
+          const int64_t B = plan.batch(), W = o.hidden_size;
+          Tensor h0, c0;
+          if (with_h0) {
+            h0 = random_tensor({4, B, W}, 0.9, gen);
+            c0 = random_tensor({4, B, W}, 0.9, gen);
+            for (int64_t l = 0; l < 4; ++l)
+              for (int64_t w = 0; w < W; ++w) {
+                h0.data<float>()[(l * B + at) * W + w] = h0_mine.data<float>()[l * W + w];
+                c0.data<float>()[(l * B + at) * W + w] = c0_mine.data<float>()[l * W + w];
+              }
+            if (mode != RNNMode::lstm) c0 = Tensor();
+          }
+          const auto r = rnn_forward(o, weights, p.data, plan, h0, c0, false, false);
+          const std::vector<float> bits = sequence_bits(r, plan, at);
+          if (alone.empty()) {  // alone, one thread: the reference
+            alone = bits;
+            continue;
+          }
+          ASSERT_EQ(bits.size(), alone.size());
+          for (std::size_t i = 0; i < bits.size(); ++i)
+            ASSERT_EQ(std::memcmp(&bits[i], &alone[i], sizeof(float)), 0)
+                << "company of " << company.size() << ", " << threads << " threads, h0 "
+                << with_h0 << ", value " << i << ": " << bits[i] << " alone " << alone[i];
+        }
+      }
+    }
+  }
+  set_num_threads(threads_before);
+}
+
+TEST(RNNInt8, TrainingAndSavingForBackwardAreRefused) {
+  SKIP_WITHOUT_INT8();
+  RNNOptions o{.mode = RNNMode::lstm, .input_size = 3, .hidden_size = 4};
+  o.precision = Precision::int8;
+  std::mt19937_64 gen(1);
+  std::vector<Tensor> weights;
+  for (const Shape& s : rnn_parameter_shapes(o)) weights.push_back(random_tensor(s, 0.2, gen));
+  const PackingPlan plan = PackingPlan::from_lengths({2, 1}, true);
+  const Tensor x = random_tensor({3, 3}, 1.0, gen);
+  for (const auto& [training, save, says] :
+       {std::tuple{true, false, "training mode"}, {false, true, "saving for a backward"},
+        {true, true, "training mode"}}) {
+    try {
+      rnn_forward(o, weights, x, plan, {}, {}, training, save);
+      FAIL() << "int8 ran training " << training << " save " << save;
+    } catch (const std::invalid_argument& e) {
+      EXPECT_NE(std::string(e.what()).find(says), std::string::npos) << e.what();
+      EXPECT_NE(std::string(e.what()).find("int8 is for inference only"), std::string::npos)
+          << e.what();
+    }
+  }
+  LSTM rnn(o);
+  rnn.train();
+  EXPECT_THROW(rnn.forward(pack_sequence({x}, false)), std::invalid_argument);
+  rnn.eval();
+  const RNNOutput y = rnn.forward(pack_sequence({x}, false));  // requires_grad's default: saves nothing
+  try {
+    rnn.backward(y, Tensor::full(y.packed.data.shape(), 1.0, DType::f32));
+    FAIL() << "an int8 forward had a backward";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_NE(std::string(e.what()).find("int8 is for inference only"), std::string::npos)
+        << e.what();
+  }
+}
+
+// A NaN in one sequence reaches only that sequence (its row's scale is NaN).
+TEST(RNNInt8, NanInOneSequenceLeavesTheOthersUntouched) {
+  SKIP_WITHOUT_INT8();
+  RNNOptions o{.mode = RNNMode::lstm, .input_size = 8, .hidden_size = 40, .num_layers = 2,
+               .bidirectional = true};
+  o.precision = Precision::int8;
+  std::mt19937_64 gen(5);
+  const PackingPlan plan = PackingPlan::from_lengths({6, 9, 4}, /*enforce_sorted=*/false);
+  std::vector<Tensor> weights;
+  for (const Shape& s : rnn_parameter_shapes(o)) weights.push_back(random_tensor(s, 0.2, gen));
+  Tensor x = random_tensor({plan.total_rows(), o.input_size}, 1.0, gen);
+  const auto clean = rnn_forward(o, weights, x, plan, {}, {}, false, false);
+  const auto bad_rows = rows_of(plan, 1);
+  x.data<float>()[bad_rows[2] * o.input_size + 3] = std::numeric_limits<float>::quiet_NaN();
+  const auto dirty = rnn_forward(o, weights, x, plan, {}, {}, false, false);
+  for (int64_t b : {0, 2}) {
+    const Tensor a = gather_rows(clean.output, rows_of(plan, b)),
+                 c = gather_rows(dirty.output, rows_of(plan, b));
+    for (int64_t i = 0; i < a.numel(); ++i)
+      ASSERT_EQ(a.data<double>()[i], c.data<double>()[i]) << "sequence " << b << " element " << i;
+  }
+  bool nan_seen = false;
+  const Tensor d = gather_rows(dirty.output, bad_rows);
+  for (int64_t i = 0; i < d.numel(); ++i) nan_seen |= std::isnan(d.data<double>()[i]);
+  EXPECT_TRUE(nan_seen) << "the NaN was lost";
+}
+
+}  // namespace
+}  // namespace seqpack
