@@ -42,6 +42,7 @@
 #include "cpu/buffer_pool.h"
 #include "cpu/gemm.h"
 #include "cpu/gemm_engine.h"
+#include "cpu/gemm_int8.h"
 #include "cpu/omp_errors.h"
 #include "cpu/rnn_gates.h"
 #include "cpu/scratch.h"
@@ -1419,16 +1420,75 @@ void check_initial_state(const RNNOptions& options, const PackingPlan& plan, con
   }
 }
 
+}  // namespace
+
+struct RNNInt8Weights {
+  std::vector<const void*> sources;  // the tensors' data, rnn_parameter_names order
+  std::vector<cpu::PreparedInt8> prepared;
+};
+
+namespace {
+
+// Each matrix of the forward's products, as the loop hands it to the engine:
+// W_ih [G, in] and W_hh [G, R] as op(B) = Wᵀ, W_hr [R, H] likewise.
+std::vector<cpu::PreparedInt8> int8_operands(const RNNOptions& o, const std::vector<Tensor>& w) {
+  std::vector<cpu::PreparedInt8> out;
+  const int64_t G = o.gate_count() * o.hidden_size, R = o.real_hidden_size(), H = o.hidden_size;
+  for (int64_t l = 0; l < o.num_layers; ++l) {
+    const int64_t in = l == 0 ? o.input_size : o.output_size();
+    for (int64_t d = 0; d < o.num_directions(); ++d) {
+      const DirWeights<float> dw = dir_weights<float>(o, w, l, d);
+      const std::vector<std::tuple<const float*, int64_t, int64_t>> mats{
+          {dw.w_ih, in, G}, {dw.w_hh, R, G}, {dw.w_hr, H, R}};
+      for (const auto& [m, k, n] : mats) {
+        if (!m) continue;
+        cpu::PreparedInt8& p = out.emplace_back();
+        p.source = m;
+        p.trans = true;
+        p.k = k;
+        p.n = n;
+        p.ld = k;
+        cpu::quantize_weights_s8(m, /*trans_b=*/true, k, n, k, p.w);
+      }
+    }
+  }
+  return out;
+}
+
+void check_int8_weights(const RNNOptions& o, const std::vector<Tensor>& weights,
+                        const RNNInt8Weights* int8) {
+  if (!int8) return;
+  if (o.precision != Precision::int8) {
+    throw std::invalid_argument(std::string("int8 weights were given to a forward at precision ") +
+                                precision_name(o.precision));
+  }
+  const auto names = rnn_parameter_names(o);
+  if (int8->sources.size() != weights.size()) {
+    throw std::invalid_argument("int8 weights were quantized from " +
+                                std::to_string(int8->sources.size()) + " tensors, not these " +
+                                std::to_string(weights.size()));
+  }
+  for (std::size_t i = 0; i < weights.size(); ++i) {
+    if (int8->sources[i] != weights[i].raw_data()) {
+      throw std::invalid_argument("int8 weights were quantized from another " + names[i] +
+                                  " than this forward's (quantize again: rnn_quantize_int8)");
+    }
+  }
+}
+
 RNNForwardResult dispatch_forward(const RNNOptions& options, const std::vector<Tensor>& weights,
                                   const Tensor& data, const std::vector<int64_t>* lookup,
                                   const PackingPlan& plan, const Tensor& h0, const Tensor& c0,
-                                  bool training, bool save_for_backward, uint64_t dropout_seed) {
+                                  bool training, bool save_for_backward, uint64_t dropout_seed,
+                                  const RNNInt8Weights* int8) {
   if (options.precision == Precision::int8 && (training || save_for_backward)) {
     throw std::invalid_argument(
         std::string("precision int8 is for inference only, but this forward is ") +
         (training ? "in training mode (call eval(), or pass training = false)"
                   : "saving for a backward (int8 has no gradient; use fp32 or bf16)"));
   }
+  check_int8_weights(options, weights, int8);
+  const cpu::PreparedInt8Scope scope(int8 ? &int8->prepared : nullptr);
   return with_cell(options.mode, [&]<typename Cell>(Cell) {
     if (options.dtype == DType::f32) {
       return forward_impl<float, Cell>(options, weights, data, lookup, plan, h0, c0, training,
@@ -1444,7 +1504,7 @@ RNNForwardResult dispatch_forward(const RNNOptions& options, const std::vector<T
 RNNForwardResult rnn_forward(const RNNOptions& options, const std::vector<Tensor>& weights,
                              const Tensor& data, const PackingPlan& plan, const Tensor& h0,
                              const Tensor& c0, bool training, bool save_for_backward,
-                             uint64_t dropout_seed) {
+                             uint64_t dropout_seed, const RNNInt8Weights* int8) {
   options.validate();
   check_weights(options, weights);
   if (!data.defined() || data.dim() != 2) {
@@ -1467,14 +1527,14 @@ RNNForwardResult rnn_forward(const RNNOptions& options, const std::vector<Tensor
   }
   check_initial_state(options, plan, h0, c0);
   return dispatch_forward(options, weights, data, nullptr, plan, h0, c0, training,
-                          save_for_backward, dropout_seed);
+                          save_for_backward, dropout_seed, int8);
 }
 
 RNNForwardResult rnn_forward_lookup(const RNNOptions& options, const std::vector<Tensor>& weights,
                                     const Tensor& table, const std::vector<int64_t>& ids,
                                     const PackingPlan& plan, const Tensor& h0, const Tensor& c0,
                                     bool training, bool save_for_backward,
-                                    uint64_t dropout_seed) {
+                                    uint64_t dropout_seed, const RNNInt8Weights* int8) {
   options.validate();
   check_weights(options, weights);
   if (!table.defined() || table.dim() != 2 || table.size(1) != options.input_size) {
@@ -1501,7 +1561,22 @@ RNNForwardResult rnn_forward_lookup(const RNNOptions& options, const std::vector
   }
   check_initial_state(options, plan, h0, c0);
   return dispatch_forward(options, weights, table, &ids, plan, h0, c0, training,
-                          save_for_backward, dropout_seed);
+                          save_for_backward, dropout_seed, int8);
+}
+
+std::shared_ptr<const RNNInt8Weights> rnn_quantize_int8(const RNNOptions& options,
+                                                        const std::vector<Tensor>& weights) {
+  options.validate();
+  if (options.precision != Precision::int8) {
+    throw std::invalid_argument(std::string("rnn_quantize_int8 needs options at precision int8, "
+                                            "got ") +
+                                precision_name(options.precision));
+  }
+  check_weights(options, weights);
+  auto q = std::make_shared<RNNInt8Weights>();
+  for (const Tensor& w : weights) q->sources.push_back(w.raw_data());
+  q->prepared = int8_operands(options, weights);
+  return q;
 }
 
 RNNGradients rnn_backward(const RNNSaved& saved, const Tensor& grad_output, const Tensor& grad_h_n,

@@ -79,6 +79,16 @@ struct RNNGradients {
   std::vector<Tensor> weights;  // rnn_parameter_names order
 };
 
+// Weights quantized for Precision::int8 once, for rnn_forward's `int8`
+// argument (an int8 forward without them quantizes its weights at every
+// call: a few ms for a 2-layer bidirectional LSTM of hidden size 512, and
+// most of the time of a short streaming chunk). Quantized from the values
+// the tensors hold at this call: later changes to them are not seen, and a
+// forward given these with other tensors (other storage) is refused.
+struct RNNInt8Weights;
+std::shared_ptr<const RNNInt8Weights> rnn_quantize_int8(const RNNOptions& options,
+                                                        const std::vector<Tensor>& weights);
+
 // Functional core, shared by the modules, the training tape and the Python and
 // torch bridges. `weights` are in rnn_parameter_names order (not copied).
 // `data` holds packed rows [plan.total_rows(), input_size] in plan's layout.
@@ -89,7 +99,7 @@ struct RNNGradients {
 RNNForwardResult rnn_forward(const RNNOptions& options, const std::vector<Tensor>& weights,
                              const Tensor& data, const PackingPlan& plan, const Tensor& h0,
                              const Tensor& c0, bool training, bool save_for_backward,
-                             uint64_t dropout_seed = 0);
+                             uint64_t dropout_seed = 0, const RNNInt8Weights* int8 = nullptr);
 
 // rnn_forward with an embedding lookup fused into layer 0: packed row r of
 // layer 0's input is row ids[r] of `table` [V, input_size]. The input
@@ -104,7 +114,8 @@ RNNForwardResult rnn_forward_lookup(const RNNOptions& options, const std::vector
                                     const Tensor& table, const std::vector<int64_t>& ids,
                                     const PackingPlan& plan, const Tensor& h0, const Tensor& c0,
                                     bool training, bool save_for_backward,
-                                    uint64_t dropout_seed = 0);
+                                    uint64_t dropout_seed = 0,
+                                    const RNNInt8Weights* int8 = nullptr);
 
 // Gradients of everything the forward read. Undefined upstream gradients count
 // as zeros. Cost is linear in the number of packed rows.

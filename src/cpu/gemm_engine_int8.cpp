@@ -7,9 +7,10 @@
 // its rows: k values a row against k * n / threads multiply-adds, a fraction
 // of a percent.
 //
-// Weights are quantized when the loop lays them out (prepare, once per
-// call, layer and direction) and per whole-batch product: the products get
-// float weights, which the caller may have changed since the last call.
+// Weights come quantized from the caller (seqpack::rnn_quantize_int8, once
+// per model: a PreparedInt8Scope around the call), or are quantized where
+// the loop lays them out (prepare, once per call, layer and direction) and
+// per whole-batch product.
 #include <omp.h>
 
 #include <algorithm>
@@ -25,7 +26,8 @@ namespace seqpack::cpu {
 namespace {
 
 struct Int8Operand : StepOperand {
-  QuantizedWeights w;
+  QuantizedWeights own;                   // when not prepared
+  const QuantizedWeights* w = nullptr;  // own or the prepared ones
   std::vector<ColumnRange> ranges;
 };
 
@@ -38,6 +40,11 @@ QuantizedRows& thread_rows() {
 // and amortise a column block's trip through L1.
 constexpr int64_t kRowsPerTask = 48;
 
+const std::vector<PreparedInt8>*& prepared_in_scope() {
+  thread_local const std::vector<PreparedInt8>* prepared = nullptr;
+  return prepared;
+}
+
 class Int8Engine : public GemmEngine<float> {
  public:
   void gemm(const GemmProduct<float>& p) const override {
@@ -45,8 +52,10 @@ class Int8Engine : public GemmEngine<float> {
       throw std::logic_error("the int8 engine runs forward products only, not op(A)ᵀ·op(B)");
     }
     if (p.m == 0 || p.n == 0) return;
-    QuantizedWeights w;
-    quantize_weights_s8(p.b.data, p.b.trans, p.k, p.n, p.b.ld, w);
+    const QuantizedWeights* prepared = find_prepared_int8(p.b.data, p.b.trans, p.k, p.n, p.b.ld);
+    QuantizedWeights own;
+    if (!prepared) quantize_weights_s8(p.b.data, p.b.trans, p.k, p.n, p.b.ld, own);
+    const QuantizedWeights& w = prepared ? *prepared : own;
     const int64_t tasks = (p.m + kRowsPerTask - 1) / kRowsPerTask;
     const bool parallel = !omp_in_parallel() && tasks > 1;
 #pragma omp parallel for schedule(static) if (parallel)
@@ -65,7 +74,11 @@ class Int8Engine : public GemmEngine<float> {
     op->k = k;
     op->n = n;
     op->ranges = ranges;
-    quantize_weights_s8(b, trans_b, k, n, ldb, op->w);
+    op->w = find_prepared_int8(b, trans_b, k, n, ldb);
+    if (!op->w) {
+      quantize_weights_s8(b, trans_b, k, n, ldb, op->own);
+      op->w = &op->own;
+    }
     return op;
   }
 
@@ -77,13 +90,29 @@ class Int8Engine : public GemmEngine<float> {
     if (m == 0 || c1 <= c0) return;
     QuantizedRows& q = thread_rows();
     quantize_rows_u8(m, op.k, a, lda, q);
-    gemm_u8s8_f32(m, q, 0, op.w, c0, c1, beta, c, ldc, init);
+    gemm_u8s8_f32(m, q, 0, *op.w, c0, c1, beta, c, ldc, init);
   }
 
   bool takes_init() const override { return true; }
 };
 
 }  // namespace
+
+PreparedInt8Scope::PreparedInt8Scope(const std::vector<PreparedInt8>* prepared)
+    : saved_(prepared_in_scope()) {
+  prepared_in_scope() = prepared;
+}
+PreparedInt8Scope::~PreparedInt8Scope() { prepared_in_scope() = saved_; }
+
+const QuantizedWeights* find_prepared_int8(const float* b, bool trans, int64_t k, int64_t n,
+                                           int64_t ld) {
+  const std::vector<PreparedInt8>* prepared = prepared_in_scope();
+  if (!prepared) return nullptr;
+  for (const PreparedInt8& p : *prepared) {
+    if (p.source == b && p.trans == trans && p.k == k && p.n == n && p.ld == ld) return &p.w;
+  }
+  return nullptr;
+}
 
 const GemmEngine<float>& int8_engine() {
   static const Int8Engine engine;

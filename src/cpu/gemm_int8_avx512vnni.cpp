@@ -75,25 +75,6 @@ SEQPACK_VNNI void quantize_row(const float* x, int64_t k, uint8_t* q, int64_t ld
   for (int64_t p = k; p < ld; ++p) q[p] = 0;
 }
 
-// acc[i][v] = Σ_k A[i]·B[group v] over k4 groups of 4 k.
-template <int MR, int NV>
-SEQPACK_VNNI inline __attribute__((always_inline)) void block_product(
-    int64_t k4, const uint8_t* a, int64_t lda, const int8_t* b, int64_t gstride,
-    __m512i (&acc)[kMR][kNV]) {
-  for (int i = 0; i < MR; ++i)
-    for (int v = 0; v < NV; ++v) acc[i][v] = _mm512_setzero_si512();
-  for (int64_t kk = 0; kk < k4; ++kk) {
-    __m512i w[NV];
-    for (int v = 0; v < NV; ++v) w[v] = _mm512_load_si512(b + v * gstride + kk * 64);
-    for (int i = 0; i < MR; ++i) {
-      int32_t four;
-      std::memcpy(&four, a + i * lda + kk * 4, sizeof four);
-      const __m512i av = _mm512_set1_epi32(four);
-      for (int v = 0; v < NV; ++v) acc[i][v] = _mm512_dpbusd_epi32(acc[i][v], av, w[v]);
-    }
-  }
-}
-
 // The epilogue of a block: rows i < MR, groups v < NV from column j0.
 struct Epilogue {
   const float* sa;   // rows' scales
@@ -108,9 +89,32 @@ struct Epilogue {
   const float* c_row;
 };
 
+// One register block: acc[i][v] = Σ_k A[i]·B[group v] over k4 groups of 4 k,
+// then the epilogue. One function with every loop unrolled, so that the
+// accumulators stay in registers (split across functions, GCC 12 kept them
+// in a stack array, a store and a reload around every vpdpbusd).
 template <int MR, int NV>
-SEQPACK_VNNI inline __attribute__((always_inline)) void block_store(const Epilogue& e,
-                                                                     __m512i (&acc)[kMR][kNV]) {
+SEQPACK_VNNI void block(int64_t k4, const uint8_t* a, int64_t lda, const int8_t* b,
+                        int64_t gstride, const Epilogue& e) {
+  __m512i acc[MR][NV];
+#pragma GCC unroll 8
+  for (int i = 0; i < MR; ++i)
+#pragma GCC unroll 4
+    for (int v = 0; v < NV; ++v) acc[i][v] = _mm512_setzero_si512();
+  for (int64_t kk = 0; kk < k4; ++kk) {
+    __m512i w[NV];
+#pragma GCC unroll 4
+    for (int v = 0; v < NV; ++v) w[v] = _mm512_load_si512(b + v * gstride + kk * 64);
+#pragma GCC unroll 8
+    for (int i = 0; i < MR; ++i) {
+      int32_t four;
+      std::memcpy(&four, a + i * lda + kk * 4, sizeof four);
+      const __m512i av = _mm512_set1_epi32(four);
+#pragma GCC unroll 4
+      for (int v = 0; v < NV; ++v) acc[i][v] = _mm512_dpbusd_epi32(acc[i][v], av, w[v]);
+    }
+  }
+#pragma GCC unroll 4
   for (int v = 0; v < NV; ++v) {
     const int64_t j = e.j0 + v * 16;
     const int64_t lo = std::max<int64_t>(e.col0 - j, 0), hi = std::min<int64_t>(e.col1 - j, 16);
@@ -118,8 +122,10 @@ SEQPACK_VNNI inline __attribute__((always_inline)) void block_store(const Epilog
     const __mmask16 mask = static_cast<__mmask16>(((1u << hi) - 1) & ~((1u << lo) - 1));
     const __m512 sb = _mm512_loadu_ps(e.sb + v * 16);
     const __m512i ws = _mm512_loadu_si512(e.wsum + v * 16);
+#pragma GCC unroll 8
     for (int i = 0; i < MR; ++i) {
-      const __m512i t = _mm512_sub_epi32(acc[i][v], _mm512_mullo_epi32(_mm512_set1_epi32(e.za[i]), ws));
+      const __m512i t =
+          _mm512_sub_epi32(acc[i][v], _mm512_mullo_epi32(_mm512_set1_epi32(e.za[i]), ws));
       __m512 f = _mm512_mul_ps(_mm512_cvtepi32_ps(t), _mm512_mul_ps(sb, _mm512_set1_ps(e.sa[i])));
       float* dst = e.c + i * e.ldc + j;
       if (e.init) {
@@ -132,14 +138,6 @@ SEQPACK_VNNI inline __attribute__((always_inline)) void block_store(const Epilog
       _mm512_mask_storeu_ps(dst, mask, f);
     }
   }
-}
-
-template <int MR, int NV>
-SEQPACK_VNNI void block(int64_t k4, const uint8_t* a, int64_t lda, const int8_t* b,
-                        int64_t gstride, const Epilogue& e) {
-  __m512i acc[kMR][kNV];
-  block_product<MR, NV>(k4, a, lda, b, gstride, acc);
-  block_store<MR, NV>(e, acc);
 }
 
 using BlockFn = void (*)(int64_t, const uint8_t*, int64_t, const int8_t*, int64_t,

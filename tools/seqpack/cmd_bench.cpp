@@ -333,9 +333,17 @@ void run_bench(Args args) {
   }
   // Every selected workload is checked before the first one runs.
   for (const Workload& wl : selected) check_workload_size(wl, args.scale);
-  const std::vector<std::string>& modes = args.modes.empty() ? kModes : args.modes;
   set_num_threads(args.threads);
   const Precision precision = resolve_precision(args.precision);
+  // int8 is inference only: its default modes are the forwards, and training is refused.
+  std::vector<std::string> modes = args.modes.empty() ? kModes : args.modes;
+  if (precision == Precision::int8) {
+    if (std::count(args.modes.begin(), args.modes.end(), "train_packed")) {
+      throw std::invalid_argument(
+          "--mode train_packed cannot run at --precision int8: int8 is for inference only");
+    }
+    std::erase(modes, "train_packed");
+  }
   const std::string isa = cpu_info().isa;
 
   if (!args.json) {
@@ -361,6 +369,8 @@ void run_bench(Args args) {
     const float bound = 1.f / std::sqrt(static_cast<float>(o.hidden_size));
     for (const Shape& s : rnn_parameter_shapes(o)) weights.push_back(uniform(s, bound, rng));
     Batch packed = make_batch(lengths, o.input_size, rng);
+    // int8 weights are quantized once per model (as torch's quantize_dynamic does), not timed.
+    const auto int8 = precision == Precision::int8 ? rnn_quantize_int8(o, weights) : nullptr;
 
     for (const std::string& mode : modes) {
       ++done;
@@ -371,13 +381,13 @@ void run_bench(Args args) {
       if (mode == "forward_packed") {
         t = measure([&] {
           rnn_forward(o, weights, packed.data, packed.plan, {}, {}, /*training=*/false,
-                      /*save_for_backward=*/false);
+                      /*save_for_backward=*/false, 0, int8.get());
         }, args.min_time);
       } else if (mode == "forward_padded") {
         Batch padded = make_batch(std::vector<int64_t>(lengths.size(), max_len), o.input_size, rng);
         t = measure([&] {
           rnn_forward(o, weights, padded.data, padded.plan, {}, {}, /*training=*/false,
-                      /*save_for_backward=*/false);
+                      /*save_for_backward=*/false, 0, int8.get());
         }, args.min_time);
       } else {  // train_packed
         const Tensor ones = Tensor::full({packed.plan.total_rows(), o.output_size()}, 1.0, DType::f32);
@@ -424,8 +434,9 @@ void setup(CLI::App& sub) {
              "(budget: 5x this)",
              0.0, 3600.0, /*min_open=*/true);
   sub.add_option("--precision", args->precision,
-                 "fp32 (default), bf16 (needs native bf16), or auto (bf16 where native)")
-      ->check(CLI::IsMember({"fp32", "bf16", "auto"}));
+                 "fp32 (default), bf16 (needs native bf16), int8 (inference: the forward modes; needs "
+      "AVX512-VNNI), or auto (bf16 where native)")
+      ->check(CLI::IsMember({"fp32", "bf16", "int8", "auto"}));
   add_number(sub, "--scale", args->scale, "multiply every length by this integer", 1, 1000);
   sub.callback([args] { run_bench(*args); });
 }
