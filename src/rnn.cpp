@@ -325,6 +325,13 @@ std::string no_saved_message(const RNNOptions& o) {
 
 }  // namespace
 
+void RNNBase::set_precision(Precision p) {
+  RNNOptions o = options_;
+  o.precision = p;
+  o.validate();
+  options_ = o;
+}
+
 RNNOutput RNNBase::forward(const PackedSequence& input, const Tensor& h0, const Tensor& c0,
                            bool requires_grad) {
   check_input_dtype(input.data, options_.dtype, "input");

@@ -56,6 +56,11 @@ StreamingRNN::StreamingRNN(RNNOptions options, std::vector<Tensor> weights)
                                   dtype_name(options_.dtype));
     }
   }
+  requantize();
+}
+
+void StreamingRNN::requantize() {
+  if (options_.precision == Precision::int8) int8_ = rnn_quantize_int8(options_, weights_);
 }
 
 StreamingRNN::StreamingRNN(const RNNBase& module)
@@ -214,7 +219,8 @@ std::vector<Tensor> StreamingRNN::push(const std::vector<int64_t>& stream_ids,
   }
 
   const RNNForwardResult y = rnn_forward(options_, weights_, data, plan, h0, c0,
-                                         /*training=*/false, /*save_for_backward=*/false);
+                                         /*training=*/false, /*save_for_backward=*/false, 0,
+                                         int8_.get());
 
   for (int64_t r = 0; r < plan.total_rows(); ++r) {
     const int64_t p = where_row[static_cast<std::size_t>(r)];

@@ -95,8 +95,18 @@ class CharClassifier {
   void load_state_dict(const std::map<std::string, Tensor>& state);
 
   Embedding& embedding() { return embedding_; }
-  LSTM& lstm() { return lstm_; }
+  LSTM& lstm() {
+    int8_.reset();  // the caller may change the weights
+    return lstm_;
+  }
   Linear& fc() { return fc_; }
+
+  // The LSTM's precision from now on (CharClassifierOptions::precision);
+  // throws naming the ISA where it cannot run. At int8 the model is for
+  // inference (forward without requires_grad); its LSTM weights are quantized
+  // at the first forward and again after any access that may change them
+  // (parameters(), state_dict(), load_state_dict(), lstm()).
+  void set_precision(Precision p);
 
  private:
   CharClassifierOptions options_;
@@ -106,6 +116,7 @@ class CharClassifier {
   // Saved by forward for backward.
   std::shared_ptr<const RNNSaved> saved_;
   int64_t batch_ = 0;
+  std::shared_ptr<const RNNInt8Weights> int8_;  // the LSTM's, at precision int8
 };
 
 // Probabilities of each label for one input, best first.

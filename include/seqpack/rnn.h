@@ -169,6 +169,10 @@ class RNNBase {
   void train(bool on = true) { training_ = on; }
   void eval() { train(false); }
   bool is_training() const { return training_; }
+  // The precision of the next forwards (RNNOptions::precision); throws as
+  // RNNOptions::validate does where it cannot run. An int8 module is for
+  // inference: its forwards need eval() and save nothing for a backward.
+  void set_precision(Precision p);
   // Seed of the next dropout mask (advanced at each training forward).
   void set_dropout_seed(uint64_t seed) { dropout_seed_ = seed; }
 

@@ -20,10 +20,14 @@
 //
 // Stream ids are issued by open(), counting from 0, and never reused: an id
 // that open() never returned is unknown, one that was closed stays closed.
-// Inference only: no gradient, no dropout.
+// Inference only: no gradient, no dropout. At precision int8 a stream's
+// results do not depend on the other streams in its pushes, bit for bit (the
+// rows are quantized one by one), nor on how its sequence is split into
+// chunks (the values are equal; a zero may differ in sign).
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <unordered_map>
 #include <vector>
@@ -47,6 +51,9 @@ class StreamingRNN {
   StreamingRNN(RNNOptions options, std::vector<Tensor> weights);
   // Shares the module's parameters.
   explicit StreamingRNN(const RNNBase& module);
+  // At precision int8 the weights are quantized here, once (and a later change
+  // to them is seen after requantize(), not by the next push).
+  void requantize();
 
   const RNNOptions& options() const { return options_; }
 
@@ -84,6 +91,7 @@ class StreamingRNN {
 
   RNNOptions options_;
   std::vector<Tensor> weights_;
+  std::shared_ptr<const RNNInt8Weights> int8_;  // at precision int8
   std::unordered_map<int64_t, StreamState> states_;
   int64_t next_id_ = 0;
 };

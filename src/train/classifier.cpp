@@ -327,10 +327,13 @@ Tensor CharClassifier::forward(const Tensor& tokens, const std::vector<int64_t>&
   // The embedding is fused into the LSTM: its input projection runs over the
   // V embedding rows instead of every token (rnn_forward_lookup), which is the
   // same model as Embedding then LSTM.
+  if (options_.precision == Precision::int8 && !int8_) {
+    int8_ = rnn_quantize_int8(lstm_.options(), lstm_.parameters());
+  }
   RNNForwardResult r =
       rnn_forward_lookup(lstm_.options(), lstm_.parameters(), embedding_.weight(), ids, plan,
                          Tensor(), Tensor(), /*training=*/requires_grad,
-                         /*save_for_backward=*/requires_grad);
+                         /*save_for_backward=*/requires_grad, 0, int8_.get());
   saved_ = requires_grad ? r.saved : nullptr;
   batch_ = B;
   // h_n is [2, B, H] in the caller's order: features = [h_n[0, b] ; h_n[1, b]].
@@ -389,7 +392,14 @@ void CharClassifier::backward(const Tensor& grad_logits) {
   add_into(embedding_.grad(), g.input, embedding_.padding_idx().value_or(-1));
 }
 
+void CharClassifier::set_precision(Precision p) {
+  lstm_.set_precision(p);
+  options_.precision = p;
+  int8_.reset();
+}
+
 std::vector<Parameter> CharClassifier::parameters() {
+  int8_.reset();  // the caller may change the weights
   std::vector<Parameter> ps = embedding_.parameters("embedding.");
   for (std::size_t i = 0; i < lstm_.parameters().size(); ++i) {
     ps.push_back({"lstm." + lstm_.parameter_names()[i], lstm_.parameters()[i], lstm_.grads()[i]});

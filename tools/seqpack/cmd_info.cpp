@@ -1,5 +1,5 @@
 // `seqpack info`: what this machine offers seqpack: the ISA oneDNN dispatches
-// to (capped by ONEDNN_MAX_CPU_ISA), native bf16, AMX, the precision `auto`
+// to (capped by ONEDNN_MAX_CPU_ISA), native bf16 and int8, AMX, the precision `auto`
 // picks, the thread count and the library versions (seqpack's own first). --json for scripts.
 #include <fmt/core.h>
 
@@ -27,6 +27,7 @@ void run_info(const Args& args) {
     nlohmann::ordered_json j = {{"seqpack", version()},
                                 {"isa", cpu.isa},
                                 {"native_bf16", cpu.native_bf16},
+                                {"native_int8", cpu.native_int8},
                                 {"amx", cpu.amx},
                                 {"auto_precision", precision_name(autop)},
                                 {"threads", cpu.threads},
@@ -38,6 +39,8 @@ void run_info(const Args& args) {
   fmt::print("seqpack          {}\n", version());
   fmt::print("ISA (oneDNN)     {}\n", cpu.isa);
   fmt::print("native bf16      {}\n", cpu.native_bf16 ? "yes" : "no");
+  fmt::print("native int8      {}\n",
+             cpu.native_int8 ? "yes (AVX512-VNNI: --precision int8 for inference)" : "no");
   fmt::print("AMX              {}\n", cpu.amx ? "yes" : "no");
   fmt::print("precision auto   {}\n", precision_name(autop));
   fmt::print("threads          {}\n", cpu.threads);

@@ -8,7 +8,10 @@
 #include <fmt/core.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cstdio>
+#include <cstdlib>
+#include <fstream>
 #include <nlohmann/json.hpp>
 #include <stdexcept>
 #include <string>
@@ -16,6 +19,8 @@
 
 #include "command.h"
 #include "seqpack/classifier.h"
+#include "seqpack/precision.h"
+#include "seqpack/threading.h"
 #include "seqpack/vocabulary.h"
 
 namespace {
@@ -29,6 +34,9 @@ struct PredictArgs {
   bool json = false;
   bool stream = false;
   int64_t max_chars = 10000;
+  std::string precision = "fp32";
+  std::string eval;
+  int64_t batch_size = 64;
 };
 
 // Reads one line of `in` (without its '\n') into `line`, keeping at most `cap`
@@ -94,13 +102,83 @@ void print_predictions(TrainedClassifier& tc, const std::vector<std::string>& te
   }
 }
 
+// --eval FILE: accuracy and speed over a labelled file (`label<TAB>word`
+// lines, the label a name of the model's or its index, as `seqpack data
+// export` writes them), in batches of --batch-size words. 64 by default:
+// the fastest of 64-512 for fp32 and int8 alike on the main job's model
+// (a step's gate rows of 512 words, 1 MB at hidden 128, leave the L2).
+void run_eval(TrainedClassifier& tc, const PredictArgs& a) {
+  std::ifstream in(a.eval);
+  if (!in) throw std::invalid_argument("--eval " + a.eval + ": cannot open the file");
+  std::vector<std::u32string> words;
+  std::vector<int64_t> labels;
+  std::string line;
+  for (int64_t no = 1; std::getline(in, line); ++no) {
+    if (!line.empty() && line.back() == '\r') line.pop_back();
+    if (line.empty()) continue;
+    const std::string where = "--eval " + a.eval + " line " + std::to_string(no);
+    const auto tab = line.find('\t');
+    if (tab == std::string::npos) throw std::invalid_argument(where + ": no tab (label<TAB>word)");
+    const std::string label = line.substr(0, tab);
+    auto it = std::find(tc.labels.begin(), tc.labels.end(), label);
+    int64_t index = it - tc.labels.begin();
+    if (it == tc.labels.end()) {
+      char* end = nullptr;
+      index = std::strtoll(label.c_str(), &end, 10);
+      if (label.empty() || *end != '\0' || index < 0 ||
+          index >= static_cast<int64_t>(tc.labels.size())) {
+        throw std::invalid_argument(where + ": label '" + label +
+                                    "' is neither one of the model's labels nor an index below " +
+                                    std::to_string(tc.labels.size()));
+      }
+    }
+    std::u32string word = decode_utf8(line.substr(tab + 1), where);
+    if (static_cast<int64_t>(word.size()) > a.max_chars) {
+      throw std::invalid_argument(where + " has " + std::to_string(word.size()) +
+                                  " characters, more than --max-chars " +
+                                  std::to_string(a.max_chars));
+    }
+    words.push_back(std::move(word));
+    labels.push_back(index);
+  }
+  const auto kBatch = static_cast<std::size_t>(a.batch_size);
+  int64_t right = 0;
+  const auto t0 = std::chrono::steady_clock::now();
+  for (std::size_t start = 0; start < words.size(); start += kBatch) {
+    const std::size_t stop = std::min(words.size(), start + kBatch);
+    const Tensor logits = tc.logits({words.begin() + static_cast<std::ptrdiff_t>(start),
+                                     words.begin() + static_cast<std::ptrdiff_t>(stop)});
+    const int64_t c = logits.size(1);
+    for (std::size_t i = start; i < stop; ++i) {
+      const float* row = logits.data<float>() + static_cast<int64_t>(i - start) * c;
+      right += std::max_element(row, row + c) - row == labels[i];
+    }
+  }
+  const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  const double acc = words.empty() ? 0.0 : 100.0 * static_cast<double>(right) / words.size();
+  const char* prec = precision_name(tc.model->options().precision);
+  if (a.json) {
+    nlohmann::ordered_json j = {{"words", words.size()}, {"accuracy", acc},   {"seconds", secs},
+                                {"precision", prec},     {"threads", num_threads()}};
+    fmt::print("{}\n", j.dump());
+    return;
+  }
+  fmt::print("accuracy: {:.2f}% ({} words), {:.4f} s ({:.0f} words/s), precision {}, {} thread{}\n",
+             acc, words.size(), secs, secs > 0 ? static_cast<double>(words.size()) / secs : 0.0,
+             prec, num_threads(), num_threads() == 1 ? "" : "s");
+}
+
 void run_predict(const PredictArgs& a) {
+  if (!a.eval.empty() && (a.stream || !a.words.empty())) {
+    throw std::invalid_argument("--eval reads its words from " + a.eval +
+                                "; give no words and no --stream with it");
+  }
   if (a.stream && !a.words.empty()) {
     throw std::invalid_argument("--stream reads the words from standard input, one per line; got " +
                                 std::to_string(a.words.size()) + " on the command line too ('" +
                                 a.words[0] + "'...)");
   }
-  if (!a.stream && a.words.empty()) {
+  if (!a.stream && a.words.empty() && a.eval.empty()) {
     throw std::invalid_argument("words is required: give words to classify, or --stream to read "
                                 "them from standard input");
   }
@@ -117,7 +195,13 @@ void run_predict(const PredictArgs& a) {
       }
     }
   }
+  const Precision precision = resolve_precision(a.precision);
   TrainedClassifier tc = load_classifier(a.model.model_dir());
+  tc.model->set_precision(precision);
+  if (!a.eval.empty()) {
+    run_eval(tc, a);
+    return;
+  }
   if (!a.stream) {
     print_predictions(tc, a.words, a, /*one_line_json=*/false);
     return;
@@ -185,6 +269,15 @@ void setup(CLI::App& sub) {
       "the longest word, in characters (the memory a word takes grows with its length); with "
       "--stream a longer line is answered with an error and skipped, otherwise it is an error",
       1, 1'000'000);
+  sub.add_option("--eval", a->eval,
+                 "accuracy and speed over a file of label<TAB>word lines (the label a name or an "
+                 "index, as seqpack data export writes test.tsv), in batches of --batch-size");
+  seqpack::cli::add_number<int64_t>(sub, "--batch-size", a->batch_size,
+                                    "words per forward with --eval", 1, 1'000'000);
+  sub.add_option("--precision", a->precision,
+                 "the LSTM's products: fp32 (default, as trained), bf16 (needs native bf16), int8 "
+                 "(needs AVX512-VNNI; weights quantized at load), or auto (bf16 where native)")
+      ->check(CLI::IsMember({"fp32", "bf16", "int8", "auto"}));
   sub.callback([a] { run_predict(*a); });
 }
 
