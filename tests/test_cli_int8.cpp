@@ -1,0 +1,150 @@
+// int8 inference from the command line: the main job's model (seqpack train
+// on its built-in data, fp32) classifies the test split with --precision
+// int8 within 0.3 points of fp32, and --eval's accuracy equals the one train
+// reported; predict --stream, bench and info at int8; the refusals (no VNNI,
+// training modes, bad --eval files). Skipped on a CPU without VNNI but for
+// the refusals.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <sstream>
+#include <string>
+
+#include "cli_run.h"
+#include "seqpack/cpu_info.h"
+
+namespace {
+
+namespace fs = std::filesystem;
+using seqpack::testing::CliResult;
+using seqpack::testing::run_cli;
+using seqpack::testing::work_dir;
+
+bool vnni() { return seqpack::cpu_info().native_int8; }
+
+// The main job's model, trained once for the tests of this file, and the
+// test split exported beside it.
+struct MainJob {
+  fs::path model, test_tsv;
+  double train_test_accuracy = -1;  // what train printed, in %
+};
+const MainJob& main_job() {
+  static const MainJob job = [] {
+    MainJob j;
+    const fs::path dir = work_dir() / "int8_main_job";
+    fs::remove_all(dir);
+    fs::create_directories(dir);
+    j.model = dir / "model";
+    // The main job as the README runs it, but in fp32 (the reference). Under
+    // the sanitizers (10x slower) one epoch of it.
+#if defined(__SANITIZE_ADDRESS__)
+    const std::string epochs = " --epochs 1";
+#else
+    const std::string epochs;
+#endif
+    const CliResult t = run_cli("train --precision fp32" + epochs + " --out " + j.model.string());
+    EXPECT_EQ(t.status, 0) << t.out << t.err;
+    const auto at = t.out.find("test accuracy: ");
+    if (at != std::string::npos) j.train_test_accuracy = std::stod(t.out.substr(at + 15));
+    const CliResult e = run_cli("data export --out " + (dir / "data").string());
+    EXPECT_EQ(e.status, 0) << e.out << e.err;
+    j.test_tsv = dir / "data" / "test.tsv";
+    return j;
+  }();
+  return job;
+}
+
+nlohmann::json eval_json(const std::string& precision) {
+  const MainJob& j = main_job();
+  const CliResult r = run_cli("predict --json --model " + j.model.string() + " --eval " +
+                              j.test_tsv.string() + " --precision " + precision);
+  EXPECT_EQ(r.status, 0) << r.out << r.err;
+  return nlohmann::json::parse(r.out);
+}
+
+TEST(CliInt8, MainJobTestSplitWithinPointThreeOfFp32) {
+  if (!vnni()) GTEST_SKIP() << "no AVX512-VNNI on " << seqpack::cpu_info().isa;
+  const nlohmann::json fp32 = eval_json("fp32"), int8 = eval_json("int8");
+  const double a32 = fp32.at("accuracy").get<double>(), a8 = int8.at("accuracy").get<double>();
+  std::printf("main job test split: fp32 %.2f%%, int8 %.2f%% (%d words); train said %.2f%%\n",
+              a32, a8, fp32.at("words").get<int>(), main_job().train_test_accuracy);
+  EXPECT_EQ(fp32.at("words"), 14000);
+  EXPECT_EQ(int8.at("precision"), "int8");
+  // train's own test evaluation (its code path, 512-word batches) printed this.
+  EXPECT_NEAR(a32, main_job().train_test_accuracy, 0.005 + 1e-9);
+  EXPECT_LE(std::fabs(a8 - a32), 0.3);
+  EXPECT_GT(a8, 80.0);
+}
+
+TEST(CliInt8, PredictAndStreamAgreeAtInt8) {
+  if (!vnni()) GTEST_SKIP() << "no AVX512-VNNI on " << seqpack::cpu_info().isa;
+  const MainJob& j = main_job();
+  const CliResult w = run_cli("predict --json --precision int8 --model " + j.model.string() +
+                              " maison Haus house");
+  ASSERT_EQ(w.status, 0) << w.err;
+  const fs::path in = work_dir() / "int8_words.txt";
+  std::ofstream(in) << "maison\nHaus\nhouse\n";
+  const CliResult s = run_cli("predict --stream --json --precision int8 --model " +
+                              j.model.string() + " < " + in.string());
+  ASSERT_EQ(s.status, 0) << s.err;
+  const auto batch = nlohmann::json::parse(w.out).at("predictions");
+  std::istringstream lines(s.out);
+  std::string line;
+  for (int i = 0; i < 3; ++i) {
+    ASSERT_TRUE(std::getline(lines, line)) << s.out;
+    const auto one = nlohmann::json::parse(line).at("predictions").at(0);
+    // One word alone or three together: the same logits, bit for bit (rows
+    // are quantized one by one), so the JSON prints the same numbers.
+    EXPECT_EQ(one.at("logits"), batch.at(i).at("logits")) << line;
+  }
+}
+
+TEST(CliInt8, InfoAndBench) {
+  const CliResult i = run_cli("info --json");
+  ASSERT_EQ(i.status, 0) << i.err;
+  EXPECT_EQ(nlohmann::json::parse(i.out).at("native_int8").get<bool>(), vnni()) << i.out;
+  const CliResult capped = run_cli("info --json", "ONEDNN_MAX_CPU_ISA=AVX512_CORE");
+  EXPECT_FALSE(nlohmann::json::parse(capped.out).at("native_int8").get<bool>()) << capped.out;
+  if (!vnni()) return;
+  const CliResult b = run_cli(
+      "bench --precision int8 --workload rnn-tanh-tiny --min-time 0.01 --json");
+  ASSERT_EQ(b.status, 0) << b.err;
+  EXPECT_NE(b.out.find("\"forward_packed\""), std::string::npos) << b.out;
+  EXPECT_EQ(b.out.find("train_packed"), std::string::npos) << b.out;
+  const CliResult t = run_cli(
+      "bench --precision int8 --workload rnn-tanh-tiny --mode train_packed --min-time 0.01");
+  EXPECT_NE(t.status, 0);
+  EXPECT_NE(t.err.find("train_packed cannot run at --precision int8"), std::string::npos) << t.err;
+}
+
+TEST(CliInt8, RefusalsNameWhatIsWrong) {
+  const MainJob& j = main_job();
+  const CliResult capped = run_cli(
+      "predict --precision int8 --model " + j.model.string() + " maison",
+      "ONEDNN_MAX_CPU_ISA=AVX512_CORE");
+  EXPECT_NE(capped.status, 0);
+  EXPECT_NE(capped.err.find("ISA is avx512_core"), std::string::npos) << capped.err;
+  const fs::path bad = work_dir() / "int8_bad.tsv";
+  std::ofstream(bad) << "klingon\tqapla\nenglish\tthe\n";
+  const CliResult b = run_cli("predict --model " + j.model.string() + " --eval " + bad.string());
+  EXPECT_NE(b.status, 0);
+  EXPECT_NE(b.err.find("line 1: label 'klingon' is neither"), std::string::npos) << b.err;
+  std::ofstream(bad) << "0\tthe\nno tab here\n";
+  const CliResult t = run_cli("predict --model " + j.model.string() + " --eval " + bad.string());
+  EXPECT_NE(t.status, 0);
+  EXPECT_NE(t.err.find("line 2: no tab"), std::string::npos) << t.err;
+  const CliResult both = run_cli("predict --model " + j.model.string() + " --eval " +
+                                 bad.string() + " word");
+  EXPECT_NE(both.status, 0);
+  EXPECT_NE(both.err.find("give no words and no --stream"), std::string::npos) << both.err;
+  const CliResult missing = run_cli("predict --model " + j.model.string() + " --eval " +
+                                    (work_dir() / "nope.tsv").string());
+  EXPECT_NE(missing.status, 0);
+  EXPECT_NE(missing.err.find("cannot open the file"), std::string::npos) << missing.err;
+}
+
+}  // namespace
