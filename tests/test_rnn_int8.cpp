@@ -25,6 +25,7 @@
 #include "seqpack/packed_sequence.h"
 #include "seqpack/precision.h"
 #include "seqpack/rnn.h"
+#include "seqpack/streaming.h"
 #include "seqpack/threading.h"
 
 namespace seqpack {
@@ -410,6 +411,93 @@ TEST(RNNInt8, NanInOneSequenceLeavesTheOthersUntouched) {
   const Tensor d = gather_rows(dirty.output, bad_rows);
   for (int64_t i = 0; i < d.numel(); ++i) nan_seen |= std::isnan(d.data<double>()[i]);
   EXPECT_TRUE(nan_seen) << "the NaN was lost";
+}
+
+// The streaming API at int8: a sequence fed in chunks, interleaved with other
+// streams, gives the values of one forward over it (equal; a zero's sign
+// aside), and the weights are the ones quantized at construction until
+// requantize().
+TEST(RNNInt8, StreamingChunksEqualOneForward) {
+  SKIP_WITHOUT_INT8();
+  for (RNNMode mode : {RNNMode::lstm, RNNMode::gru, RNNMode::rnn_tanh}) {
+    SCOPED_TRACE(rnn_mode_name(mode));
+    RNNOptions o{.mode = mode, .input_size = 12, .hidden_size = 48, .num_layers = 2};
+    o.precision = Precision::int8;
+    std::mt19937_64 gen(21);
+    std::vector<Tensor> weights;
+    for (const Shape& s : rnn_parameter_shapes(o)) weights.push_back(random_tensor(s, 0.3, gen));
+    const Tensor xa = random_tensor({23, o.input_size}, 1.0, gen),
+                 xb = random_tensor({9, o.input_size}, 1.0, gen);
+    const PackingPlan plan = PackingPlan::from_lengths({23}, true);
+    const auto whole = rnn_forward(o, weights, xa, plan, {}, {}, false, false);
+    StreamingRNN streams(o, weights);
+    const int64_t a = streams.open(), b = streams.open();
+    std::vector<float> got;
+    int64_t at = 0, bt = 0;
+    for (const int64_t len : {1, 7, 0, 10, 5}) {
+      const int64_t lb = std::min<int64_t>(3, 9 - bt);
+      const auto y = streams.push({b, a}, {xb.slice0(bt, bt + lb), xa.slice0(at, at + len)});
+      bt += lb;
+      for (int64_t i = 0; i < y[1].numel(); ++i) got.push_back(y[1].data<float>()[i]);
+      at += len;
+    }
+    ASSERT_EQ(at, 23);
+    ASSERT_EQ(static_cast<int64_t>(got.size()), whole.output.numel());
+    for (std::size_t i = 0; i < got.size(); ++i)
+      ASSERT_EQ(got[i], whole.output.data<float>()[i]) << "value " << i;
+    const StreamState st = streams.state(a);
+    for (int64_t i = 0; i < st.h.numel(); ++i) ASSERT_EQ(st.h.data<float>()[i], whole.h_n.data<float>()[i]);
+
+    // The weight matrices change in place: pushes keep the quantized ones
+    // until requantize() (the biases stay fp32, read at each push).
+    for (Tensor& w : weights)
+      if (w.dim() == 2)
+        for (int64_t i = 0; i < w.numel(); ++i) w.data<float>()[i] *= 0.5f;
+    const auto halved = rnn_forward(o, weights, xa, plan, {}, {}, false, false);
+    const int64_t c = streams.open();
+    const auto before = streams.push({c}, {xa})[0].clone();
+    streams.requantize();
+    const int64_t d = streams.open();
+    const auto after = streams.push({d}, {xa})[0];
+    for (int64_t i = 0; i < after.numel(); ++i) {
+      ASSERT_EQ(before.data<float>()[i], whole.output.data<float>()[i]) << i;
+      ASSERT_EQ(after.data<float>()[i], halved.output.data<float>()[i]) << i;
+    }
+  }
+}
+
+// rnn_quantize_int8 once, then forwards with it: the results of quantizing at
+// each call; given with other tensors or at another precision, refused.
+TEST(RNNInt8, QuantizedOnceEqualsQuantizedPerCallAndChecksItsTensors) {
+  SKIP_WITHOUT_INT8();
+  RNNOptions o{.mode = RNNMode::lstm, .input_size = 10, .hidden_size = 33, .num_layers = 2,
+               .bidirectional = true, .proj_size = 20};
+  o.precision = Precision::int8;
+  std::mt19937_64 gen(8);
+  std::vector<Tensor> weights;
+  for (const Shape& s : rnn_parameter_shapes(o)) weights.push_back(random_tensor(s, 0.3, gen));
+  const PackingPlan plan = PackingPlan::from_lengths({5, 8, 0, 3}, false);
+  const Tensor x = random_tensor({plan.total_rows(), o.input_size}, 1.0, gen);
+  const auto q = rnn_quantize_int8(o, weights);
+  const auto once = rnn_forward(o, weights, x, plan, {}, {}, false, false, 0, q.get());
+  const auto each = rnn_forward(o, weights, x, plan, {}, {}, false, false);
+  ASSERT_EQ(std::memcmp(once.output.raw_data(), each.output.raw_data(),
+                        static_cast<std::size_t>(each.output.numel()) * sizeof(float)),
+            0);
+  std::vector<Tensor> copies;
+  for (const Tensor& w : weights) copies.push_back(w.clone());
+  try {
+    rnn_forward(o, copies, x, plan, {}, {}, false, false, 0, q.get());
+    FAIL() << "int8 weights of other tensors were used";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_NE(std::string(e.what()).find("quantized from another weight_ih_l0"), std::string::npos)
+        << e.what();
+  }
+  RNNOptions f = o;
+  f.precision = Precision::fp32;
+  EXPECT_THROW(rnn_forward(f, weights, x, plan, {}, {}, false, false, 0, q.get()),
+               std::invalid_argument);
+  EXPECT_THROW(rnn_quantize_int8(f, weights), std::invalid_argument);
 }
 
 }  // namespace

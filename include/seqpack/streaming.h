@@ -51,8 +51,9 @@ class StreamingRNN {
   StreamingRNN(RNNOptions options, std::vector<Tensor> weights);
   // Shares the module's parameters.
   explicit StreamingRNN(const RNNBase& module);
-  // At precision int8 the weights are quantized here, once (and a later change
-  // to them is seen after requantize(), not by the next push).
+  // At precision int8 the weight matrices are quantized at construction,
+  // once: a later change to them is seen after requantize(), not by the next
+  // push (the biases, which stay fp32, are read at each push).
   void requantize();
 
   const RNNOptions& options() const { return options_; }
