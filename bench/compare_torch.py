@@ -287,10 +287,13 @@ def print_fastest(results, peers, precision):
     for peer in peers:
         head += f" {'torch ' + peer.version[:8] + ' fastest':>36} {'ratio':>6}"
     print(head + f" {'vs fastest of all':>17} {'ceiling at peak':>15} {'target':>10}")
-    absent = {}
+    absent = {}  # (torch and dtype, reason) -> {layout: None}, [workload]
     for r in results:
         for key, why in r.get("peers_absent", {}).items():
-            absent.setdefault((key, why), []).append(r["workload"])
+            config, layout = key.rsplit(" ", 1)
+            layouts, names = absent.setdefault((config, why), ({}, []))
+            layouts[layout] = None
+            names.append(r["workload"])
         line = f"{r['threads']:>7} {r['workload']:<15} {r['mode']:<15} {fmt_s(r['seqpack_sec']):>10}"
         best_all = None
         for peer in peers:
@@ -309,8 +312,9 @@ def print_fastest(results, peers, precision):
         if target is not None and ratio is not None:
             line += f" {f'>={target:g} ' + ('ok' if ratio >= target else 'MISS'):>10}"
         print(line)
-    for (key, why), names in absent.items():
-        print(f"  absent: torch {key} on {', '.join(dict.fromkeys(names))}: {why}")
+    for (config, why), (layouts, names) in absent.items():
+        print(f"  absent: torch {config} ({', '.join(layouts)}) on "
+              f"{', '.join(dict.fromkeys(names))}: {why}")
     if any(r.get("ceiling_peak_fastest") for r in results):
         print("  'ceiling at peak': the fastest torch's seconds over those of the mode's "
               "unavoidable GEMM operations at the core's peak for seqpack's precision (the "
