@@ -121,8 +121,8 @@ void BM_fma_peak(benchmark::State& state) {
   }
   constexpr int64_t kIters = 1 << 16;
   for (auto _ : state) {
-    const float r = bf16 ? dpbf16_chains(kIters)
-                         : (avx512 ? fma_chains_avx512(kIters) : fma_chains_avx2(kIters));
+    float r = bf16 ? dpbf16_chains(kIters)
+                   : (avx512 ? fma_chains_avx512(kIters) : fma_chains_avx2(kIters));
     benchmark::DoNotOptimize(r);
   }
   // FLOPs (2 per multiply-add) per call: chains x lanes x multiply-adds per lane.
@@ -163,7 +163,7 @@ void BM_int8_peak(benchmark::State& state) {
   }
   constexpr int64_t kIters = 1 << 16;
   for (auto _ : state) {
-    const int32_t r = dpbusd_chains(kIters);
+    int32_t r = dpbusd_chains(kIters);
     benchmark::DoNotOptimize(r);
   }
   // Per call: chains x 16 int32 lanes x 4 multiply-adds per lane, 2 ops each.
