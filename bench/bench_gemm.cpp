@@ -7,7 +7,9 @@
 // "fraction of sgemm rate" figures of docs/performance.md divide by). The other
 // shapes are the ones the recurrent layers issue: the input projection over all
 // packed rows (X[rows, I] * W_ih^T) and the per-step product of the live rows
-// with W_hh (h[live, H] * W_hh^T).
+// with W_hh (h[live, H] * W_hh^T). The int8 engine has its own: BM_int8_peak (the
+// core's vpdpbusd rate) and BM_int8_gemm (its products at the workloads' shapes),
+// both as OPS rate counters (2 per multiply-add, like FLOPS).
 #include <benchmark/benchmark.h>
 #include <cblas.h>
 #include <immintrin.h>
@@ -23,6 +25,8 @@
 
 #include "cpu/gemm.h"
 #include "cpu/gemm_engine.h"
+#include "cpu/gemm_int8.h"
+#include "seqpack/cpu_info.h"
 #include "seqpack/precision.h"
 #include "seqpack/threading.h"
 
@@ -117,8 +121,8 @@ void BM_fma_peak(benchmark::State& state) {
   }
   constexpr int64_t kIters = 1 << 16;
   for (auto _ : state) {
-    const float r = bf16 ? dpbf16_chains(kIters)
-                         : (avx512 ? fma_chains_avx512(kIters) : fma_chains_avx2(kIters));
+    float r = bf16 ? dpbf16_chains(kIters)
+                   : (avx512 ? fma_chains_avx512(kIters) : fma_chains_avx2(kIters));
     benchmark::DoNotOptimize(r);
   }
   // FLOPs (2 per multiply-add) per call: chains x lanes x multiply-adds per lane.
@@ -127,6 +131,46 @@ void BM_fma_peak(benchmark::State& state) {
                                                benchmark::Counter::kIsIterationInvariantRate);
 }
 BENCHMARK(BM_fma_peak)->ArgNames({"bf16"})->Arg(0)->Arg(1)->Unit(benchmark::kMicrosecond);
+
+// The core's int8 peak: kChains independent vpdpbusd chains (AVX512-VNNI: per
+// int32 lane, 4 u8·s8 products added to the accumulator) in registers, the
+// instruction the int8 engine's kernel (src/cpu/gemm_int8_avx512vnni.cpp) runs.
+// Counter OPS: int8 operations per second, 2 per multiply-add (as FLOPS counts
+// fp32's), so an int8 product's 2·m·n·k over its time divides by it directly.
+__attribute__((target("avx512f,avx512vnni"))) int32_t dpbusd_chains(int64_t iters) {
+  __m512i acc[kChains];
+  for (auto& a : acc) a = _mm512_setzero_si512();
+  __m512i x = _mm512_set1_epi8(1);        // u8 operand
+  const __m512i y = _mm512_set1_epi8(1);  // s8 operand
+  for (int64_t i = 0; i < iters; ++i) {
+#pragma GCC unroll 12
+    for (int c = 0; c < kChains; ++c) acc[c] = _mm512_dpbusd_epi32(acc[c], x, y);
+    __asm__ volatile("" : "+v"(x));  // opaque: the chains cannot be folded into one product
+  }
+  __m512i sum = _mm512_setzero_si512();
+  for (auto& a : acc) sum = _mm512_add_epi32(sum, a);
+  alignas(64) int32_t lanes[16];
+  _mm512_store_si512(lanes, sum);
+  int32_t total = 0;
+  for (int32_t v : lanes) total += v;
+  return total;
+}
+
+void BM_int8_peak(benchmark::State& state) {
+  if (!(__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512vnni"))) {
+    state.SkipWithError("no AVX512-VNNI on this CPU");
+    return;
+  }
+  constexpr int64_t kIters = 1 << 16;
+  for (auto _ : state) {
+    int32_t r = dpbusd_chains(kIters);
+    benchmark::DoNotOptimize(r);
+  }
+  // Per call: chains x 16 int32 lanes x 4 multiply-adds per lane, 2 ops each.
+  state.counters["OPS"] = benchmark::Counter(2.0 * kChains * 16 * 4 * kIters,
+                                             benchmark::Counter::kIsIterationInvariantRate);
+}
+BENCHMARK(BM_int8_peak)->Unit(benchmark::kMicrosecond);
 
 // Args: m (rows), n (output features = gates * H), k (input features).
 void BM_sgemm_rnn(benchmark::State& state) {
@@ -308,17 +352,24 @@ BENCHMARK(BM_batch)
     ->Unit(benchmark::kMicrosecond);
 
 // A step's product of `rows` live rows with W laid out once, through the f32
-// engine (cpu::gemm_packed_small) and the bf16 engine (oneDNN, blocked bf16
-// weights). Args: k, n, rows, engine (1 f32, 2 bf16); forward shapes (beta 1).
+// engine (cpu::gemm_packed_small), the bf16 engine (oneDNN, blocked bf16
+// weights) and the int8 engine (rows quantized per call, s8 weights
+// quantized once, vpdpbusd). Args: k, n, rows, engine (1 f32, 2 bf16,
+// 3 int8); forward shapes (beta 1).
 void BM_engine_step(benchmark::State& state) {
   const int64_t k = state.range(0), n = state.range(1), rows = state.range(2);
-  const bool bf16 = state.range(3) == 2;
-  if (bf16 && !seqpack::cpu_info().native_bf16) {
+  const int64_t engine = state.range(3);
+  if (engine == 2 && !seqpack::cpu_info().native_bf16) {
     state.SkipWithError("no native bf16 on this CPU");
     return;
   }
-  const auto& eng = seqpack::cpu::gemm_engine_f32(bf16 ? seqpack::Precision::bf16
-                                                       : seqpack::Precision::fp32);
+  if (engine == 3 && !seqpack::cpu_info().native_int8) {
+    state.SkipWithError("no int8 dot products (AVX512-VNNI) on this CPU");
+    return;
+  }
+  const auto& eng = seqpack::cpu::gemm_engine_f32(engine == 3   ? seqpack::Precision::int8
+                                                  : engine == 2 ? seqpack::Precision::bf16
+                                                                : seqpack::Precision::fp32);
   std::mt19937 rng(42);
   const std::vector<float> a = random_floats(rows * k, rng), w = random_floats(n * k, rng);
   std::vector<float> c(static_cast<size_t>(rows * n));
@@ -336,7 +387,60 @@ BENCHMARK(BM_engine_step)
       const int64_t shapes[][2] = {{128, 512}, {128, 384}, {256, 1024}, {512, 2048}, {64, 64}};
       for (const auto& s : shapes)
         for (int64_t rows : {1, 4, 16, 32, 64, 128, 256})
-          for (int64_t e : {1, 2}) b->Args({s[0], s[1], rows, e});
+          for (int64_t e : {1, 2, 3}) b->Args({s[0], s[1], rows, e});
+    })
+    ->Unit(benchmark::kMicrosecond);
+
+// The int8 engine's product (src/cpu/gemm_int8.h) at the workloads' shapes:
+// W [n, k] quantized once (quantize_weights_s8, as rnn_quantize_int8 does per
+// model), then per call the rows quantized (quantize_rows_u8, quant:1, as the
+// engine does for every product) or not (quant:0: the kernel alone on rows
+// quantized once), and gemm_u8s8_f32 over all n columns. Counter OPS: 2·m·n·k
+// per second, to set against BM_int8_peak's OPS. Args: k, n, rows, quant,
+// beta (1: a step adding to the input projection's gates; 0: a whole batch).
+void BM_int8_gemm(benchmark::State& state) {
+  const int64_t k = state.range(0), n = state.range(1), rows = state.range(2);
+  const bool quant = state.range(3) != 0;
+  const float beta = static_cast<float>(state.range(4));
+  if (!seqpack::cpu_info().native_int8) {
+    state.SkipWithError("no int8 dot products (AVX512-VNNI) on this CPU");
+    return;
+  }
+  std::mt19937 rng(42);
+  const std::vector<float> a = random_floats(rows * k, rng), w = random_floats(n * k, rng);
+  std::vector<float> c = random_floats(rows * n, rng);
+  seqpack::cpu::QuantizedWeights qw;
+  seqpack::cpu::quantize_weights_s8(w.data(), /*trans_b=*/true, k, n, k, qw);
+  seqpack::cpu::QuantizedRows qa;
+  seqpack::cpu::quantize_rows_u8(rows, k, a.data(), k, qa);
+  for (auto _ : state) {
+    if (quant) seqpack::cpu::quantize_rows_u8(rows, k, a.data(), k, qa);
+    seqpack::cpu::gemm_u8s8_f32(rows, qa, 0, qw, 0, n, beta, c.data(), n);
+    benchmark::DoNotOptimize(c.data());
+    benchmark::ClobberMemory();
+  }
+  state.counters["OPS"] = benchmark::Counter(
+      2.0 * static_cast<double>(rows) * static_cast<double>(n) * static_cast<double>(k),
+      benchmark::Counter::kIsIterationInvariantRate);
+}
+BENCHMARK(BM_int8_gemm)
+    ->ArgNames({"k", "n", "rows", "quant", "beta"})
+    ->Apply([](benchmark::internal::Benchmark* b) {
+      // Steps (K = H, N = gates * H): LSTM H 128, GRU H 128, LSTM H 256,
+      // LSTM H 512 (lstm-bi-2layer, lstm-long-tail), RNN H 64.
+      const int64_t steps[][2] = {{128, 512}, {128, 384}, {256, 1024}, {512, 2048}, {64, 64}};
+      for (const auto& s : steps)
+        for (int64_t rows : {1, 4, 16, 32, 64, 128, 256})
+          for (int64_t q : {0, 1}) b->Args({s[0], s[1], rows, q, 1});
+      // Whole batches, the input projections X·W_ihᵀ over every token (K = I,
+      // N = gates * H, rows = tokens): gru-chars, lstm-sentences,
+      // lstm-bi-2layer layers 0 and 1 (per direction), lstm-long-tail,
+      // rnn-tanh-tiny, lstm-long-seq.
+      const int64_t whole[][3] = {{64, 384, 2854},  {128, 1024, 1316}, {256, 2048, 881},
+                                  {1024, 2048, 881}, {512, 2048, 910},  {32, 64, 690},
+                                  {64, 512, 13838}};
+      for (const auto& s : whole)
+        for (int64_t q : {0, 1}) b->Args({s[0], s[1], s[2], q, 0});
     })
     ->Unit(benchmark::kMicrosecond);
 
@@ -414,7 +518,10 @@ void run_kind(benchmark::State& state, const WorkloadShape& w, const std::string
 // and zero-h0 skips, all through oneDNN at one precision (onednn_engine: the
 // steps on weights laid out once, as seqpack lays them out once per call):
 // oneDNN's own rate on exactly the products seqpack issues. compare_torch.py
-// divides seqpack's achieved GEMM rate by it. Counters: FLOPS (rate) and
+// divides seqpack's achieved GEMM rate by it. int8 (forward_packed only) runs
+// seqpack's own int8 engine instead (no oneDNN engine has its per-row
+// scales): rows quantized per product, weights quantized once outside the
+// timing (as rnn_quantize_int8 does per model). Counters: FLOPS (rate) and
 // gemm_flop (FLOPs per batch).
 void run_workload_gemms(benchmark::State& state, const WorkloadShape& w, bool train,
                         seqpack::Precision precision) {
@@ -422,15 +529,36 @@ void run_workload_gemms(benchmark::State& state, const WorkloadShape& w, bool tr
     state.SkipWithError("no native bf16 on this CPU");
     return;
   }
-  const auto& eng = seqpack::cpu::onednn_engine(precision);
+  const bool int8 = precision == seqpack::Precision::int8;
+  if (int8 && !seqpack::cpu_info().native_int8) {
+    state.SkipWithError("no int8 dot products (AVX512-VNNI) on this CPU");
+    return;
+  }
+  const auto& eng = int8 ? seqpack::cpu::int8_engine() : seqpack::cpu::onednn_engine(precision);
   const int64_t H = w.hidden, G = w.gates * H, N = w.rows, T = static_cast<int64_t>(w.batch_sizes.size());
   const int64_t widest = std::max({w.input, w.dirs * H, G});
   std::mt19937 rng(7);
   auto buf = [&](int64_t n) { return random_floats(n, rng); };
   std::vector<float> x = buf(N * widest), g = buf(N * G), wih = buf(G * widest), whh = buf(G * H),
                      hp = buf(N * H), dw = buf(G * widest), dx = buf(N * widest);
+  // int8: W_ih of each layer's input width quantized once; the engine finds
+  // them by pointer and shape while the scope is alive.
+  std::vector<seqpack::cpu::PreparedInt8> prepared;
+  if (int8) {
+    for (int64_t in : {w.input, w.dirs * H}) {
+      auto& p = prepared.emplace_back();
+      p.source = wih.data();
+      p.trans = true;
+      p.k = in;
+      p.n = G;
+      p.ld = in;
+      seqpack::cpu::quantize_weights_s8(wih.data(), true, in, G, in, p.w);
+    }
+  }
+  const seqpack::cpu::PreparedInt8Scope scope(int8 ? &prepared : nullptr);
   const auto fwd_op = eng.prepare(whh.data(), /*trans_b=*/true, H, G, H, {{0, G}});
-  const auto bwd_op = eng.prepare(whh.data(), /*trans_b=*/false, G, H, H, {{0, H}});
+  const auto bwd_op =
+      train ? eng.prepare(whh.data(), /*trans_b=*/false, G, H, H, {{0, H}}) : nullptr;
   // Rows of step t whose h_prev is not the zero h0 (rnn_core's rows_after_h0).
   auto live = [&](int64_t t, int64_t d) -> int64_t {
     if (d == 0) return t == 0 ? 0 : w.batch_sizes[static_cast<size_t>(t)];
@@ -528,7 +656,8 @@ void register_workloads(const std::string& path) {
           ->Unit(benchmark::kMillisecond);
     }
     for (const char* mode : {"forward_packed", "train_packed"}) {
-      for (auto p : {seqpack::Precision::fp32, seqpack::Precision::bf16}) {
+      for (auto p : {seqpack::Precision::fp32, seqpack::Precision::bf16, seqpack::Precision::int8}) {
+        if (p == seqpack::Precision::int8 && std::string(mode) == "train_packed") continue;
         const std::string name = "BM_workload_gemms/" + w.name + "/" + mode + "/" +
                                  seqpack::precision_name(p);
         benchmark::RegisterBenchmark(name.c_str(), [&w, train = std::string(mode) == "train_packed",

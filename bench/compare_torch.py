@@ -14,24 +14,34 @@ forward passes achieve, and whether train_packed time is linear in the lengths
     /usr/bin/python3 bench/compare_torch.py --quick --workload gru-chars
     /usr/bin/python3 bench/compare_torch.py --precision bf16 --mode train_packed
 
---fastest-torch times torch.nn in every configuration (fp32 or bf16 module,
-packed or padded input: bench/torch_peer.py) and reports seqpack against the
-fastest; --torch-2.6 adds PyTorch 2.6 from Debian 13 (scripts/debian13.sh, as
-root) beside the torch this script runs under, timed in the same run:
+--fastest-torch times torch.nn in every configuration (fp32, bf16 or int8
+module, packed or padded input: bench/torch_peer.py; int8 in the forward modes
+only) and reports seqpack against the fastest; --torch-2.6 adds PyTorch 2.6
+from Debian 13 (scripts/debian13.sh, as root) beside the torch this script
+runs under, timed in the same run:
 
     /usr/bin/python3 bench/compare_torch.py --malloc tuned --torch-2.6 --precision bf16 --mode train_packed
+    /usr/bin/python3 bench/compare_torch.py --malloc tuned --torch-2.6 --precision int8
 
 --precision bf16 runs seqpack in bf16 mixed precision and adds a second torch
 peer: the same module converted with module.to(torch.bfloat16) on bf16 packed
 input (PyTorch 1.13's only way to run a packed LSTM in bf16 on the CPU); the
-ratios are then given against both torch peers. The ISA the run had (`seqpack
-info`) is printed first: the targets depend on it.
+ratios are then given against both torch peers. --precision int8 runs seqpack
+in int8 (`seqpack bench --precision int8`: inference, the forward modes only)
+and adds PyTorch's int8 inference as the second peer:
+torch.ao.quantization.quantize_dynamic(module, {nn.LSTM, nn.GRU, nn.RNN},
+dtype=torch.qint8) on fp32 input (neither 1.13 nor 2.6 quantizes nn.RNN: that
+peer is absent on the RNN workloads), and seqpack's own bf16 on the same
+workloads where the CPU has native bf16 (the issue's targets compare int8 with
+both). The ISA the run had (`seqpack info`) is printed first: the targets
+depend on it.
 
 Modes (both implementations time exactly this; inputs and weights are built
 outside the timed region):
     forward_packed   forward of the packed batch, no autograd
     forward_padded   forward of a [max_len, batch, input] tensor (every sequence at max_len)
     train_packed     forward of the packed batch + backward of sum(output) (input gradient too)
+                     (not at --precision int8)
 """
 import argparse
 import json
@@ -43,11 +53,14 @@ import time
 
 import torch
 
-from torch_peer import DTYPES, median_time, torch_bench
+from torch_peer import DTYPES, Absent, median_time, torch_bench
 from torch_threads import add_malloc_option, apply_malloc, malloc_settings, set_torch_threads
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 MODES = ["forward_packed", "forward_padded", "train_packed"]
+# The torch dtype of a precision ("int8": quantize_dynamic's qint8 module).
+TORCH_DTYPE = {"fp32": "float32", "bf16": "bfloat16", "int8": "qint8"}
+PEER_CONFIGS = [f"{p}-{layout}" for p in TORCH_DTYPE for layout in ("packed", "padded")]
 GATES = {"lstm": 4, "gru": 3, "rnn_tanh": 1, "rnn_relu": 1}
 
 
@@ -72,6 +85,8 @@ class RemotePeer:
         self.proc.stdin.write(json.dumps(request) + "\n")
         self.proc.stdin.flush()
         r = self._read()
+        if "absent" in r:
+            raise Absent(r["absent"])
         if "error" in r:
             sys.exit(f"compare_torch: torch {self.version} failed on {request['workload']['name']} "
                      f"{request['mode']} {request['dtype']} {request['layout']}: {r['error']}")
@@ -88,20 +103,23 @@ class LocalPeer:
 
 
 def peer_configs(mode, names):
-    """The (dtype, layout) pairs of `names` ("fp32-packed", ...) that apply to `mode`."""
+    """The (dtype, layout) pairs of `names` ("fp32-packed", ...) that apply to `mode`
+    (int8 is inference only: not train_packed)."""
     out = []
     for n in names:
-        dtype, layout = n.split("-")
+        precision, layout = n.split("-")
         if mode == "forward_padded" and layout == "packed":
             continue
-        out.append(("float32" if dtype == "fp32" else "bfloat16", layout))
+        if mode == "train_packed" and precision == "int8":
+            continue
+        out.append((TORCH_DTYPE[precision], layout))
     return out
 
 
-def seqpack_bench(args, threads, name, mode, scale=1):
+def seqpack_bench(args, threads, name, mode, scale=1, precision=None):
     cmd = [args.seqpack, "bench", "--workloads", args.workloads, "--workload", name, "--mode",
            mode, "--threads", str(threads), "--json", "--min-time", str(args.min_time),
-           "--scale", str(scale), "--precision", args.precision]
+           "--scale", str(scale), "--precision", precision or args.precision]
     res = subprocess.run(cmd, capture_output=True, text=True)
     if res.returncode != 0:
         sys.exit(f"compare_torch: {' '.join(cmd)} failed:\n{res.stderr}")
@@ -145,19 +163,31 @@ def bench_gemm_one(args, bench_filter, extra=(), min_time=0.2):
 
 
 def fma_peak(args):
-    """The core's arithmetic peak for the run's precision: independent FMA chains in
-    registers (bench_gemm BM_fma_peak: fp32 FMA, or bf16 dot products), FLOP/s, or
-    None when bench_gemm is not built or the CPU lacks the instructions. No GEMM on
-    this core runs faster, so a target above the ceiling at this rate is out of reach
-    for any implementation."""
+    """The core's arithmetic peak for the run's precision: independent multiply-add
+    chains in registers (bench_gemm BM_fma_peak: fp32 FMA, or bf16 dot products;
+    BM_int8_peak: int8 dot products, vpdpbusd), FLOP/s (int8: operations per second,
+    2 per multiply-add), or None when bench_gemm is not built or the CPU lacks the
+    instructions. No GEMM on this core runs faster, so a target above the ceiling at
+    this rate is out of reach for any implementation."""
+    if args.precision == "int8":
+        bench = bench_gemm_one(args, "^BM_int8_peak$")
+        return bench["OPS"] if bench else None
     arg = 1 if args.precision == "bf16" else 0
     bench = bench_gemm_one(args, f"^BM_fma_peak/bf16:{arg}$")
     return bench["FLOPS"] if bench else None
 
 
+def peak_source(precision):
+    """What fma_peak measures, for the tables' headers."""
+    if precision == "int8":
+        return "int8 dot products in registers, bench_gemm BM_int8_peak (vpdpbusd)"
+    return f"{precision} multiply-adds in registers, bench_gemm BM_fma_peak"
+
+
 def onednn_rate(args, name, mode):
     """oneDNN's own rate on exactly the GEMMs seqpack issues for this workload and mode, at
-    the run's precision (bench_gemm BM_workload_gemms, one thread): (FLOP/s, FLOPs per
+    the run's precision (bench_gemm BM_workload_gemms, one thread; int8: seqpack's int8
+    engine's own rate, rows quantized per product, weights once): (FLOP/s, FLOPs per
     batch), or None when bench_gemm is not built."""
     if mode == "forward_padded":
         return None
@@ -207,8 +237,9 @@ BF16_FOUR = ("lstm-sentences", "lstm-bi-2layer", "lstm-long-tail", "gru-chars")
 
 
 def target_of(name, mode, threads, precision="fp32", cpu=None):
-    """The issue's targets against torch fp32 at one thread, for this precision and CPU."""
-    if threads != 1:
+    """The issue's targets against torch fp32 at one thread, for this precision and CPU
+    (int8's are against torch's fastest configuration: target_fastest)."""
+    if threads != 1 or precision == "int8":
         return None
     if precision == "bf16":
         amx = bool(cpu and cpu.get("amx"))
@@ -224,22 +255,45 @@ def target_of(name, mode, threads, precision="fp32", cpu=None):
     return None
 
 
-def target_bf16_peer(name, mode, threads, precision, cpu):
-    """Against torch bf16 (module.to(torch.bfloat16)): set only on a CPU with AMX."""
+def target_same_peer(name, mode, threads, precision, cpu):
+    """Against torch at the same precision (bf16: module.to(torch.bfloat16)): set only
+    for bf16 on a CPU with AMX (int8's targets are against torch's fastest)."""
     if threads != 1 or precision != "bf16" or not (cpu and cpu.get("amx")):
         return None
     return 4.0 if mode == "train_packed" and name in BF16_FOUR else None
 
 
+def target_fastest(name, mode, threads, precision):
+    """Against PyTorch's fastest inference configuration (fp32, bf16 or int8; packed or
+    padded), one thread: int8 forward_packed >= 1.5x on every shared workload."""
+    if threads == 1 and precision == "int8" and mode == "forward_packed":
+        return 1.5
+    return None
+
+
+def target_vs_bf16(name, mode, threads):
+    """seqpack int8 against seqpack's own bf16, one thread."""
+    if threads == 1 and mode == "forward_packed" and name in ("lstm-bi-2layer", "lstm-long-tail"):
+        return 1.5
+    return None
+
+
 def print_fastest(results, peers, precision):
     """seqpack against each torch's fastest configuration, and against the fastest of all."""
     print(f"\nagainst each PyTorch's fastest configuration (seqpack {precision}; the configuration "
-          f"is dtype and layout; ratio = torch s / seqpack s, wall clock, same run):")
+          f"is dtype and layout, int8 = quantize_dynamic; ratio = torch s / seqpack s, wall "
+          f"clock, same run):")
     head = f"{'threads':>7} {'workload':<15} {'mode':<15} {'seqpack s':>10}"
     for peer in peers:
         head += f" {'torch ' + peer.version[:8] + ' fastest':>36} {'ratio':>6}"
-    print(head + f" {'vs fastest of all':>17}")
+    print(head + f" {'vs fastest of all':>17} {'ceiling at peak':>15} {'target':>10}")
+    absent = {}  # (torch and dtype, reason) -> {layout: None}, [workload]
     for r in results:
+        for key, why in r.get("peers_absent", {}).items():
+            config, layout = key.rsplit(" ", 1)
+            layouts, names = absent.setdefault((config, why), ({}, []))
+            layouts[layout] = None
+            names.append(r["workload"])
         line = f"{r['threads']:>7} {r['workload']:<15} {r['mode']:<15} {fmt_s(r['seqpack_sec']):>10}"
         best_all = None
         for peer in peers:
@@ -252,8 +306,19 @@ def print_fastest(results, peers, precision):
             best_all = sec if best_all is None else min(best_all, sec)
             config = key[len(peer.version) + 1:]
             line += f" {fmt_s(sec) + ' s ' + config:>36} {fmt_r(sec / r['seqpack_sec']):>6}"
-        line += f" {fmt_r(best_all / r['seqpack_sec']) if best_all else '-':>17}"
+        ratio = best_all / r["seqpack_sec"] if best_all else None
+        line += f" {fmt_r(ratio):>17} {fmt_r(r.get('ceiling_peak_fastest')):>15}"
+        target = target_fastest(r["workload"], r["mode"], r["threads"], precision)
+        if target is not None and ratio is not None:
+            line += f" {f'>={target:g} ' + ('ok' if ratio >= target else 'MISS'):>10}"
         print(line)
+    for (config, why), (layouts, names) in absent.items():
+        print(f"  absent: torch {config} ({', '.join(layouts)}) on "
+              f"{', '.join(dict.fromkeys(names))}: {why}")
+    if any(r.get("ceiling_peak_fastest") for r in results):
+        print("  'ceiling at peak': the fastest torch's seconds over those of the mode's "
+              "unavoidable GEMM operations at the core's peak for seqpack's precision (the "
+              "ceiling table above; 1 thread): no implementation's ratio exceeds it")
 
 
 def seqpack_info(args):
@@ -285,15 +350,18 @@ def main():
     p.add_argument("--seqpack-only", action="store_true",
                    help="time seqpack only (e.g. for the thread-scaling figures)")
     p.add_argument("--json-out", help="also write every measurement to this file (JSON)")
-    p.add_argument("--precision", choices=["fp32", "bf16"], default="fp32",
-                   help="seqpack's precision; bf16 adds a torch bf16 peer (module.to(torch.bfloat16))")
+    p.add_argument("--precision", choices=["fp32", "bf16", "int8"], default="fp32",
+                   help="seqpack's precision; bf16 adds a torch bf16 peer (module.to(torch.bfloat16)), "
+                        "int8 (the forward modes only) a torch int8 peer (quantize_dynamic, qint8) "
+                        "and seqpack bf16")
     p.add_argument("--torch-2.6", dest="torch26", action="store_true",
                    help="also time PyTorch 2.6 (Debian 13 through scripts/debian13.sh, as root)")
     p.add_argument("--fastest-torch", action="store_true",
                    help="time every configuration of --peer-configs on each torch and report "
                         "seqpack against the fastest (implied by --torch-2.6)")
-    p.add_argument("--peer-configs", default="fp32-packed,fp32-padded,bf16-packed,bf16-padded",
-                   help="torch configurations for --fastest-torch (dtype-layout, comma-separated)")
+    p.add_argument("--peer-configs", default=",".join(PEER_CONFIGS),
+                   help="torch configurations for --fastest-torch (dtype-layout, comma-separated; "
+                        "int8 = quantize_dynamic, forward modes only)")
     add_malloc_option(p)
     args = p.parse_args()
     apply_malloc(args.malloc)
@@ -319,7 +387,14 @@ def main():
             if n not in known:
                 sys.exit(f"compare_torch: --workload '{n}' is not in {args.workloads} (it has: {', '.join(sorted(known))})")
         workloads = [w for w in workloads if w["name"] in args.workload]
-    modes = args.mode or MODES
+    if args.precision == "int8":
+        # int8 is inference only: seqpack bench refuses train_packed at int8.
+        if args.mode and "train_packed" in args.mode:
+            sys.exit("compare_torch: --mode train_packed cannot run at --precision int8: int8 is "
+                     "for inference only (forward_packed, forward_padded)")
+        modes = args.mode or [m for m in MODES if m != "train_packed"]
+    else:
+        modes = args.mode or MODES
 
     # Other processes on the machine skew every figure (multi-threaded OpenMP runs most:
     # a spinning thread that loses its core stalls the whole region), so say how busy it was.
@@ -328,14 +403,19 @@ def main():
     print(f"# allocator: {malloc_settings()}", flush=True)
     cpu = seqpack_info(args)
     print(f"# seqpack precision {args.precision}; CPU ISA {cpu.get('isa', '?')} (native bf16 "
-          f"{cpu.get('native_bf16', '?')}, AMX {cpu.get('amx', '?')}), oneDNN "
-          f"{cpu.get('onednn', '?')}, {cpu.get('blas', '?')}", flush=True)
-    bf16_peer = args.precision == "bf16" and not args.seqpack_only
+          f"{cpu.get('native_bf16', '?')}, native int8 {cpu.get('native_int8', '?')}, AMX "
+          f"{cpu.get('amx', '?')}), oneDNN {cpu.get('onednn', '?')}, {cpu.get('blas', '?')}",
+          flush=True)
+    # --precision bf16 / int8: torch at the same precision as a second peer (bf16:
+    # module.to(torch.bfloat16); int8: quantize_dynamic), and for int8 seqpack's own bf16.
+    same_peer = args.precision != "fp32" and not args.seqpack_only
+    same_dtype = DTYPES[TORCH_DTYPE[args.precision]]
+    seqpack_bf16 = args.precision == "int8" and cpu.get("native_bf16") is True
     configs = [c.strip() for c in args.peer_configs.split(",") if c.strip()]
     for c in configs:
-        if c not in ("fp32-packed", "fp32-padded", "bf16-packed", "bf16-padded"):
-            sys.exit(f"compare_torch: --peer-configs entry '{c}' is not one of fp32-packed, "
-                     f"fp32-padded, bf16-packed, bf16-padded")
+        if c not in PEER_CONFIGS:
+            sys.exit(f"compare_torch: --peer-configs entry '{c}' is not one of "
+                     f"{', '.join(PEER_CONFIGS)}")
     peers = []
     if (args.fastest_torch or args.torch26) and not args.seqpack_only:
         peers.append(LocalPeer())
@@ -373,30 +453,50 @@ def main():
                     else:
                         t_sec, t_cpu, t_reps = torch_bench(w, mode, lengths, args.min_time,
                                                            args.torch_single_run)
-                    b_sec = b_cpu = None
-                    if bf16_peer:
-                        print(f"{tag}: torch bf16", file=sys.stderr, flush=True)
-                        b_sec, b_cpu, _ = torch_bench(w, mode, lengths, args.min_time,
-                                                      args.torch_single_run, torch.bfloat16)
-                    fastest = {}
+                    b_sec = b_cpu = b_absent = None
+                    if same_peer:
+                        print(f"{tag}: torch {args.precision}", file=sys.stderr, flush=True)
+                        try:
+                            b_sec, b_cpu, _ = torch_bench(w, mode, lengths, args.min_time,
+                                                          args.torch_single_run, same_dtype)
+                        except Absent as e:
+                            b_absent = str(e)
+                    sb_sec = sb_cpu = None
+                    if seqpack_bf16:
+                        print(f"{tag}: seqpack bf16", file=sys.stderr, flush=True)
+                        sb_sec, sb_cpu, _ = seqpack_bench(args, threads, w["name"], mode,
+                                                          precision="bf16")
+                    fastest, absent = {}, {}
                     for peer in peers:
                         for dtype, layout in peer_configs(mode, configs):
                             print(f"{tag}: torch {peer.version} {dtype} {layout}", file=sys.stderr,
                                   flush=True)
-                            sec, cpu_sec, _ = peer.bench(
-                                workload=w, mode=mode, lengths=lengths, min_time=args.min_time,
-                                slow_single=args.torch_single_run, dtype=dtype, layout=layout,
-                                threads=threads)
                             key = f"{peer.version} {dtype} {layout}"
+                            try:
+                                sec, cpu_sec, _ = peer.bench(
+                                    workload=w, mode=mode, lengths=lengths, min_time=args.min_time,
+                                    slow_single=args.torch_single_run, dtype=dtype, layout=layout,
+                                    threads=threads)
+                            except Absent as e:
+                                absent[key] = str(e)
+                                continue
                             fastest[key] = (sec, cpu_sec)
-                    rounds.append(dict(peers=fastest,
-                                       seqpack_sec=s_sec, seqpack_cpu=s_cpu, seqpack_reps=s_reps,
-                                       torch_sec=t_sec, torch_cpu=t_cpu, torch_reps=t_reps,
-                                       ratio=t_sec / s_sec if t_sec else None,
-                                       cpu_ratio=t_cpu / s_cpu if t_cpu else None,
-                                       torch_bf16_sec=b_sec, torch_bf16_cpu=b_cpu,
-                                       ratio_bf16=b_sec / s_sec if b_sec else None,
-                                       cpu_ratio_bf16=b_cpu / s_cpu if b_cpu else None))
+                    p = args.precision
+                    rounds.append({"peers": fastest, "peers_absent": absent,
+                                   "seqpack_sec": s_sec, "seqpack_cpu": s_cpu,
+                                   "seqpack_reps": s_reps,
+                                   "torch_sec": t_sec, "torch_cpu": t_cpu, "torch_reps": t_reps,
+                                   "ratio": t_sec / s_sec if t_sec else None,
+                                   "cpu_ratio": t_cpu / s_cpu if t_cpu else None,
+                                   # torch at seqpack's precision (bf16 or int8)
+                                   f"torch_{p}_sec": b_sec, f"torch_{p}_cpu": b_cpu,
+                                   f"torch_{p}_absent": b_absent,
+                                   f"ratio_{p}": b_sec / s_sec if b_sec else None,
+                                   f"cpu_ratio_{p}": b_cpu / s_cpu if b_cpu else None,
+                                   # seqpack bf16 (at --precision int8)
+                                   "seqpack_bf16_sec": sb_sec, "seqpack_bf16_cpu": sb_cpu,
+                                   "ratio_seqpack_bf16": sb_sec / s_sec if sb_sec else None,
+                                   "cpu_ratio_seqpack_bf16": sb_cpu / s_cpu if sb_cpu else None})
                     print(f"... {w['name']} {mode}: seqpack {s_sec:.4g} s, torch {fmt_s(t_sec)} s, "
                           f"ratio {fmt_r(rounds[-1]['ratio'])} (cpu {fmt_r(rounds[-1]['cpu_ratio'])})",
                           file=sys.stderr, flush=True)
@@ -436,29 +536,63 @@ def main():
               f"{r['seqpack_reps']:>4}/{r['torch_reps'] or '-'}"
               + (f" {fmt_r(r['ratio_min']):>6}-{fmt_r(r['ratio_max']):<6}" if args.rounds > 1 else ""))
 
-    if bf16_peer:
+    if same_peer:
+        p = args.precision
         print()
-        print("against torch bf16 (module.to(torch.bfloat16), bf16 packed input):")
-        print(f"{'threads':>7} {'workload':<15} {'mode':<15} {'seqpack s':>10} {'torch bf16 s':>12} "
+        if p == "bf16":
+            print("against torch bf16 (module.to(torch.bfloat16), bf16 packed input):")
+        else:
+            print("against torch int8 (quantize_dynamic(module, {nn.LSTM, nn.GRU, nn.RNN}, "
+                  "dtype=torch.qint8): int8 weights, activations quantized per tensor at run "
+                  "time; fp32 input, packed for forward_packed):")
+        print(f"{'threads':>7} {'workload':<15} {'mode':<15} {'seqpack s':>10} {f'torch {p} s':>12} "
               f"{'torch/seqpack':>13} {'cpu ratio':>9} {'target':>10}")
+        absent = {}
         for r in results:
-            target = target_bf16_peer(r["workload"], r["mode"], r["threads"], args.precision, cpu)
+            target = target_same_peer(r["workload"], r["mode"], r["threads"], p, cpu)
             verdict = ""
-            if target is not None and r["ratio_bf16"] is not None:
-                verdict = f">={target:g} {'ok' if r['ratio_bf16'] >= target else 'MISS'}"
+            if target is not None and r[f"ratio_{p}"] is not None:
+                verdict = f">={target:g} {'ok' if r[f'ratio_{p}'] >= target else 'MISS'}"
+            if r.get(f"torch_{p}_absent"):
+                absent.setdefault(r[f"torch_{p}_absent"], []).append(r["workload"])
             print(f"{r['threads']:>7} {r['workload']:<15} {r['mode']:<15} {fmt_s(r['seqpack_sec']):>10} "
-                  f"{fmt_s(r['torch_bf16_sec']):>12} {fmt_r(r['ratio_bf16']):>13} "
-                  f"{fmt_r(r['cpu_ratio_bf16']):>9} {verdict:>10}")
+                  f"{fmt_s(r[f'torch_{p}_sec']):>12} {fmt_r(r[f'ratio_{p}']):>13} "
+                  f"{fmt_r(r[f'cpu_ratio_{p}']):>9} {verdict:>10}")
+        for why, names in absent.items():
+            print(f"  absent on {', '.join(dict.fromkeys(names))}: {why}")
+
+    if seqpack_bf16:
+        print()
+        print("seqpack int8 against seqpack bf16 (same run; ratio = bf16 s / int8 s):")
+        print(f"{'threads':>7} {'workload':<15} {'mode':<15} {'int8 s':>10} {'bf16 s':>10} "
+              f"{'bf16/int8':>9} {'cpu ratio':>9} {'target':>10}")
+        for r in results:
+            target = target_vs_bf16(r["workload"], r["mode"], r["threads"])
+            verdict = ""
+            if target is not None and r["ratio_seqpack_bf16"] is not None:
+                verdict = f">={target:g} {'ok' if r['ratio_seqpack_bf16'] >= target else 'MISS'}"
+            print(f"{r['threads']:>7} {r['workload']:<15} {r['mode']:<15} {fmt_s(r['seqpack_sec']):>10} "
+                  f"{fmt_s(r['seqpack_bf16_sec']):>10} {fmt_r(r['ratio_seqpack_bf16']):>9} "
+                  f"{fmt_r(r['cpu_ratio_seqpack_bf16']):>9} {verdict:>10}")
 
     gem = [r for r in results if r.get("onednn_flops_per_s")]
     if gem:
         print()
-        print(f"GEMM rate at 1 thread, {args.precision}: the FLOPs of the GEMMs seqpack issues for the "
-              f"mode per second of seqpack's CPU time, against oneDNN's own rate on exactly those "
-              f"products measured in this run (bench_gemm BM_workload_gemms: {args.precision} "
-              f"matmul, steps on weights laid out once):")
-        print(f"{'workload':<15} {'mode':<15} {'GFLOP':>7} {'oneDNN GFLOP/s':>14} "
-              f"{'seqpack GFLOP/s':>15} {'% of oneDNN':>11}")
+        if args.precision == "int8":
+            print("GEMM rate at 1 thread, int8: the operations (2 per multiply-add) of the GEMMs "
+                  "seqpack issues for the mode per second of seqpack's CPU time, against its int8 "
+                  "engine's own rate on exactly those products measured in this run (bench_gemm "
+                  "BM_workload_gemms: rows quantized per product, weights once; set the engine's "
+                  "rate against the int8 peak, bench_gemm BM_int8_peak, and BM_int8_gemm per "
+                  "shape):")
+        else:
+            print(f"GEMM rate at 1 thread, {args.precision}: the FLOPs of the GEMMs seqpack issues "
+                  f"for the mode per second of seqpack's CPU time, against oneDNN's own rate on "
+                  f"exactly those products measured in this run (bench_gemm BM_workload_gemms: "
+                  f"{args.precision} matmul, steps on weights laid out once):")
+        ref, unit = ("engine", "GOP") if args.precision == "int8" else ("oneDNN", "GFLOP")
+        print(f"{'workload':<15} {'mode':<15} {unit:>7} {f'{ref} {unit}/s':>14} "
+              f"{f'seqpack {unit}/s':>15} {f'% of {ref}':>11}")
         for r in gem:
             achieved = r["gemm_flop"] / r["seqpack_cpu"]
             r["seqpack_gemm_fraction_of_onednn"] = achieved / r["onednn_flops_per_s"]
@@ -493,8 +627,9 @@ def main():
               f"it ran the mode's unavoidable GEMM FLOPs")
         print(f"(min_flops: zero-h0 rows skipped; train = 3x forward) at the sgemm rate above, with "
               f"the elementwise gate work free; 'at peak' runs them at the core's arithmetic peak "
-              f"instead ({args.precision} multiply-adds in registers, bench_gemm BM_fma_peak: "
-              f"{peak / 1e9 if peak else float('nan'):.1f} GFLOP/s), which no implementation "
+              f"instead ({peak_source(args.precision)}: "
+              f"{peak / 1e9 if peak else float('nan'):.1f} "
+              f"{'GOP/s' if args.precision == 'int8' else 'GFLOP/s'}), which no implementation "
               f"can beat. A target above that ceiling cannot be met against this torch on this "
               f"machine:")
         print(f"{'workload':<15} {'mode':<15} {'GFLOP':>7} {'floor s':>9} {'seqpack s':>10} "
@@ -508,6 +643,9 @@ def main():
             r["ceiling"] = r["torch_sec"] / floor
             r["ceiling_cpu"] = r["torch_cpu"] / floor
             r["ceiling_peak"] = r["torch_sec"] * peak / flops if peak else None
+            if peak and r["peers"]:
+                # The same ceiling against torch's fastest configuration (print_fastest).
+                r["ceiling_peak_fastest"] = min(v[0] for v in r["peers"].values()) * peak / flops
             target = target_of(r["workload"], r["mode"], 1, args.precision, cpu)
             note = ""
             if target is not None:
@@ -539,7 +677,9 @@ def main():
                       f"{fmt_r(b['torch_sec'] / r['torch_sec'] if r['torch_sec'] else None):>8}")
 
     linearity = []
-    if not args.quick and not args.no_linearity:
+    if not args.quick and not args.no_linearity and args.precision == "int8":
+        print("\nlinearity: not at --precision int8 (it checks train_packed; int8 is inference only)")
+    elif not args.quick and not args.no_linearity:
         threads = thread_counts[0]
         print()
         print(f"linearity: seqpack train_packed with every length doubled (--scale 2), "

@@ -1,6 +1,6 @@
 #!/usr/bin/python3
 """The torch side of bench/compare_torch.py: times torch.nn on one workload in
-one configuration (fp32 or bf16 module; packed or padded input).
+one configuration (fp32, bf16 or int8 module; packed or padded input).
 
 compare_torch.py uses it in-process for the torch it runs under (1.13 on
 Debian 12) and, with --torch-2.6, starts it inside Debian 13 (PyTorch 2.6,
@@ -15,7 +15,13 @@ Configurations of a mode (inputs and weights built outside the timed region):
         (every sequence at max_len: torch's padded path, oneDNN's RNN on 2.x,
         computing on the padding)
     forward_padded: the padded batch only
-with dtype float32, or bfloat16 (module.to(torch.bfloat16) and bf16 input).
+with dtype float32, bfloat16 (module.to(torch.bfloat16) and bf16 input), or
+qint8: PyTorch's int8 inference, torch.ao.quantization.quantize_dynamic(module,
+{nn.LSTM, nn.GRU, nn.RNN}, dtype=torch.qint8) (int8 weights, activations
+quantized per tensor at run time; fp32 input), forward modes only. Neither
+1.13 nor 2.6 has a dynamically quantized nn.RNN (quantize_dynamic leaves it
+in fp32): that configuration is absent (the Absent exception; the server
+replies {"absent": reason}).
 """
 import argparse
 import json
@@ -28,7 +34,25 @@ from torch.nn.utils.rnn import PackedSequence, pack_padded_sequence
 
 from torch_threads import add_malloc_option, apply_malloc, malloc_settings, set_torch_threads
 
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "qint8": torch.qint8}
+
+
+class Absent(Exception):
+    """A configuration this torch does not have (its message says why)."""
+
+
+def quantized_module(m):
+    """PyTorch's int8 inference module for m: quantize_dynamic with qint8 weights.
+    quantize_dynamic swaps the children of the module it is given, never that module
+    itself, so m goes in inside a Sequential. Raises Absent where this torch has no
+    dynamically quantized module of m's type (it would leave m in fp32)."""
+    nn = torch.nn
+    q = torch.ao.quantization.quantize_dynamic(nn.Sequential(m), {nn.LSTM, nn.GRU, nn.RNN},
+                                               dtype=torch.qint8)[0]
+    if type(q) is type(m):
+        raise Absent(f"torch {torch.__version__}'s quantize_dynamic has no int8 "
+                     f"nn.{type(m).__name__} (it leaves the module in fp32)")
+    return q
 
 
 def median_time(run, min_time, slow_single):
@@ -74,9 +98,15 @@ def torch_module(w):
 
 
 def torch_bench(w, mode, lengths, min_time, slow_single, dtype=torch.float32, layout="packed"):
-    """(median seconds, median CPU seconds, runs) of torch.nn on `mode`."""
+    """(median seconds, median CPU seconds, runs) of torch.nn on `mode`. dtype
+    torch.qint8 is quantize_dynamic's module on fp32 input (forward modes only)."""
     torch.manual_seed(0)
-    m = torch_module(w).to(dtype)
+    if dtype == torch.qint8:
+        if mode == "train_packed":
+            raise Absent("int8 (quantize_dynamic) is for inference: no train_packed")
+        m, dtype = quantized_module(torch_module(w)), torch.float32
+    else:
+        m = torch_module(w).to(dtype)
     batch, max_len = len(lengths), max(lengths)
     x = (torch.rand(max_len, batch, w["input_size"]) * 2 - 1).to(dtype)
     if mode == "forward_padded" or (mode == "forward_packed" and layout == "padded"):
@@ -135,6 +165,8 @@ def serve():
             continue
         try:
             reply(handle(json.loads(line)))
+        except Absent as e:
+            reply(dict(absent=str(e)))
         except Exception as e:  # the client reports it with the request
             reply(dict(error=f"{type(e).__name__}: {e}"))
 
