@@ -19,7 +19,7 @@ import seqpack
 import seqpack.torch as st
 from helpers import base_seed
 
-pytestmark = pytest.mark.skipif(
+needs_int8 = pytest.mark.skipif(
     not seqpack.cpu_info()["native_int8"],
     reason=f"int8 needs AVX512-VNNI; this CPU's ISA is {seqpack.cpu_info()['isa']}")
 
@@ -73,6 +73,7 @@ GRID = [("LSTM", dict(num_layers=2, bidirectional=True)),
         ("RNN_RELU", dict(num_layers=1))]
 
 
+@needs_int8
 @pytest.mark.parametrize("hidden", [16, 96])
 @pytest.mark.parametrize("mode,kwargs", GRID, ids=[f"{m}-{i}" for i, (m, _) in enumerate(GRID)])
 def test_within_bound_of_float64_reference(mode, kwargs, hidden):
@@ -87,6 +88,7 @@ def test_within_bound_of_float64_reference(mode, kwargs, hidden):
     assert e["output"] > 1e-5, e
 
 
+@needs_int8
 @pytest.mark.parametrize("mode", ["LSTM", "GRU"])
 def test_error_not_larger_than_torchs_quantize_dynamic(mode):
     seed = base_seed()
@@ -125,6 +127,7 @@ def batch(n, steps, features, seed):
     return x, lengths
 
 
+@needs_int8
 @pytest.mark.parametrize("mode", ["LSTM", "GRU", "RNN_TANH"])
 def test_batch_invariant_bits(mode):
     """A sequence gives the same bits alone and inside batches of others
@@ -147,6 +150,7 @@ def test_batch_invariant_bits(mode):
     assert torch.equal(out2[:9].flip(0), out)
 
 
+@needs_int8
 def test_packed_and_padded_give_the_same_bits():
     seed = base_seed()
     q = st.quantize_dynamic(make("LSTM", 10, 20, seed, num_layers=2, bidirectional=True))
@@ -169,6 +173,7 @@ def test_packed_and_padded_give_the_same_bits():
     assert torch.equal(out_f, out_fl)
 
 
+@needs_int8
 def test_model_swap_semantics_and_state_dict_round_trip():
     seed = base_seed()
     torch.manual_seed(seed)
@@ -205,6 +210,7 @@ def test_model_swap_semantics_and_state_dict_round_trip():
     fp32.load_state_dict(q.state_dict())
 
 
+@needs_int8
 def test_inplace_and_the_model_itself():
     m = make("GRU", 5, 7, base_seed())
     q = st.quantize_dynamic(m)
@@ -214,6 +220,7 @@ def test_inplace_and_the_model_itself():
     assert same is container and type(container[0]) is st.QuantizedRNN
 
 
+@needs_int8
 def test_qconfig_spec_as_torch_reads_it():
     torch.manual_seed(base_seed())
     model = torch.nn.ModuleDict({
@@ -242,17 +249,20 @@ def test_qconfig_spec_as_torch_reads_it():
         st.quantize_dynamic(model, "a")
 
 
+@needs_int8
 @pytest.mark.parametrize("dtype", [torch.float16, torch.quint8, torch.float32])
 def test_dtype_other_than_qint8_is_refused(dtype):
     with pytest.raises(ValueError, match=f"dtype = {dtype} is not supported"):
         st.quantize_dynamic(torch.nn.LSTM(3, 4), dtype=dtype)
 
 
+@needs_int8
 def test_float64_model_is_refused():
     with pytest.raises(ValueError, match="torch.float64 weights"):
         st.quantize_dynamic(torch.nn.LSTM(3, 4).double())
 
 
+@needs_int8
 def test_inference_only():
     q = st.quantize_dynamic(torch.nn.Sequential(torch.nn.LSTM(3, 4)))
     x = inputs((5, 2, 3), 0)
@@ -275,6 +285,7 @@ def test_inference_only():
                                      False, False, 0, 0.0, True, None, "int8")
 
 
+@needs_int8
 def test_torchscript_gives_the_eager_bits(tmp_path):
     seed = base_seed()
     torch.manual_seed(seed)
@@ -303,6 +314,7 @@ needs_compile = pytest.mark.skipif(
            f"this is {torch.__version__}")
 
 
+@needs_int8
 @needs_compile
 def test_torch_compile_gives_the_eager_bits():
     import torch._dynamo
@@ -323,6 +335,7 @@ def test_torch_compile_gives_the_eager_bits():
     torch._dynamo.reset()
 
 
+@needs_int8
 def test_threads_share_the_quantized_weights():
     """Several threads, several models: each result is the serial one (the
     operators' cache of quantized weights is shared and locked)."""
