@@ -1,7 +1,7 @@
 """int8 inference for recurrent layers: seqpack.torch.quantize_dynamic.
 
     import seqpack.torch as st
-    qmodel = st.quantize_dynamic(model)          # shaped like torch.ao.quantization.quantize_dynamic
+    qmodel = st.quantize_dynamic(model)    # as torch.ao.quantization.quantize_dynamic
     with torch.no_grad():
         out = qmodel(tokens, lengths)
 
@@ -190,8 +190,8 @@ def _spec(qconfig_spec) -> dict:
     elif isinstance(qconfig_spec, (set, frozenset, list, tuple)):
         spec = {k: True for k in qconfig_spec}
     else:
-        raise TypeError(f"quantize_dynamic: qconfig_spec must be None, a set of module types and/or "
-                        f"submodule names, or a dict keyed by them, got "
+        raise TypeError(f"quantize_dynamic: qconfig_spec must be None, a set of module types "
+                        f"and/or submodule names, or a dict keyed by them, got "
                         f"{type(qconfig_spec).__name__}")
     for key in spec:
         if not isinstance(key, (type, str)):
