@@ -326,7 +326,7 @@ def test_torch_compile_gives_the_eager_bits():
     # seqpack's layers subclass torch.nn.LSTM/GRU/RNN, where Dynamo stops on
     # purpose unless allow_rnn (docs/python.md).
     with torch._dynamo.config.patch(allow_rnn=True):
-        compiled = torch.compile(q, backend="eager", fullgraph=True, dynamic=True)
+        compiled = torch.compile(q, backend="aot_eager", fullgraph=True, dynamic=True)
         with torch.no_grad():
             for n, steps, s in [(4, 7, 1), (6, 9, 2)]:
                 x, lengths = batch(n, steps, 8, seed + s)
