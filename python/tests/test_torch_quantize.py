@@ -6,6 +6,7 @@ model (its error, which seqpack's must not exceed twice over), and the same
 quantized model run another way (alone against in a batch, packed against
 padded, eager against TorchScript and torch.compile: identical bits)."""
 import copy
+import importlib.util
 import os
 import subprocess
 import sys
@@ -314,9 +315,17 @@ needs_compile = pytest.mark.skipif(
            f"this is {torch.__version__}")
 
 
+# Inductor builds its kernels with setuptools' C++ extension machinery.
+HAS_SETUPTOOLS = importlib.util.find_spec("setuptools.command") is not None
+
+
 @needs_int8
 @needs_compile
-def test_torch_compile_gives_the_eager_bits():
+@pytest.mark.parametrize("backend", [
+    "aot_eager",
+    pytest.param("inductor", marks=pytest.mark.skipif(
+        not HAS_SETUPTOOLS, reason="inductor needs setuptools (python3-setuptools)"))])
+def test_torch_compile_gives_the_eager_bits(backend):
     import torch._dynamo
     seed = base_seed()
     torch.manual_seed(seed)
@@ -326,7 +335,7 @@ def test_torch_compile_gives_the_eager_bits():
     # seqpack's layers subclass torch.nn.LSTM/GRU/RNN, where Dynamo stops on
     # purpose unless allow_rnn (docs/python.md).
     with torch._dynamo.config.patch(allow_rnn=True):
-        compiled = torch.compile(q, backend="aot_eager", fullgraph=True, dynamic=True)
+        compiled = torch.compile(q, backend=backend, fullgraph=True, dynamic=True)
         with torch.no_grad():
             for n, steps, s in [(4, 7, 1), (6, 9, 2)]:
                 x, lengths = batch(n, steps, 8, seed + s)
