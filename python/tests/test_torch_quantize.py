@@ -388,3 +388,46 @@ def test_without_vnni_the_error_names_the_isa():
                          timeout=120)
     assert res.returncode == 0, res.stdout + res.stderr
     assert "refused" in res.stdout and "AVX512-VNNI" in res.stdout, res.stdout
+
+
+class _Exported(torch.nn.Module):
+    def __init__(self, layer):
+        super().__init__()
+        self.rnn = layer
+
+    def forward(self, x):
+        out, (h_n, _) = self.rnn(x)
+        return out, h_n
+
+
+def test_onnx_export_writes_the_float32_model():
+    """torch.onnx.export of a quantized model gives the float32 model's graph
+    and weights (ONNX's float LSTM): the int8 scheme is not exported."""
+    onnx = pytest.importorskip("onnx")
+    import io
+    import warnings
+
+    def export(model):
+        f = io.BytesIO()
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            torch.onnx.export(model, (torch.zeros(3, 2, 4),), f, opset_version=17,
+                              input_names=["x"], output_names=["y", "h"],
+                              dynamic_axes={"x": {0: "time", 1: "batch"},
+                                            "y": {0: "time", 1: "batch"}, "h": {1: "batch"}})
+        return onnx.load_from_string(f.getvalue())
+
+    torch.manual_seed(base_seed())
+    fp32 = _Exported(st.LSTM(4, 5)).eval()
+    a, b = export(fp32), export(st.quantize_dynamic(fp32))
+    assert [n.op_type for n in a.graph.node] == [n.op_type for n in b.graph.node]
+
+    def ops(graph):  # with the subgraphs of If and Loop
+        for n in graph.node:
+            yield n.op_type
+            for attr in n.attribute:
+                if attr.HasField("g"):
+                    yield from ops(attr.g)
+
+    assert "LSTM" in set(ops(b.graph))
+    assert [i.raw_data for i in a.graph.initializer] == [i.raw_data for i in b.graph.initializer]
