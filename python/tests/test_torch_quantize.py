@@ -431,3 +431,17 @@ def test_onnx_export_writes_the_float32_model():
 
     assert "LSTM" in set(ops(b.graph))
     assert [i.raw_data for i in a.graph.initializer] == [i.raw_data for i in b.graph.initializer]
+
+
+@needs_int8
+def test_new_models_at_freed_addresses_are_quantized_afresh():
+    """Models made and dropped one after another (their weights' memory is
+    reused): each is within the bound of its own float64 reference, so no
+    result came from another model's cached quantized weights."""
+    seed = base_seed()
+    x = inputs((6, 2, 5), seed)
+    for i in range(12):
+        m = make("GRU", 5, 6, seed + 10 + i)
+        e = errors(st.quantize_dynamic(m), m, x)
+        assert max(e.values()) <= BOUND, f"model {i}: {e}"
+        del m
