@@ -32,7 +32,8 @@ from torch import Tensor, _VF
 from torch.nn.utils.rnn import PackedSequence
 
 __all__ = ["LSTM", "GRU", "RNN", "pack_padded_sequence", "pad_packed_sequence", "library_path",
-           "StreamingRNN", "collate_packed", "collate_padded", "CharClassifier", "load_classifier"]
+           "StreamingRNN", "collate_packed", "collate_padded", "CharClassifier", "load_classifier",
+           "quantize_dynamic", "QuantizedLSTM", "QuantizedGRU", "QuantizedRNN"]
 
 _LIBRARY = os.path.join(os.path.dirname(os.path.abspath(__file__)), "libseqpack_torch.so")
 if not os.path.exists(_LIBRARY):
@@ -696,3 +697,5 @@ from .torch_streaming import StreamingRNN  # noqa: E402
 from .torch_data import collate_packed, collate_padded  # noqa: E402
 # A model saved by `seqpack train` as a torch module (seqpack/torch_classifier.py).
 from .torch_classifier import CharClassifier, load_classifier  # noqa: E402
+# int8 inference: quantize_dynamic and its layers (seqpack/torch_quantize.py).
+from .torch_quantize import QuantizedGRU, QuantizedLSTM, QuantizedRNN, quantize_dynamic  # noqa: E402

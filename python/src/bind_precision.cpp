@@ -9,12 +9,14 @@ namespace py = pybind11;
 namespace seqpack::python {
 
 void bind_precision(py::module_& m) {
-  py::enum_<Precision>(m, "Precision").value("fp32", Precision::fp32).value("bf16", Precision::bf16);
+  py::enum_<Precision>(m, "Precision").value("fp32", Precision::fp32).value("bf16", Precision::bf16)
+      .value("int8", Precision::int8);
   m.def("cpu_info", [] {
     const CpuInfo c = cpu_info();
     py::dict d;
     d["isa"] = c.isa;
     d["native_bf16"] = c.native_bf16;
+    d["native_int8"] = c.native_int8;
     d["amx"] = c.amx;
     d["onednn_version"] = c.onednn_version;
     d["blas"] = c.blas;
