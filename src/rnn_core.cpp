@@ -175,8 +175,11 @@ void run_threads(int nt, F&& body) {
   }
   // No exception may leave the region (std::terminate): kept, rethrown after it.
   cpu::OmpErrors errors;
+  // The caller's int8 weights (a thread's own) go with it to every thread.
+  const std::vector<cpu::PreparedInt8>* prepared = cpu::prepared_int8_in_scope();
 #pragma omp parallel num_threads(nt)
   errors.run([&] {
+    const cpu::PreparedInt8Scope scope(prepared);
     // The column split (and the engine's step ranges) were planned for nt
     // threads; a smaller team runs it all on one thread.
     if (omp_get_num_threads() == nt) {

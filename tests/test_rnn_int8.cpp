@@ -479,7 +479,14 @@ TEST(RNNInt8, QuantizedOnceEqualsQuantizedPerCallAndChecksItsTensors) {
   const PackingPlan plan = PackingPlan::from_lengths({5, 8, 0, 3}, false);
   const Tensor x = random_tensor({plan.total_rows(), o.input_size}, 1.0, gen);
   const auto q = rnn_quantize_int8(o, weights);
+  // Every thread of the call (two directions side by side at 2 threads)
+  // uses the quantized weights: none is quantized again.
+  const int threads_before = num_threads();
+  set_num_threads(2);
+  const int64_t quantized_before = cpu::int8_weight_quantizations();
   const auto once = rnn_forward(o, weights, x, plan, {}, {}, false, false, 0, q.get());
+  EXPECT_EQ(cpu::int8_weight_quantizations(), quantized_before);
+  set_num_threads(threads_before);
   const auto each = rnn_forward(o, weights, x, plan, {}, {}, false, false);
   ASSERT_EQ(std::memcmp(once.output.raw_data(), each.output.raw_data(),
                         static_cast<std::size_t>(each.output.numel()) * sizeof(float)),

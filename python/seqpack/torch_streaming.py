@@ -8,7 +8,11 @@ torch.nn (or seqpack.torch) LSTM/GRU/RNN, with torch tensors in and out.
     h, c = streams.state(a)                               # [num_layers, 256] each
 
 The module's parameters are read at every push (views, no copy), so training
-or load_state_dict between pushes is seen by the next push. The recurrence
+or load_state_dict between pushes is seen by the next push. An int8 layer
+(seqpack.torch.quantize_dynamic's) streams at int8: its weight matrices are
+quantized when the streams are made and again at a push after an in-place
+change to them (torch's version counter; a change through `.data` is not
+seen). The recurrence
 runs in seqpack's C++ core (include/seqpack/streaming.h), one packed batch per
 push, without autograd: it is for inference. Chunks are [len, input_size]
 whatever the module's batch_first (a chunk is one stream's time steps).
@@ -50,8 +54,11 @@ class StreamingRNN:
                              "unidirectional modules can stream")
         self.module = module
         self.mode = module.mode
+        from .torch_quantize import _Int8Layer  # noqa: PLC0415 (torch_quantize imports torch.py)
+        self.precision = "int8" if isinstance(module, _Int8Layer) else "fp32"
         self._impl = None
         self._key = None
+        self._versions = None
         self._core()
 
     def _core(self):
@@ -64,15 +71,22 @@ class StreamingRNN:
             m = self.module
             options = _seqpack.RNNOptions(_CORE_MODES[m.mode], m.input_size, m.hidden_size,
                                           m.num_layers, m.bias, False, 0.0, False, m.proj_size,
-                                          _CORE_DTYPES.get(dtype, _seqpack.DType.float32))
+                                          _CORE_DTYPES.get(dtype, _seqpack.DType.float32),
+                                          getattr(_seqpack.Precision, self.precision))
             self._arrays = [_np(w, f"parameter {n}")
                             for w, n in zip(weights, self.module._flat_weights_names)]
             self._impl = _seqpack.StreamingRNN(options, self._arrays)
             self._key = key
+            self._versions = tuple(w._version for w in weights)
         elif key != self._key:
             raise ValueError("StreamingRNN: the module's parameter tensors were replaced (for "
                              "example by .to() or .double()) after the streams were created; "
                              "create a new StreamingRNN")
+        elif self.precision == "int8":
+            versions = tuple(w._version for w in weights)
+            if versions != self._versions:
+                self._impl.requantize()
+                self._versions = versions
         return self._impl
 
     def _state(self, hx, name):

@@ -445,3 +445,36 @@ def test_new_models_at_freed_addresses_are_quantized_afresh():
         e = errors(st.quantize_dynamic(m), m, x)
         assert max(e.values()) <= BOUND, f"model {i}: {e}"
         del m
+
+
+@needs_int8
+@pytest.mark.parametrize("mode", ["LSTM", "GRU"])
+def test_streaming_an_int8_layer_equals_its_forward_and_sees_weight_changes(mode):
+    """seqpack.torch.StreamingRNN over a quantized layer streams at int8: a
+    sequence fed in chunks, beside another stream, gives the layer's forward
+    over the whole sequence (equal values: the rows are quantized one by one),
+    and an in-place change to the weights is seen at the next push."""
+    from seqpack.torch_streaming import StreamingRNN
+    q = st.quantize_dynamic(make(mode, 6, 24, base_seed() + 3, num_layers=2))
+    x = inputs((17, 1, 6), base_seed() + 4)
+    other = inputs((9, 6), base_seed() + 5)
+    streams = StreamingRNN(q)
+    assert streams.precision == "int8"
+    a, b = streams.open(), streams.open()
+    got = []
+    at = 0
+    for n, m in ((1, 3), (7, 0), (0, 4), (9, 2)):
+        ya, _ = streams.push([a, b], [x[at:at + n, 0], other[:m]])
+        got.append(ya)
+        at += n
+    with torch.no_grad():
+        whole, _ = q(x)
+    assert torch.equal(torch.cat(got), whole[:, 0])
+    with torch.no_grad():
+        for name in q._flat_weights_names:
+            if name.startswith("weight"):
+                getattr(q, name).mul_(0.5)
+        halved, _ = q(x)
+    c = streams.open()
+    (yc,) = streams.push([c], [x[:, 0]])
+    assert torch.equal(yc, halved[:, 0])

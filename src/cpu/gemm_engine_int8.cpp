@@ -104,6 +104,8 @@ PreparedInt8Scope::PreparedInt8Scope(const std::vector<PreparedInt8>* prepared)
 }
 PreparedInt8Scope::~PreparedInt8Scope() { prepared_in_scope() = saved_; }
 
+const std::vector<PreparedInt8>* prepared_int8_in_scope() { return prepared_in_scope(); }
+
 const QuantizedWeights* find_prepared_int8(const float* b, bool trans, int64_t k, int64_t n,
                                            int64_t ld) {
   const std::vector<PreparedInt8>* prepared = prepared_in_scope();

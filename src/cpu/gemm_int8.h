@@ -77,6 +77,9 @@ struct QuantizedWeights {
 // B[kk][j] = trans_b ? b[j * ldb + kk] : b[kk * ldb + j].
 void quantize_weights_s8(const float* b, bool trans_b, int64_t k, int64_t n, int64_t ldb,
                          QuantizedWeights& out);
+// How many matrices quantize_weights_s8 has quantized in this process (tests
+// check that weights quantized once are not quantized again).
+int64_t int8_weight_quantizations();
 
 // Weights quantized ahead of the products that read them (an RNN's, once per
 // model: seqpack::rnn_quantize_int8). While a PreparedInt8Scope is alive on a
@@ -99,6 +102,9 @@ class PreparedInt8Scope {
  private:
   const std::vector<PreparedInt8>* saved_;
 };
+// The prepared weights of this thread's scope (null: none), for a scope on
+// the threads it starts.
+const std::vector<PreparedInt8>* prepared_int8_in_scope();
 // The prepared weights for op(b) [k, n] in the current scope, or null.
 const QuantizedWeights* find_prepared_int8(const float* b, bool trans, int64_t k, int64_t n,
                                            int64_t ld);

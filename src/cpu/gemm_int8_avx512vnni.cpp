@@ -17,6 +17,7 @@
 #include <omp.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstring>
 #include <limits>
@@ -184,8 +185,15 @@ void quantize_rows_u8(int64_t m, int64_t k, const float* x, int64_t ldx, Quantiz
   for (int64_t i = 0; i < m; ++i) quantize_row(x + i * ldx, k, q + i * out.ld, out.ld, s + i, z + i);
 }
 
+namespace {
+std::atomic<int64_t> weight_quantizations{0};
+}  // namespace
+
+int64_t int8_weight_quantizations() { return weight_quantizations.load(); }
+
 void quantize_weights_s8(const float* b, bool trans_b, int64_t k, int64_t n, int64_t ldb,
                          QuantizedWeights& out) {
+  ++weight_quantizations;
   out.k = k;
   out.n = n;
   out.k4 = (k + 3) / 4;
