@@ -26,14 +26,17 @@ _DTYPES = {np.dtype(np.float32): _seqpack.DType.float32,
 IncompatibleKeys = namedtuple("IncompatibleKeys", ["missing_keys", "unexpected_keys"])
 
 
-_PRECISIONS = {"fp32": _seqpack.Precision.fp32, "bf16": _seqpack.Precision.bf16}
+_PRECISIONS = {"fp32": _seqpack.Precision.fp32, "bf16": _seqpack.Precision.bf16,
+               "int8": _seqpack.Precision.int8}
 
 
 def _precision(precision):
-    """'fp32', 'bf16' or 'auto' (bf16 where the CPU has native bf16) -> 'fp32' or 'bf16'.
-    An explicit 'bf16' on a CPU without native bf16 raises ValueError naming its ISA."""
-    if precision not in ("fp32", "bf16", "auto"):
-        raise ValueError(f"precision must be 'fp32', 'bf16' or 'auto', got {precision!r}")
+    """'fp32', 'bf16', 'int8' or 'auto' (bf16 where the CPU has native bf16) -> the
+    name. An explicit 'bf16' or 'int8' on a CPU without its dot products raises
+    ValueError naming its ISA. 'int8' is for inference: forwards in eval() mode,
+    saving nothing for backward() (docs/performance.md, "int8 numerics")."""
+    if precision not in ("fp32", "bf16", "int8", "auto"):
+        raise ValueError(f"precision must be 'fp32', 'bf16', 'int8' or 'auto', got {precision!r}")
     return _seqpack.resolve_precision(precision).name
 
 

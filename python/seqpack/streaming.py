@@ -65,6 +65,12 @@ class StreamingRNN:
         """Back to hx (zeros when None), as if the stream had just opened."""
         self._impl.reset(as_int(stream_id, "stream_id"), *self._state_arrays(hx, "hx"))
 
+    def requantize(self):
+        """At precision 'int8': quantize the module's weight matrices again (they
+        were quantized when the streams were made; the biases are read at each
+        push). Nothing to do at other precisions."""
+        self._impl.requantize()
+
     def close(self, stream_id):
         """Forgets the stream; its id is rejected from now on."""
         self._impl.close(as_int(stream_id, "stream_id"))

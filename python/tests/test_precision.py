@@ -52,6 +52,46 @@ def test_bf16_gradients_agree_with_fp32():
         assert cos >= 0.999, (k, cos)
 
 
+needs_int8 = pytest.mark.skipif(not seqpack.cpu_info()["native_int8"],
+                                reason=f"no AVX512-VNNI on {seqpack.cpu_info()['isa']}")
+
+
+@needs_int8
+@pytest.mark.parametrize("cls", [nn.LSTM, nn.GRU, nn.RNN])
+def test_int8_close_to_fp32_in_eval_and_refused_in_training(cls):
+    a = cls(24, 96, num_layers=2, bidirectional=True, seed=3)
+    b = cls(24, 96, num_layers=2, bidirectional=True, seed=3, precision="int8")
+    assert b.precision == "int8"
+    a.eval()
+    b.eval()
+    out_a, _ = _run(a)
+    out_b, _ = _run(b)
+    err = np.max(np.abs(out_a.data - out_b.data))
+    assert 0 < err <= 0.03, err  # quantized (not fp32 by mistake), within the documented bound
+    with pytest.raises(ValueError, match="int8 is for inference only"):
+        b.backward(np.ones_like(out_b.data), None, None)
+    b.train()
+    with pytest.raises(ValueError, match="int8 is for inference only, but this forward is in "
+                                         "training mode"):
+        _run(b)
+
+
+@needs_int8
+def test_int8_streams_give_the_layers_forward():
+    """seqpack.StreamingRNN over an int8 layer: chunks of a sequence, beside
+    another stream, give the values of the layer's forward over it."""
+    layer = nn.LSTM(5, 32, num_layers=2, seed=2, precision="int8")
+    layer.eval()
+    rng = np.random.default_rng(6)
+    x = rng.uniform(-1, 1, (13, 5)).astype(np.float32)
+    whole, _ = layer(seqpack.pack_sequence([x]))
+    from seqpack.streaming import StreamingRNN
+    streams = StreamingRNN(layer)
+    a, b = streams.open(), streams.open()
+    got = [streams.push([a, b], [x[i:j], x[:3]])[0] for i, j in ((0, 4), (4, 4), (4, 13))]
+    assert np.array_equal(np.concatenate(got), whole.data)
+
+
 def test_auto_follows_the_cpu():
     layer = nn.GRU(4, 5, precision="auto")
     assert layer.precision == ("bf16" if NATIVE else "fp32")
