@@ -43,40 +43,10 @@ constexpr double kGradRelRelu = 0.25;
 #define SKIP_WITHOUT_BF16()                                                        \
   if (!cpu_info().native_bf16) GTEST_SKIP() << "no native bf16 on " << cpu_info().isa
 
-Tensor random_tensor(const Shape& s, double scale, std::mt19937_64& gen) {
-  Tensor t = Tensor::empty(s, DType::f32);
-  std::uniform_real_distribution<float> u(static_cast<float>(-scale), static_cast<float>(scale));
-  for (int64_t i = 0; i < t.numel(); ++i) t.data<float>()[i] = u(gen);
-  return t;
-}
-
-// Rows of caller's sequence b in `plan`'s packed layout, in time order.
-std::vector<int64_t> rows_of(const PackingPlan& plan, int64_t b) {
-  std::vector<int64_t> rows;
-  const auto& idx = plan.padded_index();
-  for (int64_t r = 0; r < static_cast<int64_t>(idx.size()); ++r) {
-    if (idx[static_cast<std::size_t>(r)] % plan.batch() == b) rows.push_back(r);
-  }
-  return rows;
-}
-
-Tensor gather_rows(const Tensor& packed, const std::vector<int64_t>& rows) {
-  const int64_t F = packed.size(1);
-  Tensor out = Tensor::empty({static_cast<int64_t>(rows.size()), F}, DType::f64);
-  for (std::size_t i = 0; i < rows.size(); ++i)
-    for (int64_t f = 0; f < F; ++f)
-      out.data<double>()[static_cast<int64_t>(i) * F + f] = packed.item_as_double(rows[i] * F + f);
-  return out;
-}
-
-double max_abs_diff(const Tensor& a, const Tensor& b) {
-  double worst = 0;
-  for (int64_t i = 0; i < a.numel(); ++i) {
-    const double d = std::fabs(a.item_as_double(i) - b.item_as_double(i));
-    if (!(d <= worst)) worst = d;  // NaN wins
-  }
-  return worst;
-}
+using testing::gather_rows;
+using testing::max_abs_diff;
+using testing::random_tensor;
+using testing::rows_of;
 
 struct Agreement {
   double cosine = 1, rel = 0;
@@ -103,22 +73,14 @@ void check_config(const RNNOptions& base, const std::vector<int64_t>& lengths, b
                   uint64_t seed, Worst& worst) {
   RNNOptions o = base;
   o.precision = Precision::bf16;
-  const std::string what = std::string(rnn_mode_name(o.mode)) + " H" +
-                           std::to_string(o.hidden_size) + " L" + std::to_string(o.num_layers) +
-                           (o.bidirectional ? " bi" : "") +
-                           (o.proj_size ? " P" + std::to_string(o.proj_size) : "") + " seed " +
-                           std::to_string(seed);
-  SCOPED_TRACE(what);
   std::mt19937_64 gen(seed);
-  const PackingPlan plan = PackingPlan::from_lengths(lengths, /*enforce_sorted=*/false);
+  const testing::RnnCase rc = testing::random_rnn_case(o, lengths, give_h0, seed, gen);
+  const std::string& what = rc.name;
+  SCOPED_TRACE(what);
+  const PackingPlan& plan = rc.plan;
+  const std::vector<Tensor>& weights = rc.weights;
+  const Tensor &x = rc.x, &h0 = rc.h0, &c0 = rc.c0;
   const int64_t B = plan.batch(), LD = o.num_layers * o.num_directions();
-  std::vector<Tensor> weights;
-  for (const Shape& s : rnn_parameter_shapes(o))
-    weights.push_back(random_tensor(s, 1.0 / std::sqrt(double(o.hidden_size)), gen));
-  const Tensor x = random_tensor({plan.total_rows(), o.input_size}, 1.0, gen);
-  const Tensor h0 = give_h0 ? random_tensor({LD, B, o.real_hidden_size()}, 0.5, gen) : Tensor();
-  const Tensor c0 =
-      give_h0 && o.mode == RNNMode::lstm ? random_tensor({LD, B, o.hidden_size}, 0.5, gen) : Tensor();
   const auto fwd = rnn_forward(o, weights, x, plan, h0, c0, /*training=*/false, true);
   {  // without saving (other state buffers, the same bf16 rows): the same bits
     const auto unsaved = rnn_forward(o, weights, x, plan, h0, c0, /*training=*/false, false);

@@ -87,26 +87,8 @@ class Rng {
 double fwd_tol(DType d) { return d == DType::f64 ? 1e-10 : 1e-5; }
 double grad_tol(DType d) { return d == DType::f64 ? 1e-9 : 1e-4; }
 
-// Rows of caller's sequence b in the packed data of `plan`.
-std::vector<int64_t> rows_of(const PackingPlan& plan, int64_t b) {
-  std::vector<int64_t> rows;
-  const auto& idx = plan.padded_index();
-  for (int64_t r = 0; r < static_cast<int64_t>(idx.size()); ++r) {
-    if (idx[static_cast<size_t>(r)] % plan.batch() == b) rows.push_back(r);  // in time order
-  }
-  return rows;
-}
-
-Tensor gather_rows(const Tensor& packed, const std::vector<int64_t>& rows) {
-  const int64_t F = packed.size(1);
-  Tensor out = Tensor::empty({static_cast<int64_t>(rows.size()), F}, DType::f64);
-  for (size_t i = 0; i < rows.size(); ++i) {
-    for (int64_t f = 0; f < F; ++f) {
-      out.data<double>()[static_cast<int64_t>(i) * F + f] = packed.item_as_double(rows[i] * F + f);
-    }
-  }
-  return out;
-}
+using seqpack::testing::gather_rows;
+using seqpack::testing::rows_of;
 
 TEST(RNNFastVsReference, RandomConfigurationsForwardAndBackward) {
   const uint64_t seed = seqpack::testing::test_seed();

@@ -18,6 +18,8 @@
 #include <string>
 #include <vector>
 
+#include "seqpack/packed_sequence.h"
+#include "seqpack/rnn.h"
 #include "seqpack/tensor.h"
 
 namespace seqpack::testing {
@@ -167,6 +169,72 @@ inline Tensor random_tensor(const Shape& shape, DType dtype, std::mt19937_64& rn
     }
   }
   return t;
+}
+
+// float32, uniform in [-scale, scale).
+inline Tensor random_tensor(const Shape& shape, double scale, std::mt19937_64& rng) {
+  Tensor t = Tensor::empty(shape, DType::f32);
+  std::uniform_real_distribution<float> u(static_cast<float>(-scale), static_cast<float>(scale));
+  for (int64_t i = 0; i < t.numel(); ++i) t.data<float>()[i] = u(rng);
+  return t;
+}
+
+// Rows of caller's sequence b in `plan`'s packed layout, in time order.
+inline std::vector<int64_t> rows_of(const PackingPlan& plan, int64_t b) {
+  std::vector<int64_t> rows;
+  const auto& idx = plan.padded_index();
+  for (int64_t r = 0; r < static_cast<int64_t>(idx.size()); ++r) {
+    if (idx[static_cast<std::size_t>(r)] % plan.batch() == b) rows.push_back(r);
+  }
+  return rows;
+}
+
+// Those rows of packed [rows, F], as float64 [rows.size(), F].
+inline Tensor gather_rows(const Tensor& packed, const std::vector<int64_t>& rows) {
+  const int64_t F = packed.size(1);
+  Tensor out = Tensor::empty({static_cast<int64_t>(rows.size()), F}, DType::f64);
+  for (std::size_t i = 0; i < rows.size(); ++i)
+    for (int64_t f = 0; f < F; ++f)
+      out.data<double>()[static_cast<int64_t>(i) * F + f] = packed.item_as_double(rows[i] * F + f);
+  return out;
+}
+
+// max |a - b| over the elements (NaN wins).
+inline double max_abs_diff(const Tensor& a, const Tensor& b) {
+  double worst = 0;
+  for (int64_t i = 0; i < a.numel(); ++i) {
+    const double d = std::fabs(a.item_as_double(i) - b.item_as_double(i));
+    if (!(d <= worst)) worst = d;
+  }
+  return worst;
+}
+
+// A random recurrent-layer case of the parity grids (test_rnn_bf16,
+// test_rnn_int8): weights U(-1/sqrt(H), 1/sqrt(H)) (torch's initialisation),
+// input U(-1, 1), with give_h0 h0 (and an LSTM's c0) U(-0.5, 0.5), drawn in
+// that order from `gen`, which the caller may go on drawing from.
+struct RnnCase {
+  std::string name;  // mode, sizes and seed, for SCOPED_TRACE
+  PackingPlan plan;
+  std::vector<Tensor> weights;
+  Tensor x, h0, c0;
+};
+inline RnnCase random_rnn_case(const RNNOptions& o, const std::vector<int64_t>& lengths,
+                               bool give_h0, uint64_t seed, std::mt19937_64& gen) {
+  RnnCase c{std::string(rnn_mode_name(o.mode)) + " H" + std::to_string(o.hidden_size) + " L" +
+                std::to_string(o.num_layers) + (o.bidirectional ? " bi" : "") +
+                (o.proj_size ? " P" + std::to_string(o.proj_size) : "") + " seed " +
+                std::to_string(seed),
+            PackingPlan::from_lengths(lengths, /*enforce_sorted=*/false), {}, {}, {}, {}};
+  const int64_t B = c.plan.batch(), LD = o.num_layers * o.num_directions();
+  for (const Shape& s : rnn_parameter_shapes(o))
+    c.weights.push_back(random_tensor(s, 1.0 / std::sqrt(double(o.hidden_size)), gen));
+  c.x = random_tensor({c.plan.total_rows(), o.input_size}, 1.0, gen);
+  if (give_h0) {
+    c.h0 = random_tensor({LD, B, o.real_hidden_size()}, 0.5, gen);
+    if (o.mode == RNNMode::lstm) c.c0 = random_tensor({LD, B, o.hidden_size}, 0.5, gen);
+  }
+  return c;
 }
 
 // Same shape, dtype and bytes.
