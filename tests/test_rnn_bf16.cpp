@@ -21,6 +21,7 @@
 #include <string>
 #include <vector>
 
+#include "forward_check.h"
 #include "reference/rnn_reference.h"
 #include "seqpack/classifier.h"
 #include "seqpack/loss.h"
@@ -92,29 +93,17 @@ void check_config(const RNNOptions& base, const std::vector<int64_t>& lengths, b
               0);
   }
 
-  std::vector<Tensor> seqs, gy_rows;
-  std::vector<std::vector<int64_t>> rows;
   const Tensor gy = random_tensor({plan.total_rows(), o.output_size()}, 1.0, gen);
   const Tensor gh = random_tensor({LD, B, o.real_hidden_size()}, 1.0, gen);
-  for (int64_t b = 0; b < B; ++b) {
-    rows.push_back(rows_of(plan, b));
-    seqs.push_back(gather_rows(x, rows.back()));
-    gy_rows.push_back(gather_rows(gy, rows.back()));
-  }
-  const auto ref = rnn_reference_forward(o, weights, seqs, h0, c0);
-  auto note_forward = [&](const Tensor& got, const Tensor& want, const std::string& name) {
-    const double d = max_abs_diff(got, want);
-    EXPECT_LE(d, kForwardAbs) << name;
-    if (!(d <= worst.forward)) {
-      worst.forward = d;
-      worst.forward_at = what + " " + name;
-    }
-  };
-  for (int64_t b = 0; b < B; ++b)
-    note_forward(gather_rows(fwd.output, rows[std::size_t(b)]), ref.outputs[std::size_t(b)],
-                 "output " + std::to_string(b));
-  note_forward(fwd.h_n, ref.h_n, "h_n");
-  if (o.mode == RNNMode::lstm) note_forward(fwd.c_n, ref.c_n, "c_n");
+  const testing::CaseSequences cs = testing::case_sequences(rc);
+  const std::vector<std::vector<int64_t>>& rows = cs.rows;
+  const std::vector<Tensor>& seqs = cs.inputs;
+  std::vector<Tensor> gy_rows;
+  for (const auto& r : rows) gy_rows.push_back(gather_rows(gy, r));
+  testing::WorstForward w{worst.forward, worst.forward_at};
+  testing::check_forward_against_reference(o, rc, cs, fwd, kForwardAbs, w);
+  worst.forward = w.value;
+  worst.forward_at = w.at;
 
   const auto g = rnn_backward(*fwd.saved, gy, gh, {});
   const auto rg =

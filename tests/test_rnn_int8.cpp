@@ -21,6 +21,7 @@
 #include <vector>
 
 #include "cpu/gemm_int8.h"
+#include "forward_check.h"
 #include "reference/rnn_reference.h"
 #include "seqpack/packed_sequence.h"
 #include "seqpack/precision.h"
@@ -180,26 +181,10 @@ void check_config(RNNOptions o, const std::vector<int64_t>& lengths, bool give_h
   const Tensor &x = rc.x, &h0 = rc.h0, &c0 = rc.c0;
   const int64_t B = plan.batch(), LD = o.num_layers * o.num_directions();
   const auto fwd = rnn_forward(o, weights, x, plan, h0, c0, /*training=*/false, false);
-  std::vector<Tensor> seqs;
-  std::vector<std::vector<int64_t>> rows;
-  for (int64_t b = 0; b < B; ++b) {
-    rows.push_back(rows_of(plan, b));
-    seqs.push_back(gather_rows(x, rows.back()));
-  }
-  const auto ref = rnn_reference_forward(o, weights, seqs, h0, c0);
-  auto note = [&](const Tensor& got, const Tensor& want, const std::string& name) {
-    const double d = max_abs_diff(got, want);
-    EXPECT_LE(d, kForwardAbs) << name;
-    if (!(d <= worst.forward)) {
-      worst.forward = d;
-      worst.at = what + " " + name;
-    }
-  };
-  for (int64_t b = 0; b < B; ++b)
-    note(gather_rows(fwd.output, rows[std::size_t(b)]), ref.outputs[std::size_t(b)],
-         "output " + std::to_string(b));
-  note(fwd.h_n, ref.h_n, "h_n");
-  if (o.mode == RNNMode::lstm) note(fwd.c_n, ref.c_n, "c_n");
+  testing::WorstForward w{worst.forward, worst.at};
+  testing::check_forward_against_reference(o, rc, testing::case_sequences(rc), fwd, kForwardAbs, w);
+  worst.forward = w.value;
+  worst.at = w.at;
 }
 
 TEST(RNNInt8, ParityGridAgainstFloat64Reference) {
