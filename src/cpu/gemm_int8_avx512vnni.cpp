@@ -186,7 +186,48 @@ void quantize_rows_u8(int64_t m, int64_t k, const float* x, int64_t ldx, Quantiz
 }
 
 namespace {
+
 std::atomic<int64_t> weight_quantizations{0};
+
+// One column of B stored contiguously (a row of W: trans_b), quantized into
+// its lane of a group: 16 values at a time, the scalar loop's rounding
+// (cvtps rounds to nearest even, as nearbyint does in the default mode).
+SEQPACK_VNNI void quantize_column(const float* w, int64_t k, int64_t k4, int8_t* col, float* scale,
+                                  int32_t* sum) {
+  __m512 vmax = _mm512_setzero_ps();
+  __mmask16 bad = 0;
+  for (int64_t i = 0; i < k; i += 16) {
+    const __mmask16 m = k - i >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << (k - i)) - 1);
+    const __m512 v = _mm512_maskz_loadu_ps(m, w + i);
+    bad |= _mm512_mask_cmp_ps_mask(m, v, v, _CMP_UNORD_Q);
+    vmax = _mm512_max_ps(vmax, _mm512_abs_ps(v));
+  }
+  const float mx = _mm512_reduce_max_ps(vmax);
+  const bool finite = !bad && std::isfinite(mx);
+  *scale = !finite ? std::numeric_limits<float>::quiet_NaN() : mx > 0.f ? mx / 127.f : 1.f;
+  const float inv = finite && mx > 0.f ? 1.f / *scale : 0.f;
+  __m512i total = _mm512_setzero_si512();
+  const __m512 vinv = _mm512_set1_ps(inv);
+  const __m512i lo = _mm512_set1_epi32(-127), hi = _mm512_set1_epi32(127);
+  for (int64_t i = 0; i < k4 * 4; i += 16) {
+    const int64_t left = k - i;
+    const __mmask16 m = left >= 16 ? __mmask16(0xFFFF)
+                        : left <= 0 ? __mmask16(0)
+                                    : __mmask16((1u << left) - 1);
+    __m512i q = _mm512_setzero_si512();
+    if (inv != 0.f) {
+      q = _mm512_cvtps_epi32(_mm512_mul_ps(_mm512_maskz_loadu_ps(m, w + i), vinv));
+      q = _mm512_maskz_mov_epi32(m, _mm512_min_epi32(_mm512_max_epi32(q, lo), hi));
+    }
+    total = _mm512_add_epi32(total, q);
+    alignas(16) int8_t bytes[16];
+    _mm_store_si128(reinterpret_cast<__m128i*>(bytes), _mm512_cvtsepi32_epi8(q));
+    for (int64_t t = 0; t < 4 && i + 4 * t < k4 * 4; ++t)
+      std::memcpy(col + (i / 4 + t) * 64, bytes + 4 * t, 4);
+  }
+  *sum = _mm512_reduce_add_epi32(total);
+}
+
 }  // namespace
 
 int64_t int8_weight_quantizations() { return weight_quantizations.load(); }
@@ -212,6 +253,10 @@ void quantize_weights_s8(const float* b, bool trans_b, int64_t k, int64_t n, int
       for (int64_t kk = 0; kk < out.k4 * 4; ++kk) col[kk / 4 * 64 + kk % 4] = 0;
       sc[j] = 0.f;
       sum[j] = 0;
+      continue;
+    }
+    if (trans_b) {
+      quantize_column(b + j * ldb, k, out.k4, col, sc + j, sum + j);
       continue;
     }
     float mx = 0.f;
