@@ -194,32 +194,7 @@ TEST(RNNBf16, ThousandStepSequence) {
 // sequences get exactly the values of a run without it.
 TEST(RNNBf16, NanInOneSequenceLeavesTheOthersUntouched) {
   SKIP_WITHOUT_BF16();
-  for (RNNMode mode : {RNNMode::lstm, RNNMode::gru, RNNMode::rnn_tanh}) {
-    RNNOptions o{.mode = mode, .input_size = 8, .hidden_size = 40, .num_layers = 2,
-                 .bidirectional = true};
-    o.precision = Precision::bf16;
-    std::mt19937_64 gen(5);
-    const std::vector<int64_t> lengths{6, 9, 4};
-    const PackingPlan plan = PackingPlan::from_lengths(lengths, /*enforce_sorted=*/false);
-    std::vector<Tensor> weights;
-    for (const Shape& s : rnn_parameter_shapes(o)) weights.push_back(random_tensor(s, 0.2, gen));
-    Tensor x = random_tensor({plan.total_rows(), o.input_size}, 1.0, gen);
-    const auto clean = rnn_forward(o, weights, x, plan, {}, {}, false, false);
-    const auto bad_rows = rows_of(plan, 1);
-    Tensor xn = x.clone();
-    xn.data<float>()[bad_rows[2] * o.input_size + 3] = std::numeric_limits<float>::quiet_NaN();
-    const auto dirty = rnn_forward(o, weights, xn, plan, {}, {}, false, false);
-    for (int64_t b : {0, 2}) {
-      const auto r = rows_of(plan, b);
-      const Tensor a = gather_rows(clean.output, r), c = gather_rows(dirty.output, r);
-      for (int64_t i = 0; i < a.numel(); ++i)
-        ASSERT_EQ(a.data<double>()[i], c.data<double>()[i]) << "sequence " << b << " element " << i;
-    }
-    bool nan_seen = false;
-    const Tensor d = gather_rows(dirty.output, bad_rows);
-    for (int64_t i = 0; i < d.numel(); ++i) nan_seen |= std::isnan(d.data<double>()[i]);
-    EXPECT_TRUE(nan_seen) << "the NaN was lost (bf16 conversion must keep NaN)";
-  }
+  testing::check_nan_stays_in_its_sequence(Precision::bf16);
 }
 
 TEST(RNNBf16, FiveThousandStepsStayFinite) {

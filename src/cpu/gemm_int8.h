@@ -17,35 +17,12 @@
 // Rounding is to nearest even (the CPU's default mode) on both sides.
 #pragma once
 
-#include <cstddef>
 #include <cstdint>
-#include <memory>
 #include <vector>
 
+#include "cpu/grow_buffer.h"
+
 namespace seqpack::cpu {
-
-// A buffer that grows without initialising (a step's quantized rows are
-// rewritten at every step), 64-byte aligned.
-template <typename T>
-class GrowBuffer {
- public:
-  T* resize(std::size_t n) {
-    if (n > capacity_) {
-      storage_ = std::make_unique_for_overwrite<T[]>(n + 64 / sizeof(T));
-      const auto addr = reinterpret_cast<std::uintptr_t>(storage_.get());
-      data_ = storage_.get() + ((64 - addr % 64) % 64) / sizeof(T);
-      capacity_ = n;
-    }
-    return data_;
-  }
-  T* data() { return data_; }
-  const T* data() const { return data_; }
-
- private:
-  std::unique_ptr<T[]> storage_;
-  T* data_ = nullptr;
-  std::size_t capacity_ = 0;
-};
 
 // Whether this CPU (as oneDNN dispatches, ONEDNN_MAX_CPU_ISA capping it) and
 // this build can run the int8 kernels: AVX512-VNNI (and AVX512-BW).

@@ -9,6 +9,7 @@
 // 16-column group) and broadcasts 4 bytes of each row of A; each vpdpbusd
 // adds 4 u8·s8 products per lane. The column groups are the outer loop, so a
 // block's B (k * 64 bytes per group) stays in L1 while every row passes.
+
 // GCC 12's AVX-512 headers build some intrinsics (cvtps_epi32, reduce_min)
 // on _mm512_undefined_*(), which its -Wuninitialized reports at every use.
 #pragma GCC diagnostic ignored "-Wuninitialized"
@@ -39,12 +40,18 @@ constexpr int kNV = 4;  // 16-column groups of a register block
 // cannot tell from zero anyway).
 constexpr float kMinSpread = 1e-30f;
 
+// The lanes of a 16-float vector from element i of n: all, the first n - i, or none.
+inline __mmask16 tail_mask(int64_t n, int64_t i) {
+  const int64_t left = n - i;
+  return left >= 16 ? __mmask16(0xFFFF) : left <= 0 ? __mmask16(0) : __mmask16((1u << left) - 1);
+}
+
 SEQPACK_VNNI void quantize_row(const float* x, int64_t k, uint8_t* q, int64_t ld, float* scale,
                                int32_t* zp) {
   __m512 vmin = _mm512_setzero_ps(), vmax = _mm512_setzero_ps();
   __mmask16 bad = 0;
   for (int64_t i = 0; i < k; i += 16) {
-    const __mmask16 m = k - i >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << (k - i)) - 1);
+    const __mmask16 m = tail_mask(k, i);
     const __m512 v = _mm512_maskz_loadu_ps(m, x + i);
     bad |= _mm512_mask_cmp_ps_mask(m, v, v, _CMP_UNORD_Q);
     vmin = _mm512_min_ps(vmin, v);
@@ -67,7 +74,7 @@ SEQPACK_VNNI void quantize_row(const float* x, int64_t k, uint8_t* q, int64_t ld
                 v255 = _mm512_set1_epi32(255);
   int64_t i = 0;
   for (; i < k; i += 16) {
-    const __mmask16 m = k - i >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << (k - i)) - 1);
+    const __mmask16 m = tail_mask(k, i);
     const __m512 v = _mm512_maskz_loadu_ps(m, x + i);
     __m512i t = _mm512_add_epi32(_mm512_cvtps_epi32(_mm512_mul_ps(v, vinv)), vz);
     t = _mm512_min_epi32(_mm512_max_epi32(t, v0), v255);
@@ -197,7 +204,7 @@ SEQPACK_VNNI void quantize_column(const float* w, int64_t k, int64_t k4, int8_t*
   __m512 vmax = _mm512_setzero_ps();
   __mmask16 bad = 0;
   for (int64_t i = 0; i < k; i += 16) {
-    const __mmask16 m = k - i >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << (k - i)) - 1);
+    const __mmask16 m = tail_mask(k, i);
     const __m512 v = _mm512_maskz_loadu_ps(m, w + i);
     bad |= _mm512_mask_cmp_ps_mask(m, v, v, _CMP_UNORD_Q);
     vmax = _mm512_max_ps(vmax, _mm512_abs_ps(v));
@@ -210,10 +217,7 @@ SEQPACK_VNNI void quantize_column(const float* w, int64_t k, int64_t k4, int8_t*
   const __m512 vinv = _mm512_set1_ps(inv);
   const __m512i lo = _mm512_set1_epi32(-127), hi = _mm512_set1_epi32(127);
   for (int64_t i = 0; i < k4 * 4; i += 16) {
-    const int64_t left = k - i;
-    const __mmask16 m = left >= 16 ? __mmask16(0xFFFF)
-                        : left <= 0 ? __mmask16(0)
-                                    : __mmask16((1u << left) - 1);
+    const __mmask16 m = tail_mask(k, i);
     __m512i q = _mm512_setzero_si512();
     if (inv != 0.f) {
       q = _mm512_cvtps_epi32(_mm512_mul_ps(_mm512_maskz_loadu_ps(m, w + i), vinv));

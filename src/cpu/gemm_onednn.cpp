@@ -26,6 +26,7 @@
 #include "cpu/cpu_info.h"
 #include "cpu/gemm.h"
 #include "cpu/gemm_engine.h"
+#include "cpu/grow_buffer.h"
 #include "cpu/onednn_compat.h"
 
 namespace seqpack::cpu {
@@ -94,34 +95,13 @@ const dnnl::engine& cpu_engine() {
   return eng;
 }
 
-// A buffer that grows without initialising what it adds: a std::vector's
-// resize() zero-fills every time a whole-batch product's operand (thousands
-// of rows) follows a step's (one step's rows) in the same staging buffer, a
-// memset as large as the conversion itself.
-template <typename T>
-class Staging {
- public:
-  T* resize(std::size_t n) {
-    if (n > capacity_) {
-      data_ = std::make_unique_for_overwrite<T[]>(n);
-      capacity_ = n;
-    }
-    return data_.get();
-  }
-  T* data() const { return data_.get(); }
-
- private:
-  std::unique_ptr<T[]> data_;
-  std::size_t capacity_ = 0;
-};
-
 // Per-thread state: a stream, bf16 staging buffers and the scratchpad.
 struct ThreadState {
   dnnl::stream stream{cpu_engine()};
-  Staging<uint16_t> a, b;
-  Staging<uint8_t> scratch;
-  Staging<float> c;    // a step's result when its columns are not all of C's
-  Staging<float> a32;  // an f32 step's rows, when strided
+  GrowBuffer<uint16_t> a, b;
+  GrowBuffer<uint8_t> scratch;
+  GrowBuffer<float> c;    // a step's result when its columns are not all of C's
+  GrowBuffer<float> a32;  // an f32 step's rows, when strided
 };
 ThreadState& thread_state() {
   thread_local ThreadState s;
@@ -131,7 +111,7 @@ ThreadState& thread_state() {
 // X [rows, cols] with row stride ldx to a contiguous bf16 [rows, cols]. A
 // transposed operand is staged as it is stored: the primitive reads it
 // through strides.
-void stage(int64_t rows, int64_t cols, const float* x, int64_t ldx, Staging<uint16_t>& out) {
+void stage(int64_t rows, int64_t cols, const float* x, int64_t ldx, GrowBuffer<uint16_t>& out) {
   uint16_t* o = out.resize(static_cast<std::size_t>(rows * cols));
   if (ldx == cols) {
     f32_to_bf16(x, o, rows * cols);
@@ -366,7 +346,7 @@ struct Bf16Rows : RowStore {
 // of a kept store where it holds rows of this width, else x (row stride ld)
 // converted into buf.
 const uint16_t* bf16_operand(const RowStore* kept, int64_t row, int64_t rows, int64_t cols,
-                             const float* x, int64_t ld, Staging<uint16_t>& buf) {
+                             const float* x, int64_t ld, GrowBuffer<uint16_t>& buf) {
   const auto* store = static_cast<const Bf16Rows*>(kept);
   if (store && store->cols == cols) return store->rows_from(row, rows);
   stage(rows, cols, x, ld, buf);
