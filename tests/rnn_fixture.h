@@ -292,38 +292,47 @@ inline Tensor batched_state(const RNNCase& c, const Tensor& s) {
   return s.view({s.size(0), 1, s.size(1)});
 }
 
+// n of fp_close (test_util.h, docs/testing.md) for every value and gradient of
+// a case: its recurrence over every token of the batch (a weight gradient sums
+// over all of them; an output depends on fewer).
+inline int64_t case_n(const RNNCase& c) {
+  int64_t tokens = 0;
+  for (int64_t n : c.lengths) tokens += n;
+  return rnn_reduction_length(c.options, tokens);
+}
+
 // The gradient of parameter `name` against PyTorch's: every element, or the
-// stored sample of them (same mixed tolerance). Reports the first mismatches.
+// stored sample of them (the same bound, scaled by the sample's largest
+// magnitude). Reports the first mismatches.
 inline ::testing::AssertionResult parameter_grad_close(const RNNCase& c, const std::string& name,
-                                                       const Tensor& actual, double tol) {
+                                                       const Tensor& actual) {
   const std::string what = c.name + " grad " + name;
   const auto s = c.sampled_grads.find(name);
-  if (s == c.sampled_grads.end()) return all_close(actual, c.grads.at(name), tol, tol, what);
+  if (s == c.sampled_grads.end()) {
+    return fp_close(actual, c.grads.at(name), case_n(c), c.options.dtype, what);
+  }
   const SampledGrad& g = s->second;
   if (actual.shape() != g.shape) {
     return ::testing::AssertionFailure() << what << ": shape " << shape_str(actual.shape())
                                          << " != expected " << shape_str(g.shape);
   }
+  double scale = 0;
+  for (double e : g.values) scale = std::max(scale, std::fabs(e));
+  const double tol = 2.0 * unit_roundoff(c.options.dtype) * static_cast<double>(case_n(c)) * scale;
   ::testing::AssertionResult res = ::testing::AssertionFailure();
   res << what << " (sampled):";
   int bad = 0;
   for (size_t k = 0; k < g.index.size(); ++k) {
     const double a = actual.item_as_double(g.index[k]), e = g.values[k];
-    if (!(std::fabs(a - e) <= tol + tol * std::fabs(e))) {
+    if (!(std::fabs(a - e) <= tol)) {
       if (bad < 5) res << " [" << g.index[k] << "] got " << a << " expected " << e << ";";
       ++bad;
     }
   }
   if (bad == 0) return ::testing::AssertionSuccess();
-  res << " " << bad << " of " << g.index.size() << " sampled elements differ (tol " << tol << ")";
+  res << " " << bad << " of " << g.index.size() << " sampled elements differ (bound " << tol << ")";
   return res;
 }
 
-// Tolerances of issue 3: float32 forward 1e-5, gradients 1e-4 (mixed rel/abs);
-// float64 fixtures are held much tighter.
-inline double forward_tol(DType d) { return d == DType::f64 ? 1e-10 : 1e-5; }
-inline double grad_tol(DType d) { return d == DType::f64 ? 1e-9 : 1e-4; }
-inline double forward_tol(const RNNCase& c) { return forward_tol(c.options.dtype); }
-inline double grad_tol(const RNNCase& c) { return grad_tol(c.options.dtype); }
 
 }  // namespace seqpack::testing

@@ -1,8 +1,8 @@
 // The fast path (rnn_forward / rnn_backward and the RNN, LSTM, GRU modules)
 // against PyTorch 1.13 fixtures (tests/fixtures/gen_rnn.py): output, h_n, c_n
 // and the gradients of the input, h0, c0 and every parameter.
-// Tolerances (issue 3): 1e-5 mixed relative/absolute for the float32 forward,
-// 1e-4 for float32 gradients; float64 cases are held to 1e-10 / 1e-9.
+// Every value is compared with fp_close (test_util.h, docs/testing.md) at
+// n = case_n(c): the fixtures come from another CPU's summation order.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -24,6 +24,7 @@ using seqpack::PackingPlan;
 using seqpack::RNNMode;
 using seqpack::Tensor;
 using seqpack::testing::all_close;
+using seqpack::testing::fp_close;
 using seqpack::testing::RNNCase;
 
 const std::vector<RNNCase>& cases() {
@@ -81,22 +82,22 @@ std::vector<Tensor> unpack_rows(const Tensor& packed, const std::vector<int64_t>
 }
 
 void expect_state_grads(const RNNCase& c, const Tensor& h0, const Tensor& c0) {
-  const double tol = seqpack::testing::grad_tol(c);
+  const int64_t n = seqpack::testing::case_n(c);
   if (c.h0.defined()) {
     ASSERT_TRUE(h0.defined()) << c.name << ": no h0 gradient";
-    EXPECT_TRUE(all_close(h0.view(c.h0.shape()), c.grads.at("h0"), tol, tol, c.name + " grad h0"));
+    EXPECT_TRUE(fp_close(h0.view(c.h0.shape()), c.grads.at("h0"), n, c.options.dtype, c.name + " grad h0"));
   }
   if (c.c0.defined()) {
     ASSERT_TRUE(c0.defined()) << c.name << ": no c0 gradient";
-    EXPECT_TRUE(all_close(c0.view(c.c0.shape()), c.grads.at("c0"), tol, tol, c.name + " grad c0"));
+    EXPECT_TRUE(fp_close(c0.view(c.c0.shape()), c.grads.at("c0"), n, c.options.dtype, c.name + " grad c0"));
   }
 }
 
 void expect_weight_grads(const RNNCase& c, const std::vector<Tensor>& weights) {
-  const double tol = seqpack::testing::grad_tol(c);
+  const int64_t n = seqpack::testing::case_n(c);
   ASSERT_EQ(weights.size(), c.parameter_names.size()) << c.name;
   for (size_t k = 0; k < weights.size(); ++k) {
-    EXPECT_TRUE(seqpack::testing::parameter_grad_close(c, c.parameter_names[k], weights[k], tol));
+    EXPECT_TRUE(seqpack::testing::parameter_grad_close(c, c.parameter_names[k], weights[k]));
   }
 }
 
@@ -122,16 +123,16 @@ TEST_P(RNNParity, FunctionalMatchesPyTorch) {
     const Tensor h0 = batched_state(c, c.h0), c0 = batched_state(c, c.c0);
     const auto r = seqpack::rnn_forward(o, c.weights, data, plan, h0, c0, /*training=*/false,
                                         /*save_for_backward=*/true);
-    const double ftol = seqpack::testing::forward_tol(c);
+    const int64_t n = seqpack::testing::case_n(c);
     const int64_t O = o.output_size();
     ASSERT_EQ(r.output.shape(), (seqpack::Shape{plan.total_rows(), O})) << c.name;
     EXPECT_EQ(r.output.dtype(), o.dtype);
     const auto out_rows = unpack_rows(r.output, c.lengths, order, O);
     EXPECT_TRUE(
-        all_close(rows_to_layout(c, out_rows, O), c.output, ftol, ftol, c.name + " output"));
-    EXPECT_TRUE(all_close(r.h_n.view(c.h_n.shape()), c.h_n, ftol, ftol, c.name + " h_n"));
+        fp_close(rows_to_layout(c, out_rows, O), c.output, n, c.options.dtype, c.name + " output"));
+    EXPECT_TRUE(fp_close(r.h_n.view(c.h_n.shape()), c.h_n, n, c.options.dtype, c.name + " h_n"));
     if (o.mode == RNNMode::lstm) {
-      EXPECT_TRUE(all_close(r.c_n.view(c.c_n.shape()), c.c_n, ftol, ftol, c.name + " c_n"));
+      EXPECT_TRUE(fp_close(r.c_n.view(c.c_n.shape()), c.c_n, n, c.options.dtype, c.name + " c_n"));
     }
     ASSERT_TRUE(r.saved) << c.name;
 
@@ -139,11 +140,10 @@ TEST_P(RNNParity, FunctionalMatchesPyTorch) {
         pack_rows(layout_to_rows(c, c.grad_output, O), c.lengths, order, O, o.dtype);
     const auto g = seqpack::rnn_backward(*r.saved, grad_rows, batched_state(c, c.grad_h_n),
                                          batched_state(c, c.grad_c_n));
-    const double gtol = seqpack::testing::grad_tol(c);
     ASSERT_EQ(g.input.shape(), data.shape()) << c.name;
-    EXPECT_TRUE(all_close(
+    EXPECT_TRUE(fp_close(
         rows_to_layout(c, unpack_rows(g.input, c.lengths, order, o.input_size), o.input_size),
-        c.grads.at("input"), gtol, gtol, c.name + " grad input"));
+        c.grads.at("input"), n, c.options.dtype, c.name + " grad input"));
     expect_state_grads(c, g.h0, g.c0);
     expect_weight_grads(c, g.weights);
   }
@@ -198,19 +198,18 @@ TEST_P(RNNParity, ModuleMatchesPyTorch) {
     } else {
       out = m->forward(c.input, c.h0, c.c0);
     }
-    const double ftol = seqpack::testing::forward_tol(c);
+    const int64_t n = seqpack::testing::case_n(c);
     const Tensor& y = c.kind == "packed" ? out.packed.data : out.padded;
-    EXPECT_TRUE(all_close(y, c.output, ftol, ftol, c.name + " output"));
-    EXPECT_TRUE(all_close(out.h_n, c.h_n, ftol, ftol, c.name + " h_n"));
+    EXPECT_TRUE(fp_close(y, c.output, n, c.options.dtype, c.name + " output"));
+    EXPECT_TRUE(fp_close(out.h_n, c.h_n, n, c.options.dtype, c.name + " h_n"));
     if (c.options.mode == RNNMode::lstm) {
-      EXPECT_TRUE(all_close(out.c_n, c.c_n, ftol, ftol, c.name + " c_n"));
+      EXPECT_TRUE(fp_close(out.c_n, c.c_n, n, c.options.dtype, c.name + " c_n"));
     } else {
       EXPECT_FALSE(out.c_n.defined()) << c.name;
     }
 
     const auto g = m->backward(out, c.grad_output, c.grad_h_n, c.grad_c_n);
-    const double gtol = seqpack::testing::grad_tol(c);
-    EXPECT_TRUE(all_close(g.input, c.grads.at("input"), gtol, gtol, c.name + " grad input"));
+    EXPECT_TRUE(fp_close(g.input, c.grads.at("input"), n, c.options.dtype, c.name + " grad input"));
     expect_state_grads(c, g.h0, g.c0);
     expect_weight_grads(c, g.weights);
     // backward accumulates into grads(): after one call they are this call's gradients.
@@ -287,21 +286,21 @@ TEST(RNNParity, CellsMatchPyTorch) {
     for (size_t k = 0; k < c.weights.size(); ++k) state[c.parameter_names[k]] = c.weights[k];
     cell->load_state_dict(state);
     const auto out = cell->forward(c.input, c.hx, c.cx);
-    const double ft = seqpack::testing::forward_tol(c.dtype),
-                 gt = seqpack::testing::grad_tol(c.dtype);
-    EXPECT_TRUE(all_close(out.h, c.h, ft, ft, c.name + " h"));
+    const int64_t n = seqpack::testing::rnn_reduction_length(c.input_size, c.hidden_size, 1,
+                                                                 false, c.batch());
+    EXPECT_TRUE(fp_close(out.h, c.h, n, c.dtype, c.name + " h"));
     if (c.mode == RNNMode::lstm) {
-      EXPECT_TRUE(all_close(out.c, c.c, ft, ft, c.name + " c"));
+      EXPECT_TRUE(fp_close(out.c, c.c, n, c.dtype, c.name + " c"));
     } else {
       EXPECT_FALSE(out.c.defined()) << c.name;
     }
     const auto g = cell->backward(out, c.grad_h, c.grad_c);
-    EXPECT_TRUE(all_close(g.input, c.grads.at("input"), gt, gt, c.name + " grad input"));
-    if (c.hx.defined()) EXPECT_TRUE(all_close(g.h, c.grads.at("hx"), gt, gt, c.name + " grad hx"));
-    if (c.cx.defined()) EXPECT_TRUE(all_close(g.c, c.grads.at("cx"), gt, gt, c.name + " grad cx"));
+    EXPECT_TRUE(fp_close(g.input, c.grads.at("input"), n, c.dtype, c.name + " grad input"));
+    if (c.hx.defined()) EXPECT_TRUE(fp_close(g.h, c.grads.at("hx"), n, c.dtype, c.name + " grad hx"));
+    if (c.cx.defined()) EXPECT_TRUE(fp_close(g.c, c.grads.at("cx"), n, c.dtype, c.name + " grad cx"));
     ASSERT_EQ(cell->grads().size(), c.parameter_names.size());
     for (size_t k = 0; k < c.parameter_names.size(); ++k) {
-      EXPECT_TRUE(all_close(cell->grads()[k], c.grads.at(c.parameter_names[k]), gt, gt,
+      EXPECT_TRUE(fp_close(cell->grads()[k], c.grads.at(c.parameter_names[k]), n, c.dtype,
                             c.name + " grad " + c.parameter_names[k]));
     }
   }

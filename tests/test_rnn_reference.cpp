@@ -22,6 +22,7 @@ using seqpack::RNNMode;
 using seqpack::RNNOptions;
 using seqpack::Tensor;
 using seqpack::testing::all_close;
+using seqpack::testing::fp_close;
 using seqpack::testing::RNNCase;
 
 const std::vector<RNNCase>& cases() {
@@ -78,12 +79,12 @@ TEST(RNNReference, ForwardMatchesPyTorchFixtures) {
     SCOPED_TRACE(c.name);
     const auto r = seqpack::rnn_reference_forward(c.options, c.weights, c.sequences,
                                                   batched_state(c, c.h0), batched_state(c, c.c0));
-    const double tol = seqpack::testing::forward_tol(c);
-    EXPECT_TRUE(all_close(rows_to_layout(c, r.outputs, c.options.output_size()), c.output, tol, tol,
+    const int64_t n = seqpack::testing::case_n(c);
+    EXPECT_TRUE(fp_close(rows_to_layout(c, r.outputs, c.options.output_size()), c.output, n, c.options.dtype,
                           c.name + " output"));
-    EXPECT_TRUE(all_close(r.h_n.view(c.h_n.shape()), c.h_n, tol, tol, c.name + " h_n"));
+    EXPECT_TRUE(fp_close(r.h_n.view(c.h_n.shape()), c.h_n, n, c.options.dtype, c.name + " h_n"));
     if (c.options.mode == RNNMode::lstm) {
-      EXPECT_TRUE(all_close(r.c_n.view(c.c_n.shape()), c.c_n, tol, tol, c.name + " c_n"));
+      EXPECT_TRUE(fp_close(r.c_n.view(c.c_n.shape()), c.c_n, n, c.options.dtype, c.name + " c_n"));
     } else {
       EXPECT_FALSE(r.c_n.defined());
     }
@@ -98,20 +99,20 @@ TEST(RNNReference, BackwardMatchesPyTorchFixtures) {
     const auto g = seqpack::reference::rnn_reference_backward(
         c.options, c.weights, c.sequences, batched_state(c, c.h0), batched_state(c, c.c0),
         grad_rows, batched_state(c, c.grad_h_n), batched_state(c, c.grad_c_n));
-    const double tol = seqpack::testing::grad_tol(c);
-    EXPECT_TRUE(all_close(rows_to_layout(c, g.inputs, c.options.input_size), c.grads.at("input"),
-                          tol, tol, c.name + " grad input"));
+    const int64_t n = seqpack::testing::case_n(c);
+    EXPECT_TRUE(fp_close(rows_to_layout(c, g.inputs, c.options.input_size), c.grads.at("input"),
+                          n, c.options.dtype, c.name + " grad input"));
     if (c.h0.defined()) {
       EXPECT_TRUE(
-          all_close(g.h0.view(c.h0.shape()), c.grads.at("h0"), tol, tol, c.name + " grad h0"));
+          fp_close(g.h0.view(c.h0.shape()), c.grads.at("h0"), n, c.options.dtype, c.name + " grad h0"));
     }
     if (c.c0.defined()) {
       EXPECT_TRUE(
-          all_close(g.c0.view(c.c0.shape()), c.grads.at("c0"), tol, tol, c.name + " grad c0"));
+          fp_close(g.c0.view(c.c0.shape()), c.grads.at("c0"), n, c.options.dtype, c.name + " grad c0"));
     }
     ASSERT_EQ(g.weights.size(), c.parameter_names.size());
     for (size_t k = 0; k < g.weights.size(); ++k) {
-      EXPECT_TRUE(seqpack::testing::parameter_grad_close(c, c.parameter_names[k], g.weights[k], tol));
+      EXPECT_TRUE(seqpack::testing::parameter_grad_close(c, c.parameter_names[k], g.weights[k]));
     }
   }
 }
@@ -133,11 +134,11 @@ TEST(RNNReference, CellsMatchPyTorchFixtures) {
     }
     auto state = [&](const Tensor& t) { return t.defined() ? t.view({1, B, H}) : Tensor(); };
     const auto r = seqpack::rnn_reference_forward(o, c.weights, seqs, state(c.hx), state(c.cx));
-    const double ft = seqpack::testing::forward_tol(c.dtype),
-                 gt = seqpack::testing::grad_tol(c.dtype);
-    EXPECT_TRUE(all_close(r.h_n.view(c.h.shape()), c.h, ft, ft, c.name + " h"));
+    const int64_t n = seqpack::testing::rnn_reduction_length(c.input_size, c.hidden_size, 1,
+                                                                 false, c.batch());
+    EXPECT_TRUE(fp_close(r.h_n.view(c.h.shape()), c.h, n, c.dtype, c.name + " h"));
     if (c.mode == RNNMode::lstm)
-      EXPECT_TRUE(all_close(r.c_n.view(c.c.shape()), c.c, ft, ft, c.name + " c"));
+      EXPECT_TRUE(fp_close(r.c_n.view(c.c.shape()), c.c, n, c.dtype, c.name + " c"));
     const auto g = seqpack::reference::rnn_reference_backward(
         o, c.weights, seqs, state(c.hx), state(c.cx), {}, state(c.grad_h), state(c.grad_c));
     Tensor gx = Tensor::empty({B, c.input_size}, DType::f64);
@@ -148,17 +149,17 @@ TEST(RNNReference, CellsMatchPyTorchFixtures) {
       }
     }
     EXPECT_TRUE(
-        all_close(gx.view(c.input.shape()), c.grads.at("input"), gt, gt, c.name + " grad input"));
+        fp_close(gx.view(c.input.shape()), c.grads.at("input"), n, c.dtype, c.name + " grad input"));
     if (c.hx.defined()) {
       EXPECT_TRUE(
-          all_close(g.h0.view(c.hx.shape()), c.grads.at("hx"), gt, gt, c.name + " grad hx"));
+          fp_close(g.h0.view(c.hx.shape()), c.grads.at("hx"), n, c.dtype, c.name + " grad hx"));
     }
     if (c.cx.defined()) {
       EXPECT_TRUE(
-          all_close(g.c0.view(c.cx.shape()), c.grads.at("cx"), gt, gt, c.name + " grad cx"));
+          fp_close(g.c0.view(c.cx.shape()), c.grads.at("cx"), n, c.dtype, c.name + " grad cx"));
     }
     for (size_t k = 0; k < c.parameter_names.size(); ++k) {
-      EXPECT_TRUE(all_close(g.weights[k], c.grads.at(c.parameter_names[k]), gt, gt,
+      EXPECT_TRUE(fp_close(g.weights[k], c.grads.at(c.parameter_names[k]), n, c.dtype,
                             c.name + " grad " + c.parameter_names[k]));
     }
   }

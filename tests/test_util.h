@@ -5,6 +5,7 @@
 #include <gtest/gtest-spi.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <cstdlib>
@@ -98,6 +99,67 @@ inline ::testing::AssertionResult all_close(const Tensor& actual, const Tensor& 
   if (bad == 0) return ::testing::AssertionSuccess();
   res << " " << bad << " of " << actual.numel() << " elements differ (rtol " << rtol << ", atol "
       << atol << ")";
+  return res;
+}
+
+// The rule by which tests compare results computed along different code paths
+// (seqpack against PyTorch's fixtures, one ISA against another), the same as
+// python/tests/tolerance.py (docs/testing.md): two valid orders of a chain of
+// n roundings differ by at most 2 * u * n * (the magnitude of the terms), and
+// the largest magnitude of the tensor compared stands for the terms.
+inline double unit_roundoff(DType d) { return d == DType::f64 ? 0x1p-53 : 0x1p-24; }
+
+// Roundings of one step's element-wise gate math (sigmoid, tanh within a few
+// ulps each, a handful of products and sums).
+constexpr int64_t kGateMathRoundings = 16;
+
+// n for the outputs, states and gradients of a recurrent layer: per step the
+// layer input (input_size, or D * (proj_size or hidden_size) above the first
+// layer), the state, with proj_size the cell's hidden units, and the gate
+// math; times the steps a value depends on (for a weight gradient every token:
+// pass the number of packed rows) and the layers.
+inline int64_t rnn_reduction_length(int64_t input_size, int64_t hidden_size, int64_t num_layers,
+                                    bool bidirectional, int64_t steps, int64_t proj_size = 0) {
+  const int64_t d = bidirectional ? 2 : 1;
+  const int64_t h_out = proj_size > 0 ? proj_size : hidden_size;
+  const int64_t per_step = std::max(input_size, d * h_out) + h_out +
+                           (proj_size > 0 ? hidden_size : 0) + kGateMathRoundings;
+  return per_step * std::max<int64_t>(steps, 1) * std::max<int64_t>(num_layers, 1);
+}
+inline int64_t rnn_reduction_length(const RNNOptions& o, int64_t steps) {
+  return rnn_reduction_length(o.input_size, o.hidden_size, o.num_layers, o.bidirectional, steps,
+                              o.proj_size);
+}
+
+// |actual - expected| <= 2 * u(dtype) * n * max|expected| elementwise (NaN
+// meets NaN, an infinity itself); names the first offending indices, both
+// values, the bound and n.
+inline ::testing::AssertionResult fp_close(const Tensor& actual, const Tensor& expected, int64_t n,
+                                           DType dtype, const std::string& what = "") {
+  if (actual.shape() != expected.shape()) {
+    return ::testing::AssertionFailure() << what << ": shape " << shape_str(actual.shape())
+                                         << " != expected " << shape_str(expected.shape());
+  }
+  double scale = 0;
+  for (int64_t i = 0; i < expected.numel(); ++i) {
+    const double e = expected.item_as_double(i);
+    if (std::isfinite(e)) scale = std::max(scale, std::fabs(e));
+  }
+  const double bound = 2.0 * unit_roundoff(dtype) * static_cast<double>(std::max<int64_t>(n, 1)) * scale;
+  int bad = 0;
+  ::testing::AssertionResult res = ::testing::AssertionFailure();
+  res << what << ":";
+  for (int64_t i = 0; i < actual.numel(); ++i) {
+    const double a = actual.item_as_double(i), e = expected.item_as_double(i);
+    const bool ok = (std::isnan(a) && std::isnan(e)) || a == e || std::fabs(a - e) <= bound;
+    if (!ok) {
+      if (bad < 5) res << " [" << i << "] got " << a << " expected " << e << ";";
+      ++bad;
+    }
+  }
+  if (bad == 0) return ::testing::AssertionSuccess();
+  res << " " << bad << " of " << actual.numel() << " elements differ by more than " << bound
+      << " (2 * u * n " << n << " * max|expected| " << scale << ")";
   return res;
 }
 

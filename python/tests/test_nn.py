@@ -5,8 +5,9 @@ import torch
 
 import seqpack
 from helpers import assert_close, base_seed
+from tolerance import assert_fp_close, assert_like_torch, rnn_reduction_length
 from rnn_cases import (config_id, make_configs, make_inputs, make_wide_configs, run_torch,
-                       tolerances, torch_module)
+                       reduction_length, torch_module)
 
 CONFIGS = make_configs(base_seed(), 40) + make_wide_configs(base_seed())
 
@@ -33,7 +34,7 @@ def test_parity_with_torch(c):
     tm = torch_module(c)
     inputs = make_inputs(c)
     expected = run_torch(tm, c, inputs)
-    fwd, bwd = tolerances(c)
+    n = reduction_length(c)
 
     m = seqpack_module(c)
     m.load_state_dict({k: v.numpy() for k, v in tm.state_dict().items()})
@@ -48,25 +49,25 @@ def test_parity_with_torch(c):
     if c["packed"]:
         assert isinstance(out, seqpack.PackedSequence)
         out = out.data
-    assert_close(out, expected["output"], fwd, fwd, "output")
-    assert_close(h_n, expected["h_n"], fwd, fwd, "h_n")
+    assert_fp_close(out, expected["output"], n, c["dtype"], "output")
+    assert_fp_close(h_n, expected["h_n"], n, c["dtype"], "h_n")
     if is_lstm:
-        assert_close(c_n, expected["c_n"], fwd, fwd, "c_n")
+        assert_fp_close(c_n, expected["c_n"], n, c["dtype"], "c_n")
 
     g_in, g_hx = m.backward(expected["g_out"], expected["g_h"], expected["g_c"])
     g_h0, g_c0 = g_hx if is_lstm else (g_hx, None)
     if c["packed"]:
         assert isinstance(g_in, seqpack.PackedSequence)
         g_in = g_in.data
-    assert_close(g_in, expected["grad_input"], bwd, bwd, "grad input")
+    assert_fp_close(g_in, expected["grad_input"], n, c["dtype"], "grad input")
     if c["h0"]:
-        assert_close(g_h0, expected["grad_h0"], bwd, bwd, "grad h0")
+        assert_fp_close(g_h0, expected["grad_h0"], n, c["dtype"], "grad h0")
         if is_lstm:
-            assert_close(g_c0, expected["grad_c0"], bwd, bwd, "grad c0")
+            assert_fp_close(g_c0, expected["grad_c0"], n, c["dtype"], "grad c0")
     grads = m.grads
     assert list(grads) == list(expected["grad_params"])
     for name, g in expected["grad_params"].items():
-        assert_close(grads[name], g, bwd, bwd, f"grad {name}")
+        assert_fp_close(grads[name], g, n, c["dtype"], f"grad {name}")
 
 
 def test_backward_accumulates_and_zero_grad():
@@ -181,20 +182,21 @@ def test_cells_parity(cls, mode, batched):
             else h.detach().numpy())
     gh = torch.randn(*shape, 5)
     gc = torch.randn(*shape, 5)
+    n = rnn_reduction_length(4, 5, steps=shape[0] if batched else 1)  # one step over the batch
     if is_lstm:
-        assert_close(res[0], out[0].detach().numpy(), 1e-5, 1e-5, "h'")
-        assert_close(res[1], out[1].detach().numpy(), 1e-5, 1e-5, "c'")
+        assert_fp_close(res[0], out[0].detach().numpy(), n, what="h'")
+        assert_fp_close(res[1], out[1].detach().numpy(), n, what="c'")
         ((out[0] * gh).sum() + (out[1] * gc).sum()).backward()
         g_in, (g_h, g_c) = m.backward(gh.numpy(), gc.numpy())
-        assert_close(g_c, c.grad.numpy(), 1e-4, 1e-4, "grad c")
+        assert_fp_close(g_c, c.grad.numpy(), n, what="grad c")
     else:
-        assert_close(res, out.detach().numpy(), 1e-5, 1e-5, "h'")
+        assert_fp_close(res, out.detach().numpy(), n, what="h'")
         (out * gh).sum().backward()
         g_in, g_h = m.backward(gh.numpy())
-    assert_close(g_in, x.grad.numpy(), 1e-4, 1e-4, "grad input")
-    assert_close(g_h, h.grad.numpy(), 1e-4, 1e-4, "grad h")
+    assert_fp_close(g_in, x.grad.numpy(), n, what="grad input")
+    assert_fp_close(g_h, h.grad.numpy(), n, what="grad h")
     for name, p in t.named_parameters():
-        assert_close(m.grads[name], p.grad.numpy(), 1e-4, 1e-4, f"grad {name}")
+        assert_fp_close(m.grads[name], p.grad.numpy(), n, what=f"grad {name}")
 
 
 def test_zero_length_sequences_keep_h0():
@@ -218,8 +220,8 @@ def test_zero_length_sequences_keep_h0():
     tpadded, _ = torch.nn.utils.rnn.pad_packed_sequence(tout)
     np.testing.assert_array_equal(lengths, [3, 0, 2])
     assert not padded[:, 1].any()
-    assert_close(padded[:, keep], tpadded.numpy(), 1e-5, 1e-5, "output")
-    assert_close(h_n[:, keep], th.numpy(), 1e-5, 1e-5, "h_n")
+    assert_like_torch(padded[:, keep], tpadded, t, [3, 2], "output")
+    assert_like_torch(h_n[:, keep], th, t, [3, 2], "h_n")
     g_in, g_h0 = m.backward(np.ones_like(out.data), np.ones_like(h_n))
     np.testing.assert_array_equal(g_h0[:, 1], np.ones((2, 3)))  # h_n = h0: identity
 
