@@ -19,6 +19,8 @@ struct CpuInfo {
   std::string onednn_version;  // e.g. "2.6.3"
   std::string blas;            // the BLAS's own description (OpenBLAS: version and kernel)
   int threads = 1;             // seqpack's thread count (num_threads())
+  std::string kernels;         // the target of seqpack's own SIMD kernels (Highway), e.g. "AVX3"
+  std::string isa_cap;         // SEQPACK_MAX_CPU_ISA's level: "avx512" (no cap), "avx2", "sse4"
 };
 CpuInfo cpu_info();
 

@@ -21,6 +21,8 @@ void bind_precision(py::module_& m) {
     d["onednn_version"] = c.onednn_version;
     d["blas"] = c.blas;
     d["threads"] = c.threads;
+    d["kernels"] = c.kernels;
+    d["isa_cap"] = c.isa_cap;
     return d;
   });
   m.def("resolve_precision", [](const std::string& name) { return resolve_precision(name); },

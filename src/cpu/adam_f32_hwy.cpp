@@ -11,6 +11,7 @@
 #include <cmath>
 
 #include "cpu/adam.h"
+#include "cpu/isa_cap.h"
 
 // foreach_target.h includes this file once per target; the scalar element is
 // target-independent, so it is defined only the first time.
@@ -101,7 +102,7 @@ HWY_EXPORT(AdamUpdate);
 
 void adam_update_f32(float* p, const float* grad, float* m, float* v, float* vmax, int64_t n,
                      const AdamScalars& s) {
-  HWY_DYNAMIC_DISPATCH(AdamUpdate)(p, grad, m, v, vmax, n, s);
+  SEQPACK_HWY_DISPATCH(AdamUpdate)(p, grad, m, v, vmax, n, s);
 }
 
 void adam_update_f32_scalar(float* p, const float* grad, float* m, float* v, float* vmax, int64_t n,

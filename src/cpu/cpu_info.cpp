@@ -8,7 +8,9 @@
 #include "cpu/cpu_info.h"
 #include "cpu/gemm.h"
 #include "cpu/gemm_int8.h"
+#include "cpu/isa_cap.h"
 #include "cpu/onednn_compat.h"
+#include "cpu/rnn_gates.h"
 #include "seqpack/threading.h"
 
 namespace seqpack {
@@ -56,6 +58,8 @@ CpuInfo cpu_info() {
       std::to_string(v->major) + "." + std::to_string(v->minor) + "." + std::to_string(v->patch);
   info.threads = num_threads();
   info.blas = cpu::blas_config();
+  info.isa_cap = cpu::isa_level_name(cpu::isa_cap());
+  info.kernels = cpu::rnn_gates_f32_target();
   return info;
 }
 

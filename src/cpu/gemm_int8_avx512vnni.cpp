@@ -25,6 +25,7 @@
 
 #include "cpu/cpu_info.h"
 #include "cpu/gemm_int8.h"
+#include "cpu/isa_cap.h"
 
 #define SEQPACK_VNNI __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni")))
 
@@ -179,7 +180,8 @@ bool int8_kernels_supported() {
   static const bool cpu = __builtin_cpu_supports("avx512vnni") &&
                           __builtin_cpu_supports("avx512bw") &&
                           __builtin_cpu_supports("avx512vl");
-  return cpu && has_int8_dot_products();
+  // SEQPACK_MAX_CPU_ISA below avx512 rules the kernel out like a smaller CPU.
+  return cpu && has_int8_dot_products() && isa_cap() == IsaLevel::avx512;
 }
 
 void quantize_rows_u8(int64_t m, int64_t k, const float* x, int64_t ldx, QuantizedRows& out) {

@@ -26,6 +26,7 @@
 #include <cstdint>
 
 #include "cpu/gemm.h"
+#include "cpu/isa_cap.h"
 
 HWY_BEFORE_NAMESPACE();
 namespace seqpack::cpu::HWY_NAMESPACE {
@@ -231,7 +232,7 @@ constexpr int64_t kParallelPackElements = 1 << 17;  // 512 KB of weights
 
 void pack_weights(const float* b, bool trans_b, int64_t k, int64_t n, int64_t ldb,
                   PackedWeights& out) {
-  const int64_t W = HWY_DYNAMIC_DISPATCH(PanelWidth)();
+  const int64_t W = SEQPACK_HWY_DISPATCH(PanelWidth)();
   const int64_t panels = (n + W - 1) / W;
   const std::size_t need = static_cast<std::size_t>(panels * k * W + 16);
   if (out.storage.size() < need) out.storage.resize(need);
@@ -279,7 +280,7 @@ void pack_weights(const float* b, bool trans_b, int64_t k, int64_t n, int64_t ld
 void gemm_packed_small(int64_t m, const float* a, int64_t lda, const PackedWeights& b, int64_t col0,
                        int64_t col1, float beta, float* c, int64_t ldc, const float* const* init) {
   if (m <= 0 || col1 <= col0) return;
-  HWY_DYNAMIC_DISPATCH(GemmPackedSmall)
+  SEQPACK_HWY_DISPATCH(GemmPackedSmall)
   (m, a, lda, b.panels(), b.k, b.width, col0, col1, beta, c, ldc, init);
 }
 

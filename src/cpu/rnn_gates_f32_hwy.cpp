@@ -15,6 +15,7 @@
 #include <hwy/highway.h>
 
 #include "cpu/bf16.h"
+#include "cpu/isa_cap.h"
 #include "cpu/rnn_gates.h"
 #include "cpu/rnn_gates_scalar.h"
 
@@ -591,7 +592,7 @@ void lstm_gates_forward<float>(int64_t n, int64_t H, int64_t k0, int64_t k1, flo
                                const float* c_prev, int64_t ld_cprev, float* c, int64_t ld_c,
                                float* h, int64_t ld_h, const float* const* x_rows,
                                const float* next, int64_t next_len, RowSink h_sink) {
-  HWY_DYNAMIC_DISPATCH(LstmForward)
+  SEQPACK_HWY_DISPATCH(LstmForward)
   (n, H, k0, k1, gates, c_prev, ld_cprev, c, ld_c, h, ld_h, x_rows, next, next_len,
    bf16_rows(h_sink), h_sink.ld);
 }
@@ -601,7 +602,7 @@ void lstm_gates_backward<float>(int64_t n, int64_t H, int64_t k0, int64_t k1, co
                                 float* dc, float* dgates, float* dbias, float* const* dx_rows,
                                 RowSink dgates_sink) {
   assert(!dgates_sink || dgates_sink.ld == 4 * H);
-  HWY_DYNAMIC_DISPATCH(LstmBackward)
+  SEQPACK_HWY_DISPATCH(LstmBackward)
   (n, H, k0, k1, gates, c, c_prev, dh, ld_dh, dc, dgates, dbias, dx_rows, bf16_rows(dgates_sink));
 }
 template <>
@@ -609,7 +610,7 @@ void gru_gates_forward<float>(int64_t n, int64_t H, int64_t k0, int64_t k1, floa
                               const float* gh, const float* b_hh, const float* h_prev,
                               int64_t ld_hprev, float* h, int64_t ld_h, float* ghn,
                               RowSink h_sink) {
-  HWY_DYNAMIC_DISPATCH(GruForward)
+  SEQPACK_HWY_DISPATCH(GruForward)
   (n, H, k0, k1, gx, gh, b_hh, h_prev, ld_hprev, h, ld_h, ghn, bf16_rows(h_sink), h_sink.ld);
 }
 template <>
@@ -620,14 +621,14 @@ void gru_gates_backward<float>(int64_t n, int64_t H, int64_t k0, int64_t k1, con
                                RowSink dgh_sink) {
   assert(!dgx_sink || dgx_sink.ld == 3 * H);
   assert(!dgh_sink || dgh_sink.ld == 3 * H);
-  HWY_DYNAMIC_DISPATCH(GruBackward)
+  SEQPACK_HWY_DISPATCH(GruBackward)
   (n, H, k0, k1, gates, ghn, h_prev, ld_hprev, dh, ld_dh, dgx, dgh, dh_prev, db_ih, db_hh,
    bf16_rows(dgx_sink), bf16_rows(dgh_sink));
 }
 template <>
 void rnn_gates_forward<float>(int64_t n, int64_t H, int64_t k0, int64_t k1, float* gates, bool relu,
                               float* h, int64_t ld_h, RowSink h_sink) {
-  HWY_DYNAMIC_DISPATCH(RnnForward)
+  SEQPACK_HWY_DISPATCH(RnnForward)
   (n, H, k0, k1, gates, relu, h, ld_h, bf16_rows(h_sink), h_sink.ld);
 }
 template <>
@@ -635,16 +636,16 @@ void rnn_gates_backward<float>(int64_t n, int64_t H, int64_t k0, int64_t k1, con
                                bool relu, const float* dh, int64_t ld_dh, float* dpre, float* dbias,
                                RowSink dpre_sink) {
   assert(!dpre_sink || dpre_sink.ld == H);
-  HWY_DYNAMIC_DISPATCH(RnnBackward)
+  SEQPACK_HWY_DISPATCH(RnnBackward)
   (n, H, k0, k1, h_saved, relu, dh, ld_dh, dpre, dbias, bf16_rows(dpre_sink));
 }
 
 void sigmoid_f32(int64_t n, const float* x, float* y) {
-  HWY_DYNAMIC_DISPATCH(SigmoidArray)(n, x, y);
+  SEQPACK_HWY_DISPATCH(SigmoidArray)(n, x, y);
 }
-void tanh_f32(int64_t n, const float* x, float* y) { HWY_DYNAMIC_DISPATCH(TanhArray)(n, x, y); }
+void tanh_f32(int64_t n, const float* x, float* y) { SEQPACK_HWY_DISPATCH(TanhArray)(n, x, y); }
 
-const char* rnn_gates_f32_target() { return HWY_DYNAMIC_DISPATCH(TargetName)(); }
+const char* rnn_gates_f32_target() { return SEQPACK_HWY_DISPATCH(TargetName)(); }
 
 }  // namespace seqpack::cpu
 #endif  // HWY_ONCE
