@@ -10,6 +10,8 @@
 #   SEQPACK_TEST_DEBIAN13=0   skip the Debian 13 suite (default: 1 on Debian 12 as root)
 #   SEQPACK_TEST_SANITIZERS=0 skip the sanitizer and fuzzing builds
 #   SEQPACK_TEST_WHEEL=0      skip the wheel (the Debian 13 suite does: CI's time)
+#   SEQPACK_TEST_ISA_CAPS=0   skip the ISA-capped comparisons with PyTorch
+#                             (scripts/test_isa_caps.sh; the Debian 13 suite does)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 BUILD_DIR=${SEQPACK_BUILD_DIR:-build}
@@ -49,6 +51,11 @@ if [ -d python/tests ]; then
     /usr/bin/python3 -m pytest -q python/tests
 fi
 
+if [ "${SEQPACK_TEST_ISA_CAPS:-1}" = 1 ]; then
+  stage "ISA caps: the comparisons with PyTorch on other code paths (docs/testing.md)"
+  SEQPACK_BUILD_DIR=$BUILD_DIR bash scripts/test_isa_caps.sh
+fi
+
 if [ "${SEQPACK_TEST_WHEEL:-1}" = 1 ]; then
   stage "pip: the wheel in a virtual environment, the Python suite against it from outside the tree"
   # Built beside build/ through ccache (when setup.sh used it), so the library's
@@ -79,7 +86,7 @@ if [ "$DEBIAN13" = 1 ]; then
     exit 1
   fi
   stage "Debian 13 (PyTorch 2.6, oneDNN 3.7, Python 3.13, GCC 14): the same suite"
-  SEQPACK_TEST_SANITIZERS=0 SEQPACK_TEST_WHEEL=0 SEQPACK_TEST_DEBIAN13=0 \
+  SEQPACK_TEST_SANITIZERS=0 SEQPACK_TEST_WHEEL=0 SEQPACK_TEST_DEBIAN13=0 SEQPACK_TEST_ISA_CAPS=0 \
     bash scripts/debian13.sh bash scripts/test.sh
 fi
 stage "all tests passed"
