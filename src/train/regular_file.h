@@ -57,20 +57,21 @@ inline std::string read_open_regular_file(int fd, const std::string& path, const
     throw std::invalid_argument(what + " '" + path + "' is not a regular file (it is " +
                                 file_kind(st.st_mode) + ")");
   }
-  const auto too_large = [&](uint64_t bytes) {
+  const auto too_large = [&](const std::string& size) {
     ::close(fd);
-    return std::invalid_argument(what + " '" + path + "' is " + std::to_string(bytes) +
-                                 " bytes, more than the limit of " + std::to_string(max_bytes) +
-                                 " bytes");
+    return std::invalid_argument(what + " '" + path + "' is " + size + " bytes, more than the limit of " +
+                                 std::to_string(max_bytes) + " bytes");
   };
-  if (static_cast<uint64_t>(st.st_size) > max_bytes) throw too_large(static_cast<uint64_t>(st.st_size));
+  if (static_cast<uint64_t>(st.st_size) > max_bytes) throw too_large(std::to_string(st.st_size));
+  // One byte past the limit is read to tell a file that grew past it.
+  const uint64_t cap = max_bytes == UINT64_MAX ? max_bytes : max_bytes + 1;
   std::string bytes;
   bytes.resize(static_cast<std::size_t>(st.st_size));
   std::size_t got = 0;
   while (true) {
     if (got == bytes.size()) {  // the file grew meanwhile
-      if (got >= max_bytes) throw too_large(got + 1);
-      bytes.resize(static_cast<std::size_t>(std::min<uint64_t>(max_bytes + 1, bytes.size() + 4096)));
+      if (got >= cap) throw too_large("more than " + std::to_string(max_bytes));
+      bytes.resize(static_cast<std::size_t>(std::min<uint64_t>(cap, uint64_t{got} + 4096)));
     }
     const ssize_t n = ::read(fd, bytes.data() + got, bytes.size() - got);
     if (n < 0 && errno == EINTR) continue;
