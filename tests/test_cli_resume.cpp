@@ -204,14 +204,16 @@ TEST(CliResume, AMistakenRunFailsBeforeItDiscardsAnInterruptedCheckpoint) {
   const struct {
     std::string args, message;
   } mistakes[] = {
-      {"--data " + (work_dir() / "nosuch.tsv").string(), "cannot open TSV file '" + (work_dir() / "nosuch.tsv").string() + "'"},
+      {"--data " + (work_dir() / "nosuch.tsv").string(),
+       "cannot open TSV file '" + (work_dir() / "nosuch.tsv").string() + "'"},
       {"--data " + work_dir().string(), "is a directory"},
       {"--data " + malformed.string(), "line 2: no tab"},
       {"--data " + one_label.string(), "a classifier needs at least 2 labels"},
   };
   for (const auto& m : mistakes) {
     SCOPED_TRACE(m.args);
-    const CliResult r = run_cli("train --quiet --threads 1 --epochs 3 " + m.args + " --out " + out.string());
+    const CliResult r =
+        run_cli("train --quiet --threads 1 --epochs 3 " + m.args + " --out " + out.string());
     EXPECT_EQ(r.status, 1) << r.out << r.err;
     EXPECT_NE(r.err.find(m.message), std::string::npos) << r.err;
     EXPECT_EQ(r.out.find("discarded"), std::string::npos) << r.out;
@@ -229,7 +231,8 @@ TEST(CliResume, AMistakenRunFailsBeforeItDiscardsAnInterruptedCheckpoint) {
   leave_interrupted_run(out2);
   const CliResult fresh = run_cli(train_args(out2, 1));
   ASSERT_EQ(fresh.status, 0) << fresh.err;
-  EXPECT_NE(fresh.out.find(out2.string() + "/: discarded the checkpoint of an interrupted run"), std::string::npos)
+  EXPECT_NE(fresh.out.find(out2.string() + "/: discarded the checkpoint of an interrupted run"),
+            std::string::npos)
       << fresh.out;
   EXPECT_EQ(staged_checkpoints(out2), 0);
 }

@@ -139,7 +139,8 @@ TEST(CliTrain, DataTooSmallToSplitIsAnErrorNamingTheCounts) {
   const fs::path one_label = work_dir() / "one-label.tsv";
   write(one_label, "en\tcat\nen\tdog\n");
   const fs::path out = work_dir() / "m-small";
-  CliResult r = run_cli("train --quiet --data " + one_label.string() + " --epochs 1 --out " + out.string());
+  CliResult r =
+      run_cli("train --quiet --data " + one_label.string() + " --epochs 1 --out " + out.string());
   EXPECT_EQ(r.status, 1) << r.out << r.err;
   EXPECT_NE(r.err.find("seqpack: error: " + one_label.string() +
                        ": 2 examples with 1 label ('en'): a classifier needs at least 2 labels"),
@@ -153,9 +154,10 @@ TEST(CliTrain, DataTooSmallToSplitIsAnErrorNamingTheCounts) {
   write(two_each, "en\tcat\nen\tdog\nfr\tchat\nfr\tchien\n");
   r = run_cli("train --quiet --data " + two_each.string() + " --epochs 1 --out " + out.string());
   EXPECT_EQ(r.status, 1) << r.out << r.err;
-  EXPECT_NE(r.err.find(two_each.string() + ": 4 examples are too few to split: they give 4 training, "
-                       "0 validation and 0 test examples"),
-            std::string::npos)
+  EXPECT_NE(
+      r.err.find(two_each.string() + ": 4 examples are too few to split: they give 4 training, "
+                                     "0 validation and 0 test examples"),
+      std::string::npos)
       << r.err;
   EXPECT_EQ(r.out.find("test accuracy"), std::string::npos) << r.out;
   EXPECT_FALSE(fs::exists(out));
@@ -164,11 +166,13 @@ TEST(CliTrain, DataTooSmallToSplitIsAnErrorNamingTheCounts) {
   // (no validation example, which the report says rather than printing 0%).
   const fs::path three_each = work_dir() / "three-each.tsv";
   write(three_each, "en\tcat\nen\tdog\nen\tcow\nfr\tchat\nfr\tchien\nfr\tvache\n");
-  r = run_cli("train --quiet --data " + three_each.string() + " --epochs 1 --hidden 4 --embed 2 --out " +
-              out.string());
+  r = run_cli("train --quiet --data " + three_each.string() +
+              " --epochs 1 --hidden 4 --embed 2 --out " + out.string());
   EXPECT_EQ(r.status, 0) << r.out << r.err;
   EXPECT_NE(r.out.find("split: 4 train, 0 validation, 2 test"), std::string::npos) << r.out;
-  EXPECT_NE(r.out.find("validation accuracy n/a (the validation split is empty)"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("validation accuracy n/a (the validation split is empty)"),
+            std::string::npos)
+      << r.out;
   EXPECT_NE(r.out.find("(2 words)"), std::string::npos) << r.out;
 }
 

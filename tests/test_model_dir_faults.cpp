@@ -362,14 +362,16 @@ TEST(ModelDirFaults, AnUnwritableOrForeignOutIsRefusedBeforeTraining) {
   std::ofstream(p / "file") << "x";
   r = run_cli(train_a(p / "file"));
   EXPECT_EQ(r.status, 1);
-  EXPECT_NE(r.err.find("exists and is not a directory (it is a regular file)"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("exists and is not a directory (it is a regular file)"), std::string::npos)
+      << r.err;
 
   // A dangling link says so (it said "exists and is not a directory").
   fs::create_symlink(p / "nowhere", p / "dangling");
   r = run_cli(train_a(p / "dangling"));
   EXPECT_EQ(r.status, 1);
-  EXPECT_NE(r.err.find("model directory '" + (p / "dangling").string() + "' is a dangling symbolic link (to '" +
-                       (p / "nowhere").string() + "', which does not exist)"),
+  EXPECT_NE(r.err.find("model directory '" + (p / "dangling").string() +
+                       "' is a dangling symbolic link (to '" + (p / "nowhere").string() +
+                       "', which does not exist)"),
             std::string::npos)
       << r.err;
   EXPECT_TRUE(fs::is_symlink(p / "dangling"));
@@ -378,7 +380,8 @@ TEST(ModelDirFaults, AnUnwritableOrForeignOutIsRefusedBeforeTraining) {
   fs::create_symlink(p / "file", p / "to-file");
   r = run_cli(train_a(p / "to-file"));
   EXPECT_EQ(r.status, 1);
-  EXPECT_NE(r.err.find("exists and is not a directory (it is a symbolic link to a regular file)"), std::string::npos)
+  EXPECT_NE(r.err.find("exists and is not a directory (it is a symbolic link to a regular file)"),
+            std::string::npos)
       << r.err;
 }
 
@@ -413,9 +416,12 @@ TEST(ModelDirFaults, TheWorkingDirectoryOrAnAncestorIsRefusedAsOut) {
     EXPECT_FALSE(fs::exists(p / ".model.lock"));
   }
   const CliResult r = run_cli(train_a("."), "cd '" + here.string() + "' &&");
-  EXPECT_NE(r.err.find(": a save replaces the whole directory, which would move the working directory away; "
-                       "give a directory below it, such as '" + (here / "model").string() + "'"),
-            std::string::npos)
+  EXPECT_NE(
+      r.err.find(
+          ": a save replaces the whole directory, which would move the working directory away; "
+          "give a directory below it, such as '" +
+          (here / "model").string() + "'"),
+      std::string::npos)
       << r.err;
   // The control: a directory below it is fine.
   const CliResult ok = run_cli(train_a("sub/model"), "cd '" + here.string() + "' &&");
@@ -436,7 +442,8 @@ TEST(ModelDirFaults, AFullDiskRemovesTheStagedFilesAndSaysWhatItKept) {
   for (long i = 1; i <= static_cast<long>(calls.lines.size()); ++i) {
     const std::string& l = calls.lines[i - 1];
     if (l.rfind("mkstemp ", 0) != 0 || l.find(".saving-") == std::string::npos) continue;
-    if (first_ck_tmp == 0 && l.find("/.checkpoint.safetensors.tmp.") != std::string::npos) first_ck_tmp = i;
+    if (first_ck_tmp == 0 && l.find("/.checkpoint.safetensors.tmp.") != std::string::npos)
+      first_ck_tmp = i;
     if (l.find("/.config.json.tmp.") != std::string::npos) config_tmp = i;
   }
   ASSERT_GT(first_ck_tmp, 0);
@@ -447,8 +454,10 @@ TEST(ModelDirFaults, AFullDiskRemovesTheStagedFilesAndSaysWhatItKept) {
   CliResult r = run_cli(train_b(p / "model"), shim_env(p, config_tmp, "enospc"));
   EXPECT_EQ(r.status, 1) << r.out << r.err;
   EXPECT_NE(r.err.find("No space left on device"), std::string::npos) << r.err;
-  EXPECT_NE(r.err.find("seqpack train: " + (p / "model").string() + "/ keeps the model it had; removed the run's "
-                       "staged model.safetensors, vocabulary.json; kept its checkpoint " + p.string() + "/.model.saving-"),
+  EXPECT_NE(r.err.find("seqpack train: " + (p / "model").string() +
+                       "/ keeps the model it had; removed the run's "
+                       "staged model.safetensors, vocabulary.json; kept its checkpoint " +
+                       p.string() + "/.model.saving-"),
             std::string::npos)
       << r.err;
   EXPECT_NE(r.err.find("`seqpack train --resume " + (p / "model").string() + "` continues from it"),
@@ -459,7 +468,8 @@ TEST(ModelDirFaults, AFullDiskRemovesTheStagedFilesAndSaysWhatItKept) {
   for (const auto& e : fs::directory_iterator(p)) {
     const std::string n = e.path().filename().string();
     if (n.rfind(".model.saving-", 0) != 0) continue;
-    for (const auto& f : fs::directory_iterator(e.path())) staged.push_back(f.path().filename().string());
+    for (const auto& f : fs::directory_iterator(e.path()))
+      staged.push_back(f.path().filename().string());
   }
   std::sort(staged.begin(), staged.end());
   EXPECT_EQ(staged, (std::vector<std::string>{".seqpack-save", "checkpoint.safetensors"}));

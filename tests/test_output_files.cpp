@@ -48,8 +48,9 @@ std::string invalid_argument_of(const std::function<void()>& f) {
   return "";
 }
 
-#define EXPECT_CONTAINS(text, needle) \
-  EXPECT_NE((text).find(needle), std::string::npos) << "message: " << (text) << "\nexpected: " << (needle)
+#define EXPECT_CONTAINS(text, needle)               \
+  EXPECT_NE((text).find(needle), std::string::npos) \
+      << "message: " << (text) << "\nexpected: " << (needle)
 
 // What is at a path, without following a link: its type and, for a link, its target.
 struct Node {
@@ -125,15 +126,20 @@ TEST(OutputFiles, TheWriterRefusesAnythingButARegularFileOrANewPath) {
     SCOPED_TRACE(r.name);
     const fs::path p = dir.path / r.name;
     const Node before = node_at(p);
-    const std::string m = invalid_argument_of([&] { seqpack::write_file_atomically(p.string(), "new bytes"); });
+    const std::string m =
+        invalid_argument_of([&] { seqpack::write_file_atomically(p.string(), "new bytes"); });
     EXPECT_CONTAINS(m, "output file '" + p.string() + r.expected);
     if (r.name == "link" || r.name == "dangling" || r.name == "devnull-link") {
-      EXPECT_CONTAINS(m, "would replace the link rather than write to its target; give the target's path instead");
+      EXPECT_CONTAINS(
+          m,
+          "would replace the link rather than write to its target; give the target's path instead");
     }
     EXPECT_TRUE(node_at(p) == before) << "the path was changed";
     // save_safetensors and check_output_file apply the same rule.
-    EXPECT_CONTAINS(invalid_argument_of([&] { seqpack::save_safetensors(p.string(), {}); }), r.expected);
-    EXPECT_CONTAINS(invalid_argument_of([&] { seqpack::check_output_file(p.string()); }), r.expected);
+    EXPECT_CONTAINS(invalid_argument_of([&] { seqpack::save_safetensors(p.string(), {}); }),
+                    r.expected);
+    EXPECT_CONTAINS(invalid_argument_of([&] { seqpack::check_output_file(p.string()); }),
+                    r.expected);
     EXPECT_TRUE(node_at(p) == before) << "the path was changed";
   }
   EXPECT_EQ(read_file(dir.file("target.bin")), "the target's own bytes");
@@ -154,7 +160,8 @@ TEST(OutputFiles, ADeviceNodeIsNeverReplaced) {
   struct stat st {};
   ASSERT_EQ(::stat("/dev/full", &st), 0);
   ASSERT_TRUE(S_ISCHR(st.st_mode));
-  const std::string m = invalid_argument_of([] { seqpack::write_file_atomically("/dev/full", "x"); });
+  const std::string m =
+      invalid_argument_of([] { seqpack::write_file_atomically("/dev/full", "x"); });
   EXPECT_CONTAINS(m, "output file '/dev/full' is a character device");
   ASSERT_EQ(::lstat("/dev/full", &st), 0);
   EXPECT_TRUE(S_ISCHR(st.st_mode)) << "/dev/full is no longer a character device";
@@ -188,8 +195,9 @@ bool have_export_command() {
 const fs::path& tiny_model() {
   static const fs::path p = [] {
     const fs::path d = work_dir() / "model";
-    const CliResult r = run_cli("train --quiet --threads 1 --data " + tiny_tsv().string() +
-                                " --epochs 1 --hidden 4 --embed 2 --batch-size 4 --out " + d.string());
+    const CliResult r =
+        run_cli("train --quiet --threads 1 --data " + tiny_tsv().string() +
+                " --epochs 1 --hidden 4 --embed 2 --batch-size 4 --out " + d.string());
     EXPECT_EQ(r.status, 0) << r.out << r.err;
     return d;
   }();
@@ -205,7 +213,8 @@ TEST(OutputFilesCli, ExportOnnxRefusesDevicesFifosLinksAndDirectories) {
     SCOPED_TRACE(r.name);
     const fs::path p = dir.path / r.name;
     const Node before = node_at(p);
-    const CliResult res = run_cli("export --model " + tiny_model().string() + " --onnx " + p.string(), "timeout 60");
+    const CliResult res =
+        run_cli("export --model " + tiny_model().string() + " --onnx " + p.string(), "timeout 60");
     EXPECT_EQ(res.status, 1) << res.out << res.err;
     EXPECT_CONTAINS(res.err, "seqpack: error: output file '" + p.string() + r.expected);
     EXPECT_EQ(res.out, "");
@@ -213,14 +222,16 @@ TEST(OutputFilesCli, ExportOnnxRefusesDevicesFifosLinksAndDirectories) {
   }
   EXPECT_EQ(strays(dir, made), std::vector<std::string>{});
   // /dev/full: as root this replaced the device with a regular file of 8.5 KB.
-  const CliResult full = run_cli("export --model " + tiny_model().string() + " --onnx /dev/full", "timeout 60");
+  const CliResult full =
+      run_cli("export --model " + tiny_model().string() + " --onnx /dev/full", "timeout 60");
   EXPECT_EQ(full.status, 1) << full.out << full.err;
   EXPECT_CONTAINS(full.err, "output file '/dev/full' is a character device");
   struct stat st {};
   ASSERT_EQ(::lstat("/dev/full", &st), 0);
   EXPECT_TRUE(S_ISCHR(st.st_mode)) << "/dev/full is no longer a character device";
   // The control: a regular file is written.
-  const CliResult ok = run_cli("export --model " + tiny_model().string() + " --onnx " + dir.file("m.onnx"));
+  const CliResult ok =
+      run_cli("export --model " + tiny_model().string() + " --onnx " + dir.file("m.onnx"));
   EXPECT_EQ(ok.status, 0) << ok.err;
   EXPECT_GT(fs::file_size(dir.file("m.onnx")), 0u);
 }
@@ -236,7 +247,8 @@ TEST(OutputFilesCli, DataExportRefusesDevicesFifosLinksAndDirectories) {
     fs::rename(dir.path / r.name, out / "val.tsv");
     const Node before = node_at(out / "val.tsv");
     // No word lists: the check comes before they are read.
-    const CliResult res = run_cli("data export --dict-dir /nonexistent --out " + out.string(), "timeout 60");
+    const CliResult res =
+        run_cli("data export --dict-dir /nonexistent --out " + out.string(), "timeout 60");
     EXPECT_EQ(res.status, 1) << res.out << res.err;
     EXPECT_CONTAINS(res.err, "output file '" + (out / "val.tsv").string() + r.expected);
     EXPECT_TRUE(node_at(out / "val.tsv") == before) << "the path was changed";
@@ -250,7 +262,8 @@ TEST(OutputFilesCli, DataExportRefusesDevicesFifosLinksAndDirectories) {
   fs::create_symlink("/dev/full", devdir / "labels.txt");
   const CliResult res = run_cli("data export --dict-dir /nonexistent --out " + devdir.string());
   EXPECT_EQ(res.status, 1);
-  EXPECT_CONTAINS(res.err, "output file '" + (devdir / "labels.txt").string() + "' is a symbolic link (to '/dev/full')");
+  EXPECT_CONTAINS(res.err, "output file '" + (devdir / "labels.txt").string() +
+                               "' is a symbolic link (to '/dev/full')");
   struct stat st {};
   ASSERT_EQ(::lstat("/dev/full", &st), 0);
   EXPECT_TRUE(S_ISCHR(st.st_mode));

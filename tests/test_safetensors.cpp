@@ -408,7 +408,8 @@ TEST(SafetensorsAtomic, FailedWriteKeepsTheOldFileAndLeavesNoTemporary) {
     seqpack::save_safetensors(dir.file("taken"), {{"x", Tensor::from_vector<float>({1})}});
     FAIL() << "renamed over a directory";
   } catch (const std::invalid_argument& e) {
-    EXPECT_NE(std::string(e.what()).find("'" + dir.file("taken") + "' is a directory"), std::string::npos)
+    EXPECT_NE(std::string(e.what()).find("'" + dir.file("taken") + "' is a directory"),
+              std::string::npos)
         << e.what();
   }
   EXPECT_EQ(dir.entries(), (std::vector<std::string>{"model.safetensors", "taken"}));

@@ -507,7 +507,8 @@ struct ModelDirFd {
   // Whether `dir` no longer names this directory. The open descriptor pins the
   // directory's inode, so its number cannot have been reused by another one.
   bool replaced(const std::string& dir) const {
-    struct stat mine {}, now {};
+    struct stat mine {};
+    struct stat now {};
     if (::fstat(fd, &mine) != 0) return false;
     if (::stat(dir.c_str(), &now) != 0) return true;
     return mine.st_dev != now.st_dev || mine.st_ino != now.st_ino;
@@ -551,10 +552,11 @@ std::optional<TrainedClassifier> load_classifier_at(const ModelDirFd& d, const s
                                 std::to_string(tc.vocabulary.size()) +
                                 " entries but vocab_size = " + std::to_string(o.vocab_size));
   }
-  const std::string weights = read("model.safetensors", "safetensors file",
-                                   static_cast<uint64_t>(kMaxTensorBytes));
+  const std::string weights =
+      read("model.safetensors", "safetensors file", static_cast<uint64_t>(kMaxTensorBytes));
   if (gone) return std::nullopt;
-  const std::map<std::string, Tensor> state = parse_safetensors(weights, nullptr, "'" + model_path + "'");
+  const std::map<std::string, Tensor> state =
+      parse_safetensors(weights, nullptr, "'" + model_path + "'");
   // Checked before the model is built: its sizes come from config.json, and
   // only tensors that exist in the file are allocated for them.
   check_state(state, o, std::nullopt, "", where + ": '" + model_path + "'");

@@ -186,7 +186,8 @@ void refuse_working_directory(const fs::path& p, const std::string& shown) {
       (h == here.end() ? "the current working directory ('" + here.string() + "')"
                        : "an ancestor of the current working directory ('" + here.string() + "')") +
       ": a save replaces the whole directory, which would move the working directory away; "
-      "give a directory below it, such as '" + (here / "model").string() + "'");
+      "give a directory below it, such as '" +
+      (here / "model").string() + "'");
 }
 
 }  // namespace
@@ -209,14 +210,15 @@ ModelDirWriter::ModelDirWriter(const std::string& dir, const std::string& holder
     if (S_ISLNK(lst.st_mode) && ::stat(p.c_str(), &st) != 0) {
       std::error_code ec;
       const fs::path target = fs::read_symlink(p, ec);
-      throw std::invalid_argument("model directory '" + dir_ + "' is a dangling symbolic link (to '" +
-                                  target.string() +
-                                  "', which does not exist): create that directory, or give another path");
+      throw std::invalid_argument(
+          "model directory '" + dir_ + "' is a dangling symbolic link (to '" + target.string() +
+          "', which does not exist): create that directory, or give another path");
     }
     if (::stat(p.c_str(), &st) != 0 || !S_ISDIR(st.st_mode)) {
-      throw std::invalid_argument("model directory '" + dir_ + "' exists and is not a directory (it is " +
-                                  (S_ISLNK(lst.st_mode) ? std::string("a symbolic link to ") : std::string()) +
-                                  detail::file_kind(S_ISLNK(lst.st_mode) ? st.st_mode : lst.st_mode) + ")");
+      throw std::invalid_argument(
+          "model directory '" + dir_ + "' exists and is not a directory (it is " +
+          (S_ISLNK(lst.st_mode) ? std::string("a symbolic link to ") : std::string()) +
+          detail::file_kind(S_ISLNK(lst.st_mode) ? st.st_mode : lst.st_mode) + ")");
     }
     // A link to a directory: the directory itself is what changes.
     p = fs::canonical(p);

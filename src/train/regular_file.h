@@ -59,8 +59,9 @@ inline std::string read_open_regular_file(int fd, const std::string& path, const
   }
   const auto too_large = [&](const std::string& size) {
     ::close(fd);
-    return std::invalid_argument(what + " '" + path + "' is " + size + " bytes, more than the limit of " +
-                                 std::to_string(max_bytes) + " bytes");
+    return std::invalid_argument(what + " '" + path + "' is " + size +
+                                 " bytes, more than the limit of " + std::to_string(max_bytes) +
+                                 " bytes");
   };
   if (static_cast<uint64_t>(st.st_size) > max_bytes) throw too_large(std::to_string(st.st_size));
   // One byte past the limit is read to tell a file that grew past it.

@@ -392,10 +392,11 @@ void clean_up_failed_run(const TrainArgs& a, RunDirs& d) {
       for (const auto& n : r.removed) removed += (removed.empty() ? "" : ", ") + n;
       std::error_code ec;
       const auto bytes = std::filesystem::file_size(r.kept, ec);
-      note = (removed.empty() ? std::string("kept") : "removed the run's staged " + removed + "; kept") +
+      note = (removed.empty() ? std::string("kept")
+                              : "removed the run's staged " + removed + "; kept") +
              " its checkpoint " + r.kept + (ec ? "" : fmt::format(" ({} bytes)", bytes)) +
-             ": `seqpack train --resume " + a.out + "` continues from it, a run without --resume "
-             "deletes it, and `rm -r " + r.staging + "` frees its space now";
+             ": `seqpack train --resume " + a.out + "` continues from it, a run without " +
+             "--resume deletes it, and `rm -r " + r.staging + "` frees its space now";
     }
   } catch (const std::exception& e) {
     note = std::string("could not remove the run's staged files: ") + e.what();
@@ -621,7 +622,8 @@ void run_train(TrainArgs a) {
     train_epochs(a, first_epoch, split, vocab, model, opt,
                  (std::filesystem::path(d.out->staging()) / "checkpoint.safetensors").string());
     const std::vector<int64_t> pred = predict_all(model, vocab, split.test, 512);
-    fmt::print("test accuracy: {:.2f}% ({} words)\n", 100.0 * accuracy(pred, split.test), split.test.size());
+    fmt::print("test accuracy: {:.2f}% ({} words)\n", 100.0 * accuracy(pred, split.test),
+               split.test.size());
     print_confusion(pred, split.test, split.labels);
     write_classifier_files(d.out->staging(), model, vocab, split.labels);
   } catch (...) {
