@@ -13,11 +13,13 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <functional>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "cli_run.h"
@@ -168,6 +170,45 @@ TEST(OutputFiles, ADeviceNodeIsNeverReplaced) {
   for (const auto& e : fs::directory_iterator("/dev")) {
     EXPECT_EQ(e.path().filename().string().rfind(".full.tmp.", 0), std::string::npos) << e.path();
   }
+}
+
+// The path is checked again just before the rename: a FIFO made at the path
+// while the temporary file is being written is not replaced. The FIFO is made
+// as soon as the temporary file appears; a run where the rename wins anyway
+// (mkfifo then finds the new file) is repeated with more bytes.
+TEST(OutputFiles, APathThatChangesWhileTheFileIsWrittenIsCheckedAgain) {
+  for (std::size_t mb = 16; mb <= 256; mb *= 2) {
+    const TempDir dir;
+    const std::string path = dir.file("out.bin");
+    const std::string bytes(mb << 20, 'x');
+    std::string error;
+    std::atomic<bool> done{false};
+    std::thread writer([&] {
+      try {
+        seqpack::write_file_atomically(path, bytes);
+      } catch (const std::invalid_argument& e) {
+        error = e.what();
+      }
+      done = true;
+    });
+    bool fifo_made = false;
+    while (!done && !fifo_made) {
+      for (const std::string& n : dir.entries()) {
+        if (n.rfind(".out.bin.tmp.", 0) == 0) fifo_made = ::mkfifo(path.c_str(), 0600) == 0;
+        if (n.rfind(".out.bin.tmp.", 0) == 0) break;
+      }
+    }
+    writer.join();
+    if (!fifo_made) continue;  // the rename came first: try with more bytes
+    EXPECT_NE(error.find("output file '" + path + "' is a FIFO (named pipe)"), std::string::npos)
+        << "error: '" << error << "'";
+    struct stat st {};
+    ASSERT_EQ(::lstat(path.c_str(), &st), 0);
+    EXPECT_TRUE(S_ISFIFO(st.st_mode)) << "the FIFO was replaced";
+    EXPECT_EQ(dir.entries(), std::vector<std::string>{"out.bin"}) << "the temporary file was left";
+    return;
+  }
+  GTEST_SKIP() << "the rename always came before the FIFO could be made";
 }
 
 TEST(OutputFiles, DataExportChecksEveryFileBeforeWritingAny) {
