@@ -13,6 +13,7 @@
 
 #include "cli_run.h"
 #include "seqpack/classifier.h"
+#include "seqpack/model_dir.h"
 #include "seqpack/optim.h"
 #include "seqpack/safetensors.h"
 #include "test_util.h"
@@ -162,6 +163,78 @@ TEST(CliResume, OutOfRangeOrMistypedTrainConfigIsNamed) {
     EXPECT_NE(r.err.find(c.message), std::string::npos) << r.err;
     EXPECT_EQ(r.out.find("epoch 2/"), std::string::npos) << r.out;
   }
+}
+
+// What a run killed while training leaves: its checkpoint in a begun,
+// uncommitted staging directory beside OUT (here the checkpoint of a 1-epoch run).
+void leave_interrupted_run(const fs::path& out) {
+  static const fs::path one = [] {
+    const fs::path d = work_dir() / "one-epoch";
+    const CliResult r = run_cli(train_args(d, 1));
+    EXPECT_EQ(r.status, 0) << r.out << r.err;
+    return d;
+  }();
+  seqpack::ModelDirWriter w(out.string(), "the test's interrupted run");
+  w.begin(/*keep_previous=*/true);
+  fs::copy_file(one / "checkpoint.safetensors", fs::path(w.staging()) / "checkpoint.safetensors");
+}  // the lock is released, the staging directory stays
+
+// The checkpoints in OUT's staging directories.
+int staged_checkpoints(const fs::path& out) {
+  int n = 0;
+  for (const auto& e : fs::directory_iterator(out.parent_path())) {
+    const std::string name = e.path().filename().string();
+    n += name.rfind("." + out.filename().string() + ".saving-", 0) == 0 &&
+         fs::exists(e.path() / "checkpoint.safetensors");
+  }
+  return n;
+}
+
+// A run with a mistake in its command fails before it discards an interrupted
+// run's checkpoint in --out: "discarded the checkpoint" came before "cannot open
+// TSV file 'nosuch.tsv'", and two epochs of work were gone.
+TEST(CliResume, AMistakenRunFailsBeforeItDiscardsAnInterruptedCheckpoint) {
+  const fs::path out = work_dir() / "m3";
+  leave_interrupted_run(out);
+  ASSERT_EQ(staged_checkpoints(out), 1);
+  const fs::path malformed = work_dir() / "malformed.tsv";
+  std::ofstream(malformed) << "english\tthe\nno tab\n";
+  const fs::path one_label = work_dir() / "one-label.tsv";
+  std::ofstream(one_label) << "english\tthe\nenglish\twater\n";
+  const struct {
+    std::string args, message;
+  } mistakes[] = {
+      {"--data " + (work_dir() / "nosuch.tsv").string(),
+       "cannot open TSV file '" + (work_dir() / "nosuch.tsv").string() + "'"},
+      {"--data " + work_dir().string(), "is a directory"},
+      {"--data " + malformed.string(), "line 2: no tab"},
+      {"--data " + one_label.string(), "a classifier needs at least 2 labels"},
+  };
+  for (const auto& m : mistakes) {
+    SCOPED_TRACE(m.args);
+    const CliResult r =
+        run_cli("train --quiet --threads 1 --epochs 3 " + m.args + " --out " + out.string());
+    EXPECT_EQ(r.status, 1) << r.out << r.err;
+    EXPECT_NE(r.err.find(m.message), std::string::npos) << r.err;
+    EXPECT_EQ(r.out.find("discarded"), std::string::npos) << r.out;
+    EXPECT_EQ(staged_checkpoints(out), 1) << "the interrupted run's checkpoint is gone";
+  }
+  // The checkpoint is whole: resuming it to 3 epochs gives the uninterrupted run's bytes.
+  const CliResult res = run_cli("train --quiet --threads 1 --epochs 3 --resume " + out.string());
+  ASSERT_EQ(res.status, 0) << res.out << res.err;
+  EXPECT_NE(res.out.find("epoch 1 of 3 done"), std::string::npos) << res.out;
+  EXPECT_TRUE(slurp(out / "model.safetensors") == slurp(full_run() / "model.safetensors"));
+  EXPECT_EQ(staged_checkpoints(out), 0);
+
+  // The control: a valid run that does not resume discards it, and says so.
+  const fs::path out2 = work_dir() / "m4";
+  leave_interrupted_run(out2);
+  const CliResult fresh = run_cli(train_args(out2, 1));
+  ASSERT_EQ(fresh.status, 0) << fresh.err;
+  EXPECT_NE(fresh.out.find(out2.string() + "/: discarded the checkpoint of an interrupted run"),
+            std::string::npos)
+      << fresh.out;
+  EXPECT_EQ(staged_checkpoints(out2), 0);
 }
 
 // The optimiser state round trip the checkpoint relies on: an Adam restored

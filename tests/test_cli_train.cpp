@@ -133,4 +133,47 @@ TEST(CliTrain, BadFlagsAndMissingModelAreErrors) {
   EXPECT_NE(p.err.find("nope"), std::string::npos) << p.err;
 }
 
+// Data a classifier cannot be trained and tested on is refused before training,
+// naming the counts: it reported "test accuracy: 0.00% (0 words)" and exit 0.
+TEST(CliTrain, DataTooSmallToSplitIsAnErrorNamingTheCounts) {
+  const fs::path one_label = work_dir() / "one-label.tsv";
+  write(one_label, "en\tcat\nen\tdog\n");
+  const fs::path out = work_dir() / "m-small";
+  CliResult r =
+      run_cli("train --quiet --data " + one_label.string() + " --epochs 1 --out " + out.string());
+  EXPECT_EQ(r.status, 1) << r.out << r.err;
+  EXPECT_NE(r.err.find("seqpack: error: " + one_label.string() +
+                       ": 2 examples with 1 label ('en'): a classifier needs at least 2 labels"),
+            std::string::npos)
+      << r.err;
+  EXPECT_EQ(r.out.find("epoch 1/"), std::string::npos) << r.out;
+  EXPECT_FALSE(fs::exists(out));
+
+  // Two labels of two examples each: 80% of 2 rounds to 2, so no test example.
+  const fs::path two_each = work_dir() / "two-each.tsv";
+  write(two_each, "en\tcat\nen\tdog\nfr\tchat\nfr\tchien\n");
+  r = run_cli("train --quiet --data " + two_each.string() + " --epochs 1 --out " + out.string());
+  EXPECT_EQ(r.status, 1) << r.out << r.err;
+  EXPECT_NE(
+      r.err.find(two_each.string() + ": 4 examples are too few to split: they give 4 training, "
+                                     "0 validation and 0 test examples"),
+      std::string::npos)
+      << r.err;
+  EXPECT_EQ(r.out.find("test accuracy"), std::string::npos) << r.out;
+  EXPECT_FALSE(fs::exists(out));
+
+  // The control: three of each give 2 training and 1 test example per label
+  // (no validation example, which the report says rather than printing 0%).
+  const fs::path three_each = work_dir() / "three-each.tsv";
+  write(three_each, "en\tcat\nen\tdog\nen\tcow\nfr\tchat\nfr\tchien\nfr\tvache\n");
+  r = run_cli("train --quiet --data " + three_each.string() +
+              " --epochs 1 --hidden 4 --embed 2 --out " + out.string());
+  EXPECT_EQ(r.status, 0) << r.out << r.err;
+  EXPECT_NE(r.out.find("split: 4 train, 0 validation, 2 test"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("validation accuracy n/a (the validation split is empty)"),
+            std::string::npos)
+      << r.out;
+  EXPECT_NE(r.out.find("(2 words)"), std::string::npos) << r.out;
+}
+
 }  // namespace

@@ -153,7 +153,9 @@ void write_classifier_files(const std::string& dir, CharClassifier& model, const
                             const std::vector<std::string>& labels);
 // Reads a directory written by save_classifier (or by the torch side, see
 // tests/fixtures/gen_model.py). Throws std::invalid_argument naming the
-// directory and the missing or inconsistent file.
+// directory and the missing or inconsistent file. The files are read through
+// one open descriptor of the directory, so they are one model's even while a
+// save swaps another model in under the path.
 TrainedClassifier load_classifier(const std::string& dir);
 
 // ---- Validation of the model files (used by load_classifier and

@@ -70,6 +70,17 @@ class ModelDirWriter {
   std::string commit();
   // Removes the staging directory (a run that failed and must leave dir() as it was).
   void abandon();
+  // What abandon_keeping_checkpoint() did.
+  struct Abandoned {
+    std::string staging;               // the staging directory
+    std::vector<std::string> removed;  // names removed from it (all of it when `kept` is "")
+    std::string kept;                  // the checkpoint kept in it, or ""
+  };
+  // For a run that failed before commit(): removes the staging directory's files
+  // but its checkpoint.safetensors (and the marker that lets the next writer find
+  // it), so that `--resume` can continue the run; without a checkpoint, the whole
+  // staging directory. dir() is not touched.
+  Abandoned abandon_keeping_checkpoint();
 
  private:
   void recover();

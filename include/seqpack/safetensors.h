@@ -59,8 +59,17 @@ std::map<std::string, Tensor> parse_safetensors(
     const std::string& source = "<memory>");
 
 // Writes `bytes` to `path` atomically (temporary file in the same directory,
-// fsync, rename, fsync of the directory). Used for safetensors and for the
-// vocabulary and configuration files saved next to a model.
+// fsync, rename, fsync of the directory). Used for every file seqpack writes:
+// safetensors, the vocabulary and configuration files saved next to a model,
+// checkpoints, ONNX models and exported data. `path` must be absent or a regular
+// file (check_output_file), checked before the temporary file is written and
+// again just before the rename.
 void write_file_atomically(const std::string& path, std::string_view bytes);
+
+// The rule for output paths: absent, or a regular file. Throws
+// std::invalid_argument naming the path and what it is for a directory, a device
+// node, a FIFO or a socket (a rename would replace it), and for a symbolic link,
+// dangling or not (a rename would replace the link, not its target).
+void check_output_file(const std::string& path);
 
 }  // namespace seqpack

@@ -205,19 +205,6 @@ void check_state(const std::map<std::string, Tensor>& state, const CharClassifie
   }
 }
 
-// stat(2) of `path` (links followed): it must be a regular file.
-void require_regular_file(const std::string& path, const std::string& missing,
-                          const std::string& where) {
-  struct stat st {};
-  if (::stat(path.c_str(), &st) != 0) {
-    if (errno == ENOENT) throw std::invalid_argument(where + ": " + missing);
-    throw std::invalid_argument(where + ": cannot access '" + path + "': " + std::strerror(errno));
-  }
-  if (!S_ISREG(st.st_mode)) {
-    throw std::invalid_argument(where + ": '" + path + "' is not a regular file (it is " +
-                                detail::file_kind(st.st_mode) + ")");
-  }
-}
 }  // namespace
 
 CharClassifierOptions parse_classifier_config(const std::string& json_text,
@@ -488,40 +475,88 @@ void save_classifier(const std::string& dir, CharClassifier& model, const Vocabu
 }
 
 namespace {
-TrainedClassifier load_classifier_files(const std::string& dir) {
-  const std::string where = "load_classifier";
-  struct stat st {};
-  if (::stat(dir.c_str(), &st) != 0) {
-    if (errno == ENOENT || errno == ENOTDIR) {
+// config.json and vocabulary.json are read whole: far above any real one (a
+// vocabulary of every Unicode scalar value is about 9 MB), far below memory.
+constexpr uint64_t kMaxJsonBytes = uint64_t{1} << 30;
+
+// The model directory, opened once: every file is read relative to this
+// descriptor, which keeps naming the same directory when a writer swaps a new
+// one in under the path (seqpack/model_dir.h).
+struct ModelDirFd {
+  int fd = -1;
+  explicit ModelDirFd(const std::string& dir) {
+    const std::string where = "load_classifier";
+    fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (fd >= 0) return;
+    const int e = errno;
+    struct stat st {};
+    if (e == ENOTDIR && ::stat(dir.c_str(), &st) == 0 && !S_ISDIR(st.st_mode)) {
+      throw std::invalid_argument(where + ": '" + dir + "' is not a model directory: it is " +
+                                  detail::file_kind(st.st_mode) + ", not a directory");
+    }
+    if (e == ENOENT || e == ENOTDIR) {
       throw std::invalid_argument(where + ": model directory '" + dir + "' does not exist");
     }
-    throw std::invalid_argument(where + ": cannot access model directory '" + dir +
-                                "': " + std::strerror(errno));
+    throw std::invalid_argument(where + ": cannot open model directory '" + dir +
+                                "': " + std::strerror(e));
   }
-  if (!S_ISDIR(st.st_mode)) {
-    throw std::invalid_argument(where + ": '" + dir + "' is not a model directory: it is " +
-                                detail::file_kind(st.st_mode) + ", not a directory");
+  ~ModelDirFd() { ::close(fd); }
+  ModelDirFd(const ModelDirFd&) = delete;
+  ModelDirFd& operator=(const ModelDirFd&) = delete;
+
+  // Whether `dir` no longer names this directory. The open descriptor pins the
+  // directory's inode, so its number cannot have been reused by another one.
+  bool replaced(const std::string& dir) const {
+    struct stat mine {};
+    struct stat now {};
+    if (::fstat(fd, &mine) != 0) return false;
+    if (::stat(dir.c_str(), &now) != 0) return true;
+    return mine.st_dev != now.st_dev || mine.st_ino != now.st_ino;
   }
+};
+
+// The files of one model directory, all read through one descriptor. Returns
+// std::nullopt only when a file is missing because a writer replaced the
+// directory and is removing the old one (a save with keep_previous = false):
+// then there is a new whole model under the path to read instead.
+std::optional<TrainedClassifier> load_classifier_at(const ModelDirFd& d, const std::string& dir) {
+  const std::string where = "load_classifier";
+  bool gone = false;
+  const auto read = [&](const char* name, const char* what, uint64_t max_bytes) -> std::string {
+    const std::string path = dir + "/" + name;
+    std::optional<std::string> bytes;
+    try {
+      bytes = detail::read_regular_file_at(d.fd, name, path, what, max_bytes);
+    } catch (const std::invalid_argument& e) {
+      throw std::invalid_argument(where + ": " + e.what());
+    }
+    if (bytes) return std::move(*bytes);
+    if (d.replaced(dir)) {
+      gone = true;
+      return {};
+    }
+    throw std::invalid_argument(where + ": model directory '" + dir + "' has no " + name);
+  };
   const std::string config_path = dir + "/config.json";
   const std::string model_path = dir + "/model.safetensors";
-  require_regular_file(config_path, "model directory '" + dir + "' has no config.json", where);
-  std::string text;
-  try {
-    text = detail::read_regular_file(config_path, "model config");
-  } catch (const std::invalid_argument& e) {
-    throw std::invalid_argument(where + ": " + e.what());
-  }
+  const std::string text = read("config.json", "model config", kMaxJsonBytes);
+  if (gone) return std::nullopt;
   TrainedClassifier tc;
   const CharClassifierOptions o =
       parse_classifier_config(text, where + ": '" + config_path + "'", &tc.labels);
-  tc.vocabulary = Vocabulary::load(dir + "/vocabulary.json");
+  const std::string vocab_text = read("vocabulary.json", "vocabulary file", kMaxJsonBytes);
+  if (gone) return std::nullopt;
+  tc.vocabulary = Vocabulary::from_json(vocab_text, "'" + dir + "/vocabulary.json'");
   if (tc.vocabulary.size() != o.vocab_size) {
     throw std::invalid_argument(where + ": " + dir + "/vocabulary.json has " +
                                 std::to_string(tc.vocabulary.size()) +
                                 " entries but vocab_size = " + std::to_string(o.vocab_size));
   }
-  require_regular_file(model_path, "model directory '" + dir + "' has no model.safetensors", where);
-  const std::map<std::string, Tensor> state = load_safetensors(model_path);
+  const std::string weights =
+      read("model.safetensors", "safetensors file", static_cast<uint64_t>(kMaxTensorBytes));
+  if (gone) return std::nullopt;
+  const std::map<std::string, Tensor> state =
+      parse_safetensors(weights, nullptr, "'" + model_path + "'");
   // Checked before the model is built: its sizes come from config.json, and
   // only tensors that exist in the file are allocated for them.
   check_state(state, o, std::nullopt, "", where + ": '" + model_path + "'");
@@ -529,28 +564,24 @@ TrainedClassifier load_classifier_files(const std::string& dir) {
   tc.model->load_state_dict(state);
   return tc;
 }
-
-// The directory the path names now (a writer swaps in a new one whole).
-std::pair<dev_t, ino_t> directory_identity(const std::string& dir) {
-  struct stat st {};
-  if (::stat(dir.c_str(), &st) != 0) return {0, 0};
-  return {st.st_dev, st.st_ino};
-}
 }  // namespace
 
 TrainedClassifier load_classifier(const std::string& dir) {
   // A model directory never changes in place: a save swaps in a new directory
-  // (seqpack/model_dir.h). If that happened while the files were read, some
-  // may be the old model's and some the new one's: read again.
-  for (int attempt = 1;; ++attempt) {
-    const auto before = directory_identity(dir);
-    try {
-      TrainedClassifier tc = load_classifier_files(dir);
-      if (directory_identity(dir) == before || attempt == 5) return tc;
-    } catch (const std::invalid_argument&) {
-      // A mix of two models fails its consistency checks: an error only if
-      // the files did not change under the reader.
-      if (directory_identity(dir) == before || attempt == 5) throw;
+  // (seqpack/model_dir.h). Its files are read through one descriptor of the
+  // directory, so they are all of one model whatever is swapped in meanwhile.
+  // The one case that opens the path again is a file removed with the directory
+  // that held it (proven by the path naming another directory now): the path
+  // then holds a newer whole model.
+  constexpr int kMaxReopens = 1000;
+  for (int opened = 1;; ++opened) {
+    const ModelDirFd d(dir);
+    std::optional<TrainedClassifier> tc = load_classifier_at(d, dir);
+    if (tc) return std::move(*tc);
+    if (opened == kMaxReopens) {
+      throw std::runtime_error("load_classifier: model directory '" + dir + "' was replaced " +
+                               std::to_string(kMaxReopens) +
+                               " times while being read; try again when no save is running");
     }
   }
 }

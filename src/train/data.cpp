@@ -318,6 +318,11 @@ DatasetSplit load_language_id(const LanguageIdOptions& options) {
 }
 
 void export_split(const DatasetSplit& split, const std::string& dir) {
+  // Every output checked before the first is written: a refused path (a device,
+  // a FIFO, a link) leaves no partial export behind.
+  for (const char* name : {"train.tsv", "val.tsv", "test.tsv", "labels.txt"}) {
+    detail::require_output_path(dir + "/" + name);
+  }
   std::error_code ec;
   std::filesystem::create_directories(dir, ec);
   if (ec) throw std::runtime_error("cannot create directory '" + dir + "': " + ec.message());

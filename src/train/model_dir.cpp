@@ -7,6 +7,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <ctime>
@@ -19,6 +20,7 @@
 
 
 #include "seqpack/safetensors.h"
+#include "train/regular_file.h"
 
 namespace seqpack {
 
@@ -163,6 +165,31 @@ std::string now_text() {
   return buf;
 }
 
+// A save renames the whole model directory away: if that directory is the
+// process's working directory or holds it, the shell that started the run is
+// left in previous-N (or in a removed directory). `p` is absolute and normal,
+// links resolved where it exists.
+void refuse_working_directory(const fs::path& p, const std::string& shown) {
+  std::error_code ec;
+  const fs::path cwd = fs::current_path(ec);
+  if (ec) return;
+  const fs::path target = fs::weakly_canonical(p, ec);
+  if (ec) return;
+  const fs::path here = fs::weakly_canonical(cwd, ec);
+  if (ec) return;
+  auto t = target.begin(), h = here.begin();
+  for (; t != target.end() && h != here.end() && *t == *h; ++t, ++h) {
+  }
+  if (t != target.end()) return;  // `target` is not `here` or one of its ancestors
+  throw std::invalid_argument(
+      "model directory '" + shown + "' is " +
+      (h == here.end() ? "the current working directory ('" + here.string() + "')"
+                       : "an ancestor of the current working directory ('" + here.string() + "')") +
+      ": a save replaces the whole directory, which would move the working directory away; "
+      "give a directory below it, such as '" +
+      (here / "model").string() + "'");
+}
+
 }  // namespace
 
 ModelDirWriter::ModelDirWriter(const std::string& dir, const std::string& holder) {
@@ -177,16 +204,28 @@ ModelDirWriter::ModelDirWriter(const std::string& dir, const std::string& holder
   dir_ = dir;
   while (dir_.size() > 1 && dir_.back() == '/') dir_.pop_back();
   parent_ = p.parent_path().string();
-  if (exists(p.string()) && !is_dir(p.string())) {
+  struct stat lst;
+  if (::lstat(p.c_str(), &lst) == 0 && !S_ISDIR(lst.st_mode)) {
     struct stat st;
+    if (S_ISLNK(lst.st_mode) && ::stat(p.c_str(), &st) != 0) {
+      std::error_code ec;
+      const fs::path target = fs::read_symlink(p, ec);
+      throw std::invalid_argument(
+          "model directory '" + dir_ + "' is a dangling symbolic link (to '" + target.string() +
+          "', which does not exist): create that directory, or give another path");
+    }
     if (::stat(p.c_str(), &st) != 0 || !S_ISDIR(st.st_mode)) {
-      throw std::invalid_argument("model directory '" + dir_ + "' exists and is not a directory");
+      throw std::invalid_argument(
+          "model directory '" + dir_ + "' exists and is not a directory (it is " +
+          (S_ISLNK(lst.st_mode) ? std::string("a symbolic link to ") : std::string()) +
+          detail::file_kind(S_ISLNK(lst.st_mode) ? st.st_mode : lst.st_mode) + ")");
     }
     // A link to a directory: the directory itself is what changes.
     p = fs::canonical(p);
     name_ = p.filename().string();
     parent_ = p.parent_path().string();
   }
+  refuse_working_directory(p, dir_);
   const std::string full = p.string();
   std::error_code ec;
   fs::create_directories(parent_, ec);
@@ -442,6 +481,30 @@ void ModelDirWriter::abandon() {
   staging_.clear();
   remove_tree(s);
   fsync_dir(parent_);
+}
+
+ModelDirWriter::Abandoned ModelDirWriter::abandon_keeping_checkpoint() {
+  Abandoned r;
+  if (staging_.empty()) return r;
+  r.staging = staging_;
+  staging_.clear();
+  const std::string checkpoint = r.staging + "/checkpoint.safetensors";
+  if (!exists(checkpoint)) {
+    r.removed = entries(r.staging);
+    std::sort(r.removed.begin(), r.removed.end());
+    remove_tree(r.staging);
+    fsync_dir(parent_);
+    return r;
+  }
+  for (const std::string& n : entries(r.staging)) {
+    if (n == kMarker || n == "checkpoint.safetensors") continue;
+    remove_tree(r.staging + "/" + n);
+    r.removed.push_back(n);
+  }
+  std::sort(r.removed.begin(), r.removed.end());
+  fsync_dir(r.staging);
+  r.kept = checkpoint;
+  return r;
 }
 
 }  // namespace seqpack

@@ -250,6 +250,9 @@ void write_file_atomically(const std::string& path, std::string_view bytes) {
   const std::string base = slash == std::string::npos ? path : path.substr(slash + 1);
   if (base.empty())
     throw std::invalid_argument("write_file_atomically: '" + path + "' names a directory");
+  // Absent or a regular file, checked before anything is written and again just
+  // before the rename: nothing else at the path is ever replaced.
+  detail::require_output_path(path);
   std::string tmp = (dir == "/" ? "" : dir) + "/." + base + ".tmp.XXXXXX";
   std::vector<char> tmpl(tmp.begin(), tmp.end());
   tmpl.push_back('\0');
@@ -286,6 +289,12 @@ void write_file_atomically(const std::string& path, std::string_view bytes) {
     ::unlink(tmp.c_str());
     throw std::runtime_error("cannot write '" + path + "': close: " + err);
   }
+  try {
+    detail::require_output_path(path);
+  } catch (...) {
+    ::unlink(tmp.c_str());
+    throw;
+  }
   if (::rename(tmp.c_str(), path.c_str()) != 0) {
     const std::string err = errno_text();
     ::unlink(tmp.c_str());
@@ -299,6 +308,8 @@ void write_file_atomically(const std::string& path, std::string_view bytes) {
   }
 }
 
+void check_output_file(const std::string& path) { detail::require_output_path(path); }
+
 void save_safetensors(const std::string& path, const std::map<std::string, Tensor>& tensors,
                       const std::map<std::string, std::string>& metadata) {
   write_file_atomically(path, serialize_safetensors(tensors, metadata));
@@ -307,27 +318,11 @@ void save_safetensors(const std::string& path, const std::map<std::string, Tenso
 std::map<std::string, Tensor> load_safetensors(const std::string& path,
                                                std::map<std::string, std::string>* metadata) {
   // A directory, device or FIFO is refused before reading (a link to /dev/zero
-  // was read forever); a regular file is read in one piece of its stat'ed size.
-  const uint64_t size = detail::require_regular_file(path, "safetensors file");
-  std::ifstream in(path, std::ios::binary);
-  if (!in) {
-    throw std::invalid_argument("cannot open safetensors file '" + path + "': " + errno_text());
-  }
-  if (size > static_cast<uint64_t>(kMaxTensorBytes)) {
-    throw std::invalid_argument("safetensors file '" + path + "' is " + std::to_string(size) +
-                                " bytes, more than seqpack's limit of " +
-                                std::to_string(kMaxTensorBytes) + " bytes (2^46)");
-  }
-  std::string bytes(static_cast<std::size_t>(size), '\0');
-  in.read(bytes.data(), static_cast<std::streamsize>(size));
-  bytes.resize(static_cast<std::size_t>(in.gcount()));
-  if (in.bad()) {
-    throw std::invalid_argument("cannot read safetensors file '" + path + "': " + errno_text());
-  }
-  if (in.get() != std::char_traits<char>::eof()) {
-    throw std::invalid_argument("cannot read safetensors file '" + path +
-                                "': it grew while being read");
-  }
+  // was read forever), checked on the open descriptor; a regular file is read
+  // through that one descriptor, so a file renamed over the path meanwhile is
+  // not mixed in.
+  detail::require_regular_file(path, "safetensors file");
+  const std::string bytes = detail::read_regular_file(path, "safetensors file", kMaxTensorBytes);
   return parse_safetensors(bytes, metadata, "'" + path + "'");
 }
 

@@ -9,6 +9,7 @@
 
 #include "command.h"
 #include "seqpack/data.h"
+#include "seqpack/safetensors.h"
 
 namespace {
 
@@ -62,6 +63,10 @@ void setup_data(CLI::App& app) {
   add_dataset_options(*exp, *args);
   exp->add_option("--out", args->out, "output directory (created if needed)")->required();
   exp->callback([args] {
+    // Refused before the word lists are read (export_split checks again).
+    for (const char* name : {"train.tsv", "val.tsv", "test.tsv", "labels.txt"}) {
+      seqpack::check_output_file(args->out + "/" + name);
+    }
     const seqpack::DatasetSplit split = seqpack::load_language_id(options_of(*args));
     seqpack::export_split(split, args->out);
     fmt::print(

@@ -9,6 +9,7 @@
 #include "command.h"
 #include "seqpack/classifier.h"
 #include "seqpack/onnx_export.h"
+#include "seqpack/safetensors.h"
 
 namespace {
 
@@ -22,6 +23,9 @@ struct ExportArgs {
 
 void run_export(const ExportArgs& a) {
   if (a.onnx.empty()) throw std::invalid_argument("--onnx = \"\": give the file to write");
+  // The writer refuses anything but a regular file or a new path; said before
+  // the model is loaded and converted.
+  seqpack::check_output_file(a.onnx);
   const TrainedClassifier tc = load_classifier(a.model.model_dir());
   export_classifier_onnx(tc, a.onnx, {.opset = a.opset});
   const CharClassifierOptions& o = tc.model->options();

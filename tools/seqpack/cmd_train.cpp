@@ -334,12 +334,18 @@ RunDirs open_dirs(TrainArgs& a) {
       }
     }
   }
+  return d;
+}
+
+// A run that does not continue the interrupted run in --out drops its staging
+// directory: only once the data, the options and --out have been checked, so
+// that a mistyped command loses nothing.
+void discard_interrupted(const TrainArgs& a, RunDirs& d) {
   if (d.out->interrupted_checkpoint() && !d.continue_interrupted) {
     fmt::print("{}/: discarded the checkpoint of an interrupted run (train --resume {} would have "
                "continued it)\n", a.out, a.out);
     d.out->discard_interrupted();
   }
-  return d;
 }
 
 // The first parameter whose gradient holds a NaN or an infinity, or "".
@@ -371,6 +377,33 @@ void check_finite(const TrainArgs& a, int64_t epoch, std::size_t batch, double l
       epoch, batch + 1, what, a.out, a.lr, a.clip > 0 ? " or a smaller --clip" : " or --clip 1"));
 }
 
+// A run that failed before its commit (a full disk, an I/O error, a diverging
+// step): its staged files go, so that a full disk gets its space back, except the
+// checkpoint of its last finished epoch, which `--resume` continues from. Says
+// on stderr what was removed and what was kept.
+void clean_up_failed_run(const TrainArgs& a, RunDirs& d) {
+  std::string note;
+  try {
+    const ModelDirWriter::Abandoned r = d.out->abandon_keeping_checkpoint();
+    if (r.kept.empty()) {
+      note = "removed the run's staging directory " + r.staging + "/ (it held no checkpoint yet)";
+    } else {
+      std::string removed;
+      for (const auto& n : r.removed) removed += (removed.empty() ? "" : ", ") + n;
+      std::error_code ec;
+      const auto bytes = std::filesystem::file_size(r.kept, ec);
+      note = (removed.empty() ? std::string("kept")
+                              : "removed the run's staged " + removed + "; kept") +
+             " its checkpoint " + r.kept + (ec ? "" : fmt::format(" ({} bytes)", bytes)) +
+             ": `seqpack train --resume " + a.out + "` continues from it, a run without " +
+             "--resume deletes it, and `rm -r " + r.staging + "` frees its space now";
+    }
+  } catch (const std::exception& e) {
+    note = std::string("could not remove the run's staged files: ") + e.what();
+  }
+  fmt::print(stderr, "seqpack train: {}/ keeps the model it had; {}\n", a.out, note);
+}
+
 // The checkpoint's weights written as the model, when an interrupted run had
 // finished training but not its save.
 void finish_interrupted_save(TrainArgs& a, RunDirs& d) {
@@ -381,6 +414,26 @@ void finish_interrupted_save(TrainArgs& a, RunDirs& d) {
   const std::string kept = d.out->commit();
   fmt::print("{}: the interrupted run had trained all {} epochs; saved its model to {}/{}\n", d.ck_path,
              d.ck->epoch, a.out, kept.empty() ? "" : " (the model that was there is in " + kept + "/)");
+}
+
+// Data a classifier cannot be trained and tested on is an error, not a run
+// that reports "0.00% (0 words)".
+void check_split(const TrainArgs& a, const DatasetSplit& split) {
+  const std::string source = a.data.empty() ? "the word lists in " + a.dict_dir : a.data;
+  const std::size_t total = split.train.size() + split.val.size() + split.test.size();
+  if (split.labels.size() < 2) {
+    throw std::invalid_argument(fmt::format(
+        "{}: {} example{} with {} label{}{}: a classifier needs at least 2 labels", source, total,
+        total == 1 ? "" : "s", split.labels.size(), split.labels.size() == 1 ? "" : "s",
+        split.labels.size() == 1 ? " ('" + split.labels[0] + "')" : ""));
+  }
+  if (split.train.empty() || split.test.empty()) {
+    throw std::invalid_argument(fmt::format(
+        "{}: {} examples are too few to split: they give {} training, {} validation and {} test "
+        "examples (80%, 10% and the rest of each label), and training and testing each need at "
+        "least one; give at least 3 examples of a label (10 or more of each for a useful model)",
+        source, total, split.train.size(), split.val.size(), split.test.size()));
+  }
 }
 
 // The training data, split.
@@ -401,7 +454,7 @@ DatasetSplit load_split(const TrainArgs& a) {
     fmt::print("\n");
     split = split_dataset(ds, 0.8, 0.1, a.seed);
   }
-  if (split.train.empty()) throw std::invalid_argument("the training split is empty: not enough examples");
+  check_split(a, split);
   fmt::print("split: {} train, {} validation, {} test\n", split.train.size(), split.val.size(),
              split.test.size());
   return split;
@@ -495,10 +548,12 @@ void train_epochs(const TrainArgs& a, int64_t first_epoch, const DatasetSplit& s
     const double val_acc = accuracy(predict_all(model, vocab, split.val, 512), split.val);
     if (a.profile) fmt::print("{}; validation {:.3f}\n", prof.str(), cpu_seconds() - val_cpu0);
     fmt::print(
-        "epoch {}/{}: train loss {:.4f}, validation accuracy {:.2f}%, {:.2f} s, cpu {:.2f} s "
+        "epoch {}/{}: train loss {:.4f}, validation accuracy {}, {:.2f} s, cpu {:.2f} s "
         "({:.0f} words/s, {:.0f} tokens/s)\n",
         epoch, a.epochs, batches.empty() ? 0.0 : r.loss_sum / static_cast<double>(batches.size()),
-        100.0 * val_acc, secs, cpu_secs, r.words / std::max(1e-9, secs), r.tokens / std::max(1e-9, secs));
+        split.val.empty() ? std::string("n/a (the validation split is empty)")
+                          : fmt::format("{:.2f}%", 100.0 * val_acc),
+        secs, cpu_secs, r.words / std::max(1e-9, secs), r.tokens / std::max(1e-9, secs));
     std::fflush(stdout);
     save_training_checkpoint(checkpoint_path, model, opt, vocab, split.labels, epoch, config_text);
   }
@@ -557,15 +612,24 @@ void run_train(TrainArgs a) {
     opt.load_state(d.ck->adam_state, d.ck->adam_step);
     first_epoch = d.ck->epoch + 1;
   }
+  // Data, options and --out are all checked: only now may an interrupted run's
+  // checkpoint be dropped.
+  discard_interrupted(a, d);
   // Everything goes to a staging directory beside --out; --out changes only at
   // the end, in one step (seqpack/model_dir.h).
   d.out->begin(/*keep_previous=*/!a.overwrite, d.continue_interrupted);
-  train_epochs(a, first_epoch, split, vocab, model, opt,
-               (std::filesystem::path(d.out->staging()) / "checkpoint.safetensors").string());
-  const std::vector<int64_t> pred = predict_all(model, vocab, split.test, 512);
-  fmt::print("test accuracy: {:.2f}% ({} words)\n", 100.0 * accuracy(pred, split.test), split.test.size());
-  print_confusion(pred, split.test, split.labels);
-  write_classifier_files(d.out->staging(), model, vocab, split.labels);
+  try {
+    train_epochs(a, first_epoch, split, vocab, model, opt,
+                 (std::filesystem::path(d.out->staging()) / "checkpoint.safetensors").string());
+    const std::vector<int64_t> pred = predict_all(model, vocab, split.test, 512);
+    fmt::print("test accuracy: {:.2f}% ({} words)\n", 100.0 * accuracy(pred, split.test),
+               split.test.size());
+    print_confusion(pred, split.test, split.labels);
+    write_classifier_files(d.out->staging(), model, vocab, split.labels);
+  } catch (...) {
+    clean_up_failed_run(a, d);
+    throw;
+  }
   const std::string kept = d.out->commit();
   if (!kept.empty()) {
     fmt::print("{}/ held a model from an earlier run: moved it to {}/ (--overwrite replaces it instead)\n",
