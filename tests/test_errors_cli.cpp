@@ -52,7 +52,8 @@ TEST(ErrorsCli, DidYouMean) {
   const std::string data = " --data " + seqpack::testing::tiny_tsv().string();
   CliResult r = run_cli("train --epoch 2" + data);
   EXPECT_EQ(r.status, 109) << r.err;
-  EXPECT_EQ(r.err.rfind("seqpack: error: The following arguments were not expected: 2 --epoch", 0), 0u)
+  // CLI11's message first (its order of the words varies between versions).
+  EXPECT_EQ(r.err.rfind("seqpack: error: The following arguments were not expected: ", 0), 0u)
       << r.err;
   EXPECT_NE(r.err.find("seqpack train has no option --epoch: did you mean --epochs?"),
             std::string::npos)
