@@ -11,8 +11,8 @@
 #include <unistd.h>
 
 #include <algorithm>
-#include <chrono>
 #include <cerrno>
+#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -181,8 +181,12 @@ void run_eval(TrainedClassifier& tc, const PredictArgs& a) {
     secs += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     const int64_t c = logits.size(1);
     for (std::size_t i = 0; i < words.size(); ++i) {
-      const float* row = logits.data<float>() + static_cast<int64_t>(i) * c;
-      right += std::max_element(row, row + c) - row == labels[i];
+      int64_t best = 0;  // the first of equal maxima, as std::max_element
+      for (int64_t k = 1; k < c; ++k) {
+        const int64_t at = static_cast<int64_t>(i) * c;
+        if (logits.item_as_double(at + k) > logits.item_as_double(at + best)) best = k;
+      }
+      right += best == labels[i];
     }
     total += static_cast<int64_t>(words.size());
     words.clear();
