@@ -770,7 +770,10 @@ Tensor TrainedClassifier::logits(const std::vector<std::u32string>& words) {
   // such a logit has no probability, and serving one would be a silent lie.
   const auto [i, k] = first_non_finite(out);
   if (i >= 0) {
-    throw NonFiniteLogits("word " + std::to_string(i + 1) + " ('" + encode_utf8(words[i]) +
+    const std::u32string& word = words[static_cast<std::size_t>(i)];
+    constexpr std::size_t kShown = 40;  // characters of the word quoted
+    throw NonFiniteLogits("word " + std::to_string(i + 1) + " ('" +
+                          encode_utf8(word.substr(0, kShown)) + (word.size() > kShown ? "..." : "") +
                           "'): logit " + std::to_string(k) + label_of(labels, k) + " is " +
                           value_name(out.item_as_double(i * out.size(1) + k)) +
                           ": the model's weights are finite but its output overflows, so no "
