@@ -89,7 +89,7 @@ TEST(BoundsCliStream, AnOverLongLineIsAnsweredWithAnErrorAndTheStreamGoesOn) {
   EXPECT_EQ(out[0].rfind("maison: ", 0), 0u) << out[0];
   EXPECT_EQ(out[1], "error: line too long");
   EXPECT_EQ(out[2].rfind("house: ", 0), 0u) << out[2];
-  EXPECT_CONTAINS(r.err, "seqpack: line 2: 20000 characters, more than --max-chars 10000: skipped");
+  EXPECT_CONTAINS(r.err, "seqpack: error: line 2: 20000 characters, more than --max-chars 10000: skipped");
 
   // --json: the error is a JSON line too.
   const CliResult j =
@@ -114,8 +114,8 @@ TEST(BoundsCliStream, MaxCharsCountsCharacters) {
   EXPECT_EQ(out[1], "error: line too long");
   EXPECT_EQ(out[2].rfind("eau: ", 0), 0u) << out[2];
   EXPECT_EQ(out[3], "error: invalid input");  // not UTF-8: as before, the stream goes on
-  EXPECT_CONTAINS(r.err, "seqpack: line 2: 6 characters, more than --max-chars 3: skipped");
-  EXPECT_CONTAINS(r.err, "seqpack: line 4: ");
+  EXPECT_CONTAINS(r.err, "seqpack: error: line 2: 6 characters, more than --max-chars 3: skipped");
+  EXPECT_CONTAINS(r.err, "seqpack: error: line 4: ");
   EXPECT_CONTAINS(run_cli("predict --stream --max-chars 0").err,
                   "--max-chars: 0 is out of range: must be in [1, 1000000]");
 }

@@ -193,7 +193,7 @@ TEST(CliPredictStream, JsonLinesAndABadLineDoesNotEndTheStream) {
   EXPECT_EQ(docs[0].at("predictions").at(0).at("word"), "maison");
   EXPECT_EQ(docs[1].at("error"), "invalid input");
   EXPECT_EQ(docs[2].at("predictions").at(0).at("word"), "house");
-  EXPECT_NE(r.err.find("seqpack: line 2: "), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("seqpack: error: line 2: "), std::string::npos) << r.err;
 }
 
 }  // namespace

@@ -154,4 +154,21 @@ TEST(CliOptions, TheToolRejectsOutOfRangeValuesBeforeDoingAnything) {
   }
 }
 
+// The guesses behind "did you mean" (ErrorsCli.DidYouMean runs them through the tool).
+TEST(CliOptions, DidYouMeanPicksTheClosestNames) {
+  using seqpack::cli::did_you_mean;
+  const std::vector<std::string> opts = {"--epochs", "--embed", "--model", "--hidden", "--help",
+                                         "--threads", "--top"};
+  EXPECT_EQ(did_you_mean("--epoch", opts), "--epochs");
+  EXPECT_EQ(did_you_mean("--modle", opts), "--model");   // a transposition is one edit
+  EXPECT_EQ(did_you_mean("--hid", opts), "--hidden");    // the start of exactly one
+  EXPECT_EQ(did_you_mean("--tpo", opts), "--top");
+  EXPECT_EQ(did_you_mean("--xyzzy", opts), "");
+  EXPECT_EQ(did_you_mean("--embeds", opts), "--embed");
+  EXPECT_EQ(did_you_mean("--epocs", opts), "--epochs");
+  EXPECT_EQ(did_you_mean("trian", {"train", "predict", "bench"}), "train");
+  EXPECT_EQ(did_you_mean("--eh", opts), "");  // too short to guess
+  EXPECT_EQ(did_you_mean("--frob", {"--lr", "--out", "--seed", "-h"}), "");
+}
+
 }  // namespace

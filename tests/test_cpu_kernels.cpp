@@ -7,7 +7,9 @@
 // of a split call against one call.
 #include <gtest/gtest.h>
 
+#include <bit>
 #include <cmath>
+#include <cstdint>
 #include <limits>
 #include <string>
 #include <tuple>
@@ -16,6 +18,7 @@
 #include <vector>
 
 #include "cpu/gemm.h"
+#include "cpu/linear_rows.h"
 #include "seqpack/packed_sequence.h"
 #include "seqpack/rnn.h"
 #include "seqpack/threading.h"
@@ -385,6 +388,48 @@ TEST(SmallRowPath, ManyRowStepsFloatMatchDouble) {
     check_float_vs_double(lstm, threads, gen, lengths);
     check_float_vs_double(gru, threads, gen, lengths);
   }
+}
+
+// The classifier head's fixed-order linear rows: within rounding of the
+// float64 product, and each row's bits independent of how many rows are
+// computed with it (and of where it sits among them).
+TEST(LinearRowsFixedOrder, MatchesFloat64AndARowIsTheSameBitsInAnyBatch) {
+  std::mt19937 gen(17);
+  std::uniform_real_distribution<float> u(-1.f, 1.f);
+  for (const int64_t in : {1, 7, 8, 9, 74, 256, 257}) {
+    for (const int64_t out : {1, 3, 20}) {
+      const int64_t n = 13;
+      std::vector<float> x(static_cast<std::size_t>(n * in)), w(static_cast<std::size_t>(out * in)),
+          b(static_cast<std::size_t>(out)), y(static_cast<std::size_t>(n * out));
+      for (auto* v : {&x, &w, &b})
+        for (float& e : *v) e = u(gen);
+      seqpack::cpu::linear_rows_fixed_order<float>(x.data(), w.data(), b.data(), n, in, out, y.data());
+      for (int64_t i = 0; i < n; ++i) {
+        std::vector<float> one(static_cast<std::size_t>(out));
+        seqpack::cpu::linear_rows_fixed_order<float>(x.data() + i * in, w.data(), b.data(), 1, in,
+                                                     out, one.data());
+        for (int64_t j = 0; j < out; ++j) {
+          double want = b[static_cast<std::size_t>(j)], mag = std::fabs(want);
+          for (int64_t k = 0; k < in; ++k) {
+            const double t = double(x[static_cast<std::size_t>(i * in + k)]) * w[static_cast<std::size_t>(j * in + k)];
+            want += t;
+            mag += std::fabs(t);
+          }
+          const float got = y[static_cast<std::size_t>(i * out + j)];
+          ASSERT_NEAR(got, want, 1e-6 * mag + 1e-7)
+              << "in " << in << " out " << out << " row " << i << " column " << j;
+          ASSERT_EQ(std::bit_cast<uint32_t>(one[static_cast<std::size_t>(j)]), std::bit_cast<uint32_t>(got))
+              << "in " << in << " out " << out << " row " << i << " column " << j
+              << ": alone " << one[static_cast<std::size_t>(j)] << ", among " << n << " rows " << got;
+        }
+      }
+    }
+  }
+  // Without a bias: the sum alone.
+  const float x[3] = {1.f, 2.f, 3.f}, w[3] = {0.5f, -1.f, 2.f};
+  float y = 0;
+  seqpack::cpu::linear_rows_fixed_order<float>(x, w, nullptr, 1, 3, 1, &y);
+  EXPECT_EQ(y, 4.5f);
 }
 
 }  // namespace

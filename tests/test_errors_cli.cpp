@@ -6,6 +6,7 @@
 #include <filesystem>
 #include <fstream>
 #include <string>
+#include <vector>
 
 #include "cli_run.h"
 
@@ -26,9 +27,92 @@ using seqpack::testing::work_dir;
   } while (0)
 
 TEST(ErrorsCli, NoOrUnknownSubcommand) {
-  EXPECT_CLI_REJECTS("", "A subcommand is required");
   EXPECT_CLI_REJECTS("frobnicate", "unknown command 'frobnicate' (commands: bench, data, demo");
+  // A bare `seqpack` lists the commands, one line each with what it does.
+  const CliResult bare = run_cli("");
+  EXPECT_EQ(bare.status, 106);
+  EXPECT_EQ(bare.err.rfind("seqpack: error: a command is required: seqpack COMMAND [OPTIONS]", 0), 0u)
+      << bare.err;
+  for (const char* line : {"\n  bench ", "\n  data ", "\n  demo ", "\n  info ", "\n  predict ",
+                           "\n  train ", "classify words with a model saved by seqpack train\n"}) {
+    EXPECT_NE(bare.err.find(line), std::string::npos) << "no '" << line << "' in " << bare.err;
+  }
+  const CliResult data = run_cli("data");
+  EXPECT_EQ(data.status, 106);
+  EXPECT_NE(data.err.find("seqpack: error: a command is required: seqpack data COMMAND"),
+            std::string::npos)
+      << data.err;
+  EXPECT_NE(data.err.find("\n  export "), std::string::npos) << data.err;
+  EXPECT_NE(data.err.find("\n  stats "), std::string::npos) << data.err;
 }
+
+// "did you mean" for an unknown option close to one the command has, and for
+// a command close to a known one; unknown words are still named.
+TEST(ErrorsCli, DidYouMean) {
+  const std::string data = " --data " + seqpack::testing::tiny_tsv().string();
+  CliResult r = run_cli("train --epoch 2" + data);
+  EXPECT_EQ(r.status, 109) << r.err;
+  // CLI11's message first (its order of the words varies between versions).
+  EXPECT_EQ(r.err.rfind("seqpack: error: The following arguments were not expected: ", 0), 0u)
+      << r.err;
+  EXPECT_NE(r.err.find("seqpack train has no option --epoch: did you mean --epochs?"),
+            std::string::npos)
+      << r.err;
+  r = run_cli("predict --modle m house");
+  EXPECT_EQ(r.status, 109) << r.err;
+  EXPECT_NE(r.err.find("seqpack predict has no option --modle: did you mean --model?"),
+            std::string::npos)
+      << r.err;
+  r = run_cli("train --hiden=8" + data);  // --name=value
+  EXPECT_NE(r.err.find("has no option --hiden: did you mean --hidden?"), std::string::npos) << r.err;
+  r = run_cli("predict --frobnicate house");
+  EXPECT_EQ(r.status, 109) << r.err;
+  EXPECT_NE(r.err.find("seqpack predict has no option --frobnicate (see 'seqpack predict --help')"),
+            std::string::npos)
+      << r.err;
+  r = run_cli("trian --epochs 1");
+  EXPECT_EQ(r.status, 2) << r.err;
+  EXPECT_NE(r.err.find("seqpack: error: unknown command 'trian': did you mean train? (commands: "),
+            std::string::npos)
+      << r.err;
+  r = run_cli("data exprot --out x");
+  EXPECT_EQ(r.status, 2) << r.err;
+  EXPECT_NE(r.err.find("unknown command 'exprot': did you mean export?"), std::string::npos) << r.err;
+}
+
+// Every message the tool prints for a failure starts with "seqpack: error:",
+// CLI11's own parse errors included.
+TEST(ErrorsCli, EveryErrorStartsWithTheProgramName) {
+  for (const std::string args :
+       {"", "frobnicate", "train --epoch 2", "train --epochs 0", "train --epochs", "data export",
+        "predict --precision fp16 house", "predict --model /nonexistent house", "--frob",
+        "predict --json --json house"}) {
+    const CliResult r = run_cli(args);
+    EXPECT_NE(r.status, 0) << args;
+    EXPECT_LT(r.status, 128) << args;
+    EXPECT_EQ(r.err.rfind("seqpack: error: ", 0), 0u) << args << ": " << r.err;
+  }
+}
+
+// The exit statuses are listed in --help's footer, each one the tool uses.
+TEST(ErrorsCli, ExitCodesAreDocumentedAndUsed) {
+  const CliResult help = run_cli("--help");
+  ASSERT_EQ(help.status, 0);
+  for (const char* code : {"\n  0 ", "\n  1 ", "\n  2 ", "\n  105 ", "\n  106 ", "\n  109 ", "\n  114 "}) {
+    EXPECT_NE(help.out.find(code), std::string::npos) << "no exit status '" << code << "' in "
+                                                      << help.out;
+  }
+  const std::string data = " --data " + seqpack::testing::tiny_tsv().string();
+  EXPECT_EQ(run_cli("predict --model /nonexistent house").status, 1);
+  EXPECT_EQ(run_cli("frobnicate").status, 2);
+  EXPECT_EQ(run_cli("train --epochs 0" + data).status, 105);
+  EXPECT_EQ(run_cli("predict --precision fp16 house").status, 105);
+  EXPECT_EQ(run_cli("").status, 106);
+  EXPECT_EQ(run_cli("data export").status, 106);
+  EXPECT_EQ(run_cli("train --epoch 2" + data).status, 109);
+  EXPECT_EQ(run_cli("predict --model").status, 114);
+}
+
 
 TEST(ErrorsCli, TrainFlagsOutOfRange) {
   // Every numeric option of every subcommand: tests/test_cli_options.cpp.

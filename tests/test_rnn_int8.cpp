@@ -45,29 +45,75 @@ struct PlainRow {
   float scale = 1;
   int32_t zp = 0;
 };
+// ±inf is read as ±FLT_MAX; a range that overflows a float is taken in double.
 PlainRow plain_quantize_row(const float* x, int64_t k) {
+  constexpr float kMax = std::numeric_limits<float>::max();
   PlainRow r;
   float lo = 0, hi = 0;
   bool nan = false;
   for (int64_t i = 0; i < k; ++i) {
     nan |= std::isnan(x[i]);
-    lo = std::min(lo, x[i]);
-    hi = std::max(hi, x[i]);
+    if (std::isnan(x[i])) continue;
+    lo = std::min(lo, std::clamp(x[i], -kMax, kMax));
+    hi = std::max(hi, std::clamp(x[i], -kMax, kMax));
   }
   r.q.assign(static_cast<std::size_t>(k), 0);
-  const float spread = hi - lo;
-  if (nan || !std::isfinite(spread)) {
+  if (nan) {
     r.scale = std::numeric_limits<float>::quiet_NaN();
     return r;
   }
+  const float spread = hi - lo;
   if (spread < 1e-30f) return r;
-  r.scale = spread / 255.f;
+  r.scale = std::isfinite(spread) ? spread / 255.f
+                                  : static_cast<float>((double(hi) - double(lo)) / 255.0);
   const float inv = 1.f / r.scale;
   r.zp = std::clamp(static_cast<int32_t>(std::nearbyint(-lo * inv)), 0, 255);
   for (int64_t i = 0; i < k; ++i)
-    r.q[static_cast<std::size_t>(i)] =
-        std::clamp(static_cast<int32_t>(std::nearbyint(x[i] * inv)) + r.zp, 0, 255);
+    r.q[static_cast<std::size_t>(i)] = std::clamp(
+        static_cast<int32_t>(std::nearbyint(std::clamp(x[i], -kMax, kMax) * inv)) + r.zp, 0, 255);
   return r;
+}
+
+// The row parameters (pure C++: runs on any CPU) against hand-worked values.
+TEST(Int8RowParams, HandWorkedRangesAndFiniteScalesForHugeRanges) {
+  constexpr float kMax = std::numeric_limits<float>::max();
+  // [-0.5, 2]: scale 2.5 / 255, zero point round(0.5 / scale) = round(51) = 51.
+  cpu::U8RowParams p = cpu::u8_row_params(-0.5f, 2.f);
+  EXPECT_EQ(p.scale, 2.5f / 255.f);
+  EXPECT_EQ(p.inv, 1.f / (2.5f / 255.f));
+  EXPECT_EQ(p.zp, 51);
+  // An all-zero row and one under the smallest spread: q = 0, scale 1.
+  for (const auto& [lo, hi] : {std::pair{0.f, 0.f}, {-1e-31f, 0.f}, {0.f, 5e-31f}}) {
+    p = cpu::u8_row_params(lo, hi);
+    EXPECT_EQ(p.scale, 1.f) << lo << " " << hi;
+    EXPECT_EQ(p.inv, 0.f) << lo << " " << hi;
+    EXPECT_EQ(p.zp, 0) << lo << " " << hi;
+  }
+  // [-FLT_MAX, 0]: scale FLT_MAX / 255, zero point 255 (FLT_MAX is q = 255, x = 0 is q = zp).
+  p = cpu::u8_row_params(-kMax, 0.f);
+  EXPECT_EQ(p.scale, kMax / 255.f);
+  EXPECT_EQ(p.zp, 255);
+  // Ranges whose width overflows a float (3e38 - (-3e38) = 6e38 > FLT_MAX):
+  // the scale is the double width / 255, finite, and the extremes come back
+  // within one step of themselves.
+  for (const auto& [lo, hi] : {std::pair{-3e38f, 3e38f}, {-kMax, kMax}, {-kMax, 2e38f},
+                               {-1.5e38f, kMax}}) {
+    SCOPED_TRACE(std::to_string(lo) + ", " + std::to_string(hi));
+    p = cpu::u8_row_params(lo, hi);
+    const double want = (double(hi) - double(lo)) / 255.0;
+    ASSERT_TRUE(std::isfinite(p.scale));
+    ASSERT_TRUE(std::isfinite(p.inv) && p.inv > 0);
+    EXPECT_NEAR(p.scale, want, want * 1e-7);
+    EXPECT_NEAR(p.zp, -double(lo) / want, 0.5 + 1e-6);
+    for (const float x : {lo, hi, 0.f}) {
+      const int32_t q = std::clamp(static_cast<int32_t>(std::nearbyint(x * p.inv)) + p.zp, 0, 255);
+      const double back = double(p.scale) * (q - p.zp);
+      EXPECT_NEAR(back, x, want * 1.01) << "x " << x << " q " << q;
+    }
+  }
+  // A finite width keeps the float arithmetic: 1e38 - (-2e38) in float.
+  p = cpu::u8_row_params(-2e38f, 1e38f);
+  EXPECT_EQ(p.scale, (1e38f - -2e38f) / 255.f);
 }
 
 PlainRow plain_quantize_column(const std::vector<float>& w) {
@@ -153,6 +199,57 @@ TEST(Int8Kernels, QuantizationAndProductsMatchThePlainScheme) {
           }
         }
       }
+    }
+  }
+}
+
+// Rows with huge and infinite values quantize as the plain scheme says, with
+// finite scales, and their products are finite and close to the products of
+// the values (±inf read as ±FLT_MAX).
+TEST(Int8Kernels, HugeAndInfiniteRowsHaveFiniteScalesAndProducts) {
+  SKIP_WITHOUT_INT8();
+  constexpr float kMax = std::numeric_limits<float>::max();
+  const float inf = std::numeric_limits<float>::infinity();
+  const int64_t k = 21, n = 19;
+  std::mt19937_64 gen(5);
+  std::uniform_real_distribution<float> u(-1.f, 1.f);
+  std::vector<float> b(static_cast<std::size_t>(n * k));
+  for (auto& v : b) v = u(gen) * 0.2f;
+  cpu::QuantizedWeights qb;
+  cpu::quantize_weights_s8(b.data(), /*trans_b=*/true, k, n, k, qb);
+  const std::vector<std::vector<std::pair<int64_t, float>>> specials = {
+      {{0, 3e38f}}, {{0, -3e38f}}, {{5, inf}}, {{20, -inf}}, {{3, kMax}, {4, -kMax}},
+      {{0, 3e38f}, {1, -3e38f}}, {{2, inf}, {7, -inf}}};
+  for (const auto& special : specials) {
+    std::vector<float> a(static_cast<std::size_t>(k));
+    for (auto& v : a) v = u(gen);
+    for (const auto& [at, v] : special) a[static_cast<std::size_t>(at)] = v;
+    SCOPED_TRACE("a[" + std::to_string(special[0].first) + "] = " + std::to_string(special[0].second));
+    cpu::QuantizedRows qa;
+    cpu::quantize_rows_u8(1, k, a.data(), k, qa);
+    const PlainRow plain = plain_quantize_row(a.data(), k);
+    ASSERT_TRUE(std::isfinite(qa.scale.data()[0]));
+    ASSERT_EQ(qa.scale.data()[0], plain.scale);
+    ASSERT_EQ(qa.zp.data()[0], plain.zp);
+    for (int64_t kk = 0; kk < k; ++kk)
+      ASSERT_EQ(qa.q.data()[kk], plain.q[static_cast<std::size_t>(kk)]) << "k " << kk;
+    std::vector<float> c(static_cast<std::size_t>(n));
+    cpu::gemm_u8s8_f32(1, qa, 0, qb, 0, n, 0.f, c.data(), n);
+    for (int64_t j = 0; j < n; ++j) {
+      double want = 0, scale = 0;  // Σ w·x with ±inf as ±FLT_MAX, and Σ |w|·max|x|
+      for (int64_t kk = 0; kk < k; ++kk) {
+        const double x = std::clamp(a[static_cast<std::size_t>(kk)], -kMax, kMax);
+        want += double(b[static_cast<std::size_t>(j * k + kk)]) * x;
+        scale += std::fabs(double(b[static_cast<std::size_t>(j * k + kk)])) * kMax;
+      }
+      const float got = c[static_cast<std::size_t>(j)];
+      if (std::fabs(want) <= kMax * 0.99) {
+        ASSERT_TRUE(std::isfinite(got)) << "column " << j << ": " << got << ", want " << want;
+      } else {
+        ASSERT_FALSE(std::isnan(got)) << "column " << j << ", want " << want;
+      }
+      // One quantum of the row's and of the unit's scale per term, at most.
+      if (std::isfinite(got)) EXPECT_NEAR(got, want, scale * 0.02) << "column " << j;
     }
   }
 }
@@ -333,6 +430,62 @@ TEST(RNNInt8, TrainingAndSavingForBackwardAreRefused) {
   } catch (const std::invalid_argument& e) {
     EXPECT_NE(std::string(e.what()).find("int8 is for inference only"), std::string::npos)
         << e.what();
+  }
+}
+
+// A huge finite or infinite value in one sequence's input: that sequence's
+// int8 outputs stay finite and close to fp32's, whose gates it saturates
+// (int8 reads ±inf as ±FLT_MAX), and the other sequences' bits are those of
+// the clean run. W_ih's magnitudes lie in [0.05, 0.2], so no weight of a unit
+// quantizes to 0 (the gate a huge input reaches saturates in int8 as in fp32).
+TEST(RNNInt8, HugeAndInfiniteInputsSaturateAsFp32Does) {
+  SKIP_WITHOUT_INT8();
+  constexpr float kMax = std::numeric_limits<float>::max();
+  const float inf = std::numeric_limits<float>::infinity();
+  RNNOptions o{.mode = RNNMode::lstm, .input_size = 6, .hidden_size = 20, .bidirectional = true};
+  std::mt19937_64 gen(41);
+  std::vector<Tensor> weights;
+  for (const Shape& s : rnn_parameter_shapes(o)) weights.push_back(random_tensor(s, 0.2, gen));
+  std::uniform_real_distribution<float> mag(0.05f, 0.2f);
+  for (const std::size_t w_ih : {std::size_t{0}, std::size_t{4}}) {  // w_ih_l0 and its reverse
+    ASSERT_EQ(weights[w_ih].shape(), (Shape{4 * o.hidden_size, o.input_size}));
+    for (int64_t i = 0; i < weights[w_ih].numel(); ++i)
+      weights[w_ih].data<float>()[i] = (gen() % 2 ? 1.f : -1.f) * mag(gen);
+  }
+  std::vector<Tensor> seqs;
+  for (int64_t L : {5, 4, 3}) seqs.push_back(random_tensor({L, o.input_size}, 1.0, gen));
+  const PackedSequence clean = pack_sequence(seqs, /*enforce_sorted=*/false);
+  const PackingPlan plan = PackingPlan::from_packed(clean);
+  RNNOptions o8 = o;
+  o8.precision = Precision::int8;
+  const auto clean8 = rnn_forward(o8, weights, clean.data, plan, {}, {}, false, false);
+  const std::vector<std::vector<std::pair<int64_t, float>>> specials = {
+      {{0, 3e38f}}, {{0, -3e38f}}, {{0, inf}}, {{3, -inf}}, {{5, kMax}},
+      {{0, 3e38f}, {1, -3e38f}}};  // (inf and -inf in one row: fp32's inf - inf is NaN)
+  for (const auto& special : specials) {
+    SCOPED_TRACE("x[1][2][" + std::to_string(special[0].first) + "] = " +
+                 std::to_string(special[0].second) + (special.size() > 1 ? " and another" : ""));
+    std::vector<Tensor> s2 = seqs;
+    s2[1] = seqs[1].clone();
+    for (const auto& [at, v] : special) s2[1].data<float>()[2 * o.input_size + at] = v;
+    const PackedSequence p = pack_sequence(s2, /*enforce_sorted=*/false);
+    const auto f32 = rnn_forward(o, weights, p.data, plan, {}, {}, false, false);
+    const auto i8 = rnn_forward(o8, weights, p.data, plan, {}, {}, false, false);
+    for (int64_t b = 0; b < 3; ++b) {
+      const std::vector<float> got = sequence_bits(i8, plan, b);
+      const std::vector<float> ref = sequence_bits(f32, plan, b);
+      ASSERT_EQ(got.size(), ref.size());
+      for (std::size_t i = 0; i < got.size(); ++i) {
+        ASSERT_TRUE(std::isfinite(ref[i])) << "fp32 is not finite: sequence " << b << " value " << i;
+        ASSERT_TRUE(std::isfinite(got[i])) << "sequence " << b << " value " << i;
+        EXPECT_NEAR(got[i], ref[i], kForwardAbs) << "sequence " << b << " value " << i;
+      }
+      if (b == 1) continue;
+      const std::vector<float> before = sequence_bits(clean8, plan, b);
+      for (std::size_t i = 0; i < got.size(); ++i)
+        ASSERT_EQ(std::memcmp(&got[i], &before[i], sizeof(float)), 0)
+            << "sequence " << b << " changed: value " << i;
+    }
   }
 }
 

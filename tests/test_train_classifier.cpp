@@ -4,6 +4,10 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <memory>
 #include <filesystem>
 #include <random>
 #include <set>
@@ -195,6 +199,120 @@ TEST(CharClassifier, BadInputNamesTheValue) {
   std::map<std::string, Tensor> sd = model.state_dict();
   sd.erase("fc.bias");
   EXPECT_THROW(model.load_state_dict(sd), std::invalid_argument);
+}
+
+// Whether row i of a and row j of b [*, c] are equal: bit for bit in float32,
+// to 1e-13 in float64.
+bool same_row(const Tensor& a, int64_t i, const Tensor& b, int64_t j) {
+  const int64_t c = a.size(1);
+  if (a.dtype() == DType::f32) {
+    return std::memcmp(a.data<float>() + i * c, b.data<float>() + j * c, c * sizeof(float)) == 0;
+  }
+  for (int64_t k = 0; k < c; ++k) {
+    const double x = a.item_as_double(i * c + k), y = b.item_as_double(j * c + k);
+    if (std::fabs(x - y) > 1e-13 * (1 + std::fabs(y))) return false;
+  }
+  return true;
+}
+
+// Inference logits (forward without requires_grad) of a float32 model are the
+// same bits for a sequence alone and in any batch (the head sums in a fixed
+// order; BLAS rounded a row differently with the row count), and agree with
+// training's forward (BLAS) to rounding. A float64 model's LSTM runs its steps
+// on BLAS's dgemm, which rounds a row by the row count: there, to rounding.
+TEST(CharClassifier, InferenceLogitsAreTheSameBitsAloneAndInAnyBatch) {
+  const uint64_t seed = testing::test_seed();
+  SCOPED_TRACE("seed " + std::to_string(seed));
+  std::mt19937_64 gen(seed);
+  std::vector<std::vector<int64_t>> seqs;
+  for (int i = 0; i < 41; ++i) {
+    std::vector<int64_t> ids(gen() % 13);  // 0 to 12 tokens
+    for (auto& id : ids) id = 1 + static_cast<int64_t>(gen() % 9);
+    seqs.push_back(ids);
+  }
+  seqs[5].clear();  // an empty one among them
+  const int64_t n = static_cast<int64_t>(seqs.size());
+  for (const DType dtype : {DType::f32, DType::f64}) {
+    SCOPED_TRACE(dtype_name(dtype));
+    // 2 * hidden = 74: not a multiple of the head's 8 lanes.
+    CharClassifier model({.vocab_size = 10, .embed_dim = 5, .hidden_size = 37, .num_classes = 5,
+                          .dtype = dtype},
+                         seed);
+    const Tensor all = model.forward(seqs, /*requires_grad=*/false);
+    for (int64_t i = 0; i < n; ++i) {
+      const Tensor alone = model.forward({seqs[static_cast<std::size_t>(i)]}, false);
+      ASSERT_TRUE(same_row(alone, 0, all, i)) << "sequence " << i << " alone and in the batch of " << n;
+    }
+    // Other company: reversed, and in batches of 7.
+    const Tensor r = model.forward({seqs.rbegin(), seqs.rend()}, false);
+    for (int64_t i = 0; i < n; ++i) {
+      ASSERT_TRUE(same_row(r, n - 1 - i, all, i)) << "sequence " << i << " in the reversed batch";
+    }
+    for (int64_t start = 0; start < n; start += 7) {
+      const int64_t stop = std::min(n, start + 7);
+      const Tensor p = model.forward({seqs.begin() + start, seqs.begin() + stop}, false);
+      for (int64_t i = start; i < stop; ++i) {
+        ASSERT_TRUE(same_row(p, i - start, all, i)) << "sequence " << i << " in a batch of " << stop - start;
+      }
+    }
+    const Tensor trained = model.forward(seqs, /*requires_grad=*/true);
+    EXPECT_TRUE(all_close(all, trained, dtype == DType::f32 ? 1e-5 : 1e-12,
+                          dtype == DType::f32 ? 1e-6 : 1e-14, "inference vs training head"));
+  }
+}
+
+// A model with finite weights whose output layer overflows (3.4e38 weights, as
+// a hostile trial set them): its logits are an error naming the word, the
+// logit and its label, never a NaN probability.
+TEST(TrainedClassifier, NonFiniteLogitsAreAnErrorNeverAProbability) {
+  TrainedClassifier tc;
+  tc.vocabulary = Vocabulary::build({U"hello", U"abc"});
+  tc.labels = {"a", "b", "c"};
+  tc.model = std::make_unique<CharClassifier>(
+      CharClassifierOptions{.vocab_size = tc.vocabulary.size(), .embed_dim = 3, .hidden_size = 5,
+                            .num_classes = 3},
+      1);
+  const std::vector<std::u32string> words = {U"", U"hello", U"abc"};
+  const Tensor finite = tc.logits(words);
+  ASSERT_EQ(tc.predict(words).size(), 3u);
+  // h > 0 for every non-empty word (LSTM weights 0, the g gate's bias 1:
+  // h = σ(0)·tanh(c) with c > 0), so row 2 of the output layer at 3.4e38
+  // makes logit 2 +inf; an empty word (h = 0) keeps the bias, finite.
+  std::map<std::string, Tensor> sd = tc.model->state_dict();
+  for (auto& [name, t] : sd) {
+    if (name.rfind("lstm.", 0) == 0) t.fill(0.0);
+  }
+  for (const char* bias : {"lstm.bias_ih_l0", "lstm.bias_ih_l0_reverse"}) {
+    for (int64_t k = 10; k < 15; ++k) sd.at(bias).data<float>()[k] = 1.f;  // [i, f, g, o] x 5
+  }
+  for (int64_t k = 0; k < 10; ++k) sd.at("fc.weight").data<float>()[2 * 10 + k] = 3.4e38f;
+  sd.at("fc.bias").data<float>()[2] = 3.4e38f;
+  for (const auto& call : {0, 1}) {
+    try {
+      if (call == 0) tc.predict(words);
+      else tc.logits(words);
+      FAIL() << "non-finite logits were returned";
+    } catch (const NonFiniteLogits& e) {
+      const std::string what = e.what();
+      EXPECT_NE(what.find("word 2 ('hello'): logit 2 (label 'c') is inf"), std::string::npos)
+          << what;
+    }
+  }
+  EXPECT_THROW(tc.logits({U"abc"}), std::runtime_error);
+  const Tensor empty_word = tc.logits({U""});
+  EXPECT_TRUE(std::isfinite(empty_word.item_as_double(2)));
+  EXPECT_EQ(empty_word.item_as_double(2), 3.4e38f);
+  // scores() on logits given by the caller: the entry named.
+  Tensor bad = finite.clone();
+  bad.data<float>()[1 * 3 + 1] = std::numeric_limits<float>::quiet_NaN();
+  try {
+    tc.scores(bad);
+    FAIL() << "scores accepted a NaN logit";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_NE(std::string(e.what()).find("logits[1][1] (label 'b') is nan"), std::string::npos)
+        << e.what();
+  }
+  EXPECT_THROW(tc.scores(Tensor::zeros({2, 4}, DType::f32)), std::invalid_argument);
 }
 
 }  // namespace

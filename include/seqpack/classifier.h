@@ -32,6 +32,7 @@
 #include <cstdint>
 #include <map>
 #include <memory>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -77,7 +78,9 @@ class CharClassifier {
   // tokens: int64 [B, T] (batch_first) or [T, B], padded; lengths[b] <= T are
   // the real lengths (0 allowed: that sequence sees h_n = 0). Returns logits
   // [B, num_classes]. Padding is never computed on: the LSTM runs on packed rows.
-  // With requires_grad, keeps what backward needs.
+  // With requires_grad, keeps what backward needs. Without it (inference) the
+  // linear layer sums each logit in a fixed order, so a float32 model gives a
+  // sequence the same bits whatever else is in the batch.
   Tensor forward(const Tensor& tokens, const std::vector<int64_t>& lengths, bool batch_first,
                  bool requires_grad = true);
   // One token sequence per batch element.
@@ -125,6 +128,14 @@ struct LabelScore {
   double probability;
 };
 
+// A model whose weights are finite gave a non-finite logit (its output layer
+// overflowed): no probability can be given for that word. The message names
+// the word, the logit's index and label, and the value.
+class NonFiniteLogits : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
 // A trained classifier with what is needed to use it on text.
 struct TrainedClassifier {
   std::unique_ptr<CharClassifier> model;
@@ -134,9 +145,14 @@ struct TrainedClassifier {
   // Softmax over the labels for each word (characters unknown to the
   // vocabulary map to <unk>), sorted by decreasing probability.
   std::vector<std::vector<LabelScore>> predict(const std::vector<std::u32string>& words);
-  // The raw logits [words, labels].
+  // The raw logits [words, labels]. A word's logits are the same bits alone
+  // or in any batch, at every precision, for a float32 model (a float64
+  // model's LSTM steps use BLAS's dgemm: equal to rounding). Throws
+  // NonFiniteLogits when one is NaN or infinite: a NaN is never served as a
+  // probability.
   Tensor logits(const std::vector<std::u32string>& words);
   // predict's result from logits already computed (one forward for both).
+  // Throws std::invalid_argument naming the entry when a logit is not finite.
   std::vector<std::vector<LabelScore>> scores(const Tensor& logits) const;
 };
 

@@ -7,17 +7,24 @@
 //   A (the layer input, h): per row, asymmetric u8. lo = min(0, min x),
 //     hi = max(0, max x), scale = (hi - lo) / 255, zero point
 //     zp = round(-lo / scale), q = clamp(round(x / scale) + zp, 0, 255):
-//     x ≈ scale * (q - zp), 0 exact. An all-zero row has scale 1, zp 0; a row
-//     with a non-finite value has scale NaN (its results are NaN, as fp32's).
+//     x ≈ scale * (q - zp), 0 exact (u8_row_params). An all-zero row has
+//     scale 1, zp 0; a row with a NaN has scale NaN (its results are NaN, as
+//     fp32's). ±inf is read as ±FLT_MAX, so it saturates the gates it reaches
+//     as fp32's ±inf does, and the range of a row of huge values (FLT_MAX and
+//     -FLT_MAX: hi - lo overflows a float) is taken in double: the scale is
+//     always finite.
 //   B (weights, [k, n] as op(W)): per column (one output unit), symmetric s8.
 //     scale = max|w| / 127 (1 for a zero column), q = clamp(round(w / scale),
 //     -127, 127). Columns past n are zero.
-//   C[i, j] = float(Σ_k qa[i,k]·qb[k,j] - zp_i·Σ_k qb[k,j]) · (sb_j · sa_i),
+//   C[i, j] = float(Σ_k qa[i,k]·qb[k,j] - zp_i·Σ_k qb[k,j]) · min(sb_j · sa_i, FLT_MAX),
 //     exact in int32 up to the float conversion (|acc| < 2^31 for k < 66000).
 // Rounding is to nearest even (the CPU's default mode) on both sides.
 #pragma once
 
+#include <algorithm>
+#include <cmath>
 #include <cstdint>
+#include <limits>
 #include <vector>
 
 #include "cpu/grow_buffer.h"
@@ -27,6 +34,34 @@ namespace seqpack::cpu {
 // Whether this CPU (as oneDNN dispatches, ONEDNN_MAX_CPU_ISA capping it) and
 // this build can run the int8 kernels: AVX512-VNNI (and AVX512-BW).
 bool int8_kernels_supported();
+
+// Below this spread a row quantizes to zeros: its scale's reciprocal would
+// overflow (a row of values under 1e-30 in magnitude, which the products
+// cannot tell from zero anyway).
+inline constexpr float kMinSpread = 1e-30f;
+
+// The u8 quantization of a row whose values (±inf read as ±FLT_MAX) lie in
+// [lo, hi], lo = min(0, min x) and hi = max(0, max x), no NaN among them.
+// Pure C++, so the kernels' rounding can be checked on any CPU.
+struct U8RowParams {
+  float scale = 1.f;  // x ≈ scale * (q - zp); finite
+  float inv = 0.f;    // 1 / scale; 0 for a row that quantizes to zeros
+  int32_t zp = 0;     // in [0, 255]
+};
+inline U8RowParams u8_row_params(float lo, float hi) {
+  U8RowParams p;
+  const float spread = hi - lo;
+  if (!(spread >= kMinSpread)) return p;  // all (nearly) zero: q = 0, scale 1
+  // hi - lo overflows a float only when both are huge (up to 2 · FLT_MAX): then
+  // in double, where it is exact, and the scale (at most 2 · FLT_MAX / 255) is
+  // a finite float. A finite spread keeps float arithmetic, bit for bit.
+  p.scale = std::isfinite(spread)
+                ? spread / 255.f
+                : static_cast<float>((static_cast<double>(hi) - static_cast<double>(lo)) / 255.0);
+  p.inv = 1.f / p.scale;
+  p.zp = std::clamp(static_cast<int32_t>(std::nearbyint(-lo * p.inv)), 0, 255);
+  return p;
+}
 
 // A's rows quantized: row i is q + i * ld (ld = k rounded up to 4, the
 // padding zero), with scale[i] and zp[i].

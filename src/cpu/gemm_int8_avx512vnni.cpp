@@ -36,15 +36,16 @@ namespace {
 constexpr int kMR = 6;  // rows of a register block
 constexpr int kNV = 4;  // 16-column groups of a register block
 
-// Below this spread a row quantizes to zeros: its scale's reciprocal would
-// overflow (a row of values under 1e-30 in magnitude, which the products
-// cannot tell from zero anyway).
-constexpr float kMinSpread = 1e-30f;
-
 // The lanes of a 16-float vector from element i of n: all, the first n - i, or none.
 inline __mmask16 tail_mask(int64_t n, int64_t i) {
   const int64_t left = n - i;
   return left >= 16 ? __mmask16(0xFFFF) : left <= 0 ? __mmask16(0) : __mmask16((1u << left) - 1);
+}
+
+// ±inf read as ±FLT_MAX (u8_row_params); NaN is left as it is.
+SEQPACK_VNNI inline __m512 clamp_finite(__m512 v) {
+  const __m512 big = _mm512_set1_ps(std::numeric_limits<float>::max());
+  return _mm512_max_ps(_mm512_min_ps(v, big), _mm512_sub_ps(_mm512_setzero_ps(), big));
 }
 
 SEQPACK_VNNI void quantize_row(const float* x, int64_t k, uint8_t* q, int64_t ld, float* scale,
@@ -55,28 +56,29 @@ SEQPACK_VNNI void quantize_row(const float* x, int64_t k, uint8_t* q, int64_t ld
     const __mmask16 m = tail_mask(k, i);
     const __m512 v = _mm512_maskz_loadu_ps(m, x + i);
     bad |= _mm512_mask_cmp_ps_mask(m, v, v, _CMP_UNORD_Q);
-    vmin = _mm512_min_ps(vmin, v);
-    vmax = _mm512_max_ps(vmax, v);
+    vmin = _mm512_min_ps(vmin, clamp_finite(v));
+    vmax = _mm512_max_ps(vmax, clamp_finite(v));
   }
-  const float lo = _mm512_reduce_min_ps(vmin), hi = _mm512_reduce_max_ps(vmax);
-  const float spread = hi - lo;
-  if (bad || !std::isfinite(spread) || spread < kMinSpread) {
+  if (bad) {  // a NaN: the row's results are NaN, as fp32's
     std::memset(q, 0, static_cast<std::size_t>(ld));
-    *scale = bad || !std::isfinite(spread) ? std::numeric_limits<float>::quiet_NaN() : 1.f;
+    *scale = std::numeric_limits<float>::quiet_NaN();
     *zp = 0;
     return;
   }
-  const float s = spread / 255.f, inv = 1.f / s;
-  const int32_t z = std::clamp(static_cast<int32_t>(std::nearbyint(-lo * inv)), 0, 255);
-  *scale = s;
-  *zp = z;
-  const __m512 vinv = _mm512_set1_ps(inv);
-  const __m512i vz = _mm512_set1_epi32(z), v0 = _mm512_setzero_si512(),
+  const U8RowParams p = u8_row_params(_mm512_reduce_min_ps(vmin), _mm512_reduce_max_ps(vmax));
+  *scale = p.scale;
+  *zp = p.zp;
+  if (p.inv == 0.f) {
+    std::memset(q, 0, static_cast<std::size_t>(ld));
+    return;
+  }
+  const __m512 vinv = _mm512_set1_ps(p.inv);
+  const __m512i vz = _mm512_set1_epi32(p.zp), v0 = _mm512_setzero_si512(),
                 v255 = _mm512_set1_epi32(255);
   int64_t i = 0;
   for (; i < k; i += 16) {
     const __mmask16 m = tail_mask(k, i);
-    const __m512 v = _mm512_maskz_loadu_ps(m, x + i);
+    const __m512 v = clamp_finite(_mm512_maskz_loadu_ps(m, x + i));
     __m512i t = _mm512_add_epi32(_mm512_cvtps_epi32(_mm512_mul_ps(v, vinv)), vz);
     t = _mm512_min_epi32(_mm512_max_epi32(t, v0), v255);
     _mm_mask_storeu_epi8(q + i, m, _mm512_cvtusepi32_epi8(t));
@@ -135,7 +137,12 @@ SEQPACK_VNNI void block(int64_t k4, const uint8_t* a, int64_t lda, const int8_t*
     for (int i = 0; i < MR; ++i) {
       const __m512i t =
           _mm512_sub_epi32(acc[i][v], _mm512_mullo_epi32(_mm512_set1_epi32(e.za[i]), ws));
-      __m512 f = _mm512_mul_ps(_mm512_cvtepi32_ps(t), _mm512_mul_ps(sb, _mm512_set1_ps(e.sa[i])));
+      // The two scales' product, at most FLT_MAX (NaN kept): a row of huge
+      // values times a unit of huge weights then overflows only where the
+      // result does (an inf scale would make 0 · inf = NaN of a zero sum).
+      const __m512 sab = _mm512_min_ps(_mm512_set1_ps(std::numeric_limits<float>::max()),
+                                       _mm512_mul_ps(sb, _mm512_set1_ps(e.sa[i])));
+      __m512 f = _mm512_mul_ps(_mm512_cvtepi32_ps(t), sab);
       float* dst = e.c + i * e.ldc + j;
       if (e.init) {
         f = _mm512_add_ps(_mm512_maskz_loadu_ps(mask, e.init[i] + j), f);

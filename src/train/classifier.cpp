@@ -21,6 +21,7 @@
 #include <string_view>
 #include <unordered_map>
 
+#include "cpu/linear_rows.h"
 #include "seqpack/loss.h"
 #include "seqpack/model_dir.h"
 #include "seqpack/packed_sequence.h"
@@ -335,7 +336,23 @@ Tensor CharClassifier::forward(const Tensor& tokens, const std::vector<int64_t>&
                   bytes);
     }
   }
-  return fc_.forward(feat);
+  if (requires_grad) return fc_.forward(feat);
+  // Inference: the head in a fixed order of summation (cpu/linear_rows.h),
+  // so that a word's logits are the same bits alone or in any batch, as the
+  // LSTM's h_n are (BLAS would round a row differently with the row count).
+  Tensor logits = Tensor::empty({B, options_.num_classes}, options_.dtype);
+  const Tensor& w = fc_.weight();
+  const Tensor& bias = fc_.bias();
+  if (options_.dtype == DType::f32) {
+    cpu::linear_rows_fixed_order<float>(feat.data<float>(), w.data<float>(),
+                                        bias.defined() ? bias.data<float>() : nullptr, B, 2 * H,
+                                        options_.num_classes, logits.data<float>());
+  } else {
+    cpu::linear_rows_fixed_order<double>(feat.data<double>(), w.data<double>(),
+                                         bias.defined() ? bias.data<double>() : nullptr, B, 2 * H,
+                                         options_.num_classes, logits.data<double>());
+  }
+  return logits;
 }
 
 Tensor CharClassifier::forward(const std::vector<std::vector<int64_t>>& sequences,
@@ -754,10 +771,46 @@ TrainingCheckpoint load_training_checkpoint(const std::string& path) {
   return parse_training_checkpoint(meta, tensors, "checkpoint " + path);
 }
 
+namespace {
+
+// The first non-finite value of `logits` [n, c]: its row and column, or {-1, -1}.
+std::pair<int64_t, int64_t> first_non_finite(const Tensor& logits) {
+  const int64_t n = logits.size(0), c = logits.size(1);
+  for (int64_t i = 0; i < n; ++i) {
+    for (int64_t k = 0; k < c; ++k) {
+      if (!std::isfinite(logits.item_as_double(i * c + k))) return {i, k};
+    }
+  }
+  return {-1, -1};
+}
+
+// " (label 'french')" for column k, when the labels are known.
+std::string label_of(const std::vector<std::string>& labels, int64_t k) {
+  return k < static_cast<int64_t>(labels.size()) ? " (label '" + labels[k] + "')" : "";
+}
+
+std::string value_name(double v) { return std::isnan(v) ? "nan" : v > 0 ? "inf" : "-inf"; }
+
+}  // namespace
+
 Tensor TrainedClassifier::logits(const std::vector<std::u32string>& words) {
   std::vector<std::vector<int64_t>> seqs;
   for (const auto& w : words) seqs.push_back(vocabulary.encode(w));
-  return model->forward(seqs, /*requires_grad=*/false);
+  Tensor out = model->forward(seqs, /*requires_grad=*/false);
+  // A model with finite weights can still overflow (weights near 3.4e38):
+  // such a logit has no probability, and serving one would be a silent lie.
+  const auto [i, k] = first_non_finite(out);
+  if (i >= 0) {
+    const std::u32string& word = words[static_cast<std::size_t>(i)];
+    constexpr std::size_t kShown = 40;  // characters of the word quoted
+    throw NonFiniteLogits("word " + std::to_string(i + 1) + " ('" +
+                          encode_utf8(word.substr(0, kShown)) + (word.size() > kShown ? "..." : "") +
+                          "'): logit " + std::to_string(k) + label_of(labels, k) + " is " +
+                          value_name(out.item_as_double(i * out.size(1) + k)) +
+                          ": the model's weights are finite but its output overflows, so no "
+                          "probability can be given");
+  }
+  return out;
 }
 
 std::vector<std::vector<LabelScore>> TrainedClassifier::predict(
@@ -767,6 +820,19 @@ std::vector<std::vector<LabelScore>> TrainedClassifier::predict(
 }
 
 std::vector<std::vector<LabelScore>> TrainedClassifier::scores(const Tensor& logits) const {
+  if (!logits.defined() || logits.dim() != 2 ||
+      logits.size(1) != static_cast<int64_t>(labels.size())) {
+    throw std::invalid_argument(
+        "scores: logits must be [words, " + std::to_string(labels.size()) + "], got " +
+        (logits.defined() ? shape_str(logits.shape()) : std::string("an undefined tensor")));
+  }
+  const auto [row, k] = first_non_finite(logits);
+  if (row >= 0) {
+    throw std::invalid_argument("scores: logits[" + std::to_string(row) + "][" +
+                                std::to_string(k) + "]" + label_of(labels, k) + " is " +
+                                value_name(logits.item_as_double(row * logits.size(1) + k)) +
+                                ": a non-finite logit has no probability");
+  }
   const Tensor p = softmax(logits);
   const std::size_t n = static_cast<std::size_t>(logits.size(0));
   std::vector<std::vector<LabelScore>> out(n);

@@ -5,13 +5,18 @@
 // --max-chars characters is answered with an error and skipped without being
 // held in memory (the forward's workspace grows with the line: 0.53 GB at
 // 100k characters), and the stream goes on.
+#include <fcntl.h>
 #include <fmt/core.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
-#include <fstream>
+#include <cstring>
+#include <memory>
 #include <nlohmann/json.hpp>
 #include <stdexcept>
 #include <string>
@@ -37,12 +42,15 @@ struct PredictArgs {
   std::string precision = "fp32";
   std::string eval;
   int64_t batch_size = 64;
+  int threads = 0;
 };
 
 // Reads one line of `in` (without its '\n') into `line`, keeping at most `cap`
-// bytes and discarding the rest of a longer one; `overlong` says whether any
-// were discarded. False at the end of the input with nothing read.
-bool read_line_bounded(std::FILE* in, std::string& line, std::size_t cap, bool& overlong) {
+// bytes; `overlong` says whether the line had more. The rest of a longer line
+// is read and discarded (`skip_rest`, so the next call reads the next line),
+// or left unread. False at the end of the input with nothing read.
+bool read_line_bounded(std::FILE* in, std::string& line, std::size_t cap, bool& overlong,
+                       bool skip_rest = true) {
   line.clear();
   overlong = false;
   int c = std::getc(in);
@@ -52,6 +60,7 @@ bool read_line_bounded(std::FILE* in, std::string& line, std::size_t cap, bool& 
       line.push_back(static_cast<char>(c));
     } else {
       overlong = true;
+      if (!skip_rest) break;
     }
   }
   return true;
@@ -102,21 +111,100 @@ void print_predictions(TrainedClassifier& tc, const std::vector<std::string>& te
   }
 }
 
+// The bytes a line of `--eval` may have: a word of --max-chars characters (at
+// most 4 bytes each in UTF-8), a tab, the longest label or a label index, and
+// a '\r'. A longer line cannot be valid, so it is refused after reading that
+// many bytes, whatever its length.
+std::size_t eval_line_cap(const TrainedClassifier& tc, int64_t max_chars) {
+  std::size_t label = 20;  // the digits of any int64 index
+  for (const std::string& l : tc.labels) label = std::max(label, l.size());
+  return static_cast<std::size_t>(max_chars) * 4 + label + 2;
+}
+
+// "a directory", "a character device", ... for a message about `mode`.
+const char* file_kind(mode_t mode) {
+  if (S_ISDIR(mode)) return "a directory";
+  if (S_ISCHR(mode)) return "a character device";
+  if (S_ISBLK(mode)) return "a block device";
+  if (S_ISFIFO(mode)) return "a FIFO (named pipe)";
+  if (S_ISSOCK(mode)) return "a socket";
+  return "a special file";
+}
+
+// Opens --eval's file for reading: only a regular file (after following
+// links). A directory, a device (/dev/zero would be read for ever) or a FIFO
+// (opened without blocking, so one without a writer does not hang) is refused,
+// naming the path and what it is.
+std::FILE* open_eval_file(const std::string& path) {
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
+  if (fd < 0) {
+    throw std::invalid_argument("--eval " + path + ": cannot open the file: " + std::strerror(errno));
+  }
+  struct stat st {};
+  if (::fstat(fd, &st) != 0) {
+    const std::string err = std::strerror(errno);
+    ::close(fd);
+    throw std::invalid_argument("--eval " + path + ": cannot stat the file: " + err);
+  }
+  if (!S_ISREG(st.st_mode)) {
+    ::close(fd);
+    throw std::invalid_argument("--eval " + path + " is " + file_kind(st.st_mode) +
+                                ", not a regular file (give a file of label<TAB>word lines)");
+  }
+  ::fcntl(fd, F_SETFL, ::fcntl(fd, F_GETFL) & ~O_NONBLOCK);
+  std::FILE* f = ::fdopen(fd, "rb");
+  if (f == nullptr) {
+    ::close(fd);
+    throw std::invalid_argument("--eval " + path + ": cannot open the file: " + std::strerror(errno));
+  }
+  return f;
+}
+
 // --eval FILE: accuracy and speed over a labelled file (`label<TAB>word`
 // lines, the label a name of the model's or its index, as `seqpack data
 // export` writes them), in batches of --batch-size words. 64 by default:
 // the fastest of 64-512 for fp32 and int8 alike on the main job's model
 // (a step's gate rows of 512 words, 1 MB at hidden 128, leave the L2).
+// The file is read a batch at a time, so memory does not grow with it.
 void run_eval(TrainedClassifier& tc, const PredictArgs& a) {
-  std::ifstream in(a.eval);
-  if (!in) throw std::invalid_argument("--eval " + a.eval + ": cannot open the file");
+  const std::unique_ptr<std::FILE, int (*)(std::FILE*)> in(open_eval_file(a.eval), &std::fclose);
+  const std::size_t cap = eval_line_cap(tc, a.max_chars);
+  const auto kBatch = static_cast<std::size_t>(a.batch_size);
   std::vector<std::u32string> words;
   std::vector<int64_t> labels;
+  int64_t total = 0, right = 0;
+  double secs = 0;
+  auto classify = [&] {
+    if (words.empty()) return;
+    const auto t0 = std::chrono::steady_clock::now();
+    const Tensor logits = tc.logits(words);
+    secs += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    const int64_t c = logits.size(1);
+    for (std::size_t i = 0; i < words.size(); ++i) {
+      int64_t best = 0;  // the first of equal maxima, as std::max_element
+      for (int64_t k = 1; k < c; ++k) {
+        const int64_t at = static_cast<int64_t>(i) * c;
+        if (logits.item_as_double(at + k) > logits.item_as_double(at + best)) best = k;
+      }
+      right += best == labels[i];
+    }
+    total += static_cast<int64_t>(words.size());
+    words.clear();
+    labels.clear();
+  };
   std::string line;
-  for (int64_t no = 1; std::getline(in, line); ++no) {
+  bool overlong = false;
+  for (int64_t no = 1; read_line_bounded(in.get(), line, cap, overlong, /*skip_rest=*/false); ++no) {
+    const std::string where = "--eval " + a.eval + " line " + std::to_string(no);
+    if (overlong) {
+      throw std::invalid_argument(where + " is longer than " + std::to_string(cap) +
+                                  " bytes, so its word has more than --max-chars " +
+                                  std::to_string(a.max_chars) + " characters");
+    }
+    // A UTF-8 byte-order mark (as some Windows editors write) is not part of the first label.
+    if (no == 1 && line.rfind("\xEF\xBB\xBF", 0) == 0) line.erase(0, 3);
     if (!line.empty() && line.back() == '\r') line.pop_back();
     if (line.empty()) continue;
-    const std::string where = "--eval " + a.eval + " line " + std::to_string(no);
     const auto tab = line.find('\t');
     if (tab == std::string::npos) throw std::invalid_argument(where + ": no tab (label<TAB>word)");
     const std::string label = line.substr(0, tab);
@@ -124,8 +212,9 @@ void run_eval(TrainedClassifier& tc, const PredictArgs& a) {
     int64_t index = it - tc.labels.begin();
     if (it == tc.labels.end()) {
       char* end = nullptr;
+      errno = 0;
       index = std::strtoll(label.c_str(), &end, 10);
-      if (label.empty() || *end != '\0' || index < 0 ||
+      if (label.empty() || *end != '\0' || errno != 0 || index < 0 ||
           index >= static_cast<int64_t>(tc.labels.size())) {
         throw std::invalid_argument(where + ": label '" + label +
                                     "' is neither one of the model's labels nor an index below " +
@@ -140,32 +229,29 @@ void run_eval(TrainedClassifier& tc, const PredictArgs& a) {
     }
     words.push_back(std::move(word));
     labels.push_back(index);
+    if (words.size() == kBatch) classify();
   }
-  const auto kBatch = static_cast<std::size_t>(a.batch_size);
-  int64_t right = 0;
-  const auto t0 = std::chrono::steady_clock::now();
-  for (std::size_t start = 0; start < words.size(); start += kBatch) {
-    const std::size_t stop = std::min(words.size(), start + kBatch);
-    const Tensor logits = tc.logits({words.begin() + static_cast<std::ptrdiff_t>(start),
-                                     words.begin() + static_cast<std::ptrdiff_t>(stop)});
-    const int64_t c = logits.size(1);
-    for (std::size_t i = start; i < stop; ++i) {
-      const float* row = logits.data<float>() + static_cast<int64_t>(i - start) * c;
-      right += std::max_element(row, row + c) - row == labels[i];
-    }
+  if (std::ferror(in.get())) {
+    throw std::invalid_argument("--eval " + a.eval + ": error reading the file: " +
+                                std::strerror(errno));
   }
-  const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  const double acc = words.empty() ? 0.0 : 100.0 * static_cast<double>(right) / words.size();
+  classify();
+  if (total == 0) {
+    throw std::invalid_argument("--eval " + a.eval +
+                                " has no words: it needs label<TAB>word lines (seqpack data "
+                                "export writes them), and an accuracy over 0 words means nothing");
+  }
+  const double acc = 100.0 * static_cast<double>(right) / static_cast<double>(total);
   const char* prec = precision_name(tc.model->options().precision);
   if (a.json) {
-    nlohmann::ordered_json j = {{"words", words.size()}, {"accuracy", acc},   {"seconds", secs},
-                                {"precision", prec},     {"threads", num_threads()}};
+    nlohmann::ordered_json j = {{"words", total},     {"accuracy", acc},   {"seconds", secs},
+                                {"precision", prec},  {"threads", num_threads()}};
     fmt::print("{}\n", j.dump());
     return;
   }
   fmt::print("accuracy: {:.2f}% ({} words), {:.4f} s ({:.0f} words/s), precision {}, {} thread{}\n",
-             acc, words.size(), secs, secs > 0 ? static_cast<double>(words.size()) / secs : 0.0,
-             prec, num_threads(), num_threads() == 1 ? "" : "s");
+             acc, total, secs, secs > 0 ? static_cast<double>(total) / secs : 0.0, prec,
+             num_threads(), num_threads() == 1 ? "" : "s");
 }
 
 void run_predict(const PredictArgs& a) {
@@ -196,6 +282,7 @@ void run_predict(const PredictArgs& a) {
     }
   }
   const Precision precision = resolve_precision(a.precision);
+  if (a.threads > 0) set_num_threads(a.threads);
   TrainedClassifier tc = load_classifier(a.model.model_dir());
   tc.model->set_precision(precision);
   if (!a.eval.empty()) {
@@ -216,7 +303,7 @@ void run_predict(const PredictArgs& a) {
   bool overlong = false;
   int64_t line_no = 0;
   auto reject = [&](const std::string& why, const char* short_why) {
-    fmt::print(stderr, "seqpack: line {}: {}\n", line_no, why);
+    fmt::print(stderr, "seqpack: error: line {}: {}\n", line_no, why);
     fmt::print("{}\n", a.json ? fmt::format(R"({{"error": "{}"}})", short_why)
                               : fmt::format("error: {}", short_why));
   };
@@ -240,6 +327,8 @@ void run_predict(const PredictArgs& a) {
       print_predictions(tc, {line}, a, /*one_line_json=*/true);
     } catch (const std::length_error& e) {
       reject(e.what(), "line too long");
+    } catch (const NonFiniteLogits& e) {
+      reject(e.what(), "non-finite logits");
     } catch (const std::invalid_argument& e) {
       reject(e.what(), "invalid input");
     } catch (const std::bad_alloc& e) {
@@ -274,6 +363,8 @@ void setup(CLI::App& sub) {
                  "index, as seqpack data export writes test.tsv), in batches of --batch-size");
   seqpack::cli::add_number<int64_t>(sub, "--batch-size", a->batch_size,
                                     "words per forward with --eval", 1, 1'000'000);
+  seqpack::cli::add_number(sub, "--threads", a->threads, "threads (0: the library default)", 0,
+                           1024);
   sub.add_option("--precision", a->precision,
                  "the LSTM's products: fp32 (default, as trained), bf16 (needs native bf16), int8 "
                  "(needs AVX512-VNNI; weights quantized at load), or auto (bf16 where native)")

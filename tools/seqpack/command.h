@@ -44,6 +44,22 @@ inline bool register_command(Command command) {
 // The whole tool: every registered command added to `app` (main.cpp and the tests).
 void add_commands(CLI::App& app);
 
+// The tool's exit statuses, as `seqpack --help` lists them (docs/errors.md too).
+extern const char* const kExitCodes;
+
+// The names among `names` close to `word` ("--epochs" for "--epoch", "train"
+// for "trian"; several joined with "or"), or "" when none is.
+std::string did_you_mean(const std::string& word, const std::vector<std::string>& names);
+// "unknown command 'trian': did you mean train? (commands: bench, data, ...)"
+// for a word that is none of the subcommands of `app`.
+std::string unknown_command_message(const std::string& word, const CLI::App& app);
+// Prints a parse error of `app` (the command line's words after the program
+// name in `args`) as "seqpack: error: ..." on stderr, with a "did you mean"
+// for an unknown option or command and the command list when none was given
+// (help and --version go to stdout as CLI11 prints them). Returns the exit status.
+int report_parse_error(const CLI::App& app, const CLI::ParseError& e,
+                       const std::vector<std::string>& args);
+
 // The range of a numeric option, and values just outside and at its edges (for
 // the test that walks every option).
 struct NumberInfo {

@@ -1,10 +1,12 @@
 // The seqpack command-line tool: a thin front end over the public headers.
+#include <algorithm>
 #include <cstdio>
 #include <exception>
 #include <new>
 #include <stdexcept>
 #include <string>
 #include <system_error>
+#include <vector>
 
 #include "command.h"
 
@@ -21,27 +23,23 @@ std::string command_of(const CLI::App& app) {
 int main(int argc, char** argv) {
   CLI::App app{"seqpack: variable-length sequence batching and packed recurrent networks"};
   seqpack::cli::add_commands(app);
-  const auto& cmds = seqpack::cli::commands();
+  const std::vector<std::string> args(argv + (argc > 0 ? 1 : 0), argv + std::max(argc, 1));
   // CLI11 reports an unknown first word only as "A subcommand is required";
-  // name it and list the commands instead.
-  if (argc > 1 && argv[1][0] != '-') {
-    const std::string word = argv[1];
-    bool known = false;
-    std::string names;
-    for (const auto& cmd : cmds) {
-      known = known || cmd.name == word;
-      names += (names.empty() ? "" : ", ") + cmd.name;
-    }
+  // name it, guess what was meant and list the commands instead.
+  if (!args.empty() && !args[0].empty() && args[0][0] != '-') {
+    const auto& cmds = seqpack::cli::commands();
+    const bool known = std::any_of(cmds.begin(), cmds.end(),
+                                   [&](const auto& cmd) { return cmd.name == args[0]; });
     if (!known) {
-      std::fprintf(stderr, "seqpack: error: unknown command '%s' (commands: %s)\n", word.c_str(),
-                   names.c_str());
+      std::fprintf(stderr, "seqpack: error: %s\n",
+                   seqpack::cli::unknown_command_message(args[0], app).c_str());
       return 2;
     }
   }
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
-    return app.exit(e);
+    return seqpack::cli::report_parse_error(app, e, args);
   } catch (const std::bad_alloc& e) {
     // A bare std::bad_alloc says nothing; seqpack's own (AllocationError) names the tensor.
     std::fprintf(stderr, "seqpack: error: out of memory while running 'seqpack %s' (%s)\n",
