@@ -23,8 +23,8 @@
 // _pad_packed_sequence_backward), which is what lets torch.compile trace them.
 // The two packing backward operators have Autograd kernels too (each the
 // other's adjoint), so packing has gradients of any order; the recurrent
-// operators refuse double backward. Zero-length sequences are accepted
-// everywhere, as in the rest of seqpack; h0/c0 and
+// operators refuse double backward. Zero-length sequences and a padded batch
+// of size 0 are accepted everywhere, as in the rest of seqpack; h0/c0 and
 // h_n/c_n are in the caller's batch order.
 //
 // Errors: the core's std::invalid_argument arrives as c10::ValueError (Python
@@ -1035,7 +1035,9 @@ std::tuple<Tensor, Tensor, Tensor> rnn_padded_autograd(
   }
   Tensor time_major = batch_first ? input.transpose(0, 1) : input;
   Tensor data = time_major.contiguous().view({T * B, input.size(2)});
-  Tensor batch_sizes = at::full({T}, B, at::TensorOptions().dtype(at::kLong));
+  // Batch 0 (torch accepts it) has no time steps in packed form: a batch_sizes
+  // of T zeros is not a packed batch.
+  Tensor batch_sizes = at::full({B > 0 ? T : 0}, B, at::TensorOptions().dtype(at::kLong));
   auto [out, h_n, c_n] =
       rnn_op().call(data, batch_sizes, c10::nullopt, c10::nullopt, h0, c0, weights, mode,
                     hidden_size, num_layers, bias, bidirectional, proj_size, dropout, train, seed,
