@@ -152,3 +152,21 @@ def test_layers_still_refuse_double_backward_through_packing(mode):
         out = spt.pad_packed_sequence(m(p)[0])[0]
         with pytest.raises(RuntimeError, match="double backward is not supported"):
             torch.autograd.grad(out.pow(2).sum(), x, create_graph=True)
+
+
+def test_torch_unpack_sequence_of_a_seqpack_pack():
+    """torch's unpack_sequence / unpad_sequence on seqpack's PackedSequence (seqpack.torch
+    has no functions of its own for them; they reach seqpack's pack operator)."""
+    gen = torch.Generator().manual_seed(base_seed())
+    x0 = torch.randn(4, 3, 2, dtype=f64, generator=gen)
+    lengths = torch.tensor([4, 2, 3])
+
+    def loss(lib):
+        x = x0.clone().requires_grad_()
+        p = lib.pack_padded_sequence(x, lengths, enforce_sorted=False)
+        seqs = trnn.unpack_sequence(p)
+        seqs += trnn.unpad_sequence(lib.pad_packed_sequence(p)[0], lengths)
+        s = sum((q ** 3).sum() for q in seqs)
+        g = torch.autograd.grad(s, x, create_graph=True)[0]
+        return torch.autograd.grad((g ** 2).sum(), x)[0]
+    close(loss(spt), loss(trnn), "second derivative through unpack/unpad_sequence")
