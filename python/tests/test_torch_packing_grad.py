@@ -16,7 +16,8 @@ f64 = torch.float64
 def close(actual, expected, what):
     # Packing only moves values: the composite losses below differ from
     # torch's by float64 summation order at most.
-    torch.testing.assert_close(actual, expected, rtol=1e-12, atol=1e-12, msg=lambda m: f"{what}: {m}")
+    torch.testing.assert_close(actual, expected, rtol=1e-12, atol=1e-12,
+                               msg=lambda m: f"{what}: {m}")
 
 
 def round_trip(lib, x, lengths, batch_first, enforce_sorted, total_length=None):
