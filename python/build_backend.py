@@ -3,13 +3,17 @@ standard library only, so `pip wheel --no-build-isolation .` needs nothing
 from a package index: CMake and a compiler build, this file zips.
 
 build_wheel configures and builds only what the package holds (the library,
-the Python extension seqpack._seqpack and, unless SEQPACK_WHEEL_TORCH=OFF, the
-operator library libseqpack_torch.so; no tests, tool, examples or benchmarks)
-out of the source tree: in a temporary directory removed afterwards, or in
-SEQPACK_WHEEL_BUILD_DIR (config setting build-dir), kept and reused by the next
-build. It then writes a wheel of python/seqpack/*.py and the shared objects,
-tagged for the interpreter that runs it. The extension is for that
-interpreter and libseqpack_torch for the LibTorch that find_package(Torch)
+the Python extension seqpack._seqpack, the command-line tool `seqpack` and,
+unless SEQPACK_WHEEL_TORCH=OFF, the operator library libseqpack_torch.so; no
+tests, examples or benchmarks) in one CMake run out of the source tree: in a
+temporary directory removed afterwards, or in SEQPACK_WHEEL_BUILD_DIR (config
+setting build-dir), kept and reused by the next build. It then writes a wheel
+of python/seqpack/*.py and the shared objects, tagged for the interpreter that
+runs it, with the tool as a script (seqpack-<version>.data/scripts/seqpack,
+which pip installs as V/bin/seqpack). The tool links the seqpack libraries
+statically, so it needs no RPATH: its shared libraries are the system's
+(OpenBLAS, oneDNN, Highway, ONNX, protobuf, fmt), as for ./build/seqpack.
+The extension is for that interpreter and libseqpack_torch for the LibTorch that find_package(Torch)
 finds (Debian's libtorch-dev, the same libtorch_cpu.so that python3-torch
 loads). The version is CMake's project(seqpack VERSION ...), as everywhere.
 
@@ -95,14 +99,15 @@ def _build(config_settings, build_dir):
     torch = (settings.get("torch") or os.environ.get("SEQPACK_WHEEL_TORCH", "ON")).upper()
     jobs = os.environ.get("CMAKE_BUILD_PARALLEL_LEVEL", str(os.cpu_count() or 1))
     configure = ["cmake", "-S", ROOT, "-B", build_dir, "-DCMAKE_BUILD_TYPE=Release",
-                 "-DSEQPACK_BUILD_TESTS=OFF", "-DSEQPACK_BUILD_CLI=OFF",
+                 "-DSEQPACK_BUILD_TESTS=OFF", "-DSEQPACK_BUILD_CLI=ON",
                  "-DSEQPACK_BUILD_EXAMPLES=OFF", "-DSEQPACK_BUILD_BENCHMARKS=OFF",
                  "-DSEQPACK_BUILD_PYTHON=ON", f"-DSEQPACK_BUILD_TORCH={torch}",
                  # pybind11 would link the bindings with LTO: slower to build,
                  # nothing to gain in thin bindings.
                  "-DCMAKE_INTERPROCEDURAL_OPTIMIZATION=OFF",
                  f"-DPython3_EXECUTABLE={sys.executable}", *_cmake_args(settings)]
-    targets = ["seqpack_python"] + (["seqpack_torch"] if torch == "ON" else [])
+    # seqpack_cli is the tool (its OUTPUT_NAME is seqpack).
+    targets = ["seqpack_python", "seqpack_cli"] + (["seqpack_torch"] if torch == "ON" else [])
     build = ["cmake", "--build", build_dir, "-j", jobs, "--target", *targets]
     for step, (what, cmd) in enumerate((("configuring", configure),
                                         (f"building {', '.join(targets)}", build)), 1):
@@ -117,6 +122,10 @@ def _build(config_settings, build_dir):
     for f in files:
         with open(os.path.join(package, f), "rb") as data:  # follows the build tree's symlinks
             entries.append((f"{NAME}/{f}", data.read(), 0o755 if f.endswith(".so") else 0o644))
+    # The tool, as a script of the wheel: pip installs it into the
+    # environment's bin/ with its mode (no #!python line: copied as it is).
+    with open(os.path.join(build_dir, NAME), "rb") as tool:
+        entries.append((f"{NAME}-{_version()}.data/scripts/{NAME}", tool.read(), 0o755))
     return entries
 
 

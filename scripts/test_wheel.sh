@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The pip route, as a Python user takes it: builds a wheel with
 # `pip wheel --no-build-isolation` (the in-tree PEP 517 backend runs CMake for
-# the library, the Python extension and libseqpack_torch only, in a temporary
+# the library, the Python extension, the tool and libseqpack_torch only, in a temporary
 # build directory, or SEQPACK_WHEEL_BUILD_DIR when set; SEQPACK_CMAKE_ARGS and
 # CMAKE_*_COMPILER_LAUNCHER pass on), checks that the build left the source
 # tree as it was (`git status --porcelain --ignored`, __pycache__ aside),
@@ -10,7 +10,10 @@
 # source tree against the installed package (SEQPACK_EXPECTED_PACKAGE:
 # python/tests/conftest.py fails if another seqpack is imported;
 # test_version.py checks the installed metadata's version against
-# seqpack.__version__). Prints the build time.
+# seqpack.__version__). The wheel also installs the command-line tool: the
+# environment's bin/seqpack must find its shared libraries (ldd), print the
+# package's version and run `seqpack demo` from outside the tree. Prints the
+# build time.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$PWD
@@ -49,5 +52,30 @@ echo "test_wheel: installed into $PACKAGE"
 # From a directory outside the tree, with nothing of the tree on sys.path but
 # the tests themselves (helpers, cases).
 cd "$WORK"
+
+TOOL="$WORK/venv/bin/seqpack"
+if [ ! -x "$TOOL" ]; then
+  echo "test_wheel: FAIL: the wheel installed no command $TOOL" >&2
+  exit 1
+fi
+if ldd "$TOOL" | grep -q 'not found'; then
+  echo "test_wheel: FAIL: $TOOL misses shared libraries:" >&2
+  ldd "$TOOL" | grep 'not found' >&2
+  exit 1
+fi
+want="seqpack $("$WORK/venv/bin/python" -c 'import seqpack; print(seqpack.__version__)')"
+got=$("$TOOL" --version)
+if [ "$got" != "$want" ]; then
+  echo "test_wheel: FAIL: $TOOL --version printed '$got', expected '$want'" >&2
+  exit 1
+fi
+"$TOOL" demo >"$WORK/demo.txt"
+if ! grep -q 'batch_sizes' "$WORK/demo.txt"; then
+  echo "test_wheel: FAIL: $TOOL demo printed no packed batch:" >&2
+  cat "$WORK/demo.txt" >&2
+  exit 1
+fi
+echo "test_wheel: $TOOL runs ($got)"
+
 SEQPACK_EXPECTED_PACKAGE=$PACKAGE "$WORK/venv/bin/python" -m pytest -q -p no:cacheprovider \
   --rootdir "$WORK" "$ROOT/python/tests"

@@ -20,9 +20,12 @@
 // operators' Autograd kernels), so a forward and backward never return to
 // Python; its forward and backward call operators of their own
 // (seqpack::_rnn_train, _rnn_backward, _pack_padded_sequence_backward,
-// _pad_packed_sequence_backward), which is what lets torch.compile trace them. Zero-length sequences are
-// accepted everywhere, as in the rest of seqpack; h0/c0 and h_n/c_n are in the
-// caller's batch order.
+// _pad_packed_sequence_backward), which is what lets torch.compile trace them.
+// The two packing backward operators have Autograd kernels too (each the
+// other's adjoint), so packing has gradients of any order; the recurrent
+// operators refuse double backward. Zero-length sequences and a padded batch
+// of size 0 are accepted everywhere, as in the rest of seqpack; h0/c0 and
+// h_n/c_n are in the caller's batch order.
 //
 // Errors: the core's std::invalid_argument arrives as c10::ValueError (Python
 // ValueError), a wrong dtype as c10::TypeError, a wrong device as ValueError,
@@ -848,6 +851,118 @@ std::tuple<Tensor, Tensor> pad_autograd(const Tensor& data, const Tensor& batch_
   return {out[0], out[1]};
 }
 
+// The backward operators are linear in their gradient and each other's
+// adjoint: pack's backward scatters packed rows into a zero-padded tensor (a
+// pad), pad's backward gathers them back out (a pack). Their autograd kernels
+// say so, each backward calling the other operator through the dispatcher, so
+// gradients of any order (create_graph, gradgradcheck) are recorded exactly.
+struct SizedArgs {
+  Tensor batch_sizes;
+  OptTensor sorted_indices, unsorted_indices;
+  std::vector<SymInt> size;
+  bool batch_first;
+};
+
+// An index tensor as _pack_padded_sequence_backward's schema takes it: empty
+// for none.
+Tensor index_or_empty(const OptTensor& t) {
+  if (t.has_value() && t->defined()) return *t;
+  return at::empty({0}, at::TensorOptions().dtype(at::kLong));
+}
+
+// Saves (batch_sizes, sorted?, unsorted?) and the gradient's size.
+void save_sized(AutogradContext* ctx, const Tensor& grad, const SizedArgs& a) {
+  variable_list to_save = {a.batch_sizes};
+  if (a.sorted_indices.has_value() && a.sorted_indices->defined()) {
+    to_save.insert(to_save.end(), {*a.sorted_indices, index_or_empty(a.unsorted_indices)});
+  }
+  ctx->save_for_backward(to_save);
+  stash(ctx, "grad_size", sym_sizes(grad));
+  ctx->saved_data["batch_first"] = a.batch_first;
+}
+
+class PackBackwardFunction : public torch::autograd::Function<PackBackwardFunction> {
+ public:
+  static variable_list forward(AutogradContext* ctx, const Tensor& grad, const SizedArgs& a) {
+    Tensor out;
+    {
+      at::AutoDispatchBelowADInplaceOrView guard;
+      out = pack_backward_op().call(grad, a.batch_sizes, index_or_empty(a.sorted_indices),
+                                    index_or_empty(a.unsorted_indices), a.size, a.batch_first);
+    }
+    save_sized(ctx, grad, a);
+    return {out};
+  }
+
+  // d/d(grad) of a scatter into padding: the gather, pad's backward.
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    variable_list saved = ctx->get_saved_variables();
+    OptTensor sorted, unsorted;
+    if (saved.size() == 3) sorted = saved[1], unsorted = saved[2];
+    const auto& size = unstash<std::vector<SymInt>>(ctx, "grad_size");
+    Tensor g = pad_backward_op().call(grads[0], saved[0], sorted, unsorted, size,
+                                      ctx->saved_data["batch_first"].toBool());
+    return {g, Tensor()};
+  }
+};
+
+class PadBackwardFunction : public torch::autograd::Function<PadBackwardFunction> {
+ public:
+  static variable_list forward(AutogradContext* ctx, const Tensor& grad, const SizedArgs& a) {
+    Tensor out;
+    {
+      at::AutoDispatchBelowADInplaceOrView guard;
+      out = pad_backward_op().call(grad, a.batch_sizes, a.sorted_indices, a.unsorted_indices,
+                                   a.size, a.batch_first);
+    }
+    save_sized(ctx, grad, a);
+    return {out};
+  }
+
+  // d/d(grad) of a gather of packed rows: the scatter, pack's backward.
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    variable_list saved = ctx->get_saved_variables();
+    Tensor sorted = index_or_empty(c10::nullopt), unsorted = sorted;
+    if (saved.size() == 3) sorted = saved[1], unsorted = saved[2];
+    const auto& size = unstash<std::vector<SymInt>>(ctx, "grad_size");
+    Tensor g = pack_backward_op().call(grads[0], saved[0], sorted, unsorted, size,
+                                       ctx->saved_data["batch_first"].toBool());
+    return {g, Tensor()};
+  }
+};
+
+Tensor pack_backward_autograd(const Tensor& grad, const Tensor& batch_sizes,
+                              const Tensor& sorted_indices, const Tensor& unsorted_indices,
+                              SymIntList size, bool batch_first) {
+  if (!(at::GradMode::is_enabled() && grad.requires_grad())) {
+    at::AutoDispatchBelowADInplaceOrView guard;
+    return pack_backward_op().call(grad, batch_sizes, sorted_indices, unsorted_indices, size,
+                                   batch_first);
+  }
+  OptTensor sorted, unsorted;
+  if (sorted_indices.defined() && sorted_indices.numel() > 0) {
+    sorted = sorted_indices, unsorted = unsorted_indices;
+  }
+  return PackBackwardFunction::apply(
+      grad, SizedArgs{batch_sizes, sorted, unsorted, size.vec(), batch_first})[0];
+}
+
+Tensor pad_backward_autograd(const Tensor& grad, const Tensor& batch_sizes,
+                             const OptTensor& sorted_indices, const OptTensor& unsorted_indices,
+                             SymIntList size, bool batch_first) {
+  if (!(at::GradMode::is_enabled() && grad.requires_grad())) {
+    at::AutoDispatchBelowADInplaceOrView guard;
+    return pad_backward_op().call(grad, batch_sizes, sorted_indices, unsorted_indices, size,
+                                  batch_first);
+  }
+  OptTensor sorted, unsorted;
+  if (sorted_indices.has_value() && sorted_indices->defined() && sorted_indices->numel() > 0) {
+    sorted = sorted_indices, unsorted = unsorted_indices;
+  }
+  return PadBackwardFunction::apply(
+      grad, SizedArgs{batch_sizes, sorted, unsorted, size.vec(), batch_first})[0];
+}
+
 // ---- padded input ----------------------------------------------------------
 
 // The shape checks and the all-sequences-of-length-T batch of rnn_padded.
@@ -920,7 +1035,9 @@ std::tuple<Tensor, Tensor, Tensor> rnn_padded_autograd(
   }
   Tensor time_major = batch_first ? input.transpose(0, 1) : input;
   Tensor data = time_major.contiguous().view({T * B, input.size(2)});
-  Tensor batch_sizes = at::full({T}, B, at::TensorOptions().dtype(at::kLong));
+  // Batch 0 (torch accepts it) has no time steps in packed form: a batch_sizes
+  // of T zeros is not a packed batch.
+  Tensor batch_sizes = at::full({B > 0 ? T : 0}, B, at::TensorOptions().dtype(at::kLong));
   auto [out, h_n, c_n] =
       rnn_op().call(data, batch_sizes, c10::nullopt, c10::nullopt, h0, c0, weights, mode,
                     hidden_size, num_layers, bias, bidirectional, proj_size, dropout, train, seed,
@@ -994,4 +1111,6 @@ TORCH_LIBRARY_IMPL(seqpack, Autograd, m) {
   m.impl("rnn_padded", &rnn_padded_autograd);
   m.impl("pack_padded_sequence", &pack_autograd);
   m.impl("pad_packed_sequence", &pad_autograd);
+  m.impl("_pack_padded_sequence_backward", &pack_backward_autograd);
+  m.impl("_pad_packed_sequence_backward", &pad_backward_autograd);
 }

@@ -260,3 +260,54 @@ def test_wrong_rank_arrays():
     cell = seqpack.nn.GRUCell(2, 3)
     with pytest.raises(ValueError):
         cell(np.zeros((1, 1, 2), np.float32))
+
+
+@pytest.mark.parametrize("mode", ["LSTM", "GRU", "RNN_TANH"])
+@pytest.mark.parametrize("batch_first", [False, True])
+@pytest.mark.parametrize("with_h0", [False, True])
+def test_empty_batch_shapes_match_torch(mode, batch_first, with_h0):
+    """A padded batch of size 0: torch.nn's shapes and dtypes, zero gradients."""
+    c = dict(mode=mode, input_size=3, hidden_size=4, num_layers=2, bias=True,
+             batch_first=batch_first, bidirectional=True,
+             proj_size=2 if mode == "LSTM" else 0, dtype=torch.float64)
+    m = seqpack_module(c)
+    kwargs = dict(num_layers=2, batch_first=batch_first, bidirectional=True, dtype=torch.float64)
+    ref = {"LSTM": lambda: torch.nn.LSTM(3, 4, proj_size=2, **kwargs),
+           "GRU": lambda: torch.nn.GRU(3, 4, **kwargs),
+           "RNN_TANH": lambda: torch.nn.RNN(3, 4, **kwargs)}[mode]()
+    x = np.zeros((0, 5, 3) if batch_first else (5, 0, 3))
+    hx = None
+    if with_h0:
+        h0 = np.zeros((4, 0, 2 if mode == "LSTM" else 4))
+        hx = (h0, np.zeros((4, 0, 4))) if mode == "LSTM" else h0
+    out, h = m(x, hx)
+    t_hx = None if hx is None else (tuple(map(torch.from_numpy, hx)) if mode == "LSTM"
+                                    else torch.from_numpy(hx))
+    t_out, t_h = ref(torch.from_numpy(x), t_hx)
+    ours = [out] + (list(h) if mode == "LSTM" else [h])
+    theirs = [t_out] + (list(t_h) if mode == "LSTM" else [t_h])
+    for i, (a, b) in enumerate(zip(ours, theirs)):
+        assert a.shape == tuple(b.shape) and a.dtype == np.float64, (i, a.shape, b.shape)
+    g_in, g_h = m.backward(np.zeros_like(out))
+    assert g_in.shape == x.shape
+    if with_h0:
+        for a, b in zip(g_h if mode == "LSTM" else (g_h,), hx if mode == "LSTM" else (hx,)):
+            assert a.shape == b.shape
+    for (name, p), g in zip(m.named_parameters(), m.grads.values()):
+        assert g.shape == p.shape and not g.any(), name
+
+
+@pytest.mark.parametrize("cls", ["RNNCell", "LSTMCell", "GRUCell"])
+def test_cells_empty_batch_shapes_match_torch(cls):
+    cell = getattr(seqpack.nn, cls)(3, 5)
+    ref = getattr(torch.nn, cls)(3, 5)
+    x = np.zeros((0, 3), np.float32)
+    ours, theirs = cell(x), ref(torch.from_numpy(x))
+    ours = list(ours) if isinstance(ours, tuple) else [ours]
+    theirs = list(theirs) if isinstance(theirs, tuple) else [theirs]
+    for a, b in zip(ours, theirs):
+        assert a.shape == tuple(b.shape) and a.dtype == np.float32
+    g_in, _ = cell.backward(np.zeros_like(ours[0]))
+    assert g_in.shape == (0, 3)
+    for name, g in cell.grads.items():
+        assert not g.any(), name
