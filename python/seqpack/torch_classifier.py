@@ -83,7 +83,16 @@ class CharClassifier(torch.nn.Module):
         """The `top` labels of each word with their softmax probabilities, best first."""
         if isinstance(top, bool) or not isinstance(top, int) or top < 1:
             raise ValueError(f"predict: top must be an int >= 1, got {top!r}")
-        probs = torch.softmax(self.logits(words).double(), dim=1)
+        logits = self.logits(words)
+        bad = (~torch.isfinite(logits)).nonzero()
+        if len(bad):
+            i, k = (int(v) for v in bad[0])
+            word = words[i] if len(words[i]) <= 40 else words[i][:40] + "…"
+            raise ValueError(
+                f"predict: word {i} ({word!r}): logit {k} (label {self.labels[k]!r}) is "
+                f"{float(logits[i, k])}: the model's weights overflow float32; no probability "
+                f"is given for it")
+        probs = torch.softmax(logits.double(), dim=1)
         out = []
         for row in probs:
             order = sorted(range(len(row)), key=lambda k: (-float(row[k]), k))[:top]

@@ -145,3 +145,16 @@ def test_bad_words_are_named(model_dir):
         model.logits(["a", 5])
     with pytest.raises(ValueError, match="top must be an int >= 1, got 0"):
         model.predict(["a"], top=0)
+
+
+@needs_cli
+def test_non_finite_logits_are_an_error_not_a_probability(model_dir):
+    # Finite weights whose products overflow float32: the logits are ±inf or
+    # NaN, and predict names the word and the label instead of serving NaN.
+    model = spt.load_classifier(model_dir)
+    with torch.no_grad():
+        model.fc.weight.fill_(3.4e38)
+        model.fc.bias.fill_(3.4e38)
+    assert not torch.isfinite(model.logits(["hello"])).all()
+    with pytest.raises(ValueError, match=r"word 0 \('hello'\): logit \d \(label '[^']+'\) is"):
+        model.predict(["hello"])
