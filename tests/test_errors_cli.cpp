@@ -131,6 +131,19 @@ TEST(ErrorsCli, TrainDataFileMissingOrMalformed) {
   EXPECT_CLI_REJECTS("train --epochs 1 --data " + tsv.string(), "line 2: no tab between label and text");
 }
 
+// A --data that does not exist is named before --out is locked: the run leaves
+// nothing in the working directory (no lock file beside the default --out).
+TEST(ErrorsCli, AMissingDataFileLeavesNothingBehind) {
+  const fs::path dir = work_dir() / "missing-data-run";
+  fs::create_directories(dir);
+  const CliResult r = run_cli("train --data nosuch.tsv", "cd '" + dir.string() + "' &&");
+  EXPECT_EQ(r.status, 1);
+  EXPECT_NE(r.err.find("cannot open TSV file 'nosuch.tsv'"), std::string::npos) << r.err;
+  std::vector<std::string> left;
+  for (const auto& e : fs::directory_iterator(dir)) left.push_back(e.path().filename().string());
+  EXPECT_TRUE(left.empty()) << "left behind: " << (left.empty() ? "" : left.front());
+}
+
 TEST(ErrorsCli, PredictBadModelTopOrWord) {
   EXPECT_CLI_REJECTS("predict --model /nonexistent/model word", "/nonexistent/model");
   EXPECT_CLI_REJECTS("predict --top 0 word", "--top: 0 is out of range: must be >= 1");

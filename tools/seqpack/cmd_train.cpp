@@ -580,7 +580,25 @@ CharClassifierOptions model_options(TrainArgs& a, const Vocabulary& vocab, int64
   return mo;
 }
 
+// A --data that does not exist or cannot be read is named before --out is
+// locked (the lock file beside it would otherwise be left behind) or anything
+// in it touched. A path that is not a regular file is left to load_tsv, which
+// refuses it without opening it (a FIFO would block here).
+void check_data_readable(const TrainArgs& a) {
+  if (a.data.empty()) return;
+  std::error_code ec;
+  const auto status = std::filesystem::status(a.data, ec);
+  if (status.type() == std::filesystem::file_type::not_found) {
+    throw std::invalid_argument("cannot open TSV file '" + a.data + "': No such file or directory");
+  }
+  if (status.type() != std::filesystem::file_type::regular) return;
+  if (::access(a.data.c_str(), R_OK) != 0) {
+    throw std::invalid_argument("cannot open TSV file '" + a.data + "': Permission denied");
+  }
+}
+
 void run_train(TrainArgs a) {
+  check_data_readable(a);
   RunDirs d = open_dirs(a);
   if (d.ck) {
     if (d.ck->epoch >= a.epochs) {
