@@ -471,6 +471,13 @@ TEST(RNNInt8, HugeAndInfiniteInputsSaturateAsFp32Does) {
     const PackedSequence p = pack_sequence(s2, /*enforce_sorted=*/false);
     const auto f32 = rnn_forward(o, weights, p.data, plan, {}, {}, false, false);
     const auto i8 = rnn_forward(o8, weights, p.data, plan, {}, {}, false, false);
+    // Two huge values of opposite signs in one row: a unit's sum is then
+    // 3e38 * (w0 - w1), whose sign fp32 resolves to the last bit of the
+    // weights and 8-bit weights only to 1/127 of their largest: a unit whose
+    // two weights share a quantization step saturates either way
+    // (docs/performance.md). Only finiteness and the other sequences are
+    // checked there.
+    const bool both_signs = special.size() > 1;
     for (int64_t b = 0; b < 3; ++b) {
       const std::vector<float> got = sequence_bits(i8, plan, b);
       const std::vector<float> ref = sequence_bits(f32, plan, b);
@@ -478,7 +485,9 @@ TEST(RNNInt8, HugeAndInfiniteInputsSaturateAsFp32Does) {
       for (std::size_t i = 0; i < got.size(); ++i) {
         ASSERT_TRUE(std::isfinite(ref[i])) << "fp32 is not finite: sequence " << b << " value " << i;
         ASSERT_TRUE(std::isfinite(got[i])) << "sequence " << b << " value " << i;
-        EXPECT_NEAR(got[i], ref[i], kForwardAbs) << "sequence " << b << " value " << i;
+        if (!(both_signs && b == 1)) {
+          EXPECT_NEAR(got[i], ref[i], kForwardAbs) << "sequence " << b << " value " << i;
+        }
       }
       if (b == 1) continue;
       const std::vector<float> before = sequence_bits(clean8, plan, b);
