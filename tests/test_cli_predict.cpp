@@ -98,13 +98,14 @@ TEST(CliPredictEval, NoWordsIsAnError) {
 TEST(CliPredictEval, LinesAreBoundedAndWordsCounted) {
   // A 1 GiB line (a sparse file: no newline) under a 2 GB address-space limit:
   // refused after --max-chars' worth of bytes, never read into memory.
+  CliResult r;
 #if !defined(__SANITIZE_ADDRESS__)
   const fs::path huge = work_dir() / "huge_line.tsv";
   {
     std::ofstream(huge) << "english\t";
     fs::resize_file(huge, std::uintmax_t{1} << 30);
   }
-  CliResult r = run_cli("predict --model " + tiny_model().string() + " --eval " + huge.string(),
+  r = run_cli("predict --model " + tiny_model().string() + " --eval " + huge.string(),
                         "ulimit -v 2000000; timeout 120");
   EXPECT_EQ(r.status, 1) << r.err;
   EXPECT_CONTAINS(r.err, "--eval " + huge.string() +
