@@ -10,6 +10,7 @@
 #include <stdexcept>
 #include <string>
 
+#include "cli_run.h"
 #include "seqpack/cpu_info.h"
 
 namespace {
@@ -53,6 +54,23 @@ TEST(IsaCap, InvalidValueIsAnErrorNamingIt) {
     EXPECT_NE(std::string(e.what()).find("SEQPACK_MAX_CPU_ISA = '" + v + "'"), std::string::npos)
         << e.what();
   }
+}
+
+// seqpack info reports the cap and the kernels' target; a bad value is the
+// CLI's error naming it.
+TEST(IsaCap, InfoReportsItAndRefusesABadValue) {
+  using seqpack::testing::run_cli;
+  const auto capped = run_cli("info --json", "SEQPACK_MAX_CPU_ISA=sse4");
+  ASSERT_EQ(capped.status, 0) << capped.err;
+  EXPECT_NE(capped.out.find("\"isa_cap\":\"sse4\""), std::string::npos) << capped.out;
+  EXPECT_EQ(capped.out.find("\"kernels\":\"AVX"), std::string::npos) << capped.out;
+  const auto table = run_cli("info", "SEQPACK_MAX_CPU_ISA=avx2");
+  ASSERT_EQ(table.status, 0) << table.err;
+  EXPECT_NE(table.out.find("SEQPACK_MAX_CPU_ISA cap: avx2"), std::string::npos) << table.out;
+  const auto bad = run_cli("info", "SEQPACK_MAX_CPU_ISA=avx9");
+  EXPECT_EQ(bad.status, 1);
+  EXPECT_NE(bad.err.find("seqpack: error:"), std::string::npos) << bad.err;
+  EXPECT_NE(bad.err.find("SEQPACK_MAX_CPU_ISA = 'avx9'"), std::string::npos) << bad.err;
 }
 
 }  // namespace

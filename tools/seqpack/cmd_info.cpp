@@ -26,6 +26,8 @@ void run_info(const Args& args) {
   if (args.json) {
     nlohmann::ordered_json j = {{"seqpack", version()},
                                 {"isa", cpu.isa},
+                                {"kernels", cpu.kernels},
+                                {"isa_cap", cpu.isa_cap},
                                 {"native_bf16", cpu.native_bf16},
                                 {"native_int8", cpu.native_int8},
                                 {"amx", cpu.amx},
@@ -38,6 +40,8 @@ void run_info(const Args& args) {
   }
   fmt::print("seqpack          {}\n", version());
   fmt::print("ISA (oneDNN)     {}\n", cpu.isa);
+  fmt::print("kernels          {} (Highway; SEQPACK_MAX_CPU_ISA cap: {})\n", cpu.kernels,
+             cpu.isa_cap);
   fmt::print("native bf16      {}\n", cpu.native_bf16 ? "yes" : "no");
   fmt::print("native int8      {}\n",
              cpu.native_int8 ? "yes (AVX512-VNNI: --precision int8 for inference)" : "no");
