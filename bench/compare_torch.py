@@ -54,7 +54,8 @@ import time
 import torch
 
 from torch_peer import DTYPES, Absent, median_time, torch_bench
-from torch_threads import add_malloc_option, apply_malloc, malloc_settings, set_torch_threads
+from torch_threads import (add_malloc_option, add_openblas_option, apply_malloc,
+                           apply_openblas_core, malloc_settings, set_torch_threads)
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 MODES = ["forward_packed", "forward_padded", "train_packed"]
@@ -363,8 +364,10 @@ def main():
                    help="torch configurations for --fastest-torch (dtype-layout, comma-separated; "
                         "int8 = quantize_dynamic, forward modes only)")
     add_malloc_option(p)
+    add_openblas_option(p)
     args = p.parse_args()
     apply_malloc(args.malloc)
+    openblas = apply_openblas_core(args.openblas_core)
     args.workloads = os.path.abspath(args.workloads)
     args.seqpack = args.seqpack or os.path.join(args.build_dir, "seqpack")
     if args.min_time is None:
@@ -400,7 +403,7 @@ def main():
     # a spinning thread that loses its core stalls the whole region), so say how busy it was.
     print(f"# torch {torch.__version__}, {os.cpu_count()} CPUs, load average "
           f"{os.getloadavg()[0]:.2f} at start, workloads {args.workloads}", flush=True)
-    print(f"# allocator: {malloc_settings()}", flush=True)
+    print(f"# allocator: {malloc_settings()}; {openblas}", flush=True)
     cpu = seqpack_info(args)
     print(f"# seqpack precision {args.precision}; CPU ISA {cpu.get('isa', '?')} (native bf16 "
           f"{cpu.get('native_bf16', '?')}, native int8 {cpu.get('native_int8', '?')}, AMX "

@@ -58,3 +58,78 @@ def apply_malloc(choice):
         return
     sys.stdout.flush()
     os.execve(sys.executable, [sys.executable] + sys.argv, dict(os.environ, **TUNED_MALLOC))
+
+
+# OpenBLAS picks its kernels from the CPU model at start-up; a model newer than
+# the release (Debian 12's 0.3.21 on the AMX Xeons) gets its generic Prescott
+# (SSE3) kernels, which made Debian's torch fp32 1.9x slower than it can be there
+# (issue 27: the main job at 1 thread took 63.6 s per epoch, 34.2 s with
+# OPENBLAS_CORETYPE=SkylakeX). Peers at their best name the core for it.
+_GENERIC_OPENBLAS_CORES = {"prescott", "core2", "katmai", "coppermine", "northwood", "banias",
+                           "atom", "penryn", "dunnington", "nehalem"}
+_CORE_FOR_FLAG = [("avx512f", "SkylakeX"), ("avx2", "Haswell")]
+
+
+def openblas_corename():
+    """The kernel set the OpenBLAS loaded in this process chose (openblas_get_corename),
+    or None where there is none."""
+    with open("/proc/self/maps") as f:
+        libs = sorted({line.split()[-1] for line in f
+                       if "openblas" in line and line.split()[-1].startswith("/")})
+    for path in libs:
+        try:
+            fn = ctypes.CDLL(path).openblas_get_corename
+        except (OSError, AttributeError):
+            continue
+        fn.restype = ctypes.c_char_p
+        return fn().decode()
+    return None
+
+
+def cpu_flags():
+    """The CPU's feature flags (/proc/cpuinfo), empty where it cannot be read."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("flags"):
+                    return set(line.split(":", 1)[1].split())
+    except OSError:
+        pass
+    return set()
+
+
+def openblas_core_to_name(corename, flags):
+    """The OPENBLAS_CORETYPE that gives OpenBLAS the kernels this CPU can run, when
+    it fell back to a generic set (corename one of the pre-AVX cores) on a CPU with
+    AVX2 or AVX-512; None when its own choice stands."""
+    if corename is None or corename.lower() not in _GENERIC_OPENBLAS_CORES:
+        return None
+    for flag, core in _CORE_FOR_FLAG:
+        if flag in flags:
+            return core
+    return None
+
+
+def add_openblas_option(parser):
+    parser.add_argument("--openblas-core", choices=["auto", "env"], default="auto",
+                        help="auto: where OpenBLAS falls back to its generic Prescott kernels "
+                             "on a CPU it does not know (Debian 12's 0.3.21 on AMX Xeons), run "
+                             "again with OPENBLAS_CORETYPE naming the core the CPU can run "
+                             "(SkylakeX with AVX-512, Haswell with AVX2), so torch's fp32 peer "
+                             "is at its best; env: as the environment has it")
+
+
+def apply_openblas_core(choice):
+    """--openblas-core auto: runs this script again with OPENBLAS_CORETYPE set when
+    OpenBLAS fell back to generic kernels (OpenBLAS reads it at load time; child
+    processes inherit it). Returns a line for the benchmark's header."""
+    corename = openblas_corename()
+    if choice == "auto" and "OPENBLAS_CORETYPE" not in os.environ:
+        core = openblas_core_to_name(corename, cpu_flags())
+        if core is not None:
+            sys.stdout.flush()
+            os.execve(sys.executable, [sys.executable] + sys.argv,
+                      dict(os.environ, OPENBLAS_CORETYPE=core))
+    named = os.environ.get("OPENBLAS_CORETYPE")
+    return (f"OpenBLAS core {corename}" + (f" (OPENBLAS_CORETYPE={named})" if named else "")
+            if corename else "no OpenBLAS loaded")

@@ -27,7 +27,8 @@ from torch.nn.utils.rnn import PackedSequence, pack_sequence
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests"))
 from torch_char_classifier import CharClassifier  # noqa: E402
-from torch_threads import add_malloc_option, apply_malloc, malloc_settings, set_torch_threads  # noqa: E402
+from torch_threads import (add_malloc_option, add_openblas_option, apply_malloc,  # noqa: E402
+                           apply_openblas_core, malloc_settings, set_torch_threads)
 
 
 def read_split(path):
@@ -83,8 +84,10 @@ def main():
     ap.add_argument("--profile", action="store_true",
                     help="print the CPU seconds of each phase of the step per epoch (as seqpack train --profile)")
     add_malloc_option(ap)
+    add_openblas_option(ap)
     args = ap.parse_args()
     apply_malloc(args.malloc)
+    openblas = apply_openblas_core(args.openblas_core)
 
     tmp = None
     split = args.split
@@ -115,7 +118,7 @@ def main():
     print(f"torch {torch.__version__}, {torch.get_num_threads()} thread(s) "
           f"(OpenBLAS {'limited too' if blas_limited else 'not found'}); "
           f"{len(train)} train, {len(val)} val, {len(test)} test; vocabulary {len(chars) + 2}")
-    print(f"allocator: {malloc_settings()}")
+    print(f"allocator: {malloc_settings()}; {openblas}")
     epoch_times, cpu_times = [], []
     for epoch in range(1, args.epochs + 1):
         t0 = time.perf_counter()
