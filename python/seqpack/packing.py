@@ -75,7 +75,8 @@ def _padding_side(padding_side):
 
 def pad_sequence(sequences, batch_first=False, padding_value=0.0, padding_side="right"):
     """Stacks sequences [L_i, *] into [max L, B, *] (or [B, max L, *]) with padding_value."""
-    return _seqpack.pad_sequence(_sequences(sequences, "pad_sequence"), as_bool(batch_first, "batch_first"),
+    return _seqpack.pad_sequence(_sequences(sequences, "pad_sequence"),
+                                 as_bool(batch_first, "batch_first"),
                                  as_float(padding_value, "padding_value"),
                                  _padding_side(padding_side))
 
@@ -122,7 +123,8 @@ def unpad_sequence(padded_sequences, lengths, batch_first=False):
 
 def unpack_sequence(packed_sequences):
     """Splits a PackedSequence into a list of sequences in the caller's order."""
-    return _seqpack.unpack_sequence(_as_packed(packed_sequences, "packed_sequences", "unpack_sequence"))
+    return _seqpack.unpack_sequence(
+        _as_packed(packed_sequences, "packed_sequences", "unpack_sequence"))
 
 
 def invert_permutation(permutation):
