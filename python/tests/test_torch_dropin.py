@@ -420,15 +420,20 @@ def test_layers_on_half_precision_behave_as_torchs(name, dtype):
     ours = getattr(st, name)(3, 4).to(dtype)
     ours.load_state_dict(ref.state_dict())
     x = values((5, 2, 3), dtype)
-    try:
-        want = ref(x)
-    except Exception as e:  # noqa: BLE001 - torch's error type is what is compared
-        with pytest.raises(type(e)):
-            ours(x)
-        return
-    got = ours(x)
-    assert got[0].dtype == dtype
-    assert_fp_close(got[0], want[0], rnn_reduction_length(3, 4, steps=5), dtype=dtype)
+    # Padded, and packed by each library's pack_padded_sequence.
+    calls = [(lambda: ours(x)[0], lambda: ref(x)[0]),
+             (lambda: ours(st.pack_padded_sequence(x, [5, 3]))[0].data,
+              lambda: ref(trnn.pack_padded_sequence(x, torch.tensor([5, 3])))[0].data)]
+    for call_ours, call_ref in calls:
+        try:
+            want = call_ref()
+        except Exception as e:  # noqa: BLE001 - torch's error type is what is compared
+            with pytest.raises(type(e)):
+                call_ours()
+            continue
+        got = call_ours()
+        assert got.dtype == dtype
+        assert_fp_close(got, want, rnn_reduction_length(3, 4, steps=5), dtype=dtype)
 
 
 def test_layers_have_one_place_that_decides_and_a_cuda_hook():
