@@ -261,6 +261,10 @@ def bad_calls(dtype):
         ("pack_sequence shapes", lambda r: r.pack_sequence([x[:, 0], values((2, 3), dtype)])),
         ("pad_sequence shapes", lambda r: r.pad_sequence([x[:, 0], values((2, 3), dtype)])),
         ("pad_sequence empty", lambda r: r.pad_sequence([])),
+        ("string lengths", lambda r: r.pack_padded_sequence(x, "abc")),
+        ("0-d sequence", lambda r: r.pack_sequence([values((), dtype)])),
+        ("batch_first count", lambda r: r.pack_padded_sequence(x, torch.tensor([3, 2, 1]),
+                                                               batch_first=True)),
     ]
 
 
