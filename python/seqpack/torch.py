@@ -103,7 +103,7 @@ def _operators_take(t: Tensor) -> bool:
 @torch.jit.unused
 def _generic_pack(input: Tensor, lengths: Tensor, batch_first: bool,
                   enforce_sorted: bool) -> PackedSequence:
-    return _torch_packing.pack_padded_sequence(input, lengths.cpu(), batch_first, enforce_sorted)
+    return _torch_packing.pack_padded_sequence(input, lengths, batch_first, enforce_sorted)
 
 
 @torch.jit.unused
@@ -217,7 +217,7 @@ def pack_sequence(sequences: List[Tensor], enforce_sorted: bool = True) -> Packe
 def pad_sequence(sequences: List[Tensor], batch_first: bool = False,
                  padding_value: float = 0.0, padding_side: str = "right") -> Tensor:
     """torch.nn.utils.rnn.pad_sequence (torch's own: any device and dtype),
-    with padding_side="left" on every PyTorch version (torch has it from 2.5)."""
+    with padding_side="left" on every PyTorch version (1.13's has no padding_side)."""
     if padding_side == "right":
         return torch.nn.utils.rnn.pad_sequence(sequences, batch_first, padding_value)
     if padding_side != "left":
@@ -232,7 +232,7 @@ def unpad_sequence(padded_sequences: Tensor, lengths, batch_first: bool = False)
     the sequences views of its result. Unlike torch's, it never modifies its
     input, and lengths are checked as pack_padded_sequence checks them (a
     length beyond the padded length is a ValueError, where torch's cuts)."""
-    lengths = _lengths_tensor(lengths, "unpad_sequence").cpu()
+    lengths = _lengths_tensor(lengths, "unpad_sequence")
     return _torch_packing.unpad_sequence(padded_sequences, lengths, batch_first)
 
 
@@ -313,11 +313,8 @@ class _QuantizationNotice:
     @torch.jit.unused
     def _quantization_notice(self) -> str:
         name = type(self).__name__
-        base = f"torch.nn.{type(self).__mro__[-3].__name__}"
-        for cls in type(self).__mro__:
-            if cls.__module__.startswith("torch.nn."):
-                base = f"torch.nn.{cls.__name__}"
-                break
+        torch_type = next(c for c in type(self).__mro__ if c.__module__.startswith("torch.nn."))
+        base = f"torch.nn.{torch_type.__name__}"
         if isinstance(self, _SeqpackCell):
             what = (f"seqpack has no int8 cell: for torch's int8 cell use a {base} there, or "
                     f"quantize the layers with seqpack.torch.quantize_dynamic")
@@ -754,12 +751,19 @@ class _SeqpackCell(_QuantizationNotice):
         """(h', c') by seqpack::rnn (c' empty but for LSTMCell)."""
         batched = input.dim() == 2
         x = input if batched else input.unsqueeze(0)
-        h: Optional[Tensor] = None
-        c: Optional[Tensor] = None
-        if h0 is not None:
+        # Zero states where none are given, as torch's cells make them: the
+        # states give the operator's fake implementation the batch size under
+        # torch.compile (without indices or states it is a value of batch_sizes).
+        if h0 is None:
+            h = x.new_zeros(1, x.size(0), self.hidden_size)
+        else:
             h = (h0 if batched else h0.unsqueeze(0)).unsqueeze(0)
-        if c0 is not None:
-            c = (c0 if batched else c0.unsqueeze(0)).unsqueeze(0)
+        c: Optional[Tensor] = None
+        if self._cell_mode() == "LSTM":
+            if c0 is None:
+                c = x.new_zeros(1, x.size(0), self.hidden_size)
+            else:
+                c = (c0 if batched else c0.unsqueeze(0)).unsqueeze(0)
         weights = [self.weight_ih, self.weight_hh]
         if self.bias:
             weights = weights + [self.bias_ih, self.bias_hh]
