@@ -481,3 +481,41 @@ def test_torch_quantize_dynamic_swaps_named_seqpack_layers():
     with torch.no_grad():
         out, _ = q[0](values((5, 2, 3), torch.float32))
     assert out.shape == (5, 2, 4)
+
+
+# ---- CUDA (where there is one) ----------------------------------------------------
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")
+@pytest.mark.parametrize("dtype", [torch.float16, torch.float32, torch.int64], ids=str)
+@pytest.mark.parametrize("enforce_sorted", [True, False])
+def test_cuda_tensors_match_torch(dtype, enforce_sorted):
+    lengths = LENGTHS[enforce_sorted]
+    x = values((5, 4, 3), dtype).cuda()
+    ours = st.pack_padded_sequence(x, lengths, False, enforce_sorted)
+    ref = trnn.pack_padded_sequence(x, torch.tensor(lengths), False, enforce_sorted)
+    assert_same_packed(ours, ref, "cuda pack_padded_sequence")
+    got, want = st.pad_packed_sequence(ours, False, 2.0, 6), \
+        trnn.pad_packed_sequence(ref, False, 2.0, 6)
+    assert_same(got[0], want[0], "cuda padded")
+    assert_same(got[1], want[1], "cuda lengths")
+    seqs = [values((n, 3), dtype, seed=n).cuda() for n in lengths]
+    assert_same_packed(st.pack_sequence(seqs, enforce_sorted),
+                       trnn.pack_sequence(seqs, enforce_sorted), "cuda pack_sequence")
+    for a, b in zip(st.unpack_sequence(ours), trnn.unpack_sequence(ref)):
+        assert_same(a, b, "cuda unpack_sequence")
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")
+def test_cuda_layers_and_cells_run_torchs():
+    torch.manual_seed(base_seed())
+    ref = torch.nn.LSTM(3, 4).cuda()
+    ours = st.LSTM(3, 4).cuda()
+    ours.load_state_dict(ref.state_dict())
+    x = values((5, 2, 3), torch.float32).cuda()
+    # Both run torch's kernels; compared by the tolerance rule all the same.
+    assert_fp_close(ours(st.pack_padded_sequence(x, [5, 3]))[0].data,
+                    ref(trnn.pack_padded_sequence(x, torch.tensor([5, 3])))[0].data,
+                    rnn_reduction_length(3, 4, steps=5), what="cuda LSTM")
+    cell, ref_cell = cell_pair("GRUCell", {})
+    cell, ref_cell = cell.cuda(), ref_cell.cuda()
+    assert_fp_close(cell(x[0]), ref_cell(x[0]), rnn_reduction_length(3, 4), what="cuda GRUCell")
