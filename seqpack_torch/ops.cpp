@@ -29,7 +29,10 @@
 //
 // Errors: the core's std::invalid_argument arrives as c10::ValueError (Python
 // ValueError), a wrong dtype as c10::TypeError, a wrong device as ValueError,
-// each naming the operator, the argument and the value.
+// each naming the operator (once), the argument and the value. Where torch's
+// pack_padded_sequence raises (unsorted lengths with enforce_sorted, a
+// negative length, a count that is not the batch size, 2-D lengths, a 1-D
+// input), the type is torch's: RuntimeError (IndexError for the input).
 #include <ATen/ATen.h>
 #include <ATen/CPUGeneratorImpl.h>
 #include <ATen/core/dispatch/Dispatcher.h>
@@ -141,6 +144,20 @@ std::vector<int64_t> to_vector(const Tensor& lengths, const char* op) {
   return std::vector<int64_t>(p, p + c.numel());
 }
 
+// The core's message with the operator's name in front, once: the core's
+// packing functions start their messages with their own name
+// ("pack_padded_sequence: lengths[1] = ..."), which the operator
+// ("seqpack::pack_padded_sequence") already says.
+std::string with_op(const char* op, const char* message) {
+  std::string bare(op);
+  if (bare.rfind("seqpack::", 0) == 0) bare.erase(0, 9);
+  std::replace(bare.begin(), bare.end(), ' ', '_');
+  bare += ": ";
+  std::string m(message);
+  if (m.rfind(bare, 0) == 0) m.erase(0, bare.size());
+  return c10::str(op, ": ", m);
+}
+
 // Runs `f`, turning the core's std::invalid_argument into a ValueError that
 // names the operator.
 template <typename F>
@@ -148,7 +165,7 @@ auto checked(const char* op, F&& f) -> decltype(f()) {
   try {
     return f();
   } catch (const std::invalid_argument& e) {
-    C10_THROW_ERROR(ValueError, c10::str(op, ": ", e.what()));
+    C10_THROW_ERROR(ValueError, with_op(op, e.what()));
   }
 }
 
@@ -660,12 +677,40 @@ std::tuple<Tensor, Tensor, Tensor> rnn_autograd(
 
 // ---- packing ---------------------------------------------------------------
 
+// The checks for which torch.nn.utils.rnn.pack_padded_sequence raises, with
+// torch's exception types (IndexError for a 1-D input, RuntimeError for the
+// lengths), so that code catching torch's catches seqpack's; the core checks
+// the rest (a length beyond the padded length: a ValueError, where torch
+// builds a broken batch). Zero lengths and an empty batch are accepted.
+// seqpack/_torch_packing.py makes the same checks with the same messages.
+void check_lengths_as_torch(const Tensor& input, const std::vector<int64_t>& lengths,
+                            bool batch_first, bool enforce_sorted, const char* op) {
+  TORCH_CHECK_INDEX(input.dim() >= 2, op,
+                    ": input must have at least 2 dimensions (time and batch), got shape ",
+                    input.sizes());
+  const int64_t batch = input.size(batch_first ? 0 : 1);
+  const int64_t n = static_cast<int64_t>(lengths.size());
+  TORCH_CHECK(n == batch, op, ": got ", n, " lengths but the input of shape ", input.sizes(),
+              " has batch size ", batch, batch_first ? " (batch_first=true)" : " (batch_first=false)");
+  for (int64_t b = 0; b < n; ++b) {
+    TORCH_CHECK(lengths[b] >= 0, op, ": lengths[", b, "] = ", lengths[b], " is negative");
+    TORCH_CHECK(!enforce_sorted || b == 0 || lengths[b] <= lengths[b - 1], op, ": lengths[", b,
+                "] = ", lengths[b], " is greater than lengths[", b - 1, "] = ", lengths[b - 1],
+                ": with enforce_sorted=true lengths must be sorted in decreasing order; pass "
+                "enforce_sorted=false to accept unsorted lengths");
+  }
+}
+
 // The index tensors are empty where torch's would be None (enforce_sorted and
 // no zero-length sequence): the tracer cannot record optional outputs.
 std::tuple<Tensor, Tensor, Tensor, Tensor> pack_cpu(const Tensor& input, const Tensor& lengths,
                                                     bool batch_first, bool enforce_sorted) {
   constexpr const char* op = "seqpack::pack_padded_sequence";
-  std::vector<int64_t> len = to_vector(int64_tensor(lengths, op, "lengths"), op);
+  const Tensor lengths64 = int64_tensor(lengths, op, "lengths");
+  // RuntimeError, as torch's (to_vector's ValueError serves the layers' lengths).
+  TORCH_CHECK(lengths64.dim() == 1, op, ": lengths must be 1-D, got shape ", lengths64.sizes());
+  std::vector<int64_t> len = to_vector(lengths64, op);
+  check_lengths_as_torch(input, len, batch_first, enforce_sorted, op);
   CoreTensor x = to_core(input, op, "input");
   PackedSequence p =
       checked(op, [&] { return pack_padded_sequence(x, len, batch_first, enforce_sorted); });

@@ -1,14 +1,32 @@
 """Argument conversion shared by the pure-Python layer: NumPy arrays of the
 dtypes the C++ core supports, with errors naming the offending argument."""
 import numbers
+import sys
 
 import numpy as np
 
 SUPPORTED_DTYPES = (np.dtype(np.float32), np.dtype(np.float64), np.dtype(np.int64))
 
 
+def is_torch_tensor(x):
+    torch = sys.modules.get("torch")  # no import: NumPy-only users need no torch
+    return torch is not None and isinstance(x, torch.Tensor)
+
+
+def refuse_torch(x, name, twin=None):
+    """A TypeError for a torch tensor given to the NumPy level, which would
+    otherwise convert it and answer with NumPy arrays: `twin` names the
+    seqpack.torch function that takes it."""
+    if is_torch_tensor(x):
+        use = f"use {twin}, which takes and returns torch tensors" if twin else \
+            "use seqpack.torch for torch tensors"
+        raise TypeError(f"{name} is a torch.Tensor, but this seqpack function works on NumPy "
+                        f"arrays and returns NumPy arrays: {use} (or pass tensor.numpy())")
+
+
 def as_array(x, name, float_only=False):
     """A C-contiguous float32/float64/int64 array viewing `x` when it already is one."""
+    refuse_torch(x, name)
     try:
         a = np.asarray(x)
     except (ValueError, TypeError) as e:

@@ -273,7 +273,11 @@ def from_cu_seqlens(values, cu_seqlens):
     if _is_torch(values):
         import torch
         from torch.nn.utils.rnn import PackedSequence as TorchPackedSequence
-        return TorchPackedSequence(data, *[torch.tensor(f, dtype=torch.int64) for f in fields])
+        # As torch's pack_sequence: batch_sizes on the CPU, the indices on the
+        # data's device.
+        return TorchPackedSequence(
+            data, torch.tensor(fields[0], dtype=torch.int64),
+            *[torch.tensor(f, dtype=torch.int64, device=data.device) for f in fields[1:]])
     return PackedSequence(data, *fields)
 
 

@@ -10,7 +10,7 @@ from collections import namedtuple
 import numpy as np
 
 from . import _seqpack
-from ._checks import as_array, as_bool, as_float, as_int, as_lengths
+from ._checks import as_array, as_bool, as_float, as_int, as_lengths, refuse_torch
 
 _PackedSequenceBase = namedtuple(
     "PackedSequence", ["data", "batch_sizes", "sorted_indices", "unsorted_indices"])
@@ -51,7 +51,15 @@ class PackedSequence(_PackedSequenceBase):
         _seqpack.validate_packed(tuple(self))
 
 
-def _sequences(sequences):
+def _twin(name):
+    return f"seqpack.torch.{name}"
+
+
+def _sequences(sequences, fn):
+    refuse_torch(sequences, "sequences", _twin(fn))
+    if isinstance(sequences, (list, tuple)):
+        for i, s in enumerate(sequences):
+            refuse_torch(s, f"sequences[{i}]", _twin(fn))
     if isinstance(sequences, np.ndarray) and sequences.dtype != object:
         sequences = list(sequences)  # torch iterates a tensor along dim 0 too
     return [as_array(s, f"sequences[{i}]") for i, s in enumerate(sequences)]
@@ -67,13 +75,15 @@ def _padding_side(padding_side):
 
 def pad_sequence(sequences, batch_first=False, padding_value=0.0, padding_side="right"):
     """Stacks sequences [L_i, *] into [max L, B, *] (or [B, max L, *]) with padding_value."""
-    return _seqpack.pad_sequence(_sequences(sequences), as_bool(batch_first, "batch_first"),
+    return _seqpack.pad_sequence(_sequences(sequences, "pad_sequence"),
+                                 as_bool(batch_first, "batch_first"),
                                  as_float(padding_value, "padding_value"),
                                  _padding_side(padding_side))
 
 
 def pack_padded_sequence(input, lengths, batch_first=False, enforce_sorted=True):
     """Packs a padded batch [T, B, *] (or [B, T, *]) whose sequence b has lengths[b] steps."""
+    refuse_torch(input, "input", _twin("pack_padded_sequence"))
     return PackedSequence._from_core(_seqpack.pack_padded_sequence(
         as_array(input, "input"), as_lengths(lengths), as_bool(batch_first, "batch_first"),
         as_bool(enforce_sorted, "enforce_sorted")))
@@ -82,12 +92,13 @@ def pack_padded_sequence(input, lengths, batch_first=False, enforce_sorted=True)
 def pack_sequence(sequences, enforce_sorted=True):
     """Packs a list of sequences [L_i, *]."""
     return PackedSequence._from_core(_seqpack.pack_sequence(
-        _sequences(sequences), as_bool(enforce_sorted, "enforce_sorted")))
+        _sequences(sequences, "pack_sequence"), as_bool(enforce_sorted, "enforce_sorted")))
 
 
-def _as_packed(sequence, name):
+def _as_packed(sequence, name, fn):
     if not isinstance(sequence, tuple) or len(sequence) != 4:
         raise TypeError(f"{name} must be a PackedSequence, got {type(sequence).__name__}")
+    refuse_torch(sequence[0], f"{name}.data", _twin(fn))
     if isinstance(sequence, PackedSequence):
         return tuple(sequence)
     return tuple(PackedSequence(*sequence))
@@ -97,13 +108,14 @@ def pad_packed_sequence(sequence, batch_first=False, padding_value=0.0, total_le
     """Inverse of pack_padded_sequence: (padded, lengths), both in the caller's order."""
     if total_length is not None:
         total_length = as_int(total_length, "total_length")
-    return _seqpack.pad_packed_sequence(_as_packed(sequence, "sequence"),
+    return _seqpack.pad_packed_sequence(_as_packed(sequence, "sequence", "pad_packed_sequence"),
                                         as_bool(batch_first, "batch_first"),
                                         as_float(padding_value, "padding_value"), total_length)
 
 
 def unpad_sequence(padded_sequences, lengths, batch_first=False):
     """Splits a padded batch into a list of sequences (never modifies its input)."""
+    refuse_torch(padded_sequences, "padded_sequences", _twin("unpad_sequence"))
     return _seqpack.unpad_sequence(as_array(padded_sequences, "padded_sequences"),
                                    as_lengths(lengths).tolist(),
                                    as_bool(batch_first, "batch_first"))
@@ -111,11 +123,13 @@ def unpad_sequence(padded_sequences, lengths, batch_first=False):
 
 def unpack_sequence(packed_sequences):
     """Splits a PackedSequence into a list of sequences in the caller's order."""
-    return _seqpack.unpack_sequence(_as_packed(packed_sequences, "packed_sequences"))
+    return _seqpack.unpack_sequence(
+        _as_packed(packed_sequences, "packed_sequences", "unpack_sequence"))
 
 
 def invert_permutation(permutation):
     """inverse[permutation[i]] = i; None for None, as torch."""
     if permutation is None:
         return None
+    refuse_torch(permutation, "permutation", _twin("invert_permutation"))
     return _seqpack.invert_permutation(as_lengths(permutation, "permutation"))

@@ -16,8 +16,14 @@ loaded the operator library (import seqpack.torch, torch.ops.load_library
 mode, inputs seqpack cannot run (not on the CPU, or not float32/float64) go to
 torch's own implementation.
 
-pack_padded_sequence and pad_packed_sequence are torch's, on
-torch.ops.seqpack.*: zero-length sequences are accepted.
+The packing functions are torch.nn.utils.rnn's (pack_padded_sequence,
+pad_packed_sequence, pack_sequence, pad_sequence, unpack_sequence,
+unpad_sequence, invert_permutation), on any device (CPU, CUDA, meta) and
+dtype, with zero-length sequences accepted. CPU float32/float64 tensors go
+through torch.ops.seqpack.*; anything else through plain torch operations
+(seqpack/_torch_packing.py: a plan from the lengths on the CPU, then one
+gather on the data's device). The cells (LSTMCell, GRUCell, RNNCell) are
+drop-ins for torch.nn's and run a one-step seqpack::rnn where the layers would.
 
 On PyTorch 2.4+ every operator has a fake implementation (end of this file),
 so torch.compile (fullgraph, dynamic shapes, forward and backward) and
@@ -25,13 +31,18 @@ torch.export trace models using the layers and the packing functions
 (docs/python.md, "torch.compile, torch.export and autocast").
 """
 import os
+import warnings
 from typing import List, Optional, Tuple
 
 import torch
 from torch import Tensor, _VF
 from torch.nn.utils.rnn import PackedSequence
 
-__all__ = ["LSTM", "GRU", "RNN", "pack_padded_sequence", "pad_packed_sequence", "library_path",
+from . import _torch_packing
+
+__all__ = ["LSTM", "GRU", "RNN", "LSTMCell", "GRUCell", "RNNCell", "pack_padded_sequence",
+           "pad_packed_sequence", "pack_sequence", "pad_sequence", "unpack_sequence",
+           "unpad_sequence", "invert_permutation", "library_path",
            "StreamingRNN", "collate_packed", "collate_padded", "CharClassifier", "load_classifier",
            "quantize_dynamic", "QuantizedLSTM", "QuantizedGRU", "QuantizedRNN"]
 
@@ -56,9 +67,16 @@ def pack_padded_sequence(input: Tensor, lengths: Tensor, batch_first: bool = Fal
     takes them; floating-point or bool lengths are a TypeError (torch truncates
     floats). With zero-length sequences the indices are kept even when
     enforce_sorted, to record the batch size (those sequences have no packed rows).
+
+    Any device and dtype: CPU float32/float64 input runs seqpack's operator,
+    anything else (CUDA, meta, float16, bfloat16, integers, bool) one gather in
+    torch operations, with the same results and errors (a scripted call runs
+    the operator: CPU float32/float64).
     """
     if not torch.jit.is_scripting():
         lengths = _lengths_tensor(lengths, "pack_padded_sequence")
+        if not _operators_take(input):
+            return _generic_pack(input, lengths, batch_first, enforce_sorted)
     data, batch_sizes, sorted_indices, unsorted_indices = torch.ops.seqpack.pack_padded_sequence(
         input, lengths, batch_first, enforce_sorted)
     if not torch.jit.is_scripting() and _traced(data):
@@ -74,6 +92,24 @@ def pack_padded_sequence(input: Tensor, lengths: Tensor, batch_first: bool = Fal
     if no_indices:  # where torch's are None (enforce_sorted, none empty)
         return PackedSequence(data, batch_sizes, None, None)
     return PackedSequence(data, batch_sizes, sorted_indices, unsorted_indices)
+
+
+def _operators_take(t: Tensor) -> bool:
+    """Whether seqpack's packing operators take `t`: a CPU float32/float64
+    tensor (under torch.compile, a fake one standing for it)."""
+    return t.is_cpu and (t.dtype == torch.float32 or t.dtype == torch.float64)
+
+
+@torch.jit.unused
+def _generic_pack(input: Tensor, lengths: Tensor, batch_first: bool,
+                  enforce_sorted: bool) -> PackedSequence:
+    return _torch_packing.pack_padded_sequence(input, lengths, batch_first, enforce_sorted)
+
+
+@torch.jit.unused
+def _generic_pad(sequence: PackedSequence, batch_first: bool, padding_value: float,
+                 total_length: Optional[int]) -> Tuple[Tensor, Tensor]:
+    return _torch_packing.pad_packed_sequence(sequence, batch_first, padding_value, total_length)
 
 
 def _no_indices(sorted_indices: Tensor) -> bool:
@@ -129,7 +165,8 @@ def _lengths_tensor(lengths, where: str) -> Tensor:
     if t.dtype.is_floating_point or t.dtype.is_complex or t.dtype == torch.bool:
         raise TypeError(f"{where}: lengths has dtype {t.dtype}; lengths are whole numbers: pass an "
                         f"integer tensor (int64, int32, ...) or a list of ints, e.g. lengths.long()")
-    return t if t.dtype == torch.int64 else t.to(torch.int64)
+    t = t if t.dtype == torch.int64 else t.to(torch.int64)
+    return t.cpu()  # as PyTorch 2.x takes them (self for a CPU tensor)
 
 
 @torch.jit.unused
@@ -159,10 +196,61 @@ def _traced(t: Tensor) -> bool:
 def pad_packed_sequence(sequence: PackedSequence, batch_first: bool = False,
                         padding_value: float = 0.0,
                         total_length: Optional[int] = None) -> Tuple[Tensor, Tensor]:
-    """torch.nn.utils.rnn.pad_packed_sequence, accepting zero-length sequences."""
+    """torch.nn.utils.rnn.pad_packed_sequence, accepting zero-length sequences, on
+    any device and dtype (as pack_padded_sequence). The lengths are int64 on
+    the CPU, in the caller's order."""
+    if not torch.jit.is_scripting() and not _operators_take(sequence.data):
+        return _generic_pad(sequence, batch_first, padding_value, total_length)
     return torch.ops.seqpack.pad_packed_sequence(
         sequence.data, sequence.batch_sizes, sequence.sorted_indices, sequence.unsorted_indices,
         batch_first, padding_value, total_length)
+
+
+def pack_sequence(sequences: List[Tensor], enforce_sorted: bool = True) -> PackedSequence:
+    """torch.nn.utils.rnn.pack_sequence, accepting zero-length sequences, on any
+    device and dtype: one concatenation and one gather (no padded batch in
+    between). As pack_padded_sequence, the indices are kept with
+    enforce_sorted when some sequence is empty. Not for TorchScript."""
+    return _torch_packing.pack_sequence(sequences, enforce_sorted)
+
+
+def pad_sequence(sequences: List[Tensor], batch_first: bool = False,
+                 padding_value: float = 0.0, padding_side: str = "right") -> Tensor:
+    """torch.nn.utils.rnn.pad_sequence (torch's own: any device and dtype),
+    with padding_side="left" on every PyTorch version (1.13's has no padding_side)."""
+    if padding_side == "right":
+        return torch.nn.utils.rnn.pad_sequence(sequences, batch_first, padding_value)
+    if padding_side != "left":
+        raise ValueError(f"padding_side must be 'right' or 'left', got {padding_side!r}")
+    flipped = [s.flip(0) for s in sequences]
+    return torch.nn.utils.rnn.pad_sequence(flipped, batch_first, padding_value).flip(
+        1 if batch_first else 0)
+
+
+def unpad_sequence(padded_sequences: Tensor, lengths, batch_first: bool = False) -> List[Tensor]:
+    """torch.nn.utils.rnn.unpad_sequence, on any device and dtype: one gather,
+    the sequences views of its result. Unlike torch's, it never modifies its
+    input, and lengths are checked as pack_padded_sequence checks them (a
+    length beyond the padded length is a ValueError, where torch's cuts)."""
+    lengths = _lengths_tensor(lengths, "unpad_sequence")
+    return _torch_packing.unpad_sequence(padded_sequences, lengths, batch_first)
+
+
+def unpack_sequence(packed_sequences: PackedSequence) -> List[Tensor]:
+    """torch.nn.utils.rnn.unpack_sequence, on any device and dtype: one gather.
+    A batch holding zero-length sequences unpacks (they come back as [0, *]
+    tensors; torch's raises IndexError)."""
+    return _torch_packing.unpack_sequence(packed_sequences)
+
+
+def invert_permutation(permutation: Optional[Tensor]) -> Optional[Tensor]:
+    """torch.nn.utils.rnn.invert_permutation: None for None, any device."""
+    if permutation is None:
+        return None
+    output = torch.empty_like(permutation, memory_format=torch.legacy_contiguous_format)
+    output.scatter_(0, permutation,
+                    torch.arange(0, permutation.numel(), device=permutation.device))
+    return output
 
 
 @torch.jit.unused
@@ -175,7 +263,71 @@ def _new_packed(data: Tensor, like: PackedSequence) -> PackedSequence:
                          (data, like.batch_sizes, like.sorted_indices, like.unsorted_indices))
 
 
-class _SeqpackLayer:
+def _cuda_backend():
+    """seqpack's CUDA kernels, or None where there are none. Today always None:
+    the layers and cells run torch's implementation on CUDA tensors. Hook for
+    the CUDA backend (python/seqpack/_cuda.py, another change): it returns that
+    module here when the module reports its kernels available, and _cuda_runs
+    then sends CUDA tensors to seqpack's operators."""
+    return None
+
+
+@torch.jit.unused
+def _cuda_runs(input: Tensor) -> bool:
+    """Whether seqpack runs this CUDA input (see _cuda_backend)."""
+    return _cuda_backend() is not None
+
+
+class _QuantizationNotice:
+    """torch.ao.quantization.quantize_dynamic selects modules by exact type: its
+    default qconfig_spec names torch.nn.LSTM, ..., never a subclass, and gives
+    every other module qconfig None, which leaves it float32. A seqpack layer
+    named in qconfig_spec (type or submodule name) is swapped for seqpack's
+    int8 layer (seqpack/torch_quantize.py registers the mapping); one left out
+    says so, once per module, when torch sets its qconfig to None, instead of
+    staying float32 without a word."""
+    # Not compiled by TorchScript (torch.jit.script compiles properties); this
+    # list replaces torch.nn.RNNBase's, whose all_weights it keeps.
+    __jit_unused_properties__ = ["qconfig", "all_weights"]
+
+    @property
+    def qconfig(self):
+        try:
+            return self.__dict__["_seqpack_qconfig"]
+        except KeyError:
+            raise AttributeError("qconfig") from None
+
+    @qconfig.setter
+    def qconfig(self, value):
+        if value is None and not self.__dict__.get("_seqpack_quantization_noticed", False):
+            self.__dict__["_seqpack_quantization_noticed"] = True
+            notice = self._quantization_notice()
+            if notice:
+                warnings.warn(notice, UserWarning, stacklevel=2)
+        self.__dict__["_seqpack_qconfig"] = value
+
+    @qconfig.deleter
+    def qconfig(self):
+        self.__dict__.pop("_seqpack_qconfig", None)
+
+    @torch.jit.unused
+    def _quantization_notice(self) -> str:
+        name = type(self).__name__
+        torch_type = next(c for c in type(self).__mro__ if c.__module__.startswith("torch.nn."))
+        base = f"torch.nn.{torch_type.__name__}"
+        if isinstance(self, _SeqpackCell):
+            what = (f"seqpack has no int8 cell: for torch's int8 cell use a {base} there, or "
+                    f"quantize the layers with seqpack.torch.quantize_dynamic")
+        else:
+            what = (f"name seqpack.torch.{name} (or this submodule) in qconfig_spec to swap it "
+                    f"for seqpack's int8 Quantized{'RNN' if name == 'RNN' else name}, or use "
+                    f"seqpack.torch.quantize_dynamic(model)")
+        return (f"torch.ao.quantization leaves this seqpack.torch.{name} in float32: it selects "
+                f"modules by exact type, and its qconfig_spec (by default {base}, ...) does not "
+                f"name seqpack.torch.{name}; {what}")
+
+
+class _SeqpackLayer(_QuantizationNotice):
     """What the three layers share. Every forward goes through _run, the one
     place that calls seqpack's operators."""
 
@@ -293,10 +445,16 @@ class _SeqpackLayer:
         return hidden, torch.empty(0, dtype=like.dtype)
 
     def _seqpack_can_run(self, input: Tensor, h0: Optional[Tensor], c0: Optional[Tensor]) -> bool:
-        """CPU float32/float64 input and states of the weights' dtype; anything else runs
-        torch's implementation. (One weight stands for all: a module's parameters
-        share a device and dtype unless set by hand, and then the operator names the
-        odd one.)"""
+        """The one place that decides who runs a forward: seqpack's operators for CPU
+        float32/float64 input and states of the weights' dtype; anything else
+        (CUDA, float16, bfloat16, ...) runs torch's implementation (_torch_run).
+        (One weight stands for all: a module's parameters share a device and
+        dtype unless set by hand, and then the operator names the odd one.)"""
+        if input.is_cuda:
+            # torch's implementation until seqpack's CUDA kernels are there.
+            if torch.jit.is_scripting():
+                return False
+            return _cuda_runs(input)
         # is_cpu, not device.type: a torch.device per check costs more than the
         # rest of this method.
         dtype = input.dtype
@@ -547,6 +705,173 @@ class RNN(_SeqpackLayer, torch.nn.RNN):
         else:
             output, h_n, _ = self._forward_padded(input, hx, None, lengths)
             return output, h_n
+
+
+class _SeqpackCell(_QuantizationNotice):
+    """What the three cells share. A cell step is a packed batch of one step
+    (batch_sizes [B]) through seqpack::rnn, the layers' operator, with the cell's
+    weights as a one-layer layer's (torch's names and order: weight_ih, weight_hh,
+    bias_ih, bias_hh); it runs where the layers run seqpack (CPU float32/float64,
+    states of the weights' dtype and shape) and a batch is not empty. Anything
+    else runs torch's cell, so torch's checks and errors apply unchanged."""
+
+    def _cell_mode(self) -> str:
+        return "LSTM"
+
+    def _cell_runs(self, input: Tensor, h0: Optional[Tensor], c0: Optional[Tensor]) -> bool:
+        if input.dim() != 1 and input.dim() != 2:
+            return False
+        batched = input.dim() == 2
+        if (batched and input.size(0) == 0) or input.size(-1) != self.input_size:
+            return False
+        if input.is_cuda:
+            if torch.jit.is_scripting():
+                return False
+            if not _cuda_runs(input):
+                return False
+        elif not input.is_cpu:
+            return False
+        dtype = input.dtype
+        if dtype != torch.float32 and dtype != torch.float64:
+            return False
+        w = self.weight_ih
+        if w.dtype != dtype or w.device != input.device:
+            return False
+        if not torch.jit.is_scripting() and _autocast_cpu():
+            return False
+        shape = [input.size(0), self.hidden_size] if batched else [self.hidden_size]
+        for s in (h0, c0):
+            if s is not None and (s.dtype != dtype or s.device != input.device
+                                  or list(s.shape) != shape):
+                return False
+        return True
+
+    def _cell_step(self, input: Tensor, h0: Optional[Tensor], c0: Optional[Tensor]
+                   ) -> Tuple[Tensor, Tensor]:
+        """(h', c') by seqpack::rnn (c' empty but for LSTMCell)."""
+        batched = input.dim() == 2
+        x = input if batched else input.unsqueeze(0)
+        # Zero states where none are given, as torch's cells make them: the
+        # states give the operator's fake implementation the batch size under
+        # torch.compile (without indices or states it is a value of batch_sizes).
+        if h0 is None:
+            h = x.new_zeros(1, x.size(0), self.hidden_size)
+        else:
+            h = (h0 if batched else h0.unsqueeze(0)).unsqueeze(0)
+        c: Optional[Tensor] = None
+        if self._cell_mode() == "LSTM":
+            if c0 is None:
+                c = x.new_zeros(1, x.size(0), self.hidden_size)
+            else:
+                c = (c0 if batched else c0.unsqueeze(0)).unsqueeze(0)
+        weights = [self.weight_ih, self.weight_hh]
+        if self.bias:
+            weights = weights + [self.bias_ih, self.bias_hh]
+        batch_sizes = torch.full([1], x.size(0), dtype=torch.int64)
+        out, h_n, c_n = torch.ops.seqpack.rnn(
+            x, batch_sizes, None, None, h, c, weights, self._cell_mode(), self.hidden_size, 1,
+            self.bias, False, 0, 0.0, False, None, "fp32")
+        if self._cell_mode() == "LSTM":
+            c_n = c_n[0] if batched else c_n[0, 0]
+        return (out if batched else out.squeeze(0)), c_n
+
+    @torch.jit.unused
+    def _torch_forward(self, input: Tensor, hx):
+        """torch.nn's forward of this cell (the class after seqpack's in the MRO)."""
+        return super(_SeqpackCell, self).forward(input, hx)
+
+
+@torch.jit.unused
+def _autocast_cpu() -> bool:
+    if hasattr(torch, "get_autocast_dtype"):
+        return torch.is_autocast_enabled("cpu")
+    return torch.is_autocast_cpu_enabled()
+
+
+def _torch_cell_input(input: Tensor, name: str) -> bool:
+    """torch's check of a cell's input (TorchScript's path), -> whether batched."""
+    if input.dim() != 1 and input.dim() != 2:
+        raise ValueError(f"{name}: Expected input to be 1-D or 2-D but received "
+                         f"{input.dim()}-D tensor")
+    return input.dim() == 2
+
+
+class LSTMCell(_SeqpackCell, torch.nn.LSTMCell):
+    """torch.nn.LSTMCell running seqpack's kernels (a one-step seqpack::rnn) on CPU
+    float32/float64, torch's cell elsewhere. forward(input, hx=None) -> (h', c'),
+    input [B, input_size] or unbatched [input_size]."""
+
+    def forward(self, input: Tensor, hx: Optional[Tuple[Tensor, Tensor]] = None
+                ) -> Tuple[Tensor, Tensor]:
+        h0: Optional[Tensor] = None
+        c0: Optional[Tensor] = None
+        if hx is not None:
+            h0, c0 = hx[0], hx[1]
+        if self._cell_runs(input, h0, c0):
+            return self._cell_step(input, h0, c0)
+        if not torch.jit.is_scripting():
+            return self._torch_forward(input, hx)
+        batched = _torch_cell_input(input, "LSTMCell")
+        x = input if batched else input.unsqueeze(0)
+        if h0 is None or c0 is None:
+            zeros = torch.zeros(x.size(0), self.hidden_size, dtype=x.dtype, device=x.device)
+            h0, c0 = zeros, zeros
+        elif not batched:
+            h0, c0 = h0.unsqueeze(0), c0.unsqueeze(0)
+        h, c = _VF.lstm_cell(x, (h0, c0), self.weight_ih, self.weight_hh, self.bias_ih,
+                             self.bias_hh)
+        return (h, c) if batched else (h.squeeze(0), c.squeeze(0))
+
+
+class GRUCell(_SeqpackCell, torch.nn.GRUCell):
+    """torch.nn.GRUCell running seqpack's kernels on CPU float32/float64 (as
+    LSTMCell), torch's cell elsewhere. forward(input, hx=None) -> h'."""
+
+    def _cell_mode(self) -> str:
+        return "GRU"
+
+    def forward(self, input: Tensor, hx: Optional[Tensor] = None) -> Tensor:
+        if self._cell_runs(input, hx, None):
+            return self._cell_step(input, hx, None)[0]
+        if not torch.jit.is_scripting():
+            return self._torch_forward(input, hx)
+        batched = _torch_cell_input(input, "GRUCell")
+        x = input if batched else input.unsqueeze(0)
+        if hx is None:
+            h0 = torch.zeros(x.size(0), self.hidden_size, dtype=x.dtype, device=x.device)
+        else:
+            h0 = hx if batched else hx.unsqueeze(0)
+        h = _VF.gru_cell(x, h0, self.weight_ih, self.weight_hh, self.bias_ih, self.bias_hh)
+        return h if batched else h.squeeze(0)
+
+
+class RNNCell(_SeqpackCell, torch.nn.RNNCell):
+    """torch.nn.RNNCell (tanh or relu) running seqpack's kernels on CPU
+    float32/float64 (as LSTMCell), torch's cell elsewhere. forward(input, hx=None) -> h'."""
+
+    def _cell_mode(self) -> str:
+        return "RNN_TANH" if self.nonlinearity == "tanh" else "RNN_RELU"
+
+    def forward(self, input: Tensor, hx: Optional[Tensor] = None) -> Tensor:
+        if self.nonlinearity in ("tanh", "relu") and self._cell_runs(input, hx, None):
+            return self._cell_step(input, hx, None)[0]
+        if not torch.jit.is_scripting():
+            return self._torch_forward(input, hx)
+        batched = _torch_cell_input(input, "RNNCell")
+        x = input if batched else input.unsqueeze(0)
+        if hx is None:
+            h0 = torch.zeros(x.size(0), self.hidden_size, dtype=x.dtype, device=x.device)
+        else:
+            h0 = hx if batched else hx.unsqueeze(0)
+        if self.nonlinearity == "tanh":
+            h = _VF.rnn_tanh_cell(x, h0, self.weight_ih, self.weight_hh, self.bias_ih,
+                                  self.bias_hh)
+        elif self.nonlinearity == "relu":
+            h = _VF.rnn_relu_cell(x, h0, self.weight_ih, self.weight_hh, self.bias_ih,
+                                  self.bias_hh)
+        else:
+            raise RuntimeError(f"Unknown nonlinearity: {self.nonlinearity}")
+        return h if batched else h.squeeze(0)
 
 
 # ---- fake implementations (PyTorch 2.4+) ---------------------------------

@@ -75,10 +75,25 @@ class _Int8Layer:
             self.num_layers, self.bias, self.batch_first, self.bidirectional, self.proj_size,
             self.dropout, False, None, precision)
 
+    @torch.jit.unused
+    def _quantization_notice(self) -> str:
+        return ""  # already int8
+
     @classmethod
-    def from_float(cls, mod: torch.nn.RNNBase) -> "torch.nn.RNNBase":
+    def from_float(cls, mod: torch.nn.RNNBase, *args, **kwargs) -> "torch.nn.RNNBase":
         """The int8 layer of `mod` (a torch.nn or seqpack.torch LSTM/GRU/RNN):
-        same configuration, a copy of its float32 weights, in eval mode."""
+        same configuration, a copy of its float32 weights, in eval mode. Also
+        what torch.ao.quantization's convert calls (other arguments ignored);
+        a qconfig of another weight dtype than qint8 (float16 dynamic
+        quantization) is refused."""
+        qconfig = getattr(mod, "qconfig", None)
+        if qconfig is not None and getattr(qconfig, "weight", None) is not None:
+            dtype = getattr(qconfig.weight(), "dtype", torch.qint8)
+            if dtype != torch.qint8:
+                raise ValueError(f"quantize_dynamic: {type(mod).__name__} has a qconfig with "
+                                 f"{dtype} weights; seqpack's layers quantize to torch.qint8 "
+                                 f"only (leave this layer out of qconfig_spec, or use "
+                                 f"dtype=torch.qint8)")
         kwargs = dict(num_layers=mod.num_layers, bias=mod.bias, batch_first=mod.batch_first,
                       dropout=float(mod.dropout), bidirectional=mod.bidirectional)
         if mod.mode == "LSTM":
@@ -177,6 +192,25 @@ class QuantizedRNN(_Int8Layer, _st.RNN):
 _SWAP = {torch.nn.LSTM: QuantizedLSTM, torch.nn.GRU: QuantizedGRU, torch.nn.RNN: QuantizedRNN,
          _st.LSTM: QuantizedLSTM, _st.GRU: QuantizedGRU, _st.RNN: QuantizedRNN}
 _SEQPACK_TWIN = {torch.nn.LSTM: _st.LSTM, torch.nn.GRU: _st.GRU, torch.nn.RNN: _st.RNN}
+
+
+def _register_with_torch() -> None:
+    """seqpack's layers in torch.ao.quantization's default dynamic mapping, so that
+    torch's quantize_dynamic (and convert) swaps a seqpack.torch.LSTM/GRU/RNN that
+    its qconfig_spec selects (by type or name) for the int8 layer here. Only
+    seqpack's own types are added; torch's entries are left as they are."""
+    try:
+        from torch.ao.quantization import quantization_mappings
+    except ImportError:
+        return
+    mapping = getattr(quantization_mappings, "DEFAULT_DYNAMIC_QUANT_MODULE_MAPPINGS", None)
+    if isinstance(mapping, dict):
+        for float_type, int8_type in ((_st.LSTM, QuantizedLSTM), (_st.GRU, QuantizedGRU),
+                                      (_st.RNN, QuantizedRNN)):
+            mapping.setdefault(float_type, int8_type)
+
+
+_register_with_torch()
 
 
 def _spec(qconfig_spec) -> dict:

@@ -88,9 +88,11 @@ def test_lengths_that_are_no_lengths_are_a_type_error(lengths, message):
         st.GRU(2, 3)(x, lengths=lengths)
 
 
-def test_lengths_of_the_wrong_shape_are_a_value_error():
+def test_lengths_of_the_wrong_shape_are_an_error():
+    # pack_padded_sequence: torch's type (RuntimeError); the layers' lengths=
+    # (seqpack's own argument): ValueError.
     x = padded()
-    with pytest.raises(ValueError, match="lengths must be 1-D"):
+    with pytest.raises(RuntimeError, match="lengths must be 1-D"):
         st.pack_padded_sequence(x, 3)
     with pytest.raises(ValueError, match="lengths must be 1-D with one entry per sequence"):
         st.LSTM(2, 3)(x, lengths=[5, 2])
