@@ -3,9 +3,7 @@
 // and loops grid-stride, so any row count fits one launch.
 #pragma once
 
-#include <cuda_bf16.h>
-#include <cuda_fp16.h>
-#include <cuda_runtime.h>
+#include "cuda_compat.cuh"
 
 #include <cstdint>
 

@@ -296,20 +296,20 @@ void gemm(cudaStream_t stream, int64_t M, int64_t N, int64_t K, const TA* A, int
   if (gx > 0x7fffffff || gy > 65535)
     fail(SEQPACK_CUDA_INVALID_ARGUMENT, "seqpack_cuda: a product of %lld x %lld rows is too large for one launch", static_cast<long long>(M),
          static_cast<long long>(N));
-  gemm_kernel<TA, TB, TC><<<dim3(static_cast<unsigned>(gx), static_cast<unsigned>(gy)), kGemmThreads, 0, stream>>>(
+  launch(gemm_kernel<TA, TB, TC>, dim3(static_cast<unsigned>(gx), static_cast<unsigned>(gy)), kGemmThreads, stream, 
       M, N, K, A, lda, trans_a, B, ldb, trans_b, bias, C, ldc, accumulate);
 }
 
 template <typename TS, typename TD>
 void convert(cudaStream_t stream, int64_t rows, int64_t cols, const TS* src, int64_t lds, TD* dst, int64_t ldd) {
   if (rows <= 0 || cols <= 0) return;
-  convert_kernel<TS, TD><<<blocks_for(rows * cols), kThreads, 0, stream>>>(rows, cols, src, lds, dst, ldd);
+  launch(convert_kernel<TS, TD>, blocks_for(rows * cols), kThreads, stream, rows, cols, src, lds, dst, ldd);
 }
 
 template <typename T>
 void zero(cudaStream_t stream, int64_t n, T* dst) {
   if (n <= 0) return;
-  fill_zero_kernel<T><<<blocks_for(n), kThreads, 0, stream>>>(n, dst);
+  launch(fill_zero_kernel<T>, blocks_for(n), kThreads, stream, n, dst);
 }
 
 // ---------------------------------------------------------------------------
@@ -330,7 +330,7 @@ void forward(const Shape& s, const int64_t* batch_sizes, const std::vector<int64
     if (l > 0) {
       const T* below = rs.layer_output[l - 1];
       if (mask != nullptr && n > 0) {
-        mask_kernel<T, T, T><<<blocks_for(n * W), kThreads, 0, stream>>>(n * W, below, mask + (l - 1) * n * W,
+        launch(mask_kernel<T, T, T>, blocks_for(n * W), kThreads, stream, n * W, below, mask + (l - 1) * n * W,
                                                                           rs.dropped_input[l]);
         input = rs.dropped_input[l];
       } else {
@@ -368,7 +368,7 @@ void forward(const Shape& s, const int64_t* batch_sizes, const std::vector<int64
           prev_rows = batch_sizes[t + 1];
           prev_off = off[t + 1];
         }
-        gather_prev_kernel<T><<<blocks_for(bs * std::max(P, H)), kThreads, 0, stream>>>(
+        launch(gather_prev_kernel<T>, blocks_for(bs * std::max(P, H)), kThreads, stream, 
             bs, P, H, prev_rows, out_d + prev_off * W, W, h0_ld, sv.hprev + r0 * P,
             s.lstm() ? sv.c + prev_off * H : nullptr, c0_ld, s.lstm() ? sv.cprev + r0 * H : nullptr);
         // gh = h_{t-1} W_hh^T for the step's rows.
@@ -377,24 +377,24 @@ void forward(const Shape& s, const int64_t* batch_sizes, const std::vector<int64
         float* gates = sv.gates + r0 * G;
         T* y_t = out_d + r0 * W;
         if (s.lstm()) {
-          lstm_forward_kernel<T><<<blocks_for(bs * H), kThreads, 0, stream>>>(
+          launch(lstm_forward_kernel<T>, blocks_for(bs * H), kThreads, stream, 
               bs, H, gates, ws.gh, w.b_hh, sv.cprev + r0 * H, sv.c + r0 * H, s.proj > 0 ? sv.m + r0 * H : nullptr,
               y_t, W);
           if (s.proj > 0)  // h = m W_hr^T
             gemm<float, T, T>(stream, bs, P, H, sv.m + r0 * H, H, false, w.w_hr, H, true, nullptr, y_t, W, false);
         } else if (s.gru()) {
-          gru_forward_kernel<T><<<blocks_for(bs * H), kThreads, 0, stream>>>(bs, H, gates, ws.gh, w.b_hh,
+          launch(gru_forward_kernel<T>, blocks_for(bs * H), kThreads, stream, bs, H, gates, ws.gh, w.b_hh,
                                                                               sv.hprev + r0 * P, sv.ghn + r0 * H,
                                                                               y_t, W);
         } else {
-          rnn_forward_kernel<T><<<blocks_for(bs * H), kThreads, 0, stream>>>(
+          launch(rnn_forward_kernel<T>, blocks_for(bs * H), kThreads, stream, 
               bs, H, s.mode == SEQPACK_CUDA_RNN_RELU, gates, ws.gh, w.b_hh, y_t, W);
         }
         // Rows whose sequence ends here: forward, those beyond the next
         // step's batch; reverse, every row at t = 0.
         const int64_t lo = reverse ? (t == 0 ? 0 : bs) : (t + 1 < steps ? batch_sizes[t + 1] : 0);
         if (lo < bs)
-          finish_kernel<T><<<blocks_for((bs - lo) * std::max(P, H)), kThreads, 0, stream>>>(
+          launch(finish_kernel<T>, blocks_for((bs - lo) * std::max(P, H)), kThreads, stream, 
               lo, bs, P, H, y_t, W, hn_ld, s.lstm() ? sv.c + r0 * H : nullptr, cn_ld);
       }
     }
@@ -446,7 +446,7 @@ void backward(const Shape& s, const int64_t* batch_sizes, const std::vector<int6
         const int64_t bs = batch_sizes[t];
         const int64_t r0 = off[t];
         float* dh = ws.dh + r0 * P;
-        dh_total_kernel<<<blocks_for(bs * P), kThreads, 0, stream>>>(bs, P, dY + r0 * W + d * P, W, ws.dh_carry,
+        launch(dh_total_kernel, blocks_for(bs * P), kThreads, stream, bs, P, dY + r0 * W + d * P, W, ws.dh_carry,
                                                                       dh);
         const float* dm = dh;
         int64_t ldm = P;
@@ -458,13 +458,13 @@ void backward(const Shape& s, const int64_t* batch_sizes, const std::vector<int6
         float* dgx = ws.dgx + r0 * G;
         float* dgh = ws.dgh + r0 * G;
         if (s.lstm()) {
-          lstm_backward_kernel<<<blocks_for(bs * H), kThreads, 0, stream>>>(
+          launch(lstm_backward_kernel, blocks_for(bs * H), kThreads, stream, 
               bs, H, sv.gates + r0 * G, sv.c + r0 * H, sv.cprev + r0 * H, dm, ldm, ws.dc_carry, dgx);
         } else if (s.gru()) {
-          gru_backward_kernel<<<blocks_for(bs * H), kThreads, 0, stream>>>(
+          launch(gru_backward_kernel, blocks_for(bs * H), kThreads, stream, 
               bs, H, sv.gates + r0 * G, sv.ghn + r0 * H, sv.hprev + r0 * P, dh, dgx, dgh, ws.dh_carry);
         } else {
-          rnn_backward_kernel<<<blocks_for(bs * H), kThreads, 0, stream>>>(
+          launch(rnn_backward_kernel, blocks_for(bs * H), kThreads, stream, 
               bs, H, s.mode == SEQPACK_CUDA_RNN_RELU, sv.gates + r0 * G, dh, dgx);
         }
         // dh_{t-1} (+)= dG_h W_hh; the GRU's kernel wrote its direct part dh z.
@@ -477,8 +477,8 @@ void backward(const Shape& s, const int64_t* batch_sizes, const std::vector<int6
       gemm<float, T, T>(stream, G, in, n, ws.dgx, G, true, input, in, false, nullptr, dw.w_ih, in, false);
       gemm<float, float, T>(stream, G, P, n, ws.dgh, G, true, sv.hprev, P, false, nullptr, dw.w_hh, P, false);
       if (has_biases) {
-        column_sum_kernel<T><<<blocks_for(G), kThreads, 0, stream>>>(n, G, ws.dgx, G, dw.b_ih);
-        column_sum_kernel<T><<<blocks_for(G), kThreads, 0, stream>>>(n, G, ws.dgh, G, dw.b_hh);
+        launch(column_sum_kernel<T>, blocks_for(G), kThreads, stream, n, G, ws.dgx, G, dw.b_ih);
+        launch(column_sum_kernel<T>, blocks_for(G), kThreads, stream, n, G, ws.dgh, G, dw.b_hh);
       }
       if (s.proj > 0)
         gemm<float, float, T>(stream, P, H, n, ws.dh, P, true, sv.m, H, false, nullptr, dw.w_hr, H, false);
@@ -487,7 +487,7 @@ void backward(const Shape& s, const int64_t* batch_sizes, const std::vector<int6
     }
     if (l > 0) {
       if (mask != nullptr && n > 0)
-        mask_kernel<float, T, float><<<blocks_for(n * W), kThreads, 0, stream>>>(n * W, dX, mask + (l - 1) * n * W,
+        launch(mask_kernel<float, T, float>, blocks_for(n * W), kThreads, stream, n * W, dX, mask + (l - 1) * n * W,
                                                                                   dX);
       std::swap(dY, dX);
     } else {

@@ -298,8 +298,18 @@ def _backward_impl(mode: str, data: torch.Tensor, batch_sizes: torch.Tensor, h0:
 _HAS_CUSTOM_OP = hasattr(torch, "library") and hasattr(torch.library, "custom_op") and hasattr(
     torch.library, "register_fake")
 
+
+def _unused_op_name(base: str) -> str:
+    """base, or base_1, base_2, ... when this file was loaded before in the process (by path)."""
+    name, i = base, 0
+    while hasattr(torch.ops.seqpack_cuda, name):
+        i += 1
+        name = f"{base}_{i}"
+    return name
+
+
 if _HAS_CUSTOM_OP:
-    @torch.library.custom_op("seqpack_cuda::rnn_packed", mutates_args=())
+    @torch.library.custom_op("seqpack_cuda::" + _unused_op_name("rnn_packed"), mutates_args=())
     def _rnn_op(mode: str, data: torch.Tensor, batch_sizes: torch.Tensor, h0: torch.Tensor,
                 c0: Optional[torch.Tensor], weights: List[torch.Tensor], mask: Optional[torch.Tensor],
                 has_biases: bool, num_layers: int, bidirectional: bool, proj_size: int,
@@ -318,7 +328,7 @@ if _HAS_CUSTOM_OP:
         reserve = data.new_empty((data.shape[0] * per_row,), dtype=torch.uint8)
         return y, torch.empty_like(h0), cn, reserve
 
-    @torch.library.custom_op("seqpack_cuda::rnn_packed_backward", mutates_args=())
+    @torch.library.custom_op("seqpack_cuda::" + _unused_op_name("rnn_packed_backward"), mutates_args=())
     def _rnn_backward_op(mode: str, data: torch.Tensor, batch_sizes: torch.Tensor, h0: torch.Tensor,
                          c0: Optional[torch.Tensor], weights: List[torch.Tensor], mask: Optional[torch.Tensor],
                          reserve: torch.Tensor, dy: Optional[torch.Tensor], dhn: Optional[torch.Tensor],
