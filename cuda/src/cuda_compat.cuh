@@ -17,7 +17,9 @@ namespace seqpack::cuda {
 // kernel's parameter types.
 template <typename... KArgs, typename... Args>
 void launch(void (*kernel)(KArgs...), dim3 grid, dim3 block, cudaStream_t stream, Args... args) {
+  // clang-format off
   kernel<<<grid, block, 0, stream>>>(static_cast<KArgs>(args)...);
+  // clang-format on
 }
 
 }  // namespace seqpack::cuda

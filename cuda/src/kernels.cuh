@@ -16,9 +16,13 @@ __device__ __forceinline__ float to_f32(__nv_bfloat16 v) { return __bfloat162flo
 template <typename T>
 __device__ __forceinline__ T from_f32(float v);
 template <>
-__device__ __forceinline__ float from_f32<float>(float v) { return v; }
+__device__ __forceinline__ float from_f32<float>(float v) {
+  return v;
+}
 template <>
-__device__ __forceinline__ __half from_f32<__half>(float v) { return __float2half_rn(v); }
+__device__ __forceinline__ __half from_f32<__half>(float v) {
+  return __float2half_rn(v);
+}
 template <>
 __device__ __forceinline__ __nv_bfloat16 from_f32<__nv_bfloat16>(float v) {
   return __float2bfloat16_rn(v);
@@ -41,8 +45,7 @@ template <typename TA, typename TB, typename TC>
 __global__ void __launch_bounds__(kGemmThreads)
     gemm_kernel(int64_t M, int64_t N, int64_t K, const TA* __restrict__ A, int64_t lda,
                 bool trans_a, const TB* __restrict__ B, int64_t ldb, bool trans_b,
-                const TB* __restrict__ bias, TC* __restrict__ C, int64_t ldc,
-                bool accumulate) {
+                const TB* __restrict__ bias, TC* __restrict__ C, int64_t ldc, bool accumulate) {
   __shared__ float As[kTileK][kTileM + 1];
   __shared__ float Bs[kTileK][kTileN + 1];
   const int tid = threadIdx.x;
@@ -125,8 +128,8 @@ __global__ void __launch_bounds__(kGemmThreads)
 // Element-wise helpers. `rows` x `cols` with leading dimensions.
 
 template <typename TS, typename TD>
-__global__ void convert_kernel(int64_t rows, int64_t cols, const TS* __restrict__ src,
-                               int64_t lds, TD* __restrict__ dst, int64_t ldd) {
+__global__ void convert_kernel(int64_t rows, int64_t cols, const TS* __restrict__ src, int64_t lds,
+                               TD* __restrict__ dst, int64_t ldd) {
   const int64_t total = rows * cols;
   for (int64_t e = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; e < total;
        e += static_cast<int64_t>(gridDim.x) * blockDim.x) {
@@ -152,8 +155,8 @@ __global__ void mask_kernel(int64_t n, const TA* a, const TM* __restrict__ mask,
 
 // out[n] = sum over m < M of a[m*lda + n] (bias gradients).
 template <typename TO>
-__global__ void column_sum_kernel(int64_t M, int64_t N, const float* __restrict__ a,
-                                  int64_t lda, TO* __restrict__ out) {
+__global__ void column_sum_kernel(int64_t M, int64_t N, const float* __restrict__ a, int64_t lda,
+                                  TO* __restrict__ out) {
   for (int64_t n = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; n < N;
        n += static_cast<int64_t>(gridDim.x) * blockDim.x) {
     float s = 0.0f;
@@ -284,9 +287,8 @@ __global__ void finish_kernel(int64_t lo, int64_t hi, int64_t hout, int64_t hidd
 // Backward steps.
 
 // dh[b][j] = dy[b*ldy + j] + carry[b][j]: the gradient of the step's output h.
-__global__ void dh_total_kernel(int64_t bs, int64_t hout, const float* __restrict__ dy,
-                                int64_t ldy, const float* __restrict__ carry,
-                                float* __restrict__ dh) {
+__global__ void dh_total_kernel(int64_t bs, int64_t hout, const float* __restrict__ dy, int64_t ldy,
+                                const float* __restrict__ carry, float* __restrict__ dh) {
   const int64_t total = bs * hout;
   for (int64_t e = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; e < total;
        e += static_cast<int64_t>(gridDim.x) * blockDim.x) {
@@ -301,8 +303,7 @@ __global__ void dh_total_kernel(int64_t bs, int64_t hout, const float* __restric
 //   dc = dc_carry + dm o (1 - tanh^2 c), di = dc g, df = dc c_{t-1}, dg = dc i,
 //   do = dm tanh c, dc_{t-1} = dc f.
 __global__ void lstm_backward_kernel(int64_t bs, int64_t H, const float* __restrict__ gates,
-                                     const float* __restrict__ c,
-                                     const float* __restrict__ cprev,
+                                     const float* __restrict__ c, const float* __restrict__ cprev,
                                      const float* __restrict__ dm, int64_t ldm,
                                      float* __restrict__ dc_carry, float* __restrict__ dG) {
   const int64_t total = bs * H;
@@ -327,8 +328,7 @@ __global__ void lstm_backward_kernel(int64_t bs, int64_t H, const float* __restr
 // dr = da_n hn; dGx = (dr r(1-r), dz z(1-z), da_n), dGh = (same, same, da_n r);
 // dh_carry = dh z (the direct part of dh_{t-1}; the GEMM with W_hh adds the rest).
 __global__ void gru_backward_kernel(int64_t bs, int64_t H, const float* __restrict__ gates,
-                                    const float* __restrict__ ghn,
-                                    const float* __restrict__ hprev,
+                                    const float* __restrict__ ghn, const float* __restrict__ hprev,
                                     const float* __restrict__ dh, float* __restrict__ dGx,
                                     float* __restrict__ dGh, float* __restrict__ dh_carry) {
   const int64_t total = bs * H;
@@ -356,8 +356,8 @@ __global__ void gru_backward_kernel(int64_t bs, int64_t H, const float* __restri
 
 // Elman: da = dh act'(h) with tanh' = 1 - h^2, relu' = (h > 0).
 __global__ void rnn_backward_kernel(int64_t bs, int64_t H, bool relu,
-                                    const float* __restrict__ gates,
-                                    const float* __restrict__ dh, float* __restrict__ dG) {
+                                    const float* __restrict__ gates, const float* __restrict__ dh,
+                                    float* __restrict__ dG) {
   const int64_t total = bs * H;
   for (int64_t e = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; e < total;
        e += static_cast<int64_t>(gridDim.x) * blockDim.x) {

@@ -14,6 +14,8 @@
 #include <algorithm>
 #include <cstdarg>
 #include <cstdio>
+#include <cstdlib>
+#include <cstring>
 #include <string>
 #include <vector>
 
@@ -62,7 +64,9 @@ struct Shape {
   int64_t layers = 0;
   int64_t dirs = 1;
   int64_t hout() const { return proj > 0 ? proj : hidden; }
-  int64_t gates() const { return (mode == SEQPACK_CUDA_LSTM ? 4 : mode == SEQPACK_CUDA_GRU ? 3 : 1) * hidden; }
+  int64_t gates() const {
+    return (mode == SEQPACK_CUDA_LSTM ? 4 : mode == SEQPACK_CUDA_GRU ? 3 : 1) * hidden;
+  }
   int64_t width() const { return dirs * hout(); }  // a layer's output row
   int64_t in_width(int64_t layer) const { return layer == 0 ? input : width(); }
   bool lstm() const { return mode == SEQPACK_CUDA_LSTM; }
@@ -77,7 +81,8 @@ struct Shape {
   // inputs of the layers below the last).
   int64_t reserve_elements_per_row() const { return 2 * (layers - 1) * width(); }
   int64_t reserve_bytes_per_row() const {
-    return 4 * layers * dirs * reserve_floats_per_row() + element_size() * reserve_elements_per_row();
+    return 4 * layers * dirs * reserve_floats_per_row() +
+           element_size() * reserve_elements_per_row();
   }
   int64_t dy_width() const { return std::max(width(), input); }
   int64_t workspace_bytes() const {
@@ -92,36 +97,62 @@ struct Shape {
 
 const char* mode_name(int mode) {
   switch (mode) {
-    case SEQPACK_CUDA_LSTM: return "LSTM";
-    case SEQPACK_CUDA_GRU: return "GRU";
-    case SEQPACK_CUDA_RNN_TANH: return "RNN_TANH";
-    default: return "RNN_RELU";
+    case SEQPACK_CUDA_LSTM:
+      return "LSTM";
+    case SEQPACK_CUDA_GRU:
+      return "GRU";
+    case SEQPACK_CUDA_RNN_TANH:
+      return "RNN_TANH";
+    default:
+      return "RNN_RELU";
   }
 }
 
 Shape check_shape(int mode, int dtype, int64_t rows, int64_t batch, int64_t input_size,
                   int64_t hidden_size, int64_t proj_size, int64_t num_layers, int bidirectional) {
   if (mode < SEQPACK_CUDA_LSTM || mode > SEQPACK_CUDA_RNN_RELU)
-    fail(SEQPACK_CUDA_INVALID_ARGUMENT, "seqpack_cuda: mode = %d is not LSTM (0), GRU (1), RNN_TANH (2) or RNN_RELU (3)", mode);
+    fail(SEQPACK_CUDA_INVALID_ARGUMENT,
+         "seqpack_cuda: mode = %d is not LSTM (0), GRU (1), RNN_TANH (2) or RNN_RELU (3)", mode);
   if (dtype < SEQPACK_CUDA_FLOAT32 || dtype > SEQPACK_CUDA_BFLOAT16)
-    fail(SEQPACK_CUDA_INVALID_ARGUMENT, "seqpack_cuda: dtype = %d is not float32 (0), float16 (1) or bfloat16 (2)", dtype);
-  if (rows < 0) fail(SEQPACK_CUDA_INVALID_ARGUMENT, "seqpack_cuda: rows = %lld is negative", static_cast<long long>(rows));
-  if (batch < 0) fail(SEQPACK_CUDA_INVALID_ARGUMENT, "seqpack_cuda: batch = %lld is negative", static_cast<long long>(batch));
-  if (input_size <= 0) fail(SEQPACK_CUDA_INVALID_ARGUMENT, "seqpack_cuda: input_size = %lld is not positive", static_cast<long long>(input_size));
-  if (hidden_size <= 0) fail(SEQPACK_CUDA_INVALID_ARGUMENT, "seqpack_cuda: hidden_size = %lld is not positive", static_cast<long long>(hidden_size));
-  if (proj_size < 0) fail(SEQPACK_CUDA_INVALID_ARGUMENT, "seqpack_cuda: proj_size = %lld is negative", static_cast<long long>(proj_size));
+    fail(SEQPACK_CUDA_INVALID_ARGUMENT,
+         "seqpack_cuda: dtype = %d is not float32 (0), float16 (1) or bfloat16 (2)", dtype);
+  if (rows < 0)
+    fail(SEQPACK_CUDA_INVALID_ARGUMENT, "seqpack_cuda: rows = %lld is negative",
+         static_cast<long long>(rows));
+  if (batch < 0)
+    fail(SEQPACK_CUDA_INVALID_ARGUMENT, "seqpack_cuda: batch = %lld is negative",
+         static_cast<long long>(batch));
+  if (input_size <= 0)
+    fail(SEQPACK_CUDA_INVALID_ARGUMENT, "seqpack_cuda: input_size = %lld is not positive",
+         static_cast<long long>(input_size));
+  if (hidden_size <= 0)
+    fail(SEQPACK_CUDA_INVALID_ARGUMENT, "seqpack_cuda: hidden_size = %lld is not positive",
+         static_cast<long long>(hidden_size));
+  if (proj_size < 0)
+    fail(SEQPACK_CUDA_INVALID_ARGUMENT, "seqpack_cuda: proj_size = %lld is negative",
+         static_cast<long long>(proj_size));
   if (proj_size > 0 && mode != SEQPACK_CUDA_LSTM)
-    fail(SEQPACK_CUDA_INVALID_ARGUMENT, "seqpack_cuda: proj_size = %lld is for LSTM only, not %s", static_cast<long long>(proj_size), mode_name(mode));
+    fail(SEQPACK_CUDA_INVALID_ARGUMENT, "seqpack_cuda: proj_size = %lld is for LSTM only, not %s",
+         static_cast<long long>(proj_size), mode_name(mode));
   if (proj_size >= hidden_size && proj_size > 0)
-    fail(SEQPACK_CUDA_INVALID_ARGUMENT, "seqpack_cuda: proj_size = %lld must be smaller than hidden_size = %lld", static_cast<long long>(proj_size), static_cast<long long>(hidden_size));
-  if (num_layers <= 0) fail(SEQPACK_CUDA_INVALID_ARGUMENT, "seqpack_cuda: num_layers = %lld is not positive", static_cast<long long>(num_layers));
+    fail(SEQPACK_CUDA_INVALID_ARGUMENT,
+         "seqpack_cuda: proj_size = %lld must be smaller than hidden_size = %lld",
+         static_cast<long long>(proj_size), static_cast<long long>(hidden_size));
+  if (num_layers <= 0)
+    fail(SEQPACK_CUDA_INVALID_ARGUMENT, "seqpack_cuda: num_layers = %lld is not positive",
+         static_cast<long long>(num_layers));
   if (bidirectional != 0 && bidirectional != 1)
-    fail(SEQPACK_CUDA_INVALID_ARGUMENT, "seqpack_cuda: bidirectional = %d is not 0 or 1", bidirectional);
+    fail(SEQPACK_CUDA_INVALID_ARGUMENT, "seqpack_cuda: bidirectional = %d is not 0 or 1",
+         bidirectional);
   const int64_t limit = int64_t{1} << 40;
-  if (input_size > limit || hidden_size > limit || num_layers > (1 << 20) || rows > limit || batch > limit)
-    fail(SEQPACK_CUDA_INVALID_ARGUMENT, "seqpack_cuda: sizes too large (rows %lld, batch %lld, input %lld, hidden %lld, layers %lld)",
-         static_cast<long long>(rows), static_cast<long long>(batch), static_cast<long long>(input_size),
-         static_cast<long long>(hidden_size), static_cast<long long>(num_layers));
+  if (input_size > limit || hidden_size > limit || num_layers > (1 << 20) || rows > limit ||
+      batch > limit)
+    fail(SEQPACK_CUDA_INVALID_ARGUMENT,
+         "seqpack_cuda: sizes too large (rows %lld, batch %lld, input %lld, hidden %lld, layers "
+         "%lld)",
+         static_cast<long long>(rows), static_cast<long long>(batch),
+         static_cast<long long>(input_size), static_cast<long long>(hidden_size),
+         static_cast<long long>(num_layers));
   Shape s;
   s.mode = mode;
   s.dtype = dtype;
@@ -138,18 +169,28 @@ Shape check_shape(int mode, int dtype, int64_t rows, int64_t batch, int64_t inpu
 // Checks batch_sizes (positive, non-increasing, first <= batch) and returns
 // the row offset of each step (offsets[steps] = rows).
 std::vector<int64_t> check_batch_sizes(int64_t steps, const int64_t* batch_sizes, int64_t batch) {
-  if (steps < 0) fail(SEQPACK_CUDA_INVALID_ARGUMENT, "seqpack_cuda: steps = %lld is negative", static_cast<long long>(steps));
-  if (steps > 0 && batch_sizes == nullptr) fail(SEQPACK_CUDA_INVALID_ARGUMENT, "seqpack_cuda: batch_sizes is NULL with steps = %lld", static_cast<long long>(steps));
+  if (steps < 0)
+    fail(SEQPACK_CUDA_INVALID_ARGUMENT, "seqpack_cuda: steps = %lld is negative",
+         static_cast<long long>(steps));
+  if (steps > 0 && batch_sizes == nullptr)
+    fail(SEQPACK_CUDA_INVALID_ARGUMENT, "seqpack_cuda: batch_sizes is NULL with steps = %lld",
+         static_cast<long long>(steps));
   std::vector<int64_t> offsets(static_cast<size_t>(steps) + 1, 0);
   for (int64_t t = 0; t < steps; ++t) {
     const int64_t bs = batch_sizes[t];
     if (bs <= 0)
-      fail(SEQPACK_CUDA_INVALID_ARGUMENT, "seqpack_cuda: batch_sizes[%lld] = %lld is not positive", static_cast<long long>(t), static_cast<long long>(bs));
+      fail(SEQPACK_CUDA_INVALID_ARGUMENT, "seqpack_cuda: batch_sizes[%lld] = %lld is not positive",
+           static_cast<long long>(t), static_cast<long long>(bs));
     if (t == 0 && bs > batch)
-      fail(SEQPACK_CUDA_INVALID_ARGUMENT, "seqpack_cuda: batch_sizes[0] = %lld exceeds the batch of h0, %lld", static_cast<long long>(bs), static_cast<long long>(batch));
+      fail(SEQPACK_CUDA_INVALID_ARGUMENT,
+           "seqpack_cuda: batch_sizes[0] = %lld exceeds the batch of h0, %lld",
+           static_cast<long long>(bs), static_cast<long long>(batch));
     if (t > 0 && bs > batch_sizes[t - 1])
-      fail(SEQPACK_CUDA_INVALID_ARGUMENT, "seqpack_cuda: batch_sizes[%lld] = %lld exceeds batch_sizes[%lld] = %lld (they must not increase)",
-           static_cast<long long>(t), static_cast<long long>(bs), static_cast<long long>(t - 1), static_cast<long long>(batch_sizes[t - 1]));
+      fail(SEQPACK_CUDA_INVALID_ARGUMENT,
+           "seqpack_cuda: batch_sizes[%lld] = %lld exceeds batch_sizes[%lld] = %lld (they must not "
+           "increase)",
+           static_cast<long long>(t), static_cast<long long>(bs), static_cast<long long>(t - 1),
+           static_cast<long long>(batch_sizes[t - 1]));
     offsets[t + 1] = offsets[t] + bs;
   }
   return offsets;
@@ -159,14 +200,18 @@ void require(const void* p, const char* name) {
   if (p == nullptr) fail(SEQPACK_CUDA_INVALID_ARGUMENT, "seqpack_cuda: %s is NULL", name);
 }
 
-void check_buffers(const Shape& s, size_t workspace_bytes, const void* workspace, size_t reserve_bytes,
-                   const void* reserve) {
+void check_buffers(const Shape& s, size_t workspace_bytes, const void* workspace,
+                   size_t reserve_bytes, const void* reserve) {
   const auto need_ws = static_cast<size_t>(s.workspace_bytes());
   const auto need_rs = static_cast<size_t>(s.rows * s.reserve_bytes_per_row());
   if (workspace_bytes < need_ws)
-    fail(SEQPACK_CUDA_INVALID_ARGUMENT, "seqpack_cuda: workspace_bytes = %zu is less than the %zu bytes needed", workspace_bytes, need_ws);
+    fail(SEQPACK_CUDA_INVALID_ARGUMENT,
+         "seqpack_cuda: workspace_bytes = %zu is less than the %zu bytes needed", workspace_bytes,
+         need_ws);
   if (reserve_bytes < need_rs)
-    fail(SEQPACK_CUDA_INVALID_ARGUMENT, "seqpack_cuda: reserve_bytes = %zu is less than the %zu bytes needed", reserve_bytes, need_rs);
+    fail(SEQPACK_CUDA_INVALID_ARGUMENT,
+         "seqpack_cuda: reserve_bytes = %zu is less than the %zu bytes needed", reserve_bytes,
+         need_rs);
   if (need_ws > 0) require(workspace, "workspace");
   if (need_rs > 0) require(reserve, "reserve");
 }
@@ -176,7 +221,8 @@ void check_weights(const Shape& s, bool has_biases, const void* const* weights, 
   const int64_t per = s.weights_per_layer_dir(has_biases);
   for (int64_t i = 0; i < s.layers * s.dirs * per; ++i)
     if (weights[i] == nullptr)
-      fail(SEQPACK_CUDA_INVALID_ARGUMENT, "seqpack_cuda: %s[%lld] is NULL", name, static_cast<long long>(i));
+      fail(SEQPACK_CUDA_INVALID_ARGUMENT, "seqpack_cuda: %s[%lld] is NULL", name,
+           static_cast<long long>(i));
 }
 
 // The pointers of one (layer, direction) in the _flat_weights order.
@@ -186,7 +232,8 @@ struct LayerWeights {
 };
 
 template <typename P>
-LayerWeights<P> weights_of(const Shape& s, bool has_biases, P const* weights, int64_t layer, int64_t dir) {
+LayerWeights<P> weights_of(const Shape& s, bool has_biases, P const* weights, int64_t layer,
+                           int64_t dir) {
   const int64_t per = s.weights_per_layer_dir(has_biases);
   P const* w = weights + (layer * s.dirs + dir) * per;
   LayerWeights<P> out;
@@ -288,22 +335,26 @@ Workspace layout_workspace(const Shape& s, void* workspace) {
 }
 
 template <typename TA, typename TB, typename TC>
-void gemm(cudaStream_t stream, int64_t M, int64_t N, int64_t K, const TA* A, int64_t lda, bool trans_a,
-          const TB* B, int64_t ldb, bool trans_b, const TB* bias, TC* C, int64_t ldc, bool accumulate) {
+void gemm(cudaStream_t stream, int64_t M, int64_t N, int64_t K, const TA* A, int64_t lda,
+          bool trans_a, const TB* B, int64_t ldb, bool trans_b, const TB* bias, TC* C, int64_t ldc,
+          bool accumulate) {
   if (M <= 0 || N <= 0) return;
   const int64_t gx = (M + kTileM - 1) / kTileM;
   const int64_t gy = (N + kTileN - 1) / kTileN;
   if (gx > 0x7fffffff || gy > 65535)
-    fail(SEQPACK_CUDA_INVALID_ARGUMENT, "seqpack_cuda: a product of %lld x %lld rows is too large for one launch", static_cast<long long>(M),
-         static_cast<long long>(N));
-  launch(gemm_kernel<TA, TB, TC>, dim3(static_cast<unsigned>(gx), static_cast<unsigned>(gy)), kGemmThreads, stream, 
-      M, N, K, A, lda, trans_a, B, ldb, trans_b, bias, C, ldc, accumulate);
+    fail(SEQPACK_CUDA_INVALID_ARGUMENT,
+         "seqpack_cuda: a product of %lld x %lld rows is too large for one launch",
+         static_cast<long long>(M), static_cast<long long>(N));
+  launch(gemm_kernel<TA, TB, TC>, dim3(static_cast<unsigned>(gx), static_cast<unsigned>(gy)),
+         kGemmThreads, stream, M, N, K, A, lda, trans_a, B, ldb, trans_b, bias, C, ldc, accumulate);
 }
 
 template <typename TS, typename TD>
-void convert(cudaStream_t stream, int64_t rows, int64_t cols, const TS* src, int64_t lds, TD* dst, int64_t ldd) {
+void convert(cudaStream_t stream, int64_t rows, int64_t cols, const TS* src, int64_t lds, TD* dst,
+             int64_t ldd) {
   if (rows <= 0 || cols <= 0) return;
-  launch(convert_kernel<TS, TD>, blocks_for(rows * cols), kThreads, stream, rows, cols, src, lds, dst, ldd);
+  launch(convert_kernel<TS, TD>, blocks_for(rows * cols), kThreads, stream, rows, cols, src, lds,
+         dst, ldd);
 }
 
 template <typename T>
@@ -315,9 +366,10 @@ void zero(cudaStream_t stream, int64_t n, T* dst) {
 // ---------------------------------------------------------------------------
 
 template <typename T>
-void forward(const Shape& s, const int64_t* batch_sizes, const std::vector<int64_t>& off, bool has_biases,
-             const void* const* weights_v, const T* x, const T* h0, const T* c0, const T* mask, T* y, T* hn,
-             T* cn, void* workspace, void* reserve, cudaStream_t stream) {
+void forward(const Shape& s, const int64_t* batch_sizes, const std::vector<int64_t>& off,
+             bool has_biases, const void* const* weights_v, const T* x, const T* h0, const T* c0,
+             const T* mask, T* y, T* hn, T* cn, void* workspace, void* reserve,
+             cudaStream_t stream) {
   const int64_t steps = static_cast<int64_t>(off.size()) - 1;
   const int64_t n = s.rows, B = s.batch, H = s.hidden, P = s.hout(), G = s.gates(), W = s.width();
   const int64_t bs0 = steps > 0 ? batch_sizes[0] : 0;
@@ -330,8 +382,8 @@ void forward(const Shape& s, const int64_t* batch_sizes, const std::vector<int64
     if (l > 0) {
       const T* below = rs.layer_output[l - 1];
       if (mask != nullptr && n > 0) {
-        launch(mask_kernel<T, T, T>, blocks_for(n * W), kThreads, stream, n * W, below, mask + (l - 1) * n * W,
-                                                                          rs.dropped_input[l]);
+        launch(mask_kernel<T, T, T>, blocks_for(n * W), kThreads, stream, n * W, below,
+               mask + (l - 1) * n * W, rs.dropped_input[l]);
         input = rs.dropped_input[l];
       } else {
         input = below;
@@ -353,7 +405,8 @@ void forward(const Shape& s, const int64_t* batch_sizes, const std::vector<int64
         if (s.lstm()) convert(stream, B - bs0, H, c0_ld + bs0 * H, H, cn_ld + bs0 * H, H);
       }
       // gates = input W_ih^T + b_ih for every row.
-      gemm<T, T, float>(stream, n, G, in, input, in, false, w.w_ih, in, true, w.b_ih, sv.gates, G, false);
+      gemm<T, T, float>(stream, n, G, in, input, in, false, w.w_ih, in, true, w.b_ih, sv.gates, G,
+                        false);
       for (int64_t k = 0; k < steps; ++k) {
         const bool reverse = d == 1;
         const int64_t t = reverse ? steps - 1 - k : k;
@@ -368,44 +421,45 @@ void forward(const Shape& s, const int64_t* batch_sizes, const std::vector<int64
           prev_rows = batch_sizes[t + 1];
           prev_off = off[t + 1];
         }
-        launch(gather_prev_kernel<T>, blocks_for(bs * std::max(P, H)), kThreads, stream, 
-            bs, P, H, prev_rows, out_d + prev_off * W, W, h0_ld, sv.hprev + r0 * P,
-            s.lstm() ? sv.c + prev_off * H : nullptr, c0_ld, s.lstm() ? sv.cprev + r0 * H : nullptr);
+        launch(gather_prev_kernel<T>, blocks_for(bs * std::max(P, H)), kThreads, stream, bs, P, H,
+               prev_rows, out_d + prev_off * W, W, h0_ld, sv.hprev + r0 * P,
+               s.lstm() ? sv.c + prev_off * H : nullptr, c0_ld,
+               s.lstm() ? sv.cprev + r0 * H : nullptr);
         // gh = h_{t-1} W_hh^T for the step's rows.
-        gemm<float, T, float>(stream, bs, G, P, sv.hprev + r0 * P, P, false, w.w_hh, P, true, nullptr, ws.gh, G,
-                              false);
+        gemm<float, T, float>(stream, bs, G, P, sv.hprev + r0 * P, P, false, w.w_hh, P, true,
+                              nullptr, ws.gh, G, false);
         float* gates = sv.gates + r0 * G;
         T* y_t = out_d + r0 * W;
         if (s.lstm()) {
-          launch(lstm_forward_kernel<T>, blocks_for(bs * H), kThreads, stream, 
-              bs, H, gates, ws.gh, w.b_hh, sv.cprev + r0 * H, sv.c + r0 * H, s.proj > 0 ? sv.m + r0 * H : nullptr,
-              y_t, W);
+          launch(lstm_forward_kernel<T>, blocks_for(bs * H), kThreads, stream, bs, H, gates, ws.gh,
+                 w.b_hh, sv.cprev + r0 * H, sv.c + r0 * H, s.proj > 0 ? sv.m + r0 * H : nullptr,
+                 y_t, W);
           if (s.proj > 0)  // h = m W_hr^T
-            gemm<float, T, T>(stream, bs, P, H, sv.m + r0 * H, H, false, w.w_hr, H, true, nullptr, y_t, W, false);
+            gemm<float, T, T>(stream, bs, P, H, sv.m + r0 * H, H, false, w.w_hr, H, true, nullptr,
+                              y_t, W, false);
         } else if (s.gru()) {
-          launch(gru_forward_kernel<T>, blocks_for(bs * H), kThreads, stream, bs, H, gates, ws.gh, w.b_hh,
-                                                                              sv.hprev + r0 * P, sv.ghn + r0 * H,
-                                                                              y_t, W);
+          launch(gru_forward_kernel<T>, blocks_for(bs * H), kThreads, stream, bs, H, gates, ws.gh,
+                 w.b_hh, sv.hprev + r0 * P, sv.ghn + r0 * H, y_t, W);
         } else {
-          launch(rnn_forward_kernel<T>, blocks_for(bs * H), kThreads, stream, 
-              bs, H, s.mode == SEQPACK_CUDA_RNN_RELU, gates, ws.gh, w.b_hh, y_t, W);
+          launch(rnn_forward_kernel<T>, blocks_for(bs * H), kThreads, stream, bs, H,
+                 s.mode == SEQPACK_CUDA_RNN_RELU, gates, ws.gh, w.b_hh, y_t, W);
         }
         // Rows whose sequence ends here: forward, those beyond the next
         // step's batch; reverse, every row at t = 0.
         const int64_t lo = reverse ? (t == 0 ? 0 : bs) : (t + 1 < steps ? batch_sizes[t + 1] : 0);
         if (lo < bs)
-          launch(finish_kernel<T>, blocks_for((bs - lo) * std::max(P, H)), kThreads, stream, 
-              lo, bs, P, H, y_t, W, hn_ld, s.lstm() ? sv.c + r0 * H : nullptr, cn_ld);
+          launch(finish_kernel<T>, blocks_for((bs - lo) * std::max(P, H)), kThreads, stream, lo, bs,
+                 P, H, y_t, W, hn_ld, s.lstm() ? sv.c + r0 * H : nullptr, cn_ld);
       }
     }
   }
 }
 
 template <typename T>
-void backward(const Shape& s, const int64_t* batch_sizes, const std::vector<int64_t>& off, bool has_biases,
-              const void* const* weights_v, const T* x, const T* mask, const T* dy, const T* dhn, const T* dcn,
-              T* dx, T* dh0, T* dc0, void* const* dweights_v, void* workspace, const void* reserve,
-              cudaStream_t stream) {
+void backward(const Shape& s, const int64_t* batch_sizes, const std::vector<int64_t>& off,
+              bool has_biases, const void* const* weights_v, const T* x, const T* mask, const T* dy,
+              const T* dhn, const T* dcn, T* dx, T* dh0, T* dc0, void* const* dweights_v,
+              void* workspace, const void* reserve, cudaStream_t stream) {
   const int64_t steps = static_cast<int64_t>(off.size()) - 1;
   const int64_t n = s.rows, B = s.batch, H = s.hidden, P = s.hout(), G = s.gates(), W = s.width();
   const auto* weights = reinterpret_cast<const T* const*>(weights_v);
@@ -446,54 +500,70 @@ void backward(const Shape& s, const int64_t* batch_sizes, const std::vector<int6
         const int64_t bs = batch_sizes[t];
         const int64_t r0 = off[t];
         float* dh = ws.dh + r0 * P;
-        launch(dh_total_kernel, blocks_for(bs * P), kThreads, stream, bs, P, dY + r0 * W + d * P, W, ws.dh_carry,
-                                                                      dh);
+        launch(dh_total_kernel, blocks_for(bs * P), kThreads, stream, bs, P, dY + r0 * W + d * P, W,
+               ws.dh_carry, dh);
         const float* dm = dh;
         int64_t ldm = P;
         if (s.proj > 0) {  // dm = dh W_hr
-          gemm<float, T, float>(stream, bs, H, P, dh, P, false, w.w_hr, H, false, nullptr, ws.dm, H, false);
+          gemm<float, T, float>(stream, bs, H, P, dh, P, false, w.w_hr, H, false, nullptr, ws.dm, H,
+                                false);
           dm = ws.dm;
           ldm = H;
         }
         float* dgx = ws.dgx + r0 * G;
         float* dgh = ws.dgh + r0 * G;
         if (s.lstm()) {
-          launch(lstm_backward_kernel, blocks_for(bs * H), kThreads, stream, 
-              bs, H, sv.gates + r0 * G, sv.c + r0 * H, sv.cprev + r0 * H, dm, ldm, ws.dc_carry, dgx);
+          launch(lstm_backward_kernel, blocks_for(bs * H), kThreads, stream, bs, H,
+                 sv.gates + r0 * G, sv.c + r0 * H, sv.cprev + r0 * H, dm, ldm, ws.dc_carry, dgx);
         } else if (s.gru()) {
-          launch(gru_backward_kernel, blocks_for(bs * H), kThreads, stream, 
-              bs, H, sv.gates + r0 * G, sv.ghn + r0 * H, sv.hprev + r0 * P, dh, dgx, dgh, ws.dh_carry);
+          launch(gru_backward_kernel, blocks_for(bs * H), kThreads, stream, bs, H,
+                 sv.gates + r0 * G, sv.ghn + r0 * H, sv.hprev + r0 * P, dh, dgx, dgh, ws.dh_carry);
         } else {
-          launch(rnn_backward_kernel, blocks_for(bs * H), kThreads, stream, 
-              bs, H, s.mode == SEQPACK_CUDA_RNN_RELU, sv.gates + r0 * G, dh, dgx);
+          launch(rnn_backward_kernel, blocks_for(bs * H), kThreads, stream, bs, H,
+                 s.mode == SEQPACK_CUDA_RNN_RELU, sv.gates + r0 * G, dh, dgx);
         }
         // dh_{t-1} (+)= dG_h W_hh; the GRU's kernel wrote its direct part dh z.
-        gemm<float, T, float>(stream, bs, P, G, dgh, G, false, w.w_hh, P, false, nullptr, ws.dh_carry, P, s.gru());
+        gemm<float, T, float>(stream, bs, P, G, dgh, G, false, w.w_hh, P, false, nullptr,
+                              ws.dh_carry, P, s.gru());
       }
       // Gradients of the initial state: what the carries hold now.
       convert(stream, B, P, ws.dh_carry, P, dh0 + ld_index * B * P, P);
       if (s.lstm()) convert(stream, B, H, ws.dc_carry, H, dc0 + ld_index * B * H, H);
       // Weight gradients over all rows.
-      gemm<float, T, T>(stream, G, in, n, ws.dgx, G, true, input, in, false, nullptr, dw.w_ih, in, false);
-      gemm<float, float, T>(stream, G, P, n, ws.dgh, G, true, sv.hprev, P, false, nullptr, dw.w_hh, P, false);
+      gemm<float, T, T>(stream, G, in, n, ws.dgx, G, true, input, in, false, nullptr, dw.w_ih, in,
+                        false);
+      gemm<float, float, T>(stream, G, P, n, ws.dgh, G, true, sv.hprev, P, false, nullptr, dw.w_hh,
+                            P, false);
       if (has_biases) {
         launch(column_sum_kernel<T>, blocks_for(G), kThreads, stream, n, G, ws.dgx, G, dw.b_ih);
         launch(column_sum_kernel<T>, blocks_for(G), kThreads, stream, n, G, ws.dgh, G, dw.b_hh);
       }
       if (s.proj > 0)
-        gemm<float, float, T>(stream, P, H, n, ws.dh, P, true, sv.m, H, false, nullptr, dw.w_hr, H, false);
+        gemm<float, float, T>(stream, P, H, n, ws.dh, P, true, sv.m, H, false, nullptr, dw.w_hr, H,
+                              false);
       // dX (+)= dG_x W_ih, both directions summed.
-      gemm<float, T, float>(stream, n, in, G, ws.dgx, G, false, w.w_ih, in, false, nullptr, dX, in, d > 0);
+      gemm<float, T, float>(stream, n, in, G, ws.dgx, G, false, w.w_ih, in, false, nullptr, dX, in,
+                            d > 0);
     }
     if (l > 0) {
       if (mask != nullptr && n > 0)
-        launch(mask_kernel<float, T, float>, blocks_for(n * W), kThreads, stream, n * W, dX, mask + (l - 1) * n * W,
-                                                                                  dX);
+        launch(mask_kernel<float, T, float>, blocks_for(n * W), kThreads, stream, n * W, dX,
+               mask + (l - 1) * n * W, dX);
       std::swap(dY, dX);
     } else {
       convert(stream, n, in, dX, in, dx, in);
     }
   }
+}
+
+// SEQPACK_CUDA_KERNEL picks the recurrence's kernels; this version has only
+// "simple" (one launch per step and stage), the default.
+void check_kernel_choice() {
+  const char* choice = std::getenv("SEQPACK_CUDA_KERNEL");
+  if (choice != nullptr && choice[0] != '\0' && std::strcmp(choice, "simple") != 0)
+    fail(SEQPACK_CUDA_INVALID_ARGUMENT,
+         "seqpack_cuda: SEQPACK_CUDA_KERNEL = '%s' is not available (this build has 'simple' only)",
+         choice);
 }
 
 template <typename F>
@@ -524,29 +594,34 @@ SEQPACK_CUDA_EXPORT int seqpack_cuda_abi_version(void) { return SEQPACK_CUDA_ABI
 
 SEQPACK_CUDA_EXPORT const char* seqpack_cuda_last_error(void) { return g_last_error.c_str(); }
 
-SEQPACK_CUDA_EXPORT int seqpack_cuda_rnn_buffer_sizes(int mode, int dtype, int64_t rows, int64_t batch, int64_t input_size,
-                                  int64_t hidden_size, int64_t proj_size, int64_t num_layers, int bidirectional,
-                                  size_t* workspace_bytes, size_t* reserve_bytes) {
+SEQPACK_CUDA_EXPORT int seqpack_cuda_rnn_buffer_sizes(int mode, int dtype, int64_t rows,
+                                                      int64_t batch, int64_t input_size,
+                                                      int64_t hidden_size, int64_t proj_size,
+                                                      int64_t num_layers, int bidirectional,
+                                                      size_t* workspace_bytes,
+                                                      size_t* reserve_bytes) {
   return guarded([&] {
     require(workspace_bytes, "workspace_bytes");
     require(reserve_bytes, "reserve_bytes");
-    const Shape s = check_shape(mode, dtype, rows, batch, input_size, hidden_size, proj_size, num_layers, bidirectional);
+    const Shape s = check_shape(mode, dtype, rows, batch, input_size, hidden_size, proj_size,
+                                num_layers, bidirectional);
     *workspace_bytes = static_cast<size_t>(s.workspace_bytes());
     *reserve_bytes = static_cast<size_t>(s.rows * s.reserve_bytes_per_row());
   });
 }
 
-SEQPACK_CUDA_EXPORT int seqpack_cuda_rnn_forward(int mode, int dtype, int64_t steps, const int64_t* batch_sizes, int64_t batch,
-                             int64_t input_size, int64_t hidden_size, int64_t proj_size, int64_t num_layers,
-                             int bidirectional, int has_biases, const void* const* weights, const void* x,
-                             const void* h0, const void* c0, const void* dropout_mask, void* y, void* hn, void* cn,
-                             void* workspace, size_t workspace_bytes, void* reserve, size_t reserve_bytes,
-                             int allow_tf32, void* stream) {
+SEQPACK_CUDA_EXPORT int seqpack_cuda_rnn_forward(
+    int mode, int dtype, int64_t steps, const int64_t* batch_sizes, int64_t batch,
+    int64_t input_size, int64_t hidden_size, int64_t proj_size, int64_t num_layers,
+    int bidirectional, int has_biases, const void* const* weights, const void* x, const void* h0,
+    const void* c0, const void* dropout_mask, void* y, void* hn, void* cn, void* workspace,
+    size_t workspace_bytes, void* reserve, size_t reserve_bytes, int allow_tf32, void* stream) {
   (void)allow_tf32;  // the SIMT kernels compute in full float32
   return guarded([&] {
+    check_kernel_choice();
     const std::vector<int64_t> off = check_batch_sizes(steps, batch_sizes, batch);
-    const Shape s = check_shape(mode, dtype, off.back(), batch, input_size, hidden_size, proj_size, num_layers,
-                                bidirectional);
+    const Shape s = check_shape(mode, dtype, off.back(), batch, input_size, hidden_size, proj_size,
+                                num_layers, bidirectional);
     check_weights(s, has_biases != 0, weights, "weights");
     check_buffers(s, workspace_bytes, workspace, reserve_bytes, reserve);
     if (s.rows > 0) {
@@ -567,41 +642,44 @@ SEQPACK_CUDA_EXPORT int seqpack_cuda_rnn_forward(int mode, int dtype, int64_t st
       case SEQPACK_CUDA_FLOAT32:
         forward<float>(s, batch_sizes, off, has_biases != 0, weights, static_cast<const float*>(x),
                        static_cast<const float*>(h0), static_cast<const float*>(c0),
-                       static_cast<const float*>(dropout_mask), static_cast<float*>(y), static_cast<float*>(hn),
-                       static_cast<float*>(cn), workspace, reserve, st);
+                       static_cast<const float*>(dropout_mask), static_cast<float*>(y),
+                       static_cast<float*>(hn), static_cast<float*>(cn), workspace, reserve, st);
         break;
       case SEQPACK_CUDA_FLOAT16:
-        forward<__half>(s, batch_sizes, off, has_biases != 0, weights, static_cast<const __half*>(x),
-                        static_cast<const __half*>(h0), static_cast<const __half*>(c0),
-                        static_cast<const __half*>(dropout_mask), static_cast<__half*>(y), static_cast<__half*>(hn),
-                        static_cast<__half*>(cn), workspace, reserve, st);
+        forward<__half>(s, batch_sizes, off, has_biases != 0, weights,
+                        static_cast<const __half*>(x), static_cast<const __half*>(h0),
+                        static_cast<const __half*>(c0), static_cast<const __half*>(dropout_mask),
+                        static_cast<__half*>(y), static_cast<__half*>(hn), static_cast<__half*>(cn),
+                        workspace, reserve, st);
         break;
       default:
-        forward<__nv_bfloat16>(s, batch_sizes, off, has_biases != 0, weights, static_cast<const __nv_bfloat16*>(x),
-                               static_cast<const __nv_bfloat16*>(h0), static_cast<const __nv_bfloat16*>(c0),
-                               static_cast<const __nv_bfloat16*>(dropout_mask), static_cast<__nv_bfloat16*>(y),
-                               static_cast<__nv_bfloat16*>(hn), static_cast<__nv_bfloat16*>(cn), workspace, reserve,
-                               st);
+        forward<__nv_bfloat16>(
+            s, batch_sizes, off, has_biases != 0, weights, static_cast<const __nv_bfloat16*>(x),
+            static_cast<const __nv_bfloat16*>(h0), static_cast<const __nv_bfloat16*>(c0),
+            static_cast<const __nv_bfloat16*>(dropout_mask), static_cast<__nv_bfloat16*>(y),
+            static_cast<__nv_bfloat16*>(hn), static_cast<__nv_bfloat16*>(cn), workspace, reserve,
+            st);
         break;
     }
     check_cuda(cudaGetLastError(), "a kernel launch of the forward pass");
   });
 }
 
-SEQPACK_CUDA_EXPORT int seqpack_cuda_rnn_backward(int mode, int dtype, int64_t steps, const int64_t* batch_sizes, int64_t batch,
-                              int64_t input_size, int64_t hidden_size, int64_t proj_size, int64_t num_layers,
-                              int bidirectional, int has_biases, const void* const* weights, const void* x,
-                              const void* h0, const void* c0, const void* dropout_mask, const void* dy,
-                              const void* dhn, const void* dcn, void* dx, void* dh0, void* dc0,
-                              void* const* dweights, void* workspace, size_t workspace_bytes, const void* reserve,
-                              size_t reserve_bytes, int allow_tf32, void* stream) {
+SEQPACK_CUDA_EXPORT int seqpack_cuda_rnn_backward(
+    int mode, int dtype, int64_t steps, const int64_t* batch_sizes, int64_t batch,
+    int64_t input_size, int64_t hidden_size, int64_t proj_size, int64_t num_layers,
+    int bidirectional, int has_biases, const void* const* weights, const void* x, const void* h0,
+    const void* c0, const void* dropout_mask, const void* dy, const void* dhn, const void* dcn,
+    void* dx, void* dh0, void* dc0, void* const* dweights, void* workspace, size_t workspace_bytes,
+    const void* reserve, size_t reserve_bytes, int allow_tf32, void* stream) {
   (void)allow_tf32;
   (void)h0;  // the reserve holds every row's h_{t-1} and c_{t-1}
   (void)c0;
   return guarded([&] {
+    check_kernel_choice();
     const std::vector<int64_t> off = check_batch_sizes(steps, batch_sizes, batch);
-    const Shape s = check_shape(mode, dtype, off.back(), batch, input_size, hidden_size, proj_size, num_layers,
-                                bidirectional);
+    const Shape s = check_shape(mode, dtype, off.back(), batch, input_size, hidden_size, proj_size,
+                                num_layers, bidirectional);
     check_weights(s, has_biases != 0, weights, "weights");
     check_weights(s, has_biases != 0, dweights, "dweights");
     check_buffers(s, workspace_bytes, workspace, reserve_bytes, reserve);
@@ -619,22 +697,25 @@ SEQPACK_CUDA_EXPORT int seqpack_cuda_rnn_backward(int mode, int dtype, int64_t s
       case SEQPACK_CUDA_FLOAT32:
         backward<float>(s, batch_sizes, off, has_biases != 0, weights, static_cast<const float*>(x),
                         static_cast<const float*>(dropout_mask), static_cast<const float*>(dy),
-                        static_cast<const float*>(dhn), static_cast<const float*>(dcn), static_cast<float*>(dx),
-                        static_cast<float*>(dh0), static_cast<float*>(dc0), dweights, workspace, reserve, st);
+                        static_cast<const float*>(dhn), static_cast<const float*>(dcn),
+                        static_cast<float*>(dx), static_cast<float*>(dh0), static_cast<float*>(dc0),
+                        dweights, workspace, reserve, st);
         break;
       case SEQPACK_CUDA_FLOAT16:
-        backward<__half>(s, batch_sizes, off, has_biases != 0, weights, static_cast<const __half*>(x),
-                         static_cast<const __half*>(dropout_mask), static_cast<const __half*>(dy),
-                         static_cast<const __half*>(dhn), static_cast<const __half*>(dcn), static_cast<__half*>(dx),
-                         static_cast<__half*>(dh0), static_cast<__half*>(dc0), dweights, workspace, reserve, st);
+        backward<__half>(s, batch_sizes, off, has_biases != 0, weights,
+                         static_cast<const __half*>(x), static_cast<const __half*>(dropout_mask),
+                         static_cast<const __half*>(dy), static_cast<const __half*>(dhn),
+                         static_cast<const __half*>(dcn), static_cast<__half*>(dx),
+                         static_cast<__half*>(dh0), static_cast<__half*>(dc0), dweights, workspace,
+                         reserve, st);
         break;
       default:
         backward<__nv_bfloat16>(
             s, batch_sizes, off, has_biases != 0, weights, static_cast<const __nv_bfloat16*>(x),
             static_cast<const __nv_bfloat16*>(dropout_mask), static_cast<const __nv_bfloat16*>(dy),
             static_cast<const __nv_bfloat16*>(dhn), static_cast<const __nv_bfloat16*>(dcn),
-            static_cast<__nv_bfloat16*>(dx), static_cast<__nv_bfloat16*>(dh0), static_cast<__nv_bfloat16*>(dc0),
-            dweights, workspace, reserve, st);
+            static_cast<__nv_bfloat16*>(dx), static_cast<__nv_bfloat16*>(dh0),
+            static_cast<__nv_bfloat16*>(dc0), dweights, workspace, reserve, st);
         break;
     }
     check_cuda(cudaGetLastError(), "a kernel launch of the backward pass");
