@@ -54,7 +54,7 @@ if [ "${SEQPACK_CUDA:-0}" = 1 ]; then
   # through /usr/lib/nvidia-cuda-toolkit/bin/g++; without one it names a
   # supported clang, which this script installs anyway on Debian 12 (clang-14).
   if ! /usr/lib/nvidia-cuda-toolkit/bin/g++ --version >/dev/null 2>&1; then
-    HOST_CLANG=$(/usr/lib/nvidia-cuda-toolkit/bin/g++ --version 2>&1 | sed -n "s/.*nvcc -ccbin \(clang-[0-9.]*\).*/\1/p" | head -n1)
+    HOST_CLANG=$( (/usr/lib/nvidia-cuda-toolkit/bin/g++ --version 2>&1 || true) | sed -n "s/.*nvcc -ccbin \(clang-[0-9.]*\).*/\1/p" | head -n1)
     if [ -z "$HOST_CLANG" ]; then
       echo "setup: nvcc has no supported host compiler; install the g++ that /usr/lib/nvidia-cuda-toolkit/bin/g++ names" >&2
       exit 1
