@@ -42,8 +42,6 @@ What the GPU tests should check (python/tests/test_cuda_gpu.py):
     torch >= 2.4), and errors: CPU tensors, mixed dtypes, wrong hx shapes.
   - speed: SEQPACK_CUDA_KERNEL is read by the library (only 'simple' exists).
 """
-from __future__ import annotations
-
 import ctypes
 import os
 import pathlib
