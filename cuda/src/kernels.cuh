@@ -34,37 +34,40 @@ __device__ __forceinline__ float sigmoid(float x) { return 1.0f / (1.0f + expf(-
 // GEMM: C[m][n] = sum_k A(m,k) B(k,n) + bias[n] (+ C[m][n] when accumulate),
 // with A(m,k) = trans_a ? A[k*lda + m] : A[m*lda + k] and
 //      B(k,n) = trans_b ? B[n*ldb + k] : B[k*ldb + n],
-// accumulated in float32. 64x64 tiles of C per 256-thread block, 4x4 per thread
-// (rows ty + 16 i, columns tx + 16 j), K in slices of 16 through shared memory.
-constexpr int kTileM = 64;
-constexpr int kTileN = 64;
+// accumulated in float32. A Tile x Tile block of C per 256-thread block
+// (Tile = 64 or 32), (Tile/16)^2 per thread (rows ty + 16 i, columns
+// tx + 16 j), K in slices of 16 through shared memory. The smaller tile gives
+// more blocks when the product is small (one step's rows).
 constexpr int kTileK = 16;
 constexpr int kGemmThreads = 256;
 
-template <typename TA, typename TB, typename TC>
+template <int Tile, typename TA, typename TB, typename TC>
 __global__ void __launch_bounds__(kGemmThreads)
     gemm_kernel(int64_t M, int64_t N, int64_t K, const TA* __restrict__ A, int64_t lda,
                 bool trans_a, const TB* __restrict__ B, int64_t ldb, bool trans_b,
                 const TB* __restrict__ bias, TC* __restrict__ C, int64_t ldc, bool accumulate) {
-  __shared__ float As[kTileK][kTileM + 1];
-  __shared__ float Bs[kTileK][kTileN + 1];
+  static_assert(Tile % 16 == 0 && Tile * kTileK % kGemmThreads == 0, "tile");
+  constexpr int kPer = Tile / 16;                       // outputs per thread and dimension
+  constexpr int kLoads = Tile * kTileK / kGemmThreads;  // elements per thread and operand
+  __shared__ float As[kTileK][Tile + 1];
+  __shared__ float Bs[kTileK][Tile + 1];
   const int tid = threadIdx.x;
   const int tx = tid % 16;
   const int ty = tid / 16;
   // Row tiles along x (up to 2^31 - 1 of them), column tiles along y.
-  const int64_t m0 = static_cast<int64_t>(blockIdx.x) * kTileM;
-  const int64_t n0 = static_cast<int64_t>(blockIdx.y) * kTileN;
-  float acc[4][4] = {};
+  const int64_t m0 = static_cast<int64_t>(blockIdx.x) * Tile;
+  const int64_t n0 = static_cast<int64_t>(blockIdx.y) * Tile;
+  float acc[kPer][kPer] = {};
   for (int64_t k0 = 0; k0 < K; k0 += kTileK) {
-    // 64 x 16 = 1024 elements of each operand, 4 per thread; the faster index
-    // runs along the operand's contiguous dimension.
+    // Tile x 16 elements of each operand; the faster index runs along the
+    // operand's contiguous dimension.
 #pragma unroll
-    for (int r = 0; r < 4; ++r) {
+    for (int r = 0; r < kLoads; ++r) {
       const int e = tid + r * kGemmThreads;
       int mm, kk;
       if (trans_a) {
-        mm = e % kTileM;
-        kk = e / kTileM;
+        mm = e % Tile;
+        kk = e / Tile;
       } else {
         kk = e % kTileK;
         mm = e / kTileK;
@@ -76,15 +79,15 @@ __global__ void __launch_bounds__(kGemmThreads)
       As[kk][mm] = v;
     }
 #pragma unroll
-    for (int r = 0; r < 4; ++r) {
+    for (int r = 0; r < kLoads; ++r) {
       const int e = tid + r * kGemmThreads;
       int nn, kk;
       if (trans_b) {
         kk = e % kTileK;
         nn = e / kTileK;
       } else {
-        nn = e % kTileN;
-        kk = e / kTileN;
+        nn = e % Tile;
+        kk = e / Tile;
       }
       const int64_t n = n0 + nn;
       const int64_t k = k0 + kk;
@@ -95,24 +98,24 @@ __global__ void __launch_bounds__(kGemmThreads)
     __syncthreads();
 #pragma unroll
     for (int kk = 0; kk < kTileK; ++kk) {
-      float a[4], b[4];
+      float a[kPer], b[kPer];
 #pragma unroll
-      for (int i = 0; i < 4; ++i) a[i] = As[kk][ty + 16 * i];
+      for (int i = 0; i < kPer; ++i) a[i] = As[kk][ty + 16 * i];
 #pragma unroll
-      for (int j = 0; j < 4; ++j) b[j] = Bs[kk][tx + 16 * j];
+      for (int j = 0; j < kPer; ++j) b[j] = Bs[kk][tx + 16 * j];
 #pragma unroll
-      for (int i = 0; i < 4; ++i)
+      for (int i = 0; i < kPer; ++i)
 #pragma unroll
-        for (int j = 0; j < 4; ++j) acc[i][j] = fmaf(a[i], b[j], acc[i][j]);
+        for (int j = 0; j < kPer; ++j) acc[i][j] = fmaf(a[i], b[j], acc[i][j]);
     }
     __syncthreads();
   }
 #pragma unroll
-  for (int i = 0; i < 4; ++i) {
+  for (int i = 0; i < kPer; ++i) {
     const int64_t m = m0 + ty + 16 * i;
     if (m >= M) continue;
 #pragma unroll
-    for (int j = 0; j < 4; ++j) {
+    for (int j = 0; j < kPer; ++j) {
       const int64_t n = n0 + tx + 16 * j;
       if (n >= N) continue;
       float v = acc[i][j];
@@ -153,15 +156,26 @@ __global__ void mask_kernel(int64_t n, const TA* a, const TM* __restrict__ mask,
     out[e] = from_f32<TO>(to_f32(a[e]) * to_f32(mask[e]));
 }
 
-// out[n] = sum over m < M of a[m*lda + n] (bias gradients).
+// out[n] = sum over m < M of a[m*lda + n] (bias gradients). Blocks of 32 x 8
+// threads: 32 columns, each summed by 8 threads over every 8th row, then
+// added up in shared memory (the same order every run).
+constexpr int kSumColumns = 32;
+constexpr int kSumLanes = 8;
+
 template <typename TO>
 __global__ void column_sum_kernel(int64_t M, int64_t N, const float* __restrict__ a, int64_t lda,
                                   TO* __restrict__ out) {
-  for (int64_t n = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; n < N;
-       n += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-    float s = 0.0f;
-    for (int64_t m = 0; m < M; ++m) s += a[m * lda + n];
-    out[n] = from_f32<TO>(s);
+  __shared__ float partial[kSumLanes][kSumColumns];
+  const int64_t n = static_cast<int64_t>(blockIdx.x) * kSumColumns + threadIdx.x;
+  float s = 0.0f;
+  if (n < N)
+    for (int64_t m = threadIdx.y; m < M; m += kSumLanes) s += a[m * lda + n];
+  partial[threadIdx.y][threadIdx.x] = s;
+  __syncthreads();
+  if (threadIdx.y == 0 && n < N) {
+    float total = 0.0f;
+    for (int l = 0; l < kSumLanes; ++l) total += partial[l][threadIdx.x];
+    out[n] = from_f32<TO>(total);
   }
 }
 

@@ -334,19 +334,45 @@ Workspace layout_workspace(const Shape& s, void* workspace) {
   return w;
 }
 
+// The GEMM's tile: 64 unless that gives fewer than kMinBlocks blocks (a step's
+// few rows); SEQPACK_CUDA_GEMM_TILE=32 or 64 forces one (tests).
+constexpr int64_t kMinBlocks = 264;  // twice an H100's 132 multiprocessors
+
+int gemm_tile(int64_t M, int64_t N) {
+  const char* forced = std::getenv("SEQPACK_CUDA_GEMM_TILE");
+  if (forced != nullptr && std::strcmp(forced, "32") == 0) return 32;
+  if (forced != nullptr && std::strcmp(forced, "64") == 0) return 64;
+  const int64_t blocks64 = ((M + 63) / 64) * ((N + 63) / 64);
+  return blocks64 < kMinBlocks ? 32 : 64;
+}
+
 template <typename TA, typename TB, typename TC>
 void gemm(cudaStream_t stream, int64_t M, int64_t N, int64_t K, const TA* A, int64_t lda,
           bool trans_a, const TB* B, int64_t ldb, bool trans_b, const TB* bias, TC* C, int64_t ldc,
           bool accumulate) {
   if (M <= 0 || N <= 0) return;
-  const int64_t gx = (M + kTileM - 1) / kTileM;
-  const int64_t gy = (N + kTileN - 1) / kTileN;
+  const int tile = gemm_tile(M, N);
+  const int64_t gx = (M + tile - 1) / tile;
+  const int64_t gy = (N + tile - 1) / tile;
   if (gx > 0x7fffffff || gy > 65535)
     fail(SEQPACK_CUDA_INVALID_ARGUMENT,
-         "seqpack_cuda: a product of %lld x %lld rows is too large for one launch",
+         "seqpack_cuda: a product of %lld x %lld is too large for one launch",
          static_cast<long long>(M), static_cast<long long>(N));
-  launch(gemm_kernel<TA, TB, TC>, dim3(static_cast<unsigned>(gx), static_cast<unsigned>(gy)),
-         kGemmThreads, stream, M, N, K, A, lda, trans_a, B, ldb, trans_b, bias, C, ldc, accumulate);
+  const dim3 grid(static_cast<unsigned>(gx), static_cast<unsigned>(gy));
+  if (tile == 32)
+    launch(gemm_kernel<32, TA, TB, TC>, grid, kGemmThreads, stream, M, N, K, A, lda, trans_a, B,
+           ldb, trans_b, bias, C, ldc, accumulate);
+  else
+    launch(gemm_kernel<64, TA, TB, TC>, grid, kGemmThreads, stream, M, N, K, A, lda, trans_a, B,
+           ldb, trans_b, bias, C, ldc, accumulate);
+}
+
+template <typename TO>
+void column_sum(cudaStream_t stream, int64_t M, int64_t N, const float* a, int64_t lda, TO* out) {
+  if (N <= 0) return;
+  const int64_t blocks = (N + kSumColumns - 1) / kSumColumns;
+  launch(column_sum_kernel<TO>, dim3(static_cast<unsigned>(blocks)), dim3(kSumColumns, kSumLanes),
+         stream, M, N, a, lda, out);
 }
 
 template <typename TS, typename TD>
@@ -535,8 +561,8 @@ void backward(const Shape& s, const int64_t* batch_sizes, const std::vector<int6
       gemm<float, float, T>(stream, G, P, n, ws.dgh, G, true, sv.hprev, P, false, nullptr, dw.w_hh,
                             P, false);
       if (has_biases) {
-        launch(column_sum_kernel<T>, blocks_for(G), kThreads, stream, n, G, ws.dgx, G, dw.b_ih);
-        launch(column_sum_kernel<T>, blocks_for(G), kThreads, stream, n, G, ws.dgh, G, dw.b_hh);
+        column_sum(stream, n, G, ws.dgx, G, dw.b_ih);
+        column_sum(stream, n, G, ws.dgh, G, dw.b_hh);
       }
       if (s.proj > 0)
         gemm<float, float, T>(stream, P, H, n, ws.dh, P, true, sv.m, H, false, nullptr, dw.w_hr, H,

@@ -432,6 +432,14 @@ def _validate(mode, data, batch_sizes, hx, flat_weights, has_biases, num_layers,
             raise RuntimeError(f"seqpack CUDA: flat_weights[{i}] is on {w.device}, data on {data.device}")
         if w.dtype != data.dtype:
             raise RuntimeError(f"seqpack CUDA: flat_weights[{i}] has dtype {w.dtype}, data {data.dtype}")
+    gates = _GATES[mode]
+    if hx is None:  # zeros, as torch.nn.LSTM/GRU/RNN make them
+        if len(weights) == 0 or weights[1].dim() != 2:
+            raise RuntimeError("seqpack CUDA: flat_weights[1] (weight_hh_l0) must be a matrix")
+        hidden = weights[1].shape[0] // gates
+        batch = int(batch_sizes[0]) if batch_sizes.numel() > 0 else 0
+        h = data.new_zeros((num_layers * dirs, batch, proj_size if proj_size > 0 else hidden))
+        hx = (h, data.new_zeros((num_layers * dirs, batch, hidden))) if mode == "LSTM" else h
     if mode == "LSTM":
         if not isinstance(hx, (tuple, list)) or len(hx) != 2:
             raise RuntimeError("seqpack CUDA: LSTM's hx must be a tuple (h0, c0)")
@@ -440,7 +448,6 @@ def _validate(mode, data, batch_sizes, hx, flat_weights, has_biases, num_layers,
         if isinstance(hx, (tuple, list)):
             raise RuntimeError(f"seqpack CUDA: {mode}'s hx must be one tensor h0, not a {type(hx).__name__}")
         h0, c0 = hx, None
-    gates = _GATES[mode]
     w_ih0, w_hh0 = weights[0], weights[1]
     if w_hh0.dim() != 2 or w_hh0.shape[0] % gates != 0:
         raise RuntimeError(f"seqpack CUDA: flat_weights[1] (weight_hh_l0) has shape {tuple(w_hh0.shape)}")

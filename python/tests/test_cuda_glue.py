@@ -117,6 +117,18 @@ def test_imports_without_cuda_and_explains(monkeypatch, tmp_path):
         assert "torch.cuda.is_available() is False" in module.why_unavailable()
 
 
+def test_missing_hx_is_zeros():
+    module = load_module("seqpack_cuda_glue_hx")
+    lstm = torch.nn.LSTM(2, 3, num_layers=2, bidirectional=True, proj_size=2)
+    h0, c0, _ = module._validate("LSTM", torch.zeros(3, 2), torch.tensor([2, 1]), None, lstm._flat_weights, True, 2,
+                                 True, 2, require_cuda=False)
+    assert h0.shape == (4, 2, 2) and c0.shape == (4, 2, 3) and not h0.any() and not c0.any()
+    gru = torch.nn.GRU(2, 3)
+    h0, c0, _ = module._validate("GRU", torch.zeros(3, 2), torch.tensor([2, 1]), None, gru._flat_weights, True, 1,
+                                 False, 0, require_cuda=False)
+    assert h0.shape == (1, 2, 3) and c0 is None
+
+
 def test_bad_input_raises_like_torch():
     module = load_module("seqpack_cuda_glue_errors")
     x = torch.zeros(3, 2)
@@ -245,8 +257,16 @@ CASES = [
 ]
 
 
-@pytest.mark.parametrize("mode,layers,bidirectional,bias,proj,lengths,extra", CASES)
-def test_emulated_library_matches_torch(emulated, mode, layers, bidirectional, bias, proj, lengths, extra):
+# The GEMM's 64-wide tile (the small cases above take the 32-wide one).
+CASES_TILE_64 = [CASES[1], CASES[3], CASES[6], CASES[8]]
+
+
+@pytest.mark.parametrize("mode,layers,bidirectional,bias,proj,lengths,extra,tile",
+                         [c + (None,) for c in CASES] + [c + ("64",) for c in CASES_TILE_64])
+def test_emulated_library_matches_torch(emulated, monkeypatch, mode, layers, bidirectional, bias, proj, lengths,
+                                        extra, tile):
+    if tile is not None:
+        monkeypatch.setenv("SEQPACK_CUDA_GEMM_TILE", tile)
     input_size, hidden = 3, 5
     seed = 1234 + len(lengths) * 7 + layers
     rnn = _make(mode, input_size, hidden, layers, bidirectional, bias, proj, seed)
