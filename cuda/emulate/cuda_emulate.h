@@ -18,6 +18,7 @@
 #define __forceinline__ inline
 #define __launch_bounds__(...)
 #define __shared__ static
+#define __align__(n) __attribute__((aligned(n)))
 
 struct dim3 {
   unsigned x = 1, y = 1, z = 1;
@@ -57,6 +58,55 @@ inline __nv_bfloat16 __float2bfloat16_rn(float f) {
   u += 0x7fffu + ((u >> 16) & 1u);  // round to nearest even (no NaNs in tests)
   return __nv_bfloat16{static_cast<uint16_t>(u >> 16)};
 }
+
+inline float emulated_to_float(float v) { return v; }
+inline float emulated_to_float(__half v) { return __half2float(v); }
+inline float emulated_to_float(__nv_bfloat16 v) { return __bfloat162float(v); }
+
+// wmma: every thread of a warp holds the whole 16 x 16 fragment and does the
+// whole product (the semantics of the warp-wide operations, not their layout).
+namespace nvcuda::wmma {
+struct matrix_a {};
+struct matrix_b {};
+struct accumulator {};
+struct row_major {};
+struct col_major {};
+enum layout_t { mem_row_major, mem_col_major };
+template <typename Use, int M, int N, int K, typename T, typename Layout = void>
+struct fragment {
+  static_assert(M == 16 && N == 16 && K == 16, "only 16x16x16 is emulated");
+  float x[16][16];
+};
+template <typename F>
+void fill_fragment(F& f, float v) {
+  for (auto& row : f.x)
+    for (auto& e : row) e = v;
+}
+template <typename Use, typename T>
+void load_matrix_sync(fragment<Use, 16, 16, 16, T, row_major>& f, const T* p, unsigned ldm) {
+  for (int r = 0; r < 16; ++r)
+    for (int c = 0; c < 16; ++c) f.x[r][c] = emulated_to_float(p[r * ldm + c]);
+}
+template <typename T>
+void mma_sync(fragment<accumulator, 16, 16, 16, float>& d,
+              const fragment<matrix_a, 16, 16, 16, T, row_major>& a,
+              const fragment<matrix_b, 16, 16, 16, T, row_major>& b,
+              const fragment<accumulator, 16, 16, 16, float>& c) {
+  float out[16][16];
+  for (int i = 0; i < 16; ++i)
+    for (int j = 0; j < 16; ++j) {
+      float s = c.x[i][j];
+      for (int k = 0; k < 16; ++k) s += a.x[i][k] * b.x[k][j];
+      out[i][j] = s;
+    }
+  std::memcpy(d.x, out, sizeof out);
+}
+inline void store_matrix_sync(float* p, const fragment<accumulator, 16, 16, 16, float>& f,
+                              unsigned ldm, layout_t) {
+  for (int r = 0; r < 16; ++r)
+    for (int c = 0; c < 16; ++c) p[r * ldm + c] = f.x[r][c];
+}
+}  // namespace nvcuda::wmma
 
 namespace seqpack::cuda {
 

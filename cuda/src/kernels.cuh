@@ -128,6 +128,109 @@ __global__ void __launch_bounds__(kGemmThreads)
 }
 
 // ---------------------------------------------------------------------------
+// The same product on tensor cores (SEQPACK_CUDA_GEMM=wmma, bfloat16 and
+// float16 data): operands are converted to T (the data type) on their way
+// into shared memory, wmma 16x16x16 fragments accumulate in float32, and the
+// float32 tile goes back through shared memory to the same epilogue as above.
+// A 64x64 tile of C per 128-thread block: warp w computes rows
+// 32 (w / 2) .. + 32 and columns 32 (w % 2) .. + 32 as 2 x 2 fragments.
+constexpr int kWmmaThreads = 128;
+constexpr int kWmmaTile = 64;
+constexpr int kWmmaK = 16;
+constexpr int kWmmaPadA = kWmmaK + 8;     // row strides that keep each fragment's
+constexpr int kWmmaPadB = kWmmaTile + 8;  // start 32-byte aligned and spread banks
+constexpr int kWmmaPadC = kWmmaTile + 4;
+
+template <typename T, typename TA, typename TB, typename TC>
+__global__ void __launch_bounds__(kWmmaThreads)
+    gemm_wmma_kernel(int64_t M, int64_t N, int64_t K, const TA* __restrict__ A, int64_t lda,
+                     bool trans_a, const TB* __restrict__ B, int64_t ldb, bool trans_b,
+                     const TB* __restrict__ bias, TC* __restrict__ C, int64_t ldc,
+                     bool accumulate) {
+  namespace wmma = nvcuda::wmma;
+  __shared__ __align__(32) T As[kWmmaTile][kWmmaPadA];  // m x k
+  __shared__ __align__(32) T Bs[kWmmaK][kWmmaPadB];     // k x n
+  __shared__ __align__(32) float Cs[kWmmaTile][kWmmaPadC];
+  const int tid = threadIdx.x;
+  const int warp = tid / 32;
+  const int wm = (warp / 2) * 32;
+  const int wn = (warp % 2) * 32;
+  const int64_t m0 = static_cast<int64_t>(blockIdx.x) * kWmmaTile;
+  const int64_t n0 = static_cast<int64_t>(blockIdx.y) * kWmmaTile;
+  wmma::fragment<wmma::accumulator, 16, 16, 16, float> acc[2][2];
+#pragma unroll
+  for (int i = 0; i < 2; ++i)
+#pragma unroll
+    for (int j = 0; j < 2; ++j) wmma::fill_fragment(acc[i][j], 0.0f);
+  constexpr int kLoads = kWmmaTile * kWmmaK / kWmmaThreads;  // 8 per operand
+  for (int64_t k0 = 0; k0 < K; k0 += kWmmaK) {
+#pragma unroll
+    for (int r = 0; r < kLoads; ++r) {
+      const int e = tid + r * kWmmaThreads;
+      int mm, kk;
+      if (trans_a) {
+        mm = e % kWmmaTile;
+        kk = e / kWmmaTile;
+      } else {
+        kk = e % kWmmaK;
+        mm = e / kWmmaK;
+      }
+      const int64_t m = m0 + mm;
+      const int64_t k = k0 + kk;
+      float v = 0.0f;
+      if (m < M && k < K) v = to_f32(trans_a ? A[k * lda + m] : A[m * lda + k]);
+      As[mm][kk] = from_f32<T>(v);
+    }
+#pragma unroll
+    for (int r = 0; r < kLoads; ++r) {
+      const int e = tid + r * kWmmaThreads;
+      int nn, kk;
+      if (trans_b) {
+        kk = e % kWmmaK;
+        nn = e / kWmmaK;
+      } else {
+        nn = e % kWmmaTile;
+        kk = e / kWmmaTile;
+      }
+      const int64_t n = n0 + nn;
+      const int64_t k = k0 + kk;
+      float v = 0.0f;
+      if (n < N && k < K) v = to_f32(trans_b ? B[n * ldb + k] : B[k * ldb + n]);
+      Bs[kk][nn] = from_f32<T>(v);
+    }
+    __syncthreads();
+    wmma::fragment<wmma::matrix_a, 16, 16, 16, T, wmma::row_major> a[2];
+    wmma::fragment<wmma::matrix_b, 16, 16, 16, T, wmma::row_major> b[2];
+#pragma unroll
+    for (int i = 0; i < 2; ++i) wmma::load_matrix_sync(a[i], &As[wm + 16 * i][0], kWmmaPadA);
+#pragma unroll
+    for (int j = 0; j < 2; ++j) wmma::load_matrix_sync(b[j], &Bs[0][wn + 16 * j], kWmmaPadB);
+#pragma unroll
+    for (int i = 0; i < 2; ++i)
+#pragma unroll
+      for (int j = 0; j < 2; ++j) wmma::mma_sync(acc[i][j], a[i], b[j], acc[i][j]);
+    __syncthreads();
+  }
+#pragma unroll
+  for (int i = 0; i < 2; ++i)
+#pragma unroll
+    for (int j = 0; j < 2; ++j)
+      wmma::store_matrix_sync(&Cs[wm + 16 * i][wn + 16 * j], acc[i][j], kWmmaPadC,
+                              wmma::mem_row_major);
+  __syncthreads();
+  for (int e = tid; e < kWmmaTile * kWmmaTile; e += kWmmaThreads) {
+    const int mm = e / kWmmaTile, nn = e % kWmmaTile;
+    const int64_t m = m0 + mm, n = n0 + nn;
+    if (m >= M || n >= N) continue;
+    float v = Cs[mm][nn];
+    if (bias != nullptr) v += to_f32(bias[n]);
+    TC* c = C + m * ldc + n;
+    if (accumulate) v += to_f32(*c);
+    *c = from_f32<TC>(v);
+  }
+}
+
+// ---------------------------------------------------------------------------
 // Element-wise helpers. `rows` x `cols` with leading dimensions.
 
 template <typename TS, typename TD>

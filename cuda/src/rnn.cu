@@ -17,6 +17,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 namespace seqpack::cuda {
@@ -346,11 +347,43 @@ int gemm_tile(int64_t M, int64_t N) {
   return blocks64 < kMinBlocks ? 32 : 64;
 }
 
+// The 16-bit data type among a GEMM's operand types (float if none).
+template <typename... Ts>
+struct HalfType {
+  using type = float;
+};
+template <typename T, typename... Ts>
+struct HalfType<T, Ts...> {
+  using type = std::conditional_t<std::is_same_v<T, float>, typename HalfType<Ts...>::type, T>;
+};
+
+// SEQPACK_CUDA_GEMM=wmma: tensor cores for bfloat16/float16 data (opt-in until
+// checked on a GPU); unset or "simt": the SIMT kernel.
+bool use_wmma() {
+  const char* choice = std::getenv("SEQPACK_CUDA_GEMM");
+  return choice != nullptr && std::strcmp(choice, "wmma") == 0;
+}
+
 template <typename TA, typename TB, typename TC>
 void gemm(cudaStream_t stream, int64_t M, int64_t N, int64_t K, const TA* A, int64_t lda,
           bool trans_a, const TB* B, int64_t ldb, bool trans_b, const TB* bias, TC* C, int64_t ldc,
           bool accumulate) {
   if (M <= 0 || N <= 0) return;
+  using TH = typename HalfType<TA, TB, TC>::type;
+  if constexpr (!std::is_same_v<TH, float>) {
+    if (use_wmma()) {
+      const int64_t wx = (M + kWmmaTile - 1) / kWmmaTile;
+      const int64_t wy = (N + kWmmaTile - 1) / kWmmaTile;
+      if (wx > 0x7fffffff || wy > 65535)
+        fail(SEQPACK_CUDA_INVALID_ARGUMENT,
+             "seqpack_cuda: a product of %lld x %lld is too large for one launch",
+             static_cast<long long>(M), static_cast<long long>(N));
+      launch(gemm_wmma_kernel<TH, TA, TB, TC>,
+             dim3(static_cast<unsigned>(wx), static_cast<unsigned>(wy)), kWmmaThreads, stream, M, N,
+             K, A, lda, trans_a, B, ldb, trans_b, bias, C, ldc, accumulate);
+      return;
+    }
+  }
   const int tile = gemm_tile(M, N);
   const int64_t gx = (M + tile - 1) / tile;
   const int64_t gy = (N + tile - 1) / tile;
@@ -586,6 +619,11 @@ void backward(const Shape& s, const int64_t* batch_sizes, const std::vector<int6
 // "simple" (one launch per step and stage), the default.
 void check_kernel_choice() {
   const char* choice = std::getenv("SEQPACK_CUDA_KERNEL");
+  const char* gemm = std::getenv("SEQPACK_CUDA_GEMM");
+  if (gemm != nullptr && gemm[0] != '\0' && std::strcmp(gemm, "simt") != 0 &&
+      std::strcmp(gemm, "wmma") != 0)
+    fail(SEQPACK_CUDA_INVALID_ARGUMENT,
+         "seqpack_cuda: SEQPACK_CUDA_GEMM = '%s' is not 'simt' or 'wmma'", gemm);
   if (choice != nullptr && choice[0] != '\0' && std::strcmp(choice, "simple") != 0)
     fail(SEQPACK_CUDA_INVALID_ARGUMENT,
          "seqpack_cuda: SEQPACK_CUDA_KERNEL = '%s' is not available (this build has 'simple' only)",

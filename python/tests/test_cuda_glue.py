@@ -364,3 +364,39 @@ def test_emulated_library_reports_bad_values(emulated):
     assert lib.seqpack_cuda_rnn_buffer_sizes(0, 2, 1, 2, 3, 4, 2, 3, 1, ctypes.byref(ws), ctypes.byref(one)) == 0
     assert lib.seqpack_cuda_rnn_buffer_sizes(0, 2, 10, 2, 3, 4, 2, 3, 1, ctypes.byref(ws), ctypes.byref(ten)) == 0
     assert ten.value == 10 * one.value
+
+
+@pytest.mark.parametrize("mode,proj,dtype,eps", [
+    ("LSTM", 0, torch.bfloat16, 2.0 ** -8), ("LSTM", 4, torch.float16, 2.0 ** -11),
+    ("GRU", 0, torch.float16, 2.0 ** -11), ("RNN_TANH", 0, torch.bfloat16, 2.0 ** -8)])
+def test_emulated_wmma_matches_simt(emulated, monkeypatch, mode, proj, dtype, eps):
+    """SEQPACK_CUDA_GEMM=wmma (tensor cores) against the SIMT GEMM, forward and backward.
+
+    The wmma path rounds float32 operands (gate gradients, LSTM's m) to the data
+    type before the product, hence a tolerance of a few eps of the largest value."""
+    rnn = _make(mode, 5, 20, 2, True, True, proj, 7)
+    torch.manual_seed(8)
+    seqs = [torch.randn(n, 5) for n in (17, 17, 16, 16)]  # 66 rows: two 64-row tiles
+    packed = torch.nn.utils.rnn.pack_sequence(seqs)
+    hout = proj or 20
+    h0 = torch.randn(4, 5, hout).to(dtype)  # one sequence of length zero
+    c0 = torch.randn(4, 5, 20).to(dtype) if mode == "LSTM" else None
+    weights = [w.detach().to(dtype) for w in rnn._flat_weights]
+    x = packed.data.to(dtype)
+    gy = torch.randn(x.shape[0], 2 * hout).to(dtype)
+
+    def run():
+        leaves = [t.clone().requires_grad_() for t in [x, h0] + weights]
+        c = c0.clone().requires_grad_() if c0 is not None else None
+        y, hn, cn = emulated._run(mode, leaves[0], packed.batch_sizes, leaves[1], c, leaves[2:], None, True, 2, True,
+                                  proj, False)
+        loss = (y.float() * gy.float()).sum() + hn.float().sum() + (cn.float().sum() if c is not None else 0)
+        grads = torch.autograd.grad(loss, leaves + ([c] if c is not None else []))
+        return [y, hn] + list(grads)
+
+    simt = run()
+    monkeypatch.setenv("SEQPACK_CUDA_GEMM", "wmma")
+    wmma = run()
+    for i, (a, b) in enumerate(zip(wmma, simt)):
+        scale = float(b.float().abs().max()) + 1e-3
+        _close(f"result {i}", a.float(), b.float(), atol=16 * eps * scale, rtol=16 * eps)
