@@ -1,15 +1,17 @@
 // A CPU stand-in for the little of CUDA that libseqpack_cuda uses, for tests
-// only: each block of a launch runs its threads as std::threads (so that
-// __syncthreads is a real barrier and `static` shared arrays are the block's),
-// blocks one after another; "device" pointers are host pointers. float16 is
+// only: each block of a launch runs its threads as fibers on the calling
+// thread (so that __syncthreads is a real barrier and `static` shared arrays
+// are the block's), blocks one after another; "device" pointers are host
+// pointers. float16 is
 // GCC's _Float16, bfloat16 rounds to nearest even like __float2bfloat16_rn.
 #pragma once
 
-#include <barrier>
+#include <ucontext.h>
+
 #include <cmath>
 #include <cstdint>
 #include <cstring>
-#include <thread>
+#include <functional>
 #include <vector>
 
 #define __global__
@@ -24,12 +26,13 @@ struct dim3 {
   unsigned x = 1, y = 1, z = 1;
   dim3(unsigned x_ = 1, unsigned y_ = 1, unsigned z_ = 1) : x(x_), y(y_), z(z_) {}
 };
-inline thread_local dim3 threadIdx;
+inline dim3 threadIdx;
 inline dim3 blockIdx;
 inline dim3 blockDim;
 inline dim3 gridDim;
-inline std::barrier<>* g_block_barrier = nullptr;
-inline void __syncthreads() { g_block_barrier->arrive_and_wait(); }
+
+inline void emulated_syncthreads();
+inline void __syncthreads() { emulated_syncthreads(); }
 
 using cudaStream_t = void*;
 using cudaError_t = int;
@@ -110,26 +113,83 @@ inline void store_matrix_sync(float* p, const fragment<accumulator, 16, 16, 16, 
 
 namespace seqpack::cuda {
 
+// A block's threads run as fibers (ucontext) on the calling thread, one after
+// another: __syncthreads switches back to the scheduler, which resumes each
+// fiber in turn, so every thread reaches the barrier before any passes it.
+// Stacks are kept between launches.
+struct Fiber {
+  ucontext_t context;
+  std::vector<char> stack;
+  dim3 index;
+  bool done = false;
+};
+
+struct FiberScheduler {
+  ucontext_t main;
+  std::vector<Fiber> fibers;
+  Fiber* current = nullptr;
+  std::function<void()> job;
+};
+
+inline FiberScheduler& scheduler() {
+  static FiberScheduler s;
+  return s;
+}
+
+inline void fiber_entry() {
+  FiberScheduler& s = scheduler();
+  s.job();
+  s.current->done = true;
+  // Returning resumes uc_link, the scheduler.
+}
+
+inline void syncthreads_fiber() {
+  FiberScheduler& s = scheduler();
+  swapcontext(&s.current->context, &s.main);
+}
+
+template <typename F>
+void run_block(dim3 block, F&& job) {
+  FiberScheduler& s = scheduler();
+  const unsigned threads = block.x * block.y * block.z;
+  if (s.fibers.size() < threads) s.fibers.resize(threads);
+  s.job = std::forward<F>(job);
+  for (unsigned t = 0; t < threads; ++t) {
+    Fiber& f = s.fibers[t];
+    if (f.stack.empty()) f.stack.resize(256 * 1024);
+    f.done = false;
+    f.index = dim3(t % block.x, (t / block.x) % block.y, t / (block.x * block.y));
+    getcontext(&f.context);
+    f.context.uc_stack.ss_sp = f.stack.data();
+    f.context.uc_stack.ss_size = f.stack.size();
+    f.context.uc_link = &s.main;
+    makecontext(&f.context, fiber_entry, 0);
+  }
+  for (bool running = true; running;) {
+    running = false;
+    for (unsigned t = 0; t < threads; ++t) {
+      Fiber& f = s.fibers[t];
+      if (f.done) continue;
+      s.current = &f;
+      threadIdx = f.index;
+      swapcontext(&s.main, &f.context);
+      running = running || !f.done;
+    }
+  }
+}
+
 template <typename... KArgs, typename... Args>
 void launch(void (*kernel)(KArgs...), dim3 grid, dim3 block, cudaStream_t, Args... args) {
   gridDim = grid;
   blockDim = block;
-  const unsigned threads = block.x * block.y * block.z;
   for (unsigned bz = 0; bz < grid.z; ++bz)
     for (unsigned by = 0; by < grid.y; ++by)
       for (unsigned bx = 0; bx < grid.x; ++bx) {
         blockIdx = dim3(bx, by, bz);
-        std::barrier<> barrier(threads);
-        g_block_barrier = &barrier;
-        std::vector<std::thread> pool;
-        pool.reserve(threads);
-        for (unsigned t = 0; t < threads; ++t)
-          pool.emplace_back([&, t] {
-            threadIdx = dim3(t % block.x, (t / block.x) % block.y, t / (block.x * block.y));
-            kernel(static_cast<KArgs>(args)...);
-          });
-        for (auto& th : pool) th.join();
+        run_block(block, [&] { kernel(static_cast<KArgs>(args)...); });
       }
 }
 
 }  // namespace seqpack::cuda
+
+inline void emulated_syncthreads() { seqpack::cuda::syncthreads_fiber(); }
