@@ -38,6 +38,12 @@ using cudaStream_t = void*;
 using cudaError_t = int;
 constexpr cudaError_t cudaSuccess = 0;
 inline cudaError_t cudaGetLastError() { return cudaSuccess; }
+enum cudaMemcpyKind { cudaMemcpyHostToDevice = 1 };
+inline cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t bytes, cudaMemcpyKind,
+                                   cudaStream_t) {
+  std::memcpy(dst, src, bytes);
+  return cudaSuccess;
+}
 inline const char* cudaGetErrorString(cudaError_t) { return "no error"; }
 inline const char* cudaGetErrorName(cudaError_t) { return "cudaSuccess"; }
 
@@ -121,6 +127,8 @@ struct Fiber {
   ucontext_t context;
   std::vector<char> stack;
   dim3 index;
+  dim3 block_index;
+  unsigned char* shared = nullptr;  // its block's dynamic shared memory
   bool done = false;
 };
 
@@ -148,17 +156,26 @@ inline void syncthreads_fiber() {
   swapcontext(&s.current->context, &s.main);
 }
 
+// Runs job on every thread of the given blocks, all at once (a cooperative
+// launch: __syncthreads and grid_sync wait for every thread of the grid,
+// which is a valid schedule for a block barrier too).
 template <typename F>
-void run_block(dim3 block, F&& job) {
+void run_blocks(const std::vector<dim3>& blocks, dim3 block, size_t shared_bytes, F&& job) {
   FiberScheduler& s = scheduler();
-  const unsigned threads = block.x * block.y * block.z;
+  const unsigned per_block = block.x * block.y * block.z;
+  const size_t threads = per_block * blocks.size();
   if (s.fibers.size() < threads) s.fibers.resize(threads);
+  std::vector<std::vector<unsigned char>> shared(blocks.size(),
+                                                 std::vector<unsigned char>(shared_bytes + 16));
   s.job = std::forward<F>(job);
-  for (unsigned t = 0; t < threads; ++t) {
-    Fiber& f = s.fibers[t];
+  for (size_t i = 0; i < threads; ++i) {
+    Fiber& f = s.fibers[i];
+    const unsigned t = static_cast<unsigned>(i % per_block);
     if (f.stack.empty()) f.stack.resize(256 * 1024);
     f.done = false;
     f.index = dim3(t % block.x, (t / block.x) % block.y, t / (block.x * block.y));
+    f.block_index = blocks[i / per_block];
+    f.shared = shared[i / per_block].data();
     getcontext(&f.context);
     f.context.uc_stack.ss_sp = f.stack.data();
     f.context.uc_stack.ss_size = f.stack.size();
@@ -167,11 +184,12 @@ void run_block(dim3 block, F&& job) {
   }
   for (bool running = true; running;) {
     running = false;
-    for (unsigned t = 0; t < threads; ++t) {
-      Fiber& f = s.fibers[t];
+    for (size_t i = 0; i < threads; ++i) {
+      Fiber& f = s.fibers[i];
       if (f.done) continue;
       s.current = &f;
       threadIdx = f.index;
+      blockIdx = f.block_index;
       swapcontext(&s.main, &f.context);
       running = running || !f.done;
     }
@@ -184,10 +202,47 @@ void launch(void (*kernel)(KArgs...), dim3 grid, dim3 block, cudaStream_t, Args.
   blockDim = block;
   for (unsigned bz = 0; bz < grid.z; ++bz)
     for (unsigned by = 0; by < grid.y; ++by)
-      for (unsigned bx = 0; bx < grid.x; ++bx) {
-        blockIdx = dim3(bx, by, bz);
-        run_block(block, [&] { kernel(static_cast<KArgs>(args)...); });
-      }
+      for (unsigned bx = 0; bx < grid.x; ++bx)
+        run_blocks({dim3(bx, by, bz)}, block, 0, [&] { kernel(static_cast<KArgs>(args)...); });
+}
+
+template <typename T>
+T* dynamic_shared() {
+  return reinterpret_cast<T*>(scheduler().current->shared);
+}
+
+inline void grid_sync() { syncthreads_fiber(); }
+
+template <typename A>
+cudaError_t launch_cooperative(void (*kernel)(A), dim3 grid, dim3 block, size_t shared_bytes,
+                               cudaStream_t, A arg) {
+  gridDim = grid;
+  blockDim = block;
+  std::vector<dim3> blocks;
+  for (unsigned bz = 0; bz < grid.z; ++bz)
+    for (unsigned by = 0; by < grid.y; ++by)
+      for (unsigned bx = 0; bx < grid.x; ++bx) blocks.emplace_back(bx, by, bz);
+  run_blocks(blocks, block, shared_bytes, [&] { kernel(arg); });
+  return cudaSuccess;
+}
+
+struct DeviceLimits {
+  int multiprocessors = 0;
+  int shared_optin = 0;
+  bool cooperative = false;
+};
+
+// A small pretend GPU: 4 multiprocessors, 8 resident blocks each.
+inline cudaError_t device_limits(DeviceLimits* out) {
+  out->multiprocessors = 4;
+  out->shared_optin = 227 * 1024;
+  out->cooperative = true;
+  return cudaSuccess;
+}
+
+template <typename A>
+int blocks_per_multiprocessor(void (*)(A), int, size_t) {
+  return 8;
 }
 
 }  // namespace seqpack::cuda

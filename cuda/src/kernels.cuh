@@ -307,6 +307,33 @@ __global__ void gather_prev_kernel(int64_t bs, int64_t hout, int64_t hidden, int
 // LSTM step, rows b < bs, units j < H; gates holds x W_ih^T + b_ih on entry and
 // the activations i, f, g, o on exit:
 //   c_t = f * c_{t-1} + i * g,  m_t = o * tanh(c_t),  h_t = m_t (or W_hr m_t)
+// One element (b, j) of the step: shared by the one-launch-per-step kernel and
+// the persistent kernel.
+template <typename T>
+__device__ __forceinline__ void lstm_forward_element(int64_t b, int64_t j, int64_t H, float* gates,
+                                                     const float* gh, const T* b_hh,
+                                                     const float* cprev, float* c, float* m_out,
+                                                     T* y, int64_t ldy) {
+  float* g = gates + b * 4 * H;
+  const float* r = gh + b * 4 * H;
+  float a[4];
+#pragma unroll
+  for (int k = 0; k < 4; ++k)
+    a[k] = g[k * H + j] + r[k * H + j] + (b_hh != nullptr ? to_f32(b_hh[k * H + j]) : 0.0f);
+  const float ig = sigmoid(a[0]), fg = sigmoid(a[1]), gg = tanhf(a[2]), og = sigmoid(a[3]);
+  const float ct = fg * cprev[b * H + j] + ig * gg;
+  const float mt = og * tanhf(ct);
+  g[j] = ig;
+  g[H + j] = fg;
+  g[2 * H + j] = gg;
+  g[3 * H + j] = og;
+  c[b * H + j] = ct;
+  if (m_out != nullptr)
+    m_out[b * H + j] = mt;
+  else
+    y[b * ldy + j] = from_f32<T>(mt);
+}
+
 template <typename T>
 __global__ void lstm_forward_kernel(int64_t bs, int64_t H, float* __restrict__ gates,
                                     const float* __restrict__ gh, const T* __restrict__ b_hh,
@@ -314,32 +341,37 @@ __global__ void lstm_forward_kernel(int64_t bs, int64_t H, float* __restrict__ g
                                     float* __restrict__ m_out, T* __restrict__ y, int64_t ldy) {
   const int64_t total = bs * H;
   for (int64_t e = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; e < total;
-       e += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-    const int64_t b = e / H, j = e % H;
-    float* g = gates + b * 4 * H;
-    const float* r = gh + b * 4 * H;
-    float a[4];
-#pragma unroll
-    for (int k = 0; k < 4; ++k)
-      a[k] = g[k * H + j] + r[k * H + j] + (b_hh != nullptr ? to_f32(b_hh[k * H + j]) : 0.0f);
-    const float ig = sigmoid(a[0]), fg = sigmoid(a[1]), gg = tanhf(a[2]), og = sigmoid(a[3]);
-    const float ct = fg * cprev[b * H + j] + ig * gg;
-    const float mt = og * tanhf(ct);
-    g[j] = ig;
-    g[H + j] = fg;
-    g[2 * H + j] = gg;
-    g[3 * H + j] = og;
-    c[b * H + j] = ct;
-    if (m_out != nullptr)
-      m_out[b * H + j] = mt;
-    else
-      y[b * ldy + j] = from_f32<T>(mt);
-  }
+       e += static_cast<int64_t>(gridDim.x) * blockDim.x)
+    lstm_forward_element<T>(e / H, e % H, H, gates, gh, b_hh, cprev, c, m_out, y, ldy);
 }
 
 // GRU step; gates holds x W_ih^T + b_ih on entry and r, z, n on exit:
 //   r = sigma(.), z = sigma(.), hn = W_hn h + b_hn, n = tanh(x_n + r * hn),
 //   h_t = (1 - z) * n + z * h_{t-1}
+template <typename T>
+__device__ __forceinline__ void gru_forward_element(int64_t b, int64_t j, int64_t H, float* gates,
+                                                    const float* gh, const T* b_hh,
+                                                    const float* hprev, float* ghn, T* y,
+                                                    int64_t ldy) {
+  float* g = gates + b * 3 * H;
+  const float* r = gh + b * 3 * H;
+  float bh[3] = {0.0f, 0.0f, 0.0f};
+  if (b_hh != nullptr) {
+#pragma unroll
+    for (int k = 0; k < 3; ++k) bh[k] = to_f32(b_hh[k * H + j]);
+  }
+  const float rg = sigmoid(g[j] + r[j] + bh[0]);
+  const float zg = sigmoid(g[H + j] + r[H + j] + bh[1]);
+  const float hn = r[2 * H + j] + bh[2];
+  const float ng = tanhf(g[2 * H + j] + rg * hn);
+  const float ht = (1.0f - zg) * ng + zg * hprev[b * H + j];
+  g[j] = rg;
+  g[H + j] = zg;
+  g[2 * H + j] = ng;
+  ghn[b * H + j] = hn;
+  y[b * ldy + j] = from_f32<T>(ht);
+}
+
 template <typename T>
 __global__ void gru_forward_kernel(int64_t bs, int64_t H, float* __restrict__ gates,
                                    const float* __restrict__ gh, const T* __restrict__ b_hh,
@@ -347,41 +379,137 @@ __global__ void gru_forward_kernel(int64_t bs, int64_t H, float* __restrict__ ga
                                    T* __restrict__ y, int64_t ldy) {
   const int64_t total = bs * H;
   for (int64_t e = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; e < total;
-       e += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-    const int64_t b = e / H, j = e % H;
-    float* g = gates + b * 3 * H;
-    const float* r = gh + b * 3 * H;
-    float bh[3] = {0.0f, 0.0f, 0.0f};
-    if (b_hh != nullptr) {
-#pragma unroll
-      for (int k = 0; k < 3; ++k) bh[k] = to_f32(b_hh[k * H + j]);
-    }
-    const float rg = sigmoid(g[j] + r[j] + bh[0]);
-    const float zg = sigmoid(g[H + j] + r[H + j] + bh[1]);
-    const float hn = r[2 * H + j] + bh[2];
-    const float ng = tanhf(g[2 * H + j] + rg * hn);
-    const float ht = (1.0f - zg) * ng + zg * hprev[b * H + j];
-    g[j] = rg;
-    g[H + j] = zg;
-    g[2 * H + j] = ng;
-    ghn[b * H + j] = hn;
-    y[b * ldy + j] = from_f32<T>(ht);
-  }
+       e += static_cast<int64_t>(gridDim.x) * blockDim.x)
+    gru_forward_element<T>(e / H, e % H, H, gates, gh, b_hh, hprev, ghn, y, ldy);
 }
 
 // Elman step: h_t = act(x W_ih^T + b_ih + h W_hh^T + b_hh); gates keeps h_t.
+template <typename T>
+__device__ __forceinline__ void rnn_forward_element(int64_t b, int64_t j, int64_t H, bool relu,
+                                                    float* gates, const float* gh, const T* b_hh,
+                                                    T* y, int64_t ldy) {
+  const float a = gates[b * H + j] + gh[b * H + j] + (b_hh != nullptr ? to_f32(b_hh[j]) : 0.0f);
+  const float ht = relu ? fmaxf(a, 0.0f) : tanhf(a);
+  gates[b * H + j] = ht;
+  y[b * ldy + j] = from_f32<T>(ht);
+}
+
 template <typename T>
 __global__ void rnn_forward_kernel(int64_t bs, int64_t H, bool relu, float* __restrict__ gates,
                                    const float* __restrict__ gh, const T* __restrict__ b_hh,
                                    T* __restrict__ y, int64_t ldy) {
   const int64_t total = bs * H;
   for (int64_t e = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; e < total;
-       e += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-    const int64_t b = e / H, j = e % H;
-    const float a = gates[b * H + j] + gh[b * H + j] + (b_hh != nullptr ? to_f32(b_hh[j]) : 0.0f);
-    const float ht = relu ? fmaxf(a, 0.0f) : tanhf(a);
-    gates[b * H + j] = ht;
-    y[b * ldy + j] = from_f32<T>(ht);
+       e += static_cast<int64_t>(gridDim.x) * blockDim.x)
+    rnn_forward_element<T>(e / H, e % H, H, relu, gates, gh, b_hh, y, ldy);
+}
+
+// ---------------------------------------------------------------------------
+// The persistent forward recurrence (SEQPACK_CUDA_KERNEL=persistent): one
+// cooperative launch runs every step of one layer and direction. Block k owns
+// the hidden units [k U, k U + U) and keeps their rows of W_hh (every gate) in
+// shared memory for the whole sequence; per step it computes its units' part
+// of h_{t-1} W_hh^T for the step's rows, the cell, and the rows that end, then
+// the grid synchronises (the next step reads every unit's h_t). Without a
+// projection only (hout == hidden). Writes the same reserve as the per-step
+// kernels, so the backward pass is shared.
+template <typename T>
+struct PersistentArgs {
+  int mode;
+  bool reverse;
+  int64_t steps;
+  const int64_t* batch_sizes;  // device copy
+  int64_t H;
+  int64_t ldy;
+  int64_t units;
+  float* gates;  // the layer's gates buffer, row 0
+  float* gh;     // batch x gates scratch
+  const T* w_hh;
+  const T* b_hh;
+  const T* h0;
+  const T* c0;
+  T* y;  // the direction's first column of row 0
+  float* hprev;
+  float* c;
+  float* cprev;
+  float* ghn;
+  T* hn;
+  T* cn;
+};
+
+constexpr int kPersistentThreads = 256;
+
+template <typename T>
+__global__ void __launch_bounds__(kPersistentThreads)
+    persistent_forward_kernel(PersistentArgs<T> a) {
+  // w[p R + g U + u] = W_hh[g H + j0 + u][p], R = gates U: consecutive units
+  // (consecutive threads) read consecutive words.
+  T* w = dynamic_shared<T>();
+  const bool lstm = a.mode == 0, gru = a.mode == 1;
+  const int ng = lstm ? 4 : gru ? 3 : 1;
+  const int64_t H = a.H, G = ng * H;
+  const int64_t j0 = static_cast<int64_t>(blockIdx.x) * a.units;
+  const int64_t U = a.units < H - j0 ? a.units : H - j0;
+  for (int64_t e = threadIdx.x; e < ng * U * H; e += blockDim.x) {
+    const int64_t row = e / H, p = e % H;
+    const int64_t g = row / U, u = row % U;
+    w[p * ng * U + row] = a.w_hh[(g * H + j0 + u) * H + p];
+  }
+  __syncthreads();
+  int64_t rows = 0;
+  for (int64_t t = 0; t < a.steps; ++t) rows += a.batch_sizes[t];
+  // Row offset of the step before in processing order, and of this one.
+  int64_t prev_off = 0;
+  int64_t next = a.reverse ? rows : 0;
+  for (int64_t k = 0; k < a.steps; ++k) {
+    const int64_t t = a.reverse ? a.steps - 1 - k : k;
+    const int64_t bs = a.batch_sizes[t];
+    const int64_t r0 = a.reverse ? next - bs : next;
+    next = a.reverse ? r0 : r0 + bs;
+    const int64_t prev_rows = k == 0 ? 0 : (a.reverse ? a.batch_sizes[t + 1] : bs);
+    for (int64_t e = threadIdx.x; e < bs * U; e += blockDim.x) {
+      const int64_t b = e / U, u = e % U, j = j0 + u;
+      const T* h = b < prev_rows ? a.y + (prev_off + b) * a.ldy : a.h0 + b * H;
+      float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+      for (int64_t p = 0; p < H; ++p) {
+        const float hv = to_f32(h[p]);
+        const T* wp = w + p * ng * U + u;
+#pragma unroll
+        for (int g = 0; g < 4; ++g)
+          if (g < ng) acc[g] += hv * to_f32(wp[g * U]);
+      }
+#pragma unroll
+      for (int g = 0; g < 4; ++g)
+        if (g < ng) a.gh[b * G + g * H + j] = acc[g];
+      a.hprev[(r0 + b) * H + j] = to_f32(h[j]);
+      if (lstm)
+        a.cprev[(r0 + b) * H + j] =
+            b < prev_rows ? a.c[(prev_off + b) * H + j] : to_f32(a.c0[b * H + j]);
+    }
+    __syncthreads();
+    for (int64_t e = threadIdx.x; e < bs * U; e += blockDim.x) {
+      const int64_t b = e / U, j = j0 + e % U;
+      float* gates = a.gates + r0 * G;
+      T* y = a.y + r0 * a.ldy;
+      if (lstm)
+        lstm_forward_element<T>(b, j, H, gates, a.gh, a.b_hh, a.cprev + r0 * H, a.c + r0 * H,
+                                nullptr, y, a.ldy);
+      else if (gru)
+        gru_forward_element<T>(b, j, H, gates, a.gh, a.b_hh, a.hprev + r0 * H, a.ghn + r0 * H, y,
+                               a.ldy);
+      else
+        rnn_forward_element<T>(b, j, H, a.mode == 3, gates, a.gh, a.b_hh, y, a.ldy);
+    }
+    __syncthreads();
+    // Rows whose sequence ends here (as in forward() of rnn.cu).
+    const int64_t lo = a.reverse ? (t == 0 ? 0 : bs) : (t + 1 < a.steps ? a.batch_sizes[t + 1] : 0);
+    for (int64_t e = threadIdx.x; e < (bs - lo) * U; e += blockDim.x) {
+      const int64_t b = lo + e / U, j = j0 + e % U;
+      a.hn[b * H + j] = a.y[(r0 + b) * a.ldy + j];
+      if (lstm) a.cn[b * H + j] = from_f32<T>(a.c[(r0 + b) * H + j]);
+    }
+    prev_off = r0;
+    grid_sync();
   }
 }
 

@@ -89,7 +89,8 @@ struct Shape {
   int64_t workspace_bytes() const {
     const int64_t per_row = gates() * (gru() ? 2 : 1) + hout() + 2 * dy_width();
     const int64_t per_batch = gates() + (proj > 0 ? hidden : 0) + hout() + hidden;
-    return 4 * (rows * per_row + batch * per_batch);
+    // + the persistent kernel's device copy of batch_sizes (steps <= rows).
+    return 8 * rows + 4 * (rows * per_row + batch * per_batch);
   }
   int64_t weights_per_layer_dir(bool has_biases) const {
     return 2 + (has_biases ? 2 : 0) + (proj > 0 ? 1 : 0);
@@ -309,20 +310,22 @@ ReserveLayout<T> layout_reserve(const Shape& s, void* reserve) {
 }
 
 struct Workspace {
-  float* gh;        // batch x gates: h_{t-1} W_hh^T of one step
-  float* dgx;       // rows x gates
-  float* dgh;       // rows x gates (GRU; else dgx)
-  float* dh;        // rows x hout: gradient of each row's h
-  float* dm;        // batch x hidden (projection)
-  float* dh_carry;  // batch x hout
-  float* dc_carry;  // batch x hidden
-  float* dy[2];     // rows x dy_width, ping-pong between layers
+  int64_t* batch_sizes;  // rows entries: a device copy of batch_sizes
+  float* gh;             // batch x gates: h_{t-1} W_hh^T of one step
+  float* dgx;            // rows x gates
+  float* dgh;            // rows x gates (GRU; else dgx)
+  float* dh;             // rows x hout: gradient of each row's h
+  float* dm;             // batch x hidden (projection)
+  float* dh_carry;       // batch x hout
+  float* dc_carry;       // batch x hidden
+  float* dy[2];          // rows x dy_width, ping-pong between layers
 };
 
 Workspace layout_workspace(const Shape& s, void* workspace) {
   Arena arena(workspace);
   Workspace w{};
   const int64_t n = s.rows;
+  w.batch_sizes = arena.take<int64_t>(n);
   w.dgx = arena.take<float>(n * s.gates());
   w.dgh = s.gru() ? arena.take<float>(n * s.gates()) : w.dgx;
   w.dh = arena.take<float>(n * s.hout());
@@ -422,6 +425,74 @@ void zero(cudaStream_t stream, int64_t n, T* dst) {
   launch(fill_zero_kernel<T>, blocks_for(n), kThreads, stream, n, dst);
 }
 
+// SEQPACK_CUDA_KERNEL picks the forward recurrence's kernels: "simple" (the
+// default: a few launches per step) or "persistent" (one cooperative launch
+// per layer and direction, where it fits the GPU; else simple).
+bool persistent_requested() {
+  const char* choice = std::getenv("SEQPACK_CUDA_KERNEL");
+  return choice != nullptr && std::strcmp(choice, "persistent") == 0;
+}
+
+// The persistent kernel for one layer and direction, if it fits: units per
+// block U from 1 up, the first whose W_hh rows fit in shared memory and whose
+// ceil(H / U) blocks are all resident at once (a cooperative launch needs
+// that). Returns false (nothing launched) where none does.
+template <typename T>
+bool try_persistent(const Shape& s, const int64_t* batch_sizes, int64_t steps, bool reverse,
+                    const LayerWeights<const T*>& w, const Saved& sv, const Workspace& ws,
+                    const T* h0, const T* c0, T* y, T* hn, T* cn, cudaStream_t stream) {
+  if (s.proj > 0 || steps == 0) return false;
+  DeviceLimits limits;
+  if (device_limits(&limits) != cudaSuccess || !limits.cooperative) {
+    (void)cudaGetLastError();
+    return false;
+  }
+  const int64_t H = s.hidden, ng = s.gates() / H;
+  int64_t units = 0;
+  size_t shared = 0;
+  for (int64_t u = 1; u <= 64 && u <= H; u *= 2) {
+    const size_t bytes = static_cast<size_t>(ng * u * H) * sizeof(T);
+    if (bytes > static_cast<size_t>(limits.shared_optin)) break;
+    const int per_sm =
+        blocks_per_multiprocessor(persistent_forward_kernel<T>, kPersistentThreads, bytes);
+    if ((H + u - 1) / u <= static_cast<int64_t>(per_sm) * limits.multiprocessors) {
+      units = u;
+      shared = bytes;
+      break;
+    }
+  }
+  if (units == 0) return false;
+  check_cuda(cudaMemcpyAsync(ws.batch_sizes, batch_sizes, static_cast<size_t>(steps) * 8,
+                             cudaMemcpyHostToDevice, stream),
+             "copying batch_sizes to the device");
+  PersistentArgs<T> a{};
+  a.mode = s.mode;
+  a.reverse = reverse;
+  a.steps = steps;
+  a.batch_sizes = ws.batch_sizes;
+  a.H = H;
+  a.ldy = s.width();
+  a.units = units;
+  a.gates = sv.gates;
+  a.gh = ws.gh;
+  a.w_hh = w.w_hh;
+  a.b_hh = w.b_hh;
+  a.h0 = h0;
+  a.c0 = c0;
+  a.y = y;
+  a.hprev = sv.hprev;
+  a.c = sv.c;
+  a.cprev = sv.cprev;
+  a.ghn = sv.ghn;
+  a.hn = hn;
+  a.cn = cn;
+  const int64_t blocks = (H + units - 1) / units;
+  check_cuda(launch_cooperative(persistent_forward_kernel<T>, dim3(static_cast<unsigned>(blocks)),
+                                dim3(kPersistentThreads), shared, stream, a),
+             "the cooperative launch of the persistent kernel");
+  return true;
+}
+
 // ---------------------------------------------------------------------------
 
 template <typename T>
@@ -466,6 +537,9 @@ void forward(const Shape& s, const int64_t* batch_sizes, const std::vector<int64
       // gates = input W_ih^T + b_ih for every row.
       gemm<T, T, float>(stream, n, G, in, input, in, false, w.w_ih, in, true, w.b_ih, sv.gates, G,
                         false);
+      if (persistent_requested() && try_persistent<T>(s, batch_sizes, steps, d == 1, w, sv, ws,
+                                                      h0_ld, c0_ld, out_d, hn_ld, cn_ld, stream))
+        continue;
       for (int64_t k = 0; k < steps; ++k) {
         const bool reverse = d == 1;
         const int64_t t = reverse ? steps - 1 - k : k;
@@ -615,8 +689,6 @@ void backward(const Shape& s, const int64_t* batch_sizes, const std::vector<int6
   }
 }
 
-// SEQPACK_CUDA_KERNEL picks the recurrence's kernels; this version has only
-// "simple" (one launch per step and stage), the default.
 void check_kernel_choice() {
   const char* choice = std::getenv("SEQPACK_CUDA_KERNEL");
   const char* gemm = std::getenv("SEQPACK_CUDA_GEMM");
@@ -624,10 +696,10 @@ void check_kernel_choice() {
       std::strcmp(gemm, "wmma") != 0)
     fail(SEQPACK_CUDA_INVALID_ARGUMENT,
          "seqpack_cuda: SEQPACK_CUDA_GEMM = '%s' is not 'simt' or 'wmma'", gemm);
-  if (choice != nullptr && choice[0] != '\0' && std::strcmp(choice, "simple") != 0)
+  if (choice != nullptr && choice[0] != '\0' && std::strcmp(choice, "simple") != 0 &&
+      std::strcmp(choice, "persistent") != 0)
     fail(SEQPACK_CUDA_INVALID_ARGUMENT,
-         "seqpack_cuda: SEQPACK_CUDA_KERNEL = '%s' is not available (this build has 'simple' only)",
-         choice);
+         "seqpack_cuda: SEQPACK_CUDA_KERNEL = '%s' is not 'simple' or 'persistent'", choice);
 }
 
 template <typename F>

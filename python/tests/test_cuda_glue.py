@@ -261,12 +261,17 @@ CASES = [
 CASES_TILE_64 = [CASES[1], CASES[3], CASES[6], CASES[8]]
 
 
-@pytest.mark.parametrize("mode,layers,bidirectional,bias,proj,lengths,extra,tile",
-                         [c + (None,) for c in CASES] + [c + ("64",) for c in CASES_TILE_64])
+VARIANTS = {None: {}, "tile64": {"SEQPACK_CUDA_GEMM_TILE": "64"},
+            "persistent": {"SEQPACK_CUDA_KERNEL": "persistent"}}
+
+
+@pytest.mark.parametrize("mode,layers,bidirectional,bias,proj,lengths,extra,variant",
+                         [c + (None,) for c in CASES] + [c + ("tile64",) for c in CASES_TILE_64] +
+                         [c + ("persistent",) for c in CASES if c[4] == 0])
 def test_emulated_library_matches_torch(emulated, monkeypatch, mode, layers, bidirectional, bias, proj, lengths,
-                                        extra, tile):
-    if tile is not None:
-        monkeypatch.setenv("SEQPACK_CUDA_GEMM_TILE", tile)
+                                        extra, variant):
+    for name, value in VARIANTS[variant].items():
+        monkeypatch.setenv(name, value)
     input_size, hidden = 3, 5
     seed = 1234 + len(lengths) * 7 + layers
     rnn = _make(mode, input_size, hidden, layers, bidirectional, bias, proj, seed)
