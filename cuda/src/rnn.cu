@@ -487,9 +487,13 @@ bool try_persistent(const Shape& s, const int64_t* batch_sizes, int64_t steps, b
   a.hn = hn;
   a.cn = cn;
   const int64_t blocks = (H + units - 1) / units;
-  check_cuda(launch_cooperative(persistent_forward_kernel<T>, dim3(static_cast<unsigned>(blocks)),
-                                dim3(kPersistentThreads), shared, stream, a),
-             "the cooperative launch of the persistent kernel");
+  // A launch the GPU refuses (too many blocks resident elsewhere, say) leaves
+  // the step to the per-step kernels; nothing has run then.
+  if (launch_cooperative(persistent_forward_kernel<T>, dim3(static_cast<unsigned>(blocks)),
+                         dim3(kPersistentThreads), shared, stream, a) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return false;
+  }
   return true;
 }
 

@@ -40,7 +40,11 @@ What the GPU tests should check (python/tests/test_cuda_gpu.py):
     torch.manual_seed before each call).
   - torch.compile(fullgraph=True) of a function calling rnn_packed (custom op,
     torch >= 2.4), and errors: CPU tensors, mixed dtypes, wrong hx shapes.
-  - speed: SEQPACK_CUDA_KERNEL is read by the library (only 'simple' exists).
+  - the library's variants, read from the environment at every call (compare
+    each with the default, values and speed): SEQPACK_CUDA_KERNEL=persistent
+    (forward recurrence as one cooperative launch; default simple) and, for
+    bf16/fp16, SEQPACK_CUDA_GEMM=wmma (tensor cores; default simt).
+    docs/gpu-build.md says when each runs.
 """
 import ctypes
 import os
