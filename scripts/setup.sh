@@ -32,6 +32,40 @@ if [ ${#missing[@]} -gt 0 ]; then
   $SUDO apt-get update -qq
   DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}"
 fi
+
+# SEQPACK_CUDA=1: also the CUDA toolkit from Debian's contrib and non-free
+# components (nvidia-cuda-toolkit: nvcc 11.8 on Debian 12, 12.4 on 13; about
+# 1.6 GB to download, 5.4 GB installed, 6 minutes: docs/gpu-build.md), and the
+# build gets -DSEQPACK_CUDA=ON (libseqpack_cuda.so in $BUILD_DIR/cuda/).
+CUDA_ARGS=()
+if [ "${SEQPACK_CUDA:-0}" = 1 ]; then
+  SUDO=""
+  [ "$(id -u)" -eq 0 ] || SUDO="sudo"
+  if ! dpkg-query -W -f='${Status}' nvidia-cuda-toolkit 2>/dev/null | grep -q "install ok installed"; then
+    . /etc/os-release
+    echo "setup: installing nvidia-cuda-toolkit from $VERSION_CODENAME contrib non-free"
+    printf 'Types: deb\nURIs: http://deb.debian.org/debian\nSuites: %s %s-updates\nComponents: contrib non-free\nSigned-By: /usr/share/keyrings/debian-archive-keyring.gpg\n' \
+      "$VERSION_CODENAME" "$VERSION_CODENAME" | $SUDO tee /etc/apt/sources.list.d/seqpack-nonfree.sources >/dev/null
+    $SUDO apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends nvidia-cuda-toolkit
+  fi
+  CUDA_ARGS=(-DSEQPACK_CUDA=ON -DCMAKE_CUDA_COMPILER=/usr/bin/nvcc)
+  # Debian's nvcc runs the newest host g++ it supports (g++-11 for nvcc 11.8)
+  # through /usr/lib/nvidia-cuda-toolkit/bin/g++; without one it names a
+  # supported clang, which this script installs anyway on Debian 12 (clang-14).
+  if ! /usr/lib/nvidia-cuda-toolkit/bin/g++ --version >/dev/null 2>&1; then
+    HOST_CLANG=$( (/usr/lib/nvidia-cuda-toolkit/bin/g++ --version 2>&1 || true) | sed -n "s/.*nvcc -ccbin \(clang-[0-9.]*\).*/\1/p" | head -n1)
+    if [ -z "$HOST_CLANG" ]; then
+      echo "setup: nvcc has no supported host compiler; install the g++ that /usr/lib/nvidia-cuda-toolkit/bin/g++ names" >&2
+      exit 1
+    fi
+    CUDA_ARGS+=(-DCMAKE_CUDA_HOST_COMPILER="${HOST_CLANG/clang-/clang++-}")
+  fi
+  # Debian's nvcc finds ptxas on PATH: a CUDA under /usr/local (its bin/ first
+  # on PATH) would lend it another version's ptxas.
+  PATH=$(echo "$PATH" | tr ':' '\n' | grep -v '^/usr/local/cuda[^:]*/bin$' | paste -sd: -)
+  export PATH
+fi
 if [ "${SEQPACK_SETUP_PACKAGES_ONLY:-0}" = 1 ]; then exit 0; fi
 
 # ONNX Runtime (CPU) for the ONNX export tests: the npm package onnxruntime-node,
@@ -54,7 +88,7 @@ fi
 cmake -S . -B "$BUILD_DIR" -DCMAKE_BUILD_TYPE=Release "${LAUNCHER[@]}" \
   -DSEQPACK_BUILD_TESTS=ON -DSEQPACK_BUILD_PYTHON=ON -DSEQPACK_BUILD_BENCHMARKS=ON \
   -DSEQPACK_BUILD_TORCH=ON \
-  -DPython3_EXECUTABLE=/usr/bin/python3 "$@" >/dev/null
+  -DPython3_EXECUTABLE=/usr/bin/python3 "${CUDA_ARGS[@]}" "$@" >/dev/null
 cmake --build "$BUILD_DIR" -j "$(nproc)"
 
 # Makes the in-tree Python package importable by Debian's python3 from any

@@ -1,0 +1,614 @@
+// Private kernels of libseqpack_cuda: a tiled SIMT GEMM, the cells' element-wise
+// forward and backward steps, and small copies. Every kernel takes int64 sizes
+// and loops grid-stride, so any row count fits one launch.
+#pragma once
+
+#include "cuda_compat.cuh"
+
+#include <cstdint>
+
+namespace seqpack::cuda {
+
+__device__ __forceinline__ float to_f32(float v) { return v; }
+__device__ __forceinline__ float to_f32(__half v) { return __half2float(v); }
+__device__ __forceinline__ float to_f32(__nv_bfloat16 v) { return __bfloat162float(v); }
+
+template <typename T>
+__device__ __forceinline__ T from_f32(float v);
+template <>
+__device__ __forceinline__ float from_f32<float>(float v) {
+  return v;
+}
+template <>
+__device__ __forceinline__ __half from_f32<__half>(float v) {
+  return __float2half_rn(v);
+}
+template <>
+__device__ __forceinline__ __nv_bfloat16 from_f32<__nv_bfloat16>(float v) {
+  return __float2bfloat16_rn(v);
+}
+
+__device__ __forceinline__ float sigmoid(float x) { return 1.0f / (1.0f + expf(-x)); }
+
+// ---------------------------------------------------------------------------
+// GEMM: C[m][n] = sum_k A(m,k) B(k,n) + bias[n] (+ C[m][n] when accumulate),
+// with A(m,k) = trans_a ? A[k*lda + m] : A[m*lda + k] and
+//      B(k,n) = trans_b ? B[n*ldb + k] : B[k*ldb + n],
+// accumulated in float32. A Tile x Tile block of C per 256-thread block
+// (Tile = 64 or 32), (Tile/16)^2 per thread (rows ty + 16 i, columns
+// tx + 16 j), K in slices of 16 through shared memory. The smaller tile gives
+// more blocks when the product is small (one step's rows).
+constexpr int kTileK = 16;
+constexpr int kGemmThreads = 256;
+
+template <int Tile, typename TA, typename TB, typename TC>
+__global__ void __launch_bounds__(kGemmThreads)
+    gemm_kernel(int64_t M, int64_t N, int64_t K, const TA* __restrict__ A, int64_t lda,
+                bool trans_a, const TB* __restrict__ B, int64_t ldb, bool trans_b,
+                const TB* __restrict__ bias, TC* __restrict__ C, int64_t ldc, bool accumulate) {
+  static_assert(Tile % 16 == 0 && Tile * kTileK % kGemmThreads == 0, "tile");
+  constexpr int kPer = Tile / 16;                       // outputs per thread and dimension
+  constexpr int kLoads = Tile * kTileK / kGemmThreads;  // elements per thread and operand
+  __shared__ float As[kTileK][Tile + 1];
+  __shared__ float Bs[kTileK][Tile + 1];
+  const int tid = threadIdx.x;
+  const int tx = tid % 16;
+  const int ty = tid / 16;
+  // Row tiles along x (up to 2^31 - 1 of them), column tiles along y.
+  const int64_t m0 = static_cast<int64_t>(blockIdx.x) * Tile;
+  const int64_t n0 = static_cast<int64_t>(blockIdx.y) * Tile;
+  float acc[kPer][kPer] = {};
+  for (int64_t k0 = 0; k0 < K; k0 += kTileK) {
+    // Tile x 16 elements of each operand; the faster index runs along the
+    // operand's contiguous dimension.
+#pragma unroll
+    for (int r = 0; r < kLoads; ++r) {
+      const int e = tid + r * kGemmThreads;
+      int mm, kk;
+      if (trans_a) {
+        mm = e % Tile;
+        kk = e / Tile;
+      } else {
+        kk = e % kTileK;
+        mm = e / kTileK;
+      }
+      const int64_t m = m0 + mm;
+      const int64_t k = k0 + kk;
+      float v = 0.0f;
+      if (m < M && k < K) v = to_f32(trans_a ? A[k * lda + m] : A[m * lda + k]);
+      As[kk][mm] = v;
+    }
+#pragma unroll
+    for (int r = 0; r < kLoads; ++r) {
+      const int e = tid + r * kGemmThreads;
+      int nn, kk;
+      if (trans_b) {
+        kk = e % kTileK;
+        nn = e / kTileK;
+      } else {
+        nn = e % Tile;
+        kk = e / Tile;
+      }
+      const int64_t n = n0 + nn;
+      const int64_t k = k0 + kk;
+      float v = 0.0f;
+      if (n < N && k < K) v = to_f32(trans_b ? B[n * ldb + k] : B[k * ldb + n]);
+      Bs[kk][nn] = v;
+    }
+    __syncthreads();
+#pragma unroll
+    for (int kk = 0; kk < kTileK; ++kk) {
+      float a[kPer], b[kPer];
+#pragma unroll
+      for (int i = 0; i < kPer; ++i) a[i] = As[kk][ty + 16 * i];
+#pragma unroll
+      for (int j = 0; j < kPer; ++j) b[j] = Bs[kk][tx + 16 * j];
+#pragma unroll
+      for (int i = 0; i < kPer; ++i)
+#pragma unroll
+        for (int j = 0; j < kPer; ++j) acc[i][j] = fmaf(a[i], b[j], acc[i][j]);
+    }
+    __syncthreads();
+  }
+#pragma unroll
+  for (int i = 0; i < kPer; ++i) {
+    const int64_t m = m0 + ty + 16 * i;
+    if (m >= M) continue;
+#pragma unroll
+    for (int j = 0; j < kPer; ++j) {
+      const int64_t n = n0 + tx + 16 * j;
+      if (n >= N) continue;
+      float v = acc[i][j];
+      if (bias != nullptr) v += to_f32(bias[n]);
+      TC* c = C + m * ldc + n;
+      if (accumulate) v += to_f32(*c);
+      *c = from_f32<TC>(v);
+    }
+  }
+}
+
+// ---------------------------------------------------------------------------
+// The same product on tensor cores (SEQPACK_CUDA_GEMM=wmma, bfloat16 and
+// float16 data): operands are converted to T (the data type) on their way
+// into shared memory, wmma 16x16x16 fragments accumulate in float32, and the
+// float32 tile goes back through shared memory to the same epilogue as above.
+// A 64x64 tile of C per 128-thread block: warp w computes rows
+// 32 (w / 2) .. + 32 and columns 32 (w % 2) .. + 32 as 2 x 2 fragments.
+constexpr int kWmmaThreads = 128;
+constexpr int kWmmaTile = 64;
+constexpr int kWmmaK = 16;
+constexpr int kWmmaPadA = kWmmaK + 8;     // row strides that keep each fragment's
+constexpr int kWmmaPadB = kWmmaTile + 8;  // start 32-byte aligned and spread banks
+constexpr int kWmmaPadC = kWmmaTile + 4;
+
+template <typename T, typename TA, typename TB, typename TC>
+__global__ void __launch_bounds__(kWmmaThreads)
+    gemm_wmma_kernel(int64_t M, int64_t N, int64_t K, const TA* __restrict__ A, int64_t lda,
+                     bool trans_a, const TB* __restrict__ B, int64_t ldb, bool trans_b,
+                     const TB* __restrict__ bias, TC* __restrict__ C, int64_t ldc,
+                     bool accumulate) {
+  namespace wmma = nvcuda::wmma;
+  __shared__ __align__(32) T As[kWmmaTile][kWmmaPadA];  // m x k
+  __shared__ __align__(32) T Bs[kWmmaK][kWmmaPadB];     // k x n
+  __shared__ __align__(32) float Cs[kWmmaTile][kWmmaPadC];
+  const int tid = threadIdx.x;
+  const int warp = tid / 32;
+  const int wm = (warp / 2) * 32;
+  const int wn = (warp % 2) * 32;
+  const int64_t m0 = static_cast<int64_t>(blockIdx.x) * kWmmaTile;
+  const int64_t n0 = static_cast<int64_t>(blockIdx.y) * kWmmaTile;
+  wmma::fragment<wmma::accumulator, 16, 16, 16, float> acc[2][2];
+#pragma unroll
+  for (int i = 0; i < 2; ++i)
+#pragma unroll
+    for (int j = 0; j < 2; ++j) wmma::fill_fragment(acc[i][j], 0.0f);
+  constexpr int kLoads = kWmmaTile * kWmmaK / kWmmaThreads;  // 8 per operand
+  for (int64_t k0 = 0; k0 < K; k0 += kWmmaK) {
+#pragma unroll
+    for (int r = 0; r < kLoads; ++r) {
+      const int e = tid + r * kWmmaThreads;
+      int mm, kk;
+      if (trans_a) {
+        mm = e % kWmmaTile;
+        kk = e / kWmmaTile;
+      } else {
+        kk = e % kWmmaK;
+        mm = e / kWmmaK;
+      }
+      const int64_t m = m0 + mm;
+      const int64_t k = k0 + kk;
+      float v = 0.0f;
+      if (m < M && k < K) v = to_f32(trans_a ? A[k * lda + m] : A[m * lda + k]);
+      As[mm][kk] = from_f32<T>(v);
+    }
+#pragma unroll
+    for (int r = 0; r < kLoads; ++r) {
+      const int e = tid + r * kWmmaThreads;
+      int nn, kk;
+      if (trans_b) {
+        kk = e % kWmmaK;
+        nn = e / kWmmaK;
+      } else {
+        nn = e % kWmmaTile;
+        kk = e / kWmmaTile;
+      }
+      const int64_t n = n0 + nn;
+      const int64_t k = k0 + kk;
+      float v = 0.0f;
+      if (n < N && k < K) v = to_f32(trans_b ? B[n * ldb + k] : B[k * ldb + n]);
+      Bs[kk][nn] = from_f32<T>(v);
+    }
+    __syncthreads();
+    wmma::fragment<wmma::matrix_a, 16, 16, 16, T, wmma::row_major> a[2];
+    wmma::fragment<wmma::matrix_b, 16, 16, 16, T, wmma::row_major> b[2];
+#pragma unroll
+    for (int i = 0; i < 2; ++i) wmma::load_matrix_sync(a[i], &As[wm + 16 * i][0], kWmmaPadA);
+#pragma unroll
+    for (int j = 0; j < 2; ++j) wmma::load_matrix_sync(b[j], &Bs[0][wn + 16 * j], kWmmaPadB);
+#pragma unroll
+    for (int i = 0; i < 2; ++i)
+#pragma unroll
+      for (int j = 0; j < 2; ++j) wmma::mma_sync(acc[i][j], a[i], b[j], acc[i][j]);
+    __syncthreads();
+  }
+#pragma unroll
+  for (int i = 0; i < 2; ++i)
+#pragma unroll
+    for (int j = 0; j < 2; ++j)
+      wmma::store_matrix_sync(&Cs[wm + 16 * i][wn + 16 * j], acc[i][j], kWmmaPadC,
+                              wmma::mem_row_major);
+  __syncthreads();
+  for (int e = tid; e < kWmmaTile * kWmmaTile; e += kWmmaThreads) {
+    const int mm = e / kWmmaTile, nn = e % kWmmaTile;
+    const int64_t m = m0 + mm, n = n0 + nn;
+    if (m >= M || n >= N) continue;
+    float v = Cs[mm][nn];
+    if (bias != nullptr) v += to_f32(bias[n]);
+    TC* c = C + m * ldc + n;
+    if (accumulate) v += to_f32(*c);
+    *c = from_f32<TC>(v);
+  }
+}
+
+// ---------------------------------------------------------------------------
+// Element-wise helpers. `rows` x `cols` with leading dimensions.
+
+template <typename TS, typename TD>
+__global__ void convert_kernel(int64_t rows, int64_t cols, const TS* __restrict__ src, int64_t lds,
+                               TD* __restrict__ dst, int64_t ldd) {
+  const int64_t total = rows * cols;
+  for (int64_t e = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; e < total;
+       e += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int64_t r = e / cols, c = e % cols;
+    dst[r * ldd + c] = from_f32<TD>(to_f32(src[r * lds + c]));
+  }
+}
+
+template <typename TD>
+__global__ void fill_zero_kernel(int64_t n, TD* __restrict__ dst) {
+  for (int64_t e = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; e < n;
+       e += static_cast<int64_t>(gridDim.x) * blockDim.x)
+    dst[e] = from_f32<TD>(0.0f);
+}
+
+// out[e] = a[e] * mask[e] (the dropout between layers); out may be a.
+template <typename TA, typename TM, typename TO>
+__global__ void mask_kernel(int64_t n, const TA* a, const TM* __restrict__ mask, TO* out) {
+  for (int64_t e = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; e < n;
+       e += static_cast<int64_t>(gridDim.x) * blockDim.x)
+    out[e] = from_f32<TO>(to_f32(a[e]) * to_f32(mask[e]));
+}
+
+// out[n] = sum over m < M of a[m*lda + n] (bias gradients). Blocks of 32 x 8
+// threads: 32 columns, each summed by 8 threads over every 8th row, then
+// added up in shared memory (the same order every run).
+constexpr int kSumColumns = 32;
+constexpr int kSumLanes = 8;
+
+template <typename TO>
+__global__ void column_sum_kernel(int64_t M, int64_t N, const float* __restrict__ a, int64_t lda,
+                                  TO* __restrict__ out) {
+  __shared__ float partial[kSumLanes][kSumColumns];
+  const int64_t n = static_cast<int64_t>(blockIdx.x) * kSumColumns + threadIdx.x;
+  float s = 0.0f;
+  if (n < N)
+    for (int64_t m = threadIdx.y; m < M; m += kSumLanes) s += a[m * lda + n];
+  partial[threadIdx.y][threadIdx.x] = s;
+  __syncthreads();
+  if (threadIdx.y == 0 && n < N) {
+    float total = 0.0f;
+    for (int l = 0; l < kSumLanes; ++l) total += partial[l][threadIdx.x];
+    out[n] = from_f32<TO>(total);
+  }
+}
+
+// ---------------------------------------------------------------------------
+// The state a step starts from, for its `bs` rows: rows b < prev_rows continue
+// the previous step's rows (h from the layer output y, c from the cell-state
+// buffer), the others start from h0 / c0. Written into float32 buffers that
+// the backward pass reuses.
+template <typename T>
+__global__ void gather_prev_kernel(int64_t bs, int64_t hout, int64_t hidden, int64_t prev_rows,
+                                   const T* y_prev, int64_t ldy, const T* __restrict__ h0,
+                                   float* __restrict__ hprev, const float* c_prev,
+                                   const T* __restrict__ c0, float* __restrict__ cprev) {
+  const int64_t cols = hout > hidden ? hout : hidden;
+  const int64_t total = bs * cols;
+  for (int64_t e = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; e < total;
+       e += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int64_t b = e / cols, j = e % cols;
+    if (j < hout)
+      hprev[b * hout + j] = b < prev_rows ? to_f32(y_prev[b * ldy + j]) : to_f32(h0[b * hout + j]);
+    if (cprev != nullptr && j < hidden)
+      cprev[b * hidden + j] = b < prev_rows ? c_prev[b * hidden + j] : to_f32(c0[b * hidden + j]);
+  }
+}
+
+// LSTM step, rows b < bs, units j < H; gates holds x W_ih^T + b_ih on entry and
+// the activations i, f, g, o on exit:
+//   c_t = f * c_{t-1} + i * g,  m_t = o * tanh(c_t),  h_t = m_t (or W_hr m_t)
+// One element (b, j) of the step: shared by the one-launch-per-step kernel and
+// the persistent kernel.
+template <typename T>
+__device__ __forceinline__ void lstm_forward_element(int64_t b, int64_t j, int64_t H, float* gates,
+                                                     const float* gh, const T* b_hh,
+                                                     const float* cprev, float* c, float* m_out,
+                                                     T* y, int64_t ldy) {
+  float* g = gates + b * 4 * H;
+  const float* r = gh + b * 4 * H;
+  float a[4];
+#pragma unroll
+  for (int k = 0; k < 4; ++k)
+    a[k] = g[k * H + j] + r[k * H + j] + (b_hh != nullptr ? to_f32(b_hh[k * H + j]) : 0.0f);
+  const float ig = sigmoid(a[0]), fg = sigmoid(a[1]), gg = tanhf(a[2]), og = sigmoid(a[3]);
+  const float ct = fg * cprev[b * H + j] + ig * gg;
+  const float mt = og * tanhf(ct);
+  g[j] = ig;
+  g[H + j] = fg;
+  g[2 * H + j] = gg;
+  g[3 * H + j] = og;
+  c[b * H + j] = ct;
+  if (m_out != nullptr)
+    m_out[b * H + j] = mt;
+  else
+    y[b * ldy + j] = from_f32<T>(mt);
+}
+
+template <typename T>
+__global__ void lstm_forward_kernel(int64_t bs, int64_t H, float* __restrict__ gates,
+                                    const float* __restrict__ gh, const T* __restrict__ b_hh,
+                                    const float* __restrict__ cprev, float* __restrict__ c,
+                                    float* __restrict__ m_out, T* __restrict__ y, int64_t ldy) {
+  const int64_t total = bs * H;
+  for (int64_t e = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; e < total;
+       e += static_cast<int64_t>(gridDim.x) * blockDim.x)
+    lstm_forward_element<T>(e / H, e % H, H, gates, gh, b_hh, cprev, c, m_out, y, ldy);
+}
+
+// GRU step; gates holds x W_ih^T + b_ih on entry and r, z, n on exit:
+//   r = sigma(.), z = sigma(.), hn = W_hn h + b_hn, n = tanh(x_n + r * hn),
+//   h_t = (1 - z) * n + z * h_{t-1}
+template <typename T>
+__device__ __forceinline__ void gru_forward_element(int64_t b, int64_t j, int64_t H, float* gates,
+                                                    const float* gh, const T* b_hh,
+                                                    const float* hprev, float* ghn, T* y,
+                                                    int64_t ldy) {
+  float* g = gates + b * 3 * H;
+  const float* r = gh + b * 3 * H;
+  float bh[3] = {0.0f, 0.0f, 0.0f};
+  if (b_hh != nullptr) {
+#pragma unroll
+    for (int k = 0; k < 3; ++k) bh[k] = to_f32(b_hh[k * H + j]);
+  }
+  const float rg = sigmoid(g[j] + r[j] + bh[0]);
+  const float zg = sigmoid(g[H + j] + r[H + j] + bh[1]);
+  const float hn = r[2 * H + j] + bh[2];
+  const float ng = tanhf(g[2 * H + j] + rg * hn);
+  const float ht = (1.0f - zg) * ng + zg * hprev[b * H + j];
+  g[j] = rg;
+  g[H + j] = zg;
+  g[2 * H + j] = ng;
+  ghn[b * H + j] = hn;
+  y[b * ldy + j] = from_f32<T>(ht);
+}
+
+template <typename T>
+__global__ void gru_forward_kernel(int64_t bs, int64_t H, float* __restrict__ gates,
+                                   const float* __restrict__ gh, const T* __restrict__ b_hh,
+                                   const float* __restrict__ hprev, float* __restrict__ ghn,
+                                   T* __restrict__ y, int64_t ldy) {
+  const int64_t total = bs * H;
+  for (int64_t e = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; e < total;
+       e += static_cast<int64_t>(gridDim.x) * blockDim.x)
+    gru_forward_element<T>(e / H, e % H, H, gates, gh, b_hh, hprev, ghn, y, ldy);
+}
+
+// Elman step: h_t = act(x W_ih^T + b_ih + h W_hh^T + b_hh); gates keeps h_t.
+template <typename T>
+__device__ __forceinline__ void rnn_forward_element(int64_t b, int64_t j, int64_t H, bool relu,
+                                                    float* gates, const float* gh, const T* b_hh,
+                                                    T* y, int64_t ldy) {
+  const float a = gates[b * H + j] + gh[b * H + j] + (b_hh != nullptr ? to_f32(b_hh[j]) : 0.0f);
+  const float ht = relu ? fmaxf(a, 0.0f) : tanhf(a);
+  gates[b * H + j] = ht;
+  y[b * ldy + j] = from_f32<T>(ht);
+}
+
+template <typename T>
+__global__ void rnn_forward_kernel(int64_t bs, int64_t H, bool relu, float* __restrict__ gates,
+                                   const float* __restrict__ gh, const T* __restrict__ b_hh,
+                                   T* __restrict__ y, int64_t ldy) {
+  const int64_t total = bs * H;
+  for (int64_t e = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; e < total;
+       e += static_cast<int64_t>(gridDim.x) * blockDim.x)
+    rnn_forward_element<T>(e / H, e % H, H, relu, gates, gh, b_hh, y, ldy);
+}
+
+// ---------------------------------------------------------------------------
+// The persistent forward recurrence (SEQPACK_CUDA_KERNEL=persistent): one
+// cooperative launch runs every step of one layer and direction. Block k owns
+// the hidden units [k U, k U + U) and keeps their rows of W_hh (every gate) in
+// shared memory for the whole sequence; per step it computes its units' part
+// of h_{t-1} W_hh^T for the step's rows, the cell, and the rows that end, then
+// the grid synchronises (the next step reads every unit's h_t). Without a
+// projection only (hout == hidden). Writes the same reserve as the per-step
+// kernels, so the backward pass is shared.
+template <typename T>
+struct PersistentArgs {
+  int mode;
+  bool reverse;
+  int64_t steps;
+  const int64_t* batch_sizes;  // device copy
+  int64_t H;
+  int64_t ldy;
+  int64_t units;
+  float* gates;  // the layer's gates buffer, row 0
+  float* gh;     // batch x gates scratch
+  const T* w_hh;
+  const T* b_hh;
+  const T* h0;
+  const T* c0;
+  T* y;  // the direction's first column of row 0
+  float* hprev;
+  float* c;
+  float* cprev;
+  float* ghn;
+  T* hn;
+  T* cn;
+};
+
+constexpr int kPersistentThreads = 256;
+
+template <typename T>
+__global__ void __launch_bounds__(kPersistentThreads)
+    persistent_forward_kernel(PersistentArgs<T> a) {
+  // w[p R + g U + u] = W_hh[g H + j0 + u][p], R = gates U: consecutive units
+  // (consecutive threads) read consecutive words.
+  T* w = dynamic_shared<T>();
+  const bool lstm = a.mode == 0, gru = a.mode == 1;
+  const int ng = lstm ? 4 : gru ? 3 : 1;
+  const int64_t H = a.H, G = ng * H;
+  const int64_t j0 = static_cast<int64_t>(blockIdx.x) * a.units;
+  const int64_t U = a.units < H - j0 ? a.units : H - j0;
+  for (int64_t e = threadIdx.x; e < ng * U * H; e += blockDim.x) {
+    const int64_t row = e / H, p = e % H;
+    const int64_t g = row / U, u = row % U;
+    w[p * ng * U + row] = a.w_hh[(g * H + j0 + u) * H + p];
+  }
+  __syncthreads();
+  int64_t rows = 0;
+  for (int64_t t = 0; t < a.steps; ++t) rows += a.batch_sizes[t];
+  // Row offset of the step before in processing order, and of this one.
+  int64_t prev_off = 0;
+  int64_t next = a.reverse ? rows : 0;
+  for (int64_t k = 0; k < a.steps; ++k) {
+    const int64_t t = a.reverse ? a.steps - 1 - k : k;
+    const int64_t bs = a.batch_sizes[t];
+    const int64_t r0 = a.reverse ? next - bs : next;
+    next = a.reverse ? r0 : r0 + bs;
+    const int64_t prev_rows = k == 0 ? 0 : (a.reverse ? a.batch_sizes[t + 1] : bs);
+    for (int64_t e = threadIdx.x; e < bs * U; e += blockDim.x) {
+      const int64_t b = e / U, u = e % U, j = j0 + u;
+      const T* h = b < prev_rows ? a.y + (prev_off + b) * a.ldy : a.h0 + b * H;
+      float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+      for (int64_t p = 0; p < H; ++p) {
+        const float hv = to_f32(h[p]);
+        const T* wp = w + p * ng * U + u;
+#pragma unroll
+        for (int g = 0; g < 4; ++g)
+          if (g < ng) acc[g] += hv * to_f32(wp[g * U]);
+      }
+#pragma unroll
+      for (int g = 0; g < 4; ++g)
+        if (g < ng) a.gh[b * G + g * H + j] = acc[g];
+      a.hprev[(r0 + b) * H + j] = to_f32(h[j]);
+      if (lstm)
+        a.cprev[(r0 + b) * H + j] =
+            b < prev_rows ? a.c[(prev_off + b) * H + j] : to_f32(a.c0[b * H + j]);
+    }
+    __syncthreads();
+    for (int64_t e = threadIdx.x; e < bs * U; e += blockDim.x) {
+      const int64_t b = e / U, j = j0 + e % U;
+      float* gates = a.gates + r0 * G;
+      T* y = a.y + r0 * a.ldy;
+      if (lstm)
+        lstm_forward_element<T>(b, j, H, gates, a.gh, a.b_hh, a.cprev + r0 * H, a.c + r0 * H,
+                                nullptr, y, a.ldy);
+      else if (gru)
+        gru_forward_element<T>(b, j, H, gates, a.gh, a.b_hh, a.hprev + r0 * H, a.ghn + r0 * H, y,
+                               a.ldy);
+      else
+        rnn_forward_element<T>(b, j, H, a.mode == 3, gates, a.gh, a.b_hh, y, a.ldy);
+    }
+    __syncthreads();
+    // Rows whose sequence ends here (as in forward() of rnn.cu).
+    const int64_t lo = a.reverse ? (t == 0 ? 0 : bs) : (t + 1 < a.steps ? a.batch_sizes[t + 1] : 0);
+    for (int64_t e = threadIdx.x; e < (bs - lo) * U; e += blockDim.x) {
+      const int64_t b = lo + e / U, j = j0 + e % U;
+      a.hn[b * H + j] = a.y[(r0 + b) * a.ldy + j];
+      if (lstm) a.cn[b * H + j] = from_f32<T>(a.c[(r0 + b) * H + j]);
+    }
+    prev_off = r0;
+    grid_sync();
+  }
+}
+
+// Rows b in [lo, hi) end at this step: their h (from y) and c go to h_n, c_n.
+template <typename T>
+__global__ void finish_kernel(int64_t lo, int64_t hi, int64_t hout, int64_t hidden, const T* y,
+                              int64_t ldy, T* __restrict__ hn, const float* __restrict__ c,
+                              T* __restrict__ cn) {
+  const int64_t cols = hout > hidden ? hout : hidden;
+  const int64_t total = (hi - lo) * cols;
+  for (int64_t e = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; e < total;
+       e += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int64_t b = lo + e / cols, j = e % cols;
+    if (j < hout) hn[b * hout + j] = y[b * ldy + j];
+    if (cn != nullptr && j < hidden) cn[b * hidden + j] = from_f32<T>(c[b * hidden + j]);
+  }
+}
+
+// ---------------------------------------------------------------------------
+// Backward steps.
+
+// dh[b][j] = dy[b*ldy + j] + carry[b][j]: the gradient of the step's output h.
+__global__ void dh_total_kernel(int64_t bs, int64_t hout, const float* __restrict__ dy, int64_t ldy,
+                                const float* __restrict__ carry, float* __restrict__ dh) {
+  const int64_t total = bs * hout;
+  for (int64_t e = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; e < total;
+       e += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int64_t b = e / hout, j = e % hout;
+    dh[e] = dy[b * ldy + j] + carry[e];
+  }
+}
+
+// LSTM: from dm (gradient of m = o tanh c) and dc_carry (gradient of c from
+// the next step), the pre-activation gate gradients dG, and dc_carry becomes
+// the gradient of c_{t-1}:
+//   dc = dc_carry + dm o (1 - tanh^2 c), di = dc g, df = dc c_{t-1}, dg = dc i,
+//   do = dm tanh c, dc_{t-1} = dc f.
+__global__ void lstm_backward_kernel(int64_t bs, int64_t H, const float* __restrict__ gates,
+                                     const float* __restrict__ c, const float* __restrict__ cprev,
+                                     const float* __restrict__ dm, int64_t ldm,
+                                     float* __restrict__ dc_carry, float* __restrict__ dG) {
+  const int64_t total = bs * H;
+  for (int64_t e = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; e < total;
+       e += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int64_t b = e / H, j = e % H;
+    const float* g = gates + b * 4 * H;
+    const float ig = g[j], fg = g[H + j], gg = g[2 * H + j], og = g[3 * H + j];
+    const float tc = tanhf(c[b * H + j]);
+    const float dmv = dm[b * ldm + j];
+    const float dc = dc_carry[b * H + j] + dmv * og * (1.0f - tc * tc);
+    float* d = dG + b * 4 * H;
+    d[j] = dc * gg * ig * (1.0f - ig);
+    d[H + j] = dc * cprev[b * H + j] * fg * (1.0f - fg);
+    d[2 * H + j] = dc * ig * (1.0f - gg * gg);
+    d[3 * H + j] = dmv * tc * og * (1.0f - og);
+    dc_carry[b * H + j] = dc * fg;
+  }
+}
+
+// GRU: dn = dh (1 - z), dz = dh (h_{t-1} - n), da_n = dn (1 - n^2),
+// dr = da_n hn; dGx = (dr r(1-r), dz z(1-z), da_n), dGh = (same, same, da_n r);
+// dh_carry = dh z (the direct part of dh_{t-1}; the GEMM with W_hh adds the rest).
+__global__ void gru_backward_kernel(int64_t bs, int64_t H, const float* __restrict__ gates,
+                                    const float* __restrict__ ghn, const float* __restrict__ hprev,
+                                    const float* __restrict__ dh, float* __restrict__ dGx,
+                                    float* __restrict__ dGh, float* __restrict__ dh_carry) {
+  const int64_t total = bs * H;
+  for (int64_t e = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; e < total;
+       e += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int64_t b = e / H, j = e % H;
+    const float* g = gates + b * 3 * H;
+    const float rg = g[j], zg = g[H + j], ng = g[2 * H + j];
+    const float dhv = dh[b * H + j];
+    const float dan = dhv * (1.0f - zg) * (1.0f - ng * ng);
+    const float dz = dhv * (hprev[b * H + j] - ng);
+    const float dar = dan * ghn[b * H + j] * rg * (1.0f - rg);
+    const float daz = dz * zg * (1.0f - zg);
+    float* dx = dGx + b * 3 * H;
+    float* dhh = dGh + b * 3 * H;
+    dx[j] = dar;
+    dx[H + j] = daz;
+    dx[2 * H + j] = dan;
+    dhh[j] = dar;
+    dhh[H + j] = daz;
+    dhh[2 * H + j] = dan * rg;
+    dh_carry[b * H + j] = dhv * zg;
+  }
+}
+
+// Elman: da = dh act'(h) with tanh' = 1 - h^2, relu' = (h > 0).
+__global__ void rnn_backward_kernel(int64_t bs, int64_t H, bool relu,
+                                    const float* __restrict__ gates, const float* __restrict__ dh,
+                                    float* __restrict__ dG) {
+  const int64_t total = bs * H;
+  for (int64_t e = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; e < total;
+       e += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const float h = gates[e];
+    dG[e] = dh[e] * (relu ? (h > 0.0f ? 1.0f : 0.0f) : 1.0f - h * h);
+  }
+}
+
+}  // namespace seqpack::cuda

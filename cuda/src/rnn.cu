@@ -1,0 +1,865 @@
+// libseqpack_cuda: the C entry points of seqpack/cuda.h. The grid of the
+// computation (layers x directions x steps) is written once here; the cells'
+// element-wise math is in kernels.cuh. Per layer and direction:
+//   forward:  gates = X W_ih^T + b_ih for all packed rows (one GEMM), then per
+//             step t: h_prev/c_prev gathered, gh = h_prev W_hh^T (GEMM on the
+//             step's rows), the cell kernel, [h = m W_hr^T], finished rows to
+//             h_n/c_n;
+//   backward: per step in the opposite order: dh = dy + carry, [dm = dh W_hr],
+//             the cell's backward kernel, carry = dG_h W_hh; then the weight
+//             gradients as GEMMs over all rows, and dX += dG_x W_ih.
+#include "kernels.cuh"
+#include "seqpack/cuda.h"
+
+#include <algorithm>
+#include <cstdarg>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+#include <type_traits>
+#include <vector>
+
+namespace seqpack::cuda {
+namespace {
+
+thread_local std::string g_last_error;
+
+// Thrown inside this file only; every entry point catches it.
+struct Failure {
+  int status;
+};
+
+[[noreturn]] void fail(int status, const char* format, ...) {
+  char buffer[512];
+  va_list args;
+  va_start(args, format);
+  std::vsnprintf(buffer, sizeof buffer, format, args);
+  va_end(args);
+  g_last_error = buffer;
+  throw Failure{status};
+}
+
+void check_cuda(cudaError_t error, const char* what) {
+  if (error != cudaSuccess)
+    fail(SEQPACK_CUDA_RUNTIME_ERROR, "seqpack_cuda: %s failed: %s (%s)", what,
+         cudaGetErrorString(error), cudaGetErrorName(error));
+}
+
+constexpr int kThreads = 256;
+
+unsigned blocks_for(int64_t n) {
+  const int64_t b = (n + kThreads - 1) / kThreads;
+  return static_cast<unsigned>(std::min<int64_t>(std::max<int64_t>(b, 1), 65535 * 8));
+}
+
+// Sizes of one call, checked once.
+struct Shape {
+  int mode = 0;
+  int dtype = 0;
+  int64_t rows = 0;
+  int64_t batch = 0;
+  int64_t input = 0;
+  int64_t hidden = 0;
+  int64_t proj = 0;
+  int64_t layers = 0;
+  int64_t dirs = 1;
+  int64_t hout() const { return proj > 0 ? proj : hidden; }
+  int64_t gates() const {
+    return (mode == SEQPACK_CUDA_LSTM ? 4 : mode == SEQPACK_CUDA_GRU ? 3 : 1) * hidden;
+  }
+  int64_t width() const { return dirs * hout(); }  // a layer's output row
+  int64_t in_width(int64_t layer) const { return layer == 0 ? input : width(); }
+  bool lstm() const { return mode == SEQPACK_CUDA_LSTM; }
+  bool gru() const { return mode == SEQPACK_CUDA_GRU; }
+  int64_t element_size() const { return dtype == SEQPACK_CUDA_FLOAT32 ? 4 : 2; }
+  // float32 elements per row of one (layer, direction) in the reserve.
+  int64_t reserve_floats_per_row() const {
+    return gates() + hout() + (lstm() ? 2 * hidden : 0) + (proj > 0 ? hidden : 0) +
+           (gru() ? hidden : 0);
+  }
+  // Data-type elements per row of the reserve (outputs and dropped-out
+  // inputs of the layers below the last).
+  int64_t reserve_elements_per_row() const { return 2 * (layers - 1) * width(); }
+  int64_t reserve_bytes_per_row() const {
+    return 4 * layers * dirs * reserve_floats_per_row() +
+           element_size() * reserve_elements_per_row();
+  }
+  int64_t dy_width() const { return std::max(width(), input); }
+  int64_t workspace_bytes() const {
+    const int64_t per_row = gates() * (gru() ? 2 : 1) + hout() + 2 * dy_width();
+    const int64_t per_batch = gates() + (proj > 0 ? hidden : 0) + hout() + hidden;
+    // + the persistent kernel's device copy of batch_sizes (steps <= rows).
+    return 8 * rows + 4 * (rows * per_row + batch * per_batch);
+  }
+  int64_t weights_per_layer_dir(bool has_biases) const {
+    return 2 + (has_biases ? 2 : 0) + (proj > 0 ? 1 : 0);
+  }
+};
+
+const char* mode_name(int mode) {
+  switch (mode) {
+    case SEQPACK_CUDA_LSTM:
+      return "LSTM";
+    case SEQPACK_CUDA_GRU:
+      return "GRU";
+    case SEQPACK_CUDA_RNN_TANH:
+      return "RNN_TANH";
+    default:
+      return "RNN_RELU";
+  }
+}
+
+Shape check_shape(int mode, int dtype, int64_t rows, int64_t batch, int64_t input_size,
+                  int64_t hidden_size, int64_t proj_size, int64_t num_layers, int bidirectional) {
+  if (mode < SEQPACK_CUDA_LSTM || mode > SEQPACK_CUDA_RNN_RELU)
+    fail(SEQPACK_CUDA_INVALID_ARGUMENT,
+         "seqpack_cuda: mode = %d is not LSTM (0), GRU (1), RNN_TANH (2) or RNN_RELU (3)", mode);
+  if (dtype < SEQPACK_CUDA_FLOAT32 || dtype > SEQPACK_CUDA_BFLOAT16)
+    fail(SEQPACK_CUDA_INVALID_ARGUMENT,
+         "seqpack_cuda: dtype = %d is not float32 (0), float16 (1) or bfloat16 (2)", dtype);
+  if (rows < 0)
+    fail(SEQPACK_CUDA_INVALID_ARGUMENT, "seqpack_cuda: rows = %lld is negative",
+         static_cast<long long>(rows));
+  if (batch < 0)
+    fail(SEQPACK_CUDA_INVALID_ARGUMENT, "seqpack_cuda: batch = %lld is negative",
+         static_cast<long long>(batch));
+  if (input_size <= 0)
+    fail(SEQPACK_CUDA_INVALID_ARGUMENT, "seqpack_cuda: input_size = %lld is not positive",
+         static_cast<long long>(input_size));
+  if (hidden_size <= 0)
+    fail(SEQPACK_CUDA_INVALID_ARGUMENT, "seqpack_cuda: hidden_size = %lld is not positive",
+         static_cast<long long>(hidden_size));
+  if (proj_size < 0)
+    fail(SEQPACK_CUDA_INVALID_ARGUMENT, "seqpack_cuda: proj_size = %lld is negative",
+         static_cast<long long>(proj_size));
+  if (proj_size > 0 && mode != SEQPACK_CUDA_LSTM)
+    fail(SEQPACK_CUDA_INVALID_ARGUMENT, "seqpack_cuda: proj_size = %lld is for LSTM only, not %s",
+         static_cast<long long>(proj_size), mode_name(mode));
+  if (proj_size >= hidden_size && proj_size > 0)
+    fail(SEQPACK_CUDA_INVALID_ARGUMENT,
+         "seqpack_cuda: proj_size = %lld must be smaller than hidden_size = %lld",
+         static_cast<long long>(proj_size), static_cast<long long>(hidden_size));
+  if (num_layers <= 0)
+    fail(SEQPACK_CUDA_INVALID_ARGUMENT, "seqpack_cuda: num_layers = %lld is not positive",
+         static_cast<long long>(num_layers));
+  if (bidirectional != 0 && bidirectional != 1)
+    fail(SEQPACK_CUDA_INVALID_ARGUMENT, "seqpack_cuda: bidirectional = %d is not 0 or 1",
+         bidirectional);
+  const int64_t limit = int64_t{1} << 40;
+  if (input_size > limit || hidden_size > limit || num_layers > (1 << 20) || rows > limit ||
+      batch > limit)
+    fail(SEQPACK_CUDA_INVALID_ARGUMENT,
+         "seqpack_cuda: sizes too large (rows %lld, batch %lld, input %lld, hidden %lld, layers "
+         "%lld)",
+         static_cast<long long>(rows), static_cast<long long>(batch),
+         static_cast<long long>(input_size), static_cast<long long>(hidden_size),
+         static_cast<long long>(num_layers));
+  Shape s;
+  s.mode = mode;
+  s.dtype = dtype;
+  s.rows = rows;
+  s.batch = batch;
+  s.input = input_size;
+  s.hidden = hidden_size;
+  s.proj = proj_size;
+  s.layers = num_layers;
+  s.dirs = bidirectional ? 2 : 1;
+  return s;
+}
+
+// Checks batch_sizes (positive, non-increasing, first <= batch) and returns
+// the row offset of each step (offsets[steps] = rows).
+std::vector<int64_t> check_batch_sizes(int64_t steps, const int64_t* batch_sizes, int64_t batch) {
+  if (steps < 0)
+    fail(SEQPACK_CUDA_INVALID_ARGUMENT, "seqpack_cuda: steps = %lld is negative",
+         static_cast<long long>(steps));
+  if (steps > 0 && batch_sizes == nullptr)
+    fail(SEQPACK_CUDA_INVALID_ARGUMENT, "seqpack_cuda: batch_sizes is NULL with steps = %lld",
+         static_cast<long long>(steps));
+  std::vector<int64_t> offsets(static_cast<size_t>(steps) + 1, 0);
+  for (int64_t t = 0; t < steps; ++t) {
+    const int64_t bs = batch_sizes[t];
+    if (bs <= 0)
+      fail(SEQPACK_CUDA_INVALID_ARGUMENT, "seqpack_cuda: batch_sizes[%lld] = %lld is not positive",
+           static_cast<long long>(t), static_cast<long long>(bs));
+    if (t == 0 && bs > batch)
+      fail(SEQPACK_CUDA_INVALID_ARGUMENT,
+           "seqpack_cuda: batch_sizes[0] = %lld exceeds the batch of h0, %lld",
+           static_cast<long long>(bs), static_cast<long long>(batch));
+    if (t > 0 && bs > batch_sizes[t - 1])
+      fail(SEQPACK_CUDA_INVALID_ARGUMENT,
+           "seqpack_cuda: batch_sizes[%lld] = %lld exceeds batch_sizes[%lld] = %lld (they must not "
+           "increase)",
+           static_cast<long long>(t), static_cast<long long>(bs), static_cast<long long>(t - 1),
+           static_cast<long long>(batch_sizes[t - 1]));
+    offsets[t + 1] = offsets[t] + bs;
+  }
+  return offsets;
+}
+
+void require(const void* p, const char* name) {
+  if (p == nullptr) fail(SEQPACK_CUDA_INVALID_ARGUMENT, "seqpack_cuda: %s is NULL", name);
+}
+
+void check_buffers(const Shape& s, size_t workspace_bytes, const void* workspace,
+                   size_t reserve_bytes, const void* reserve) {
+  const auto need_ws = static_cast<size_t>(s.workspace_bytes());
+  const auto need_rs = static_cast<size_t>(s.rows * s.reserve_bytes_per_row());
+  if (workspace_bytes < need_ws)
+    fail(SEQPACK_CUDA_INVALID_ARGUMENT,
+         "seqpack_cuda: workspace_bytes = %zu is less than the %zu bytes needed", workspace_bytes,
+         need_ws);
+  if (reserve_bytes < need_rs)
+    fail(SEQPACK_CUDA_INVALID_ARGUMENT,
+         "seqpack_cuda: reserve_bytes = %zu is less than the %zu bytes needed", reserve_bytes,
+         need_rs);
+  if (need_ws > 0) require(workspace, "workspace");
+  if (need_rs > 0) require(reserve, "reserve");
+}
+
+void check_weights(const Shape& s, bool has_biases, const void* const* weights, const char* name) {
+  require(weights, name);
+  const int64_t per = s.weights_per_layer_dir(has_biases);
+  for (int64_t i = 0; i < s.layers * s.dirs * per; ++i)
+    if (weights[i] == nullptr)
+      fail(SEQPACK_CUDA_INVALID_ARGUMENT, "seqpack_cuda: %s[%lld] is NULL", name,
+           static_cast<long long>(i));
+}
+
+// The pointers of one (layer, direction) in the _flat_weights order.
+template <typename P>
+struct LayerWeights {
+  P w_ih = nullptr, w_hh = nullptr, b_ih = nullptr, b_hh = nullptr, w_hr = nullptr;
+};
+
+template <typename P>
+LayerWeights<P> weights_of(const Shape& s, bool has_biases, P const* weights, int64_t layer,
+                           int64_t dir) {
+  const int64_t per = s.weights_per_layer_dir(has_biases);
+  P const* w = weights + (layer * s.dirs + dir) * per;
+  LayerWeights<P> out;
+  out.w_ih = w[0];
+  out.w_hh = w[1];
+  int64_t k = 2;
+  if (has_biases) {
+    out.b_ih = w[2];
+    out.b_hh = w[3];
+    k = 4;
+  }
+  if (s.proj > 0) out.w_hr = w[k];
+  return out;
+}
+
+// Carves consecutive buffers out of one allocation; float32 ones first, so
+// every buffer is aligned for its type.
+class Arena {
+ public:
+  explicit Arena(void* base) : base_(static_cast<char*>(base)) {}
+  template <typename T>
+  T* take(int64_t count) {
+    T* p = reinterpret_cast<T*>(base_ + offset_);
+    offset_ += count * static_cast<int64_t>(sizeof(T));
+    return p;
+  }
+
+ private:
+  char* base_;
+  int64_t offset_ = 0;
+};
+
+// The reserve's buffers of one (layer, direction), rows x width each.
+struct Saved {
+  float* gates;  // activations (LSTM i,f,g,o; GRU r,z,n; RNN h)
+  float* hprev;  // h_{t-1} of each row
+  float* c;      // LSTM c_t
+  float* cprev;  // LSTM c_{t-1}
+  float* m;      // LSTM with projection: o * tanh(c)
+  float* ghn;    // GRU: W_hn h_{t-1} + b_hn
+};
+
+template <typename T>
+struct ReserveLayout {
+  std::vector<Saved> saved;       // [layer * dirs + dir]
+  std::vector<T*> layer_output;   // [layer], layers below the last
+  std::vector<T*> dropped_input;  // [layer], layers above the first
+};
+
+template <typename T>
+ReserveLayout<T> layout_reserve(const Shape& s, void* reserve) {
+  Arena arena(reserve);
+  ReserveLayout<T> r;
+  const int64_t n = s.rows;
+  for (int64_t i = 0; i < s.layers * s.dirs; ++i) {
+    Saved v{};
+    v.gates = arena.take<float>(n * s.gates());
+    v.hprev = arena.take<float>(n * s.hout());
+    if (s.lstm()) {
+      v.c = arena.take<float>(n * s.hidden);
+      v.cprev = arena.take<float>(n * s.hidden);
+    }
+    if (s.proj > 0) v.m = arena.take<float>(n * s.hidden);
+    if (s.gru()) v.ghn = arena.take<float>(n * s.hidden);
+    r.saved.push_back(v);
+  }
+  r.layer_output.assign(static_cast<size_t>(s.layers), nullptr);
+  r.dropped_input.assign(static_cast<size_t>(s.layers), nullptr);
+  for (int64_t l = 0; l + 1 < s.layers; ++l) r.layer_output[l] = arena.take<T>(n * s.width());
+  for (int64_t l = 1; l < s.layers; ++l) r.dropped_input[l] = arena.take<T>(n * s.width());
+  return r;
+}
+
+struct Workspace {
+  int64_t* batch_sizes;  // rows entries: a device copy of batch_sizes
+  float* gh;             // batch x gates: h_{t-1} W_hh^T of one step
+  float* dgx;            // rows x gates
+  float* dgh;            // rows x gates (GRU; else dgx)
+  float* dh;             // rows x hout: gradient of each row's h
+  float* dm;             // batch x hidden (projection)
+  float* dh_carry;       // batch x hout
+  float* dc_carry;       // batch x hidden
+  float* dy[2];          // rows x dy_width, ping-pong between layers
+};
+
+Workspace layout_workspace(const Shape& s, void* workspace) {
+  Arena arena(workspace);
+  Workspace w{};
+  const int64_t n = s.rows;
+  w.batch_sizes = arena.take<int64_t>(n);
+  w.dgx = arena.take<float>(n * s.gates());
+  w.dgh = s.gru() ? arena.take<float>(n * s.gates()) : w.dgx;
+  w.dh = arena.take<float>(n * s.hout());
+  w.dy[0] = arena.take<float>(n * s.dy_width());
+  w.dy[1] = arena.take<float>(n * s.dy_width());
+  w.gh = arena.take<float>(s.batch * s.gates());
+  w.dm = s.proj > 0 ? arena.take<float>(s.batch * s.hidden) : nullptr;
+  w.dh_carry = arena.take<float>(s.batch * s.hout());
+  w.dc_carry = arena.take<float>(s.batch * s.hidden);
+  return w;
+}
+
+// The GEMM's tile: 64 unless that gives fewer than kMinBlocks blocks (a step's
+// few rows); SEQPACK_CUDA_GEMM_TILE=32 or 64 forces one (tests).
+constexpr int64_t kMinBlocks = 264;  // twice an H100's 132 multiprocessors
+
+int gemm_tile(int64_t M, int64_t N) {
+  const char* forced = std::getenv("SEQPACK_CUDA_GEMM_TILE");
+  if (forced != nullptr && std::strcmp(forced, "32") == 0) return 32;
+  if (forced != nullptr && std::strcmp(forced, "64") == 0) return 64;
+  const int64_t blocks64 = ((M + 63) / 64) * ((N + 63) / 64);
+  return blocks64 < kMinBlocks ? 32 : 64;
+}
+
+// The 16-bit data type among a GEMM's operand types (float if none).
+template <typename... Ts>
+struct HalfType {
+  using type = float;
+};
+template <typename T, typename... Ts>
+struct HalfType<T, Ts...> {
+  using type = std::conditional_t<std::is_same_v<T, float>, typename HalfType<Ts...>::type, T>;
+};
+
+// SEQPACK_CUDA_GEMM=wmma: tensor cores for bfloat16/float16 data (opt-in until
+// checked on a GPU); unset or "simt": the SIMT kernel.
+bool use_wmma() {
+  const char* choice = std::getenv("SEQPACK_CUDA_GEMM");
+  return choice != nullptr && std::strcmp(choice, "wmma") == 0;
+}
+
+template <typename TA, typename TB, typename TC>
+void gemm(cudaStream_t stream, int64_t M, int64_t N, int64_t K, const TA* A, int64_t lda,
+          bool trans_a, const TB* B, int64_t ldb, bool trans_b, const TB* bias, TC* C, int64_t ldc,
+          bool accumulate) {
+  if (M <= 0 || N <= 0) return;
+  using TH = typename HalfType<TA, TB, TC>::type;
+  if constexpr (!std::is_same_v<TH, float>) {
+    if (use_wmma()) {
+      const int64_t wx = (M + kWmmaTile - 1) / kWmmaTile;
+      const int64_t wy = (N + kWmmaTile - 1) / kWmmaTile;
+      if (wx > 0x7fffffff || wy > 65535)
+        fail(SEQPACK_CUDA_INVALID_ARGUMENT,
+             "seqpack_cuda: a product of %lld x %lld is too large for one launch",
+             static_cast<long long>(M), static_cast<long long>(N));
+      launch(gemm_wmma_kernel<TH, TA, TB, TC>,
+             dim3(static_cast<unsigned>(wx), static_cast<unsigned>(wy)), kWmmaThreads, stream, M, N,
+             K, A, lda, trans_a, B, ldb, trans_b, bias, C, ldc, accumulate);
+      return;
+    }
+  }
+  const int tile = gemm_tile(M, N);
+  const int64_t gx = (M + tile - 1) / tile;
+  const int64_t gy = (N + tile - 1) / tile;
+  if (gx > 0x7fffffff || gy > 65535)
+    fail(SEQPACK_CUDA_INVALID_ARGUMENT,
+         "seqpack_cuda: a product of %lld x %lld is too large for one launch",
+         static_cast<long long>(M), static_cast<long long>(N));
+  const dim3 grid(static_cast<unsigned>(gx), static_cast<unsigned>(gy));
+  if (tile == 32)
+    launch(gemm_kernel<32, TA, TB, TC>, grid, kGemmThreads, stream, M, N, K, A, lda, trans_a, B,
+           ldb, trans_b, bias, C, ldc, accumulate);
+  else
+    launch(gemm_kernel<64, TA, TB, TC>, grid, kGemmThreads, stream, M, N, K, A, lda, trans_a, B,
+           ldb, trans_b, bias, C, ldc, accumulate);
+}
+
+template <typename TO>
+void column_sum(cudaStream_t stream, int64_t M, int64_t N, const float* a, int64_t lda, TO* out) {
+  if (N <= 0) return;
+  const int64_t blocks = (N + kSumColumns - 1) / kSumColumns;
+  launch(column_sum_kernel<TO>, dim3(static_cast<unsigned>(blocks)), dim3(kSumColumns, kSumLanes),
+         stream, M, N, a, lda, out);
+}
+
+template <typename TS, typename TD>
+void convert(cudaStream_t stream, int64_t rows, int64_t cols, const TS* src, int64_t lds, TD* dst,
+             int64_t ldd) {
+  if (rows <= 0 || cols <= 0) return;
+  launch(convert_kernel<TS, TD>, blocks_for(rows * cols), kThreads, stream, rows, cols, src, lds,
+         dst, ldd);
+}
+
+template <typename T>
+void zero(cudaStream_t stream, int64_t n, T* dst) {
+  if (n <= 0) return;
+  launch(fill_zero_kernel<T>, blocks_for(n), kThreads, stream, n, dst);
+}
+
+// SEQPACK_CUDA_KERNEL picks the forward recurrence's kernels: "simple" (the
+// default: a few launches per step) or "persistent" (one cooperative launch
+// per layer and direction, where it fits the GPU; else simple).
+bool persistent_requested() {
+  const char* choice = std::getenv("SEQPACK_CUDA_KERNEL");
+  return choice != nullptr && std::strcmp(choice, "persistent") == 0;
+}
+
+// The persistent kernel for one layer and direction, if it fits: units per
+// block U from 1 up, the first whose W_hh rows fit in shared memory and whose
+// ceil(H / U) blocks are all resident at once (a cooperative launch needs
+// that). Returns false (nothing launched) where none does.
+template <typename T>
+bool try_persistent(const Shape& s, const int64_t* batch_sizes, int64_t steps, bool reverse,
+                    const LayerWeights<const T*>& w, const Saved& sv, const Workspace& ws,
+                    const T* h0, const T* c0, T* y, T* hn, T* cn, cudaStream_t stream) {
+  if (s.proj > 0 || steps == 0) return false;
+  DeviceLimits limits;
+  if (device_limits(&limits) != cudaSuccess || !limits.cooperative) {
+    (void)cudaGetLastError();
+    return false;
+  }
+  const int64_t H = s.hidden, ng = s.gates() / H;
+  int64_t units = 0;
+  size_t shared = 0;
+  for (int64_t u = 1; u <= 64 && u <= H; u *= 2) {
+    const size_t bytes = static_cast<size_t>(ng * u * H) * sizeof(T);
+    if (bytes > static_cast<size_t>(limits.shared_optin)) break;
+    const int per_sm =
+        blocks_per_multiprocessor(persistent_forward_kernel<T>, kPersistentThreads, bytes);
+    if ((H + u - 1) / u <= static_cast<int64_t>(per_sm) * limits.multiprocessors) {
+      units = u;
+      shared = bytes;
+      break;
+    }
+  }
+  if (units == 0) return false;
+  check_cuda(cudaMemcpyAsync(ws.batch_sizes, batch_sizes, static_cast<size_t>(steps) * 8,
+                             cudaMemcpyHostToDevice, stream),
+             "copying batch_sizes to the device");
+  PersistentArgs<T> a{};
+  a.mode = s.mode;
+  a.reverse = reverse;
+  a.steps = steps;
+  a.batch_sizes = ws.batch_sizes;
+  a.H = H;
+  a.ldy = s.width();
+  a.units = units;
+  a.gates = sv.gates;
+  a.gh = ws.gh;
+  a.w_hh = w.w_hh;
+  a.b_hh = w.b_hh;
+  a.h0 = h0;
+  a.c0 = c0;
+  a.y = y;
+  a.hprev = sv.hprev;
+  a.c = sv.c;
+  a.cprev = sv.cprev;
+  a.ghn = sv.ghn;
+  a.hn = hn;
+  a.cn = cn;
+  const int64_t blocks = (H + units - 1) / units;
+  // A launch the GPU refuses (too many blocks resident elsewhere, say) leaves
+  // the step to the per-step kernels; nothing has run then.
+  if (launch_cooperative(persistent_forward_kernel<T>, dim3(static_cast<unsigned>(blocks)),
+                         dim3(kPersistentThreads), shared, stream, a) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return false;
+  }
+  return true;
+}
+
+// ---------------------------------------------------------------------------
+
+template <typename T>
+void forward(const Shape& s, const int64_t* batch_sizes, const std::vector<int64_t>& off,
+             bool has_biases, const void* const* weights_v, const T* x, const T* h0, const T* c0,
+             const T* mask, T* y, T* hn, T* cn, void* workspace, void* reserve,
+             cudaStream_t stream) {
+  const int64_t steps = static_cast<int64_t>(off.size()) - 1;
+  const int64_t n = s.rows, B = s.batch, H = s.hidden, P = s.hout(), G = s.gates(), W = s.width();
+  const int64_t bs0 = steps > 0 ? batch_sizes[0] : 0;
+  const auto* weights = reinterpret_cast<const T* const*>(weights_v);
+  ReserveLayout<T> rs = layout_reserve<T>(s, reserve);
+  Workspace ws = layout_workspace(s, workspace);
+  const T* input = x;
+  for (int64_t l = 0; l < s.layers; ++l) {
+    const int64_t in = s.in_width(l);
+    if (l > 0) {
+      const T* below = rs.layer_output[l - 1];
+      if (mask != nullptr && n > 0) {
+        launch(mask_kernel<T, T, T>, blocks_for(n * W), kThreads, stream, n * W, below,
+               mask + (l - 1) * n * W, rs.dropped_input[l]);
+        input = rs.dropped_input[l];
+      } else {
+        input = below;
+      }
+    }
+    T* out = l + 1 < s.layers ? rs.layer_output[l] : y;
+    for (int64_t d = 0; d < s.dirs; ++d) {
+      const int64_t ld_index = l * s.dirs + d;
+      const LayerWeights<const T*> w = weights_of(s, has_biases, weights, l, d);
+      const Saved& sv = rs.saved[ld_index];
+      const T* h0_ld = h0 + ld_index * B * P;
+      const T* c0_ld = s.lstm() ? c0 + ld_index * B * H : nullptr;
+      T* hn_ld = hn + ld_index * B * P;
+      T* cn_ld = s.lstm() ? cn + ld_index * B * H : nullptr;
+      T* out_d = out + d * P;
+      // Sequences of length zero keep their initial state.
+      if (B > bs0) {
+        convert(stream, B - bs0, P, h0_ld + bs0 * P, P, hn_ld + bs0 * P, P);
+        if (s.lstm()) convert(stream, B - bs0, H, c0_ld + bs0 * H, H, cn_ld + bs0 * H, H);
+      }
+      // gates = input W_ih^T + b_ih for every row.
+      gemm<T, T, float>(stream, n, G, in, input, in, false, w.w_ih, in, true, w.b_ih, sv.gates, G,
+                        false);
+      if (persistent_requested() && try_persistent<T>(s, batch_sizes, steps, d == 1, w, sv, ws,
+                                                      h0_ld, c0_ld, out_d, hn_ld, cn_ld, stream))
+        continue;
+      for (int64_t k = 0; k < steps; ++k) {
+        const bool reverse = d == 1;
+        const int64_t t = reverse ? steps - 1 - k : k;
+        const int64_t bs = batch_sizes[t];
+        const int64_t r0 = off[t];
+        // The rows that continue a previous step, and where that step's rows begin.
+        int64_t prev_rows = 0, prev_off = 0;
+        if (!reverse && t > 0) {
+          prev_rows = bs;
+          prev_off = off[t - 1];
+        } else if (reverse && t + 1 < steps) {
+          prev_rows = batch_sizes[t + 1];
+          prev_off = off[t + 1];
+        }
+        launch(gather_prev_kernel<T>, blocks_for(bs * std::max(P, H)), kThreads, stream, bs, P, H,
+               prev_rows, out_d + prev_off * W, W, h0_ld, sv.hprev + r0 * P,
+               s.lstm() ? sv.c + prev_off * H : nullptr, c0_ld,
+               s.lstm() ? sv.cprev + r0 * H : nullptr);
+        // gh = h_{t-1} W_hh^T for the step's rows.
+        gemm<float, T, float>(stream, bs, G, P, sv.hprev + r0 * P, P, false, w.w_hh, P, true,
+                              nullptr, ws.gh, G, false);
+        float* gates = sv.gates + r0 * G;
+        T* y_t = out_d + r0 * W;
+        if (s.lstm()) {
+          launch(lstm_forward_kernel<T>, blocks_for(bs * H), kThreads, stream, bs, H, gates, ws.gh,
+                 w.b_hh, sv.cprev + r0 * H, sv.c + r0 * H, s.proj > 0 ? sv.m + r0 * H : nullptr,
+                 y_t, W);
+          if (s.proj > 0)  // h = m W_hr^T
+            gemm<float, T, T>(stream, bs, P, H, sv.m + r0 * H, H, false, w.w_hr, H, true, nullptr,
+                              y_t, W, false);
+        } else if (s.gru()) {
+          launch(gru_forward_kernel<T>, blocks_for(bs * H), kThreads, stream, bs, H, gates, ws.gh,
+                 w.b_hh, sv.hprev + r0 * P, sv.ghn + r0 * H, y_t, W);
+        } else {
+          launch(rnn_forward_kernel<T>, blocks_for(bs * H), kThreads, stream, bs, H,
+                 s.mode == SEQPACK_CUDA_RNN_RELU, gates, ws.gh, w.b_hh, y_t, W);
+        }
+        // Rows whose sequence ends here: forward, those beyond the next
+        // step's batch; reverse, every row at t = 0.
+        const int64_t lo = reverse ? (t == 0 ? 0 : bs) : (t + 1 < steps ? batch_sizes[t + 1] : 0);
+        if (lo < bs)
+          launch(finish_kernel<T>, blocks_for((bs - lo) * std::max(P, H)), kThreads, stream, lo, bs,
+                 P, H, y_t, W, hn_ld, s.lstm() ? sv.c + r0 * H : nullptr, cn_ld);
+      }
+    }
+  }
+}
+
+template <typename T>
+void backward(const Shape& s, const int64_t* batch_sizes, const std::vector<int64_t>& off,
+              bool has_biases, const void* const* weights_v, const T* x, const T* mask, const T* dy,
+              const T* dhn, const T* dcn, T* dx, T* dh0, T* dc0, void* const* dweights_v,
+              void* workspace, const void* reserve, cudaStream_t stream) {
+  const int64_t steps = static_cast<int64_t>(off.size()) - 1;
+  const int64_t n = s.rows, B = s.batch, H = s.hidden, P = s.hout(), G = s.gates(), W = s.width();
+  const auto* weights = reinterpret_cast<const T* const*>(weights_v);
+  auto* dweights = reinterpret_cast<T* const*>(dweights_v);
+  ReserveLayout<T> rs = layout_reserve<T>(s, const_cast<void*>(reserve));
+  Workspace ws = layout_workspace(s, workspace);
+  // dY of the current layer (float32, rows x W).
+  float* dY = ws.dy[0];
+  float* dX = ws.dy[1];
+  if (dy != nullptr)
+    convert(stream, n, W, dy, W, dY, W);
+  else
+    zero(stream, n * W, dY);
+  for (int64_t l = s.layers - 1; l >= 0; --l) {
+    const int64_t in = s.in_width(l);
+    const T* input = l == 0 ? x : (mask != nullptr ? rs.dropped_input[l] : rs.layer_output[l - 1]);
+    for (int64_t d = 0; d < s.dirs; ++d) {
+      const int64_t ld_index = l * s.dirs + d;
+      const LayerWeights<const T*> w = weights_of(s, has_biases, weights, l, d);
+      const LayerWeights<T*> dw = weights_of(s, has_biases, dweights, l, d);
+      const Saved& sv = rs.saved[ld_index];
+      // The carries start as the gradients of h_n, c_n (rows of every sequence
+      // are untouched until its last step).
+      if (dhn != nullptr)
+        convert(stream, B, P, dhn + ld_index * B * P, P, ws.dh_carry, P);
+      else
+        zero(stream, B * P, ws.dh_carry);
+      if (s.lstm()) {
+        if (dcn != nullptr)
+          convert(stream, B, H, dcn + ld_index * B * H, H, ws.dc_carry, H);
+        else
+          zero(stream, B * H, ws.dc_carry);
+      }
+      for (int64_t k = 0; k < steps; ++k) {
+        const bool reverse = d == 1;
+        // The opposite order of the forward pass.
+        const int64_t t = reverse ? k : steps - 1 - k;
+        const int64_t bs = batch_sizes[t];
+        const int64_t r0 = off[t];
+        float* dh = ws.dh + r0 * P;
+        launch(dh_total_kernel, blocks_for(bs * P), kThreads, stream, bs, P, dY + r0 * W + d * P, W,
+               ws.dh_carry, dh);
+        const float* dm = dh;
+        int64_t ldm = P;
+        if (s.proj > 0) {  // dm = dh W_hr
+          gemm<float, T, float>(stream, bs, H, P, dh, P, false, w.w_hr, H, false, nullptr, ws.dm, H,
+                                false);
+          dm = ws.dm;
+          ldm = H;
+        }
+        float* dgx = ws.dgx + r0 * G;
+        float* dgh = ws.dgh + r0 * G;
+        if (s.lstm()) {
+          launch(lstm_backward_kernel, blocks_for(bs * H), kThreads, stream, bs, H,
+                 sv.gates + r0 * G, sv.c + r0 * H, sv.cprev + r0 * H, dm, ldm, ws.dc_carry, dgx);
+        } else if (s.gru()) {
+          launch(gru_backward_kernel, blocks_for(bs * H), kThreads, stream, bs, H,
+                 sv.gates + r0 * G, sv.ghn + r0 * H, sv.hprev + r0 * P, dh, dgx, dgh, ws.dh_carry);
+        } else {
+          launch(rnn_backward_kernel, blocks_for(bs * H), kThreads, stream, bs, H,
+                 s.mode == SEQPACK_CUDA_RNN_RELU, sv.gates + r0 * G, dh, dgx);
+        }
+        // dh_{t-1} (+)= dG_h W_hh; the GRU's kernel wrote its direct part dh z.
+        gemm<float, T, float>(stream, bs, P, G, dgh, G, false, w.w_hh, P, false, nullptr,
+                              ws.dh_carry, P, s.gru());
+      }
+      // Gradients of the initial state: what the carries hold now.
+      convert(stream, B, P, ws.dh_carry, P, dh0 + ld_index * B * P, P);
+      if (s.lstm()) convert(stream, B, H, ws.dc_carry, H, dc0 + ld_index * B * H, H);
+      // Weight gradients over all rows.
+      gemm<float, T, T>(stream, G, in, n, ws.dgx, G, true, input, in, false, nullptr, dw.w_ih, in,
+                        false);
+      gemm<float, float, T>(stream, G, P, n, ws.dgh, G, true, sv.hprev, P, false, nullptr, dw.w_hh,
+                            P, false);
+      if (has_biases) {
+        column_sum(stream, n, G, ws.dgx, G, dw.b_ih);
+        column_sum(stream, n, G, ws.dgh, G, dw.b_hh);
+      }
+      if (s.proj > 0)
+        gemm<float, float, T>(stream, P, H, n, ws.dh, P, true, sv.m, H, false, nullptr, dw.w_hr, H,
+                              false);
+      // dX (+)= dG_x W_ih, both directions summed.
+      gemm<float, T, float>(stream, n, in, G, ws.dgx, G, false, w.w_ih, in, false, nullptr, dX, in,
+                            d > 0);
+    }
+    if (l > 0) {
+      if (mask != nullptr && n > 0)
+        launch(mask_kernel<float, T, float>, blocks_for(n * W), kThreads, stream, n * W, dX,
+               mask + (l - 1) * n * W, dX);
+      std::swap(dY, dX);
+    } else {
+      convert(stream, n, in, dX, in, dx, in);
+    }
+  }
+}
+
+void check_kernel_choice() {
+  const char* choice = std::getenv("SEQPACK_CUDA_KERNEL");
+  const char* gemm = std::getenv("SEQPACK_CUDA_GEMM");
+  if (gemm != nullptr && gemm[0] != '\0' && std::strcmp(gemm, "simt") != 0 &&
+      std::strcmp(gemm, "wmma") != 0)
+    fail(SEQPACK_CUDA_INVALID_ARGUMENT,
+         "seqpack_cuda: SEQPACK_CUDA_GEMM = '%s' is not 'simt' or 'wmma'", gemm);
+  if (choice != nullptr && choice[0] != '\0' && std::strcmp(choice, "simple") != 0 &&
+      std::strcmp(choice, "persistent") != 0)
+    fail(SEQPACK_CUDA_INVALID_ARGUMENT,
+         "seqpack_cuda: SEQPACK_CUDA_KERNEL = '%s' is not 'simple' or 'persistent'", choice);
+}
+
+template <typename F>
+int guarded(F&& body) {
+  try {
+    g_last_error.clear();
+    body();
+    return SEQPACK_CUDA_OK;
+  } catch (const Failure& f) {
+    return f.status;
+  } catch (const std::exception& e) {
+    g_last_error = std::string("seqpack_cuda: ") + e.what();
+    return SEQPACK_CUDA_RUNTIME_ERROR;
+  }
+}
+
+}  // namespace
+}  // namespace seqpack::cuda
+
+using namespace seqpack::cuda;
+
+// The library is built with hidden visibility; these are its whole interface.
+#define SEQPACK_CUDA_EXPORT __attribute__((visibility("default")))
+
+extern "C" {
+
+SEQPACK_CUDA_EXPORT int seqpack_cuda_abi_version(void) { return SEQPACK_CUDA_ABI_VERSION; }
+
+SEQPACK_CUDA_EXPORT const char* seqpack_cuda_last_error(void) { return g_last_error.c_str(); }
+
+SEQPACK_CUDA_EXPORT int seqpack_cuda_rnn_buffer_sizes(int mode, int dtype, int64_t rows,
+                                                      int64_t batch, int64_t input_size,
+                                                      int64_t hidden_size, int64_t proj_size,
+                                                      int64_t num_layers, int bidirectional,
+                                                      size_t* workspace_bytes,
+                                                      size_t* reserve_bytes) {
+  return guarded([&] {
+    require(workspace_bytes, "workspace_bytes");
+    require(reserve_bytes, "reserve_bytes");
+    const Shape s = check_shape(mode, dtype, rows, batch, input_size, hidden_size, proj_size,
+                                num_layers, bidirectional);
+    *workspace_bytes = static_cast<size_t>(s.workspace_bytes());
+    *reserve_bytes = static_cast<size_t>(s.rows * s.reserve_bytes_per_row());
+  });
+}
+
+SEQPACK_CUDA_EXPORT int seqpack_cuda_rnn_forward(
+    int mode, int dtype, int64_t steps, const int64_t* batch_sizes, int64_t batch,
+    int64_t input_size, int64_t hidden_size, int64_t proj_size, int64_t num_layers,
+    int bidirectional, int has_biases, const void* const* weights, const void* x, const void* h0,
+    const void* c0, const void* dropout_mask, void* y, void* hn, void* cn, void* workspace,
+    size_t workspace_bytes, void* reserve, size_t reserve_bytes, int allow_tf32, void* stream) {
+  (void)allow_tf32;  // the SIMT kernels compute in full float32
+  return guarded([&] {
+    check_kernel_choice();
+    const std::vector<int64_t> off = check_batch_sizes(steps, batch_sizes, batch);
+    const Shape s = check_shape(mode, dtype, off.back(), batch, input_size, hidden_size, proj_size,
+                                num_layers, bidirectional);
+    check_weights(s, has_biases != 0, weights, "weights");
+    check_buffers(s, workspace_bytes, workspace, reserve_bytes, reserve);
+    if (s.rows > 0) {
+      require(x, "x");
+      require(y, "y");
+    }
+    if (s.batch > 0) {
+      require(h0, "h0");
+      require(hn, "hn");
+      if (s.lstm()) {
+        require(c0, "c0");
+        require(cn, "cn");
+      }
+    }
+    auto st = static_cast<cudaStream_t>(stream);
+    (void)cudaGetLastError();  // clears a launch error left by others, not ours to report
+    switch (dtype) {
+      case SEQPACK_CUDA_FLOAT32:
+        forward<float>(s, batch_sizes, off, has_biases != 0, weights, static_cast<const float*>(x),
+                       static_cast<const float*>(h0), static_cast<const float*>(c0),
+                       static_cast<const float*>(dropout_mask), static_cast<float*>(y),
+                       static_cast<float*>(hn), static_cast<float*>(cn), workspace, reserve, st);
+        break;
+      case SEQPACK_CUDA_FLOAT16:
+        forward<__half>(s, batch_sizes, off, has_biases != 0, weights,
+                        static_cast<const __half*>(x), static_cast<const __half*>(h0),
+                        static_cast<const __half*>(c0), static_cast<const __half*>(dropout_mask),
+                        static_cast<__half*>(y), static_cast<__half*>(hn), static_cast<__half*>(cn),
+                        workspace, reserve, st);
+        break;
+      default:
+        forward<__nv_bfloat16>(
+            s, batch_sizes, off, has_biases != 0, weights, static_cast<const __nv_bfloat16*>(x),
+            static_cast<const __nv_bfloat16*>(h0), static_cast<const __nv_bfloat16*>(c0),
+            static_cast<const __nv_bfloat16*>(dropout_mask), static_cast<__nv_bfloat16*>(y),
+            static_cast<__nv_bfloat16*>(hn), static_cast<__nv_bfloat16*>(cn), workspace, reserve,
+            st);
+        break;
+    }
+    check_cuda(cudaGetLastError(), "a kernel launch of the forward pass");
+  });
+}
+
+SEQPACK_CUDA_EXPORT int seqpack_cuda_rnn_backward(
+    int mode, int dtype, int64_t steps, const int64_t* batch_sizes, int64_t batch,
+    int64_t input_size, int64_t hidden_size, int64_t proj_size, int64_t num_layers,
+    int bidirectional, int has_biases, const void* const* weights, const void* x, const void* h0,
+    const void* c0, const void* dropout_mask, const void* dy, const void* dhn, const void* dcn,
+    void* dx, void* dh0, void* dc0, void* const* dweights, void* workspace, size_t workspace_bytes,
+    const void* reserve, size_t reserve_bytes, int allow_tf32, void* stream) {
+  (void)allow_tf32;
+  (void)h0;  // the reserve holds every row's h_{t-1} and c_{t-1}
+  (void)c0;
+  return guarded([&] {
+    check_kernel_choice();
+    const std::vector<int64_t> off = check_batch_sizes(steps, batch_sizes, batch);
+    const Shape s = check_shape(mode, dtype, off.back(), batch, input_size, hidden_size, proj_size,
+                                num_layers, bidirectional);
+    check_weights(s, has_biases != 0, weights, "weights");
+    check_weights(s, has_biases != 0, dweights, "dweights");
+    check_buffers(s, workspace_bytes, workspace, reserve_bytes, reserve);
+    if (s.rows > 0) {
+      require(x, "x");
+      require(dx, "dx");
+    }
+    if (s.batch > 0) {
+      require(dh0, "dh0");
+      if (s.lstm()) require(dc0, "dc0");
+    }
+    auto st = static_cast<cudaStream_t>(stream);
+    (void)cudaGetLastError();  // clears a launch error left by others, not ours to report
+    switch (dtype) {
+      case SEQPACK_CUDA_FLOAT32:
+        backward<float>(s, batch_sizes, off, has_biases != 0, weights, static_cast<const float*>(x),
+                        static_cast<const float*>(dropout_mask), static_cast<const float*>(dy),
+                        static_cast<const float*>(dhn), static_cast<const float*>(dcn),
+                        static_cast<float*>(dx), static_cast<float*>(dh0), static_cast<float*>(dc0),
+                        dweights, workspace, reserve, st);
+        break;
+      case SEQPACK_CUDA_FLOAT16:
+        backward<__half>(s, batch_sizes, off, has_biases != 0, weights,
+                         static_cast<const __half*>(x), static_cast<const __half*>(dropout_mask),
+                         static_cast<const __half*>(dy), static_cast<const __half*>(dhn),
+                         static_cast<const __half*>(dcn), static_cast<__half*>(dx),
+                         static_cast<__half*>(dh0), static_cast<__half*>(dc0), dweights, workspace,
+                         reserve, st);
+        break;
+      default:
+        backward<__nv_bfloat16>(
+            s, batch_sizes, off, has_biases != 0, weights, static_cast<const __nv_bfloat16*>(x),
+            static_cast<const __nv_bfloat16*>(dropout_mask), static_cast<const __nv_bfloat16*>(dy),
+            static_cast<const __nv_bfloat16*>(dhn), static_cast<const __nv_bfloat16*>(dcn),
+            static_cast<__nv_bfloat16*>(dx), static_cast<__nv_bfloat16*>(dh0),
+            static_cast<__nv_bfloat16*>(dc0), dweights, workspace, reserve, st);
+        break;
+    }
+    check_cuda(cudaGetLastError(), "a kernel launch of the backward pass");
+  });
+}
+
+}  // extern "C"

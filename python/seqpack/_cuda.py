@@ -1,0 +1,528 @@
+"""seqpack's CUDA packed RNNs: ctypes glue over libseqpack_cuda.so (seqpack/cuda.h).
+
+Imports only torch, ctypes and the standard library, and works when loaded by
+file path (importlib.util.spec_from_file_location) without seqpack/__init__.py,
+so it runs on a GPU machine where seqpack's CPU extension was never built::
+
+    spec = importlib.util.spec_from_file_location("seqpack_cuda", "python/seqpack/_cuda.py")
+    sc = importlib.util.module_from_spec(spec); spec.loader.exec_module(sc)
+    if sc.available():
+        out, h_n, c_n = sc.rnn_packed("LSTM", packed.data, packed.batch_sizes, (h0, c0),
+                                      lstm._flat_weights, True, lstm.num_layers,
+                                      lstm.dropout, lstm.training, lstm.bidirectional)
+
+rnn_packed matches torch._VF.lstm/gru/rnn_tanh/rnn_relu's packed overload
+(data, batch_sizes, hx, flat_weights, has_biases, num_layers, dropout, train,
+bidirectional); h0/c0 may have more rows than batch_sizes[0] (sequences of
+length zero: their h_n/c_n are their h0/c0). Gradients flow to data, hx and
+every weight. The library is found through SEQPACK_CUDA_LIBRARY, next to this
+file, or in build/cuda/ or build-cuda/ of the repository.
+
+Dropout between layers (train=True, dropout > 0, num_layers > 1) draws its mask
+here with torch's RNG (torch.bernoulli on the data's device), of shape
+(num_layers - 1, rows, dirs * H_out) and scaled by 1/(1-p); the library
+multiplies the input of each layer above the first by it. The values differ
+from cuDNN's mask, the distribution does not.
+
+What the GPU tests should check (python/tests/test_cuda_gpu.py):
+  - forward outputs and h_n/c_n against torch._VF on the same module, for LSTM,
+    GRU, RNN_TANH, RNN_RELU; 1 and 2 layers; uni/bidirectional; biases on/off;
+    LSTM proj_size; batch 1, T = 1, equal lengths, very different lengths;
+    hidden not a multiple of 32/64; h0 with extra rows (zero-length sequences).
+  - backward: grads of data, h0, c0 and each weight against torch's (float64
+    is not supported: compare float32 with torch's float32 at ~1e-4 relative,
+    or against a float64 CPU run); gradients reaching only h_n, only output.
+  - bf16/fp16: against the float32 result of the same weights, error within a
+    few units of the data type's epsilon times sqrt(T) (h is rounded to the
+    data type at each step as torch does; gates, c and sums are float32).
+  - train=True with dropout: outputs differ from eval, grads are consistent
+    (run torch.autograd.gradcheck-style checks with the mask fixed through
+    torch.manual_seed before each call).
+  - torch.compile(fullgraph=True) of a function calling rnn_packed (custom op,
+    torch >= 2.4), and errors: CPU tensors, mixed dtypes, wrong hx shapes.
+  - the library's variants, read from the environment at every call (compare
+    each with the default, values and speed): SEQPACK_CUDA_KERNEL=persistent
+    (forward recurrence as one cooperative launch; default simple) and, for
+    bf16/fp16, SEQPACK_CUDA_GEMM=wmma (tensor cores; default simt).
+    docs/gpu-build.md says when each runs.
+"""
+import ctypes
+import os
+import pathlib
+import threading
+from typing import List, Optional, Sequence, Tuple
+
+import torch
+
+__all__ = ["available", "library_path", "why_unavailable", "rnn_packed"]
+
+LIBRARY_NAME = "libseqpack_cuda.so"
+ABI_VERSION = 1
+
+MODES = {"LSTM": 0, "GRU": 1, "RNN_TANH": 2, "RNN_RELU": 3}
+_GATES = {"LSTM": 4, "GRU": 3, "RNN_TANH": 1, "RNN_RELU": 1}
+DTYPES = {torch.float32: 0, torch.float16: 1, torch.bfloat16: 2}
+
+_i = ctypes.c_int
+_i64 = ctypes.c_int64
+_p = ctypes.c_void_p
+_pi64 = ctypes.POINTER(ctypes.c_int64)
+_pp = ctypes.POINTER(ctypes.c_void_p)
+_psize = ctypes.POINTER(ctypes.c_size_t)
+
+# (restype, argtypes) of each function of seqpack/cuda.h, in its order;
+# python/tests/test_cuda_glue.py checks them against the header.
+SIGNATURES = {
+    "seqpack_cuda_abi_version": (_i, []),
+    "seqpack_cuda_last_error": (ctypes.c_char_p, []),
+    "seqpack_cuda_rnn_buffer_sizes": (
+        _i, [_i, _i, _i64, _i64, _i64, _i64, _i64, _i64, _i, _psize, _psize]),
+    "seqpack_cuda_rnn_forward": (
+        _i, [_i, _i, _i64, _pi64, _i64, _i64, _i64, _i64, _i64, _i, _i,
+             _pp, _p, _p, _p, _p, _p, _p, _p, _p, ctypes.c_size_t, _p, ctypes.c_size_t,
+             _i, _p]),
+    "seqpack_cuda_rnn_backward": (
+        _i, [_i, _i, _i64, _pi64, _i64, _i64, _i64, _i64, _i64, _i, _i,
+             _pp, _p, _p, _p, _p, _p, _p, _p, _p, _p, _p, _pp,
+             _p, ctypes.c_size_t, _p, ctypes.c_size_t, _i, _p]),
+}
+
+_lock = threading.Lock()
+_state = {"loaded": False, "lib": None, "path": None, "error": "not searched yet"}
+
+
+def _candidates() -> List[pathlib.Path]:
+    """Where the library is looked for, in order."""
+    out: List[pathlib.Path] = []
+    env = os.environ.get("SEQPACK_CUDA_LIBRARY")
+    if env:
+        out.append(pathlib.Path(env))
+    here = pathlib.Path(__file__).resolve().parent
+    out.append(here / LIBRARY_NAME)
+    # python/seqpack/ in the repository, or build/python/seqpack/ in a build.
+    for root in list(here.parents)[:4]:
+        out += [root / "build" / "cuda" / LIBRARY_NAME, root / "build-cuda" / LIBRARY_NAME]
+        if root.name == "build":
+            out.append(root / "cuda" / LIBRARY_NAME)
+    return out
+
+
+def library_path() -> Optional[str]:
+    """The library file that is (or would be) loaded, or None if none exists."""
+    for c in _candidates():
+        if c.is_file():
+            return str(c)
+    return None
+
+
+def _bind(lib: ctypes.CDLL) -> None:
+    for name, (restype, argtypes) in SIGNATURES.items():
+        f = getattr(lib, name)
+        f.restype = restype
+        f.argtypes = argtypes
+
+
+def _library() -> Optional[ctypes.CDLL]:
+    """Loads the library once; None (and the reason in _state) if it cannot."""
+    with _lock:
+        if _state["loaded"]:
+            return _state["lib"]
+        _state["loaded"] = True
+        path = library_path()
+        if path is None:
+            env = os.environ.get("SEQPACK_CUDA_LIBRARY")
+            where = ", ".join(str(c) for c in _candidates())
+            _state["error"] = (f"{LIBRARY_NAME} not found (SEQPACK_CUDA_LIBRARY={env!r}; looked in {where}); "
+                               "build it with `cmake -S cuda -B build-cuda && cmake --build build-cuda`")
+            return None
+        try:
+            lib = ctypes.CDLL(path)
+            _bind(lib)
+        except (OSError, AttributeError) as e:
+            _state["error"] = f"cannot load {path}: {e}"
+            return None
+        version = lib.seqpack_cuda_abi_version()
+        if version != ABI_VERSION:
+            _state["error"] = f"{path} has ABI version {version}, this module needs {ABI_VERSION}"
+            return None
+        _state["lib"], _state["path"], _state["error"] = lib, path, ""
+        return lib
+
+
+def why_unavailable() -> str:
+    """Why available() is False ("" when it is True)."""
+    if _library() is None:
+        return _state["error"]
+    if not torch.cuda.is_available():
+        return "torch.cuda.is_available() is False (no GPU or a CPU-only torch build)"
+    return ""
+
+
+def available() -> bool:
+    """The library is found and loaded, and torch sees a GPU."""
+    return why_unavailable() == ""
+
+
+def _lib_or_raise() -> ctypes.CDLL:
+    lib = _library()
+    if lib is None:
+        raise RuntimeError("seqpack CUDA: " + _state["error"])
+    return lib
+
+
+def _check(lib: ctypes.CDLL, status: int) -> None:
+    if status != 0:
+        message = lib.seqpack_cuda_last_error().decode("utf-8", "replace")
+        raise RuntimeError(message or f"seqpack CUDA: error {status}")
+
+
+def _ptr(t: Optional[torch.Tensor]) -> Optional[int]:
+    return None if t is None or t.numel() == 0 else t.data_ptr()
+
+
+class _Sizes:
+    """Sizes of one call, read off the tensors (checked by _validate)."""
+
+    def __init__(self, mode: str, data: torch.Tensor, h0: torch.Tensor, weights: Sequence[torch.Tensor],
+                 num_layers: int, bidirectional: bool, proj_size: int):
+        self.mode = mode
+        self.rows = data.shape[0]
+        self.input = data.shape[1]
+        self.batch = h0.shape[1]
+        self.hidden = weights[1].shape[0] // _GATES[mode]
+        self.proj = proj_size
+        self.layers = num_layers
+        self.dirs = 2 if bidirectional else 1
+        self.hout = proj_size if proj_size > 0 else self.hidden
+        self.width = self.dirs * self.hout
+
+
+def buffer_sizes(mode: str, dtype: torch.dtype, rows: int, batch: int, input_size: int, hidden_size: int,
+                 proj_size: int, num_layers: int, bidirectional: bool) -> Tuple[int, int]:
+    """(workspace bytes, reserve bytes) of seqpack_cuda_rnn_buffer_sizes (host only)."""
+    lib = _lib_or_raise()
+    ws, rs = ctypes.c_size_t(0), ctypes.c_size_t(0)
+    _check(lib, lib.seqpack_cuda_rnn_buffer_sizes(MODES[mode], DTYPES[dtype], rows, batch, input_size,
+                                                   hidden_size, proj_size, num_layers, int(bidirectional),
+                                                   ctypes.byref(ws), ctypes.byref(rs)))
+    return ws.value, rs.value
+
+
+def _pointer_array(tensors: Sequence[torch.Tensor]):
+    return (ctypes.c_void_p * max(len(tensors), 1))(*[t.data_ptr() for t in tensors])
+
+
+def _stream(t: torch.Tensor) -> int:
+    return torch.cuda.current_stream(t.device).cuda_stream if t.is_cuda else 0
+
+
+class _DeviceGuard:
+    def __init__(self, t: torch.Tensor):
+        self.guard = torch.cuda.device(t.device) if t.is_cuda else None
+
+    def __enter__(self):
+        if self.guard is not None:
+            self.guard.__enter__()
+
+    def __exit__(self, *exc):
+        if self.guard is not None:
+            self.guard.__exit__(*exc)
+
+
+def _check_batch_sizes(batch_sizes: torch.Tensor, s: "_Sizes") -> None:
+    """The checks that read batch_sizes' values (here, not in rnn_packed, which torch.compile traces)."""
+    total = int(batch_sizes.sum())
+    if total != s.rows:
+        raise RuntimeError(f"seqpack CUDA: sum(batch_sizes) = {total} differs from the {s.rows} rows of data")
+    if batch_sizes.numel() > 0 and int(batch_sizes[0]) > s.batch:
+        raise RuntimeError(f"seqpack CUDA: batch_sizes[0] = {int(batch_sizes[0])} exceeds the batch of h0, "
+                           f"{s.batch}")
+
+
+def _forward_impl(mode: str, data: torch.Tensor, batch_sizes: torch.Tensor, h0: torch.Tensor,
+                  c0: Optional[torch.Tensor], weights: List[torch.Tensor], mask: Optional[torch.Tensor],
+                  has_biases: bool, num_layers: int, bidirectional: bool, proj_size: int,
+                  allow_tf32: bool) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    lib = _lib_or_raise()
+    s = _Sizes(mode, data, h0, weights, num_layers, bidirectional, proj_size)
+    _check_batch_sizes(batch_sizes, s)
+    ws_bytes, rs_bytes = buffer_sizes(mode, data.dtype, s.rows, s.batch, s.input, s.hidden, s.proj,
+                                      s.layers, bidirectional)
+    bs = batch_sizes.to(torch.int64).contiguous()
+    y = data.new_empty((s.rows, s.width))
+    hn = torch.empty_like(h0)
+    cn = torch.empty_like(c0) if c0 is not None else data.new_empty((0,))
+    reserve = torch.empty((rs_bytes,), dtype=torch.uint8, device=data.device)
+    with _DeviceGuard(data):
+        workspace = torch.empty((ws_bytes,), dtype=torch.uint8, device=data.device)
+        w = _pointer_array(weights)
+        _check(lib, lib.seqpack_cuda_rnn_forward(
+            MODES[mode], DTYPES[data.dtype], bs.numel(), ctypes.cast(bs.data_ptr(), _pi64), s.batch,
+            s.input, s.hidden, s.proj, s.layers, int(bidirectional), int(has_biases), w,
+            _ptr(data), _ptr(h0), _ptr(c0), _ptr(mask), _ptr(y), _ptr(hn), _ptr(cn) if c0 is not None else None,
+            _ptr(workspace), ws_bytes, _ptr(reserve), rs_bytes, int(allow_tf32), _stream(data)))
+    return y, hn, cn, reserve
+
+
+def _backward_impl(mode: str, data: torch.Tensor, batch_sizes: torch.Tensor, h0: torch.Tensor,
+                   c0: Optional[torch.Tensor], weights: List[torch.Tensor], mask: Optional[torch.Tensor],
+                   reserve: torch.Tensor, dy: Optional[torch.Tensor], dhn: Optional[torch.Tensor],
+                   dcn: Optional[torch.Tensor], has_biases: bool, num_layers: int, bidirectional: bool,
+                   proj_size: int, allow_tf32: bool) -> List[torch.Tensor]:
+    lib = _lib_or_raise()
+    s = _Sizes(mode, data, h0, weights, num_layers, bidirectional, proj_size)
+    ws_bytes, rs_bytes = buffer_sizes(mode, data.dtype, s.rows, s.batch, s.input, s.hidden, s.proj,
+                                      s.layers, bidirectional)
+    bs = batch_sizes.to(torch.int64).contiguous()
+    dy = dy.to(data.dtype).contiguous() if dy is not None else None
+    dhn = dhn.to(data.dtype).contiguous() if dhn is not None else None
+    dcn = dcn.to(data.dtype).contiguous() if dcn is not None and c0 is not None else None
+    dx = torch.empty_like(data)
+    dh0 = torch.empty_like(h0)
+    dc0 = torch.empty_like(c0) if c0 is not None else data.new_empty((0,))
+    dweights = [torch.empty_like(w) for w in weights]
+    with _DeviceGuard(data):
+        workspace = torch.empty((ws_bytes,), dtype=torch.uint8, device=data.device)
+        _check(lib, lib.seqpack_cuda_rnn_backward(
+            MODES[mode], DTYPES[data.dtype], bs.numel(), ctypes.cast(bs.data_ptr(), _pi64), s.batch,
+            s.input, s.hidden, s.proj, s.layers, int(bidirectional), int(has_biases),
+            _pointer_array(weights), _ptr(data), _ptr(h0), _ptr(c0), _ptr(mask), _ptr(dy), _ptr(dhn), _ptr(dcn),
+            _ptr(dx), _ptr(dh0), _ptr(dc0) if c0 is not None else None,
+            ctypes.cast(_pointer_array(dweights), _pp), _ptr(workspace), ws_bytes, _ptr(reserve), rs_bytes,
+            int(allow_tf32), _stream(data)))
+    return [dx, dh0, dc0] + dweights
+
+
+# ---------------------------------------------------------------------------
+# The operator: torch.library.custom_op where it exists (torch >= 2.4: works
+# under torch.compile), else a torch.autograd.Function.
+
+_HAS_CUSTOM_OP = hasattr(torch, "library") and hasattr(torch.library, "custom_op") and hasattr(
+    torch.library, "register_fake")
+
+
+def _unused_op_name(base: str) -> str:
+    """base, or base_1, base_2, ... when this file was loaded before in the process (by path)."""
+    name, i = base, 0
+    while hasattr(torch.ops.seqpack_cuda, name):
+        i += 1
+        name = f"{base}_{i}"
+    return name
+
+
+if _HAS_CUSTOM_OP:
+    @torch.library.custom_op("seqpack_cuda::" + _unused_op_name("rnn_packed"), mutates_args=())
+    def _rnn_op(mode: str, data: torch.Tensor, batch_sizes: torch.Tensor, h0: torch.Tensor,
+                c0: Optional[torch.Tensor], weights: List[torch.Tensor], mask: Optional[torch.Tensor],
+                has_biases: bool, num_layers: int, bidirectional: bool, proj_size: int,
+                allow_tf32: bool) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        return _forward_impl(mode, data, batch_sizes, h0, c0, weights, mask, has_biases, num_layers,
+                             bidirectional, proj_size, allow_tf32)
+
+    @_rnn_op.register_fake
+    def _(mode, data, batch_sizes, h0, c0, weights, mask, has_biases, num_layers, bidirectional, proj_size,
+          allow_tf32):
+        s = _Sizes(mode, data, h0, weights, num_layers, bidirectional, proj_size)
+        # The reserve is exactly rows times its size for one row.
+        _, per_row = buffer_sizes(mode, data.dtype, 1, 1, s.input, s.hidden, s.proj, s.layers, bidirectional)
+        y = data.new_empty((data.shape[0], s.width))
+        cn = torch.empty_like(c0) if c0 is not None else data.new_empty((0,))
+        reserve = data.new_empty((data.shape[0] * per_row,), dtype=torch.uint8)
+        return y, torch.empty_like(h0), cn, reserve
+
+    @torch.library.custom_op("seqpack_cuda::" + _unused_op_name("rnn_packed_backward"), mutates_args=())
+    def _rnn_backward_op(mode: str, data: torch.Tensor, batch_sizes: torch.Tensor, h0: torch.Tensor,
+                         c0: Optional[torch.Tensor], weights: List[torch.Tensor], mask: Optional[torch.Tensor],
+                         reserve: torch.Tensor, dy: Optional[torch.Tensor], dhn: Optional[torch.Tensor],
+                         dcn: Optional[torch.Tensor], has_biases: bool, num_layers: int, bidirectional: bool,
+                         proj_size: int, allow_tf32: bool) -> List[torch.Tensor]:
+        return _backward_impl(mode, data, batch_sizes, h0, c0, weights, mask, reserve, dy, dhn, dcn, has_biases,
+                              num_layers, bidirectional, proj_size, allow_tf32)
+
+    @_rnn_backward_op.register_fake
+    def _(mode, data, batch_sizes, h0, c0, weights, mask, reserve, dy, dhn, dcn, has_biases, num_layers,
+          bidirectional, proj_size, allow_tf32):
+        dc0 = torch.empty_like(c0) if c0 is not None else data.new_empty((0,))
+        return [torch.empty_like(data), torch.empty_like(h0), dc0] + [torch.empty_like(w) for w in weights]
+
+    def _setup_context(ctx, inputs, output):
+        (mode, data, batch_sizes, h0, c0, weights, mask, has_biases, num_layers, bidirectional, proj_size,
+         allow_tf32) = inputs
+        ctx.save_for_backward(data, batch_sizes, h0, c0, mask, output[3], *weights)
+        ctx.params = (mode, has_biases, num_layers, bidirectional, proj_size, allow_tf32)
+
+    def _backward(ctx, dy, dhn, dcn, _dreserve):
+        mode, has_biases, num_layers, bidirectional, proj_size, allow_tf32 = ctx.params
+        data, batch_sizes, h0, c0, mask, reserve, *weights = ctx.saved_tensors
+        grads = _rnn_backward_op(mode, data, batch_sizes, h0, c0, list(weights), mask, reserve, dy, dhn,
+                                 dcn if c0 is not None else None, has_biases, num_layers, bidirectional,
+                                 proj_size, allow_tf32)
+        dx, dh0, dc0 = grads[0], grads[1], grads[2]
+        return (None, dx, None, dh0, dc0 if c0 is not None else None, list(grads[3:]), None, None, None, None,
+                None, None)
+
+    _rnn_op.register_autograd(_backward, setup_context=_setup_context)
+
+    def _run(mode, data, batch_sizes, h0, c0, weights, mask, has_biases, num_layers, bidirectional, proj_size,
+             allow_tf32):
+        return _rnn_op(mode, data, batch_sizes, h0, c0, list(weights), mask, has_biases, num_layers,
+                       bidirectional, proj_size, allow_tf32)[:3]
+else:
+    class _RnnFunction(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, params, data, batch_sizes, h0, c0, mask, *weights):
+            mode, has_biases, num_layers, bidirectional, proj_size, allow_tf32 = params
+            y, hn, cn, reserve = _forward_impl(mode, data, batch_sizes, h0, c0, list(weights), mask, has_biases,
+                                               num_layers, bidirectional, proj_size, allow_tf32)
+            ctx.params = params
+            ctx.has_c0 = c0 is not None
+            ctx.save_for_backward(data, batch_sizes, h0, c0 if c0 is not None else data.new_empty((0,)),
+                                  mask if mask is not None else data.new_empty((0,)), reserve, *weights)
+            ctx.has_mask = mask is not None
+            return y, hn, cn
+
+        @staticmethod
+        def backward(ctx, dy, dhn, dcn):
+            mode, has_biases, num_layers, bidirectional, proj_size, allow_tf32 = ctx.params
+            data, batch_sizes, h0, c0, mask, reserve, *weights = ctx.saved_tensors
+            c0 = c0 if ctx.has_c0 else None
+            mask = mask if ctx.has_mask else None
+            grads = _backward_impl(mode, data, batch_sizes, h0, c0, list(weights), mask, reserve, dy, dhn,
+                                   dcn if c0 is not None else None, has_biases, num_layers, bidirectional,
+                                   proj_size, allow_tf32)
+            return (None, grads[0], None, grads[1], grads[2] if c0 is not None else None, None) + tuple(grads[3:])
+
+    def _run(mode, data, batch_sizes, h0, c0, weights, mask, has_biases, num_layers, bidirectional, proj_size,
+             allow_tf32):
+        params = (mode, has_biases, num_layers, bidirectional, proj_size, allow_tf32)
+        return _RnnFunction.apply(params, data, batch_sizes, h0, c0, mask, *weights)
+
+
+# ---------------------------------------------------------------------------
+
+def _validate(mode, data, batch_sizes, hx, flat_weights, has_biases, num_layers, bidirectional, proj_size,
+              require_cuda: bool = True):
+    """Raises what torch raises for the same mistake; returns (h0, c0, weights)."""
+    if not isinstance(mode, str) or mode not in MODES:
+        raise ValueError(f"seqpack CUDA: mode = {mode!r} is not one of {sorted(MODES)}")
+    if not isinstance(data, torch.Tensor):
+        raise TypeError(f"seqpack CUDA: data must be a Tensor, not {type(data).__name__}")
+    if not isinstance(batch_sizes, torch.Tensor):
+        raise TypeError(f"seqpack CUDA: batch_sizes must be a Tensor, not {type(batch_sizes).__name__}")
+    if require_cuda and not data.is_cuda:
+        raise RuntimeError(f"seqpack CUDA: data is on {data.device}, expected a CUDA device")
+    if data.dtype not in DTYPES:
+        raise RuntimeError(f"seqpack CUDA: data has dtype {data.dtype}; float32, float16 or bfloat16 expected")
+    if data.dim() != 2:
+        raise RuntimeError(f"seqpack CUDA: data has shape {tuple(data.shape)}; (rows, input_size) expected")
+    if batch_sizes.device.type != "cpu" or batch_sizes.dim() != 1 or batch_sizes.dtype != torch.int64:
+        raise RuntimeError(f"seqpack CUDA: batch_sizes must be a 1-D int64 CPU tensor, got {batch_sizes.dtype} "
+                           f"of shape {tuple(batch_sizes.shape)} on {batch_sizes.device}")
+    if not isinstance(num_layers, int) or num_layers < 1:
+        raise ValueError(f"seqpack CUDA: num_layers = {num_layers!r} must be a positive int")
+    if proj_size < 0 or (proj_size > 0 and mode != "LSTM"):
+        raise ValueError(f"seqpack CUDA: proj_size = {proj_size} (only LSTM takes a positive proj_size)")
+    dirs = 2 if bidirectional else 1
+    per = 2 + (2 if has_biases else 0) + (1 if proj_size > 0 else 0)
+    weights = list(flat_weights)
+    if len(weights) != num_layers * dirs * per:
+        raise ValueError(f"seqpack CUDA: {len(weights)} flat_weights given, {num_layers * dirs * per} expected "
+                         f"for num_layers={num_layers}, bidirectional={bidirectional}, has_biases={has_biases}, "
+                         f"proj_size={proj_size}")
+    for i, w in enumerate(weights):
+        if not isinstance(w, torch.Tensor):
+            raise TypeError(f"seqpack CUDA: flat_weights[{i}] must be a Tensor, not {type(w).__name__}")
+        if w.device != data.device:
+            raise RuntimeError(f"seqpack CUDA: flat_weights[{i}] is on {w.device}, data on {data.device}")
+        if w.dtype != data.dtype:
+            raise RuntimeError(f"seqpack CUDA: flat_weights[{i}] has dtype {w.dtype}, data {data.dtype}")
+    gates = _GATES[mode]
+    if hx is None:  # zeros, as torch.nn.LSTM/GRU/RNN make them
+        if len(weights) == 0 or weights[1].dim() != 2:
+            raise RuntimeError("seqpack CUDA: flat_weights[1] (weight_hh_l0) must be a matrix")
+        hidden = weights[1].shape[0] // gates
+        batch = int(batch_sizes[0]) if batch_sizes.numel() > 0 else 0
+        h = data.new_zeros((num_layers * dirs, batch, proj_size if proj_size > 0 else hidden))
+        hx = (h, data.new_zeros((num_layers * dirs, batch, hidden))) if mode == "LSTM" else h
+    if mode == "LSTM":
+        if not isinstance(hx, (tuple, list)) or len(hx) != 2:
+            raise RuntimeError("seqpack CUDA: LSTM's hx must be a tuple (h0, c0)")
+        h0, c0 = hx
+    else:
+        if isinstance(hx, (tuple, list)):
+            raise RuntimeError(f"seqpack CUDA: {mode}'s hx must be one tensor h0, not a {type(hx).__name__}")
+        h0, c0 = hx, None
+    w_ih0, w_hh0 = weights[0], weights[1]
+    if w_hh0.dim() != 2 or w_hh0.shape[0] % gates != 0:
+        raise RuntimeError(f"seqpack CUDA: flat_weights[1] (weight_hh_l0) has shape {tuple(w_hh0.shape)}")
+    hidden = w_hh0.shape[0] // gates
+    hout = proj_size if proj_size > 0 else hidden
+    if w_ih0.dim() != 2 or w_ih0.shape[1] != data.shape[1]:
+        raise RuntimeError(f"seqpack CUDA: input.size(-1) must be equal to input_size. Expected "
+                           f"{w_ih0.shape[-1]}, got {data.shape[1]}")
+    for l in range(num_layers):
+        for d in range(dirs):
+            base = (l * dirs + d) * per
+            in_w = data.shape[1] if l == 0 else dirs * hout
+            want = [(gates * hidden, in_w), (gates * hidden, hout)]
+            if has_biases:
+                want += [(gates * hidden,), (gates * hidden,)]
+            if proj_size > 0:
+                want += [(proj_size, hidden)]
+            for k, shape in enumerate(want):
+                if tuple(weights[base + k].shape) != shape:
+                    raise RuntimeError(f"seqpack CUDA: flat_weights[{base + k}] has shape "
+                                       f"{tuple(weights[base + k].shape)}, expected {shape}")
+    for name, t, width in (("h0", h0, hout), ("c0", c0, hidden)):
+        if t is None:
+            continue
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"seqpack CUDA: {name} must be a Tensor, not {type(t).__name__}")
+        if t.device != data.device or t.dtype != data.dtype:
+            raise RuntimeError(f"seqpack CUDA: {name} is {t.dtype} on {t.device}, data {data.dtype} on {data.device}")
+        if t.dim() != 3 or t.shape[0] != num_layers * dirs or t.shape[2] != width:
+            raise RuntimeError(f"seqpack CUDA: Expected hidden size ({num_layers * dirs}, batch, {width}) for "
+                               f"{name}, got {tuple(t.shape)}")
+    if c0 is not None and c0.shape[1] != h0.shape[1]:
+        raise RuntimeError(f"seqpack CUDA: c0 has batch {c0.shape[1]}, h0 {h0.shape[1]}")
+    return h0.contiguous(), (c0.contiguous() if c0 is not None else None), [w.contiguous() for w in weights]
+
+
+def dropout_mask(data: torch.Tensor, num_layers: int, width: int, dropout: float) -> torch.Tensor:
+    """The mask between layers: (num_layers - 1, rows, width), 0 or 1/(1-p), torch's RNG."""
+    shape = (num_layers - 1, data.shape[0], width)
+    if dropout >= 1.0:
+        return data.new_zeros(shape)
+    keep = torch.empty(shape, dtype=torch.float32, device=data.device).bernoulli_(1.0 - dropout)
+    return (keep / (1.0 - dropout)).to(data.dtype)
+
+
+def _allow_tf32() -> bool:
+    """torch's setting for float32 matrix products at call time (newer torch: fp32_precision)."""
+    matmul = torch.backends.cuda.matmul
+    precision = getattr(matmul, "fp32_precision", None)
+    if precision in ("tf32", "ieee"):
+        return precision == "tf32"
+    return bool(matmul.allow_tf32)
+
+
+def rnn_packed(mode: str, data: torch.Tensor, batch_sizes: torch.Tensor, hx, flat_weights: List[torch.Tensor],
+               has_biases: bool, num_layers: int, dropout: float, train: bool, bidirectional: bool,
+               proj_size: int = 0) -> tuple:
+    """torch._VF.<mode>(data, batch_sizes, hx, flat_weights, ...) on the GPU.
+
+    Returns (output_data, h_n, c_n) for LSTM, (output_data, h_n) otherwise.
+    """
+    if not isinstance(dropout, (int, float)) or not 0.0 <= float(dropout) <= 1.0:
+        raise ValueError(f"seqpack CUDA: dropout = {dropout!r} must be a number in [0, 1]")
+    h0, c0, weights = _validate(mode, data, batch_sizes, hx, flat_weights, has_biases, num_layers,
+                                bidirectional, proj_size)
+    data = data.contiguous()
+    s = _Sizes(mode, data, h0, weights, num_layers, bidirectional, proj_size)
+    mask = None
+    if train and dropout > 0 and num_layers > 1:
+        mask = dropout_mask(data, num_layers, s.width, float(dropout))
+    allow_tf32 = _allow_tf32()
+    y, hn, cn = _run(mode, data, batch_sizes, h0, c0, weights, mask, bool(has_biases), num_layers,
+                     bool(bidirectional), int(proj_size), allow_tf32)
+    return (y, hn, cn) if mode == "LSTM" else (y, hn)

@@ -1,0 +1,407 @@
+"""CPU-side checks of seqpack's CUDA library and its Python glue (seqpack/_cuda.py).
+
+Needs no GPU, no CUDA toolkit and no built libseqpack_cuda.so:
+  - the C header is plain C, and _cuda.py's ctypes signatures match it;
+  - _cuda.py imports by file path without CUDA, and says why it is unavailable;
+  - the library's kernels and host code, compiled with g++ against the CPU
+    stand-in cuda/emulate/cuda_emulate.h (each block's threads as std::threads),
+    give torch's packed LSTM/GRU/RNN outputs and gradients through _cuda.py's
+    autograd path (skipped where g++ or torch._VF's packed overloads are missing).
+The GPU's own results are checked by test_cuda_gpu.py on a GPU machine.
+"""
+import ctypes
+import importlib.util
+import os
+import re
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+HEADER = os.path.join(ROOT, "include", "seqpack", "cuda.h")
+MODULE = os.path.join(ROOT, "python", "seqpack", "_cuda.py")
+
+
+def load_module(name="seqpack_cuda_glue"):
+    spec = importlib.util.spec_from_file_location(name, MODULE)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def header_functions():
+    """{name: (return type, [parameter types])} of the header's declarations."""
+    text = re.sub(r"/\*.*?\*/", "", open(HEADER).read(), flags=re.S)
+    out = {}
+    for ret, name, params in re.findall(r"^(int|const char\*)\s+(seqpack_cuda_\w+)\((.*?)\);", text, re.S | re.M):
+        types = []
+        for p in params.split(","):
+            p = " ".join(p.split())
+            if p in ("void", ""):
+                continue
+            # Drop the parameter name: the last identifier.
+            types.append(re.sub(r"\s*\b\w+$", "", p).replace(" *", "*"))
+        out[name] = (ret, types)
+    return out
+
+
+C_TO_CTYPES = {
+    "int": ctypes.c_int,
+    "int64_t": ctypes.c_int64,
+    "size_t": ctypes.c_size_t,
+    "const int64_t*": ctypes.POINTER(ctypes.c_int64),
+    "size_t*": ctypes.POINTER(ctypes.c_size_t),
+    "void*": ctypes.c_void_p,
+    "const void*": ctypes.c_void_p,
+    "const void* const*": ctypes.POINTER(ctypes.c_void_p),
+    "void* const*": ctypes.POINTER(ctypes.c_void_p),
+    "const char*": ctypes.c_char_p,
+}
+
+
+def test_header_and_ctypes_signatures_agree():
+    module = load_module()
+    declared = header_functions()
+    assert set(declared) == set(module.SIGNATURES), (sorted(declared), sorted(module.SIGNATURES))
+    for name, (ret, params) in declared.items():
+        restype, argtypes = module.SIGNATURES[name]
+        assert C_TO_CTYPES[ret] == restype, (name, ret, restype)
+        expected = [C_TO_CTYPES[p] for p in params]
+        assert len(expected) == len(argtypes), (name, params, argtypes)
+        for i, (want, got) in enumerate(zip(expected, argtypes)):
+            assert want == got, f"{name} parameter {i}: header {params[i]}, ctypes {got}"
+
+
+def test_header_enums_match_module():
+    module = load_module()
+    text = open(HEADER).read()
+    for mode, value in module.MODES.items():
+        assert re.search(rf"SEQPACK_CUDA_{mode} = {value}\b", text), mode
+    names = {torch.float32: "FLOAT32", torch.float16: "FLOAT16", torch.bfloat16: "BFLOAT16"}
+    for dtype, value in module.DTYPES.items():
+        assert re.search(rf"SEQPACK_CUDA_{names[dtype]} = {value}\b", text), dtype
+    assert re.search(rf"SEQPACK_CUDA_ABI_VERSION {module.ABI_VERSION}\b", text)
+
+
+@pytest.mark.skipif(shutil.which("cc") is None, reason="no C compiler (cc) to check the header with")
+def test_header_is_plain_c(tmp_path):
+    source = tmp_path / "use.c"
+    source.write_text('#include "seqpack/cuda.h"\n'
+                      "int (*f)(int, int, int64_t, const int64_t*, int64_t, int64_t, int64_t, int64_t, int64_t,\n"
+                      "         int, int, const void* const*, const void*, const void*, const void*, const void*,\n"
+                      "         void*, void*, void*, void*, size_t, void*, size_t, int, void*)"
+                      " = seqpack_cuda_rnn_forward;\n"
+                      "int main(void) { return f == 0; }\n")
+    subprocess.run(["cc", "-std=c99", "-pedantic", "-Wall", "-Wextra", "-Werror", "-fsyntax-only",
+                    "-I", os.path.join(ROOT, "include"), str(source)], check=True)
+
+
+def test_imports_without_cuda_and_explains(monkeypatch, tmp_path):
+    monkeypatch.setenv("SEQPACK_CUDA_LIBRARY", str(tmp_path / "missing" / "libseqpack_cuda.so"))
+    # Imported by path, seqpack/__init__.py (and the CPU extension) is never run.
+    before = set(sys.modules)
+    module = load_module("seqpack_cuda_glue_nolib")
+    assert not any(m == "seqpack" or m.startswith("seqpack.") for m in set(sys.modules) - before)
+    if module.library_path() is None:
+        assert module.available() is False
+        reason = module.why_unavailable()
+        assert "libseqpack_cuda.so not found" in reason and "SEQPACK_CUDA_LIBRARY" in reason
+        with pytest.raises(RuntimeError, match="not found"):
+            module.buffer_sizes("LSTM", torch.float32, 1, 1, 1, 1, 0, 1, False)
+    elif not torch.cuda.is_available():
+        assert module.available() is False
+        assert "torch.cuda.is_available() is False" in module.why_unavailable()
+
+
+def test_missing_hx_is_zeros():
+    module = load_module("seqpack_cuda_glue_hx")
+    lstm = torch.nn.LSTM(2, 3, num_layers=2, bidirectional=True, proj_size=2)
+    h0, c0, _ = module._validate("LSTM", torch.zeros(3, 2), torch.tensor([2, 1]), None, lstm._flat_weights, True, 2,
+                                 True, 2, require_cuda=False)
+    assert h0.shape == (4, 2, 2) and c0.shape == (4, 2, 3) and not h0.any() and not c0.any()
+    gru = torch.nn.GRU(2, 3)
+    h0, c0, _ = module._validate("GRU", torch.zeros(3, 2), torch.tensor([2, 1]), None, gru._flat_weights, True, 1,
+                                 False, 0, require_cuda=False)
+    assert h0.shape == (1, 2, 3) and c0 is None
+
+
+def test_bad_input_raises_like_torch():
+    module = load_module("seqpack_cuda_glue_errors")
+    x = torch.zeros(3, 2)
+    bs = torch.tensor([2, 1])
+    lstm = torch.nn.LSTM(2, 3)
+    hx = (torch.zeros(1, 2, 3), torch.zeros(1, 2, 3))
+    with pytest.raises(ValueError, match="mode = 'LSMT'"):
+        module.rnn_packed("LSMT", x, bs, hx, lstm._flat_weights, True, 1, 0.0, False, False)
+    with pytest.raises(RuntimeError, match="data is on cpu"):
+        module.rnn_packed("LSTM", x, bs, hx, lstm._flat_weights, True, 1, 0.0, False, False)
+    with pytest.raises(TypeError, match="data must be a Tensor"):
+        module.rnn_packed("LSTM", [1.0], bs, hx, lstm._flat_weights, True, 1, 0.0, False, False)
+    with pytest.raises(ValueError, match="dropout = 2"):
+        module.rnn_packed("LSTM", x, bs, hx, lstm._flat_weights, True, 1, 2, False, False)
+    # The same checks, CPU tensors allowed: shapes and counts.
+    with pytest.raises(ValueError, match="3 flat_weights given, 4 expected"):
+        module._validate("LSTM", x, bs, hx, lstm._flat_weights[:3], True, 1, False, 0, require_cuda=False)
+    with pytest.raises(RuntimeError, match=r"Expected hidden size \(1, batch, 3\) for h0, got \(2, 2, 3\)"):
+        module._validate("LSTM", x, bs, (torch.zeros(2, 2, 3), hx[1]), lstm._flat_weights, True, 1, False, 0,
+                         require_cuda=False)
+    with pytest.raises(RuntimeError, match="input_size. Expected 2, got 4"):
+        module._validate("LSTM", torch.zeros(3, 4), bs, hx, lstm._flat_weights, True, 1, False, 0,
+                         require_cuda=False)
+    with pytest.raises(RuntimeError, match="flat_weights\\[1\\] has dtype torch.float64"):
+        module._validate("LSTM", x, bs, hx, [w.double() if i == 1 else w for i, w in enumerate(lstm._flat_weights)],
+                         True, 1, False, 0, require_cuda=False)
+
+
+# ---------------------------------------------------------------------------
+# The library itself, run on the CPU through cuda/emulate/.
+
+def _compiler():
+    for c in ("g++-12", "g++", "g++-14", "g++-13"):
+        path = shutil.which(c)
+        if path:
+            return path
+    return None
+
+
+@pytest.fixture(scope="module")
+def emulated(tmp_path_factory):
+    cxx = _compiler()
+    if cxx is None:
+        pytest.skip("no g++ to build the emulated CUDA library")
+    out = tmp_path_factory.mktemp("emulated") / "libseqpack_cuda.so"
+    cmd = [cxx, "-std=c++20", "-O1", "-fPIC", "-shared", "-Wall", "-Wextra", "-Werror", "-Wno-unknown-pragmas",
+           "-x", "c++", os.path.join(ROOT, "cuda", "src", "rnn.cu"), "-DSEQPACK_CUDA_EMULATE",
+           "-I", os.path.join(ROOT, "cuda", "emulate"), "-I", os.path.join(ROOT, "include"),
+           "-o", str(out), "-pthread"]
+    probe = subprocess.run([cxx, "-x", "c++", "-std=c++20", "-fsyntax-only", "-"], input="_Float16 h; int main(){}",
+                           capture_output=True, text=True)
+    if probe.returncode != 0:
+        pytest.skip(f"{cxx} has no _Float16 (the emulated float16)")
+    subprocess.run(cmd, check=True)
+    old = os.environ.get("SEQPACK_CUDA_LIBRARY")
+    os.environ["SEQPACK_CUDA_LIBRARY"] = str(out)
+    try:
+        module = load_module("seqpack_cuda_glue_emulated")
+        assert module._library() is not None, module.why_unavailable()
+    finally:
+        if old is None:
+            del os.environ["SEQPACK_CUDA_LIBRARY"]
+        else:
+            os.environ["SEQPACK_CUDA_LIBRARY"] = old
+    return module
+
+
+VF = {"LSTM": "lstm", "GRU": "gru", "RNN_TANH": "rnn_tanh", "RNN_RELU": "rnn_relu"}
+MODULES = {"LSTM": torch.nn.LSTM, "GRU": torch.nn.GRU, "RNN_TANH": torch.nn.RNN, "RNN_RELU": torch.nn.RNN}
+
+
+def _make(mode, input_size, hidden, layers, bidirectional, bias, proj, seed):
+    torch.manual_seed(seed)
+    kwargs = dict(num_layers=layers, bidirectional=bidirectional, bias=bias)
+    if mode.startswith("RNN"):
+        kwargs["nonlinearity"] = "tanh" if mode == "RNN_TANH" else "relu"
+    if proj:
+        kwargs["proj_size"] = proj
+    return MODULES[mode](input_size, hidden, **kwargs)
+
+
+def _reference(mode, data, bs, h0, c0, weights, bias, layers, bidirectional, mask=None):
+    """torch._VF layer by layer (so that a dropout mask can be applied between layers)."""
+    dirs = 2 if bidirectional else 1
+    per = len(weights) // (layers * dirs)
+    fn = getattr(torch._VF, VF[mode])
+    x = data
+    hns, cns = [], []
+    for l in range(layers):
+        if l > 0 and mask is not None:
+            x = x * mask[l - 1]
+        w = weights[l * dirs * per:(l + 1) * dirs * per]
+        h = h0[l * dirs:(l + 1) * dirs]
+        if mode == "LSTM":
+            x, hn, cn = fn(x, bs, (h, c0[l * dirs:(l + 1) * dirs]), w, bias, 1, 0.0, False, bidirectional)
+            cns.append(cn)
+        else:
+            x, hn = fn(x, bs, h, w, bias, 1, 0.0, False, bidirectional)
+        hns.append(hn)
+    return x, torch.cat(hns), (torch.cat(cns) if cns else None)
+
+
+def _close(name, got, want, atol, rtol):
+    assert got.shape == want.shape, (name, got.shape, want.shape)
+    err = (got.double() - want.double()).abs()
+    bound = atol + rtol * want.double().abs()
+    if not bool((err <= bound).all()):
+        i = int((err - bound).argmax())
+        raise AssertionError(f"{name}: at flat index {i} got {got.flatten()[i].item()}, want "
+                             f"{want.flatten()[i].item()} (max error {err.max().item():.3g})")
+
+
+CASES = [
+    # mode, layers, bidirectional, bias, proj, lengths, extra zero-length rows
+    ("LSTM", 1, False, True, 0, [5, 3, 3, 1], 0),
+    ("LSTM", 2, True, True, 0, [4, 4, 2, 1], 2),
+    ("LSTM", 2, True, False, 0, [3, 1], 0),
+    ("LSTM", 2, True, True, 3, [5, 2, 1], 1),
+    ("LSTM", 1, False, True, 2, [1], 0),
+    ("GRU", 1, False, True, 0, [5, 3, 3, 1], 1),
+    ("GRU", 2, True, True, 0, [4, 2, 2], 0),
+    ("GRU", 1, True, False, 0, [2, 2], 0),
+    ("RNN_TANH", 2, True, True, 0, [4, 3, 1], 1),
+    ("RNN_RELU", 1, False, True, 0, [3, 2, 2], 0),
+    ("RNN_RELU", 2, True, False, 0, [2, 1], 0),
+]
+
+
+# The GEMM's 64-wide tile (the small cases above take the 32-wide one).
+CASES_TILE_64 = [CASES[1], CASES[3], CASES[6], CASES[8]]
+
+
+VARIANTS = {None: {}, "tile64": {"SEQPACK_CUDA_GEMM_TILE": "64"},
+            "persistent": {"SEQPACK_CUDA_KERNEL": "persistent"}}
+
+
+@pytest.mark.parametrize("mode,layers,bidirectional,bias,proj,lengths,extra,variant",
+                         [c + (None,) for c in CASES] + [c + ("tile64",) for c in CASES_TILE_64] +
+                         [c + ("persistent",) for c in CASES if c[4] == 0])
+def test_emulated_library_matches_torch(emulated, monkeypatch, mode, layers, bidirectional, bias, proj, lengths,
+                                        extra, variant):
+    for name, value in VARIANTS[variant].items():
+        monkeypatch.setenv(name, value)
+    input_size, hidden = 3, 5
+    seed = 1234 + len(lengths) * 7 + layers
+    rnn = _make(mode, input_size, hidden, layers, bidirectional, bias, proj, seed)
+    dirs = 2 if bidirectional else 1
+    hout = proj or hidden
+    seqs = [torch.randn(n, input_size) for n in lengths]
+    packed = torch.nn.utils.rnn.pack_sequence(seqs)
+    data, bs = packed.data.detach(), packed.batch_sizes
+    batch = len(lengths) + extra
+    h0 = torch.randn(layers * dirs, batch, hout)
+    c0 = torch.randn(layers * dirs, batch, hidden) if mode == "LSTM" else None
+    weights = [w.detach().clone() for w in rnn._flat_weights]
+    mask = None
+    if layers > 1:
+        mask = emulated.dropout_mask(data, layers, dirs * hout, 0.4)
+
+    # The library, through _cuda.py's autograd path.
+    leaves = [t.clone().requires_grad_() for t in [data, h0] + ([c0] if c0 is not None else []) + weights]
+    x_, h_ = leaves[0], leaves[1]
+    c_ = leaves[2] if c0 is not None else None
+    w_ = leaves[3 if c0 is not None else 2:]
+    y, hn, cn = emulated._run(mode, x_, bs, h_, c_, w_, mask, bias, layers, bidirectional, proj, False)
+
+    # torch, on the sequences of nonzero length.
+    rleaves = [t.clone().requires_grad_() for t in [data, h0[:, :len(lengths)]] +
+               ([c0[:, :len(lengths)]] if c0 is not None else []) + weights]
+    rx, rh = rleaves[0], rleaves[1]
+    rc = rleaves[2] if c0 is not None else None
+    rw = rleaves[3 if c0 is not None else 2:]
+    ry, rhn, rcn = _reference(mode, rx, bs, rh, rc, rw, bias, layers, bidirectional, mask)
+
+    tol = dict(atol=2e-5, rtol=2e-4)
+    _close("output", y, ry, **tol)
+    _close("h_n", hn[:, :len(lengths)], rhn, **tol)
+    assert torch.equal(hn[:, len(lengths):], h0[:, len(lengths):]), "zero-length sequences' h_n is not h0"
+    if mode == "LSTM":
+        _close("c_n", cn[:, :len(lengths)], rcn, **tol)
+        assert torch.equal(cn[:, len(lengths):], c0[:, len(lengths):])
+
+    torch.manual_seed(seed + 1)
+    gy = torch.randn_like(ry)
+    ghn = torch.randn_like(hn)
+    gcn = torch.randn_like(cn) if mode == "LSTM" else None
+    loss = (y * gy).sum() + (hn * ghn).sum() + ((cn * gcn).sum() if gcn is not None else 0)
+    grads = torch.autograd.grad(loss, leaves)
+    rloss = (ry * gy).sum() + (rhn * ghn[:, :len(lengths)]).sum() + (
+        (rcn * gcn[:, :len(lengths)]).sum() if gcn is not None else 0)
+    rgrads = torch.autograd.grad(rloss, rleaves, allow_unused=True)
+    names = ["data", "h0"] + (["c0"] if c0 is not None else []) + [f"flat_weights[{i}]" for i in range(len(weights))]
+    for name, g, r in zip(names, grads, rgrads):
+        if name in ("h0", "c0"):
+            _close("d" + name, g[:, :len(lengths)], r, **tol)
+            # h_n = h0 for sequences of length zero: the gradient passes straight through.
+            want = ghn if name == "h0" else gcn
+            assert torch.equal(g[:, len(lengths):], want[:, len(lengths):]), name
+        else:
+            _close("d" + name, g, r if r is not None else torch.zeros_like(g), **tol)
+
+
+@pytest.mark.parametrize("dtype,eps", [(torch.bfloat16, 2.0 ** -8), (torch.float16, 2.0 ** -11)])
+@pytest.mark.parametrize("mode", ["LSTM", "GRU"])
+def test_emulated_half_precision_close_to_float32(emulated, mode, dtype, eps):
+    rnn = _make(mode, 4, 6, 2, True, True, 0, 99)
+    seqs = [torch.randn(n, 4) for n in (6, 4, 1)]
+    packed = torch.nn.utils.rnn.pack_sequence(seqs)
+    h0 = torch.randn(4, 3, 6) * 0.5
+    c0 = torch.randn(4, 3, 6) * 0.5 if mode == "LSTM" else None
+    w32 = [w.detach() for w in rnn._flat_weights]
+    # Both runs use the data type's values, so the difference is the arithmetic alone.
+    cast = [t.to(dtype) for t in [packed.data, h0] + w32 + ([c0] if c0 is not None else [])]
+    x, h, *rest = cast
+    w, c = (rest[:-1], rest[-1]) if c0 is not None else (rest, None)
+    y16, hn16, _, _ = emulated._forward_impl(mode, x, packed.batch_sizes, h, c, w, None, True, 2, True, 0, False)
+    y32, hn32, _, _ = emulated._forward_impl(mode, x.float(), packed.batch_sizes, h.float(),
+                                             c.float() if c is not None else None, [t.float() for t in w], None,
+                                             True, 2, True, 0, False)
+    # h is rounded to the data type at each step: a few ulps, growing slowly with T.
+    _close("output", y16.float(), y32, atol=16 * eps, rtol=16 * eps)
+    _close("h_n", hn16.float(), hn32, atol=16 * eps, rtol=16 * eps)
+
+
+def test_emulated_library_reports_bad_values(emulated):
+    lib = emulated._library()
+    bs = (ctypes.c_int64 * 3)(3, 4, 1)
+    status = lib.seqpack_cuda_rnn_forward(0, 0, 3, bs, 4, 2, 2, 0, 1, 0, 1, None, None, None, None, None, None,
+                                          None, None, None, 0, None, 0, 0, None)
+    assert status == 1
+    assert lib.seqpack_cuda_last_error() == b"seqpack_cuda: batch_sizes[1] = 4 exceeds batch_sizes[0] = 3 " \
+                                            b"(they must not increase)"
+    ws, rs = ctypes.c_size_t(), ctypes.c_size_t()
+    assert lib.seqpack_cuda_rnn_buffer_sizes(1, 0, 10, 2, 3, 4, 2, 1, 0, ctypes.byref(ws), ctypes.byref(rs)) == 1
+    assert b"proj_size = 2 is for LSTM only, not GRU" in lib.seqpack_cuda_last_error()
+    # The reserve is linear in the rows (the fake tensor of torch.compile relies on it).
+    one, ten = ctypes.c_size_t(), ctypes.c_size_t()
+    assert lib.seqpack_cuda_rnn_buffer_sizes(0, 2, 1, 2, 3, 4, 2, 3, 1, ctypes.byref(ws), ctypes.byref(one)) == 0
+    assert lib.seqpack_cuda_rnn_buffer_sizes(0, 2, 10, 2, 3, 4, 2, 3, 1, ctypes.byref(ws), ctypes.byref(ten)) == 0
+    assert ten.value == 10 * one.value
+
+
+@pytest.mark.parametrize("mode,proj,dtype,eps", [
+    ("LSTM", 0, torch.bfloat16, 2.0 ** -8), ("LSTM", 4, torch.float16, 2.0 ** -11),
+    ("GRU", 0, torch.float16, 2.0 ** -11), ("RNN_TANH", 0, torch.bfloat16, 2.0 ** -8)])
+def test_emulated_wmma_matches_simt(emulated, monkeypatch, mode, proj, dtype, eps):
+    """SEQPACK_CUDA_GEMM=wmma (tensor cores) against the SIMT GEMM, forward and backward.
+
+    The wmma path rounds float32 operands (gate gradients, LSTM's m) to the data
+    type before the product, hence a tolerance of a few eps of the largest value."""
+    rnn = _make(mode, 5, 20, 2, True, True, proj, 7)
+    torch.manual_seed(8)
+    seqs = [torch.randn(n, 5) for n in (17, 17, 16, 16)]  # 66 rows: two 64-row tiles
+    packed = torch.nn.utils.rnn.pack_sequence(seqs)
+    hout = proj or 20
+    h0 = torch.randn(4, 5, hout).to(dtype)  # one sequence of length zero
+    c0 = torch.randn(4, 5, 20).to(dtype) if mode == "LSTM" else None
+    weights = [w.detach().to(dtype) for w in rnn._flat_weights]
+    x = packed.data.to(dtype)
+    gy = torch.randn(x.shape[0], 2 * hout).to(dtype)
+
+    def run():
+        leaves = [t.clone().requires_grad_() for t in [x, h0] + weights]
+        c = c0.clone().requires_grad_() if c0 is not None else None
+        y, hn, cn = emulated._run(mode, leaves[0], packed.batch_sizes, leaves[1], c, leaves[2:], None, True, 2, True,
+                                  proj, False)
+        loss = (y.float() * gy.float()).sum() + hn.float().sum() + (cn.float().sum() if c is not None else 0)
+        grads = torch.autograd.grad(loss, leaves + ([c] if c is not None else []))
+        return [y, hn] + list(grads)
+
+    simt = run()
+    monkeypatch.setenv("SEQPACK_CUDA_GEMM", "wmma")
+    wmma = run()
+    for i, (a, b) in enumerate(zip(wmma, simt)):
+        scale = float(b.float().abs().max()) + 1e-3
+        _close(f"result {i}", a.float(), b.float(), atol=16 * eps * scale, rtol=16 * eps)
