@@ -610,6 +610,8 @@ def main(argv=None):
     ap = argparse.ArgumentParser(description="seqpack's GPU tests without pytest")
     ap.add_argument("-k", dest="keyword", help="only tests whose id contains this")
     ap.add_argument("--json", help="write the results and measured errors to this file")
+    ap.add_argument("--budget", type=float,
+                    help="seconds for the run: tests not started by then are counted as not run")
     args = ap.parse_args(argv)
     tests = _all_tests(args.keyword)
     report = dict(torch=torch.__version__, seed=SEED, self_test=SELF_TEST, skipped_all=None,
@@ -623,7 +625,12 @@ def main(argv=None):
                  " (SELF-TEST with a fake glue: nothing of seqpack is tested)")
               + f", glue library {GLUE.library_path()}, torch {torch.__version__}, seed {SEED}",
               flush=True)
+        deadline = time.monotonic() + args.budget if args.budget else None
         for test_id, f, kwargs in tests:
+            if deadline is not None and time.monotonic() > deadline:
+                report["results"].append(dict(test=test_id, status="not run", sec=0.0,
+                                              detail="the --budget was spent"))
+                continue
             t0 = time.perf_counter()
             try:
                 f(**kwargs)
@@ -638,7 +645,7 @@ def main(argv=None):
             print(f"{status:>7} {test_id} ({sec:.2f} s){': ' + detail if detail else ''}",
                   flush=True)
     counts = {s: sum(r["status"] == s for r in report["results"])
-              for s in ("passed", "FAILED", "skipped")}
+              for s in ("passed", "FAILED", "skipped", "not run")}
     if FP32_WORST:
         worst = max(FP32_WORST, key=lambda r: r[1] / r[2] if r[2] else 0)
         target = [r for r in FP32_WORST if r[2] == FP32_TARGET]
@@ -661,12 +668,13 @@ def main(argv=None):
         report["half_errors"] = [dict(what=r[0], dtype=r[1], seqpack=r[2], torch=r[3],
                                       bound=r[4]) for r in HALF_ERRORS]
     print(f"GPU tests: {counts['passed']} passed, {counts['FAILED']} failed, "
-          f"{counts['skipped']} skipped" + (f" (all skipped: {SKIP_REASON})" if GLUE is None
-                                            else ""))
+          f"{counts['skipped']} skipped"
+          + (f", {counts['not run']} not run (the --budget was spent)" if counts["not run"] else "")
+          + (f" (all skipped: {SKIP_REASON})" if GLUE is None else ""))
     if args.json:
         with open(args.json, "w") as f:
             json.dump(report, f, indent=1)
-    return 1 if counts["FAILED"] else 0
+    return 1 if counts["FAILED"] or counts["not run"] else 0
 
 
 if __name__ == "__main__":
