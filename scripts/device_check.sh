@@ -27,6 +27,7 @@
 # Self-test without a GPU (checks this script, the test runner and the benchmark, nothing
 # of seqpack): SEQPACK_CUDA_TEST_DEVICE=cpu SEQPACK_CUDA_GLUE=/path/fake_cuda.py runs the
 # tests and the benchmark on the CPU against a fake glue (docs/gpu.md).
+# shellcheck disable=SC2317  # info, build and sweep run in a child bash (stages.sh)
 set -u
 export PYTHONUNBUFFERED=1
 
@@ -79,7 +80,8 @@ stage() {
   local cmd="$*"
   [ "${#cmd}" -gt 300 ] && cmd="${cmd:0:300}..."
   echo "\$ $cmd" >>"$log"
-  local t0=$(date +%s) rc
+  local t0 rc
+  t0=$(date +%s)
   timeout -k 10 "$limit" "$@" >>"$log" 2>&1
   rc=$?
   local sec=$(($(date +%s) - t0)) status
