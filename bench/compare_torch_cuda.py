@@ -39,6 +39,7 @@ SEQPACK_CUDA_TEST_DEVICE=cpu runs everything on the CPU with wall-clock timing,
 for the self-test of this script with a fake glue only (its figures mean
 nothing)."""
 import argparse
+import faulthandler
 import importlib.util
 import json
 import os
@@ -370,6 +371,10 @@ def main(argv=None):
                         "table says so")
     p.add_argument("--tf32", choices=["off", "default", "on"], default="off",
                    help="torch's TF32 flags for fp32 (default: off, fp32 on both sides)")
+    p.add_argument("--hang-timeout", type=float, default=90,
+                   help="a measurement running longer than this many seconds (a hung kernel) "
+                        "ends the run with every thread's traceback; the reports written so far "
+                        "stay")
     p.add_argument("--json-out", help="also write every measurement to this file")
     p.add_argument("--markdown-out", help="also write the markdown report to this file")
     args = p.parse_args(argv)
@@ -413,6 +418,20 @@ def main(argv=None):
 
     results, packing = [], {}
     out_of_time = False
+
+    def emit():
+        """The reports as they stand; written before every measurement, so that a run that
+        is killed leaves what it measured."""
+        report = summarise(results, packing, env, precisions)
+        if args.markdown_out:
+            with open(args.markdown_out, "w") as f:
+                f.write(report)
+        if args.json_out:
+            with open(args.json_out, "w") as f:
+                json.dump(dict(environment=env, results=results, packing=packing,
+                               min_time=args.min_time, budget_spent=out_of_time), f, indent=1)
+        return report
+
     for w in workloads:
         x, lengths = make_batch(w)
         for mode in modes:
@@ -429,6 +448,10 @@ def main(argv=None):
                 if out_of_time:
                     row[side][key] = "not run: the --budget was spent"
                     continue
+                # Written first, so that a run killed inside this measurement says where.
+                row[side][key] = "did not finish (hung or killed)"
+                emit()
+                faulthandler.dump_traceback_later(args.hang_timeout, exit=True)
                 try:
                     ms, reps = measure(timer, make)
                     row[side][key], row["reps"][f"{side} {key}"] = ms, reps
@@ -437,6 +460,8 @@ def main(argv=None):
                 except OutOfTime:
                     out_of_time = True
                     row[side][key] = "not run: the --budget was spent"
+                finally:
+                    faulthandler.cancel_dump_traceback_later()
                 print(f"... {w['name']} {mode} {side} {key}: "
                       f"{fmt(row[side][key]) if not isinstance(row[side][key], str) else row[side][key]}",
                       file=sys.stderr, flush=True)
@@ -448,17 +473,10 @@ def main(argv=None):
                 except OutOfTime:
                     out_of_time = True
                     break
+        emit()
 
-    report = summarise(results, packing, env, precisions)
     print()
-    print(report, flush=True)
-    if args.markdown_out:
-        with open(args.markdown_out, "w") as f:
-            f.write(report)
-    if args.json_out:
-        with open(args.json_out, "w") as f:
-            json.dump(dict(environment=env, results=results, packing=packing,
-                           min_time=args.min_time, budget_spent=out_of_time), f, indent=1)
+    print(emit(), flush=True)
     return 0
 
 

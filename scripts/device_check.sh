@@ -219,6 +219,8 @@ fi
 grep -E "^(GPU tests|SKIPPED|fp32:|half precision|  (dtype|bfloat16|float16))" "$OUT/tests.log" \
   >"$TMP/tests-summary" 2>/dev/null
 grep -E "^ *FAILED " "$OUT/tests.log" | head -20 >>"$TMP/tests-summary"
+running=$(grep -o '"running": "[^"]*"' "$OUT/tests.json" 2>/dev/null)
+[ -n "$running" ] && echo "the tests stopped inside ${running#*: } (hung or killed)" >>"$TMP/tests-summary"
 cat "$TMP/tests-summary"
 
 # ---------------------------------------------------------------- cpu (issue 27)

@@ -30,6 +30,7 @@ every test on the CPU with a fake glue (one that calls torch._VF) named by
 SEQPACK_CUDA_GLUE; it checks the tests' own code paths, nothing of seqpack."""
 import argparse
 import copy
+import faulthandler
 import importlib.util
 import json
 import math
@@ -612,7 +613,16 @@ def main(argv=None):
     ap.add_argument("--json", help="write the results and measured errors to this file")
     ap.add_argument("--budget", type=float,
                     help="seconds for the run: tests not started by then are counted as not run")
+    ap.add_argument("--test-timeout", type=float, default=120,
+                    help="a test running longer than this many seconds (a hung kernel) ends the "
+                         "run with every thread's traceback; --json names the test")
     args = ap.parse_args(argv)
+
+    def write(report):  # after every test, so that a killed run leaves what it did
+        if args.json:
+            with open(args.json, "w") as f:
+                json.dump(report, f, indent=1)
+
     tests = _all_tests(args.keyword)
     report = dict(torch=torch.__version__, seed=SEED, self_test=SELF_TEST, skipped_all=None,
                   results=[])
@@ -631,6 +641,9 @@ def main(argv=None):
                 report["results"].append(dict(test=test_id, status="not run", sec=0.0,
                                               detail="the --budget was spent"))
                 continue
+            report["running"] = test_id
+            write(report)
+            faulthandler.dump_traceback_later(args.test_timeout, exit=True)
             t0 = time.perf_counter()
             try:
                 f(**kwargs)
@@ -641,6 +654,8 @@ def main(argv=None):
                 status, detail = "FAILED", f"{type(e).__name__}: {e}"
                 traceback.print_exc()
             sec = time.perf_counter() - t0
+            faulthandler.cancel_dump_traceback_later()
+            report["running"] = None
             report["results"].append(dict(test=test_id, status=status, sec=sec, detail=detail))
             print(f"{status:>7} {test_id} ({sec:.2f} s){': ' + detail if detail else ''}",
                   flush=True)
@@ -671,9 +686,7 @@ def main(argv=None):
           f"{counts['skipped']} skipped"
           + (f", {counts['not run']} not run (the --budget was spent)" if counts["not run"] else "")
           + (f" (all skipped: {SKIP_REASON})" if GLUE is None else ""))
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(report, f, indent=1)
+    write(report)
     return 1 if counts["FAILED"] or counts["not run"] else 0
 
 
