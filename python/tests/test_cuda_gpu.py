@@ -209,8 +209,14 @@ def grads(tensors, inputs, seed):
 # ---------------------------------------------------------------- comparisons
 
 def assert_fp32_close(actual, expected, n, what, gradient=False):
-    """seqpack's fp32 result against torch's, at the bounds in the module's docstring."""
-    assert actual is not None and expected is not None, f"{what}: a gradient is missing"
+    """seqpack's fp32 result against torch's, at the bounds in the module's docstring.
+    A gradient that autograd leaves out (None) stands for zeros."""
+    if actual is None or expected is None:
+        other = expected if actual is None else actual
+        assert other is None or not other.detach().any(), \
+            f"{what}: {'seqpack' if actual is None else 'torch'} has no gradient, the other " \
+            f"a nonzero one"
+        return
     assert tuple(actual.shape) == tuple(expected.shape), \
         f"{what}: shape {tuple(actual.shape)} != {tuple(expected.shape)}"
     assert actual.dtype == expected.dtype, f"{what}: dtype {actual.dtype} != {expected.dtype}"
@@ -541,10 +547,8 @@ def test_dropout_general_cells(mode):
     ins = [packed.data] + (list(hx) if mode == "LSTM" else [hx]) \
         + [w for w in m._flat_weights]
     n = rnn_reduction_length(8, 16, 2, True, sum(LENGTHS))
+    # Layer 1's weights: nothing of layer 0 depends on them, so zeros or None on either side.
     for k, (a, e) in enumerate(zip(grads(layer0, ins, SEED), grads(layer0_torch, ins, SEED))):
-        if e is None:  # layer 1's weights: nothing of layer 0 depends on them
-            assert a is None or float(a.abs().max()) == 0.0, f"{mode}: layer 1 weight gradient"
-            continue
         assert_fp32_close(a, e, n, f"{mode} dropout: gradient {k} of layer 0's state",
                           gradient=True)
 
