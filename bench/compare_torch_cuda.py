@@ -462,8 +462,8 @@ def main(argv=None):
                     row[side][key] = "not run: the --budget was spent"
                 finally:
                     faulthandler.cancel_dump_traceback_later()
-                print(f"... {w['name']} {mode} {side} {key}: "
-                      f"{fmt(row[side][key]) if not isinstance(row[side][key], str) else row[side][key]}",
+                v = row[side][key]
+                print(f"... {w['name']} {mode} {side} {key}: {v if isinstance(v, str) else fmt(v)}",
                       file=sys.stderr, flush=True)
         if not out_of_time:
             packing[w["name"]] = {}
