@@ -603,6 +603,9 @@ def main(argv=None):
     ap.add_argument("--json", help="write the results and measured errors to this file")
     ap.add_argument("--budget", type=float,
                     help="seconds for the run: tests not started by then are counted as not run")
+    ap.add_argument("--require", action="store_true",
+                    help="fail (exit 1) instead of skipping when the GPU or the library is missing "
+                         "(the device check on a GPU machine)")
     ap.add_argument("--test-timeout", type=float, default=120,
                     help="a test running longer than this many seconds (a hung kernel) ends the "
                          "run with every thread's traceback; --json names the test")
@@ -677,6 +680,9 @@ def main(argv=None):
           + (f", {counts['not run']} not run (the --budget was spent)" if counts["not run"] else "")
           + (f" ({SKIP_REASON})" if GLUE is None else ""))
     write(report)
+    if GLUE is None and args.require:
+        print(f"FAILED: --require, and {SKIP_REASON}")
+        return 1
     return 1 if counts["FAILED"] or counts["not run"] else 0
 
 
