@@ -80,6 +80,9 @@ def load_glue():
     try:
         spec = importlib.util.spec_from_file_location("seqpack_cuda_glue", path)
         glue = importlib.util.module_from_spec(spec)
+        # Registered under its name, as an import would: torch.compile's tracing looks
+        # functions' modules up in sys.modules.
+        sys.modules[spec.name] = glue
         spec.loader.exec_module(glue)
     except Exception as e:  # reported in the table's header
         return None, f"the glue {path} failed to load: {type(e).__name__}: {e}"

@@ -79,6 +79,9 @@ def _load_glue():
     try:
         spec = importlib.util.spec_from_file_location("seqpack_cuda_glue", path)
         glue = importlib.util.module_from_spec(spec)
+        # Registered under its name, as an import would: torch.compile's tracing looks
+        # functions' modules up in sys.modules.
+        sys.modules[spec.name] = glue
         spec.loader.exec_module(glue)
     except Exception as e:  # a broken glue is reported as the reason, not a crash
         return None, f"the CUDA glue {path} failed to load: {type(e).__name__}: {e}"
@@ -95,6 +98,19 @@ if GLUE is not None and not SELF_TEST:
 
 if pytest is not None:
     pytestmark = pytest.mark.skipif(GLUE is None, reason=SKIP_REASON)
+
+
+class SkipTest(Exception):
+    """A test that cannot run here (the plain runner counts it as skipped)."""
+
+
+SKIPS = (SkipTest,) + ((pytest.skip.Exception,) if pytest is not None else ())
+
+
+def skip(reason):
+    if pytest is not None:
+        pytest.skip(reason)
+    raise SkipTest(reason)
 
 
 def cases(names, values):
@@ -541,6 +557,41 @@ def test_dropout_general_cells(mode):
                           gradient=True)
 
 
+# ---------------------------------------------------------------- torch.compile
+
+@cases("mode", MODES)
+def test_torch_compile(mode):
+    """rnn_packed inside torch.compile(fullgraph=True) (the glue's torch.library op;
+    backend aot_eager: dynamo and autograd tracing, no code generation) gives
+    eager's outputs and gradients."""
+    if tuple(int(v) for v in torch.__version__.split(".")[:2]) < (2, 4):
+        skip(f"torch.compile of a custom op needs torch >= 2.4, not {torch.__version__}")
+    m = make_module(mode, 6, 12, 2, True)
+    packed = make_packed(LENGTHS, 6, SEED + 15)
+    hx = make_hx(m, len(LENGTHS), SEED + 15)
+    hx = tuple(h.index_select(1, packed.sorted_indices) for h in hx) if mode == "LSTM" \
+        else hx.index_select(1, packed.sorted_indices)
+    states = list(hx) if mode == "LSTM" else [hx]
+    batch_sizes = packed.batch_sizes
+    n_states = len(states)
+
+    def fn(data, *rest):
+        h = tuple(rest[:n_states]) if mode == "LSTM" else rest[0]
+        return GLUE.rnn_packed(mode, data, batch_sizes, h, list(rest[n_states:]), True, 2, 0.0,
+                               True, True)
+
+    inputs = [packed.data] + states + list(m._flat_weights)
+    eager = fn(*inputs)
+    torch._dynamo.reset()
+    compiled = torch.compile(fn, fullgraph=True, backend="aot_eager")(*inputs)
+    n = rnn_reduction_length(6, 12, 2, True, sum(LENGTHS))
+    for name, a, e in zip(["output", "h_n", "c_n"], compiled, eager):
+        assert_fp32_close(a, e, n, f"{mode} compiled: {name}")
+    for k, (a, e) in enumerate(zip(grads(list(compiled), inputs, SEED),
+                                   grads(list(eager), inputs, SEED))):
+        assert_fp32_close(a, e, n, f"{mode} compiled: gradient of input {k}", gradient=True)
+
+
 # ---------------------------------------------------------------- bad inputs
 
 def _raises(call, what):
@@ -643,6 +694,8 @@ def main(argv=None):
             try:
                 f(**kwargs)
                 status, detail = "passed", ""
+            except SKIPS as e:
+                status, detail = "skipped", str(e)
             except Exception as e:  # every failure is reported, and the run goes on
                 status, detail = "FAILED", f"{type(e).__name__}: {e}"
                 traceback.print_exc()
