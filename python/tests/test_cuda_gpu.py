@@ -61,6 +61,12 @@ FP32_TARGET = 1e-5
 # fp32 products and cell state and h rounded to the dtype at every step gives in
 # an emulation on the CPU (bf16 about 2e-3, fp16 about 2.5e-4 over 46 steps).
 HALF_BOUNDS = {torch.bfloat16: (1e-2, 2e-2), torch.float16: (1.5e-3, 3e-3)}
+# RNN_RELU's gradients: relu's derivative is a step, so rounding a pre-activation
+# near 0 flips that unit's gradient on or off, and the change runs back through
+# every earlier step. seqpack's library emulated on the CPU measured up to 4.1%
+# in bf16 on test_half_precision's case, torch's own CPU bf16 5.7%; fp16 rounds
+# 8 times finer.
+RELU_GRADIENT_BOUNDS = {torch.bfloat16: 8e-2, torch.float16: 2e-2}
 MODES = ("LSTM", "GRU", "RNN_TANH", "RNN_RELU")
 
 # Figures the plain runner prints at the end (and writes with --json).
@@ -429,12 +435,14 @@ def test_half_precision(mode, dtype):
         print(f"  torch has no {dtype} path here: {e}".splitlines()[0])
         theirs = g_theirs = [None] * 100
     value_bound, grad_bound = HALF_BOUNDS[dt]
-    names = ["output", "h_n", "c_n"] + ["d data", "d h0", "d c0"][:1 + (mode == "LSTM") + 1] \
-        + [f"d {w}" for w in m_half._flat_weights_names]
+    names = ["output", "h_n", "c_n"][:len(ours)] \
+        + ["d data", "d h0", "d c0"][:len(ours)] + [f"d {w}" for w in m_half._flat_weights_names]
     failures = []
     for name, a, r, t in zip(names, ours + list(g_ours), ref + list(g_ref),
                              theirs[:len(ours)] + list(g_theirs)):
         bound = grad_bound if name.startswith("d ") else value_bound
+        if mode == "RNN_RELU" and name.startswith("d "):
+            bound = RELU_GRADIENT_BOUNDS[dt]
         err = relative_error(a, r)
         torch_err = relative_error(t, r) if t is not None else None
         allowed = bound
