@@ -9,15 +9,19 @@ the CPU extension, which is not built there).
 
     python3 python/tests/test_cuda_gpu.py                 # without pytest
     python3 python/tests/test_cuda_gpu.py -k lstm --json report.json
-    python3 -m pytest -q python/tests/test_cuda_gpu.py
+    python3 -m pytest -q python/tests/test_cuda_gpu.py    # --noconftest without the CPU build
+
+The runner's --require fails instead of skipping (scripts/device_check.sh on a
+GPU machine), --budget stops starting tests after so many seconds, and
+--test-timeout ends a run whose test hangs (the --json file names the test).
 
 Bounds (docs/gpu.md):
 - float32, TF32 off on both sides: values of magnitude <= 1 within 1e-5 of
   torch's (the issue's target); larger values and every gradient within the
   larger of 1e-5 * max|expected| and tolerance.py's bound (docs/testing.md).
 - bfloat16 and float16 against torch in float32 on the same rounded inputs and
-  weights: ||seqpack - ref|| / ||ref|| within HALF_BOUNDS; torch's own error
-  in that dtype is printed beside it.
+  weights: ||seqpack - ref|| / ||ref|| within HALF_BOUNDS (RNN_RELU's gradients:
+  RELU_GRADIENT_BOUNDS); torch's own error in that dtype is printed beside it.
 - Dropout: the values cannot match torch's random numbers; a relu stack that
   copies its input makes the mask visible (as test_rnn_dropout.py does on the
   CPU) so that the keep rate, the 1/(1-p) scale and the gradient through the
