@@ -14,6 +14,12 @@ forward passes achieve, and whether train_packed time is linear in the lengths
     /usr/bin/python3 bench/compare_torch.py --quick --workload gru-chars
     /usr/bin/python3 bench/compare_torch.py --precision bf16 --mode train_packed
 
+--device cuda runs bench/compare_torch_cuda.py instead (seqpack's CUDA kernels
+against torch's six GPU configurations; no CPU build needed), with the other
+arguments:
+
+    python3 bench/compare_torch.py --device cuda --workload gru-chars --quick
+
 --fastest-torch times torch.nn in every configuration (fp32, bf16 or int8
 module, packed or padded input: bench/torch_peer.py; int8 in the forward modes
 only) and reports seqpack against the fastest; --torch-2.6 adds PyTorch 2.6
@@ -327,8 +333,24 @@ def seqpack_info(args):
     return json.loads(res.stdout) if res.returncode == 0 else {}
 
 
+def run_on_cuda():
+    """--device cuda: bench/compare_torch_cuda.py, with the other arguments, in place
+    of this process (it needs neither the CPU build nor the seqpack binary)."""
+    pre = argparse.ArgumentParser(add_help=False)
+    pre.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
+    known, rest = pre.parse_known_args()
+    if known.device == "cuda":
+        script = os.path.join(REPO, "bench", "compare_torch_cuda.py")
+        sys.stdout.flush()
+        os.execv(sys.executable, [sys.executable, script] + rest)
+
+
 def main():
+    run_on_cuda()
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--device", choices=["cpu", "cuda"], default="cpu",
+                   help="cuda: seqpack's CUDA kernels against torch on the GPU "
+                        "(bench/compare_torch_cuda.py, which takes its own options)")
     p.add_argument("--threads", default="1",
                    help="thread counts, comma-separated (e.g. 1,2); both implementations use each")
     p.add_argument("--workloads", default=os.path.join(REPO, "bench", "workloads.json"),

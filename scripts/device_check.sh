@@ -1,0 +1,302 @@
+#!/usr/bin/env bash
+# The one-command check on a machine with an NVIDIA GPU (issue 29; docs/gpu.md):
+#
+#   bash scripts/device_check.sh            # logs and summary.md in $OUT, else ./device-out
+#
+# Stages, each time-boxed, each run whatever the one before did; the whole run ends
+# within SEQPACK_DEVICE_CHECK_BUDGET seconds (default 450, under the 8 minutes it has):
+#   info    nvidia-smi, driver, nvcc, CMake, ninja, torch, CUDA, cuDNN
+#   build   the CUDA library, standalone: cmake -S cuda -B build-cuda -G Ninja
+#           -DCMAKE_CUDA_ARCHITECTURES=90 -DCMAKE_BUILD_TYPE=Release, then ninja. A library
+#           already there (SEQPACK_CUDA_LIBRARY, or a libseqpack_cuda.so under build-cuda/,
+#           build/cuda/ or python/seqpack/, carried from another machine) is used as it is;
+#           SEQPACK_DEVICE_CHECK_REBUILD=1 builds afresh; SEQPACK_DEVICE_CHECK_BUILD=1 builds
+#           without a GPU too (a compile check).
+#   tests   python/tests/test_cuda_gpu.py through its own runner (no pytest needed)
+#   cpu     issue 27's thread sweep, `build/seqpack bench --threads N` for N in 1 2 4 8 16,
+#           where build/seqpack exists (normally it does not: the CPU build needs oneDNN and
+#           more than the GPU machine has)
+#   bench   bench/compare_torch.py --device cuda: seqpack against torch's six configurations
+#           (SEQPACK_DEVICE_CHECK_BENCH_ARGS adds options, e.g. "--workload gru-chars --quick")
+# Without a CUDA GPU the GPU stages say "no CUDA GPU" and the script still ends with 0.
+# It exits 1 when a stage failed or timed out.
+#
+# $OUT holds at most 8 files (what the GPU machine sends back): summary.md, info.log,
+# build.log, tests.log, tests.json, cpu.log, bench.log, bench.json.
+#
+# Self-test without a GPU (checks this script, the test runner and the benchmark, nothing
+# of seqpack): SEQPACK_CUDA_TEST_DEVICE=cpu SEQPACK_CUDA_GLUE=/path/fake_cuda.py runs the
+# tests and the benchmark on the CPU against a fake glue (docs/gpu.md).
+# shellcheck disable=SC2317  # info, build and sweep run in a child bash (stages.sh)
+set -u
+export PYTHONUNBUFFERED=1
+
+ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+cd "$ROOT" || exit 1
+OUT=${OUT:-$ROOT/device-out}
+mkdir -p "$OUT"
+OUT=$(cd "$OUT" && pwd)
+rm -f "$OUT"/{summary.md,info.log,build.log,tests.log,tests.json,cpu.log,bench.log,bench.json}
+TMP=$(mktemp -d)
+trap 'rm -rf "$TMP"' EXIT
+
+START=$(date +%s)
+BUDGET=${SEQPACK_DEVICE_CHECK_BUDGET:-450}
+DEADLINE=$((START + BUDGET))
+SELF_TEST=0
+[ "${SEQPACK_CUDA_TEST_DEVICE:-}" = cpu ] && SELF_TEST=1
+
+STAGES=()   # "name|status|seconds|log" rows for the summary
+FAILED=0
+
+left() { echo $((DEADLINE - $(date +%s))); }
+
+# The first python3 that imports torch: the GPU machine's python3 holds PyTorch; on a
+# Debian machine it may be /usr/bin/python3.
+PY=${PYTHON:-}
+if [ -z "$PY" ]; then
+  for candidate in python3 /usr/bin/python3; do
+    if command -v "$candidate" >/dev/null && timeout 60 "$candidate" -c "import torch" 2>/dev/null; then
+      PY=$candidate
+      break
+    fi
+  done
+fi
+
+# stage NAME MAX_SECONDS RESERVE LOG COMMAND...: runs COMMAND for at most MAX_SECONDS, and
+# never into the RESERVE seconds kept for the stages after it; its output goes to LOG.
+stage() {
+  local name=$1 max=$2 reserve=$3 log=$4
+  shift 4
+  local limit=$(($(left) - reserve))
+  [ "$limit" -gt "$max" ] && limit=$max
+  if [ "$limit" -lt 5 ]; then
+    echo "== $name: not run, the budget is spent" | tee -a "$log"
+    STAGES+=("$name|not run (budget spent)|0|$(basename "$log")")
+    FAILED=1
+    return 1
+  fi
+  echo "== $name (at most ${limit} s)"
+  local cmd="$*"
+  [ "${#cmd}" -gt 300 ] && cmd="${cmd:0:300}..."
+  echo "\$ $cmd" >>"$log"
+  local t0 rc
+  t0=$(date +%s)
+  timeout -k 10 "$limit" "$@" >>"$log" 2>&1
+  rc=$?
+  local sec=$(($(date +%s) - t0)) status
+  case $rc in
+    0) status=ok ;;
+    124|137) status="TIMED OUT after ${limit} s"; FAILED=1 ;;
+    *) status="FAILED (exit $rc)"; FAILED=1 ;;
+  esac
+  echo "   $name: $status (${sec} s)"
+  STAGES+=("$name|$status|$sec|$(basename "$log")")
+  return $rc
+}
+
+skip_stage() {  # NAME REASON LOG
+  echo "== $1: skipped: $2" | tee -a "$3"
+  STAGES+=("$1|skipped: $2|0|$(basename "$3")")
+}
+
+# ---------------------------------------------------------------- info
+info() {
+  echo "date: $(date -u '+%Y-%m-%d %H:%M:%S UTC')"
+  echo "host: $(uname -srm), $(nproc) CPUs"
+  echo "commit: $(git -C "$ROOT" log -1 --format='%h %s' 2>/dev/null || echo '(not a git checkout)')"
+  echo "--- nvidia-smi"
+  if command -v nvidia-smi >/dev/null; then
+    nvidia-smi
+    nvidia-smi --query-gpu=name,driver_version,memory.total,compute_cap --format=csv
+  else
+    echo "no nvidia-smi"
+  fi
+  echo "--- tools"
+  command -v nvcc >/dev/null && nvcc --version | tail -2 || echo "no nvcc"
+  command -v cmake >/dev/null && cmake --version | head -1 || echo "no cmake"
+  command -v ninja >/dev/null && echo "ninja $(ninja --version)" || echo "no ninja"
+  echo "--- python: ${PY:-none with torch}"
+  [ -n "$PY" ] && "$PY" - <<'EOF'
+import sys
+import torch
+print("python", sys.version.split()[0], sys.executable)
+print("torch", torch.__version__, "CUDA", torch.version.cuda, "cuDNN",
+      torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else None)
+print("cuda available:", torch.cuda.is_available())
+if torch.cuda.is_available():
+    p = torch.cuda.get_device_properties(0)
+    print(f"device: {p.name}, capability {p.major}.{p.minor}, {p.multi_processor_count} SMs, "
+          f"{p.total_memory / 2**30:.1f} GiB")
+for name in ("numpy", "pytest"):
+    try:
+        print(name, __import__(name).__version__)
+    except ImportError:
+        print(name, "missing")
+EOF
+}
+
+[ -d /usr/local/cuda/bin ] && ! command -v nvcc >/dev/null && export PATH=/usr/local/cuda/bin:$PATH
+export PY ROOT
+declare -f info >"$TMP/stages.sh"
+stage info 30 0 "$OUT/info.log" bash -c ". '$TMP/stages.sh'; info"
+cat "$OUT/info.log"
+
+HAVE_GPU=0
+if [ "$SELF_TEST" = 1 ]; then
+  HAVE_GPU=1
+  echo "SELF-TEST: the tests and the benchmark run on the CPU with the fake glue ${SEQPACK_CUDA_GLUE:-(SEQPACK_CUDA_GLUE unset)}"
+elif [ -n "$PY" ] && command -v nvidia-smi >/dev/null \
+    && timeout 60 "$PY" -c "import sys, torch; sys.exit(0 if torch.cuda.is_available() else 1)" 2>/dev/null; then
+  HAVE_GPU=1
+fi
+NO_GPU="no CUDA GPU (nvidia-smi absent or torch.cuda.is_available() is False)"
+[ -z "$PY" ] && NO_GPU="no python3 with torch"
+
+# ---------------------------------------------------------------- build
+find_library() {
+  if [ -n "${SEQPACK_CUDA_LIBRARY:-}" ] && [ -f "$SEQPACK_CUDA_LIBRARY" ]; then
+    echo "$SEQPACK_CUDA_LIBRARY"
+    return
+  fi
+  local d f
+  for d in build-cuda build/cuda python/seqpack; do
+    [ -d "$d" ] || continue
+    f=$(find "$d" -name 'libseqpack_cuda.so*' \( -type f -o -type l \) 2>/dev/null | sort | head -1)
+    [ -n "$f" ] && { echo "$ROOT/$f"; return; }
+  done
+}
+
+build() {
+  set -x
+  # A build folder carried from another checkout names that checkout's source folder.
+  if [ -f build-cuda/CMakeCache.txt ] \
+      && ! grep -q "^CMAKE_HOME_DIRECTORY:INTERNAL=$ROOT/cuda\$" build-cuda/CMakeCache.txt; then
+    rm -rf build-cuda/CMakeCache.txt build-cuda/CMakeFiles
+  fi
+  cmake -S cuda -B build-cuda -G Ninja -DCMAKE_CUDA_ARCHITECTURES=90 \
+    -DCMAKE_BUILD_TYPE=Release && ninja -C build-cuda
+}
+
+LIB=$(find_library)
+if [ "$HAVE_GPU" = 0 ] && [ "${SEQPACK_DEVICE_CHECK_BUILD:-0}" != 1 ]; then
+  skip_stage build "$NO_GPU (SEQPACK_DEVICE_CHECK_BUILD=1 compiles anyway)" "$OUT/build.log"
+elif [ "$SELF_TEST" = 1 ]; then
+  skip_stage build "self-test (fake glue)" "$OUT/build.log"
+elif [ -n "$LIB" ] && [ "${SEQPACK_DEVICE_CHECK_REBUILD:-0}" != 1 ]; then
+  skip_stage build "prebuilt library $LIB used as it is" "$OUT/build.log"
+elif [ ! -f cuda/CMakeLists.txt ]; then
+  echo "no cuda/CMakeLists.txt in this checkout" >>"$OUT/build.log"
+  STAGES+=("build|FAILED (no cuda/ sources)|0|build.log")
+  FAILED=1
+elif ! command -v nvcc >/dev/null || ! command -v cmake >/dev/null || ! command -v ninja >/dev/null; then
+  echo "nvcc, cmake or ninja missing: $(command -v nvcc cmake ninja | tr '\n' ' ')" >>"$OUT/build.log"
+  STAGES+=("build|FAILED (nvcc, cmake or ninja missing)|0|build.log")
+  FAILED=1
+else
+  declare -f build >>"$TMP/stages.sh"
+  stage build 240 200 "$OUT/build.log" bash -c ". '$TMP/stages.sh'; build"
+  LIB=$(find_library)
+  tail -5 "$OUT/build.log"
+fi
+if [ -n "$LIB" ]; then
+  export SEQPACK_CUDA_LIBRARY=$LIB
+  echo "library: $LIB"
+fi
+
+# ---------------------------------------------------------------- tests
+if [ "$HAVE_GPU" = 0 ]; then
+  skip_stage tests "$NO_GPU" "$OUT/tests.log"
+  # The runner itself still runs: it reports the same and skips every test.
+  [ -n "$PY" ] && timeout 120 "$PY" python/tests/test_cuda_gpu.py --json "$OUT/tests.json" \
+    >>"$OUT/tests.log" 2>&1
+else
+  limit=$(($(left) - 100))
+  [ "$limit" -gt 180 ] && limit=180
+  # --require: on a GPU machine a library that cannot be built or loaded is a failure.
+  require=--require
+  [ "$SELF_TEST" = 1 ] && require=
+  stage tests 180 100 "$OUT/tests.log" "$PY" python/tests/test_cuda_gpu.py --json "$OUT/tests.json" \
+    --budget $((limit > 30 ? limit - 15 : 5)) $require
+fi
+grep -E "^(GPU tests|SKIPPED|FAILED: --require|fp32:|half precision|  (dtype|bfloat16|float16))" "$OUT/tests.log" \
+  >"$TMP/tests-summary" 2>/dev/null
+grep -E "^ *FAILED " "$OUT/tests.log" | head -20 >>"$TMP/tests-summary"
+running=$(grep -o '"running": "[^"]*"' "$OUT/tests.json" 2>/dev/null)
+[ -n "$running" ] && echo "the tests stopped inside ${running#*: } (hung or killed)" >>"$TMP/tests-summary"
+cat "$TMP/tests-summary"
+
+# ---------------------------------------------------------------- cpu (issue 27)
+if [ -x build/seqpack ]; then
+  sweep() {
+    for n in 1 2 4 8 16; do
+      echo "--- seqpack bench --threads $n"
+      timeout 20 build/seqpack bench --threads "$n" --mode train_packed --min-time 0.1
+    done
+  }
+  declare -f sweep >>"$TMP/stages.sh"
+  stage cpu 110 60 "$OUT/cpu.log" bash -c ". '$TMP/stages.sh'; sweep"
+else
+  skip_stage cpu "no build/seqpack: the CPU build needs oneDNN and more, not built here" \
+    "$OUT/cpu.log"
+fi
+
+# ---------------------------------------------------------------- bench
+if [ "$HAVE_GPU" = 0 ]; then
+  skip_stage bench "$NO_GPU" "$OUT/bench.log"
+else
+  limit=$(($(left) - 10))
+  [ "$limit" -gt 300 ] && limit=300
+  # shellcheck disable=SC2086
+  stage bench 300 10 "$OUT/bench.log" "$PY" bench/compare_torch.py --device cuda \
+    --budget $((limit > 40 ? limit - 30 : 10)) --json-out "$OUT/bench.json" \
+    --markdown-out "$TMP/bench.md" ${SEQPACK_DEVICE_CHECK_BENCH_ARGS:-}
+fi
+
+# ---------------------------------------------------------------- summary
+{
+  echo "# Device check"
+  echo
+  [ "$SELF_TEST" = 1 ] && echo "**SELF-TEST on the CPU with a fake glue: nothing of seqpack was tested or timed.**" && echo
+  echo "$(date -u '+%Y-%m-%d %H:%M UTC'), $(($(date +%s) - START)) s in all, commit" \
+    "$(git -C "$ROOT" log -1 --format=%h 2>/dev/null || echo '?')"
+  echo
+  echo '```'
+  grep -E "^(device:|torch |python |host:)" "$OUT/info.log"
+  command -v nvidia-smi >/dev/null \
+    && nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>/dev/null
+  echo "library: ${LIB:-none}"
+  echo '```'
+  echo
+  echo "| stage | status | seconds | log |"
+  echo "| --- | --- | ---: | --- |"
+  for row in "${STAGES[@]}"; do
+    IFS='|' read -r name status sec log <<<"$row"
+    echo "| $name | $status | $sec | $log |"
+  done
+  echo
+  echo "## Tests"
+  echo
+  echo '```'
+  cat "$TMP/tests-summary"
+  echo '```'
+  echo
+  if [ -s "$TMP/bench.md" ]; then
+    echo "## Benchmark"
+    echo
+    sed 's/^# /### /' "$TMP/bench.md"
+  else
+    echo "## Benchmark"
+    echo
+    echo "No table. The end of bench.log:"
+    echo
+    echo '```'
+    tail -5 "$OUT/bench.log" 2>/dev/null
+    echo '```'
+  fi
+} >"$OUT/summary.md"
+
+echo
+echo "================================================================ summary ($OUT/summary.md)"
+cat "$OUT/summary.md"
+exit $FAILED
