@@ -500,7 +500,10 @@ def dropout_mask(data: torch.Tensor, num_layers: int, width: int, dropout: float
 def _allow_tf32() -> bool:
     """torch's setting for float32 matrix products at call time (newer torch: fp32_precision)."""
     matmul = torch.backends.cuda.matmul
-    precision = getattr(matmul, "fp32_precision", None)
+    try:  # torch 1.13's matmul raises AssertionError for an unknown attribute
+        precision = getattr(matmul, "fp32_precision", None)
+    except (AttributeError, AssertionError):
+        precision = None
     if precision in ("tf32", "ieee"):
         return precision == "tf32"
     return bool(matmul.allow_tf32)

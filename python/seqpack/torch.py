@@ -263,19 +263,42 @@ def _new_packed(data: Tensor, like: PackedSequence) -> PackedSequence:
                          (data, like.batch_sizes, like.sorted_indices, like.unsorted_indices))
 
 
-def _cuda_backend():
-    """seqpack's CUDA kernels, or None where there are none. Today always None:
-    the layers and cells run torch's implementation on CUDA tensors. Hook for
-    the CUDA backend (python/seqpack/_cuda.py, another change): it returns that
-    module here when the module reports its kernels available, and _cuda_runs
-    then sends CUDA tensors to seqpack's operators."""
-    return None
+_CUDA_BACKEND: list = []  # [module or None], once per process
 
 
 @torch.jit.unused
-def _cuda_runs(input: Tensor) -> bool:
-    """Whether seqpack runs this CUDA input (see _cuda_backend)."""
-    return _cuda_backend() is not None
+def _cuda_backend():
+    """seqpack's CUDA kernels (seqpack/_cuda.py over libseqpack_cuda.so), or None
+    where they cannot run: the library was not built or not found, torch sees no
+    GPU, or SEQPACK_CUDA_LAYERS=torch asks for torch's kernels. Decided once per
+    process. Where it is None, layers and cells run torch's implementation on
+    CUDA tensors (docs/gpu.md, "What runs on the GPU")."""
+    if not _CUDA_BACKEND:
+        backend = None
+        choice = os.environ.get("SEQPACK_CUDA_LAYERS", "seqpack")
+        if choice not in ("seqpack", "torch"):
+            raise ValueError(f"SEQPACK_CUDA_LAYERS = {choice!r}: use 'seqpack' (seqpack's CUDA "
+                             f"kernels where they are built) or 'torch' (torch's)")
+        if choice == "seqpack":
+            from . import _cuda
+            if _cuda.available():
+                backend = _cuda
+        _CUDA_BACKEND.append(backend)
+    return _CUDA_BACKEND[0]
+
+
+@torch.jit.unused
+def _cuda_runs(input: Tensor, weight: Tensor, h0: Optional[Tensor], c0: Optional[Tensor]) -> bool:
+    """Whether seqpack runs this CUDA input (see _cuda_backend): float32, float16 or
+    bfloat16 input, with weights and states of its dtype on its device, and at
+    least one row (torch's implementation gives the errors and the empty cases)."""
+    backend = _cuda_backend()
+    if backend is None or input.dtype not in backend.DTYPES or input.numel() == 0:
+        return False
+    for t in (weight, h0, c0):
+        if t is not None and (t.device != input.device or t.dtype != input.dtype):
+            return False
+    return True
 
 
 class _QuantizationNotice:
@@ -350,8 +373,69 @@ class _SeqpackLayer(_QuantizationNotice):
         if not self._seqpack_can_run(input, h0, c0):
             return self._torch_run(input, batch_sizes, sorted_indices, unsorted_indices, lengths,
                                    h0, c0)
+        if not torch.jit.is_scripting() and input.is_cuda:
+            return self._cuda_run(input, batch_sizes, sorted_indices, unsorted_indices, lengths,
+                                  h0, c0)
         return self._core_run(input, batch_sizes, sorted_indices, unsorted_indices, lengths, h0,
                               c0, "fp32")
+
+    @torch.jit.unused
+    def _cuda_run(self, input: Tensor, batch_sizes: Optional[Tensor],
+                  sorted_indices: Optional[Tensor], unsorted_indices: Optional[Tensor],
+                  lengths: Optional[Tensor], h0: Optional[Tensor], c0: Optional[Tensor]
+                  ) -> Tuple[Tensor, Tensor, Tensor]:
+        """_run through seqpack's CUDA kernels (seqpack/_cuda.py: packed rows, states in
+        packed order). A padded batch with lengths is packed first and padded after
+        (one gather each); one without lengths is already the packed rows of equal
+        lengths (time-major [T * B, input])."""
+        cuda = _cuda_backend()
+        bf = self.batch_first
+        total_length = 0
+        padded_tb: Optional[Tuple[int, int]] = None
+        if lengths is not None:
+            total_length = input.size(1 if bf else 0)
+            packed = pack_padded_sequence(input, lengths, bf, enforce_sorted=False)
+            input, batch_sizes = packed.data, packed.batch_sizes
+            sorted_indices, unsorted_indices = packed.sorted_indices, packed.unsorted_indices
+        elif batch_sizes is None:
+            x = input.transpose(0, 1) if bf else input
+            padded_tb = (x.size(0), x.size(1))
+            input = x.reshape(padded_tb[0] * padded_tb[1], x.size(2))
+            batch_sizes = torch.full((padded_tb[0],), padded_tb[1], dtype=torch.int64)
+        assert batch_sizes is not None
+        # The batch counts zero-length sequences (no packed rows; their states pass through).
+        batch = sorted_indices.numel() if sorted_indices is not None else int(batch_sizes[0])
+        layers = self.num_layers * (2 if self.bidirectional else 1)
+        real_hidden = self.proj_size if self.proj_size > 0 else self.hidden_size
+        if h0 is None:
+            h0 = input.new_zeros(layers, batch, real_hidden)
+        elif sorted_indices is not None:
+            h0 = h0.index_select(1, sorted_indices)
+        hx = h0
+        if self.mode == "LSTM":
+            if c0 is None:
+                c0 = input.new_zeros(layers, batch, self.hidden_size)
+            elif sorted_indices is not None:
+                c0 = c0.index_select(1, sorted_indices)
+            hx = (h0, c0)
+        res = cuda.rnn_packed(self.mode, input, batch_sizes, hx, self._flat_weights, self.bias,
+                              self.num_layers, float(self.dropout), self.training,
+                              self.bidirectional, self.proj_size)
+        output, h_n = res[0], res[1]
+        c_n = res[2] if self.mode == "LSTM" else input.new_empty(0)
+        if unsorted_indices is not None:
+            h_n = h_n.index_select(1, unsorted_indices)
+            if self.mode == "LSTM":
+                c_n = c_n.index_select(1, unsorted_indices)
+        if lengths is not None:
+            output, _ = pad_packed_sequence(
+                PackedSequence(output, batch_sizes, sorted_indices, unsorted_indices), bf, 0.0,
+                total_length)
+        elif padded_tb is not None:
+            output = output.reshape(padded_tb[0], padded_tb[1], output.size(1))
+            if bf:
+                output = output.transpose(0, 1)
+        return output, h_n, c_n
 
     def _core_run(self, input: Tensor, batch_sizes: Optional[Tensor],
                   sorted_indices: Optional[Tensor], unsorted_indices: Optional[Tensor],
@@ -451,10 +535,10 @@ class _SeqpackLayer(_QuantizationNotice):
         (One weight stands for all: a module's parameters share a device and
         dtype unless set by hand, and then the operator names the odd one.)"""
         if input.is_cuda:
-            # torch's implementation until seqpack's CUDA kernels are there.
+            # seqpack's CUDA kernels where they are built (_cuda_backend), else torch's.
             if torch.jit.is_scripting():
                 return False
-            return _cuda_runs(input)
+            return _cuda_runs(input, self._flat_weights[0], h0, c0)
         # is_cpu, not device.type: a torch.device per check costs more than the
         # rest of this method.
         dtype = input.dtype

@@ -170,6 +170,8 @@ def _compiler():
 
 @pytest.fixture(scope="module")
 def emulated(tmp_path_factory):
+    if os.environ.get("SEQPACK_TEST_CUDA") == "0":
+        pytest.skip("SEQPACK_TEST_CUDA=0: the CUDA kernels' CPU emulation is not run (scripts/test.sh)")
     cxx = _compiler()
     if cxx is None:
         pytest.skip("no g++ to build the emulated CUDA library")
@@ -405,3 +407,82 @@ def test_emulated_wmma_matches_simt(emulated, monkeypatch, mode, proj, dtype, ep
     for i, (a, b) in enumerate(zip(wmma, simt)):
         scale = float(b.float().abs().max()) + 1e-3
         _close(f"result {i}", a.float(), b.float(), atol=16 * eps * scale, rtol=16 * eps)
+
+
+# ---------------------------------------------------------------------------
+# seqpack.torch's layers on CUDA tensors: _cuda_run (packing, the states' order,
+# padding) around _cuda.rnn_packed, here the emulated library on CPU tensors.
+
+def _route_cases():
+    # (mode, layers, bidirectional, proj, batch_first, form, lengths)
+    return [("LSTM", 2, True, 0, False, "packed", [4, 1, 3]),
+            ("LSTM", 1, False, 2, True, "lengths", [2, 5, 3, 1]),
+            ("GRU", 2, False, 0, True, "padded", [3, 3]),
+            ("GRU", 1, True, 0, False, "lengths", [3, 0, 2]),
+            ("RNN_TANH", 1, True, 0, False, "packed", [2, 0, 4]),
+            ("RNN_RELU", 2, False, 0, False, "padded", [4, 4, 4])]
+
+
+@pytest.mark.parametrize("mode,layers,bidirectional,proj,batch_first,form,lengths", _route_cases())
+def test_layers_cuda_route_matches_seqpack_cpu(emulated, monkeypatch, mode, layers, bidirectional, proj,
+                                               batch_first, form, lengths):
+    spt = pytest.importorskip("seqpack.torch")
+    calls = []
+
+    class Backend:  # _cuda's interface over the emulated library, on CPU tensors
+        DTYPES = emulated.DTYPES
+
+        @staticmethod
+        def rnn_packed(m, data, batch_sizes, hx, flat_weights, has_biases, num_layers, dropout, train,
+                       bidirectional, proj_size=0):
+            calls.append((m, tuple(data.shape), tuple(batch_sizes.tolist())))
+            h0, c0 = hx if m == "LSTM" else (hx, None)
+            y, hn, cn = emulated._run(m, data, batch_sizes, h0, c0, list(flat_weights), None, has_biases,
+                                      num_layers, bidirectional, proj_size, False)
+            return (y, hn, cn) if m == "LSTM" else (y, hn)
+
+    monkeypatch.setattr(spt, "_cuda_backend", lambda: Backend)
+    torch.manual_seed(7 + len(lengths))
+    cls = {"LSTM": spt.LSTM, "GRU": spt.GRU, "RNN_TANH": spt.RNN, "RNN_RELU": spt.RNN}[mode]
+    kw = {"nonlinearity": "relu" if mode == "RNN_RELU" else "tanh"} if mode.startswith("RNN") else {}
+    if proj:
+        kw["proj_size"] = proj
+    m = cls(3, 5, num_layers=layers, bidirectional=bidirectional, batch_first=batch_first, **kw)
+    B, T = len(lengths), max(lengths)
+    x = torch.randn((B, T, 3) if batch_first else (T, B, 3))
+    dirs = 2 if bidirectional else 1
+    h0 = torch.randn(layers * dirs, B, proj or 5)
+    c0 = torch.randn(layers * dirs, B, 5) if mode == "LSTM" else None
+    lens = torch.tensor(lengths)
+    if form == "packed":
+        p = spt.pack_padded_sequence(x, lens, batch_first, enforce_sorted=False)
+        args = (p.data, p.batch_sizes, p.sorted_indices, p.unsorted_indices, None)
+    elif form == "lengths":
+        args = (x, None, None, None, lens)
+    else:
+        args = (x, None, None, None, None)
+    got = m._cuda_run(*args, h0, c0)
+    want = m._core_run(*args, h0, c0, "fp32")
+    assert calls and calls[0][0] == mode, "the CUDA backend was not called"
+    assert sum(calls[0][2]) == sum(lengths), f"{calls[0]}: packed rows are not the tokens"
+    # Both are fp32 along different code paths: the bound of docs/testing.md.
+    from tolerance import assert_fp_close, rnn_reduction_length
+    n = rnn_reduction_length(3, 5, layers, bidirectional, sum(lengths), proj)
+    for name, g, w in zip(("output", "h_n", "c_n"), got, want):
+        assert_fp_close(g.detach(), w.detach(), n, what=name)
+
+
+def test_cuda_backend_choice(monkeypatch):
+    spt = pytest.importorskip("seqpack.torch")
+    monkeypatch.setattr(spt, "_CUDA_BACKEND", [])
+    monkeypatch.setenv("SEQPACK_CUDA_LAYERS", "torch")
+    assert spt._cuda_backend() is None
+    monkeypatch.setattr(spt, "_CUDA_BACKEND", [])
+    monkeypatch.setenv("SEQPACK_CUDA_LAYERS", "gpu")
+    with pytest.raises(ValueError, match="SEQPACK_CUDA_LAYERS = 'gpu'"):
+        spt._cuda_backend()
+    monkeypatch.setattr(spt, "_CUDA_BACKEND", [])
+    monkeypatch.delenv("SEQPACK_CUDA_LAYERS")
+    # No GPU here: the kernels cannot run, whatever library is found.
+    if not torch.cuda.is_available():
+        assert spt._cuda_backend() is None

@@ -1,0 +1,35 @@
+#!/usr/bin/env bash
+# Compiles the CUDA library (cuda/, standalone: libseqpack_cuda.so, sm_80 and
+# sm_90) with every warning an error, so that the CUDA code is compiled on every
+# change even where no GPU runs it (scripts/test.sh calls it; docs/gpu-build.md).
+# The nvcc: $SEQPACK_NVCC, else the machine's CUDA under /usr/local/cuda, else
+# Debian's (/usr/bin/nvcc); where there is none it installs Debian's
+# nvidia-cuda-toolkit (SEQPACK_CUDA=1 bash scripts/setup.sh's packages: about
+# 6 minutes and 7 GB).
+#   SEQPACK_CUDA_BUILD_DIR  build directory (default build-cuda)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+BUILD_DIR=${SEQPACK_CUDA_BUILD_DIR:-build-cuda}
+nvcc=${SEQPACK_NVCC:-}
+if [ -z "$nvcc" ]; then
+  for c in /usr/local/cuda/bin/nvcc /usr/bin/nvcc; do
+    if [ -x "$c" ]; then nvcc=$c; break; fi
+  done
+fi
+if [ -z "$nvcc" ]; then
+  echo "build_cuda: no nvcc here; installing Debian's nvidia-cuda-toolkit"
+  SEQPACK_CUDA=1 SEQPACK_SETUP_PACKAGES_ONLY=1 bash scripts/setup.sh
+  nvcc=/usr/bin/nvcc
+fi
+if [ "$nvcc" = /usr/bin/nvcc ]; then
+  # Debian's nvcc finds ptxas on PATH: not another CUDA's.
+  PATH=$(echo "$PATH" | tr ':' '\n' | grep -v '^/usr/local/cuda[^:]*/bin$' | paste -sd: -)
+  export PATH
+fi
+args=$(bash scripts/nvcc_args.sh "$nvcc")
+mapfile -t args <<<"$args"
+echo "build_cuda: $("$nvcc" --version | tail -n 2 | head -n 1) ($nvcc)"
+start=$(date +%s)
+cmake -S cuda -B "$BUILD_DIR" -DCMAKE_BUILD_TYPE=Release -DSEQPACK_CUDA_WERROR=ON "${args[@]}" >/dev/null
+cmake --build "$BUILD_DIR" -j "$(nproc)"
+echo "build_cuda: $BUILD_DIR/libseqpack_cuda.so in $(( $(date +%s) - start )) s"
