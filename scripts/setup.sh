@@ -49,18 +49,10 @@ if [ "${SEQPACK_CUDA:-0}" = 1 ]; then
     $SUDO apt-get update -qq
     DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends nvidia-cuda-toolkit
   fi
-  CUDA_ARGS=(-DSEQPACK_CUDA=ON -DCMAKE_CUDA_COMPILER=/usr/bin/nvcc)
-  # Debian's nvcc runs the newest host g++ it supports (g++-11 for nvcc 11.8)
-  # through /usr/lib/nvidia-cuda-toolkit/bin/g++; without one it names a
-  # supported clang, which this script installs anyway on Debian 12 (clang-14).
-  if ! /usr/lib/nvidia-cuda-toolkit/bin/g++ --version >/dev/null 2>&1; then
-    HOST_CLANG=$( (/usr/lib/nvidia-cuda-toolkit/bin/g++ --version 2>&1 || true) | sed -n "s/.*nvcc -ccbin \(clang-[0-9.]*\).*/\1/p" | head -n1)
-    if [ -z "$HOST_CLANG" ]; then
-      echo "setup: nvcc has no supported host compiler; install the g++ that /usr/lib/nvidia-cuda-toolkit/bin/g++ names" >&2
-      exit 1
-    fi
-    CUDA_ARGS+=(-DCMAKE_CUDA_HOST_COMPILER="${HOST_CLANG/clang-/clang++-}")
-  fi
+  CUDA_ARGS=(-DSEQPACK_CUDA=ON)
+  nvcc_args=$(bash scripts/nvcc_args.sh /usr/bin/nvcc)
+  mapfile -t nvcc_args <<<"$nvcc_args"
+  CUDA_ARGS+=("${nvcc_args[@]}")
   # Debian's nvcc finds ptxas on PATH: a CUDA under /usr/local (its bin/ first
   # on PATH) would lend it another version's ptxas.
   PATH=$(echo "$PATH" | tr ':' '\n' | grep -v '^/usr/local/cuda[^:]*/bin$' | paste -sd: -)
