@@ -338,14 +338,12 @@ class CellTester {
     const std::vector<T> db_ih0 = draw<T>(G, 1.0, gen), db_hh0 = draw<T>(G, 1.0, gen);
 
     typename Cell::Saved saved;
-    const DType dt = dtype_of<T>();
     if constexpr (Cell::cell_state) {
       saved.c = Tensor::from_vector(std::vector<T>(c_rows), {l.N, H});
       saved.c0 = Tensor::from_vector(std::vector<T>(c0), {l.B, H});
     }
     if constexpr (Cell::hidden_apart)
       saved.ghn = Tensor::from_vector(std::vector<T>(ghn), {l.N, H});
-    (void)dt;
     typename Cell::template Workspace<T> ws;
     const rnn::CellShape s = shape(dtype_of<T>());
     ws.resize(s);
