@@ -43,6 +43,7 @@
 #include "cpu/gemm_int8.h"
 #include "rnn/cells.h"
 #include "rnn/grid.h"
+#include "rnn/plan.h"
 #include "rnn/saved.h"
 #include "rnn/time_loop.h"
 #include "seqpack/rnn.h"
@@ -163,6 +164,8 @@ RNNForwardResult forward_impl(const RNNOptions& o, const std::vector<Tensor>& we
 
   const cpu::BlasSingleThread one_pool;  // OpenMP's threads only (cpu/gemm.h)
   const cpu::GemmEngine<T>& eng = engine_for<T>(o);
+  // The weights laid out once for the engine and the threads.
+  const std::unique_ptr<const rnn::RNNPlan<T>> model = rnn::make_plan<T>(o, weights, eng);
   RNNForwardResult res;
   res.h_n = cpu::pooled_empty({L * D, B, R}, o.dtype);
   if (Cell::cell_state) res.c_n = cpu::pooled_empty({L * D, B, H}, o.dtype);
@@ -179,7 +182,8 @@ RNNForwardResult forward_impl(const RNNOptions& o, const std::vector<Tensor>& we
     sl.dirs.resize(static_cast<std::size_t>(D));
     for_directions(D, nt, [&](int64_t d, int nt_steps) {
       ForwardDirection<T, Cell> fd(o, eng, plan, weights, lookup, wss[static_cast<std::size_t>(d)],
-                                   sl.dirs[static_cast<std::size_t>(d)], l, d, save, !h0.defined());
+                                   sl.dirs[static_cast<std::size_t>(d)], model->dir(l, d), l, d,
+                                   save, !h0.defined());
       fd.run(nt_steps, x, h0, c0, out, res);
     });
     if (save) {

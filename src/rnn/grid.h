@@ -87,9 +87,11 @@ void run_threads(int nt, F&& body) {
 // Runs body(d, nt_steps) for every direction: two directions side by side on
 // two threads (no synchronisation until the layer ends), or one after the
 // other, each splitting its steps by columns over `nt` threads.
+inline bool directions_side_by_side(int64_t D) { return D == 2 && omp_get_max_threads() >= 2; }
+
 template <typename F>
 void for_directions(int64_t D, int nt, F&& body) {
-  if (D == 2 && omp_get_max_threads() >= 2) {
+  if (directions_side_by_side(D)) {
     run_threads(2, [&](int tid, int nth) {
       for (int64_t d = tid; d < D; d += nth) body(d, 1);
     });

@@ -22,6 +22,7 @@
 #include "cpu/scratch.h"
 #include "rnn/cell.h"
 #include "rnn/grid.h"
+#include "rnn/plan.h"
 #include "rnn/saved.h"
 #include "rnn/state_rows.h"
 #include "seqpack/packed_sequence.h"
@@ -70,10 +71,11 @@ struct ForwardDirection {
   const bool save, h0_zero, proj;
   DirWeights<T> w;
   typename Cell::template Forward<T> cell;
-  T* gates = nullptr;                 // [N, G]
-  T* outp = nullptr;                  // this direction's columns of the layer output
-  T *hprev = nullptr, *ms = nullptr;  // saved
-  std::unique_ptr<cpu::StepOperand> whh, whr;
+  const typename RNNPlan<T>::Direction& laid_out;  // the model plan's step operands
+  T* gates = nullptr;                              // [N, G]
+  T* outp = nullptr;                               // this direction's columns of the layer output
+  T *hprev = nullptr, *ms = nullptr;               // saved
+  const cpu::StepOperand *whh = nullptr, *whr = nullptr;
   // The engine's form of h_prev for the steps' products (null where it reads
   // them as they are): two halves of [B, R], the steps alternating between
   // them (a thread may write a step's h while another still multiplies the
@@ -93,7 +95,8 @@ struct ForwardDirection {
 
   ForwardDirection(const RNNOptions& o_, const cpu::GemmEngine<T>& eng_, const PackingPlan& plan_,
                    const std::vector<Tensor>& weights, const std::vector<int64_t>* lookup_,
-                   ForwardWorkspace<T, Cell>& ws_, RNNSaved::Direction& sd_, int64_t l_, int64_t d_,
+                   ForwardWorkspace<T, Cell>& ws_, RNNSaved::Direction& sd_,
+                   const typename RNNPlan<T>::Direction& laid_out_, int64_t l_, int64_t d_,
                    bool save_, bool h0_zero_)
       : o(o_),
         eng(eng_),
@@ -114,7 +117,8 @@ struct ForwardDirection {
         h0_zero(h0_zero_),
         proj(o.proj_size > 0),
         w(dir_weights<T>(o, weights, l_, d_)),
-        cell(CellShape::of(o, B, N), w.b_hh, ws.cell, saved_cell(sd_, save_)) {}
+        cell(CellShape::of(o, B, N), w.b_hh, ws.cell, saved_cell(sd_, save_)),
+        laid_out(laid_out_) {}
 
   // The cell's saved state in sd (made the cell's kind), or null without save.
   static typename Cell::Saved* saved_cell(RNNSaved::Direction& sd, bool save) {
@@ -171,12 +175,12 @@ struct ForwardDirection {
     }
   }
 
-  // The saved activations, the steps' operands (W_hhᵀ [R, G], W_hrᵀ [H, R])
-  // and the initial state.
-  void prepare(int nt, const Tensor& h0, const Tensor& c0, Tensor& out) {
-    const int nc = rows_split(eng, o) ? 1 : nt;  // threads sharing the columns
-    whh = eng.prepare(w.w_hh, /*trans_b=*/true, R, G, R, step_ranges(H, G / H, nc));
-    if (proj) whr = eng.prepare(w.w_hr, /*trans_b=*/true, H, R, H, step_ranges(R, 1, nc));
+  // The saved activations, the steps' operands (W_hhᵀ [R, G], W_hrᵀ [H, R],
+  // laid out once by the model plan for this direction's threads) and the
+  // initial state.
+  void prepare(const Tensor& h0, const Tensor& c0, Tensor& out) {
+    whh = laid_out.whh.get();
+    whr = laid_out.whr.get();
     // Under a projection h_prev is W_hr's product, not a kernel's output.
     if (save && !proj) {
       const int64_t skip = h0_zero && d == 0 && TT > 0 ? plan.batch_sizes()[0] : 0;
@@ -354,7 +358,7 @@ struct ForwardDirection {
   void run(int nt, const Tensor& x, const Tensor& h0, const Tensor& c0, Tensor& out,
            RNNForwardResult& res) {
     project_inputs(x);
-    prepare(nt, h0, c0, out);
+    prepare(h0, c0, out);
     const std::vector<int64_t> bounds = rows_split(eng, o) && nt > 1
                                             ? row_bounds(plan.batch_sizes(), B, nt)
                                             : std::vector<int64_t>{};
