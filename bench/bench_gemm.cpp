@@ -445,7 +445,7 @@ BENCHMARK(BM_int8_gemm)
     ->Unit(benchmark::kMicrosecond);
 
 // The GEMMs of one workload's forward and backward, grouped by kind, with the shapes
-// and call counts of the recurrent layers (see src/rnn_core.cpp): what the GEMMs alone
+// and call counts of the recurrent layers (see src/rnn/time_loop.h): what the GEMMs alone
 // cost, to set against `seqpack bench`'s CPU time for the same workload. Kinds:
 //   fwd_input   G = X * W_ih^T over all packed rows, per layer and direction
 //   fwd_steps   per step t: gates[bs_t, G] += h[bs_t, H] * W_hh^T
@@ -559,7 +559,7 @@ void run_workload_gemms(benchmark::State& state, const WorkloadShape& w, bool tr
   const auto fwd_op = eng.prepare(whh.data(), /*trans_b=*/true, H, G, H, {{0, G}});
   const auto bwd_op =
       train ? eng.prepare(whh.data(), /*trans_b=*/false, G, H, H, {{0, H}}) : nullptr;
-  // Rows of step t whose h_prev is not the zero h0 (rnn_core's rows_after_h0).
+  // Rows of step t whose h_prev is not the zero h0 (rows_after_h0, src/rnn/grid.h).
   auto live = [&](int64_t t, int64_t d) -> int64_t {
     if (d == 0) return t == 0 ? 0 : w.batch_sizes[static_cast<size_t>(t)];
     return t + 1 < T ? w.batch_sizes[static_cast<size_t>(t + 1)] : 0;

@@ -183,43 +183,21 @@ void cell_step(RNNMode mode, const Dims& d, const DirParams& p, StepCache& s) {
       gh[static_cast<std::size_t>(j)] += p.b_hh[static_cast<std::size_t>(j)];
     }
   }
-  auto at = [](Vec& v, int64_t j) -> double& { return v[static_cast<std::size_t>(j)]; };
+  const double* cp = s.c_prev.empty() ? nullptr : s.c_prev.data();
   switch (mode) {
     case RNNMode::rnn_tanh:
-    case RNNMode::rnn_relu: {
-      // h_t = act(W_ih x_t + b_ih + W_hh h_{t-1} + b_hh), act = tanh or relu
+    case RNNMode::rnn_relu:
       s.pre.assign(static_cast<std::size_t>(H), 0.0);
       s.h.assign(static_cast<std::size_t>(H), 0.0);
-      for (int64_t j = 0; j < H; ++j) {
-        const double a = at(gi, j) + at(gh, j);
-        at(s.pre, j) = a;
-        at(s.h, j) = mode == RNNMode::rnn_tanh ? std::tanh(a) : (a > 0 ? a : 0.0);
-      }
+      reference::cell_row_forward(mode, H, gi.data(), gh.data(), s.h_prev.data(), cp, s.pre.data(),
+                                  nullptr, s.h.data(), nullptr);
       break;
-    }
-    case RNNMode::lstm: {
-      // i_t = sigmoid(W_ii x_t + b_ii + W_hi h_{t-1} + b_hi)
-      // f_t = sigmoid(W_if x_t + b_if + W_hf h_{t-1} + b_hf)
-      // g_t = tanh   (W_ig x_t + b_ig + W_hg h_{t-1} + b_hg)
-      // o_t = sigmoid(W_io x_t + b_io + W_ho h_{t-1} + b_ho)
-      // c_t = f_t * c_{t-1} + i_t * g_t
-      // h_t = o_t * tanh(c_t)            (then h_t = W_hr h_t with proj_size)
+    case RNNMode::lstm:
       s.pre.assign(static_cast<std::size_t>(4 * H), 0.0);
       s.c.assign(static_cast<std::size_t>(H), 0.0);
       s.m.assign(static_cast<std::size_t>(H), 0.0);
-      for (int64_t j = 0; j < H; ++j) {
-        const double i = sigmoid(at(gi, j) + at(gh, j));
-        const double f = sigmoid(at(gi, H + j) + at(gh, H + j));
-        const double g = std::tanh(at(gi, 2 * H + j) + at(gh, 2 * H + j));
-        const double o = sigmoid(at(gi, 3 * H + j) + at(gh, 3 * H + j));
-        at(s.pre, j) = i;
-        at(s.pre, H + j) = f;
-        at(s.pre, 2 * H + j) = g;
-        at(s.pre, 3 * H + j) = o;
-        const double c = f * at(s.c_prev, j) + i * g;
-        at(s.c, j) = c;
-        at(s.m, j) = o * std::tanh(c);
-      }
+      reference::cell_row_forward(mode, H, gi.data(), gh.data(), s.h_prev.data(), cp, s.pre.data(),
+                                  s.c.data(), s.m.data(), nullptr);
       if (p.w_hr.empty()) {
         s.h = s.m;
       } else {
@@ -227,28 +205,13 @@ void cell_step(RNNMode mode, const Dims& d, const DirParams& p, StepCache& s) {
         add_matvec(p.w_hr, d.P, H, s.m.data(), s.h.data());
       }
       break;
-    }
-    case RNNMode::gru: {
-      // r_t = sigmoid(W_ir x_t + b_ir + W_hr h_{t-1} + b_hr)
-      // z_t = sigmoid(W_iz x_t + b_iz + W_hz h_{t-1} + b_hz)
-      // n_t = tanh(W_in x_t + b_in + r_t * (W_hn h_{t-1} + b_hn))   (linear before reset)
-      // h_t = (1 - z_t) * n_t + z_t * h_{t-1}
+    case RNNMode::gru:
       s.pre.assign(static_cast<std::size_t>(3 * H), 0.0);
       s.hn_lin.assign(static_cast<std::size_t>(H), 0.0);
       s.h.assign(static_cast<std::size_t>(H), 0.0);
-      for (int64_t j = 0; j < H; ++j) {
-        const double r = sigmoid(at(gi, j) + at(gh, j));
-        const double z = sigmoid(at(gi, H + j) + at(gh, H + j));
-        const double hn = at(gh, 2 * H + j);
-        const double n = std::tanh(at(gi, 2 * H + j) + r * hn);
-        at(s.pre, j) = r;
-        at(s.pre, H + j) = z;
-        at(s.pre, 2 * H + j) = n;
-        at(s.hn_lin, j) = hn;
-        at(s.h, j) = (1 - z) * n + z * at(s.h_prev, j);
-      }
+      reference::cell_row_forward(mode, H, gi.data(), gh.data(), s.h_prev.data(), cp, s.pre.data(),
+                                  nullptr, s.h.data(), s.hn_lin.data());
       break;
-    }
   }
 }
 
@@ -261,60 +224,20 @@ void cell_step_backward(RNNMode mode, const Dims& d, const DirParams& p, const S
   Vec dgi(static_cast<std::size_t>(G * H), 0.0), dgh(static_cast<std::size_t>(G * H), 0.0);
   Vec dh_prev(static_cast<std::size_t>(d.P), 0.0);
   auto at = [](auto& v, int64_t j) -> auto& { return v[static_cast<std::size_t>(j)]; };
-  switch (mode) {
-    case RNNMode::rnn_tanh:
-    case RNNMode::rnn_relu: {
-      for (int64_t j = 0; j < H; ++j) {
-        const double da = mode == RNNMode::rnn_tanh ? at(dh, j) * (1 - at(s.h, j) * at(s.h, j))
-                                                    : (at(s.pre, j) > 0 ? at(dh, j) : 0.0);
-        at(dgi, j) = da;
-        at(dgh, j) = da;
-      }
-      break;
-    }
-    case RNNMode::lstm: {
-      Vec dm(static_cast<std::size_t>(H), 0.0);
-      if (p.w_hr.empty()) {
-        dm = dh;
-      } else {
-        // h_t = W_hr m_t
-        add_outer(g.w_hr, dh.data(), d.P, s.m.data(), H);
-        add_matvec_t(p.w_hr, d.P, H, dh.data(), dm.data());
-      }
-      for (int64_t j = 0; j < H; ++j) {
-        const double i = at(s.pre, j), f = at(s.pre, H + j), gg = at(s.pre, 2 * H + j),
-                     o = at(s.pre, 3 * H + j);
-        const double tc = std::tanh(at(s.c, j));
-        const double dct = at(dc, j) + at(dm, j) * o * (1 - tc * tc);
-        const double di = dct * gg, df = dct * at(s.c_prev, j), dg = dct * i, d_o = at(dm, j) * tc;
-        at(dc, j) = dct * f;
-        at(dgi, j) = di * i * (1 - i);
-        at(dgi, H + j) = df * f * (1 - f);
-        at(dgi, 2 * H + j) = dg * (1 - gg * gg);
-        at(dgi, 3 * H + j) = d_o * o * (1 - o);
-      }
-      dgh = dgi;
-      break;
-    }
-    case RNNMode::gru: {
-      for (int64_t j = 0; j < H; ++j) {
-        const double r = at(s.pre, j), z = at(s.pre, H + j), n = at(s.pre, 2 * H + j);
-        const double dn = at(dh, j) * (1 - z);
-        const double dz = at(dh, j) * (at(s.h_prev, j) - n);
-        at(dh_prev, j) += at(dh, j) * z;
-        const double dan = dn * (1 - n * n);
-        const double dr = dan * at(s.hn_lin, j);
-        const double dar = dr * r * (1 - r), daz = dz * z * (1 - z);
-        at(dgi, j) = dar;
-        at(dgh, j) = dar;
-        at(dgi, H + j) = daz;
-        at(dgh, H + j) = daz;
-        at(dgi, 2 * H + j) = dan;
-        at(dgh, 2 * H + j) = dan * r;
-      }
-      break;
-    }
+  const double* dm = dh.data();
+  Vec dm_proj;
+  if (mode == RNNMode::lstm && !p.w_hr.empty()) {
+    // h_t = W_hr m_t
+    dm_proj.assign(static_cast<std::size_t>(H), 0.0);
+    add_outer(g.w_hr, dh.data(), d.P, s.m.data(), H);
+    add_matvec_t(p.w_hr, d.P, H, dh.data(), dm_proj.data());
+    dm = dm_proj.data();
   }
+  reference::cell_row_backward(mode, H, s.pre.data(), s.c.empty() ? nullptr : s.c.data(),
+                               s.c_prev.empty() ? nullptr : s.c_prev.data(), s.h_prev.data(),
+                               s.hn_lin.empty() ? nullptr : s.hn_lin.data(), s.h.data(), dm,
+                               dc.empty() ? nullptr : dc.data(), dgi.data(), dgh.data(),
+                               dh_prev.data());
   add_outer(g.w_ih, dgi.data(), G * H, s.x.data(), p.in);
   add_outer(g.w_hh, dgh.data(), G * H, s.h_prev.data(), d.P);
   if (!g.b_ih.empty()) {
@@ -474,6 +397,114 @@ Tensor state_tensor(const std::vector<Vec>& rows, int64_t n, int64_t batch, int6
 }  // namespace
 
 namespace reference {
+
+void cell_row_forward(RNNMode mode, int64_t H, const double* gi, const double* gh,
+                      const double* h_prev, const double* c_prev, double* act, double* c,
+                      double* h, double* hn_lin) {
+  switch (mode) {
+    case RNNMode::rnn_tanh:
+    case RNNMode::rnn_relu: {
+      // h_t = act(W_ih x_t + b_ih + W_hh h_{t-1} + b_hh), act = tanh or relu
+      for (int64_t j = 0; j < H; ++j) {
+        const double a = gi[j] + gh[j];
+        act[j] = a;
+        h[j] = mode == RNNMode::rnn_tanh ? std::tanh(a) : (a > 0 ? a : 0.0);
+      }
+      break;
+    }
+    case RNNMode::lstm: {
+      // i_t = sigmoid(W_ii x_t + b_ii + W_hi h_{t-1} + b_hi)
+      // f_t = sigmoid(W_if x_t + b_if + W_hf h_{t-1} + b_hf)
+      // g_t = tanh   (W_ig x_t + b_ig + W_hg h_{t-1} + b_hg)
+      // o_t = sigmoid(W_io x_t + b_io + W_ho h_{t-1} + b_ho)
+      // c_t = f_t * c_{t-1} + i_t * g_t
+      // h_t = o_t * tanh(c_t)            (then h_t = W_hr h_t with proj_size)
+      for (int64_t j = 0; j < H; ++j) {
+        const double i = sigmoid(gi[j] + gh[j]);
+        const double f = sigmoid(gi[H + j] + gh[H + j]);
+        const double g = std::tanh(gi[2 * H + j] + gh[2 * H + j]);
+        const double o = sigmoid(gi[3 * H + j] + gh[3 * H + j]);
+        act[j] = i;
+        act[H + j] = f;
+        act[2 * H + j] = g;
+        act[3 * H + j] = o;
+        const double cj = f * c_prev[j] + i * g;
+        c[j] = cj;
+        h[j] = o * std::tanh(cj);
+      }
+      break;
+    }
+    case RNNMode::gru: {
+      // r_t = sigmoid(W_ir x_t + b_ir + W_hr h_{t-1} + b_hr)
+      // z_t = sigmoid(W_iz x_t + b_iz + W_hz h_{t-1} + b_hz)
+      // n_t = tanh(W_in x_t + b_in + r_t * (W_hn h_{t-1} + b_hn))   (linear before reset)
+      // h_t = (1 - z_t) * n_t + z_t * h_{t-1}
+      for (int64_t j = 0; j < H; ++j) {
+        const double r = sigmoid(gi[j] + gh[j]);
+        const double z = sigmoid(gi[H + j] + gh[H + j]);
+        const double hn = gh[2 * H + j];
+        const double n = std::tanh(gi[2 * H + j] + r * hn);
+        act[j] = r;
+        act[H + j] = z;
+        act[2 * H + j] = n;
+        hn_lin[j] = hn;
+        h[j] = (1 - z) * n + z * h_prev[j];
+      }
+      break;
+    }
+  }
+}
+
+void cell_row_backward(RNNMode mode, int64_t H, const double* act, const double* c,
+                       const double* c_prev, const double* h_prev, const double* hn_lin,
+                       const double* h, const double* dh, double* dc, double* dgi, double* dgh,
+                       double* dh_prev) {
+  switch (mode) {
+    case RNNMode::rnn_tanh:
+    case RNNMode::rnn_relu: {
+      for (int64_t j = 0; j < H; ++j) {
+        const double da = mode == RNNMode::rnn_tanh ? dh[j] * (1 - h[j] * h[j])
+                                                    : (act[j] > 0 ? dh[j] : 0.0);
+        dgi[j] = da;
+        dgh[j] = da;
+      }
+      break;
+    }
+    case RNNMode::lstm: {
+      for (int64_t j = 0; j < H; ++j) {
+        const double i = act[j], f = act[H + j], gg = act[2 * H + j], o = act[3 * H + j];
+        const double tc = std::tanh(c[j]);
+        const double dct = dc[j] + dh[j] * o * (1 - tc * tc);
+        const double di = dct * gg, df = dct * c_prev[j], dg = dct * i, d_o = dh[j] * tc;
+        dc[j] = dct * f;
+        dgi[j] = di * i * (1 - i);
+        dgi[H + j] = df * f * (1 - f);
+        dgi[2 * H + j] = dg * (1 - gg * gg);
+        dgi[3 * H + j] = d_o * o * (1 - o);
+      }
+      for (int64_t j = 0; j < 4 * H; ++j) dgh[j] = dgi[j];
+      break;
+    }
+    case RNNMode::gru: {
+      for (int64_t j = 0; j < H; ++j) {
+        const double r = act[j], z = act[H + j], n = act[2 * H + j];
+        const double dn = dh[j] * (1 - z);
+        const double dz = dh[j] * (h_prev[j] - n);
+        dh_prev[j] += dh[j] * z;
+        const double dan = dn * (1 - n * n);
+        const double dr = dan * hn_lin[j];
+        const double dar = dr * r * (1 - r), daz = dz * z * (1 - z);
+        dgi[j] = dar;
+        dgh[j] = dar;
+        dgi[H + j] = daz;
+        dgh[H + j] = daz;
+        dgi[2 * H + j] = dan;
+        dgh[2 * H + j] = dan * r;
+      }
+      break;
+    }
+  }
+}
 
 std::vector<std::string> rnn_parameter_names(const RNNOptions& o) {
   check_options(o);

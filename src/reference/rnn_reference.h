@@ -40,6 +40,26 @@ namespace seqpack::reference {
 std::vector<std::string> rnn_parameter_names(const RNNOptions& options);
 std::vector<Shape> rnn_parameter_shapes(const RNNOptions& options);
 
+// One step of one row of a cell, its element-wise math alone (what a fast
+// cell's step computes after the products; rnn_reference_forward runs it for
+// every row). gi = W_ih x + b_ih, gh = W_hh h_prev + b_hh ([G*H] each, apart
+// because GRU needs them apart). Writes act: RNN the pre-activation [H],
+// LSTM the activated gates i, f, g, o [4H], GRU r, z, n [3H]; c (LSTM) [H];
+// h [H] (LSTM: o * tanh(c), before any projection); hn_lin (GRU) [H],
+// W_hn h_prev + b_hn. c_prev (LSTM) and h_prev (GRU) are read; pointers a
+// mode does not use may be null.
+void cell_row_forward(RNNMode mode, int64_t H, const double* gi, const double* gh,
+                      const double* h_prev, const double* c_prev, double* act, double* c,
+                      double* h, double* hn_lin);
+// Its backward: dh [H] is the gradient of h (LSTM: of o * tanh(c)), dc (LSTM)
+// the gradient of c on entry and of c_prev on exit. Writes the gradients of
+// gi and gh (dgi, dgh [G*H]) and adds GRU's direct part of dh_prev (dh * z)
+// into dh_prev [H]; the others leave dh_prev alone.
+void cell_row_backward(RNNMode mode, int64_t H, const double* act, const double* c,
+                       const double* c_prev, const double* h_prev, const double* hn_lin,
+                       const double* h, const double* dh, double* dc, double* dgi, double* dgh,
+                       double* dh_prev);
+
 // Gradients of  L = sum_b <grad_outputs[b], outputs[b]> + <grad_h_n, h_n> + <grad_c_n, c_n>
 // by back-propagation through time, one sequence at a time, in double.
 // grad_outputs[b] is [len_b, output_size]; undefined gradients count as zeros.

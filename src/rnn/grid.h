@@ -1,0 +1,146 @@
+// The grid of the recurrent core: how one direction's steps are shared
+// between threads (by columns of the gates, or by rows: whole sequences per
+// thread), the engine's column ranges that follow from it, and the threads
+// themselves (run_threads, for_directions). Neither the time loop
+// (rnn/time_loop.h) nor the cells (rnn/cell_*.h) decide which thread owns a
+// row or a column: they receive a Split.
+#pragma once
+
+#include <omp.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <utility>
+#include <vector>
+
+#include "cpu/gemm_engine.h"
+#include "cpu/gemm_int8.h"
+#include "cpu/omp_errors.h"
+#include "seqpack/rnn.h"
+
+namespace seqpack::rnn {
+
+// Threads for the splitting of one direction's steps: OpenMP's count, but at
+// least 128 hidden units per thread. Below that the per-step barriers cost more
+// than the split saves (and on a loaded machine a barrier waiting for a
+// descheduled thread costs far more: rnn-tanh-tiny, H = 64, ran 2000x slower
+// on two threads with 32 units each). A row split (by_rows) has no barrier
+// in its steps: every thread.
+int step_threads(int64_t H, bool by_rows);
+
+// Columns [a, b) of [0, width) owned by thread `tid` of `nth`, in blocks of 16
+// so that each thread's SIMD vectors stay whole.
+void split_columns(int64_t width, int nth, int tid, int64_t& a, int64_t& b);
+
+// Column ranges of a per-step product over `blocks` blocks of `width`
+// columns: index 0 is all of them (one thread); then, for each thread of
+// `nt`, its share [a, b) of every block (split_columns), so that thread tid's
+// range of block q is step_range(nth, tid, blocks, q).
+std::vector<cpu::ColumnRange> step_ranges(int64_t width, int64_t blocks, int nt);
+std::size_t step_range(int nth, int tid, int64_t blocks, int64_t q);
+
+// Rows of step t (of `bs`, `TT` steps) whose h_prev is not h0: the forward
+// direction's steps after the first continue every live row; in the reverse
+// direction rows bs[t+1].. begin at step t. With a zero h0 the product of the
+// other rows with W_hh is zero, and in the backward it only feeds grad h0.
+int64_t rows_after_h0(const std::vector<int64_t>& bs, int64_t t, int64_t d);
+
+// Rows [bounds[i], bounds[i + 1]) for thread i of nt under a row split:
+// contiguous in the length-sorted order, each holding about 1/nt of the
+// tokens (row j lives in the steps t with j < bs[t]). A row is one sequence
+// from its first step to its last, so its thread owns it for the whole loop.
+std::vector<int64_t> row_bounds(const std::vector<int64_t>& bs, int64_t B, int nt);
+
+// Whether a direction's threads split its steps by rows (whole sequences per
+// thread) rather than by columns: the engine's choice for W_hh [R, G].
+template <typename T>
+bool rows_split(const cpu::GemmEngine<T>& eng, const RNNOptions& o) {
+  return eng.steps_by_rows(o.real_hidden_size(), o.gate_count() * o.hidden_size);
+}
+
+// Runs body(tid, nth) on `nt` threads. The caller holds a
+// cpu::BlasSingleThread, so each thread's BLAS calls stay on that thread.
+template <typename F>
+void run_threads(int nt, F&& body) {
+  if (nt <= 1) {
+    body(0, 1);
+    return;
+  }
+  // No exception may leave the region (std::terminate): kept, rethrown after it.
+  cpu::OmpErrors errors;
+  // The caller's int8 weights (a thread's own) go with it to every thread.
+  const std::vector<cpu::PreparedInt8>* prepared = cpu::prepared_int8_in_scope();
+#pragma omp parallel num_threads(nt)
+  errors.run([&] {
+    const cpu::PreparedInt8Scope scope(prepared);
+    // The column split (and the engine's step ranges) were planned for nt
+    // threads; a smaller team runs it all on one thread.
+    if (omp_get_num_threads() == nt) {
+      body(omp_get_thread_num(), nt);
+    } else if (omp_get_thread_num() == 0) {
+      body(0, 1);
+    }
+  });
+  errors.rethrow();
+}
+
+// Runs body(d, nt_steps) for every direction: two directions side by side on
+// two threads (no synchronisation until the layer ends), or one after the
+// other, each splitting its steps by columns over `nt` threads.
+inline bool directions_side_by_side(int64_t D) { return D == 2 && omp_get_max_threads() >= 2; }
+
+template <typename F>
+void for_directions(int64_t D, int nt, F&& body) {
+  if (directions_side_by_side(D)) {
+    run_threads(2, [&](int tid, int nth) {
+      for (int64_t d = tid; d < D; d += nth) body(d, 1);
+    });
+  } else {
+    for (int64_t d = 0; d < D; ++d) body(d, nt);
+  }
+}
+
+// This thread's share of a step among nth threads. By columns (the
+// default): hidden units [a, b) of every gate and columns [ra, rb) of h
+// (split_columns), for all of the step's rows. By rows (engines whose
+// rows_split, on several threads; `bounds` from row_bounds): every
+// column, for this thread's rows of each step, the same rows all along.
+struct Split {
+  int tid = 0, nth = 1;
+  bool by_rows = false;
+  int64_t a = 0, b = 0, ra = 0, rb = 0;
+  int64_t row0 = 0, row1 = 0;  // a row split's rows
+  Split(int tid_, int nth_, int64_t H, int64_t R, const std::vector<int64_t>& bounds)
+      : tid(tid_), nth(nth_), by_rows(!bounds.empty() && nth_ > 1) {
+    split_columns(H, by_rows ? 1 : nth, by_rows ? 0 : tid, a, b);
+    split_columns(R, by_rows ? 1 : nth, by_rows ? 0 : tid, ra, rb);
+    if (by_rows) {
+      row0 = bounds[static_cast<std::size_t>(tid)];
+      row1 = bounds[static_cast<std::size_t>(tid + 1)];
+    }
+  }
+  // This thread's rows [first, last) of a step of n rows.
+  std::pair<int64_t, int64_t> rows(int64_t n) const {
+    if (!by_rows) return {0, n};
+    return {std::min(n, row0), std::min(n, row1)};
+  }
+  // The engine's range (step_ranges) of this thread's columns of block q of `blocks`.
+  std::size_t range(int64_t blocks, int64_t q) const {
+    return by_rows ? 0 : step_range(nth, tid, blocks, q);
+  }
+  // Whether this thread does a step's once-per-step work (keeping rows in
+  // the engine's store): under a row split each thread for its rows, under a
+  // column split thread 0.
+  bool owns_row_work() const { return by_rows || tid == 0; }
+};
+
+// The threads of a column split meet inside a step (a product reads every
+// column of its rows). Those of a row split never meet in the loop: each
+// row's state is read and written by its thread alone.
+inline void columns_barrier(const Split& sp) {
+  if (sp.nth > 1 && !sp.by_rows) {
+#pragma omp barrier
+  }
+}
+
+}  // namespace seqpack::rnn

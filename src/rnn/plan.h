@@ -1,0 +1,68 @@
+// The per-model plan of the recurrent core (private, not in the public API
+// yet; issue 27, item 1): made once per (options, weights, threads,
+// precision), it holds what the engine lays out from the weights before the
+// time loop runs, as oneDNN's RNN weight reorders or cuDNN's weight space do:
+// each layer and direction's step operands (W_hhᵀ, and W_hrᵀ with a
+// projection) for the column ranges its threads will ask for. rnn_forward
+// makes one per call for now; the modules, the classifier, StreamingRNN and
+// the torch operators are to cache it, and the backward to take it.
+#pragma once
+
+#include <omp.h>
+
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "cpu/gemm_engine.h"
+#include "rnn/grid.h"
+#include "rnn/saved.h"
+#include "seqpack/rnn.h"
+
+namespace seqpack::rnn {
+
+template <typename T>
+struct RNNPlan {
+  struct Direction {
+    std::unique_ptr<cpu::StepOperand> whh, whr;  // the forward's step operands
+  };
+  RNNOptions options;
+  int threads = 1;                             // OpenMP's count it was made for
+  const cpu::GemmEngine<T>* engine = nullptr;  // the precision's engine
+  std::vector<Direction> dirs;                 // layer by layer, then direction
+
+  const Direction& dir(int64_t l, int64_t d) const {
+    return dirs[static_cast<std::size_t>(l * options.num_directions() + d)];
+  }
+};
+
+// Lays out every layer and direction's step operands with `eng` (the engine
+// of options' dtype and precision) for the threads a forward run now splits
+// its steps over (for_directions, step_threads, rows_split: the same choice
+// as the time loop's).
+template <typename T>
+std::unique_ptr<const RNNPlan<T>> make_plan(const RNNOptions& o, const std::vector<Tensor>& weights,
+                                            const cpu::GemmEngine<T>& eng) {
+  auto plan = std::make_unique<RNNPlan<T>>();
+  plan->options = o;
+  plan->threads = omp_get_max_threads();
+  plan->engine = &eng;
+  const int64_t D = o.num_directions(), H = o.hidden_size, R = o.real_hidden_size();
+  const int64_t G = o.gate_count() * H;
+  const bool by_rows = rows_split(eng, o);
+  const int nt = directions_side_by_side(D) ? 1 : step_threads(H, by_rows);
+  const int nc = by_rows ? 1 : nt;  // threads sharing the columns
+  for (int64_t l = 0; l < o.num_layers; ++l) {
+    for (int64_t d = 0; d < D; ++d) {
+      const DirWeights<T> w = dir_weights<T>(o, weights, l, d);
+      typename RNNPlan<T>::Direction& pd = plan->dirs.emplace_back();
+      pd.whh = eng.prepare(w.w_hh, /*trans_b=*/true, R, G, R, step_ranges(H, G / H, nc));
+      if (o.proj_size > 0) {
+        pd.whr = eng.prepare(w.w_hr, /*trans_b=*/true, H, R, H, step_ranges(R, 1, nc));
+      }
+    }
+  }
+  return plan;
+}
+
+}  // namespace seqpack::rnn

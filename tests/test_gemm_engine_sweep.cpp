@@ -1,0 +1,125 @@
+// Every GEMM engine (fp32; bf16 where the CPU has native bf16; int8 where it
+// has AVX512-VNNI) against the plain float64 GEMM of GemmEngineTester
+// (tests/gemm_engine_tester.h), over odd sizes (1, 3, 17, 33, 129 rows and
+// columns; K not a multiple of any SIMD width), both transposes, beta 0 and 1,
+// a bias row, and the per-step column ranges of 1 to 4 threads.
+#include <gtest/gtest.h>
+
+#include <string>
+
+#include "gemm_engine_tester.h"
+
+namespace seqpack::testing {
+namespace {
+
+class GemmEngineSweep : public ::testing::TestWithParam<Precision> {
+ protected:
+  void SetUp() override {
+    std::string why;
+    if (!GemmEngineTester::Supported(GetParam(), &why)) GTEST_SKIP() << why;
+  }
+};
+
+const int64_t kSizes[] = {1, 3, 17, 33, 129};
+
+TEST_P(GemmEngineSweep, WholeBatchProducts) {
+  const Precision p = GetParam();
+  uint64_t seed = 1000;
+  for (int64_t m : kSizes) {
+    for (int64_t n : kSizes) {
+      for (int64_t k : {1, 5, 33, 131}) {
+        for (bool ta : {false, true}) {
+          if (ta && p == Precision::int8) continue;  // int8: forward products only
+          for (bool tb : {false, true}) {
+            for (int mode = 0; mode < 3; ++mode) {  // beta 0, beta 1, a bias row
+              GemmEngineTester()
+                  .precision(p)
+                  .m(m)
+                  .n(n)
+                  .k(k)
+                  .trans_a(ta)
+                  .trans_b(tb)
+                  .beta(mode == 1 ? 1.0f : 0.0f)
+                  .bias(mode == 2)
+                  .seed(++seed)
+                  .TestGemm();
+              if (HasFatalFailure()) return;
+            }
+          }
+        }
+      }
+    }
+  }
+}
+
+// A product large enough for the bf16 engine to multiply in bf16.
+TEST_P(GemmEngineSweep, LargeWholeBatchProduct) {
+  GemmEngineTester()
+      .precision(GetParam())
+      .m(129)
+      .n(257)
+      .k(131)
+      .trans_b(true)
+      .bias(true)
+      .seed(7)
+      .TestGemm();
+  GemmEngineTester().precision(GetParam()).m(257).n(129).k(131).beta(1).seed(8).TestGemm();
+}
+
+TEST_P(GemmEngineSweep, StepProductsOverThreadSplits) {
+  const Precision p = GetParam();
+  uint64_t seed = 5000;
+  for (int threads : {1, 2, 3, 4}) {
+    for (int64_t width : {1, 17, 33, 129}) {
+      for (int64_t blocks : {1, 3, 4}) {
+        for (int64_t m : {1, 3, 17, 33}) {
+          for (int64_t k : {3, 17, 129}) {
+            for (float beta : {0.0f, 1.0f}) {
+              GemmEngineTester()
+                  .precision(p)
+                  .m(m)
+                  .width(width)
+                  .blocks(blocks)
+                  .k(k)
+                  .trans_b(true)
+                  .beta(beta)
+                  .threads(threads)
+                  .seed(++seed)
+                  .TestStep();
+              if (HasFatalFailure()) return;
+            }
+          }
+        }
+      }
+    }
+  }
+}
+
+// Weights large enough for the bf16 engine's steps to run in bf16, both layouts.
+TEST_P(GemmEngineSweep, LargeStepProducts) {
+  for (bool tb : {false, true}) {
+    for (int threads : {1, 2, 3}) {
+      GemmEngineTester()
+          .precision(GetParam())
+          .m(33)
+          .width(129)
+          .blocks(4)
+          .k(129)
+          .trans_b(tb)
+          .threads(threads)
+          .iterations(2)
+          .seed(900 + threads)
+          .TestStep();
+      if (HasFatalFailure()) return;
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Engines, GemmEngineSweep,
+                         ::testing::Values(Precision::fp32, Precision::bf16, Precision::int8),
+                         [](const ::testing::TestParamInfo<Precision>& info) {
+                           return std::string(precision_name(info.param));
+                         });
+
+}  // namespace
+}  // namespace seqpack::testing
