@@ -13,9 +13,12 @@
 #           SEQPACK_DEVICE_CHECK_REBUILD=1 builds afresh; SEQPACK_DEVICE_CHECK_BUILD=1 builds
 #           without a GPU too (a compile check).
 #   tests   python/tests/test_cuda_gpu.py through its own runner (no pytest needed)
-#   cpu     issue 27's thread sweep, `build/seqpack bench --threads N` for N in 1 2 4 8 16,
-#           where build/seqpack exists (normally it does not: the CPU build needs oneDNN and
-#           more than the GPU machine has)
+#   cpu     issue 27's thread sweep: `seqpack bench --threads N` for N in 1 2 4 8 16 on
+#           lstm-bi-2layer (fp32, bf16, int8 forward; bf16 training), then compare_torch.py at
+#           16 threads against PyTorch's fastest configuration. The tool is build/seqpack, or
+#           the bundle scripts/device_bundle.sh packs into build-device/ (carry it: the GPU
+#           machine lacks oneDNN and the rest); without either, or without a GPU (not that
+#           machine; SEQPACK_DEVICE_CHECK_CPU=1 runs it anyway), the stage is skipped
 #   bench   bench/compare_torch.py --device cuda: seqpack against torch's six configurations
 #           (SEQPACK_DEVICE_CHECK_BENCH_ARGS adds options, e.g. "--workload gru-chars --quick")
 # Without a CUDA GPU the GPU stages say "no CUDA GPU" and the script still ends with 0.
@@ -227,17 +230,42 @@ running=$(grep -o '"running": "[^"]*"' "$OUT/tests.json" 2>/dev/null)
 cat "$TMP/tests-summary"
 
 # ---------------------------------------------------------------- cpu (issue 27)
+# The CPU tool: build/seqpack where this machine built it, else the bundle that
+# scripts/device_bundle.sh packs (carried as build-device/), unpacked here.
+SEQPACK_CPU=
 if [ -x build/seqpack ]; then
+  SEQPACK_CPU=$ROOT/build/seqpack
+elif [ -f build-device/seqpack-cpu.tar.xz ] && tar -C "$TMP" -xJf build-device/seqpack-cpu.tar.xz; then
+  SEQPACK_CPU=$TMP/seqpack-cpu/seqpack
+  export LD_LIBRARY_PATH="$TMP/seqpack-cpu/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+fi
+if [ "$HAVE_GPU" = 0 ] && [ "${SEQPACK_DEVICE_CHECK_CPU:-0}" != 1 ]; then
+  skip_stage cpu "no CUDA GPU: not the GPU machine's CPU (SEQPACK_DEVICE_CHECK_CPU=1 runs it anyway)" \
+    "$OUT/cpu.log"
+elif [ -n "$SEQPACK_CPU" ] && "$SEQPACK_CPU" info >/dev/null 2>&1; then
+  export SEQPACK_CPU PY
   sweep() {
+    "$SEQPACK_CPU" info
+    # issue 27's table: lstm-bi-2layer at 1..16 threads, forward in each precision, bf16 training
     for n in 1 2 4 8 16; do
-      echo "--- seqpack bench --threads $n"
-      timeout 20 build/seqpack bench --threads "$n" --mode train_packed --min-time 0.1
+      for run in forward_packed:fp32 forward_packed:bf16 forward_packed:int8 train_packed:bf16; do
+        echo "--- threads $n, ${run%:*}, ${run#*:}"
+        timeout 20 "$SEQPACK_CPU" bench --threads "$n" --workload lstm-bi-2layer --mode "${run%:*}" \
+          --precision "${run#*:}" --min-time 0.1 --json || echo "(not run: exit $?)"
+      done
     done
+    # the peer at 16 threads, PyTorch at its fastest configuration, in the same run
+    if [ -n "$PY" ]; then
+      echo "--- compare_torch.py --threads 16 --fastest-torch, lstm-bi-2layer"
+      timeout 60 "$PY" bench/compare_torch.py --seqpack "$SEQPACK_CPU" --threads 16 \
+        --workload lstm-bi-2layer --mode forward_packed --mode train_packed --precision bf16 \
+        --fastest-torch --quick --no-linearity --malloc tuned || echo "(compare_torch: exit $?)"
+    fi
   }
   declare -f sweep >>"$TMP/stages.sh"
   stage cpu 110 60 "$OUT/cpu.log" bash -c ". '$TMP/stages.sh'; sweep"
 else
-  skip_stage cpu "no build/seqpack: the CPU build needs oneDNN and more, not built here" \
+  skip_stage cpu "no CPU tool: neither build/seqpack nor build-device/seqpack-cpu.tar.xz (scripts/device_bundle.sh) runs here" \
     "$OUT/cpu.log"
 fi
 

@@ -1,0 +1,27 @@
+#!/usr/bin/env bash
+# Packs the CPU build's command-line tool with the shared libraries it needs
+# beyond glibc (oneDNN, OpenBLAS, Highway, fmt, ONNX, protobuf, libgomp,
+# libstdc++, ...) into build-device/seqpack-cpu.tar.xz, for a machine that has
+# none of them: the GPU machine, whose 16-core Xeon issue 27's thread sweep
+# needs (scripts/device_check.sh's cpu stage unpacks it). Carry it there with
+# the working tree (the device tool's carry: ["build-device"]). Needs glibc
+# 2.34 or newer there, as Debian 12's build does.
+#   SEQPACK_BUILD_DIR  the build to pack (default build)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+BUILD_DIR=${SEQPACK_BUILD_DIR:-build}
+tool=$BUILD_DIR/seqpack
+[ -x "$tool" ] || { echo "device_bundle: no $tool (bash scripts/setup.sh builds it)" >&2; exit 1; }
+stage=$(mktemp -d)
+trap 'rm -rf "$stage"' EXIT
+mkdir -p "$stage/seqpack-cpu/lib" build-device
+cp "$tool" "$stage/seqpack-cpu/seqpack"
+cp bench/workloads.json "$stage/seqpack-cpu/"
+# Every library ldd resolves, but glibc's own (the loader, libc, libm, ...):
+# those must be the machine's.
+ldd "$tool" | awk '$2 == "=>" && $3 ~ /^\// {print $3}' |
+  grep -Ev '/(ld-linux[^/]*|libc|libm|libpthread|libdl|librt|libresolv)\.so' |
+  while read -r lib; do cp -L "$lib" "$stage/seqpack-cpu/lib/"; done
+tar -C "$stage" -cJf build-device/seqpack-cpu.tar.xz seqpack-cpu
+echo "device_bundle: build-device/seqpack-cpu.tar.xz ($(du -h build-device/seqpack-cpu.tar.xz | cut -f1)," \
+  "$(find "$stage/seqpack-cpu/lib" -type f | wc -l) libraries)"
