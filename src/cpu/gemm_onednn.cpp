@@ -102,6 +102,7 @@ struct ThreadState {
   GrowBuffer<uint8_t> scratch;
   GrowBuffer<float> c;    // a step's result when its columns are not all of C's
   GrowBuffer<float> a32;  // an f32 step's rows, when strided
+  GrowBuffer<float> col;  // a one-column C with row stride > 1, dense (run_product)
 };
 ThreadState& thread_state() {
   thread_local ThreadState s;
@@ -250,6 +251,27 @@ void run(const Key& key, const void* src, const void* wei, float* dst, const flo
   }
 }
 
+// run() for a whole product. A C of one column with row stride ldc > 1 is
+// computed dense and copied back: oneDNN 3.7's brg_matmul (avx512_core)
+// writes past that column (C[0][1] of a 3x1 product with ldc 3, found by
+// tests/test_gemm_engine_sweep on Debian 13; oneDNN 2.6 does not), which would
+// overwrite a neighbour's column, e.g. the other direction's in a [rows, 2H]
+// buffer with H = 1.
+void run_product(Key key, const void* src, const void* wei, float* c, const float* bias) {
+  if (key.n != 1 || key.ldc == 1) {
+    run(key, src, wei, c, bias);
+    return;
+  }
+  const int64_t m = key.m, ldc = key.ldc;
+  float* dense = thread_state().col.resize(static_cast<std::size_t>(m));
+  if (key.sum) {
+    for (int64_t i = 0; i < m; ++i) dense[i] = c[i * ldc];
+  }
+  key.ldc = 1;
+  run(key, src, wei, dense, bias);
+  for (int64_t i = 0; i < m; ++i) c[i * ldc] = dense[i];
+}
+
 // The reorder of a plain [k, w] weight operand (transposed or not; f32 with
 // row stride ld, or contiguous bf16 with ld 0) into the blocked layout,
 // created once per shape and thread: created per call (each W_hh and W_hr,
@@ -384,7 +406,7 @@ class OnednnEngine : public GemmEngine<float> {
         bf16_operand(b.kept, b.kept_row, b.trans ? n : k, b.trans ? k : n, b.data, b.ld, ts.b);
     const Key key{m,       n,       k, a.trans ? m : k, b.trans ? k : n, p.ldc, a.trans,
                   b.trans, !p.c_row && p.beta != 0.0f, p.c_row != nullptr, false, false};
-    run(key, a16, b16, p.c, p.c_row);
+    run_product(key, a16, b16, p.c, p.c_row);
   }
 
   std::unique_ptr<RowStore> keep_rows(int64_t rows, int64_t cols, int64_t n,
@@ -553,7 +575,7 @@ void onednn_gemm_f32(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k
   }
   const Key key{m,       n,       k, lda, ldb, ldc, trans_a,
                 trans_b, !c_row && beta != 0.0f, c_row != nullptr, false, true};
-  run(key, a, b, c, c_row);
+  run_product(key, a, b, c, c_row);
 }
 
 const GemmEngine<float>& onednn_bf16_engine() {
