@@ -23,7 +23,7 @@ if [ -z "$nvcc" ]; then
 fi
 if [ "$nvcc" = /usr/bin/nvcc ]; then
   # Debian's nvcc finds ptxas on PATH: not another CUDA's.
-  PATH=$(echo "$PATH" | tr ':' '\n' | grep -v '^/usr/local/cuda[^:]*/bin$' | paste -sd: -)
+  PATH=$(bash scripts/nvcc_args.sh --path)
   export PATH
 fi
 args=$(bash scripts/nvcc_args.sh "$nvcc")

@@ -5,9 +5,23 @@
 # (g++-11 for nvcc 11.8) through /usr/lib/nvidia-cuda-toolkit/bin/g++; without
 # one that wrapper fails naming a supported clang, which scripts/setup.sh
 # installs anyway on Debian 12 (clang-14). Exits 1 when nvcc has no host
-# compiler here. Callers using Debian's nvcc also drop /usr/local/cuda*/bin from
-# PATH: that nvcc finds ptxas on PATH, and another CUDA's would not match it.
+# compiler here.
+#
+# `nvcc_args.sh --path` prints $PATH without the directories that hold another
+# CUDA's ptxas (/usr/local/cuda*/bin, or wrappers such as /usr/local/bin/ptxas):
+# Debian's nvcc runs the ptxas it finds on PATH, and another version's fails
+# ("Value 'sm_52' is not defined for option 'gpu-name'"). Callers using Debian's
+# nvcc set PATH to it.
 set -euo pipefail
+if [ "${1:-}" = --path ]; then
+  echo "$PATH" | tr ':' '\n' | while read -r d; do
+    case $d in
+      /usr/bin | /bin) echo "$d" ;;
+      *) [ -e "$d/ptxas" ] || echo "$d" ;;
+    esac
+  done | paste -sd: -
+  exit 0
+fi
 nvcc=${1:-/usr/bin/nvcc}
 echo "-DCMAKE_CUDA_COMPILER=$nvcc"
 wrapper=/usr/lib/nvidia-cuda-toolkit/bin/g++

@@ -55,7 +55,7 @@ if [ "${SEQPACK_CUDA:-0}" = 1 ]; then
   CUDA_ARGS+=("${nvcc_args[@]}")
   # Debian's nvcc finds ptxas on PATH: a CUDA under /usr/local (its bin/ first
   # on PATH) would lend it another version's ptxas.
-  PATH=$(echo "$PATH" | tr ':' '\n' | grep -v '^/usr/local/cuda[^:]*/bin$' | paste -sd: -)
+  PATH=$(bash scripts/nvcc_args.sh --path)
   export PATH
 fi
 if [ "${SEQPACK_SETUP_PACKAGES_ONLY:-0}" = 1 ]; then exit 0; fi
