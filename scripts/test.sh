@@ -12,6 +12,9 @@
 #   SEQPACK_TEST_WHEEL=0      skip the wheel (the Debian 13 suite does: CI's time)
 #   SEQPACK_TEST_ISA_CAPS=0   skip the ISA-capped comparisons with PyTorch
 #                             (scripts/test_isa_caps.sh; the Debian 13 suite does)
+#   SEQPACK_TEST_CUDA=0       skip compiling the CUDA library (scripts/build_cuda.sh),
+#                             the device check's run without a GPU, and the CUDA
+#                             kernels' CPU emulation in pytest (the Debian 13 suite does)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 BUILD_DIR=${SEQPACK_BUILD_DIR:-build}
@@ -56,6 +59,20 @@ if [ "${SEQPACK_TEST_ISA_CAPS:-1}" = 1 ]; then
   SEQPACK_BUILD_DIR=$BUILD_DIR bash scripts/test_isa_caps.sh
 fi
 
+if [ "${SEQPACK_TEST_CUDA:-1}" = 1 ]; then
+  stage "CUDA: the library compiled (sm_80, sm_90, warnings as errors), the device check without a GPU"
+  # No GPU here: the kernels run on the GPU machine (scripts/device_check.sh,
+  # docs/gpu.md); pytest ran them through their CPU emulation above.
+  bash scripts/build_cuda.sh
+  device_out=$(mktemp -d)
+  OUT=$device_out bash scripts/device_check.sh >"$device_out/run.log" 2>&1 || {
+    tail -n 40 "$device_out/run.log"
+    echo "test: scripts/device_check.sh failed without a GPU (log: $device_out/run.log)" >&2
+    exit 1
+  }
+  rm -rf "$device_out"
+fi
+
 if [ "${SEQPACK_TEST_WHEEL:-1}" = 1 ]; then
   stage "pip: the wheel in a virtual environment, the Python suite against it from outside the tree"
   # Built beside build/ through ccache (when setup.sh used it), so the library's
@@ -87,6 +104,7 @@ if [ "$DEBIAN13" = 1 ]; then
   fi
   stage "Debian 13 (PyTorch 2.6, oneDNN 3.7, Python 3.13, GCC 14): the same suite"
   SEQPACK_TEST_SANITIZERS=0 SEQPACK_TEST_WHEEL=0 SEQPACK_TEST_DEBIAN13=0 SEQPACK_TEST_ISA_CAPS=0 \
+    SEQPACK_TEST_CUDA=0 \
     bash scripts/debian13.sh bash scripts/test.sh
 fi
 stage "all tests passed"

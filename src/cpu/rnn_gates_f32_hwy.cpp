@@ -229,6 +229,7 @@ void LstmForward(int64_t n, int64_t H, int64_t k0, int64_t k1, float* gates, con
 // vectors at a time, down the rows.
 void AddColumnSums(int64_t n, int64_t ld, int64_t ng, int64_t H, int64_t k0, int64_t k1,
                    const float* src, float* dst) {
+  if (n <= 0) return;  // no rows: src may be null (a thread with no rows)
   const DF d;
   const int64_t L = static_cast<int64_t>(hn::Lanes(d));
   for (int64_t j = 0; j < ng; ++j) {
