@@ -32,10 +32,12 @@
 #include <omp.h>
 
 #include <algorithm>
+#include <memory>
 #include <random>
 #include <stdexcept>
 #include <string>
 #include <type_traits>
+#include <vector>
 
 #include "cpu/buffer_pool.h"
 #include "cpu/gemm.h"
@@ -58,10 +60,10 @@ using rnn::DirWeights;
 using rnn::ForwardDirection;
 using rnn::ForwardWorkspace;
 using rnn::dir_weights;
-using rnn::for_directions;
+using rnn::direction_threads;
 using rnn::has_cell_state;
 using rnn::rows_split;
-using rnn::step_threads;
+using rnn::run_teams;
 using rnn::with_cell;
 
 void check_state(const Tensor& s, const Shape& want, DType dtype, const char* what) {
@@ -173,19 +175,25 @@ RNNForwardResult forward_impl(const RNNOptions& o, const std::vector<Tensor>& we
 
   std::vector<ForwardWorkspace<T, Cell>> wss(static_cast<std::size_t>(D));
   for (ForwardWorkspace<T, Cell>& ws : wss) ws.resize(o, B, save, lookup ? data.size(0) : 0);
-  const int nt = step_threads(H, rows_split(eng, o));
+  const int nt = direction_threads(D, H, rows_split(eng, o));  // as make_plan's
   Tensor layer_in = data;
   for (int64_t l = 0; l < L; ++l) {
     RNNSaved::Layer sl;
     const Tensor x = dropped_input<T>(o, layer_in, l, training, seed, sl.mask);
     Tensor out = cpu::pooled_empty({N, D * R}, o.dtype);
     sl.dirs.resize(static_cast<std::size_t>(D));
-    for_directions(D, nt, [&](int64_t d, int nt_steps) {
-      ForwardDirection<T, Cell> fd(o, eng, plan, weights, lookup, wss[static_cast<std::size_t>(d)],
-                                   sl.dirs[static_cast<std::size_t>(d)], model->dir(l, d), l, d,
-                                   save, !h0.defined());
-      fd.run(nt_steps, x, h0, c0, out, res);
+    std::vector<std::unique_ptr<ForwardDirection<T, Cell>>> dirs;
+    for (int64_t d = 0; d < D; ++d) {
+      const auto k = static_cast<std::size_t>(d);
+      dirs.push_back(std::make_unique<ForwardDirection<T, Cell>>(
+          o, eng, plan, weights, lookup, wss[k], sl.dirs[k], model->dir(l, d), l, d, save,
+          !h0.defined()));
+      dirs.back()->begin(nt, x, h0, c0, out);
+    }
+    run_teams(D, nt, [&](int64_t d, const rnn::Team& team) {
+      dirs[static_cast<std::size_t>(d)]->steps(team);
     });
+    for (const auto& fd : dirs) fd->finish(res);
     if (save) {
       sl.input = x;
       saved->layers.push_back(std::move(sl));
@@ -217,18 +225,24 @@ RNNGradients backward_impl(const RNNSaved& sv, const Tensor& grad_output, const 
   }
   std::vector<BackwardWorkspace<T, Cell>> wss(static_cast<std::size_t>(D));
   for (BackwardWorkspace<T, Cell>& ws : wss) ws.resize(sv);
-  const int nt = step_threads(H, rows_split(eng, o));
+  const int nt = direction_threads(D, H, rows_split(eng, o));
 
   Tensor dout = grad_output;  // gradient of this layer's output rows, or undefined
   for (int64_t l = L - 1; l >= 0; --l) {
     const RNNSaved::Layer& sl = sv.layers[static_cast<std::size_t>(l)];
     const bool lookup_layer = l == 0 && !sv.lookup.empty();
     const int64_t in = sl.input.size(1), rows = lookup_layer ? sl.input.size(0) : N;
-    for_directions(D, nt, [&](int64_t d, int nt_steps) {
-      BackwardDirection<T, Cell> bd(sv, eng, wss[static_cast<std::size_t>(d)], g, l, d,
-                                    initial_state_grad);
-      bd.run(nt_steps, dout, grad_h_n, grad_c_n, sl.input);
+    const int ntl = BackwardDirection<T, Cell>::layer_threads(nt, eng, o, lookup_layer);
+    std::vector<std::unique_ptr<BackwardDirection<T, Cell>>> dirs;
+    for (int64_t d = 0; d < D; ++d) {
+      dirs.push_back(std::make_unique<BackwardDirection<T, Cell>>(
+          sv, eng, wss[static_cast<std::size_t>(d)], g, l, d, initial_state_grad));
+      dirs.back()->begin(ntl, dout, grad_h_n, grad_c_n, sl.input);
+    }
+    run_teams(D, ntl, [&](int64_t d, const rnn::Team& team) {
+      dirs[static_cast<std::size_t>(d)]->steps(team);
     });
+    for (const auto& bd : dirs) bd->finish(sl.input);
     // The first layer's dX is only for the caller: skipped when not wanted.
     if (l == 0 && !input_grad) return g;
     // dX sums both directions' contributions, after both are done.

@@ -1,12 +1,55 @@
 // The grid's partitioning (rnn/grid.h): thread counts, column and row shares.
 #include "rnn/grid.h"
 
+#include <cstdlib>
+#include <stdexcept>
+#include <string>
+
 namespace seqpack::rnn {
 
-int step_threads(int64_t H, bool by_rows) {
-  if (by_rows) return omp_get_max_threads();
-  const int64_t by_width = std::max<int64_t>(1, H / 128);
-  return static_cast<int>(std::min<int64_t>(omp_get_max_threads(), by_width));
+namespace {
+
+// Hidden units per thread below which a column split stops adding threads:
+// SEQPACK_STEP_UNITS, or 128.
+int64_t units_from_env() {
+  const char* env = std::getenv("SEQPACK_STEP_UNITS");
+  if (!env || !*env) return 128;
+  char* end = nullptr;
+  const long long v = std::strtoll(env, &end, 10);
+  if (*end != '\0' || v < 16 || v > (1 << 20)) {
+    throw std::invalid_argument("SEQPACK_STEP_UNITS: '" + std::string(env) +
+                                "' is not a count of hidden units from 16 to 1048576");
+  }
+  return static_cast<int64_t>(v);
+}
+
+std::atomic<int64_t> step_units{0};  // 0: not read yet
+
+int64_t min_step_units() {
+  int64_t u = step_units.load(std::memory_order_relaxed);
+  if (u == 0) {
+    u = units_from_env();
+    step_units.store(u, std::memory_order_relaxed);
+  }
+  return u;
+}
+
+}  // namespace
+
+int step_threads(int64_t H, bool by_rows, int available) {
+  if (available <= 0) available = omp_get_max_threads();
+  if (by_rows) return available;
+  const int64_t by_width = std::max<int64_t>(1, H / min_step_units());
+  return static_cast<int>(std::min<int64_t>(available, by_width));
+}
+
+void set_min_step_units(int64_t units) {
+  step_units.store(units > 0 ? std::max<int64_t>(units, 16) : 0, std::memory_order_relaxed);
+}
+
+int direction_threads(int64_t D, int64_t H, bool by_rows) {
+  const int all = omp_get_max_threads();
+  return step_threads(H, by_rows, D == 2 ? std::max(1, all / 2) : all);
 }
 
 void split_columns(int64_t width, int nth, int tid, int64_t& a, int64_t& b) {

@@ -1,7 +1,7 @@
 // The grid of the recurrent core: how one direction's steps are shared
 // between threads (by columns of the gates, or by rows: whole sequences per
 // thread), the engine's column ranges that follow from it, and the threads
-// themselves (run_threads, for_directions). Neither the time loop
+// themselves (run_teams, run_threads). Neither the time loop
 // (rnn/time_loop.h) nor the cells (rnn/cell_*.h) decide which thread owns a
 // row or a column: they receive a Split.
 #pragma once
@@ -9,7 +9,10 @@
 #include <omp.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cstdint>
+#include <memory>
+#include <thread>
 #include <utility>
 #include <vector>
 
@@ -20,13 +23,18 @@
 
 namespace seqpack::rnn {
 
-// Threads for the splitting of one direction's steps: OpenMP's count, but at
-// least 128 hidden units per thread. Below that the per-step barriers cost more
+// Threads for the splitting of one direction's steps among `available`
+// (OpenMP's count by default), but at least 128 hidden units per thread
+// (SEQPACK_STEP_UNITS sets another minimum, for measuring). Below that the per-step barriers cost more
 // than the split saves (and on a loaded machine a barrier waiting for a
 // descheduled thread costs far more: rnn-tanh-tiny, H = 64, ran 2000x slower
 // on two threads with 32 units each). A row split (by_rows) has no barrier
 // in its steps: every thread.
-int step_threads(int64_t H, bool by_rows);
+int step_threads(int64_t H, bool by_rows, int available = 0);
+
+// Sets that minimum (at least 16; 0: SEQPACK_STEP_UNITS's, or 128 again), for
+// tests that split small layers over many threads.
+void set_min_step_units(int64_t units);
 
 // Columns [a, b) of [0, width) owned by thread `tid` of `nth`, in blocks of 16
 // so that each thread's SIMD vectors stay whole.
@@ -58,47 +66,114 @@ bool rows_split(const cpu::GemmEngine<T>& eng, const RNNOptions& o) {
   return eng.steps_by_rows(o.real_hidden_size(), o.gate_count() * o.hidden_size);
 }
 
-// Runs body(tid, nth) on `nt` threads. The caller holds a
+// A barrier for one team of threads: a direction's, while the other
+// direction's team runs beside it in the same parallel region, so OpenMP's
+// barrier (the whole region's) cannot serve. A counter and a generation on
+// their own cache lines; a waiting thread spins on the generation, then
+// yields (a machine with fewer free cores than threads: a barrier waiting for
+// a descheduled thread). break_all() releases the waiting threads with
+// BrokenBarrier, so that one thread's exception cannot leave its team waiting.
+struct BrokenBarrier {};
+
+class SpinBarrier {
+ public:
+  explicit SpinBarrier(int n) : n_(n) {}
+  SpinBarrier(const SpinBarrier&) = delete;
+  SpinBarrier& operator=(const SpinBarrier&) = delete;
+
+  void wait() {
+    if (n_ <= 1) return;
+    const unsigned gen = gen_.load(std::memory_order_acquire);
+    if (count_.fetch_add(1, std::memory_order_acq_rel) == n_ - 1) {
+      count_.store(0, std::memory_order_relaxed);
+      gen_.store(gen + 1, std::memory_order_release);
+      return;
+    }
+    for (int spins = 0; gen_.load(std::memory_order_acquire) == gen;) {
+      if (broken_.load(std::memory_order_relaxed)) throw BrokenBarrier{};
+      if (spins < kSpins) {
+        ++spins;
+        relax();
+      } else {
+        std::this_thread::yield();
+      }
+    }
+  }
+  void break_all() { broken_.store(true, std::memory_order_relaxed); }
+
+ private:
+  static constexpr int kSpins = 4096;  // a few microseconds to tens of microseconds
+  static void relax() {
+#if defined(__x86_64__) || defined(__i386__)
+    __builtin_ia32_pause();
+#endif
+  }
+  alignas(64) std::atomic<int> count_{0};
+  alignas(64) std::atomic<unsigned> gen_{0};
+  alignas(64) std::atomic<bool> broken_{false};
+  const int n_;
+};
+
+// One thread's place in a team: its number, the team's size and the team's
+// barrier (null for a team of one).
+struct Team {
+  int tid = 0, nth = 1;
+  SpinBarrier* barrier = nullptr;
+};
+
+// Runs body(d, team) for d in [0, D), each on a team of `nt` threads of one
+// parallel region (D * nt threads, the directions side by side), or, with
+// one thread in all, one after the other. The caller holds a
 // cpu::BlasSingleThread, so each thread's BLAS calls stay on that thread.
+// Thread i works for direction i / nt all along (its weights stay in its
+// cache from step to step).
 template <typename F>
-void run_threads(int nt, F&& body) {
-  if (nt <= 1) {
-    body(0, 1);
+void run_teams(int64_t D, int nt, F&& body) {
+  const int total = static_cast<int>(D) * std::max(nt, 1);
+  if (total <= 1) {
+    for (int64_t d = 0; d < D; ++d) body(d, Team{});
     return;
   }
   // No exception may leave the region (std::terminate): kept, rethrown after it.
   cpu::OmpErrors errors;
+  std::vector<std::unique_ptr<SpinBarrier>> barriers;
+  for (int64_t d = 0; d < D; ++d) barriers.push_back(std::make_unique<SpinBarrier>(nt));
   // The caller's int8 weights (a thread's own) go with it to every thread.
   const std::vector<cpu::PreparedInt8>* prepared = cpu::prepared_int8_in_scope();
-#pragma omp parallel num_threads(nt)
+#pragma omp parallel num_threads(total)
   errors.run([&] {
     const cpu::PreparedInt8Scope scope(prepared);
     // The column split (and the engine's step ranges) were planned for nt
-    // threads; a smaller team runs it all on one thread.
-    if (omp_get_num_threads() == nt) {
-      body(omp_get_thread_num(), nt);
-    } else if (omp_get_thread_num() == 0) {
-      body(0, 1);
+    // threads a direction; a smaller team runs it all on one thread.
+    if (omp_get_num_threads() != total) {
+      if (omp_get_thread_num() == 0)
+        for (int64_t d = 0; d < D; ++d) body(d, Team{});
+      return;
+    }
+    const int i = omp_get_thread_num();
+    SpinBarrier& bar = *barriers[static_cast<std::size_t>(i / nt)];
+    try {
+      body(static_cast<int64_t>(i / nt), Team{i % nt, nt, &bar});
+    } catch (const BrokenBarrier&) {
+      // another thread of the team failed: its exception is the one kept
+    } catch (...) {
+      bar.break_all();
+      throw;
     }
   });
   errors.rethrow();
 }
 
-// Runs body(d, nt_steps) for every direction: two directions side by side on
-// two threads (no synchronisation until the layer ends), or one after the
-// other, each splitting its steps by columns over `nt` threads.
-inline bool directions_side_by_side(int64_t D) { return D == 2 && omp_get_max_threads() >= 2; }
-
+// Runs body(tid, nth) on `nt` threads, with a barrier of their own (Team).
 template <typename F>
-void for_directions(int64_t D, int nt, F&& body) {
-  if (directions_side_by_side(D)) {
-    run_threads(2, [&](int tid, int nth) {
-      for (int64_t d = tid; d < D; d += nth) body(d, 1);
-    });
-  } else {
-    for (int64_t d = 0; d < D; ++d) body(d, nt);
-  }
+void run_threads(int nt, F&& body) {
+  run_teams(1, nt, [&](int64_t, const Team& team) { body(team.tid, team.nth); });
 }
+
+// Threads a direction's steps are split over: OpenMP's count, shared by the
+// directions of a bidirectional layer (each on its own team, side by side),
+// and no more than step_threads allows.
+int direction_threads(int64_t D, int64_t H, bool by_rows);
 
 // This thread's share of a step among nth threads. By columns (the
 // default): hidden units [a, b) of every gate and columns [ra, rb) of h
@@ -110,8 +185,10 @@ struct Split {
   bool by_rows = false;
   int64_t a = 0, b = 0, ra = 0, rb = 0;
   int64_t row0 = 0, row1 = 0;  // a row split's rows
-  Split(int tid_, int nth_, int64_t H, int64_t R, const std::vector<int64_t>& bounds)
-      : tid(tid_), nth(nth_), by_rows(!bounds.empty() && nth_ > 1) {
+  SpinBarrier* barrier = nullptr;
+  Split(const Team& team, int64_t H, int64_t R, const std::vector<int64_t>& bounds)
+      : tid(team.tid), nth(team.nth), by_rows(!bounds.empty() && team.nth > 1),
+        barrier(team.barrier) {
     split_columns(H, by_rows ? 1 : nth, by_rows ? 0 : tid, a, b);
     split_columns(R, by_rows ? 1 : nth, by_rows ? 0 : tid, ra, rb);
     if (by_rows) {
@@ -138,9 +215,7 @@ struct Split {
 // column of its rows). Those of a row split never meet in the loop: each
 // row's state is read and written by its thread alone.
 inline void columns_barrier(const Split& sp) {
-  if (sp.nth > 1 && !sp.by_rows) {
-#pragma omp barrier
-  }
+  if (sp.nth > 1 && !sp.by_rows) sp.barrier->wait();
 }
 
 }  // namespace seqpack::rnn

@@ -38,8 +38,8 @@ struct RNNPlan {
 
 // Lays out every layer and direction's step operands with `eng` (the engine
 // of options' dtype and precision) for the threads a forward run now splits
-// its steps over (for_directions, step_threads, rows_split: the same choice
-// as the time loop's).
+// its steps over (direction_threads, rows_split: the same choice as the
+// time loop's).
 template <typename T>
 std::unique_ptr<const RNNPlan<T>> make_plan(const RNNOptions& o, const std::vector<Tensor>& weights,
                                             const cpu::GemmEngine<T>& eng) {
@@ -50,7 +50,7 @@ std::unique_ptr<const RNNPlan<T>> make_plan(const RNNOptions& o, const std::vect
   const int64_t D = o.num_directions(), H = o.hidden_size, R = o.real_hidden_size();
   const int64_t G = o.gate_count() * H;
   const bool by_rows = rows_split(eng, o);
-  const int nt = directions_side_by_side(D) ? 1 : step_threads(H, by_rows);
+  const int nt = direction_threads(D, H, by_rows);
   const int nc = by_rows ? 1 : nt;  // threads sharing the columns
   for (int64_t l = 0; l < o.num_layers; ++l) {
     for (int64_t d = 0; d < D; ++d) {

@@ -355,17 +355,23 @@ struct ForwardDirection {
     }
   }
 
-  void run(int nt, const Tensor& x, const Tensor& h0, const Tensor& c0, Tensor& out,
-           RNNForwardResult& res) {
+  // A direction runs in three parts: begin() on the calling thread (the
+  // input projection there may use every thread), steps() on each thread of
+  // its team (run_teams: the two directions' teams side by side), finish()
+  // on the calling thread again.
+  void begin(int nt, const Tensor& x, const Tensor& h0, const Tensor& c0, Tensor& out) {
     project_inputs(x);
     prepare(h0, c0, out);
-    const std::vector<int64_t> bounds = rows_split(eng, o) && nt > 1
-                                            ? row_bounds(plan.batch_sizes(), B, nt)
-                                            : std::vector<int64_t>{};
-    run_threads(nt, [&](int tid, int nth) {
-      const Split sp(tid, nth, H, R, bounds);
-      for (int64_t s = 0; s < TT; ++s) step(s, sp);
-    });
+    bounds_ = rows_split(eng, o) && nt > 1 ? row_bounds(plan.batch_sizes(), B, nt)
+                                           : std::vector<int64_t>{};
+  }
+
+  void steps(const Team& team) {
+    const Split sp(team, H, R, bounds_);
+    for (int64_t s = 0; s < TT; ++s) step(s, sp);
+  }
+
+  void finish(RNNForwardResult& res) {
     const int64_t ld = l * o.num_directions() + d;
     final_rows(ws.hstate.data(), outp, ldo, R);
     store_state(res.h_n, ws.hstate.data(), ld, plan.sorted_indices(), R);
@@ -390,7 +396,8 @@ struct ForwardDirection {
   }
 
  private:
-  Tensor ws_gates_;  // G when nothing is saved
+  Tensor ws_gates_;               // G when nothing is saved
+  std::vector<int64_t> bounds_;  // a row split's rows per thread (row_bounds)
 };
 
 // ---------------------------------------------------------------------------
@@ -703,22 +710,36 @@ struct BackwardDirection {
     }
   }
 
-  void run(int nt, const Tensor& dout_t, const Tensor& grad_h_n, const Tensor& grad_c_n,
-           const Tensor& input) {
-    // A lookup layer's threads would share dP rows under a row split (the
-    // LSTM kernel adds each row into its dP row): it keeps the column split,
-    // and the column split's thread count.
-    if (lookup_layer && rows_split(eng, o)) nt = std::min(nt, step_threads(H, false));
+  // The threads of a layer's steps (a direction's team), from the forward's
+  // count (direction_threads): a lookup layer's threads would share dP rows
+  // under a row split (the LSTM kernel adds each row into its dP row), so it
+  // keeps the column split, and the column split's thread count.
+  static int layer_threads(int nt, const cpu::GemmEngine<T>& eng, const RNNOptions& o,
+                           bool lookup_layer) {
+    if (lookup_layer && rows_split(eng, o))
+      return std::min(nt, step_threads(o.hidden_size, false, nt));
+    return nt;
+  }
+
+  // As the forward's: begin() and finish() on the calling thread (the weight
+  // gradients' products there may use every thread), steps() on each
+  // thread of the direction's team of nt (layer_threads).
+  void begin(int nt, const Tensor& dout_t, const Tensor& grad_h_n, const Tensor& grad_c_n,
+             const Tensor& input) {
+    nt_ = nt;
     row_split = rows_split(eng, o) && nt > 1 && !lookup_layer;
     prepare(nt, dout_t, grad_h_n, grad_c_n, input.size(1));
-    const std::vector<int64_t> bounds =
-        row_split ? row_bounds(sv.batch_sizes, sv.batch, nt) : std::vector<int64_t>{};
+    bounds_ = row_split ? row_bounds(sv.batch_sizes, sv.batch, nt) : std::vector<int64_t>{};
     if (row_split) ws.db_parts.assign(static_cast<std::size_t>((nt - 1) * 2 * G), T(0));
-    run_threads(nt, [&](int tid, int nth) {
-      const Split sp(tid, nth, H, o.real_hidden_size(), bounds);
-      for (int64_t s = 0; s < TT; ++s) step(s, sp);
-    });
-    if (row_split) add_bias_parts(nt);
+  }
+
+  void steps(const Team& team) {
+    const Split sp(team, H, o.real_hidden_size(), bounds_);
+    for (int64_t s = 0; s < TT; ++s) step(s, sp);
+  }
+
+  void finish(const Tensor& input) {
+    if (row_split) add_bias_parts(nt_);
     if (initial_state_grad) {
       const int64_t ld = l * o.num_directions() + d;
       store_state(g.h0, ws.dhstate.data(), ld, sv.sorted_indices, R);
@@ -726,6 +747,10 @@ struct BackwardDirection {
     }
     weight_gradients(input);
   }
+
+ private:
+  int nt_ = 1;
+  std::vector<int64_t> bounds_;  // a row split's rows per thread (row_bounds)
 };
 
 }  // namespace seqpack::rnn

@@ -1,0 +1,276 @@
+// The recurrent core's partitioning over threads (rnn/grid.h): the two
+// directions of a layer side by side, each on a team of its own threads that
+// split the steps by columns (or, bf16, by rows), at 1 to 16 threads, with
+// the minimum of hidden units per thread lowered to 16 so that small layers
+// split as wide layers do on many cores (and some threads get no columns).
+// Every result, forward and backward, against the float64 path of the same
+// call at one thread, within testing::fp_close's bound (fp32) or the bf16
+// bounds that test_rnn_bf16 documents. On a 2-core machine the threads
+// oversubscribe the cores: the barriers must still meet (no hang).
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <ostream>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "seqpack/cpu_info.h"
+#include "rnn/grid.h"
+#include "seqpack/packed_sequence.h"
+#include "seqpack/precision.h"
+#include "seqpack/rnn.h"
+#include "seqpack/threading.h"
+#include "test_util.h"
+
+namespace seqpack {
+namespace {
+
+using testing::fp_close;
+using testing::random_tensor;
+
+constexpr int kThreadCounts[] = {1, 2, 3, 4, 5, 8, 16};
+
+// Restores the thread count and the minimum units per thread on scope exit.
+struct ThreadsGuard {
+  int before = num_threads();
+  explicit ThreadsGuard(int64_t units) { rnn::set_min_step_units(units); }
+  ~ThreadsGuard() {
+    set_num_threads(before);
+    rnn::set_min_step_units(0);
+  }
+};
+
+struct Result {
+  RNNForwardResult fwd;
+  RNNGradients grads;
+};
+
+struct Case {
+  RNNOptions o;
+  PackingPlan plan;
+  std::vector<Tensor> weights;
+  Tensor x, h0, c0, gy, gh, gc;
+  std::vector<int64_t> ids;  // a lookup layer's rows of x (the table), or empty
+};
+
+Case make_case(RNNOptions o, const std::vector<int64_t>& lengths, bool h0, bool lookup,
+               std::mt19937_64& gen) {
+  Case c;
+  c.o = o;
+  c.plan = PackingPlan::from_lengths(lengths, /*enforce_sorted=*/false);
+  for (const Shape& s : rnn_parameter_shapes(o))
+    c.weights.push_back(random_tensor(s, 1.0 / std::sqrt(double(o.hidden_size)), gen));
+  const int64_t N = c.plan.total_rows(), B = c.plan.batch();
+  const int64_t LD = o.num_layers * o.num_directions();
+  if (lookup) {
+    const int64_t V = 11;
+    c.x = random_tensor({V, o.input_size}, 1.0, gen);
+    std::uniform_int_distribution<int64_t> id(0, V - 1);
+    for (int64_t r = 0; r < N; ++r) c.ids.push_back(id(gen));
+  } else {
+    c.x = random_tensor({N, o.input_size}, 1.0, gen);
+  }
+  if (h0) {
+    c.h0 = random_tensor({LD, B, o.real_hidden_size()}, 0.5, gen);
+    if (o.mode == RNNMode::lstm) c.c0 = random_tensor({LD, B, o.hidden_size}, 0.5, gen);
+  }
+  c.gy = random_tensor({N, o.output_size()}, 1.0, gen);
+  c.gh = random_tensor({LD, B, o.real_hidden_size()}, 1.0, gen);
+  if (o.mode == RNNMode::lstm) c.gc = random_tensor({LD, B, o.hidden_size}, 1.0, gen);
+  return c;
+}
+
+Tensor as(const Tensor& t, DType d) { return t.defined() ? t.to(d) : t; }
+
+Result run(const Case& c, DType dtype, Precision precision) {
+  RNNOptions o = c.o;
+  o.dtype = dtype;
+  o.precision = precision;
+  std::vector<Tensor> w;
+  for (const Tensor& t : c.weights) w.push_back(t.to(dtype));
+  Result r;
+  if (c.ids.empty()) {
+    r.fwd = rnn_forward(o, w, c.x.to(dtype), c.plan, as(c.h0, dtype), as(c.c0, dtype),
+                        /*training=*/true, /*save_for_backward=*/true);
+  } else {
+    r.fwd = rnn_forward_lookup(o, w, c.x.to(dtype), c.ids, c.plan, as(c.h0, dtype),
+                               as(c.c0, dtype), true, true);
+  }
+  r.grads = rnn_backward(*r.fwd.saved, c.gy.to(dtype), c.gh.to(dtype), as(c.gc, dtype),
+                         /*initial_state_grad=*/c.h0.defined());
+  return r;
+}
+
+// fp32: fp_close's bound, n from the steps (values) or the packed rows
+// (gradients: sums over every token, chains through every step and back).
+// bf16: test_rnn_bf16's documented bounds (0.03 absolute on values; on
+// gradients 5% of the reference's norm).
+void compare(const Result& got, const Result& ref, const Case& c, Precision precision,
+             const std::string& what) {
+  const int64_t steps = c.plan.batch_sizes().empty()
+                            ? 1
+                            : static_cast<int64_t>(c.plan.batch_sizes().size());
+  const int64_t n_values = testing::rnn_reduction_length(c.o, steps);
+  const int64_t n_grads = testing::rnn_reduction_length(c.o, c.plan.total_rows());
+  auto values = [&](const Tensor& a, const Tensor& e, const std::string& name) {
+    if (!e.defined()) return;
+    if (precision == Precision::fp32) {
+      EXPECT_TRUE(fp_close(a, e, n_values, DType::f32, what + " " + name));
+    } else {
+      EXPECT_LE(testing::max_abs_diff(a.to(DType::f64), e), 0.03) << what << " " << name;
+    }
+  };
+  auto grads = [&](const Tensor& a, const Tensor& e, const std::string& name) {
+    if (!e.defined()) return;
+    if (precision == Precision::fp32) {
+      EXPECT_TRUE(fp_close(a, e, n_grads, DType::f32, what + " " + name));
+      return;
+    }
+    double dd = 0, rr = 0;
+    for (int64_t i = 0; i < e.numel(); ++i) {
+      const double x = a.item_as_double(i), y = e.item_as_double(i);
+      dd += (x - y) * (x - y);
+      rr += y * y;
+    }
+    EXPECT_LE(std::sqrt(dd), 0.05 * std::sqrt(rr) + 1e-6) << what << " " << name;
+  };
+  values(got.fwd.output, ref.fwd.output, "output");
+  values(got.fwd.h_n, ref.fwd.h_n, "h_n");
+  values(got.fwd.c_n, ref.fwd.c_n, "c_n");
+  grads(got.grads.input, ref.grads.input, "grad input");
+  grads(got.grads.h0, ref.grads.h0, "grad h0");
+  grads(got.grads.c0, ref.grads.c0, "grad c0");
+  ASSERT_EQ(got.grads.weights.size(), ref.grads.weights.size());
+  const std::vector<std::string> names = rnn_parameter_names(c.o);
+  for (std::size_t i = 0; i < ref.grads.weights.size(); ++i)
+    grads(got.grads.weights[i], ref.grads.weights[i], "grad " + names[i]);
+}
+
+RNNOptions options(RNNMode mode, int64_t I, int64_t H, int64_t L, bool bi, int64_t proj = 0) {
+  RNNOptions o;
+  o.mode = mode;
+  o.input_size = I;
+  o.hidden_size = H;
+  o.num_layers = L;
+  o.bidirectional = bi;
+  o.proj_size = proj;
+  return o;
+}
+
+void check_all_thread_counts(const Case& c, Precision precision, const std::string& name) {
+  const ThreadsGuard guard(/*units=*/16);
+  set_num_threads(1);
+  const Result ref = run(c, DType::f64, Precision::fp32);
+  for (int threads : kThreadCounts) {
+    set_num_threads(threads);
+    const Result got = run(c, DType::f32, precision);
+    compare(got, ref, c, precision, name + ", " + std::to_string(threads) + " threads");
+    if (::testing::Test::HasFailure()) return;  // one thread count's report is enough
+  }
+}
+
+struct ThreadCase {
+  const char* name;
+  RNNOptions o;
+  bool h0, lookup;
+};
+
+void PrintTo(const ThreadCase& c, std::ostream* os) { *os << c.name; }
+
+std::vector<ThreadCase> thread_cases() {
+  return {
+      {"lstm_bi_2layer", options(RNNMode::lstm, 24, 64, 2, true), true, false},
+      {"lstm_uni", options(RNNMode::lstm, 24, 64, 1, false), false, false},
+      {"lstm_bi_proj", options(RNNMode::lstm, 24, 64, 2, true, 40), true, false},
+      {"gru_bi_2layer", options(RNNMode::gru, 24, 64, 2, true), false, false},
+      {"gru_uni_h0", options(RNNMode::gru, 24, 48, 1, false), true, false},
+      {"rnn_tanh_bi", options(RNNMode::rnn_tanh, 24, 64, 1, true), true, false},
+      {"rnn_relu_uni", options(RNNMode::rnn_relu, 24, 64, 2, false), false, false},
+      {"lstm_lookup_bi", options(RNNMode::lstm, 24, 64, 2, true), false, true},
+      {"gru_lookup", options(RNNMode::gru, 24, 64, 1, false), true, true},
+  };
+}
+
+// Lengths with a zero-length sequence, ties and one long row (the row split's
+// token balance).
+const std::vector<int64_t> kLengths = {9, 3, 0, 7, 9, 1, 14, 2};
+
+class RNNThreads : public ::testing::TestWithParam<ThreadCase> {};
+
+TEST_P(RNNThreads, Fp32AtEveryThreadCountMatchesFloat64) {
+  std::mt19937_64 gen(testing::test_seed());
+  const ThreadCase& tc = GetParam();
+  check_all_thread_counts(make_case(tc.o, kLengths, tc.h0, tc.lookup, gen), Precision::fp32,
+                          tc.name);
+}
+
+TEST_P(RNNThreads, Bf16AtEveryThreadCountMatchesFloat64) {
+  if (!cpu_info().native_bf16) GTEST_SKIP() << "no native bf16 on " << cpu_info().isa;
+  std::mt19937_64 gen(testing::test_seed());
+  const ThreadCase& tc = GetParam();
+  // Wide enough for the bf16 engine's own steps (bf16_step: over 8192 weights
+  // per range) and a row split (W_hh within half an L2).
+  RNNOptions o = tc.o;
+  o.hidden_size = 128;
+  if (o.proj_size) o.proj_size = 96;
+  check_all_thread_counts(make_case(o, kLengths, tc.h0, tc.lookup, gen), Precision::bf16,
+                          tc.name);
+}
+
+INSTANTIATE_TEST_SUITE_P(Cases, RNNThreads, ::testing::ValuesIn(thread_cases()),
+                         [](const auto& info) { return std::string(info.param.name); });
+
+// The same call twice at one thread count gives the same bits.
+TEST(RNNThreads, RepeatableAtAFixedThreadCount) {
+  std::mt19937_64 gen(testing::test_seed());
+  const Case c = make_case(options(RNNMode::lstm, 24, 64, 2, true), kLengths, true, false, gen);
+  const ThreadsGuard guard(16);
+  for (int threads : {3, 8}) {
+    set_num_threads(threads);
+    const Result a = run(c, DType::f32, Precision::fp32);
+    const Result b = run(c, DType::f32, Precision::fp32);
+    EXPECT_TRUE(testing::bitwise_equal(a.fwd.output, b.fwd.output)) << threads;
+    EXPECT_TRUE(testing::bitwise_equal(a.grads.input, b.grads.input)) << threads;
+    for (std::size_t i = 0; i < a.grads.weights.size(); ++i)
+      EXPECT_TRUE(testing::bitwise_equal(a.grads.weights[i], b.grads.weights[i])) << threads;
+  }
+}
+
+// Threads a direction gets: the directions of a bidirectional layer share
+// OpenMP's threads; a column split stops at the minimum units per thread.
+TEST(RNNThreads, DirectionThreads) {
+  const ThreadsGuard guard(128);
+  set_num_threads(16);
+  EXPECT_EQ(rnn::direction_threads(2, 512, false), 4);  // 512 / 128
+  EXPECT_EQ(rnn::direction_threads(1, 512, false), 4);
+  EXPECT_EQ(rnn::direction_threads(2, 512, true), 8);  // by rows: half of 16
+  EXPECT_EQ(rnn::direction_threads(1, 256, true), 16);
+  EXPECT_EQ(rnn::direction_threads(2, 64, false), 1);
+  rnn::set_min_step_units(32);
+  EXPECT_EQ(rnn::direction_threads(2, 512, false), 8);
+  EXPECT_EQ(rnn::direction_threads(1, 512, false), 16);
+  set_num_threads(3);
+  EXPECT_EQ(rnn::direction_threads(2, 512, false), 1);
+  EXPECT_EQ(rnn::direction_threads(1, 512, false), 3);
+}
+
+// A thread that throws releases its team's barrier: the others return, the
+// error reaches the caller, nothing hangs.
+TEST(RNNThreads, AnExceptionInOneThreadReleasesItsTeam) {
+  const ThreadsGuard guard(128);
+  set_num_threads(8);
+  EXPECT_THROW(rnn::run_teams(2, 4,
+                              [](int64_t d, const rnn::Team& team) {
+                                for (int s = 0; s < 100; ++s) {
+                                  if (d == 1 && team.tid == 2 && s == 50)
+                                    throw std::runtime_error("thread 2 of direction 1");
+                                  if (team.barrier) team.barrier->wait();
+                                }
+                              }),
+               std::runtime_error);
+}
+
+}  // namespace
+}  // namespace seqpack
