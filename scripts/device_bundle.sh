@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Packs the CPU build's command-line tool with the shared libraries it needs
 # beyond glibc (oneDNN, OpenBLAS, Highway, fmt, ONNX, protobuf, libgomp,
-# libstdc++, ...) into build-device/seqpack-cpu.tar.xz, for a machine that has
+# libstdc++, ...) and the main job's data (train.tsv) into build-device/seqpack-cpu.tar.xz, for a machine that has
 # none of them: the GPU machine, whose 16-core Xeon issue 27's thread sweep
 # needs (scripts/device_check.sh's cpu stage unpacks it). Carry it there with
 # the working tree (the device tool's carry: ["build-device"]). Needs glibc
@@ -17,6 +17,9 @@ trap 'rm -rf "$stage"' EXIT
 mkdir -p "$stage/seqpack-cpu/lib" build-device
 cp "$tool" "$stage/seqpack-cpu/seqpack"
 cp bench/workloads.json "$stage/seqpack-cpu/"
+# The main job's data (the GPU machine has no word lists): 6000 words a language.
+"$tool" data export --words-per-language 6000 --out "$stage/data" >/dev/null
+cp "$stage/data/train.tsv" "$stage/seqpack-cpu/train.tsv"
 # Every library ldd resolves, but glibc's own (the loader, libc, libm, ...):
 # those must be the machine's.
 ldd "$tool" | awk '$2 == "=>" && $3 ~ /^\// {print $3}' |

@@ -14,8 +14,11 @@
 #           without a GPU too (a compile check).
 #   tests   python/tests/test_cuda_gpu.py through its own runner (no pytest needed)
 #   cpu     issue 27's thread sweep: `seqpack bench --threads N` for N in 1 2 4 8 16 on
-#           lstm-bi-2layer (fp32, bf16, int8 forward; bf16 training), then compare_torch.py at
-#           16 threads against PyTorch's fastest configuration. The tool is build/seqpack, or
+#           lstm-bi-2layer (fp32, bf16, int8 forward; bf16 training), the same at 8 and 16
+#           threads with SEQPACK_STEP_UNITS=64 and 32, every other workload (bf16 and int8
+#           forward, bf16 training), the main job (`seqpack train`, one epoch of the bundle's
+#           train.tsv), then compare_torch.py at 16 threads on every workload against
+#           PyTorch's fastest configuration. The tool is build/seqpack, or
 #           the bundle scripts/device_bundle.sh packs into build-device/ (carry it: the GPU
 #           machine lacks oneDNN and the rest); without either, or without a GPU (not that
 #           machine; SEQPACK_DEVICE_CHECK_CPU=1 runs it anyway), the stage is skipped
@@ -246,24 +249,59 @@ elif [ -n "$SEQPACK_CPU" ] && "$SEQPACK_CPU" info >/dev/null 2>&1; then
   export SEQPACK_CPU PY
   sweep() {
     "$SEQPACK_CPU" info
+    one() {  # THREADS WORKLOAD MODE PRECISION: one bench line (JSON)
+      timeout 20 "$SEQPACK_CPU" bench --threads "$1" --workload "$2" --mode "$3" \
+        --precision "$4" --min-time 0.1 --json || echo "(not run: exit $?)"
+    }
     # issue 27's table: lstm-bi-2layer at 1..16 threads, forward in each precision, bf16 training
     for n in 1 2 4 8 16; do
       for run in forward_packed:fp32 forward_packed:bf16 forward_packed:int8 train_packed:bf16; do
         echo "--- threads $n, ${run%:*}, ${run#*:}"
-        timeout 20 "$SEQPACK_CPU" bench --threads "$n" --workload lstm-bi-2layer --mode "${run%:*}" \
-          --precision "${run#*:}" --min-time 0.1 --json || echo "(not run: exit $?)"
+        one "$n" lstm-bi-2layer "${run%:*}" "${run#*:}"
       done
     done
+    # the minimum of hidden units per thread of a column split (default 128)
+    for units in 64 32; do
+      for n in 8 16; do
+        for run in forward_packed:bf16 forward_packed:int8 train_packed:bf16; do
+          echo "--- units $units, threads $n, ${run%:*}, ${run#*:}"
+          SEQPACK_STEP_UNITS=$units one "$n" lstm-bi-2layer "${run%:*}" "${run#*:}"
+        done
+      done
+    done
+    # threads bound to cores (OpenMP's placement), 16 threads
+    for run in forward_packed:bf16 train_packed:bf16; do
+      echo "--- bound close/cores, threads 16, ${run%:*}, ${run#*:}"
+      OMP_PROC_BIND=close OMP_PLACES=cores one 16 lstm-bi-2layer "${run%:*}" "${run#*:}"
+    done
+    # every other workload: more threads must never be slower
+    for w in lstm-sentences gru-chars lstm-long-tail rnn-tanh-tiny lstm-long-seq; do
+      for n in 1 2 4 8 16; do
+        for run in forward_packed:bf16 forward_packed:int8 train_packed:bf16; do
+          echo "--- $w, threads $n, ${run%:*}, ${run#*:}"
+          one "$n" "$w" "${run%:*}" "${run#*:}"
+        done
+      done
+    done
+    # the main job: seqpack train, one epoch of the bundle's data
+    data=$(dirname "$SEQPACK_CPU")/train.tsv
+    if [ -f "$data" ]; then
+      for n in 1 2 4 8 16; do
+        echo "--- main job, threads $n"
+        timeout 60 "$SEQPACK_CPU" train --data "$data" --epochs 1 --threads "$n" --quiet \
+          --out "$(mktemp -d)/model" 2>&1 | grep -E "^(precision|epoch)" || echo "(not run: exit $?)"
+      done
+    fi
     # the peer at 16 threads, PyTorch at its fastest configuration, in the same run
     if [ -n "$PY" ]; then
-      echo "--- compare_torch.py --threads 16 --fastest-torch, lstm-bi-2layer"
-      timeout 60 "$PY" bench/compare_torch.py --seqpack "$SEQPACK_CPU" --threads 16 \
-        --workload lstm-bi-2layer --mode forward_packed --mode train_packed --precision bf16 \
+      echo "--- compare_torch.py --threads 16 --fastest-torch"
+      timeout 200 "$PY" bench/compare_torch.py --seqpack "$SEQPACK_CPU" --threads 16 \
+        --mode forward_packed --mode train_packed --precision bf16 \
         --fastest-torch --quick --no-linearity --malloc tuned || echo "(compare_torch: exit $?)"
     fi
   }
   declare -f sweep >>"$TMP/stages.sh"
-  stage cpu 110 60 "$OUT/cpu.log" bash -c ". '$TMP/stages.sh'; sweep"
+  stage cpu 330 60 "$OUT/cpu.log" bash -c ". '$TMP/stages.sh'; sweep"
 else
   skip_stage cpu "no CPU tool: neither build/seqpack nor build-device/seqpack-cpu.tar.xz (scripts/device_bundle.sh) runs here" \
     "$OUT/cpu.log"

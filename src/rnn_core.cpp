@@ -167,7 +167,9 @@ RNNForwardResult forward_impl(const RNNOptions& o, const std::vector<Tensor>& we
   const cpu::BlasSingleThread one_pool;  // OpenMP's threads only (cpu/gemm.h)
   const cpu::GemmEngine<T>& eng = engine_for<T>(o);
   // The weights laid out once for the engine and the threads.
-  const std::unique_ptr<const rnn::RNNPlan<T>> model = rnn::make_plan<T>(o, weights, eng);
+  const int nt = direction_threads(o, rows_split(eng, o), N,
+                                  static_cast<int64_t>(plan.batch_sizes().size()));
+  const std::unique_ptr<const rnn::RNNPlan<T>> model = rnn::make_plan<T>(o, weights, eng, nt);
   RNNForwardResult res;
   res.h_n = cpu::pooled_empty({L * D, B, R}, o.dtype);
   if (Cell::cell_state) res.c_n = cpu::pooled_empty({L * D, B, H}, o.dtype);
@@ -175,7 +177,6 @@ RNNForwardResult forward_impl(const RNNOptions& o, const std::vector<Tensor>& we
 
   std::vector<ForwardWorkspace<T, Cell>> wss(static_cast<std::size_t>(D));
   for (ForwardWorkspace<T, Cell>& ws : wss) ws.resize(o, B, save, lookup ? data.size(0) : 0);
-  const int nt = direction_threads(D, H, rows_split(eng, o));  // as make_plan's
   Tensor layer_in = data;
   for (int64_t l = 0; l < L; ++l) {
     RNNSaved::Layer sl;
@@ -225,7 +226,8 @@ RNNGradients backward_impl(const RNNSaved& sv, const Tensor& grad_output, const 
   }
   std::vector<BackwardWorkspace<T, Cell>> wss(static_cast<std::size_t>(D));
   for (BackwardWorkspace<T, Cell>& ws : wss) ws.resize(sv);
-  const int nt = direction_threads(D, H, rows_split(eng, o));
+  const int nt = direction_threads(o, rows_split(eng, o), N,
+                                  static_cast<int64_t>(sv.batch_sizes.size()));
 
   Tensor dout = grad_output;  // gradient of this layer's output rows, or undefined
   for (int64_t l = L - 1; l >= 0; --l) {

@@ -1,6 +1,7 @@
 // The recurrent core's partitioning over threads (rnn/grid.h): the two
 // directions of a layer side by side, each on a team of its own threads that
-// split the steps by columns (or, bf16, by rows), at 1 to 16 threads, with
+// split the steps by columns or by rows (each forced in turn: the engines
+// choose one), at 1 to 16 threads, with
 // the minimum of hidden units per thread lowered to 16 so that small layers
 // split as wide layers do on many cores (and some threads get no columns).
 // Every result, forward and backward, against the float64 path of the same
@@ -39,6 +40,7 @@ struct ThreadsGuard {
   ~ThreadsGuard() {
     set_num_threads(before);
     rnn::set_min_step_units(0);
+    rnn::set_split_choice(rnn::SplitChoice::engine);
   }
 };
 
@@ -159,15 +161,21 @@ RNNOptions options(RNNMode mode, int64_t I, int64_t H, int64_t L, bool bi, int64
   return o;
 }
 
+// Each split the engine may choose (rows, columns) at every thread count.
 void check_all_thread_counts(const Case& c, Precision precision, const std::string& name) {
   const ThreadsGuard guard(/*units=*/16);
   set_num_threads(1);
   const Result ref = run(c, DType::f64, Precision::fp32);
-  for (int threads : kThreadCounts) {
-    set_num_threads(threads);
-    const Result got = run(c, DType::f32, precision);
-    compare(got, ref, c, precision, name + ", " + std::to_string(threads) + " threads");
-    if (::testing::Test::HasFailure()) return;  // one thread count's report is enough
+  for (rnn::SplitChoice split : {rnn::SplitChoice::columns, rnn::SplitChoice::rows}) {
+    rnn::set_split_choice(split);
+    for (int threads : kThreadCounts) {
+      set_num_threads(threads);
+      const Result got = run(c, DType::f32, precision);
+      compare(got, ref, c, precision,
+              name + (split == rnn::SplitChoice::rows ? ", by rows, " : ", by columns, ") +
+                  std::to_string(threads) + " threads");
+      if (::testing::Test::HasFailure()) return;  // one thread count's report is enough
+    }
   }
 }
 
@@ -238,22 +246,41 @@ TEST(RNNThreads, RepeatableAtAFixedThreadCount) {
   }
 }
 
+RNNOptions with_dtype(RNNOptions o, DType d) {
+  o.dtype = d;
+  return o;
+}
+
 // Threads a direction gets: the directions of a bidirectional layer share
-// OpenMP's threads; a column split stops at the minimum units per thread.
+// OpenMP's threads; a column split stops at the minimum units per thread and
+// where a thread would get under 256 KB of W_hh and 2^20 multiply-adds a step.
 TEST(RNNThreads, DirectionThreads) {
-  const ThreadsGuard guard(128);
+  const ThreadsGuard guard(0);  // the default rule
   set_num_threads(16);
-  EXPECT_EQ(rnn::direction_threads(2, 512, false), 4);  // 512 / 128
-  EXPECT_EQ(rnn::direction_threads(1, 512, false), 4);
-  EXPECT_EQ(rnn::direction_threads(2, 512, true), 8);  // by rows: half of 16
-  EXPECT_EQ(rnn::direction_threads(1, 256, true), 16);
-  EXPECT_EQ(rnn::direction_threads(2, 64, false), 1);
-  rnn::set_min_step_units(32);
-  EXPECT_EQ(rnn::direction_threads(2, 512, false), 8);
-  EXPECT_EQ(rnn::direction_threads(1, 512, false), 16);
+  const RNNOptions bi512 = options(RNNMode::lstm, 256, 512, 2, true);  // 4 MB of fp32 W_hh
+  EXPECT_EQ(rnn::direction_threads(bi512, false, 881, 70), 8);          // half of 16
+  EXPECT_EQ(rnn::direction_threads(bi512, true, 881, 70), 8);
+  const RNNOptions uni512 = options(RNNMode::lstm, 512, 512, 1, false);
+  EXPECT_EQ(rnn::direction_threads(uni512, false, 910, 500), 8);  // 512 / 64
+  EXPECT_EQ(rnn::direction_threads(uni512, true, 910, 500), 16);
+  // 256 KB of fp32 W_hh, 18 rows a step: 1.2 M multiply-adds in all
+  const RNNOptions seq128 = options(RNNMode::lstm, 64, 128, 1, false);
+  EXPECT_EQ(rnn::direction_threads(seq128, false, 13838, 787), 1);
+  EXPECT_EQ(rnn::direction_threads(with_dtype(seq128, DType::f64), false, 13838, 787), 2);
+  // GRU, 143 rows a step: 7 M multiply-adds, 2 threads of 64 units
+  const RNNOptions chars = options(RNNMode::gru, 64, 128, 1, false);
+  EXPECT_EQ(rnn::direction_threads(chars, false, 2854, 20), 2);
+  EXPECT_EQ(rnn::direction_threads(options(RNNMode::rnn_tanh, 32, 64, 1, false), false, 690, 49),
+            1);
   set_num_threads(3);
-  EXPECT_EQ(rnn::direction_threads(2, 512, false), 1);
-  EXPECT_EQ(rnn::direction_threads(1, 512, false), 3);
+  EXPECT_EQ(rnn::direction_threads(bi512, false, 881, 70), 1);
+  EXPECT_EQ(rnn::direction_threads(uni512, false, 910, 500), 3);
+  rnn::set_min_step_units(128);  // and no work rule
+  set_num_threads(16);
+  EXPECT_EQ(rnn::direction_threads(bi512, false, 881, 70), 4);
+  EXPECT_EQ(rnn::direction_threads(seq128, false, 13838, 787), 1);
+  rnn::set_min_step_units(16);
+  EXPECT_EQ(rnn::direction_threads(seq128, false, 13838, 787), 8);
 }
 
 // A thread that throws releases its team's barrier: the others return, the

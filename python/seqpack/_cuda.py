@@ -498,7 +498,14 @@ def dropout_mask(data: torch.Tensor, num_layers: int, width: int, dropout: float
 
 
 def _allow_tf32() -> bool:
-    """torch's setting for float32 matrix products at call time (newer torch: fp32_precision)."""
+    """torch's setting for float32 matrix products at call time (newer torch: fp32_precision).
+
+    The kernels compute float32 products in float32 whatever it says, so under
+    torch.compile, whose tracer cannot read the setting (torch 2.11:
+    _get_fp32_precision_getter is marked as skipped), it is not read."""
+    is_compiling = getattr(getattr(torch, "compiler", None), "is_compiling", None)
+    if is_compiling is not None and is_compiling():
+        return False
     matmul = torch.backends.cuda.matmul
     try:  # torch 1.13's matmul raises AssertionError for an unknown attribute
         precision = getattr(matmul, "fp32_precision", None)

@@ -382,7 +382,7 @@ def test_zero_length_sequences(mode):
                            m._flat_weights, True, 2, 0.0, True, True)
     fn = {"LSTM": torch._VF.lstm, "GRU": torch._VF.gru, "RNN_TANH": torch._VF.rnn_tanh,
           "RNN_RELU": torch._VF.rnn_relu}[mode]
-    real = [s[:, :b0] for s in sorted_states]
+    real = [s[:, :b0].contiguous() for s in sorted_states]  # cuDNN wants hx dense
     theirs = fn(packed.data, packed.batch_sizes, tuple(real) if mode == "LSTM" else real[0],
                 m._flat_weights, True, 2, 0.0, True, True)
     theirs = [theirs[0]] + [torch.cat([t, s[:, b0:]], 1) for t, s in zip(theirs[1:],

@@ -24,16 +24,17 @@
 namespace seqpack::rnn {
 
 // Threads for the splitting of one direction's steps among `available`
-// (OpenMP's count by default), but at least 128 hidden units per thread
-// (SEQPACK_STEP_UNITS sets another minimum, for measuring). Below that the per-step barriers cost more
-// than the split saves (and on a loaded machine a barrier waiting for a
-// descheduled thread costs far more: rnn-tanh-tiny, H = 64, ran 2000x slower
-// on two threads with 32 units each). A row split (by_rows) has no barrier
-// in its steps: every thread.
+// (OpenMP's count by default), but at least 64 hidden units per thread
+// (SEQPACK_STEP_UNITS sets another minimum, for measuring). Below that the
+// per-step barriers cost more than the split saves (and on a loaded machine
+// a barrier waiting for a descheduled thread costs far more: rnn-tanh-tiny,
+// H = 64, ran 2000x slower on two threads with 32 units each under OpenMP's
+// barrier). A row split (by_rows) has no barrier in its steps: every thread.
 int step_threads(int64_t H, bool by_rows, int available = 0);
 
-// Sets that minimum (at least 16; 0: SEQPACK_STEP_UNITS's, or 128 again), for
-// tests that split small layers over many threads.
+// Sets that minimum (at least 16; 0: SEQPACK_STEP_UNITS's, or 64 again) and,
+// while set, drops direction_threads' work rule: for tests that split small
+// layers over many threads.
 void set_min_step_units(int64_t units);
 
 // Columns [a, b) of [0, width) owned by thread `tid` of `nth`, in blocks of 16
@@ -59,10 +60,24 @@ int64_t rows_after_h0(const std::vector<int64_t>& bs, int64_t t, int64_t d);
 // from its first step to its last, so its thread owns it for the whole loop.
 std::vector<int64_t> row_bounds(const std::vector<int64_t>& bs, int64_t B, int nt);
 
+// Who chooses between the row and the column split: the engine, or (tests,
+// to run both splits with every engine) a fixed choice.
+enum class SplitChoice { engine, rows, columns };
+void set_split_choice(SplitChoice choice);
+SplitChoice split_choice();
+
 // Whether a direction's threads split its steps by rows (whole sequences per
 // thread) rather than by columns: the engine's choice for W_hh [R, G].
 template <typename T>
 bool rows_split(const cpu::GemmEngine<T>& eng, const RNNOptions& o) {
+  switch (split_choice()) {
+    case SplitChoice::rows:
+      return true;
+    case SplitChoice::columns:
+      return false;
+    case SplitChoice::engine:
+      break;
+  }
   return eng.steps_by_rows(o.real_hidden_size(), o.gate_count() * o.hidden_size);
 }
 
@@ -170,10 +185,16 @@ void run_threads(int nt, F&& body) {
   run_teams(1, nt, [&](int64_t, const Team& team) { body(team.tid, team.nth); });
 }
 
-// Threads a direction's steps are split over: OpenMP's count, shared by the
-// directions of a bidirectional layer (each on its own team, side by side),
-// and no more than step_threads allows.
-int direction_threads(int64_t D, int64_t H, bool by_rows);
+// Threads a direction's steps are split over, for a call of `rows` packed
+// rows in `steps` steps: OpenMP's count, shared by the directions of a
+// bidirectional layer (each on its own team, side by side), no more than
+// step_threads allows, and, under a column split, no more than give each
+// thread 256 KB of W_hh (in the layer's dtype: the engine's layout may be
+// smaller) or 2^20 multiply-adds a step (the steps' mean row count). Below
+// both, a thread's share gains neither cache nor arithmetic, and the barrier
+// costs: lstm-long-seq (H = 128, 256 KB of fp32 W_hh, 18 rows a step) ran its
+// fp32 forward 10% slower on two threads than on one's split.
+int direction_threads(const RNNOptions& o, bool by_rows, int64_t rows, int64_t steps);
 
 // This thread's share of a step among nth threads. By columns (the
 // default): hidden units [a, b) of every gate and columns [ra, rb) of h

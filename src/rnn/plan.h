@@ -27,7 +27,7 @@ struct RNNPlan {
     std::unique_ptr<cpu::StepOperand> whh, whr;  // the forward's step operands
   };
   RNNOptions options;
-  int threads = 1;                             // OpenMP's count it was made for
+  int threads = 1;                             // a direction's threads it was made for
   const cpu::GemmEngine<T>* engine = nullptr;  // the precision's engine
   std::vector<Direction> dirs;                 // layer by layer, then direction
 
@@ -37,21 +37,19 @@ struct RNNPlan {
 };
 
 // Lays out every layer and direction's step operands with `eng` (the engine
-// of options' dtype and precision) for the threads a forward run now splits
-// its steps over (direction_threads, rows_split: the same choice as the
-// time loop's).
+// of options' dtype and precision) for `threads` a direction (the count the
+// time loop splits its steps over: direction_threads).
 template <typename T>
 std::unique_ptr<const RNNPlan<T>> make_plan(const RNNOptions& o, const std::vector<Tensor>& weights,
-                                            const cpu::GemmEngine<T>& eng) {
+                                            const cpu::GemmEngine<T>& eng, int threads) {
   auto plan = std::make_unique<RNNPlan<T>>();
   plan->options = o;
-  plan->threads = omp_get_max_threads();
+  plan->threads = threads;
   plan->engine = &eng;
   const int64_t D = o.num_directions(), H = o.hidden_size, R = o.real_hidden_size();
   const int64_t G = o.gate_count() * H;
   const bool by_rows = rows_split(eng, o);
-  const int nt = direction_threads(D, H, by_rows);
-  const int nc = by_rows ? 1 : nt;  // threads sharing the columns
+  const int nc = by_rows ? 1 : threads;  // threads sharing the columns
   for (int64_t l = 0; l < o.num_layers; ++l) {
     for (int64_t d = 0; d < D; ++d) {
       const DirWeights<T> w = dir_weights<T>(o, weights, l, d);
