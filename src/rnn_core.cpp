@@ -234,7 +234,7 @@ RNNGradients backward_impl(const RNNSaved& sv, const Tensor& grad_output, const 
     const RNNSaved::Layer& sl = sv.layers[static_cast<std::size_t>(l)];
     const bool lookup_layer = l == 0 && !sv.lookup.empty();
     const int64_t in = sl.input.size(1), rows = lookup_layer ? sl.input.size(0) : N;
-    const int ntl = BackwardDirection<T, Cell>::layer_threads(nt, eng, o, lookup_layer);
+    const int ntl = BackwardDirection<T, Cell>::layer_threads(nt, eng, sv, lookup_layer);
     std::vector<std::unique_ptr<BackwardDirection<T, Cell>>> dirs;
     for (int64_t d = 0; d < D; ++d) {
       dirs.push_back(std::make_unique<BackwardDirection<T, Cell>>(

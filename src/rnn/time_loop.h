@@ -408,6 +408,7 @@ template <typename T, typename Cell>
 struct BackwardWorkspace {
   cpu::Scratch<T> dhstate, dm, dhtot, dproj;
   std::vector<T*> dproj_rows;  // LSTM lookup layer: the dP row of each packed row
+  cpu::Scratch<T> dproj_parts;  // a lookup layer's row split: threads 1.. sum their dP apart
   cpu::Scratch<T> dg_step;     // two steps' dG rows, where nothing reads them past the step
   std::vector<T> db_parts;     // a row split: threads 1.. sum their bias gradients here
   Tensor dg_t, dgh_t;
@@ -520,12 +521,43 @@ struct BackwardDirection {
     // Layer 0 of a lookup: dP[v] sums dg over the rows that read table row v
     // (where the gate kernel adds each row into its dP row: lookup_in_kernel;
     // else scatter_rows).
+    // Under a row split each thread sums into its own dP (thread 0 into
+    // ws.dproj, the others into ws.dproj_parts), added after the steps: two
+    // threads' rows may read the same table row.
     if (lookup_layer) {
       std::fill(ws.dproj.begin(), ws.dproj.end(), T(0));
+      if (row_split) {
+        ws.dproj_parts.resize_for_overwrite(static_cast<std::size_t>((nt - 1) * table_rows() * G));
+        std::fill(ws.dproj_parts.begin(), ws.dproj_parts.end(), T(0));
+      }
       ws.dproj_rows.resize(Cell::lookup_in_kernel ? static_cast<std::size_t>(N) : 0);
-      for (std::size_t r = 0; r < ws.dproj_rows.size(); ++r)
-        ws.dproj_rows[r] = ws.dproj.data() + sv.lookup[r] * G;
+      if (ws.dproj_rows.empty()) return;
+      for (int64_t t = 0; t < TT; ++t) {
+        const int64_t n = sv.batch_sizes[static_cast<std::size_t>(t)];
+        int tid = 0;
+        for (int64_t j = 0; j < n; ++j) {
+          while (row_split && j >= bounds_[static_cast<std::size_t>(tid + 1)]) ++tid;
+          const auto r = static_cast<std::size_t>(sv.offsets[static_cast<std::size_t>(t)] + j);
+          ws.dproj_rows[r] = dproj_of(tid) + sv.lookup[r] * G;
+        }
+      }
     }
+  }
+
+  int64_t table_rows() const { return sv.layers[0].input.size(0); }
+
+  // Where thread tid of a row split sums a lookup layer's dP (thread 0, and
+  // every thread of a column split: ws.dproj).
+  T* dproj_of(int tid) {
+    if (!row_split || tid == 0) return ws.dproj.data();
+    return ws.dproj_parts.data() + (tid - 1) * table_rows() * G;
+  }
+
+  // Whether a lookup layer's steps may split by rows over nt threads: the
+  // threads' own dP sums (nt - 1 tables of G columns) take no more room
+  // than dG.
+  static bool lookup_rows_fit(const RNNSaved& sv, int nt) {
+    return (nt - 1) * sv.layers[0].input.size(0) <= sv.total_rows;
   }
 
   // dh of this step = upstream gradient of the output rows + what the
@@ -628,12 +660,13 @@ struct BackwardDirection {
   int64_t dw_hh_skip() const { return sv.h0_zero && d == 0 && TT > 0 ? sv.batch_sizes[0] : 0; }
 
   // Layer 0 of a lookup: dP[v] += dg of the rows that read table row v, added
-  // step by step while the rows are in cache (a lookup layer is never split by
-  // rows: two threads' rows may share a table row).
+  // step by step while the rows are in cache (under a row split into the
+  // thread's own dP: two threads' rows may share a table row).
   void scatter_rows(const BackwardStep<T>& st, const Split& sp) {
     if (!lookup_layer) return;
+    T* dp = dproj_of(sp.by_rows ? sp.tid : 0);
     for (int64_t j = 0; j < st.n; ++j) {
-      T* dst = ws.dproj.data() + sv.lookup[static_cast<std::size_t>(st.r0 + j)] * G;
+      T* dst = dp + sv.lookup[static_cast<std::size_t>(st.r0 + j)] * G;
       const T* src = st.dg + j * G;
       for (int64_t q = 0; q < G / H; ++q)
         for (int64_t c = q * H + sp.a; c < q * H + sp.b; ++c) dst[c] += src[c];
@@ -653,6 +686,13 @@ struct BackwardDirection {
       const T* part = ws.db_parts.data() + i * 2 * G;
       for (int64_t c = 0; c < G; ++c) db_ih[c] += part[c];
       for (int64_t c = 0; c < G && Cell::separate_db_hh; ++c) db_hh[c] += part[G + c];
+    }
+    if (!lookup_layer) return;
+    const int64_t size = table_rows() * G;
+    T* dp = ws.dproj.data();
+    for (int i = 0; i + 1 < nt; ++i) {
+      const T* part = ws.dproj_parts.data() + i * size;
+      for (int64_t k = 0; k < size; ++k) dp[k] += part[k];
     }
   }
 
@@ -711,12 +751,13 @@ struct BackwardDirection {
   }
 
   // The threads of a layer's steps (a direction's team), from the forward's
-  // count (direction_threads): a lookup layer's threads would share dP rows
-  // under a row split (the LSTM kernel adds each row into its dP row), so it
-  // keeps the column split, and the column split's thread count.
-  static int layer_threads(int nt, const cpu::GemmEngine<T>& eng, const RNNOptions& o,
+  // count (direction_threads): a lookup layer whose threads' own dP sums
+  // would not fit (lookup_rows_fit) keeps the column split, and the column
+  // split's thread count.
+  static int layer_threads(int nt, const cpu::GemmEngine<T>& eng, const RNNSaved& sv,
                            bool lookup_layer) {
-    if (lookup_layer && rows_split(eng, o))
+    const RNNOptions& o = sv.options;
+    if (lookup_layer && rows_split(eng, o) && !lookup_rows_fit(sv, nt))
       return std::min(nt, step_threads(o.hidden_size, false, nt));
     return nt;
   }
@@ -727,9 +768,9 @@ struct BackwardDirection {
   void begin(int nt, const Tensor& dout_t, const Tensor& grad_h_n, const Tensor& grad_c_n,
              const Tensor& input) {
     nt_ = nt;
-    row_split = rows_split(eng, o) && nt > 1 && !lookup_layer;
-    prepare(nt, dout_t, grad_h_n, grad_c_n, input.size(1));
+    row_split = rows_split(eng, o) && nt > 1 && (!lookup_layer || lookup_rows_fit(sv, nt));
     bounds_ = row_split ? row_bounds(sv.batch_sizes, sv.batch, nt) : std::vector<int64_t>{};
+    prepare(nt, dout_t, grad_h_n, grad_c_n, input.size(1));
     if (row_split) ws.db_parts.assign(static_cast<std::size_t>((nt - 1) * 2 * G), T(0));
   }
 
