@@ -7,14 +7,17 @@
 # the working tree (the device tool's carry: ["build-device"]). Needs glibc
 # 2.34 or newer there, as Debian 12's build does.
 #   SEQPACK_BUILD_DIR  the build to pack (default build)
+#   SEQPACK_BUNDLE     where to write it (default build-device/seqpack-cpu.tar.xz; a
+#                      baseline for device_check.sh: build-device/baseline/seqpack-cpu.tar.xz)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 BUILD_DIR=${SEQPACK_BUILD_DIR:-build}
+BUNDLE=${SEQPACK_BUNDLE:-build-device/seqpack-cpu.tar.xz}
 tool=$BUILD_DIR/seqpack
 [ -x "$tool" ] || { echo "device_bundle: no $tool (bash scripts/setup.sh builds it)" >&2; exit 1; }
 stage=$(mktemp -d)
 trap 'rm -rf "$stage"' EXIT
-mkdir -p "$stage/seqpack-cpu/lib" build-device
+mkdir -p "$stage/seqpack-cpu/lib" "$(dirname "$BUNDLE")"
 cp "$tool" "$stage/seqpack-cpu/seqpack"
 cp bench/workloads.json "$stage/seqpack-cpu/"
 # The main job's data (the GPU machine has no word lists): 6000 words a language.
@@ -25,6 +28,6 @@ cp "$stage/data/train.tsv" "$stage/seqpack-cpu/train.tsv"
 ldd "$tool" | awk '$2 == "=>" && $3 ~ /^\// {print $3}' |
   grep -Ev '/(ld-linux[^/]*|libc|libm|libpthread|libdl|librt|libresolv)\.so' |
   while read -r lib; do cp -L "$lib" "$stage/seqpack-cpu/lib/"; done
-tar -C "$stage" -cJf build-device/seqpack-cpu.tar.xz seqpack-cpu
-echo "device_bundle: build-device/seqpack-cpu.tar.xz ($(du -h build-device/seqpack-cpu.tar.xz | cut -f1)," \
+tar -C "$stage" -cJf "$BUNDLE" seqpack-cpu
+echo "device_bundle: $BUNDLE ($(du -h "$BUNDLE" | cut -f1)," \
   "$(find "$stage/seqpack-cpu/lib" -type f | wc -l) libraries)"

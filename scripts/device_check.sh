@@ -15,13 +15,17 @@
 #   tests   python/tests/test_cuda_gpu.py through its own runner (no pytest needed)
 #   cpu     issue 27's thread sweep: `seqpack bench --threads N` for N in 1 2 4 8 16 on
 #           lstm-bi-2layer (fp32, bf16, int8 forward; bf16 training), the same at 8 and 16
-#           threads with SEQPACK_STEP_UNITS=64 and 32, every other workload (bf16 and int8
-#           forward, bf16 training), the main job (`seqpack train`, one epoch of the bundle's
+#           threads with SEQPACK_STEP_UNITS=128 and 32, SEQPACK_STEP_SPLIT=rows and columns
+#           and OpenMP's binding at 16, every other workload (bf16 and int8 forward, bf16
+#           training), the main job (`seqpack train --profile`, one epoch of the bundle's
 #           train.tsv), then compare_torch.py at 16 threads on every workload against
-#           PyTorch's fastest configuration. The tool is build/seqpack, or
+#           PyTorch's fastest configuration. With a baseline bundle
+#           (build-device/baseline/seqpack-cpu.tar.xz) it first runs three workloads at 1, 2
+#           and 16 threads with both tools, alternating, twice. The tool is build/seqpack, or
 #           the bundle scripts/device_bundle.sh packs into build-device/ (carry it: the GPU
 #           machine lacks oneDNN and the rest); without either, or without a GPU (not that
-#           machine; SEQPACK_DEVICE_CHECK_CPU=1 runs it anyway), the stage is skipped
+#           machine; SEQPACK_DEVICE_CHECK_CPU=1 runs it anyway), the stage is skipped.
+#           SEQPACK_DEVICE_CHECK_GPU=0 runs this stage alone (no build, tests or bench)
 #   bench   bench/compare_torch.py --device cuda: seqpack against torch's six configurations
 #           (SEQPACK_DEVICE_CHECK_BENCH_ARGS adds options, e.g. "--workload gru-chars --quick")
 # Without a CUDA GPU the GPU stages say "no CUDA GPU" and the script still ends with 0.
@@ -50,6 +54,7 @@ START=$(date +%s)
 BUDGET=${SEQPACK_DEVICE_CHECK_BUDGET:-450}
 DEADLINE=$((START + BUDGET))
 SELF_TEST=0
+GPU_STAGES=${SEQPACK_DEVICE_CHECK_GPU:-1}  # 0: the CPU stage alone (build, tests, bench skipped)
 [ "${SEQPACK_CUDA_TEST_DEVICE:-}" = cpu ] && SELF_TEST=1
 
 STAGES=()   # "name|status|seconds|log" rows for the summary
@@ -185,7 +190,9 @@ build() {
 }
 
 LIB=$(find_library)
-if [ "$HAVE_GPU" = 0 ] && [ "${SEQPACK_DEVICE_CHECK_BUILD:-0}" != 1 ]; then
+if [ "$GPU_STAGES" = 0 ]; then
+  skip_stage build "SEQPACK_DEVICE_CHECK_GPU=0" "$OUT/build.log"
+elif [ "$HAVE_GPU" = 0 ] && [ "${SEQPACK_DEVICE_CHECK_BUILD:-0}" != 1 ]; then
   skip_stage build "$NO_GPU (SEQPACK_DEVICE_CHECK_BUILD=1 compiles anyway)" "$OUT/build.log"
 elif [ "$SELF_TEST" = 1 ]; then
   skip_stage build "self-test (fake glue)" "$OUT/build.log"
@@ -211,7 +218,9 @@ if [ -n "$LIB" ]; then
 fi
 
 # ---------------------------------------------------------------- tests
-if [ "$HAVE_GPU" = 0 ]; then
+if [ "$GPU_STAGES" = 0 ]; then
+  skip_stage tests "SEQPACK_DEVICE_CHECK_GPU=0" "$OUT/tests.log"
+elif [ "$HAVE_GPU" = 0 ]; then
   skip_stage tests "$NO_GPU" "$OUT/tests.log"
   # The runner itself still runs: it reports the same and skips every test.
   [ -n "$PY" ] && timeout 120 "$PY" python/tests/test_cuda_gpu.py --json "$OUT/tests.json" \
@@ -242,17 +251,43 @@ elif [ -f build-device/seqpack-cpu.tar.xz ] && tar -C "$TMP" -xJf build-device/s
   SEQPACK_CPU=$TMP/seqpack-cpu/seqpack
   export LD_LIBRARY_PATH="$TMP/seqpack-cpu/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 fi
+# A baseline tool to run against in the same run (device_bundle.sh of another build,
+# saved as build-device/baseline/seqpack-cpu.tar.xz): the same libraries, its own code.
+SEQPACK_BASE=
+if [ -f build-device/baseline/seqpack-cpu.tar.xz ] && mkdir -p "$TMP/base" \
+    && tar -C "$TMP/base" -xJf build-device/baseline/seqpack-cpu.tar.xz; then
+  SEQPACK_BASE=$TMP/base/seqpack-cpu/seqpack
+  LD_LIBRARY_PATH="$TMP/base/seqpack-cpu/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" \
+    "$SEQPACK_BASE" info >/dev/null 2>&1 || SEQPACK_BASE=
+fi
 if [ "$HAVE_GPU" = 0 ] && [ "${SEQPACK_DEVICE_CHECK_CPU:-0}" != 1 ]; then
   skip_stage cpu "no CUDA GPU: not the GPU machine's CPU (SEQPACK_DEVICE_CHECK_CPU=1 runs it anyway)" \
     "$OUT/cpu.log"
 elif [ -n "$SEQPACK_CPU" ] && "$SEQPACK_CPU" info >/dev/null 2>&1; then
-  export SEQPACK_CPU PY
+  export SEQPACK_CPU SEQPACK_BASE PY
   sweep() {
     "$SEQPACK_CPU" info
-    one() {  # THREADS WORKLOAD MODE PRECISION: one bench line (JSON)
-      timeout 20 "$SEQPACK_CPU" bench --threads "$1" --workload "$2" --mode "$3" \
+    one() {  # THREADS WORKLOAD MODE PRECISION: one bench line (JSON) of ${TOOL:-$SEQPACK_CPU}
+      timeout 20 "${TOOL:-$SEQPACK_CPU}" bench --threads "$1" --workload "$2" --mode "$3" \
         --precision "$4" --min-time 0.1 --json || echo "(not run: exit $?)"
     }
+    # this build against the baseline, alternating, twice (the machine is shared)
+    if [ -n "$SEQPACK_BASE" ]; then
+      for round in 1 2; do
+        for w in lstm-bi-2layer lstm-sentences lstm-long-tail; do
+          for n in 1 2 16; do
+            for run in forward_packed:bf16 forward_packed:int8 train_packed:bf16; do
+              for tool in base new; do
+                echo "--- A/B $tool round $round, $w, threads $n, ${run%:*}, ${run#*:}"
+                TOOL=$SEQPACK_CPU
+                [ "$tool" = base ] && TOOL=$SEQPACK_BASE
+                TOOL=$TOOL one "$n" "$w" "${run%:*}" "${run#*:}"
+              done
+            done
+          done
+        done
+      done
+    fi
     # issue 27's table: lstm-bi-2layer at 1..16 threads, forward in each precision, bf16 training
     for n in 1 2 4 8 16; do
       for run in forward_packed:fp32 forward_packed:bf16 forward_packed:int8 train_packed:bf16; do
@@ -261,11 +296,20 @@ elif [ -n "$SEQPACK_CPU" ] && "$SEQPACK_CPU" info >/dev/null 2>&1; then
       done
     done
     # the minimum of hidden units per thread of a column split (default 128)
-    for units in 64 32; do
+    for units in 128 32; do
       for n in 8 16; do
         for run in forward_packed:bf16 forward_packed:int8 train_packed:bf16; do
           echo "--- units $units, threads $n, ${run%:*}, ${run#*:}"
           SEQPACK_STEP_UNITS=$units one "$n" lstm-bi-2layer "${run%:*}" "${run#*:}"
+        done
+      done
+    done
+    # the split forced (SEQPACK_STEP_SPLIT), 16 threads
+    for split in rows columns; do
+      for w in lstm-sentences lstm-bi-2layer; do
+        for run in forward_packed:bf16 train_packed:bf16; do
+          echo "--- split $split, $w, threads 16, ${run%:*}, ${run#*:}"
+          SEQPACK_STEP_SPLIT=$split one 16 "$w" "${run%:*}" "${run#*:}"
         done
       done
     done
@@ -288,8 +332,9 @@ elif [ -n "$SEQPACK_CPU" ] && "$SEQPACK_CPU" info >/dev/null 2>&1; then
     if [ -f "$data" ]; then
       for n in 1 2 4 8 16; do
         echo "--- main job, threads $n"
-        timeout 60 "$SEQPACK_CPU" train --data "$data" --epochs 1 --threads "$n" --quiet \
-          --out "$(mktemp -d)/model" 2>&1 | grep -E "^(precision|epoch)" || echo "(not run: exit $?)"
+        timeout 60 "$SEQPACK_CPU" train --data "$data" --epochs 1 --threads "$n" --quiet --profile \
+          --out "$(mktemp -d)/model" 2>&1 | grep -E "^(precision|epoch|step profile)" \
+          || echo "(not run: exit $?)"
       done
     fi
     # the peer at 16 threads, PyTorch at its fastest configuration, in the same run
@@ -308,7 +353,9 @@ else
 fi
 
 # ---------------------------------------------------------------- bench
-if [ "$HAVE_GPU" = 0 ]; then
+if [ "$GPU_STAGES" = 0 ]; then
+  skip_stage bench "SEQPACK_DEVICE_CHECK_GPU=0" "$OUT/bench.log"
+elif [ "$HAVE_GPU" = 0 ]; then
   skip_stage bench "$NO_GPU" "$OUT/bench.log"
 else
   limit=$(($(left) - 10))

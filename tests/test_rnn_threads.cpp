@@ -17,6 +17,7 @@
 #include <string>
 #include <vector>
 
+#include "cli_run.h"
 #include "seqpack/cpu_info.h"
 #include "rnn/grid.h"
 #include "seqpack/packed_sequence.h"
@@ -297,6 +298,22 @@ TEST(RNNThreads, AnExceptionInOneThreadReleasesItsTeam) {
                                 }
                               }),
                std::runtime_error);
+}
+
+// The measuring knobs refuse values they do not know, naming them.
+TEST(RNNThreads, BadKnobsAreRefusedByName) {
+  const char* args = "bench --workload rnn-tanh-tiny --mode forward_packed --min-time 0.01";
+  for (const auto& [env, needle] :
+       std::vector<std::pair<std::string, std::string>>{
+           {"SEQPACK_STEP_SPLIT=diagonal", "SEQPACK_STEP_SPLIT: 'diagonal' is not one of rows"},
+           {"SEQPACK_STEP_UNITS=8", "SEQPACK_STEP_UNITS: '8' is not a count of hidden units"},
+           {"SEQPACK_STEP_UNITS=64k", "SEQPACK_STEP_UNITS: '64k' is not a count"}}) {
+    const testing::CliResult r = testing::run_cli(args, env);
+    EXPECT_EQ(r.status, 1) << env << ": " << r.err;
+    EXPECT_NE(r.err.find(needle), std::string::npos) << env << ": " << r.err;
+  }
+  const testing::CliResult ok = testing::run_cli(args, "SEQPACK_STEP_SPLIT=rows SEQPACK_STEP_UNITS=32");
+  EXPECT_EQ(ok.status, 0) << ok.err;
 }
 
 }  // namespace

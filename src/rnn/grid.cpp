@@ -37,12 +37,30 @@ int64_t min_step_units() {
   return u;
 }
 
-std::atomic<SplitChoice> choice{SplitChoice::engine};
+// SEQPACK_STEP_SPLIT: rows, columns or engine (the default), for measuring.
+SplitChoice choice_from_env() {
+  const char* env = std::getenv("SEQPACK_STEP_SPLIT");
+  if (!env || !*env || std::string(env) == "engine") return SplitChoice::engine;
+  if (std::string(env) == "rows") return SplitChoice::rows;
+  if (std::string(env) == "columns") return SplitChoice::columns;
+  throw std::invalid_argument("SEQPACK_STEP_SPLIT: '" + std::string(env) +
+                              "' is not one of rows, columns, engine");
+}
+
+std::atomic<int> choice{-1};  // -1: not read yet
 
 }  // namespace
 
-void set_split_choice(SplitChoice c) { choice.store(c, std::memory_order_relaxed); }
-SplitChoice split_choice() { return choice.load(std::memory_order_relaxed); }
+void set_split_choice(SplitChoice c) { choice.store(static_cast<int>(c), std::memory_order_relaxed); }
+
+SplitChoice split_choice() {
+  int c = choice.load(std::memory_order_relaxed);
+  if (c < 0) {
+    c = static_cast<int>(choice_from_env());
+    choice.store(c, std::memory_order_relaxed);
+  }
+  return static_cast<SplitChoice>(c);
+}
 
 int step_threads(int64_t H, bool by_rows, int available) {
   if (available <= 0) available = omp_get_max_threads();

@@ -61,7 +61,8 @@ int64_t rows_after_h0(const std::vector<int64_t>& bs, int64_t t, int64_t d);
 std::vector<int64_t> row_bounds(const std::vector<int64_t>& bs, int64_t B, int nt);
 
 // Who chooses between the row and the column split: the engine, or (tests,
-// to run both splits with every engine) a fixed choice.
+// to run both splits with every engine; SEQPACK_STEP_SPLIT=rows|columns, for
+// measuring) a fixed choice.
 enum class SplitChoice { engine, rows, columns };
 void set_split_choice(SplitChoice choice);
 SplitChoice split_choice();
