@@ -7,6 +7,8 @@
 # the working tree (the device tool's carry: ["build-device"]). Needs glibc
 # 2.34 or newer there, as Debian 12's build does.
 #   SEQPACK_BUILD_DIR  the build to pack (default build)
+#   SEQPACK_BUNDLE_TESTS  test programs of BUILD_DIR/tests to take along (default: the
+#                      engine and core tests; empty: none)
 #   SEQPACK_BUNDLE     where to write it (default build-device/seqpack-cpu.tar.xz; a
 #                      baseline for device_check.sh: build-device/baseline/seqpack-cpu.tar.xz)
 set -euo pipefail
@@ -23,6 +25,13 @@ cp bench/workloads.json "$stage/seqpack-cpu/"
 # The main job's data (the GPU machine has no word lists): 6000 words a language.
 "$tool" data export --words-per-language 6000 --out "$stage/data" >/dev/null
 cp "$stage/data/train.tsv" "$stage/seqpack-cpu/train.tsv"
+# The engine and recurrent-core test programs, for the GPU machine's AMX CPU
+# (they need no library the tool does not): SEQPACK_BUNDLE_TESTS, a list.
+tests=${SEQPACK_BUNDLE_TESTS-test_gemm_engine_sweep test_gemm_engine test_rnn_threads test_rnn_bf16 test_rnn_int8 test_rnn_cell_step}
+mkdir -p "$stage/seqpack-cpu/tests"
+for t in $tests; do
+  [ -x "$BUILD_DIR/tests/$t" ] && cp "$BUILD_DIR/tests/$t" "$stage/seqpack-cpu/tests/"
+done
 # Every library ldd resolves, but glibc's own (the loader, libc, libm, ...):
 # those must be the machine's.
 ldd "$tool" | awk '$2 == "=>" && $3 ~ /^\// {print $3}' |

@@ -15,8 +15,8 @@
 #   tests   python/tests/test_cuda_gpu.py through its own runner (no pytest needed)
 #   cpu     issue 27's thread sweep: `seqpack bench --threads N` for N in 1 2 4 8 16 on
 #           lstm-bi-2layer (fp32, bf16, int8 forward; bf16 training), the same at 8 and 16
-#           threads with SEQPACK_STEP_UNITS=128 and 32, SEQPACK_STEP_SPLIT=rows and columns
-#           and OpenMP's binding at 16, every other workload (bf16 and int8 forward, bf16
+#           threads with SEQPACK_STEP_UNITS=128 and with SEQPACK_STEP_GROUPS=0 and 1,
+#           every other workload (bf16 and int8 forward, bf16
 #           training), the main job (`seqpack train --profile`, one epoch of the bundle's
 #           train.tsv), then compare_torch.py at 16 threads on every workload against
 #           PyTorch's fastest configuration. With a baseline bundle
@@ -25,7 +25,10 @@
 #           the bundle scripts/device_bundle.sh packs into build-device/ (carry it: the GPU
 #           machine lacks oneDNN and the rest); without either, or without a GPU (not that
 #           machine; SEQPACK_DEVICE_CHECK_CPU=1 runs it anyway), the stage is skipped.
-#           SEQPACK_DEVICE_CHECK_GPU=0 runs this stage alone (no build, tests or bench)
+#           SEQPACK_DEVICE_CHECK_GPU=0 runs this stage alone (no build, tests or bench);
+#           SEQPACK_DEVICE_CHECK_SWEEP picks its parts (default
+#           gtest,ab,table,variants,others,main,compare; gtest runs the bundle's test
+#           programs)
 #   bench   bench/compare_torch.py --device cuda: seqpack against torch's six configurations
 #           (SEQPACK_DEVICE_CHECK_BENCH_ARGS adds options, e.g. "--workload gru-chars --quick")
 # Without a CUDA GPU the GPU stages say "no CUDA GPU" and the script still ends with 0.
@@ -264,89 +267,118 @@ if [ "$HAVE_GPU" = 0 ] && [ "${SEQPACK_DEVICE_CHECK_CPU:-0}" != 1 ]; then
   skip_stage cpu "no CUDA GPU: not the GPU machine's CPU (SEQPACK_DEVICE_CHECK_CPU=1 runs it anyway)" \
     "$OUT/cpu.log"
 elif [ -n "$SEQPACK_CPU" ] && "$SEQPACK_CPU" info >/dev/null 2>&1; then
-  export SEQPACK_CPU SEQPACK_BASE PY
+  # The parts of the sweep to run (default all of them).
+  SEQPACK_DEVICE_CHECK_SWEEP=${SEQPACK_DEVICE_CHECK_SWEEP:-gtest,ab,table,variants,others,main,compare}
+  export SEQPACK_CPU SEQPACK_BASE PY SEQPACK_DEVICE_CHECK_SWEEP TMP
   sweep() {
     "$SEQPACK_CPU" info
     one() {  # THREADS WORKLOAD MODE PRECISION: one bench line (JSON) of ${TOOL:-$SEQPACK_CPU}
       timeout 20 "${TOOL:-$SEQPACK_CPU}" bench --threads "$1" --workload "$2" --mode "$3" \
         --precision "$4" --min-time 0.1 --json || echo "(not run: exit $?)"
     }
-    # this build against the baseline, alternating, twice (the machine is shared)
-    if [ -n "$SEQPACK_BASE" ]; then
-      for round in 1 2; do
-        for w in lstm-bi-2layer lstm-sentences lstm-long-tail; do
-          for n in 1 2 16; do
-            for run in forward_packed:bf16 forward_packed:int8 train_packed:bf16; do
-              for tool in base new; do
-                echo "--- A/B $tool round $round, $w, threads $n, ${run%:*}, ${run#*:}"
-                TOOL=$SEQPACK_CPU
-                [ "$tool" = base ] && TOOL=$SEQPACK_BASE
-                TOOL=$TOOL one "$n" "$w" "${run%:*}" "${run#*:}"
+    part() { [[ ",$SEQPACK_DEVICE_CHECK_SWEEP," == *",$1,"* ]]; }
+    if part gtest; then
+      # the bundle's test programs (bf16 and int8 on this CPU's AMX): their summaries
+      for t in "$(dirname "$SEQPACK_CPU")"/tests/test_*; do
+        [ -x "$t" ] || continue
+        echo "--- gtest $(basename "$t")"
+        timeout 120 "$t" --gtest_brief=1 >"$TMP/gtest.out" 2>&1
+        echo "exit $?"
+        grep -E "^\[  (PASSED|FAILED|SKIPPED) |Failure|error" "$TMP/gtest.out" | head -30
+      done
+    fi
+    if part table; then
+      # issue 27's table: lstm-bi-2layer at 1..16 threads, forward in each precision, bf16 training
+      for n in 1 2 4 8 16; do
+        for run in forward_packed:fp32 forward_packed:bf16 forward_packed:int8 train_packed:bf16; do
+          echo "--- threads $n, ${run%:*}, ${run#*:}"
+          one "$n" lstm-bi-2layer "${run%:*}" "${run#*:}"
+        done
+      done
+    fi
+    if part compare; then
+      # the peer at 16 threads, PyTorch at its fastest configuration, in the same run
+      if [ -n "$PY" ]; then
+        echo "--- compare_torch.py --threads 16 --fastest-torch"
+        timeout 200 "$PY" bench/compare_torch.py --seqpack "$SEQPACK_CPU" --threads 16 \
+          --mode forward_packed --mode train_packed --precision bf16 \
+          --fastest-torch --quick --no-linearity --malloc tuned || echo "(compare_torch: exit $?)"
+      fi
+    fi
+    if part main; then
+      # the main job: seqpack train, one epoch of the bundle's data
+      data=$(dirname "$SEQPACK_CPU")/train.tsv
+      if [ -f "$data" ]; then
+        tools=new
+        [ -n "$SEQPACK_BASE" ] && tools="base new"
+        for n in 1 2 4 8 16; do
+          for tool in $tools; do
+            echo "--- main job $tool, threads $n"
+            TOOL=$SEQPACK_CPU
+            [ "$tool" = base ] && TOOL=$SEQPACK_BASE
+            timeout 60 "$TOOL" train --data "$data" --epochs 1 --threads "$n" --quiet --profile \
+              --out "$(mktemp -d)/model" 2>&1 | grep -E "^(precision|epoch|step profile)" \
+              || echo "(not run: exit $?)"
+          done
+        done
+      fi
+    fi
+    if part ab; then
+      # this build against the baseline, alternating, SEQPACK_DEVICE_CHECK_AB_ROUNDS times
+      # (default 2: the machine is shared)
+      if [ -n "$SEQPACK_BASE" ]; then
+        for round in $(seq "${SEQPACK_DEVICE_CHECK_AB_ROUNDS:-2}"); do
+          for w in lstm-bi-2layer lstm-sentences lstm-long-tail; do
+            for n in 1 2 16; do
+              for run in forward_packed:bf16 train_packed:bf16; do
+                for tool in base new; do
+                  echo "--- A/B $tool round $round, $w, threads $n, ${run%:*}, ${run#*:}"
+                  TOOL=$SEQPACK_CPU
+                  [ "$tool" = base ] && TOOL=$SEQPACK_BASE
+                  TOOL=$TOOL one "$n" "$w" "${run%:*}" "${run#*:}"
+                done
               done
+            done
+          done
+        done
+      fi
+    fi
+    if part variants; then
+      # the minimum of hidden units per thread of a column split (default 64)
+      for n in 8 16; do
+        for run in forward_packed:bf16 forward_packed:int8 train_packed:bf16; do
+          echo "--- units 128, threads $n, ${run%:*}, ${run#*:}"
+          SEQPACK_STEP_UNITS=128 one "$n" lstm-bi-2layer "${run%:*}" "${run#*:}"
+        done
+      done
+      # a thread's gate blocks as separate oneDNN calls (SEQPACK_STEP_GROUPS=0) and as one
+      for w in lstm-bi-2layer lstm-long-tail; do
+        for n in 8 16; do
+          for run in forward_packed:bf16 train_packed:bf16; do
+            for groups in 0 1; do
+              echo "--- groups $groups, $w, threads $n, ${run%:*}, ${run#*:}"
+              SEQPACK_STEP_GROUPS=$groups one "$n" "$w" "${run%:*}" "${run#*:}"
             done
           done
         done
       done
     fi
-    # issue 27's table: lstm-bi-2layer at 1..16 threads, forward in each precision, bf16 training
-    for n in 1 2 4 8 16; do
-      for run in forward_packed:fp32 forward_packed:bf16 forward_packed:int8 train_packed:bf16; do
-        echo "--- threads $n, ${run%:*}, ${run#*:}"
-        one "$n" lstm-bi-2layer "${run%:*}" "${run#*:}"
-      done
-    done
-    # the minimum of hidden units per thread of a column split (default 128)
-    for units in 128 32; do
-      for n in 8 16; do
-        for run in forward_packed:bf16 forward_packed:int8 train_packed:bf16; do
-          echo "--- units $units, threads $n, ${run%:*}, ${run#*:}"
-          SEQPACK_STEP_UNITS=$units one "$n" lstm-bi-2layer "${run%:*}" "${run#*:}"
+    if part others; then
+      # every other workload: more threads must never be slower
+      for w in lstm-sentences gru-chars lstm-long-tail rnn-tanh-tiny lstm-long-seq; do
+        for n in 1 2 4 8 16; do
+          for run in forward_packed:bf16 forward_packed:int8 train_packed:bf16; do
+            echo "--- $w, threads $n, ${run%:*}, ${run#*:}"
+            one "$n" "$w" "${run%:*}" "${run#*:}"
+          done
         done
       done
-    done
-    # the split forced (SEQPACK_STEP_SPLIT), 16 threads
-    for split in rows columns; do
-      for w in lstm-sentences lstm-bi-2layer; do
-        for run in forward_packed:bf16 train_packed:bf16; do
-          echo "--- split $split, $w, threads 16, ${run%:*}, ${run#*:}"
-          SEQPACK_STEP_SPLIT=$split one 16 "$w" "${run%:*}" "${run#*:}"
-        done
-      done
-    done
-    # threads bound to cores (OpenMP's placement), 16 threads
-    for run in forward_packed:bf16 train_packed:bf16; do
-      echo "--- bound close/cores, threads 16, ${run%:*}, ${run#*:}"
-      OMP_PROC_BIND=close OMP_PLACES=cores one 16 lstm-bi-2layer "${run%:*}" "${run#*:}"
-    done
-    # every other workload: more threads must never be slower
-    for w in lstm-sentences gru-chars lstm-long-tail rnn-tanh-tiny lstm-long-seq; do
-      for n in 1 2 4 8 16; do
-        for run in forward_packed:bf16 forward_packed:int8 train_packed:bf16; do
-          echo "--- $w, threads $n, ${run%:*}, ${run#*:}"
-          one "$n" "$w" "${run%:*}" "${run#*:}"
-        done
-      done
-    done
-    # the main job: seqpack train, one epoch of the bundle's data
-    data=$(dirname "$SEQPACK_CPU")/train.tsv
-    if [ -f "$data" ]; then
-      for n in 1 2 4 8 16; do
-        echo "--- main job, threads $n"
-        timeout 60 "$SEQPACK_CPU" train --data "$data" --epochs 1 --threads "$n" --quiet --profile \
-          --out "$(mktemp -d)/model" 2>&1 | grep -E "^(precision|epoch|step profile)" \
-          || echo "(not run: exit $?)"
-      done
-    fi
-    # the peer at 16 threads, PyTorch at its fastest configuration, in the same run
-    if [ -n "$PY" ]; then
-      echo "--- compare_torch.py --threads 16 --fastest-torch"
-      timeout 200 "$PY" bench/compare_torch.py --seqpack "$SEQPACK_CPU" --threads 16 \
-        --mode forward_packed --mode train_packed --precision bf16 \
-        --fastest-torch --quick --no-linearity --malloc tuned || echo "(compare_torch: exit $?)"
     fi
   }
   declare -f sweep >>"$TMP/stages.sh"
-  stage cpu 330 60 "$OUT/cpu.log" bash -c ". '$TMP/stages.sh'; sweep"
+  reserve=60  # for the bench stage
+  [ "$GPU_STAGES" = 0 ] && reserve=0
+  stage cpu 400 "$reserve" "$OUT/cpu.log" bash -c ". '$TMP/stages.sh'; sweep"
 else
   skip_stage cpu "no CPU tool: neither build/seqpack nor build-device/seqpack-cpu.tar.xz (scripts/device_bundle.sh) runs here" \
     "$OUT/cpu.log"

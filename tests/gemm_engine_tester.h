@@ -25,6 +25,7 @@
 #pragma once
 
 #include <gtest/gtest.h>
+#include <omp.h>
 
 #include <algorithm>
 #include <cmath>
@@ -98,6 +99,16 @@ class GemmEngineTester {
     seed_ = v;
     return *this;
   }
+  // A thread's blocks as one step_blocks() call (else one step() per block).
+  GemmEngineTester& grouped(bool v) {
+    grouped_ = v;
+    return *this;
+  }
+  // oneDNN for every product (cpu::onednn_engine), steps included.
+  GemmEngineTester& onednn(bool v) {
+    onednn_ = v;
+    return *this;
+  }
 
   // Whether this CPU runs the precision's engine; else the reason to skip.
   static bool Supported(Precision p, std::string* why) {
@@ -135,7 +146,7 @@ class GemmEngineTester {
   void TestStep() const {
     const int64_t n = width_ * blocks_;
     const cpu::GemmEngine<float>& eng = engine();
-    const bool by_rows = eng.steps_by_rows(k_, n);
+    const bool by_rows = !grouped_ && eng.steps_by_rows(k_, n);  // grouped: columns
     const int nc = by_rows ? 1 : threads_;  // threads sharing the columns
     for (int it = 0; it < iterations_; ++it) {
       const uint64_t seed = seed_ + static_cast<uint64_t>(it);
@@ -143,6 +154,10 @@ class GemmEngineTester {
       const auto op =
           eng.prepare(p.b.data(), trans_b_, k_, n, p.ldb, rnn::step_ranges(width_, blocks_, nc));
       std::vector<float> c = p.c;
+      // OpenMP's count at least the threads asked for (run_threads never
+      // takes more), restored after.
+      const int omp_before = omp_get_max_threads();
+      omp_set_num_threads(std::max(threads_, omp_before));
       rnn::run_threads(threads_, [&](int tid, int nth) {
         if (by_rows) {  // this thread's rows, all columns
           const int64_t r0 = m_ * tid / nth, r1 = m_ * (tid + 1) / nth;
@@ -150,12 +165,19 @@ class GemmEngineTester {
                    p.ldc);
           return;
         }
-        for (int64_t q = 0; q < (nth == 1 ? 1 : blocks_); ++q) {
+        const int64_t count = nth == 1 ? 1 : blocks_;
+        if (grouped_) {
+          eng.step_blocks(m_, p.a.data(), p.lda, *op, rnn::step_range(nth, tid, blocks_, 0),
+                          static_cast<std::size_t>(count), beta_, c.data(), p.ldc);
+          return;
+        }
+        for (int64_t q = 0; q < count; ++q) {
           eng.step(m_, p.a.data(), p.lda, *op, rnn::step_range(nth, tid, blocks_, q), beta_,
                    c.data(), p.ldc);
         }
       });
-      const bool bf16 = precision_ == Precision::bf16 && cpu::bf16_step(k_, n);
+      omp_set_num_threads(omp_before);
+      const bool bf16 = precision_ == Precision::bf16 && (onednn_ || cpu::bf16_step(k_, n));
       ASSERT_TRUE(compare(p, c, 0, m_, false, bf16, seed))
           << describe("TestStep") << (by_rows ? " (by rows)" : " (by columns)");
     }
@@ -169,6 +191,7 @@ class GemmEngineTester {
   };
 
   const cpu::GemmEngine<float>& engine() const {
+    if (onednn_ && precision_ != Precision::int8) return cpu::onednn_engine(precision_);
     return precision_ == Precision::int8 ? cpu::int8_engine() : cpu::gemm_engine_f32(precision_);
   }
 
@@ -260,12 +283,14 @@ class GemmEngineTester {
            " n=" + std::to_string(width_) + "x" + std::to_string(blocks_) +
            " k=" + std::to_string(k_) + " ta=" + std::to_string(trans_a_) +
            " tb=" + std::to_string(trans_b_) + " beta=" + std::to_string(beta_) +
-           " bias=" + std::to_string(bias_) + " threads=" + std::to_string(threads_);
+           " bias=" + std::to_string(bias_) + " threads=" + std::to_string(threads_) +
+           (grouped_ ? " grouped" : "") + (onednn_ ? " onednn" : "");
   }
 
   Precision precision_ = Precision::fp32;
   int64_t m_ = 1, width_ = 1, blocks_ = 1, k_ = 1;
   bool trans_a_ = false, trans_b_ = false, bias_ = false;
+  bool grouped_ = false, onednn_ = false;
   float beta_ = 0;
   int threads_ = 1;
   int iterations_ = 1;

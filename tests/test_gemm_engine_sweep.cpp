@@ -115,6 +115,40 @@ TEST_P(GemmEngineSweep, LargeStepProducts) {
   }
 }
 
+// A thread's gate blocks as one step_blocks() call (one oneDNN product of
+// its columns of every block), against the plain GEMM: the core's engines
+// and oneDNN for everything, odd sizes, both layouts, 1-4 threads.
+TEST_P(GemmEngineSweep, GroupedStepBlocksOverThreadSplits) {
+  uint64_t seed = 7000;
+  for (bool onednn : {false, true}) {
+    if (onednn && GetParam() == Precision::int8) continue;
+    for (int threads : {1, 2, 3, 4}) {
+      for (int64_t width : {17, 33, 129}) {
+        for (int64_t m : {1, 17}) {
+          for (bool tb : {false, true}) {
+            for (float beta : {0.0f, 1.0f}) {
+              GemmEngineTester()
+                  .precision(GetParam())
+                  .onednn(onednn)
+                  .grouped(true)
+                  .m(m)
+                  .width(width)
+                  .blocks(4)
+                  .k(33)
+                  .trans_b(tb)
+                  .beta(beta)
+                  .threads(threads)
+                  .seed(++seed)
+                  .TestStep();
+              if (HasFatalFailure()) return;
+            }
+          }
+        }
+      }
+    }
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(Engines, GemmEngineSweep,
                          ::testing::Values(Precision::fp32, Precision::bf16, Precision::int8),
                          [](const ::testing::TestParamInfo<Precision>& info) {

@@ -11,6 +11,10 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <atomic>
+#include <mutex>
+#include <set>
+#include <thread>
 #include <cmath>
 #include <ostream>
 #include <random>
@@ -282,6 +286,27 @@ TEST(RNNThreads, DirectionThreads) {
   EXPECT_EQ(rnn::direction_threads(seq128, false, 13838, 787), 1);
   rnn::set_min_step_units(16);
   EXPECT_EQ(rnn::direction_threads(seq128, false, 13838, 787), 8);
+}
+
+// The teams never take more threads than OpenMP's count: at one thread the
+// directions run one after the other on the calling thread.
+TEST(RNNThreads, TeamsStayWithinTheThreadCount) {
+  const ThreadsGuard guard(16);
+  for (int threads : {1, 2, 3, 5}) {
+    set_num_threads(threads);
+    for (int nt : {1, 2, 3}) {
+      std::atomic<int> most{0};
+      std::mutex mu;
+      std::set<std::thread::id> ids;
+      rnn::run_teams(2, nt, [&](int64_t, const rnn::Team& team) {
+        const std::lock_guard<std::mutex> lock(mu);
+        ids.insert(std::this_thread::get_id());
+        most = std::max<int>(most, team.nth);
+      });
+      EXPECT_LE(static_cast<int>(ids.size()), threads) << threads << " threads, teams of " << nt;
+      EXPECT_LE(most.load(), std::max(1, threads)) << threads << " threads, teams of " << nt;
+    }
+  }
 }
 
 // A thread that throws releases its team's barrier: the others return, the

@@ -139,6 +139,20 @@ class GemmEngine {
                     T beta, T* c, int64_t ldc, const T* const* init = nullptr,
                     RowStore* keep = nullptr, int64_t keep_row = 0) const = 0;
 
+  // step() over the `count` ranges first, first + 1, ... (one thread's
+  // blocks of a column split: rnn::step_range of blocks 0..count-1), as one
+  // product where the engine can (oneDNN: one call for the thread's columns
+  // of every gate, laid out together on first use, instead of one call per
+  // gate; SEQPACK_STEP_GROUPS=0 makes them separate calls again). The same
+  // contract as step() for each range.
+  virtual void step_blocks(int64_t m, const T* a, int64_t lda, const StepOperand& b,
+                           std::size_t first, std::size_t count, T beta, T* c, int64_t ldc,
+                           const T* const* init = nullptr, RowStore* keep = nullptr,
+                           int64_t keep_row = 0) const {
+    for (std::size_t q = 0; q < count; ++q)
+      step(m, a, lda, b, first + q, beta, c, ldc, init, keep, keep_row);
+  }
+
   // Whether step() takes init rows (else the caller copies them into C).
   virtual bool takes_init() const { return false; }
 

@@ -12,6 +12,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cstdlib>
 #include <cstring>
 #include <map>
 #include <memory>
@@ -20,6 +21,7 @@
 #include <string>
 #include <tuple>
 #include <unordered_map>
+#include <vector>
 
 #include "cpu/bf16.h"
 #include "cpu/buffer_pool.h"
@@ -288,7 +290,9 @@ const dnnl::reorder& weights_reorder(int64_t k, int64_t w, bool trans, int64_t l
 
 // Columns [c0, c1) of op(b) [k, n] per range, in the primitive's blocked
 // layout, each laid out on its first use (a call uses either the one-thread
-// range or the per-thread ones, never both).
+// range or the per-thread ones, never both); and, for step_blocks(), a
+// thread's consecutive ranges laid out together as one [k, sum of widths]
+// operand (group(first, count), on its first use).
 struct BlockedOperand : StepOperand {
   std::unique_ptr<StepOperand> fallback;  // the fp32 engine's operand, where bf16 does not pay
   const float* b = nullptr;
@@ -297,39 +301,84 @@ struct BlockedOperand : StepOperand {
   std::vector<ColumnRange> ranges;
   mutable std::vector<dnnl::memory> blocks;  // one per range
   std::unique_ptr<std::once_flag[]> ready;  // one per range
+  mutable std::vector<dnnl::memory> groups;  // per first range of a group
+  std::unique_ptr<std::once_flag[]> group_ready;
 
   const dnnl::memory& block(std::size_t r) const {
     std::call_once(ready[r], [&] {
       const auto [c0, c1] = ranges[r];
-      ThreadState& ts = thread_state();
-      const int64_t w = c1 - c0;
-      const float* first = trans ? b + c0 * ldb : b + c0;
-      dnnl::memory plain;
-      if (f32) {
-        plain = dnnl::memory(operand_desc(k, w, trans, ldb, dt::f32), cpu_engine(),
-                             const_cast<float*>(first));
-      } else {
-        stage(trans ? w : k, trans ? k : w, first, ldb, ts.b);
-        plain = dnnl::memory(bf16_desc(k, w, trans), cpu_engine(), ts.b.data());
-      }
-      // The reorder's source: key (k, w, trans, ld), ld 0 for contiguous bf16.
-      bool src_trans = trans;
-      int64_t src_ld = f32 ? ldb : 0;
-      if (trans && onednn::kReorderTransposedThroughRowMajor) {
-        dnnl::memory rows(dnnl::memory::desc({k, w}, f32 ? dt::f32 : dt::bf16, tag::ab),
-                          cpu_engine());
-        dnnl::reorder(plain, rows).execute(ts.stream, plain, rows);
-        plain = rows;
-        src_trans = false;
-        src_ld = f32 ? w : 0;  // as a row-major operand of this shape
-      }
-      dnnl::memory blocked(blocked_weights_desc(k, w, f32), cpu_engine());
-      weights_reorder(k, w, src_trans, src_ld, plain, blocked).execute(ts.stream, plain, blocked);
-      blocks[r] = std::move(blocked);
+      blocks[r] = lay_out(trans ? b + c0 * ldb : b + c0, c1 - c0, ldb);
     });
     return blocks[r];
   }
+
+  // Ranges [first, first + count) side by side: columns of op(b) gathered
+  // into one dense operand (op(b)'s layout, row stride its width), laid out.
+  const dnnl::memory& group(std::size_t first, std::size_t count) const {
+    std::call_once(group_ready[first], [&] {
+      int64_t w = 0;
+      for (std::size_t q = first; q < first + count; ++q) w += ranges[q].second - ranges[q].first;
+      std::vector<float> cat(static_cast<std::size_t>(k * w));
+      int64_t at = 0;
+      for (std::size_t q = first; q < first + count; ++q) {
+        const auto [c0, c1] = ranges[q];
+        for (int64_t c = c0; c < c1; ++c, ++at) {
+          for (int64_t i = 0; i < k; ++i) {
+            // op(b)[i][c]: b[c][i] when transposed, else b[i][c]
+            const float v = trans ? b[c * ldb + i] : b[i * ldb + c];
+            if (trans) {
+              cat[static_cast<std::size_t>(at * k + i)] = v;
+            } else {
+              cat[static_cast<std::size_t>(i * w + at)] = v;
+            }
+          }
+        }
+      }
+      groups[first] = lay_out(cat.data(), w, trans ? k : w);
+    });
+    return groups[first];
+  }
+
+ private:
+  // op(x) [k, w] (x's first column at `first`, row stride ld) in the blocked layout.
+  dnnl::memory lay_out(const float* first, int64_t w, int64_t ld) const {
+    ThreadState& ts = thread_state();
+    dnnl::memory plain;
+    if (f32) {
+      plain = dnnl::memory(operand_desc(k, w, trans, ld, dt::f32), cpu_engine(),
+                           const_cast<float*>(first));
+    } else {
+      stage(trans ? w : k, trans ? k : w, first, ld, ts.b);
+      plain = dnnl::memory(bf16_desc(k, w, trans), cpu_engine(), ts.b.data());
+    }
+    // The reorder's source: key (k, w, trans, ld), ld 0 for contiguous bf16.
+    bool src_trans = trans;
+    int64_t src_ld = f32 ? ld : 0;
+    if (trans && onednn::kReorderTransposedThroughRowMajor) {
+      dnnl::memory rows(dnnl::memory::desc({k, w}, f32 ? dt::f32 : dt::bf16, tag::ab),
+                        cpu_engine());
+      dnnl::reorder(plain, rows).execute(ts.stream, plain, rows);
+      plain = rows;
+      src_trans = false;
+      src_ld = f32 ? w : 0;  // as a row-major operand of this shape
+    }
+    dnnl::memory blocked(blocked_weights_desc(k, w, f32), cpu_engine());
+    weights_reorder(k, w, src_trans, src_ld, plain, blocked).execute(ts.stream, plain, blocked);
+    return blocked;
+  }
 };
+
+// Whether step_blocks() makes one product of a thread's ranges
+// (SEQPACK_STEP_GROUPS=0: one per range, for measuring).
+bool step_groups() {
+  static const bool on = [] {
+    const char* env = std::getenv("SEQPACK_STEP_GROUPS");
+    if (!env || !*env || std::string(env) == "1") return true;
+    if (std::string(env) == "0") return false;
+    throw std::invalid_argument("SEQPACK_STEP_GROUPS: '" + std::string(env) + "' is not 0 or 1");
+  }();
+  return on;
+}
 
 // The bf16 rows of a matrix kept by step() and keep() for a later gemm(), or
 // (sunk) written by the caller through sink() and recorded by them.
@@ -462,6 +511,8 @@ class OnednnEngine : public GemmEngine<float> {
     op->ldb = ldb;
     op->blocks.resize(ranges.size());
     op->ready = std::make_unique<std::once_flag[]>(ranges.size());
+    op->groups.resize(ranges.size());
+    op->group_ready = std::make_unique<std::once_flag[]>(ranges.size());
     return op;
   }
 
@@ -481,24 +532,8 @@ class OnednnEngine : public GemmEngine<float> {
     }
     const auto [c0, c1] = op.ranges[range];
     if (m == 0 || c1 <= c0) return;
-    // The rows dense (brgemm has no kernel for some strided sources, e.g.
-    // f32 with k = 64): bf16 staging makes them so, f32 copies them if needed.
-    const void* src = a;
     ThreadState& ts = thread_state();
-    if (!f32_ && store && store->cols == op.k && (c0 == 0 || store->sunk)) {
-      // Converted into the store (by the range at column 0), or written there
-      // by the caller (sunk: every range reads them).
-      if (c0 == 0) store->put(keep_row, store->sunk ? nullptr : a, lda, m);
-      src = store->row(keep_row);
-    } else if (!f32_) {
-      stage(m, op.k, a, lda, ts.a);
-      src = ts.a.data();
-    } else if (lda != op.k) {
-      float* rows = ts.a32.resize(static_cast<std::size_t>(m * op.k));
-      for (int64_t i = 0; i < m; ++i)
-        std::memcpy(rows + i * op.k, a + i * lda, static_cast<std::size_t>(op.k) * sizeof(float));
-      src = rows;
-    }
+    const void* src = step_source(op, m, a, lda, store, keep_row, c0);
     lda = op.k;
     const int64_t w = c1 - c0;
     if (w == ldc) {
@@ -523,6 +558,42 @@ class OnednnEngine : public GemmEngine<float> {
     }
   }
 
+  void step_blocks(int64_t m, const float* a, int64_t lda, const StepOperand& sb,
+                   std::size_t first, std::size_t count, float beta, float* c, int64_t ldc,
+                   const float* const* init, RowStore* keep, int64_t keep_row) const override {
+    const auto& op = static_cast<const BlockedOperand&>(sb);
+    if (count <= 1 || op.fallback || !step_groups()) {
+      GemmEngine<float>::step_blocks(m, a, lda, sb, first, count, beta, c, ldc, init, keep,
+                                     keep_row);
+      return;
+    }
+    int64_t w = 0;
+    for (std::size_t q = first; q < first + count; ++q)
+      w += op.ranges[q].second - op.ranges[q].first;
+    if (m == 0 || w == 0) return;
+    ThreadState& ts = thread_state();
+    const void* src = step_source(op, m, a, lda, static_cast<Bf16Rows*>(keep), keep_row,
+                                  op.ranges[first].first);
+    ts.c.resize(static_cast<std::size_t>(m * w));
+    const Key key{m, w, op.k, op.k, 0, w, false, false, false, false, true, f32_};
+    run(key, src, op.group(first, count).get_data_handle(), ts.c.data(), nullptr);
+    // Each range's columns to their place in C.
+    int64_t at = 0;
+    for (std::size_t q = first; q < first + count; ++q) {
+      const auto [c0, c1] = op.ranges[q];
+      for (int64_t i = 0; i < m; ++i) {
+        float* dst = c + i * ldc + c0;
+        const float* p = ts.c.data() + i * w + at;
+        if (beta != 0.0f) {
+          for (int64_t j = 0; j < c1 - c0; ++j) dst[j] += p[j];
+        } else {
+          std::memcpy(dst, p, static_cast<std::size_t>(c1 - c0) * sizeof(float));
+        }
+      }
+      at += c1 - c0;
+    }
+  }
+
   // A column share costs one call per gate block, each staging the rows
   // again and going through a dense buffer (above); a row share is one call
   // per thread straight into C's rows, but each thread then reads all of B
@@ -535,6 +606,28 @@ class OnednnEngine : public GemmEngine<float> {
   }
 
  private:
+  // A step's A rows, dense (brgemm has no kernel for some strided sources,
+  // e.g. f32 with k = 64): bf16 staging makes them so, f32 copies them if
+  // needed; or the store's rows, converted there by the range at column 0
+  // (c0), or written there by the caller (sunk: every range reads them).
+  const void* step_source(const BlockedOperand& op, int64_t m, const float* a, int64_t lda,
+                          Bf16Rows* store, int64_t keep_row, int64_t c0) const {
+    ThreadState& ts = thread_state();
+    if (!f32_ && store && store->cols == op.k && (c0 == 0 || store->sunk)) {
+      if (c0 == 0) store->put(keep_row, store->sunk ? nullptr : a, lda, m);
+      return store->row(keep_row);
+    }
+    if (!f32_) {
+      stage(m, op.k, a, lda, ts.a);
+      return ts.a.data();
+    }
+    if (lda == op.k) return a;
+    float* rows = ts.a32.resize(static_cast<std::size_t>(m * op.k));
+    for (int64_t i = 0; i < m; ++i)
+      std::memcpy(rows + i * op.k, a + i * lda, static_cast<std::size_t>(op.k) * sizeof(float));
+    return rows;
+  }
+
   bool f32_, small_in_fp32_;
 };
 

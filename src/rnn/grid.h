@@ -137,23 +137,23 @@ struct Team {
   SpinBarrier* barrier = nullptr;
 };
 
-// Runs body(d, team) for d in [0, D), each on a team of `nt` threads of one
-// parallel region (D * nt threads, the directions side by side), or, with
-// one thread in all, one after the other. The caller holds a
-// cpu::BlasSingleThread, so each thread's BLAS calls stay on that thread.
-// Thread i works for direction i / nt all along (its weights stay in its
-// cache from step to step).
+namespace detail {
+
+// Directions [d0, d0 + count) side by side, a team of nt threads each, in
+// one parallel region (one thread in all, or more than OpenMP's count: the
+// calling thread, one after the other, each as a team of one: the range
+// of all columns, which every layout has).
 template <typename F>
-void run_teams(int64_t D, int nt, F&& body) {
-  const int total = static_cast<int>(D) * std::max(nt, 1);
-  if (total <= 1) {
-    for (int64_t d = 0; d < D; ++d) body(d, Team{});
+void teams_region(int64_t d0, int64_t count, int nt, F& body) {
+  const int total = static_cast<int>(count) * nt;
+  if (total <= 1 || total > omp_get_max_threads()) {
+    for (int64_t d = d0; d < d0 + count; ++d) body(d, Team{});
     return;
   }
   // No exception may leave the region (std::terminate): kept, rethrown after it.
   cpu::OmpErrors errors;
   std::vector<std::unique_ptr<SpinBarrier>> barriers;
-  for (int64_t d = 0; d < D; ++d) barriers.push_back(std::make_unique<SpinBarrier>(nt));
+  for (int64_t d = 0; d < count; ++d) barriers.push_back(std::make_unique<SpinBarrier>(nt));
   // The caller's int8 weights (a thread's own) go with it to every thread.
   const std::vector<cpu::PreparedInt8>* prepared = cpu::prepared_int8_in_scope();
 #pragma omp parallel num_threads(total)
@@ -163,13 +163,13 @@ void run_teams(int64_t D, int nt, F&& body) {
     // threads a direction; a smaller team runs it all on one thread.
     if (omp_get_num_threads() != total) {
       if (omp_get_thread_num() == 0)
-        for (int64_t d = 0; d < D; ++d) body(d, Team{});
+        for (int64_t d = d0; d < d0 + count; ++d) body(d, Team{});
       return;
     }
     const int i = omp_get_thread_num();
     SpinBarrier& bar = *barriers[static_cast<std::size_t>(i / nt)];
     try {
-      body(static_cast<int64_t>(i / nt), Team{i % nt, nt, &bar});
+      body(d0 + i / nt, Team{i % nt, nt, &bar});
     } catch (const BrokenBarrier&) {
       // another thread of the team failed: its exception is the one kept
     } catch (...) {
@@ -178,6 +178,24 @@ void run_teams(int64_t D, int nt, F&& body) {
     }
   });
   errors.rethrow();
+}
+
+}  // namespace detail
+
+// Runs body(d, team) for d in [0, D), each on a team of `nt` threads of one
+// parallel region (D * nt threads, the directions side by side), or, where
+// OpenMP's count (seqpack::set_num_threads) is smaller than D * nt, one
+// direction after the other. The caller holds a cpu::BlasSingleThread, so
+// each thread's BLAS calls stay on that thread. Thread i works for direction
+// i / nt all along (its weights stay in its cache from step to step).
+template <typename F>
+void run_teams(int64_t D, int nt, F&& body) {
+  nt = std::max(nt, 1);
+  if (D > 1 && D * nt > omp_get_max_threads()) {
+    for (int64_t d = 0; d < D; ++d) detail::teams_region(d, 1, nt, body);
+    return;
+  }
+  detail::teams_region(0, D, nt, body);
 }
 
 // Runs body(tid, nth) on `nt` threads, with a barrier of their own (Team).

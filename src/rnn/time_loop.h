@@ -349,10 +349,9 @@ struct ForwardDirection {
   void hidden_product(const ForwardStep<T>& st, const Split& sp, T beta, T* dst) {
     if (st.ng == 0) return;
     const int64_t blocks = sp.nth == 1 || sp.by_rows ? 1 : G / H;
-    for (int64_t q = 0; q < blocks; ++q) {
-      eng.step(st.ng, st.h_prev, R, *whh, sp.range(G / H, q), beta, dst, G, st.init,
-               hp_kept ? hp_kept.get() : hkept.get(), st.h_row);
-    }
+    eng.step_blocks(st.ng, st.h_prev, R, *whh, sp.range(G / H, 0),
+                    static_cast<std::size_t>(blocks), beta, dst, G, st.init,
+                    hp_kept ? hp_kept.get() : hkept.get(), st.h_row);
   }
 
   // A direction runs in three parts: begin() on the calling thread (the
