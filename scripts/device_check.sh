@@ -370,10 +370,12 @@ elif [ -n "$SEQPACK_CPU" ] && "$SEQPACK_CPU" info >/dev/null 2>&1; then
         [ -x "$t" ] || continue
         echo "--- gtest $(basename "$t")"
         # (the knobs test runs the command-line tool of this checkout's build/: not here)
-        timeout 60 "$t" --gtest_brief=1 --gtest_filter=-RNNThreads.BadKnobsAreRefusedByName \
-          >"$TMP/gtest.out" 2>&1
+        SEQPACK_TEST_BF16_THREADS=1 timeout 60 "$t" --gtest_brief=1 \
+          --gtest_filter=-RNNThreads.BadKnobsAreRefusedByName >"$TMP/gtest.out" 2>&1
         echo "exit $?"
-        grep -E "^\[  (PASSED|FAILED|SKIPPED) |Failure|error" "$TMP/gtest.out" | head -30
+        # each failure with its message (the values and where), the summary
+        grep -E -A3 "Failure" "$TMP/gtest.out" | head -40
+        grep -E "^\[  (PASSED|FAILED|SKIPPED) " "$TMP/gtest.out" | head -30
       done
     fi
   }

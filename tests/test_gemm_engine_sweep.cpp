@@ -5,6 +5,7 @@
 // a bias row, and the per-step column ranges of 1 to 4 threads.
 #include <gtest/gtest.h>
 
+#include <cstdlib>
 #include <string>
 
 #include "gemm_engine_tester.h"
@@ -142,6 +143,38 @@ TEST_P(GemmEngineSweep, GroupedStepBlocksOverThreadSplits) {
                   .TestStep();
               if (HasFatalFailure()) return;
             }
+          }
+        }
+      }
+    }
+  }
+}
+
+// Step ranges of 16 columns over a long reduction, as test_rnn_threads'
+// bf16 cases make them (the backward's dG·W_hh: k = 4H = 512, R = 128 over 8
+// threads; a projection's 96 columns): part of locating the failure those
+// cases showed on an AMX Xeon, so only with SEQPACK_TEST_BF16_THREADS=1.
+TEST_P(GemmEngineSweep, NarrowStepRangesOverALongReduction) {
+  const char* env = std::getenv("SEQPACK_TEST_BF16_THREADS");
+  if (!env || std::string(env) != "1") GTEST_SKIP() << "SEQPACK_TEST_BF16_THREADS=1 runs it";
+  uint64_t seed = 9000;
+  for (int64_t k : {128, 512}) {
+    for (int64_t width : {96, 128}) {
+      for (int64_t m : {1, 3, 8, 33}) {
+        for (int threads : {4, 6, 8}) {
+          for (float beta : {0.0f, 1.0f}) {
+            GemmEngineTester()
+                .precision(GetParam())
+                .m(m)
+                .width(width)
+                .blocks(1)
+                .k(k)
+                .trans_b(false)
+                .beta(beta)
+                .threads(threads)
+                .seed(++seed)
+                .TestStep();
+            if (HasFatalFailure()) return;
           }
         }
       }
