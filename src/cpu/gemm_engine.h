@@ -167,6 +167,11 @@ class GemmEngine {
   virtual bool steps_by_rows(int64_t k, int64_t n) const { return false; }
 };
 
+// Whether step_blocks() makes one product of a thread's ranges where the
+// engine can (SEQPACK_STEP_GROUPS: 1, the default, or 0, one product per
+// range, for measuring; another value is refused by name).
+bool step_groups();
+
 // The engine for this element type and precision (a process-wide instance).
 // bf16 requires float and native bf16 dot products (require_bf16_dot_products).
 const GemmEngine<float>& gemm_engine_f32(Precision precision);

@@ -368,8 +368,8 @@ struct BlockedOperand : StepOperand {
   }
 };
 
-// Whether step_blocks() makes one product of a thread's ranges
-// (SEQPACK_STEP_GROUPS=0: one per range, for measuring).
+}  // namespace
+
 bool step_groups() {
   static const bool on = [] {
     const char* env = std::getenv("SEQPACK_STEP_GROUPS");
@@ -379,6 +379,8 @@ bool step_groups() {
   }();
   return on;
 }
+
+namespace {
 
 // The bf16 rows of a matrix kept by step() and keep() for a later gemm(), or
 // (sunk) written by the caller through sink() and recorded by them.
