@@ -549,15 +549,7 @@ class OnednnEngine : public GemmEngine<float> {
     ts.c.resize(static_cast<std::size_t>(m * w));
     const Key key{m, w, op.k, lda, 0, w, false, false, false, false, true, f32_};
     run(key, src, op.block(range).get_data_handle(), ts.c.data(), nullptr);
-    for (int64_t i = 0; i < m; ++i) {
-      float* dst = c + i * ldc + c0;
-      const float* p = ts.c.data() + i * w;
-      if (beta != 0.0f) {
-        for (int64_t j = 0; j < w; ++j) dst[j] += p[j];
-      } else {
-        std::memcpy(dst, p, static_cast<std::size_t>(w) * sizeof(float));
-      }
-    }
+    put_columns(m, ts.c.data(), w, w, beta, c + c0, ldc);
   }
 
   void step_blocks(int64_t m, const float* a, int64_t lda, const StepOperand& sb,
@@ -583,15 +575,7 @@ class OnednnEngine : public GemmEngine<float> {
     int64_t at = 0;
     for (std::size_t q = first; q < first + count; ++q) {
       const auto [c0, c1] = op.ranges[q];
-      for (int64_t i = 0; i < m; ++i) {
-        float* dst = c + i * ldc + c0;
-        const float* p = ts.c.data() + i * w + at;
-        if (beta != 0.0f) {
-          for (int64_t j = 0; j < c1 - c0; ++j) dst[j] += p[j];
-        } else {
-          std::memcpy(dst, p, static_cast<std::size_t>(c1 - c0) * sizeof(float));
-        }
-      }
+      put_columns(m, ts.c.data() + at, w, c1 - c0, beta, c + c0, ldc);
       at += c1 - c0;
     }
   }
@@ -608,6 +592,19 @@ class OnednnEngine : public GemmEngine<float> {
   }
 
  private:
+  // dst[:m, :width) = p[:m, :width) (row strides ldp, ldc), or += where beta != 0:
+  // a dense product's columns to their place in C.
+  static void put_columns(int64_t m, const float* p, int64_t ldp, int64_t width, float beta,
+                          float* dst, int64_t ldc) {
+    for (int64_t i = 0; i < m; ++i, p += ldp, dst += ldc) {
+      if (beta != 0.0f) {
+        for (int64_t j = 0; j < width; ++j) dst[j] += p[j];
+      } else {
+        std::memcpy(dst, p, static_cast<std::size_t>(width) * sizeof(float));
+      }
+    }
+  }
+
   // A step's A rows, dense (brgemm has no kernel for some strided sources,
   // e.g. f32 with k = 64): bf16 staging makes them so, f32 copies them if
   // needed; or the store's rows, converted there by the range at column 0
