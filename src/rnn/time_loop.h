@@ -680,7 +680,9 @@ struct BackwardDirection {
     const int64_t which = db == db_hh ? 1 : 0;
     return ws.db_parts.data() + ((sp.tid - 1) * 2 + which) * G;
   }
-  void add_bias_parts(int nt) {
+  // After a row split's steps: threads 1.. sums (bias gradients, a lookup
+  // layer's dP) into thread 0's.
+  void add_thread_parts(int nt) {
     for (int i = 0; i + 1 < nt && o.bias; ++i) {
       const T* part = ws.db_parts.data() + i * 2 * G;
       for (int64_t c = 0; c < G; ++c) db_ih[c] += part[c];
@@ -779,7 +781,7 @@ struct BackwardDirection {
   }
 
   void finish(const Tensor& input) {
-    if (row_split) add_bias_parts(nt_);
+    if (row_split) add_thread_parts(nt_);
     if (initial_state_grad) {
       const int64_t ld = l * o.num_directions() + d;
       store_state(g.h0, ws.dhstate.data(), ld, sv.sorted_indices, R);
