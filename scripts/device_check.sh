@@ -366,16 +366,29 @@ elif [ -n "$SEQPACK_CPU" ] && "$SEQPACK_CPU" info >/dev/null 2>&1; then
     fi
     if part gtest; then
       # the bundle's test programs (bf16 and int8 on this CPU's AMX): their summaries
-      for t in "$(dirname "$SEQPACK_CPU")"/tests/test_*; do
-        [ -x "$t" ] || continue
-        echo "--- gtest $(basename "$t")"
-        # (the knobs test runs the command-line tool of this checkout's build/: not here)
-        SEQPACK_TEST_BF16_THREADS=1 timeout 60 "$t" --gtest_brief=1 \
-          --gtest_filter=-RNNThreads.BadKnobsAreRefusedByName >"$TMP/gtest.out" 2>&1
-        echo "exit $?"
-        # each failure with its message (the values and where), the summary
-        grep -E -A3 "Failure" "$TMP/gtest.out" | head -40
-        grep -E "^\[  (PASSED|FAILED|SKIPPED) " "$TMP/gtest.out" | head -30
+      # SEQPACK_DEVICE_CHECK_GTESTS: the programs (default: every one in the bundle);
+      # SEQPACK_DEVICE_CHECK_GTEST_FILTER: a gtest filter; SEQPACK_DEVICE_CHECK_GTEST_ENVS:
+      # the settings to run each under, words of VAR=VALUE[,VAR=VALUE] or - for none
+      # (e.g. "- ONEDNN_MAX_CPU_ISA=AVX512_CORE_BF16"); SEQPACK_DEVICE_CHECK_GTEST_LINES:
+      # the lines of failure messages shown per run (default 40)
+      tdir=$(dirname "$SEQPACK_CPU")/tests
+      progs=${SEQPACK_DEVICE_CHECK_GTESTS:-$(cd "$tdir" 2>/dev/null && ls)}
+      # (the knobs test runs the command-line tool of this checkout's build/: not here)
+      filter=${SEQPACK_DEVICE_CHECK_GTEST_FILTER:--RNNThreads.BadKnobsAreRefusedByName}
+      for envs in ${SEQPACK_DEVICE_CHECK_GTEST_ENVS:--}; do
+        for p in $progs; do
+          t=$tdir/$p
+          [ -x "$t" ] || continue
+          echo "--- gtest $p, settings $envs"
+          settings=()
+          [ "$envs" != - ] && IFS=, read -r -a settings <<<"$envs"
+          env "${settings[@]}" SEQPACK_TEST_BF16_THREADS=1 timeout 60 "$t" --gtest_brief=1 \
+            --gtest_filter="$filter" >"$TMP/gtest.out" 2>&1
+          echo "exit $?"
+          # each failure with its message (the values and where), the summary
+          grep -E -A3 "Failure" "$TMP/gtest.out" | head -"${SEQPACK_DEVICE_CHECK_GTEST_LINES:-40}"
+          grep -E "^\[  (PASSED|FAILED|SKIPPED) " "$TMP/gtest.out" | head -30
+        done
       done
     fi
   }
