@@ -154,10 +154,11 @@ class GemmEngineTester {
       const auto op =
           eng.prepare(p.b.data(), trans_b_, k_, n, p.ldb, rnn::step_ranges(width_, blocks_, nc));
       std::vector<float> c = p.c;
-      // OpenMP's count at least the threads asked for (run_threads never
-      // takes more), restored after.
+      // OpenMP's count exactly the threads asked for (run_threads never
+      // takes more; and oneDNN picks a blocked layout by the count it sees,
+      // which a row split's threads must not depend on), restored after.
       const int omp_before = omp_get_max_threads();
-      omp_set_num_threads(std::max(threads_, omp_before));
+      omp_set_num_threads(threads_);
       rnn::run_threads(threads_, [&](int tid, int nth) {
         if (by_rows) {  // this thread's rows, all columns
           const int64_t r0 = m_ * tid / nth, r1 = m_ * (tid + 1) / nth;

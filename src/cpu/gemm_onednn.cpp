@@ -136,15 +136,16 @@ dnnl::memory::desc bf16_desc(int64_t rows, int64_t cols, bool trans) {
 // One cached primitive: src [m, k] and weights [k, n] (stored as given, or
 // transposed, with row strides lda and ldb; bf16 operands are staged
 // contiguously, so their strides follow from the shape; prepared weights are
-// in the blocked layout), dst [m, n] f32 with row stride ldc, optional f32
-// bias row, beta 0 or 1 (sum post-op).
+// in the blocked layout `layout` of blocked_layouts()), dst [m, n] f32 with
+// row stride ldc, optional f32 bias row, beta 0 or 1 (sum post-op).
 struct Key {
   int64_t m, n, k, lda, ldb, ldc;
   bool trans_a, trans_b, sum, bias, blocked, f32;
+  int layout = -1;  // blocked: the weights' layout, as laid out (BlockedOperand)
   bool operator==(const Key& o) const {
-    return std::tie(m, n, k, lda, ldb, ldc, trans_a, trans_b, sum, bias, blocked, f32) ==
+    return std::tie(m, n, k, lda, ldb, ldc, trans_a, trans_b, sum, bias, blocked, f32, layout) ==
            std::tie(o.m, o.n, o.k, o.lda, o.ldb, o.ldc, o.trans_a, o.trans_b, o.sum, o.bias,
-                    o.blocked, o.f32);
+                    o.blocked, o.f32, o.layout);
   }
 };
 
@@ -158,7 +159,8 @@ struct KeyHash {
       h = (h ^ static_cast<uint64_t>(v)) * 0x100000001B3ULL;
     }
     const uint64_t flags = key.trans_a | key.trans_b << 1 | key.sum << 2 | key.bias << 3 |
-                           key.blocked << 4 | key.f32 << 5;
+                           key.blocked << 4 | key.f32 << 5 |
+                           static_cast<uint64_t>(static_cast<uint32_t>(key.layout)) << 6;
     return static_cast<std::size_t>((h ^ flags) * 0x100000001B3ULL);
   }
 };
@@ -189,14 +191,46 @@ dnnl::memory::desc blocked_weights_desc(int64_t k, int64_t n, bool f32) {
   return known.emplace(std::make_tuple(k, n, f32), pd.weights_desc()).first->second;
 }
 
+// The blocked weights layouts laid out in this process, numbered for the
+// primitive cache's keys. A layout is the operand's, fixed by the thread that
+// laid it out: oneDNN's choice for a shape (blocked_weights_desc) depends on
+// the thread asking (its thread count, inside a parallel region or not), and
+// the threads of a row split all read one operand. Each primitive is made for
+// the layout its weights are in, never for the one its own thread would pick
+// (bf16 rows split over 3 or more threads read garbage that way, on AVX512-BF16
+// and AMX alike: device check of 2026-11-27).
+class BlockedLayouts {
+ public:
+  int id(const dnnl::memory::desc& desc) {
+    const std::lock_guard<std::mutex> lock(mutex_);
+    for (std::size_t i = 0; i < known_.size(); ++i)
+      if (known_[i] == desc) return static_cast<int>(i);
+    known_.push_back(desc);
+    return static_cast<int>(known_.size() - 1);
+  }
+  dnnl::memory::desc desc(int id) {
+    const std::lock_guard<std::mutex> lock(mutex_);
+    return known_.at(static_cast<std::size_t>(id));
+  }
+
+ private:
+  std::mutex mutex_;
+  std::vector<dnnl::memory::desc> known_;
+};
+BlockedLayouts& blocked_layouts() {
+  static BlockedLayouts layouts;
+  return layouts;
+}
+
 Primitive& primitive(const Key& key) {
   thread_local std::unordered_map<Key, Primitive, KeyHash> cache;
   auto it = cache.find(key);
   if (it != cache.end()) return it->second;
   const dt type = key.f32 ? dt::f32 : dt::bf16;
   const dnnl::memory::desc src = operand_desc(key.m, key.k, key.trans_a, key.lda, type);
+  if (key.blocked && key.layout < 0) throw std::logic_error("a blocked operand without its layout");
   const dnnl::memory::desc wei = key.blocked
-                                     ? blocked_weights_desc(key.k, key.n, key.f32)
+                                     ? blocked_layouts().desc(key.layout)
                                      : operand_desc(key.k, key.n, key.trans_b, key.ldb, type);
   const dnnl::memory::desc dst({key.m, key.n}, dt::f32, dims{key.ldc, 1});
   const dnnl::memory::desc bias({1, key.n}, dt::f32, tag::ab);
@@ -279,10 +313,10 @@ void run_product(Key key, const void* src, const void* wei, float* c, const floa
 // created once per shape and thread: created per call (each W_hh and W_hr,
 // per layer, direction and call), its creation cost more than the reorder
 // (perf: 1.1% of the main job in dnnl_primitive_create).
-const dnnl::reorder& weights_reorder(int64_t k, int64_t w, bool trans, int64_t ld,
+const dnnl::reorder& weights_reorder(int64_t k, int64_t w, bool trans, int64_t ld, int layout,
                                      const dnnl::memory& plain, const dnnl::memory& blocked) {
-  thread_local std::map<std::tuple<int64_t, int64_t, bool, int64_t>, dnnl::reorder> known;
-  const auto key = std::make_tuple(k, w, trans, ld);
+  thread_local std::map<std::tuple<int64_t, int64_t, bool, int64_t, int>, dnnl::reorder> known;
+  const auto key = std::make_tuple(k, w, trans, ld, layout);
   auto it = known.find(key);
   if (it == known.end()) it = known.emplace(key, dnnl::reorder(plain, blocked)).first;
   return it->second;
@@ -300,16 +334,24 @@ struct BlockedOperand : StepOperand {
   int64_t ldb = 0;
   std::vector<ColumnRange> ranges;
   mutable std::vector<dnnl::memory> blocks;  // one per range
+  mutable std::vector<int> block_layouts;    // their layouts (blocked_layouts())
   std::unique_ptr<std::once_flag[]> ready;  // one per range
   mutable std::vector<dnnl::memory> groups;  // per first range of a group
+  mutable std::vector<int> group_layouts;
   std::unique_ptr<std::once_flag[]> group_ready;
 
+  // Range r laid out, and its layout's number (for the primitive's Key).
   const dnnl::memory& block(std::size_t r) const {
     std::call_once(ready[r], [&] {
       const auto [c0, c1] = ranges[r];
       blocks[r] = lay_out(trans ? b + c0 * ldb : b + c0, c1 - c0, ldb);
+      block_layouts[r] = blocked_layouts().id(blocks[r].get_desc());
     });
     return blocks[r];
+  }
+  int block_layout(std::size_t r) const {
+    block(r);
+    return block_layouts[r];
   }
 
   // Ranges [first, first + count) side by side: columns of op(b) gathered
@@ -335,8 +377,13 @@ struct BlockedOperand : StepOperand {
         }
       }
       groups[first] = lay_out(cat.data(), w, trans ? k : w);
+      group_layouts[first] = blocked_layouts().id(groups[first].get_desc());
     });
     return groups[first];
+  }
+  int group_layout(std::size_t first, std::size_t count) const {
+    group(first, count);
+    return group_layouts[first];
   }
 
  private:
@@ -362,8 +409,10 @@ struct BlockedOperand : StepOperand {
       src_trans = false;
       src_ld = f32 ? w : 0;  // as a row-major operand of this shape
     }
-    dnnl::memory blocked(blocked_weights_desc(k, w, f32), cpu_engine());
-    weights_reorder(k, w, src_trans, src_ld, plain, blocked).execute(ts.stream, plain, blocked);
+    const dnnl::memory::desc layout = blocked_weights_desc(k, w, f32);
+    dnnl::memory blocked(layout, cpu_engine());
+    weights_reorder(k, w, src_trans, src_ld, blocked_layouts().id(layout), plain, blocked)
+        .execute(ts.stream, plain, blocked);
     return blocked;
   }
 };
@@ -512,6 +561,8 @@ class OnednnEngine : public GemmEngine<float> {
     op->f32 = f32_;
     op->ldb = ldb;
     op->blocks.resize(ranges.size());
+    op->block_layouts.assign(ranges.size(), -1);
+    op->group_layouts.assign(ranges.size(), -1);
     op->ready = std::make_unique<std::once_flag[]>(ranges.size());
     op->groups.resize(ranges.size());
     op->group_ready = std::make_unique<std::once_flag[]>(ranges.size());
@@ -539,7 +590,8 @@ class OnednnEngine : public GemmEngine<float> {
     lda = op.k;
     const int64_t w = c1 - c0;
     if (w == ldc) {
-      const Key key{m, w, op.k, lda, 0, ldc, false, false, beta != 0.0f, false, true, f32_};
+      const Key key{m,     w,     op.k,           lda,   0,    ldc,  false,
+                    false, beta != 0.0f, false, true, f32_, op.block_layout(range)};
       run(key, src, op.block(range).get_data_handle(), c + c0, nullptr);
       return;
     }
@@ -547,7 +599,8 @@ class OnednnEngine : public GemmEngine<float> {
     // dense destination (a strided one falls back to its reference kernel,
     // ~1000x slower), so the product goes to a dense buffer first.
     ts.c.resize(static_cast<std::size_t>(m * w));
-    const Key key{m, w, op.k, lda, 0, w, false, false, false, false, true, f32_};
+    const Key key{m,     w,     op.k,  lda,  0,    w,  false,
+                  false, false, false, true, f32_, op.block_layout(range)};
     run(key, src, op.block(range).get_data_handle(), ts.c.data(), nullptr);
     put_columns(m, ts.c.data(), w, w, beta, c + c0, ldc);
   }
@@ -569,7 +622,8 @@ class OnednnEngine : public GemmEngine<float> {
     const void* src = step_source(op, m, a, lda, static_cast<Bf16Rows*>(keep), keep_row,
                                   op.ranges[first].first);
     ts.c.resize(static_cast<std::size_t>(m * w));
-    const Key key{m, w, op.k, op.k, 0, w, false, false, false, false, true, f32_};
+    const Key key{m,     w,     op.k,  op.k, 0,    w,  false,
+                  false, false, false, true, f32_, op.group_layout(first, count)};
     run(key, src, op.group(first, count).get_data_handle(), ts.c.data(), nullptr);
     // Each range's columns to their place in C.
     int64_t at = 0;
