@@ -143,6 +143,44 @@ TEST(CliInt8, InfoAndBench) {
   EXPECT_NE(t.err.find("train_packed cannot run at --precision int8"), std::string::npos) << t.err;
 }
 
+// The int8 products' kernel (info's int8_kernel) and SEQPACK_INT8_KERNEL:
+// vnni is always there where int8 runs; a bad value is refused by name on any
+// CPU, amx by name where the CPU has no AMX-INT8.
+TEST(CliInt8, KernelVariable) {
+  const std::string bench = "bench --precision int8 --workload rnn-tanh-tiny --min-time 0.01";
+  const CliResult bad = run_cli(bench, "SEQPACK_INT8_KERNEL=fast");
+  EXPECT_NE(bad.status, 0);
+  EXPECT_NE(bad.err.find("SEQPACK_INT8_KERNEL: 'fast' is not auto, amx or vnni"),
+            std::string::npos)
+      << bad.err;
+  const CliResult bad_info = run_cli("info", "SEQPACK_INT8_KERNEL=fast");
+  EXPECT_NE(bad_info.status, 0);
+  EXPECT_NE(bad_info.err.find("'fast'"), std::string::npos) << bad_info.err;
+  const CliResult i = run_cli("info --json");
+  ASSERT_EQ(i.status, 0) << i.err;
+  const nlohmann::json info = nlohmann::json::parse(i.out);
+  const std::string kernel = info.at("int8_kernel").get<std::string>();
+  if (!vnni()) {
+    EXPECT_EQ(kernel, "") << i.out;
+    return;
+  }
+  const bool amx = info.at("amx").get<bool>();
+  EXPECT_EQ(kernel, amx ? "amx" : "vnni") << i.out;  // amx where the CPU has AMX (all have AMX-INT8)
+  const CliResult v = run_cli("info --json", "SEQPACK_INT8_KERNEL=vnni");
+  ASSERT_EQ(v.status, 0) << v.err;
+  EXPECT_EQ(nlohmann::json::parse(v.out).at("int8_kernel").get<std::string>(), "vnni");
+  const CliResult ok = run_cli(bench + " --json", "SEQPACK_INT8_KERNEL=vnni");
+  EXPECT_EQ(ok.status, 0) << ok.err;
+  const CliResult a = run_cli(bench, "SEQPACK_INT8_KERNEL=amx");
+  if (amx) {
+    EXPECT_EQ(a.status, 0) << a.err;
+  } else {
+    EXPECT_NE(a.status, 0);
+    EXPECT_NE(a.err.find("SEQPACK_INT8_KERNEL: 'amx' needs AMX-INT8"), std::string::npos)
+        << a.err;
+  }
+}
+
 TEST(CliInt8, RefusalsNameWhatIsWrong) {
   const CliResult capped = run_cli(
       "predict --precision int8 --model " + tiny_model().string() + " maison",

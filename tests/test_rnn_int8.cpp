@@ -126,14 +126,30 @@ PlainRow plain_quantize_column(const std::vector<float>& w) {
   return r;
 }
 
+// The product kernels this CPU runs (VNNI; AMX-INT8 where it has it), and a
+// guard that gives the choice back to SEQPACK_INT8_KERNEL's.
+std::vector<cpu::Int8Kernel> int8_kernels() {
+  std::vector<cpu::Int8Kernel> kernels{cpu::Int8Kernel::vnni};
+  if (cpu::amx_int8_supported()) kernels.push_back(cpu::Int8Kernel::amx);
+  return kernels;
+}
+struct Int8KernelGuard {
+  ~Int8KernelGuard() { cpu::set_int8_kernel(cpu::Int8Kernel::automatic); }
+};
+
 TEST(Int8Kernels, QuantizationAndProductsMatchThePlainScheme) {
   SKIP_WITHOUT_INT8();
+  const Int8KernelGuard guard;
+  for (const cpu::Int8Kernel kernel : int8_kernels()) {
+  cpu::set_int8_kernel(kernel);
+  SCOPED_TRACE(std::string("kernel ") + cpu::int8_kernel_name(kernel));
   std::mt19937_64 gen(77);
   std::uniform_real_distribution<float> u(-2.f, 2.f);
   for (const int64_t k : {1, 3, 4, 17, 64, 130}) {
     for (const int64_t n : {1, 15, 16, 33, 70}) {
       for (const bool trans_b : {false, true}) {
-        const int64_t m = 1 + static_cast<int64_t>(gen() % 13);
+        // (past 32 rows: the AMX kernel's second row block)
+        const int64_t m = 1 + static_cast<int64_t>(gen() % 13) + (n == 33 ? 30 : 0);
         SCOPED_TRACE("k " + std::to_string(k) + " n " + std::to_string(n) + " m " +
                      std::to_string(m) + (trans_b ? " trans_b" : ""));
         std::vector<float> a(static_cast<std::size_t>(m * (k + 2))), b(static_cast<std::size_t>(k * n));
@@ -201,6 +217,76 @@ TEST(Int8Kernels, QuantizationAndProductsMatchThePlainScheme) {
       }
     }
   }
+  }
+}
+
+// The AMX-INT8 kernel and the VNNI one compute the same exact int32 sums and
+// share the epilogue that dequantizes them, so they give the same bits, not
+// merely close values: which one runs must not change a result (the int8
+// results' batch invariance rests on it: a product of fewer than kAmxMinRows
+// rows runs on VNNI). Odd shapes: tails of rows (16-row tiles, 32-row
+// blocks), of k (64 k a tile) and of columns, a row offset, every variant.
+TEST(Int8Kernels, AmxAndVnniGiveTheSameBits) {
+  SKIP_WITHOUT_INT8();
+  if (!cpu::amx_int8_supported()) GTEST_SKIP() << "no AMX-INT8 on " << cpu_info().isa;
+  const Int8KernelGuard guard;
+  std::mt19937_64 gen(78);
+  std::uniform_real_distribution<float> u(-2.f, 2.f);
+  for (const int64_t k : {1, 5, 64, 65, 130, 512}) {
+    for (const int64_t n : {1, 16, 17, 47, 64, 70}) {
+      for (const int64_t m : {4, 16, 17, 32, 33, 71}) {
+        const int64_t row0 = static_cast<int64_t>(gen() % 3), rows = m + row0;
+        SCOPED_TRACE("k " + std::to_string(k) + " n " + std::to_string(n) + " m " +
+                     std::to_string(m) + " row0 " + std::to_string(row0));
+        std::vector<float> a(static_cast<std::size_t>(rows * k)), b(static_cast<std::size_t>(n * k));
+        for (auto& v : a) v = u(gen);
+        for (auto& v : b) v = u(gen);
+        cpu::QuantizedRows qa;
+        cpu::quantize_rows_u8(rows, k, a.data(), k, qa);
+        cpu::QuantizedWeights qb;
+        cpu::quantize_weights_s8(b.data(), /*trans_b=*/true, k, n, k, qb);
+        std::vector<float> init(static_cast<std::size_t>(m * n));
+        for (auto& v : init) v = u(gen);
+        std::vector<const float*> init_rows;
+        for (int64_t i = 0; i < m; ++i) init_rows.push_back(init.data() + i * n);
+        const int64_t col0 = n > 17 ? 3 : 0, col1 = n > 17 ? n - 2 : n;
+        for (const int variant : {0, 1, 2, 3}) {
+          std::vector<float> got[2];
+          for (int which = 0; which < 2; ++which) {
+            cpu::set_int8_kernel(which == 0 ? cpu::Int8Kernel::vnni : cpu::Int8Kernel::amx);
+            got[which].assign(static_cast<std::size_t>(m * n), 0.5f);
+            cpu::gemm_u8s8_f32(m, qa, row0, qb, col0, col1, variant == 2 ? 1.f : 0.f,
+                               got[which].data(), n, variant == 0 ? init_rows.data() : nullptr,
+                               variant == 1 ? init.data() : nullptr);
+          }
+          for (std::size_t i = 0; i < got[0].size(); ++i)
+            ASSERT_EQ(std::memcmp(&got[0][i], &got[1][i], sizeof(float)), 0)
+                << "variant " << variant << " element " << i << ": vnni " << got[0][i]
+                << ", amx " << got[1][i];
+        }
+      }
+    }
+  }
+}
+
+// The kernel choice: SEQPACK_INT8_KERNEL's values are checked where it is read
+// (tests/test_cli_int8.cpp); here, asking for AMX where it cannot run is
+// refused by name.
+TEST(Int8Kernels, AmxIsRefusedWhereItCannotRun) {
+  const Int8KernelGuard guard;
+  if (cpu::amx_int8_supported()) {
+    cpu::set_int8_kernel(cpu::Int8Kernel::amx);
+    EXPECT_EQ(cpu::int8_kernel(), cpu::Int8Kernel::amx);
+    GTEST_SKIP() << "AMX-INT8 runs here";
+  }
+  try {
+    cpu::set_int8_kernel(cpu::Int8Kernel::amx);
+    FAIL() << "amx was accepted without AMX-INT8";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_NE(std::string(e.what()).find("amx"), std::string::npos) << e.what();
+  }
+  cpu::set_int8_kernel(cpu::Int8Kernel::vnni);
+  EXPECT_EQ(cpu::int8_kernel(), cpu::Int8Kernel::vnni);
 }
 
 // Rows with huge and infinite values quantize as the plain scheme says, with

@@ -16,6 +16,10 @@ struct CpuInfo {
   bool native_bf16 = false;    // bf16 dot products in hardware (AVX512-BF16 or AMX)
   bool native_int8 = false;    // int8 dot products the int8 precision runs on (AVX512-VNNI)
   bool amx = false;            // AMX tiles (bf16/int8 matrix units)
+  // The kernel of the int8 products: "amx" (AMX-INT8), "vnni" (AVX512-VNNI),
+  // "" where int8 cannot run. SEQPACK_INT8_KERNEL=amx|vnni picks one (a bad
+  // value makes cpu_info() throw naming it).
+  std::string int8_kernel;
   std::string onednn_version;  // e.g. "2.6.3"
   std::string blas;            // the BLAS's own description (OpenBLAS: version and kernel)
   int threads = 1;             // seqpack's thread count (num_threads())

@@ -18,6 +18,7 @@ void bind_precision(py::module_& m) {
     d["native_bf16"] = c.native_bf16;
     d["native_int8"] = c.native_int8;
     d["amx"] = c.amx;
+    d["int8_kernel"] = c.int8_kernel;
     d["onednn_version"] = c.onednn_version;
     d["blas"] = c.blas;
     d["threads"] = c.threads;

@@ -15,6 +15,8 @@ bool has_bf16_dot_products();
 void require_bf16_dot_products();
 // Native int8 dot products for the int8 kernels: AVX512-VNNI (AMX CPUs have it).
 bool has_int8_dot_products();
+// AMX (tiles, bf16 and int8) in oneDNN's ISA: the AMX-INT8 kernel's cap.
+bool has_amx_dot_products();
 // Throws std::invalid_argument naming the ISA when the int8 kernels cannot run.
 void require_int8_dot_products();
 

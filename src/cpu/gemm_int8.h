@@ -1,5 +1,8 @@
 // int8 products of the int8 engine (cpu/gemm_engine_int8.cpp): u8 rows times
-// s8 weights with int32 accumulation, on AVX512-VNNI's vpdpbusd.
+// s8 weights with int32 accumulation, on AVX512-VNNI's vpdpbusd or AMX-INT8's
+// tdpbusd. Both kernels compute the exact int32 sums and share one epilogue,
+// so their results are the same bits: which one runs changes nothing a
+// caller can see but the time.
 //
 // Quantization, both sides chosen so that a row's result depends on that row
 // and the weights alone (no scale is shared between rows: results are
@@ -35,6 +38,28 @@ namespace seqpack::cpu {
 // this build can run the int8 kernels: AVX512-VNNI (and AVX512-BW).
 bool int8_kernels_supported();
 
+// The kernels of the u8·s8 products.
+enum class Int8Kernel { automatic, vnni, amx };
+const char* int8_kernel_name(Int8Kernel kernel);  // "auto", "vnni", "amx"
+// Whether the AMX-INT8 kernel can run: the int8 kernels can, the CPU has
+// AMX-TILE and AMX-INT8, oneDNN's ISA includes AMX (ONEDNN_MAX_CPU_ISA below
+// avx512_core_amx rules it out, as it does oneDNN's own AMX kernels) and Linux
+// grants the process the tile data (arch_prctl, asked once).
+bool amx_int8_supported();
+// The kernel of products of at least kAmxMinRows rows (fewer rows run on
+// VNNI, where AMX's 16-row tiles would be mostly empty): set_int8_kernel's
+// choice, else SEQPACK_INT8_KERNEL's (amx or vnni), else amx where
+// amx_int8_supported(). Throws std::invalid_argument naming the variable's
+// value when it is not auto, amx or vnni, or is amx where AMX cannot run.
+Int8Kernel int8_kernel();
+// Reads SEQPACK_INT8_KERNEL (once) and throws as int8_kernel() does when its
+// value is not auto, amx or vnni, on any CPU.
+void check_int8_kernel_setting();
+// For tests and benchmarks: automatic goes back to the variable's choice.
+// Throws std::invalid_argument for amx where AMX cannot run.
+void set_int8_kernel(Int8Kernel kernel);
+inline constexpr int64_t kAmxMinRows = 4;
+
 // Below this spread a row quantizes to zeros: its scale's reciprocal would
 // overflow (a row of values under 1e-30 in magnitude, which the products
 // cannot tell from zero anyway).
@@ -64,7 +89,10 @@ inline U8RowParams u8_row_params(float lo, float hi) {
 }
 
 // A's rows quantized: row i is q + i * ld (ld = k rounded up to 4, the
-// padding zero), with scale[i] and zp[i].
+// padding zero), with scale[i] and zp[i]. The storage holds 16 zero rows and
+// 64 zero bytes past the last row: the AMX kernel loads whole tiles (16 rows
+// of 64 bytes), and what it reads there meets zero weights or goes to rows
+// it does not store.
 struct QuantizedRows {
   int64_t m = 0, k = 0, ld = 0;
   GrowBuffer<uint8_t> q;
@@ -77,11 +105,12 @@ struct QuantizedRows {
 void quantize_rows_u8(int64_t m, int64_t k, const float* x, int64_t ldx, QuantizedRows& out);
 
 // B [k, n] = op(b) quantized per column and laid out for the kernel: groups
-// of 16 columns, each [ceil(k/4)][16][4] bytes (vpdpbusd's operand: 4
-// consecutive k of one column in one int32 lane).
+// of 16 columns, each [k4p][16][4] bytes (vpdpbusd's operand: 4 consecutive k
+// of one column in one int32 lane; 16 such rows are an AMX B tile), its rows
+// past ceil(k/4) zero up to k4p, a multiple of 16 (whole tiles).
 struct QuantizedWeights {
-  int64_t k = 0, n = 0, k4 = 0, groups = 0;
-  GrowBuffer<int8_t> packed;  // groups * k4 * 64
+  int64_t k = 0, n = 0, k4 = 0, k4p = 0, groups = 0;
+  GrowBuffer<int8_t> packed;  // groups * k4p * 64
   GrowBuffer<float> scale;    // groups * 16
   GrowBuffer<int32_t> sum;    // groups * 16: Σ_k q[k, j]
 };

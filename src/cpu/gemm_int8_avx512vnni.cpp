@@ -1,33 +1,49 @@
-// The int8 kernels of cpu/gemm_int8.h for AVX512-VNNI: quantization of the
-// rows and the weights, and the u8·s8 product with its dequantizing epilogue.
-// Compiled for that target by function attributes and called only after the
-// run-time check (int8_kernels_supported), so the library still loads and
-// runs fp32 on CPUs without it.
+// The int8 kernels of cpu/gemm_int8.h for AVX512-VNNI and AMX-INT8:
+// quantization of the rows and the weights, and the u8·s8 product with its
+// dequantizing epilogue. Compiled for those targets by function attributes
+// and called only after the run-time checks (int8_kernels_supported,
+// amx_int8_supported), so the library still loads and runs fp32 on CPUs
+// without them.
 //
+// VNNI:
 // Register block: MR <= 6 rows x NV <= 4 vectors of 16 columns, 24 int32
 // accumulators. Per 4 k it loads NV vectors of B (one 64-byte row of each
 // 16-column group) and broadcasts 4 bytes of each row of A; each vpdpbusd
 // adds 4 u8·s8 products per lane. The column groups are the outer loop, so a
 // block's B (k * 64 bytes per group) stays in L1 while every row passes.
+//
+// AMX: tiles of 16 rows x 64 bytes. A block is 32 rows x 32 columns: two A
+// tiles (16 rows, 64 k each), two B tiles (64 k of 16 columns: 16 rows of a
+// group's layout, which is tdpbusd's B layout as it stands) and four int32
+// C tiles; per 64 k, four tdpbusd (16 x 16 x 64 multiply-adds each). The C
+// tiles go through a buffer into the same epilogue as VNNI's registers.
 
 // GCC 12's AVX-512 headers build some intrinsics (cvtps_epi32, reduce_min)
 // on _mm512_undefined_*(), which its -Wuninitialized reports at every use.
 #pragma GCC diagnostic ignored "-Wuninitialized"
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#include <cpuid.h>
 #include <immintrin.h>
 #include <omp.h>
+#include <sys/syscall.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <limits>
+#include <stdexcept>
+#include <string>
 
 #include "cpu/cpu_info.h"
 #include "cpu/gemm_int8.h"
 #include "cpu/isa_cap.h"
 
 #define SEQPACK_VNNI __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni")))
+#define SEQPACK_AMX \
+  __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni,amx-tile,amx-int8")))
 
 namespace seqpack::cpu {
 
@@ -100,6 +116,50 @@ struct Epilogue {
   const float* c_row;
 };
 
+// The epilogue of group v of a block (columns j0 + 16 v ...): its lanes in
+// [col0, col1) (mask; 0: none), the columns' scales and weight sums.
+struct GroupEpilogue {
+  const Epilogue& e;
+  int64_t j;
+  __mmask16 mask;
+  __m512 sb;
+  __m512i ws;
+  SEQPACK_VNNI __attribute__((always_inline)) GroupEpilogue(const Epilogue& e_, int v)
+      : e(e_), j(e_.j0 + v * 16) {
+    const int64_t lo = std::max<int64_t>(e.col0 - j, 0), hi = std::min<int64_t>(e.col1 - j, 16);
+    mask = hi <= lo ? __mmask16(0)
+                    : static_cast<__mmask16>(((1u << hi) - 1) & ~((1u << lo) - 1));
+    sb = _mm512_loadu_ps(e.sb + v * 16);
+    ws = _mm512_loadu_si512(e.wsum + v * 16);
+  }
+  // Row i of the block from its exact int32 sums acc.
+  SEQPACK_VNNI __attribute__((always_inline)) void row(__m512i acc, int i) const {
+    const __m512i t = _mm512_sub_epi32(acc, _mm512_mullo_epi32(_mm512_set1_epi32(e.za[i]), ws));
+    // The two scales' product, at most FLT_MAX (NaN kept): a row of huge
+    // values times a unit of huge weights then overflows only where the
+    // result does (an inf scale would make 0 · inf = NaN of a zero sum).
+    const __m512 sab = _mm512_min_ps(_mm512_set1_ps(std::numeric_limits<float>::max()),
+                                     _mm512_mul_ps(sb, _mm512_set1_ps(e.sa[i])));
+    __m512 f = _mm512_mul_ps(_mm512_cvtepi32_ps(t), sab);
+    float* dst = e.c + i * e.ldc + j;
+    if (e.init) {
+      f = _mm512_add_ps(_mm512_maskz_loadu_ps(mask, e.init[i] + j), f);
+    } else if (e.c_row) {
+      f = _mm512_add_ps(_mm512_maskz_loadu_ps(mask, e.c_row + j), f);
+    } else if (e.beta != 0.f) {
+      f = _mm512_fmadd_ps(_mm512_set1_ps(e.beta), _mm512_maskz_loadu_ps(mask, dst), f);
+    }
+    // Masked stores only at a range's edges: AMD's Zen 4 and 5 run a
+    // masked store far slower than a plain one (half of this kernel's
+    // time when every store was masked, perf).
+    if (mask == 0xFFFF) {
+      _mm512_storeu_ps(dst, f);
+    } else {
+      _mm512_mask_storeu_ps(dst, mask, f);
+    }
+  }
+};
+
 // One register block: acc[i][v] = Σ_k A[i]·B[group v] over k4 groups of 4 k,
 // then the epilogue. One function with every loop unrolled, so that the
 // accumulators stay in registers (split across functions, GCC 12 kept them
@@ -127,39 +187,10 @@ SEQPACK_VNNI void block(int64_t k4, const uint8_t* a, int64_t lda, const int8_t*
   }
 #pragma GCC unroll 4
   for (int v = 0; v < NV; ++v) {
-    const int64_t j = e.j0 + v * 16;
-    const int64_t lo = std::max<int64_t>(e.col0 - j, 0), hi = std::min<int64_t>(e.col1 - j, 16);
-    if (hi <= lo) continue;
-    const __mmask16 mask = static_cast<__mmask16>(((1u << hi) - 1) & ~((1u << lo) - 1));
-    const __m512 sb = _mm512_loadu_ps(e.sb + v * 16);
-    const __m512i ws = _mm512_loadu_si512(e.wsum + v * 16);
+    const GroupEpilogue ge(e, v);
+    if (ge.mask == 0) continue;
 #pragma GCC unroll 8
-    for (int i = 0; i < MR; ++i) {
-      const __m512i t =
-          _mm512_sub_epi32(acc[i][v], _mm512_mullo_epi32(_mm512_set1_epi32(e.za[i]), ws));
-      // The two scales' product, at most FLT_MAX (NaN kept): a row of huge
-      // values times a unit of huge weights then overflows only where the
-      // result does (an inf scale would make 0 · inf = NaN of a zero sum).
-      const __m512 sab = _mm512_min_ps(_mm512_set1_ps(std::numeric_limits<float>::max()),
-                                       _mm512_mul_ps(sb, _mm512_set1_ps(e.sa[i])));
-      __m512 f = _mm512_mul_ps(_mm512_cvtepi32_ps(t), sab);
-      float* dst = e.c + i * e.ldc + j;
-      if (e.init) {
-        f = _mm512_add_ps(_mm512_maskz_loadu_ps(mask, e.init[i] + j), f);
-      } else if (e.c_row) {
-        f = _mm512_add_ps(_mm512_maskz_loadu_ps(mask, e.c_row + j), f);
-      } else if (e.beta != 0.f) {
-        f = _mm512_fmadd_ps(_mm512_set1_ps(e.beta), _mm512_maskz_loadu_ps(mask, dst), f);
-      }
-      // Masked stores only at a range's edges: AMD's Zen 4 and 5 run a
-      // masked store far slower than a plain one (half of this kernel's
-      // time when every store was masked, perf).
-      if (mask == 0xFFFF) {
-        _mm512_storeu_ps(dst, f);
-      } else {
-        _mm512_mask_storeu_ps(dst, mask, f);
-      }
-    }
+    for (int i = 0; i < MR; ++i) ge.row(acc[i][v], i);
   }
 }
 
@@ -181,7 +212,161 @@ BlockFn block_fn(int mr, int nv) {
   }
 }
 
+// AMX's tile configuration (ldtilecfg's 64 bytes, palette 1): tiles 0-3 C
+// (16 rows of 16 int32), 4-5 A (16 rows of 64 u8), 6-7 B (16 rows of 16
+// columns x 4 k).
+struct alignas(64) TileConfig {
+  uint8_t palette = 1, start_row = 0;
+  uint8_t reserved[14] = {};
+  uint16_t colsb[16] = {};
+  uint8_t rows[16] = {};
+};
+static_assert(sizeof(TileConfig) == 64);
+
+// One AMX block: rows [0, MR16 * 16) of a (the caller's 32-row block: rows
+// past m are computed and not stored), groups [0, NV) from b, k4p / 16
+// chunks of 64 k, then the epilogue on rows < mr.
+template <int MR16, int NV>
+SEQPACK_AMX void amx_block(int64_t kc, const uint8_t* a, int64_t lda, const int8_t* b,
+                           int64_t gstride, int mr, const Epilogue& e) {
+  _tile_zero(0);
+  if constexpr (NV > 1) _tile_zero(1);
+  if constexpr (MR16 > 1) _tile_zero(2);
+  if constexpr (MR16 > 1 && NV > 1) _tile_zero(3);
+  const uint8_t* a1 = a + 16 * lda;
+  const int8_t* b1 = b + gstride;
+  for (int64_t kk = 0; kk < kc; ++kk) {
+    _tile_loadd(4, a + kk * 64, lda);
+    _tile_loadd(6, b + kk * 1024, 64);
+    _tile_dpbusd(0, 4, 6);
+    if constexpr (NV > 1) {
+      _tile_loadd(7, b1 + kk * 1024, 64);
+      _tile_dpbusd(1, 4, 7);
+    }
+    if constexpr (MR16 > 1) {
+      _tile_loadd(5, a1 + kk * 64, lda);
+      _tile_dpbusd(2, 5, 6);
+      if constexpr (NV > 1) _tile_dpbusd(3, 5, 7);
+    }
+  }
+  alignas(64) int32_t acc[32][32];
+  _tile_stored(0, &acc[0][0], 128);
+  if constexpr (NV > 1) _tile_stored(1, &acc[0][16], 128);
+  if constexpr (MR16 > 1) _tile_stored(2, &acc[16][0], 128);
+  if constexpr (MR16 > 1 && NV > 1) _tile_stored(3, &acc[16][16], 128);
+  for (int v = 0; v < NV; ++v) {
+    const GroupEpilogue ge(e, v);
+    if (ge.mask == 0) continue;
+    for (int i = 0; i < mr; ++i) ge.row(_mm512_load_si512(&acc[i][v * 16]), i);
+  }
+}
+
+SEQPACK_AMX void gemm_amx(int64_t m, const QuantizedRows& a, int64_t a_row0,
+                          const QuantizedWeights& b, int64_t col0, int64_t col1, float beta,
+                          float* c, int64_t ldc, const float* const* init, const float* c_row) {
+  TileConfig cfg;
+  for (int t = 0; t < 8; ++t) {
+    cfg.rows[t] = 16;
+    cfg.colsb[t] = 64;
+  }
+  _tile_loadconfig(&cfg);
+  const int64_t g0 = col0 / 16, g1 = (col1 + 15) / 16, gstride = b.k4p * 64, kc = b.k4p / 16;
+  for (int64_t g = g0; g < g1; g += 2) {
+    const bool two = g + 1 < g1;
+    const int8_t* bp = b.packed.data() + g * gstride;
+    for (int64_t i = 0; i < m; i += 32) {
+      const int mr = static_cast<int>(std::min<int64_t>(32, m - i));
+      const int64_t r = a_row0 + i;
+      const Epilogue e{a.scale.data() + r, a.zp.data() + r, b.scale.data() + g * 16,
+                       b.sum.data() + g * 16, g * 16, col0, col1, beta, c + i * ldc, ldc,
+                       init ? init + i : nullptr, c_row};
+      const uint8_t* ap = a.q.data() + r * a.ld;
+      if (mr > 16) {
+        two ? amx_block<2, 2>(kc, ap, a.ld, bp, gstride, mr, e)
+            : amx_block<2, 1>(kc, ap, a.ld, bp, gstride, mr, e);
+      } else {
+        two ? amx_block<1, 2>(kc, ap, a.ld, bp, gstride, mr, e)
+            : amx_block<1, 1>(kc, ap, a.ld, bp, gstride, mr, e);
+      }
+    }
+  }
+  _tile_release();
+}
+
+// Linux gives a process AMX's tile data only when asked (arch_prctl
+// ARCH_REQ_XCOMP_PERM for XFEATURE_XTILEDATA, Linux 5.16 and later).
+bool amx_tile_data_granted() {
+  static const bool granted = [] {
+    constexpr long kReqXcompPerm = 0x1023, kXfeatureXtiledata = 18;
+    return syscall(SYS_arch_prctl, kReqXcompPerm, kXfeatureXtiledata) == 0;
+  }();
+  return granted;
+}
+
+bool cpu_has_amx_int8() {
+  unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
+  if (!__get_cpuid_count(7, 0, &eax, &ebx, &ecx, &edx)) return false;
+  return (edx >> 24 & 1) && (edx >> 25 & 1);  // AMX-TILE, AMX-INT8
+}
+
+std::atomic<int> kernel_override{static_cast<int>(Int8Kernel::automatic)};
+
+// SEQPACK_INT8_KERNEL as written: automatic (unset, empty or auto), vnni or amx.
+Int8Kernel kernel_setting() {
+  static const Int8Kernel set = [] {
+    const char* env = std::getenv("SEQPACK_INT8_KERNEL");
+    const std::string v = env ? env : "";
+    if (v.empty() || v == "auto") return Int8Kernel::automatic;
+    if (v == "vnni") return Int8Kernel::vnni;
+    if (v == "amx") return Int8Kernel::amx;
+    throw std::invalid_argument("SEQPACK_INT8_KERNEL: '" + v + "' is not auto, amx or vnni");
+  }();
+  return set;
+}
+
+Int8Kernel kernel_from_environment() {
+  static const Int8Kernel chosen = [] {
+    const Int8Kernel set = kernel_setting();
+    if (set == Int8Kernel::amx && !amx_int8_supported()) {
+      throw std::invalid_argument("SEQPACK_INT8_KERNEL: 'amx' needs AMX-INT8, which this CPU (" +
+                                  std::string(isa_name()) + ") does not offer");
+    }
+    if (set != Int8Kernel::automatic) return set;
+    return amx_int8_supported() ? Int8Kernel::amx : Int8Kernel::vnni;
+  }();
+  return chosen;
+}
+
 }  // namespace
+
+const char* int8_kernel_name(Int8Kernel kernel) {
+  switch (kernel) {
+    case Int8Kernel::vnni: return "vnni";
+    case Int8Kernel::amx: return "amx";
+    default: return "auto";
+  }
+}
+
+bool amx_int8_supported() {
+  static const bool yes = int8_kernels_supported() && cpu_has_amx_int8() &&
+                          has_amx_dot_products() && amx_tile_data_granted();
+  return yes;
+}
+
+void check_int8_kernel_setting() { kernel_setting(); }
+
+Int8Kernel int8_kernel() {
+  const auto set = static_cast<Int8Kernel>(kernel_override.load(std::memory_order_relaxed));
+  return set != Int8Kernel::automatic ? set : kernel_from_environment();
+}
+
+void set_int8_kernel(Int8Kernel kernel) {
+  if (kernel == Int8Kernel::amx && !amx_int8_supported()) {
+    throw std::invalid_argument(std::string("the amx int8 kernel needs AMX-INT8, which this CPU (") +
+                                isa_name() + ") does not offer");
+  }
+  kernel_override.store(static_cast<int>(kernel), std::memory_order_relaxed);
+}
 
 bool int8_kernels_supported() {
   static const bool cpu = __builtin_cpu_supports("avx512vnni") &&
@@ -195,7 +380,9 @@ void quantize_rows_u8(int64_t m, int64_t k, const float* x, int64_t ldx, Quantiz
   out.m = m;
   out.k = k;
   out.ld = (k + 3) / 4 * 4;
-  uint8_t* q = out.q.resize(static_cast<std::size_t>(std::max<int64_t>(m * out.ld, 1)));
+  // 16 rows and 64 bytes past the last row, zero (the AMX tiles' reach)
+  uint8_t* q = out.q.resize(static_cast<std::size_t>((m + 16) * out.ld + 64));
+  std::memset(q + m * out.ld, 0, static_cast<std::size_t>(16 * out.ld + 64));
   float* s = out.scale.resize(static_cast<std::size_t>(std::max<int64_t>(m, 1)));
   int32_t* z = out.zp.resize(static_cast<std::size_t>(std::max<int64_t>(m, 1)));
   for (int64_t i = 0; i < m; ++i) quantize_row(x + i * ldx, k, q + i * out.ld, out.ld, s + i, z + i);
@@ -251,9 +438,12 @@ void quantize_weights_s8(const float* b, bool trans_b, int64_t k, int64_t n, int
   out.k = k;
   out.n = n;
   out.k4 = (k + 3) / 4;
+  out.k4p = (out.k4 + 15) / 16 * 16;
   out.groups = (n + 15) / 16;
   const int64_t np = out.groups * 16;
-  int8_t* p = out.packed.resize(static_cast<std::size_t>(std::max<int64_t>(out.groups * out.k4 * 64, 1)));
+  const auto bytes = static_cast<std::size_t>(std::max<int64_t>(out.groups * out.k4p * 64, 1));
+  int8_t* p = out.packed.resize(bytes);
+  std::memset(p, 0, bytes);  // the rows past k4 (and the columns past n) stay zero
   float* sc = out.scale.resize(static_cast<std::size_t>(std::max<int64_t>(np, 1)));
   int32_t* sum = out.sum.resize(static_cast<std::size_t>(std::max<int64_t>(np, 1)));
   const auto at = [&](int64_t kk, int64_t j) { return trans_b ? b[j * ldb + kk] : b[kk * ldb + j]; };
@@ -261,7 +451,7 @@ void quantize_weights_s8(const float* b, bool trans_b, int64_t k, int64_t n, int
 #pragma omp parallel for schedule(static) if (parallel)
   for (int64_t j = 0; j < np; ++j) {
     const int64_t g = j / 16, lane = j % 16;
-    int8_t* col = p + g * out.k4 * 64 + lane * 4;
+    int8_t* col = p + g * out.k4p * 64 + lane * 4;
     if (j >= n) {
       for (int64_t kk = 0; kk < out.k4 * 4; ++kk) col[kk / 4 * 64 + kk % 4] = 0;
       sc[j] = 0.f;
@@ -299,7 +489,11 @@ void gemm_u8s8_f32(int64_t m, const QuantizedRows& a, int64_t a_row0, const Quan
                    const float* const* init, const float* c_row) {
   col1 = std::min(col1, b.n);
   if (m <= 0 || col1 <= col0) return;
-  const int64_t g0 = col0 / 16, g1 = (col1 + 15) / 16, gstride = b.k4 * 64;
+  if (m >= kAmxMinRows && int8_kernel() == Int8Kernel::amx) {
+    gemm_amx(m, a, a_row0, b, col0, col1, beta, c, ldc, init, c_row);
+    return;
+  }
+  const int64_t g0 = col0 / 16, g1 = (col1 + 15) / 16, gstride = b.k4p * 64;
   for (int64_t g = g0; g < g1; g += kNV) {
     const int nv = static_cast<int>(std::min<int64_t>(kNV, g1 - g));
     const int8_t* bp = b.packed.data() + g * gstride;

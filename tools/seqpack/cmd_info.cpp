@@ -31,6 +31,7 @@ void run_info(const Args& args) {
                                 {"native_bf16", cpu.native_bf16},
                                 {"native_int8", cpu.native_int8},
                                 {"amx", cpu.amx},
+                                {"int8_kernel", cpu.int8_kernel},
                                 {"auto_precision", precision_name(autop)},
                                 {"threads", cpu.threads},
                                 {"onednn", cpu.onednn_version},
@@ -44,7 +45,9 @@ void run_info(const Args& args) {
              cpu.isa_cap);
   fmt::print("native bf16      {}\n", cpu.native_bf16 ? "yes" : "no");
   fmt::print("native int8      {}\n",
-             cpu.native_int8 ? "yes (AVX512-VNNI: --precision int8 for inference)" : "no");
+             !cpu.native_int8 ? std::string("no")
+                              : fmt::format("yes (kernel {}: --precision int8 for inference)",
+                                            cpu.int8_kernel == "amx" ? "AMX-INT8" : "AVX512-VNNI"));
   fmt::print("AMX              {}\n", cpu.amx ? "yes" : "no");
   fmt::print("precision auto   {}\n", precision_name(autop));
   fmt::print("threads          {}\n", cpu.threads);
