@@ -27,7 +27,7 @@
 #           machine; SEQPACK_DEVICE_CHECK_CPU=1 runs it anyway), the stage is skipped.
 #           SEQPACK_DEVICE_CHECK_GPU=0 runs this stage alone (no build, tests or bench);
 #           SEQPACK_DEVICE_CHECK_SWEEP picks its parts (default, in the order they run:
-#           table,compare,main,ab,variants,others,gtest; gtest runs the bundle's test
+#           gtest,int8,table,compare,main,ab,variants,others; gtest runs the bundle's test
 #           programs)
 #   bench   bench/compare_torch.py --device cuda: seqpack against torch's six configurations
 #           (SEQPACK_DEVICE_CHECK_BENCH_ARGS adds options, e.g. "--workload gru-chars --quick")
@@ -268,7 +268,7 @@ if [ "$HAVE_GPU" = 0 ] && [ "${SEQPACK_DEVICE_CHECK_CPU:-0}" != 1 ]; then
     "$OUT/cpu.log"
 elif [ -n "$SEQPACK_CPU" ] && "$SEQPACK_CPU" info >/dev/null 2>&1; then
   # The parts of the sweep to run (default all of them).
-  SEQPACK_DEVICE_CHECK_SWEEP=${SEQPACK_DEVICE_CHECK_SWEEP:-table,compare,main,ab,variants,others,gtest}
+  SEQPACK_DEVICE_CHECK_SWEEP=${SEQPACK_DEVICE_CHECK_SWEEP:-gtest,int8,table,compare,main,ab,variants,others}
   export SEQPACK_CPU SEQPACK_BASE PY SEQPACK_DEVICE_CHECK_SWEEP TMP
   sweep() {
     "$SEQPACK_CPU" info
@@ -277,6 +277,33 @@ elif [ -n "$SEQPACK_CPU" ] && "$SEQPACK_CPU" info >/dev/null 2>&1; then
         --precision "$4" --min-time 0.1 --json || echo "(not run: exit $?)"
     }
     part() { [[ ",$SEQPACK_DEVICE_CHECK_SWEEP," == *",$1,"* ]]; }
+    if part gtest; then
+      # the bundle's test programs (bf16 and int8 on this CPU's AMX): their summaries
+      # SEQPACK_DEVICE_CHECK_GTESTS: the programs (default: every one in the bundle);
+      # SEQPACK_DEVICE_CHECK_GTEST_FILTER: a gtest filter; SEQPACK_DEVICE_CHECK_GTEST_ENVS:
+      # the settings to run each under, words of VAR=VALUE[,VAR=VALUE] or - for none
+      # (e.g. "- ONEDNN_MAX_CPU_ISA=AVX512_CORE_BF16"); SEQPACK_DEVICE_CHECK_GTEST_LINES:
+      # the lines of failure messages shown per run (default 40)
+      tdir=$(dirname "$SEQPACK_CPU")/tests
+      progs=${SEQPACK_DEVICE_CHECK_GTESTS:-$(cd "$tdir" 2>/dev/null && ls)}
+      # (the knobs test runs the command-line tool of this checkout's build/: not here)
+      filter=${SEQPACK_DEVICE_CHECK_GTEST_FILTER:--RNNThreads.BadKnobsAreRefusedByName}
+      for envs in ${SEQPACK_DEVICE_CHECK_GTEST_ENVS:--}; do
+        for p in $progs; do
+          t=$tdir/$p
+          [ -x "$t" ] || continue
+          echo "--- gtest $p, settings $envs"
+          settings=()
+          [ "$envs" != - ] && IFS=, read -r -a settings <<<"$envs"
+          env "${settings[@]}" SEQPACK_TEST_BF16_THREADS=1 timeout 60 "$t" --gtest_brief=1 \
+            --gtest_filter="$filter" >"$TMP/gtest.out" 2>&1
+          echo "exit $?"
+          # each failure with its message (the values and where), the summary
+          grep -E -A3 "Failure" "$TMP/gtest.out" | head -"${SEQPACK_DEVICE_CHECK_GTEST_LINES:-40}"
+          grep -E "^\[  (PASSED|FAILED|SKIPPED) " "$TMP/gtest.out" | head -30
+        done
+      done
+    fi
     if part table; then
       # issue 27's table: lstm-bi-2layer at 1..16 threads, forward in each precision, bf16 training
       for n in 1 2 4 8 16; do
@@ -286,13 +313,31 @@ elif [ -n "$SEQPACK_CPU" ] && "$SEQPACK_CPU" info >/dev/null 2>&1; then
         done
       done
     fi
+    if part int8; then
+      # the int8 kernels (AMX-INT8, AVX512-VNNI) against bf16, alternating, two rounds
+      for round in 1 2; do
+        for w in lstm-bi-2layer lstm-long-tail lstm-sentences; do
+          for n in 1 16; do
+            echo "--- int8 round $round, $w, threads $n, bf16"
+            one "$n" "$w" forward_packed bf16
+            for kernel in amx vnni; do
+              echo "--- int8 round $round, $w, threads $n, int8 $kernel"
+              SEQPACK_INT8_KERNEL=$kernel one "$n" "$w" forward_packed int8
+            done
+          done
+        done
+      done
+    fi
     if part compare; then
       # the peer at 16 threads, PyTorch at its fastest configuration, in the same run
       if [ -n "$PY" ]; then
-        echo "--- compare_torch.py --threads 16 --fastest-torch"
-        timeout 200 "$PY" bench/compare_torch.py --seqpack "$SEQPACK_CPU" --threads 16 \
-          --mode forward_packed --mode train_packed --precision bf16 \
-          --fastest-torch --quick --no-linearity --malloc tuned || echo "(compare_torch: exit $?)"
+        # forward at int8 (which runs seqpack's bf16 too), training at bf16
+        for run in forward_packed:int8 train_packed:bf16; do
+          echo "--- compare_torch.py --threads 16 --fastest-torch --mode ${run%:*} --precision ${run#*:}"
+          timeout "${SEQPACK_DEVICE_CHECK_COMPARE_S:-150}" "$PY" bench/compare_torch.py \
+            --seqpack "$SEQPACK_CPU" --threads 16 --mode "${run%:*}" --precision "${run#*:}" \
+            --fastest-torch --quick --no-linearity --malloc tuned || echo "(compare_torch: exit $?)"
+        done
       fi
     fi
     if part main; then
@@ -361,33 +406,6 @@ elif [ -n "$SEQPACK_CPU" ] && "$SEQPACK_CPU" info >/dev/null 2>&1; then
             echo "--- $w, threads $n, ${run%:*}, ${run#*:}"
             one "$n" "$w" "${run%:*}" "${run#*:}"
           done
-        done
-      done
-    fi
-    if part gtest; then
-      # the bundle's test programs (bf16 and int8 on this CPU's AMX): their summaries
-      # SEQPACK_DEVICE_CHECK_GTESTS: the programs (default: every one in the bundle);
-      # SEQPACK_DEVICE_CHECK_GTEST_FILTER: a gtest filter; SEQPACK_DEVICE_CHECK_GTEST_ENVS:
-      # the settings to run each under, words of VAR=VALUE[,VAR=VALUE] or - for none
-      # (e.g. "- ONEDNN_MAX_CPU_ISA=AVX512_CORE_BF16"); SEQPACK_DEVICE_CHECK_GTEST_LINES:
-      # the lines of failure messages shown per run (default 40)
-      tdir=$(dirname "$SEQPACK_CPU")/tests
-      progs=${SEQPACK_DEVICE_CHECK_GTESTS:-$(cd "$tdir" 2>/dev/null && ls)}
-      # (the knobs test runs the command-line tool of this checkout's build/: not here)
-      filter=${SEQPACK_DEVICE_CHECK_GTEST_FILTER:--RNNThreads.BadKnobsAreRefusedByName}
-      for envs in ${SEQPACK_DEVICE_CHECK_GTEST_ENVS:--}; do
-        for p in $progs; do
-          t=$tdir/$p
-          [ -x "$t" ] || continue
-          echo "--- gtest $p, settings $envs"
-          settings=()
-          [ "$envs" != - ] && IFS=, read -r -a settings <<<"$envs"
-          env "${settings[@]}" SEQPACK_TEST_BF16_THREADS=1 timeout 60 "$t" --gtest_brief=1 \
-            --gtest_filter="$filter" >"$TMP/gtest.out" 2>&1
-          echo "exit $?"
-          # each failure with its message (the values and where), the summary
-          grep -E -A3 "Failure" "$TMP/gtest.out" | head -"${SEQPACK_DEVICE_CHECK_GTEST_LINES:-40}"
-          grep -E "^\[  (PASSED|FAILED|SKIPPED) " "$TMP/gtest.out" | head -30
         done
       done
     fi
