@@ -314,8 +314,9 @@ elif [ -n "$SEQPACK_CPU" ] && "$SEQPACK_CPU" info >/dev/null 2>&1; then
       done
     fi
     if part int8; then
-      # the int8 kernels (AMX-INT8, AVX512-VNNI) against bf16, alternating, two rounds
-      for round in 1 2; do
+      # the int8 kernels (AMX-INT8, AVX512-VNNI) against bf16, alternating,
+      # SEQPACK_DEVICE_CHECK_INT8_ROUNDS rounds (default 2)
+      for round in $(seq "${SEQPACK_DEVICE_CHECK_INT8_ROUNDS:-2}"); do
         for w in lstm-bi-2layer lstm-long-tail lstm-sentences; do
           for n in 1 16; do
             echo "--- int8 round $round, $w, threads $n, bf16"
@@ -332,7 +333,8 @@ elif [ -n "$SEQPACK_CPU" ] && "$SEQPACK_CPU" info >/dev/null 2>&1; then
       # the peer at 16 threads, PyTorch at its fastest configuration, in the same run
       if [ -n "$PY" ]; then
         # forward at int8 (which runs seqpack's bf16 too), training at bf16
-        for run in forward_packed:int8 train_packed:bf16; do
+        # (SEQPACK_DEVICE_CHECK_COMPARE_RUNS: mode:precision words)
+        for run in ${SEQPACK_DEVICE_CHECK_COMPARE_RUNS:-forward_packed:int8 train_packed:bf16}; do
           echo "--- compare_torch.py --threads 16 --fastest-torch --mode ${run%:*} --precision ${run#*:}"
           timeout "${SEQPACK_DEVICE_CHECK_COMPARE_S:-150}" "$PY" bench/compare_torch.py \
             --seqpack "$SEQPACK_CPU" --threads 16 --mode "${run%:*}" --precision "${run#*:}" \

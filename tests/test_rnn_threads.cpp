@@ -251,6 +251,51 @@ TEST_P(RNNThreads, Bf16ByColumnsOf16UnitsMatchesFloat64) {
   check_bf16(GetParam(), rnn::SplitChoice::columns, 16);
 }
 
+// int8 (inference: the forward alone) at every thread count and split,
+// against float64 within test_rnn_int8's bound on values (0.03), with the
+// engine's own kernel (AMX-INT8 where the CPU has it, else VNNI).
+void check_int8(const ThreadCase& tc, rnn::SplitChoice split) {
+  if (!cpu_info().native_int8) GTEST_SKIP() << "no AVX512-VNNI on " << cpu_info().isa;
+  std::mt19937_64 gen(testing::test_seed());
+  RNNOptions o = tc.o;
+  o.hidden_size = 128;
+  if (o.proj_size) o.proj_size = 96;
+  const Case c = make_case(o, kLengths, tc.h0, tc.lookup, gen);
+  auto forward = [&](DType dtype, Precision precision) {
+    RNNOptions oo = c.o;
+    oo.dtype = dtype;
+    oo.precision = precision;
+    std::vector<Tensor> w;
+    for (const Tensor& t : c.weights) w.push_back(t.to(dtype));
+    if (c.ids.empty())
+      return rnn_forward(oo, w, c.x.to(dtype), c.plan, as(c.h0, dtype), as(c.c0, dtype), false,
+                         false);
+    return rnn_forward_lookup(oo, w, c.x.to(dtype), c.ids, c.plan, as(c.h0, dtype),
+                              as(c.c0, dtype), false, false);
+  };
+  const ThreadsGuard guard(16);
+  set_num_threads(1);
+  const RNNForwardResult ref = forward(DType::f64, Precision::fp32);
+  rnn::set_split_choice(split);
+  for (int threads : kThreadCounts) {
+    set_num_threads(threads);
+    const RNNForwardResult got = forward(DType::f32, Precision::int8);
+    const std::string what = std::string(tc.name) +
+                             (split == rnn::SplitChoice::rows ? ", by rows, " : ", by columns, ") +
+                             std::to_string(threads) + " threads ";
+    EXPECT_LE(testing::max_abs_diff(got.output.to(DType::f64), ref.output), 0.03) << what << "output";
+    EXPECT_LE(testing::max_abs_diff(got.h_n.to(DType::f64), ref.h_n), 0.03) << what << "h_n";
+    if (ref.c_n.defined())
+      EXPECT_LE(testing::max_abs_diff(got.c_n.to(DType::f64), ref.c_n), 0.03) << what << "c_n";
+    if (::testing::Test::HasFailure()) return;
+  }
+}
+
+TEST_P(RNNThreads, Int8ByRowsMatchesFloat64) { check_int8(GetParam(), rnn::SplitChoice::rows); }
+TEST_P(RNNThreads, Int8ByColumnsMatchesFloat64) {
+  check_int8(GetParam(), rnn::SplitChoice::columns);
+}
+
 INSTANTIATE_TEST_SUITE_P(Cases, RNNThreads, ::testing::ValuesIn(thread_cases()),
                          [](const auto& info) { return std::string(info.param.name); });
 
