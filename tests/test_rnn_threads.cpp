@@ -114,7 +114,7 @@ Result run(const Case& c, DType dtype, Precision precision) {
 // fp32: fp_close's bound, n from the steps (values) or the packed rows
 // (gradients: sums over every token, chains through every step and back).
 // bf16: test_rnn_bf16's documented bounds (0.03 absolute on values; on
-// gradients 5% of the reference's norm).
+// gradients 5% of the reference's norm, 25% for ReLU RNNs).
 void compare(const Result& got, const Result& ref, const Case& c, Precision precision,
              const std::string& what) {
   const int64_t steps = c.plan.batch_sizes().empty()
@@ -142,7 +142,10 @@ void compare(const Result& got, const Result& ref, const Case& c, Precision prec
       dd += (x - y) * (x - y);
       rr += y * y;
     }
-    EXPECT_LE(std::sqrt(dd), 0.05 * std::sqrt(rr) + 1e-6) << what << " " << name;
+    // (ReLU RNNs: 25%, test_rnn_bf16's kGradRelRelu: bf16 moves some
+    // pre-activations across 0, where relu's derivative flips)
+    const double rel = c.o.mode == RNNMode::rnn_relu ? 0.25 : 0.05;
+    EXPECT_LE(std::sqrt(dd), rel * std::sqrt(rr) + 1e-6) << what << " " << name;
   };
   values(got.fwd.output, ref.fwd.output, "output");
   values(got.fwd.h_n, ref.fwd.h_n, "h_n");
