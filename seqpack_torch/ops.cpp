@@ -269,20 +269,23 @@ std::tuple<Tensor, Tensor, Tensor> outputs(const RNNForwardResult& r, const Tens
   return {from_core(r.output), from_core(r.h_n), c_n};
 }
 
-// ---- int8: weights quantized once ------------------------------------------
+// ---- the model plan: weights laid out once --------------------------------
 //
-// An int8 forward reads its weights quantized (rnn_quantize_int8). They are
-// quantized at the first call with a set of weights and kept in a small LRU
+// An inference forward (no training, nothing saved) reads its weights through
+// the model's plan (rnn_make_plan: quantized at int8, W_hh laid out at fp32
+// and bf16). A plan is made at the first call with a set of weights and kept in a small LRU
 // shared by all threads, keyed by the layer's shape options and, per weight,
 // its storage, data pointer and torch version counter: an in-place change
 // (load_state_dict, param.copy_() under no_grad, an optimiser step) bumps the
-// version and the next call quantizes again. A change through `.data` bumps no
+// version and the next call makes a new plan. A change through `.data` bumps no
 // version and is not seen (as with any state torch derives from a tensor). The
 // storage is held weakly, so an entry never keeps a model's weights alive, and
 // a freed storage whose address is reused never matches.
 
-struct Int8Key {
+struct PlanKey {
   RNNMode mode;
+  Precision precision;
+  DType dtype;
   int64_t input_size, hidden_size, num_layers, proj_size;
   bool bias, bidirectional;
   struct Weight {
@@ -293,8 +296,9 @@ struct Int8Key {
   std::vector<Weight> weights;
 };
 
-bool same_layer(const Int8Key& a, const RNNOptions& o) {
-  return a.mode == o.mode && a.input_size == o.input_size && a.hidden_size == o.hidden_size &&
+bool same_layer(const PlanKey& a, const RNNOptions& o) {
+  return a.mode == o.mode && a.precision == o.precision && a.dtype == o.dtype &&
+         a.input_size == o.input_size && a.hidden_size == o.hidden_size &&
          a.num_layers == o.num_layers && a.proj_size == o.proj_size && a.bias == o.bias &&
          a.bidirectional == o.bidirectional;
 }
@@ -303,10 +307,10 @@ uint32_t version_of(const Tensor& t) {
   return t.unsafeGetTensorImpl()->version_counter().current_version();
 }
 
-bool matches(Int8Key& key, const RNNOptions& o, at::TensorList weights) {
+bool matches(PlanKey& key, const RNNOptions& o, at::TensorList weights) {
   if (!same_layer(key, o) || key.weights.size() != weights.size()) return false;
   for (size_t i = 0; i < weights.size(); ++i) {
-    const Int8Key::Weight& k = key.weights[i];
+    const PlanKey::Weight& k = key.weights[i];
     const Tensor& w = weights[i];
     if (k.data != w.data_ptr() || k.version != version_of(w) || !w.has_storage() ||
         k.storage.expired() || k.storage.lock().get() != w.storage().unsafeGetStorageImpl()) {
@@ -316,13 +320,13 @@ bool matches(Int8Key& key, const RNNOptions& o, at::TensorList weights) {
   return true;
 }
 
-class Int8Cache {
+class ModelPlanCache {
  public:
-  // Up to this many weight sets (layers) stay quantized; the least recently
+  // Up to this many weight sets (layers) keep their plans; the least recently
   // used is dropped first.
   static constexpr size_t kEntries = 16;
 
-  std::shared_ptr<const RNNInt8Weights> get(const RNNOptions& o, at::TensorList weights,
+  std::shared_ptr<const RNNModelPlan> get(const RNNOptions& o, at::TensorList weights,
                                             const std::vector<CoreTensor>& core) {
     {
       std::lock_guard<std::mutex> lock(mutex_);
@@ -333,15 +337,15 @@ class Int8Cache {
         }
       }
     }
-    // Quantized outside the lock (a few ms for a large model): two threads
-    // meeting a new weight set may both quantize it; the result is the same.
-    Int8Key key{o.mode, o.input_size, o.hidden_size, o.num_layers, o.proj_size,
-                o.bias, o.bidirectional, {}};
+    // Made outside the lock (int8 quantizes: a few ms for a large model): two
+    // threads meeting a new weight set may both make one; they are the same.
+    PlanKey key{o.mode,      o.precision, o.dtype, o.input_size, o.hidden_size, o.num_layers,
+                o.proj_size, o.bias,      o.bidirectional, {}};
     key.weights.reserve(weights.size());
     for (const Tensor& w : weights) {
       key.weights.push_back({w.storage().getWeakStorageImpl(), w.data_ptr(), version_of(w)});
     }
-    auto q = rnn_quantize_int8(o, core);
+    auto q = rnn_make_plan(o, core);
     std::lock_guard<std::mutex> lock(mutex_);
     entries_.emplace_front(std::move(key), q);
     // Entries of freed weights first, then the least recently used.
@@ -356,11 +360,11 @@ class Int8Cache {
 
  private:
   std::mutex mutex_;
-  std::list<std::pair<Int8Key, std::shared_ptr<const RNNInt8Weights>>> entries_;
+  std::list<std::pair<PlanKey, std::shared_ptr<const RNNModelPlan>>> entries_;
 };
 
-Int8Cache& int8_cache() {
-  static Int8Cache cache;
+ModelPlanCache& model_plan_cache() {
+  static ModelPlanCache cache;
   return cache;
 }
 
@@ -370,18 +374,18 @@ RNNForwardResult run_forward(const RNNCall& call, const Tensor& data, const OptT
   std::vector<CoreTensor> w = core_weights(weights, op);
   CoreTensor x = to_core(data, op, "input"), h = to_core(h0, op, "h0"), c = to_core(c0, op, "c0");
   return checked(op, [&] {
-    // A training or saving int8 call is refused by the core before it reads
-    // the weights: nothing to quantize for it.
-    std::shared_ptr<const RNNInt8Weights> int8;
-    if (call.options.precision == Precision::int8 && !call.train && !save) {
+    // An inference call reads the weights through their plan (a training or
+    // saving int8 call is refused by the core before it reads them).
+    std::shared_ptr<const RNNModelPlan> model;
+    if (!call.train && !save) {
       // core_weights copied any non-contiguous weight: those have no stable
-      // source to key on, and are quantized per call.
+      // source to key on, and are laid out per call.
       bool contiguous = true;
       for (const Tensor& t : weights) contiguous = contiguous && t.is_contiguous();
-      if (contiguous) int8 = int8_cache().get(call.options, weights, w);
+      if (contiguous) model = model_plan_cache().get(call.options, weights, w);
     }
     return rnn_forward(call.options, w, x, *call.plan, h, c, call.train, save, call.seed,
-                       int8.get());
+                       model.get());
   });
 }
 

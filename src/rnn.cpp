@@ -274,6 +274,7 @@ RNNBase::RNNBase(RNNOptions options, uint64_t seed) : options_(options) {
 }
 
 Tensor& RNNBase::parameter(const std::string& name) {
+  plan_.reset();
   for (std::size_t i = 0; i < names_.size(); ++i) {
     if (names_[i] == name) return params_[i];
   }
@@ -285,14 +286,17 @@ void RNNBase::zero_grad() {
 }
 
 void RNNBase::reset_parameters(uint64_t seed) {
+  plan_.reset();
   init_uniform(params_, options_.hidden_size, seed);
 }
 
 std::map<std::string, Tensor> RNNBase::state_dict() const {
+  plan_.reset();  // views: the caller may change them
   return make_state_dict(names_, params_);
 }
 
 void RNNBase::load_state_dict(const std::map<std::string, Tensor>& state) {
+  plan_.reset();
   load_into(names_, params_, state);
 }
 
@@ -317,6 +321,18 @@ bool saves(const RNNOptions& o, bool requires_grad) {
   return requires_grad && o.precision != Precision::int8;
 }
 
+// A module's plan for this forward: kept and used by an inference forward,
+// dropped by one that trains or saves (the parameters may change after it).
+const RNNModelPlan* module_plan(std::shared_ptr<const RNNModelPlan>& plan, const RNNOptions& o,
+                                const std::vector<Tensor>& params, bool training, bool saving) {
+  if (training || saving) {
+    plan.reset();
+    return nullptr;
+  }
+  if (!plan) plan = rnn_make_plan(o, params);
+  return plan.get();
+}
+
 std::string no_saved_message(const RNNOptions& o) {
   return o.precision == Precision::int8
              ? "backward: precision int8 is for inference only (its forwards save nothing)"
@@ -330,6 +346,7 @@ void RNNBase::set_precision(Precision p) {
   o.precision = p;
   o.validate();
   options_ = o;
+  plan_.reset();
 }
 
 RNNOutput RNNBase::forward(const PackedSequence& input, const Tensor& h0, const Tensor& c0,
@@ -340,7 +357,8 @@ RNNOutput RNNBase::forward(const PackedSequence& input, const Tensor& h0, const 
   if (training_ && options_.dropout > 0) ++dropout_seed_;
   RNNForwardResult r =
       rnn_forward(options_, params_, input.data, *plan, h0, c0, training_,
-                  saves(options_, requires_grad), seed);
+                  saves(options_, requires_grad), seed,
+                  module_plan(plan_, options_, params_, training_, saves(options_, requires_grad)));
   RNNOutput out;
   out.packed.data = r.output;
   out.packed.batch_sizes = input.batch_sizes;
@@ -401,8 +419,9 @@ RNNOutput RNNBase::forward(const Tensor& input, const std::vector<int64_t>& leng
   RNNForwardResult r = rnn_forward(options_, params_, data, *plan,
                                    batched_state(h0, unbatched, "h0"),
                                    batched_state(c0, unbatched, "c0"), training_,
-                                   saves(options_, requires_grad),
-                                   seed);
+                                   saves(options_, requires_grad), seed,
+                                   module_plan(plan_, options_, params_, training_,
+                                               saves(options_, requires_grad)));
   RNNOutput out;
   Tensor padded = plan->unpack(r.output, T, 0.0);  // [T, B, O]
   if (unbatched) {
@@ -497,9 +516,11 @@ RNNCellBase::RNNCellBase(RNNMode mode, int64_t input_size, int64_t hidden_size, 
 }
 
 std::map<std::string, Tensor> RNNCellBase::state_dict() const {
+  plan_.reset();  // views: the caller may change them
   return make_state_dict(names_, params_);
 }
 void RNNCellBase::load_state_dict(const std::map<std::string, Tensor>& state) {
+  plan_.reset();
   load_into(names_, params_, state);
 }
 void RNNCellBase::zero_grad() {
@@ -542,7 +563,9 @@ CellOutput RNNCellBase::forward(const Tensor& input, const Tensor& hx, const Ten
   RNNForwardResult r = rnn_forward(options_, params_, input.view({B, I}), plan,
                                    cell_state(hx, B, H, unbatched, "hx"),
                                    cell_state(cx, B, H, unbatched, "cx"), /*training=*/false,
-                                   saves(options_, requires_grad));
+                                   saves(options_, requires_grad), 0,
+                                   module_plan(plan_, options_, params_, false,
+                                               saves(options_, requires_grad)));
   CellOutput out;
   out.unbatched = unbatched;
   const Shape s = unbatched ? Shape{H} : Shape{B, H};

@@ -32,7 +32,9 @@
 #include <omp.h>
 
 #include <algorithm>
+#include <map>
 #include <memory>
+#include <mutex>
 #include <random>
 #include <stdexcept>
 #include <string>
@@ -138,6 +140,42 @@ Tensor dropped_input(const RNNOptions& o, const Tensor& in, int64_t l, bool trai
   return x;
 }
 
+}  // namespace
+
+// The public plan (include/seqpack/rnn.h): the int8 matrices quantized when
+// it is made, and the step operands of each thread split (rnn::RNNPlan, per
+// element type) laid out at the first forward that asks for them.
+struct RNNModelPlan {
+  RNNOptions options;
+  std::vector<Tensor> weights;       // shared, read where a layout is first made
+  std::vector<const void*> sources;  // their data, rnn_parameter_names order
+  std::vector<cpu::PreparedInt8> int8;
+  mutable std::mutex mutex;
+  mutable std::map<int, std::shared_ptr<const rnn::RNNPlan<float>>> f32;
+  mutable std::map<int, std::shared_ptr<const rnn::RNNPlan<double>>> f64;
+
+  // The step operands for `nt` threads a direction, made on first use (under
+  // the int8 scope of the calling forward: the engine finds its matrices).
+  template <typename T>
+  std::shared_ptr<const rnn::RNNPlan<T>> steps(const cpu::GemmEngine<T>& eng, int nt) const {
+    auto& known = layouts<T>();
+    const std::lock_guard<std::mutex> lock(mutex);
+    auto it = known.find(nt);
+    if (it == known.end()) it = known.emplace(nt, rnn::make_plan<T>(options, weights, eng, nt)).first;
+    return it->second;
+  }
+  template <typename T>
+  auto& layouts() const {
+    if constexpr (std::is_same_v<T, float>) {
+      return f32;
+    } else {
+      return f64;
+    }
+  }
+};
+
+namespace {
+
 template <typename T>
 std::shared_ptr<RNNSaved> make_saved(const RNNOptions& o, const std::vector<Tensor>& weights,
                                      const PackingPlan& plan, const Tensor& h0,
@@ -159,7 +197,8 @@ template <typename T, typename Cell>
 RNNForwardResult forward_impl(const RNNOptions& o, const std::vector<Tensor>& weights,
                               const Tensor& data, const std::vector<int64_t>* lookup,
                               const PackingPlan& plan, const Tensor& h0, const Tensor& c0,
-                              bool training, bool save, uint64_t seed) {
+                              bool training, bool save, uint64_t seed,
+                              const RNNModelPlan* mp) {
   const int64_t L = o.num_layers, D = o.num_directions(), H = o.hidden_size;
   const int64_t R = o.real_hidden_size();
   const int64_t B = plan.batch(), N = plan.total_rows();
@@ -169,7 +208,9 @@ RNNForwardResult forward_impl(const RNNOptions& o, const std::vector<Tensor>& we
   // The weights laid out once for the engine and the threads.
   const int nt = direction_threads(o, rows_split(eng, o), N,
                                   static_cast<int64_t>(plan.batch_sizes().size()));
-  const std::unique_ptr<const rnn::RNNPlan<T>> model = rnn::make_plan<T>(o, weights, eng, nt);
+  const std::shared_ptr<const rnn::RNNPlan<T>> model =
+      mp ? mp->steps<T>(eng, nt)
+         : std::shared_ptr<const rnn::RNNPlan<T>>(rnn::make_plan<T>(o, weights, eng, nt));
   RNNForwardResult res;
   res.h_n = cpu::pooled_empty({L * D, B, R}, o.dtype);
   if (Cell::cell_state) res.c_n = cpu::pooled_empty({L * D, B, H}, o.dtype);
@@ -293,11 +334,6 @@ void check_initial_state(const RNNOptions& options, const PackingPlan& plan, con
 
 }  // namespace
 
-struct RNNInt8Weights {
-  std::vector<const void*> sources;  // the tensors' data, rnn_parameter_names order
-  std::vector<cpu::PreparedInt8> prepared;
-};
-
 namespace {
 
 // Each matrix of the forward's products, as the loop hands it to the engine:
@@ -326,23 +362,39 @@ std::vector<cpu::PreparedInt8> int8_operands(const RNNOptions& o, const std::vec
   return out;
 }
 
-void check_int8_weights(const RNNOptions& o, const std::vector<Tensor>& weights,
-                        const RNNInt8Weights* int8) {
-  if (!int8) return;
-  if (o.precision != Precision::int8) {
-    throw std::invalid_argument(std::string("int8 weights were given to a forward at precision ") +
-                                precision_name(o.precision));
-  }
+// A plan given to a forward: made for these options (precision and dtype
+// included) from these tensors.
+void check_model_plan(const RNNOptions& o, const std::vector<Tensor>& weights,
+                      const RNNModelPlan* model) {
+  if (!model) return;
+  const RNNOptions& p = model->options;
+  const auto differs = [](const char* what, const std::string& plan, const std::string& call) {
+    throw std::invalid_argument(std::string("the model plan was made for ") + what + " " + plan +
+                                ", this forward has " + call + " (make a plan for it: rnn_make_plan)");
+  };
+  if (p.mode != o.mode) differs("mode", rnn_mode_name(p.mode), rnn_mode_name(o.mode));
+  if (p.precision != o.precision)
+    differs("precision", precision_name(p.precision), precision_name(o.precision));
+  if (p.dtype != o.dtype) differs("dtype", dtype_name(p.dtype), dtype_name(o.dtype));
+  const std::vector<std::pair<const char*, std::pair<int64_t, int64_t>>> sizes{
+      {"input_size", {p.input_size, o.input_size}},
+      {"hidden_size", {p.hidden_size, o.hidden_size}},
+      {"num_layers", {p.num_layers, o.num_layers}},
+      {"proj_size", {p.proj_size, o.proj_size}},
+      {"bias", {p.bias, o.bias}},
+      {"bidirectional", {p.bidirectional, o.bidirectional}}};
+  for (const auto& [name, v] : sizes)
+    if (v.first != v.second) differs(name, std::to_string(v.first), std::to_string(v.second));
   const auto names = rnn_parameter_names(o);
-  if (int8->sources.size() != weights.size()) {
-    throw std::invalid_argument("int8 weights were quantized from " +
-                                std::to_string(int8->sources.size()) + " tensors, not these " +
+  if (model->sources.size() != weights.size()) {
+    throw std::invalid_argument("the model plan was made from " +
+                                std::to_string(model->sources.size()) + " tensors, not these " +
                                 std::to_string(weights.size()));
   }
   for (std::size_t i = 0; i < weights.size(); ++i) {
-    if (int8->sources[i] != weights[i].raw_data()) {
-      throw std::invalid_argument("int8 weights were quantized from another " + names[i] +
-                                  " than this forward's (quantize again: rnn_quantize_int8)");
+    if (model->sources[i] != weights[i].raw_data()) {
+      throw std::invalid_argument("the model plan was made from another " + names[i] +
+                                  " than this forward's (make a plan for it: rnn_make_plan)");
     }
   }
 }
@@ -351,22 +403,22 @@ RNNForwardResult dispatch_forward(const RNNOptions& options, const std::vector<T
                                   const Tensor& data, const std::vector<int64_t>* lookup,
                                   const PackingPlan& plan, const Tensor& h0, const Tensor& c0,
                                   bool training, bool save_for_backward, uint64_t dropout_seed,
-                                  const RNNInt8Weights* int8) {
+                                  const RNNModelPlan* model) {
   if (options.precision == Precision::int8 && (training || save_for_backward)) {
     throw std::invalid_argument(
         std::string("precision int8 is for inference only, but this forward is ") +
         (training ? "in training mode (call eval(), or pass training = false)"
                   : "saving for a backward (int8 has no gradient; use fp32 or bf16)"));
   }
-  check_int8_weights(options, weights, int8);
-  const cpu::PreparedInt8Scope scope(int8 ? &int8->prepared : nullptr);
+  check_model_plan(options, weights, model);
+  const cpu::PreparedInt8Scope scope(model && !model->int8.empty() ? &model->int8 : nullptr);
   return with_cell(options.mode, [&]<typename Cell>(Cell) {
     if (options.dtype == DType::f32) {
       return forward_impl<float, Cell>(options, weights, data, lookup, plan, h0, c0, training,
-                                       save_for_backward, dropout_seed);
+                                       save_for_backward, dropout_seed, model);
     }
     return forward_impl<double, Cell>(options, weights, data, lookup, plan, h0, c0, training,
-                                      save_for_backward, dropout_seed);
+                                      save_for_backward, dropout_seed, model);
   });
 }
 
@@ -375,7 +427,7 @@ RNNForwardResult dispatch_forward(const RNNOptions& options, const std::vector<T
 RNNForwardResult rnn_forward(const RNNOptions& options, const std::vector<Tensor>& weights,
                              const Tensor& data, const PackingPlan& plan, const Tensor& h0,
                              const Tensor& c0, bool training, bool save_for_backward,
-                             uint64_t dropout_seed, const RNNInt8Weights* int8) {
+                             uint64_t dropout_seed, const RNNModelPlan* model) {
   options.validate();
   check_weights(options, weights);
   if (!data.defined() || data.dim() != 2) {
@@ -398,14 +450,14 @@ RNNForwardResult rnn_forward(const RNNOptions& options, const std::vector<Tensor
   }
   check_initial_state(options, plan, h0, c0);
   return dispatch_forward(options, weights, data, nullptr, plan, h0, c0, training,
-                          save_for_backward, dropout_seed, int8);
+                          save_for_backward, dropout_seed, model);
 }
 
 RNNForwardResult rnn_forward_lookup(const RNNOptions& options, const std::vector<Tensor>& weights,
                                     const Tensor& table, const std::vector<int64_t>& ids,
                                     const PackingPlan& plan, const Tensor& h0, const Tensor& c0,
                                     bool training, bool save_for_backward,
-                                    uint64_t dropout_seed, const RNNInt8Weights* int8) {
+                                    uint64_t dropout_seed, const RNNModelPlan* model) {
   options.validate();
   check_weights(options, weights);
   if (!table.defined() || table.dim() != 2 || table.size(1) != options.input_size) {
@@ -432,22 +484,29 @@ RNNForwardResult rnn_forward_lookup(const RNNOptions& options, const std::vector
   }
   check_initial_state(options, plan, h0, c0);
   return dispatch_forward(options, weights, table, &ids, plan, h0, c0, training,
-                          save_for_backward, dropout_seed, int8);
+                          save_for_backward, dropout_seed, model);
 }
 
-std::shared_ptr<const RNNInt8Weights> rnn_quantize_int8(const RNNOptions& options,
-                                                        const std::vector<Tensor>& weights) {
+std::shared_ptr<const RNNModelPlan> rnn_make_plan(const RNNOptions& options,
+                                                  const std::vector<Tensor>& weights) {
   options.validate();
-  if (options.precision != Precision::int8) {
-    throw std::invalid_argument(std::string("rnn_quantize_int8 needs options at precision int8, "
-                                            "got ") +
-                                precision_name(options.precision));
-  }
   check_weights(options, weights);
-  auto q = std::make_shared<RNNInt8Weights>();
-  for (const Tensor& w : weights) q->sources.push_back(w.raw_data());
-  q->prepared = int8_operands(options, weights);
-  return q;
+  auto plan = std::make_shared<RNNModelPlan>();
+  plan->options = options;
+  plan->weights = weights;
+  for (const Tensor& w : weights) plan->sources.push_back(w.raw_data());
+  if (options.precision == Precision::int8) plan->int8 = int8_operands(options, weights);
+  return plan;
+}
+
+RNNPlanInfo rnn_plan_info(const RNNModelPlan& plan) {
+  RNNPlanInfo info;
+  info.precision = plan.options.precision;
+  info.backward = plan.options.precision != Precision::int8;
+  info.quantized = !plan.int8.empty();
+  const std::lock_guard<std::mutex> lock(plan.mutex);
+  info.splits_laid_out = static_cast<int>(plan.f32.size() + plan.f64.size());
+  return info;
 }
 
 RNNGradients rnn_backward(const RNNSaved& saved, const Tensor& grad_output, const Tensor& grad_h_n,

@@ -56,12 +56,10 @@ StreamingRNN::StreamingRNN(RNNOptions options, std::vector<Tensor> weights)
                                   dtype_name(options_.dtype));
     }
   }
-  requantize();
+  replan();
 }
 
-void StreamingRNN::requantize() {
-  if (options_.precision == Precision::int8) int8_ = rnn_quantize_int8(options_, weights_);
-}
+void StreamingRNN::replan() { plan_ = rnn_make_plan(options_, weights_); }
 
 StreamingRNN::StreamingRNN(const RNNBase& module)
     : StreamingRNN(module.options(), module.parameters()) {}
@@ -220,7 +218,7 @@ std::vector<Tensor> StreamingRNN::push(const std::vector<int64_t>& stream_ids,
 
   const RNNForwardResult y = rnn_forward(options_, weights_, data, plan, h0, c0,
                                          /*training=*/false, /*save_for_backward=*/false, 0,
-                                         int8_.get());
+                                         plan_.get());
 
   for (int64_t r = 0; r < plan.total_rows(); ++r) {
     const int64_t p = where_row[static_cast<std::size_t>(r)];

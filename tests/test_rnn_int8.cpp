@@ -593,7 +593,7 @@ TEST(RNNInt8, NanInOneSequenceLeavesTheOthersUntouched) {
 // The streaming API at int8: a sequence fed in chunks, interleaved with other
 // streams, gives the values of one forward over it (equal; a zero's sign
 // aside), and the weights are the ones quantized at construction until
-// requantize().
+// replan().
 TEST(RNNInt8, StreamingChunksEqualOneForward) {
   SKIP_WITHOUT_INT8();
   for (RNNMode mode : {RNNMode::lstm, RNNMode::gru, RNNMode::rnn_tanh}) {
@@ -626,14 +626,14 @@ TEST(RNNInt8, StreamingChunksEqualOneForward) {
     for (int64_t i = 0; i < st.h.numel(); ++i) ASSERT_EQ(st.h.data<float>()[i], whole.h_n.data<float>()[i]);
 
     // The weight matrices change in place: pushes keep the quantized ones
-    // until requantize() (the biases stay fp32, read at each push).
+    // until replan() (the biases stay fp32, read at each push).
     for (Tensor& w : weights)
       if (w.dim() == 2)
         for (int64_t i = 0; i < w.numel(); ++i) w.data<float>()[i] *= 0.5f;
     const auto halved = rnn_forward(o, weights, xa, plan, {}, {}, false, false);
     const int64_t c = streams.open();
     const auto before = streams.push({c}, {xa})[0].clone();
-    streams.requantize();
+    streams.replan();
     const int64_t d = streams.open();
     const auto after = streams.push({d}, {xa})[0];
     for (int64_t i = 0; i < after.numel(); ++i) {
@@ -643,8 +643,9 @@ TEST(RNNInt8, StreamingChunksEqualOneForward) {
   }
 }
 
-// rnn_quantize_int8 once, then forwards with it: the results of quantizing at
-// each call; given with other tensors or at another precision, refused.
+// A plan (rnn_make_plan: quantized once), then forwards with it: the results
+// of quantizing at each call; given with other tensors or at another
+// precision, refused.
 TEST(RNNInt8, QuantizedOnceEqualsQuantizedPerCallAndChecksItsTensors) {
   SKIP_WITHOUT_INT8();
   RNNOptions o{.mode = RNNMode::lstm, .input_size = 10, .hidden_size = 33, .num_layers = 2,
@@ -655,7 +656,11 @@ TEST(RNNInt8, QuantizedOnceEqualsQuantizedPerCallAndChecksItsTensors) {
   for (const Shape& s : rnn_parameter_shapes(o)) weights.push_back(random_tensor(s, 0.3, gen));
   const PackingPlan plan = PackingPlan::from_lengths({5, 8, 0, 3}, false);
   const Tensor x = random_tensor({plan.total_rows(), o.input_size}, 1.0, gen);
-  const auto q = rnn_quantize_int8(o, weights);
+  const auto q = rnn_make_plan(o, weights);
+  const RNNPlanInfo info = rnn_plan_info(*q);
+  EXPECT_TRUE(info.quantized);
+  EXPECT_FALSE(info.backward);
+  EXPECT_EQ(info.precision, Precision::int8);
   // Every thread of the call (two directions side by side at 2 threads)
   // uses the quantized weights: none is quantized again.
   const int threads_before = num_threads();
@@ -674,14 +679,19 @@ TEST(RNNInt8, QuantizedOnceEqualsQuantizedPerCallAndChecksItsTensors) {
     rnn_forward(o, copies, x, plan, {}, {}, false, false, 0, q.get());
     FAIL() << "int8 weights of other tensors were used";
   } catch (const std::invalid_argument& e) {
-    EXPECT_NE(std::string(e.what()).find("quantized from another weight_ih_l0"), std::string::npos)
+    EXPECT_NE(std::string(e.what()).find("made from another weight_ih_l0"), std::string::npos)
         << e.what();
   }
   RNNOptions f = o;
   f.precision = Precision::fp32;
-  EXPECT_THROW(rnn_forward(f, weights, x, plan, {}, {}, false, false, 0, q.get()),
-               std::invalid_argument);
-  EXPECT_THROW(rnn_quantize_int8(f, weights), std::invalid_argument);
+  try {
+    rnn_forward(f, weights, x, plan, {}, {}, false, false, 0, q.get());
+    FAIL() << "an int8 plan was used at fp32";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_NE(std::string(e.what()).find("made for precision int8, this forward has fp32"),
+              std::string::npos)
+        << e.what();
+  }
 }
 
 }  // namespace

@@ -99,16 +99,20 @@ class CharClassifier {
 
   Embedding& embedding() { return embedding_; }
   LSTM& lstm() {
-    int8_.reset();  // the caller may change the weights
+    plan_.reset();  // the caller may change the weights
     return lstm_;
   }
   Linear& fc() { return fc_; }
 
   // The LSTM's precision from now on (CharClassifierOptions::precision);
   // throws naming the ISA where it cannot run. At int8 the model is for
-  // inference (forward without requires_grad); its LSTM weights are quantized
-  // at the first forward and again after any access that may change them
-  // (parameters(), state_dict(), load_state_dict(), lstm()).
+  // inference (forward without requires_grad).
+  //
+  // The LSTM's plan (rnn_make_plan: quantized at int8, W_hh laid out at fp32
+  // and bf16) serves the forwards without requires_grad: made at the first,
+  // made again after a forward with requires_grad (a training step may
+  // follow) or any access that may change the weights (parameters(),
+  // state_dict(), load_state_dict(), lstm(), set_precision()).
   void set_precision(Precision p);
 
  private:
@@ -119,7 +123,7 @@ class CharClassifier {
   // Saved by forward for backward.
   std::shared_ptr<const RNNSaved> saved_;
   int64_t batch_ = 0;
-  std::shared_ptr<const RNNInt8Weights> int8_;  // the LSTM's, at precision int8
+  std::shared_ptr<const RNNModelPlan> plan_;  // the LSTM's, for inference forwards
 };
 
 // Probabilities of each label for one input, best first.

@@ -79,15 +79,28 @@ struct RNNGradients {
   std::vector<Tensor> weights;  // rnn_parameter_names order
 };
 
-// Weights quantized for Precision::int8 once, for rnn_forward's `int8`
-// argument (an int8 forward without them quantizes its weights at every
-// call: a few ms for a 2-layer bidirectional LSTM of hidden size 512, and
-// most of the time of a short streaming chunk). Quantized from the values
-// the tensors hold at this call: later changes to them are not seen, and a
-// forward given these with other tensors (other storage) is refused.
-struct RNNInt8Weights;
-std::shared_ptr<const RNNInt8Weights> rnn_quantize_int8(const RNNOptions& options,
-                                                        const std::vector<Tensor>& weights);
+// A model's plan: its weight matrices laid out once for the engine of its
+// precision, as oneDNN's RNN weight reorders or cuDNN's weight space are. At
+// int8 every matrix is quantized when the plan is made; at fp32 and bf16 the
+// recurrent matrices (W_hh, W_hr) are laid out for the threads that share a
+// step's columns, at the first forward that splits the steps that way (each
+// split kept). A forward without a plan does all of it per call: a few ms for
+// a 2-layer bidirectional LSTM of hidden size 512, and most of the time of a
+// short streaming chunk. The plan shares the weight tensors: after changing
+// their values, make a new plan (a forward given one reads what it laid out
+// before the change). A forward given a plan made from other tensors (other
+// storage) or other options is refused, naming what differs.
+struct RNNModelPlan;
+std::shared_ptr<const RNNModelPlan> rnn_make_plan(const RNNOptions& options,
+                                                  const std::vector<Tensor>& weights);
+// What a plan's precision can do.
+struct RNNPlanInfo {
+  Precision precision = Precision::fp32;
+  bool backward = true;    // a forward with it may save for rnn_backward (not int8)
+  bool quantized = false;  // holds quantized copies of the weight matrices (int8)
+  int splits_laid_out = 0;  // the thread splits whose layouts it holds so far
+};
+RNNPlanInfo rnn_plan_info(const RNNModelPlan& plan);
 
 // Functional core, shared by the modules, the training tape and the Python and
 // torch bridges. `weights` are in rnn_parameter_names order (not copied).
@@ -95,11 +108,12 @@ std::shared_ptr<const RNNInt8Weights> rnn_quantize_int8(const RNNOptions& option
 // h0/c0 (undefined = zeros) are in the caller's batch order. Without h0 the
 // per-step products skip the rows whose h_prev is that zero state.
 // Dropout between layers is applied when `training` and options.dropout > 0,
-// from `dropout_seed`.
+// from `dropout_seed`. `model`: the weights' plan (rnn_make_plan), or null to
+// lay them out for this call alone.
 RNNForwardResult rnn_forward(const RNNOptions& options, const std::vector<Tensor>& weights,
                              const Tensor& data, const PackingPlan& plan, const Tensor& h0,
                              const Tensor& c0, bool training, bool save_for_backward,
-                             uint64_t dropout_seed = 0, const RNNInt8Weights* int8 = nullptr);
+                             uint64_t dropout_seed = 0, const RNNModelPlan* model = nullptr);
 
 // rnn_forward with an embedding lookup fused into layer 0: packed row r of
 // layer 0's input is row ids[r] of `table` [V, input_size]. The input
@@ -115,7 +129,7 @@ RNNForwardResult rnn_forward_lookup(const RNNOptions& options, const std::vector
                                     const PackingPlan& plan, const Tensor& h0, const Tensor& c0,
                                     bool training, bool save_for_backward,
                                     uint64_t dropout_seed = 0,
-                                    const RNNInt8Weights* int8 = nullptr);
+                                    const RNNModelPlan* model = nullptr);
 
 // Gradients of everything the forward read. Undefined upstream gradients count
 // as zeros. Cost is linear in the number of packed rows.
@@ -154,7 +168,11 @@ class RNNBase {
   const RNNOptions& options() const { return options_; }
 
   const std::vector<std::string>& parameter_names() const { return names_; }
-  std::vector<Tensor>& parameters() { return params_; }
+  // (Non-const access drops the module's plan: the caller may change them.)
+  std::vector<Tensor>& parameters() {
+    plan_.reset();
+    return params_;
+  }
   const std::vector<Tensor>& parameters() const { return params_; }
   std::vector<Tensor>& grads() { return grads_; }  // same order, accumulated by backward
   Tensor& parameter(const std::string& name);       // throws naming an unknown name
@@ -175,6 +193,13 @@ class RNNBase {
   void set_precision(Precision p);
   // Seed of the next dropout mask (advanced at each training forward).
   void set_dropout_seed(uint64_t seed) { dropout_seed_ = seed; }
+  // The module's plan (rnn_make_plan) serves its inference forwards (eval(),
+  // nothing saved for a backward): made at the first, kept until something
+  // may change the parameters: a forward that trains or saves for a backward
+  // (an optimizer step may follow), parameters(), parameter(), state_dict(),
+  // load_state_dict(), reset_parameters(), set_precision(). After changing
+  // parameters through tensors taken before, call replan().
+  void replan() { plan_.reset(); }
 
   // Packed input: output is a PackedSequence with the input's layout.
   RNNOutput forward(const PackedSequence& input, const Tensor& h0 = {}, const Tensor& c0 = {},
@@ -201,6 +226,7 @@ class RNNBase {
   std::vector<Tensor> grads_;
   bool training_ = true;
   uint64_t dropout_seed_ = 0;
+  mutable std::shared_ptr<const RNNModelPlan> plan_;  // see replan()
 };
 
 class RNN : public RNNBase {
@@ -234,11 +260,17 @@ class RNNCellBase {
   RNNCellBase(RNNMode mode, int64_t input_size, int64_t hidden_size, bool bias, DType dtype,
               uint64_t seed);
   const std::vector<std::string>& parameter_names() const { return names_; }
-  std::vector<Tensor>& parameters() { return params_; }
+  std::vector<Tensor>& parameters() {
+    plan_.reset();
+    return params_;
+  }
   std::vector<Tensor>& grads() { return grads_; }
   std::map<std::string, Tensor> state_dict() const;
   void load_state_dict(const std::map<std::string, Tensor>& state);
   void zero_grad();
+  // As RNNBase's: the plan of forwards without requires_grad (a decoding
+  // loop's steps), kept until something may change the parameters.
+  void replan() { plan_.reset(); }
 
   CellOutput forward(const Tensor& input, const Tensor& hx = {}, const Tensor& cx = {},
                      bool requires_grad = true);
@@ -250,6 +282,7 @@ class RNNCellBase {
   std::vector<std::string> names_;
   std::vector<Tensor> params_;
   std::vector<Tensor> grads_;
+  mutable std::shared_ptr<const RNNModelPlan> plan_;
 };
 
 class RNNCell : public RNNCellBase {

@@ -45,16 +45,18 @@ struct StreamState {
 
 class StreamingRNN {
  public:
-  // `weights` in rnn_parameter_names(options) order, shared (not copied): a
-  // later change to them is seen by the next push. Throws std::invalid_argument
-  // for a bidirectional model or weights of the wrong count, shape or dtype.
+  // `weights` in rnn_parameter_names(options) order, shared (not copied), and
+  // the model's plan made from them (rnn_make_plan: at int8 the matrices are
+  // quantized now; at fp32 and bf16 W_hh is laid out at the first push that
+  // needs it). Throws std::invalid_argument for a bidirectional model or
+  // weights of the wrong count, shape or dtype.
   StreamingRNN(RNNOptions options, std::vector<Tensor> weights);
   // Shares the module's parameters.
   explicit StreamingRNN(const RNNBase& module);
-  // At precision int8 the weight matrices are quantized at construction,
-  // once: a later change to them is seen after requantize(), not by the next
-  // push (the biases, which stay fp32, are read at each push).
-  void requantize();
+  // A new plan from the weights' current values: after changing them, the
+  // pushes see the change once this is called (the biases, and the input
+  // weights at fp32 and bf16, are read at each push).
+  void replan();
 
   const RNNOptions& options() const { return options_; }
 
@@ -92,7 +94,7 @@ class StreamingRNN {
 
   RNNOptions options_;
   std::vector<Tensor> weights_;
-  std::shared_ptr<const RNNInt8Weights> int8_;  // at precision int8
+  std::shared_ptr<const RNNModelPlan> plan_;
   std::unordered_map<int64_t, StreamState> states_;
   int64_t next_id_ = 0;
 };

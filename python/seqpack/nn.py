@@ -166,6 +166,14 @@ class RNNBase(_Parameters):
     def reset_parameters(self, seed=None):
         self._impl.reset_parameters(_seed(seed))
 
+    def replan(self):
+        """Forgets the model's plan: the weight matrices as the forwards without
+        requires_grad read them (quantized at 'int8', laid out at fp32), made at the
+        first such forward and kept until a training forward, a forward with
+        requires_grad or an access to the parameters. Call it after changing the
+        parameter arrays in place through references taken before."""
+        self._impl.replan()
+
     def _hx(self, hx):
         if hx is None:
             return None, None

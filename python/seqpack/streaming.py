@@ -65,11 +65,12 @@ class StreamingRNN:
         """Back to hx (zeros when None), as if the stream had just opened."""
         self._impl.reset(as_int(stream_id, "stream_id"), *self._state_arrays(hx, "hx"))
 
-    def requantize(self):
-        """At precision 'int8': quantize the module's weight matrices again (they
-        were quantized when the streams were made; the biases are read at each
-        push). Nothing to do at other precisions."""
-        self._impl.requantize()
+    def replan(self):
+        """Lays out the weight matrices again from their current values: the streams
+        read W_hh through the model's plan, made when they were made (quantized at
+        'int8', laid out at the first push at fp32), so a change to the arrays is seen
+        once this is called (the biases, and W_ih outside int8, are read at each push)."""
+        self._impl.replan()
 
     def close(self, stream_id):
         """Forgets the stream; its id is rejected from now on."""

@@ -7,12 +7,12 @@ torch.nn (or seqpack.torch) LSTM/GRU/RNN, with torch tensors in and out.
     (y,) = streams.push([a], [chunk])                     # chunk [len, 40] -> y [len, 256]
     h, c = streams.state(a)                               # [num_layers, 256] each
 
-The module's parameters are read at every push (views, no copy), so training
-or load_state_dict between pushes is seen by the next push. An int8 layer
-(seqpack.torch.quantize_dynamic's) streams at int8: its weight matrices are
-quantized when the streams are made and again at a push after an in-place
-change to them (torch's version counter; a change through `.data` is not
-seen). The recurrence
+The module's parameters are views (no copy), and their recurrent matrices are
+read through the model's plan (quantized for an int8 layer, seqpack.torch.
+quantize_dynamic's; laid out at fp32), made again at a push after an in-place
+change to them (torch's version counter: training, load_state_dict), so such a
+change is seen by the next push; a change through `.data` bumps no version and
+is not seen by the recurrent matrices. The recurrence
 runs in seqpack's C++ core (include/seqpack/streaming.h), one packed batch per
 push, without autograd: it is for inference. Chunks are [len, input_size]
 whatever the module's batch_first (a chunk is one stream's time steps).
@@ -82,10 +82,10 @@ class StreamingRNN:
             raise ValueError("StreamingRNN: the module's parameter tensors were replaced (for "
                              "example by .to() or .double()) after the streams were created; "
                              "create a new StreamingRNN")
-        elif self.precision == "int8":
+        else:
             versions = tuple(w._version for w in weights)
             if versions != self._versions:
-                self._impl.requantize()
+                self._impl.replan()
                 self._versions = versions
         return self._impl
 

@@ -118,6 +118,7 @@ void bind_rnn(py::module_& m) {
       .def("state_dict", &RNNBase::state_dict)
       .def("load_state_dict", &RNNBase::load_state_dict, py::arg("state"))
       .def("train", &RNNBase::train, py::arg("on"))
+      .def("replan", &RNNBase::replan)
       .def_property_readonly("training", &RNNBase::is_training)
       .def("set_dropout_seed", &RNNBase::set_dropout_seed, py::arg("seed"))
       .def(

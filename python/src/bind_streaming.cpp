@@ -24,7 +24,7 @@ void bind_streaming(py::module_& m) {
           py::arg("stream_ids"), py::arg("chunks"))
       .def("reset", &StreamingRNN::reset, py::arg("id"), py::arg("h0"), py::arg("c0"))
       .def("close", &StreamingRNN::close, py::arg("id"))
-      .def("requantize", &StreamingRNN::requantize)
+      .def("replan", &StreamingRNN::replan)
       .def(
           "state",
           [](const StreamingRNN& s, int64_t id) {

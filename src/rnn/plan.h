@@ -1,11 +1,10 @@
-// The per-model plan of the recurrent core (private, not in the public API
-// yet; issue 27, item 1): made once per (options, weights, threads,
-// precision), it holds what the engine lays out from the weights before the
-// time loop runs, as oneDNN's RNN weight reorders or cuDNN's weight space do:
-// each layer and direction's step operands (W_hhᵀ, and W_hrᵀ with a
-// projection) for the column ranges its threads will ask for. rnn_forward
-// makes one per call for now; the modules, the classifier, StreamingRNN and
-// the torch operators are to cache it, and the backward to take it.
+// The step operands of one thread split: made once per (options, weights,
+// threads, precision), it holds what the engine lays out from the weights
+// before the time loop runs, as oneDNN's RNN weight reorders or cuDNN's
+// weight space do: each layer and direction's step operands (W_hhᵀ, and W_hrᵀ
+// with a projection) for the column ranges its threads will ask for. The
+// public model plan (seqpack::RNNModelPlan, rnn_core.cpp) keeps one per split
+// it meets; a forward without one makes one for itself.
 #pragma once
 
 #include <omp.h>

@@ -315,13 +315,18 @@ Tensor CharClassifier::forward(const Tensor& tokens, const std::vector<int64_t>&
   // The embedding is fused into the LSTM: its input projection runs over the
   // V embedding rows instead of every token (rnn_forward_lookup), which is the
   // same model as Embedding then LSTM.
-  if (options_.precision == Precision::int8 && !int8_) {
-    int8_ = rnn_quantize_int8(lstm_.options(), lstm_.parameters());
+  // (lstm_'s const parameters: its non-const access would drop its own plan)
+  const std::vector<Tensor>& weights = std::as_const(lstm_).parameters();
+  if (requires_grad) {
+    plan_.reset();  // a training step may change the weights after this forward
+  } else if (!plan_) {
+    plan_ = rnn_make_plan(lstm_.options(), weights);
   }
   RNNForwardResult r =
-      rnn_forward_lookup(lstm_.options(), lstm_.parameters(), embedding_.weight(), ids, plan,
+      rnn_forward_lookup(lstm_.options(), weights, embedding_.weight(), ids, plan,
                          Tensor(), Tensor(), /*training=*/requires_grad,
-                         /*save_for_backward=*/requires_grad, 0, int8_.get());
+                         /*save_for_backward=*/requires_grad, 0,
+                         requires_grad ? nullptr : plan_.get());
   saved_ = requires_grad ? r.saved : nullptr;
   batch_ = B;
   // h_n is [2, B, H] in the caller's order: features = [h_n[0, b] ; h_n[1, b]].
@@ -399,11 +404,11 @@ void CharClassifier::backward(const Tensor& grad_logits) {
 void CharClassifier::set_precision(Precision p) {
   lstm_.set_precision(p);
   options_.precision = p;
-  int8_.reset();
+  plan_.reset();
 }
 
 std::vector<Parameter> CharClassifier::parameters() {
-  int8_.reset();  // the caller may change the weights
+  plan_.reset();  // the caller may change the weights
   std::vector<Parameter> ps = embedding_.parameters("embedding.");
   for (std::size_t i = 0; i < lstm_.parameters().size(); ++i) {
     ps.push_back({"lstm." + lstm_.parameter_names()[i], lstm_.parameters()[i], lstm_.grads()[i]});

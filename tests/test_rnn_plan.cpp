@@ -1,0 +1,215 @@
+// The model plan (rnn_make_plan, include/seqpack/rnn.h): a forward given one
+// computes what a forward without one does (the plan only keeps what the
+// forward would lay out for itself, so the bits are the same), it keeps one
+// layout per thread split it meets, it states what its precision can do, and
+// it refuses a forward of other options or other tensors, naming what
+// differs. The modules, the cells and StreamingRNN keep a plan for their
+// inference forwards and drop it wherever the weights may change. At fp32, so
+// on every CPU; int8's plan is tested in test_rnn_int8.cpp, bf16's through
+// the modules in test_rnn_bf16.cpp's CPUs.
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "seqpack/packed_sequence.h"
+#include "seqpack/rnn.h"
+#include "seqpack/streaming.h"
+#include "seqpack/threading.h"
+#include "test_util.h"
+
+namespace seqpack {
+namespace {
+
+using testing::random_tensor;
+
+bool same_bits(const Tensor& a, const Tensor& b) {
+  if (a.defined() != b.defined()) return false;
+  if (!a.defined()) return true;
+  return a.shape() == b.shape() &&
+         std::memcmp(a.raw_data(), b.raw_data(),
+                     static_cast<std::size_t>(a.numel()) * dtype_size(a.dtype())) == 0;
+}
+
+struct Model {
+  RNNOptions o;
+  std::vector<Tensor> weights;
+  PackingPlan plan;
+  Tensor x, h0, c0;
+};
+
+Model model(RNNMode mode, bool bi, int64_t proj, DType dtype, uint64_t seed) {
+  Model m;
+  m.o = RNNOptions{.mode = mode, .input_size = 7, .hidden_size = 40, .num_layers = 2,
+                   .bidirectional = bi, .proj_size = proj, .dtype = dtype};
+  std::mt19937_64 gen(seed);
+  for (const Shape& s : rnn_parameter_shapes(m.o))
+    m.weights.push_back(random_tensor(s, 0.3, gen).to(dtype));
+  m.plan = PackingPlan::from_lengths({6, 0, 9, 3, 9}, /*enforce_sorted=*/false);
+  m.x = random_tensor({m.plan.total_rows(), m.o.input_size}, 1.0, gen).to(dtype);
+  const int64_t LD = m.o.num_layers * m.o.num_directions();
+  m.h0 = random_tensor({LD, m.plan.batch(), m.o.real_hidden_size()}, 0.5, gen).to(dtype);
+  if (mode == RNNMode::lstm)
+    m.c0 = random_tensor({LD, m.plan.batch(), m.o.hidden_size}, 0.5, gen).to(dtype);
+  return m;
+}
+
+// With a plan, at 1 to 3 threads (each thread count its own split, each kept
+// by the plan), and saving for a backward: the same bits as without one,
+// gradients included.
+TEST(RNNPlan, AForwardWithAPlanIsAForwardWithoutOne) {
+  const int before = num_threads();
+  for (const RNNMode mode : {RNNMode::lstm, RNNMode::gru, RNNMode::rnn_tanh}) {
+    for (const DType dtype : {DType::f32, DType::f64}) {
+      const int64_t proj = mode == RNNMode::lstm ? 24 : 0;
+      SCOPED_TRACE(std::string(rnn_mode_name(mode)) + " " + dtype_name(dtype));
+      const Model m = model(mode, /*bi=*/true, proj, dtype, 3);
+      const auto plan = rnn_make_plan(m.o, m.weights);
+      EXPECT_EQ(rnn_plan_info(*plan).splits_laid_out, 0);
+      for (int threads : {1, 2, 3, 1}) {
+        set_num_threads(threads);
+        for (const bool save : {false, true}) {
+          const auto a = rnn_forward(m.o, m.weights, m.x, m.plan, m.h0, m.c0, false, save);
+          const auto b =
+              rnn_forward(m.o, m.weights, m.x, m.plan, m.h0, m.c0, false, save, 0, plan.get());
+          EXPECT_TRUE(same_bits(a.output, b.output)) << threads << " threads";
+          EXPECT_TRUE(same_bits(a.h_n, b.h_n)) << threads << " threads";
+          EXPECT_TRUE(same_bits(a.c_n, b.c_n)) << threads << " threads";
+          if (!save) continue;
+          const Tensor gy = Tensor::full(a.output.shape(), 0.5, dtype);
+          const auto ga = rnn_backward(*a.saved, gy, Tensor(), Tensor());
+          const auto gb = rnn_backward(*b.saved, gy, Tensor(), Tensor());
+          for (std::size_t i = 0; i < ga.weights.size(); ++i)
+            EXPECT_TRUE(same_bits(ga.weights[i], gb.weights[i])) << "weight gradient " << i;
+          EXPECT_TRUE(same_bits(ga.input, gb.input));
+        }
+      }
+      // One split a thread count here (the layers are small: one thread a
+      // direction past 2 threads).
+      EXPECT_GE(rnn_plan_info(*plan).splits_laid_out, 1);
+    }
+  }
+  set_num_threads(before);
+}
+
+TEST(RNNPlan, InfoSaysWhatThePrecisionCanDo) {
+  const Model m = model(RNNMode::lstm, false, 0, DType::f32, 4);
+  const RNNPlanInfo info = rnn_plan_info(*rnn_make_plan(m.o, m.weights));
+  EXPECT_EQ(info.precision, Precision::fp32);
+  EXPECT_TRUE(info.backward);
+  EXPECT_FALSE(info.quantized);
+}
+
+// A plan given to a forward of other options or other tensors is refused,
+// naming what differs; a plan of wrong weights is refused when made.
+TEST(RNNPlan, RefusesOtherOptionsAndOtherTensors) {
+  const Model m = model(RNNMode::lstm, true, 0, DType::f32, 5);
+  const auto plan = rnn_make_plan(m.o, m.weights);
+  auto refused = [&](const RNNOptions& o, const std::vector<Tensor>& w, const Tensor& x,
+                     const std::string& needle) {
+    try {
+      rnn_forward(o, w, x, m.plan, {}, {}, false, false, 0, plan.get());
+      ADD_FAILURE() << "accepted; expected: " << needle;
+    } catch (const std::invalid_argument& e) {
+      EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
+    }
+  };
+  std::vector<Tensor> copies;
+  for (const Tensor& w : m.weights) copies.push_back(w.clone());
+  refused(m.o, copies, m.x, "made from another weight_ih_l0");
+  RNNOptions gru = m.o;
+  gru.mode = RNNMode::gru;
+  std::vector<Tensor> gw;
+  std::mt19937_64 gen(6);
+  for (const Shape& s : rnn_parameter_shapes(gru)) gw.push_back(random_tensor(s, 0.3, gen));
+  refused(gru, gw, m.x, "made for mode lstm, this forward has gru");
+  RNNOptions wide = m.o;
+  wide.hidden_size = 41;
+  std::vector<Tensor> ww;
+  for (const Shape& s : rnn_parameter_shapes(wide)) ww.push_back(random_tensor(s, 0.3, gen));
+  refused(wide, ww, m.x, "made for hidden_size 40, this forward has 41");
+  std::vector<Tensor> wrong = m.weights;
+  wrong.pop_back();
+  EXPECT_THROW(rnn_make_plan(m.o, wrong), std::invalid_argument);
+}
+
+// A module's inference forwards use its plan; a change through parameters()
+// (the plan dropped) is seen by the next one, as after load_state_dict and
+// replan(); a training forward drops it too.
+TEST(RNNPlan, ModulesDropTheirPlanWhereTheWeightsMayChange) {
+  LSTM lstm({.input_size = 5, .hidden_size = 16, .num_layers = 2}, 11);
+  lstm.eval();
+  std::mt19937_64 gen(12);
+  const Tensor x = random_tensor({4, 3, 5}, 1.0, gen);
+  auto functional = [&] {
+    const PackingPlan p = PackingPlan::from_lengths({4, 4, 4}, true);
+    return rnn_forward(lstm.options(), std::as_const(lstm).parameters(), p.pack(x), p, {}, {},
+                       false, false)
+        .h_n;
+  };
+  const RNNOutput y1 = lstm.forward(x, {}, {}, /*requires_grad=*/false);
+  EXPECT_TRUE(same_bits(y1.h_n, functional()));
+  // Through parameters(): the next forward sees it.
+  Tensor& whh = lstm.parameters()[1];
+  for (int64_t i = 0; i < whh.numel(); ++i) whh.data<float>()[i] *= -1.f;
+  const RNNOutput y2 = lstm.forward(x, {}, {}, false);
+  EXPECT_FALSE(same_bits(y2.h_n, y1.h_n));
+  EXPECT_TRUE(same_bits(y2.h_n, functional()));
+  // Through a tensor taken before the plan was made: seen after replan().
+  Tensor held = lstm.parameter("weight_hh_l1");
+  (void)lstm.forward(x, {}, {}, false);  // the plan, made from the current values
+  for (int64_t i = 0; i < held.numel(); ++i) held.data<float>()[i] *= 0.5f;
+  lstm.replan();
+  EXPECT_TRUE(same_bits(lstm.forward(x, {}, {}, false).h_n, functional()));
+  // load_state_dict.
+  LSTM other({.input_size = 5, .hidden_size = 16, .num_layers = 2}, 13);
+  lstm.load_state_dict(other.state_dict());
+  EXPECT_TRUE(same_bits(lstm.forward(x, {}, {}, false).h_n, functional()));
+  // A forward that saves for a backward drops it (an optimizer step may follow).
+  (void)lstm.forward(x, {}, {}, /*requires_grad=*/true);
+  for (int64_t i = 0; i < held.numel(); ++i) held.data<float>()[i] *= 0.5f;
+  EXPECT_TRUE(same_bits(lstm.forward(x, {}, {}, false).h_n, functional()));
+}
+
+// A cell's steps without requires_grad (a decoding loop) through its plan:
+// the values of the cell's own forward, and a change seen after replan().
+TEST(RNNPlan, CellsKeepAPlanForTheirInferenceSteps) {
+  GRUCell cell(6, 12, true, DType::f32, 21);
+  std::mt19937_64 gen(22);
+  const Tensor x = random_tensor({3, 6}, 1.0, gen), h = random_tensor({3, 12}, 0.5, gen);
+  const CellOutput a = cell.forward(x, h, {}, /*requires_grad=*/true);
+  const CellOutput b = cell.forward(x, h, {}, false);
+  const CellOutput c = cell.forward(x, h, {}, false);
+  EXPECT_TRUE(same_bits(a.h, b.h));
+  EXPECT_TRUE(same_bits(b.h, c.h));
+  Tensor& w = cell.parameters()[1];
+  for (int64_t i = 0; i < w.numel(); ++i) w.data<float>()[i] *= -1.f;
+  const CellOutput d = cell.forward(x, h, {}, false);
+  EXPECT_FALSE(same_bits(d.h, c.h));
+  EXPECT_TRUE(same_bits(d.h, cell.forward(x, h, {}, true).h));
+}
+
+// StreamingRNN at fp32: pushes read W_hh through the plan made at
+// construction; a change to it is seen after replan().
+TEST(RNNPlan, StreamingSeesAChangeAfterReplan) {
+  RNNOptions o{.mode = RNNMode::lstm, .input_size = 4, .hidden_size = 10, .num_layers = 2};
+  std::mt19937_64 gen(31);
+  std::vector<Tensor> weights;
+  for (const Shape& s : rnn_parameter_shapes(o)) weights.push_back(random_tensor(s, 0.3, gen));
+  const Tensor x = random_tensor({6, 4}, 1.0, gen);
+  const PackingPlan p = PackingPlan::from_lengths({6}, true);
+  StreamingRNN streams(o, weights);
+  const Tensor first = streams.push({streams.open()}, {x})[0].clone();
+  EXPECT_TRUE(same_bits(first, rnn_forward(o, weights, x, p, {}, {}, false, false).output));
+  for (Tensor& w : weights)
+    if (w.dim() == 2)
+      for (int64_t i = 0; i < w.numel(); ++i) w.data<float>()[i] *= 0.5f;
+  streams.replan();
+  const Tensor after = streams.push({streams.open()}, {x})[0].clone();
+  EXPECT_TRUE(same_bits(after, rnn_forward(o, weights, x, p, {}, {}, false, false).output));
+}
+
+}  // namespace
+}  // namespace seqpack
