@@ -295,7 +295,7 @@ elif [ -n "$SEQPACK_CPU" ] && "$SEQPACK_CPU" info >/dev/null 2>&1; then
           echo "--- gtest $p, settings $envs"
           settings=()
           [ "$envs" != - ] && IFS=, read -r -a settings <<<"$envs"
-          env "${settings[@]}" SEQPACK_TEST_BF16_THREADS=1 timeout 60 "$t" --gtest_brief=1 \
+          env "${settings[@]}" timeout 60 "$t" --gtest_brief=1 \
             --gtest_filter="$filter" >"$TMP/gtest.out" 2>&1
           echo "exit $?"
           # each failure with its message (the values and where), the summary

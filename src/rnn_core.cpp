@@ -151,17 +151,21 @@ struct RNNModelPlan {
   std::vector<const void*> sources;  // their data, rnn_parameter_names order
   std::vector<cpu::PreparedInt8> int8;
   mutable std::mutex mutex;
-  mutable std::map<int, std::shared_ptr<const rnn::RNNPlan<float>>> f32;
-  mutable std::map<int, std::shared_ptr<const rnn::RNNPlan<double>>> f64;
+  // Keyed by the split: threads a direction, and rows or columns.
+  using Split = std::pair<int, bool>;
+  mutable std::map<Split, std::shared_ptr<const rnn::RNNPlan<float>>> f32;
+  mutable std::map<Split, std::shared_ptr<const rnn::RNNPlan<double>>> f64;
 
   // The step operands for `nt` threads a direction, made on first use (under
   // the int8 scope of the calling forward: the engine finds its matrices).
   template <typename T>
   std::shared_ptr<const rnn::RNNPlan<T>> steps(const cpu::GemmEngine<T>& eng, int nt) const {
     auto& known = layouts<T>();
+    const Split key{nt, rnn::rows_split(eng, options)};
     const std::lock_guard<std::mutex> lock(mutex);
-    auto it = known.find(nt);
-    if (it == known.end()) it = known.emplace(nt, rnn::make_plan<T>(options, weights, eng, nt)).first;
+    auto it = known.find(key);
+    if (it == known.end())
+      it = known.emplace(key, rnn::make_plan<T>(options, weights, eng, nt)).first;
     return it->second;
   }
   template <typename T>
