@@ -392,7 +392,7 @@ BENCHMARK(BM_engine_step)
     ->Unit(benchmark::kMicrosecond);
 
 // The int8 engine's product (src/cpu/gemm_int8.h) at the workloads' shapes:
-// W [n, k] quantized once (quantize_weights_s8, as rnn_quantize_int8 does per
+// W [n, k] quantized once (quantize_weights_s8, as the model plan does per
 // model), then per call the rows quantized (quantize_rows_u8, quant:1, as the
 // engine does for every product) or not (quant:0: the kernel alone on rows
 // quantized once), and gemm_u8s8_f32 over all n columns. Counter OPS: 2·m·n·k
@@ -521,7 +521,7 @@ void run_kind(benchmark::State& state, const WorkloadShape& w, const std::string
 // divides seqpack's achieved GEMM rate by it. int8 (forward_packed only) runs
 // seqpack's own int8 engine instead (no oneDNN engine has its per-row
 // scales): rows quantized per product, weights quantized once outside the
-// timing (as rnn_quantize_int8 does per model). Counters: FLOPS (rate) and
+// timing (as the model's plan, rnn_make_plan, does per model). Counters: FLOPS (rate) and
 // gemm_flop (FLOPs per batch).
 void run_workload_gemms(benchmark::State& state, const WorkloadShape& w, bool train,
                         seqpack::Precision precision) {
@@ -541,21 +541,10 @@ void run_workload_gemms(benchmark::State& state, const WorkloadShape& w, bool tr
   auto buf = [&](int64_t n) { return random_floats(n, rng); };
   std::vector<float> x = buf(N * widest), g = buf(N * G), wih = buf(G * widest), whh = buf(G * H),
                      hp = buf(N * H), dw = buf(G * widest), dx = buf(N * widest);
-  // int8: W_ih of each layer's input width quantized once; the engine finds
-  // them by pointer and shape while the scope is alive.
-  std::vector<seqpack::cpu::PreparedInt8> prepared;
-  if (int8) {
-    for (int64_t in : {w.input, w.dirs * H}) {
-      auto& p = prepared.emplace_back();
-      p.source = wih.data();
-      p.trans = true;
-      p.k = in;
-      p.n = G;
-      p.ld = in;
-      seqpack::cpu::quantize_weights_s8(wih.data(), true, in, G, in, p.w);
-    }
-  }
-  const seqpack::cpu::PreparedInt8Scope scope(int8 ? &prepared : nullptr);
+  // W_ih of each layer's input width laid out once (int8: quantized), as the
+  // model's plan does; null for the engines that read weights as they are.
+  const auto wih0 = eng.lay_out_weights(wih.data(), /*trans_b=*/true, w.input, G, w.input);
+  const auto wih1 = eng.lay_out_weights(wih.data(), /*trans_b=*/true, w.dirs * H, G, w.dirs * H);
   const auto fwd_op = eng.prepare(whh.data(), /*trans_b=*/true, H, G, H, {{0, G}});
   const auto bwd_op =
       train ? eng.prepare(whh.data(), /*trans_b=*/false, G, H, H, {{0, H}}) : nullptr;
@@ -574,7 +563,10 @@ void run_workload_gemms(benchmark::State& state, const WorkloadShape& w, bool tr
                   .n = G,
                   .k = in,
                   .a = {.data = x.data(), .ld = in},
-                  .b = {.data = wih.data(), .ld = in, .trans = true},
+                  .b = {.data = wih.data(),
+                        .ld = in,
+                        .trans = true,
+                        .laid_out = l == 0 ? wih0.get() : wih1.get()},
                   .c = g.data(),
                   .ldc = G});
         flops += 2.0 * N * G * in;

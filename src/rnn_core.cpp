@@ -142,22 +142,23 @@ Tensor dropped_input(const RNNOptions& o, const Tensor& in, int64_t l, bool trai
 
 }  // namespace
 
-// The public plan (include/seqpack/rnn.h): the int8 matrices quantized when
-// it is made, and the step operands of each thread split (rnn::RNNPlan, per
-// element type) laid out at the first forward that asks for them.
+// The public plan (include/seqpack/rnn.h): the weight matrices in the form
+// the engine reads them, made with the plan (int8's quantized ones; none for
+// the other engines), and the step operands of each thread split
+// (rnn::RNNPlan, per element type) laid out at the first forward that asks
+// for them, from those.
 struct RNNModelPlan {
   RNNOptions options;
   std::vector<Tensor> weights;       // shared, read where a layout is first made
   std::vector<const void*> sources;  // their data, rnn_parameter_names order
-  std::vector<cpu::PreparedInt8> int8;
+  rnn::WeightLayouts weight_layouts;  // float's engine (dtype f32)
   mutable std::mutex mutex;
   // Keyed by the split: threads a direction, and rows or columns.
   using Split = std::pair<int, bool>;
   mutable std::map<Split, std::shared_ptr<const rnn::RNNPlan<float>>> f32;
   mutable std::map<Split, std::shared_ptr<const rnn::RNNPlan<double>>> f64;
 
-  // The step operands for `nt` threads a direction, made on first use (under
-  // the int8 scope of the calling forward: the engine finds its matrices).
+  // The step operands for `nt` threads a direction, made on first use.
   template <typename T>
   std::shared_ptr<const rnn::RNNPlan<T>> steps(const cpu::GemmEngine<T>& eng, int nt) const {
     auto& known = layouts<T>();
@@ -165,7 +166,7 @@ struct RNNModelPlan {
     const std::lock_guard<std::mutex> lock(mutex);
     auto it = known.find(key);
     if (it == known.end())
-      it = known.emplace(key, rnn::make_plan<T>(options, weights, eng, nt)).first;
+      it = known.emplace(key, rnn::make_plan<T>(options, weights, eng, nt, &weight_layouts)).first;
     return it->second;
   }
   template <typename T>
@@ -340,32 +341,6 @@ void check_initial_state(const RNNOptions& options, const PackingPlan& plan, con
 
 namespace {
 
-// Each matrix of the forward's products, as the loop hands it to the engine:
-// W_ih [G, in] and W_hh [G, R] as op(B) = Wᵀ, W_hr [R, H] likewise.
-std::vector<cpu::PreparedInt8> int8_operands(const RNNOptions& o, const std::vector<Tensor>& w) {
-  std::vector<cpu::PreparedInt8> out;
-  const int64_t G = o.gate_count() * o.hidden_size, R = o.real_hidden_size(), H = o.hidden_size;
-  for (int64_t l = 0; l < o.num_layers; ++l) {
-    const int64_t in = l == 0 ? o.input_size : o.output_size();
-    for (int64_t d = 0; d < o.num_directions(); ++d) {
-      const DirWeights<float> dw = dir_weights<float>(o, w, l, d);
-      const std::vector<std::tuple<const float*, int64_t, int64_t>> mats{
-          {dw.w_ih, in, G}, {dw.w_hh, R, G}, {dw.w_hr, H, R}};
-      for (const auto& [m, k, n] : mats) {
-        if (!m) continue;
-        cpu::PreparedInt8& p = out.emplace_back();
-        p.source = m;
-        p.trans = true;
-        p.k = k;
-        p.n = n;
-        p.ld = k;
-        cpu::quantize_weights_s8(m, /*trans_b=*/true, k, n, k, p.w);
-      }
-    }
-  }
-  return out;
-}
-
 // A plan given to a forward: made for these options (precision and dtype
 // included) from these tensors.
 void check_model_plan(const RNNOptions& o, const std::vector<Tensor>& weights,
@@ -415,7 +390,6 @@ RNNForwardResult dispatch_forward(const RNNOptions& options, const std::vector<T
                   : "saving for a backward (int8 has no gradient; use fp32 or bf16)"));
   }
   check_model_plan(options, weights, model);
-  const cpu::PreparedInt8Scope scope(model && !model->int8.empty() ? &model->int8 : nullptr);
   return with_cell(options.mode, [&]<typename Cell>(Cell) {
     if (options.dtype == DType::f32) {
       return forward_impl<float, Cell>(options, weights, data, lookup, plan, h0, c0, training,
@@ -499,7 +473,8 @@ std::shared_ptr<const RNNModelPlan> rnn_make_plan(const RNNOptions& options,
   plan->options = options;
   plan->weights = weights;
   for (const Tensor& w : weights) plan->sources.push_back(w.raw_data());
-  if (options.precision == Precision::int8) plan->int8 = int8_operands(options, weights);
+  if (options.dtype == DType::f32)
+    plan->weight_layouts = rnn::lay_out_weights<float>(options, weights, engine_for<float>(options));
   return plan;
 }
 
@@ -507,7 +482,7 @@ RNNPlanInfo rnn_plan_info(const RNNModelPlan& plan) {
   RNNPlanInfo info;
   info.precision = plan.options.precision;
   info.backward = plan.options.precision != Precision::int8;
-  info.quantized = !plan.int8.empty();
+  info.quantized = !plan.weight_layouts.dirs.empty();
   const std::lock_guard<std::mutex> lock(plan.mutex);
   info.splits_laid_out = static_cast<int>(plan.f32.size() + plan.f64.size());
   return info;

@@ -31,7 +31,8 @@ class BlasEngine : public GemmEngine<T> {
 
   std::unique_ptr<StepOperand> prepare(const T* b, bool trans_b, int64_t k, int64_t n,
                                        int64_t ldb,
-                                       const std::vector<ColumnRange>& ranges) const override {
+                                       const std::vector<ColumnRange>& ranges,
+                                       const WeightLayout*) const override {
     auto op = std::make_unique<BlasOperand<T>>();
     op->k = k;
     op->n = n;
@@ -67,7 +68,8 @@ class F32Engine : public BlasEngine<float> {
 
   std::unique_ptr<StepOperand> prepare(const float* b, bool trans_b, int64_t k, int64_t n,
                                        int64_t ldb,
-                                       const std::vector<ColumnRange>& ranges) const override {
+                                       const std::vector<ColumnRange>& ranges,
+                                       const WeightLayout*) const override {
     auto op = std::make_unique<PackedOperand>();
     op->k = k;
     op->n = n;

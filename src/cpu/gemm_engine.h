@@ -23,7 +23,7 @@
 //              primitives cached per shape and thread, step weights reordered
 //              once per call into the layout the primitive asks for;
 //   int8       inference: u8 rows (quantized per row) times s8 weights
-//              (per column), int32 accumulation on AVX512-VNNI, fp32 results
+//              (per column), int32 accumulation on AVX512-VNNI or AMX-INT8, fp32 results
 //              (cpu/gemm_int8.h); forward products only.
 #pragma once
 
@@ -41,6 +41,15 @@ namespace seqpack::cpu {
 struct StepOperand {
   virtual ~StepOperand() = default;
   int64_t k = 0, n = 0;
+};
+
+// A weight matrix laid out once per model by an engine that reads its
+// weights in another form (int8: quantized), for every product that
+// multiplies by it: whole-batch ones (GemmOperand::laid_out) and the steps'
+// (prepare()'s `laid_out`). Engines that read weights as they are have none
+// (opaque).
+struct WeightLayout {
+  virtual ~WeightLayout() = default;
 };
 
 using ColumnRange = std::pair<int64_t, int64_t>;  // [first, last) columns
@@ -66,6 +75,9 @@ struct GemmOperand {
   bool trans = false;
   const RowStore* kept = nullptr;
   int64_t kept_row = 0;
+  // B only: op(B) as the engine's lay_out_weights() laid it out (the same
+  // shape; data, ld and trans describe the matrix it was made from).
+  const WeightLayout* laid_out = nullptr;
 };
 
 // A whole-batch product: C[m, n] = op(A)[m, k]·op(B)[k, n] + beta·C, or,
@@ -122,10 +134,18 @@ class GemmEngine {
   // instantiated per form. Empty where the engine converts the rows itself.
   virtual RowSink sink(RowStore& store) const { return {}; }
 
-  // Lays out B = op(b) [k, n] for step() on each of `ranges` (columns of B).
+  // B = op(b) [k, n] in the form the engine's products read, once per model
+  // (the model's plan), or null where it reads weights as they are.
+  virtual std::unique_ptr<WeightLayout> lay_out_weights(const T* b, bool trans_b, int64_t k,
+                                                        int64_t n, int64_t ldb) const {
+    return nullptr;
+  }
+
+  // Lays out B = op(b) [k, n] for step() on each of `ranges` (columns of B);
+  // from `laid_out` (lay_out_weights' of the same matrix) where given.
   virtual std::unique_ptr<StepOperand> prepare(const T* b, bool trans_b, int64_t k, int64_t n,
-                                               int64_t ldb,
-                                               const std::vector<ColumnRange>& ranges) const = 0;
+                                               int64_t ldb, const std::vector<ColumnRange>& ranges,
+                                               const WeightLayout* laid_out = nullptr) const = 0;
 
   // C[:m, r) = A[:m, :k]·B[:, r) + beta·C[:m, r) for the range r = ranges[range]
   // given to prepare(); c points at column 0 of C. With `init` (m row

@@ -7,10 +7,10 @@
 // its rows: k values a row against k * n / threads multiply-adds, a fraction
 // of a percent.
 //
-// Weights come quantized from the caller (seqpack::rnn_quantize_int8, once
-// per model: a PreparedInt8Scope around the call), or are quantized where
-// the loop lays them out (prepare, once per call, layer and direction) and
-// per whole-batch product.
+// Weights come quantized from the model's plan (lay_out_weights, once per
+// model: rnn_make_plan), handed to each product (GemmOperand::laid_out,
+// prepare()'s laid_out), or are quantized per product (prepare: once per
+// call, layer and direction; gemm: per call) without one.
 #include <omp.h>
 
 #include <algorithm>
@@ -25,9 +25,14 @@ namespace seqpack::cpu {
 
 namespace {
 
+// Weights quantized by lay_out_weights (the model's plan).
+struct Int8Weights : WeightLayout {
+  QuantizedWeights w;
+};
+
 struct Int8Operand : StepOperand {
-  QuantizedWeights own;                   // when not prepared
-  const QuantizedWeights* w = nullptr;  // own or the prepared ones
+  QuantizedWeights own;                 // when not laid out before
+  const QuantizedWeights* w = nullptr;  // own or the laid-out ones
   std::vector<ColumnRange> ranges;
 };
 
@@ -40,11 +45,6 @@ QuantizedRows& thread_rows() {
 // and amortise a column block's trip through L1.
 constexpr int64_t kRowsPerTask = 48;
 
-const std::vector<PreparedInt8>*& prepared_in_scope() {
-  thread_local const std::vector<PreparedInt8>* prepared = nullptr;
-  return prepared;
-}
-
 class Int8Engine : public GemmEngine<float> {
  public:
   void gemm(const GemmProduct<float>& p) const override {
@@ -52,10 +52,10 @@ class Int8Engine : public GemmEngine<float> {
       throw std::logic_error("the int8 engine runs forward products only, not op(A)ᵀ·op(B)");
     }
     if (p.m == 0 || p.n == 0) return;
-    const QuantizedWeights* prepared = find_prepared_int8(p.b.data, p.b.trans, p.k, p.n, p.b.ld);
+    const auto* laid_out = static_cast<const Int8Weights*>(p.b.laid_out);
     QuantizedWeights own;
-    if (!prepared) quantize_weights_s8(p.b.data, p.b.trans, p.k, p.n, p.b.ld, own);
-    const QuantizedWeights& w = prepared ? *prepared : own;
+    if (!laid_out) quantize_weights_s8(p.b.data, p.b.trans, p.k, p.n, p.b.ld, own);
+    const QuantizedWeights& w = laid_out ? laid_out->w : own;
     const int64_t tasks = (p.m + kRowsPerTask - 1) / kRowsPerTask;
     const bool parallel = !omp_in_parallel() && tasks > 1;
 #pragma omp parallel for schedule(static) if (parallel)
@@ -67,15 +67,23 @@ class Int8Engine : public GemmEngine<float> {
     }
   }
 
+  std::unique_ptr<WeightLayout> lay_out_weights(const float* b, bool trans_b, int64_t k,
+                                                int64_t n, int64_t ldb) const override {
+    auto q = std::make_unique<Int8Weights>();
+    quantize_weights_s8(b, trans_b, k, n, ldb, q->w);
+    return q;
+  }
+
   std::unique_ptr<StepOperand> prepare(const float* b, bool trans_b, int64_t k, int64_t n,
-                                       int64_t ldb,
-                                       const std::vector<ColumnRange>& ranges) const override {
+                                       int64_t ldb, const std::vector<ColumnRange>& ranges,
+                                       const WeightLayout* laid_out) const override {
     auto op = std::make_unique<Int8Operand>();
     op->k = k;
     op->n = n;
     op->ranges = ranges;
-    op->w = find_prepared_int8(b, trans_b, k, n, ldb);
-    if (!op->w) {
+    if (laid_out) {
+      op->w = &static_cast<const Int8Weights*>(laid_out)->w;
+    } else {
       quantize_weights_s8(b, trans_b, k, n, ldb, op->own);
       op->w = &op->own;
     }
@@ -119,24 +127,6 @@ class Int8Engine : public GemmEngine<float> {
 };
 
 }  // namespace
-
-PreparedInt8Scope::PreparedInt8Scope(const std::vector<PreparedInt8>* prepared)
-    : saved_(prepared_in_scope()) {
-  prepared_in_scope() = prepared;
-}
-PreparedInt8Scope::~PreparedInt8Scope() { prepared_in_scope() = saved_; }
-
-const std::vector<PreparedInt8>* prepared_int8_in_scope() { return prepared_in_scope(); }
-
-const QuantizedWeights* find_prepared_int8(const float* b, bool trans, int64_t k, int64_t n,
-                                           int64_t ld) {
-  const std::vector<PreparedInt8>* prepared = prepared_in_scope();
-  if (!prepared) return nullptr;
-  for (const PreparedInt8& p : *prepared) {
-    if (p.source == b && p.trans == trans && p.k == k && p.n == n && p.ld == ld) return &p.w;
-  }
-  return nullptr;
-}
 
 const GemmEngine<float>& int8_engine() {
   static const Int8Engine engine;

@@ -122,34 +122,6 @@ void quantize_weights_s8(const float* b, bool trans_b, int64_t k, int64_t n, int
 // check that weights quantized once are not quantized again).
 int64_t int8_weight_quantizations();
 
-// Weights quantized ahead of the products that read them (an RNN's, once per
-// model: seqpack::rnn_quantize_int8). While a PreparedInt8Scope is alive on a
-// thread, the int8 engine's products on that thread whose B is one of these
-// (the same source pointer, shape, stride and transposition) use them instead
-// of quantizing B again.
-struct PreparedInt8 {
-  const float* source = nullptr;
-  bool trans = false;
-  int64_t k = 0, n = 0, ld = 0;
-  QuantizedWeights w;
-};
-class PreparedInt8Scope {
- public:
-  explicit PreparedInt8Scope(const std::vector<PreparedInt8>* prepared);
-  ~PreparedInt8Scope();
-  PreparedInt8Scope(const PreparedInt8Scope&) = delete;
-  PreparedInt8Scope& operator=(const PreparedInt8Scope&) = delete;
-
- private:
-  const std::vector<PreparedInt8>* saved_;
-};
-// The prepared weights of this thread's scope (null: none), for a scope on
-// the threads it starts.
-const std::vector<PreparedInt8>* prepared_int8_in_scope();
-// The prepared weights for op(b) [k, n] in the current scope, or null.
-const QuantizedWeights* find_prepared_int8(const float* b, bool trans, int64_t k, int64_t n,
-                                           int64_t ld);
-
 // C[i, j] (j in [col0, col1), c at column 0, row stride ldc) for rows
 // i < m of a (rows from row a_row0 of a) =
 //   init ? init[i][j] + P : c_row ? c_row[j] + P : beta == 0 ? P : P + beta * C[i, j],

@@ -547,7 +547,8 @@ class OnednnEngine : public GemmEngine<float> {
 
   std::unique_ptr<StepOperand> prepare(const float* b, bool trans_b, int64_t k, int64_t n,
                                        int64_t ldb,
-                                       const std::vector<ColumnRange>& ranges) const override {
+                                       const std::vector<ColumnRange>& ranges,
+                                       const WeightLayout*) const override {
     auto op = std::make_unique<BlockedOperand>();
     op->k = k;
     op->n = n;

@@ -154,11 +154,8 @@ void teams_region(int64_t d0, int64_t count, int nt, F& body) {
   cpu::OmpErrors errors;
   std::vector<std::unique_ptr<SpinBarrier>> barriers;
   for (int64_t d = 0; d < count; ++d) barriers.push_back(std::make_unique<SpinBarrier>(nt));
-  // The caller's int8 weights (a thread's own) go with it to every thread.
-  const std::vector<cpu::PreparedInt8>* prepared = cpu::prepared_int8_in_scope();
 #pragma omp parallel num_threads(total)
   errors.run([&] {
-    const cpu::PreparedInt8Scope scope(prepared);
     // The column split (and the engine's step ranges) were planned for nt
     // threads a direction; a smaller team runs it all on one thread.
     if (omp_get_num_threads() != total) {

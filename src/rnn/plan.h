@@ -20,10 +20,43 @@
 
 namespace seqpack::rnn {
 
+// Each layer and direction's weight matrices in the form the engine's
+// products read them (GemmEngine::lay_out_weights: int8's quantized ones),
+// made once per model, as op(B) of the forward's products (W_ih and W_hh and
+// W_hr transposed); null where the engine reads weights as they are.
+struct WeightLayouts {
+  struct Direction {
+    std::unique_ptr<cpu::WeightLayout> wih, whh, whr;
+  };
+  std::vector<Direction> dirs;  // layer by layer, then direction; empty: none
+};
+
+template <typename T>
+WeightLayouts lay_out_weights(const RNNOptions& o, const std::vector<Tensor>& weights,
+                              const cpu::GemmEngine<T>& eng) {
+  WeightLayouts out;
+  const int64_t G = o.gate_count() * o.hidden_size, R = o.real_hidden_size(), H = o.hidden_size;
+  bool any = false;
+  for (int64_t l = 0; l < o.num_layers; ++l) {
+    const int64_t in = l == 0 ? o.input_size : o.output_size();
+    for (int64_t d = 0; d < o.num_directions(); ++d) {
+      const DirWeights<T> w = dir_weights<T>(o, weights, l, d);
+      WeightLayouts::Direction& wd = out.dirs.emplace_back();
+      wd.wih = eng.lay_out_weights(w.w_ih, /*trans_b=*/true, in, G, in);
+      wd.whh = eng.lay_out_weights(w.w_hh, /*trans_b=*/true, R, G, R);
+      if (w.w_hr) wd.whr = eng.lay_out_weights(w.w_hr, /*trans_b=*/true, H, R, H);
+      any = any || wd.wih || wd.whh || wd.whr;
+    }
+  }
+  if (!any) out.dirs.clear();
+  return out;
+}
+
 template <typename T>
 struct RNNPlan {
   struct Direction {
     std::unique_ptr<cpu::StepOperand> whh, whr;  // the forward's step operands
+    const cpu::WeightLayout* wih = nullptr;      // W_ih as laid out for the model, or null
   };
   RNNOptions options;
   int threads = 1;                             // a direction's threads it was made for
@@ -37,10 +70,12 @@ struct RNNPlan {
 
 // Lays out every layer and direction's step operands with `eng` (the engine
 // of options' dtype and precision) for `threads` a direction (the count the
-// time loop splits its steps over: direction_threads).
+// time loop splits its steps over: direction_threads), from the model's
+// weight layouts where given (which must outlive the plan).
 template <typename T>
 std::unique_ptr<const RNNPlan<T>> make_plan(const RNNOptions& o, const std::vector<Tensor>& weights,
-                                            const cpu::GemmEngine<T>& eng, int threads) {
+                                            const cpu::GemmEngine<T>& eng, int threads,
+                                            const WeightLayouts* layouts = nullptr) {
   auto plan = std::make_unique<RNNPlan<T>>();
   plan->options = o;
   plan->threads = threads;
@@ -52,11 +87,18 @@ std::unique_ptr<const RNNPlan<T>> make_plan(const RNNOptions& o, const std::vect
   for (int64_t l = 0; l < o.num_layers; ++l) {
     for (int64_t d = 0; d < D; ++d) {
       const DirWeights<T> w = dir_weights<T>(o, weights, l, d);
+      const WeightLayouts::Direction* wl =
+          layouts && !layouts->dirs.empty()
+              ? &layouts->dirs[static_cast<std::size_t>(l * D + d)]
+              : nullptr;
       typename RNNPlan<T>::Direction& pd = plan->dirs.emplace_back();
-      pd.whh = eng.prepare(w.w_hh, /*trans_b=*/true, R, G, R, step_ranges(H, G / H, nc));
+      pd.whh = eng.prepare(w.w_hh, /*trans_b=*/true, R, G, R, step_ranges(H, G / H, nc),
+                           wl ? wl->whh.get() : nullptr);
       if (o.proj_size > 0) {
-        pd.whr = eng.prepare(w.w_hr, /*trans_b=*/true, H, R, H, step_ranges(R, 1, nc));
+        pd.whr = eng.prepare(w.w_hr, /*trans_b=*/true, H, R, H, step_ranges(R, 1, nc),
+                             wl ? wl->whr.get() : nullptr);
       }
+      pd.wih = wl ? wl->wih.get() : nullptr;
     }
   }
   return plan;

@@ -149,7 +149,7 @@ struct ForwardDirection {
                 .n = G,
                 .k = in,
                 .a = {.data = x.data<T>(), .ld = in},
-                .b = {.data = w.w_ih, .ld = in, .trans = true},
+                .b = {.data = w.w_ih, .ld = in, .trans = true, .laid_out = laid_out.wih},
                 .c = gates,
                 .ldc = G,
                 .c_row = o.bias ? bias : nullptr});
@@ -161,7 +161,7 @@ struct ForwardDirection {
               .n = G,
               .k = in,
               .a = {.data = x.data<T>(), .ld = in},
-              .b = {.data = w.w_ih, .ld = in, .trans = true},
+              .b = {.data = w.w_ih, .ld = in, .trans = true, .laid_out = laid_out.wih},
               .c = p,
               .ldc = G});
     for (int64_t v = 0; v < V; ++v)
