@@ -6,24 +6,31 @@
 
 namespace seqpack {
 
-const char* precision_name(Precision p) {
-  switch (p) {
-    case Precision::bf16: return "bf16";
-    case Precision::int8: return "int8";
-    default: return "fp32";
-  }
+const std::vector<PrecisionTraits>& all_precisions() {
+  static const std::vector<PrecisionTraits> rows{
+      {Precision::fp32, "fp32", /*backward=*/true, nullptr},
+      {Precision::bf16, "bf16", /*backward=*/true, cpu::require_bf16_dot_products},
+      {Precision::int8, "int8", /*backward=*/false, cpu::require_int8_dot_products},
+  };
+  return rows;
 }
 
+const PrecisionTraits& precision_traits(Precision p) {
+  for (const PrecisionTraits& t : all_precisions())
+    if (t.precision == p) return t;
+  throw std::invalid_argument("unknown precision " + std::to_string(static_cast<int>(p)));
+}
+
+const char* precision_name(Precision p) { return precision_traits(p).name; }
+
 Precision parse_precision(const std::string& name) {
-  if (name == "fp32") return Precision::fp32;
-  if (name == "bf16") return Precision::bf16;
-  if (name == "int8") return Precision::int8;
+  for (const PrecisionTraits& t : all_precisions())
+    if (name == t.name) return t.precision;
   throw std::invalid_argument("precision must be fp32, bf16 or int8, got '" + name + "'");
 }
 
 void check_precision_supported(Precision p) {
-  if (p == Precision::bf16) cpu::require_bf16_dot_products();
-  if (p == Precision::int8) cpu::require_int8_dot_products();
+  if (const auto require = precision_traits(p).require) require();
 }
 
 Precision resolve_precision(const std::string& name, std::string* note) {

@@ -318,7 +318,7 @@ Tensor unbatched_state(const Tensor& s, bool unbatched) {
 // does (int8 has no gradient), whatever requires_grad says, so that eval()
 // is all an int8 module needs.
 bool saves(const RNNOptions& o, bool requires_grad) {
-  return requires_grad && o.precision != Precision::int8;
+  return requires_grad && precision_traits(o.precision).backward;
 }
 
 // A module's plan for this forward: kept and used by an inference forward,
@@ -334,8 +334,9 @@ const RNNModelPlan* module_plan(std::shared_ptr<const RNNModelPlan>& plan, const
 }
 
 std::string no_saved_message(const RNNOptions& o) {
-  return o.precision == Precision::int8
-             ? "backward: precision int8 is for inference only (its forwards save nothing)"
+  return !precision_traits(o.precision).backward
+             ? std::string("backward: precision ") + precision_name(o.precision) +
+                   " is for inference only (its forwards save nothing)"
              : "backward: the forward ran without requires_grad";
 }
 

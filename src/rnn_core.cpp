@@ -383,11 +383,12 @@ RNNForwardResult dispatch_forward(const RNNOptions& options, const std::vector<T
                                   const PackingPlan& plan, const Tensor& h0, const Tensor& c0,
                                   bool training, bool save_for_backward, uint64_t dropout_seed,
                                   const RNNModelPlan* model) {
-  if (options.precision == Precision::int8 && (training || save_for_backward)) {
+  if (!precision_traits(options.precision).backward && (training || save_for_backward)) {
+    const std::string p = precision_name(options.precision);
     throw std::invalid_argument(
-        std::string("precision int8 is for inference only, but this forward is ") +
+        "precision " + p + " is for inference only, but this forward is " +
         (training ? "in training mode (call eval(), or pass training = false)"
-                  : "saving for a backward (int8 has no gradient; use fp32 or bf16)"));
+                  : "saving for a backward (" + p + " has no gradient; use fp32 or bf16)"));
   }
   check_model_plan(options, weights, model);
   return with_cell(options.mode, [&]<typename Cell>(Cell) {
@@ -481,7 +482,7 @@ std::shared_ptr<const RNNModelPlan> rnn_make_plan(const RNNOptions& options,
 RNNPlanInfo rnn_plan_info(const RNNModelPlan& plan) {
   RNNPlanInfo info;
   info.precision = plan.options.precision;
-  info.backward = plan.options.precision != Precision::int8;
+  info.backward = precision_traits(plan.options.precision).backward;
   info.quantized = !plan.weight_layouts.dirs.empty();
   const std::lock_guard<std::mutex> lock(plan.mutex);
   info.splits_laid_out = static_cast<int>(plan.f32.size() + plan.f64.size());

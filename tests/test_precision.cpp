@@ -131,5 +131,23 @@ TEST(Precision, Bf16NeedsFloat32) {
   }
 }
 
+// One row per precision: its name round-trips, and what it can do is what a
+// model's plan of it states (int8 alone has no backward).
+TEST(Precision, TraitsAreOneRowPerPrecision) {
+  ASSERT_EQ(all_precisions().size(), 3u);
+  for (const PrecisionTraits& t : all_precisions()) {
+    EXPECT_EQ(parse_precision(t.name), t.precision) << t.name;
+    EXPECT_STREQ(precision_name(t.precision), t.name);
+    EXPECT_EQ(&precision_traits(t.precision), &t);
+    EXPECT_EQ(t.backward, t.precision != Precision::int8) << t.name;
+    EXPECT_EQ(t.require == nullptr, t.precision == Precision::fp32) << t.name;
+  }
+  RNNOptions o{.mode = RNNMode::gru, .input_size = 3, .hidden_size = 4};
+  std::vector<Tensor> w;
+  for (const Shape& s : rnn_parameter_shapes(o)) w.push_back(Tensor::zeros(s, DType::f32));
+  const RNNPlanInfo info = rnn_plan_info(*rnn_make_plan(o, w));
+  EXPECT_EQ(info.backward, precision_traits(o.precision).backward);
+}
+
 }  // namespace
 }  // namespace seqpack

@@ -20,12 +20,26 @@
 #pragma once
 
 #include <string>
+#include <vector>
 
 #include "seqpack/cpu_info.h"  // CpuInfo, cpu_info(): what the choice of a precision reads
 
 namespace seqpack {
 
 enum class Precision { fp32, bf16, int8 };
+
+// What a precision is and can do: one row per precision (a new precision is
+// its enum value, its row and its engine, src/cpu/). A model's plan states
+// the same (rnn_plan_info).
+struct PrecisionTraits {
+  Precision precision;
+  const char* name;  // "fp32", "bf16", "int8"
+  bool backward;     // has a backward: training and saving for one (int8: inference only)
+  void (*require)();  // throws std::invalid_argument naming the ISA where it cannot run (or null)
+};
+const PrecisionTraits& precision_traits(Precision p);
+// Every precision's row, in the enum's order.
+const std::vector<PrecisionTraits>& all_precisions();
 
 // "fp32", "bf16", "int8".
 const char* precision_name(Precision p);

@@ -335,12 +335,14 @@ void run_bench(Args args) {
   for (const Workload& wl : selected) check_workload_size(wl, args.scale);
   set_num_threads(args.threads);
   const Precision precision = resolve_precision(args.precision);
-  // int8 is inference only: its default modes are the forwards, and training is refused.
+  // A precision without a backward (int8) is inference only: its default
+  // modes are the forwards, and training is refused.
   std::vector<std::string> modes = args.modes.empty() ? kModes : args.modes;
-  if (precision == Precision::int8) {
+  if (!precision_traits(precision).backward) {
     if (std::count(args.modes.begin(), args.modes.end(), "train_packed")) {
-      throw std::invalid_argument(
-          "--mode train_packed cannot run at --precision int8: int8 is for inference only");
+      const std::string p = precision_name(precision);
+      throw std::invalid_argument("--mode train_packed cannot run at --precision " + p + ": " +
+                                  p + " is for inference only");
     }
     std::erase(modes, "train_packed");
   }
