@@ -321,18 +321,6 @@ bool saves(const RNNOptions& o, bool requires_grad) {
   return requires_grad && precision_traits(o.precision).backward;
 }
 
-// A module's plan for this forward: kept and used by an inference forward,
-// dropped by one that trains or saves (the parameters may change after it).
-const RNNModelPlan* module_plan(std::shared_ptr<const RNNModelPlan>& plan, const RNNOptions& o,
-                                const std::vector<Tensor>& params, bool training, bool saving) {
-  if (training || saving) {
-    plan.reset();
-    return nullptr;
-  }
-  if (!plan) plan = rnn_make_plan(o, params);
-  return plan.get();
-}
-
 std::string no_saved_message(const RNNOptions& o) {
   return !precision_traits(o.precision).backward
              ? std::string("backward: precision ") + precision_name(o.precision) +
@@ -341,6 +329,24 @@ std::string no_saved_message(const RNNOptions& o) {
 }
 
 }  // namespace
+
+std::shared_ptr<const RNNModelPlan> ModulePlan::for_forward(const RNNOptions& options,
+                                                            const std::vector<Tensor>& weights,
+                                                            bool inference) {
+  const std::lock_guard<std::mutex> lock(mutex_);
+  if (!inference) {
+    plan_.reset();
+    return nullptr;
+  }
+  // Made under the lock: two threads meeting no plan make one, not two.
+  if (!plan_) plan_ = rnn_make_plan(options, weights);
+  return plan_;
+}
+
+void ModulePlan::reset() {
+  const std::lock_guard<std::mutex> lock(mutex_);
+  plan_.reset();
+}
 
 void RNNBase::set_precision(Precision p) {
   RNNOptions o = options_;
@@ -359,7 +365,8 @@ RNNOutput RNNBase::forward(const PackedSequence& input, const Tensor& h0, const 
   RNNForwardResult r =
       rnn_forward(options_, params_, input.data, *plan, h0, c0, training_,
                   saves(options_, requires_grad), seed,
-                  module_plan(plan_, options_, params_, training_, saves(options_, requires_grad)));
+                  plan_.for_forward(options_, params_, !training_ && !saves(options_, requires_grad))
+                      .get());
   RNNOutput out;
   out.packed.data = r.output;
   out.packed.batch_sizes = input.batch_sizes;
@@ -421,8 +428,10 @@ RNNOutput RNNBase::forward(const Tensor& input, const std::vector<int64_t>& leng
                                    batched_state(h0, unbatched, "h0"),
                                    batched_state(c0, unbatched, "c0"), training_,
                                    saves(options_, requires_grad), seed,
-                                   module_plan(plan_, options_, params_, training_,
-                                               saves(options_, requires_grad)));
+                                   plan_
+                                       .for_forward(options_, params_,
+                                                    !training_ && !saves(options_, requires_grad))
+                                       .get());
   RNNOutput out;
   Tensor padded = plan->unpack(r.output, T, 0.0);  // [T, B, O]
   if (unbatched) {
@@ -565,8 +574,10 @@ CellOutput RNNCellBase::forward(const Tensor& input, const Tensor& hx, const Ten
                                    cell_state(hx, B, H, unbatched, "hx"),
                                    cell_state(cx, B, H, unbatched, "cx"), /*training=*/false,
                                    saves(options_, requires_grad), 0,
-                                   module_plan(plan_, options_, params_, false,
-                                               saves(options_, requires_grad)));
+                                   plan_
+                                       .for_forward(options_, params_,
+                                                    !saves(options_, requires_grad))
+                                       .get());
   CellOutput out;
   out.unbatched = unbatched;
   const Shape s = unbatched ? Shape{H} : Shape{B, H};

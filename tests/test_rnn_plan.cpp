@@ -12,6 +12,7 @@
 #include <cstring>
 #include <random>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "seqpack/packed_sequence.h"
@@ -171,6 +172,34 @@ TEST(RNNPlan, ModulesDropTheirPlanWhereTheWeightsMayChange) {
   (void)lstm.forward(x, {}, {}, /*requires_grad=*/true);
   for (int64_t i = 0; i < held.numel(); ++i) held.data<float>()[i] *= 0.5f;
   EXPECT_TRUE(same_bits(lstm.forward(x, {}, {}, false).h_n, functional()));
+}
+
+// Inference forwards on several threads at once share the module's plan
+// (made once, under its lock), while another thread drops it again and
+// again: every result is the functional forward's.
+TEST(RNNPlan, ConcurrentInferenceForwardsShareThePlan) {
+  GRU gru({.input_size = 5, .hidden_size = 24, .num_layers = 2}, 17);
+  gru.eval();
+  std::mt19937_64 gen(18);
+  const Tensor x = random_tensor({7, 2, 5}, 1.0, gen);
+  const PackingPlan p = PackingPlan::from_lengths({7, 7}, true);
+  const Tensor want =
+      rnn_forward(gru.options(), std::as_const(gru).parameters(), p.pack(x), p, {}, {}, false,
+                  false)
+          .h_n;
+  std::vector<int> wrong(4, 0);
+  std::vector<std::thread> threads;
+  for (int t = 0; t < 4; ++t) {
+    threads.emplace_back([&, t] {
+      for (int i = 0; i < 25; ++i)
+        if (!same_bits(gru.forward(x, {}, {}, false).h_n, want)) ++wrong[static_cast<std::size_t>(t)];
+    });
+  }
+  threads.emplace_back([&] {
+    for (int i = 0; i < 25; ++i) gru.replan();
+  });
+  for (std::thread& th : threads) th.join();
+  for (int t = 0; t < 4; ++t) EXPECT_EQ(wrong[static_cast<std::size_t>(t)], 0) << "thread " << t;
 }
 
 // A cell's steps without requires_grad (a decoding loop) through its plan:

@@ -15,6 +15,7 @@
 #include <cstdint>
 #include <map>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <utility>
 #include <vector>
@@ -101,6 +102,30 @@ struct RNNPlanInfo {
   int splits_laid_out = 0;  // the thread splits whose layouts it holds so far
 };
 RNNPlanInfo rnn_plan_info(const RNNModelPlan& plan);
+
+// Where a module keeps its plan: safe for forwards on several threads at once
+// (each holds the plan it got for its whole call); a copy of a module makes
+// its own.
+class ModulePlan {
+ public:
+  ModulePlan() = default;
+  ModulePlan(const ModulePlan&) {}
+  ModulePlan& operator=(const ModulePlan&) {
+    reset();
+    return *this;
+  }
+  // The plan of an inference forward (made now if there is none), or null,
+  // dropping the kept one, for a forward that trains or saves for a backward
+  // (an optimizer step may follow it).
+  std::shared_ptr<const RNNModelPlan> for_forward(const RNNOptions& options,
+                                                  const std::vector<Tensor>& weights,
+                                                  bool inference);
+  void reset();
+
+ private:
+  std::mutex mutex_;
+  std::shared_ptr<const RNNModelPlan> plan_;
+};
 
 // Functional core, shared by the modules, the training tape and the Python and
 // torch bridges. `weights` are in rnn_parameter_names order (not copied).
@@ -226,7 +251,7 @@ class RNNBase {
   std::vector<Tensor> grads_;
   bool training_ = true;
   uint64_t dropout_seed_ = 0;
-  mutable std::shared_ptr<const RNNModelPlan> plan_;  // see replan()
+  mutable ModulePlan plan_;  // see replan()
 };
 
 class RNN : public RNNBase {
@@ -282,7 +307,7 @@ class RNNCellBase {
   std::vector<std::string> names_;
   std::vector<Tensor> params_;
   std::vector<Tensor> grads_;
-  mutable std::shared_ptr<const RNNModelPlan> plan_;
+  mutable ModulePlan plan_;
 };
 
 class RNNCell : public RNNCellBase {
