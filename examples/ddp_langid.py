@@ -191,6 +191,15 @@ def main(args):
     return 0
 
 
+# Every Python tensor given to a collective stays referenced until the process exits.
+# PyTorch's gloo workers drop their last reference to a finished collective after the
+# caller has returned (a barrier behind it can keep it until the barrier ends); dropping the
+# last reference to a tensor Python has seen needs the GIL. If that happens while the main
+# thread, holding the GIL, destroys the process group (whose destructor joins the workers),
+# the process never exits: seen with PyTorch 1.13 at the end of about one run in eight.
+_COLLECTIVE_TENSORS = []
+
+
 def report(epoch, rank, world, distributed, tokens, steps, secs, cpu, loss_total, normalize):
     """Rank 0 prints every rank's tokens/s and the total (all tokens / the slowest rank's
     time), and the same per CPU second (steadier on a shared machine)."""
@@ -199,6 +208,7 @@ def report(epoch, rank, world, distributed, tokens, steps, secs, cpu, loss_total
     gathered = [torch.zeros_like(rates) for _ in range(world)]
     if distributed:
         dist.all_gather(gathered, rates)
+        _COLLECTIVE_TENSORS.extend([rates] + gathered)
     else:
         gathered = [rates]
     if rank == 0:
