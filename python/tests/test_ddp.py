@@ -102,10 +102,17 @@ def test_two_ranks_match_one_process_and_do_not_hang(tmp_path):
         packed, labels = collate_packed([data[i] for i in union])
         opt.zero_grad()
         ex.step_loss(model, packed, labels, packed.data.numel()).backward()
+        tokens = packed.data.numel()
         for name, p in model.named_parameters():
+            # Each gradient element sums at most `tokens` per-token terms, which the ranks
+            # add in another order (two halves, then DDP's average): float32 rounding of
+            # such a sum stays within tokens * eps * the largest magnitude, and 4x covers
+            # the rounding of the average itself. Measured: at most about 7 eps relative.
+            bound = 4 * tokens * torch.finfo(torch.float32).eps * p.grad.abs().max().item()
             for r in range(2):
                 diff = (dumps[r]["grads"][name] - p.grad).abs().max().item()
-                worst = max(worst, diff)
-                assert diff <= 1e-6, f"step {step}, rank {r}, {name}: max |difference| {diff}"
+                worst = max(worst, diff / bound)
+                assert diff <= bound, (f"step {step}, rank {r}, {name}: max |difference| {diff}, "
+                                       f"bound {bound} ({tokens} tokens)")
         opt.step()
-    print(f"largest gradient difference {worst:.2e}")
+    print(f"largest gradient difference {worst:.2e} of its bound")
