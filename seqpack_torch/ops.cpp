@@ -271,7 +271,8 @@ std::tuple<Tensor, Tensor, Tensor> outputs(const RNNForwardResult& r, const Tens
 
 // ---- the model plan: weights laid out once --------------------------------
 //
-// An inference forward (no training, nothing saved) reads its weights through
+// An inference forward (no training, nothing saved), and any forward whose
+// weights none requires grad (with its backward), reads its weights through
 // the model's plan (rnn_make_plan: quantized at int8, W_hh laid out at fp32
 // and bf16). A plan is made at the first call with a set of weights and kept in a small LRU
 // shared by all threads, keyed by the layer's shape options and, per weight,
@@ -374,10 +375,16 @@ RNNForwardResult run_forward(const RNNCall& call, const Tensor& data, const OptT
   std::vector<CoreTensor> w = core_weights(weights, op);
   CoreTensor x = to_core(data, op, "input"), h = to_core(h0, op, "h0"), c = to_core(c0, op, "c0");
   return checked(op, [&] {
-    // An inference call reads the weights through their plan (a training or
-    // saving int8 call is refused by the core before it reads them).
+    // An inference call reads the weights through their plan, and so does a
+    // call whose weights no optimizer can change (none requires grad: a
+    // frozen encoder, input gradients of a fixed model), in its backward too
+    // (a training or saving int8 call is refused by the core before it reads
+    // them). Weights that require grad change at every step: their layouts
+    // are made per call, not cached.
+    bool frozen = true;
+    for (const Tensor& t : weights) frozen = frozen && !t.requires_grad();
     std::shared_ptr<const RNNModelPlan> model;
-    if (!call.train && !save) {
+    if ((!call.train && !save) || frozen) {
       // core_weights copied any non-contiguous weight: those have no stable
       // source to key on, and are laid out per call.
       bool contiguous = true;

@@ -32,6 +32,7 @@
 #include <omp.h>
 
 #include <algorithm>
+#include <cassert>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -146,8 +147,9 @@ Tensor dropped_input(const RNNOptions& o, const Tensor& in, int64_t l, bool trai
 // the engine reads them, made with the plan (int8's quantized ones; none for
 // the other engines), and the step operands of each thread split
 // (rnn::RNNPlan, per element type) laid out at the first forward that asks
-// for them, from those.
-struct RNNModelPlan {
+// for them, from those; the backward's (rnn::BackwardPlan) at the first
+// backward of such a forward that asks for them.
+struct RNNModelPlan : std::enable_shared_from_this<RNNModelPlan> {
   RNNOptions options;
   std::vector<Tensor> weights;       // shared, read where a layout is first made
   std::vector<const void*> sources;  // their data, rnn_parameter_names order
@@ -157,6 +159,9 @@ struct RNNModelPlan {
   using Split = std::pair<int, bool>;
   mutable std::map<Split, std::shared_ptr<const rnn::RNNPlan<float>>> f32;
   mutable std::map<Split, std::shared_ptr<const rnn::RNNPlan<double>>> f64;
+  // Keyed by the threads sharing a step's columns.
+  mutable std::map<int, std::shared_ptr<const rnn::BackwardPlan<float>>> backward_f32;
+  mutable std::map<int, std::shared_ptr<const rnn::BackwardPlan<double>>> backward_f64;
 
   // The step operands for `nt` threads a direction, made on first use.
   template <typename T>
@@ -169,12 +174,32 @@ struct RNNModelPlan {
       it = known.emplace(key, rnn::make_plan<T>(options, weights, eng, nt, &weight_layouts)).first;
     return it->second;
   }
+  // The backward's step operands for `columns` threads sharing a step's
+  // columns, made on first use.
+  template <typename T>
+  std::shared_ptr<const rnn::BackwardPlan<T>> backward_steps(const cpu::GemmEngine<T>& eng,
+                                                             int columns) const {
+    auto& known = backward_layouts<T>();
+    const std::lock_guard<std::mutex> lock(mutex);
+    auto it = known.find(columns);
+    if (it == known.end())
+      it = known.emplace(columns, rnn::make_backward_plan<T>(options, weights, eng, columns)).first;
+    return it->second;
+  }
   template <typename T>
   auto& layouts() const {
     if constexpr (std::is_same_v<T, float>) {
       return f32;
     } else {
       return f64;
+    }
+  }
+  template <typename T>
+  auto& backward_layouts() const {
+    if constexpr (std::is_same_v<T, float>) {
+      return backward_f32;
+    } else {
+      return backward_f64;
     }
   }
 };
@@ -220,6 +245,7 @@ RNNForwardResult forward_impl(const RNNOptions& o, const std::vector<Tensor>& we
   res.h_n = cpu::pooled_empty({L * D, B, R}, o.dtype);
   if (Cell::cell_state) res.c_n = cpu::pooled_empty({L * D, B, H}, o.dtype);
   std::shared_ptr<RNNSaved> saved = save ? make_saved<T>(o, weights, plan, h0, lookup) : nullptr;
+  if (saved && mp) saved->model = mp->shared_from_this();
 
   std::vector<ForwardWorkspace<T, Cell>> wss(static_cast<std::size_t>(D));
   for (ForwardWorkspace<T, Cell>& ws : wss) ws.resize(o, B, save, lookup ? data.size(0) : 0);
@@ -281,11 +307,19 @@ RNNGradients backward_impl(const RNNSaved& sv, const Tensor& grad_output, const 
     const bool lookup_layer = l == 0 && !sv.lookup.empty();
     const int64_t in = sl.input.size(1), rows = lookup_layer ? sl.input.size(0) : N;
     const int ntl = BackwardDirection<T, Cell>::layer_threads(nt, eng, sv, lookup_layer);
+    // The model plan's step operands for this layer's split, where the
+    // forward had a plan.
+    const int columns =
+        BackwardDirection<T, Cell>::splits_rows(ntl, eng, sv, lookup_layer) ? 1 : ntl;
+    const std::shared_ptr<const rnn::BackwardPlan<T>> laid_out =
+        sv.model ? sv.model->backward_steps<T>(eng, columns) : nullptr;
     std::vector<std::unique_ptr<BackwardDirection<T, Cell>>> dirs;
     for (int64_t d = 0; d < D; ++d) {
       dirs.push_back(std::make_unique<BackwardDirection<T, Cell>>(
           sv, eng, wss[static_cast<std::size_t>(d)], g, l, d, initial_state_grad));
-      dirs.back()->begin(ntl, dout, grad_h_n, grad_c_n, sl.input);
+      dirs.back()->begin(ntl, dout, grad_h_n, grad_c_n, sl.input,
+                         laid_out ? &laid_out->dir(l, d) : nullptr);
+      assert(dirs.back()->columns(ntl) == columns);
     }
     run_teams(D, ntl, [&](int64_t d, const rnn::Team& team) {
       dirs[static_cast<std::size_t>(d)]->steps(team);
@@ -486,6 +520,8 @@ RNNPlanInfo rnn_plan_info(const RNNModelPlan& plan) {
   info.quantized = !plan.weight_layouts.dirs.empty();
   const std::lock_guard<std::mutex> lock(plan.mutex);
   info.splits_laid_out = static_cast<int>(plan.f32.size() + plan.f64.size());
+  info.backward_splits_laid_out =
+      static_cast<int>(plan.backward_f32.size() + plan.backward_f64.size());
   return info;
 }
 

@@ -87,10 +87,15 @@ struct RNNGradients {
 // step's columns, at the first forward that splits the steps that way (each
 // split kept). A forward without a plan does all of it per call: a few ms for
 // a 2-layer bidirectional LSTM of hidden size 512, and most of the time of a
-// short streaming chunk. The plan shares the weight tensors: after changing
-// their values, make a new plan (a forward given one reads what it laid out
-// before the change). A forward given a plan made from other tensors (other
-// storage) or other options is refused, naming what differs.
+// short streaming chunk. A forward given a plan that saves for a backward
+// hands the plan to rnn_backward, which lays out W_hh and W_hr for its own
+// products through it too, once per split (for a model whose recurrent
+// weights stay fixed across backwards: input gradients of a trained model,
+// an embedding trained under a frozen encoder). The plan shares the weight
+// tensors: after changing their values, make a new plan (a forward or
+// backward given one reads what it laid out before the change). A forward
+// given a plan made from other tensors (other storage) or other options is
+// refused, naming what differs.
 struct RNNModelPlan;
 std::shared_ptr<const RNNModelPlan> rnn_make_plan(const RNNOptions& options,
                                                   const std::vector<Tensor>& weights);
@@ -100,6 +105,7 @@ struct RNNPlanInfo {
   bool backward = true;    // a forward with it may save for rnn_backward (not int8)
   bool quantized = false;  // holds quantized copies of the weight matrices (int8)
   int splits_laid_out = 0;  // the thread splits whose layouts it holds so far
+  int backward_splits_laid_out = 0;  // the same for backwards of its forwards
 };
 RNNPlanInfo rnn_plan_info(const RNNModelPlan& plan);
 
@@ -163,7 +169,8 @@ RNNForwardResult rnn_forward_lookup(const RNNOptions& options, const std::vector
 // each step whose h_prev is h0 (one per sequence, about 1/length of the work).
 // With input_grad = false the input gets no gradient (left undefined), which
 // skips the first layer's dX product (what torch skips for an input that does
-// not require grad).
+// not require grad). Where the forward was given a model plan, the backward
+// reads its recurrent weights through it (RNNModelPlan above).
 RNNGradients rnn_backward(const RNNSaved& saved, const Tensor& grad_output,
                           const Tensor& grad_h_n, const Tensor& grad_c_n,
                           bool initial_state_grad = true, bool input_grad = true);

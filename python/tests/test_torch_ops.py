@@ -315,6 +315,40 @@ def test_input_without_grad_skips_only_the_input_gradient(mode):
         assert_close(p.grad.numpy(), q.grad.numpy(), 1e-10, 1e-10, name)
 
 
+@pytest.mark.parametrize("mode", ["LSTM", "GRU"])
+def test_frozen_weights_run_through_the_model_plan_and_follow_in_place_changes(mode):
+    """Weights that require no grad (a frozen encoder) go through the cached model plan in
+    the forward and in its backward: the output and the input gradient are torch.nn's, call
+    after call, and after an in-place change under no_grad (which moves their version) they
+    are torch.nn's for the new values, not the old plan's."""
+    m = module(mode, torch.float64, num_layers=2, bidirectional=True)
+    m.requires_grad_(False)
+    g = torch.Generator().manual_seed(base_seed())
+    x = torch.randn(5, 4, 2, dtype=torch.float64, generator=g)
+    lengths = torch.tensor([5, 2, 4, 1])
+    upstream = None
+    for change in range(3):
+        if change:
+            with torch.no_grad():
+                for p in m.parameters():
+                    p.add_(0.2 * torch.randn(p.shape, dtype=p.dtype, generator=g))
+        t = torch_twin(m)
+        xt = x.clone().requires_grad_(True)
+        ref, _ = t(trnn.pack_padded_sequence(xt, lengths, enforce_sorted=False))
+        if upstream is None:
+            upstream = torch.randn(ref.data.shape, dtype=torch.float64, generator=g)
+        (ref.data * upstream).sum().backward()
+        for call in range(2):
+            xs = x.clone().requires_grad_(True)
+            out, _ = m(spt.pack_padded_sequence(xs, lengths, enforce_sorted=False))
+            assert_close(out.data.detach().numpy(), ref.data.detach().numpy(), 1e-10, 1e-10,
+                         f"output, change {change}, call {call}")
+            (out.data * upstream).sum().backward()
+            assert_close(xs.grad.numpy(), xt.grad.numpy(), 1e-10, 1e-10,
+                         f"input gradient, change {change}, call {call}")
+            assert all(p.grad is None for p in m.parameters())
+
+
 def test_packing_plan_reuse_follows_the_index_values():
     """seqpack::rnn reuses the last packing plan only for the same index values:
     batches that share batch_sizes but not the order, index tensors changed in

@@ -104,4 +104,53 @@ std::unique_ptr<const RNNPlan<T>> make_plan(const RNNOptions& o, const std::vect
   return plan;
 }
 
+// The backward's step operands of one column split: W_hh and W_hr as they
+// are (the backward's per-step products are dh·W_hh and dh·W_hr), laid out
+// for `columns` threads sharing a step's columns (1: a row split or one
+// thread). The public model plan keeps one per split its backwards meet; a
+// backward whose forward had no plan makes its own.
+template <typename T>
+struct BackwardPlan {
+  struct Direction {
+    std::unique_ptr<cpu::StepOperand> whh, whr;
+  };
+  RNNOptions options;
+  int columns = 1;
+  std::vector<Direction> dirs;  // layer by layer, then direction
+
+  const Direction& dir(int64_t l, int64_t d) const {
+    return dirs[static_cast<std::size_t>(l * options.num_directions() + d)];
+  }
+};
+
+// One layer and direction's backward step operands for `columns` threads.
+template <typename T>
+typename BackwardPlan<T>::Direction backward_step_operands(const RNNOptions& o,
+                                                           const DirWeights<T>& w,
+                                                           const cpu::GemmEngine<T>& eng,
+                                                           int columns) {
+  const int64_t H = o.hidden_size, R = o.real_hidden_size(), G = o.gate_count() * H;
+  typename BackwardPlan<T>::Direction out;
+  out.whh = eng.prepare(w.w_hh, /*trans_b=*/false, G, R, R, step_ranges(R, 1, columns));
+  if (o.proj_size > 0)
+    out.whr = eng.prepare(w.w_hr, /*trans_b=*/false, R, H, H, step_ranges(H, 1, columns));
+  return out;
+}
+
+template <typename T>
+std::unique_ptr<const BackwardPlan<T>> make_backward_plan(const RNNOptions& o,
+                                                          const std::vector<Tensor>& weights,
+                                                          const cpu::GemmEngine<T>& eng,
+                                                          int columns) {
+  auto plan = std::make_unique<BackwardPlan<T>>();
+  plan->options = o;
+  plan->columns = columns;
+  for (int64_t l = 0; l < o.num_layers; ++l) {
+    for (int64_t d = 0; d < o.num_directions(); ++d) {
+      plan->dirs.push_back(backward_step_operands<T>(o, dir_weights<T>(o, weights, l, d), eng, columns));
+    }
+  }
+  return plan;
+}
+
 }  // namespace seqpack::rnn

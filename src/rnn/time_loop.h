@@ -457,7 +457,9 @@ struct BackwardDirection {
   typename Cell::template Backward<T> cell;
   const T* dout = nullptr;  // this direction's columns of the output gradient, or null
   T *db_ih = nullptr, *db_hh = nullptr;
-  std::unique_ptr<cpu::StepOperand> whh, whr;
+  // The steps' operands: the model plan's (laid_out) or this call's (own).
+  const cpu::StepOperand *whh = nullptr, *whr = nullptr;
+  typename BackwardPlan<T>::Direction own;
   // Whether dG lives one step at a time (ws.dg_step): a lookup layer's dW_ih
   // and dX read dP instead, and dW_hh the kept rows. Its rows stay in cache
   // instead of streaming [N, G] through memory.
@@ -492,18 +494,22 @@ struct BackwardDirection {
 
   // Bias gradients are summed by the gate kernels step by step (LSTM and RNN:
   // db_hh == db_ih, copied after); W_hh [G, R] and W_hr [R, H] are laid out
-  // once for the steps' products; dh and dc start from grad_h_n and grad_c_n.
+  // for the steps' products (by the model plan, laid_out, or here once a
+  // call); dh and dc start from grad_h_n and grad_c_n.
   void prepare(int nt, const Tensor& dout_t, const Tensor& grad_h_n, const Tensor& grad_c_n,
-               int64_t in) {
+               int64_t in, const typename BackwardPlan<T>::Direction* laid_out) {
     if (o.bias) {
       db_ih = g.weights[static_cast<std::size_t>(w.first) + 2].data<T>();
       db_hh = g.weights[static_cast<std::size_t>(w.first) + 3].data<T>();
       std::fill(db_ih, db_ih + G, T(0));
       std::fill(db_hh, db_hh + G, T(0));
     }
-    const int nc = row_split ? 1 : nt;  // threads sharing the columns
-    whh = eng.prepare(w.w_hh, /*trans_b=*/false, G, R, R, step_ranges(R, 1, nc));
-    if (proj) whr = eng.prepare(w.w_hr, /*trans_b=*/false, R, H, H, step_ranges(H, 1, nc));
+    if (!laid_out) {
+      own = backward_step_operands<T>(o, w, eng, columns(nt));
+      laid_out = &own;
+    }
+    whh = laid_out->whh.get();
+    whr = laid_out->whr.get();
     ws.dgh_kept = eng.keep_rows(N, G, R, N - dw_hh_skip());
     // A lookup layer's dW_ih and dX read dP, not dG.
     ws.dgx_kept = Cell::hidden_apart && !lookup_layer ? eng.keep_rows(N, G, in, N) : nullptr;
@@ -763,15 +769,24 @@ struct BackwardDirection {
     return nt;
   }
 
+  // Whether the steps of a layer on nt threads (layer_threads) split by rows.
+  static bool splits_rows(int nt, const cpu::GemmEngine<T>& eng, const RNNSaved& sv,
+                          bool lookup_layer) {
+    return rows_split(eng, sv.options) && nt > 1 && (!lookup_layer || lookup_rows_fit(sv, nt));
+  }
+  // The threads sharing a step's columns: the operands' split.
+  int columns(int nt) const { return row_split ? 1 : nt; }
+
   // As the forward's: begin() and finish() on the calling thread (the weight
   // gradients' products there may use every thread), steps() on each
-  // thread of the direction's team of nt (layer_threads).
+  // thread of the direction's team of nt (layer_threads). `laid_out`: the
+  // model plan's step operands for columns(nt) threads, or null.
   void begin(int nt, const Tensor& dout_t, const Tensor& grad_h_n, const Tensor& grad_c_n,
-             const Tensor& input) {
+             const Tensor& input, const typename BackwardPlan<T>::Direction* laid_out) {
     nt_ = nt;
-    row_split = rows_split(eng, o) && nt > 1 && (!lookup_layer || lookup_rows_fit(sv, nt));
+    row_split = splits_rows(nt, eng, sv, lookup_layer);
     bounds_ = row_split ? row_bounds(sv.batch_sizes, sv.batch, nt) : std::vector<int64_t>{};
-    prepare(nt, dout_t, grad_h_n, grad_c_n, input.size(1));
+    prepare(nt, dout_t, grad_h_n, grad_c_n, input.size(1), laid_out);
     if (row_split) ws.db_parts.assign(static_cast<std::size_t>((nt - 1) * 2 * G), T(0));
   }
 
