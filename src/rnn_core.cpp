@@ -159,9 +159,10 @@ struct RNNModelPlan : std::enable_shared_from_this<RNNModelPlan> {
   using Split = std::pair<int, bool>;
   mutable std::map<Split, std::shared_ptr<const rnn::RNNPlan<float>>> f32;
   mutable std::map<Split, std::shared_ptr<const rnn::RNNPlan<double>>> f64;
-  // Keyed by the threads sharing a step's columns.
-  mutable std::map<int, std::shared_ptr<const rnn::BackwardPlan<float>>> backward_f32;
-  mutable std::map<int, std::shared_ptr<const rnn::BackwardPlan<double>>> backward_f64;
+  // Keyed as the forward's: a layer's threads, and those sharing a step's
+  // columns (1 under a row split).
+  mutable std::map<Split, std::shared_ptr<const rnn::BackwardPlan<float>>> backward_f32;
+  mutable std::map<Split, std::shared_ptr<const rnn::BackwardPlan<double>>> backward_f64;
 
   // The step operands for `nt` threads a direction, made on first use.
   template <typename T>
@@ -174,16 +175,17 @@ struct RNNModelPlan : std::enable_shared_from_this<RNNModelPlan> {
       it = known.emplace(key, rnn::make_plan<T>(options, weights, eng, nt, &weight_layouts)).first;
     return it->second;
   }
-  // The backward's step operands for `columns` threads sharing a step's
-  // columns, made on first use.
+  // The backward's step operands for a layer on `nt` threads, `columns` of
+  // them sharing a step's columns, made on first use.
   template <typename T>
-  std::shared_ptr<const rnn::BackwardPlan<T>> backward_steps(const cpu::GemmEngine<T>& eng,
+  std::shared_ptr<const rnn::BackwardPlan<T>> backward_steps(const cpu::GemmEngine<T>& eng, int nt,
                                                              int columns) const {
     auto& known = backward_layouts<T>();
+    const Split key{nt, columns == 1 && nt > 1};
     const std::lock_guard<std::mutex> lock(mutex);
-    auto it = known.find(columns);
+    auto it = known.find(key);
     if (it == known.end())
-      it = known.emplace(columns, rnn::make_backward_plan<T>(options, weights, eng, columns)).first;
+      it = known.emplace(key, rnn::make_backward_plan<T>(options, weights, eng, columns)).first;
     return it->second;
   }
   template <typename T>
@@ -312,7 +314,7 @@ RNNGradients backward_impl(const RNNSaved& sv, const Tensor& grad_output, const 
     const int columns =
         BackwardDirection<T, Cell>::splits_rows(ntl, eng, sv, lookup_layer) ? 1 : ntl;
     const std::shared_ptr<const rnn::BackwardPlan<T>> laid_out =
-        sv.model ? sv.model->backward_steps<T>(eng, columns) : nullptr;
+        sv.model ? sv.model->backward_steps<T>(eng, ntl, columns) : nullptr;
     std::vector<std::unique_ptr<BackwardDirection<T, Cell>>> dirs;
     for (int64_t d = 0; d < D; ++d) {
       dirs.push_back(std::make_unique<BackwardDirection<T, Cell>>(
