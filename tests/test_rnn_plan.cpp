@@ -1,12 +1,14 @@
 // The model plan (rnn_make_plan, include/seqpack/rnn.h): a forward given one
 // computes what a forward without one does (the plan only keeps what the
-// forward would lay out for itself, so the bits are the same), it keeps one
+// forward would lay out for itself, so the bits are the same), and so does
+// the backward of such a forward, which reads the plan too; it keeps one
 // layout per thread split it meets, it states what its precision can do, and
 // it refuses a forward of other options or other tensors, naming what
 // differs. The modules, the cells and StreamingRNN keep a plan for their
 // inference forwards and drop it wherever the weights may change. At fp32, so
-// on every CPU; int8's plan is tested in test_rnn_int8.cpp, bf16's through
-// the modules in test_rnn_bf16.cpp's CPUs.
+// on every CPU (the backward at bf16 too where the CPU has it); int8's plan
+// is tested in test_rnn_int8.cpp, bf16's forward through the modules in
+// test_rnn_bf16.cpp's CPUs.
 #include <gtest/gtest.h>
 
 #include <cstring>
@@ -16,7 +18,9 @@
 #include <vector>
 
 #include "rnn/grid.h"
+#include "seqpack/cpu_info.h"
 #include "seqpack/packed_sequence.h"
+#include "seqpack/precision.h"
 #include "seqpack/rnn.h"
 #include "seqpack/streaming.h"
 #include "seqpack/threading.h"
@@ -97,43 +101,51 @@ TEST(RNNPlan, AForwardWithAPlanIsAForwardWithoutOne) {
 }
 
 // A backward whose forward was given the plan reads its step operands (W_hh
-// and W_hr as they are) through the plan: one layout per column split its
-// backwards meet, kept, and the same bits as a backward without a plan,
-// on a column split too (min step units 16: two threads share a
-// direction's 40 columns, at 2 and 3 threads). A forward without the plan
-// leaves it alone.
+// and W_hr as they are) through the plan: one layout per split its
+// backwards meet, kept, and the same bits as a backward without a plan. At
+// fp32 on a column split too (min step units 16: two threads share a
+// direction's 40 columns, at 2 and 3 threads); at bf16, on a CPU with
+// native bf16, on its row split (W_hh this small).
 TEST(RNNPlan, ABackwardReadsThePlanOfItsForward) {
   const int before = num_threads();
   const rnn::SplitChoice split = rnn::split_choice();
-  rnn::set_split_choice(rnn::SplitChoice::engine);  // fp32's: columns
+  rnn::set_split_choice(rnn::SplitChoice::engine);
   rnn::set_min_step_units(16);
-  for (const RNNMode mode : {RNNMode::lstm, RNNMode::gru}) {
-    const int64_t proj = mode == RNNMode::lstm ? 24 : 0;
-    SCOPED_TRACE(rnn_mode_name(mode));
-    const Model m = model(mode, /*bi=*/false, proj, DType::f32, 31);
-    const auto plan = rnn_make_plan(m.o, m.weights);
-    set_num_threads(2);
-    const auto unplanned = rnn_forward(m.o, m.weights, m.x, m.plan, m.h0, m.c0, false, true);
-    const Tensor gy = Tensor::full(unplanned.output.shape(), 0.25, DType::f32);
-    const Tensor gh = Tensor::full(unplanned.h_n.shape(), -0.5, DType::f32);
-    rnn_backward(*unplanned.saved, gy, gh, Tensor());
-    EXPECT_EQ(rnn_plan_info(*plan).backward_splits_laid_out, 0);
-    for (const int threads : {1, 2, 3, 1, 2}) {
-      set_num_threads(threads);
-      const auto a = rnn_forward(m.o, m.weights, m.x, m.plan, m.h0, m.c0, false, true);
-      const auto b =
-          rnn_forward(m.o, m.weights, m.x, m.plan, m.h0, m.c0, false, true, 0, plan.get());
-      const auto ga = rnn_backward(*a.saved, gy, gh, Tensor());
-      const auto gb = rnn_backward(*b.saved, gy, gh, Tensor());
-      for (std::size_t i = 0; i < ga.weights.size(); ++i)
-        EXPECT_TRUE(same_bits(ga.weights[i], gb.weights[i]))
-            << "weight gradient " << i << ", " << threads << " threads";
-      EXPECT_TRUE(same_bits(ga.input, gb.input)) << threads << " threads";
-      EXPECT_TRUE(same_bits(ga.h0, gb.h0)) << threads << " threads";
-      EXPECT_TRUE(same_bits(ga.c0, gb.c0)) << threads << " threads";
+  for (const Precision precision : {Precision::fp32, Precision::bf16}) {
+    if (precision == Precision::bf16 && !cpu_info().native_bf16) continue;
+    for (const RNNMode mode : {RNNMode::lstm, RNNMode::gru}) {
+      const int64_t proj = mode == RNNMode::lstm ? 24 : 0;
+      SCOPED_TRACE(std::string(rnn_mode_name(mode)) + " " + precision_name(precision));
+      Model m = model(mode, /*bi=*/false, proj, DType::f32, 31);
+      m.o.precision = precision;
+      const auto plan = rnn_make_plan(m.o, m.weights);
+      set_num_threads(2);
+      const auto unplanned = rnn_forward(m.o, m.weights, m.x, m.plan, m.h0, m.c0, false, true);
+      const Tensor gy = Tensor::full(unplanned.output.shape(), 0.25, DType::f32);
+      const Tensor gh = Tensor::full(unplanned.h_n.shape(), -0.5, DType::f32);
+      rnn_backward(*unplanned.saved, gy, gh, Tensor());
+      EXPECT_EQ(rnn_plan_info(*plan).backward_splits_laid_out, 0);
+      for (const int threads : {1, 2, 3, 1, 2}) {
+        set_num_threads(threads);
+        const auto a = rnn_forward(m.o, m.weights, m.x, m.plan, m.h0, m.c0, false, true);
+        const auto b =
+            rnn_forward(m.o, m.weights, m.x, m.plan, m.h0, m.c0, false, true, 0, plan.get());
+        const auto ga = rnn_backward(*a.saved, gy, gh, Tensor());
+        const auto gb = rnn_backward(*b.saved, gy, gh, Tensor());
+        for (std::size_t i = 0; i < ga.weights.size(); ++i)
+          EXPECT_TRUE(same_bits(ga.weights[i], gb.weights[i]))
+              << "weight gradient " << i << ", " << threads << " threads";
+        EXPECT_TRUE(same_bits(ga.input, gb.input)) << threads << " threads";
+        EXPECT_TRUE(same_bits(ga.h0, gb.h0)) << threads << " threads";
+        EXPECT_TRUE(same_bits(ga.c0, gb.c0)) << threads << " threads";
+      }
+      if (precision == Precision::fp32) {
+        // Columns shared by 1 and by 2 threads (3 threads: still 2 a step).
+        EXPECT_EQ(rnn_plan_info(*plan).backward_splits_laid_out, 2);
+      } else {
+        EXPECT_GE(rnn_plan_info(*plan).backward_splits_laid_out, 2);
+      }
     }
-    // Columns shared by 1 and by 2 threads (3 threads: still 2 a step).
-    EXPECT_EQ(rnn_plan_info(*plan).backward_splits_laid_out, 2);
   }
   rnn::set_min_step_units(0);
   rnn::set_split_choice(split);
