@@ -188,21 +188,22 @@ struct RNNModelPlan : std::enable_shared_from_this<RNNModelPlan> {
       it = known.emplace(key, rnn::make_backward_plan<T>(options, weights, eng, columns)).first;
     return it->second;
   }
-  template <typename T>
-  auto& layouts() const {
+  // The map of element type T of a float and a double pair.
+  template <typename T, typename F, typename D>
+  static auto& of_type(F& for_float, D& for_double) {
     if constexpr (std::is_same_v<T, float>) {
-      return f32;
+      return for_float;
     } else {
-      return f64;
+      return for_double;
     }
   }
   template <typename T>
+  auto& layouts() const {
+    return of_type<T>(f32, f64);
+  }
+  template <typename T>
   auto& backward_layouts() const {
-    if constexpr (std::is_same_v<T, float>) {
-      return backward_f32;
-    } else {
-      return backward_f64;
-    }
+    return of_type<T>(backward_f32, backward_f64);
   }
 };
 
