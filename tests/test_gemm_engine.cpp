@@ -200,9 +200,14 @@ TEST(GemmEngine, F32StepTakesInitRows) {
   eng.step(p.m, p.a.data(), p.lda, *op, 0, 0.0f, p.c.data(), p.ldc, init.data());
   for (int64_t i = 0; i < p.m; ++i) {
     for (int64_t j = 0; j < p.n; ++j) {
-      double ref = rows[i][j];
-      for (int64_t kk = 0; kk < p.k; ++kk) ref += double(at_a(p, i, kk)) * at_b(p, kk, j);
-      ASSERT_NEAR(p.c[i * p.ldc + j], ref, 1e-5) << i << "," << j;
+      double ref = rows[i][j], mag = std::fabs(rows[i][j]);
+      for (int64_t kk = 0; kk < p.k; ++kk) {
+        ref += double(at_a(p, i, kk)) * at_b(p, kk, j);
+        mag += std::fabs(double(at_a(p, i, kk)) * at_b(p, kk, j));
+      }
+      // fp32 rounding of a sum of k + 1 terms, in any order (FMA or not).
+      const double bound = 2.0 * double(p.k + 1) * std::numeric_limits<float>::epsilon() * mag;
+      ASSERT_NEAR(p.c[i * p.ldc + j], ref, bound) << i << "," << j;
     }
   }
 }
