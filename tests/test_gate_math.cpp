@@ -210,13 +210,41 @@ Buffers random_buffer(std::size_t size, double bound, std::mt19937_64& rng) {
   return ::testing::AssertionSuccess();
 }
 
-// Column sums of rows [n, G] of `rows` (in double) plus the initial value.
-std::vector<double> plus_column_sums(const std::vector<double>& init, const std::vector<double>& rows,
-                                     int64_t n, int64_t G) {
-  std::vector<double> out = init;
-  for (int64_t r = 0; r < n; ++r)
-    for (int64_t k = 0; k < G; ++k)
-      out[static_cast<std::size_t>(k)] += rows[static_cast<std::size_t>(r * G + k)];
+// How far a float32 kernel's sum may be from the float64 one: its terms are
+// float32 results within close()'s tolerance of the float64 terms t (2e-6
+// (1 + |t|) each), added in float32 (at most (terms + 1) eps of the sum of
+// magnitudes, init included).
+struct SumBound {
+  double slack = 0, magnitude = 0;
+  int64_t terms = 0;
+  void add(double t) {
+    slack += 2e-6 * (1 + std::fabs(t));
+    magnitude += std::fabs(t);
+    ++terms;
+  }
+  double bound(double init) const {
+    return slack + static_cast<double>(terms + 1) * std::numeric_limits<float>::epsilon() *
+                       (std::fabs(init) + magnitude);
+  }
+};
+
+// Column sums of rows [n, G] of `rows` (in double) plus the initial value,
+// and each one's bound (SumBound).
+struct ColumnSums {
+  std::vector<double> sum, bound;
+};
+ColumnSums plus_column_sums(const std::vector<double>& init, const std::vector<double>& rows,
+                            int64_t n, int64_t G) {
+  ColumnSums out{init, std::vector<double>(init.size())};
+  for (int64_t k = 0; k < G; ++k) {
+    SumBound b;
+    for (int64_t r = 0; r < n; ++r) {
+      const double t = rows[static_cast<std::size_t>(r * G + k)];
+      out.sum[static_cast<std::size_t>(k)] += t;
+      b.add(t);
+    }
+    out.bound[static_cast<std::size_t>(k)] = b.bound(init[static_cast<std::size_t>(k)]);
+  }
   return out;
 }
 
@@ -361,11 +389,16 @@ TEST_F(GateKernels, LstmBackwardAccumulatesInputRows) {
         for (int64_t k = 0; k < s.H; ++k) {
           const auto i = v * G + static_cast<std::size_t>(j * s.H + k);
           double want = dx0[i];
+          SumBound b;
           for (int64_t r = 0; r < s.n; ++r) {
-            if (ids[static_cast<std::size_t>(r)] == v && k >= s.k0 && k < s.k1)
-              want += dg.d[static_cast<std::size_t>(r) * G + static_cast<std::size_t>(j * s.H + k)];
+            if (ids[static_cast<std::size_t>(r)] == v && k >= s.k0 && k < s.k1) {
+              const double t =
+                  dg.d[static_cast<std::size_t>(r) * G + static_cast<std::size_t>(j * s.H + k)];
+              want += t;
+              b.add(t);
+            }
           }
-          EXPECT_NEAR(dx.f[i], want, 1e-5) << "dx[" << i << "]";
+          EXPECT_NEAR(dx.f[i], want, b.bound(dx0[i])) << "dx[" << i << "]";
         }
       }
     }
@@ -396,12 +429,13 @@ TEST_F(GateKernels, LstmBackwardWithAndWithoutBiasSums) {
       // Independently of both kernels: dbias gained exactly the column sums
       // of dgates (columns outside [k0, k1) are untouched in dgates, so
       // compare only inside).
-      const std::vector<double> sums = plus_column_sums(db0, dg.d, s.n, 4 * s.H);
+      const ColumnSums sums = plus_column_sums(db0, dg.d, s.n, 4 * s.H);
       for (int64_t j = 0; j < 4; ++j) {
         for (int64_t k = 0; k < s.H; ++k) {
           const auto i = static_cast<std::size_t>(j * s.H + k);
-          const double want = bias && k >= s.k0 && k < s.k1 ? sums[i] : db0[i];
-          EXPECT_NEAR(db.f[i], want, 1e-5) << "dbias[" << i << "]";
+          const bool in = bias && k >= s.k0 && k < s.k1;
+          EXPECT_NEAR(db.f[i], in ? sums.sum[i] : db0[i], in ? sums.bound[i] : 0.0)
+              << "dbias[" << i << "]";
         }
       }
     }
@@ -459,13 +493,15 @@ TEST_F(GateKernels, GruBackwardWithAndWithoutBiasSums) {
       EXPECT_TRUE(close(dhp, "dh_prev"));
       EXPECT_TRUE(close(dbi, "db_ih"));
       EXPECT_TRUE(close(dbh, "db_hh"));
-      const std::vector<double> si = plus_column_sums(dbi0, dgx.d, s.n, 3 * s.H);
-      const std::vector<double> sh = plus_column_sums(dbh0, dgh.d, s.n, 3 * s.H);
+      const ColumnSums si = plus_column_sums(dbi0, dgx.d, s.n, 3 * s.H);
+      const ColumnSums sh = plus_column_sums(dbh0, dgh.d, s.n, 3 * s.H);
       for (std::size_t i = 0; i < G; ++i) {
         const auto k = static_cast<int64_t>(i) % s.H;
         const bool in = bias && k >= s.k0 && k < s.k1;
-        EXPECT_NEAR(dbi.f[i], in ? si[i] : dbi0[i], 1e-5) << "db_ih[" << i << "]";
-        EXPECT_NEAR(dbh.f[i], in ? sh[i] : dbh0[i], 1e-5) << "db_hh[" << i << "]";
+        EXPECT_NEAR(dbi.f[i], in ? si.sum[i] : dbi0[i], in ? si.bound[i] : 0.0)
+            << "db_ih[" << i << "]";
+        EXPECT_NEAR(dbh.f[i], in ? sh.sum[i] : dbh0[i], in ? sh.bound[i] : 0.0)
+            << "db_hh[" << i << "]";
       }
     }
   }
@@ -497,10 +533,12 @@ TEST_F(GateKernels, RnnForwardAndBackward) {
                                                        db.d.data());
       EXPECT_TRUE(close(dpre, "dpre"));
       EXPECT_TRUE(close(db, "dbias"));
-      const std::vector<double> sums = plus_column_sums(db0, dpre.d, s.n, s.H);
+      const ColumnSums sums = plus_column_sums(db0, dpre.d, s.n, s.H);
       for (int64_t k = 0; k < s.H; ++k) {
         const auto i = static_cast<std::size_t>(k);
-        EXPECT_NEAR(db.f[i], k >= s.k0 && k < s.k1 ? sums[i] : db0[i], 1e-5) << "dbias[" << k << "]";
+        const bool in = k >= s.k0 && k < s.k1;
+        EXPECT_NEAR(db.f[i], in ? sums.sum[i] : db0[i], in ? sums.bound[i] : 0.0)
+            << "dbias[" << k << "]";
       }
     }
   }
