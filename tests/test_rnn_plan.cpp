@@ -259,6 +259,39 @@ TEST(RNNPlan, ConcurrentInferenceForwardsShareThePlan) {
   for (int t = 0; t < 4; ++t) EXPECT_EQ(wrong[static_cast<std::size_t>(t)], 0) << "thread " << t;
 }
 
+// Backwards on several threads at once through one plan, each thread's
+// first one asking for the plan's backward layouts at the same time: every
+// gradient is the one of a backward without the plan, and the plan holds one
+// layout for the split they share.
+TEST(RNNPlan, ConcurrentBackwardsShareThePlan) {
+  const int before = num_threads();
+  set_num_threads(1);  // each std::thread's forwards and backwards on itself alone
+  const Model m = model(RNNMode::lstm, /*bi=*/true, 0, DType::f32, 41);
+  const auto want_fwd = rnn_forward(m.o, m.weights, m.x, m.plan, m.h0, m.c0, false, true);
+  const Tensor gy = Tensor::full(want_fwd.output.shape(), 0.25, DType::f32);
+  const auto want = rnn_backward(*want_fwd.saved, gy, Tensor(), Tensor());
+  const auto plan = rnn_make_plan(m.o, m.weights);
+  std::vector<int> wrong(4, 0);
+  std::vector<std::thread> threads;
+  for (int t = 0; t < 4; ++t) {
+    threads.emplace_back([&, t] {
+      for (int i = 0; i < 10; ++i) {
+        const auto f =
+            rnn_forward(m.o, m.weights, m.x, m.plan, m.h0, m.c0, false, true, 0, plan.get());
+        const auto g = rnn_backward(*f.saved, gy, Tensor(), Tensor());
+        bool same = same_bits(g.input, want.input) && same_bits(g.h0, want.h0);
+        for (std::size_t w = 0; w < g.weights.size(); ++w)
+          same = same && same_bits(g.weights[w], want.weights[w]);
+        if (!same) ++wrong[static_cast<std::size_t>(t)];
+      }
+    });
+  }
+  for (std::thread& th : threads) th.join();
+  for (int t = 0; t < 4; ++t) EXPECT_EQ(wrong[static_cast<std::size_t>(t)], 0) << "thread " << t;
+  EXPECT_EQ(rnn_plan_info(*plan).backward_splits_laid_out, 1);
+  set_num_threads(before);
+}
+
 // A cell's steps without requires_grad (a decoding loop) through its plan:
 // the values of the cell's own forward, and a change seen after replan().
 TEST(RNNPlan, CellsKeepAPlanForTheirInferenceSteps) {
