@@ -103,21 +103,29 @@ TEST(RNNPlan, AForwardWithAPlanIsAForwardWithoutOne) {
 // A backward whose forward was given the plan reads its step operands (W_hh
 // and W_hr as they are) through the plan: one layout per split its
 // backwards meet, kept, and the same bits as a backward without a plan. At
-// fp32 on a column split too (min step units 16: two threads share a
-// direction's 40 columns, at 2 and 3 threads); at bf16, on a CPU with
-// native bf16, on its row split (W_hh this small).
+// fp32 on a column split (min step units 16: two threads share a direction's
+// 40 columns, at 2 and 3 threads) and on a row split (every thread its own
+// sequences); at bf16, on a CPU with native bf16, on the engine's choice.
 TEST(RNNPlan, ABackwardReadsThePlanOfItsForward) {
   const int before = num_threads();
   const rnn::SplitChoice split = rnn::split_choice();
-  rnn::set_split_choice(rnn::SplitChoice::engine);
   rnn::set_min_step_units(16);
-  for (const Precision precision : {Precision::fp32, Precision::bf16}) {
-    if (precision == Precision::bf16 && !cpu_info().native_bf16) continue;
+  struct Case {
+    Precision precision;
+    rnn::SplitChoice split;
+    int layouts;  // splits met at 1, 2, 3, 1, 2 threads (0: at least 2)
+  };
+  for (const Case& c : {Case{Precision::fp32, rnn::SplitChoice::columns, 2},
+                        Case{Precision::fp32, rnn::SplitChoice::rows, 3},
+                        Case{Precision::bf16, rnn::SplitChoice::engine, 0}}) {
+    if (c.precision == Precision::bf16 && !cpu_info().native_bf16) continue;
+    rnn::set_split_choice(c.split);
     for (const RNNMode mode : {RNNMode::lstm, RNNMode::gru}) {
       const int64_t proj = mode == RNNMode::lstm ? 24 : 0;
-      SCOPED_TRACE(std::string(rnn_mode_name(mode)) + " " + precision_name(precision));
+      SCOPED_TRACE(std::string(rnn_mode_name(mode)) + " " + precision_name(c.precision) +
+                   " split " + std::to_string(static_cast<int>(c.split)));
       Model m = model(mode, /*bi=*/false, proj, DType::f32, 31);
-      m.o.precision = precision;
+      m.o.precision = c.precision;
       const auto plan = rnn_make_plan(m.o, m.weights);
       set_num_threads(2);
       const auto unplanned = rnn_forward(m.o, m.weights, m.x, m.plan, m.h0, m.c0, false, true);
@@ -139,9 +147,10 @@ TEST(RNNPlan, ABackwardReadsThePlanOfItsForward) {
         EXPECT_TRUE(same_bits(ga.h0, gb.h0)) << threads << " threads";
         EXPECT_TRUE(same_bits(ga.c0, gb.c0)) << threads << " threads";
       }
-      if (precision == Precision::fp32) {
-        // Columns shared by 1 and by 2 threads (3 threads: still 2 a step).
-        EXPECT_EQ(rnn_plan_info(*plan).backward_splits_laid_out, 2);
+      // Columns: 1 and 2 threads (3 threads: still 2 a step); rows: 1, 2
+      // and 3 threads.
+      if (c.layouts > 0) {
+        EXPECT_EQ(rnn_plan_info(*plan).backward_splits_laid_out, c.layouts);
       } else {
         EXPECT_GE(rnn_plan_info(*plan).backward_splits_laid_out, 2);
       }

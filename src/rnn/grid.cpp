@@ -76,6 +76,7 @@ void set_min_step_units(int64_t units) {
 
 int direction_threads(const RNNOptions& o, bool by_rows, int64_t rows, int64_t steps) {
   cpu::step_groups();  // read (and checked) here, before any thread asks
+  min_step_units();     // the same, whichever split the engine takes
   const int all = omp_get_max_threads();
   const int nt = step_threads(o.hidden_size, by_rows, o.num_directions() == 2 ? std::max(1, all / 2) : all);
   if (by_rows || nt <= 1 || units_set.load(std::memory_order_relaxed)) return nt;
