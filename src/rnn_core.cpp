@@ -301,7 +301,7 @@ RNNGradients backward_impl(const RNNSaved& sv, const Tensor& grad_output, const 
   }
   std::vector<BackwardWorkspace<T, Cell>> wss(static_cast<std::size_t>(D));
   for (BackwardWorkspace<T, Cell>& ws : wss) ws.resize(sv);
-  const int nt = direction_threads(o, rows_split(eng, o), N,
+  const int nt = direction_threads(o, rows_split(eng, o, /*backward=*/true), N,
                                   static_cast<int64_t>(sv.batch_sizes.size()));
 
   Tensor dout = grad_output;  // gradient of this layer's output rows, or undefined

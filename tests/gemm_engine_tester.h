@@ -146,7 +146,7 @@ class GemmEngineTester {
   void TestStep() const {
     const int64_t n = width_ * blocks_;
     const cpu::GemmEngine<float>& eng = engine();
-    const bool by_rows = !grouped_ && eng.steps_by_rows(k_, n);  // grouped: columns
+    const bool by_rows = !grouped_ && eng.steps_by_rows(k_, n, /*backward=*/false);  // grouped: columns
     const int nc = by_rows ? 1 : threads_;  // threads sharing the columns
     for (int it = 0; it < iterations_; ++it) {
       const uint64_t seed = seed_ + static_cast<uint64_t>(it);

@@ -89,14 +89,18 @@ class F32Engine : public BlasEngine<float> {
 
   bool takes_init() const override { return true; }
 
-  // As the bf16 engine: whole sequences per thread while W_hh fits half a
-  // core's L2 (each thread reads all of it, with no barrier in the steps),
-  // columns above. On 2 vCPUs of a Skylake-SP class Xeon, 2 threads against
-  // 1 went from 1.2-1.5x to 1.95x (gru-chars, 196 KB), from 1.15x to 1.5x
-  // (lstm-long-seq, 256 KB: the work rule gave its column split one thread)
-  // and from 1.0x to 1.3x (rnn-tanh-tiny, 16 KB); lstm-sentences' 1 MB stays
-  // on columns.
-  bool steps_by_rows(int64_t k, int64_t n) const override { return k * n * 4 <= (512 << 10); }
+  // Forwards as the bf16 engine: whole sequences per thread while W_hh fits
+  // half a core's L2 (each thread reads all of it, with no barrier in the
+  // steps), columns above; the outputs are the same bits either way. On 2
+  // vCPUs of a Skylake-SP class Xeon, 2 threads against 1 went from 1.2-1.5x
+  // to about 1.9x (gru-chars, 196 KB), from 1.15x to 1.5x (lstm-long-seq,
+  // 256 KB: the work rule gave its column split one thread) and from 1.0x to
+  // 1.3x (rnn-tanh-tiny, 16 KB). Backwards by columns: fp32's gradients are
+  // the same bits at every thread count, which a row split's per-thread bias
+  // sums are not.
+  bool steps_by_rows(int64_t k, int64_t n, bool backward) const override {
+    return !backward && k * n * 4 <= (512 << 10);
+  }
 };
 
 }  // namespace

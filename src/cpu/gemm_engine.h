@@ -183,8 +183,10 @@ class GemmEngine {
   // An engine whose calls cost much more than their multiply-adds at a step's
   // sizes, or that needs a dense destination, prefers rows (one call per
   // thread and step instead of one per gate) while all of B stays in a
-  // core's cache.
-  virtual bool steps_by_rows(int64_t k, int64_t n) const { return false; }
+  // core's cache. `backward`: for a backward's steps, whose row split also
+  // sums each thread's rows of the bias gradients apart (other bits than one
+  // thread's).
+  virtual bool steps_by_rows(int64_t k, int64_t n, bool backward) const { return false; }
 };
 
 // Whether step_blocks() makes one product of a thread's ranges where the

@@ -642,7 +642,7 @@ class OnednnEngine : public GemmEngine<float> {
   // lstm-sentences' W_hh (256 x 1024 bf16, 512 KB) runs 2 threads at 1.9x
   // one by rows, 1.6x by columns; lstm-long-tail's (512 x 2048, 2 MB) at
   // 1.5x by rows, 1.75x by columns (each thread's half stays in its L2).
-  bool steps_by_rows(int64_t k, int64_t n) const override {
+  bool steps_by_rows(int64_t k, int64_t n, bool) const override {
     return k * n * (f32_ ? 4 : 2) <= (512 << 10);
   }
 

@@ -68,9 +68,10 @@ void set_split_choice(SplitChoice choice);
 SplitChoice split_choice();
 
 // Whether a direction's threads split its steps by rows (whole sequences per
-// thread) rather than by columns: the engine's choice for W_hh [R, G].
+// thread) rather than by columns: the engine's choice for W_hh [R, G], in a
+// forward or (backward) a backward.
 template <typename T>
-bool rows_split(const cpu::GemmEngine<T>& eng, const RNNOptions& o) {
+bool rows_split(const cpu::GemmEngine<T>& eng, const RNNOptions& o, bool backward = false) {
   switch (split_choice()) {
     case SplitChoice::rows:
       return true;
@@ -79,7 +80,7 @@ bool rows_split(const cpu::GemmEngine<T>& eng, const RNNOptions& o) {
     case SplitChoice::engine:
       break;
   }
-  return eng.steps_by_rows(o.real_hidden_size(), o.gate_count() * o.hidden_size);
+  return eng.steps_by_rows(o.real_hidden_size(), o.gate_count() * o.hidden_size, backward);
 }
 
 // A barrier for one team of threads: a direction's, while the other

@@ -764,7 +764,7 @@ struct BackwardDirection {
   static int layer_threads(int nt, const cpu::GemmEngine<T>& eng, const RNNSaved& sv,
                            bool lookup_layer) {
     const RNNOptions& o = sv.options;
-    if (lookup_layer && rows_split(eng, o) && !lookup_rows_fit(sv, nt))
+    if (lookup_layer && rows_split(eng, o, /*backward=*/true) && !lookup_rows_fit(sv, nt))
       return std::min(nt, step_threads(o.hidden_size, false, nt));
     return nt;
   }
@@ -772,7 +772,8 @@ struct BackwardDirection {
   // Whether the steps of a layer on nt threads (layer_threads) split by rows.
   static bool splits_rows(int nt, const cpu::GemmEngine<T>& eng, const RNNSaved& sv,
                           bool lookup_layer) {
-    return rows_split(eng, sv.options) && nt > 1 && (!lookup_layer || lookup_rows_fit(sv, nt));
+    return rows_split(eng, sv.options, /*backward=*/true) && nt > 1 &&
+           (!lookup_layer || lookup_rows_fit(sv, nt));
   }
   // The threads sharing a step's columns: the operands' split.
   int columns(int nt) const { return row_split ? 1 : nt; }
