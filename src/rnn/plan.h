@@ -115,7 +115,6 @@ struct BackwardPlan {
     std::unique_ptr<cpu::StepOperand> whh, whr;
   };
   RNNOptions options;
-  int columns = 1;
   std::vector<Direction> dirs;  // layer by layer, then direction
 
   const Direction& dir(int64_t l, int64_t d) const {
@@ -144,10 +143,10 @@ std::unique_ptr<const BackwardPlan<T>> make_backward_plan(const RNNOptions& o,
                                                           int columns) {
   auto plan = std::make_unique<BackwardPlan<T>>();
   plan->options = o;
-  plan->columns = columns;
   for (int64_t l = 0; l < o.num_layers; ++l) {
     for (int64_t d = 0; d < o.num_directions(); ++d) {
-      plan->dirs.push_back(backward_step_operands<T>(o, dir_weights<T>(o, weights, l, d), eng, columns));
+      const DirWeights<T> w = dir_weights<T>(o, weights, l, d);
+      plan->dirs.push_back(backward_step_operands<T>(o, w, eng, columns));
     }
   }
   return plan;
