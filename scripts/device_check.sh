@@ -26,9 +26,10 @@
 #           machine lacks oneDNN and the rest); without either, or without a GPU (not that
 #           machine; SEQPACK_DEVICE_CHECK_CPU=1 runs it anyway), the stage is skipped.
 #           SEQPACK_DEVICE_CHECK_GPU=0 runs this stage alone (no build, tests or bench);
-#           SEQPACK_DEVICE_CHECK_SWEEP picks its parts (default, in the order they run:
-#           gtest,int8,table,train,compare,main,ab,variants,others; gtest runs the bundle's test
-#           programs)
+#           SEQPACK_DEVICE_CHECK_SWEEP picks its parts and their order (default
+#           gtest,table,int8,train,compare,main,ab,variants,others,pairs; gtest runs the
+#           bundle's test programs, pairs 2 threads against 1 on the 2-core target's
+#           workloads); SEQPACK_DEVICE_CHECK_CPU_S caps the stage (default 400 s)
 #   bench   bench/compare_torch.py --device cuda: seqpack against torch's six configurations
 #           (SEQPACK_DEVICE_CHECK_BENCH_ARGS adds options, e.g. "--workload gru-chars --quick")
 # Without a CUDA GPU the GPU stages say "no CUDA GPU" and the script still ends with 0.
@@ -268,7 +269,7 @@ if [ "$HAVE_GPU" = 0 ] && [ "${SEQPACK_DEVICE_CHECK_CPU:-0}" != 1 ]; then
     "$OUT/cpu.log"
 elif [ -n "$SEQPACK_CPU" ] && "$SEQPACK_CPU" info >/dev/null 2>&1; then
   # The parts of the sweep to run (default all of them).
-  SEQPACK_DEVICE_CHECK_SWEEP=${SEQPACK_DEVICE_CHECK_SWEEP:-gtest,int8,table,train,compare,main,ab,variants,others}
+  SEQPACK_DEVICE_CHECK_SWEEP=${SEQPACK_DEVICE_CHECK_SWEEP:-gtest,table,int8,train,compare,main,ab,variants,others,pairs}
   export SEQPACK_CPU SEQPACK_BASE PY SEQPACK_DEVICE_CHECK_SWEEP TMP
   sweep() {
     "$SEQPACK_CPU" info
@@ -276,8 +277,7 @@ elif [ -n "$SEQPACK_CPU" ] && "$SEQPACK_CPU" info >/dev/null 2>&1; then
       timeout 20 "${TOOL:-$SEQPACK_CPU}" bench --threads "$1" --workload "$2" --mode "$3" \
         --precision "$4" --min-time 0.1 --json || echo "(not run: exit $?)"
     }
-    part() { [[ ",$SEQPACK_DEVICE_CHECK_SWEEP," == *",$1,"* ]]; }
-    if part gtest; then
+    part_gtest() {
       # the bundle's test programs (bf16 and int8 on this CPU's AMX): their summaries
       # SEQPACK_DEVICE_CHECK_GTESTS: the programs (default: every one in the bundle);
       # SEQPACK_DEVICE_CHECK_GTEST_FILTER: a gtest filter; SEQPACK_DEVICE_CHECK_GTEST_ENVS:
@@ -303,8 +303,8 @@ elif [ -n "$SEQPACK_CPU" ] && "$SEQPACK_CPU" info >/dev/null 2>&1; then
           grep -E "^\[  (PASSED|FAILED|SKIPPED) " "$TMP/gtest.out" | head -30
         done
       done
-    fi
-    if part table; then
+    }
+    part_table() {
       # issue 27's table: lstm-bi-2layer at 1..16 threads, forward in each precision, bf16 training
       for n in 1 2 4 8 16; do
         for run in forward_packed:fp32 forward_packed:bf16 forward_packed:int8 train_packed:bf16; do
@@ -312,8 +312,8 @@ elif [ -n "$SEQPACK_CPU" ] && "$SEQPACK_CPU" info >/dev/null 2>&1; then
           one "$n" lstm-bi-2layer "${run%:*}" "${run#*:}"
         done
       done
-    fi
-    if part int8; then
+    }
+    part_int8() {
       # the int8 kernels (AMX-INT8, AVX512-VNNI) against bf16, alternating,
       # SEQPACK_DEVICE_CHECK_INT8_ROUNDS rounds (default 2)
       for round in $(seq "${SEQPACK_DEVICE_CHECK_INT8_ROUNDS:-2}"); do
@@ -328,8 +328,8 @@ elif [ -n "$SEQPACK_CPU" ] && "$SEQPACK_CPU" info >/dev/null 2>&1; then
           done
         done
       done
-    fi
-    if part train; then
+    }
+    part_train() {
       # lstm-bi-2layer bf16 training at 1 and 16 threads, alternating, three rounds (the
       # issue's 8x target; the 1-thread time drifts between rounds on this machine)
       for round in 1 2 3; do
@@ -338,8 +338,8 @@ elif [ -n "$SEQPACK_CPU" ] && "$SEQPACK_CPU" info >/dev/null 2>&1; then
           one "$n" lstm-bi-2layer train_packed bf16
         done
       done
-    fi
-    if part compare; then
+    }
+    part_compare() {
       # the peer at 16 threads, PyTorch at its fastest configuration, in the same run
       if [ -n "$PY" ]; then
         # forward at int8 (which runs seqpack's bf16 too), training at bf16
@@ -351,8 +351,8 @@ elif [ -n "$SEQPACK_CPU" ] && "$SEQPACK_CPU" info >/dev/null 2>&1; then
             --fastest-torch --quick --no-linearity --malloc tuned || echo "(compare_torch: exit $?)"
         done
       fi
-    fi
-    if part main; then
+    }
+    part_main() {
       # the main job: seqpack train, one epoch of the bundle's data
       data=$(dirname "$SEQPACK_CPU")/train.tsv
       if [ -f "$data" ]; then
@@ -369,8 +369,8 @@ elif [ -n "$SEQPACK_CPU" ] && "$SEQPACK_CPU" info >/dev/null 2>&1; then
           done
         done
       fi
-    fi
-    if part ab; then
+    }
+    part_ab() {
       # this build against the baseline, alternating, SEQPACK_DEVICE_CHECK_AB_ROUNDS times
       # (default 2: the machine is shared)
       if [ -n "$SEQPACK_BASE" ]; then
@@ -389,8 +389,8 @@ elif [ -n "$SEQPACK_CPU" ] && "$SEQPACK_CPU" info >/dev/null 2>&1; then
           done
         done
       fi
-    fi
-    if part variants; then
+    }
+    part_variants() {
       # the minimum of hidden units per thread of a column split (default 64)
       for n in 8 16; do
         for run in forward_packed:bf16 forward_packed:int8 train_packed:bf16; do
@@ -409,8 +409,8 @@ elif [ -n "$SEQPACK_CPU" ] && "$SEQPACK_CPU" info >/dev/null 2>&1; then
           done
         done
       done
-    fi
-    if part others; then
+    }
+    part_others() {
       # every other workload: more threads must never be slower
       for w in lstm-sentences gru-chars lstm-long-tail rnn-tanh-tiny lstm-long-seq; do
         for n in 1 2 4 8 16; do
@@ -420,12 +420,34 @@ elif [ -n "$SEQPACK_CPU" ] && "$SEQPACK_CPU" info >/dev/null 2>&1; then
           done
         done
       done
-    fi
+    }
+    part_pairs() {
+      # 2 threads against 1 on the workloads of issue 27's 2-core target (bf16 forward and
+      # training), alternating, SEQPACK_DEVICE_CHECK_PAIRS_ROUNDS rounds (default 3)
+      lscpu | grep -E '^(Model name|Thread|Core|Socket)' || true
+      for round in $(seq "${SEQPACK_DEVICE_CHECK_PAIRS_ROUNDS:-3}"); do
+        for w in lstm-bi-2layer lstm-long-tail lstm-sentences; do
+          for run in forward_packed:bf16 train_packed:bf16; do
+            for n in 1 2; do
+              echo "--- pairs round $round, $w, threads $n, ${run%:*}, ${run#*:}"
+              one "$n" "$w" "${run%:*}" "${run#*:}"
+            done
+          done
+        done
+      done
+    }
+    for p in ${SEQPACK_DEVICE_CHECK_SWEEP//,/ }; do
+      if declare -F "part_$p" >/dev/null; then
+        "part_$p"
+      else
+        echo "--- no sweep part named $p"
+      fi
+    done
   }
   declare -f sweep >>"$TMP/stages.sh"
   reserve=60  # for the bench stage
   [ "$GPU_STAGES" = 0 ] && reserve=0
-  stage cpu 400 "$reserve" "$OUT/cpu.log" bash -c ". '$TMP/stages.sh'; sweep"
+  stage cpu "${SEQPACK_DEVICE_CHECK_CPU_S:-400}" "$reserve" "$OUT/cpu.log" bash -c ". '$TMP/stages.sh'; sweep"
 else
   skip_stage cpu "no CPU tool: neither build/seqpack nor build-device/seqpack-cpu.tar.xz (scripts/device_bundle.sh) runs here" \
     "$OUT/cpu.log"
