@@ -27,9 +27,12 @@
 #           machine; SEQPACK_DEVICE_CHECK_CPU=1 runs it anyway), the stage is skipped.
 #           SEQPACK_DEVICE_CHECK_GPU=0 runs this stage alone (no build, tests or bench);
 #           SEQPACK_DEVICE_CHECK_SWEEP picks its parts and their order (default
-#           gtest,table,int8,train,compare,main,ab,variants,others,pairs; gtest runs the
+#           gtest,table,int8,train,compare,main,ab,variants,others; gtest runs the
 #           bundle's test programs, pairs 2 threads against 1 on the 2-core target's
-#           workloads); SEQPACK_DEVICE_CHECK_CPU_S caps the stage (default 400 s)
+#           workloads, splits a row split against a column split, repeat the thread
+#           counts a single pass found slower again, blas the main job with and without
+#           OpenBLAS's pool; these four are not in the default);
+#           SEQPACK_DEVICE_CHECK_CPU_S caps the stage (default 400 s)
 #   bench   bench/compare_torch.py --device cuda: seqpack against torch's six configurations
 #           (SEQPACK_DEVICE_CHECK_BENCH_ARGS adds options, e.g. "--workload gru-chars --quick")
 # Without a CUDA GPU the GPU stages say "no CUDA GPU" and the script still ends with 0.
@@ -269,13 +272,37 @@ if [ "$HAVE_GPU" = 0 ] && [ "${SEQPACK_DEVICE_CHECK_CPU:-0}" != 1 ]; then
     "$OUT/cpu.log"
 elif [ -n "$SEQPACK_CPU" ] && "$SEQPACK_CPU" info >/dev/null 2>&1; then
   # The parts of the sweep to run (default all of them).
-  SEQPACK_DEVICE_CHECK_SWEEP=${SEQPACK_DEVICE_CHECK_SWEEP:-gtest,table,int8,train,compare,main,ab,variants,others,pairs}
+  SEQPACK_DEVICE_CHECK_SWEEP=${SEQPACK_DEVICE_CHECK_SWEEP:-gtest,table,int8,train,compare,main,ab,variants,others}
   export SEQPACK_CPU SEQPACK_BASE PY SEQPACK_DEVICE_CHECK_SWEEP TMP
   sweep() {
     "$SEQPACK_CPU" info
     one() {  # THREADS WORKLOAD MODE PRECISION: one bench line (JSON) of ${TOOL:-$SEQPACK_CPU}
       timeout 20 "${TOOL:-$SEQPACK_CPU}" bench --threads "$1" --workload "$2" --mode "$3" \
         --precision "$4" --min-time 0.1 --json || echo "(not run: exit $?)"
+    }
+    main_job() {  # TOOL THREADS: the main job, SEQPACK_DEVICE_CHECK_MAIN_EPOCHS epochs, timed
+      # with the process's wall, user and system seconds, and the CPU ticks of each of
+      # its threads (OpenMP's and any other) as last seen before it ended
+      local log=$TMP/main.out pid child ticks="" now
+      local TIMEFORMAT='time: wall %R s, user %U s, system %S s'
+      time {
+        timeout 60 "$1" train --data "$(dirname "$SEQPACK_CPU")/train.tsv" \
+          --epochs "${SEQPACK_DEVICE_CHECK_MAIN_EPOCHS:-1}" \
+          --threads "$2" --quiet --profile --out "$(mktemp -d)/model" >"$log" 2>&1 &
+        pid=$!
+        while kill -0 "$pid" 2>/dev/null; do
+          child=$(ps -o pid= --ppid "$pid" 2>/dev/null | head -1 | tr -d ' ')
+          if [ -n "$child" ]; then
+            now=$(cat /proc/"$child"/task/*/stat 2>/dev/null | awk '{print $14 + $15}' |
+              sort -rn | tr '\n' ' ')
+            [ -n "$now" ] && ticks=$now
+          fi
+          sleep 0.1
+        done
+        wait "$pid" || echo "(not run: exit $?)"
+      }
+      grep -E "^(precision|epoch|step profile)" "$log"
+      echo "thread cpu ticks: $ticks"
     }
     part_gtest() {
       # the bundle's test programs (bf16 and int8 on this CPU's AMX): their summaries
@@ -330,9 +357,10 @@ elif [ -n "$SEQPACK_CPU" ] && "$SEQPACK_CPU" info >/dev/null 2>&1; then
       done
     }
     part_train() {
-      # lstm-bi-2layer bf16 training at 1 and 16 threads, alternating, three rounds (the
-      # issue's 8x target; the 1-thread time drifts between rounds on this machine)
-      for round in 1 2 3; do
+      # lstm-bi-2layer bf16 training at 1 and 16 threads, alternating,
+      # SEQPACK_DEVICE_CHECK_TRAIN_ROUNDS rounds (default 3: the issue's 8x target; the
+      # 1-thread time drifts between rounds on this machine)
+      for round in $(seq "${SEQPACK_DEVICE_CHECK_TRAIN_ROUNDS:-3}"); do
         for n in 1 16; do
           echo "--- train round $round, threads $n"
           one "$n" lstm-bi-2layer train_packed bf16
@@ -353,19 +381,22 @@ elif [ -n "$SEQPACK_CPU" ] && "$SEQPACK_CPU" info >/dev/null 2>&1; then
       fi
     }
     part_main() {
-      # the main job: seqpack train, one epoch of the bundle's data
+      # the main job: seqpack train on the bundle's data at each thread count,
+      # SEQPACK_DEVICE_CHECK_MAIN_ROUNDS rounds (default 1) of SEQPACK_DEVICE_CHECK_MAIN_EPOCHS
+      # epochs (default 1; the first epoch of a process also pays OpenBLAS's start: its
+      # pool threads spin about 0.1 s each as the library loads)
       data=$(dirname "$SEQPACK_CPU")/train.tsv
       if [ -f "$data" ]; then
         tools=new
         [ -n "$SEQPACK_BASE" ] && tools="base new"
-        for n in 1 2 4 8 16; do
-          for tool in $tools; do
-            echo "--- main job $tool, threads $n"
-            TOOL=$SEQPACK_CPU
-            [ "$tool" = base ] && TOOL=$SEQPACK_BASE
-            timeout 60 "$TOOL" train --data "$data" --epochs 1 --threads "$n" --quiet --profile \
-              --out "$(mktemp -d)/model" 2>&1 | grep -E "^(precision|epoch|step profile)" \
-              || echo "(not run: exit $?)"
+        for round in $(seq "${SEQPACK_DEVICE_CHECK_MAIN_ROUNDS:-1}"); do
+          for n in 1 2 4 8 16; do
+            for tool in $tools; do
+              echo "--- main job $tool, round $round, threads $n"
+              TOOL=$SEQPACK_CPU
+              [ "$tool" = base ] && TOOL=$SEQPACK_BASE
+              main_job "$TOOL" "$n"
+            done
           done
         done
       fi
@@ -418,6 +449,54 @@ elif [ -n "$SEQPACK_CPU" ] && "$SEQPACK_CPU" info >/dev/null 2>&1; then
             echo "--- $w, threads $n, ${run%:*}, ${run#*:}"
             one "$n" "$w" "${run%:*}" "${run#*:}"
           done
+        done
+      done
+    }
+    part_splits() {
+      # a step split by rows against one by columns (SEQPACK_STEP_SPLIT) at 2 threads, and
+      # 1 thread, on the workloads whose bf16 or int8 W_hh takes a row split,
+      # SEQPACK_DEVICE_CHECK_SPLITS_ROUNDS rounds (default 3)
+      for round in $(seq "${SEQPACK_DEVICE_CHECK_SPLITS_ROUNDS:-3}"); do
+        for w in lstm-sentences lstm-long-seq; do
+          for run in forward_packed:bf16 train_packed:bf16 forward_packed:int8; do
+            echo "--- splits round $round, $w, threads 1, ${run%:*}, ${run#*:}"
+            one 1 "$w" "${run%:*}" "${run#*:}"
+            for split in rows columns; do
+              echo "--- splits round $round, $w, threads 2 $split, ${run%:*}, ${run#*:}"
+              SEQPACK_STEP_SPLIT=$split one 2 "$w" "${run%:*}" "${run#*:}"
+            done
+          done
+        done
+      done
+    }
+    part_repeat() {
+      # the workloads and thread counts that a single pass found slower than a smaller
+      # count, again, SEQPACK_DEVICE_CHECK_REPEAT_ROUNDS rounds (default 3)
+      for round in $(seq "${SEQPACK_DEVICE_CHECK_REPEAT_ROUNDS:-3}"); do
+        for spec in lstm-long-seq:forward_packed:bf16:2,4,8,16 \
+                    lstm-long-tail:forward_packed:bf16:4,8,16 \
+                    lstm-long-tail:forward_packed:int8:4,8,16 \
+                    rnn-tanh-tiny:train_packed:bf16:4,8,16 \
+                    lstm-sentences:forward_packed:int8:1,2,4; do
+          IFS=: read -r w m p counts <<<"$spec"
+          for n in ${counts//,/ }; do
+            echo "--- repeat round $round, $w, threads $n, $m, $p"
+            one "$n" "$w" "$m" "$p"
+          done
+        done
+      done
+    }
+    part_blas() {
+      # one epoch of the main job at 16 threads with OpenBLAS's pool (its default) and
+      # without (OPENBLAS_NUM_THREADS=1), alternating, two rounds
+      for round in 1 2; do
+        for pool in default 1; do
+          echo "--- main job OpenBLAS threads $pool, round $round, threads 16"
+          if [ "$pool" = default ]; then
+            main_job "$SEQPACK_CPU" 16
+          else
+            OPENBLAS_NUM_THREADS=1 main_job "$SEQPACK_CPU" 16
+          fi
         done
       done
     }
