@@ -31,7 +31,8 @@
 #           bundle's test programs, pairs 2 threads against 1 on the 2-core target's
 #           workloads, splits a row split against a column split, repeat the thread
 #           counts a single pass found slower again, blas the main job with and without
-#           OpenBLAS's pool; these four are not in the default);
+#           OpenBLAS's pool, knobs OpenMP's and seqpack's settings against the
+#           default; these five are not in the default);
 #           SEQPACK_DEVICE_CHECK_CPU_S caps the stage (default 400 s)
 #   bench   bench/compare_torch.py --device cuda: seqpack against torch's six configurations
 #           (SEQPACK_DEVICE_CHECK_BENCH_ARGS adds options, e.g. "--workload gru-chars --quick")
@@ -497,6 +498,41 @@ elif [ -n "$SEQPACK_CPU" ] && "$SEQPACK_CPU" info >/dev/null 2>&1; then
           else
             OPENBLAS_NUM_THREADS=1 main_job "$SEQPACK_CPU" 16
           fi
+        done
+      done
+    }
+    with_env() {  # 'VAR=VALUE ...' (or -) COMMAND...: COMMAND with those settings
+      local vars=$1
+      shift
+      if [ "$vars" = - ]; then "$@"; else eval "$vars \"\$@\""; fi
+    }
+    part_knobs() {
+      # settings against the default, alternating, SEQPACK_DEVICE_CHECK_KNOBS_ROUNDS rounds
+      # (default 3): the main job at 16 threads (and 8, the default), OpenMP's wait policy
+      # and binding, and SEQPACK_STEP_ROWS; lstm-long-tail at 16 and 8 threads;
+      # lstm-bi-2layer bf16 at 2 threads and 1, and its training at 16
+      local v
+      for round in $(seq "${SEQPACK_DEVICE_CHECK_KNOBS_ROUNDS:-3}"); do
+        for v in - OMP_WAIT_POLICY=passive SEQPACK_STEP_ROWS=32 \
+                 "OMP_PROC_BIND=close OMP_PLACES=cores"; do
+          echo "--- knobs round $round, main job, threads 16, $v"
+          with_env "$v" main_job "$SEQPACK_CPU" 16
+        done
+        echo "--- knobs round $round, main job, threads 8, -"
+        main_job "$SEQPACK_CPU" 8
+        for v in - OMP_WAIT_POLICY=passive; do
+          echo "--- knobs round $round, lstm-long-tail, threads 16, forward_packed, bf16, $v"
+          with_env "$v" one 16 lstm-long-tail forward_packed bf16
+          echo "--- knobs round $round, lstm-bi-2layer, threads 16, train_packed, bf16, $v"
+          with_env "$v" one 16 lstm-bi-2layer train_packed bf16
+        done
+        echo "--- knobs round $round, lstm-long-tail, threads 8, forward_packed, bf16, -"
+        one 8 lstm-long-tail forward_packed bf16
+        echo "--- knobs round $round, lstm-bi-2layer, threads 1, forward_packed, bf16, -"
+        one 1 lstm-bi-2layer forward_packed bf16
+        for v in - OMP_WAIT_POLICY=passive "OMP_PROC_BIND=spread OMP_PLACES=cores"; do
+          echo "--- knobs round $round, lstm-bi-2layer, threads 2, forward_packed, bf16, $v"
+          with_env "$v" one 2 lstm-bi-2layer forward_packed bf16
         done
       done
     }

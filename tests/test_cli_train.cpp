@@ -7,6 +7,7 @@
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <regex>
 #include <string>
 
 #include "cli_run.h"
@@ -96,6 +97,31 @@ TEST(CliTrain, ProfilePrintsEveryPhaseOfTheStepPerEpoch) {
     }
   }
   EXPECT_EQ(lines, 2u) << r.out;  // one per epoch
+  // The same phases in wall-clock seconds, which sum to no more than the
+  // epoch's own time (printed to 0.01 s; the phases' total to 0.001 s).
+  const std::regex wall_total(R"(step profile \(wall s\): total ([0-9.]+))");
+  const std::regex epoch_secs(R"(epoch \d+/2: .*, ([0-9.]+) s, cpu)");
+  std::vector<double> walls, epochs;
+  for (auto it = std::sregex_iterator(r.out.begin(), r.out.end(), wall_total); it != std::sregex_iterator();
+       ++it) {
+    walls.push_back(std::stod((*it)[1]));
+    const std::size_t at = static_cast<std::size_t>(it->position());
+    const std::string line = r.out.substr(at, r.out.find('\n', at) - at);
+    for (const char* phase : {", batch ", ", forward ", ", loss ", ", backward ", ", clip ", ", step ",
+                              ", zero_grad ", ", other "}) {
+      EXPECT_NE(line.find(phase), std::string::npos) << phase << " missing in " << line;
+    }
+  }
+  for (auto it = std::sregex_iterator(r.out.begin(), r.out.end(), epoch_secs); it != std::sregex_iterator();
+       ++it) {
+    epochs.push_back(std::stod((*it)[1]));
+  }
+  ASSERT_EQ(walls.size(), 2u) << r.out;
+  ASSERT_EQ(epochs.size(), 2u) << r.out;
+  for (std::size_t e = 0; e < 2; ++e) {
+    EXPECT_GT(walls[e], 0.0) << r.out;
+    EXPECT_LE(walls[e], epochs[e] + 0.0055) << r.out;
+  }
   // Without the flag, no profile.
   CliResult q = run_cli("train --data " + tsv.string() + " --epochs 1 --hidden 8 --embed 4 --quiet --out " +
                         (work_dir() / "m_noprofile").string());

@@ -441,13 +441,16 @@ TEST(RNNThreads, BadKnobsAreRefusedByName) {
            {"SEQPACK_STEP_SPLIT=diagonal", "SEQPACK_STEP_SPLIT: 'diagonal' is not one of rows"},
            {"SEQPACK_STEP_UNITS=8", "SEQPACK_STEP_UNITS: '8' is not a count of hidden units"},
            {"SEQPACK_STEP_UNITS=64k", "SEQPACK_STEP_UNITS: '64k' is not a count"},
-           {"SEQPACK_STEP_GROUPS=yes", "SEQPACK_STEP_GROUPS: 'yes' is not 0 or 1"}}) {
+           {"SEQPACK_STEP_GROUPS=yes", "SEQPACK_STEP_GROUPS: 'yes' is not 0 or 1"},
+           {"SEQPACK_STEP_ROWS=0", "SEQPACK_STEP_ROWS: '0' is not a count of rows"},
+           {"SEQPACK_STEP_ROWS=many", "SEQPACK_STEP_ROWS: 'many' is not a count of rows"}}) {
     const testing::CliResult r = testing::run_cli(args, env);
     EXPECT_EQ(r.status, 1) << env << ": " << r.err;
     EXPECT_NE(r.err.find(needle), std::string::npos) << env << ": " << r.err;
   }
   const testing::CliResult ok =
-      testing::run_cli(args, "SEQPACK_STEP_SPLIT=rows SEQPACK_STEP_UNITS=32 SEQPACK_STEP_GROUPS=0");
+      testing::run_cli(args, "SEQPACK_STEP_SPLIT=rows SEQPACK_STEP_UNITS=32 SEQPACK_STEP_GROUPS=0 "
+                                   "SEQPACK_STEP_ROWS=8");
   EXPECT_EQ(ok.status, 0) << ok.err;
 }
 

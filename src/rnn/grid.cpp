@@ -25,6 +25,31 @@ int64_t units_from_env() {
   return static_cast<int64_t>(v);
 }
 
+// Mean rows a step per thread below which a row split stops adding threads:
+// SEQPACK_STEP_ROWS (1 to 2^20), or 0, no such floor.
+int64_t rows_from_env() {
+  const char* env = std::getenv("SEQPACK_STEP_ROWS");
+  if (!env || !*env) return 0;
+  char* end = nullptr;
+  const long long v = std::strtoll(env, &end, 10);
+  if (*end != '\0' || v < 1 || v > (1 << 20)) {
+    throw std::invalid_argument("SEQPACK_STEP_ROWS: '" + std::string(env) +
+                                "' is not a count of rows from 1 to 1048576");
+  }
+  return static_cast<int64_t>(v);
+}
+
+std::atomic<int64_t> step_rows{-1};  // -1: not read yet
+
+int64_t min_step_rows() {
+  int64_t r = step_rows.load(std::memory_order_relaxed);
+  if (r < 0) {
+    r = rows_from_env();
+    step_rows.store(r, std::memory_order_relaxed);
+  }
+  return r;
+}
+
 std::atomic<int64_t> step_units{0};  // 0: not read yet
 std::atomic<bool> units_set{false};  // set_min_step_units: no work rule
 
@@ -77,9 +102,15 @@ void set_min_step_units(int64_t units) {
 int direction_threads(const RNNOptions& o, bool by_rows, int64_t rows, int64_t steps) {
   cpu::step_groups();  // read (and checked) here, before any thread asks
   min_step_units();     // the same, whichever split the engine takes
+  const int64_t floor_rows = min_step_rows();
   const int all = omp_get_max_threads();
   const int nt = step_threads(o.hidden_size, by_rows, o.num_directions() == 2 ? std::max(1, all / 2) : all);
-  if (by_rows || nt <= 1 || units_set.load(std::memory_order_relaxed)) return nt;
+  if (by_rows) {
+    if (floor_rows == 0 || nt <= 1) return nt;
+    const int64_t mean_rows = rows / std::max<int64_t>(steps, 1);
+    return static_cast<int>(std::clamp<int64_t>(mean_rows / floor_rows, 1, nt));
+  }
+  if (nt <= 1 || units_set.load(std::memory_order_relaxed)) return nt;
   const int64_t K = o.real_hidden_size(), G = o.gate_count() * o.hidden_size;
   const int64_t bytes = K * G * static_cast<int64_t>(dtype_size(o.dtype));
   const double macs = static_cast<double>(rows) / static_cast<double>(std::max<int64_t>(steps, 1)) *

@@ -162,30 +162,42 @@ double cpu_seconds() {
   return static_cast<double>(ts.tv_sec) + 1e-9 * static_cast<double>(ts.tv_nsec);
 }
 
-// --profile: CPU seconds per phase of the training step, summed over an epoch.
+// --profile: CPU and wall-clock seconds per phase of the training step,
+// summed over an epoch. CPU seconds count every thread (spinning ones too);
+// wall-clock seconds show where a many-thread step spends its time.
 struct StepProfile {
   static constexpr const char* kNames[] = {"batch", "forward", "loss", "backward", "clip", "step",
                                            "zero_grad", "other"};
   static constexpr int kPhases = 8;
-  double seconds[kPhases] = {};
-  double last = 0.0;
-  void start() { last = cpu_seconds(); }
+  double cpu[kPhases] = {};
+  double wall[kPhases] = {};
+  double last_cpu = 0.0;
+  Clock::time_point last_wall;
+  void start() {
+    last_cpu = cpu_seconds();
+    last_wall = Clock::now();
+  }
   // Charges the time since the previous mark to `phase`.
   void mark(int phase) {
     const double now = cpu_seconds();
-    seconds[phase] += now - last;
-    last = now;
+    const auto now_wall = Clock::now();
+    cpu[phase] += now - last_cpu;
+    wall[phase] += std::chrono::duration<double>(now_wall - last_wall).count();
+    last_cpu = now;
+    last_wall = now_wall;
   }
-  std::string str() const {
+  static std::string line(const char* what, const double (&seconds)[kPhases]) {
     double total = 0.0;
     for (double s : seconds) total += s;
-    std::string out = fmt::format("step profile (cpu s): total {:.3f}", total);
+    std::string out = fmt::format("step profile ({} s): total {:.3f}", what, total);
     for (int i = 0; i < kPhases; ++i) {
       out += fmt::format(", {} {:.3f} ({:.1f}%)", kNames[i], seconds[i],
                          total > 0 ? 100.0 * seconds[i] / total : 0.0);
     }
     return out;
   }
+  std::string cpu_str() const { return line("cpu", cpu); }
+  std::string wall_str() const { return line("wall", wall); }
 };
 
 // One line redrawn in place on stderr: "epoch 2/5 [=====>     ] 61% 150/245 ...".
@@ -546,7 +558,10 @@ void train_epochs(const TrainArgs& a, int64_t first_epoch, const DatasetSplit& s
     total_cpu_s += cpu_secs;
     const double val_cpu0 = cpu_seconds();
     const double val_acc = accuracy(predict_all(model, vocab, split.val, 512), split.val);
-    if (a.profile) fmt::print("{}; validation {:.3f}\n", prof.str(), cpu_seconds() - val_cpu0);
+    if (a.profile) {
+      fmt::print("{}; validation {:.3f}\n{}\n", prof.cpu_str(), cpu_seconds() - val_cpu0,
+                 prof.wall_str());
+    }
     fmt::print(
         "epoch {}/{}: train loss {:.4f}, validation accuracy {}, {:.2f} s, cpu {:.2f} s "
         "({:.0f} words/s, {:.0f} tokens/s)\n",
