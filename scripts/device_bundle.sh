@@ -27,7 +27,7 @@ cp bench/workloads.json "$stage/seqpack-cpu/"
 cp "$stage/data/train.tsv" "$stage/seqpack-cpu/train.tsv"
 # The engine and recurrent-core test programs, for the GPU machine's AMX CPU
 # (they need no library the tool does not): SEQPACK_BUNDLE_TESTS, a list.
-tests=${SEQPACK_BUNDLE_TESTS-test_gemm_engine_sweep test_gemm_engine test_rnn_threads test_rnn_bf16 test_rnn_int8 test_rnn_cell_step test_rnn_plan test_precision test_threading}
+tests=${SEQPACK_BUNDLE_TESTS-test_gemm_engine_sweep test_gemm_engine test_rnn_threads test_rnn_bf16 test_rnn_int8 test_rnn_cell_step test_rnn_plan test_precision}
 mkdir -p "$stage/seqpack-cpu/tests"
 for t in $tests; do
   [ -x "$BUILD_DIR/tests/$t" ] && cp "$BUILD_DIR/tests/$t" "$stage/seqpack-cpu/tests/"

@@ -32,8 +32,7 @@
 #           workloads, splits a row split against a column split, repeat the thread
 #           counts a single pass found slower again, blas the main job with and without
 #           OpenBLAS's pool, knobs OpenMP's and seqpack's settings against the
-#           default, pin pinned threads against unpinned; these six are not in the
-#           default);
+#           default; these five are not in the default);
 #           SEQPACK_DEVICE_CHECK_CPU_S caps the stage (default 400 s)
 #   bench   bench/compare_torch.py --device cuda: seqpack against torch's six configurations
 #           (SEQPACK_DEVICE_CHECK_BENCH_ARGS adds options, e.g. "--workload gru-chars --quick")
@@ -534,33 +533,6 @@ elif [ -n "$SEQPACK_CPU" ] && "$SEQPACK_CPU" info >/dev/null 2>&1; then
         for v in - OMP_WAIT_POLICY=passive "OMP_PROC_BIND=spread OMP_PLACES=cores"; do
           echo "--- knobs round $round, lstm-bi-2layer, threads 2, forward_packed, bf16, $v"
           with_env "$v" one 2 lstm-bi-2layer forward_packed bf16
-        done
-      done
-    }
-    part_pin() {
-      # pinned threads (the tool's default where they fill the CPUs) against unpinned
-      # (SEQPACK_PIN_THREADS=0) at 16 threads, and 8 threads unpinned (the default) and
-      # pinned, alternating, SEQPACK_DEVICE_CHECK_PIN_ROUNDS rounds (default 3)
-      local v spec w m p
-      for round in $(seq "${SEQPACK_DEVICE_CHECK_PIN_ROUNDS:-3}"); do
-        for v in - SEQPACK_PIN_THREADS=0; do
-          echo "--- pin round $round, main job, threads 16, $v"
-          with_env "$v" main_job "$SEQPACK_CPU" 16
-        done
-        for v in - SEQPACK_PIN_THREADS=1; do
-          echo "--- pin round $round, main job, threads 8, $v"
-          with_env "$v" main_job "$SEQPACK_CPU" 8
-        done
-        for spec in lstm-bi-2layer:forward_packed:bf16 lstm-bi-2layer:train_packed:bf16 \
-                    lstm-long-tail:forward_packed:bf16 lstm-sentences:forward_packed:int8 \
-                    gru-chars:train_packed:bf16; do
-          IFS=: read -r w m p <<<"$spec"
-          for v in - SEQPACK_PIN_THREADS=0; do
-            echo "--- pin round $round, $w, threads 16, $m, $p, $v"
-            with_env "$v" one 16 "$w" "$m" "$p"
-          done
-          echo "--- pin round $round, $w, threads 8, $m, $p, -"
-          one 8 "$w" "$m" "$p"
         done
       done
     }

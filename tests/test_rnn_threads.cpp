@@ -443,8 +443,7 @@ TEST(RNNThreads, BadKnobsAreRefusedByName) {
            {"SEQPACK_STEP_UNITS=64k", "SEQPACK_STEP_UNITS: '64k' is not a count"},
            {"SEQPACK_STEP_GROUPS=yes", "SEQPACK_STEP_GROUPS: 'yes' is not 0 or 1"},
            {"SEQPACK_STEP_ROWS=0", "SEQPACK_STEP_ROWS: '0' is not a count of rows"},
-           {"SEQPACK_STEP_ROWS=many", "SEQPACK_STEP_ROWS: 'many' is not a count of rows"},
-           {"SEQPACK_PIN_THREADS=yes", "SEQPACK_PIN_THREADS: 'yes' is not 0 or 1"}}) {
+           {"SEQPACK_STEP_ROWS=many", "SEQPACK_STEP_ROWS: 'many' is not a count of rows"}}) {
     const testing::CliResult r = testing::run_cli(args, env);
     EXPECT_EQ(r.status, 1) << env << ": " << r.err;
     EXPECT_NE(r.err.find(needle), std::string::npos) << env << ": " << r.err;

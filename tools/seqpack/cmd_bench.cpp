@@ -334,7 +334,6 @@ void run_bench(Args args) {
   // Every selected workload is checked before the first one runs.
   for (const Workload& wl : selected) check_workload_size(wl, args.scale);
   set_num_threads(args.threads);
-  const std::string pinned = pin_threads();
   const Precision precision = resolve_precision(args.precision);
   // A precision without a backward (int8) is inference only: its default
   // modes are the forwards, and training is refused.
@@ -414,7 +413,7 @@ void run_bench(Args args) {
                                {"sec_per_batch", t.median}, {"tokens_per_s", tokens_per_s},
                                {"cpu_sec_per_batch", t.cpu_median},
                                {"tokens", tokens},      {"scale", args.scale},
-                               {"reps", t.reps},        {"pinned_cpus", pinned}};
+                               {"reps", t.reps}};
         fmt::print("{}\n", line.dump());
       } else {
         fmt::print("{:<16} {:<15} {:>7} {:>13.6g} {:>13.6g} {:>13.6g} {:>6}\n", wl.name, mode,

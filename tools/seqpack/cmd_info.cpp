@@ -21,9 +21,6 @@ struct Args {
 
 void run_info(const Args& args) {
   if (args.threads > 0) set_num_threads(args.threads);
-  // What the tool's other commands do with these threads (pin_threads).
-  std::string why;
-  const std::string pinned = pin_threads(&why);
   const CpuInfo cpu = cpu_info();
   const Precision autop = resolve_precision("auto");
   if (args.json) {
@@ -37,7 +34,6 @@ void run_info(const Args& args) {
                                 {"int8_kernel", cpu.int8_kernel},
                                 {"auto_precision", precision_name(autop)},
                                 {"threads", cpu.threads},
-                                {"pinned_cpus", pinned},
                                 {"onednn", cpu.onednn_version},
                                 {"blas", cpu.blas}};
     fmt::print("{}\n", j.dump());
@@ -54,8 +50,7 @@ void run_info(const Args& args) {
                                             cpu.int8_kernel == "amx" ? "AMX-INT8" : "AVX512-VNNI"));
   fmt::print("AMX              {}\n", cpu.amx ? "yes" : "no");
   fmt::print("precision auto   {}\n", precision_name(autop));
-  fmt::print("threads          {} ({})\n", cpu.threads,
-             pinned.empty() ? "not pinned: " + why : "pinned to CPUs " + pinned);
+  fmt::print("threads          {}\n", cpu.threads);
   fmt::print("oneDNN           {}\n", cpu.onednn_version);
   fmt::print("BLAS             {}\n", cpu.blas);
 }

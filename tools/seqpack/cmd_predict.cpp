@@ -283,7 +283,6 @@ void run_predict(const PredictArgs& a) {
   }
   const Precision precision = resolve_precision(a.precision);
   if (a.threads > 0) set_num_threads(a.threads);
-  pin_threads();
   TrainedClassifier tc = load_classifier(a.model.model_dir());
   tc.model->set_precision(precision);
   if (!a.eval.empty()) {

@@ -580,9 +580,7 @@ void train_epochs(const TrainArgs& a, int64_t first_epoch, const DatasetSplit& s
 }
 
 // The model and its options for this run's data.
-// `pinned`: the CPUs the threads are pinned to (pin_threads), or "".
-CharClassifierOptions model_options(TrainArgs& a, const Vocabulary& vocab, int64_t n_classes,
-                                    const std::string& pinned) {
+CharClassifierOptions model_options(TrainArgs& a, const Vocabulary& vocab, int64_t n_classes) {
   CharClassifierOptions mo;
   mo.vocab_size = vocab.size();
   mo.embed_dim = a.embed;
@@ -591,8 +589,7 @@ CharClassifierOptions model_options(TrainArgs& a, const Vocabulary& vocab, int64
   std::string precision_note;
   mo.precision = resolve_precision(a.precision, &precision_note);
   a.precision = precision_name(mo.precision);  // what the checkpoint records
-  fmt::print("{}, {} thread{}{}\n", precision_note, num_threads(), num_threads() == 1 ? "" : "s",
-             pinned.empty() ? "" : ", pinned to CPUs " + pinned);
+  fmt::print("{}, {} thread{}\n", precision_note, num_threads(), num_threads() == 1 ? "" : "s");
   fmt::print("model: Embedding({}, {}, padding_idx=0) -> LSTM({}, {}, bidirectional) -> Linear({}, {})\n",
              mo.vocab_size, mo.embed_dim, mo.embed_dim, mo.hidden_size, 2 * mo.hidden_size, n_classes);
   return mo;
@@ -629,7 +626,6 @@ void run_train(TrainArgs a) {
     fmt::print("resuming from {}: epoch {} of {} done\n", d.ck_path, d.ck->epoch, a.epochs);
   }
   if (a.threads > 0) set_num_threads(a.threads);
-  const std::string pinned = pin_threads();
   const double startup_cpu0 = cpu_seconds();
   const DatasetSplit split = load_split(a);
   const Vocabulary vocab = Vocabulary::build(texts_of(split.train));
@@ -641,8 +637,7 @@ void run_train(TrainArgs a) {
                                 (a.data.empty() ? a.dict_dir : a.data) +
                                 ") no longer gives the checkpoint's vocabulary and labels");
   }
-  CharClassifier model(model_options(a, vocab, static_cast<int64_t>(split.labels.size()), pinned),
-                        a.seed);
+  CharClassifier model(model_options(a, vocab, static_cast<int64_t>(split.labels.size())), a.seed);
   Adam opt(model.parameters(), {.lr = a.lr});
   int64_t first_epoch = 1;
   if (d.ck) {
