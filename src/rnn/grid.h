@@ -210,7 +210,12 @@ void run_threads(int nt, F&& body) {
 // smaller) or 2^20 multiply-adds a step (the steps' mean row count). Below
 // both, a thread's share gains neither cache nor arithmetic, and the barrier
 // costs: lstm-long-seq (H = 128, 256 KB of fp32 W_hh, 18 rows a step) ran its
-// fp32 forward 10% slower on two threads than on one's split.
+// fp32 forward 10% slower on two threads than on one's split. A row split has
+// no such rule: with no barrier, each further thread takes tokens off the
+// longest one's share (lstm-long-seq's bf16 forward, 18 rows a step: 9.7 ms
+// on 2 threads, 6.4 on 8, on the GPU machine's Xeon). SEQPACK_STEP_ROWS, for
+// measuring, gives a row split at most (rows / steps) / SEQPACK_STEP_ROWS
+// threads (at 32 the main job's 16-thread epoch took twice as long).
 int direction_threads(const RNNOptions& o, bool by_rows, int64_t rows, int64_t steps);
 
 // This thread's share of a step among nth threads. By columns (the
