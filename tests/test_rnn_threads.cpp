@@ -394,6 +394,15 @@ TEST(RNNThreads, DirectionThreads) {
   EXPECT_EQ(rnn::direction_threads(seq128, false, 13838, 787), 1);
   rnn::set_min_step_units(16);
   EXPECT_EQ(rnn::direction_threads(seq128, false, 13838, 787), 8);
+  rnn::set_min_step_units(0);
+  // SEQPACK_STEP_ROWS's floor (set_min_step_rows) on a row split: 881 rows in
+  // 70 steps are 12 a step, 3 threads of 4; 910 in 500 under 2 a step, 1.
+  rnn::set_min_step_rows(4);
+  EXPECT_EQ(rnn::direction_threads(bi512, true, 881, 70), 3);
+  EXPECT_EQ(rnn::direction_threads(uni512, true, 910, 500), 1);
+  EXPECT_EQ(rnn::direction_threads(bi512, false, 881, 70), 8);  // columns: no such floor
+  rnn::set_min_step_rows(0);
+  EXPECT_EQ(rnn::direction_threads(bi512, true, 881, 70), 8);
 }
 
 // The teams never take more threads than OpenMP's count: at one thread the

@@ -9,35 +9,30 @@ namespace seqpack::rnn {
 
 namespace {
 
-// Hidden units per thread below which a column split stops adding threads:
-// SEQPACK_STEP_UNITS, or 64 (lstm-bi-2layer, H = 512, on a 16-core Xeon:
-// 8 threads a direction at 64 units ran bf16 forward in 7.8 ms, 4 at 128 in
-// 11.5 ms; docs/performance.md).
-int64_t units_from_env() {
-  const char* env = std::getenv("SEQPACK_STEP_UNITS");
-  if (!env || !*env) return 64;
+// The count in environment variable `name`, from lo to 2^20, or `fallback`
+// where it is unset or empty; other values throw, naming the variable, the
+// value and what it counts.
+int64_t count_from_env(const char* name, int64_t lo, int64_t fallback, const char* what) {
+  const char* env = std::getenv(name);
+  if (!env || !*env) return fallback;
   char* end = nullptr;
   const long long v = std::strtoll(env, &end, 10);
-  if (*end != '\0' || v < 16 || v > (1 << 20)) {
-    throw std::invalid_argument("SEQPACK_STEP_UNITS: '" + std::string(env) +
-                                "' is not a count of hidden units from 16 to 1048576");
+  if (*end != '\0' || v < lo || v > (1 << 20)) {
+    throw std::invalid_argument(std::string(name) + ": '" + env + "' is not a count of " + what +
+                                " from " + std::to_string(lo) + " to 1048576");
   }
   return static_cast<int64_t>(v);
 }
 
+// Hidden units per thread below which a column split stops adding threads:
+// SEQPACK_STEP_UNITS, or 64 (lstm-bi-2layer, H = 512, on a 16-core Xeon:
+// 8 threads a direction at 64 units ran bf16 forward in 7.8 ms, 4 at 128 in
+// 11.5 ms; docs/performance.md).
+int64_t units_from_env() { return count_from_env("SEQPACK_STEP_UNITS", 16, 64, "hidden units"); }
+
 // Mean rows a step per thread below which a row split stops adding threads:
 // SEQPACK_STEP_ROWS (1 to 2^20), or 0, no such floor.
-int64_t rows_from_env() {
-  const char* env = std::getenv("SEQPACK_STEP_ROWS");
-  if (!env || !*env) return 0;
-  char* end = nullptr;
-  const long long v = std::strtoll(env, &end, 10);
-  if (*end != '\0' || v < 1 || v > (1 << 20)) {
-    throw std::invalid_argument("SEQPACK_STEP_ROWS: '" + std::string(env) +
-                                "' is not a count of rows from 1 to 1048576");
-  }
-  return static_cast<int64_t>(v);
-}
+int64_t rows_from_env() { return count_from_env("SEQPACK_STEP_ROWS", 1, 0, "rows"); }
 
 std::atomic<int64_t> step_rows{-1};  // -1: not read yet
 
@@ -92,6 +87,10 @@ int step_threads(int64_t H, bool by_rows, int available) {
   if (by_rows) return available;
   const int64_t by_width = std::max<int64_t>(1, H / min_step_units());
   return static_cast<int>(std::min<int64_t>(available, by_width));
+}
+
+void set_min_step_rows(int64_t rows) {
+  step_rows.store(rows > 0 ? rows : -1, std::memory_order_relaxed);
 }
 
 void set_min_step_units(int64_t units) {

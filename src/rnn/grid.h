@@ -37,6 +37,10 @@ int step_threads(int64_t H, bool by_rows, int available = 0);
 // layers over many threads.
 void set_min_step_units(int64_t units);
 
+// Sets direction_threads' floor of mean rows a step per thread of a row split
+// (0: SEQPACK_STEP_ROWS's, or none again), for tests.
+void set_min_step_rows(int64_t rows);
+
 // Columns [a, b) of [0, width) owned by thread `tid` of `nth`, in blocks of 16
 // so that each thread's SIMD vectors stay whole.
 void split_columns(int64_t width, int nth, int tid, int64_t& a, int64_t& b);
