@@ -39,6 +39,8 @@
 # Without a CUDA GPU the GPU stages say "no CUDA GPU" and the script still ends with 0.
 # It exits 1 when a stage failed or timed out.
 #
+# summary.md ends with the cpu stage's measurements, rounds together with their medians
+# (scripts/cpu_log_summary.py, which also reads a cpu.log brought back).
 # $OUT holds at most 8 files (what the GPU machine sends back): summary.md, info.log,
 # build.log, tests.log, tests.json, cpu.log, bench.log, bench.json.
 #
@@ -613,6 +615,13 @@ fi
   cat "$TMP/tests-summary"
   echo '```'
   echo
+  if grep -q '^--- ' "$OUT/cpu.log" 2>/dev/null; then
+    # the cpu stage's measurements, rounds together (scripts/cpu_log_summary.py)
+    echo "## CPU stage"
+    echo
+    "${PY:-python3}" scripts/cpu_log_summary.py "$OUT/cpu.log" 2>&1 || echo "(no summary)"
+    echo
+  fi
   if [ -s "$TMP/bench.md" ]; then
     echo "## Benchmark"
     echo

@@ -1,0 +1,88 @@
+"""scripts/cpu_log_summary.py: the device check's cpu.log summed up per
+measurement, rounds together, medians worked out by hand below."""
+import os
+import subprocess
+import sys
+
+SCRIPTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "scripts")
+sys.path.insert(0, SCRIPTS)
+
+from cpu_log_summary import render, summarise  # noqa: E402
+
+BENCH = ('{"impl":"seqpack","threads":%d,"precision":"bf16","workload":"w","mode":"m",'
+         '"sec_per_batch":%s,"tokens_per_s":1,"cpu_sec_per_batch":1,"reps":3}')
+
+LOG = [
+    "$ bash -c sweep\n",
+    "seqpack          0.1.0\n",
+    "--- pairs round 1, w, threads 1, m, bf16\n",
+    "bench [1/1] w m (threads 1, 10 tokens)...\n",
+    BENCH % (1, "0.010") + "\n",
+    "--- pairs round 1, w, threads 2, m, bf16\n",
+    BENCH % (2, "0.004") + "\n",
+    "--- pairs round 2, w, threads 1, m, bf16\n",
+    BENCH % (1, "0.030") + "\n",
+    "--- pairs round 2, w, threads 2, m, bf16\n",
+    BENCH % (2, "0.006") + "\n",
+    "--- pairs round 3, w, threads 1, m, bf16\n",
+    BENCH % (1, "0.020") + "\n",
+    "--- pairs round 3, w, threads 2, m, bf16\n",
+    "(not run: exit 124)\n",
+    "--- main job new, round 1, threads 16\n",
+    "time: wall 2.0 s, user 30 s, system 1 s\n",
+    "step profile (cpu s): total 11.7, batch 0.08 (0.7%), forward 4.7 (40.6%), backward 6.3 (54.2%)\n",
+    "step profile (wall s): total 0.788, batch 0.009 (1.2%), forward 0.196 (24.8%), loss 0.004 "
+    "(0.6%), backward 0.512 (64.9%), clip 0.029 (3.7%)\n",
+    "epoch 1/2: train loss 0.98, validation accuracy 78.01%, 0.79 s, cpu 11.77 s "
+    "(34114 words/s, 346204 tokens/s)\n",
+    "step profile (wall s): total 0.486, batch 0.009 (1.8%), forward 0.131 (26.8%), loss 0.004 "
+    "(0.8%), backward 0.280 (57.6%), clip 0.027 (5.6%)\n",
+    "epoch 2/2: train loss 0.53, validation accuracy 83.66%, 0.49 s, cpu 7.28 s "
+    "(55267 words/s, 560881 tokens/s)\n",
+    "--- main job new, round 2, threads 16\n",
+    "step profile (wall s): total 0.9, batch 0.01 (1%), forward 0.255 (26%), loss 0.007 (0.7%), "
+    "backward 0.636 (60%), clip 0.03 (3%)\n",
+    "epoch 2/2: train loss 0.53, validation accuracy 83.66%, 0.97 s, cpu 14.48 s "
+    "(28000 words/s, 281000 tokens/s)\n",
+    "--- main job new, round 3, threads 16\n",
+    "(not run: exit 124)\n",
+]
+
+
+def test_rounds_come_together_with_their_medians():
+    rows = summarise(LOG)
+    assert [r[0] for r in rows] == [
+        "pairs w, threads 1, m, bf16",
+        "pairs w, threads 2, m, bf16",
+        "main job new, threads 16",
+    ]
+    one, two, main = rows
+    assert one[1] == "ms" and one[2] == [10.0, 30.0, 20.0]
+    assert two[2] == [4.0, 6.0]  # the round that did not run has no value
+    # The main job: the last epoch of each run, and its wall profile.
+    assert main[1] == "tokens/s" and main[2] == [560881, 281000]
+    assert main[3] == ((0.131 + 0.255) / 2, (0.280 + 0.636) / 2)
+
+
+def test_table_shows_rounds_and_medians():
+    table = render(summarise(LOG)).splitlines()
+    assert table[2] == "| pairs w, threads 1, m, bf16 | ms | 10, 30, 20 | 20 |  |"
+    assert table[3] == "| pairs w, threads 2, m, bf16 | ms | 4, 6 | 5 |  |"
+    assert table[4] == "| main job new, threads 16 | tokens/s | 561k, 281k | 421k | 0.193 / 0.458 |"
+
+
+def test_command_line(tmp_path):
+    log = tmp_path / "cpu.log"
+    log.write_text("".join(LOG))
+    script = os.path.join(SCRIPTS, "cpu_log_summary.py")
+    ok = subprocess.run([sys.executable, script, str(log)], capture_output=True, text=True)
+    assert ok.returncode == 0, ok.stderr
+    assert "| main job new, threads 16 |" in ok.stdout
+    missing = subprocess.run([sys.executable, script, str(tmp_path / "absent.log")],
+                             capture_output=True, text=True)
+    assert missing.returncode == 1
+    assert "absent.log" in missing.stderr
+    empty = tmp_path / "empty.log"
+    empty.write_text("== cpu: skipped: no CUDA GPU\n")
+    none = subprocess.run([sys.executable, script, str(empty)], capture_output=True, text=True)
+    assert none.returncode == 0 and "no measurements" in none.stdout
