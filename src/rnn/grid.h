@@ -219,7 +219,7 @@ void run_threads(int nt, F&& body) {
 // longest one's share (lstm-long-seq's bf16 forward, 18 rows a step: 9.7 ms
 // on 2 threads, 6.4 on 8, on the GPU machine's Xeon). SEQPACK_STEP_ROWS, for
 // measuring, gives a row split at most (rows / steps) / SEQPACK_STEP_ROWS
-// threads (at 32 the main job's 16-thread epoch took twice as long).
+// threads (at 32 the main job's 16-thread epoch took 1.8 times as long).
 int direction_threads(const RNNOptions& o, bool by_rows, int64_t rows, int64_t steps);
 
 // This thread's share of a step among nth threads. By columns (the
