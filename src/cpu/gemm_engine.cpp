@@ -99,7 +99,7 @@ class F32Engine : public BlasEngine<float> {
   // the same bits at every thread count, which a row split's per-thread bias
   // sums are not.
   bool steps_by_rows(int64_t k, int64_t n, bool backward) const override {
-    return !backward && k * n * 4 <= (512 << 10);
+    return !backward && fits_row_split(k, n, sizeof(float));
   }
 };
 

@@ -189,6 +189,13 @@ class GemmEngine {
   virtual bool steps_by_rows(int64_t k, int64_t n, bool backward) const { return false; }
 };
 
+// The engines' rule for preferring rows (steps_by_rows): a [k, n] B of
+// `bytes` a weight takes at most half a core's L2 (Zen 4: 1 MB), since each
+// thread of a row split reads all of it every step.
+inline bool fits_row_split(int64_t k, int64_t n, int64_t bytes) {
+  return k * n * bytes <= (512 << 10);
+}
+
 // Whether step_blocks() makes one product of a thread's ranges where the
 // engine can (SEQPACK_STEP_GROUPS: 1, the default, or 0, one product per
 // range, for measuring; another value is refused by name).

@@ -123,7 +123,7 @@ class Int8Engine : public GemmEngine<float> {
   // in a core's L2 (the bf16 engine's rule, at a byte a weight): lstm-
   // sentences' W_hh (256 x 1024) ran 3.2-3.6 ms by columns at 16 threads on
   // the GPU machine's AMX Xeon, against bf16's 1.3-2.0 by rows.
-  bool steps_by_rows(int64_t k, int64_t n, bool) const override { return k * n <= (512 << 10); }
+  bool steps_by_rows(int64_t k, int64_t n, bool) const override { return fits_row_split(k, n, 1); }
 };
 
 }  // namespace

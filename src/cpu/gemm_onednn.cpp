@@ -643,7 +643,7 @@ class OnednnEngine : public GemmEngine<float> {
   // one by rows, 1.6x by columns; lstm-long-tail's (512 x 2048, 2 MB) at
   // 1.5x by rows, 1.75x by columns (each thread's half stays in its L2).
   bool steps_by_rows(int64_t k, int64_t n, bool) const override {
-    return k * n * (f32_ ? 4 : 2) <= (512 << 10);
+    return fits_row_split(k, n, f32_ ? 4 : 2);
   }
 
  private:
