@@ -11,7 +11,6 @@
 // test_rnn_bf16.cpp's CPUs.
 #include <gtest/gtest.h>
 
-#include <cstring>
 #include <random>
 #include <string>
 #include <thread>
@@ -31,13 +30,7 @@ namespace {
 
 using testing::random_tensor;
 
-bool same_bits(const Tensor& a, const Tensor& b) {
-  if (a.defined() != b.defined()) return false;
-  if (!a.defined()) return true;
-  return a.shape() == b.shape() &&
-         std::memcmp(a.raw_data(), b.raw_data(),
-                     static_cast<std::size_t>(a.numel()) * dtype_size(a.dtype())) == 0;
-}
+using testing::bitwise_equal;
 
 struct Model {
   RNNOptions o;
@@ -80,16 +73,16 @@ TEST(RNNPlan, AForwardWithAPlanIsAForwardWithoutOne) {
           const auto a = rnn_forward(m.o, m.weights, m.x, m.plan, m.h0, m.c0, false, save);
           const auto b =
               rnn_forward(m.o, m.weights, m.x, m.plan, m.h0, m.c0, false, save, 0, plan.get());
-          EXPECT_TRUE(same_bits(a.output, b.output)) << threads << " threads";
-          EXPECT_TRUE(same_bits(a.h_n, b.h_n)) << threads << " threads";
-          EXPECT_TRUE(same_bits(a.c_n, b.c_n)) << threads << " threads";
+          EXPECT_TRUE(bitwise_equal(a.output, b.output)) << threads << " threads";
+          EXPECT_TRUE(bitwise_equal(a.h_n, b.h_n)) << threads << " threads";
+          EXPECT_TRUE(bitwise_equal(a.c_n, b.c_n)) << threads << " threads";
           if (!save) continue;
           const Tensor gy = Tensor::full(a.output.shape(), 0.5, dtype);
           const auto ga = rnn_backward(*a.saved, gy, Tensor(), Tensor());
           const auto gb = rnn_backward(*b.saved, gy, Tensor(), Tensor());
           for (std::size_t i = 0; i < ga.weights.size(); ++i)
-            EXPECT_TRUE(same_bits(ga.weights[i], gb.weights[i])) << "weight gradient " << i;
-          EXPECT_TRUE(same_bits(ga.input, gb.input));
+            EXPECT_TRUE(bitwise_equal(ga.weights[i], gb.weights[i])) << "weight gradient " << i;
+          EXPECT_TRUE(bitwise_equal(ga.input, gb.input));
         }
       }
       // One split a thread count here (the layers are small: one thread a
@@ -141,11 +134,11 @@ TEST(RNNPlan, ABackwardReadsThePlanOfItsForward) {
         const auto ga = rnn_backward(*a.saved, gy, gh, Tensor());
         const auto gb = rnn_backward(*b.saved, gy, gh, Tensor());
         for (std::size_t i = 0; i < ga.weights.size(); ++i)
-          EXPECT_TRUE(same_bits(ga.weights[i], gb.weights[i]))
+          EXPECT_TRUE(bitwise_equal(ga.weights[i], gb.weights[i]))
               << "weight gradient " << i << ", " << threads << " threads";
-        EXPECT_TRUE(same_bits(ga.input, gb.input)) << threads << " threads";
-        EXPECT_TRUE(same_bits(ga.h0, gb.h0)) << threads << " threads";
-        EXPECT_TRUE(same_bits(ga.c0, gb.c0)) << threads << " threads";
+        EXPECT_TRUE(bitwise_equal(ga.input, gb.input)) << threads << " threads";
+        EXPECT_TRUE(bitwise_equal(ga.h0, gb.h0)) << threads << " threads";
+        EXPECT_TRUE(bitwise_equal(ga.c0, gb.c0)) << threads << " threads";
       }
       // Columns: 1 and 2 threads (3 threads: still 2 a step); rows: 1, 2
       // and 3 threads.
@@ -217,27 +210,27 @@ TEST(RNNPlan, ModulesDropTheirPlanWhereTheWeightsMayChange) {
         .h_n;
   };
   const RNNOutput y1 = lstm.forward(x, {}, {}, /*requires_grad=*/false);
-  EXPECT_TRUE(same_bits(y1.h_n, functional()));
+  EXPECT_TRUE(bitwise_equal(y1.h_n, functional()));
   // Through parameters(): the next forward sees it.
   Tensor& whh = lstm.parameters()[1];
   for (int64_t i = 0; i < whh.numel(); ++i) whh.data<float>()[i] *= -1.f;
   const RNNOutput y2 = lstm.forward(x, {}, {}, false);
-  EXPECT_FALSE(same_bits(y2.h_n, y1.h_n));
-  EXPECT_TRUE(same_bits(y2.h_n, functional()));
+  EXPECT_FALSE(bitwise_equal(y2.h_n, y1.h_n));
+  EXPECT_TRUE(bitwise_equal(y2.h_n, functional()));
   // Through a tensor taken before the plan was made: seen after replan().
   Tensor held = lstm.parameter("weight_hh_l1");
   (void)lstm.forward(x, {}, {}, false);  // the plan, made from the current values
   for (int64_t i = 0; i < held.numel(); ++i) held.data<float>()[i] *= 0.5f;
   lstm.replan();
-  EXPECT_TRUE(same_bits(lstm.forward(x, {}, {}, false).h_n, functional()));
+  EXPECT_TRUE(bitwise_equal(lstm.forward(x, {}, {}, false).h_n, functional()));
   // load_state_dict.
   LSTM other({.input_size = 5, .hidden_size = 16, .num_layers = 2}, 13);
   lstm.load_state_dict(other.state_dict());
-  EXPECT_TRUE(same_bits(lstm.forward(x, {}, {}, false).h_n, functional()));
+  EXPECT_TRUE(bitwise_equal(lstm.forward(x, {}, {}, false).h_n, functional()));
   // A forward that saves for a backward drops it (an optimizer step may follow).
   (void)lstm.forward(x, {}, {}, /*requires_grad=*/true);
   for (int64_t i = 0; i < held.numel(); ++i) held.data<float>()[i] *= 0.5f;
-  EXPECT_TRUE(same_bits(lstm.forward(x, {}, {}, false).h_n, functional()));
+  EXPECT_TRUE(bitwise_equal(lstm.forward(x, {}, {}, false).h_n, functional()));
 }
 
 // Inference forwards on several threads at once share the module's plan
@@ -258,7 +251,7 @@ TEST(RNNPlan, ConcurrentInferenceForwardsShareThePlan) {
   for (int t = 0; t < 4; ++t) {
     threads.emplace_back([&, t] {
       for (int i = 0; i < 25; ++i)
-        if (!same_bits(gru.forward(x, {}, {}, false).h_n, want)) ++wrong[static_cast<std::size_t>(t)];
+        if (!bitwise_equal(gru.forward(x, {}, {}, false).h_n, want)) ++wrong[static_cast<std::size_t>(t)];
     });
   }
   threads.emplace_back([&] {
@@ -288,9 +281,9 @@ TEST(RNNPlan, ConcurrentBackwardsShareThePlan) {
         const auto f =
             rnn_forward(m.o, m.weights, m.x, m.plan, m.h0, m.c0, false, true, 0, plan.get());
         const auto g = rnn_backward(*f.saved, gy, Tensor(), Tensor());
-        bool same = same_bits(g.input, want.input) && same_bits(g.h0, want.h0);
+        bool same = bitwise_equal(g.input, want.input) && bitwise_equal(g.h0, want.h0);
         for (std::size_t w = 0; w < g.weights.size(); ++w)
-          same = same && same_bits(g.weights[w], want.weights[w]);
+          same = same && bitwise_equal(g.weights[w], want.weights[w]);
         if (!same) ++wrong[static_cast<std::size_t>(t)];
       }
     });
@@ -310,13 +303,13 @@ TEST(RNNPlan, CellsKeepAPlanForTheirInferenceSteps) {
   const CellOutput a = cell.forward(x, h, {}, /*requires_grad=*/true);
   const CellOutput b = cell.forward(x, h, {}, false);
   const CellOutput c = cell.forward(x, h, {}, false);
-  EXPECT_TRUE(same_bits(a.h, b.h));
-  EXPECT_TRUE(same_bits(b.h, c.h));
+  EXPECT_TRUE(bitwise_equal(a.h, b.h));
+  EXPECT_TRUE(bitwise_equal(b.h, c.h));
   Tensor& w = cell.parameters()[1];
   for (int64_t i = 0; i < w.numel(); ++i) w.data<float>()[i] *= -1.f;
   const CellOutput d = cell.forward(x, h, {}, false);
-  EXPECT_FALSE(same_bits(d.h, c.h));
-  EXPECT_TRUE(same_bits(d.h, cell.forward(x, h, {}, true).h));
+  EXPECT_FALSE(bitwise_equal(d.h, c.h));
+  EXPECT_TRUE(bitwise_equal(d.h, cell.forward(x, h, {}, true).h));
 }
 
 // StreamingRNN at fp32: pushes read W_hh through the plan made at
@@ -333,13 +326,13 @@ TEST(RNNPlan, StreamingSeesAChangeAfterReplan) {
   const Tensor h0 = Tensor::zeros({2, 1, 10}, DType::f32), c0 = Tensor::zeros({2, 1, 10}, DType::f32);
   StreamingRNN streams(o, weights);
   const Tensor first = streams.push({streams.open()}, {x})[0].clone();
-  EXPECT_TRUE(same_bits(first, rnn_forward(o, weights, x, p, h0, c0, false, false).output));
+  EXPECT_TRUE(bitwise_equal(first, rnn_forward(o, weights, x, p, h0, c0, false, false).output));
   for (Tensor& w : weights)
     if (w.dim() == 2)
       for (int64_t i = 0; i < w.numel(); ++i) w.data<float>()[i] *= 0.5f;
   streams.replan();
   const Tensor after = streams.push({streams.open()}, {x})[0].clone();
-  EXPECT_TRUE(same_bits(after, rnn_forward(o, weights, x, p, h0, c0, false, false).output));
+  EXPECT_TRUE(bitwise_equal(after, rnn_forward(o, weights, x, p, h0, c0, false, false).output));
 }
 
 }  // namespace

@@ -307,11 +307,6 @@ TEST_P(RNNThreads, Int8ByColumnsMatchesFloat64) {
 // sgemm, whose AVX-512 kernels give the same bits at any thread count at
 // these sizes; below AVX-512 (ONEDNN_MAX_CPU_ISA=AVX2) they do not, so
 // neither does anything downstream of them, and the test skips.
-bool same_or_both_undefined(const Tensor& a, const Tensor& b) {
-  if (!a.defined() || !b.defined()) return a.defined() == b.defined();
-  return testing::bitwise_equal(a, b);
-}
-
 TEST_P(RNNThreads, Fp32SameBitsAtEveryThreadCount) {
   const std::string isa = cpu_info().isa;
   if (isa.rfind("avx512", 0) != 0)
@@ -327,14 +322,14 @@ TEST_P(RNNThreads, Fp32SameBitsAtEveryThreadCount) {
     set_num_threads(threads);
     const Result got = run(c, DType::f32, Precision::fp32);
     const std::string at = std::to_string(threads) + " threads";
-    EXPECT_TRUE(same_or_both_undefined(got.fwd.output, one.fwd.output)) << "output, " << at;
-    EXPECT_TRUE(same_or_both_undefined(got.fwd.h_n, one.fwd.h_n)) << "h_n, " << at;
-    EXPECT_TRUE(same_or_both_undefined(got.fwd.c_n, one.fwd.c_n)) << "c_n, " << at;
-    EXPECT_TRUE(same_or_both_undefined(got.grads.input, one.grads.input)) << "grad input, " << at;
-    EXPECT_TRUE(same_or_both_undefined(got.grads.h0, one.grads.h0)) << "grad h0, " << at;
-    EXPECT_TRUE(same_or_both_undefined(got.grads.c0, one.grads.c0)) << "grad c0, " << at;
+    EXPECT_TRUE(testing::bitwise_equal(got.fwd.output, one.fwd.output)) << "output, " << at;
+    EXPECT_TRUE(testing::bitwise_equal(got.fwd.h_n, one.fwd.h_n)) << "h_n, " << at;
+    EXPECT_TRUE(testing::bitwise_equal(got.fwd.c_n, one.fwd.c_n)) << "c_n, " << at;
+    EXPECT_TRUE(testing::bitwise_equal(got.grads.input, one.grads.input)) << "grad input, " << at;
+    EXPECT_TRUE(testing::bitwise_equal(got.grads.h0, one.grads.h0)) << "grad h0, " << at;
+    EXPECT_TRUE(testing::bitwise_equal(got.grads.c0, one.grads.c0)) << "grad c0, " << at;
     for (std::size_t i = 0; i < one.grads.weights.size(); ++i)
-      EXPECT_TRUE(same_or_both_undefined(got.grads.weights[i], one.grads.weights[i]))
+      EXPECT_TRUE(testing::bitwise_equal(got.grads.weights[i], one.grads.weights[i]))
           << "grad " << names[i] << ", " << at;
     if (::testing::Test::HasFailure()) return;  // one thread count's report is enough
   }
