@@ -527,13 +527,13 @@ struct BackwardDirection {
     // (where the gate kernel adds each row into its dP row: lookup_in_kernel;
     // else scatter_rows).
     // Under a row split each thread sums into its own dP (thread 0 into
-    // ws.dproj, the others into ws.dproj_parts), added after the steps: two
-    // threads' rows may read the same table row.
+    // ws.dproj, the others into ws.dproj_parts; two threads' rows may read
+    // the same table row), zeroed and added by the team (steps()).
     if (lookup_layer) {
-      std::fill(ws.dproj.begin(), ws.dproj.end(), T(0));
       if (row_split) {
         ws.dproj_parts.resize_for_overwrite(static_cast<std::size_t>((nt - 1) * table_rows() * G));
-        std::fill(ws.dproj_parts.begin(), ws.dproj_parts.end(), T(0));
+      } else {
+        std::fill(ws.dproj.begin(), ws.dproj.end(), T(0));
       }
       ws.dproj_rows.resize(Cell::lookup_in_kernel ? static_cast<std::size_t>(N) : 0);
       if (ws.dproj_rows.empty()) return;
@@ -686,20 +686,41 @@ struct BackwardDirection {
     const int64_t which = db == db_hh ? 1 : 0;
     return ws.db_parts.data() + ((sp.tid - 1) * 2 + which) * G;
   }
-  // After a row split's steps: threads 1.. sums (bias gradients, a lookup
-  // layer's dP) into thread 0's.
-  void add_thread_parts(int nt) {
+  // After a row split's steps: threads 1.. bias gradient sums into thread 0's.
+  void add_bias_parts(int nt) {
     for (int i = 0; i + 1 < nt && o.bias; ++i) {
       const T* part = ws.db_parts.data() + i * 2 * G;
       for (int64_t c = 0; c < G; ++c) db_ih[c] += part[c];
       for (int64_t c = 0; c < G && Cell::separate_db_hh; ++c) db_hh[c] += part[G + c];
     }
-    if (!lookup_layer) return;
+  }
+
+  // A lookup layer's row split: dP of thread i (dproj_of) zeroed before its
+  // steps, by thread i of a planned team (sp.by_rows), all of them by a team
+  // of one (run_teams' fall-back, whose one thread walks every row).
+  void zero_dproj(const Split& sp) {
     const int64_t size = table_rows() * G;
+    for (int i = sp.by_rows ? sp.tid : 0; i < (sp.by_rows ? sp.tid + 1 : nt_); ++i)
+      std::fill(dproj_of(i), dproj_of(i) + size, T(0));
+  }
+
+  // After the steps: dP = thread 0's + thread 1's + ... in that order (the
+  // same bits whoever adds), each thread of a planned team adding its share
+  // of the table's columns after the team's barrier: with V table rows the
+  // sum is (nt - 1) * V * G additions, which one thread would take alone
+  // while the team waited (at 8 threads a direction and the main job's table
+  // of 98 rows, 351k a direction and batch).
+  void add_dproj(const Split& sp) {
+    const int64_t size = table_rows() * G;
+    int64_t a = 0, b = size;
+    if (sp.by_rows) {
+      sp.barrier->wait();
+      split_columns(size, sp.nth, sp.tid, a, b);
+    }
     T* dp = ws.dproj.data();
-    for (int i = 0; i + 1 < nt; ++i) {
-      const T* part = ws.dproj_parts.data() + i * size;
-      for (int64_t k = 0; k < size; ++k) dp[k] += part[k];
+    for (int i = 1; i < nt_; ++i) {
+      const T* part = dproj_of(i);
+      for (int64_t k = a; k < b; ++k) dp[k] += part[k];
     }
   }
 
@@ -793,11 +814,14 @@ struct BackwardDirection {
 
   void steps(const Team& team) {
     const Split sp(team, H, o.real_hidden_size(), bounds_);
+    const bool dproj_parts = lookup_layer && row_split;
+    if (dproj_parts) zero_dproj(sp);
     for (int64_t s = 0; s < TT; ++s) step(s, sp);
+    if (dproj_parts) add_dproj(sp);
   }
 
   void finish(const Tensor& input) {
-    if (row_split) add_thread_parts(nt_);
+    if (row_split) add_bias_parts(nt_);
     if (initial_state_grad) {
       const int64_t ld = l * o.num_directions() + d;
       store_state(g.h0, ws.dhstate.data(), ld, sv.sorted_indices, R);
