@@ -9,7 +9,8 @@ log's order:
   - `seqpack bench --json` lines: ms per batch of each round and their median;
   - the main job (`seqpack train --profile`): tokens/s of each round's last
     epoch and their median, with the median wall-clock seconds of its forward
-    and backward (the profile's wall line).
+    and backward (the profile's wall line) and of the recurrent core's time
+    loops in each and of the backward's weight gradients (its rnn core line).
 device_check.sh appends this to summary.md.
 """
 import json
@@ -20,17 +21,19 @@ import sys
 ROUND = re.compile(r"round \d+, ")
 EPOCH = re.compile(r"^epoch (\d+)/(\d+): .*\((\d+) words/s, (\d+) tokens/s\)")
 WALL = re.compile(r"^step profile \(wall s\): .*?, forward ([0-9.]+) .*?, backward ([0-9.]+) ")
+CORE = re.compile(r"^rnn core profile \(wall s\): forward [0-9.]+: .*?, steps ([0-9.]+) .*?; "
+                  r"backward [0-9.]+: .*?, steps ([0-9.]+) .*?, weights ([0-9.]+) ")
 
 
 def summarise(lines):
-    """Rows (header, kind, values, extra) in the order headers first appear."""
+    """Rows (header, kind, values, walls, core) in the order headers first appear."""
     order, bench, main = [], {}, {}
-    header, wall = None, None
+    header, wall, core = None, None, None
     for line in lines:
         line = line.rstrip("\n")
         if line.startswith("--- "):
             header = ROUND.sub("", line[4:])
-            wall = None
+            wall, core = None, None
             continue
         if header is None:
             continue
@@ -47,29 +50,39 @@ def summarise(lines):
         if m:
             wall = (float(m.group(1)), float(m.group(2)))
             continue
+        m = CORE.match(line)
+        if m:
+            core = tuple(float(m.group(i)) for i in (1, 2, 3))
+            continue
         m = EPOCH.match(line)
         if m and m.group(1) == m.group(2):  # the run's last epoch
             if header not in bench and header not in main:
                 order.append(header)
-            main.setdefault(header, []).append((int(m.group(4)), wall))
+            main.setdefault(header, []).append((int(m.group(4)), wall, core))
     rows = []
     for h in order:
         if h in bench:
-            rows.append((h, "ms", bench[h], None))
+            rows.append((h, "ms", bench[h], None, None))
         else:
             runs = main[h]
-            walls = [w for _, w in runs if w is not None]
-            extra = None
-            if walls:
-                extra = (statistics.median(w[0] for w in walls), statistics.median(w[1] for w in walls))
-            rows.append((h, "tokens/s", [t for t, _ in runs], extra))
+            rows.append((h, "tokens/s", [t for t, _, _ in runs], medians([w for _, w, _ in runs]),
+                         medians([c for _, _, c in runs])))
     return rows
 
 
+def medians(tuples):
+    """Element-wise medians of the tuples that are there, or None."""
+    present = [t for t in tuples if t is not None]
+    if not present:
+        return None
+    return tuple(statistics.median(t[i] for t in present) for i in range(len(present[0])))
+
+
 def render(rows):
-    out = ["| measurement | unit | rounds | median | forward / backward wall s (median) |",
-           "| --- | --- | --- | ---: | --- |"]
-    for header, unit, values, extra in rows:
+    out = ["| measurement | unit | rounds | median | forward / backward wall s (median) "
+           "| core steps forward / backward, weights s (median) |",
+           "| --- | --- | --- | ---: | --- | --- |"]
+    for header, unit, values, extra, core in rows:
         if unit == "ms":
             rounds = ", ".join(f"{v:.3g}" for v in values)
             median = f"{statistics.median(values):.3g}"
@@ -77,7 +90,8 @@ def render(rows):
             rounds = ", ".join(f"{v / 1e3:.0f}k" for v in values)
             median = f"{statistics.median(values) / 1e3:.0f}k"
         walls = f"{extra[0]:.3f} / {extra[1]:.3f}" if extra else ""
-        out.append(f"| {header} | {unit} | {rounds} | {median} | {walls} |")
+        steps = f"{core[0]:.3f} / {core[1]:.3f}, {core[2]:.3f}" if core else ""
+        out.append(f"| {header} | {unit} | {rounds} | {median} | {walls} | {steps} |")
     return "\n".join(out)
 
 

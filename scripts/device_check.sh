@@ -306,7 +306,7 @@ elif [ -n "$SEQPACK_CPU" ] && "$SEQPACK_CPU" info >/dev/null 2>&1; then
         done
         wait "$pid" || echo "(not run: exit $?)"
       }
-      grep -E "^(precision|epoch|step profile)" "$log"
+      grep -E "^(precision|epoch|step profile|rnn core profile)" "$log"
       [ -n "$ticks" ] && echo "thread cpu ticks: $ticks"
       return 0
     }

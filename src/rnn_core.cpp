@@ -32,7 +32,9 @@
 #include <omp.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cassert>
+#include <chrono>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -209,6 +211,48 @@ struct RNNModelPlan : std::enable_shared_from_this<RNNModelPlan> {
 
 namespace {
 
+// rnn_core_profile: the sums, and a call's clock that adds its parts to
+// them when the call ends (nothing is read while profiling is off).
+std::atomic<bool> profiling{false};
+std::mutex profile_mu;
+RNNCoreProfile profile_sums;
+
+class PartClock {
+ public:
+  using Part = double RNNCoreProfile::*;
+  explicit PartClock(int64_t RNNCoreProfile::*calls)
+      : on_(profiling.load(std::memory_order_relaxed)), calls_(calls) {
+    if (on_) last_ = Clock::now();
+  }
+  PartClock(const PartClock&) = delete;
+  PartClock& operator=(const PartClock&) = delete;
+  // Charges the time since the previous mark (or the start) to `part`.
+  void mark(Part part) {
+    if (!on_) return;
+    const Clock::time_point now = Clock::now();
+    mine_.*part += std::chrono::duration<double>(now - last_).count();
+    last_ = now;
+  }
+  ~PartClock() {
+    if (!on_) return;
+    const std::lock_guard<std::mutex> lock(profile_mu);
+    RNNCoreProfile& s = profile_sums;
+    for (Part p : {&RNNCoreProfile::forward_inputs, &RNNCoreProfile::forward_steps,
+                   &RNNCoreProfile::forward_states, &RNNCoreProfile::backward_prepare,
+                   &RNNCoreProfile::backward_steps, &RNNCoreProfile::backward_weights,
+                   &RNNCoreProfile::backward_inputs})
+      s.*p += mine_.*p;
+    ++(s.*calls_);
+  }
+
+ private:
+  using Clock = std::chrono::steady_clock;
+  const bool on_;
+  int64_t RNNCoreProfile::*calls_;
+  Clock::time_point last_;
+  RNNCoreProfile mine_;
+};
+
 template <typename T>
 std::shared_ptr<RNNSaved> make_saved(const RNNOptions& o, const std::vector<Tensor>& weights,
                                      const PackingPlan& plan, const Tensor& h0,
@@ -253,6 +297,7 @@ RNNForwardResult forward_impl(const RNNOptions& o, const std::vector<Tensor>& we
   std::vector<ForwardWorkspace<T, Cell>> wss(static_cast<std::size_t>(D));
   for (ForwardWorkspace<T, Cell>& ws : wss) ws.resize(o, B, save, lookup ? data.size(0) : 0);
   Tensor layer_in = data;
+  PartClock clock(&RNNCoreProfile::forwards);
   for (int64_t l = 0; l < L; ++l) {
     RNNSaved::Layer sl;
     const Tensor x = dropped_input<T>(o, layer_in, l, training, seed, sl.mask);
@@ -266,10 +311,13 @@ RNNForwardResult forward_impl(const RNNOptions& o, const std::vector<Tensor>& we
           !h0.defined()));
       dirs.back()->begin(nt, x, h0, c0, out);
     }
+    clock.mark(&RNNCoreProfile::forward_inputs);
     run_teams(D, nt, [&](int64_t d, const rnn::Team& team) {
       dirs[static_cast<std::size_t>(d)]->steps(team);
     });
+    clock.mark(&RNNCoreProfile::forward_steps);
     for (const auto& fd : dirs) fd->finish(res);
+    clock.mark(&RNNCoreProfile::forward_states);
     if (save) {
       sl.input = x;
       saved->layers.push_back(std::move(sl));
@@ -305,6 +353,7 @@ RNNGradients backward_impl(const RNNSaved& sv, const Tensor& grad_output, const 
                                   static_cast<int64_t>(sv.batch_sizes.size()));
 
   Tensor dout = grad_output;  // gradient of this layer's output rows, or undefined
+  PartClock clock(&RNNCoreProfile::backwards);
   for (int64_t l = L - 1; l >= 0; --l) {
     const RNNSaved::Layer& sl = sv.layers[static_cast<std::size_t>(l)];
     const bool lookup_layer = l == 0 && !sv.lookup.empty();
@@ -324,10 +373,13 @@ RNNGradients backward_impl(const RNNSaved& sv, const Tensor& grad_output, const 
                          laid_out ? &laid_out->dir(l, d) : nullptr);
       assert(dirs.back()->columns(ntl) == columns);
     }
+    clock.mark(&RNNCoreProfile::backward_prepare);
     run_teams(D, ntl, [&](int64_t d, const rnn::Team& team) {
       dirs[static_cast<std::size_t>(d)]->steps(team);
     });
+    clock.mark(&RNNCoreProfile::backward_steps);
     for (const auto& bd : dirs) bd->finish(sl.input);
+    clock.mark(&RNNCoreProfile::backward_weights);
     // The first layer's dX is only for the caller: skipped when not wanted.
     if (l == 0 && !input_grad) return g;
     // dX sums both directions' contributions, after both are done.
@@ -352,6 +404,7 @@ RNNGradients backward_impl(const RNNSaved& sv, const Tensor& grad_output, const 
       for (int64_t i = 0; i < N * in; ++i) a[i] *= m[i];
     }
     dout = dx;
+    clock.mark(&RNNCoreProfile::backward_inputs);
   }
   g.input = dout;
   return g;
@@ -548,6 +601,23 @@ RNNGradients rnn_backward(const RNNSaved& saved, const Tensor& grad_output, cons
     return backward_impl<double, Cell>(saved, grad_output, grad_h_n, grad_c_n, initial_state_grad,
                                        input_grad);
   });
+}
+
+}  // namespace seqpack
+
+namespace seqpack {
+
+void rnn_core_profile_enable(bool on) {
+  const std::lock_guard<std::mutex> lock(profile_mu);
+  if (on) profile_sums = RNNCoreProfile{};
+  profiling.store(on, std::memory_order_relaxed);
+}
+
+RNNCoreProfile rnn_core_profile(bool reset) {
+  const std::lock_guard<std::mutex> lock(profile_mu);
+  const RNNCoreProfile p = profile_sums;
+  if (reset) profile_sums = RNNCoreProfile{};
+  return p;
 }
 
 }  // namespace seqpack

@@ -122,11 +122,30 @@ TEST(CliTrain, ProfilePrintsEveryPhaseOfTheStepPerEpoch) {
     EXPECT_GT(walls[e], 0.0) << r.out;
     EXPECT_LE(walls[e], epochs[e] + 0.0055) << r.out;
   }
+  // The recurrent core's parts of the forward and the backward (each
+  // printed to 0.001 s): within the phase's wall time, the rest what the
+  // other layers took.
+  const std::regex core(
+      R"(rnn core profile \(wall s\): forward ([0-9.]+): inputs ([0-9.]+) \([0-9.]+%\), )"
+      R"(steps ([0-9.]+) \([0-9.]+%\), states ([0-9.]+) \([0-9.]+%\), rest (-?[0-9.]+) \(-?[0-9.]+%\); )"
+      R"(backward ([0-9.]+): prepare ([0-9.]+) \([0-9.]+%\), steps ([0-9.]+) \([0-9.]+%\), )"
+      R"(weights ([0-9.]+) \([0-9.]+%\), inputs ([0-9.]+) \([0-9.]+%\), rest (-?[0-9.]+) \(-?[0-9.]+%\))");
+  std::size_t core_lines = 0;
+  for (auto it = std::sregex_iterator(r.out.begin(), r.out.end(), core); it != std::sregex_iterator();
+       ++it, ++core_lines) {
+    const auto v = [&](int i) { return std::stod((*it)[i]); };
+    EXPECT_LE(v(2) + v(3) + v(4), v(1) + 0.002) << it->str();
+    EXPECT_NEAR(v(2) + v(3) + v(4) + v(5), v(1), 0.003) << it->str();
+    EXPECT_LE(v(7) + v(8) + v(9) + v(10), v(6) + 0.0025) << it->str();
+    EXPECT_NEAR(v(7) + v(8) + v(9) + v(10) + v(11), v(6), 0.0035) << it->str();
+  }
+  EXPECT_EQ(core_lines, 2u) << r.out;
   // Without the flag, no profile.
   CliResult q = run_cli("train --data " + tsv.string() + " --epochs 1 --hidden 8 --embed 4 --quiet --out " +
                         (work_dir() / "m_noprofile").string());
   ASSERT_EQ(q.status, 0) << q.out << q.err;
   EXPECT_EQ(q.out.find("step profile"), std::string::npos) << q.out;
+  EXPECT_EQ(q.out.find("rnn core profile"), std::string::npos) << q.out;
   EXPECT_EQ(q.out.find("profile: data"), std::string::npos) << q.out;
 }
 

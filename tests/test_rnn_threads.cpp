@@ -9,9 +9,11 @@
 // bounds that test_rnn_bf16 documents. On a 2-core machine the threads
 // oversubscribe the cores: the barriers must still meet (no hang).
 #include <gtest/gtest.h>
+#include <omp.h>
 
 #include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <mutex>
 #include <set>
 #include <thread>
@@ -352,6 +354,73 @@ TEST(RNNThreads, RepeatableAtAFixedThreadCount) {
     for (std::size_t i = 0; i < a.grads.weights.size(); ++i)
       EXPECT_TRUE(testing::bitwise_equal(a.grads.weights[i], b.grads.weights[i])) << threads;
   }
+}
+
+// A call from inside a parallel region (OpenMP gives its teams one thread)
+// walks a planned row split on the calling thread alone: a lookup layer's dP
+// sums, one per planned thread, are still zeroed and added (the steps' team
+// does both when it has its threads).
+TEST(RNNThreads, LookupRowSplitInsideAParallelRegion) {
+  const ThreadsGuard guard(16);
+  rnn::set_split_choice(rnn::SplitChoice::rows);
+  for (const ThreadCase& tc : thread_cases()) {
+    if (!tc.lookup) continue;
+    std::mt19937_64 gen(testing::test_seed());
+    const Case c = make_case(tc.o, kLengths, tc.h0, tc.lookup, gen);
+    set_num_threads(1);
+    const Result ref = run(c, DType::f64, Precision::fp32);
+    set_num_threads(4);
+    Result got;
+    int team = 0;
+#pragma omp parallel num_threads(2)
+    {
+#pragma omp single
+      {
+        team = omp_get_num_threads();
+        got = run(c, DType::f32, Precision::fp32);
+      }
+    }
+    if (team != 2) GTEST_SKIP() << "OpenMP gave the outer region " << team << " threads";
+    compare(got, ref, c, Precision::fp32, std::string(tc.name) + ", inside a parallel region");
+  }
+}
+
+// rnn_core_profile: each call's parts, summed while profiling is on, each
+// part within the call's own wall time, and nothing while it is off.
+TEST(RNNThreads, CoreProfileSumsThePartsOfEachCall) {
+  std::mt19937_64 gen(testing::test_seed());
+  const Case c = make_case(options(RNNMode::lstm, 24, 64, 2, true), kLengths, true, false, gen);
+  const ThreadsGuard guard(16);
+  set_num_threads(2);
+  using Clock = std::chrono::steady_clock;
+  rnn_core_profile_enable(true);
+  const auto t0 = Clock::now();
+  const RNNForwardResult fwd = rnn_forward(c.o, c.weights, c.x, c.plan, c.h0, c.c0, true, true);
+  const auto t1 = Clock::now();
+  rnn_backward(*fwd.saved, c.gy, c.gh, c.gc, /*initial_state_grad=*/true);
+  const auto t2 = Clock::now();
+  const RNNCoreProfile p = rnn_core_profile(/*reset=*/true);
+  const double fwd_s = std::chrono::duration<double>(t1 - t0).count();
+  const double bwd_s = std::chrono::duration<double>(t2 - t1).count();
+  EXPECT_EQ(p.forwards, 1);
+  EXPECT_EQ(p.backwards, 1);
+  for (double s : {p.forward_inputs, p.forward_states, p.backward_prepare, p.backward_weights,
+                   p.backward_inputs})
+    EXPECT_GE(s, 0.0);
+  EXPECT_GT(p.forward_steps, 0.0);
+  EXPECT_GT(p.backward_steps, 0.0);
+  EXPECT_LE(p.forward_inputs + p.forward_steps + p.forward_states, fwd_s);
+  EXPECT_LE(p.backward_prepare + p.backward_steps + p.backward_weights + p.backward_inputs, bwd_s);
+  const RNNCoreProfile zero = rnn_core_profile();
+  EXPECT_EQ(zero.forwards, 0);
+  EXPECT_EQ(zero.forward_steps, 0.0);
+  rnn_core_profile_enable(false);
+  const RNNForwardResult again = rnn_forward(c.o, c.weights, c.x, c.plan, c.h0, c.c0, true, true);
+  rnn_backward(*again.saved, c.gy, c.gh, c.gc, true);
+  const RNNCoreProfile off = rnn_core_profile();
+  EXPECT_EQ(off.forwards, 0);
+  EXPECT_EQ(off.backwards, 0);
+  EXPECT_EQ(off.forward_steps + off.backward_steps, 0.0);
 }
 
 RNNOptions with_dtype(RNNOptions o, DType d) {

@@ -175,6 +175,27 @@ RNNGradients rnn_backward(const RNNSaved& saved, const Tensor& grad_output,
                           const Tensor& grad_h_n, const Tensor& grad_c_n,
                           bool initial_state_grad = true, bool input_grad = true);
 
+// Wall-clock seconds the recurrent core (rnn_forward, rnn_forward_lookup,
+// rnn_backward, and what calls them) spent in each part of its calls, summed
+// over the calls made while profiling was on, for finding where a
+// many-thread run spends its time (`seqpack train --profile` prints it per
+// epoch). Each part runs on every thread, so a part whose share of the wall
+// time grows with the thread count is one that does not scale.
+struct RNNCoreProfile {
+  double forward_inputs = 0;    // input projections (and dropout), before the steps
+  double forward_steps = 0;     // the time loops: every direction's team
+  double forward_states = 0;    // h_n and c_n, after the steps
+  double backward_prepare = 0;  // before the steps: state gradients in, dP and db cleared
+  double backward_steps = 0;    // the time loops of the backward
+  double backward_weights = 0;  // the weight gradients' products, after the steps
+  double backward_inputs = 0;   // each layer's input gradient (dX)
+  int64_t forwards = 0, backwards = 0;  // calls counted
+};
+// Switches profiling on (from zero) or off (the default: no clock is read).
+void rnn_core_profile_enable(bool on);
+// The sums so far; with reset, zeroed after they are read.
+RNNCoreProfile rnn_core_profile(bool reset = false);
+
 // Output of a module forward. For packed input `packed` is set (same
 // batch_sizes and indices as the input); for padded input `padded` is set
 // ([T, B, output_size] or batch-first, zeros at padding).

@@ -37,11 +37,17 @@ LOG = [
     "(34114 words/s, 346204 tokens/s)\n",
     "step profile (wall s): total 0.486, batch 0.009 (1.8%), forward 0.131 (26.8%), loss 0.004 "
     "(0.8%), backward 0.280 (57.6%), clip 0.027 (5.6%)\n",
+    "rnn core profile (wall s): forward 0.131: inputs 0.010 (7.6%), steps 0.090 (68.7%), states "
+    "0.001 (0.8%), rest 0.030 (22.9%); backward 0.280: prepare 0.020 (7.1%), steps 0.150 (53.6%), "
+    "weights 0.060 (21.4%), inputs 0.000 (0.0%), rest 0.050 (17.9%)\n",
     "epoch 2/2: train loss 0.53, validation accuracy 83.66%, 0.49 s, cpu 7.28 s "
     "(55267 words/s, 560881 tokens/s)\n",
     "--- main job new, round 2, threads 16\n",
     "step profile (wall s): total 0.9, batch 0.01 (1%), forward 0.255 (26%), loss 0.007 (0.7%), "
     "backward 0.636 (60%), clip 0.03 (3%)\n",
+    "rnn core profile (wall s): forward 0.255: inputs 0.010 (3.9%), steps 0.200 (78.4%), states "
+    "0.001 (0.4%), rest 0.044 (17.3%); backward 0.636: prepare 0.020 (3.1%), steps 0.450 (70.8%), "
+    "weights 0.100 (15.7%), inputs 0.000 (0.0%), rest 0.066 (10.4%)\n",
     "epoch 2/2: train loss 0.53, validation accuracy 83.66%, 0.97 s, cpu 14.48 s "
     "(28000 words/s, 281000 tokens/s)\n",
     "--- main job new, round 3, threads 16\n",
@@ -62,13 +68,17 @@ def test_rounds_come_together_with_their_medians():
     # The main job: the last epoch of each run, and its wall profile.
     assert main[1] == "tokens/s" and main[2] == [560881, 281000]
     assert main[3] == ((0.131 + 0.255) / 2, (0.280 + 0.636) / 2)
+    # The core's time loops and weight gradients of those epochs.
+    assert main[4] == ((0.090 + 0.200) / 2, (0.150 + 0.450) / 2, (0.060 + 0.100) / 2)
+    assert one[3] is None and one[4] is None
 
 
 def test_table_shows_rounds_and_medians():
     table = render(summarise(LOG)).splitlines()
-    assert table[2] == "| pairs w, threads 1, m, bf16 | ms | 10, 30, 20 | 20 |  |"
-    assert table[3] == "| pairs w, threads 2, m, bf16 | ms | 4, 6 | 5 |  |"
-    assert table[4] == "| main job new, threads 16 | tokens/s | 561k, 281k | 421k | 0.193 / 0.458 |"
+    assert table[2] == "| pairs w, threads 1, m, bf16 | ms | 10, 30, 20 | 20 |  |  |"
+    assert table[3] == "| pairs w, threads 2, m, bf16 | ms | 4, 6 | 5 |  |  |"
+    assert table[4] == ("| main job new, threads 16 | tokens/s | 561k, 281k | 421k | 0.193 / 0.458 "
+                        "| 0.145 / 0.300, 0.080 |")
 
 
 def test_command_line(tmp_path):

@@ -198,6 +198,26 @@ struct StepProfile {
   }
   std::string cpu_str() const { return line("cpu", cpu); }
   std::string wall_str() const { return line("wall", wall); }
+  // The recurrent core's parts (rnn_core_profile) within the forward and
+  // the backward wall-clock seconds; "rest" is the model's other layers and
+  // the calls' own overhead.
+  std::string core_str(const RNNCoreProfile& c) const {
+    const auto part = [](const char* name, double s, double whole) {
+      return fmt::format("{} {:.3f} ({:.1f}%)", name, s, whole > 0 ? 100.0 * s / whole : 0.0);
+    };
+    const double fwd = wall[1], bwd = wall[3];
+    const double fwd_rest = fwd - c.forward_inputs - c.forward_steps - c.forward_states;
+    const double bwd_rest = bwd - c.backward_prepare - c.backward_steps - c.backward_weights -
+                            c.backward_inputs;
+    return fmt::format(
+        "rnn core profile (wall s): forward {:.3f}: {}, {}, {}, {}; backward {:.3f}: {}, {}, {}, "
+        "{}, {}",
+        fwd, part("inputs", c.forward_inputs, fwd), part("steps", c.forward_steps, fwd),
+        part("states", c.forward_states, fwd), part("rest", fwd_rest, fwd), bwd,
+        part("prepare", c.backward_prepare, bwd), part("steps", c.backward_steps, bwd),
+        part("weights", c.backward_weights, bwd), part("inputs", c.backward_inputs, bwd),
+        part("rest", bwd_rest, bwd));
+  }
 };
 
 // One line redrawn in place on stderr: "epoch 2/5 [=====>     ] 61% 150/245 ...".
@@ -551,7 +571,9 @@ void train_epochs(const TrainArgs& a, int64_t first_epoch, const DatasetSplit& s
     // neighbours, CPU time (with --threads 1) does not.
     const std::clock_t c0 = std::clock();
     StepProfile prof;
+    rnn_core_profile(/*reset=*/true);  // this epoch's training alone
     const EpochResult r = train_epoch(a, epoch, batches, split, vocab, model, opt, a.profile ? &prof : nullptr);
+    const RNNCoreProfile core = rnn_core_profile(/*reset=*/true);
     const double secs = seconds_since(t0);
     const double cpu_secs = static_cast<double>(std::clock() - c0) / CLOCKS_PER_SEC;
     total_train_s += secs;
@@ -559,8 +581,8 @@ void train_epochs(const TrainArgs& a, int64_t first_epoch, const DatasetSplit& s
     const double val_cpu0 = cpu_seconds();
     const double val_acc = accuracy(predict_all(model, vocab, split.val, 512), split.val);
     if (a.profile) {
-      fmt::print("{}; validation {:.3f}\n{}\n", prof.cpu_str(), cpu_seconds() - val_cpu0,
-                 prof.wall_str());
+      fmt::print("{}; validation {:.3f}\n{}\n{}\n", prof.cpu_str(), cpu_seconds() - val_cpu0,
+                 prof.wall_str(), prof.core_str(core));
     }
     fmt::print(
         "epoch {}/{}: train loss {:.4f}, validation accuracy {}, {:.2f} s, cpu {:.2f} s "
@@ -626,6 +648,7 @@ void run_train(TrainArgs a) {
     fmt::print("resuming from {}: epoch {} of {} done\n", d.ck_path, d.ck->epoch, a.epochs);
   }
   if (a.threads > 0) set_num_threads(a.threads);
+  if (a.profile) rnn_core_profile_enable(true);
   const double startup_cpu0 = cpu_seconds();
   const DatasetSplit split = load_split(a);
   const Vocabulary vocab = Vocabulary::build(texts_of(split.train));
