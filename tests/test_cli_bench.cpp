@@ -1,6 +1,8 @@
 // `seqpack bench`: the JSON lines it prints for a tiny workloads file, its filters,
 // and the messages of bad workload files. Timings themselves are never asserted.
 #include <gtest/gtest.h>
+
+#include <cmath>
 #include <unistd.h>
 
 #include <filesystem>
@@ -121,6 +123,42 @@ TEST_F(BenchCli, TableWithoutJson) {
   EXPECT_NE(r.out.find("s/batch"), std::string::npos) << r.out;
   EXPECT_NE(r.out.find("forward_padded"), std::string::npos) << r.out;
   EXPECT_EQ(r.out.find("tiny-gru"), std::string::npos) << r.out;
+}
+
+// --profile: the core's seven parts per call of the timed runs, each finite
+// and non-negative, the forward's time loop there, the backward's only in
+// training.
+TEST_F(BenchCli, ProfileGivesTheCoreParts) {
+  const fs::path file = write("w.json", kTinyWorkloads);
+  const RunResult r = run("--workloads '" + file.string() +
+                          "' --json --min-time 0.001 --workload tiny-lstm --mode forward_packed "
+                          "--mode train_packed --profile");
+  ASSERT_EQ(r.status, 0) << r.err;
+  const auto lines = json_lines(r.out);
+  ASSERT_EQ(lines.size(), 2u) << r.out;
+  for (const auto& j : lines) {
+    SCOPED_TRACE(j.dump());
+    ASSERT_TRUE(j.contains("core_sec_per_call"));
+    const auto& core = j.at("core_sec_per_call");
+    ASSERT_EQ(core.size(), 7u);
+    for (const auto& [name, sec] : core.items()) {
+      EXPECT_TRUE(std::isfinite(sec.get<double>())) << name;
+      EXPECT_GE(sec.get<double>(), 0.0) << name;
+    }
+    EXPECT_GT(core.at("forward_steps").get<double>(), 0.0);
+    const bool train = j.at("mode") == "train_packed";
+    EXPECT_EQ(core.at("backward_steps").get<double>() > 0.0, train);
+  }
+  // Without the flag, no such key; the table gets a line per row.
+  const RunResult plain = run("--workloads '" + file.string() +
+                              "' --json --min-time 0.001 --workload tiny-gru --mode forward_packed");
+  ASSERT_EQ(plain.status, 0) << plain.err;
+  EXPECT_FALSE(json_lines(plain.out).at(0).contains("core_sec_per_call")) << plain.out;
+  const RunResult table = run("--workloads '" + file.string() +
+                              "' --min-time 0.001 --workload tiny-gru --mode train_packed --profile");
+  ASSERT_EQ(table.status, 0) << table.err;
+  EXPECT_NE(table.out.find("rnn core ms per call: forward_inputs "), std::string::npos) << table.out;
+  EXPECT_NE(table.out.find(", backward_weights "), std::string::npos) << table.out;
 }
 
 // Each bad file must fail with a message naming the workload and the key or value.

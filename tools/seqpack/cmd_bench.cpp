@@ -258,6 +258,7 @@ Timing measure(const std::function<void()>& run, double min_time) {
   do {
     run();
   } while (std::chrono::duration<double>(clock::now() - first_start).count() < kWarmSeconds);
+  rnn_core_profile(/*reset=*/true);  // --profile: the timed runs alone
   std::vector<double> samples, cpu_samples;
   double total = 0;
   while (true) {
@@ -288,7 +289,19 @@ struct Args {
   double min_time = 0.5;
   int scale = 1;
   std::string precision = "fp32";
+  bool profile = false;
 };
+
+// --profile: the recurrent core's parts (rnn_core_profile) per call of the
+// timed runs, in seconds; absent parts (a forward has no backward) are 0.
+nlohmann::ordered_json core_per_call(const RNNCoreProfile& p) {
+  const double f = static_cast<double>(std::max<int64_t>(p.forwards, 1));
+  const double b = static_cast<double>(std::max<int64_t>(p.backwards, 1));
+  return {{"forward_inputs", p.forward_inputs / f},     {"forward_steps", p.forward_steps / f},
+          {"forward_states", p.forward_states / f},     {"backward_prepare", p.backward_prepare / b},
+          {"backward_steps", p.backward_steps / b},     {"backward_weights", p.backward_weights / b},
+          {"backward_inputs", p.backward_inputs / b}};
+}
 
 // The inputs of one mode, built outside the timed region.
 struct Batch {
@@ -314,6 +327,7 @@ std::string default_workloads() {
 }
 
 void run_bench(Args args) {
+  rnn_core_profile_enable(args.profile);  // off: no clock reads in the core
   if (args.workloads.empty()) args.workloads = default_workloads();
   std::vector<Workload> all = load_workloads(args.workloads);
   std::vector<Workload> selected;
@@ -404,6 +418,7 @@ void run_bench(Args args) {
         }, args.min_time);
       }
       const double tokens_per_s = static_cast<double>(tokens) / t.median;
+      const nlohmann::ordered_json core = core_per_call(rnn_core_profile(/*reset=*/true));
       std::fprintf(stderr, "bench [%zu/%zu] %s %s: %.6g s/batch, %.6g tokens/s, %d reps\n", done,
                    total_runs, wl.name.c_str(), mode.c_str(), t.median, tokens_per_s, t.reps);
       if (args.json) {
@@ -414,10 +429,20 @@ void run_bench(Args args) {
                                {"cpu_sec_per_batch", t.cpu_median},
                                {"tokens", tokens},      {"scale", args.scale},
                                {"reps", t.reps}};
+        if (args.profile) line["core_sec_per_call"] = core;
         fmt::print("{}\n", line.dump());
       } else {
         fmt::print("{:<16} {:<15} {:>7} {:>13.6g} {:>13.6g} {:>13.6g} {:>6}\n", wl.name, mode,
                    args.threads, t.median, tokens_per_s, t.cpu_median, t.reps);
+        if (args.profile) {
+          std::string parts;
+          for (const auto& [name, sec] : core.items()) {
+            if (mode != "train_packed" && name.rfind("backward", 0) == 0) continue;
+            parts += fmt::format("{}{} {:.4g}", parts.empty() ? "" : ", ", name,
+                                 1e3 * sec.get<double>());
+          }
+          fmt::print("  rnn core ms per call: {}\n", parts);
+        }
       }
       std::fflush(stdout);
     }
@@ -443,6 +468,9 @@ void setup(CLI::App& sub) {
       "AVX512-VNNI), or auto (bf16 where native)")
       ->check(CLI::IsMember({"fp32", "bf16", "int8", "auto"}));
   add_number(sub, "--scale", args->scale, "multiply every length by this integer", 1, 1000);
+  sub.add_flag("--profile", args->profile,
+               "also the recurrent core's parts per call of the timed runs (rnn_core_profile): "
+               "a line under each row, or core_sec_per_call in --json");
   sub.callback([args] { run_bench(*args); });
 }
 
