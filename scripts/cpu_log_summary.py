@@ -6,7 +6,9 @@
 Each "--- HEADER" line of the log names a measurement; "round N, " in it is
 dropped, so that the rounds of one measurement come together. Printed, in the
 log's order:
-  - `seqpack bench --json` lines: ms per batch of each round and their median;
+  - `seqpack bench --json` lines: ms per batch of each round and their median
+    (with --profile's core parts: the median ms per call of the forward's and
+    the backward's time loops and of the weight gradients);
   - the main job (`seqpack train --profile`): tokens/s of each round's last
     epoch and their median, with the median wall-clock seconds of its forward
     and backward (the profile's wall line) and of the recurrent core's time
@@ -27,7 +29,7 @@ CORE = re.compile(r"^rnn core profile \(wall s\): forward [0-9.]+: .*?, steps ([
 
 def summarise(lines):
     """Rows (header, kind, values, walls, core) in the order headers first appear."""
-    order, bench, main = [], {}, {}
+    order, bench, bench_core, main = [], {}, {}, {}
     header, wall, core = None, None, None
     for line in lines:
         line = line.rstrip("\n")
@@ -45,6 +47,11 @@ def summarise(lines):
             if header not in bench and header not in main:
                 order.append(header)
             bench.setdefault(header, []).append(1e3 * float(record["sec_per_batch"]))
+            parts = record.get("core_sec_per_call")
+            if isinstance(parts, dict):
+                bench_core.setdefault(header, []).append(tuple(
+                    1e3 * float(parts.get(k, 0.0))
+                    for k in ("forward_steps", "backward_steps", "backward_weights")))
             continue
         m = WALL.match(line)
         if m:
@@ -62,7 +69,7 @@ def summarise(lines):
     rows = []
     for h in order:
         if h in bench:
-            rows.append((h, "ms", bench[h], None, None))
+            rows.append((h, "ms", bench[h], None, medians(bench_core.get(h, []))))
         else:
             runs = main[h]
             rows.append((h, "tokens/s", [t for t, _, _ in runs], medians([w for _, w, _ in runs]),
@@ -80,7 +87,8 @@ def medians(tuples):
 
 def render(rows):
     out = ["| measurement | unit | rounds | median | forward / backward wall s (median) "
-           "| core steps forward / backward, weights s (median) |",
+           "| core: time loops forward / backward, weight gradients (median; main job s, "
+           "bench ms per call) |",
            "| --- | --- | --- | ---: | --- | --- |"]
     for header, unit, values, extra, core in rows:
         if unit == "ms":
@@ -90,7 +98,12 @@ def render(rows):
             rounds = ", ".join(f"{v / 1e3:.0f}k" for v in values)
             median = f"{statistics.median(values) / 1e3:.0f}k"
         walls = f"{extra[0]:.3f} / {extra[1]:.3f}" if extra else ""
-        steps = f"{core[0]:.3f} / {core[1]:.3f}, {core[2]:.3f}" if core else ""
+        if not core:
+            steps = ""
+        elif unit == "ms":
+            steps = f"{core[0]:.3g} / {core[1]:.3g}, {core[2]:.3g}"
+        else:
+            steps = f"{core[0]:.3f} / {core[1]:.3f}, {core[2]:.3f}"
         out.append(f"| {header} | {unit} | {rounds} | {median} | {walls} | {steps} |")
     return "\n".join(out)
 

@@ -279,9 +279,12 @@ elif [ -n "$SEQPACK_CPU" ] && "$SEQPACK_CPU" info >/dev/null 2>&1; then
   export SEQPACK_CPU SEQPACK_BASE PY SEQPACK_DEVICE_CHECK_SWEEP TMP
   sweep() {
     "$SEQPACK_CPU" info
-    one() {  # THREADS WORKLOAD MODE PRECISION: one bench line (JSON) of ${TOOL:-$SEQPACK_CPU}
+    one() {  # THREADS WORKLOAD MODE PRECISION: one bench line (JSON) of ${TOOL:-$SEQPACK_CPU},
+      # with the core's parts (--profile) where the tool is this tree's (a baseline may predate it)
+      local profile=--profile
+      [ -n "${TOOL:-}" ] && [ "$TOOL" != "$SEQPACK_CPU" ] && profile=
       timeout 20 "${TOOL:-$SEQPACK_CPU}" bench --threads "$1" --workload "$2" --mode "$3" \
-        --precision "$4" --min-time 0.1 --json || echo "(not run: exit $?)"
+        --precision "$4" --min-time 0.1 --json $profile || echo "(not run: exit $?)"
     }
     main_job() {  # TOOL THREADS: the main job, SEQPACK_DEVICE_CHECK_MAIN_EPOCHS epochs, timed
       # with the process's wall, user and system seconds; SEQPACK_DEVICE_CHECK_MAIN_TICKS=1

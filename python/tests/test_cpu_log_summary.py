@@ -12,6 +12,11 @@ from cpu_log_summary import render, summarise  # noqa: E402
 BENCH = ('{"impl":"seqpack","threads":%d,"precision":"bf16","workload":"w","mode":"m",'
          '"sec_per_batch":%s,"tokens_per_s":1,"cpu_sec_per_batch":1,"reps":3}')
 
+BENCH_CORE = ('{"impl":"seqpack","threads":4,"precision":"bf16","workload":"w","mode":"train_packed",'
+              '"sec_per_batch":%s,"tokens_per_s":1,"cpu_sec_per_batch":1,"reps":3,'
+              '"core_sec_per_call":{"forward_inputs":0.0001,"forward_steps":%s,"forward_states":0,'
+              '"backward_prepare":0,"backward_steps":%s,"backward_weights":%s,"backward_inputs":0}}')
+
 LOG = [
     "$ bash -c sweep\n",
     "seqpack          0.1.0\n",
@@ -28,6 +33,10 @@ LOG = [
     BENCH % (1, "0.020") + "\n",
     "--- pairs round 3, w, threads 2, m, bf16\n",
     "(not run: exit 124)\n",
+    "--- others round 1, w, threads 4, train_packed, bf16\n",
+    BENCH_CORE % ("0.008", "0.003", "0.002", "0.001") + "\n",
+    "--- others round 2, w, threads 4, train_packed, bf16\n",
+    BENCH_CORE % ("0.010", "0.005", "0.004", "0.002") + "\n",
     "--- main job new, round 1, threads 16\n",
     "time: wall 2.0 s, user 30 s, system 1 s\n",
     "step profile (cpu s): total 11.7, batch 0.08 (0.7%), forward 4.7 (40.6%), backward 6.3 (54.2%)\n",
@@ -60,9 +69,10 @@ def test_rounds_come_together_with_their_medians():
     assert [r[0] for r in rows] == [
         "pairs w, threads 1, m, bf16",
         "pairs w, threads 2, m, bf16",
+        "others w, threads 4, train_packed, bf16",
         "main job new, threads 16",
     ]
-    one, two, main = rows
+    one, two, others, main = rows
     assert one[1] == "ms" and one[2] == [10.0, 30.0, 20.0]
     assert two[2] == [4.0, 6.0]  # the round that did not run has no value
     # The main job: the last epoch of each run, and its wall profile.
@@ -71,13 +81,17 @@ def test_rounds_come_together_with_their_medians():
     # The core's time loops and weight gradients of those epochs.
     assert main[4] == ((0.090 + 0.200) / 2, (0.150 + 0.450) / 2, (0.060 + 0.100) / 2)
     assert one[3] is None and one[4] is None
+    # bench --profile's core parts, ms per call, medians over the rounds.
+    assert others[2] == [8.0, 10.0]
+    assert others[4] == ((3.0 + 5.0) / 2, (2.0 + 4.0) / 2, (1.0 + 2.0) / 2)
 
 
 def test_table_shows_rounds_and_medians():
     table = render(summarise(LOG)).splitlines()
     assert table[2] == "| pairs w, threads 1, m, bf16 | ms | 10, 30, 20 | 20 |  |  |"
     assert table[3] == "| pairs w, threads 2, m, bf16 | ms | 4, 6 | 5 |  |  |"
-    assert table[4] == ("| main job new, threads 16 | tokens/s | 561k, 281k | 421k | 0.193 / 0.458 "
+    assert table[4] == "| others w, threads 4, train_packed, bf16 | ms | 8, 10 | 9 |  | 4 / 3, 1.5 |"
+    assert table[5] == ("| main job new, threads 16 | tokens/s | 561k, 281k | 421k | 0.193 / 0.458 "
                         "| 0.145 / 0.300, 0.080 |")
 
 
