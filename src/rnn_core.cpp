@@ -279,6 +279,7 @@ RNNForwardResult forward_impl(const RNNOptions& o, const std::vector<Tensor>& we
   const int64_t L = o.num_layers, D = o.num_directions(), H = o.hidden_size;
   const int64_t R = o.real_hidden_size();
   const int64_t B = plan.batch(), N = plan.total_rows();
+  PartClock clock(&RNNCoreProfile::forwards);
 
   const cpu::BlasSingleThread one_pool;  // OpenMP's threads only (cpu/gemm.h)
   const cpu::GemmEngine<T>& eng = engine_for<T>(o);
@@ -297,7 +298,6 @@ RNNForwardResult forward_impl(const RNNOptions& o, const std::vector<Tensor>& we
   std::vector<ForwardWorkspace<T, Cell>> wss(static_cast<std::size_t>(D));
   for (ForwardWorkspace<T, Cell>& ws : wss) ws.resize(o, B, save, lookup ? data.size(0) : 0);
   Tensor layer_in = data;
-  PartClock clock(&RNNCoreProfile::forwards);
   for (int64_t l = 0; l < L; ++l) {
     RNNSaved::Layer sl;
     const Tensor x = dropped_input<T>(o, layer_in, l, training, seed, sl.mask);
@@ -338,6 +338,7 @@ RNNGradients backward_impl(const RNNSaved& sv, const Tensor& grad_output, const 
   const int64_t L = o.num_layers, D = o.num_directions(), H = o.hidden_size;
   const int64_t R = o.real_hidden_size(), G = o.gate_count() * H;
   const int64_t B = sv.batch, N = sv.total_rows;
+  PartClock clock(&RNNCoreProfile::backwards);
 
   const cpu::BlasSingleThread one_pool;  // OpenMP's threads only (cpu/gemm.h)
   const cpu::GemmEngine<T>& eng = engine_for<T>(o);
@@ -353,7 +354,6 @@ RNNGradients backward_impl(const RNNSaved& sv, const Tensor& grad_output, const 
                                   static_cast<int64_t>(sv.batch_sizes.size()));
 
   Tensor dout = grad_output;  // gradient of this layer's output rows, or undefined
-  PartClock clock(&RNNCoreProfile::backwards);
   for (int64_t l = L - 1; l >= 0; --l) {
     const RNNSaved::Layer& sl = sv.layers[static_cast<std::size_t>(l)];
     const bool lookup_layer = l == 0 && !sv.lookup.empty();

@@ -182,10 +182,14 @@ RNNGradients rnn_backward(const RNNSaved& saved, const Tensor& grad_output,
 // epoch). Each part runs on every thread, so a part whose share of the wall
 // time grows with the thread count is one that does not scale.
 struct RNNCoreProfile {
-  double forward_inputs = 0;    // input projections (and dropout), before the steps
+  // Before the steps: the call's weights laid out (where no model plan has
+  // them), workspaces, dropout and the input projections.
+  double forward_inputs = 0;
   double forward_steps = 0;     // the time loops: every direction's team
   double forward_states = 0;    // h_n and c_n, after the steps
-  double backward_prepare = 0;  // before the steps: state gradients in, dP and db cleared
+  // Before the steps: gradient tensors and workspaces, the step weights laid
+  // out, state gradients in, bias gradients cleared.
+  double backward_prepare = 0;
   double backward_steps = 0;    // the time loops of the backward
   double backward_weights = 0;  // the weight gradients' products, after the steps
   double backward_inputs = 0;   // each layer's input gradient (dX)
