@@ -7,9 +7,12 @@
 #include <limits>
 #include <random>
 #include <stdexcept>
+#include <vector>
 
 #include "cpu/adam.h"
 #include "seqpack/optim.h"
+#include "seqpack/threading.h"
+#include "train/param_memory.h"
 #include "test_util.h"
 
 namespace seqpack {
@@ -164,6 +167,130 @@ TEST(Adam, Float32StepsTrackFloat64) {
     a32.step();
   }
   EXPECT_TRUE(testing::all_close(v32.to(DType::f64), v64, 1e-5, 1e-5, "float32 vs float64 Adam"));
+}
+
+// Adam and clip_grad_norm run over chunks of 16384 elements on OpenMP's
+// threads: Adam element by element (the bits of one pass of the kernel over
+// each whole tensor, at any thread count), the norm in double chunk by chunk
+// (the same bits at any thread count, within double rounding of a plain sum).
+TEST(Optimizers, ChunkedOverThreadsKeepTheBits) {
+  const int before = num_threads();
+  std::mt19937_64 rng(testing::test_seed());
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  const std::vector<int64_t> sizes = {40000, 17, 16384, 16385};
+  auto fill = [&](Tensor t, float scale) {
+    for (int64_t i = 0; i < t.numel(); ++i) t.data<float>()[i] = scale * normal(rng);
+    return t;
+  };
+  std::vector<Tensor> values, grads;
+  for (int64_t n : sizes) {
+    values.push_back(fill(Tensor::empty({n}, DType::f32), 1.0f));
+    grads.push_back(fill(Tensor::empty({n}, DType::f32), 0.1f));
+  }
+  // The reference: the kernel over each whole tensor, three steps.
+  const AdamOptions o{.lr = 1e-2, .weight_decay = 0.01, .amsgrad = true};
+  std::vector<std::vector<float>> want;
+  for (std::size_t k = 0; k < sizes.size(); ++k) {
+    const auto n = static_cast<std::size_t>(sizes[k]);
+    std::vector<float> p(values[k].data<float>(), values[k].data<float>() + n), m(n), v(n), vmax(n);
+    for (int step = 1; step <= 3; ++step) {
+      const cpu::AdamScalars sc{0.9f, 0.999f, 1e-8f, 0.01f,
+                                static_cast<float>(1e-2 / (1 - std::pow(0.9, step))),
+                                static_cast<float>(std::sqrt(1 - std::pow(0.999, step)))};
+      cpu::adam_update_f32(p.data(), grads[k].data<float>(), m.data(), v.data(), vmax.data(),
+                           sizes[k], sc);
+    }
+    want.push_back(p);
+  }
+  long double plain = 0;
+  for (const Tensor& g : grads)
+    for (int64_t i = 0; i < g.numel(); ++i)
+      plain += static_cast<long double>(g.data<float>()[i]) * g.data<float>()[i];
+  double norm_one_thread = 0;
+  for (int threads : {1, 2, 3}) {
+    set_num_threads(threads);
+    std::vector<Parameter> ps;
+    for (std::size_t k = 0; k < sizes.size(); ++k)
+      ps.push_back({"p" + std::to_string(k), values[k].clone(), grads[k].clone()});
+    Adam adam(ps, o);
+    for (int step = 0; step < 3; ++step) adam.step();
+    for (std::size_t k = 0; k < sizes.size(); ++k)
+      EXPECT_EQ(std::memcmp(ps[k].value.data<float>(), want[k].data(), want[k].size() * 4), 0)
+          << "parameter " << k << " at " << threads << " threads";
+    const double norm = clip_grad_norm(ps, 1e9);  // no clipping: the norm alone
+    if (threads == 1) norm_one_thread = norm;
+    EXPECT_EQ(norm, norm_one_thread) << threads << " threads";
+    // 73k squares in double: well within 1e-12 of the exact sum.
+    EXPECT_NEAR(norm * norm, static_cast<double>(plain), 1e-12 * static_cast<double>(plain));
+    // And clipping scales every chunk of every gradient.
+    clip_grad_norm(ps, 0.5 * norm);
+    for (std::size_t k = 0; k < sizes.size(); ++k)
+      for (int64_t i = 0; i < sizes[k]; i += 4097)
+        EXPECT_FLOAT_EQ(ps[k].grad.data<float>()[i],
+                        grads[k].data<float>()[i] * static_cast<float>(0.5 * norm / (norm + 1e-6)))
+            << "grad " << k << "[" << i << "] at " << threads << " threads";
+  }
+  set_num_threads(before);
+}
+
+// One tensor listed twice is updated twice, one pass after the other (as on
+// one thread), never from two threads at once; a parameter without a
+// gradient counts for nothing in the norm (torch skips grad None).
+TEST(Optimizers, SharedTensorsAreUpdatedOneAfterTheOther) {
+  const int before = num_threads();
+  set_num_threads(2);
+  const int64_t n = 3 * 16384 + 5;
+  Tensor w = Tensor::full({n}, 1.0, DType::f32), g = Tensor::full({n}, 0.5, DType::f32);
+  Adam adam({{"a", w, g}, {"b", w, g}}, {.lr = 0.1});
+  adam.step();
+  // Each pass moves every weight by lr (the first step): two passes, 2 * lr.
+  // In float32, 1 - beta2 is 1 - float(0.999), 1.3e-5 off in relative terms,
+  // and the step goes with its square root: lr * 0.65e-5 a pass, plus a few
+  // roundings.
+  const double per_pass = 0.1 * 0.5 * std::fabs(1.0 - static_cast<double>(0.999f) - 0.001) / 0.001;
+  for (int64_t i = 0; i < n; i += 1001)
+    EXPECT_NEAR(w.data<float>()[i], 0.8, 2 * per_pass + 1e-6) << i;
+  // What keeps them apart: the overlap test, which sees the same tensor
+  // twice, a gradient shared, and parameters that merely sit side by side.
+  EXPECT_TRUE(train::parameters_share_memory({{"a", w, g}, {"b", w, g}}));
+  const Tensor w2 = Tensor::full({n}, 1.0, DType::f32), g2 = Tensor::full({n}, 0.5, DType::f32);
+  EXPECT_TRUE(train::parameters_share_memory({{"a", w, g}, {"b", w2, g}}));
+  EXPECT_FALSE(train::parameters_share_memory({{"a", w, g}, {"b", w2, g2}}));
+  std::vector<Parameter> with_none = {{"a", w, g}, {"none", w, Tensor()}};
+  const double norm = clip_grad_norm(with_none, 1e9);
+  EXPECT_NEAR(norm, 0.5 * std::sqrt(static_cast<double>(n)), 1e-9 * std::sqrt(double(n)));
+  set_num_threads(before);
+}
+
+// non_finite_grad names the first gradient holding a NaN or an infinity,
+// wherever it sits (vector lanes and tails alike), in float32 and float64;
+// the largest finite values, subnormals and absent gradients pass.
+TEST(Optimizers, NonFiniteGradNamesTheFirstBadGradient) {
+  const float fbad[] = {std::numeric_limits<float>::quiet_NaN(),
+                        std::numeric_limits<float>::infinity(),
+                        -std::numeric_limits<float>::infinity()};
+  for (int64_t n : {1, 15, 16, 17, 1000}) {
+    Tensor fine = Tensor::full({n}, 0.0, DType::f32);
+    fine.data<float>()[0] = std::numeric_limits<float>::max();
+    fine.data<float>()[n - 1] = -std::numeric_limits<float>::denorm_min();
+    Tensor d = Tensor::full({n}, -std::numeric_limits<double>::max(), DType::f64);
+    const Tensor v32 = Tensor::zeros({n}, DType::f32), v64 = Tensor::zeros({n}, DType::f64);
+    std::vector<Parameter> ps = {{"none", v32, Tensor()}, {"fine", v32, fine}, {"d", v64, d}};
+    EXPECT_EQ(non_finite_grad(ps), "") << n;
+    for (float bad : fbad) {
+      for (int64_t at : {int64_t{0}, n / 2, n - 1}) {
+        Tensor g = fine.clone();
+        g.data<float>()[at] = bad;
+        std::vector<Parameter> qs = {{"fine", v32, fine}, {"bad", v32, g}, {"also", v32, g}};
+        EXPECT_EQ(non_finite_grad(qs), "bad") << n << " " << bad << " at " << at;
+      }
+    }
+    Tensor dg = d.clone();
+    dg.data<double>()[n - 1] = std::numeric_limits<double>::quiet_NaN();
+    EXPECT_EQ(non_finite_grad({{"d", v64, dg}}), "d") << n;
+    dg.data<double>()[n - 1] = -std::numeric_limits<double>::infinity();
+    EXPECT_EQ(non_finite_grad({{"d", v64, dg}}), "d") << n;
+  }
 }
 
 TEST(Optimizers, BadOptionsNameTheValue) {

@@ -95,4 +95,9 @@ class Adam : public Optimizer {
 // norm_type may be infinity. Returns the total norm before clipping.
 double clip_grad_norm(std::vector<Parameter>& params, double max_norm, double norm_type = 2.0);
 
+// The name of the first parameter whose gradient holds a NaN or an infinity,
+// or "" where every gradient is finite (absent gradients count as finite): a
+// training loop's check that a step did not diverge.
+std::string non_finite_grad(const std::vector<Parameter>& params);
+
 }  // namespace seqpack

@@ -3,11 +3,88 @@
 #include <algorithm>
 #include <cmath>
 #include <stdexcept>
+#include <cstdint>
 #include <string>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+#include <omp.h>
 
 #include "cpu/adam.h"
+#include "train/param_memory.h"
 
 namespace seqpack {
+
+namespace {
+
+// A pass over every parameter, cut into chunks of at most kChunk elements
+// (each parameter's chunks starting at multiples of kChunk, so a SIMD loop
+// meets the same vectors and tail as over the whole tensor), run on
+// OpenMP's threads once there are at least two chunks' worth of elements:
+// the main job's 205k parameters take Adam and the gradient norm 0.1 ms each
+// a step on one thread, a tenth of a 16-thread step. f(k, begin, end, c)
+// handles elements [begin, end) of parameter k as chunk c of chunk_count.
+constexpr int64_t kChunk = 1 << 14;
+
+struct Chunk {
+  std::size_t param;
+  int64_t begin, end;
+};
+
+struct Chunks {
+  std::vector<Chunk> list;
+  bool disjoint = true;  // no two parameters share memory (values or gradients)
+};
+
+// Whether the byte ranges of these tensors overlap anywhere.
+bool any_overlap(std::vector<std::pair<const char*, const char*>> ranges) {
+  std::sort(ranges.begin(), ranges.end());
+  for (std::size_t i = 1; i < ranges.size(); ++i)
+    if (ranges[i].first < ranges[i - 1].second) return true;
+  return false;
+}
+
+Chunks chunks_of(const std::vector<Parameter>& params) {
+  Chunks c;
+  for (std::size_t k = 0; k < params.size(); ++k) {
+    const Parameter& p = params[k];
+    if (!p.grad.defined()) continue;
+    const int64_t n = p.grad.numel();  // the optimisers' values have their grads' shapes
+    for (int64_t a = 0; a < n; a += kChunk) c.list.push_back({k, a, std::min(n, a + kChunk)});
+  }
+  // A parameter listed twice (or two views of one tensor) is updated twice,
+  // one after the other, as on one thread: never from two threads at once.
+  c.disjoint = !train::parameters_share_memory(params);
+  return c;
+}
+
+template <typename F>
+void for_chunks(const Chunks& chunks, F&& f) {
+  const auto count = static_cast<int64_t>(chunks.list.size());
+  const bool parallel =
+      chunks.disjoint && count >= 2 && omp_get_max_threads() > 1 && !omp_in_parallel();
+#pragma omp parallel for schedule(static) if (parallel)
+  for (int64_t c = 0; c < count; ++c) {
+    const Chunk& ch = chunks.list[static_cast<std::size_t>(c)];
+    f(ch.param, ch.begin, ch.end, c);
+  }
+}
+
+}  // namespace
+
+bool train::parameters_share_memory(const std::vector<Parameter>& params) {
+  std::vector<std::pair<const char*, const char*>> values, grads;
+  const auto range = [](const Tensor& t) {
+    const char* at = static_cast<const char*>(t.raw_data());
+    return std::make_pair(at, at + t.numel() * static_cast<int64_t>(dtype_size(t.dtype())));
+  };
+  for (const Parameter& p : params) {
+    if (p.grad.defined() && p.grad.numel() > 0) grads.push_back(range(p.grad));
+    if (p.value.defined() && p.value.numel() > 0) values.push_back(range(p.value));
+  }
+  return any_overlap(std::move(values)) || any_overlap(std::move(grads));
+}
 
 Optimizer::Optimizer(std::vector<Parameter> params) : params_(std::move(params)) {
   for (std::size_t i = 0; i < params_.size(); ++i) {
@@ -197,20 +274,21 @@ void Adam::step() {
                              static_cast<float>(options_.weight_decay),
                              static_cast<float>(options_.lr / bc1),
                              static_cast<float>(std::sqrt(bc2))};
-  for (std::size_t k = 0; k < params_.size(); ++k) {
+  // Element by element: the same bits in chunks, on any number of threads.
+  for_chunks(chunks_of(params_), [&](std::size_t k, int64_t a, int64_t b, int64_t) {
     Parameter& p = params_[k];
     if (p.value.dtype() == DType::f32) {
-      cpu::adam_update_f32(p.value.data<float>(), p.grad.data<float>(), exp_avg_[k].data<float>(),
-                           exp_avg_sq_[k].data<float>(),
-                           options_.amsgrad ? max_exp_avg_sq_[k].data<float>() : nullptr,
-                           p.value.numel(), f32);
+      cpu::adam_update_f32(p.value.data<float>() + a, p.grad.data<float>() + a,
+                           exp_avg_[k].data<float>() + a, exp_avg_sq_[k].data<float>() + a,
+                           options_.amsgrad ? max_exp_avg_sq_[k].data<float>() + a : nullptr,
+                           b - a, f32);
     } else {
-      adam_update<double>(p.value.data<double>(), p.grad.data<double>(),
-                          exp_avg_[k].data<double>(), exp_avg_sq_[k].data<double>(),
-                          options_.amsgrad ? max_exp_avg_sq_[k].data<double>() : nullptr,
-                          p.value.numel(), options_, step_);
+      adam_update<double>(p.value.data<double>() + a, p.grad.data<double>() + a,
+                          exp_avg_[k].data<double>() + a, exp_avg_sq_[k].data<double>() + a,
+                          options_.amsgrad ? max_exp_avg_sq_[k].data<double>() + a : nullptr,
+                          b - a, options_, step_);
     }
-  }
+  });
 }
 
 // ------------------------------------------------------------ clip_grad_norm
@@ -221,10 +299,13 @@ double clip_grad_norm(std::vector<Parameter>& params, double max_norm, double no
                                 " must be positive");
   }
   const bool inf = std::isinf(norm_type);
-  // Accumulated in double; torch takes the norm of the per-tensor norms, which
-  // is the same quantity.
-  double acc = 0.0;
+  // Accumulated in double, each chunk in order and then the chunks' sums in
+  // order: the same bits on any number of threads. torch takes the norm of
+  // the per-tensor norms, which is the same quantity.
+  const Chunks chunks = chunks_of(params);
+  std::vector<double> sums(chunks.list.size(), 0.0);
   auto reduce = [&](const auto* g, int64_t n) {
+    double acc = 0.0;
     for (int64_t i = 0; i < n; ++i) {
       const double a = std::fabs(static_cast<double>(g[i]));
       if (inf) {
@@ -235,28 +316,57 @@ double clip_grad_norm(std::vector<Parameter>& params, double max_norm, double no
         acc += std::pow(a, norm_type);
       }
     }
+    return acc;
   };
-  for (auto& p : params) {
-    if (p.grad.dtype() == DType::f32) {
-      reduce(p.grad.data<float>(), p.grad.numel());
-    } else {
-      reduce(p.grad.data<double>(), p.grad.numel());
-    }
-  }
+  for_chunks(chunks, [&](std::size_t k, int64_t a, int64_t b, int64_t c) {
+    const Tensor& grad = params[k].grad;
+    sums[static_cast<std::size_t>(c)] = grad.dtype() == DType::f32
+                                            ? reduce(grad.data<float>() + a, b - a)
+                                            : reduce(grad.data<double>() + a, b - a);
+  });
+  double acc = 0.0;
+  for (double v : sums) acc = inf ? std::max(acc, v) : acc + v;
   const double total = inf ? acc : std::pow(acc, 1.0 / norm_type);
   const double coef = std::min(1.0, max_norm / (total + 1e-6));
   if (coef < 1.0) {
-    for (auto& p : params) {
-      if (p.grad.dtype() == DType::f32) {
-        float* g = p.grad.data<float>();
-        for (int64_t i = 0; i < p.grad.numel(); ++i) g[i] *= static_cast<float>(coef);
+    for_chunks(chunks, [&](std::size_t k, int64_t a, int64_t b, int64_t) {
+      Tensor& grad = params[k].grad;
+      if (grad.dtype() == DType::f32) {
+        float* g = grad.data<float>();
+        for (int64_t i = a; i < b; ++i) g[i] *= static_cast<float>(coef);
       } else {
-        double* g = p.grad.data<double>();
-        for (int64_t i = 0; i < p.grad.numel(); ++i) g[i] *= coef;
+        double* g = grad.data<double>();
+        for (int64_t i = a; i < b; ++i) g[i] *= coef;
       }
-    }
+    });
   }
   return total;
+}
+
+std::string non_finite_grad(const std::vector<Parameter>& params) {
+  // A value is not finite where its exponent bits are all ones: tested on the
+  // bits without a branch, so the loop vectorises (a scalar isfinite loop
+  // with an exit per element took 0.14 ms a step of the main job, as long
+  // as Adam).
+  const auto any_non_finite = [](const auto* bits, int64_t n, auto exponent) {
+    using U = std::remove_cv_t<std::remove_pointer_t<decltype(bits)>>;
+    U bad = 0;  // all ones once a lane met one
+    for (int64_t i = 0; i < n; ++i) bad |= (bits[i] & exponent) == exponent ? ~U{0} : U{0};
+    return bad != 0;
+  };
+  for (const Parameter& p : params) {
+    if (!p.grad.defined()) continue;
+    const int64_t n = p.grad.numel();
+    bool bad = false;
+    if (p.grad.dtype() == DType::f32) {
+      bad = any_non_finite(static_cast<const uint32_t*>(p.grad.raw_data()), n, uint32_t{0x7f800000});
+    } else if (p.grad.dtype() == DType::f64) {
+      bad = any_non_finite(static_cast<const uint64_t*>(p.grad.raw_data()), n,
+                           uint64_t{0x7ff0000000000000});
+    }
+    if (bad) return p.name;
+  }
+  return "";
 }
 
 }  // namespace seqpack

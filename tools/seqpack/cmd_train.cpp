@@ -380,23 +380,6 @@ void discard_interrupted(const TrainArgs& a, RunDirs& d) {
   }
 }
 
-// The first parameter whose gradient holds a NaN or an infinity, or "".
-std::string non_finite_grad(const std::vector<Parameter>& params) {
-  for (const auto& p : params) {
-    const int64_t n = p.grad.numel();
-    bool ok = true;
-    if (p.grad.dtype() == DType::f32) {
-      const float* g = p.grad.data<float>();
-      for (int64_t i = 0; i < n && ok; ++i) ok = std::isfinite(g[i]);
-    } else {
-      const double* g = p.grad.data<double>();
-      for (int64_t i = 0; i < n && ok; ++i) ok = std::isfinite(g[i]);
-    }
-    if (!ok) return p.name;
-  }
-  return "";
-}
-
 // Stops the run when a step's loss or gradient is not finite: nothing of it is
 // saved, the output directory keeps the model it had.
 void check_finite(const TrainArgs& a, int64_t epoch, std::size_t batch, double loss, const std::string& grad) {
