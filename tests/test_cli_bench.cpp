@@ -40,6 +40,10 @@ class BenchCli : public ::testing::Test {
 
   static RunResult run(const std::string& args) { return seqpack::testing::run_cli("bench " + args); }
 
+  // The tiny workloads (below) through `bench --json --min-time 0.001` and
+  // `args`: the lines, parsed (none, with a failure, where the run fails).
+  std::vector<nlohmann::json> tiny_json_lines(const std::string& args);
+
   static std::vector<nlohmann::json> json_lines(const std::string& text) {
     std::vector<nlohmann::json> lines;
     std::istringstream in(text);
@@ -96,14 +100,17 @@ TEST_F(BenchCli, JsonLinesHaveEveryKeyForEveryWorkloadAndMode) {
   EXPECT_NE(r.err.find("tiny-gru"), std::string::npos) << r.err;
 }
 
-TEST_F(BenchCli, FiltersThreadsAndScale) {
+std::vector<nlohmann::json> BenchCli::tiny_json_lines(const std::string& args) {
   const fs::path file = write("w.json", kTinyWorkloads);
-  const RunResult r = run("--workloads '" + file.string() +
-                          "' --json --min-time 0.001 --workload tiny-gru --mode train_packed "
-                          "--mode forward_padded --threads 2 --scale 3");
-  ASSERT_EQ(r.status, 0) << r.err;
-  const auto lines = json_lines(r.out);
-  ASSERT_EQ(lines.size(), 2u) << r.out;
+  const RunResult r = run("--workloads '" + file.string() + "' --json --min-time 0.001 " + args);
+  EXPECT_EQ(r.status, 0) << r.err;
+  return r.status == 0 ? json_lines(r.out) : std::vector<nlohmann::json>{};
+}
+
+TEST_F(BenchCli, FiltersThreadsAndScale) {
+  const auto lines = tiny_json_lines(
+      "--workload tiny-gru --mode train_packed --mode forward_padded --threads 2 --scale 3");
+  ASSERT_EQ(lines.size(), 2u);
   EXPECT_EQ(lines[0].at("mode"), "train_packed");
   EXPECT_EQ(lines[1].at("mode"), "forward_padded");
   for (const auto& j : lines) {
@@ -129,13 +136,9 @@ TEST_F(BenchCli, TableWithoutJson) {
 // and non-negative, the forward's time loop there, the backward's only in
 // training.
 TEST_F(BenchCli, ProfileGivesTheCoreParts) {
-  const fs::path file = write("w.json", kTinyWorkloads);
-  const RunResult r = run("--workloads '" + file.string() +
-                          "' --json --min-time 0.001 --workload tiny-lstm --mode forward_packed "
-                          "--mode train_packed --profile");
-  ASSERT_EQ(r.status, 0) << r.err;
-  const auto lines = json_lines(r.out);
-  ASSERT_EQ(lines.size(), 2u) << r.out;
+  const auto lines =
+      tiny_json_lines("--workload tiny-lstm --mode forward_packed --mode train_packed --profile");
+  ASSERT_EQ(lines.size(), 2u);
   for (const auto& j : lines) {
     SCOPED_TRACE(j.dump());
     ASSERT_TRUE(j.contains("core_sec_per_call"));
@@ -150,10 +153,10 @@ TEST_F(BenchCli, ProfileGivesTheCoreParts) {
     EXPECT_EQ(core.at("backward_steps").get<double>() > 0.0, train);
   }
   // Without the flag, no such key; the table gets a line per row.
-  const RunResult plain = run("--workloads '" + file.string() +
-                              "' --json --min-time 0.001 --workload tiny-gru --mode forward_packed");
-  ASSERT_EQ(plain.status, 0) << plain.err;
-  EXPECT_FALSE(json_lines(plain.out).at(0).contains("core_sec_per_call")) << plain.out;
+  const auto plain = tiny_json_lines("--workload tiny-gru --mode forward_packed");
+  ASSERT_EQ(plain.size(), 1u);
+  EXPECT_FALSE(plain[0].contains("core_sec_per_call")) << plain[0].dump();
+  const fs::path file = write("w.json", kTinyWorkloads);
   const RunResult table = run("--workloads '" + file.string() +
                               "' --min-time 0.001 --workload tiny-gru --mode train_packed --profile");
   ASSERT_EQ(table.status, 0) << table.err;
