@@ -306,6 +306,23 @@ TEST(Optimizers, BadOptionsNameTheValue) {
   EXPECT_THROW(SGD(ps, {.lr = 0.1, .nesterov = true}), std::invalid_argument);
   EXPECT_THROW(SGD({{"w", v, Tensor::zeros({3}, DType::f32)}}, {.lr = 0.1}), std::invalid_argument);
   EXPECT_THROW(clip_grad_norm(ps, 1.0, 0.0), std::invalid_argument);
+  // An integer gradient is named before any thread starts (on every count:
+  // an exception inside OpenMP's region would end the process).
+  const int before = num_threads();
+  for (int threads : {1, 2}) {
+    set_num_threads(threads);
+    std::vector<Parameter> ints = {{"w", v, Tensor::zeros({2}, DType::f32)},
+                                   {"ids", Tensor::zeros({40000}, DType::i64),
+                                    Tensor::zeros({40000}, DType::i64)}};
+    try {
+      clip_grad_norm(ints, 1.0);
+      ADD_FAILURE() << "expected std::invalid_argument";
+    } catch (const std::invalid_argument& e) {
+      EXPECT_NE(std::string(e.what()).find("parameter 1 (ids) is int64"), std::string::npos)
+          << e.what();
+    }
+  }
+  set_num_threads(before);
 }
 
 }  // namespace

@@ -298,6 +298,15 @@ double clip_grad_norm(std::vector<Parameter>& params, double max_norm, double no
     throw std::invalid_argument("clip_grad_norm: norm_type = " + std::to_string(norm_type) +
                                 " must be positive");
   }
+  // Checked before the threads start: nothing may throw inside their region.
+  for (std::size_t k = 0; k < params.size(); ++k) {
+    const Tensor& g = params[k].grad;
+    if (g.defined() && g.dtype() != DType::f32 && g.dtype() != DType::f64) {
+      throw std::invalid_argument("clip_grad_norm: the gradient of parameter " + std::to_string(k) +
+                                  " (" + params[k].name + ") is " + dtype_name(g.dtype()) +
+                                  ", not float32 or float64");
+    }
+  }
   const bool inf = std::isinf(norm_type);
   // Accumulated in double, each chunk in order and then the chunks' sums in
   // order: the same bits on any number of threads. torch takes the norm of
