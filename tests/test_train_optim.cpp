@@ -175,7 +175,9 @@ TEST(Adam, Float32StepsTrackFloat64) {
 // (the same bits at any thread count, within double rounding of a plain sum).
 TEST(Optimizers, ChunkedOverThreadsKeepTheBits) {
   const int before = num_threads();
-  std::mt19937_64 rng(testing::test_seed());
+  const uint64_t seed = testing::test_seed();
+  SCOPED_TRACE("seed " + std::to_string(seed));
+  std::mt19937_64 rng(seed);
   std::normal_distribution<float> normal(0.0f, 1.0f);
   const std::vector<int64_t> sizes = {40000, 17, 16384, 16385};
   auto fill = [&](Tensor t, float scale) {
