@@ -2,8 +2,8 @@
 // and the messages of bad workload files. Timings themselves are never asserted.
 #include <gtest/gtest.h>
 
-#include <cmath>
 #include <unistd.h>
+#include <cmath>
 
 #include <filesystem>
 #include <fstream>
@@ -157,10 +157,12 @@ TEST_F(BenchCli, ProfileGivesTheCoreParts) {
   ASSERT_EQ(plain.size(), 1u);
   EXPECT_FALSE(plain[0].contains("core_sec_per_call")) << plain[0].dump();
   const fs::path file = write("w.json", kTinyWorkloads);
-  const RunResult table = run("--workloads '" + file.string() +
-                              "' --min-time 0.001 --workload tiny-gru --mode train_packed --profile");
+  const RunResult table =
+      run("--workloads '" + file.string() +
+          "' --min-time 0.001 --workload tiny-gru --mode train_packed --profile");
   ASSERT_EQ(table.status, 0) << table.err;
-  EXPECT_NE(table.out.find("rnn core ms per call: forward_inputs "), std::string::npos) << table.out;
+  EXPECT_NE(table.out.find("rnn core ms per call: forward_inputs "), std::string::npos)
+      << table.out;
   EXPECT_NE(table.out.find(", backward_weights "), std::string::npos) << table.out;
 }
 

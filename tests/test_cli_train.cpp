@@ -131,8 +131,8 @@ TEST(CliTrain, ProfilePrintsEveryPhaseOfTheStepPerEpoch) {
       R"(backward ([0-9.]+): prepare ([0-9.]+) \([0-9.]+%\), steps ([0-9.]+) \([0-9.]+%\), )"
       R"(weights ([0-9.]+) \([0-9.]+%\), inputs ([0-9.]+) \([0-9.]+%\), rest (-?[0-9.]+) \(-?[0-9.]+%\))");
   std::size_t core_lines = 0;
-  for (auto it = std::sregex_iterator(r.out.begin(), r.out.end(), core); it != std::sregex_iterator();
-       ++it, ++core_lines) {
+  for (auto it = std::sregex_iterator(r.out.begin(), r.out.end(), core);
+       it != std::sregex_iterator(); ++it, ++core_lines) {
     const auto v = [&](int i) { return std::stod((*it)[i]); };
     EXPECT_LE(v(2) + v(3) + v(4), v(1) + 0.002) << it->str();
     EXPECT_NEAR(v(2) + v(3) + v(4) + v(5), v(1), 0.003) << it->str();

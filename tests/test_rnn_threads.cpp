@@ -14,14 +14,14 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
-#include <mutex>
-#include <set>
-#include <thread>
 #include <cmath>
 #include <cstdlib>
+#include <mutex>
 #include <ostream>
 #include <random>
+#include <set>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "cli_run.h"

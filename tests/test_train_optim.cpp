@@ -12,8 +12,8 @@
 #include "cpu/adam.h"
 #include "seqpack/optim.h"
 #include "seqpack/threading.h"
-#include "train/param_memory.h"
 #include "test_util.h"
+#include "train/param_memory.h"
 
 namespace seqpack {
 namespace {
@@ -196,7 +196,10 @@ TEST(Optimizers, ChunkedOverThreadsKeepTheBits) {
     const auto n = static_cast<std::size_t>(sizes[k]);
     std::vector<float> p(values[k].data<float>(), values[k].data<float>() + n), m(n), v(n), vmax(n);
     for (int step = 1; step <= 3; ++step) {
-      const cpu::AdamScalars sc{0.9f, 0.999f, 1e-8f, 0.01f,
+      const cpu::AdamScalars sc{0.9f,
+                                0.999f,
+                                1e-8f,
+                                0.01f,
                                 static_cast<float>(1e-2 / (1 - std::pow(0.9, step))),
                                 static_cast<float>(std::sqrt(1 - std::pow(0.999, step)))};
       cpu::adam_update_f32(p.data(), grads[k].data<float>(), m.data(), v.data(), vmax.data(),
@@ -313,9 +316,9 @@ TEST(Optimizers, BadOptionsNameTheValue) {
   const int before = num_threads();
   for (int threads : {1, 2}) {
     set_num_threads(threads);
-    std::vector<Parameter> ints = {{"w", v, Tensor::zeros({2}, DType::f32)},
-                                   {"ids", Tensor::zeros({40000}, DType::i64),
-                                    Tensor::zeros({40000}, DType::i64)}};
+    std::vector<Parameter> ints = {
+        {"w", v, Tensor::zeros({2}, DType::f32)},
+        {"ids", Tensor::zeros({40000}, DType::i64), Tensor::zeros({40000}, DType::i64)}};
     try {
       clip_grad_norm(ints, 1.0);
       ADD_FAILURE() << "expected std::invalid_argument";

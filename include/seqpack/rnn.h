@@ -185,14 +185,14 @@ struct RNNCoreProfile {
   // Before the steps: the call's weights laid out (where no model plan has
   // them), workspaces, dropout and the input projections.
   double forward_inputs = 0;
-  double forward_steps = 0;     // the time loops: every direction's team
-  double forward_states = 0;    // h_n and c_n, after the steps
+  double forward_steps = 0;   // the time loops: every direction's team
+  double forward_states = 0;  // h_n and c_n, after the steps
   // Before the steps: gradient tensors and workspaces, the step weights laid
   // out, state gradients in, bias gradients cleared.
   double backward_prepare = 0;
-  double backward_steps = 0;    // the time loops of the backward
-  double backward_weights = 0;  // the weight gradients' products, after the steps
-  double backward_inputs = 0;   // each layer's input gradient (dX)
+  double backward_steps = 0;            // the time loops of the backward
+  double backward_weights = 0;          // the weight gradients' products, after the steps
+  double backward_inputs = 0;           // each layer's input gradient (dX)
   int64_t forwards = 0, backwards = 0;  // calls counted
 };
 // Switches profiling on (from zero) or off (the default: no clock is read).

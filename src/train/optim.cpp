@@ -2,8 +2,8 @@
 
 #include <algorithm>
 #include <cmath>
-#include <stdexcept>
 #include <cstdint>
+#include <stdexcept>
 #include <string>
 #include <type_traits>
 #include <utility>
@@ -280,13 +280,13 @@ void Adam::step() {
     if (p.value.dtype() == DType::f32) {
       cpu::adam_update_f32(p.value.data<float>() + a, p.grad.data<float>() + a,
                            exp_avg_[k].data<float>() + a, exp_avg_sq_[k].data<float>() + a,
-                           options_.amsgrad ? max_exp_avg_sq_[k].data<float>() + a : nullptr,
-                           b - a, f32);
+                           options_.amsgrad ? max_exp_avg_sq_[k].data<float>() + a : nullptr, b - a,
+                           f32);
     } else {
       adam_update<double>(p.value.data<double>() + a, p.grad.data<double>() + a,
                           exp_avg_[k].data<double>() + a, exp_avg_sq_[k].data<double>() + a,
-                          options_.amsgrad ? max_exp_avg_sq_[k].data<double>() + a : nullptr,
-                          b - a, options_, step_);
+                          options_.amsgrad ? max_exp_avg_sq_[k].data<double>() + a : nullptr, b - a,
+                          options_, step_);
     }
   });
 }
@@ -368,7 +368,8 @@ std::string non_finite_grad(const std::vector<Parameter>& params) {
     const int64_t n = p.grad.numel();
     bool bad = false;
     if (p.grad.dtype() == DType::f32) {
-      bad = any_non_finite(static_cast<const uint32_t*>(p.grad.raw_data()), n, uint32_t{0x7f800000});
+      bad =
+          any_non_finite(static_cast<const uint32_t*>(p.grad.raw_data()), n, uint32_t{0x7f800000});
     } else if (p.grad.dtype() == DType::f64) {
       bad = any_non_finite(static_cast<const uint64_t*>(p.grad.raw_data()), n,
                            uint64_t{0x7ff0000000000000});

@@ -297,9 +297,9 @@ struct Args {
 nlohmann::ordered_json core_per_call(const RNNCoreProfile& p) {
   const double f = static_cast<double>(std::max<int64_t>(p.forwards, 1));
   const double b = static_cast<double>(std::max<int64_t>(p.backwards, 1));
-  return {{"forward_inputs", p.forward_inputs / f},     {"forward_steps", p.forward_steps / f},
-          {"forward_states", p.forward_states / f},     {"backward_prepare", p.backward_prepare / b},
-          {"backward_steps", p.backward_steps / b},     {"backward_weights", p.backward_weights / b},
+  return {{"forward_inputs", p.forward_inputs / f},  {"forward_steps", p.forward_steps / f},
+          {"forward_states", p.forward_states / f},  {"backward_prepare", p.backward_prepare / b},
+          {"backward_steps", p.backward_steps / b},  {"backward_weights", p.backward_weights / b},
           {"backward_inputs", p.backward_inputs / b}};
 }
 

@@ -207,8 +207,8 @@ struct StepProfile {
     };
     const double fwd = wall[1], bwd = wall[3];
     const double fwd_rest = fwd - c.forward_inputs - c.forward_steps - c.forward_states;
-    const double bwd_rest = bwd - c.backward_prepare - c.backward_steps - c.backward_weights -
-                            c.backward_inputs;
+    const double bwd_rest =
+        bwd - c.backward_prepare - c.backward_steps - c.backward_weights - c.backward_inputs;
     return fmt::format(
         "rnn core profile (wall s): forward {:.3f}: {}, {}, {}, {}; backward {:.3f}: {}, {}, {}, "
         "{}, {}",
