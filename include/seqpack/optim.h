@@ -68,6 +68,8 @@ struct AdamOptions {
 // m = beta1 * m + (1 - beta1) * g;   v = beta2 * v + (1 - beta2) * g^2
 // (amsgrad: vmax = max(vmax, v), used in place of v below)
 // p = p - lr / (1 - beta1^t) * m / (sqrt(v) / sqrt(1 - beta2^t) + eps)
+// float32 parameters take 1 - beta1, 1 - beta2 and the corrections from
+// double, as torch's Python floats, and round the rest in float32.
 class Adam : public Optimizer {
  public:
   Adam(std::vector<Parameter> params, AdamOptions options);

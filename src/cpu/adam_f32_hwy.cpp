@@ -25,8 +25,8 @@ inline void adam_element(float& p, float grad, float& m, float& v, float* vmax,
                          const AdamScalars& s) {
   float g = grad;
   if constexpr (kWeightDecay) g += s.weight_decay * p;
-  const float mi = m + (1.0f - s.beta1) * (g - m);
-  const float vi = v * s.beta2 + (1.0f - s.beta2) * g * g;
+  const float mi = m + s.one_minus_beta1 * (g - m);
+  const float vi = v * s.beta2 + s.one_minus_beta2 * g * g;
   m = mi;
   v = vi;
   float vv = vi;
@@ -50,9 +50,9 @@ void AdamLoop(float* HWY_RESTRICT p, const float* HWY_RESTRICT grad, float* HWY_
               float* HWY_RESTRICT v, float* HWY_RESTRICT vmax, int64_t n, const AdamScalars& s) {
   const hn::ScalableTag<float> d;
   const int64_t L = static_cast<int64_t>(hn::Lanes(d));
-  const auto one_minus_b1 = hn::Set(d, 1.0f - s.beta1);
+  const auto one_minus_b1 = hn::Set(d, s.one_minus_beta1);
   const auto b2 = hn::Set(d, s.beta2);
-  const auto one_minus_b2 = hn::Set(d, 1.0f - s.beta2);
+  const auto one_minus_b2 = hn::Set(d, s.one_minus_beta2);
   const auto eps = hn::Set(d, s.eps);
   const auto wd = hn::Set(d, s.weight_decay);
   const auto step_size = hn::Set(d, s.step_size);

@@ -268,8 +268,9 @@ void Adam::step() {
   // The bias corrections once per step, in double as for the float64 path.
   const double bc1 = 1.0 - std::pow(options_.beta1, static_cast<double>(step_));
   const double bc2 = 1.0 - std::pow(options_.beta2, static_cast<double>(step_));
-  const cpu::AdamScalars f32{static_cast<float>(options_.beta1),
+  const cpu::AdamScalars f32{static_cast<float>(1.0 - options_.beta1),
                              static_cast<float>(options_.beta2),
+                             static_cast<float>(1.0 - options_.beta2),
                              static_cast<float>(options_.eps),
                              static_cast<float>(options_.weight_decay),
                              static_cast<float>(options_.lr / bc1),
