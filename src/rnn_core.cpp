@@ -603,10 +603,6 @@ RNNGradients rnn_backward(const RNNSaved& saved, const Tensor& grad_output, cons
   });
 }
 
-}  // namespace seqpack
-
-namespace seqpack {
-
 void rnn_core_profile_enable(bool on) {
   const std::lock_guard<std::mutex> lock(profile_mu);
   if (on) profile_sums = RNNCoreProfile{};

@@ -10,9 +10,9 @@
 // with step_size = lr / (1 - beta1^t) and bc2_sqrt = sqrt(1 - beta2^t) computed
 // by the caller in double, and 1 - beta1 and 1 - beta2 too, as torch takes
 // them (Python floats, then the kernel's float): 1 - float(0.999) would be
-// 1.3e-5 off 0.001 in relative terms, and every v with it. float32 runs in Highway SIMD (adam_f32_hwy.cpp):
-// std::sqrt in a scalar loop keeps GCC from vectorising it (errno), and the
-// optimiser touches every parameter every step.
+// 1.3e-5 off 0.001 in relative terms, and every v with it. float32 runs in
+// Highway SIMD (adam_f32_hwy.cpp): std::sqrt in a scalar loop keeps GCC from
+// vectorising it (errno), and the optimiser touches every parameter every step.
 #pragma once
 
 #include <cstdint>
