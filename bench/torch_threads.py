@@ -60,6 +60,37 @@ def apply_malloc(choice):
     os.execve(sys.executable, [sys.executable] + sys.argv, dict(os.environ, **TUNED_MALLOC))
 
 
+# OpenMP's thread placement (libgomp reads it only at start-up). The seqpack
+# tool binds its own threads with these where they fill the CPUs
+# (docs/performance.md, "Many threads"); a comparison gives the peer the same.
+BOUND = {"OMP_PROC_BIND": "close", "OMP_PLACES": "cores"}
+_PLACEMENT_VARS = ("OMP_PROC_BIND", "OMP_PLACES", "GOMP_CPU_AFFINITY", "KMP_AFFINITY")
+
+
+def add_bind_option(parser):
+    parser.add_argument("--bind", choices=["auto", "yes", "no"], default="auto",
+                        help="OpenMP thread binding for the whole run, both sides alike: "
+                             "yes (" + " ".join(f"{k}={v}" for k, v in BOUND.items()) +
+                             "), no, or auto (yes where the largest thread count fills the "
+                             "CPUs, as the seqpack tool binds its own threads); settings of "
+                             "these variables in the environment are kept")
+
+
+def apply_bind(choice, threads):
+    """--bind: runs this script again with BOUND in its environment where asked (the
+    seqpack processes it starts inherit it); with no, the seqpack tool is told not to
+    bind its own. Returns the run's placement, for its header."""
+    placed = [f"{k}={os.environ[k]}" for k in _PLACEMENT_VARS if os.environ.get(k)]
+    if placed:
+        return "threads placed by the environment (" + " ".join(placed) + ")"
+    cpus = len(os.sched_getaffinity(0))
+    if choice == "no" or (choice == "auto" and max(threads) != cpus):
+        os.environ["SEQPACK_BIND_THREADS"] = "0"
+        return f"threads not bound (--bind {choice}; {max(threads)} threads at most, {cpus} CPUs)"
+    sys.stdout.flush()
+    os.execve(sys.executable, [sys.executable] + sys.argv, dict(os.environ, **BOUND))
+
+
 # OpenBLAS picks its kernels from the CPU model at start-up; a model newer than
 # the release (Debian 12's 0.3.21 on the AMX Xeons) gets its generic Prescott
 # (SSE3) kernels, which made Debian's torch fp32 1.9x slower than it can be there

@@ -32,7 +32,8 @@
 #           workloads, splits a row split against a column split, repeat the thread
 #           counts a single pass found slower again, blas the main job with and without
 #           OpenBLAS's pool, knobs OpenMP's and seqpack's settings against the
-#           default; these five are not in the default);
+#           default, bind the tool's thread binding against none at 16 threads and
+#           against binding at 8; these six are not in the default);
 #           SEQPACK_DEVICE_CHECK_CPU_S caps the stage (default 400 s)
 #   bench   bench/compare_torch.py --device cuda: seqpack against torch's six configurations
 #           (SEQPACK_DEVICE_CHECK_BENCH_ARGS adds options, e.g. "--workload gru-chars --quick")
@@ -380,12 +381,15 @@ elif [ -n "$SEQPACK_CPU" ] && "$SEQPACK_CPU" info >/dev/null 2>&1; then
       # the peer at 16 threads, PyTorch at its fastest configuration, in the same run
       if [ -n "$PY" ]; then
         # forward at int8 (which runs seqpack's bf16 too), training at bf16
-        # (SEQPACK_DEVICE_CHECK_COMPARE_RUNS: mode:precision words)
+        # (SEQPACK_DEVICE_CHECK_COMPARE_RUNS: mode:precision words; SEQPACK_DEVICE_CHECK_COMPARE_ARGS:
+        # more options, e.g. "--workload lstm-bi-2layer --bind no"); both sides' threads bound
+        # (compare_torch.py --bind auto: 16 threads fill the CPUs)
         for run in ${SEQPACK_DEVICE_CHECK_COMPARE_RUNS:-forward_packed:int8 train_packed:bf16}; do
           echo "--- compare_torch.py --threads 16 --fastest-torch --mode ${run%:*} --precision ${run#*:}"
           timeout "${SEQPACK_DEVICE_CHECK_COMPARE_S:-150}" "$PY" bench/compare_torch.py \
             --seqpack "$SEQPACK_CPU" --threads 16 --mode "${run%:*}" --precision "${run#*:}" \
-            --fastest-torch --quick --no-linearity --malloc tuned || echo "(compare_torch: exit $?)"
+            --fastest-torch --quick --no-linearity --malloc tuned ${SEQPACK_DEVICE_CHECK_COMPARE_ARGS:-} ||
+            echo "(compare_torch: exit $?)"
         done
       fi
     }
@@ -513,6 +517,28 @@ elif [ -n "$SEQPACK_CPU" ] && "$SEQPACK_CPU" info >/dev/null 2>&1; then
       local vars=$1
       shift
       if [ "$vars" = - ]; then "$@"; else eval "$vars \"\$@\""; fi
+    }
+    part_bind() {
+      # the tool's thread binding (it binds where the threads fill the CPUs) against
+      # none (SEQPACK_BIND_THREADS=0) at 16 threads and against binding (=1) at 8,
+      # alternating, SEQPACK_DEVICE_CHECK_BIND_ROUNDS rounds (default 3): the main job,
+      # then every workload's forward at int8 and training at bf16 at 8 and 16 threads
+      local v w run n
+      for round in $(seq "${SEQPACK_DEVICE_CHECK_BIND_ROUNDS:-3}"); do
+        for spec in 8:- 8:SEQPACK_BIND_THREADS=1 16:- 16:SEQPACK_BIND_THREADS=0; do
+          n=${spec%%:*} v=${spec#*:}
+          echo "--- bind round $round, main job, threads $n, $v"
+          with_env "$v" main_job "$SEQPACK_CPU" "$n"
+        done
+        for w in ${SEQPACK_DEVICE_CHECK_BIND_WORKLOADS:-lstm-sentences lstm-bi-2layer gru-chars lstm-long-tail rnn-tanh-tiny lstm-long-seq}; do
+          for run in forward_packed:int8 train_packed:bf16; do
+            for n in 8 16; do
+              echo "--- bind round $round, $w, threads $n, ${run%:*}, ${run#*:}"
+              one "$n" "$w" "${run%:*}" "${run#*:}"
+            done
+          done
+        done
+      done
     }
     part_knobs() {
       # settings against the default, alternating, SEQPACK_DEVICE_CHECK_KNOBS_ROUNDS rounds

@@ -327,6 +327,7 @@ std::string default_workloads() {
 }
 
 void run_bench(Args args) {
+  place_threads(args.threads);
   rnn_core_profile_enable(args.profile);  // off: no clock reads in the core
   if (args.workloads.empty()) args.workloads = default_workloads();
   std::vector<Workload> all = load_workloads(args.workloads);

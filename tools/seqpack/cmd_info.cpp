@@ -2,6 +2,7 @@
 // to (capped by ONEDNN_MAX_CPU_ISA), native bf16 and int8, AMX, the precision `auto`
 // picks, the thread count and the library versions (seqpack's own first). --json for scripts.
 #include <fmt/core.h>
+#include <omp.h>
 
 #include <nlohmann/json.hpp>
 #include <string>
@@ -20,6 +21,7 @@ struct Args {
 };
 
 void run_info(const Args& args) {
+  const std::string placement = place_threads(args.threads);
   if (args.threads > 0) set_num_threads(args.threads);
   const CpuInfo cpu = cpu_info();
   const Precision autop = resolve_precision("auto");
@@ -34,6 +36,8 @@ void run_info(const Args& args) {
                                 {"int8_kernel", cpu.int8_kernel},
                                 {"auto_precision", precision_name(autop)},
                                 {"threads", cpu.threads},
+                                {"threads_bound", omp_get_proc_bind() != omp_proc_bind_false},
+                                {"thread_placement", placement},
                                 {"onednn", cpu.onednn_version},
                                 {"blas", cpu.blas}};
     fmt::print("{}\n", j.dump());
@@ -50,7 +54,7 @@ void run_info(const Args& args) {
                                             cpu.int8_kernel == "amx" ? "AMX-INT8" : "AVX512-VNNI"));
   fmt::print("AMX              {}\n", cpu.amx ? "yes" : "no");
   fmt::print("precision auto   {}\n", precision_name(autop));
-  fmt::print("threads          {}\n", cpu.threads);
+  fmt::print("threads          {} ({})\n", cpu.threads, placement);
   fmt::print("oneDNN           {}\n", cpu.onednn_version);
   fmt::print("BLAS             {}\n", cpu.blas);
 }

@@ -255,6 +255,7 @@ void run_eval(TrainedClassifier& tc, const PredictArgs& a) {
 }
 
 void run_predict(const PredictArgs& a) {
+  seqpack::cli::place_threads(a.threads);
   if (!a.eval.empty() && (a.stream || !a.words.empty())) {
     throw std::invalid_argument("--eval reads its words from " + a.eval +
                                 "; give no words and no --stream with it");

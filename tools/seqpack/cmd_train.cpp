@@ -618,6 +618,7 @@ void check_data_readable(const TrainArgs& a) {
 }
 
 void run_train(TrainArgs a) {
+  seqpack::cli::place_threads(a.threads);
   check_data_readable(a);
   RunDirs d = open_dirs(a);
   if (d.ck) {

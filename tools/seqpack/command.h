@@ -47,6 +47,28 @@ void add_commands(CLI::App& app);
 // The tool's exit statuses, as `seqpack --help` lists them (docs/errors.md too).
 extern const char* const kExitCodes;
 
+// Where OpenMP's threads run. Commands call place_threads(threads) (0: OpenMP's
+// count) first, before anything is read, written or printed. Where the threads
+// fill the CPUs the process may use and nothing in the environment places
+// them already (OMP_PROC_BIND, OMP_PLACES, GOMP_CPU_AFFINITY, KMP_AFFINITY),
+// the tool runs itself again with OMP_PROC_BIND=close OMP_PLACES=cores, which
+// libgomp reads only as it loads: threads that fill a shared virtual machine
+// run steadier bound (docs/performance.md, "Many threads").
+// SEQPACK_BIND_THREADS: 0 never binds, 1 binds at any count. Returns how the
+// threads are placed, for `seqpack info`.
+struct ThreadPlacement {
+  bool bind = false;
+  std::string why;
+};
+using EnvLookup = std::function<const char*(const char*)>;
+// The decision alone: bind `threads` threads on `cpus` CPUs, given the
+// environment `env` (throws std::invalid_argument for a bad SEQPACK_BIND_THREADS).
+ThreadPlacement placement_for(int threads, int cpus, const EnvLookup& env);
+// main.cpp's argv, to run the tool again; without it (the tests, which hold
+// the commands in their own process) place_threads never does.
+void set_program_args(char** argv);
+std::string place_threads(int threads);
+
 // The names among `names` close to `word` ("--epochs" for "--epoch", "train"
 // for "trian"; several joined with "or"), or "" when none is.
 std::string did_you_mean(const std::string& word, const std::vector<std::string>& names);

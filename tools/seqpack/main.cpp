@@ -21,6 +21,7 @@ std::string command_of(const CLI::App& app) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  seqpack::cli::set_program_args(argv);
   CLI::App app{"seqpack: variable-length sequence batching and packed recurrent networks"};
   seqpack::cli::add_commands(app);
   const std::vector<std::string> args(argv + (argc > 0 ? 1 : 0), argv + std::max(argc, 1));
