@@ -60,8 +60,8 @@ import time
 import torch
 
 from torch_peer import DTYPES, Absent, median_time, torch_bench
-from torch_threads import (add_bind_option, add_malloc_option, add_openblas_option, apply_bind,
-                           apply_malloc, apply_openblas_core, malloc_settings, set_torch_threads)
+from torch_threads import (add_malloc_option, add_openblas_option, apply_malloc,
+                           apply_openblas_core, malloc_settings, placement_note, set_torch_threads)
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 MODES = ["forward_packed", "forward_padded", "train_packed"]
@@ -387,7 +387,6 @@ def main():
                         "int8 = quantize_dynamic, forward modes only)")
     add_malloc_option(p)
     add_openblas_option(p)
-    add_bind_option(p)
     args = p.parse_args()
     apply_malloc(args.malloc)
     openblas = apply_openblas_core(args.openblas_core)
@@ -403,7 +402,6 @@ def main():
         sys.exit(f"compare_torch: --rounds {args.rounds} must be >= 1")
     if any(t < 1 for t in thread_counts):
         sys.exit(f"compare_torch: --threads '{args.threads}': every count must be >= 1")
-    placement = apply_bind(args.bind, thread_counts)
     if not os.path.exists(args.seqpack):
         sys.exit(f"compare_torch: no seqpack binary at '{args.seqpack}' (build it, or pass --seqpack)")
     with open(args.workloads) as f:
@@ -427,7 +425,7 @@ def main():
     # a spinning thread that loses its core stalls the whole region), so say how busy it was.
     print(f"# torch {torch.__version__}, {os.cpu_count()} CPUs, load average "
           f"{os.getloadavg()[0]:.2f} at start, workloads {args.workloads}", flush=True)
-    print(f"# allocator: {malloc_settings()}; {openblas}; {placement}", flush=True)
+    print(f"# allocator: {malloc_settings()}; {openblas}; {placement_note()}", flush=True)
     cpu = seqpack_info(args)
     print(f"# seqpack precision {args.precision}; CPU ISA {cpu.get('isa', '?')} (native bf16 "
           f"{cpu.get('native_bf16', '?')}, native int8 {cpu.get('native_int8', '?')}, AMX "

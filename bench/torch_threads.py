@@ -60,35 +60,24 @@ def apply_malloc(choice):
     os.execve(sys.executable, [sys.executable] + sys.argv, dict(os.environ, **TUNED_MALLOC))
 
 
-# OpenMP's thread placement (libgomp reads it only at start-up). The seqpack
-# tool binds its own threads with these where they fill the CPUs
-# (docs/performance.md, "Many threads"); a comparison gives the peer the same.
-BOUND = {"OMP_PROC_BIND": "close", "OMP_PLACES": "cores"}
+# OpenMP's thread placement. The seqpack tool binds its own threads
+# (OMP_PROC_BIND=close OMP_PLACES=cores, set as it runs itself again) where they
+# fill the CPUs; the peer stays unbound, its fastest: with those two settings in
+# its environment, torch 2.11 at 16 threads ran 10 to 50 times slower on the GPU
+# machine's 16-vCPU Xeon (docs/performance.md, "Many threads"), and every process
+# it started inherited its first thread's one-core affinity.
 _PLACEMENT_VARS = ("OMP_PROC_BIND", "OMP_PLACES", "GOMP_CPU_AFFINITY", "KMP_AFFINITY")
 
 
-def add_bind_option(parser):
-    parser.add_argument("--bind", choices=["auto", "yes", "no"], default="auto",
-                        help="OpenMP thread binding for the whole run, both sides alike: "
-                             "yes (" + " ".join(f"{k}={v}" for k, v in BOUND.items()) +
-                             "), no, or auto (yes where the largest thread count fills the "
-                             "CPUs, as the seqpack tool binds its own threads); settings of "
-                             "these variables in the environment are kept")
-
-
-def apply_bind(choice, threads):
-    """--bind: runs this script again with BOUND in its environment where asked (the
-    seqpack processes it starts inherit it); with no, the seqpack tool is told not to
-    bind its own. Returns the run's placement, for its header."""
+def placement_note():
+    """How the run's OpenMP threads are placed, for its header."""
     placed = [f"{k}={os.environ[k]}" for k in _PLACEMENT_VARS if os.environ.get(k)]
     if placed:
-        return "threads placed by the environment (" + " ".join(placed) + ")"
-    cpus = len(os.sched_getaffinity(0))
-    if choice == "no" or (choice == "auto" and max(threads) != cpus):
-        os.environ["SEQPACK_BIND_THREADS"] = "0"
-        return f"threads not bound (--bind {choice}; {max(threads)} threads at most, {cpus} CPUs)"
-    sys.stdout.flush()
-    os.execve(sys.executable, [sys.executable] + sys.argv, dict(os.environ, **BOUND))
+        return ("threads placed by the environment (" + " ".join(placed) + ") on both sides: "
+                "slower for torch, and its child processes inherit its first thread's CPUs")
+    return ("torch's threads unbound; the seqpack tool binds its own where they fill the CPUs"
+            + (" (SEQPACK_BIND_THREADS=" + os.environ["SEQPACK_BIND_THREADS"] + ")"
+               if os.environ.get("SEQPACK_BIND_THREADS") else ""))
 
 
 # OpenBLAS picks its kernels from the CPU model at start-up; a model newer than

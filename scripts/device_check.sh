@@ -382,8 +382,8 @@ elif [ -n "$SEQPACK_CPU" ] && "$SEQPACK_CPU" info >/dev/null 2>&1; then
       if [ -n "$PY" ]; then
         # forward at int8 (which runs seqpack's bf16 too), training at bf16
         # (SEQPACK_DEVICE_CHECK_COMPARE_RUNS: mode:precision words; SEQPACK_DEVICE_CHECK_COMPARE_ARGS:
-        # more options, e.g. "--workload lstm-bi-2layer --bind no"); both sides' threads bound
-        # (compare_torch.py --bind auto: 16 threads fill the CPUs)
+        # more options, e.g. "--workload lstm-bi-2layer"); torch's threads unbound, the tool's
+        # bound by the tool (16 threads fill the CPUs)
         for run in ${SEQPACK_DEVICE_CHECK_COMPARE_RUNS:-forward_packed:int8 train_packed:bf16}; do
           echo "--- compare_torch.py --threads 16 --fastest-torch --mode ${run%:*} --precision ${run#*:}"
           timeout "${SEQPACK_DEVICE_CHECK_COMPARE_S:-150}" "$PY" bench/compare_torch.py \
@@ -416,12 +416,14 @@ elif [ -n "$SEQPACK_CPU" ] && "$SEQPACK_CPU" info >/dev/null 2>&1; then
     }
     part_ab() {
       # this build against the baseline, alternating, SEQPACK_DEVICE_CHECK_AB_ROUNDS times
-      # (default 2: the machine is shared)
+      # (default 2: the machine is shared); SEQPACK_DEVICE_CHECK_AB_WORKLOADS,
+      # SEQPACK_DEVICE_CHECK_AB_THREADS and SEQPACK_DEVICE_CHECK_AB_RUNS (mode:precision
+      # words) choose what runs
       if [ -n "$SEQPACK_BASE" ]; then
         for round in $(seq "${SEQPACK_DEVICE_CHECK_AB_ROUNDS:-2}"); do
-          for w in lstm-bi-2layer lstm-sentences lstm-long-tail; do
-            for n in 1 2 16; do
-              for run in forward_packed:bf16 train_packed:bf16; do
+          for w in ${SEQPACK_DEVICE_CHECK_AB_WORKLOADS:-lstm-bi-2layer lstm-sentences lstm-long-tail}; do
+            for n in ${SEQPACK_DEVICE_CHECK_AB_THREADS:-1 2 16}; do
+              for run in ${SEQPACK_DEVICE_CHECK_AB_RUNS:-forward_packed:bf16 train_packed:bf16}; do
                 for tool in base new; do
                   echo "--- A/B $tool round $round, $w, threads $n, ${run%:*}, ${run#*:}"
                   TOOL=$SEQPACK_CPU

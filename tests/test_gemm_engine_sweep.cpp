@@ -4,6 +4,7 @@
 // columns; K not a multiple of any SIMD width), both transposes, beta 0 and 1,
 // a bias row, and the per-step column ranges of 1 to 4 threads.
 #include <gtest/gtest.h>
+#include <omp.h>
 
 #include <cstdlib>
 #include <string>
@@ -200,6 +201,20 @@ TEST_P(GemmEngineSweep, OneRangeAtEveryThreadCount) {
       if (HasFatalFailure()) return;
     }
   }
+}
+
+// A whole-batch product large enough to be split by columns as well as rows
+// (the int8 engine keeps a thread's share of B within half a core's L2), at
+// several thread counts, against the reference.
+TEST_P(GemmEngineSweep, WholeBatchProductsSplitOverThreads) {
+  const int before = omp_get_max_threads();
+  for (int threads : {1, 3, 16}) {
+    omp_set_num_threads(threads);
+    GemmEngineTester().precision(GetParam()).m(200).n(1100).k(300).bias(true).seed(40 + threads).TestGemm();
+    GemmEngineTester().precision(GetParam()).m(97).n(2048).k(512).beta(1).seed(60 + threads).TestGemm();
+    if (HasFatalFailure()) break;
+  }
+  omp_set_num_threads(before);
 }
 
 INSTANTIATE_TEST_SUITE_P(Engines, GemmEngineSweep,

@@ -484,6 +484,38 @@ TEST(RNNInt8, ResultsDoNotDependOnTheBatch) {
   set_num_threads(threads_before);
 }
 
+// An input projection large enough to be split by columns as well as rows
+// (W_ih 512 x 1024 bytes, two blocks of half a core's L2 from 2 threads on):
+// the same bits at every thread count.
+TEST(RNNInt8, AProjectionSplitByColumnsKeepsTheBits) {
+  SKIP_WITHOUT_INT8();
+  const int threads_before = num_threads();
+  RNNOptions o{.mode = RNNMode::lstm, .input_size = 512, .hidden_size = 256, .num_layers = 2};
+  o.precision = Precision::int8;
+  std::mt19937_64 gen(12);
+  std::vector<Tensor> weights;
+  for (const Shape& s : rnn_parameter_shapes(o)) weights.push_back(random_tensor(s, 0.05, gen));
+  std::vector<Tensor> seqs;
+  for (int64_t L : {130, 7, 96, 64, 1, 120}) seqs.push_back(random_tensor({L, o.input_size}, 1.0, gen));
+  const PackedSequence p = pack_sequence(seqs, /*enforce_sorted=*/false);
+  const PackingPlan plan = PackingPlan::from_packed(p);
+  std::vector<float> one;
+  for (int threads : {1, 2, 3, 8, 16}) {
+    set_num_threads(threads);
+    const auto r = rnn_forward(o, weights, p.data, plan, Tensor(), Tensor(), false, false);
+    std::vector<float> bits(r.output.data<float>(), r.output.data<float>() + r.output.numel());
+    if (one.empty()) {
+      one = bits;
+      continue;
+    }
+    ASSERT_EQ(bits.size(), one.size());
+    for (std::size_t i = 0; i < bits.size(); ++i)
+      ASSERT_EQ(std::memcmp(&bits[i], &one[i], sizeof(float)), 0)
+          << threads << " threads, value " << i << ": " << bits[i] << ", 1 thread " << one[i];
+  }
+  set_num_threads(threads_before);
+}
+
 TEST(RNNInt8, TrainingAndSavingForBackwardAreRefused) {
   SKIP_WITHOUT_INT8();
   RNNOptions o{.mode = RNNMode::lstm, .input_size = 3, .hidden_size = 4};
