@@ -79,7 +79,8 @@ TEST(CliPlacement, ABadKnobIsRefusedByName) {
       decide(16, 16, {{"SEQPACK_BIND_THREADS", bad}});
       ADD_FAILURE() << "SEQPACK_BIND_THREADS=" << bad << " was taken";
     } catch (const std::invalid_argument& e) {
-      EXPECT_EQ(std::string(e.what()), "SEQPACK_BIND_THREADS: '" + std::string(bad) + "' is not 0 or 1");
+      EXPECT_EQ(std::string(e.what()),
+                "SEQPACK_BIND_THREADS: '" + std::string(bad) + "' is not 0 or 1");
     }
   }
   const CliResult r = run_cli("info", "SEQPACK_BIND_THREADS=on");
@@ -129,17 +130,20 @@ TEST(CliPlacement, ABoundRunKeepsItsArgumentsInputAndResults) {
   const std::string threads = " --threads " + std::to_string(cpus());
   std::map<std::string, std::string> model;
   for (const char* env : {"SEQPACK_BIND_THREADS=0", ""}) {
-    const fs::path out = work_dir() / (std::string("placement_model") + (*env ? "_unbound" : "_bound"));
-    const CliResult r = run_cli("train --data '" + tiny_tsv().string() + "' --epochs 2 --batch-size 4 --out '" +
-                                    out.string() + "'" + threads,
-                                env);
+    const fs::path out =
+        work_dir() / (std::string("placement_model") + (*env ? "_unbound" : "_bound"));
+    const CliResult r =
+        run_cli("train --data '" + tiny_tsv().string() + "' --epochs 2 --batch-size 4 --out '" +
+                    out.string() + "'" + threads,
+                env);
     ASSERT_EQ(r.status, 0) << r.err;
     EXPECT_NE(r.out.find("epoch 2/2"), std::string::npos) << r.out;
     model[env] = seqpack::testing::read_file(out / "model.safetensors");
     const fs::path words = work_dir() / "placement_words.txt";
     std::ofstream(words) << "house\n";
     const CliResult p = run_cli(
-        "predict --model '" + out.string() + "' --stream" + threads + " < '" + words.string() + "'", env);
+        "predict --model '" + out.string() + "' --stream" + threads + " < '" + words.string() + "'",
+        env);
     ASSERT_EQ(p.status, 0) << p.err;
     EXPECT_NE(p.out.find("house"), std::string::npos) << p.out;
   }

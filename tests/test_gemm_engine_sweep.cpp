@@ -210,8 +210,22 @@ TEST_P(GemmEngineSweep, WholeBatchProductsSplitOverThreads) {
   const int before = omp_get_max_threads();
   for (int threads : {1, 3, 16}) {
     omp_set_num_threads(threads);
-    GemmEngineTester().precision(GetParam()).m(200).n(1100).k(300).bias(true).seed(40 + threads).TestGemm();
-    GemmEngineTester().precision(GetParam()).m(97).n(2048).k(512).beta(1).seed(60 + threads).TestGemm();
+    GemmEngineTester()
+        .precision(GetParam())
+        .m(200)
+        .n(1100)
+        .k(300)
+        .bias(true)
+        .seed(40 + threads)
+        .TestGemm();
+    GemmEngineTester()
+        .precision(GetParam())
+        .m(97)
+        .n(2048)
+        .k(512)
+        .beta(1)
+        .seed(60 + threads)
+        .TestGemm();
     if (HasFatalFailure()) break;
   }
   omp_set_num_threads(before);

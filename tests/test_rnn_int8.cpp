@@ -496,7 +496,8 @@ TEST(RNNInt8, AProjectionSplitByColumnsKeepsTheBits) {
   std::vector<Tensor> weights;
   for (const Shape& s : rnn_parameter_shapes(o)) weights.push_back(random_tensor(s, 0.05, gen));
   std::vector<Tensor> seqs;
-  for (int64_t L : {130, 7, 96, 64, 1, 120}) seqs.push_back(random_tensor({L, o.input_size}, 1.0, gen));
+  for (int64_t L : {130, 7, 96, 64, 1, 120})
+    seqs.push_back(random_tensor({L, o.input_size}, 1.0, gen));
   const PackedSequence p = pack_sequence(seqs, /*enforce_sorted=*/false);
   const PackingPlan plan = PackingPlan::from_packed(p);
   std::vector<float> one;

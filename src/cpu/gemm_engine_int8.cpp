@@ -58,7 +58,8 @@ constexpr int64_t kRowsPerTask = 48;
 int64_t column_blocks(int64_t k, int64_t n, int threads) {
   if (threads <= 1) return 1;
   const int64_t by_bytes = (k * n + (256 << 10) - 1) / (256 << 10);
-  return std::clamp<int64_t>(std::min<int64_t>(by_bytes, threads), 1, std::max<int64_t>(n / 512, 1));
+  return std::clamp<int64_t>(std::min<int64_t>(by_bytes, threads), 1,
+                             std::max<int64_t>(n / 512, 1));
 }
 
 class Int8Engine : public GemmEngine<float> {
