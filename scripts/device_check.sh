@@ -287,6 +287,18 @@ elif [ -n "$SEQPACK_CPU" ] && "$SEQPACK_CPU" info >/dev/null 2>&1; then
       timeout 20 "${TOOL:-$SEQPACK_CPU}" bench --threads "$1" --workload "$2" --mode "$3" \
         --precision "$4" --min-time 0.1 --json $profile || echo "(not run: exit $?)"
     }
+    each_run() {  # LABEL WORKLOADS RUNS COUNTS: a bench line for each workload, run
+      # (mode:precision) and thread count, in that nesting, each under "--- LABEL, ..."
+      local w run n
+      for w in $2; do
+        for run in $3; do
+          for n in $4; do
+            echo "--- $1, $w, threads $n, ${run%:*}, ${run#*:}"
+            one "$n" "$w" "${run%:*}" "${run#*:}"
+          done
+        done
+      done
+    }
     main_job() {  # TOOL THREADS: the main job, SEQPACK_DEVICE_CHECK_MAIN_EPOCHS epochs, timed
       # with the process's wall, user and system seconds; SEQPACK_DEVICE_CHECK_MAIN_TICKS=1
       # adds the CPU ticks of each of its threads (OpenMP's and any other) as last seen
@@ -525,21 +537,16 @@ elif [ -n "$SEQPACK_CPU" ] && "$SEQPACK_CPU" info >/dev/null 2>&1; then
       # none (SEQPACK_BIND_THREADS=0) at 16 threads and against binding (=1) at 8,
       # alternating, SEQPACK_DEVICE_CHECK_BIND_ROUNDS rounds (default 3): the main job,
       # then every workload's forward at int8 and training at bf16 at 8 and 16 threads
-      local v w run n
+      local v n
       for round in $(seq "${SEQPACK_DEVICE_CHECK_BIND_ROUNDS:-3}"); do
         for spec in 8:- 8:SEQPACK_BIND_THREADS=1 16:- 16:SEQPACK_BIND_THREADS=0; do
           n=${spec%%:*} v=${spec#*:}
           echo "--- bind round $round, main job, threads $n, $v"
           with_env "$v" main_job "$SEQPACK_CPU" "$n"
         done
-        for w in ${SEQPACK_DEVICE_CHECK_BIND_WORKLOADS:-lstm-sentences lstm-bi-2layer gru-chars lstm-long-tail rnn-tanh-tiny lstm-long-seq}; do
-          for run in forward_packed:int8 train_packed:bf16; do
-            for n in 8 16; do
-              echo "--- bind round $round, $w, threads $n, ${run%:*}, ${run#*:}"
-              one "$n" "$w" "${run%:*}" "${run#*:}"
-            done
-          done
-        done
+        each_run "bind round $round" \
+          "${SEQPACK_DEVICE_CHECK_BIND_WORKLOADS:-lstm-sentences lstm-bi-2layer gru-chars lstm-long-tail rnn-tanh-tiny lstm-long-seq}" \
+          "forward_packed:int8 train_packed:bf16" "8 16"
       done
     }
     part_knobs() {
@@ -577,14 +584,8 @@ elif [ -n "$SEQPACK_CPU" ] && "$SEQPACK_CPU" info >/dev/null 2>&1; then
       # training), alternating, SEQPACK_DEVICE_CHECK_PAIRS_ROUNDS rounds (default 3)
       lscpu | grep -E '^(Model name|Thread|Core|Socket)' || true
       for round in $(seq "${SEQPACK_DEVICE_CHECK_PAIRS_ROUNDS:-3}"); do
-        for w in lstm-bi-2layer lstm-long-tail lstm-sentences; do
-          for run in forward_packed:bf16 train_packed:bf16; do
-            for n in 1 2; do
-              echo "--- pairs round $round, $w, threads $n, ${run%:*}, ${run#*:}"
-              one "$n" "$w" "${run%:*}" "${run#*:}"
-            done
-          done
-        done
+        each_run "pairs round $round" "lstm-bi-2layer lstm-long-tail lstm-sentences" \
+          "forward_packed:bf16 train_packed:bf16" "1 2"
       done
     }
     for p in ${SEQPACK_DEVICE_CHECK_SWEEP//,/ }; do
