@@ -313,6 +313,35 @@ TEST(ModelDirFaults, TwoTrainersAtOnceLoseNoModel) {
   EXPECT_FALSE(fs::exists(dir / "previous-3"));
 }
 
+// A trainer refused by a lock names its holder from the line the holder
+// writes just after locking; it waits up to 100 ms for that line (a holder
+// that locked a moment ago), and says "holder unknown" only past that.
+TEST(ModelDirFaults, ABusyDirectoryNamesItsHolderOrSaysItIsUnknown) {
+  const fs::path p = fresh_case("held", /*with_old=*/true);
+  const fs::path lock = p / ".model.lock";
+  const int fd = ::open(lock.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+  ASSERT_GE(fd, 0);
+  ASSERT_EQ(::flock(fd, LOCK_EX | LOCK_NB), 0);
+  const CliResult silent = run_cli(train_a(p / "model"));
+  EXPECT_EQ(silent.status, 1);
+  EXPECT_NE(silent.err.find("is in use by another process (holder unknown, lock "), std::string::npos)
+      << silent.err;
+  // The line arrives while the trainer waits for it: named, not unknown.
+  std::thread late([fd] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    const std::string line = "pid 4242, seqpack train, since 2026-11-27 12:00:00\n";
+    EXPECT_EQ(::pwrite(fd, line.data(), line.size(), 0), static_cast<ssize_t>(line.size()));
+  });
+  const CliResult named = run_cli(train_a(p / "model"));
+  late.join();
+  EXPECT_EQ(named.status, 1);
+  EXPECT_NE(named.err.find("(pid 4242, seqpack train, since 2026-11-27 12:00:00, lock "),
+            std::string::npos)
+      << named.err;
+  ::close(fd);
+  EXPECT_TRUE(read_model(p / "model") == old_model());
+}
+
 TEST(ModelDirFaults, AFullTmpfsLeavesTheOldModelAndResumeFinishesOnceThereIsRoom) {
   const fs::path p = work_dir() / "tmpfs";
   fs::create_directories(p);

@@ -268,10 +268,17 @@ void ModelDirWriter::lock(const std::string& holder) {
   if (lock_fd_ < 0) fail("create the lock file", path);
   if (::flock(lock_fd_, LOCK_EX | LOCK_NB) != 0) {
     const int e = errno;
+    // The holder writes its line (ending in a newline) just after it takes
+    // the lock: one that took it a moment ago may not have written it yet,
+    // so read again for up to 100 ms before calling the holder unknown.
     std::string who;
     char buf[512];
-    const ssize_t n = ::pread(lock_fd_, buf, sizeof buf - 1, 0);
-    if (n > 0) who.assign(buf, static_cast<std::size_t>(n));
+    for (int tries = 0; e == EWOULDBLOCK && tries < 50; ++tries) {
+      const ssize_t n = ::pread(lock_fd_, buf, sizeof buf - 1, 0);
+      who.assign(buf, n > 0 ? static_cast<std::size_t>(n) : 0);
+      if (!who.empty() && who.back() == '\n') break;
+      ::usleep(2000);
+    }
     while (!who.empty() && (who.back() == '\n' || who.back() == ' ')) who.pop_back();
     ::close(lock_fd_);
     lock_fd_ = -1;
