@@ -324,7 +324,8 @@ TEST(ModelDirFaults, ABusyDirectoryNamesItsHolderOrSaysItIsUnknown) {
   ASSERT_EQ(::flock(fd, LOCK_EX | LOCK_NB), 0);
   const CliResult silent = run_cli(train_a(p / "model"));
   EXPECT_EQ(silent.status, 1);
-  EXPECT_NE(silent.err.find("is in use by another process (holder unknown, lock "), std::string::npos)
+  EXPECT_NE(silent.err.find("is in use by another process (holder unknown, lock "),
+            std::string::npos)
       << silent.err;
   // The line arrives while the trainer waits for it: named, not unknown.
   std::thread late([fd] {
