@@ -61,7 +61,7 @@ TEST(CliPlacement, BindsWhereTheThreadsFillTheCpus) {
 }
 
 TEST(CliPlacement, TheEnvironmentDecidesFirst) {
-  for (const char* var : {"OMP_PROC_BIND", "OMP_PLACES", "GOMP_CPU_AFFINITY", "KMP_AFFINITY"}) {
+  for (const char* var : seqpack::cli::kPlacementVariables) {
     const ThreadPlacement p = decide(16, 16, {{var, "false"}});
     EXPECT_FALSE(p.bind) << var;
     EXPECT_NE(p.why.find(var), std::string::npos) << p.why;
@@ -90,11 +90,11 @@ TEST(CliPlacement, ABadKnobIsRefusedByName) {
 
 // Settings of the test's own environment that decide before the tool does.
 bool placed_by_environment() {
-  for (const char* var : {"OMP_PROC_BIND", "OMP_PLACES", "GOMP_CPU_AFFINITY", "KMP_AFFINITY",
-                          "SEQPACK_BIND_THREADS"}) {
+  for (const char* var : seqpack::cli::kPlacementVariables) {
     if (const char* v = std::getenv(var); v && *v) return true;
   }
-  return false;
+  const char* knob = std::getenv("SEQPACK_BIND_THREADS");
+  return knob && *knob;
 }
 
 TEST(CliPlacement, TheToolBindsItsThreadsWhereTheyFillTheCpus) {

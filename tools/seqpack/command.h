@@ -50,12 +50,15 @@ extern const char* const kExitCodes;
 // Where OpenMP's threads run. Commands call place_threads(threads) (0: OpenMP's
 // count) first, before anything is read, written or printed. Where the threads
 // fill the CPUs the process may use and nothing in the environment places
-// them already (OMP_PROC_BIND, OMP_PLACES, GOMP_CPU_AFFINITY, KMP_AFFINITY),
+// them already (kPlacementVariables),
 // the tool runs itself again with OMP_PROC_BIND=close OMP_PLACES=cores, which
 // libgomp reads only as it loads: threads that fill a shared virtual machine
 // run steadier bound (docs/performance.md, "Many threads").
 // SEQPACK_BIND_THREADS: 0 never binds, 1 binds at any count. Returns how the
 // threads are placed, for `seqpack info`.
+// The environment's own placement, which the tool always keeps.
+inline constexpr const char* kPlacementVariables[] = {"OMP_PROC_BIND", "OMP_PLACES",
+                                                      "GOMP_CPU_AFFINITY", "KMP_AFFINITY"};
 struct ThreadPlacement {
   bool bind = false;
   std::string why;

@@ -40,7 +40,7 @@ ThreadPlacement placement_for(int threads, int cpus, const EnvLookup& env) {
   if (!mode.empty() && mode != "0" && mode != "1") {
     throw std::invalid_argument("SEQPACK_BIND_THREADS: '" + mode + "' is not 0 or 1");
   }
-  for (const char* var : {"OMP_PROC_BIND", "OMP_PLACES", "GOMP_CPU_AFFINITY", "KMP_AFFINITY"}) {
+  for (const char* var : kPlacementVariables) {
     const char* v = env(var);
     if (v && *v) return {false, std::string(var) + " is set: OpenMP places the threads as it says"};
   }
