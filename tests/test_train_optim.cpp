@@ -244,6 +244,36 @@ TEST(Optimizers, ChunkedOverThreadsKeepTheBits) {
   set_num_threads(before);
 }
 
+// zero_grad clears every element of every gradient, in chunks over the
+// threads (each chunk by the thread Adam gave it): tails of 16384-element
+// chunks, float64, a single element, a gradient listed twice, and nothing
+// else (the values stay).
+TEST(Optimizers, ZeroGradClearsEveryChunkAtAnyThreadCount) {
+  const int before = num_threads();
+  for (int threads : {1, 2, 3, 5}) {
+    set_num_threads(threads);
+    std::vector<Parameter> ps;
+    for (int64_t n : {40000, 1, 16384, 16385}) {
+      ps.push_back({"f32", Tensor::full({n}, 1.0, DType::f32), Tensor::full({n}, -2.5, DType::f32)});
+      ps.push_back({"f64", Tensor::full({n}, 1.0, DType::f64), Tensor::full({n}, 3.0, DType::f64)});
+    }
+    // A gradient listed twice: zeroed one pass after the other.
+    SGD({ps[0], ps[0]}, {.lr = 0.1}).zero_grad();
+    EXPECT_EQ(ps[0].grad.item_as_double(39999), 0.0);
+    ps[0].grad.fill(-2.5);
+    SGD(ps, {.lr = 0.1}).zero_grad();
+    for (const Parameter& p : ps) {
+      for (int64_t i = 0; i < p.grad.numel(); ++i) {
+        ASSERT_EQ(p.grad.item_as_double(i), 0.0) << p.name << " grad[" << i << "] of "
+                                                 << p.grad.numel() << " at " << threads << " threads";
+        ASSERT_EQ(std::signbit(p.grad.item_as_double(i)), false);
+      }
+      EXPECT_EQ(p.value.item_as_double(p.value.numel() - 1), 1.0);
+    }
+  }
+  set_num_threads(before);
+}
+
 // One tensor listed twice is updated twice, one pass after the other (as on
 // one thread), never from two threads at once; a parameter without a
 // gradient counts for nothing in the norm (torch skips grad None).

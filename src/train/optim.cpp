@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <stdexcept>
 #include <string>
 #include <type_traits>
@@ -101,8 +102,18 @@ Optimizer::Optimizer(std::vector<Parameter> params) : params_(std::move(params))
   }
 }
 
+// In Adam's chunks, on its threads (for_chunks' static schedule): each chunk
+// is zeroed by the thread whose cache holds it from the step before. Zeroed
+// on the calling thread, the main job's gradients (656 KB) took 0.004 s an
+// epoch at one thread and 0.018 s at two, every line written by the other
+// core fetched to be overwritten.
 void Optimizer::zero_grad() {
-  for (auto& p : params_) p.grad.fill(0.0);
+  for_chunks(chunks_of(params_), [&](std::size_t k, int64_t a, int64_t b, int64_t) {
+    Tensor& g = params_[k].grad;
+    const std::size_t es = dtype_size(g.dtype());
+    std::memset(static_cast<char*>(g.raw_data()) + a * static_cast<int64_t>(es), 0,
+                static_cast<std::size_t>(b - a) * es);
+  });
 }
 
 // ---------------------------------------------------------------------- SGD
