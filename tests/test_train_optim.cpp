@@ -254,7 +254,8 @@ TEST(Optimizers, ZeroGradClearsEveryChunkAtAnyThreadCount) {
     set_num_threads(threads);
     std::vector<Parameter> ps;
     for (int64_t n : {40000, 1, 16384, 16385}) {
-      ps.push_back({"f32", Tensor::full({n}, 1.0, DType::f32), Tensor::full({n}, -2.5, DType::f32)});
+      ps.push_back(
+          {"f32", Tensor::full({n}, 1.0, DType::f32), Tensor::full({n}, -2.5, DType::f32)});
       ps.push_back({"f64", Tensor::full({n}, 1.0, DType::f64), Tensor::full({n}, 3.0, DType::f64)});
     }
     // A gradient listed twice: zeroed one pass after the other.
@@ -264,8 +265,9 @@ TEST(Optimizers, ZeroGradClearsEveryChunkAtAnyThreadCount) {
     SGD(ps, {.lr = 0.1}).zero_grad();
     for (const Parameter& p : ps) {
       for (int64_t i = 0; i < p.grad.numel(); ++i) {
-        ASSERT_EQ(p.grad.item_as_double(i), 0.0) << p.name << " grad[" << i << "] of "
-                                                 << p.grad.numel() << " at " << threads << " threads";
+        ASSERT_EQ(p.grad.item_as_double(i), 0.0)
+            << p.name << " grad[" << i << "] of " << p.grad.numel() << " at " << threads
+            << " threads";
         ASSERT_EQ(std::signbit(p.grad.item_as_double(i)), false);
       }
       EXPECT_EQ(p.value.item_as_double(p.value.numel() - 1), 1.0);
