@@ -1,0 +1,57 @@
+// What two threads pay to meet: the round trip of one cache line between two
+// threads spinning on it, the floor under every per-step barrier and every
+// value one thread writes for another (docs/performance.md, "Two threads").
+//
+//   build/bench/bench_threads [google benchmark flags]
+//
+// Counter ns_per_round_trip: thread A writes 2i + 1 once it sees 2i, thread B
+// writes 2i + 2 once it sees 2i + 1. On a virtual machine the figure tells
+// where the host put the two vCPUs at that moment: on the Zen 4 of
+// docs/performance.md anywhere from about 55 ns (one die) to 340 ns (cores of
+// different dies), changing from run to run and within one; a figure between
+// the two is a run that met both.
+#include <benchmark/benchmark.h>
+
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <thread>
+
+namespace {
+
+void BM_cache_line_round_trip(benchmark::State& state) {
+  const int64_t trips = state.range(0);
+  alignas(64) std::atomic<int64_t> line{0};
+  double seconds = 0;
+  for (auto _ : state) {
+    line.store(0, std::memory_order_relaxed);
+    std::thread other([&] {
+      for (int64_t i = 0; i < trips; ++i) {
+        while (line.load(std::memory_order_acquire) != 2 * i + 1) {
+        }
+        line.store(2 * i + 2, std::memory_order_release);
+      }
+    });
+    // Both threads running before the clock starts: the first trip.
+    line.store(1, std::memory_order_release);
+    while (line.load(std::memory_order_acquire) != 2) {
+    }
+    const auto t0 = std::chrono::steady_clock::now();
+    for (int64_t i = 1; i < trips; ++i) {
+      while (line.load(std::memory_order_acquire) != 2 * i) {
+      }
+      line.store(2 * i + 1, std::memory_order_release);
+    }
+    while (line.load(std::memory_order_acquire) != 2 * trips) {
+    }
+    seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    other.join();
+  }
+  state.counters["ns_per_round_trip"] =
+      seconds * 1e9 / (static_cast<double>(state.iterations()) * static_cast<double>(trips - 1));
+}
+BENCHMARK(BM_cache_line_round_trip)->Arg(100000)->Unit(benchmark::kMillisecond)->UseRealTime();
+
+}  // namespace
+
+BENCHMARK_MAIN();
