@@ -19,6 +19,14 @@
 
 namespace {
 
+// Spins until `line` holds `value`; past a few microseconds (a machine with
+// one free CPU: the other thread is not running) it yields.
+void wait_for(const std::atomic<int64_t>& line, int64_t value) {
+  for (int spins = 0; line.load(std::memory_order_acquire) != value;) {
+    if (++spins > 1000) std::this_thread::yield();
+  }
+}
+
 void BM_cache_line_round_trip(benchmark::State& state) {
   const int64_t trips = state.range(0);
   alignas(64) std::atomic<int64_t> line{0};
@@ -27,23 +35,19 @@ void BM_cache_line_round_trip(benchmark::State& state) {
     line.store(0, std::memory_order_relaxed);
     std::thread other([&] {
       for (int64_t i = 0; i < trips; ++i) {
-        while (line.load(std::memory_order_acquire) != 2 * i + 1) {
-        }
+        wait_for(line, 2 * i + 1);
         line.store(2 * i + 2, std::memory_order_release);
       }
     });
     // Both threads running before the clock starts: the first trip.
     line.store(1, std::memory_order_release);
-    while (line.load(std::memory_order_acquire) != 2) {
-    }
+    wait_for(line, 2);
     const auto t0 = std::chrono::steady_clock::now();
     for (int64_t i = 1; i < trips; ++i) {
-      while (line.load(std::memory_order_acquire) != 2 * i) {
-      }
+      wait_for(line, 2 * i);
       line.store(2 * i + 1, std::memory_order_release);
     }
-    while (line.load(std::memory_order_acquire) != 2 * trips) {
-    }
+    wait_for(line, 2 * trips);
     seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     other.join();
   }
