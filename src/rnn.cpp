@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "seqpack/rnn.h"
+#include "train/grad_sum.h"
 
 namespace seqpack {
 
@@ -242,18 +243,6 @@ std::vector<Tensor> zeros_like_all(const std::vector<Tensor>& params) {
   return out;
 }
 
-void accumulate(Tensor& dst, const Tensor& src) {
-  if (dst.dtype() == DType::f32) {
-    float* d = dst.data<float>();
-    const float* s = src.data<float>();
-    for (int64_t i = 0; i < dst.numel(); ++i) d[i] += s[i];
-  } else {
-    double* d = dst.data<double>();
-    const double* s = src.data<double>();
-    for (int64_t i = 0; i < dst.numel(); ++i) d[i] += s[i];
-  }
-}
-
 void check_input_dtype(const Tensor& input, DType dtype, const char* what) {
   if (input.defined() && input.dtype() != dtype) {
     throw std::invalid_argument(std::string(what) + " has dtype " + dtype_name(input.dtype()) +
@@ -472,7 +461,7 @@ RNNGradients RNNBase::backward(const RNNOutput& out, const Tensor& grad_output,
   }
   RNNGradients g = rnn_backward(*out.saved, grad_rows, batched_state(grad_h_n, unbatched, "grad_h_n"),
                                 batched_state(grad_c_n, unbatched, "grad_c_n"));
-  for (std::size_t i = 0; i < grads_.size(); ++i) accumulate(grads_[i], g.weights[i]);
+  train::add_grads(grads_, g.weights);
   if (padded) {
     Tensor p = out.plan->unpack(g.input, out.padded_length, 0.0);
     if (unbatched) {
@@ -595,7 +584,7 @@ CellGradients RNNCellBase::backward(const CellOutput& out, const Tensor& grad_h,
   RNNGradients g = rnn_backward(*out.saved, Tensor(),
                                 cell_state(grad_h, B, H, out.unbatched, "grad_h"),
                                 cell_state(grad_c, B, H, out.unbatched, "grad_c"));
-  for (std::size_t i = 0; i < grads_.size(); ++i) accumulate(grads_[i], g.weights[i]);
+  train::add_grads(grads_, g.weights);
   CellGradients cg;
   const Shape s = out.unbatched ? Shape{H} : Shape{B, H};
   cg.input = out.unbatched ? g.input.view({options_.input_size}) : g.input;

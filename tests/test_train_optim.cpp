@@ -13,6 +13,7 @@
 #include "seqpack/optim.h"
 #include "seqpack/threading.h"
 #include "test_util.h"
+#include "train/grad_sum.h"
 #include "train/param_memory.h"
 
 namespace seqpack {
@@ -274,6 +275,57 @@ TEST(Optimizers, ZeroGradClearsEveryChunkAtAnyThreadCount) {
     }
   }
   set_num_threads(before);
+}
+
+// add_grads (a backward's weight gradients into the module's) adds element by
+// element, in chunks over the threads: the same bits as a plain loop at any
+// thread count, f32 and f64, across chunk edges; mismatched lists are a bug
+// of the caller, refused by name.
+TEST(Optimizers, AddGradsIsAPlainSumAtAnyThreadCount) {
+  const int before = num_threads();
+  const uint64_t seed = testing::test_seed();
+  SCOPED_TRACE("seed " + std::to_string(seed));
+  std::mt19937_64 rng(seed);
+  std::normal_distribution<double> normal(0.0, 1.0);
+  const std::vector<int64_t> sizes = {40000, 1, 16384, 16385};
+  std::vector<Tensor> base, add;
+  for (int64_t n : sizes) {
+    for (DType dt : {DType::f32, DType::f64}) {
+      Tensor a = Tensor::empty({n}, dt), b = Tensor::empty({n}, dt);
+      for (int64_t i = 0; i < n; ++i) {
+        if (dt == DType::f32) {
+          a.data<float>()[i] = static_cast<float>(normal(rng));
+          b.data<float>()[i] = static_cast<float>(normal(rng));
+        } else {
+          a.data<double>()[i] = normal(rng);
+          b.data<double>()[i] = normal(rng);
+        }
+      }
+      base.push_back(a);
+      add.push_back(b);
+    }
+  }
+  for (int threads : {1, 2, 3, 5}) {
+    set_num_threads(threads);
+    std::vector<Tensor> dst;
+    for (const Tensor& t : base) dst.push_back(t.clone());
+    train::add_grads(dst, add);
+    for (std::size_t k = 0; k < dst.size(); ++k) {
+      for (int64_t i = 0; i < dst[k].numel(); ++i) {
+        const bool f32 = dst[k].dtype() == DType::f32;
+        const double want =
+            f32 ? static_cast<double>(base[k].data<float>()[i] + add[k].data<float>()[i])
+                : base[k].data<double>()[i] + add[k].data<double>()[i];
+        ASSERT_EQ(dst[k].item_as_double(i), want)
+            << "tensor " << k << " [" << i << "] at " << threads << " threads";
+      }
+    }
+  }
+  set_num_threads(before);
+  std::vector<Tensor> one = {Tensor::zeros({3}, DType::f32)};
+  EXPECT_THROW(train::add_grads(one, {}), std::logic_error);
+  EXPECT_THROW(train::add_grads(one, {Tensor::zeros({4}, DType::f32)}), std::logic_error);
+  EXPECT_THROW(train::add_grads(one, {Tensor::zeros({3}, DType::f64)}), std::logic_error);
 }
 
 // One tensor listed twice is updated twice, one pass after the other (as on

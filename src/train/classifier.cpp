@@ -26,6 +26,7 @@
 #include "seqpack/model_dir.h"
 #include "seqpack/packed_sequence.h"
 #include "seqpack/safetensors.h"
+#include "train/grad_sum.h"
 #include "train/regular_file.h"
 
 namespace seqpack {
@@ -395,8 +396,7 @@ void CharClassifier::backward(const Tensor& grad_logits) {
   // the zero initial state needs none.
   RNNGradients g = rnn_backward(*saved_, Tensor(), grad_h, Tensor(), /*initial_state_grad=*/false);
   saved_ = nullptr;
-  std::vector<Tensor>& lg = lstm_.grads();
-  for (std::size_t i = 0; i < lg.size(); ++i) add_into(lg[i], g.weights[i]);
+  train::add_grads(lstm_.grads(), g.weights);
   // g.input is the gradient of every embedding row; the padding row gets none.
   add_into(embedding_.grad(), g.input, embedding_.padding_idx().value_or(-1));
 }
