@@ -116,7 +116,8 @@ TEST(CliTrain, ProfilePrintsEveryPhaseOfTheStepPerEpoch) {
     // to 100%, which they do only for a positive total (an epoch of this tiny
     // data can print its total as 0.000 s on a fast CPU).
     double shares = 0;
-    for (auto s = std::sregex_iterator(line.begin(), line.end(), share); s != std::sregex_iterator(); ++s)
+    for (auto s = std::sregex_iterator(line.begin(), line.end(), share);
+         s != std::sregex_iterator(); ++s)
       shares += std::stod((*s)[1]);
     EXPECT_NEAR(shares, 100.0, 8 * 0.05 + 1e-9) << line;
   }
