@@ -424,6 +424,8 @@ elif [ -n "$SEQPACK_CPU" ] && "$SEQPACK_CPU" info >/dev/null 2>&1; then
             done
           done
         done
+      else
+        echo "--- main job: skipped: no $data (the bundle carries it; beside build/seqpack, put one there)"
       fi
     }
     part_ab() {
