@@ -7,7 +7,7 @@
 // Counter ns_per_round_trip: thread A writes 2i + 1 once it sees 2i, thread B
 // writes 2i + 2 once it sees 2i + 1. On a virtual machine the figure tells
 // where the host put the two vCPUs at that moment: on the Zen 4 of
-// docs/performance.md anywhere from about 55 ns (one die) to 340 ns (cores of
+// docs/performance.md anywhere from about 64 ns (one die) to 364 ns (cores of
 // different dies), changing from run to run and within one; a figure between
 // the two is a run that met both.
 #include <benchmark/benchmark.h>
