@@ -10,33 +10,20 @@
 #include <utility>
 #include <vector>
 
-#include <omp.h>
-
 #include "cpu/adam.h"
+#include "train/chunks.h"
 #include "train/param_memory.h"
 
 namespace seqpack {
 
 namespace {
 
-// A pass over every parameter, cut into chunks of at most kChunk elements
-// (each parameter's chunks starting at multiples of kChunk, so a SIMD loop
-// meets the same vectors and tail as over the whole tensor), run on
-// OpenMP's threads once there are at least two chunks' worth of elements:
-// the main job's 205k parameters take Adam and the gradient norm 0.1 ms each
-// a step on one thread, a tenth of a 16-thread step. f(k, begin, end, c)
-// handles elements [begin, end) of parameter k as chunk c of chunk_count.
-constexpr int64_t kChunk = 1 << 14;
-
-struct Chunk {
-  std::size_t param;
-  int64_t begin, end;
-};
-
-struct Chunks {
-  std::vector<Chunk> list;
-  bool disjoint = true;  // no two parameters share memory (values or gradients)
-};
+// Adam, the gradient norm and zero_grad pass over every parameter in chunks
+// (train/chunks.h) on OpenMP's threads: the main job's 205k parameters take
+// Adam and the gradient norm 0.1 ms each a step on one thread, a tenth of a
+// 16-thread step.
+using train::Chunks;
+using train::for_chunks;
 
 // Whether the byte ranges of these tensors overlap anywhere.
 bool any_overlap(std::vector<std::pair<const char*, const char*>> ranges) {
@@ -47,29 +34,14 @@ bool any_overlap(std::vector<std::pair<const char*, const char*>> ranges) {
 }
 
 Chunks chunks_of(const std::vector<Parameter>& params) {
-  Chunks c;
-  for (std::size_t k = 0; k < params.size(); ++k) {
-    const Parameter& p = params[k];
-    if (!p.grad.defined()) continue;
-    const int64_t n = p.grad.numel();  // the optimisers' values have their grads' shapes
-    for (int64_t a = 0; a < n; a += kChunk) c.list.push_back({k, a, std::min(n, a + kChunk)});
-  }
+  std::vector<int64_t> sizes;
+  // the optimisers' values have their grads' shapes; no grad, no chunk
+  for (const Parameter& p : params) sizes.push_back(p.grad.defined() ? p.grad.numel() : 0);
+  Chunks c = train::chunks_of_sizes(sizes);
   // A parameter listed twice (or two views of one tensor) is updated twice,
   // one after the other, as on one thread: never from two threads at once.
   c.disjoint = !train::parameters_share_memory(params);
   return c;
-}
-
-template <typename F>
-void for_chunks(const Chunks& chunks, F&& f) {
-  const auto count = static_cast<int64_t>(chunks.list.size());
-  const bool parallel =
-      chunks.disjoint && count >= 2 && omp_get_max_threads() > 1 && !omp_in_parallel();
-#pragma omp parallel for schedule(static) if (parallel)
-  for (int64_t c = 0; c < count; ++c) {
-    const Chunk& ch = chunks.list[static_cast<std::size_t>(c)];
-    f(ch.param, ch.begin, ch.end, c);
-  }
 }
 
 }  // namespace
