@@ -10,12 +10,18 @@
 // docs/performance.md anywhere from about 64 ns (one die) to 364 ns (cores of
 // different dies), changing from run to run and within one; a figure between
 // the two is a run that met both.
+//
+// Counter ns_per_barrier: two threads passing the recurrent core's team
+// barrier (rnn/grid.h's SpinBarrier, the one a column split meets at every
+// step) with nothing between, the least a step of two threads pays for it.
 #include <benchmark/benchmark.h>
 
 #include <atomic>
 #include <chrono>
 #include <cstdint>
 #include <thread>
+
+#include "rnn/grid.h"
 
 namespace {
 
@@ -55,6 +61,25 @@ void BM_cache_line_round_trip(benchmark::State& state) {
       seconds * 1e9 / (static_cast<double>(state.iterations()) * static_cast<double>(trips - 1));
 }
 BENCHMARK(BM_cache_line_round_trip)->Arg(100000)->Unit(benchmark::kMillisecond)->UseRealTime();
+
+void BM_team_barrier(benchmark::State& state) {
+  const int64_t passes = state.range(0);
+  double seconds = 0;
+  for (auto _ : state) {
+    seqpack::rnn::SpinBarrier barrier(2);
+    std::thread other([&] {
+      for (int64_t i = 0; i < passes; ++i) barrier.wait();
+    });
+    barrier.wait();  // both threads running before the clock starts
+    const auto t0 = std::chrono::steady_clock::now();
+    for (int64_t i = 1; i < passes; ++i) barrier.wait();
+    seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    other.join();
+  }
+  state.counters["ns_per_barrier"] =
+      seconds * 1e9 / (static_cast<double>(state.iterations()) * static_cast<double>(passes - 1));
+}
+BENCHMARK(BM_team_barrier)->Arg(100000)->Unit(benchmark::kMillisecond)->UseRealTime();
 
 }  // namespace
 
