@@ -453,90 +453,102 @@ def main():
     rate, rate_src = sgemm_rate(args)
     rates = [rate]
 
-    results = []
-    for threads in thread_counts:
-        if not set_torch_threads(threads) and not args.seqpack_only:
-            print(f"# note: could not set torch's OpenBLAS threads to {threads}", flush=True)
-        for w in workloads:
-            lengths = list(w["lengths"])
-            tokens = sum(lengths)
-            if threads == 1:
-                rates.append(sgemm_rate(args)[0])
-            for mode in modes:
-                # --rounds N: the seqpack/torch pair N times, alternating, so that a slow
-                # moment of the machine hits one round rather than one implementation; the
-                # round whose ratio is the median is reported, with the range.
-                rounds = []
-                for k in range(args.rounds):
+    def one_round(threads, w, mode, tag):
+        """One round of the pair (and the other peers) at `threads` threads."""
+        lengths = list(w["lengths"])
+        print(f"{tag}: seqpack", file=sys.stderr, flush=True)
+        s_sec, s_cpu, s_reps = seqpack_bench(args, threads, w["name"], mode)
+        print(f"{tag}: torch", file=sys.stderr, flush=True)
+        if args.seqpack_only:
+            t_sec = t_cpu = t_reps = None
+        else:
+            t_sec, t_cpu, t_reps = torch_bench(w, mode, lengths, args.min_time,
+                                               args.torch_single_run)
+        b_sec = b_cpu = b_absent = None
+        if same_peer:
+            print(f"{tag}: torch {args.precision}", file=sys.stderr, flush=True)
+            try:
+                b_sec, b_cpu, _ = torch_bench(w, mode, lengths, args.min_time,
+                                              args.torch_single_run, same_dtype)
+            except Absent as e:
+                b_absent = str(e)
+        sb_sec = sb_cpu = None
+        if seqpack_bf16:
+            print(f"{tag}: seqpack bf16", file=sys.stderr, flush=True)
+            sb_sec, sb_cpu, _ = seqpack_bench(args, threads, w["name"], mode, precision="bf16")
+        fastest, absent = {}, {}
+        for peer in peers:
+            for dtype, layout in peer_configs(mode, configs):
+                print(f"{tag}: torch {peer.version} {dtype} {layout}", file=sys.stderr,
+                      flush=True)
+                key = f"{peer.version} {dtype} {layout}"
+                try:
+                    sec, cpu_sec, _ = peer.bench(
+                        workload=w, mode=mode, lengths=lengths, min_time=args.min_time,
+                        slow_single=args.torch_single_run, dtype=dtype, layout=layout,
+                        threads=threads)
+                except Absent as e:
+                    absent[key] = str(e)
+                    continue
+                fastest[key] = (sec, cpu_sec)
+        p = args.precision
+        r = {"peers": fastest, "peers_absent": absent,
+             "seqpack_sec": s_sec, "seqpack_cpu": s_cpu, "seqpack_reps": s_reps,
+             "torch_sec": t_sec, "torch_cpu": t_cpu, "torch_reps": t_reps,
+             "ratio": t_sec / s_sec if t_sec else None,
+             "cpu_ratio": t_cpu / s_cpu if t_cpu else None,
+             # torch at seqpack's precision (bf16 or int8)
+             f"torch_{p}_sec": b_sec, f"torch_{p}_cpu": b_cpu,
+             f"torch_{p}_absent": b_absent,
+             f"ratio_{p}": b_sec / s_sec if b_sec else None,
+             f"cpu_ratio_{p}": b_cpu / s_cpu if b_cpu else None,
+             # seqpack bf16 (at --precision int8)
+             "seqpack_bf16_sec": sb_sec, "seqpack_bf16_cpu": sb_cpu,
+             "ratio_seqpack_bf16": sb_sec / s_sec if sb_sec else None,
+             "cpu_ratio_seqpack_bf16": sb_cpu / s_cpu if sb_cpu else None}
+        print(f"... {w['name']} {mode}: seqpack {s_sec:.4g} s, torch {fmt_s(t_sec)} s, "
+              f"ratio {fmt_r(r['ratio'])} (cpu {fmt_r(r['cpu_ratio'])})",
+              file=sys.stderr, flush=True)
+        return r
+
+    # --rounds N: the pair N times, alternating, so that a slow moment of the machine
+    # hits one round rather than one implementation; and each round runs every thread
+    # count in turn, so that it hits one round rather than one count (the thread
+    # scaling below divides times of the same rounds). The round whose ratio is the
+    # median is reported, with the range.
+    by_key = {}
+    unset_torch_threads = set()
+    for w in workloads:
+        if 1 in thread_counts:
+            rates.append(sgemm_rate(args)[0])
+        for mode in modes:
+            rounds_at = {threads: [] for threads in thread_counts}
+            for k in range(args.rounds):
+                for threads in thread_counts:
+                    if not set_torch_threads(threads) and not args.seqpack_only:
+                        if threads not in unset_torch_threads:
+                            print(f"# note: could not set torch's OpenBLAS threads to {threads}",
+                                  flush=True)
+                        unset_torch_threads.add(threads)
                     tag = f"... threads {threads} {w['name']} {mode}" + (
                         f" round {k + 1}/{args.rounds}" if args.rounds > 1 else "")
-                    print(f"{tag}: seqpack", file=sys.stderr, flush=True)
-                    s_sec, s_cpu, s_reps = seqpack_bench(args, threads, w["name"], mode)
-                    print(f"{tag}: torch", file=sys.stderr, flush=True)
-                    if args.seqpack_only:
-                        t_sec = t_cpu = t_reps = None
-                    else:
-                        t_sec, t_cpu, t_reps = torch_bench(w, mode, lengths, args.min_time,
-                                                           args.torch_single_run)
-                    b_sec = b_cpu = b_absent = None
-                    if same_peer:
-                        print(f"{tag}: torch {args.precision}", file=sys.stderr, flush=True)
-                        try:
-                            b_sec, b_cpu, _ = torch_bench(w, mode, lengths, args.min_time,
-                                                          args.torch_single_run, same_dtype)
-                        except Absent as e:
-                            b_absent = str(e)
-                    sb_sec = sb_cpu = None
-                    if seqpack_bf16:
-                        print(f"{tag}: seqpack bf16", file=sys.stderr, flush=True)
-                        sb_sec, sb_cpu, _ = seqpack_bench(args, threads, w["name"], mode,
-                                                          precision="bf16")
-                    fastest, absent = {}, {}
-                    for peer in peers:
-                        for dtype, layout in peer_configs(mode, configs):
-                            print(f"{tag}: torch {peer.version} {dtype} {layout}", file=sys.stderr,
-                                  flush=True)
-                            key = f"{peer.version} {dtype} {layout}"
-                            try:
-                                sec, cpu_sec, _ = peer.bench(
-                                    workload=w, mode=mode, lengths=lengths, min_time=args.min_time,
-                                    slow_single=args.torch_single_run, dtype=dtype, layout=layout,
-                                    threads=threads)
-                            except Absent as e:
-                                absent[key] = str(e)
-                                continue
-                            fastest[key] = (sec, cpu_sec)
-                    p = args.precision
-                    rounds.append({"peers": fastest, "peers_absent": absent,
-                                   "seqpack_sec": s_sec, "seqpack_cpu": s_cpu,
-                                   "seqpack_reps": s_reps,
-                                   "torch_sec": t_sec, "torch_cpu": t_cpu, "torch_reps": t_reps,
-                                   "ratio": t_sec / s_sec if t_sec else None,
-                                   "cpu_ratio": t_cpu / s_cpu if t_cpu else None,
-                                   # torch at seqpack's precision (bf16 or int8)
-                                   f"torch_{p}_sec": b_sec, f"torch_{p}_cpu": b_cpu,
-                                   f"torch_{p}_absent": b_absent,
-                                   f"ratio_{p}": b_sec / s_sec if b_sec else None,
-                                   f"cpu_ratio_{p}": b_cpu / s_cpu if b_cpu else None,
-                                   # seqpack bf16 (at --precision int8)
-                                   "seqpack_bf16_sec": sb_sec, "seqpack_bf16_cpu": sb_cpu,
-                                   "ratio_seqpack_bf16": sb_sec / s_sec if sb_sec else None,
-                                   "cpu_ratio_seqpack_bf16": sb_cpu / s_cpu if sb_cpu else None})
-                    print(f"... {w['name']} {mode}: seqpack {s_sec:.4g} s, torch {fmt_s(t_sec)} s, "
-                          f"ratio {fmt_r(rounds[-1]['ratio'])} (cpu {fmt_r(rounds[-1]['cpu_ratio'])})",
-                          file=sys.stderr, flush=True)
+                    rounds_at[threads].append(one_round(threads, w, mode, tag))
+            for threads, rounds in rounds_at.items():
                 gemm = onednn_rate(args, w["name"], mode) if threads == 1 else None
                 for r in rounds:
                     r["onednn_flops_per_s"], r["gemm_flop"] = gemm if gemm else (None, None)
                 key = (lambda r: r["ratio"]) if not args.seqpack_only else (lambda r: r["seqpack_sec"])
                 median_round = sorted(rounds, key=key)[(len(rounds) - 1) // 2]
                 ratios = [r["ratio"] for r in rounds if r["ratio"] is not None]
-                results.append(dict(threads=threads, workload=w["name"], mode=mode, tokens=tokens,
-                                    **median_round,
-                                    ratio_min=min(ratios) if ratios else None,
-                                    ratio_max=max(ratios) if ratios else None,
-                                    rounds=rounds,
-                                    flops=forward_flops(w, tokens) if mode != "train_packed" else None))
+                by_key[threads, w["name"], mode] = dict(
+                    threads=threads, workload=w["name"], mode=mode, tokens=sum(w["lengths"]),
+                    **median_round,
+                    ratio_min=min(ratios) if ratios else None,
+                    ratio_max=max(ratios) if ratios else None,
+                    rounds=rounds,
+                    flops=forward_flops(w, sum(w["lengths"])) if mode != "train_packed" else None)
+    results = [by_key[threads, w["name"], mode]
+               for threads in thread_counts for w in workloads for mode in modes]
 
     rate = max(rates)
     print(f"# single-core sgemm rate: {rate / 1e9:.1f} GFLOP/s, the best of {len(rates)} readings "
@@ -545,8 +557,9 @@ def main():
     print("s = median wall-clock seconds per batch; cpu ratio = the same ratio of median process "
           "CPU seconds (at 1 thread, unaffected by other processes on the machine)")
     if args.rounds > 1:
-        print(f"each row: the median of {args.rounds} alternating rounds of the pair; "
-              f"'range' = the lowest and highest ratio of the rounds")
+        print(f"each row: the median of {args.rounds} alternating rounds of the pair, each round "
+              f"running every thread count in turn; 'range' = the lowest and highest ratio of "
+              f"the rounds")
     print(f"{'threads':>7} {'workload':<15} {'mode':<15} {'seqpack s':>10} {'torch s':>10} "
           f"{'torch/seqpack':>13} {'cpu ratio':>9} {'target wall/cpu':>15} {'reps s/t':>9}"
           + (f" {'range':>13}" if args.rounds > 1 else ""))
@@ -689,17 +702,33 @@ def main():
     if len(thread_counts) > 1:
         base = thread_counts[0]
         print()
-        print(f"thread scaling (time at {base} thread(s) / time at N):")
-        print(f"{'N':>3} {'workload':<15} {'mode':<15} {'seqpack':>8} {'torch':>8}")
+        # Round k of every count ran back to back: the ratio of round k's times, the
+        # median over the rounds, and their range.
+        print(f"thread scaling (time at {base} thread(s) / time at N, in the same round; the "
+              f"median of the rounds" + (", and their range" if args.rounds > 1 else "") + "):")
+        print(f"{'N':>3} {'workload':<15} {'mode':<15} {'seqpack':>8} {'torch':>8}"
+              + (f" {'seqpack range':>13} {'torch range':>13}" if args.rounds > 1 else ""))
         index = {(r["threads"], r["workload"], r["mode"]): r for r in results}
+
+        def paired(b, r, key):
+            return sorted(x[key] / y[key] for x, y in zip(b["rounds"], r["rounds"])
+                          if x[key] and y[key])
+
+        def median(xs):
+            return xs[(len(xs) - 1) // 2] if xs else None
+
+        def span(xs):
+            return f"{fmt_r(xs[0])}-{fmt_r(xs[-1])}" if xs else "-"
+
         for r in results:
             if r["threads"] == base:
                 continue
             b = index.get((base, r["workload"], r["mode"]))
             if b:
+                s_x, t_x = paired(b, r, "seqpack_sec"), paired(b, r, "torch_sec")
                 print(f"{r['threads']:>3} {r['workload']:<15} {r['mode']:<15} "
-                      f"{b['seqpack_sec'] / r['seqpack_sec']:>8.2f} "
-                      f"{fmt_r(b['torch_sec'] / r['torch_sec'] if r['torch_sec'] else None):>8}")
+                      f"{fmt_r(median(s_x)):>8} {fmt_r(median(t_x)):>8}"
+                      + (f" {span(s_x):>13} {span(t_x):>13}" if args.rounds > 1 else ""))
 
     linearity = []
     if not args.quick and not args.no_linearity and args.precision == "int8":
