@@ -368,8 +368,10 @@ def main():
     p.add_argument("--torch-single-run", type=float, default=5.0,
                    help="a torch warm-up slower than this many seconds is taken as the only sample")
     p.add_argument("--rounds", type=int, default=1,
-                   help="run each seqpack/torch pair this many times, alternating, and report the "
-                        "median round with the range of the ratios (the machine's speed drifts)")
+                   help="run each seqpack/torch pair this many times, alternating, every --threads "
+                        "count in turn within a round, and report the median round with the range "
+                        "of the ratios (the machine's speed drifts); thread scaling is the median "
+                        "of the rounds' own ratios")
     p.add_argument("--seqpack-only", action="store_true",
                    help="time seqpack only (e.g. for the thread-scaling figures)")
     p.add_argument("--json-out", help="also write every measurement to this file (JSON)")
