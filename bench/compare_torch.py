@@ -521,6 +521,7 @@ def main():
     by_key = {}
     unset_torch_threads = set()
     for w in workloads:
+        tokens = sum(w["lengths"])
         if 1 in thread_counts:
             rates.append(sgemm_rate(args)[0])
         for mode in modes:
@@ -543,12 +544,12 @@ def main():
                 median_round = sorted(rounds, key=key)[(len(rounds) - 1) // 2]
                 ratios = [r["ratio"] for r in rounds if r["ratio"] is not None]
                 by_key[threads, w["name"], mode] = dict(
-                    threads=threads, workload=w["name"], mode=mode, tokens=sum(w["lengths"]),
+                    threads=threads, workload=w["name"], mode=mode, tokens=tokens,
                     **median_round,
                     ratio_min=min(ratios) if ratios else None,
                     ratio_max=max(ratios) if ratios else None,
                     rounds=rounds,
-                    flops=forward_flops(w, sum(w["lengths"])) if mode != "train_packed" else None)
+                    flops=forward_flops(w, tokens) if mode != "train_packed" else None)
     results = [by_key[threads, w["name"], mode]
                for threads in thread_counts for w in workloads for mode in modes]
 
