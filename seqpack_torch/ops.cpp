@@ -688,6 +688,16 @@ std::tuple<Tensor, Tensor, Tensor> rnn_autograd(
 
 // ---- packing ---------------------------------------------------------------
 
+// torch's messages (aten/src/ATen/native/PackedSequence.cpp), which seqpack's
+// start with where torch raises for the same condition (docs/errors.md).
+constexpr const char* kTorchLengthsSorted =
+    "`lengths` array must be sorted in decreasing order when `enforce_sorted` is True. You can "
+    "pass `enforce_sorted=False` to pack_padded_sequence and/or pack_sequence to sidestep this "
+    "requirement if you do not need ONNX exportability.";
+constexpr const char* kTorchLengthsPositive =
+    "Length of all samples has to be greater than 0, but found an element in 'lengths' that "
+    "is <= 0";
+
 // The checks for which torch.nn.utils.rnn.pack_padded_sequence raises, with
 // torch's exception types (IndexError for a 1-D input, RuntimeError for the
 // lengths), so that code catching torch's catches seqpack's; the core checks
@@ -696,17 +706,26 @@ std::tuple<Tensor, Tensor, Tensor> rnn_autograd(
 // seqpack/_torch_packing.py makes the same checks with the same messages.
 void check_lengths_as_torch(const Tensor& input, const std::vector<int64_t>& lengths,
                             bool batch_first, bool enforce_sorted, const char* op) {
-  TORCH_CHECK_INDEX(input.dim() >= 2, op,
-                    ": input must have at least 2 dimensions (time and batch), got shape ",
-                    input.sizes());
+  // Each message starts with torch's own for the condition, then seqpack's detail.
+  if (input.dim() < 2) {
+    const int64_t d = std::max<int64_t>(input.dim(), 1);  // a 0-D tensor's range is a 1-D's
+    TORCH_CHECK_INDEX(false, "Dimension out of range (expected to be in range of [", -d, ", ",
+                      d - 1, "], but got 1); ", op,
+                      ": input must have at least 2 dimensions (time and batch), got shape ",
+                      input.sizes());
+  }
   const int64_t batch = input.size(batch_first ? 0 : 1);
   const int64_t n = static_cast<int64_t>(lengths.size());
-  TORCH_CHECK(n == batch, op, ": got ", n, " lengths but the input of shape ", input.sizes(),
-              " has batch size ", batch, batch_first ? " (batch_first=true)" : " (batch_first=false)");
+  TORCH_CHECK(n == batch, "Expected `len(lengths)` to be equal to batch_size, but got ", n,
+              " (batch_size=", batch, "); ", op, ": got ", n, " lengths but the input of shape ",
+              input.sizes(), " has batch size ", batch,
+              batch_first ? " (batch_first=true)" : " (batch_first=false)");
   for (int64_t b = 0; b < n; ++b) {
-    TORCH_CHECK(lengths[b] >= 0, op, ": lengths[", b, "] = ", lengths[b], " is negative");
-    TORCH_CHECK(!enforce_sorted || b == 0 || lengths[b] <= lengths[b - 1], op, ": lengths[", b,
-                "] = ", lengths[b], " is greater than lengths[", b - 1, "] = ", lengths[b - 1],
+    TORCH_CHECK(lengths[b] >= 0, kTorchLengthsPositive, "; ", op, ": lengths[", b, "] = ",
+                lengths[b], " is negative (zero-length sequences are accepted)");
+    TORCH_CHECK(!enforce_sorted || b == 0 || lengths[b] <= lengths[b - 1], kTorchLengthsSorted,
+                "; ", op, ": lengths[", b, "] = ", lengths[b], " is greater than lengths[", b - 1,
+                "] = ", lengths[b - 1],
                 ": with enforce_sorted=true lengths must be sorted in decreasing order; pass "
                 "enforce_sorted=false to accept unsorted lengths");
   }
@@ -719,7 +738,9 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> pack_cpu(const Tensor& input, const T
   constexpr const char* op = "seqpack::pack_padded_sequence";
   const Tensor lengths64 = int64_tensor(lengths, op, "lengths");
   // RuntimeError, as torch's (to_vector's ValueError serves the layers' lengths).
-  TORCH_CHECK(lengths64.dim() == 1, op, ": lengths must be 1-D, got shape ", lengths64.sizes());
+  TORCH_CHECK(lengths64.dim() == 1, "'lengths' argument should be a 1D CPU int64 tensor, but got ",
+              lengths64.dim(), "D cpu Long tensor; ", op, ": lengths must be 1-D, got shape ",
+              lengths64.sizes());
   std::vector<int64_t> len = to_vector(lengths64, op);
   check_lengths_as_torch(input, len, batch_first, enforce_sorted, op);
   CoreTensor x = to_core(input, op, "input");
@@ -754,8 +775,11 @@ std::tuple<Tensor, Tensor> pad_cpu(const Tensor& data, const Tensor& batch_sizes
   auto plan = plan_of(data, batch_sizes, sorted_indices, unsorted_indices, op);
   int64_t T = plan->max_len();
   if (total_length.has_value()) {
-    TORCH_CHECK_VALUE(*total_length >= T, op, ": total_length = ", *total_length,
-                      " is less than the longest sequence's length ", T);
+    TORCH_CHECK_VALUE(*total_length >= T,
+                      "Expected total_length to be at least the length of the longest sequence "
+                      "in input, but got total_length=", *total_length,
+                      " and max sequence length being ", T, "; ", op, ": total_length = ",
+                      *total_length, " is less than the longest sequence's length ", T);
     T = *total_length;
   }
   CoreTensor x = to_core(data, op, "data");

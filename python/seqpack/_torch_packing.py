@@ -14,7 +14,8 @@ zero-length sequences are accepted (no packed rows; with enforce_sorted the
 indices are then kept, to record the batch size), a batch of size 0 too; a
 length beyond the padded length is a ValueError; where torch raises
 (unsorted lengths with enforce_sorted, a negative length, a count that is not
-the batch size), the exception type is torch's.
+the batch size), the exception type is torch's and the message starts with
+torch's own, then seqpack's detail.
 
 A private module below seqpack.torch (which re-exports these functions): it
 imports nothing of seqpack's.
@@ -28,6 +29,15 @@ from torch.nn.utils.rnn import PackedSequence
 PACK = "seqpack::pack_padded_sequence"
 PAD = "seqpack::pad_packed_sequence"
 
+# torch's messages (aten/src/ATen/native/PackedSequence.cpp), which seqpack's
+# start with where torch raises for the same condition (as ops.cpp's).
+TORCH_SORTED = ("`lengths` array must be sorted in decreasing order when `enforce_sorted` is "
+                "True. You can pass `enforce_sorted=False` to pack_padded_sequence and/or "
+                "pack_sequence to sidestep this requirement if you do not need ONNX "
+                "exportability.")
+TORCH_POSITIVE = ("Length of all samples has to be greater than 0, but found an element in "
+                  "'lengths' that is <= 0")
+
 
 def check_lengths(input: Tensor, lengths: Tensor, batch_first: bool, enforce_sorted: bool,
                   where: str) -> None:
@@ -35,16 +45,21 @@ def check_lengths(input: Tensor, lengths: Tensor, batch_first: bool, enforce_sor
     messages and torch's exception types (check_lengths_as_torch in ops.cpp),
     then the length bound (ValueError: torch does not check it)."""
     if input.dim() < 2:
-        raise IndexError(f"{where}: input must have at least 2 dimensions (time and batch), "
-                         f"got shape {list(input.shape)}")
+        d = max(input.dim(), 1)  # a 0-D tensor's range is a 1-D's
+        raise IndexError(f"Dimension out of range (expected to be in range of [{-d}, {d - 1}], "
+                         f"but got 1); {where}: input must have at least 2 dimensions "
+                         f"(time and batch), got shape {list(input.shape)}")
     if lengths.dim() != 1:
-        raise RuntimeError(f"{where}: lengths must be 1-D, got shape {list(lengths.shape)}")
+        raise RuntimeError(f"'lengths' argument should be a 1D CPU int64 tensor, but got "
+                           f"{lengths.dim()}D cpu Long tensor; {where}: lengths must be 1-D, "
+                           f"got shape {list(lengths.shape)}")
     batch = input.size(0 if batch_first else 1)
     T = input.size(1 if batch_first else 0)
     bf = " (batch_first=true)" if batch_first else " (batch_first=false)"
     n = lengths.numel()
     if n != batch:
-        raise RuntimeError(f"{where}: got {n} lengths but the input of shape "
+        raise RuntimeError(f"Expected `len(lengths)` to be equal to batch_size, but got {n} "
+                           f"(batch_size={batch}); {where}: got {n} lengths but the input of shape "
                            f"{list(input.shape)} has batch size {batch}{bf}")
     if n == 0:
         return
@@ -58,10 +73,11 @@ def check_lengths(input: Tensor, lengths: Tensor, batch_first: bool, enforce_sor
     # The first offending entry, as the operators' loop finds it.
     if first_negative < n and first_negative <= first_rise:
         b = first_negative
-        raise RuntimeError(f"{where}: lengths[{b}] = {int(lengths[b])} is negative")
+        raise RuntimeError(f"{TORCH_POSITIVE}; {where}: lengths[{b}] = {int(lengths[b])} is "
+                           f"negative (zero-length sequences are accepted)")
     if first_rise < n:
         b = first_rise
-        raise RuntimeError(f"{where}: lengths[{b}] = {int(lengths[b])} is greater than "
+        raise RuntimeError(f"{TORCH_SORTED}; {where}: lengths[{b}] = {int(lengths[b])} is greater than "
                            f"lengths[{b - 1}] = {int(lengths[b - 1])}: with enforce_sorted=true "
                            f"lengths must be sorted in decreasing order; pass "
                            f"enforce_sorted=false to accept unsorted lengths")
@@ -146,7 +162,10 @@ def pad_packed_sequence(sequence: PackedSequence, batch_first: bool, padding_val
     T = longest
     if total_length is not None:
         if total_length < longest:
-            raise ValueError(f"{PAD}: total_length = {total_length} is less than the longest "
+            raise ValueError(f"Expected total_length to be at least the length of the longest "
+                             f"sequence in input, but got total_length={total_length} and max "
+                             f"sequence length being {longest}; "
+                             f"{PAD}: total_length = {total_length} is less than the longest "
                              f"sequence's length {longest}")
         T = total_length
     B = order.numel()
@@ -162,14 +181,16 @@ def pad_packed_sequence(sequence: PackedSequence, batch_first: bool, padding_val
 
 
 def pack_sequence(sequences: List[Tensor], enforce_sorted: bool) -> PackedSequence:
+    sequences = list(sequences)  # torch's TypeError for what is not iterable
     if len(sequences) == 0:
-        raise RuntimeError("seqpack.torch.pack_sequence: received an empty list of sequences")
+        raise RuntimeError("received an empty list of sequences (seqpack.torch.pack_sequence)")
     lengths = torch.tensor([s.size(0) for s in sequences], dtype=torch.int64)
     if enforce_sorted:
         rising = (lengths[1:] > lengths[:-1]).nonzero()
         if rising.numel():
             b = int(rising[0]) + 1
-            raise RuntimeError(f"seqpack.torch.pack_sequence: sequences[{b}] has length "
+            raise RuntimeError(f"{TORCH_SORTED}; "
+                               f"seqpack.torch.pack_sequence: sequences[{b}] has length "
                                f"{int(lengths[b])}, greater than sequences[{b - 1}]'s "
                                f"{int(lengths[b - 1])}: with enforce_sorted=true the sequences "
                                f"must be sorted by decreasing length; pass enforce_sorted=false "

@@ -222,9 +222,21 @@ def pad_sequence(sequences: List[Tensor], batch_first: bool = False,
         return torch.nn.utils.rnn.pad_sequence(sequences, batch_first, padding_value)
     if padding_side != "left":
         raise ValueError(f"padding_side must be 'right' or 'left', got {padding_side!r}")
+    if not torch.jit.is_scripting() and not _iterable(sequences):
+        # torch's error for it (its type and message differ between versions)
+        return torch.nn.utils.rnn.pad_sequence(sequences, batch_first, padding_value)
     flipped = [s.flip(0) for s in sequences]
     return torch.nn.utils.rnn.pad_sequence(flipped, batch_first, padding_value).flip(
         1 if batch_first else 0)
+
+
+@torch.jit.unused
+def _iterable(x) -> bool:
+    try:
+        iter(x)
+    except TypeError:
+        return False
+    return True
 
 
 def unpad_sequence(padded_sequences: Tensor, lengths, batch_first: bool = False) -> List[Tensor]:
@@ -360,6 +372,12 @@ class _SeqpackLayer(_QuantizationNotice):
         """Packed rows (batch_sizes given) or a padded 3-D batch (optionally with
         lengths) -> (output, h_n, c_n), states in the caller's batch order; c_n
         is an empty tensor except for LSTM."""
+        if self.dropout >= 1.0:
+            # torch accepts dropout=1 (seqpack's operators do not): in training every
+            # layer's output but the last is zeroed, in eval it is ignored. torch's
+            # implementation gives those semantics.
+            return self._torch_run(input, batch_sizes, sorted_indices, unsorted_indices, lengths,
+                                   h0, c0)
         if not torch.jit.is_scripting() and self._autocast_bf16(input):
             # torch.autocast("cpu", dtype=torch.bfloat16): bf16 products with fp32
             # accumulation and fp32 state (seqpack's bf16 precision, where the CPU
@@ -647,8 +665,15 @@ class _SeqpackLayer(_QuantizationNotice):
         """torch's checks of a padded input, with torch's messages; returns
         (is_batched, h0, c0) with unbatched states given a batch dimension."""
         if input.dim() not in (2, 3):
-            raise ValueError(f"{self.mode}: Expected input to be 2-D or 3-D but received "
-                             f"{input.dim()}-D tensor")
+            # torch 2.x's message (torch 1.13 unsqueezes and fails in check_input)
+            if self.mode == "LSTM" or self.mode == "GRU":
+                torch_says = f"{self.mode}: Expected input to be 2D or 3D, got {input.dim()}D instead"
+            else:
+                torch_says = (f"RNN: Expected input to be 2D or 3D, got {input.dim()}D tensor "
+                              f"instead")
+            raise ValueError(f"{torch_says}; the input has shape {list(input.shape)}: (time, "
+                             f"batch, input_size), (batch, time, input_size) with batch_first, "
+                             f"or (time, input_size) for one sequence")
         is_batched = input.dim() == 3
         want = 3 if is_batched else 2
         kind = "batched 3-D" if is_batched else "unbatched 2-D"
@@ -694,6 +719,15 @@ class _SeqpackLayer(_QuantizationNotice):
         if not torch.jit.is_scripting() and self._exporting_onnx():
             return self._onnx_padded(input, h0, c0, lengths)
         is_batched, h0, c0 = self._padded_checks(input, h0, c0, lengths)
+        steps = input.size(1 if self.batch_first and is_batched else 0)
+        if lengths is None and steps == 0:
+            # torch's error (aten/src/ATen/native/RNN.cpp), rather than an
+            # h_n for no sequence.
+            raise RuntimeError(f"Expected sequence length to be larger than 0 in RNN; "
+                               f"{self.mode}: the padded input of shape "
+                               f"{list(input.shape)} has no time steps "
+                               f"(batch_first={self.batch_first}); pass lengths to run "
+                               f"zero-length sequences (h_n is then h0)")
         if is_batched:
             return self._run(input, None, None, None, lengths, h0, c0)
         batch_dim = 0 if self.batch_first else 1
@@ -807,6 +841,8 @@ class _SeqpackCell(_QuantizationNotice):
             return False
         batched = input.dim() == 2
         if (batched and input.size(0) == 0) or input.size(-1) != self.input_size:
+            return False
+        if self.hidden_size == 0:  # torch's cell gives the empty states
             return False
         if input.is_cuda:
             if torch.jit.is_scripting():
