@@ -239,6 +239,52 @@ TEST(CliResume, AMistakenRunFailsBeforeItDiscardsAnInterruptedCheckpoint) {
 
 // The optimiser state round trip the checkpoint relies on: an Adam restored
 // from another's state takes the same next step, bit for bit.
+// The lock file beside --out is written (its holder's line), so, like every
+// output, never through a symbolic link and never into what is not a regular
+// file: a link there truncated its target, a dangling one created it.
+TEST(ModelDirLock, RefusesALinkOrASpecialFileAndWritesNothingThrough) {
+  const fs::path dir = work_dir() / "lock-links";
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  const fs::path victim = dir / "victim.txt";
+  std::ofstream(victim) << "keep me\n";
+  const fs::path out = dir / "model";
+  const fs::path lock = dir / ".model.lock";
+  const auto victim_text = [&] {
+    std::ifstream in(victim);
+    return std::string(std::istreambuf_iterator<char>(in), {});
+  };
+  fs::create_symlink(victim, lock);
+  try {
+    seqpack::ModelDirWriter w(out.string(), "the test");
+    FAIL() << "a lock through a symbolic link was taken";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_NE(std::string(e.what()).find("'" + lock.string() + "' is a symbolic link"),
+              std::string::npos)
+        << e.what();
+  }
+  EXPECT_EQ(victim_text(), "keep me\n");
+  const CliResult r = run_cli("train --quiet --epochs 1 --out " + out.string());
+  EXPECT_NE(r.status, 0);
+  EXPECT_NE(r.err.find("is a symbolic link"), std::string::npos) << r.err;
+  EXPECT_EQ(victim_text(), "keep me\n");
+  fs::remove(lock);
+  const fs::path nowhere = dir / "created-through-link";
+  fs::create_symlink(nowhere, lock);  // dangling
+  EXPECT_THROW(seqpack::ModelDirWriter(out.string(), "the test"), std::invalid_argument);
+  EXPECT_FALSE(fs::exists(nowhere));
+  fs::remove(lock);
+  fs::create_directory(lock);
+  try {
+    seqpack::ModelDirWriter w(out.string(), "the test");
+    FAIL() << "a directory was taken as the lock file";
+  } catch (const std::exception& e) {  // the open's own error (EISDIR), naming the path
+    EXPECT_NE(std::string(e.what()).find("lock file"), std::string::npos) << e.what();
+  }
+  fs::remove(lock);
+  EXPECT_NO_THROW(seqpack::ModelDirWriter(out.string(), "the test"));  // a plain lock is fine
+}
+
 TEST(AdamState, RestoredOptimizerTakesTheSameStep) {
   using seqpack::Tensor;
   const auto make = [] {

@@ -264,8 +264,24 @@ ModelDirWriter::~ModelDirWriter() {
 
 void ModelDirWriter::lock(const std::string& holder) {
   const std::string path = parent_ + "/." + name_ + ".lock";
-  lock_fd_ = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+  // The lock is written (its holder line): like every output, never through a
+  // symbolic link (O_NOFOLLOW) and only into a regular file (fstat; O_NONBLOCK
+  // keeps a FIFO put there from blocking the open).
+  lock_fd_ = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK, 0644);
+  if (lock_fd_ < 0 && errno == ELOOP) {
+    throw std::invalid_argument("lock file '" + path +
+                                "' is a symbolic link: seqpack writes no file through a link; "
+                                "remove it");
+  }
   if (lock_fd_ < 0) fail("create the lock file", path);
+  struct stat st {};
+  if (::fstat(lock_fd_, &st) != 0 || !S_ISREG(st.st_mode)) {
+    const std::string kind = ::fstat(lock_fd_, &st) == 0 ? detail::file_kind(st.st_mode) : "unreadable";
+    ::close(lock_fd_);
+    lock_fd_ = -1;
+    throw std::invalid_argument("lock file '" + path + "' is " + kind +
+                                ", not a regular file; remove it");
+  }
   if (::flock(lock_fd_, LOCK_EX | LOCK_NB) != 0) {
     const int e = errno;
     // The holder writes its line (ending in a newline) just after it takes
