@@ -22,10 +22,12 @@
 // (seqpack::_rnn_train, _rnn_backward, _pack_padded_sequence_backward,
 // _pad_packed_sequence_backward), which is what lets torch.compile trace them.
 // The two packing backward operators have Autograd kernels too (each the
-// other's adjoint), so packing has gradients of any order; the recurrent
-// operators refuse double backward. Zero-length sequences and a padded batch
-// of size 0 are accepted everywhere, as in the rest of seqpack; h0/c0 and
-// h_n/c_n are in the caller's batch order.
+// other's adjoint), so packing has gradients of any order, and so have the
+// recurrent operators: a backward asked for a graph (create_graph) recomputes
+// the forward in torch's differentiable recurrent operators and differentiates
+// that (graph_backward); the first-order backward is the core's. Zero-length
+// sequences and a padded batch of size 0 are accepted everywhere, as in the
+// rest of seqpack; h0/c0 and h_n/c_n are in the caller's batch order.
 //
 // Errors: the core's std::invalid_argument arrives as c10::ValueError (Python
 // ValueError), a wrong dtype as c10::TypeError, a wrong device as ValueError,
@@ -598,7 +600,193 @@ struct NodeState {
   int64_t h0_edge = -1, c0_edge = -1, w_edge = 1;
   size_t weights = 0;
   bool lstm = false;  // c_n is a real output (else an empty placeholder)
+  // The call's batch sizes and indices: only a backward that records a graph
+  // reads them (graph_backward; the options are the core's saved ones).
+  Tensor batch_sizes;
+  OptTensor sorted_indices, unsorted_indices;
 };
+
+// ---- double backward: the forward again, in torch's differentiable operators
+//
+// A backward asked to record a graph (create_graph=True, gradgradcheck, a
+// gradient penalty) does not run the core's backward, whose products autograd
+// cannot see: it runs the forward again from the saved inputs in torch's own
+// recurrent operators on packed rows (at::lstm, at::gru, at::rnn_tanh,
+// at::rnn_relu with batch_sizes: on the CPU they are made of differentiable
+// operators, so torch has gradients of any order through them) and takes the
+// gradients of that graph with create_graph. The values are torch's, so they
+// equal the core's backward within the rounding of two summation orders
+// (docs/testing.md); their graph is torch's. The first-order backward (no
+// graph asked for) is the core's, untouched.
+//
+// What the core does that torch's packed kernels do not is done around them:
+// states in the caller's order (h0/c0 permuted into the sorted order, h_n/c_n
+// back, as torch.nn.LSTM does), zero-length sequences (the last of the sorted
+// order: torch's kernels run on the first batch_sizes[0] rows of the states,
+// and the others keep h0/c0 as h_n/c_n), and dropout between layers: the layers
+// run one at a time and each layer's input is multiplied by the very mask the
+// forward applied (kept in the core's saved state). A bf16 forward
+// (precision "bf16", or "auto" under autocast) is recomputed in fp32: its
+// double backward is fp32's, within bf16's error bound of the bf16 forward's
+// first-order gradients (docs/python.md).
+
+// h0 or c0 as the recomputation starts from: zeros where none was given,
+// [layers * dirs, batch, size].
+Tensor initial_state(const OptTensor& t, int64_t layers, int64_t batch, int64_t size,
+                     const Tensor& like) {
+  if (t.has_value() && t->defined()) return *t;
+  return at::zeros({layers, batch, size}, like.options());
+}
+
+// A tensor standing for `t` in the recomputed graph: a view, so the gradient
+// taken with respect to it is what flows through this argument alone (an
+// argument passed twice, h0 as c0 or a tied weight, gets each share once).
+Tensor stand_in(const Tensor& t) { return t.view_as(t); }
+
+// The forward of one rnn call in torch's operators: (output, h_n, c_n), c_n
+// undefined but for LSTM.
+std::tuple<Tensor, Tensor, Tensor> torch_forward(const NodeState& st, const RNNSaved& core,
+                                                 const Tensor& data, const Tensor& h0,
+                                                 const Tensor& c0,
+                                                 const std::vector<Tensor>& weights) {
+  const RNNOptions& o = rnn_saved_options(core);
+  const std::vector<CoreTensor> masks = rnn_saved_dropout_masks(core);
+  const int64_t D = o.num_directions(), L = o.num_layers;
+  const bool lstm = o.mode == RNNMode::lstm;
+  const Tensor batch_sizes = st.batch_sizes.contiguous();
+  auto index = [](const OptTensor& t) {
+    return t.has_value() && t->defined() && t->numel() > 0 ? *t : Tensor();
+  };
+  const Tensor sorted = index(st.sorted_indices), unsorted = index(st.unsorted_indices);
+  // Sequences with rows (the others are the last ones in the sorted order).
+  const int64_t running = batch_sizes.numel() > 0 ? batch_sizes.data_ptr<int64_t>()[0] : 0;
+  Tensor h = sorted.defined() ? h0.index_select(1, sorted) : h0;
+  Tensor c = lstm && sorted.defined() ? c0.index_select(1, sorted) : c0;
+  const int64_t batch = h.size(1);
+  Tensor x = data;
+  std::vector<Tensor> h_n, c_n;
+  if (running > 0) {
+    const int64_t per = 2 + (o.bias ? 2 : 0) + (o.proj_size > 0 ? 1 : 0);
+    for (int64_t l = 0; l < L; ++l) {
+      const auto k = static_cast<size_t>(l);
+      if (k < masks.size() && masks[k].defined()) x = x * from_core(masks[k]);
+      const std::vector<Tensor> p(weights.begin() + l * D * per,
+                                  weights.begin() + (l + 1) * D * per);
+      const Tensor hl = h.narrow(0, l * D, D).narrow(1, 0, running);
+      Tensor out, hn, cn;
+      switch (o.mode) {
+        case RNNMode::lstm:
+          std::tie(out, hn, cn) =
+              at::lstm(x, batch_sizes, {hl, c.narrow(0, l * D, D).narrow(1, 0, running)}, p,
+                       o.bias, 1, 0.0, false, o.bidirectional);
+          c_n.push_back(cn);
+          break;
+        case RNNMode::gru:
+          std::tie(out, hn) = at::gru(x, batch_sizes, hl, p, o.bias, 1, 0.0, false,
+                                      o.bidirectional);
+          break;
+        case RNNMode::rnn_tanh:
+          std::tie(out, hn) = at::rnn_tanh(x, batch_sizes, hl, p, o.bias, 1, 0.0, false,
+                                           o.bidirectional);
+          break;
+        case RNNMode::rnn_relu:
+          std::tie(out, hn) = at::rnn_relu(x, batch_sizes, hl, p, o.bias, 1, 0.0, false,
+                                           o.bidirectional);
+          break;
+      }
+      h_n.push_back(hn);
+      x = out;
+    }
+  } else {
+    x = at::zeros({data.size(0), o.output_size()}, data.options());
+  }
+  // The states of zero-length sequences pass through; then the caller's order.
+  auto finish = [&](std::vector<Tensor>& layers, const Tensor& initial) {
+    Tensor t = running > 0 ? at::cat(layers, 0) : initial;
+    if (running > 0 && running < batch) {
+      t = at::cat({t, initial.narrow(1, running, batch - running)}, 1);
+    }
+    return unsorted.defined() ? t.index_select(1, unsorted) : t;
+  };
+  Tensor h_out = finish(h_n, h);
+  Tensor c_out = lstm ? finish(c_n, c) : Tensor();
+  return {x, h_out, c_out};
+}
+
+// The gradients of one rnn call as a graph (see above): one entry per forward
+// argument, as RNNFunction::backward returns them.
+variable_list graph_backward(AutogradContext* ctx, const NodeState& st, const RNNSaved& core,
+                             const variable_list& grads, const Tensor& data, const OptTensor& h0,
+                             const OptTensor& c0, const std::vector<Tensor>& weights) {
+  const RNNOptions& o = rnn_saved_options(core);
+  const int64_t LD = o.num_layers * o.num_directions();
+  // The forward's batch: h0's where given, else the indices', else the packed
+  // batch's first size (as the core's plan counts it).
+  int64_t batch = 0;
+  if (h0.has_value() && h0->defined()) {
+    batch = h0->size(1);
+  } else if (c0.has_value() && c0->defined()) {
+    batch = c0->size(1);
+  } else if (st.sorted_indices.has_value() && st.sorted_indices->defined() &&
+             st.sorted_indices->numel() > 0) {
+    batch = st.sorted_indices->numel();
+  } else if (st.batch_sizes.numel() > 0) {
+    batch = st.batch_sizes[0].item<int64_t>();
+  }
+  // Each argument autograd wants a gradient for gets a stand-in to take it
+  // with respect to; the others enter as they are.
+  variable_list inputs;
+  std::vector<int64_t> slots;  // the result entry of each of inputs
+  auto arg = [&](const Tensor& t, bool wanted, int64_t slot) {
+    if (!wanted) return t;
+    Tensor s = stand_in(t);
+    inputs.push_back(s);
+    slots.push_back(slot);
+    return s;
+  };
+  const bool has_h0 = h0.has_value() && h0->defined(), has_c0 = c0.has_value() && c0->defined();
+  Tensor x = arg(data, ctx->needs_input_grad(0), 0);
+  Tensor h = initial_state(
+      has_h0 ? OptTensor(arg(*h0, st.h0_edge >= 0 && ctx->needs_input_grad(st.h0_edge), 1))
+             : OptTensor(),
+      LD, batch, o.real_hidden_size(), data);
+  Tensor c;
+  if (st.lstm) {
+    c = initial_state(
+        has_c0 ? OptTensor(arg(*c0, st.c0_edge >= 0 && ctx->needs_input_grad(st.c0_edge), 2))
+               : OptTensor(),
+        LD, batch, o.hidden_size, data);
+  }
+  std::vector<Tensor> w;
+  w.reserve(weights.size());
+  for (size_t i = 0; i < weights.size(); ++i) {
+    const int64_t e = st.w_edge + static_cast<int64_t>(i);
+    w.push_back(arg(weights[i], ctx->needs_input_grad(e), 3 + static_cast<int64_t>(i)));
+  }
+  variable_list result(3 + weights.size() + 1);  // data, h0, c0, weights, args
+  if (inputs.empty()) return result;
+
+  // torch's operators and their backward in the input's dtype, whatever
+  // autocast the caller is in.
+  c10::impl::ExcludeDispatchKeyGuard no_autocast(c10::DispatchKey::AutocastCPU);
+  auto [output, h_n, c_n] = torch_forward(st, core, x, h, c, w);
+  // Outputs with a gradient that depend on something (a missing gradient is zero).
+  variable_list outs, gouts;
+  auto take = [&](const Tensor& out, const Tensor& g) {
+    if (g.defined() && out.defined() && out.requires_grad()) {
+      outs.push_back(out);
+      gouts.push_back(g);
+    }
+  };
+  take(output, grads[0]);
+  take(h_n, grads[1]);
+  if (st.lstm) take(c_n, grads[2]);
+  if (outs.empty()) return result;
+  variable_list g = torch::autograd::grad(outs, inputs, gouts, /*retain_graph=*/true,
+                                          /*create_graph=*/true, /*allow_unused=*/true);
+  for (size_t i = 0; i < g.size(); ++i) result[static_cast<size_t>(slots[i])] = g[i];
+  return result;
+}
 
 // Autograd node of one multi-layer recurrent forward on packed rows.
 class RNNFunction : public torch::autograd::Function<RNNFunction> {
@@ -631,6 +819,9 @@ class RNNFunction : public torch::autograd::Function<RNNFunction> {
     st.w_edge = edge;
     st.weights = weights.size();
     st.lstm = a.mode == "LSTM";
+    st.batch_sizes = a.batch_sizes;
+    st.sorted_indices = a.sorted_indices;
+    st.unsorted_indices = a.unsorted_indices;
     stash(ctx, "state", st);
     if (!st.lstm) ctx->mark_non_differentiable({c_n});
     ctx->set_materialize_grads(false);  // the core treats missing gradients as zeros
@@ -638,15 +829,19 @@ class RNNFunction : public torch::autograd::Function<RNNFunction> {
   }
 
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
-    TORCH_CHECK(!at::GradMode::is_enabled(),
-                "seqpack::rnn backward: double backward is not supported");
-    const NodeState st = unstash<NodeState>(ctx, "state");
+    const NodeState& st = unstash<NodeState>(ctx, "state");
     variable_list saved = ctx->get_saved_variables();  // throws if modified in place
     size_t i = 2;
     OptTensor h0, c0;
     if (st.h0_edge >= 0) h0 = saved[i++];
     if (st.c0_edge >= 0) c0 = saved[i++];
     std::vector<Tensor> weights(saved.begin() + static_cast<std::ptrdiff_t>(i), saved.end());
+    // Grad mode is on in a backward only when a graph of it is asked for
+    // (create_graph): the gradients through torch's differentiable operators.
+    if (at::GradMode::is_enabled()) {
+      return graph_backward(ctx, st, from_handle(saved[0], "seqpack::rnn backward"), grads,
+                            saved[1], h0, c0, weights);
+    }
     const bool state_grad = (st.h0_edge >= 0 && ctx->needs_input_grad(st.h0_edge)) ||
                             (st.c0_edge >= 0 && ctx->needs_input_grad(st.c0_edge));
     const bool input_grad = ctx->needs_input_grad(0);

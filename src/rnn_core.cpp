@@ -581,6 +581,15 @@ RNNPlanInfo rnn_plan_info(const RNNModelPlan& plan) {
   return info;
 }
 
+const RNNOptions& rnn_saved_options(const RNNSaved& saved) { return saved.options; }
+
+std::vector<Tensor> rnn_saved_dropout_masks(const RNNSaved& saved) {
+  std::vector<Tensor> masks;
+  masks.reserve(saved.layers.size());
+  for (const RNNSaved::Layer& l : saved.layers) masks.push_back(l.mask);
+  return masks;
+}
+
 RNNGradients rnn_backward(const RNNSaved& saved, const Tensor& grad_output, const Tensor& grad_h_n,
                           const Tensor& grad_c_n, bool initial_state_grad, bool input_grad) {
   const RNNOptions& o = saved.options;

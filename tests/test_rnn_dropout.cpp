@@ -289,6 +289,57 @@ TEST_P(RNNDropoutGradient, GradientThroughTheMask) {
   }
 }
 
+// rnn_saved_dropout_masks: the masks a saving forward applied, the ones read
+// off its output (what seqpack.torch's double backward multiplies each layer's
+// input by when it recomputes the forward); none in eval, none before layer 0.
+TEST_P(RNNDropout, SavedMasksAreTheAppliedOnes) {
+  const DropCase& c = GetParam();
+  SCOPED_TRACE(describe(c));
+  const RNNOptions o = options_of(c);
+  const auto w = copy_weights(o);
+  const PackingPlan plan = PackingPlan::from_lengths(lengths(), /*enforce_sorted=*/false);
+  const int64_t N = plan.total_rows(), C = o.output_size();
+  const Tensor x = positive_input(N, c.dtype, 29);
+  const auto e = seqpack::rnn_forward(o, w, x, plan, {}, {}, /*training=*/false,
+                                      /*save_for_backward=*/true, /*dropout_seed=*/7);
+  ASSERT_TRUE(e.saved);
+  EXPECT_EQ(seqpack::rnn_saved_options(*e.saved).dropout, c.p);
+  for (const Tensor& m : seqpack::rnn_saved_dropout_masks(*e.saved))
+    EXPECT_FALSE(m.defined()) << "a mask in eval";
+
+  const auto t = seqpack::rnn_forward(o, w, x, plan, {}, {}, /*training=*/true,
+                                      /*save_for_backward=*/true, /*dropout_seed=*/7);
+  ASSERT_TRUE(t.saved);
+  const auto saved = seqpack::rnn_saved_dropout_masks(*t.saved);
+  ASSERT_EQ(static_cast<int64_t>(saved.size()), c.num_layers);
+  EXPECT_FALSE(saved[0].defined()) << "a mask before layer 0";
+  const double s = 1.0 / (1.0 - c.p);
+  const int64_t masks = c.num_layers - 1;
+  // The output is the product of the masks times [x, x].
+  const auto applied = read_mask(c, x, t.output, std::pow(s, static_cast<double>(masks)));
+  const double scale = c.dtype == DType::f64 ? s : static_cast<double>(static_cast<float>(s));
+  int bad = 0;
+  for (int64_t i = 0; i < N * C; ++i) {
+    bool kept = true;
+    for (int64_t l = 1; l < c.num_layers; ++l) {
+      const Tensor& m = saved[static_cast<size_t>(l)];
+      ASSERT_TRUE(m.defined()) << "no mask for layer " << l;
+      ASSERT_EQ(m.shape(), (seqpack::Shape{N, C})) << "layer " << l;
+      const double v = m.item_as_double(i);
+      if (v != 0 && v != scale && bad++ < 5) {
+        ADD_FAILURE() << "layer " << l << " mask [" << i << "] = " << v << ", neither 0 nor "
+                      << scale;
+      }
+      kept = kept && v != 0;
+    }
+    if (kept != (applied[static_cast<size_t>(i)] != 0) && bad++ < 5) {
+      ADD_FAILURE() << "element " << i << ": the saved masks " << (kept ? "keep" : "drop")
+                    << " it, the forward " << (kept ? "dropped" : "kept") << " it";
+    }
+  }
+  EXPECT_EQ(bad, 0);
+}
+
 std::string case_id(const ::testing::TestParamInfo<DropCase>& info) {
   const DropCase& c = info.param;
   return std::string(c.dtype == DType::f64 ? "f64" : "f32") + "_p" +

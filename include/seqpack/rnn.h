@@ -175,6 +175,15 @@ RNNGradients rnn_backward(const RNNSaved& saved, const Tensor& grad_output,
                           const Tensor& grad_h_n, const Tensor& grad_c_n,
                           bool initial_state_grad = true, bool input_grad = true);
 
+// What a saved forward ran with, for recomputing it along another path (the
+// torch operators' double backward recomputes it in differentiable torch
+// operations): its options (precision resolved), and per layer the dropout
+// mask it applied to that layer's input, [total_rows, layer input size] of 0
+// or 1/(1-dropout) in the packed rows' order, undefined where none was applied
+// (layer 0, not training, dropout 0).
+const RNNOptions& rnn_saved_options(const RNNSaved& saved);
+std::vector<Tensor> rnn_saved_dropout_masks(const RNNSaved& saved);
+
 // Wall-clock seconds the recurrent core (rnn_forward, rnn_forward_lookup,
 // rnn_backward, and what calls them) spent in each part of its calls, summed
 // over the calls made while profiling was on, for finding where a

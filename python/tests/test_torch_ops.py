@@ -10,7 +10,7 @@ from torch.nn.utils import rnn as trnn
 
 import seqpack.torch as spt
 from helpers import assert_close, base_seed, torch_twin
-from tolerance import assert_like_torch
+from tolerance import assert_fp_close, assert_like_torch, module_reduction_length
 
 ops = torch.ops.seqpack
 MODES = ["LSTM", "GRU", "RNN_TANH", "RNN_RELU"]
@@ -209,12 +209,27 @@ def test_bad_lengths_and_packing_inputs():
         m(trnn.pack_sequence([torch.randn(2, 2)]), lengths=torch.tensor([2]))
 
 
-def test_double_backward_is_refused():
-    m = module("GRU", torch.float64)
-    x = torch.randn(3, 2, 2, dtype=torch.float64, requires_grad=True)
-    out, _ = m(x)
-    with pytest.raises(RuntimeError, match="double backward is not supported"):
-        torch.autograd.grad(out.sum(), x, create_graph=True)
+@pytest.mark.parametrize("mode", MODES)
+def test_double_backward_equals_torchs(mode):
+    """A backward with create_graph records a graph (once refused): a
+    Hessian-vector product against torch.nn's on the same weights
+    (test_torch_double_backward.py checks every option)."""
+    m = module(mode, torch.float64)
+    twin = torch_twin(m)
+    g = torch.Generator().manual_seed(base_seed())
+    x0 = torch.randn(3, 2, 2, dtype=torch.float64, generator=g)
+    v = torch.randn(3, 2, 2, dtype=torch.float64, generator=g)
+
+    def hvp(layer):
+        x = x0.clone().requires_grad_()
+        out, _ = layer(x)
+        (gx,) = torch.autograd.grad(out.pow(3).sum(), x, create_graph=True)
+        assert gx.requires_grad
+        return torch.autograd.grad((gx * v).sum(), [x] + list(layer.parameters()))
+    for a, b in zip(hvp(m), hvp(twin)):
+        # forward, backward, and that backward's backward
+        assert_fp_close(a, b, 3 * module_reduction_length(m, [3, 3]),
+                        what=f"{mode} Hessian-vector product")
 
 
 @pytest.mark.parametrize("mode", MODES)

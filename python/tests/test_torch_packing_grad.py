@@ -1,14 +1,16 @@
 """Gradients of every order through seqpack.torch.pack_padded_sequence and
 pad_packed_sequence (the operators' backward operators are differentiable:
 each is the other's adjoint), against torch.nn.utils.rnn's values and
-finite differences (gradcheck, gradgradcheck) in float64; the recurrent
-operators refuse double backward with a clear error."""
+finite differences (gradcheck, gradgradcheck) in float64, alone and with a
+recurrent layer between them (whose double backward
+test_torch_double_backward.py checks in full)."""
 import pytest
 import torch
 from torch.nn.utils import rnn as trnn
 
 import seqpack.torch as spt
-from helpers import base_seed
+from helpers import base_seed, torch_twin
+from tolerance import assert_fp_close, module_reduction_length
 
 f64 = torch.float64
 
@@ -144,15 +146,29 @@ def test_backward_operators_alone():
 
 
 @pytest.mark.parametrize("mode", ["LSTM", "GRU"])
-def test_layers_still_refuse_double_backward_through_packing(mode):
+def test_layers_double_backward_through_packing_equals_torchs(mode):
+    """pack_padded_sequence, a layer, pad_packed_sequence: second derivatives
+    (the gradient of an input-gradient penalty) against torch.nn's."""
     torch.manual_seed(base_seed())
     m = (spt.LSTM if mode == "LSTM" else spt.GRU)(2, 3, dtype=f64)
-    x = torch.randn(4, 3, 2, dtype=f64, requires_grad=True)
+    twin = torch_twin(m)
+    x0 = torch.randn(4, 3, 2, dtype=f64)
+    lengths = torch.tensor([4, 3, 2])
+
+    def second_order(lib, layer, enforce_sorted):
+        x = x0.clone().requires_grad_()
+        p = lib.pack_padded_sequence(x, lengths, enforce_sorted=enforce_sorted)
+        out = lib.pad_packed_sequence(layer(p)[0])[0]
+        (g,) = torch.autograd.grad(out.pow(2).sum(), x, create_graph=True)
+        return [g.detach()] + list(torch.autograd.grad(g.pow(2).sum(),
+                                                       [x] + list(layer.parameters())))
     for enforce_sorted in (False, True):
-        p = spt.pack_padded_sequence(x, torch.tensor([4, 3, 2]), enforce_sorted=enforce_sorted)
-        out = spt.pad_packed_sequence(m(p)[0])[0]
-        with pytest.raises(RuntimeError, match="double backward is not supported"):
-            torch.autograd.grad(out.pow(2).sum(), x, create_graph=True)
+        ours = second_order(spt, m, enforce_sorted)
+        ref = second_order(trnn, twin, enforce_sorted)
+        for a, b in zip(ours, ref):
+            # forward, backward, and that backward's backward
+            assert_fp_close(a, b, 3 * module_reduction_length(m, lengths.tolist()),
+                            what=f"{mode} second derivatives (enforce_sorted={enforce_sorted})")
 
 
 def test_torch_unpack_sequence_of_a_seqpack_pack():
