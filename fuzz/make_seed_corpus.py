@@ -35,6 +35,11 @@ def safetensors(tensors, metadata=None, pad=True):
     return struct.pack("<Q", len(text)) + text + buf
 
 
+# Arrays nested 1500 levels: deeper than any reader takes (64), within
+# fuzz.sh's -max_len of 4096 bytes.
+DEEP = "[" * 1500 + "]" * 1500
+
+
 def f32(*v):
     return struct.pack("<%df" % len(v), *v)
 
@@ -71,6 +76,9 @@ def safetensors_seeds():
     w("f16", safetensors([("h", "F16", [2], b"\0\0\0\0")]))
     w("gap", safetensors([("w", "F32", [1], f32(1))]) + b"\0\0\0\0")
     w("short_file", b"\x05\0\0")
+    # Nested 1500 levels where a dtype belongs (refused before parsing: json_limits.h).
+    deep = ('{"w":{"dtype":' + DEEP + ',"shape":[1],"data_offsets":[0,4]}}').encode()
+    w("deep_header", struct.pack("<Q", len(deep)) + deep + f32(1))
 
 
 def tsv_vocabulary_seeds():
@@ -115,6 +123,9 @@ def model_files_seeds():
     w("vocab_valid", 1, json.dumps(vocab, ensure_ascii=False))
     w("vocab_version_float", 1, json.dumps(dict(vocab, version=1.0)))
     w("vocab_duplicate", 1, json.dumps(dict(vocab, tokens=["a", "a"])))
+    w("config_deep", 0, json.dumps(dict(config, hidden_size="@DEEP@")).replace('"@DEEP@"', DEEP))
+    w("vocab_deep", 1, json.dumps(dict(vocab, version="@DEEP@")).replace('"@DEEP@"', DEEP))
+    w("ckpt_train_config_deep", 2, "train_config=" + DEEP)
     model_config = {"vocab_size": 5, "embed_dim": 2, "hidden_size": 2, "num_classes": 2,
                     "dtype": "F32"}
     w("ckpt_unchanged", 2, "")

@@ -22,6 +22,7 @@
 #include <unordered_map>
 
 #include "cpu/linear_rows.h"
+#include "seqpack/json_limits.h"
 #include "seqpack/loss.h"
 #include "seqpack/model_dir.h"
 #include "seqpack/packed_sequence.h"
@@ -62,9 +63,7 @@ std::string shown(const json& v) {
     if (s.find_first_of(".en") == std::string::npos) s += ".0";
     return s;
   }
-  std::string s = v.dump(-1, ' ', false, json::error_handler_t::replace);
-  if (s.size() > 80) s = s.substr(0, 77) + "...";
-  return s;
+  return json_excerpt(v);
 }
 
 [[noreturn]] void schema_error(const std::string& where, const std::string& what) {
@@ -134,6 +133,7 @@ std::vector<std::string> labels_from(const json& v, const std::string& name, int
 }
 
 json parse_json(std::string_view text, const std::string& where) {
+  check_json_depth(text, where);
   try {
     return json::parse(text.begin(), text.end());
   } catch (const json::exception& e) {

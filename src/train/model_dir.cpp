@@ -19,6 +19,7 @@
 #include <vector>
 
 
+#include "seqpack/json_limits.h"
 #include "seqpack/safetensors.h"
 #include "train/regular_file.h"
 
@@ -133,7 +134,9 @@ std::optional<Marker> read_marker(const std::string& dir) {
   std::stringstream s;
   s << in.rdbuf();
   try {
-    const auto j = nlohmann::json::parse(s.str());
+    const std::string text = s.str();
+    check_json_depth(text, "marker");
+    const auto j = nlohmann::json::parse(text);
     Marker m{j.at("id").get<std::string>(), j.at("state").get<std::string>(),
              j.at("keep_previous").get<bool>()};
     if (m.state != "training" && m.state != "complete") return std::nullopt;

@@ -15,6 +15,7 @@
 #include <stdexcept>
 #include <vector>
 
+#include "seqpack/json_limits.h"
 #include "train/regular_file.h"
 
 namespace seqpack {
@@ -116,6 +117,7 @@ std::map<std::string, Tensor> parse_safetensors(std::string_view bytes,
   const std::string_view header_text = bytes.substr(8, header_len);
   const std::string_view buffer = bytes.substr(8 + header_len);
 
+  check_json_depth(header_text, "safetensors " + source + ": header");
   const nlohmann::json header = nlohmann::json::parse(header_text.begin(), header_text.end(),
                                                       nullptr, /*allow_exceptions=*/false);
   if (header.is_discarded()) fail(source, "header is not valid JSON");
@@ -135,14 +137,14 @@ std::map<std::string, Tensor> parse_safetensors(std::string_view bytes,
       if (!value.is_object()) fail(source, "__metadata__ is not an object");
       for (const auto& [k, v] : value.items()) {
         if (!v.is_string()) {
-          fail(source, "__metadata__ value of '" + k + "' is " + v.dump() + ", expected a string");
+          fail(source, "__metadata__ value of '" + k + "' is " + json_excerpt(v) + ", expected a string");
         }
         if (metadata) (*metadata)[k] = v.get<std::string>();
       }
       continue;
     }
     const std::string where = "tensor '" + name + "'";
-    if (!value.is_object()) fail(source, where + " is " + value.dump() + ", expected an object");
+    if (!value.is_object()) fail(source, where + " is " + json_excerpt(value) + ", expected an object");
     Entry e{name, DType::f32, {}, 0, 0};
 
     const auto dt = value.find("dtype");
@@ -166,7 +168,7 @@ std::map<std::string, Tensor> parse_safetensors(std::string_view bytes,
       // nlohmann parses non-negative integers as unsigned: anything else (a
       // negative size, a float, a string) is invalid.
       if (!d.is_number_unsigned() || d.get<uint64_t>() > static_cast<uint64_t>(INT64_MAX)) {
-        fail(source, where + " has shape " + sh->dump() + " with invalid size " + d.dump());
+        fail(source, where + " has shape " + json_excerpt(*sh) + " with invalid size " + json_excerpt(d));
       }
       e.shape.push_back(d.get<int64_t>());
     }

@@ -9,6 +9,7 @@
 #include <nlohmann/json.hpp>
 #include <stdexcept>
 
+#include "seqpack/json_limits.h"
 #include "seqpack/safetensors.h"
 #include "train/regular_file.h"
 
@@ -252,17 +253,14 @@ std::string Vocabulary::to_json() const {
 
 namespace {
 // A JSON value for a message, cut short: a hostile file must not make a huge one.
-std::string shown(const nlohmann::json& v) {
-  std::string s = v.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
-  if (s.size() > 80) s = s.substr(0, 77) + "...";
-  return s;
-}
+std::string shown(const nlohmann::json& v) { return json_excerpt(v); }
 }  // namespace
 
 Vocabulary Vocabulary::from_json(std::string_view json, const std::string& source) {
   const auto fail = [&](const std::string& what) -> void {
     throw std::invalid_argument("vocabulary " + source + ": " + what);
   };
+  check_json_depth(json, "vocabulary " + source);
   const nlohmann::json j = nlohmann::json::parse(json.begin(), json.end(), nullptr,
                                                  /*allow_exceptions=*/false);
   if (j.is_discarded()) fail("not valid JSON");

@@ -32,6 +32,7 @@
 #include <vector>
 
 #include "command.h"
+#include "seqpack/json_limits.h"
 #include "seqpack/packed_sequence.h"
 #include "seqpack/precision.h"
 #include "seqpack/rnn.h"
@@ -83,12 +84,12 @@ int64_t positive_int(const nlohmann::json& w, const std::string& name, const cha
   if (!v.is_number_integer() || (v.is_number_unsigned() && v.get<uint64_t>() > INT64_MAX) ||
       v.get<int64_t>() < min_value) {
     throw std::invalid_argument(fmt::format("workload '{}': key '{}' = {} must be an integer >= {}",
-                                            name, key, v.dump(), min_value));
+                                            name, key, json_excerpt(v), min_value));
   }
   if (v.get<int64_t>() > max_value) {
     throw std::invalid_argument(
         fmt::format("workload '{}': key '{}' = {} is larger than the bench's cap of {}", name, key,
-                    v.dump(), max_value));
+                    json_excerpt(v), max_value));
   }
   return v.get<int64_t>();
 }
@@ -137,9 +138,11 @@ std::vector<Workload> load_workloads(const std::string& path) {
   }
   std::ifstream in(path);
   if (!in) throw std::invalid_argument(fmt::format("cannot open workloads file '{}'", path));
+  const std::string text{std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
+  check_json_depth(text, fmt::format("workloads file '{}'", path));
   nlohmann::json doc;
   try {
-    doc = nlohmann::json::parse(in);
+    doc = nlohmann::json::parse(text);
   } catch (const nlohmann::json::parse_error& e) {
     throw std::invalid_argument(
         fmt::format("workloads file '{}' is not valid JSON: {}", path, e.what()));
@@ -176,7 +179,7 @@ std::vector<Workload> load_workloads(const std::string& path) {
       if (!w.at("bidirectional").is_boolean()) {
         throw std::invalid_argument(fmt::format(
             "workload '{}': key 'bidirectional' = {} must be true or false", wl.name,
-            w.at("bidirectional").dump()));
+            json_excerpt(w.at("bidirectional"))));
       }
       o.bidirectional = w.at("bidirectional").get<bool>();
     }
@@ -195,12 +198,12 @@ std::vector<Workload> load_workloads(const std::string& path) {
       if (!len.is_number_integer() ||
           (len.is_number_unsigned() && len.get<uint64_t>() > INT64_MAX) || len.get<int64_t>() < 0) {
         throw std::invalid_argument(fmt::format(
-            "workload '{}': lengths[{}] = {} must be an integer >= 0", wl.name, b, len.dump()));
+            "workload '{}': lengths[{}] = {} must be an integer >= 0", wl.name, b, json_excerpt(len)));
       }
       if (len.get<int64_t>() > kMaxBenchTokens) {
         throw std::invalid_argument(fmt::format(
             "workload '{}': lengths[{}] = {} is larger than the bench's cap of {} tokens", wl.name,
-            b, len.dump(), kMaxBenchTokens));
+            b, json_excerpt(len), kMaxBenchTokens));
       }
       wl.lengths.push_back(len.get<int64_t>());
     }

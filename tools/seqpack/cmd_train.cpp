@@ -23,6 +23,7 @@
 #include "command.h"
 #include "seqpack/classifier.h"
 #include "seqpack/data.h"
+#include "seqpack/json_limits.h"
 #include "seqpack/loss.h"
 #include "seqpack/model_dir.h"
 #include "seqpack/optim.h"
@@ -96,7 +97,7 @@ void apply_checkpoint_config(TrainArgs& a, const nlohmann::json& c, const std::s
     T saved;
     const auto bad = [&] {
       return std::invalid_argument("checkpoint " + path + ": train_config has no valid '" + key + "'" +
-                                   (c.contains(key) ? " (it has " + c.at(key).dump() + ")" : ""));
+                                   (c.contains(key) ? " (it has " + json_excerpt(c.at(key)) + ")" : ""));
     };
     if (!c.contains(key)) throw bad();
     const auto& v = c.at(key);
@@ -137,7 +138,7 @@ void apply_checkpoint_config(TrainArgs& a, const nlohmann::json& c, const std::s
   if (!a.given.count("--epochs")) {
     if (c.contains("epochs") && !c.at("epochs").is_number_integer()) {
       throw std::invalid_argument("checkpoint " + path + ": train_config has no valid 'epochs' (it has " +
-                                  c.at("epochs").dump() + ")");
+                                  json_excerpt(c.at("epochs")) + ")");
     }
     a.epochs = c.value("epochs", a.epochs);
   }
@@ -356,6 +357,7 @@ RunDirs open_dirs(TrainArgs& a) {
     d.ck = load_training_checkpoint(d.ck_path);
     // "auto" compares with the checkpoint as what it resolves to here.
     if (a.given.count("--precision")) a.precision = precision_name(resolve_precision(a.precision));
+    check_json_depth(d.ck->train_config, "checkpoint " + d.ck_path + ": train_config");
     apply_checkpoint_config(a, nlohmann::json::parse(d.ck->train_config), d.ck_path);
   }
   if (a.overwrite) {
