@@ -158,3 +158,27 @@ def test_non_finite_logits_are_an_error_not_a_probability(model_dir):
     assert not torch.isfinite(model.logits(["hello"])).all()
     with pytest.raises(ValueError, match=r"word 0 \('hello'\): logit \d \(label '[^']+'\) is"):
         model.predict(["hello"])
+
+
+@needs_cli
+@pytest.mark.parametrize("name", ["config.json", "vocabulary.json"])
+def test_deeply_nested_json_is_refused_not_a_crash(model_dir, tmp_path, name):
+    # A value nested 100,000 levels deep where a number or string belongs
+    # killed the interpreter (the message dumped it recursively). Run in a
+    # child, so a crash fails this test rather than ending the suite.
+    import shutil
+    copy = tmp_path / "model"
+    shutil.copytree(model_dir, copy)
+    doc = json.loads((copy / name).read_text(encoding="utf-8"))
+    key = next(iter(doc))
+    text = json.dumps({**doc, key: "@DEEP@"}).replace('"@DEEP@"', "[" * 100000 + "]" * 100000)
+    (copy / name).write_text(text, encoding="utf-8")
+    code = ("import sys, seqpack.torch as spt\n"
+            "try:\n"
+            "    spt.load_classifier(sys.argv[1])\n"
+            "except ValueError as e:\n"
+            "    print('refused:', e)\n")
+    r = subprocess.run([os.sys.executable, "-c", code, str(copy)], capture_output=True, text=True,
+                       timeout=120)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "refused:" in r.stdout and "JSON nested deeper than 64 levels" in r.stdout, r.stdout
