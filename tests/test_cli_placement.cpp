@@ -152,3 +152,45 @@ TEST(CliPlacement, ABoundRunKeepsItsArgumentsInputAndResults) {
 }
 
 }  // namespace
+
+namespace {
+
+// Run by hand through the dynamic loader, /proc/self/exe is the loader:
+// running it again failed ("info: cannot open shared object file"). The tool
+// sees that it cannot be run again as itself and runs unbound, saying so.
+TEST(CliPlacement, UnderTheDynamicLoaderItRunsUnboundAndSaysWhy) {
+  const char* loader = "/lib64/ld-linux-x86-64.so.2";
+  if (!std::filesystem::exists(loader)) GTEST_SKIP() << "no " << loader << " on this machine";
+  const CliResult r = run_cli("info --json", std::string("SEQPACK_BIND_THREADS=1 ") + loader);
+  ASSERT_EQ(r.status, 0) << r.err;
+  const nlohmann::json j = nlohmann::json::parse(r.out);
+  EXPECT_FALSE(j.at("threads_bound").get<bool>()) << r.out;
+  EXPECT_NE(j.at("thread_placement").get<std::string>().find("/proc/self/exe is not this program"),
+            std::string::npos)
+      << r.out;
+}
+
+// libgomp's warnings as it loads (a bad OMP_NUM_THREADS) printed in the tool
+// and again in its run again: once now.
+TEST(CliPlacement, LibgompWarningsPrintOnceAcrossTheRunAgain) {
+  const CliResult r = run_cli("info --json", "SEQPACK_BIND_THREADS=1 OMP_NUM_THREADS=abc");
+  ASSERT_EQ(r.status, 0) << r.err;
+  EXPECT_TRUE(nlohmann::json::parse(r.out).at("threads_bound").get<bool>()) << r.out;
+  const std::string warning = "Invalid value for environment variable OMP_NUM_THREADS";
+  const std::size_t first = r.err.find(warning);
+  ASSERT_NE(first, std::string::npos) << r.err;  // libgomp's own warning, once
+  EXPECT_EQ(r.err.find(warning, first + 1), std::string::npos) << r.err;
+}
+
+// The reason variable set by hand to bytes that are not UTF-8 made `info
+// --json` fail with a JSON type error.
+TEST(CliPlacement, AnyBytesInTheReasonVariableGiveValidJson) {
+  const CliResult r = run_cli("info --json",
+                              "SEQPACK_THREADS_BOUND_BY_TOOL=\"$(printf '\\377\\376x')\" "
+                              "OMP_PROC_BIND=close");
+  ASSERT_EQ(r.status, 0) << r.err;
+  const nlohmann::json j = nlohmann::json::parse(r.out);
+  EXPECT_NE(j.at("thread_placement").get<std::string>().find("??x"), std::string::npos) << r.out;
+}
+
+}  // namespace

@@ -40,7 +40,8 @@ void run_info(const Args& args) {
                                 {"thread_placement", placement},
                                 {"onednn", cpu.onednn_version},
                                 {"blas", cpu.blas}};
-    fmt::print("{}\n", j.dump());
+    // Strings from the environment may be any bytes: never a type error here.
+    fmt::print("{}\n", j.dump(-1, ' ', false, nlohmann::ordered_json::error_handler_t::replace));
     return;
   }
   fmt::print("seqpack          {}\n", version());
