@@ -38,13 +38,14 @@ import torch
 from torch import Tensor, _VF
 from torch.nn.utils.rnn import PackedSequence
 
-from . import _torch_packing
+from . import _torch_orig, _torch_packing
 
 __all__ = ["LSTM", "GRU", "RNN", "LSTMCell", "GRUCell", "RNNCell", "pack_padded_sequence",
            "pad_packed_sequence", "pack_sequence", "pad_sequence", "unpack_sequence",
            "unpad_sequence", "invert_permutation", "library_path",
            "StreamingRNN", "collate_packed", "collate_padded", "CharClassifier", "load_classifier",
-           "quantize_dynamic", "QuantizedLSTM", "QuantizedGRU", "QuantizedRNN"]
+           "quantize_dynamic", "QuantizedLSTM", "QuantizedGRU", "QuantizedRNN",
+           "optimize", "patch", "unpatch"]
 
 _LIBRARY = os.path.join(os.path.dirname(os.path.abspath(__file__)), "libseqpack_torch.so")
 if not os.path.exists(_LIBRARY):
@@ -219,14 +220,14 @@ def pad_sequence(sequences: List[Tensor], batch_first: bool = False,
     """torch.nn.utils.rnn.pad_sequence (torch's own: any device and dtype),
     with padding_side="left" on every PyTorch version (1.13's has no padding_side)."""
     if padding_side == "right":
-        return torch.nn.utils.rnn.pad_sequence(sequences, batch_first, padding_value)
+        return _torch_orig.pad_sequence(sequences, batch_first, padding_value)
     if padding_side != "left":
         raise ValueError(f"padding_side must be 'right' or 'left', got {padding_side!r}")
     if not torch.jit.is_scripting() and not _iterable(sequences):
         # torch's error for it (its type and message differ between versions)
-        return torch.nn.utils.rnn.pad_sequence(sequences, batch_first, padding_value)
+        return _torch_orig.pad_sequence(sequences, batch_first, padding_value)
     flipped = [s.flip(0) for s in sequences]
-    return torch.nn.utils.rnn.pad_sequence(flipped, batch_first, padding_value).flip(
+    return _torch_orig.pad_sequence(flipped, batch_first, padding_value).flip(
         1 if batch_first else 0)
 
 
@@ -579,8 +580,8 @@ class _SeqpackLayer(_QuantizationNotice):
         total_length = 0
         if lengths is not None:
             total_length = input.size(1 if self.batch_first else 0)
-            packed = torch.nn.utils.rnn.pack_padded_sequence(input, lengths.cpu(), self.batch_first,
-                                                             enforce_sorted=False)
+            packed = _torch_orig.pack_padded_sequence(input, lengths.cpu(), self.batch_first,
+                                                      enforce_sorted=False)
             input, batch_sizes = packed.data, packed.batch_sizes
             sorted_indices, unsorted_indices = packed.sorted_indices, packed.unsorted_indices
         if batch_sizes is not None:
@@ -636,7 +637,7 @@ class _SeqpackLayer(_QuantizationNotice):
                 c_n = c_n.index_select(1, unsorted_indices)
         if lengths is not None:
             assert batch_sizes is not None
-            output, _ = torch.nn.utils.rnn.pad_packed_sequence(
+            output, _ = _torch_orig.pad_packed_sequence(
                 PackedSequence(output, batch_sizes, sorted_indices, unsorted_indices),
                 self.batch_first, 0.0, total_length)
         return output, h_n, c_n
@@ -1144,3 +1145,4 @@ from .torch_data import collate_packed, collate_padded  # noqa: E402
 from .torch_classifier import CharClassifier, load_classifier  # noqa: E402
 # int8 inference: quantize_dynamic and its layers (seqpack/torch_quantize.py).
 from .torch_quantize import QuantizedGRU, QuantizedLSTM, QuantizedRNN, quantize_dynamic  # noqa: E402
+from .torch_optimize import optimize, patch, unpatch  # noqa: E402

@@ -19,7 +19,7 @@ import torch
 from torch import Tensor
 from torch.nn.utils.rnn import PackedSequence, pack_sequence
 
-from . import _seqpack
+from . import _seqpack, _torch_orig
 from .torch import LSTM
 
 __all__ = ["CharClassifier", "load_classifier"]
@@ -73,7 +73,7 @@ class CharClassifier(torch.nn.Module):
                     return self(pack_sequence(ids, enforce_sorted=False))
                 # torch's packing refuses zero-length sequences; seqpack.torch's accepts them.
                 from .torch import pack_padded_sequence
-                padded = torch.nn.utils.rnn.pad_sequence(ids, padding_value=PAD_ID)
+                padded = _torch_orig.pad_sequence(ids, padding_value=PAD_ID)
                 return self(pack_padded_sequence(padded, torch.tensor(lengths),
                                                  enforce_sorted=False))
         finally:
