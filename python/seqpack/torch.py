@@ -38,7 +38,7 @@ import torch
 from torch import Tensor, _VF
 from torch.nn.utils.rnn import PackedSequence
 
-from . import _torch_orig, _torch_packing
+from . import _torch_dynamo, _torch_orig, _torch_packing
 
 __all__ = ["LSTM", "GRU", "RNN", "LSTMCell", "GRUCell", "RNNCell", "pack_padded_sequence",
            "pad_packed_sequence", "pack_sequence", "pad_sequence", "unpack_sequence",
@@ -1135,6 +1135,8 @@ def _register_fakes():
 
 
 _register_fakes()
+# torch.compile traces the layers without the user's allow_rnn (seqpack/_torch_dynamo.py).
+_torch_dynamo.install(_SeqpackLayer)
 
 
 # Per-stream state for chunked inference (seqpack/torch_streaming.py).

@@ -64,10 +64,9 @@ def max_diff(a, b):
 @pytest.fixture(autouse=True)
 def fresh_dynamo():
     torch._dynamo.reset()
-    # seqpack's layers subclass torch.nn.LSTM/GRU/RNN, where Dynamo stops on
-    # purpose unless allow_rnn (docs/python.md).
-    with torch._dynamo.config.patch(allow_rnn=True):
-        yield
+    # No allow_rnn: seqpack.torch lets Dynamo trace its layers (docs/python.md).
+    assert not torch._dynamo.config.allow_rnn
+    yield
     torch._dynamo.reset()
 
 
@@ -184,3 +183,40 @@ def test_autocast_bf16_compiled_as_in_eager():
         assert max_diff(got.float(), want.float()) <= 1e-6
         for g, w in zip(grads(model), want_grads):
             assert max_diff(g, w) <= 1e-6
+
+
+def test_torch_own_lstm_still_stops_dynamo_without_allow_rnn():
+    # seqpack lets Dynamo wrap its own layers only: torch.nn.LSTM meets Dynamo's
+    # refusal as without seqpack, in the model and alone, and allow_rnn stays unset.
+    compiled = torch.compile(Classifier(lambda *a, **k: torch.nn.LSTM(*a, **k)), fullgraph=True,
+                             backend="aot_eager")
+    with pytest.raises(Exception, match="RNN, GRU,? (or )?LSTM"):
+        compiled(*batch(4, 7, 1))
+    torch._dynamo.reset()
+    with pytest.raises(Exception, match="RNN, GRU,? (or )?LSTM"):
+        torch.compile(torch.nn.GRU(3, 4), fullgraph=True, backend="aot_eager")(torch.randn(5, 2, 3))
+    assert not torch._dynamo.config.allow_rnn
+    # Without fullgraph it runs (the recurrent layer eagerly), as before.
+    torch._dynamo.reset()
+    model = Classifier(lambda *a, **k: torch.nn.LSTM(*a, **k))
+    tokens, lengths = batch(4, 7, 1)
+    with torch.no_grad():
+        assert max_diff(torch.compile(model, backend="aot_eager")(tokens, lengths),
+                        model(tokens, lengths)) <= 1e-6
+
+
+def test_compiles_when_dynamo_was_imported_before_seqpack():
+    # seqpack.torch wraps Dynamo's module check when Dynamo is imported after it
+    # (the other tests) or, as here, before it.
+    import subprocess
+    import sys
+    code = ("import torch, torch._dynamo\n"
+            "import seqpack.torch as st\n"
+            "m = st.GRU(3, 4)\n"
+            "x = torch.randn(5, 2, 3)\n"
+            "got = torch.compile(m, fullgraph=True, backend='aot_eager')(x)[0]\n"
+            "assert torch._dynamo.config.allow_rnn is False\n"
+            "print(float((got - m(x)[0]).abs().max()))\n")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert float(done.stdout.split()[-1]) <= 1e-6

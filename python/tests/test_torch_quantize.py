@@ -332,15 +332,13 @@ def test_torch_compile_gives_the_eager_bits(backend):
     q = st.quantize_dynamic(Tagger(torch.nn.LSTM(8, 16, num_layers=2, bidirectional=True,
                                                  batch_first=True)))
     torch._dynamo.reset()
-    # seqpack's layers subclass torch.nn.LSTM/GRU/RNN, where Dynamo stops on
-    # purpose unless allow_rnn (docs/python.md).
-    with torch._dynamo.config.patch(allow_rnn=True):
-        compiled = torch.compile(q, backend=backend, fullgraph=True, dynamic=True)
-        with torch.no_grad():
-            for n, steps, s in [(4, 7, 1), (6, 9, 2)]:
-                x, lengths = batch(n, steps, 8, seed + s)
-                got, eager = compiled(x, lengths), q(x, lengths)
-                assert torch.equal(got[0], eager[0]) and torch.equal(got[1], eager[1])
+    # No allow_rnn: seqpack.torch lets Dynamo trace its layers (docs/python.md).
+    compiled = torch.compile(q, backend=backend, fullgraph=True, dynamic=True)
+    with torch.no_grad():
+        for n, steps, s in [(4, 7, 1), (6, 9, 2)]:
+            x, lengths = batch(n, steps, 8, seed + s)
+            got, eager = compiled(x, lengths), q(x, lengths)
+            assert torch.equal(got[0], eager[0]) and torch.equal(got[1], eager[1])
     torch._dynamo.reset()
 
 
