@@ -176,6 +176,7 @@ TEST_F(BenchCli, BadFilesGiveClearErrors) {
   const std::vector<Case> cases = {
       {"{ not json", {"not valid JSON"}},
       {R"({"about": "no list"})", {"'workloads'"}},
+      {R"({"workloads": []})", {"'workloads' is empty: give at least one workload"}},
       {R"({"workloads": [{"cell": "lstm"}]})", {"workloads[0]", "'name'"}},
       {head + R"("cell": "lstmx", "input_size": 2, "hidden_size": 3, "num_layers": 1, "lengths": [1]}]})",
        {"w1", "'cell'", "lstmx"}},

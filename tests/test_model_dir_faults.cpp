@@ -538,6 +538,21 @@ TEST(ModelDirFaults, ADivergingRunStopsNamingTheStepAndKeepsTheModel) {
   EXPECT_NE(r.err.find("Try a smaller --lr (now 1e+300)"), std::string::npos) << r.err;
   EXPECT_TRUE(read_model(p / "model") == old_model());
   EXPECT_EQ(r.out.find("saved the model"), std::string::npos);
+  EXPECT_NE(r.err.find((p / "model").string() + "/ keeps the model it had"), std::string::npos)
+      << r.err;
+}
+
+// A failed first run into a directory that never held a model does not say the
+// directory "keeps the model it had".
+TEST(ModelDirFaults, AFailedFirstRunDoesNotClaimAnOldModel) {
+  const fs::path p = fresh_case("nan-first", /*with_old=*/false);
+  const CliResult r = run_cli(train_b(p / "model", " --lr 1e300"));
+  EXPECT_EQ(r.status, 1) << r.out;
+  EXPECT_NE(r.err.find("training diverged at epoch 1, batch "), std::string::npos) << r.err;
+  EXPECT_EQ(r.err.find("keeps the model it had"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find((p / "model").string() + "/ holds no model (none was saved there before)"),
+            std::string::npos)
+      << r.err;
 }
 
 }  // namespace

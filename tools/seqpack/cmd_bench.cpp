@@ -154,6 +154,10 @@ std::vector<Workload> load_workloads(const std::string& path) {
   std::vector<Workload> out;
   std::set<std::string> seen;
   const auto& list = doc.at("workloads");
+  if (list.empty()) {
+    throw std::invalid_argument(fmt::format(
+        "workloads file '{}': 'workloads' is empty: give at least one workload", path));
+  }
   for (size_t i = 0; i < list.size(); ++i) {
     const auto& w = list[i];
     if (!w.is_object() || !w.contains("name") || !w.at("name").is_string()) {

@@ -382,16 +382,25 @@ void discard_interrupted(const TrainArgs& a, RunDirs& d) {
   }
 }
 
+// What a failed run leaves in --out, for its message: a run never commits
+// before it succeeds, so a model there is the one the directory had.
+std::string what_out_keeps(const std::string& out) {
+  std::error_code ec;
+  return std::filesystem::exists(std::filesystem::path(out) / "model.safetensors", ec)
+             ? out + "/ keeps the model it had"
+             : out + "/ holds no model (none was saved there before)";
+}
+
 // Stops the run when a step's loss or gradient is not finite: nothing of it is
-// saved, the output directory keeps the model it had.
+// saved, the output directory keeps what it had.
 void check_finite(const TrainArgs& a, int64_t epoch, std::size_t batch, double loss, const std::string& grad) {
   if (std::isfinite(loss) && grad.empty()) return;
   const std::string what =
       !std::isfinite(loss) ? fmt::format("the loss is {}", loss) : "the gradient of " + grad + " is not finite";
   throw std::runtime_error(fmt::format(
-      "training diverged at epoch {}, batch {}: {}. Nothing of this epoch is saved; {}/ keeps the model it "
-      "had. Try a smaller --lr (now {:g}){}",
-      epoch, batch + 1, what, a.out, a.lr, a.clip > 0 ? " or a smaller --clip" : " or --clip 1"));
+      "training diverged at epoch {}, batch {}: {}. Nothing of this epoch is saved; {}. Try a "
+      "smaller --lr (now {:g}){}",
+      epoch, batch + 1, what, what_out_keeps(a.out), a.lr, a.clip > 0 ? " or a smaller --clip" : " or --clip 1"));
 }
 
 // A run that failed before its commit (a full disk, an I/O error, a diverging
@@ -418,7 +427,7 @@ void clean_up_failed_run(const TrainArgs& a, RunDirs& d) {
   } catch (const std::exception& e) {
     note = std::string("could not remove the run's staged files: ") + e.what();
   }
-  fmt::print(stderr, "seqpack train: {}/ keeps the model it had; {}\n", a.out, note);
+  fmt::print(stderr, "seqpack train: {}; {}\n", what_out_keeps(a.out), note);
 }
 
 // The checkpoint's weights written as the model, when an interrupted run had
