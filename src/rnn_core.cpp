@@ -255,7 +255,7 @@ class PartClock {
 
 template <typename T>
 std::shared_ptr<RNNSaved> make_saved(const RNNOptions& o, const std::vector<Tensor>& weights,
-                                     const PackingPlan& plan, const Tensor& h0,
+                                     const PackingPlan& plan,
                                      const std::vector<int64_t>* lookup) {
   auto saved = std::make_shared<RNNSaved>();
   saved->options = o;
@@ -265,7 +265,6 @@ std::shared_ptr<RNNSaved> make_saved(const RNNOptions& o, const std::vector<Tens
   saved->sorted_indices = plan.sorted_indices();
   saved->batch = plan.batch();
   saved->total_rows = plan.total_rows();
-  saved->h0_zero = !h0.defined();
   if (lookup) saved->lookup = *lookup;
   return saved;
 }
@@ -292,7 +291,7 @@ RNNForwardResult forward_impl(const RNNOptions& o, const std::vector<Tensor>& we
   RNNForwardResult res;
   res.h_n = cpu::pooled_empty({L * D, B, R}, o.dtype);
   if (Cell::cell_state) res.c_n = cpu::pooled_empty({L * D, B, H}, o.dtype);
-  std::shared_ptr<RNNSaved> saved = save ? make_saved<T>(o, weights, plan, h0, lookup) : nullptr;
+  std::shared_ptr<RNNSaved> saved = save ? make_saved<T>(o, weights, plan, lookup) : nullptr;
   if (saved && mp) saved->model = mp->shared_from_this();
 
   std::vector<ForwardWorkspace<T, Cell>> wss(static_cast<std::size_t>(D));
@@ -306,9 +305,12 @@ RNNForwardResult forward_impl(const RNNOptions& o, const std::vector<Tensor>& we
     std::vector<std::unique_ptr<ForwardDirection<T, Cell>>> dirs;
     for (int64_t d = 0; d < D; ++d) {
       const auto k = static_cast<std::size_t>(d);
+      // The products of rows holding the zero h0 are skipped only where they
+      // are zero: a NaN or inf in W_hh makes them NaN, as in torch.
+      const auto& laid_out = model->dir(l, d);
       dirs.push_back(std::make_unique<ForwardDirection<T, Cell>>(
-          o, eng, plan, weights, lookup, wss[k], sl.dirs[k], model->dir(l, d), l, d, save,
-          !h0.defined()));
+          o, eng, plan, weights, lookup, wss[k], sl.dirs[k], laid_out, l, d, save,
+          !h0.defined() && laid_out.whh_finite));
       dirs.back()->begin(nt, x, h0, c0, out);
     }
     clock.mark(&RNNCoreProfile::forward_inputs);

@@ -137,7 +137,9 @@ class ModulePlan {
 // torch bridges. `weights` are in rnn_parameter_names order (not copied).
 // `data` holds packed rows [plan.total_rows(), input_size] in plan's layout.
 // h0/c0 (undefined = zeros) are in the caller's batch order. Without h0 the
-// per-step products skip the rows whose h_prev is that zero state.
+// per-step products skip the rows whose h_prev is that zero state, where
+// every entry of W_hh is finite (a NaN or inf there makes W_hh·0 NaN, as in
+// torch, so those rows are multiplied then).
 // Dropout between layers is applied when `training` and options.dropout > 0,
 // from `dropout_seed`. `model`: the weights' plan (rnn_make_plan), or null to
 // lay them out for this call alone.

@@ -9,6 +9,7 @@
 
 #include <omp.h>
 
+#include <cmath>
 #include <cstdint>
 #include <memory>
 #include <vector>
@@ -57,6 +58,10 @@ struct RNNPlan {
   struct Direction {
     std::unique_ptr<cpu::StepOperand> whh, whr;  // the forward's step operands
     const cpu::WeightLayout* wih = nullptr;      // W_ih as laid out for the model, or null
+    // Whether every entry of W_hh is finite: only then is W_hh·0 zero, and
+    // may the steps skip the product of rows that hold a zero h0 (a NaN or
+    // inf in W_hh makes it NaN, as torch's product does).
+    bool whh_finite = true;
   };
   RNNOptions options;
   int threads = 1;                             // a direction's threads it was made for
@@ -67,6 +72,13 @@ struct RNNPlan {
     return dirs[static_cast<std::size_t>(l * options.num_directions() + d)];
   }
 };
+
+template <typename T>
+bool all_finite(const T* p, int64_t n) {
+  bool finite = true;
+  for (int64_t i = 0; i < n; ++i) finite = finite && std::isfinite(p[i]);
+  return finite;
+}
 
 // Lays out every layer and direction's step operands with `eng` (the engine
 // of options' dtype and precision) for `threads` a direction (the count the
@@ -99,6 +111,7 @@ std::unique_ptr<const RNNPlan<T>> make_plan(const RNNOptions& o, const std::vect
                              wl ? wl->whr.get() : nullptr);
       }
       pd.wih = wl ? wl->wih.get() : nullptr;
+      pd.whh_finite = all_finite(w.w_hh, G * R);
     }
   }
   return plan;

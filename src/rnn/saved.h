@@ -36,7 +36,6 @@ struct RNNSaved {
   // The model plan the forward was given (or null): the backward reads its
   // step operands through it too.
   std::shared_ptr<const RNNModelPlan> model;
-  bool h0_zero = false;         // the forward ran without h0
   std::vector<int64_t> lookup;  // rnn_forward_lookup: table row of each packed row
   std::vector<int64_t> batch_sizes, offsets, sorted_indices;
   int64_t batch = 0, total_rows = 0;

@@ -182,10 +182,9 @@ struct ForwardDirection {
     whh = laid_out.whh.get();
     whr = laid_out.whr.get();
     // Under a projection h_prev is W_hr's product, not a kernel's output.
-    if (save && !proj) {
-      const int64_t skip = h0_zero && d == 0 && TT > 0 ? plan.batch_sizes()[0] : 0;
-      hp_kept = eng.keep_rows(N, R, G, N - skip);  // dW_hh = dGᵀ·H_prev[skip:]
-    }
+    // dW_hh = dGᵀ·H_prev takes every row, h0's too: dG·0 is NaN where dG is
+    // not finite, as in torch.
+    if (save && !proj) hp_kept = eng.keep_rows(N, R, G, N);
     if (hp_kept) {
       hsink = eng.sink(*hp_kept);
       sd.h_prev_kept = hp_kept;
@@ -510,7 +509,7 @@ struct BackwardDirection {
     }
     whh = laid_out->whh.get();
     whr = laid_out->whr.get();
-    ws.dgh_kept = eng.keep_rows(N, G, R, N - dw_hh_skip());
+    ws.dgh_kept = eng.keep_rows(N, G, R, N);
     // A lookup layer's dW_ih and dX read dP, not dG.
     ws.dgx_kept = Cell::hidden_apart && !lookup_layer ? eng.keep_rows(N, G, in, N) : nullptr;
     dg_per_step = ws.dgh_kept && lookup_layer && !Cell::hidden_apart;
@@ -661,9 +660,6 @@ struct BackwardDirection {
              ws.dgh_kept.get(), st.r0);
   }
 
-  // The forward direction's first rows saw the zero h0: they add nothing to dW_hh.
-  int64_t dw_hh_skip() const { return sv.h0_zero && d == 0 && TT > 0 ? sv.batch_sizes[0] : 0; }
-
   // Layer 0 of a lookup: dP[v] += dg of the rows that read table row v, added
   // step by step while the rows are in cache (under a row split into the
   // thread's own dP: two threads' rows may share a table row).
@@ -747,19 +743,14 @@ struct BackwardDirection {
                 .c = dwih,
                 .ldc = in});
     }
-    const int64_t skip = dw_hh_skip();
+    // Every row, those that read h0 too (see prepare in the forward).
     eng.gemm({.m = G,
               .n = R,
-              .k = N - skip,
-              .a = {.data = ws.dgh + skip * G,
-                    .ld = G,
-                    .trans = true,
-                    .kept = ws.dgh_kept.get(),
-                    .kept_row = skip},
-              .b = {.data = sd.h_prev.defined() ? sd.h_prev.data<T>() + skip * R : nullptr,
+              .k = N,
+              .a = {.data = ws.dgh, .ld = G, .trans = true, .kept = ws.dgh_kept.get()},
+              .b = {.data = sd.h_prev.defined() ? sd.h_prev.data<T>() : nullptr,
                     .ld = R,
-                    .kept = sd.h_prev_kept.get(),
-                    .kept_row = skip},
+                    .kept = sd.h_prev_kept.get()},
               .c = g.weights[k + 1].data<T>(),
               .ldc = R});
     std::size_t next = k + 2;
