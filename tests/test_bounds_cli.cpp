@@ -236,6 +236,10 @@ TEST(BoundsCliBench, WorkloadsAreCappedBeforeAnythingIsAllocated) {
        "key 'hidden_size' = 18446744073709551615 must be an integer >= 1"},
       {R"("input_size": 16384, "hidden_size": 16384, "num_layers": 1, "lengths": [100000])",
        "is more than the bench's cap of 17179869184 bytes (16 GiB)"},
+      // One token, but about 43 GB of weights: it passed every check, then filled ~40 GiB.
+      {R"("input_size": 16384, "hidden_size": 16384, "num_layers": 2, "bidirectional": true, "lengths": [1])",
+       "10737942528 parameters, input_size 16384, hidden_size 16384, num_layers 2, bidirectional) "
+       "is more than the bench's cap of 17179869184 bytes (16 GiB)"},
   };
   for (const auto& c : cases) {
     const fs::path w = work_dir() / "capped.json";

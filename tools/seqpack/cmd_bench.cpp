@@ -118,12 +118,22 @@ void check_workload_size(const Workload& wl, int64_t scale) {
   const double per_row =
       static_cast<double>(o.input_size) +
       static_cast<double>(o.num_layers) * D * (static_cast<double>(o.gate_count()) * H + 3 * H);
-  const double bytes = 4.0 * (n * per_row + padded * static_cast<double>(o.input_size));
+  // The parameters, four times: the weights, the plan's layout of them, and
+  // for train_packed their gradients and the layout each step makes again.
+  double params = 0;
+  for (const Shape& s : rnn_parameter_shapes(o)) {
+    double count = 1;
+    for (int64_t d : s) count *= static_cast<double>(d);
+    params += count;
+  }
+  const double bytes =
+      4.0 * (n * per_row + padded * static_cast<double>(o.input_size) + 4 * params);
   if (bytes > kMaxBenchBytes) {
     throw std::invalid_argument(fmt::format(
-        "workload '{}': about {:.3g} bytes of tensors ({} tokens, input_size {}, hidden_size {}, "
-        "num_layers {}{}) is more than the bench's cap of {:.0f} bytes (16 GiB)",
-        wl.name, bytes, static_cast<int64_t>(n), o.input_size, o.hidden_size, o.num_layers,
+        "workload '{}': about {:.3g} bytes of tensors and weights ({} tokens, {:.0f} parameters, "
+        "input_size {}, hidden_size {}, num_layers {}{}) is more than the bench's cap of {:.0f} "
+        "bytes (16 GiB)",
+        wl.name, bytes, static_cast<int64_t>(n), params, o.input_size, o.hidden_size, o.num_layers,
         o.bidirectional ? ", bidirectional" : "", kMaxBenchBytes));
   }
 }
