@@ -16,8 +16,8 @@ batch. The modules are for inference: a forward in training mode or with an
 input that requires grad is an error. They keep the fp32 weights as their
 parameters (requires_grad False), under torch's names, so state_dict and
 load_state_dict round trip with the fp32 model's; they script with
-torch.jit.script and compile with torch.compile (PyTorch 2.4+, allow_rnn as
-for the fp32 layers). docs/python.md, "int8 inference", has the error bounds.
+torch.jit.script and compile with torch.compile (PyTorch 2.4+, as the fp32
+layers). docs/python.md, "int8 inference", has the error bounds.
 """
 import copy
 from typing import Optional, Tuple
