@@ -133,6 +133,37 @@ def pack_padded_sequence(input: Tensor, lengths: Tensor, batch_first: bool,
     return PackedSequence(data, batch_sizes, sorted_indices, unsorted_indices)
 
 
+def check_packed(data: Tensor, batch_sizes: Tensor, sorted_indices: Optional[Tensor],
+                 where: str) -> Tensor:
+    """The operators' checks of a PackedSequence's rows (PackedSequence::validate
+    in the core, with its messages), in O(steps), before any plan of O(batch)
+    is made: a hand-built batch_sizes of 2e8 is refused here, not by the
+    allocator. Returns batch_sizes as int64 on the CPU."""
+    bs = batch_sizes.cpu().to(torch.int64)
+    rows = data.size(0) if data.dim() >= 1 else 0
+    if bs.numel():
+        bad = (bs <= 0).nonzero()
+        rising = (bs[1:] > bs[:-1]).nonzero()
+        first_bad = int(bad[0]) if bad.numel() else bs.numel()
+        first_rise = int(rising[0]) + 1 if rising.numel() else bs.numel()
+        if first_bad < bs.numel() and first_bad <= first_rise:
+            raise ValueError(f"{where}: PackedSequence: batch_sizes[{first_bad}] = "
+                             f"{int(bs[first_bad])} must be positive")
+        if first_rise < bs.numel():
+            t = first_rise
+            raise ValueError(f"{where}: PackedSequence: batch_sizes[{t}] = {int(bs[t])} is greater "
+                             f"than batch_sizes[{t - 1}] = {int(bs[t - 1])}: batch_sizes must be "
+                             f"non-increasing")
+    total = int(bs.sum())
+    if total != rows:
+        raise ValueError(f"{where}: PackedSequence: batch_sizes add up to {total} rows but data "
+                         f"has {rows} rows (shape {list(data.shape)})")
+    if sorted_indices is not None and bs.numel() and sorted_indices.numel() < int(bs[0]):
+        raise ValueError(f"{where}: PackedSequence: sorted_indices has {sorted_indices.numel()} "
+                         f"entries but batch_sizes[0] = {int(bs[0])} sequences")
+    return bs
+
+
 def _packed_plan(batch_sizes: Tensor, sorted_indices: Optional[Tensor]
                  ) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
     """From a PackedSequence: (lengths in packed order, caller's index of each,
@@ -154,6 +185,11 @@ def _packed_plan(batch_sizes: Tensor, sorted_indices: Optional[Tensor]
 def pad_packed_sequence(sequence: PackedSequence, batch_first: bool, padding_value: float,
                         total_length: Optional[int]) -> Tuple[Tensor, Tensor]:
     data = sequence.data
+    if total_length is not None and (isinstance(total_length, bool)
+                                     or not isinstance(total_length, int)):
+        raise TypeError(f"{PAD}: total_length must be an int or None (argument 'total_length'), "
+                        f"got {type(total_length).__name__} {total_length!r}")
+    check_packed(data, sequence.batch_sizes, sequence.sorted_indices, PAD)
     sorted_lengths, order, t, k = _packed_plan(sequence.batch_sizes, sequence.sorted_indices)
     if t.numel() != data.size(0):
         raise ValueError(f"{PAD}: data has {data.size(0)} rows but batch_sizes sum to "
@@ -195,7 +231,10 @@ def pack_sequence(sequences: List[Tensor], enforce_sorted: bool) -> PackedSequen
                                f"{int(lengths[b - 1])}: with enforce_sorted=true the sequences "
                                f"must be sorted by decreasing length; pass enforce_sorted=false "
                                f"to accept them in any order")
-    values = torch.cat(list(sequences))
+    # torch's result takes the first sequence's dtype and device (each copied
+    # into it: a meta sequence after a CPU one raises torch's error).
+    first = sequences[0]
+    values = torch.cat([s.to(device=first.device, dtype=first.dtype) for s in sequences])
     sorted_lengths, order = _order(lengths, enforce_sorted)
     batch_sizes, t, k = _steps(sorted_lengths)
     starts = torch.cumsum(lengths, 0) - lengths
@@ -216,12 +255,25 @@ def unpad_sequence(padded: Tensor, lengths: Tensor, batch_first: bool) -> List[T
     b, t = present.nonzero(as_tuple=True)
     flat = b * T + t if batch_first else t * B + b
     rows = padded.flatten(0, 1).index_select(0, flat.to(padded.device))
-    return list(rows.split(lengths.tolist()))
+    return _sequences(rows, lengths.tolist())
+
+
+def _sequences(rows: Tensor, lengths: List[int]) -> List[Tensor]:
+    """The consecutive sequences of `rows`, each a view of its own (narrow),
+    not outputs of one split: torch's can be modified in place under autograd,
+    and so can these."""
+    out, start = [], 0
+    for n in lengths:
+        out.append(rows.narrow(0, start, n))
+        start += n
+    return out
 
 
 def unpack_sequence(packed: PackedSequence) -> List[Tensor]:
     """Sequences in the caller's order, zero-length ones as [0, *] tensors
     (torch's unpack_sequence raises IndexError on them)."""
+    check_packed(packed.data, packed.batch_sizes, packed.sorted_indices,
+                 "seqpack.torch.unpack_sequence")
     sorted_lengths, order, t, k = _packed_plan(packed.batch_sizes, packed.sorted_indices)
     data = packed.data
     if t.numel() != data.size(0):
@@ -237,4 +289,4 @@ def unpack_sequence(packed: PackedSequence) -> List[Tensor]:
     unsorted[order] = torch.arange(B)
     grid = grid[unsorted]
     rows = data.index_select(0, grid[grid >= 0].to(data.device))
-    return list(rows.split(sorted_lengths[unsorted].tolist()))
+    return _sequences(rows, sorted_lengths[unsorted].tolist())
