@@ -128,7 +128,18 @@ def _library() -> Optional[ctypes.CDLL]:
         if _state["loaded"]:
             return _state["lib"]
         _state["loaded"] = True
-        path = library_path()
+        # A library named by SEQPACK_CUDA_LIBRARY (empty: unset) is the only one
+        # tried: one that cannot be loaded is the reason, never skipped for another.
+        env = os.environ.get("SEQPACK_CUDA_LIBRARY")
+        try:
+            if env and not pathlib.Path(env).is_file():
+                _state["error"] = (f"SEQPACK_CUDA_LIBRARY={env!r} names no library file "
+                                   f"(missing, or not a regular file)")
+                return None
+            path = env if env else library_path()
+        except (OSError, ValueError) as e:  # an over-long or unreadable path
+            _state["error"] = f"SEQPACK_CUDA_LIBRARY={env!r} cannot be read: {e}"
+            return None
         if path is None:
             env = os.environ.get("SEQPACK_CUDA_LIBRARY")
             where = ", ".join(str(c) for c in _candidates())

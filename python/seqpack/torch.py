@@ -288,7 +288,7 @@ def _cuda_backend():
     CUDA tensors (docs/gpu.md, "What runs on the GPU")."""
     if not _CUDA_BACKEND:
         backend = None
-        choice = os.environ.get("SEQPACK_CUDA_LAYERS", "seqpack")
+        choice = os.environ.get("SEQPACK_CUDA_LAYERS") or "seqpack"  # empty: unset
         if choice not in ("seqpack", "torch"):
             raise ValueError(f"SEQPACK_CUDA_LAYERS = {choice!r}: use 'seqpack' (seqpack's CUDA "
                              f"kernels where they are built) or 'torch' (torch's)")

@@ -106,15 +106,12 @@ def test_imports_without_cuda_and_explains(monkeypatch, tmp_path):
     before = set(sys.modules)
     module = load_module("seqpack_cuda_glue_nolib")
     assert not any(m == "seqpack" or m.startswith("seqpack.") for m in set(sys.modules) - before)
-    if module.library_path() is None:
-        assert module.available() is False
-        reason = module.why_unavailable()
-        assert "libseqpack_cuda.so not found" in reason and "SEQPACK_CUDA_LIBRARY" in reason
-        with pytest.raises(RuntimeError, match="not found"):
-            module.buffer_sizes("LSTM", torch.float32, 1, 1, 1, 1, 0, 1, False)
-    elif not torch.cuda.is_available():
-        assert module.available() is False
-        assert "torch.cuda.is_available() is False" in module.why_unavailable()
+    # The named library is the only one tried, even where another is built.
+    assert module.available() is False
+    reason = module.why_unavailable()
+    assert "SEQPACK_CUDA_LIBRARY" in reason and "names no library file" in reason
+    with pytest.raises(RuntimeError, match="names no library file"):
+        module.buffer_sizes("LSTM", torch.float32, 1, 1, 1, 1, 0, 1, False)
 
 
 def test_missing_hx_is_zeros():
@@ -486,3 +483,27 @@ def test_cuda_backend_choice(monkeypatch):
     # No GPU here: the kernels cannot run, whatever library is found.
     if not torch.cuda.is_available():
         assert spt._cuda_backend() is None
+
+
+@pytest.mark.parametrize("named", ["missing", "directory", "/dev/zero", "long"])
+def test_named_library_that_cannot_load_is_the_reason(monkeypatch, tmp_path, named):
+    # Issue 41, item 11: never skipped for another library; the same reason at every call.
+    path = {"missing": str(tmp_path / "nope.so"), "directory": str(tmp_path),
+            "/dev/zero": "/dev/zero", "long": "/" + "x" * 5000}[named]
+    monkeypatch.setenv("SEQPACK_CUDA_LIBRARY", path)
+    module = load_module(f"seqpack_cuda_glue_named_{named.strip('/').replace('/', '_')}")
+    for _ in range(2):
+        assert module.available() is False
+        reason = module.why_unavailable()
+        assert "SEQPACK_CUDA_LIBRARY" in reason and path[:40] in reason, reason
+    with pytest.raises(RuntimeError, match="SEQPACK_CUDA_LIBRARY"):
+        module.buffer_sizes("LSTM", torch.float32, 1, 1, 1, 1, 0, 1, False)
+
+
+def test_empty_cuda_layers_is_unset(monkeypatch):
+    spt = pytest.importorskip("seqpack.torch")
+    monkeypatch.setattr(spt, "_CUDA_BACKEND", [])
+    monkeypatch.setenv("SEQPACK_CUDA_LAYERS", "")
+    backend = spt._cuda_backend()  # no ValueError: as the default
+    if not torch.cuda.is_available():
+        assert backend is None
