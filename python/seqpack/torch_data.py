@@ -45,10 +45,11 @@ def _split(samples):
         t = torch.as_tensor(seq)
         if t.dim() < 1:
             raise ValueError(f"samples[{i}]: a sequence needs a time dimension, got a 0-d value")
-        if seqs and (t.shape[1:] != seqs[0].shape[1:] or t.dtype != seqs[0].dtype):
-            raise ValueError(f"samples[{i}]: sequence of shape {tuple(t.shape)} and {t.dtype} "
-                             f"does not match samples[0]: {tuple(seqs[0].shape)} and "
-                             f"{seqs[0].dtype}")
+        if seqs and (t.shape[1:] != seqs[0].shape[1:] or t.dtype != seqs[0].dtype
+                     or t.device != seqs[0].device):
+            raise ValueError(f"samples[{i}]: sequence of shape {tuple(t.shape)}, {t.dtype} on "
+                             f"{t.device} does not match samples[0]: {tuple(seqs[0].shape)}, "
+                             f"{seqs[0].dtype} on {seqs[0].device}")
         seqs.append(t)
         rest.append(other)
     if not seqs or rest[0] is None:

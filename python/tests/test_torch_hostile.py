@@ -76,3 +76,10 @@ def test_unpadded_and_unpacked_sequences_modify_in_place_as_torchs():
         seqs[1].add_(1)
         want = sum(s.sum() for s in seqs)
         want.backward()
+
+
+def test_collate_refuses_mixed_devices():
+    # torch.cat of a CPU and a meta tensor gives a meta tensor without a word.
+    from seqpack.torch_data import collate_packed
+    with pytest.raises(ValueError, match=r"samples\[1\].*on meta does not match samples\[0\]"):
+        collate_packed([torch.ones(3, 2), torch.ones(2, 2, device="meta")])
