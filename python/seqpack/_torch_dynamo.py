@@ -2,8 +2,9 @@
 torch._dynamo.config.allow_rnn.
 
 Dynamo refuses to wrap any instance of torch.nn.LSTM/GRU/RNN unless
-allow_rnn ("TorchDynamo purposely graph breaks on RNN, GRU, LSTMs", the one
-check, in VariableBuilder.wrap_module, PyTorch 2.0 through 2.11), because
+allow_rnn ("TorchDynamo purposely graph breaks on RNN, GRU, LSTMs": the one
+check, in VariableBuilder.wrap_module, from PyTorch 2.0 to 2.6 and in the
+later sources read), because
 torch's own layers run one opaque cuDNN/ATen call it cannot trace. seqpack's
 layers subclass torch's but run operators with fake implementations, which
 Dynamo traces. install() wraps wrap_module so that allow_rnn is on while it
