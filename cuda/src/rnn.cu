@@ -78,19 +78,41 @@ struct Shape {
     return gates() + hout() + (lstm() ? 2 * hidden : 0) + (proj > 0 ? hidden : 0) +
            (gru() ? hidden : 0);
   }
-  // Data-type elements per row of the reserve (outputs and dropped-out
-  // inputs of the layers below the last).
-  int64_t reserve_elements_per_row() const { return 2 * (layers - 1) * width(); }
-  int64_t reserve_bytes_per_row() const {
-    return 4 * layers * dirs * reserve_floats_per_row() +
-           element_size() * reserve_elements_per_row();
+  // The byte counts below are products of sizes within check_shape's limits
+  // that can still pass 2^63 (rows 2^40, hidden 2^20, layers 2^16): each step
+  // is checked, and a sum that does not fit is an error, never a wrapped size.
+  [[noreturn]] void too_large() const {
+    fail(SEQPACK_CUDA_INVALID_ARGUMENT,
+         "seqpack_cuda: the buffers of rows %lld, batch %lld, input %lld, hidden %lld, layers "
+         "%lld%s need more than 2^63 bytes",
+         static_cast<long long>(rows), static_cast<long long>(batch),
+         static_cast<long long>(input), static_cast<long long>(hidden),
+         static_cast<long long>(layers), dirs == 2 ? ", bidirectional" : "");
   }
+  int64_t mul(int64_t a, int64_t b) const {
+    int64_t r = 0;
+    if (__builtin_mul_overflow(a, b, &r)) too_large();
+    return r;
+  }
+  int64_t add(int64_t a, int64_t b) const {
+    int64_t r = 0;
+    if (__builtin_add_overflow(a, b, &r)) too_large();
+    return r;
+  }
+  // A reserve row: the float32 values of each (layer, direction), then the
+  // data-type elements of the outputs and dropped-out inputs of the layers
+  // below the last.
+  int64_t reserve_bytes_per_row() const {
+    return add(mul(mul(4 * dirs, layers), reserve_floats_per_row()),
+               mul(element_size(), mul(2 * (layers - 1), width())));
+  }
+  int64_t reserve_bytes() const { return mul(rows, reserve_bytes_per_row()); }
   int64_t dy_width() const { return std::max(width(), input); }
   int64_t workspace_bytes() const {
     const int64_t per_row = gates() * (gru() ? 2 : 1) + hout() + 2 * dy_width();
     const int64_t per_batch = gates() + (proj > 0 ? hidden : 0) + hout() + hidden;
     // + the persistent kernel's device copy of batch_sizes (steps <= rows).
-    return 8 * rows + 4 * (rows * per_row + batch * per_batch);
+    return add(mul(8, rows), mul(4, add(mul(rows, per_row), mul(batch, per_batch))));
   }
   int64_t weights_per_layer_dir(bool has_biases) const {
     return 2 + (has_biases ? 2 : 0) + (proj > 0 ? 1 : 0);
@@ -205,7 +227,7 @@ void require(const void* p, const char* name) {
 void check_buffers(const Shape& s, size_t workspace_bytes, const void* workspace,
                    size_t reserve_bytes, const void* reserve) {
   const auto need_ws = static_cast<size_t>(s.workspace_bytes());
-  const auto need_rs = static_cast<size_t>(s.rows * s.reserve_bytes_per_row());
+  const auto need_rs = static_cast<size_t>(s.reserve_bytes());
   if (workspace_bytes < need_ws)
     fail(SEQPACK_CUDA_INVALID_ARGUMENT,
          "seqpack_cuda: workspace_bytes = %zu is less than the %zu bytes needed", workspace_bytes,
@@ -746,7 +768,7 @@ SEQPACK_CUDA_EXPORT int seqpack_cuda_rnn_buffer_sizes(int mode, int dtype, int64
     const Shape s = check_shape(mode, dtype, rows, batch, input_size, hidden_size, proj_size,
                                 num_layers, bidirectional);
     *workspace_bytes = static_cast<size_t>(s.workspace_bytes());
-    *reserve_bytes = static_cast<size_t>(s.rows * s.reserve_bytes_per_row());
+    *reserve_bytes = static_cast<size_t>(s.reserve_bytes());
   });
 }
 

@@ -1,0 +1,78 @@
+"""seqpack_cuda_rnn_buffer_sizes within the library's own limits (issue 41, item 7).
+
+Sizes that check_shape accepts (rows up to 2^40, hidden up to 2^40, layers up
+to 2^20) can still make the workspace or reserve pass 2^63 bytes: that is an
+error naming the sizes, never a wrapped (0-byte) size that check_buffers would
+then accept. Run on the CPU through the emulated library of test_cuda_glue.py.
+"""
+import ctypes
+
+import pytest
+
+from test_cuda_glue import emulated  # noqa: F401  (the module-scoped fixture)
+
+LSTM, GRU, F32, BF16 = 0, 1, 0, 2
+
+
+def reference(mode, dtype, rows, batch, inp, hidden, proj, layers, dirs):
+    """The byte counts in Python's unbounded integers, from docs of the reserve/workspace layout."""
+    hout = proj if proj > 0 else hidden
+    gates = (4 if mode == LSTM else 3 if mode == GRU else 1) * hidden
+    width = dirs * hout
+    floats = gates + hout + (2 * hidden if mode == LSTM else 0) + (hidden if proj > 0 else 0) + \
+        (hidden if mode == GRU else 0)
+    esize = 4 if dtype == F32 else 2
+    reserve = rows * (4 * layers * dirs * floats + esize * 2 * (layers - 1) * width)
+    per_row = gates * (2 if mode == GRU else 1) + hout + 2 * max(width, inp)
+    per_batch = gates + (hidden if proj > 0 else 0) + hout + hidden
+    workspace = 8 * rows + 4 * (rows * per_row + batch * per_batch)
+    return workspace, reserve
+
+
+def sizes(lib, *args):
+    ws, rs = ctypes.c_size_t(), ctypes.c_size_t()
+    status = lib.seqpack_cuda_rnn_buffer_sizes(*args, ctypes.byref(ws), ctypes.byref(rs))
+    return status, ws.value, rs.value
+
+
+def test_buffer_sizes_overflow_is_an_error(emulated):  # noqa: F811
+    lib = emulated._library()
+    # The issue's case: the reserve wrapped to 0 bytes.
+    big = (LSTM, F32, 1 << 40, 1, 1, 1 << 20, 0, 1 << 16, 1)
+    assert reference(*big[:8], 2)[1] >= 1 << 63
+    status, _, _ = sizes(lib, *big)
+    assert status == 1
+    message = lib.seqpack_cuda_last_error()
+    assert b"rows 1099511627776" in message and b"hidden 1048576" in message
+    assert b"layers 65536, bidirectional need more than 2^63 bytes" in message
+    # The workspace alone past 2^63 (one layer, one direction, huge input).
+    status, _, _ = sizes(lib, GRU, F32, 1 << 40, 1 << 40, 1 << 40, 1 << 40, 0, 1, 0)
+    assert status == 1 and b"need more than 2^63 bytes" in lib.seqpack_cuda_last_error()
+
+
+@pytest.mark.parametrize("args", [
+    (LSTM, F32, 1 << 30, 4, 1 << 10, 1 << 12, 0, 4, 2),
+    (GRU, BF16, 1 << 20, 1 << 20, 1 << 16, 1 << 16, 0, 3, 1),
+    (LSTM, BF16, 1 << 24, 8, 100, 1 << 14, 1 << 10, 2, 2),
+])
+def test_buffer_sizes_that_fit_match_the_reference(emulated, args):  # noqa: F811
+    lib = emulated._library()
+    status, ws, rs = sizes(lib, *args[:8], 1 if args[8] == 2 else 0)
+    assert status == 0, lib.seqpack_cuda_last_error()
+    assert (ws, rs) == reference(*args)
+
+
+def test_check_buffers_refuses_the_overflowing_shape(emulated):  # noqa: F811
+    # forward checks the caller's buffers with the same sums: where the reserve
+    # wrapped to 0 bytes, any buffer passed. Now the shape is refused whatever
+    # buffer sizes it is given (here the largest size_t, and non-NULL pointers).
+    lib = emulated._library()
+    rows, hidden, layers = 1 << 40, 1 << 20, 1 << 16
+    bs = (ctypes.c_int64 * 1)(rows)
+    weights = (ctypes.c_void_p * (layers * 2 * 4))(*([8] * (layers * 2 * 4)))
+    fake = ctypes.c_void_p(8)
+    most = ctypes.c_size_t(-1).value
+    status = lib.seqpack_cuda_rnn_forward(LSTM, F32, 1, bs, rows, 1, hidden, 0, layers, 1, 1, weights, fake, fake,
+                                          fake, None, fake, fake, fake, fake, most, fake, most, 0, None)
+    assert status == 1
+    assert b"need more than 2^63 bytes" in lib.seqpack_cuda_last_error()
