@@ -639,3 +639,73 @@ TEST(ModelDirReaders, AFileMissingFromAnUnchangedDirectoryIsNamed) {
 }
 
 }  // namespace
+
+namespace {
+
+// `data export` writes one split in four files. Each was replaced in turn, so
+// a full disk left a new train.tsv beside the old val.tsv and test.tsv. Now all
+// four are written before any is renamed into place: every fault, at every
+// call, leaves the old split whole, or names what was already replaced.
+TEST(DataExportFaults, EveryFaultLeavesTheOldSplitOrNamesWhatWasReplaced) {
+  const fs::path p = work_dir() / "export-faults";
+  fs::remove_all(p);
+  const fs::path dicts = p / "dicts", out = p / "split";
+  fs::create_directories(dicts);
+  fs::create_directories(out);
+  for (const char* name :
+       {"american-english", "french", "ngerman", "spanish", "italian", "portuguese", "dutch"}) {
+    std::ofstream w(dicts / name);
+    for (int i = 0; i < 10; ++i) w << std::string(name).substr(0, 3) << i << "\n";
+  }
+  const std::map<std::string, std::string> old = {{"train.tsv", "0\told train\n"},
+                                                  {"val.tsv", "0\told val\n"},
+                                                  {"test.tsv", "0\told test\n"},
+                                                  {"labels.txt", "old\n"}};
+  const auto put_old = [&] {
+    for (const auto& [f, text] : old) std::ofstream(out / f, std::ios::trunc) << text;
+  };
+  const auto files = [&] {
+    std::map<std::string, std::string> m;
+    for (const auto& e : fs::directory_iterator(out))
+      m[e.path().filename().string()] = read_file(e.path().string());
+    return m;
+  };
+  const std::string cmd = "data export --dict-dir " + dicts.string() +
+                          " --words-per-language 10 --out " + out.string();
+  put_old();
+  const fs::path log = p / "calls.log";
+  const CliResult counted = run_cli(cmd, shim_env(out, 0, "", log));
+  ASSERT_EQ(counted.status, 0) << counted.err;
+  const std::map<std::string, std::string> fresh = files();
+  ASSERT_EQ(fresh.size(), 4u);
+  ASSERT_NE(fresh.at("train.tsv"), old.at("train.tsv"));
+  long total = 0;
+  std::ifstream in(log);
+  for (std::string line; std::getline(in, line);) ++total;
+  ASSERT_GT(total, 8);
+  int staged_faults = 0;
+  for (long at = 1; at <= total; ++at) {
+    SCOPED_TRACE("ENOSPC at call " + std::to_string(at));
+    put_old();
+    const CliResult r = run_cli(cmd, shim_env(out, at, "enospc"));
+    const auto now = files();  // also: no temporary file is left
+    if (r.status == 0) {  // a call whose failure is not an error (the directory's fsync)
+      EXPECT_EQ(now, fresh);
+      continue;
+    }
+    if (now == old) {
+      EXPECT_NE(r.err.find("nothing was replaced"), std::string::npos) << r.err;
+      ++staged_faults;
+      continue;
+    }
+    // A rename failed: the message names the files already replaced, and
+    // each file is either the old or the new one.
+    EXPECT_NE(r.err.find("already replaced: " + (out / "train.tsv").string()), std::string::npos)
+        << r.err;
+    ASSERT_EQ(now.size(), 4u);
+    for (const auto& [f, text] : now) EXPECT_TRUE(text == old.at(f) || text == fresh.at(f)) << f;
+  }
+  EXPECT_GT(staged_faults, 4);
+}
+
+}  // namespace

@@ -125,7 +125,9 @@ DatasetSplit load_language_id(const LanguageIdOptions& options = {});
 // Writes train.tsv, val.tsv, test.tsv (`label index<TAB>text` lines) and
 // labels.txt (one label name per line, in index order) into `dir`, creating it.
 // Each must be absent or a regular file (check_output_file in safetensors.h),
-// all four checked before the first is written.
+// all four checked before the first is written, and all four written in full
+// before any replaces an older file (write_files_atomically): a failed export
+// leaves the old split whole.
 void export_split(const DatasetSplit& split, const std::string& dir);
 
 // ---------------------------------------------------------------------------

@@ -24,6 +24,8 @@
 #include <stdexcept>
 #include <string>
 #include <string_view>
+#include <utility>
+#include <vector>
 
 #include "seqpack/tensor.h"
 
@@ -65,6 +67,13 @@ std::map<std::string, Tensor> parse_safetensors(
 // file (check_output_file), checked before the temporary file is written and
 // again just before the rename.
 void write_file_atomically(const std::string& path, std::string_view bytes);
+
+// Several files that belong together (an exported data split): each is written
+// in full to its temporary file and fsync'ed before the first is renamed into
+// place, so a full disk or an I/O error while writing replaces none of them and
+// says so. A rename that fails (rare: same directory) names the files already
+// replaced. Every path is checked as above before anything is written.
+void write_files_atomically(const std::vector<std::pair<std::string, std::string_view>>& files);
 
 // The rule for output paths: absent, or a regular file. Throws
 // std::invalid_argument naming the path and what it is for a directory, a device

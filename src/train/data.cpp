@@ -326,7 +326,7 @@ void export_split(const DatasetSplit& split, const std::string& dir) {
   std::error_code ec;
   std::filesystem::create_directories(dir, ec);
   if (ec) throw std::runtime_error("cannot create directory '" + dir + "': " + ec.message());
-  const auto write_part = [&](const std::vector<Example>& part, const std::string& name) {
+  const auto tsv = [](const std::vector<Example>& part) {
     std::string out;
     for (const Example& e : part) {
       out += std::to_string(e.label);
@@ -334,14 +334,17 @@ void export_split(const DatasetSplit& split, const std::string& dir) {
       out += e.text;
       out += '\n';
     }
-    write_file_atomically(dir + "/" + name, out);
+    return out;
   };
-  write_part(split.train, "train.tsv");
-  write_part(split.val, "val.tsv");
-  write_part(split.test, "test.tsv");
+  const std::string train = tsv(split.train), val = tsv(split.val), test = tsv(split.test);
   std::string labels;
   for (const auto& l : split.labels) labels += l + "\n";
-  write_file_atomically(dir + "/labels.txt", labels);
+  // The four are one split: all written before any replaces an older one, so a
+  // full disk never leaves a new train.tsv beside an old val.tsv.
+  write_files_atomically({{dir + "/train.tsv", train},
+                          {dir + "/val.tsv", val},
+                          {dir + "/test.tsv", test},
+                          {dir + "/labels.txt", labels}});
 }
 
 }  // namespace seqpack

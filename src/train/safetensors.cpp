@@ -245,10 +245,18 @@ std::map<std::string, Tensor> parse_safetensors(std::string_view bytes,
   return out;
 }
 
-void write_file_atomically(const std::string& path, std::string_view bytes) {
+namespace {
+
+std::string dir_of(const std::string& path) {
   const std::size_t slash = path.rfind('/');
-  const std::string dir =
-      slash == std::string::npos ? "." : (slash == 0 ? "/" : path.substr(0, slash));
+  return slash == std::string::npos ? "." : (slash == 0 ? "/" : path.substr(0, slash));
+}
+
+// Writes `bytes` to a new temporary file beside `path` (fsync'ed, mode 0644)
+// and returns its name; `path` is checked first and left as it is.
+std::string stage_file(const std::string& path, std::string_view bytes) {
+  const std::size_t slash = path.rfind('/');
+  const std::string dir = dir_of(path);
   const std::string base = slash == std::string::npos ? path : path.substr(slash + 1);
   if (base.empty())
     throw std::invalid_argument("write_file_atomically: '" + path + "' names a directory");
@@ -291,23 +299,56 @@ void write_file_atomically(const std::string& path, std::string_view bytes) {
     ::unlink(tmp.c_str());
     throw std::runtime_error("cannot write '" + path + "': close: " + err);
   }
-  try {
-    detail::require_output_path(path);
-  } catch (...) {
-    ::unlink(tmp.c_str());
-    throw;
-  }
+  return tmp;
+}
+
+// Renames the staged `tmp` over `path` (checked again first). Throws, leaving
+// `tmp` for the caller to remove.
+void publish_staged(const std::string& path, const std::string& tmp) {
+  detail::require_output_path(path);
   if (::rename(tmp.c_str(), path.c_str()) != 0) {
-    const std::string err = errno_text();
-    ::unlink(tmp.c_str());
-    throw std::runtime_error("cannot write '" + path + "': rename: " + err);
+    throw std::runtime_error("cannot write '" + path + "': rename: " + errno_text());
   }
   // Persist the directory entry too; failure here is not worth failing the save.
-  const int dfd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY);
+  const int dfd = ::open(dir_of(path).c_str(), O_RDONLY | O_DIRECTORY);
   if (dfd >= 0) {
     ::fsync(dfd);
     ::close(dfd);
   }
+}
+
+}  // namespace
+
+void write_files_atomically(const std::vector<std::pair<std::string, std::string_view>>& files) {
+  for (const auto& f : files) detail::require_output_path(f.first);
+  std::vector<std::string> staged;
+  const auto remove_staged = [&](std::size_t from) {
+    for (std::size_t k = from; k < staged.size(); ++k) ::unlink(staged[k].c_str());
+  };
+  try {
+    for (const auto& f : files) staged.push_back(stage_file(f.first, f.second));
+  } catch (const std::exception& e) {
+    remove_staged(0);
+    if (files.size() == 1) throw;
+    throw std::runtime_error(std::string(e.what()) + " (nothing was replaced: every file is " +
+                             "written in full before the first is renamed into place)");
+  }
+  for (std::size_t k = 0; k < files.size(); ++k) {
+    try {
+      publish_staged(files[k].first, staged[k]);
+    } catch (const std::exception& e) {
+      remove_staged(k);
+      if (files.size() == 1) throw;
+      if (k == 0) throw std::runtime_error(std::string(e.what()) + " (nothing was replaced)");
+      std::string done;
+      for (std::size_t r = 0; r < k; ++r) done += (r ? ", " : "") + files[r].first;
+      throw std::runtime_error(std::string(e.what()) + " (already replaced: " + done + ")");
+    }
+  }
+}
+
+void write_file_atomically(const std::string& path, std::string_view bytes) {
+  write_files_atomically({{path, bytes}});
 }
 
 void check_output_file(const std::string& path) { detail::require_output_path(path); }
