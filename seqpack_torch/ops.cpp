@@ -38,6 +38,7 @@
 #include <ATen/ATen.h>
 #include <ATen/CPUGeneratorImpl.h>
 #include <ATen/core/dispatch/Dispatcher.h>
+#include <c10/core/CPUAllocator.h>
 #include <torch/autograd.h>
 #include <torch/library.h>
 #include <torch/version.h>
@@ -283,7 +284,9 @@ std::tuple<Tensor, Tensor, Tensor> outputs(const RNNForwardResult& r, const Tens
 // version and the next call makes a new plan. A change through `.data` bumps no
 // version and is not seen (as with any state torch derives from a tensor). The
 // storage is held weakly, so an entry never keeps a model's weights alive, and
-// a freed storage whose address is reused never matches.
+// a freed storage whose address is reused never matches. Weights that another
+// process can change in place (shared memory: share_memory(), Hogwild) move no
+// version counter here, so they are never cached: their layout is made per call.
 
 struct PlanKey {
   RNNMode mode;
@@ -308,6 +311,18 @@ bool same_layer(const PlanKey& a, const RNNOptions& o) {
 
 uint32_t version_of(const Tensor& t) {
   return t.unsafeGetTensorImpl()->version_counter().current_version();
+}
+
+// Whether another process may change `t` in place: a storage that the process's
+// CPU allocator did not make (shared memory after share_memory(), as Hogwild
+// training uses; a file mapping). Such a change moves no version counter of
+// this process, so a plan of those weights would go stale: they are laid out
+// per call instead.
+bool changeable_elsewhere(const Tensor& t) {
+  if (!t.has_storage()) return true;
+  const c10::DeleterFnPtr deleter = t.storage().data_ptr().get_deleter();
+  return deleter != c10::GetDefaultCPUAllocator()->raw_deleter() &&
+         deleter != c10::GetAllocator(c10::kCPU)->raw_deleter();
 }
 
 bool matches(PlanKey& key, const RNNOptions& o, at::TensorList weights) {
@@ -389,9 +404,10 @@ RNNForwardResult run_forward(const RNNCall& call, const Tensor& data, const OptT
     if ((!call.train && !save) || frozen) {
       // core_weights copied any non-contiguous weight: those have no stable
       // source to key on, and are laid out per call.
-      bool contiguous = true;
-      for (const Tensor& t : weights) contiguous = contiguous && t.is_contiguous();
-      if (contiguous) model = model_plan_cache().get(call.options, weights, w);
+      bool cacheable = true;
+      for (const Tensor& t : weights)
+        cacheable = cacheable && t.is_contiguous() && !changeable_elsewhere(t);
+      if (cacheable) model = model_plan_cache().get(call.options, weights, w);
     }
     return rnn_forward(call.options, w, x, *call.plan, h, c, call.train, save, call.seed,
                        model.get());
