@@ -296,6 +296,10 @@ def _cuda_backend():
             from . import _cuda
             if _cuda.available():
                 backend = _cuda
+            elif os.environ.get("SEQPACK_CUDA_LIBRARY"):
+                # A library the user named and that cannot run is an error naming
+                # it, not a silent fall-back to torch's kernels.
+                raise RuntimeError("seqpack CUDA: " + _cuda.why_unavailable())
         _CUDA_BACKEND.append(backend)
     return _CUDA_BACKEND[0]
 

@@ -507,3 +507,19 @@ def test_empty_cuda_layers_is_unset(monkeypatch):
     backend = spt._cuda_backend()  # no ValueError: as the default
     if not torch.cuda.is_available():
         assert backend is None
+
+
+def test_layers_refuse_a_named_library_that_cannot_load(monkeypatch, tmp_path):
+    # Issue 41, item 11: the layers on CUDA tensors do not fall back to torch's
+    # kernels in silence when SEQPACK_CUDA_LIBRARY names what cannot load.
+    spt = pytest.importorskip("seqpack.torch")
+    monkeypatch.setattr(spt, "_CUDA_BACKEND", [])
+    monkeypatch.setenv("SEQPACK_CUDA_LIBRARY", str(tmp_path / "nope.so"))
+    monkeypatch.delenv("SEQPACK_CUDA_LAYERS", raising=False)
+    import seqpack._cuda as cuda
+    monkeypatch.setattr(cuda, "_state", dict(cuda._state, loaded=False, lib=None, error=""))
+    with pytest.raises(RuntimeError, match="SEQPACK_CUDA_LIBRARY=.*nope.so"):
+        spt._cuda_backend()
+    monkeypatch.setattr(spt, "_CUDA_BACKEND", [])
+    monkeypatch.setenv("SEQPACK_CUDA_LAYERS", "torch")  # torch's kernels asked for: no error
+    assert spt._cuda_backend() is None
