@@ -117,7 +117,11 @@ std::map<std::string, Tensor> parse_safetensors(std::string_view bytes,
   const std::string_view header_text = bytes.substr(8, header_len);
   const std::string_view buffer = bytes.substr(8 + header_len);
 
-  check_json_depth(header_text, "safetensors " + source + ": header");
+  try {
+    check_json_depth(header_text, "header");
+  } catch (const std::invalid_argument& e) {
+    fail(source, e.what());  // a SafetensorsError, as every refusal of the format
+  }
   const nlohmann::json header = nlohmann::json::parse(header_text.begin(), header_text.end(),
                                                       nullptr, /*allow_exceptions=*/false);
   if (header.is_discarded()) fail(source, "header is not valid JSON");
