@@ -304,6 +304,47 @@ def _backward_impl(mode: str, data: torch.Tensor, batch_sizes: torch.Tensor, h0:
     return [dx, dh0, dc0] + dweights
 
 
+DOUBLE_BACKWARD_REFUSAL = (
+    "seqpack CUDA: double backward (differentiating a gradient taken with create_graph=True) through seqpack's "
+    "CUDA recurrent kernels is not supported: their backward is not made of differentiable operations (nor is "
+    "cuDNN's). seqpack's CPU layers support it; on CUDA, torch's own non-cuDNN kernels do "
+    "(SEQPACK_CUDA_LAYERS=torch, inside torch.backends.cudnn.flags(enabled=False))")
+
+
+class _NoDoubleBackward(torch.autograd.Function):
+    """The kernels' backward in a graph recorded with create_graph=True: its
+    gradients are the kernels' values, and differentiating them raises
+    DOUBLE_BACKWARD_REFUSAL when it is asked for (as torch's cuDNN RNN does),
+    instead of counting the RNN's second derivatives as zero."""
+
+    @staticmethod
+    def forward(ctx, count, *tensors):
+        # tensors: the `count` gradients, then what they depend on (the saved
+        # inputs and the upstream gradients).
+        return tuple(t.clone() for t in tensors[:count])
+
+    @staticmethod
+    def backward(ctx, *grads):
+        raise RuntimeError(DOUBLE_BACKWARD_REFUSAL)
+
+
+def _graph_refusing(grads: List[Optional[torch.Tensor]], depends_on) -> List[Optional[torch.Tensor]]:
+    """grads as they are, but under grad mode (a backward with create_graph=True)
+    with a node that refuses double backward where anything in depends_on
+    requires grad. The first-order backward (grad mode off) is untouched."""
+    if not torch.is_grad_enabled():
+        return grads
+    sources = [t for t in depends_on if t is not None and t.requires_grad]
+    defined = [i for i, g in enumerate(grads) if g is not None]
+    if not sources or not defined:
+        return grads
+    wrapped = _NoDoubleBackward.apply(len(defined), *[grads[i] for i in defined], *sources)
+    out = list(grads)
+    for i, g in zip(defined, wrapped):
+        out[i] = g
+    return out
+
+
 # ---------------------------------------------------------------------------
 # The operator: torch.library.custom_op where it exists (torch >= 2.4: works
 # under torch.compile), else a torch.autograd.Function.
@@ -368,6 +409,7 @@ if _HAS_CUSTOM_OP:
         grads = _rnn_backward_op(mode, data, batch_sizes, h0, c0, list(weights), mask, reserve, dy, dhn,
                                  dcn if c0 is not None else None, has_biases, num_layers, bidirectional,
                                  proj_size, allow_tf32)
+        grads = _graph_refusing(list(grads), [data, h0, c0, dy, dhn, dcn] + list(weights))
         dx, dh0, dc0 = grads[0], grads[1], grads[2]
         return (None, dx, None, dh0, dc0 if c0 is not None else None, list(grads[3:]), None, None, None, None,
                 None, None)
@@ -401,6 +443,7 @@ else:
             grads = _backward_impl(mode, data, batch_sizes, h0, c0, list(weights), mask, reserve, dy, dhn,
                                    dcn if c0 is not None else None, has_biases, num_layers, bidirectional,
                                    proj_size, allow_tf32)
+            grads = _graph_refusing(grads, [data, h0, c0, dy, dhn, dcn] + list(weights))
             return (None, grads[0], None, grads[1], grads[2] if c0 is not None else None, None) + tuple(grads[3:])
 
     def _run(mode, data, batch_sizes, h0, c0, weights, mask, has_biases, num_layers, bidirectional, proj_size,

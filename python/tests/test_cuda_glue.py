@@ -370,6 +370,38 @@ def test_emulated_library_reports_bad_values(emulated):
     assert ten.value == 10 * one.value
 
 
+@pytest.mark.parametrize("mode", ["LSTM", "GRU"])
+def test_emulated_double_backward_is_refused_when_asked_for(emulated, mode):
+    """The kernels' backward is not differentiable: a gradient taken with
+    create_graph=True has the kernels' values, and differentiating it raises a
+    clear error (as cuDNN's RNN does) instead of counting the RNN's second
+    derivatives as zero beside another term that is differentiable."""
+    rnn = _make(mode, 3, 4, 2, True, True, 0, 21)
+    torch.manual_seed(22)
+    packed = torch.nn.utils.rnn.pack_sequence([torch.randn(n, 3) for n in (3, 2, 1)])
+    h0 = torch.randn(4, 4, 4)  # one sequence of length zero
+    c0 = torch.randn(4, 4, 4) if mode == "LSTM" else None
+    gy = torch.randn(packed.data.shape[0], 8)
+
+    def first(create_graph):
+        x = packed.data.clone().requires_grad_()
+        w = [t.detach().clone().requires_grad_() for t in rnn._flat_weights]
+        y, _, _ = emulated._run(mode, x, packed.batch_sizes, h0, c0, w, None, True, 2, True, 0, False)
+        grads = torch.autograd.grad((y * gy).pow(2).sum(), [x] + w, create_graph=create_graph)
+        return w, grads
+
+    _, plain = first(False)
+    w, graph = first(True)
+    for name, a, b in zip(["data"] + [f"flat_weights[{i}]" for i in range(len(w))], graph, plain):
+        assert a.requires_grad, name
+        # The same kernels on the same values: the graph changes nothing in them.
+        assert torch.equal(a.detach(), b), name
+    penalty = graph[0].norm() + w[0].pow(2).sum()
+    with pytest.raises(RuntimeError, match=r"seqpack CUDA: double backward \(.*create_graph=True\).* is not "
+                                           "supported"):
+        torch.autograd.grad(penalty, w[0])
+
+
 @pytest.mark.parametrize("mode,proj,dtype,eps", [
     ("LSTM", 0, torch.bfloat16, 2.0 ** -8), ("LSTM", 4, torch.float16, 2.0 ** -11),
     ("GRU", 0, torch.float16, 2.0 ** -11), ("RNN_TANH", 0, torch.bfloat16, 2.0 ** -8)])
