@@ -1203,7 +1203,8 @@ def patch() -> List[str]:
 
     Models built after patch() hold seqpack's layers; isinstance(m, torch.nn.LSTM)
     is then a test for seqpack's LSTM (torch.nn.modules.rnn.LSTM, which patch()
-    leaves, and torch.nn.RNNBase still match both: torch's class is seqpack's base). Names imported before patch() (``from torch.nn import LSTM``) stay
+    leaves, and torch.nn.RNNBase still match both: torch's class is seqpack's
+    base). Names imported before patch() (``from torch.nn import LSTM``) stay
     torch's. unpatch() restores torch's."""
     changed = []
     for owner, where, name, torch_value, seqpack_value in _targets():
@@ -1222,7 +1223,6 @@ def unpatch() -> List[str]:
             setattr(owner, name, torch_value)
             restored.append(f"{where}.{name} -> torch's {name}")
     return restored
-
 
 
 # Per-stream state for chunked inference (seqpack/torch_streaming.py).
