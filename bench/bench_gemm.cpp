@@ -363,10 +363,6 @@ void BM_engine_step(benchmark::State& state) {
     state.SkipWithError("no native bf16 on this CPU");
     return;
   }
-  if (engine == 3 && !seqpack::cpu_info().native_int8) {
-    state.SkipWithError("no int8 dot products (AVX512-VNNI) on this CPU");
-    return;
-  }
   const auto& eng = seqpack::cpu::gemm_engine_f32(engine == 3   ? seqpack::Precision::int8
                                                   : engine == 2 ? seqpack::Precision::bf16
                                                                 : seqpack::Precision::fp32);
@@ -402,10 +398,6 @@ void BM_int8_gemm(benchmark::State& state) {
   const int64_t k = state.range(0), n = state.range(1), rows = state.range(2);
   const bool quant = state.range(3) != 0;
   const float beta = static_cast<float>(state.range(4));
-  if (!seqpack::cpu_info().native_int8) {
-    state.SkipWithError("no int8 dot products (AVX512-VNNI) on this CPU");
-    return;
-  }
   std::mt19937 rng(42);
   const std::vector<float> a = random_floats(rows * k, rng), w = random_floats(n * k, rng);
   std::vector<float> c = random_floats(rows * n, rng);
@@ -530,10 +522,6 @@ void run_workload_gemms(benchmark::State& state, const WorkloadShape& w, bool tr
     return;
   }
   const bool int8 = precision == seqpack::Precision::int8;
-  if (int8 && !seqpack::cpu_info().native_int8) {
-    state.SkipWithError("no int8 dot products (AVX512-VNNI) on this CPU");
-    return;
-  }
   const auto& eng = int8 ? seqpack::cpu::int8_engine() : seqpack::cpu::onednn_engine(precision);
   const int64_t H = w.hidden, G = w.gates * H, N = w.rows, T = static_cast<int64_t>(w.batch_sizes.size());
   const int64_t widest = std::max({w.input, w.dirs * H, G});

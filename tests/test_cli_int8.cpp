@@ -1,9 +1,9 @@
 // int8 inference from the command line: the main job's model (seqpack train
 // on its built-in data, fp32) classifies the test split with --precision
 // int8 within 0.3 points of fp32, and --eval's accuracy equals the one train
-// reported; predict --stream, bench and info at int8; the refusals (no VNNI,
-// training modes, bad --eval files). Skipped on a CPU without VNNI but for
-// the refusals.
+// reported; predict --stream, bench and info at int8; the kernel choice;
+// the refusals (a kernel the CPU lacks, training modes, bad --eval files).
+// int8 runs on every CPU, on the kernel `seqpack info` names.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -13,6 +13,7 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 #include <string>
+#include <tuple>
 
 #include "cli_run.h"
 #include "cpu_isa.h"
@@ -25,7 +26,6 @@ using seqpack::testing::CliResult;
 using seqpack::testing::run_cli;
 using seqpack::testing::work_dir;
 
-bool vnni() { return seqpack::cpu_info().native_int8; }
 
 // The main job's model, trained once for the tests of this file, and the
 // test split exported beside it.
@@ -76,7 +76,6 @@ nlohmann::json eval_json(const std::string& precision) {
 }
 
 TEST(CliInt8, MainJobTestSplitWithinPointThreeOfFp32) {
-  if (!vnni()) GTEST_SKIP() << "no AVX512-VNNI on " << seqpack::cpu_info().isa;
 #if defined(__SANITIZE_ADDRESS__)
   // Training the main job takes 5 minutes under the sanitizers, most of their
   // run: its accuracy is measured in the plain builds, and the int8 paths it
@@ -85,8 +84,10 @@ TEST(CliInt8, MainJobTestSplitWithinPointThreeOfFp32) {
 #endif
   const nlohmann::json fp32 = eval_json("fp32"), int8 = eval_json("int8");
   const double a32 = fp32.at("accuracy").get<double>(), a8 = int8.at("accuracy").get<double>();
-  std::printf("main job test split: fp32 %.2f%%, int8 %.2f%% (%d words); train said %.2f%%\n",
-              a32, a8, fp32.at("words").get<int>(), main_job().train_test_accuracy);
+  std::printf("main job test split: fp32 %.2f%%, int8 %.2f%% (%d words, kernel %s); train said "
+              "%.2f%%\n",
+              a32, a8, fp32.at("words").get<int>(), seqpack::cpu_info().int8_kernel.c_str(),
+              main_job().train_test_accuracy);
   EXPECT_EQ(fp32.at("words"), 14000);
   EXPECT_EQ(int8.at("precision"), "int8");
   // train's own test evaluation (its code path, 512-word batches) printed this.
@@ -96,7 +97,6 @@ TEST(CliInt8, MainJobTestSplitWithinPointThreeOfFp32) {
 }
 
 TEST(CliInt8, PredictAndStreamAgreeAtInt8) {
-  if (!vnni()) GTEST_SKIP() << "no AVX512-VNNI on " << seqpack::cpu_info().isa;
   const CliResult w = run_cli("predict --json --precision int8 --model " + tiny_model().string() +
                               " maison Haus house the");
   ASSERT_EQ(w.status, 0) << w.err;
@@ -129,10 +129,13 @@ TEST(CliInt8, PredictAndStreamAgreeAtInt8) {
 TEST(CliInt8, InfoAndBench) {
   const CliResult i = run_cli("info --json");
   ASSERT_EQ(i.status, 0) << i.err;
-  EXPECT_EQ(nlohmann::json::parse(i.out).at("native_int8").get<bool>(), vnni()) << i.out;
+  EXPECT_EQ(nlohmann::json::parse(i.out).at("native_int8").get<bool>(),
+            seqpack::cpu_info().native_int8)
+      << i.out;
   const CliResult capped = run_cli("info --json", "ONEDNN_MAX_CPU_ISA=AVX512_CORE");
   EXPECT_FALSE(nlohmann::json::parse(capped.out).at("native_int8").get<bool>()) << capped.out;
-  if (!vnni()) return;
+  EXPECT_EQ(nlohmann::json::parse(capped.out).at("int8_kernel").get<std::string>(), "avx2")
+      << capped.out;
   const CliResult b = run_cli(
       "bench --precision int8 --workload rnn-tanh-tiny --min-time 0.01 --json");
   ASSERT_EQ(b.status, 0) << b.err;
@@ -145,13 +148,14 @@ TEST(CliInt8, InfoAndBench) {
 }
 
 // The int8 products' kernel (info's int8_kernel) and SEQPACK_INT8_KERNEL:
-// vnni is always there where int8 runs; a bad value is refused by name on any
-// CPU, amx by name where the CPU has no AMX-INT8.
+// the best this CPU has by default; scalar and avx2 run on every CPU here, a
+// bad value is refused by name on any CPU, amx and vnni by name where the CPU
+// lacks them.
 TEST(CliInt8, KernelVariable) {
   const std::string bench = "bench --precision int8 --workload rnn-tanh-tiny --min-time 0.01";
   const CliResult bad = run_cli(bench, "SEQPACK_INT8_KERNEL=fast");
   EXPECT_NE(bad.status, 0);
-  EXPECT_NE(bad.err.find("SEQPACK_INT8_KERNEL: 'fast' is not auto, amx or vnni"),
+  EXPECT_NE(bad.err.find("SEQPACK_INT8_KERNEL: 'fast' is not auto, amx, vnni, avx2 or scalar"),
             std::string::npos)
       << bad.err;
   const CliResult bad_info = run_cli("info", "SEQPACK_INT8_KERNEL=fast");
@@ -161,34 +165,42 @@ TEST(CliInt8, KernelVariable) {
   ASSERT_EQ(i.status, 0) << i.err;
   const nlohmann::json info = nlohmann::json::parse(i.out);
   const std::string kernel = info.at("int8_kernel").get<std::string>();
-  if (!vnni()) {
-    EXPECT_EQ(kernel, "") << i.out;
-    return;
+  const bool vnni = info.at("native_int8").get<bool>(), amx = info.at("amx").get<bool>();
+  const bool capped = info.at("isa_cap").get<std::string>() != "avx512";
+  // amx where the CPU has AMX (all have AMX-INT8), vnni where it has VNNI.
+  if (!capped) EXPECT_EQ(kernel, amx ? "amx" : vnni ? "vnni" : "avx2") << i.out;
+  for (const std::string k : {"scalar", "avx2"}) {
+    const CliResult v = run_cli("info --json", "SEQPACK_INT8_KERNEL=" + k);
+    ASSERT_EQ(v.status, 0) << v.err;
+    EXPECT_EQ(nlohmann::json::parse(v.out).at("int8_kernel").get<std::string>(), k);
   }
-  const bool amx = info.at("amx").get<bool>();
-  EXPECT_EQ(kernel, amx ? "amx" : "vnni") << i.out;  // amx where the CPU has AMX (all have AMX-INT8)
-  const CliResult v = run_cli("info --json", "SEQPACK_INT8_KERNEL=vnni");
-  ASSERT_EQ(v.status, 0) << v.err;
-  EXPECT_EQ(nlohmann::json::parse(v.out).at("int8_kernel").get<std::string>(), "vnni");
-  const CliResult ok = run_cli(bench + " --json", "SEQPACK_INT8_KERNEL=vnni");
+  const CliResult ok = run_cli(bench + " --json", "SEQPACK_INT8_KERNEL=scalar");
   EXPECT_EQ(ok.status, 0) << ok.err;
-  const CliResult a = run_cli(bench, "SEQPACK_INT8_KERNEL=amx");
-  if (amx) {
-    EXPECT_EQ(a.status, 0) << a.err;
-  } else {
-    EXPECT_NE(a.status, 0);
-    EXPECT_NE(a.err.find("SEQPACK_INT8_KERNEL: 'amx' needs AMX-INT8"), std::string::npos)
-        << a.err;
+  for (const auto& [k, has, needs] : {std::tuple{"amx", amx, "AMX-INT8"},
+                                      {"vnni", vnni, "AVX512-VNNI"}}) {
+    const CliResult a = run_cli(bench, std::string("SEQPACK_INT8_KERNEL=") + k);
+    if (has) {
+      EXPECT_EQ(a.status, 0) << a.err;
+    } else {
+      EXPECT_NE(a.status, 0);
+      EXPECT_NE(a.err.find(std::string("SEQPACK_INT8_KERNEL: '") + k + "' needs " + needs),
+                std::string::npos)
+          << a.err;
+    }
   }
 }
 
 TEST(CliInt8, RefusalsNameWhatIsWrong) {
-  const CliResult capped = run_cli(
-      "predict --precision int8 --model " + tiny_model().string() + " maison",
-      "ONEDNN_MAX_CPU_ISA=AVX512_CORE");
-  EXPECT_NE(capped.status, 0);
+  // Capped below VNNI, int8 runs on AVX2's kernel; asked for VNNI there, the
+  // refusal names the capped ISA.
+  const std::string words = "predict --precision int8 --model " + tiny_model().string() + " maison";
+  const CliResult capped = run_cli(words, "ONEDNN_MAX_CPU_ISA=AVX512_CORE");
+  EXPECT_EQ(capped.status, 0) << capped.err;
+  const CliResult vnni_capped =
+      run_cli(words, "ONEDNN_MAX_CPU_ISA=AVX512_CORE SEQPACK_INT8_KERNEL=vnni");
+  EXPECT_NE(vnni_capped.status, 0);
   const std::string isa = seqpack::testing::onednn_isa_under_cap("AVX512_CORE");
-  EXPECT_NE(capped.err.find("ISA is " + isa), std::string::npos) << capped.err;
+  EXPECT_NE(vnni_capped.err.find("oneDNN ISA " + isa), std::string::npos) << vnni_capped.err;
   const fs::path bad = work_dir() / "int8_bad.tsv";
   std::ofstream(bad) << "klingon\tqapla\nenglish\tthe\n";  // tiny_model's labels: english, french
   const CliResult b = run_cli("predict --model " + tiny_model().string() + " --eval " + bad.string());

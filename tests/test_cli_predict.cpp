@@ -169,7 +169,6 @@ TEST(CliPredictNonFinite, AnOverflowingModelIsAnErrorNeverANanProbability) {
   EXPECT_CONTAINS(r.err, "word 1 ('maison'): logit 0");
   EXPECT_EQ(r.out, "");  // no "logits":[null,...] with a label
   for (const std::string& precision : {"fp32", "int8", "bf16"}) {
-    if (precision == "int8" && !seqpack::cpu_info().native_int8) continue;
     if (precision == "bf16" && !seqpack::cpu_info().native_bf16) continue;
     const fs::path tsv = work_dir() / "nonfinite.tsv";
     std::ofstream(tsv) << "english\thouse\n";
@@ -218,7 +217,6 @@ TEST(CliPredictBatch, LogitsAreTheSameBitsAloneAndInABatch) {
   std::ofstream(in) << lines;
   for (const std::string& precision : {"fp32", "bf16", "int8"}) {
     if (precision == "bf16" && !seqpack::cpu_info().native_bf16) continue;
-    if (precision == "int8" && !seqpack::cpu_info().native_int8) continue;
     SCOPED_TRACE(precision);
     const std::string common = " --json --precision " + precision + " --model " + model.string();
     const CliResult b = run_cli("predict" + common + args);

@@ -1,5 +1,5 @@
-// Every GEMM engine (fp32; bf16 where the CPU has native bf16; int8 where it
-// has AVX512-VNNI) against the plain float64 GEMM of GemmEngineTester
+// Every GEMM engine (fp32; bf16 where the CPU has native bf16; int8 on the
+// kernel int8_kernel() picks) against the plain float64 GEMM of GemmEngineTester
 // (tests/gemm_engine_tester.h), over odd sizes (1, 3, 17, 33, 129 rows and
 // columns; K not a multiple of any SIMD width), both transposes, beta 0 and 1,
 // a bias row, and the per-step column ranges of 1 to 4 threads.

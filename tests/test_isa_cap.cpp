@@ -39,6 +39,9 @@ TEST(IsaCap, CpuInfoReportsTheCapAndKernelsWithinIt) {
   EXPECT_EQ(info.isa_cap, v);
   EXPECT_EQ(kAvx512.count(info.kernels), 0u) << "an AVX-512 target above the cap";
   EXPECT_FALSE(info.native_int8) << "the AVX512-VNNI int8 kernel above the cap";
+  // int8 still runs: AVX2's kernel under avx2 (every CPU here has AVX2), the
+  // scalar one under sse4.
+  EXPECT_EQ(info.int8_kernel, v == "sse4" ? "scalar" : "avx2");
   if (v == "sse4") EXPECT_EQ(kAvx2.count(info.kernels), 0u) << "AVX2 above the cap";
 }
 

@@ -8,7 +8,9 @@
 //   - batch invariance: a sequence gives the same bits alone, in any batch,
 //     at 1 and 2 threads;
 //   - refusals: training, saving for a backward, float64.
-// Skipped on a CPU without VNNI (the refusal there is test_precision's).
+// int8 runs on every CPU: the kernel tests run each kernel this CPU has
+// (scalar everywhere, AVX2, AVX512-VNNI, AMX-INT8), the forward tests the
+// one int8_kernel() picks (SEQPACK_INT8_KERNEL or the caps choose another).
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -35,9 +37,6 @@ namespace {
 
 constexpr double kForwardAbs = 0.03;
 
-#define SKIP_WITHOUT_INT8() \
-  if (!cpu_info().native_int8) GTEST_SKIP() << "no AVX512-VNNI on " << cpu_info().isa
-
 // ---- the kernels against a plain implementation of the scheme ----
 
 struct PlainRow {
@@ -46,7 +45,7 @@ struct PlainRow {
   int32_t zp = 0;
 };
 // ±inf is read as ±FLT_MAX; a range that overflows a float is taken in double.
-PlainRow plain_quantize_row(const float* x, int64_t k) {
+PlainRow plain_quantize_row(const float* x, int64_t k, int levels) {
   constexpr float kMax = std::numeric_limits<float>::max();
   PlainRow r;
   float lo = 0, hi = 0;
@@ -64,13 +63,14 @@ PlainRow plain_quantize_row(const float* x, int64_t k) {
   }
   const float spread = hi - lo;
   if (spread < 1e-30f) return r;
-  r.scale = std::isfinite(spread) ? spread / 255.f
-                                  : static_cast<float>((double(hi) - double(lo)) / 255.0);
+  r.scale = std::isfinite(spread) ? spread / float(levels)
+                                  : static_cast<float>((double(hi) - double(lo)) / levels);
   const float inv = 1.f / r.scale;
-  r.zp = std::clamp(static_cast<int32_t>(std::nearbyint(-lo * inv)), 0, 255);
+  r.zp = std::clamp(static_cast<int32_t>(std::nearbyint(-lo * inv)), 0, levels);
   for (int64_t i = 0; i < k; ++i)
     r.q[static_cast<std::size_t>(i)] = std::clamp(
-        static_cast<int32_t>(std::nearbyint(std::clamp(x[i], -kMax, kMax) * inv)) + r.zp, 0, 255);
+        static_cast<int32_t>(std::nearbyint(std::clamp(x[i], -kMax, kMax) * inv)) + r.zp, 0,
+        levels);
   return r;
 }
 
@@ -82,6 +82,13 @@ TEST(Int8RowParams, HandWorkedRangesAndFiniteScalesForHugeRanges) {
   EXPECT_EQ(p.scale, 2.5f / 255.f);
   EXPECT_EQ(p.inv, 1.f / (2.5f / 255.f));
   EXPECT_EQ(p.zp, 51);
+  // Over 127 levels (the AVX2 and scalar kernels): scale 2.5 / 127, zero point
+  // round(0.5 / scale) = round(25.4) = 25.
+  p = cpu::u8_row_params(-0.5f, 2.f, 127);
+  EXPECT_EQ(p.scale, 2.5f / 127.f);
+  EXPECT_EQ(p.zp, 25);
+  p = cpu::u8_row_params(-kMax, 0.f, 127);
+  EXPECT_EQ(p.zp, 127);
   // An all-zero row and one under the smallest spread: q = 0, scale 1.
   for (const auto& [lo, hi] : {std::pair{0.f, 0.f}, {-1e-31f, 0.f}, {0.f, 5e-31f}}) {
     p = cpu::u8_row_params(lo, hi);
@@ -126,10 +133,13 @@ PlainRow plain_quantize_column(const std::vector<float>& w) {
   return r;
 }
 
-// The product kernels this CPU runs (VNNI; AMX-INT8 where it has it), and a
-// guard that gives the choice back to SEQPACK_INT8_KERNEL's.
+// The product kernels this CPU runs (scalar everywhere; AVX2, VNNI and
+// AMX-INT8 where it has them), and a guard that gives the choice back to
+// SEQPACK_INT8_KERNEL's.
 std::vector<cpu::Int8Kernel> int8_kernels() {
-  std::vector<cpu::Int8Kernel> kernels{cpu::Int8Kernel::vnni};
+  std::vector<cpu::Int8Kernel> kernels{cpu::Int8Kernel::scalar};
+  if (cpu::avx2_int8_supported()) kernels.push_back(cpu::Int8Kernel::avx2);
+  if (cpu::vnni_int8_supported()) kernels.push_back(cpu::Int8Kernel::vnni);
   if (cpu::amx_int8_supported()) kernels.push_back(cpu::Int8Kernel::amx);
   return kernels;
 }
@@ -138,10 +148,8 @@ struct Int8KernelGuard {
 };
 
 TEST(Int8Kernels, QuantizationAndProductsMatchThePlainScheme) {
-  SKIP_WITHOUT_INT8();
-  const Int8KernelGuard guard;
   for (const cpu::Int8Kernel kernel : int8_kernels()) {
-  cpu::set_int8_kernel(kernel);
+  const int levels = cpu::int8_row_levels(kernel);
   SCOPED_TRACE(std::string("kernel ") + cpu::int8_kernel_name(kernel));
   std::mt19937_64 gen(77);
   std::uniform_real_distribution<float> u(-2.f, 2.f);
@@ -164,12 +172,14 @@ TEST(Int8Kernels, QuantizationAndProductsMatchThePlainScheme) {
           return trans_b ? b[static_cast<std::size_t>(j * k + kk)] : b[static_cast<std::size_t>(kk * n + j)];
         };
         cpu::QuantizedRows qa;
-        cpu::quantize_rows_u8(m, k, a.data(), k + 2, qa);
+        cpu::quantize_rows_u8(m, k, a.data(), k + 2, qa, kernel);
+        ASSERT_EQ(qa.kernel, kernel);
+        ASSERT_EQ(qa.levels, levels);
         cpu::QuantizedWeights qb;
         cpu::quantize_weights_s8(b.data(), trans_b, k, n, ldb, qb);
         std::vector<PlainRow> rows, cols;
         for (int64_t i = 0; i < m; ++i) {
-          rows.push_back(plain_quantize_row(a.data() + i * (k + 2), k));
+          rows.push_back(plain_quantize_row(a.data() + i * (k + 2), k, levels));
           ASSERT_EQ(qa.scale.data()[i], rows.back().scale) << "row " << i;
           ASSERT_EQ(qa.zp.data()[i], rows.back().zp) << "row " << i;
           for (int64_t kk = 0; kk < k; ++kk)
@@ -220,49 +230,60 @@ TEST(Int8Kernels, QuantizationAndProductsMatchThePlainScheme) {
   }
 }
 
-// The AMX-INT8 kernel and the VNNI one compute the same exact int32 sums and
-// share the epilogue that dequantizes them, so they give the same bits, not
-// merely close values: which one runs must not change a result (the int8
-// results' batch invariance rests on it: a product of fewer than kAmxMinRows
-// rows runs on VNNI). Odd shapes: tails of rows (16-row tiles, 32-row
-// blocks), of k (64 k a tile) and of columns, a row offset, every variant.
-TEST(Int8Kernels, AmxAndVnniGiveTheSameBits) {
-  SKIP_WITHOUT_INT8();
-  if (!cpu::amx_int8_supported()) GTEST_SKIP() << "no AMX-INT8 on " << cpu_info().isa;
-  const Int8KernelGuard guard;
+// Every kernel computes the exact int32 sums and the scalar kernel's
+// epilogue, so on the same quantized rows it gives the scalar kernel's bits,
+// not merely close values (the AMX kernel's too, and products of fewer than
+// kAmxMinRows rows on amx run on VNNI: which one runs must not change a
+// result, the int8 results' batch invariance rests on it). Odd shapes: tails
+// of rows (AVX2's 4-row blocks, VNNI's 6, AMX's 16-row tiles and 32-row
+// blocks), of k (64 k a tile) and of columns, a row offset, every variant;
+// rows with values near the top of the range, where AVX2's 16-bit pair sums
+// would saturate over 255 levels.
+TEST(Int8Kernels, EveryKernelGivesTheScalarKernelsBits) {
+  if (int8_kernels().size() == 1) GTEST_SKIP() << "only the scalar kernel runs here";
   std::mt19937_64 gen(78);
   std::uniform_real_distribution<float> u(-2.f, 2.f);
-  for (const int64_t k : {1, 5, 64, 65, 130, 512}) {
-    for (const int64_t n : {1, 16, 17, 47, 64, 70}) {
-      for (const int64_t m : {4, 16, 17, 32, 33, 71}) {
-        const int64_t row0 = static_cast<int64_t>(gen() % 3), rows = m + row0;
-        SCOPED_TRACE("k " + std::to_string(k) + " n " + std::to_string(n) + " m " +
-                     std::to_string(m) + " row0 " + std::to_string(row0));
-        std::vector<float> a(static_cast<std::size_t>(rows * k)), b(static_cast<std::size_t>(n * k));
-        for (auto& v : a) v = u(gen);
-        for (auto& v : b) v = u(gen);
-        cpu::QuantizedRows qa;
-        cpu::quantize_rows_u8(rows, k, a.data(), k, qa);
-        cpu::QuantizedWeights qb;
-        cpu::quantize_weights_s8(b.data(), /*trans_b=*/true, k, n, k, qb);
-        std::vector<float> init(static_cast<std::size_t>(m * n));
-        for (auto& v : init) v = u(gen);
-        std::vector<const float*> init_rows;
-        for (int64_t i = 0; i < m; ++i) init_rows.push_back(init.data() + i * n);
-        const int64_t col0 = n > 17 ? 3 : 0, col1 = n > 17 ? n - 2 : n;
-        for (const int variant : {0, 1, 2, 3}) {
-          std::vector<float> got[2];
-          for (int which = 0; which < 2; ++which) {
-            cpu::set_int8_kernel(which == 0 ? cpu::Int8Kernel::vnni : cpu::Int8Kernel::amx);
-            got[which].assign(static_cast<std::size_t>(m * n), 0.5f);
-            cpu::gemm_u8s8_f32(m, qa, row0, qb, col0, col1, variant == 2 ? 1.f : 0.f,
-                               got[which].data(), n, variant == 0 ? init_rows.data() : nullptr,
-                               variant == 1 ? init.data() : nullptr);
+  for (const cpu::Int8Kernel kernel : int8_kernels()) {
+    if (kernel == cpu::Int8Kernel::scalar) continue;
+    SCOPED_TRACE(std::string("kernel ") + cpu::int8_kernel_name(kernel));
+    for (const int64_t k : {1, 5, 64, 65, 130, 512}) {
+      for (const int64_t n : {1, 16, 17, 47, 64, 70}) {
+        for (const int64_t m : {1, 3, 4, 16, 17, 32, 33, 71}) {
+          const int64_t row0 = static_cast<int64_t>(gen() % 3), rows = m + row0;
+          SCOPED_TRACE("k " + std::to_string(k) + " n " + std::to_string(n) + " m " +
+                       std::to_string(m) + " row0 " + std::to_string(row0));
+          std::vector<float> a(static_cast<std::size_t>(rows * k)), b(static_cast<std::size_t>(n * k));
+          for (auto& v : a) v = u(gen);
+          for (auto& v : b) v = u(gen);
+          // A row of the largest values against a unit of the largest
+          // weights of one sign: every product at its top.
+          for (int64_t i = 0; i < k; ++i) a[static_cast<std::size_t>(row0 * k + i)] = 2.f;
+          a[static_cast<std::size_t>(row0 * k)] = -0.001f;  // lo < 0: zp > 0
+          for (int64_t i = 0; i < k; ++i) b[static_cast<std::size_t>(i)] = -1.5f;
+          cpu::QuantizedRows qa;
+          cpu::quantize_rows_u8(rows, k, a.data(), k, qa, kernel);
+          cpu::QuantizedWeights qb;
+          cpu::quantize_weights_s8(b.data(), /*trans_b=*/true, k, n, k, qb);
+          std::vector<float> init(static_cast<std::size_t>(m * n));
+          for (auto& v : init) v = u(gen);
+          std::vector<const float*> init_rows;
+          for (int64_t i = 0; i < m; ++i) init_rows.push_back(init.data() + i * n);
+          const int64_t col0 = n > 17 ? 3 : 0, col1 = n > 17 ? n - 2 : n;
+          for (const int variant : {0, 1, 2, 3}) {
+            std::vector<float> got[2];
+            for (int which = 0; which < 2; ++which) {
+              qa.kernel = which == 0 ? kernel : cpu::Int8Kernel::scalar;
+              got[which].assign(static_cast<std::size_t>(m * n), 0.5f);
+              cpu::gemm_u8s8_f32(m, qa, row0, qb, col0, col1, variant == 2 ? 1.f : 0.f,
+                                 got[which].data(), n, variant == 0 ? init_rows.data() : nullptr,
+                                 variant == 1 ? init.data() : nullptr);
+            }
+            for (std::size_t i = 0; i < got[0].size(); ++i)
+              ASSERT_EQ(std::memcmp(&got[0][i], &got[1][i], sizeof(float)), 0)
+                  << "variant " << variant << " element " << i << ": "
+                  << cpu::int8_kernel_name(kernel) << " " << got[0][i] << ", scalar "
+                  << got[1][i];
           }
-          for (std::size_t i = 0; i < got[0].size(); ++i)
-            ASSERT_EQ(std::memcmp(&got[0][i], &got[1][i], sizeof(float)), 0)
-                << "variant " << variant << " element " << i << ": vnni " << got[0][i]
-                << ", amx " << got[1][i];
         }
       }
     }
@@ -270,30 +291,33 @@ TEST(Int8Kernels, AmxAndVnniGiveTheSameBits) {
 }
 
 // The kernel choice: SEQPACK_INT8_KERNEL's values are checked where it is read
-// (tests/test_cli_int8.cpp); here, asking for AMX where it cannot run is
-// refused by name.
-TEST(Int8Kernels, AmxIsRefusedWhereItCannotRun) {
+// (tests/test_cli_int8.cpp); here, asking for a kernel this CPU cannot run is
+// refused by name, one it can run is taken, and the scalar kernel runs
+// everywhere.
+TEST(Int8Kernels, AKernelThisCpuCannotRunIsRefusedByName) {
   const Int8KernelGuard guard;
-  if (cpu::amx_int8_supported()) {
-    cpu::set_int8_kernel(cpu::Int8Kernel::amx);
-    EXPECT_EQ(cpu::int8_kernel(), cpu::Int8Kernel::amx);
-    GTEST_SKIP() << "AMX-INT8 runs here";
+  const std::vector<cpu::Int8Kernel> here = int8_kernels();
+  for (const cpu::Int8Kernel kernel : {cpu::Int8Kernel::amx, cpu::Int8Kernel::vnni,
+                                       cpu::Int8Kernel::avx2, cpu::Int8Kernel::scalar}) {
+    const std::string name = cpu::int8_kernel_name(kernel);
+    if (std::find(here.begin(), here.end(), kernel) != here.end()) {
+      cpu::set_int8_kernel(kernel);
+      EXPECT_EQ(cpu::int8_kernel(), kernel) << name;
+      continue;
+    }
+    try {
+      cpu::set_int8_kernel(kernel);
+      FAIL() << name << " was accepted on " << cpu_info().isa;
+    } catch (const std::invalid_argument& e) {
+      EXPECT_NE(std::string(e.what()).find("'" + name + "'"), std::string::npos) << e.what();
+    }
   }
-  try {
-    cpu::set_int8_kernel(cpu::Int8Kernel::amx);
-    FAIL() << "amx was accepted without AMX-INT8";
-  } catch (const std::invalid_argument& e) {
-    EXPECT_NE(std::string(e.what()).find("amx"), std::string::npos) << e.what();
-  }
-  cpu::set_int8_kernel(cpu::Int8Kernel::vnni);
-  EXPECT_EQ(cpu::int8_kernel(), cpu::Int8Kernel::vnni);
 }
 
 // Rows with huge and infinite values quantize as the plain scheme says, with
 // finite scales, and their products are finite and close to the products of
 // the values (±inf read as ±FLT_MAX).
 TEST(Int8Kernels, HugeAndInfiniteRowsHaveFiniteScalesAndProducts) {
-  SKIP_WITHOUT_INT8();
   constexpr float kMax = std::numeric_limits<float>::max();
   const float inf = std::numeric_limits<float>::infinity();
   const int64_t k = 21, n = 19;
@@ -306,14 +330,16 @@ TEST(Int8Kernels, HugeAndInfiniteRowsHaveFiniteScalesAndProducts) {
   const std::vector<std::vector<std::pair<int64_t, float>>> specials = {
       {{0, 3e38f}}, {{0, -3e38f}}, {{5, inf}}, {{20, -inf}}, {{3, kMax}, {4, -kMax}},
       {{0, 3e38f}, {1, -3e38f}}, {{2, inf}, {7, -inf}}};
+  for (const cpu::Int8Kernel kernel : int8_kernels())
   for (const auto& special : specials) {
+    SCOPED_TRACE(std::string("kernel ") + cpu::int8_kernel_name(kernel));
     std::vector<float> a(static_cast<std::size_t>(k));
     for (auto& v : a) v = u(gen);
     for (const auto& [at, v] : special) a[static_cast<std::size_t>(at)] = v;
     SCOPED_TRACE("a[" + std::to_string(special[0].first) + "] = " + std::to_string(special[0].second));
     cpu::QuantizedRows qa;
-    cpu::quantize_rows_u8(1, k, a.data(), k, qa);
-    const PlainRow plain = plain_quantize_row(a.data(), k);
+    cpu::quantize_rows_u8(1, k, a.data(), k, qa, kernel);
+    const PlainRow plain = plain_quantize_row(a.data(), k, cpu::int8_row_levels(kernel));
     ASSERT_TRUE(std::isfinite(qa.scale.data()[0]));
     ASSERT_EQ(qa.scale.data()[0], plain.scale);
     ASSERT_EQ(qa.zp.data()[0], plain.zp);
@@ -371,7 +397,6 @@ void check_config(RNNOptions o, const std::vector<int64_t>& lengths, bool give_h
 }
 
 TEST(RNNInt8, ParityGridAgainstFloat64Reference) {
-  SKIP_WITHOUT_INT8();
   Worst worst;
   uint64_t seed = 3000;
   const std::vector<int64_t> lengths{12, 0, 9, 15, 3, 11, 1, 15};
@@ -395,7 +420,6 @@ TEST(RNNInt8, ParityGridAgainstFloat64Reference) {
 }
 
 TEST(RNNInt8, LongSequencesAndLargeBatches) {
-  SKIP_WITHOUT_INT8();
   Worst worst;
   uint64_t seed = 4000;
   for (RNNMode mode : {RNNMode::lstm, RNNMode::gru, RNNMode::rnn_tanh}) {
@@ -426,7 +450,6 @@ std::vector<float> sequence_bits(const RNNForwardResult& r, const PackingPlan& p
 // order, at 1 and 2 threads (by columns and with the steps' rows split):
 // the same bits every time, for its outputs, h_n and c_n.
 TEST(RNNInt8, ResultsDoNotDependOnTheBatch) {
-  SKIP_WITHOUT_INT8();
   const int threads_before = num_threads();
   for (RNNMode mode : {RNNMode::lstm, RNNMode::gru, RNNMode::rnn_tanh}) {
     RNNOptions o{.mode = mode, .input_size = 24, .hidden_size = 96, .num_layers = 2,
@@ -488,7 +511,6 @@ TEST(RNNInt8, ResultsDoNotDependOnTheBatch) {
 // (W_ih 512 x 1024 bytes, two blocks of half a core's L2 from 2 threads on):
 // the same bits at every thread count.
 TEST(RNNInt8, AProjectionSplitByColumnsKeepsTheBits) {
-  SKIP_WITHOUT_INT8();
   const int threads_before = num_threads();
   RNNOptions o{.mode = RNNMode::lstm, .input_size = 512, .hidden_size = 256, .num_layers = 2};
   o.precision = Precision::int8;
@@ -518,7 +540,6 @@ TEST(RNNInt8, AProjectionSplitByColumnsKeepsTheBits) {
 }
 
 TEST(RNNInt8, TrainingAndSavingForBackwardAreRefused) {
-  SKIP_WITHOUT_INT8();
   RNNOptions o{.mode = RNNMode::lstm, .input_size = 3, .hidden_size = 4};
   o.precision = Precision::int8;
   std::mt19937_64 gen(1);
@@ -558,7 +579,6 @@ TEST(RNNInt8, TrainingAndSavingForBackwardAreRefused) {
 // the clean run. W_ih's magnitudes lie in [0.05, 0.2], so no weight of a unit
 // quantizes to 0 (the gate a huge input reaches saturates in int8 as in fp32).
 TEST(RNNInt8, HugeAndInfiniteInputsSaturateAsFp32Does) {
-  SKIP_WITHOUT_INT8();
   constexpr float kMax = std::numeric_limits<float>::max();
   const float inf = std::numeric_limits<float>::infinity();
   RNNOptions o{.mode = RNNMode::lstm, .input_size = 6, .hidden_size = 20, .bidirectional = true};
@@ -619,7 +639,6 @@ TEST(RNNInt8, HugeAndInfiniteInputsSaturateAsFp32Does) {
 
 // A NaN in one sequence reaches only that sequence (its rows' scales are NaN).
 TEST(RNNInt8, NanInOneSequenceLeavesTheOthersUntouched) {
-  SKIP_WITHOUT_INT8();
   testing::check_nan_stays_in_its_sequence(Precision::int8);
 }
 
@@ -628,7 +647,6 @@ TEST(RNNInt8, NanInOneSequenceLeavesTheOthersUntouched) {
 // aside), and the weights are the ones quantized at construction until
 // replan().
 TEST(RNNInt8, StreamingChunksEqualOneForward) {
-  SKIP_WITHOUT_INT8();
   for (RNNMode mode : {RNNMode::lstm, RNNMode::gru, RNNMode::rnn_tanh}) {
     SCOPED_TRACE(rnn_mode_name(mode));
     RNNOptions o{.mode = mode, .input_size = 12, .hidden_size = 48, .num_layers = 2};
@@ -680,7 +698,6 @@ TEST(RNNInt8, StreamingChunksEqualOneForward) {
 // of quantizing at each call; given with other tensors or at another
 // precision, refused.
 TEST(RNNInt8, QuantizedOnceEqualsQuantizedPerCallAndChecksItsTensors) {
-  SKIP_WITHOUT_INT8();
   RNNOptions o{.mode = RNNMode::lstm, .input_size = 10, .hidden_size = 33, .num_layers = 2,
                .bidirectional = true, .proj_size = 20};
   o.precision = Precision::int8;

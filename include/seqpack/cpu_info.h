@@ -14,11 +14,13 @@ namespace seqpack {
 struct CpuInfo {
   std::string isa;             // the ISA oneDNN dispatches to, e.g. "avx512_core_bf16"
   bool native_bf16 = false;    // bf16 dot products in hardware (AVX512-BF16 or AMX)
-  bool native_int8 = false;    // int8 dot products the int8 precision runs on (AVX512-VNNI)
+  bool native_int8 = false;    // native int8 dot products (AVX512-VNNI; AMX CPUs have it)
   bool amx = false;            // AMX tiles (bf16/int8 matrix units)
-  // The kernel of the int8 products: "amx" (AMX-INT8), "vnni" (AVX512-VNNI),
-  // "" where int8 cannot run. SEQPACK_INT8_KERNEL=amx|vnni picks one (a bad
-  // value makes cpu_info() throw naming it).
+  // The kernel of the int8 products (int8 runs on every CPU): "amx"
+  // (AMX-INT8), "vnni" (AVX512-VNNI), "avx2" (AVX2's 16-bit pair sums, rows
+  // quantized over 127 levels instead of 255), "scalar" (below AVX2).
+  // SEQPACK_INT8_KERNEL=amx|vnni|avx2|scalar picks one (a bad value, or one
+  // this CPU cannot run, makes cpu_info() throw naming it).
   std::string int8_kernel;
   std::string onednn_version;  // e.g. "2.6.3"
   std::string blas;            // the BLAS's own description (OpenBLAS: version and kernel)

@@ -15,8 +15,10 @@
 // training): weights int8, symmetric, one scale per output unit; the layer
 // input and h quantized per row at run time (asymmetric u8), so a sequence's
 // result does not depend on the batch around it; int32 accumulation on
-// AVX512-VNNI; gate math, the cell state and outputs fp32 (cpu/gemm_int8.h has
-// the scheme, docs/performance.md the error bounds). `auto` never picks it.
+// AMX-INT8, AVX512-VNNI, AVX2 (rows over 127 levels there) or a scalar kernel,
+// so it runs on every CPU; gate math, the cell state and outputs fp32
+// (cpu/gemm_int8.h has the scheme, docs/performance.md the error bounds).
+// `auto` never picks it.
 #pragma once
 
 #include <string>

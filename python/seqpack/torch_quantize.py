@@ -10,7 +10,7 @@ in a model for QuantizedLSTM/GRU/RNN, which run seqpack's operators at
 precision "int8": weights int8 with one scale per gate unit, quantized once
 per weight set (libseqpack_torch keeps them, and quantizes again after an
 in-place change), the layer input and h quantized per row at run time, int32
-products on AVX512-VNNI, gate math and states fp32. A row's quantization
+products (AMX-INT8, AVX512-VNNI, AVX2 or scalar: every CPU), gate math and states fp32. A row's quantization
 depends on that row only, so a sequence gives the same bits alone or in any
 batch. The modules are for inference: a forward in training mode or with an
 input that requires grad is an error. They keep the fp32 weights as their

@@ -52,11 +52,6 @@ def test_bf16_gradients_agree_with_fp32():
         assert cos >= 0.999, (k, cos)
 
 
-needs_int8 = pytest.mark.skipif(not seqpack.cpu_info()["native_int8"],
-                                reason=f"no AVX512-VNNI on {seqpack.cpu_info()['isa']}")
-
-
-@needs_int8
 @pytest.mark.parametrize("cls", [nn.LSTM, nn.GRU, nn.RNN])
 def test_int8_close_to_fp32_in_eval_and_refused_in_training(cls):
     a = cls(24, 96, num_layers=2, bidirectional=True, seed=3)
@@ -76,7 +71,6 @@ def test_int8_close_to_fp32_in_eval_and_refused_in_training(cls):
         _run(b)
 
 
-@needs_int8
 def test_int8_streams_give_the_layers_forward():
     """seqpack.StreamingRNN over an int8 layer: chunks of a sequence, beside
     another stream, give the values of the layer's forward over it."""

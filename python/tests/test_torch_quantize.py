@@ -20,9 +20,6 @@ import seqpack
 import seqpack.torch as st
 from helpers import base_seed
 
-needs_int8 = pytest.mark.skipif(
-    not seqpack.cpu_info()["native_int8"],
-    reason=f"int8 needs AVX512-VNNI; this CPU's ISA is {seqpack.cpu_info()['isa']}")
 
 # |int8 - float64 reference| on outputs and final states, weights
 # U(-1/sqrt(H), 1/sqrt(H)) (torch's initialisation), inputs U(-1, 1): the C++
@@ -74,7 +71,6 @@ GRID = [("LSTM", dict(num_layers=2, bidirectional=True)),
         ("RNN_RELU", dict(num_layers=1))]
 
 
-@needs_int8
 @pytest.mark.parametrize("hidden", [16, 96])
 @pytest.mark.parametrize("mode,kwargs", GRID, ids=[f"{m}-{i}" for i, (m, _) in enumerate(GRID)])
 def test_within_bound_of_float64_reference(mode, kwargs, hidden):
@@ -89,7 +85,6 @@ def test_within_bound_of_float64_reference(mode, kwargs, hidden):
     assert e["output"] > 1e-5, e
 
 
-@needs_int8
 @pytest.mark.parametrize("mode", ["LSTM", "GRU"])
 def test_error_not_larger_than_torchs_quantize_dynamic(mode):
     seed = base_seed()
@@ -128,7 +123,6 @@ def batch(n, steps, features, seed):
     return x, lengths
 
 
-@needs_int8
 @pytest.mark.parametrize("mode", ["LSTM", "GRU", "RNN_TANH"])
 def test_batch_invariant_bits(mode):
     """A sequence gives the same bits alone and inside batches of others
@@ -151,7 +145,6 @@ def test_batch_invariant_bits(mode):
     assert torch.equal(out2[:9].flip(0), out)
 
 
-@needs_int8
 def test_packed_and_padded_give_the_same_bits():
     seed = base_seed()
     q = st.quantize_dynamic(make("LSTM", 10, 20, seed, num_layers=2, bidirectional=True))
@@ -174,7 +167,6 @@ def test_packed_and_padded_give_the_same_bits():
     assert torch.equal(out_f, out_fl)
 
 
-@needs_int8
 def test_model_swap_semantics_and_state_dict_round_trip():
     seed = base_seed()
     torch.manual_seed(seed)
@@ -211,7 +203,6 @@ def test_model_swap_semantics_and_state_dict_round_trip():
     fp32.load_state_dict(q.state_dict())
 
 
-@needs_int8
 def test_inplace_and_the_model_itself():
     m = make("GRU", 5, 7, base_seed())
     q = st.quantize_dynamic(m)
@@ -221,7 +212,6 @@ def test_inplace_and_the_model_itself():
     assert same is container and type(container[0]) is st.QuantizedRNN
 
 
-@needs_int8
 def test_qconfig_spec_as_torch_reads_it():
     torch.manual_seed(base_seed())
     model = torch.nn.ModuleDict({
@@ -250,20 +240,17 @@ def test_qconfig_spec_as_torch_reads_it():
         st.quantize_dynamic(model, "a")
 
 
-@needs_int8
 @pytest.mark.parametrize("dtype", [torch.float16, torch.quint8, torch.float32])
 def test_dtype_other_than_qint8_is_refused(dtype):
     with pytest.raises(ValueError, match=f"dtype = {dtype} is not supported"):
         st.quantize_dynamic(torch.nn.LSTM(3, 4), dtype=dtype)
 
 
-@needs_int8
 def test_float64_model_is_refused():
     with pytest.raises(ValueError, match="torch.float64 weights"):
         st.quantize_dynamic(torch.nn.LSTM(3, 4).double())
 
 
-@needs_int8
 def test_inference_only():
     q = st.quantize_dynamic(torch.nn.Sequential(torch.nn.LSTM(3, 4)))
     x = inputs((5, 2, 3), 0)
@@ -286,7 +273,6 @@ def test_inference_only():
                                      False, False, 0, 0.0, True, None, "int8")
 
 
-@needs_int8
 def test_torchscript_gives_the_eager_bits(tmp_path):
     seed = base_seed()
     torch.manual_seed(seed)
@@ -319,7 +305,6 @@ needs_compile = pytest.mark.skipif(
 HAS_SETUPTOOLS = importlib.util.find_spec("setuptools.command") is not None
 
 
-@needs_int8
 @needs_compile
 @pytest.mark.parametrize("backend", [
     "aot_eager",
@@ -342,7 +327,6 @@ def test_torch_compile_gives_the_eager_bits(backend):
     torch._dynamo.reset()
 
 
-@needs_int8
 def test_threads_share_the_quantized_weights():
     """Several threads, several models: each result is the serial one (the
     operators' cache of quantized weights is shared and locked)."""
@@ -368,24 +352,39 @@ def test_threads_share_the_quantized_weights():
     assert not failures
 
 
-def test_without_vnni_the_error_names_the_isa():
+def test_without_vnni_int8_runs_on_avx2_and_asking_for_vnni_names_the_isa():
+    """Capped below VNNI, a quantized layer runs on AVX2's kernel within the
+    bound of fp32; SEQPACK_INT8_KERNEL=vnni there is refused naming the ISA."""
     code = (
         "import torch, seqpack, seqpack.torch as st\n"
-        "info = seqpack.cpu_info()\n"
-        "assert not info['native_int8'], info\n"
-        "q = st.quantize_dynamic(torch.nn.LSTM(3, 4))\n"
+        "torch.manual_seed(0)\n"
+        "m = torch.nn.LSTM(3, 4)\n"
+        "q = st.quantize_dynamic(m)\n"
+        "x = torch.rand(2, 1, 3) * 2 - 1\n"
         "try:\n"
-        "    q(torch.zeros(2, 1, 3))\n"
+        "    with torch.no_grad():\n"
+        "        out = q(x)[0]\n"
         "except ValueError as e:\n"
-        "    assert 'ISA is ' + info['isa'] in str(e), str(e)\n"
+        "    assert 'oneDNN ISA' in str(e), str(e)\n"
         "    print('refused:', e)\n"
         "else:\n"
-        "    raise SystemExit('int8 ran on ' + info['isa'])\n")
+        "    info = seqpack.cpu_info()\n"
+        "    assert not info['native_int8'] and info['int8_kernel'] == 'avx2', info\n"
+        "    with torch.no_grad():\n"
+        "        err = (out - m(x)[0]).abs().max().item()\n"
+        "    print('ran, error', err)\n")
     env = dict(os.environ, ONEDNN_MAX_CPU_ISA="AVX512_CORE")
+    env.pop("SEQPACK_INT8_KERNEL", None)
     res = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
                          timeout=120)
     assert res.returncode == 0, res.stdout + res.stderr
-    assert "refused" in res.stdout and "AVX512-VNNI" in res.stdout, res.stdout
+    assert "ran, error" in res.stdout, res.stdout
+    assert float(res.stdout.split()[-1]) <= BOUND, res.stdout
+    env["SEQPACK_INT8_KERNEL"] = "vnni"
+    res = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                         timeout=120)
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert "refused" in res.stdout and "'vnni' needs AVX512-VNNI" in res.stdout, res.stdout
 
 
 class _Exported(torch.nn.Module):
@@ -431,7 +430,6 @@ def test_onnx_export_writes_the_float32_model():
     assert [i.raw_data for i in a.graph.initializer] == [i.raw_data for i in b.graph.initializer]
 
 
-@needs_int8
 def test_new_models_at_freed_addresses_are_quantized_afresh():
     """Models made and dropped one after another (their weights' memory is
     reused): each is within the bound of its own float64 reference, so no
@@ -445,7 +443,6 @@ def test_new_models_at_freed_addresses_are_quantized_afresh():
         del m
 
 
-@needs_int8
 @pytest.mark.parametrize("mode", ["LSTM", "GRU"])
 def test_streaming_an_int8_layer_equals_its_forward_and_sees_weight_changes(mode):
     """seqpack.torch.StreamingRNN over a quantized layer streams at int8: a

@@ -37,18 +37,11 @@ void require_bf16_dot_products() {
 bool has_int8_dot_products() { return onednn::isa_has_vnni(effective_isa()); }
 bool has_amx_dot_products() { return onednn::isa_has_amx(effective_isa()); }
 
-void require_int8_dot_products() {
+void check_int8_kernel_choice() {
   // The kernel's variable is read here, on the calling thread, before any
   // product asks: a bad value is refused by name, not thrown inside a team.
   check_int8_kernel_setting();
-  if (int8_kernels_supported()) {
-    int8_kernel();
-    return;
-  }
-  throw std::invalid_argument(
-      std::string("precision int8 needs native int8 dot products (AVX512-VNNI), but this "
-                  "CPU's ISA is ") +
-      isa_name() + "; use fp32, bf16 or auto");
+  int8_kernel();
 }
 
 }  // namespace cpu
@@ -58,10 +51,10 @@ CpuInfo cpu_info() {
   const dnnl::cpu_isa isa = cpu::effective_isa();
   info.isa = cpu::onednn::isa_name(isa);
   info.native_bf16 = cpu::onednn::isa_has_bf16(isa);
-  info.native_int8 = cpu::int8_kernels_supported();
+  info.native_int8 = cpu::vnni_int8_supported();
   info.amx = cpu::onednn::isa_has_amx(isa);
   cpu::check_int8_kernel_setting();
-  if (info.native_int8) info.int8_kernel = cpu::int8_kernel_name(cpu::int8_kernel());
+  info.int8_kernel = cpu::int8_kernel_name(cpu::int8_kernel());
   const dnnl_version_t* v = dnnl::version();
   info.onednn_version =
       std::to_string(v->major) + "." + std::to_string(v->minor) + "." + std::to_string(v->patch);

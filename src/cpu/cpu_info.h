@@ -13,11 +13,14 @@ bool has_bf16_dot_products();
 // Throws std::invalid_argument naming the ISA when the CPU has no native bf16
 // dot products (what the bf16 engines need).
 void require_bf16_dot_products();
-// Native int8 dot products for the int8 kernels: AVX512-VNNI (AMX CPUs have it).
+// Native int8 dot products in oneDNN's ISA: AVX512-VNNI (AMX CPUs have it),
+// the VNNI int8 kernel's cap.
 bool has_int8_dot_products();
 // AMX (tiles, bf16 and int8) in oneDNN's ISA: the AMX-INT8 kernel's cap.
 bool has_amx_dot_products();
-// Throws std::invalid_argument naming the ISA when the int8 kernels cannot run.
-void require_int8_dot_products();
+// The int8 precision runs on every CPU (cpu/gemm_int8.h picks its kernel);
+// throws std::invalid_argument naming SEQPACK_INT8_KERNEL's value when it is
+// not a kernel or names one this CPU cannot run.
+void check_int8_kernel_choice();
 
 }  // namespace seqpack::cpu

@@ -112,7 +112,7 @@ const GemmEngine<float>& gemm_engine_f32(Precision precision) {
     return onednn_bf16_engine();
   }
   if (precision == Precision::int8) {
-    require_int8_dot_products();
+    check_int8_kernel_choice();
     return int8_engine();
   }
   return f32;

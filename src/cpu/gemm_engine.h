@@ -23,7 +23,8 @@
 //              primitives cached per shape and thread, step weights reordered
 //              once per call into the layout the primitive asks for;
 //   int8       inference: u8 rows (quantized per row) times s8 weights
-//              (per column), int32 accumulation on AVX512-VNNI or AMX-INT8, fp32 results
+//              (per column), int32 accumulation on AMX-INT8, AVX512-VNNI, AVX2 or
+//              scalar (cpu/gemm_int8.h), fp32 results
 //              (cpu/gemm_int8.h); forward products only.
 #pragma once
 

@@ -1,9 +1,9 @@
 // The int8 kernels of cpu/gemm_int8.h for AVX512-VNNI and AMX-INT8:
 // quantization of the rows and the weights, and the u8·s8 product with its
 // dequantizing epilogue. Compiled for those targets by function attributes
-// and called only after the run-time checks (int8_kernels_supported,
-// amx_int8_supported), so the library still loads and runs fp32 on CPUs
-// without them.
+// and called only after gemm_int8.cpp's run-time checks
+// (vnni_int8_supported, amx_int8_supported), so the library still loads and
+// runs on CPUs without them.
 //
 // VNNI:
 // Register block: MR <= 6 rows x NV <= 4 vectors of 16 columns, 24 int32
@@ -24,28 +24,21 @@
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 #include <cpuid.h>
 #include <immintrin.h>
-#include <omp.h>
 #include <sys/syscall.h>
 #include <unistd.h>
 
 #include <algorithm>
-#include <atomic>
 #include <cmath>
-#include <cstdlib>
 #include <cstring>
 #include <limits>
-#include <stdexcept>
-#include <string>
 
-#include "cpu/cpu_info.h"
-#include "cpu/gemm_int8.h"
-#include "cpu/isa_cap.h"
+#include "cpu/gemm_int8_kernels.h"
 
 #define SEQPACK_VNNI __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni")))
 #define SEQPACK_AMX \
   __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni,amx-tile,amx-int8")))
 
-namespace seqpack::cpu {
+namespace seqpack::cpu::int8_impl {
 
 namespace {
 
@@ -64,8 +57,10 @@ SEQPACK_VNNI inline __m512 clamp_finite(__m512 v) {
   return _mm512_max_ps(_mm512_min_ps(v, big), _mm512_sub_ps(_mm512_setzero_ps(), big));
 }
 
-SEQPACK_VNNI void quantize_row(const float* x, int64_t k, uint8_t* q, int64_t ld, float* scale,
-                               int32_t* zp) {
+}  // namespace
+
+SEQPACK_VNNI void quantize_row_avx512(const float* x, int64_t k, int levels, uint8_t* q,
+                                      int64_t ld, float* scale, int32_t* zp) {
   __m512 vmin = _mm512_setzero_ps(), vmax = _mm512_setzero_ps();
   __mmask16 bad = 0;
   for (int64_t i = 0; i < k; i += 16) {
@@ -81,7 +76,8 @@ SEQPACK_VNNI void quantize_row(const float* x, int64_t k, uint8_t* q, int64_t ld
     *zp = 0;
     return;
   }
-  const U8RowParams p = u8_row_params(_mm512_reduce_min_ps(vmin), _mm512_reduce_max_ps(vmax));
+  const U8RowParams p =
+      u8_row_params(_mm512_reduce_min_ps(vmin), _mm512_reduce_max_ps(vmax), levels);
   *scale = p.scale;
   *zp = p.zp;
   if (p.inv == 0.f) {
@@ -90,17 +86,19 @@ SEQPACK_VNNI void quantize_row(const float* x, int64_t k, uint8_t* q, int64_t ld
   }
   const __m512 vinv = _mm512_set1_ps(p.inv);
   const __m512i vz = _mm512_set1_epi32(p.zp), v0 = _mm512_setzero_si512(),
-                v255 = _mm512_set1_epi32(255);
+                vtop = _mm512_set1_epi32(levels);
   int64_t i = 0;
   for (; i < k; i += 16) {
     const __mmask16 m = tail_mask(k, i);
     const __m512 v = clamp_finite(_mm512_maskz_loadu_ps(m, x + i));
     __m512i t = _mm512_add_epi32(_mm512_cvtps_epi32(_mm512_mul_ps(v, vinv)), vz);
-    t = _mm512_min_epi32(_mm512_max_epi32(t, v0), v255);
+    t = _mm512_min_epi32(_mm512_max_epi32(t, v0), vtop);
     _mm_mask_storeu_epi8(q + i, m, _mm512_cvtusepi32_epi8(t));
   }
   for (int64_t p = k; p < ld; ++p) q[p] = 0;
 }
+
+namespace {
 
 // The epilogue of a block: rows i < MR, groups v < NV from column j0.
 struct Epilogue {
@@ -261,25 +259,25 @@ SEQPACK_AMX void amx_block(int64_t kc, const uint8_t* a, int64_t lda, const int8
   }
 }
 
-SEQPACK_AMX void gemm_amx(int64_t m, const QuantizedRows& a, int64_t a_row0,
-                          const QuantizedWeights& b, int64_t col0, int64_t col1, float beta,
-                          float* c, int64_t ldc, const float* const* init, const float* c_row) {
+SEQPACK_AMX void amx_product(const Product& p) {
   TileConfig cfg;
   for (int t = 0; t < 8; ++t) {
     cfg.rows[t] = 16;
     cfg.colsb[t] = 64;
   }
   _tile_loadconfig(&cfg);
-  const int64_t g0 = col0 / 16, g1 = (col1 + 15) / 16, gstride = b.k4p * 64, kc = b.k4p / 16;
+  const QuantizedRows& a = p.a;
+  const QuantizedWeights& b = p.b;
+  const int64_t g0 = p.col0 / 16, g1 = (p.col1 + 15) / 16, gstride = b.k4p * 64, kc = b.k4p / 16;
   for (int64_t g = g0; g < g1; g += 2) {
     const bool two = g + 1 < g1;
     const int8_t* bp = b.packed.data() + g * gstride;
-    for (int64_t i = 0; i < m; i += 32) {
-      const int mr = static_cast<int>(std::min<int64_t>(32, m - i));
-      const int64_t r = a_row0 + i;
+    for (int64_t i = 0; i < p.m; i += 32) {
+      const int mr = static_cast<int>(std::min<int64_t>(32, p.m - i));
+      const int64_t r = p.a_row0 + i;
       const Epilogue e{a.scale.data() + r, a.zp.data() + r, b.scale.data() + g * 16,
-                       b.sum.data() + g * 16, g * 16, col0, col1, beta, c + i * ldc, ldc,
-                       init ? init + i : nullptr, c_row};
+                       b.sum.data() + g * 16, g * 16, p.col0, p.col1, p.beta, p.c + i * p.ldc,
+                       p.ldc, p.init ? p.init + i : nullptr, p.c_row};
       const uint8_t* ap = a.q.data() + r * a.ld;
       if (mr > 16) {
         two ? amx_block<2, 2>(kc, ap, a.ld, bp, gstride, mr, e)
@@ -309,94 +307,17 @@ bool cpu_has_amx_int8() {
   return (edx >> 24 & 1) && (edx >> 25 & 1);  // AMX-TILE, AMX-INT8
 }
 
-std::atomic<int> kernel_override{static_cast<int>(Int8Kernel::automatic)};
-
-// SEQPACK_INT8_KERNEL as written: automatic (unset, empty or auto), vnni or amx.
-Int8Kernel kernel_setting() {
-  static const Int8Kernel set = [] {
-    const char* env = std::getenv("SEQPACK_INT8_KERNEL");
-    const std::string v = env ? env : "";
-    if (v.empty() || v == "auto") return Int8Kernel::automatic;
-    if (v == "vnni") return Int8Kernel::vnni;
-    if (v == "amx") return Int8Kernel::amx;
-    throw std::invalid_argument("SEQPACK_INT8_KERNEL: '" + v + "' is not auto, amx or vnni");
-  }();
-  return set;
-}
-
-Int8Kernel kernel_from_environment() {
-  static const Int8Kernel chosen = [] {
-    const Int8Kernel set = kernel_setting();
-    if (set == Int8Kernel::amx && !amx_int8_supported()) {
-      throw std::invalid_argument("SEQPACK_INT8_KERNEL: 'amx' needs AMX-INT8, which this CPU (" +
-                                  std::string(isa_name()) + ") does not offer");
-    }
-    if (set != Int8Kernel::automatic) return set;
-    return amx_int8_supported() ? Int8Kernel::amx : Int8Kernel::vnni;
-  }();
-  return chosen;
-}
-
 }  // namespace
 
-const char* int8_kernel_name(Int8Kernel kernel) {
-  switch (kernel) {
-    case Int8Kernel::vnni: return "vnni";
-    case Int8Kernel::amx: return "amx";
-    default: return "auto";
-  }
-}
+bool amx_int8_usable() { return cpu_has_amx_int8() && amx_tile_data_granted(); }
 
-bool amx_int8_supported() {
-  static const bool yes = int8_kernels_supported() && cpu_has_amx_int8() &&
-                          has_amx_dot_products() && amx_tile_data_granted();
-  return yes;
-}
-
-void check_int8_kernel_setting() { kernel_setting(); }
-
-Int8Kernel int8_kernel() {
-  const auto set = static_cast<Int8Kernel>(kernel_override.load(std::memory_order_relaxed));
-  return set != Int8Kernel::automatic ? set : kernel_from_environment();
-}
-
-void set_int8_kernel(Int8Kernel kernel) {
-  if (kernel == Int8Kernel::amx && !amx_int8_supported()) {
-    throw std::invalid_argument(std::string("the amx int8 kernel needs AMX-INT8, which this CPU (") +
-                                isa_name() + ") does not offer");
-  }
-  kernel_override.store(static_cast<int>(kernel), std::memory_order_relaxed);
-}
-
-bool int8_kernels_supported() {
-  static const bool cpu = __builtin_cpu_supports("avx512vnni") &&
-                          __builtin_cpu_supports("avx512bw") &&
-                          __builtin_cpu_supports("avx512vl");
-  // SEQPACK_MAX_CPU_ISA below avx512 rules the kernel out like a smaller CPU.
-  return cpu && has_int8_dot_products() && isa_cap() == IsaLevel::avx512;
-}
-
-void quantize_rows_u8(int64_t m, int64_t k, const float* x, int64_t ldx, QuantizedRows& out) {
-  out.m = m;
-  out.k = k;
-  out.ld = (k + 3) / 4 * 4;
-  // 16 rows and 64 bytes past the last row, zero (the AMX tiles' reach)
-  uint8_t* q = out.q.resize(static_cast<std::size_t>((m + 16) * out.ld + 64));
-  std::memset(q + m * out.ld, 0, static_cast<std::size_t>(16 * out.ld + 64));
-  float* s = out.scale.resize(static_cast<std::size_t>(std::max<int64_t>(m, 1)));
-  int32_t* z = out.zp.resize(static_cast<std::size_t>(std::max<int64_t>(m, 1)));
-  for (int64_t i = 0; i < m; ++i) quantize_row(x + i * ldx, k, q + i * out.ld, out.ld, s + i, z + i);
-}
-
-namespace {
-
-std::atomic<int64_t> weight_quantizations{0};
+void gemm_amx(const Product& p) { amx_product(p); }
 
 // One column of B stored contiguously (a row of W: trans_b), quantized into
 // its lane of a group: 16 values at a time, the scalar loop's rounding
 // (cvtps rounds to nearest even, as nearbyint does in the default mode).
-SEQPACK_VNNI void quantize_column(const float* w, int64_t k, int64_t k4, int8_t* col, float* scale,
-                                  int32_t* sum) {
+SEQPACK_VNNI void quantize_column_avx512(const float* w, int64_t k, int64_t k4, int8_t* col,
+                                         float* scale, int32_t* sum) {
   __m512 vmax = _mm512_setzero_ps();
   __mmask16 bad = 0;
   for (int64_t i = 0; i < k; i += 16) {
@@ -428,84 +349,22 @@ SEQPACK_VNNI void quantize_column(const float* w, int64_t k, int64_t k4, int8_t*
   *sum = _mm512_reduce_add_epi32(total);
 }
 
-}  // namespace
-
-int64_t int8_weight_quantizations() { return weight_quantizations.load(); }
-
-void quantize_weights_s8(const float* b, bool trans_b, int64_t k, int64_t n, int64_t ldb,
-                         QuantizedWeights& out) {
-  ++weight_quantizations;
-  out.k = k;
-  out.n = n;
-  out.k4 = (k + 3) / 4;
-  out.k4p = (out.k4 + 15) / 16 * 16;
-  out.groups = (n + 15) / 16;
-  const int64_t np = out.groups * 16;
-  const auto bytes = static_cast<std::size_t>(std::max<int64_t>(out.groups * out.k4p * 64, 1));
-  int8_t* p = out.packed.resize(bytes);
-  std::memset(p, 0, bytes);  // the rows past k4 (and the columns past n) stay zero
-  float* sc = out.scale.resize(static_cast<std::size_t>(std::max<int64_t>(np, 1)));
-  int32_t* sum = out.sum.resize(static_cast<std::size_t>(std::max<int64_t>(np, 1)));
-  const auto at = [&](int64_t kk, int64_t j) { return trans_b ? b[j * ldb + kk] : b[kk * ldb + j]; };
-  const bool parallel = !omp_in_parallel() && k * n >= (1 << 16);
-#pragma omp parallel for schedule(static) if (parallel)
-  for (int64_t j = 0; j < np; ++j) {
-    const int64_t g = j / 16, lane = j % 16;
-    int8_t* col = p + g * out.k4p * 64 + lane * 4;
-    if (j >= n) {
-      for (int64_t kk = 0; kk < out.k4 * 4; ++kk) col[kk / 4 * 64 + kk % 4] = 0;
-      sc[j] = 0.f;
-      sum[j] = 0;
-      continue;
-    }
-    if (trans_b) {
-      quantize_column(b + j * ldb, k, out.k4, col, sc + j, sum + j);
-      continue;
-    }
-    float mx = 0.f;
-    bool finite = true;
-    for (int64_t kk = 0; kk < k; ++kk) {
-      const float w = at(kk, j);
-      finite = finite && std::isfinite(w);
-      mx = std::max(mx, std::fabs(w));
-    }
-    const float s = !finite ? std::numeric_limits<float>::quiet_NaN() : mx > 0.f ? mx / 127.f : 1.f;
-    const float inv = finite && mx > 0.f ? 1.f / s : 0.f;
-    int32_t total = 0;
-    for (int64_t kk = 0; kk < out.k4 * 4; ++kk) {
-      int32_t q = 0;
-      if (kk < k && inv != 0.f)
-        q = std::clamp(static_cast<int32_t>(std::nearbyint(at(kk, j) * inv)), -127, 127);
-      col[kk / 4 * 64 + kk % 4] = static_cast<int8_t>(q);
-      total += q;
-    }
-    sc[j] = s;
-    sum[j] = total;
-  }
-}
-
-void gemm_u8s8_f32(int64_t m, const QuantizedRows& a, int64_t a_row0, const QuantizedWeights& b,
-                   int64_t col0, int64_t col1, float beta, float* c, int64_t ldc,
-                   const float* const* init, const float* c_row) {
-  col1 = std::min(col1, b.n);
-  if (m <= 0 || col1 <= col0) return;
-  if (m >= kAmxMinRows && int8_kernel() == Int8Kernel::amx) {
-    gemm_amx(m, a, a_row0, b, col0, col1, beta, c, ldc, init, c_row);
-    return;
-  }
-  const int64_t g0 = col0 / 16, g1 = (col1 + 15) / 16, gstride = b.k4p * 64;
+void gemm_vnni(const Product& p) {
+  const QuantizedRows& a = p.a;
+  const QuantizedWeights& b = p.b;
+  const int64_t g0 = p.col0 / 16, g1 = (p.col1 + 15) / 16, gstride = b.k4p * 64;
   for (int64_t g = g0; g < g1; g += kNV) {
     const int nv = static_cast<int>(std::min<int64_t>(kNV, g1 - g));
     const int8_t* bp = b.packed.data() + g * gstride;
-    for (int64_t i = 0; i < m; i += kMR) {
-      const int mr = static_cast<int>(std::min<int64_t>(kMR, m - i));
-      const int64_t r = a_row0 + i;
+    for (int64_t i = 0; i < p.m; i += kMR) {
+      const int mr = static_cast<int>(std::min<int64_t>(kMR, p.m - i));
+      const int64_t r = p.a_row0 + i;
       const Epilogue e{a.scale.data() + r, a.zp.data() + r, b.scale.data() + g * 16,
-                       b.sum.data() + g * 16, g * 16, col0, col1, beta, c + i * ldc, ldc,
-                       init ? init + i : nullptr, c_row};
+                       b.sum.data() + g * 16, g * 16, p.col0, p.col1, p.beta, p.c + i * p.ldc,
+                       p.ldc, p.init ? p.init + i : nullptr, p.c_row};
       block_fn(mr, nv)(b.k4, a.q.data() + r * a.ld, a.ld, bp, gstride, e);
     }
   }
 }
 
-}  // namespace seqpack::cpu
+}  // namespace seqpack::cpu::int8_impl

@@ -1,5 +1,5 @@
 // SEQPACK_MAX_CPU_ISA: a cap on the ISA of seqpack's own kernels (the Highway
-// gate, small-GEMM and Adam kernels, and the AVX512-VNNI int8 kernel), so that
+// gate, small-GEMM and Adam kernels, and the int8 kernels), so that
 // a test can run them on the code paths of a smaller CPU. oneDNN has its own
 // cap, ONEDNN_MAX_CPU_ISA; PyTorch's is ATEN_CPU_CAPABILITY (docs/testing.md).
 #pragma once

@@ -482,8 +482,8 @@ void setup(CLI::App& sub) {
              "(budget: 5x this)",
              0.0, 3600.0, /*min_open=*/true);
   sub.add_option("--precision", args->precision,
-                 "fp32 (default), bf16 (needs native bf16), int8 (inference: the forward modes; needs "
-      "AVX512-VNNI), or auto (bf16 where native)")
+                 "fp32 (default), bf16 (needs native bf16), int8 (inference: the forward modes; any "
+      "CPU, `seqpack info` names its kernel), or auto (bf16 where native)")
       ->check(CLI::IsMember({"fp32", "bf16", "int8", "auto"}));
   add_number(sub, "--scale", args->scale, "multiply every length by this integer", 1, 1000);
   sub.add_flag("--profile", args->profile,

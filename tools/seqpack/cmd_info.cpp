@@ -49,10 +49,12 @@ void run_info(const Args& args) {
   fmt::print("kernels          {} (Highway; SEQPACK_MAX_CPU_ISA cap: {})\n", cpu.kernels,
              cpu.isa_cap);
   fmt::print("native bf16      {}\n", cpu.native_bf16 ? "yes" : "no");
-  fmt::print("native int8      {}\n",
-             !cpu.native_int8 ? std::string("no")
-                              : fmt::format("yes (kernel {}: --precision int8 for inference)",
-                                            cpu.int8_kernel == "amx" ? "AMX-INT8" : "AVX512-VNNI"));
+  const std::string int8_kernel = cpu.int8_kernel == "amx"    ? "AMX-INT8"
+                                  : cpu.int8_kernel == "vnni" ? "AVX512-VNNI"
+                                  : cpu.int8_kernel == "avx2" ? "AVX2, 7-bit rows"
+                                                              : "scalar, 7-bit rows";
+  fmt::print("native int8      {} (--precision int8 for inference runs on {})\n",
+             cpu.native_int8 ? "yes" : "no", int8_kernel);
   fmt::print("AMX              {}\n", cpu.amx ? "yes" : "no");
   fmt::print("precision auto   {}\n", precision_name(autop));
   fmt::print("threads          {} ({})\n", cpu.threads, placement);

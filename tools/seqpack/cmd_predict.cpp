@@ -368,7 +368,7 @@ void setup(CLI::App& sub) {
                            1024);
   sub.add_option("--precision", a->precision,
                  "the LSTM's products: fp32 (default, as trained), bf16 (needs native bf16), int8 "
-                 "(needs AVX512-VNNI; weights quantized at load), or auto (bf16 where native)")
+                 "(weights quantized at load; any CPU), or auto (bf16 where native)")
       ->check(CLI::IsMember({"fp32", "bf16", "int8", "auto"}));
   sub.callback([a] { run_predict(*a); });
 }
