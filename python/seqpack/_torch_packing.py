@@ -17,7 +17,8 @@ length beyond the padded length is a ValueError; where torch raises
 the batch size), the exception type is torch's and the message starts with
 torch's own, then seqpack's detail.
 
-A private module below seqpack.torch (which re-exports these functions): it
+A private module below seqpack._torch_ops, whose packing functions (which
+seqpack.torch re-exports) call it for what the operators do not take: it
 imports nothing of seqpack's.
 """
 from typing import List, Optional, Tuple

@@ -20,7 +20,8 @@ from torch import Tensor
 from torch.nn.utils.rnn import PackedSequence, pack_sequence
 
 from . import _seqpack, _torch_orig
-from .torch import LSTM
+from ._torch_layers import LSTM
+from ._torch_ops import pack_padded_sequence
 
 __all__ = ["CharClassifier", "load_classifier"]
 
@@ -72,7 +73,6 @@ class CharClassifier(torch.nn.Module):
                 if min(lengths) > 0:
                     return self(pack_sequence(ids, enforce_sorted=False))
                 # torch's packing refuses zero-length sequences; seqpack.torch's accepts them.
-                from .torch import pack_padded_sequence
                 padded = _torch_orig.pad_sequence(ids, padding_value=PAD_ID)
                 return self(pack_padded_sequence(padded, torch.tensor(lengths),
                                                  enforce_sorted=False))

@@ -8,7 +8,7 @@
                                     "y": {0: "batch", 1: "time"}, "h_n": {1: "batch"}})
 
 While torch.onnx.export traces, the layers' forward hands over to `forward` here
-(a hook of two lines in seqpack/torch.py). It calls one operator,
+(a hook of two lines in seqpack/_torch_layers.py). It calls one operator,
 `seqpack_onnx::rnn` (defined here with torch.library; its kernel runs torch's
 own recurrence for the values the tracer sees), and `_symbolic`, registered for
 it with torch.onnx.register_custom_op_symbolic, writes the graph. Only public

@@ -26,7 +26,8 @@ import torch
 from torch import Tensor
 from torch.nn.utils.rnn import PackedSequence
 
-from . import torch as _st
+from . import _torch_layers as _layers
+from ._torch_ops import _traced
 
 __all__ = ["quantize_dynamic", "QuantizedLSTM", "QuantizedGRU", "QuantizedRNN"]
 
@@ -68,7 +69,7 @@ class _Int8Layer:
                 input, batch_sizes, sorted_indices, unsorted_indices, h0, c0, self._flat_weights,
                 self.mode, self.hidden_size, self.num_layers, self.bias, self.bidirectional,
                 self.proj_size, self.dropout, False, None, precision)
-        if not torch.jit.is_scripting() and _st._traced(input):
+        if not torch.jit.is_scripting() and _traced(input):
             return self._traced_padded(input, lengths, h0, c0, precision)
         return torch.ops.seqpack.rnn_padded(
             input, lengths, h0, c0, self._flat_weights, self.mode, self.hidden_size,
@@ -115,7 +116,9 @@ class _Int8Layer:
         return q.eval()
 
 
-class QuantizedLSTM(_Int8Layer, _st.LSTM):
+# Each declares its forward and overloads again, as the layers it subclasses do
+# (seqpack/_torch_layers.py says why).
+class QuantizedLSTM(_Int8Layer, _layers.LSTM):
     """seqpack.torch.LSTM at precision int8, for inference (quantize_dynamic
     makes it). Parameters, state_dict and forward arguments are the LSTM's."""
 
@@ -142,7 +145,7 @@ class QuantizedLSTM(_Int8Layer, _st.LSTM):
             return output, (h_n, c_n)
 
 
-class QuantizedGRU(_Int8Layer, _st.GRU):
+class QuantizedGRU(_Int8Layer, _layers.GRU):
     """seqpack.torch.GRU at precision int8, for inference (see QuantizedLSTM)."""
 
     @torch._jit_internal._overload_method  # noqa: F811
@@ -164,7 +167,7 @@ class QuantizedGRU(_Int8Layer, _st.GRU):
             return output, h_n
 
 
-class QuantizedRNN(_Int8Layer, _st.RNN):
+class QuantizedRNN(_Int8Layer, _layers.RNN):
     """seqpack.torch.RNN (tanh or relu) at precision int8, for inference (see QuantizedLSTM)."""
 
     @torch._jit_internal._overload_method  # noqa: F811
@@ -190,8 +193,8 @@ class QuantizedRNN(_Int8Layer, _st.RNN):
 # layers subclass torch.nn's; the int8 ones subclass seqpack.torch's, and are
 # left as they are.
 _SWAP = {torch.nn.LSTM: QuantizedLSTM, torch.nn.GRU: QuantizedGRU, torch.nn.RNN: QuantizedRNN,
-         _st.LSTM: QuantizedLSTM, _st.GRU: QuantizedGRU, _st.RNN: QuantizedRNN}
-_SEQPACK_TWIN = {torch.nn.LSTM: _st.LSTM, torch.nn.GRU: _st.GRU, torch.nn.RNN: _st.RNN}
+         _layers.LSTM: QuantizedLSTM, _layers.GRU: QuantizedGRU, _layers.RNN: QuantizedRNN}
+_SEQPACK_TWIN = {torch.nn.LSTM: _layers.LSTM, torch.nn.GRU: _layers.GRU, torch.nn.RNN: _layers.RNN}
 
 
 def _register_with_torch() -> None:
@@ -205,8 +208,8 @@ def _register_with_torch() -> None:
         return
     mapping = getattr(quantization_mappings, "DEFAULT_DYNAMIC_QUANT_MODULE_MAPPINGS", None)
     if isinstance(mapping, dict):
-        for float_type, int8_type in ((_st.LSTM, QuantizedLSTM), (_st.GRU, QuantizedGRU),
-                                      (_st.RNN, QuantizedRNN)):
+        for float_type, int8_type in ((_layers.LSTM, QuantizedLSTM), (_layers.GRU, QuantizedGRU),
+                                      (_layers.RNN, QuantizedRNN)):
             mapping.setdefault(float_type, int8_type)
 
 

@@ -54,7 +54,8 @@ class StreamingRNN:
                              "unidirectional modules can stream")
         self.module = module
         self.mode = module.mode
-        from .torch_quantize import _Int8Layer  # noqa: PLC0415 (torch_quantize imports torch.py)
+        # Imported here: torch_quantize loads libseqpack_torch, which streaming does without.
+        from .torch_quantize import _Int8Layer  # noqa: PLC0415
         self.precision = "int8" if isinstance(module, _Int8Layer) else "fp32"
         self._impl = None
         self._key = None

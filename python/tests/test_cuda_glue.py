@@ -456,6 +456,7 @@ def _route_cases():
 def test_layers_cuda_route_matches_seqpack_cpu(emulated, monkeypatch, mode, layers, bidirectional, proj,
                                                batch_first, form, lengths):
     spt = pytest.importorskip("seqpack.torch")
+    import seqpack._torch_layers as torch_layers  # where _cuda_backend keeps its choice
     calls = []
 
     class Backend:  # _cuda's interface over the emulated library, on CPU tensors
@@ -470,7 +471,8 @@ def test_layers_cuda_route_matches_seqpack_cpu(emulated, monkeypatch, mode, laye
                                       num_layers, bidirectional, proj_size, False)
             return (y, hn, cn) if m == "LSTM" else (y, hn)
 
-    monkeypatch.setattr(spt, "_cuda_backend", lambda: Backend)
+    # Patched where the layers look it up (seqpack.torch only re-exports it).
+    monkeypatch.setattr(torch_layers, "_cuda_backend", lambda: Backend)
     torch.manual_seed(7 + len(lengths))
     cls = {"LSTM": spt.LSTM, "GRU": spt.GRU, "RNN_TANH": spt.RNN, "RNN_RELU": spt.RNN}[mode]
     kw = {"nonlinearity": "relu" if mode == "RNN_RELU" else "tanh"} if mode.startswith("RNN") else {}
@@ -503,14 +505,15 @@ def test_layers_cuda_route_matches_seqpack_cpu(emulated, monkeypatch, mode, laye
 
 def test_cuda_backend_choice(monkeypatch):
     spt = pytest.importorskip("seqpack.torch")
-    monkeypatch.setattr(spt, "_CUDA_BACKEND", [])
+    import seqpack._torch_layers as torch_layers  # where _cuda_backend keeps its choice
+    monkeypatch.setattr(torch_layers, "_CUDA_BACKEND", [])
     monkeypatch.setenv("SEQPACK_CUDA_LAYERS", "torch")
     assert spt._cuda_backend() is None
-    monkeypatch.setattr(spt, "_CUDA_BACKEND", [])
+    monkeypatch.setattr(torch_layers, "_CUDA_BACKEND", [])
     monkeypatch.setenv("SEQPACK_CUDA_LAYERS", "gpu")
     with pytest.raises(ValueError, match="SEQPACK_CUDA_LAYERS = 'gpu'"):
         spt._cuda_backend()
-    monkeypatch.setattr(spt, "_CUDA_BACKEND", [])
+    monkeypatch.setattr(torch_layers, "_CUDA_BACKEND", [])
     monkeypatch.delenv("SEQPACK_CUDA_LAYERS")
     # No GPU here: the kernels cannot run, whatever library is found.
     if not torch.cuda.is_available():
@@ -534,7 +537,8 @@ def test_named_library_that_cannot_load_is_the_reason(monkeypatch, tmp_path, nam
 
 def test_empty_cuda_layers_is_unset(monkeypatch):
     spt = pytest.importorskip("seqpack.torch")
-    monkeypatch.setattr(spt, "_CUDA_BACKEND", [])
+    import seqpack._torch_layers as torch_layers  # where _cuda_backend keeps its choice
+    monkeypatch.setattr(torch_layers, "_CUDA_BACKEND", [])
     monkeypatch.setenv("SEQPACK_CUDA_LAYERS", "")
     backend = spt._cuda_backend()  # no ValueError: as the default
     if not torch.cuda.is_available():
@@ -545,13 +549,14 @@ def test_layers_refuse_a_named_library_that_cannot_load(monkeypatch, tmp_path):
     # Issue 41, item 11: the layers on CUDA tensors do not fall back to torch's
     # kernels in silence when SEQPACK_CUDA_LIBRARY names what cannot load.
     spt = pytest.importorskip("seqpack.torch")
-    monkeypatch.setattr(spt, "_CUDA_BACKEND", [])
+    import seqpack._torch_layers as torch_layers  # where _cuda_backend keeps its choice
+    monkeypatch.setattr(torch_layers, "_CUDA_BACKEND", [])
     monkeypatch.setenv("SEQPACK_CUDA_LIBRARY", str(tmp_path / "nope.so"))
     monkeypatch.delenv("SEQPACK_CUDA_LAYERS", raising=False)
     import seqpack._cuda as cuda
     monkeypatch.setattr(cuda, "_state", dict(cuda._state, loaded=False, lib=None, error=""))
     with pytest.raises(RuntimeError, match="SEQPACK_CUDA_LIBRARY=.*nope.so"):
         spt._cuda_backend()
-    monkeypatch.setattr(spt, "_CUDA_BACKEND", [])
+    monkeypatch.setattr(torch_layers, "_CUDA_BACKEND", [])
     monkeypatch.setenv("SEQPACK_CUDA_LAYERS", "torch")  # torch's kernels asked for: no error
     assert spt._cuda_backend() is None
