@@ -274,14 +274,17 @@ std::tuple<Tensor, Tensor, Tensor> outputs(const RNNForwardResult& r, const Tens
 
 // ---- the model plan: weights laid out once --------------------------------
 //
-// An inference forward (no training, nothing saved), and any forward whose
-// weights none requires grad (with its backward), reads its weights through
-// the model's plan (rnn_make_plan: quantized at int8, W_hh laid out at fp32
-// and bf16). A plan is made at the first call with a set of weights and kept in a small LRU
-// shared by all threads, keyed by the layer's shape options and, per weight,
-// its storage, data pointer and torch version counter: an in-place change
-// (load_state_dict, param.copy_() under no_grad, an optimiser step) bumps the
-// version and the next call makes a new plan. A change through `.data` bumps no
+// Every forward (and the backward of one that saves) reads its weights
+// through the model's plan (rnn_make_plan: quantized at int8, W_hh laid out at
+// fp32 and bf16). A plan is made at the first call with a set of weights and
+// kept in a small LRU shared by all threads, keyed by the layer's shape
+// options and, per weight, its storage, data pointer and torch version
+// counter: an in-place change (load_state_dict, param.copy_() under no_grad,
+// an optimiser step) bumps the version and the next call makes a new plan,
+// which replaces the stale one. So a training loop lays its weights out once
+// per optimiser step, not once per call: a decoder run one step per call
+// (seq2seq with teacher forcing, sampling) lays them out once for all of its
+// steps, forward and backward. A change through `.data` bumps no
 // version and is not seen (as with any state torch derives from a tensor). The
 // storage is held weakly, so an entry never keeps a model's weights alive, and
 // a freed storage whose address is reused never matches. Weights that another
@@ -338,6 +341,23 @@ bool matches(PlanKey& key, const RNNOptions& o, at::TensorList weights) {
   return true;
 }
 
+// Whether `old` keys the same tensors (storage and data pointer, in order) as
+// `now` at another version of at least one: a plan of weights since changed
+// in place.
+bool older_version_of(const PlanKey& old, const PlanKey& now) {
+  if (old.weights.size() != now.weights.size()) return false;
+  bool other_version = false;
+  for (size_t i = 0; i < old.weights.size(); ++i) {
+    const PlanKey::Weight &a = old.weights[i], &b = now.weights[i];
+    if (a.data != b.data || a.storage.expired() || b.storage.expired() ||
+        a.storage.lock().get() != b.storage.lock().get()) {
+      return false;
+    }
+    other_version = other_version || a.version != b.version;
+  }
+  return other_version;
+}
+
 class ModelPlanCache {
  public:
   // Up to this many weight sets (layers) keep their plans; the least recently
@@ -357,6 +377,9 @@ class ModelPlanCache {
     }
     // Made outside the lock (int8 quantizes: a few ms for a large model): two
     // threads meeting a new weight set may both make one; they are the same.
+    // A plan of the same tensors at older versions is dropped: it cannot
+    // match again, and would hold a stale layout of every weight until the
+    // LRU pushed it out.
     PlanKey key{o.mode,      o.precision, o.dtype, o.input_size, o.hidden_size, o.num_layers,
                 o.proj_size, o.bias,      o.bidirectional, {}};
     key.weights.reserve(weights.size());
@@ -366,11 +389,14 @@ class ModelPlanCache {
     auto q = rnn_make_plan(o, core);
     std::lock_guard<std::mutex> lock(mutex_);
     entries_.emplace_front(std::move(key), q);
-    // Entries of freed weights first, then the least recently used.
-    entries_.remove_if([](const auto& e) {
+    // Entries of freed weights and stale versions first, then the least
+    // recently used.
+    const PlanKey& fresh = entries_.front().first;
+    const auto* fresh_plan = entries_.front().second.get();
+    entries_.remove_if([&](const auto& e) {
       for (const auto& w : e.first.weights)
         if (w.storage.expired()) return true;
-      return false;
+      return e.second.get() != fresh_plan && older_version_of(e.first, fresh);
     });
     while (entries_.size() > kEntries) entries_.pop_back();
     return q;
@@ -392,23 +418,17 @@ RNNForwardResult run_forward(const RNNCall& call, const Tensor& data, const OptT
   std::vector<CoreTensor> w = core_weights(weights, op);
   CoreTensor x = to_core(data, op, "input"), h = to_core(h0, op, "h0"), c = to_core(c0, op, "c0");
   return checked(op, [&] {
-    // An inference call reads the weights through their plan, and so does a
-    // call whose weights no optimizer can change (none requires grad: a
-    // frozen encoder, input gradients of a fixed model), in its backward too
-    // (a training or saving int8 call is refused by the core before it reads
-    // them). Weights that require grad change at every step: their layouts
-    // are made per call, not cached.
-    bool frozen = true;
-    for (const Tensor& t : weights) frozen = frozen && !t.requires_grad();
+    // Every call reads the weights through their plan, its backward too (a
+    // training or saving int8 call is refused by the core before it reads
+    // them). Weights an optimiser changes get a new plan at the first call
+    // after each step (their version moved).
     std::shared_ptr<const RNNModelPlan> model;
-    if ((!call.train && !save) || frozen) {
-      // core_weights copied any non-contiguous weight: those have no stable
-      // source to key on, and are laid out per call.
-      bool cacheable = true;
-      for (const Tensor& t : weights)
-        cacheable = cacheable && t.is_contiguous() && !changeable_elsewhere(t);
-      if (cacheable) model = model_plan_cache().get(call.options, weights, w);
-    }
+    // core_weights copied any non-contiguous weight: those have no stable
+    // source to key on, and are laid out per call.
+    bool cacheable = true;
+    for (const Tensor& t : weights)
+      cacheable = cacheable && t.is_contiguous() && !changeable_elsewhere(t);
+    if (cacheable) model = model_plan_cache().get(call.options, weights, w);
     return rnn_forward(call.options, w, x, *call.plan, h, c, call.train, save, call.seed,
                        model.get());
   });
