@@ -600,7 +600,7 @@ class _SeqpackCell(_QuantizationNotice):
         if input.is_cuda:
             if torch.jit.is_scripting():
                 return False
-            if not _cuda_runs(input):
+            if not _cuda_runs(input, self.weight_ih, h0, c0):
                 return False
         elif not input.is_cpu:
             return False
