@@ -58,20 +58,6 @@ SEQPACK_AVX2 inline float reduce_max(__m256 v) {
   return _mm_cvtss_f32(m);
 }
 
-// The epilogue of a block: rows i < MR, vectors v < NV from column j0.
-struct Epilogue {
-  const float* sa;    // rows' scales
-  const int32_t* za;  // rows' zero points
-  const float* sb;    // columns' scales, from column j0
-  const int32_t* wsum;
-  int64_t j0, col0, col1;
-  float beta;
-  float* c;  // row 0, column 0
-  int64_t ldc;
-  const float* const* init;
-  const float* c_row;
-};
-
 // Row i of vector v of a block from its exact int32 sums acc: gemm_scalar's
 // operations, lane by lane.
 SEQPACK_AVX2 __attribute__((always_inline)) inline void epilogue_row(const Epilogue& e, int v,
@@ -187,9 +173,7 @@ void gemm_avx2(const Product& p) {
     for (int64_t i = 0; i < p.m; i += kMR) {
       const int mr = static_cast<int>(std::min<int64_t>(kMR, p.m - i));
       const int64_t r = p.a_row0 + i;
-      const Epilogue e{a.scale.data() + r, a.zp.data() + r, b.scale.data() + g * 16,
-                       b.sum.data() + g * 16, g * 16, p.col0, p.col1, p.beta, p.c + i * p.ldc,
-                       p.ldc, p.init ? p.init + i : nullptr, p.c_row};
+      const Epilogue e = block_epilogue(p, i, g);
       kBlocks[mr](b.k4, a.q.data() + r * a.ld, a.ld, bp, e);
     }
   }

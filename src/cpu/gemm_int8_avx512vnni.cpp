@@ -100,20 +100,6 @@ SEQPACK_VNNI void quantize_row_avx512(const float* x, int64_t k, int levels, uin
 
 namespace {
 
-// The epilogue of a block: rows i < MR, groups v < NV from column j0.
-struct Epilogue {
-  const float* sa;   // rows' scales
-  const int32_t* za;  // rows' zero points
-  const float* sb;   // columns' scales, from column j0
-  const int32_t* wsum;
-  int64_t j0, col0, col1;
-  float beta;
-  float* c;  // row 0, column 0
-  int64_t ldc;
-  const float* const* init;
-  const float* c_row;
-};
-
 // The epilogue of group v of a block (columns j0 + 16 v ...): its lanes in
 // [col0, col1) (mask; 0: none), the columns' scales and weight sums.
 struct GroupEpilogue {
@@ -275,9 +261,7 @@ SEQPACK_AMX void amx_product(const Product& p) {
     for (int64_t i = 0; i < p.m; i += 32) {
       const int mr = static_cast<int>(std::min<int64_t>(32, p.m - i));
       const int64_t r = p.a_row0 + i;
-      const Epilogue e{a.scale.data() + r, a.zp.data() + r, b.scale.data() + g * 16,
-                       b.sum.data() + g * 16, g * 16, p.col0, p.col1, p.beta, p.c + i * p.ldc,
-                       p.ldc, p.init ? p.init + i : nullptr, p.c_row};
+      const Epilogue e = block_epilogue(p, i, g);
       const uint8_t* ap = a.q.data() + r * a.ld;
       if (mr > 16) {
         two ? amx_block<2, 2>(kc, ap, a.ld, bp, gstride, mr, e)
@@ -359,9 +343,7 @@ void gemm_vnni(const Product& p) {
     for (int64_t i = 0; i < p.m; i += kMR) {
       const int mr = static_cast<int>(std::min<int64_t>(kMR, p.m - i));
       const int64_t r = p.a_row0 + i;
-      const Epilogue e{a.scale.data() + r, a.zp.data() + r, b.scale.data() + g * 16,
-                       b.sum.data() + g * 16, g * 16, p.col0, p.col1, p.beta, p.c + i * p.ldc,
-                       p.ldc, p.init ? p.init + i : nullptr, p.c_row};
+      const Epilogue e = block_epilogue(p, i, g);
       block_fn(mr, nv)(b.k4, a.q.data() + r * a.ld, a.ld, bp, gstride, e);
     }
   }

@@ -28,6 +28,32 @@ struct Product {
   const float* c_row;
 };
 
+// What a register block's epilogue reads: its rows' scales and zero points
+// (row 0 of the block first), the columns' scales and weight sums from column
+// j0 (a group's first), the range [col0, col1) it may write, and C's row 0 of
+// the block at column 0.
+struct Epilogue {
+  const float* sa;
+  const int32_t* za;
+  const float* sb;
+  const int32_t* wsum;
+  int64_t j0, col0, col1;
+  float beta;
+  float* c;
+  int64_t ldc;
+  const float* const* init;
+  const float* c_row;
+};
+
+// The epilogue of the block of p's rows from i (row a_row0 + i of a) and
+// columns from group g.
+inline Epilogue block_epilogue(const Product& p, int64_t i, int64_t g) {
+  const int64_t r = p.a_row0 + i;
+  return {p.a.scale.data() + r, p.a.zp.data() + r, p.b.scale.data() + g * 16,
+          p.b.sum.data() + g * 16, g * 16, p.col0, p.col1, p.beta, p.c + i * p.ldc, p.ldc,
+          p.init ? p.init + i : nullptr, p.c_row};
+}
+
 // Row x (k values) quantized over `levels` levels into q (ld bytes, the
 // ones past k zero), its scale and zero point: the bits of
 // quantize_row_scalar on every ISA.
