@@ -1,8 +1,8 @@
 // Plain reference of the recurrent layers: one sequence at a time, one step at a
 // time, scalar loops, everything in double whatever the input dtype. It shares
-// no code with the fast path (src/rnn.cpp, src/cpu/) on purpose: it is the
-// independent evidence that the fast path is right, so it favours being
-// obviously correct over being fast.
+// no code with the fast path (src/rnn_modules.cpp, src/rnn_core.cpp, src/rnn/,
+// src/cpu/) on purpose: it is the independent evidence that the fast path is
+// right, so it favours being obviously correct over being fast.
 #include "reference/rnn_reference.h"
 
 #include <algorithm>
