@@ -3,6 +3,7 @@
 #include "cpu/gemm_engine.h"
 
 #include <stdexcept>
+#include <string_view>
 
 #include "cpu/cpu_info.h"
 #include "cpu/gemm.h"
@@ -59,9 +60,26 @@ struct PackedOperand : StepOperand {
   std::vector<ColumnRange> ranges;
 };
 
+// Whether oneDNN dispatches to AVX-512 (its f32 kernels there give the same
+// bits at any thread count, which tests/test_rnn_threads.cpp relies on).
+bool onednn_avx512() {
+  static const bool yes = std::string_view(isa_name()).rfind("avx512", 0) == 0;
+  return yes;
+}
+
 class F32Engine : public BlasEngine<float> {
  public:
   void gemm(const GemmProduct<float>& p) const override {
+    // The weight gradients (dGᵀ·X, op(A) = Aᵀ, k the batch's rows) ran at
+    // half of OpenBLAS's rate in oneDNN 2.6's f32 matmul below AVX-512 (Zen
+    // 3, one thread, bench_gemm BM_batch m 1024, n 128 and 256, k 1316: 36-37
+    // GFLOP/s against OpenBLAS's 67-73), half of a dense LSTM's training
+    // backward: there they run on OpenBLAS, split over the threads by
+    // cpu::gemm. Every other product stays on oneDNN, as fast or faster.
+    if (p.a.trans && !onednn_avx512()) {
+      BlasEngine<float>::gemm(p);
+      return;
+    }
     onednn_gemm_f32(p.a.trans, p.b.trans, p.m, p.n, p.k, p.a.data, p.a.ld, p.b.data, p.b.ld,
                     p.beta, p.c, p.ldc, p.c_row);
   }
