@@ -1,0 +1,100 @@
+#!/usr/bin/python3
+"""One step with a given state, as a decoder or a sampler runs it: seqpack.torch's
+layer against torch.nn's, the same weights, one call per step.
+
+For each cell and batch: `infer` is a forward of one step under torch.no_grad()
+with the module in training mode (a sampler inside a training loop; eval() gives
+the same figures for seqpack); `train` is a forward of one step and the backward
+of its output's sum, the input requiring grad, parameter gradients cleared
+(set_to_none) between calls. Times are the best of 5 runs of N calls; a round
+times torch then seqpack; the ratio (torch / seqpack, > 1: seqpack faster) is the
+median of --rounds paired rounds. Threads: torch's and its OpenBLAS pool's
+(bench/torch_threads.py) and seqpack's at --threads; glibc malloc tuned by default.
+
+    /usr/bin/python3 bench/step_vs_torch.py [--threads 1] [--rounds 3] [--malloc tuned]
+"""
+import argparse
+import os
+import statistics
+import sys
+import time
+
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from torch_threads import add_malloc_option, apply_malloc, malloc_settings, set_torch_threads  # noqa: E402
+
+import seqpack  # noqa: E402
+import seqpack.torch as st  # noqa: E402
+
+
+def best_per_call(f, calls):
+    best = float("inf")
+    for _ in range(5):
+        t0 = time.perf_counter()
+        for _ in range(calls):
+            f()
+        best = min(best, (time.perf_counter() - t0) / calls)
+    return best
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--cases", default="GRU:500,LSTM:500,GRU:64",
+                   help="cell:hidden pairs (input_size = hidden)")
+    p.add_argument("--batch", default="1,64")
+    add_malloc_option(p)
+    p.set_defaults(malloc="tuned")
+    args = p.parse_args()
+    apply_malloc(args.malloc)
+    set_torch_threads(args.threads)
+    seqpack.set_num_threads(args.threads)
+    print(f"# torch {torch.__version__}, seqpack ISA {seqpack.cpu_info()['isa']}, "
+          f"{args.threads} thread(s), {malloc_settings()}")
+    print("cell(H)     batch mode   torch us  seqpack us  ratio (rounds)")
+    for case in args.cases.split(","):
+        cls, hidden = case.split(":")
+        H = int(hidden)
+        for B in (int(b) for b in args.batch.split(",")):
+            torch.manual_seed(0)
+            ref = getattr(torch.nn, cls)(H, H)
+            sp = getattr(st, cls)(H, H)
+            sp.load_state_dict(ref.state_dict())
+            x = torch.randn(1, B, H)
+            h = torch.randn(1, B, H)
+            hx = (h, h.clone()) if cls == "LSTM" else h
+            xr = x.clone().requires_grad_()
+
+            def infer(m):
+                def f():
+                    with torch.no_grad():
+                        m(x, hx)
+                return f
+
+            def train(m):
+                def f():
+                    m.zero_grad(set_to_none=True)
+                    xr.grad = None
+                    out, _ = m(xr, hx)
+                    out.sum().backward()
+                return f
+
+            calls = 200 if B == 1 else 50
+            for mode, make in (("infer", infer), ("train", train)):
+                ratios, t_ref, t_sp = [], [], []
+                for _ in range(args.rounds):
+                    a = best_per_call(make(ref), calls)
+                    b = best_per_call(make(sp), calls)
+                    ratios.append(a / b)
+                    t_ref.append(a)
+                    t_sp.append(b)
+                name = f"{cls}({H})"
+                print(f"{name:<11} {B:5d} {mode:5s} {statistics.median(t_ref) * 1e6:9.0f} "
+                      f"{statistics.median(t_sp) * 1e6:11.0f}  {statistics.median(ratios):.2f} "
+                      f"({min(ratios):.2f}-{max(ratios):.2f})", flush=True)
+
+
+if __name__ == "__main__":
+    main()
