@@ -6,7 +6,9 @@ For each cell and batch: `infer` is a forward of one step under torch.no_grad()
 with the module in training mode (a sampler inside a training loop; eval() gives
 the same figures for seqpack); `train` is a forward of one step and the backward
 of its output's sum, the input requiring grad, parameter gradients cleared
-(set_to_none) between calls. Times are the best of 5 runs of N calls; a round
+(set_to_none) between calls (the weights unchanged: a decoder's steps within one
+optimiser step); `train+sgd` adds an SGD step after each backward, so the
+weights change at every call (seqpack then lays them out at every call). Times are the best of 5 runs of N calls; a round
 times torch then seqpack; the ratio (torch / seqpack, > 1: seqpack faster) is the
 median of --rounds paired rounds. Threads: torch's and its OpenBLAS pool's
 (bench/torch_threads.py) and seqpack's at --threads; glibc malloc tuned by default.
@@ -53,7 +55,7 @@ def main():
     seqpack.set_num_threads(args.threads)
     print(f"# torch {torch.__version__}, seqpack ISA {seqpack.cpu_info()['isa']}, "
           f"{args.threads} thread(s), {malloc_settings()}")
-    print("cell(H)     batch mode   torch us  seqpack us  ratio (rounds)")
+    print("cell(H)     batch mode       torch us  seqpack us  ratio (rounds)")
     for case in args.cases.split(","):
         cls, hidden = case.split(":")
         H = int(hidden)
@@ -81,8 +83,17 @@ def main():
                     out.sum().backward()
                 return f
 
+            def train_sgd(m):
+                opt = torch.optim.SGD(m.parameters(), lr=1e-6)
+                step = train(m)
+
+                def f():
+                    step()
+                    opt.step()
+                return f
+
             calls = 200 if B == 1 else 50
-            for mode, make in (("infer", infer), ("train", train)):
+            for mode, make in (("infer", infer), ("train", train), ("train+sgd", train_sgd)):
                 ratios, t_ref, t_sp = [], [], []
                 for _ in range(args.rounds):
                     a = best_per_call(make(ref), calls)
@@ -91,7 +102,7 @@ def main():
                     t_ref.append(a)
                     t_sp.append(b)
                 name = f"{cls}({H})"
-                print(f"{name:<11} {B:5d} {mode:5s} {statistics.median(t_ref) * 1e6:9.0f} "
+                print(f"{name:<11} {B:5d} {mode:9s} {statistics.median(t_ref) * 1e6:9.0f} "
                       f"{statistics.median(t_sp) * 1e6:11.0f}  {statistics.median(ratios):.2f} "
                       f"({min(ratios):.2f}-{max(ratios):.2f})", flush=True)
 
