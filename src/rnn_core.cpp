@@ -166,28 +166,54 @@ struct RNNModelPlan : std::enable_shared_from_this<RNNModelPlan> {
   mutable std::map<Split, std::shared_ptr<const rnn::BackwardPlan<float>>> backward_f32;
   mutable std::map<Split, std::shared_ptr<const rnn::BackwardPlan<double>>> backward_f64;
 
-  // The step operands for `nt` threads a direction, made on first use.
+  // Calls of few steps (rnn::in_place_steps) met so far, forwards and
+  // backwards apart: the first of them reads the weights in place, and
+  // later ones lay them out (weights that outlive one call are likely to
+  // serve many: a decoder's steps between two optimizer steps, or serving).
+  mutable int short_forwards = 0, short_backwards = 0;
+
+  // Whether a call of `steps` steps reads its weights in place where the
+  // plan has no layout for it (counted: call once per call).
+  bool in_place(int64_t steps, bool backward) const {
+    if (!rnn::in_place_steps(steps)) return false;
+    const std::lock_guard<std::mutex> lock(mutex);
+    return (backward ? short_backwards : short_forwards)++ == 0;
+  }
+
+  // The step operands for `nt` threads a direction, made on first use, or
+  // (in_place, and none made yet) in place for this call only, W_hh's
+  // finiteness checked where `check_finite`.
   template <typename T>
-  std::shared_ptr<const rnn::RNNPlan<T>> steps(const cpu::GemmEngine<T>& eng, int nt) const {
+  std::shared_ptr<const rnn::RNNPlan<T>> steps(const cpu::GemmEngine<T>& eng, int nt,
+                                               bool in_place, bool check_finite) const {
     auto& known = layouts<T>();
     const Split key{nt, rnn::rows_split(eng, options)};
     const std::lock_guard<std::mutex> lock(mutex);
     auto it = known.find(key);
-    if (it == known.end())
+    if (it == known.end()) {
+      if (in_place) {
+        return rnn::make_plan<T>(options, weights, eng, nt, &weight_layouts, /*in_place=*/true,
+                                 check_finite);
+      }
       it = known.emplace(key, rnn::make_plan<T>(options, weights, eng, nt, &weight_layouts)).first;
+    }
     return it->second;
   }
   // The backward's step operands for a layer on `nt` threads, `columns` of
-  // them sharing a step's columns, made on first use.
+  // them sharing a step's columns, made on first use (or in place, as
+  // steps()'s).
   template <typename T>
   std::shared_ptr<const rnn::BackwardPlan<T>> backward_steps(const cpu::GemmEngine<T>& eng, int nt,
-                                                             int columns) const {
+                                                             int columns, bool in_place) const {
     auto& known = backward_layouts<T>();
     const Split key{nt, columns == 1 && nt > 1};
     const std::lock_guard<std::mutex> lock(mutex);
     auto it = known.find(key);
-    if (it == known.end())
+    if (it == known.end()) {
+      if (in_place)
+        return rnn::make_backward_plan<T>(options, weights, eng, columns, /*in_place=*/true);
       it = known.emplace(key, rnn::make_backward_plan<T>(options, weights, eng, columns)).first;
+    }
     return it->second;
   }
   // The map of element type T of a float and a double pair.
@@ -285,9 +311,12 @@ RNNForwardResult forward_impl(const RNNOptions& o, const std::vector<Tensor>& we
   // The weights laid out once for the engine and the threads.
   const int nt = direction_threads(o, rows_split(eng, o), N,
                                   static_cast<int64_t>(plan.batch_sizes().size()));
+  const auto steps = static_cast<int64_t>(plan.batch_sizes().size());
   const std::shared_ptr<const rnn::RNNPlan<T>> model =
-      mp ? mp->steps<T>(eng, nt)
-         : std::shared_ptr<const rnn::RNNPlan<T>>(rnn::make_plan<T>(o, weights, eng, nt));
+      mp ? mp->steps<T>(eng, nt, mp->in_place(steps, /*backward=*/false), !h0.defined())
+         : std::shared_ptr<const rnn::RNNPlan<T>>(
+               rnn::make_plan<T>(o, weights, eng, nt, nullptr, rnn::in_place_steps(steps),
+                                 !h0.defined()));
   RNNForwardResult res;
   res.h_n = cpu::pooled_empty({L * D, B, R}, o.dtype);
   if (Cell::cell_state) res.c_n = cpu::pooled_empty({L * D, B, H}, o.dtype);
@@ -355,6 +384,10 @@ RNNGradients backward_impl(const RNNSaved& sv, const Tensor& grad_output, const 
   const int nt = direction_threads(o, rows_split(eng, o, /*backward=*/true), N,
                                   static_cast<int64_t>(sv.batch_sizes.size()));
 
+  // Where the forward had a plan, whether this call reads the weights in
+  // place (where the plan has no layout for a layer's split).
+  const bool in_place =
+      sv.model && sv.model->in_place(static_cast<int64_t>(sv.batch_sizes.size()), true);
   Tensor dout = grad_output;  // gradient of this layer's output rows, or undefined
   for (int64_t l = L - 1; l >= 0; --l) {
     const RNNSaved::Layer& sl = sv.layers[static_cast<std::size_t>(l)];
@@ -366,7 +399,7 @@ RNNGradients backward_impl(const RNNSaved& sv, const Tensor& grad_output, const 
     const int columns =
         BackwardDirection<T, Cell>::splits_rows(ntl, eng, sv, lookup_layer) ? 1 : ntl;
     const std::shared_ptr<const rnn::BackwardPlan<T>> laid_out =
-        sv.model ? sv.model->backward_steps<T>(eng, ntl, columns) : nullptr;
+        sv.model ? sv.model->backward_steps<T>(eng, ntl, columns, in_place) : nullptr;
     std::vector<std::unique_ptr<BackwardDirection<T, Cell>>> dirs;
     for (int64_t d = 0; d < D; ++d) {
       dirs.push_back(std::make_unique<BackwardDirection<T, Cell>>(

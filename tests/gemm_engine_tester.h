@@ -21,6 +21,8 @@
 // gate blocks of `width` columns each) and runs every thread's ranges from
 // its own OpenMP thread (rnn::run_threads), as a step does; engines whose
 // steps split by rows (steps_by_rows) get each thread's rows against range 0.
+// With in_place, the weights are read where they are (prepare_in_place),
+// and the products must also give the laid-out weights' bits.
 // A failure names the element, both values, the bound and the seed.
 #pragma once
 
@@ -104,6 +106,12 @@ class GemmEngineTester {
     grouped_ = v;
     return *this;
   }
+  // TestStep: the weights read in place (GemmEngine::prepare_in_place), and
+  // the products' bits those of the laid-out weights' (prepare()).
+  GemmEngineTester& in_place(bool v) {
+    in_place_ = v;
+    return *this;
+  }
   // oneDNN for every product (cpu::onednn_engine), steps included.
   GemmEngineTester& onednn(bool v) {
     onednn_ = v;
@@ -147,36 +155,18 @@ class GemmEngineTester {
     for (int it = 0; it < iterations_; ++it) {
       const uint64_t seed = seed_ + static_cast<uint64_t>(it);
       Operands p = draw(m_, n, /*ta=*/false, seed);
-      const auto op =
-          eng.prepare(p.b.data(), trans_b_, k_, n, p.ldb, rnn::step_ranges(width_, blocks_, nc));
-      std::vector<float> c = p.c;
-      // OpenMP's count exactly the threads asked for (run_threads never
-      // takes more; and oneDNN picks a blocked layout by the count it sees,
-      // which a row split's threads must not depend on), restored after.
-      const int omp_before = omp_get_max_threads();
-      omp_set_num_threads(threads_);
-      rnn::run_threads(threads_, [&](int tid, int nth) {
-        if (by_rows) {  // this thread's rows, all columns
-          const int64_t r0 = m_ * tid / nth, r1 = m_ * (tid + 1) / nth;
-          eng.step(r1 - r0, p.a.data() + r0 * p.lda, p.lda, *op, 0, beta_, c.data() + r0 * p.ldc,
-                   p.ldc);
-          return;
-        }
-        const int64_t count = nth == 1 ? 1 : blocks_;
-        if (grouped_) {
-          eng.step_blocks(m_, p.a.data(), p.lda, *op, rnn::step_range(nth, tid, blocks_, 0),
-                          static_cast<std::size_t>(count), beta_, c.data(), p.ldc);
-          return;
-        }
-        for (int64_t q = 0; q < count; ++q) {
-          eng.step(m_, p.a.data(), p.lda, *op, rnn::step_range(nth, tid, blocks_, q), beta_,
-                   c.data(), p.ldc);
-        }
-      });
-      omp_set_num_threads(omp_before);
+      const auto ranges = rnn::step_ranges(width_, blocks_, nc);
+      const auto op = in_place_ ? eng.prepare_in_place(p.b.data(), trans_b_, k_, n, p.ldb, ranges)
+                                : eng.prepare(p.b.data(), trans_b_, k_, n, p.ldb, ranges);
+      const std::vector<float> c = run_step(eng, *op, p, by_rows);
       const bool bf16 = precision_ == Precision::bf16 && (onednn_ || cpu::bf16_step(k_, n));
       ASSERT_TRUE(compare(p, c, 0, m_, false, bf16, seed))
           << describe("TestStep") << (by_rows ? " (by rows)" : " (by columns)");
+      if (!in_place_) continue;
+      const auto laid_out = eng.prepare(p.b.data(), trans_b_, k_, n, p.ldb, ranges);
+      const std::vector<float> want = run_step(eng, *laid_out, p, by_rows);
+      ASSERT_EQ(0, std::memcmp(c.data(), want.data(), c.size() * sizeof(float)))
+          << describe("TestStep") << ": in place, not the bits of the laid-out weights";
     }
   }
 
@@ -186,6 +176,37 @@ class GemmEngineTester {
     int64_t lda = 0, ldb = 0, ldc = 0;
     bool ta = false;
   };
+
+  // One step of every thread's ranges (or rows) from its own OpenMP thread.
+  std::vector<float> run_step(const cpu::GemmEngine<float>& eng, const cpu::StepOperand& op,
+                              const Operands& p, bool by_rows) const {
+    std::vector<float> c = p.c;
+    // OpenMP's count exactly the threads asked for (run_threads never
+    // takes more; and oneDNN picks a blocked layout by the count it sees,
+    // which a row split's threads must not depend on), restored after.
+    const int omp_before = omp_get_max_threads();
+    omp_set_num_threads(threads_);
+    rnn::run_threads(threads_, [&](int tid, int nth) {
+      if (by_rows) {  // this thread's rows, all columns
+        const int64_t r0 = m_ * tid / nth, r1 = m_ * (tid + 1) / nth;
+        eng.step(r1 - r0, p.a.data() + r0 * p.lda, p.lda, op, 0, beta_, c.data() + r0 * p.ldc,
+                 p.ldc);
+        return;
+      }
+      const int64_t count = nth == 1 ? 1 : blocks_;
+      if (grouped_) {
+        eng.step_blocks(m_, p.a.data(), p.lda, op, rnn::step_range(nth, tid, blocks_, 0),
+                        static_cast<std::size_t>(count), beta_, c.data(), p.ldc);
+        return;
+      }
+      for (int64_t q = 0; q < count; ++q) {
+        eng.step(m_, p.a.data(), p.lda, op, rnn::step_range(nth, tid, blocks_, q), beta_,
+                 c.data(), p.ldc);
+      }
+    });
+    omp_set_num_threads(omp_before);
+    return c;
+  }
 
   const cpu::GemmEngine<float>& engine() const {
     if (onednn_ && precision_ != Precision::int8) return cpu::onednn_engine(precision_);
@@ -281,13 +302,14 @@ class GemmEngineTester {
            " k=" + std::to_string(k_) + " ta=" + std::to_string(trans_a_) +
            " tb=" + std::to_string(trans_b_) + " beta=" + std::to_string(beta_) +
            " bias=" + std::to_string(bias_) + " threads=" + std::to_string(threads_) +
-           (grouped_ ? " grouped" : "") + (onednn_ ? " onednn" : "");
+           (grouped_ ? " grouped" : "") + (onednn_ ? " onednn" : "") +
+           (in_place_ ? " in place" : "");
   }
 
   Precision precision_ = Precision::fp32;
   int64_t m_ = 1, width_ = 1, blocks_ = 1, k_ = 1;
   bool trans_a_ = false, trans_b_ = false, bias_ = false;
-  bool grouped_ = false, onednn_ = false;
+  bool grouped_ = false, onednn_ = false, in_place_ = false;
   float beta_ = 0;
   int threads_ = 1;
   int iterations_ = 1;

@@ -13,6 +13,7 @@
 #include <limits>
 #include <string>
 #include <tuple>
+#include <utility>
 #include <type_traits>
 #include <random>
 #include <vector>
@@ -236,6 +237,120 @@ TEST(GemmPackedSmall, RepackingReusesStorage) {
   EXPECT_EQ(pw.storage.data(), first);
   gemm_packed_small(1, a.data(), 5, pw, 0, 4, 0.f, c.data(), 4);
   for (float x : c) EXPECT_EQ(x, 10.f);  // 5 * 1 * 2
+}
+
+// gemm_unpacked_small (a call of one step reads W_hh where it is, packing
+// panels per call) gives the bits of pack_weights + gemm_packed_small: the
+// same FMA chains, so a sequence's results do not depend on which of the two
+// its call took (batch invariance across a call of one step and a longer
+// one). Both forms of B, tails of every size past the 4 x 4 transposes and
+// the panels, column ranges starting and ending mid-panel, beta 0 (C not
+// read) and 1, and init rows.
+TEST(GemmUnpackedSmall, GivesThePackedProductsBits) {
+  const auto seed = seqpack::testing::test_seed();
+  SCOPED_TRACE("seed " + std::to_string(seed));
+  std::mt19937 gen(static_cast<std::mt19937::result_type>(seed));
+  std::uniform_real_distribution<float> u(-1.f, 1.f);
+  const Case cases[] = {{1, 500, 1500}, {1, 37, 53},  {2, 3, 5},    {3, 64, 130}, {5, 129, 67},
+                        {7, 40, 160},   {13, 1, 17}, {64, 500, 96}, {130, 33, 70}};
+  for (const Case& cs : cases) {
+    for (const bool trans_b : {true, false}) {
+      for (const float beta : {0.f, 1.f}) {
+        for (const bool with_init : {false, true}) {
+          SCOPED_TRACE(describe(cs, trans_b, beta) + " init=" + std::to_string(with_init));
+          const int64_t lda = cs.k + 3, ldc = cs.n + 5, ldb = trans_b ? cs.k + 2 : cs.n + 2;
+          std::vector<float> a(static_cast<std::size_t>(cs.m * lda));
+          std::vector<float> b(static_cast<std::size_t>((trans_b ? cs.n : cs.k) * ldb));
+          std::vector<float> c(static_cast<std::size_t>(cs.m * ldc));
+          for (float& x : a) x = u(gen);
+          for (float& x : b) x = u(gen);
+          for (float& x : c) x = beta == 0.f ? std::numeric_limits<float>::quiet_NaN() : u(gen);
+          std::vector<float> table(static_cast<std::size_t>((cs.m + 3) * cs.n));
+          for (float& x : table) x = u(gen);
+          std::vector<const float*> init;
+          for (int64_t i = 0; with_init && i < cs.m; ++i)
+            init.push_back(table.data() + (i * 2 + 1) % (cs.m + 3) * cs.n);
+          const float* const* rows = with_init ? init.data() : nullptr;
+          PackedWeights pw;
+          pack_weights(b.data(), trans_b, cs.k, cs.n, ldb, pw);
+          for (const auto& [col0, col1] :
+               {std::pair<int64_t, int64_t>{0, cs.n}, {cs.n / 3, cs.n - cs.n / 4}, {1, 2}}) {
+            if (col1 <= col0) continue;
+            std::vector<float> want = c, got = c;
+            gemm_packed_small(cs.m, a.data(), lda, pw, col0, col1, beta, want.data(), ldc, rows);
+            seqpack::cpu::gemm_unpacked_small(cs.m, a.data(), lda, b.data(), trans_b, cs.k, cs.n,
+                                              ldb, col0, col1, beta, got.data(), ldc, rows);
+            for (std::size_t i = 0; i < want.size(); ++i) {
+              ASSERT_EQ(std::bit_cast<uint32_t>(got[i]), std::bit_cast<uint32_t>(want[i]))
+                  << "columns [" << col0 << ", " << col1 << ") at " << i;
+            }
+          }
+        }
+      }
+    }
+  }
+}
+
+// cpu::gemm's products of at most kFewTerms terms with op(B) = B (the weight
+// gradients of a call of one step, op(A) = Aᵀ) run outside the BLAS: against
+// the triple loop in double, both forms of A, beta 0 (C holding NaN, never
+// read) and 0.5, on one thread and split over two, float and double.
+template <typename T>
+void check_few_terms(int64_t m, int64_t n, int64_t k, bool trans_a, T beta, int threads,
+                     std::mt19937& gen) {
+  std::uniform_real_distribution<double> u(-1.0, 1.0);
+  const int64_t lda = (trans_a ? m : k) + 2, ldb = n + 3, ldc = n + 1;
+  std::vector<T> a(static_cast<std::size_t>((trans_a ? k : m) * lda));
+  std::vector<T> b(static_cast<std::size_t>(k * ldb)), c(static_cast<std::size_t>(m * ldc));
+  for (T& x : a) x = static_cast<T>(u(gen));
+  for (T& x : b) x = static_cast<T>(u(gen));
+  for (T& x : c) x = beta == T(0) ? std::numeric_limits<T>::quiet_NaN() : static_cast<T>(u(gen));
+  const std::vector<T> c0 = c;
+  seqpack::set_num_threads(threads);
+  seqpack::cpu::gemm<T>(trans_a, false, m, n, k, T(1), a.data(), lda, b.data(), ldb, beta,
+                        c.data(), ldc);
+  seqpack::set_num_threads(1);
+  const double eps = std::numeric_limits<T>::epsilon();
+  for (int64_t i = 0; i < m; ++i) {
+    for (int64_t j = 0; j < ldc; ++j) {
+      const auto at = static_cast<std::size_t>(i * ldc + j);
+      if (j >= n) {
+        ASSERT_EQ(std::isnan(c[at]), std::isnan(c0[at])) << "padding written";
+        continue;
+      }
+      double want = beta == T(0) ? 0.0 : static_cast<double>(beta) * c0[at];
+      double mag = std::fabs(want);
+      for (int64_t kk = 0; kk < k; ++kk) {
+        const double ai = trans_a ? a[static_cast<std::size_t>(kk * lda + i)]
+                                  : a[static_cast<std::size_t>(i * lda + kk)];
+        const double p = ai * static_cast<double>(b[static_cast<std::size_t>(kk * ldb + j)]);
+        want += p;
+        mag += std::fabs(p);
+      }
+      // k + 1 roundings of terms no larger than mag.
+      ASSERT_NEAR(c[at], want, static_cast<double>(k + 1) * eps * mag)
+          << "m=" << m << " n=" << n << " k=" << k << " trans_a=" << trans_a << " i=" << i
+          << " j=" << j;
+    }
+  }
+}
+
+TEST(Gemm, ProductsOfFewTermsMatchTheTripleLoop) {
+  const auto seed = seqpack::testing::test_seed();
+  SCOPED_TRACE("seed " + std::to_string(seed));
+  std::mt19937 gen(static_cast<std::mt19937::result_type>(seed));
+  // 1500 x 800 x 4 is past the size that splits over threads.
+  for (const auto& [m, n, k] : {std::tuple<int64_t, int64_t, int64_t>{1500, 800, 4},
+                                {37, 19, 1}, {5, 7, 2}, {3, 1, 3}}) {
+    for (const bool trans_a : {true, false}) {
+      for (int threads : {1, 2}) {
+        check_few_terms<float>(m, n, k, trans_a, 0.f, threads, gen);
+        check_few_terms<float>(m, n, k, trans_a, 0.5f, threads, gen);
+        check_few_terms<double>(m, n, k, trans_a, 0.0, threads, gen);
+        check_few_terms<double>(m, n, k, trans_a, 0.5, threads, gen);
+      }
+    }
+  }
 }
 
 // cpu::gemm with c_row: C = c_row (every row) + A·Bᵀ, whatever C held, on one

@@ -97,6 +97,39 @@ TEST_P(GemmEngineSweep, StepProductsOverThreadSplits) {
   }
 }
 
+// Step products on weights read in place (a call of one step): the
+// reference's values and the laid-out weights' bits, both layouts of B, on
+// the column ranges of 1 to 3 threads.
+TEST_P(GemmEngineSweep, StepProductsOnWeightsInPlace) {
+  const Precision p = GetParam();
+  uint64_t seed = 9000;
+  for (int threads : {1, 2, 3}) {
+    for (int64_t width : {1, 17, 129}) {
+      for (int64_t blocks : {1, 4}) {
+        for (int64_t m : {1, 3, 7, 33}) {
+          for (int64_t k : {3, 17, 129}) {
+            for (bool tb : {false, true}) {
+              GemmEngineTester()
+                  .precision(p)
+                  .m(m)
+                  .width(width)
+                  .blocks(blocks)
+                  .k(k)
+                  .trans_b(tb)
+                  .beta(tb ? 1.0f : 0.0f)
+                  .threads(threads)
+                  .in_place(true)
+                  .seed(++seed)
+                  .TestStep();
+              if (HasFatalFailure()) return;
+            }
+          }
+        }
+      }
+    }
+  }
+}
+
 // Weights large enough for the bf16 engine's steps to run in bf16, both layouts.
 TEST_P(GemmEngineSweep, LargeStepProducts) {
   for (bool tb : {false, true}) {

@@ -39,14 +39,15 @@ struct Model {
   Tensor x, h0, c0;
 };
 
-Model model(RNNMode mode, bool bi, int64_t proj, DType dtype, uint64_t seed) {
+Model model(RNNMode mode, bool bi, int64_t proj, DType dtype, uint64_t seed,
+            const std::vector<int64_t>& lengths = {6, 0, 9, 3, 9}) {
   Model m;
   m.o = RNNOptions{.mode = mode, .input_size = 7, .hidden_size = 40, .num_layers = 2,
                    .bidirectional = bi, .proj_size = proj, .dtype = dtype};
   std::mt19937_64 gen(seed);
   for (const Shape& s : rnn_parameter_shapes(m.o))
     m.weights.push_back(random_tensor(s, 0.3, gen).to(dtype));
-  m.plan = PackingPlan::from_lengths({6, 0, 9, 3, 9}, /*enforce_sorted=*/false);
+  m.plan = PackingPlan::from_lengths(lengths, /*enforce_sorted=*/false);
   m.x = random_tensor({m.plan.total_rows(), m.o.input_size}, 1.0, gen).to(dtype);
   const int64_t LD = m.o.num_layers * m.o.num_directions();
   m.h0 = random_tensor({LD, m.plan.batch(), m.o.real_hidden_size()}, 0.5, gen).to(dtype);
@@ -90,6 +91,58 @@ TEST(RNNPlan, AForwardWithAPlanIsAForwardWithoutOne) {
       EXPECT_GE(rnn_plan_info(*plan).splits_laid_out, 1);
     }
   }
+  set_num_threads(before);
+}
+
+// A call of one step (a decoder's) reads W_hh and W_hr where they are the
+// first time a plan meets one, laying out nothing (the layout would cost
+// more than the step's products), and lays them out from the second on:
+// the same bits each time, and as a call without a plan, forward (with h0
+// and without: the zero-h0 skip needs W_hh's finiteness, checked in place
+// too) and backward, on a column split and a row split.
+TEST(RNNPlan, CallsOfOneStepReadTheWeightsInPlaceOnce) {
+  const int before = num_threads();
+  const rnn::SplitChoice split = rnn::split_choice();
+  rnn::set_min_step_units(16);
+  for (const rnn::SplitChoice choice : {rnn::SplitChoice::columns, rnn::SplitChoice::rows}) {
+    rnn::set_split_choice(choice);
+    for (const RNNMode mode : {RNNMode::lstm, RNNMode::gru, RNNMode::rnn_relu}) {
+      const int64_t proj = mode == RNNMode::lstm ? 24 : 0;
+      SCOPED_TRACE(std::string(rnn_mode_name(mode)) + " split " +
+                   std::to_string(static_cast<int>(choice)));
+      const Model m = model(mode, /*bi=*/true, proj, DType::f32, 51, {1, 0, 1, 1});
+      for (const int threads : {1, 2}) {
+        set_num_threads(threads);
+        for (const bool with_h0 : {true, false}) {
+          const Tensor h0 = with_h0 ? m.h0 : Tensor(), c0 = with_h0 ? m.c0 : Tensor();
+          const auto plan = rnn_make_plan(m.o, m.weights);
+          const auto want = rnn_forward(m.o, m.weights, m.x, m.plan, h0, c0, false, true);
+          const Tensor gy = Tensor::full(want.output.shape(), 0.25, DType::f32);
+          const Tensor gh = Tensor::full(want.h_n.shape(), -0.5, DType::f32);
+          const auto gwant = rnn_backward(*want.saved, gy, gh, Tensor(), true);
+          for (const int call : {1, 2, 3}) {
+            SCOPED_TRACE("call " + std::to_string(call) + ", " + std::to_string(threads) +
+                         " threads, h0 " + std::to_string(with_h0));
+            const auto got =
+                rnn_forward(m.o, m.weights, m.x, m.plan, h0, c0, false, true, 0, plan.get());
+            EXPECT_TRUE(bitwise_equal(got.output, want.output));
+            EXPECT_TRUE(bitwise_equal(got.h_n, want.h_n));
+            EXPECT_TRUE(bitwise_equal(got.c_n, want.c_n));
+            EXPECT_EQ(rnn_plan_info(*plan).splits_laid_out, call == 1 ? 0 : 1);
+            const auto g = rnn_backward(*got.saved, gy, gh, Tensor(), true);
+            for (std::size_t i = 0; i < g.weights.size(); ++i)
+              EXPECT_TRUE(bitwise_equal(g.weights[i], gwant.weights[i])) << "weight gradient " << i;
+            EXPECT_TRUE(bitwise_equal(g.input, gwant.input));
+            EXPECT_TRUE(bitwise_equal(g.h0, gwant.h0));
+            EXPECT_TRUE(bitwise_equal(g.c0, gwant.c0));
+            EXPECT_EQ(rnn_plan_info(*plan).backward_splits_laid_out, call == 1 ? 0 : 1);
+          }
+        }
+      }
+    }
+  }
+  rnn::set_min_step_units(0);
+  rnn::set_split_choice(split);
   set_num_threads(before);
 }
 

@@ -33,6 +33,41 @@ inline void blas_call(bool ta, bool tb, int64_t m, int64_t n, int64_t k, double 
               c, static_cast<int>(ldc));
 }
 
+// C = alpha·op(A)·B + beta·C with k <= kFewTerms and B as it is: one pass
+// over each row of C per term, none before them. BLAS's sgemm with beta 0
+// zero-fills C first and then runs its kernel, two passes over C for a
+// product of one multiply-add an element (a decoder step's weight gradients:
+// dGᵀ·X with k = 1 row, GRU(500): 2 of the step's 6 MB written twice).
+template <typename T>
+void few_terms_call(bool trans_a, int64_t m, int64_t n, int64_t k, T alpha, const T* a,
+                    int64_t lda, const T* b, int64_t ldb, T beta, T* c, int64_t ldc) {
+  for (int64_t i = 0; i < m; ++i) {
+    T* __restrict__ cr = c + i * ldc;
+    for (int64_t kk = 0; kk < k; ++kk) {
+      const T aik = alpha * (trans_a ? a[kk * lda + i] : a[i * lda + kk]);
+      const T* __restrict__ br = b + kk * ldb;
+      if (kk > 0) {
+        for (int64_t j = 0; j < n; ++j) cr[j] += aik * br[j];
+      } else if (beta == T(0)) {  // C is not read (BLAS's rule: a NaN there is dropped)
+        for (int64_t j = 0; j < n; ++j) cr[j] = aik * br[j];
+      } else {
+        for (int64_t j = 0; j < n; ++j) cr[j] = beta * cr[j] + aik * br[j];
+      }
+    }
+  }
+}
+
+// A BLAS call, or few_terms_call where it applies.
+template <typename T>
+void product_call(bool ta, bool tb, int64_t m, int64_t n, int64_t k, T alpha, const T* a,
+                  int64_t lda, const T* b, int64_t ldb, T beta, T* c, int64_t ldc) {
+  if (k <= kFewTerms && !tb) {
+    few_terms_call(ta, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+  } else {
+    blas_call(ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+  }
+}
+
 // Below this many flops a product runs on one thread: the fork and join of
 // a parallel region (a few microseconds) would cost more than it saves.
 constexpr double kParallelFlops = 4.0e6;
@@ -76,7 +111,7 @@ void gemm_impl(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, T al
   const int nt = gemm_threads(m, n, k);
   if (nt <= 1) {
     if (c_row) fill_rows(c, ldc, c_row, 0, m, 0, n);
-    blas_call(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+    product_call(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
     return;
   }
   // Each thread computes a block of rows of C (or of columns, when C is
@@ -97,12 +132,13 @@ void gemm_impl(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, T al
         // Rows lo..hi of op(A): rows of A, or columns when A is transposed.
         const T* ab = trans_a ? a + lo : a + lo * lda;
         if (c_row) fill_rows(c, ldc, c_row, lo, hi, 0, n);
-        blas_call(trans_a, trans_b, hi - lo, n, k, alpha, ab, lda, b, ldb, beta, c + lo * ldc, ldc);
+        product_call(trans_a, trans_b, hi - lo, n, k, alpha, ab, lda, b, ldb, beta, c + lo * ldc,
+                     ldc);
       } else {
         // Columns lo..hi of op(B): columns of B, or rows when B is transposed.
         const T* bb = trans_b ? b + lo * ldb : b + lo;
         if (c_row) fill_rows(c, ldc, c_row, 0, m, lo, hi);
-        blas_call(trans_a, trans_b, m, hi - lo, k, alpha, a, lda, bb, ldb, beta, c + lo, ldc);
+        product_call(trans_a, trans_b, m, hi - lo, k, alpha, a, lda, bb, ldb, beta, c + lo, ldc);
       }
     }
   }

@@ -24,6 +24,12 @@ void gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, T alpha, 
           int64_t lda, const T* b, int64_t ldb, T beta, T* c, int64_t ldc,
           const T* c_row = nullptr);
 
+// Products of at most this many terms (k) with op(B) = B run as k passes of
+// multiply-adds over C's rows instead of a BLAS call (one pass fewer over C:
+// gemm.cpp's few_terms_call). Each element's sum is the same expression
+// whatever the split, so the bits do not depend on the thread count.
+constexpr int64_t kFewTerms = 4;
+
 // One thread pool: seqpack's threads are OpenMP's. gemm splits a large
 // product over them itself (when called outside a parallel region), each
 // part a single-threaded BLAS call. OpenBLAS's own pthreads pool is kept at
@@ -85,5 +91,16 @@ void pack_weights(const float* b, bool trans_b, int64_t k, int64_t n, int64_t ld
 void gemm_packed_small(int64_t m, const float* a, int64_t lda, const PackedWeights& b, int64_t col0,
                        int64_t col1, float beta, float* c, int64_t ldc,
                        const float* const* init = nullptr);
+
+// gemm_packed_small on B = op(b) [k, n] as it is (the layout of pack_weights,
+// trans_b and ldb as there), no layout kept: each call packs the panels of
+// its columns into a per-thread scratch (in L2) a few at a time and
+// multiplies all m rows by them. The same bits as pack_weights followed by
+// gemm_packed_small; faster than the two where one product is all a layout
+// would serve (a call of one step: the layout writes all of B out to memory
+// and reads it back).
+void gemm_unpacked_small(int64_t m, const float* a, int64_t lda, const float* b, bool trans_b,
+                         int64_t k, int64_t n, int64_t ldb, int64_t col0, int64_t col1, float beta,
+                         float* c, int64_t ldc, const float* const* init = nullptr);
 
 }  // namespace seqpack::cpu

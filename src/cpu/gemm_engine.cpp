@@ -54,10 +54,15 @@ class BlasEngine : public GemmEngine<T> {
   }
 };
 
-// W laid out once into column panels for gemm_packed_small (cpu/gemm.h).
+// W laid out once into column panels for gemm_packed_small (cpu/gemm.h), or
+// (in_place) read where it is by gemm_unpacked_small.
 struct PackedOperand : StepOperand {
   PackedWeights packed;
   std::vector<ColumnRange> ranges;
+  bool in_place = false;
+  const float* b = nullptr;  // in place: op(b) is B
+  bool trans = false;
+  int64_t ldb = 0;
 };
 
 // Whether oneDNN dispatches to AVX-512 (its f32 kernels there give the same
@@ -76,7 +81,9 @@ class F32Engine : public BlasEngine<float> {
     // GFLOP/s against OpenBLAS's 67-73), half of a dense LSTM's training
     // backward: there they run on OpenBLAS, split over the threads by
     // cpu::gemm. Every other product stays on oneDNN, as fast or faster.
-    if (p.a.trans && !onednn_avx512()) {
+    // So do products of a few terms (k <= kFewTerms: a decoder step's
+    // weight gradients), which cpu::gemm writes in one pass over C.
+    if (p.a.trans && (!onednn_avx512() || (p.k <= kFewTerms && !p.b.trans))) {
       BlasEngine<float>::gemm(p);
       return;
     }
@@ -96,13 +103,32 @@ class F32Engine : public BlasEngine<float> {
     return op;
   }
 
+  std::unique_ptr<StepOperand> prepare_in_place(const float* b, bool trans_b, int64_t k, int64_t n,
+                                                int64_t ldb,
+                                                const std::vector<ColumnRange>& ranges) const override {
+    auto op = std::make_unique<PackedOperand>();
+    op->k = k;
+    op->n = n;
+    op->ranges = ranges;
+    op->in_place = true;
+    op->b = b;
+    op->trans = trans_b;
+    op->ldb = ldb;
+    return op;
+  }
+
   void step(int64_t m, const float* a, int64_t lda, const StepOperand& sb, std::size_t range,
             float beta, float* c, int64_t ldc, const float* const* init, RowStore*,
             int64_t) const override {
     const auto& op = static_cast<const PackedOperand&>(sb);
     const auto [c0, c1] = op.ranges[range];
     if (m == 0) return;
-    gemm_packed_small(m, a, lda, op.packed, c0, c1, beta, c, ldc, init);
+    if (op.in_place) {
+      gemm_unpacked_small(m, a, lda, op.b, op.trans, op.k, op.n, op.ldb, c0, c1, beta, c, ldc,
+                          init);
+    } else {
+      gemm_packed_small(m, a, lda, op.packed, c0, c1, beta, c, ldc, init);
+    }
   }
 
   bool takes_init() const override { return true; }

@@ -148,6 +148,17 @@ class GemmEngine {
                                                int64_t ldb, const std::vector<ColumnRange>& ranges,
                                                const WeightLayout* laid_out = nullptr) const = 0;
 
+  // prepare() for a call whose steps are too few to repay a layout (one
+  // step: a decoder's or a sampler's call): B is read where it is, b must
+  // outlive the operand, and the products give prepare()'s bits. Engines
+  // whose steps read a layout they cannot make per product lay out as
+  // prepare() does.
+  virtual std::unique_ptr<StepOperand> prepare_in_place(const T* b, bool trans_b, int64_t k,
+                                                        int64_t n, int64_t ldb,
+                                                        const std::vector<ColumnRange>& ranges) const {
+    return prepare(b, trans_b, k, n, ldb, ranges);
+  }
+
   // C[:m, r) = A[:m, :k]·B[:, r) + beta·C[:m, r) for the range r = ranges[range]
   // given to prepare(); c points at column 0 of C. With `init` (m row
   // pointers; only when takes_init()), row i starts from init[i][r) instead.

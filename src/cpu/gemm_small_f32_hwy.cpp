@@ -18,12 +18,14 @@
 #define HWY_TARGET_INCLUDE "cpu/gemm_small_f32_hwy.cpp"
 #include <hwy/foreach_target.h>  // IWYU pragma: keep
 
+#include <hwy/aligned_allocator.h>
 #include <hwy/cache_control.h>
 #include <hwy/highway.h>
 #include <omp.h>
 
 #include <algorithm>
 #include <cstdint>
+#include <new>
 
 #include "cpu/gemm.h"
 #include "cpu/isa_cap.h"
@@ -115,21 +117,23 @@ HWY_INLINE void BlockC(int64_t K, const float* a, int64_t lda, const float* pane
   }
 }
 
-// Runs BlockC over panels [p0, p1) for rows [0, MR) of a/c, NP panels at a time.
+// Runs BlockC over panels [p0, p1) for rows [0, MR) of a/c, NP panels at a
+// time; `panels` holds the panels from pfirst on.
 template <int MR, int NP>
-HWY_INLINE void Rows(int64_t K, const float* a, int64_t lda, const float* panels, int64_t W,
-                     int64_t p0, int64_t p1, int64_t col0, int64_t col1, float beta, float* c,
-                     int64_t ldc, const float* const* init) {
+HWY_INLINE void Rows(int64_t K, const float* a, int64_t lda, const float* panels, int64_t pfirst,
+                     int64_t W, int64_t p0, int64_t p1, int64_t col0, int64_t col1, float beta,
+                     float* c, int64_t ldc, const float* const* init) {
   const int64_t pstride = K * W;
   int64_t p = p0;
   for (; p + NP <= p1; p += NP) {
-    BlockC<MR, NP>(K, a, lda, panels + p * pstride, pstride, W, p, col0, col1, beta, c, ldc,
-                   init);
+    BlockC<MR, NP>(K, a, lda, panels + (p - pfirst) * pstride, pstride, W, p, col0, col1, beta, c,
+                   ldc, init);
   }
   // The last few panels with as many side by side as are left.
   if constexpr (NP > 1) {
     constexpr int kNext = NP >= 3 ? 2 : 1;
-    if (p < p1) Rows<MR, kNext>(K, a, lda, panels, W, p, p1, col0, col1, beta, c, ldc, init);
+    if (p < p1)
+      Rows<MR, kNext>(K, a, lda, panels, pfirst, W, p, p1, col0, col1, beta, c, ldc, init);
   }
 }
 
@@ -150,8 +154,8 @@ constexpr int kMR = 6;
 // 7). k is cut into blocks whose panel part is at most 16 KB (half of L1) and
 // rows into blocks whose A part is at most 192 KB (stays in L2 across the
 // panels); later k blocks accumulate onto C (beta 1).
-void Bulk(int64_t m, int64_t K, const float* a, int64_t lda, const float* panels, int64_t W,
-          int64_t p0, int64_t p1, int64_t col0, int64_t col1, float beta, float* c, int64_t ldc,
+void Bulk(int64_t m, int64_t K, const float* a, int64_t lda, const float* panels, int64_t pfirst,
+          int64_t W, int64_t p0, int64_t p1, int64_t col0, int64_t col1, float beta, float* c, int64_t ldc,
           const float* const* init) {
   const int64_t pstride = K * W;
   const int64_t kc_max = std::max<int64_t>(16, 4096 / W);
@@ -165,7 +169,7 @@ void Bulk(int64_t m, int64_t K, const float* a, int64_t lda, const float* panels
     for (int64_t i0 = 0; i0 < m; i0 += mc) {
       const int64_t i1 = std::min(m, i0 + mc);
       for (int64_t p = p0; p < p1; ++p) {
-        const float* panel = panels + p * pstride + k0 * W;
+        const float* panel = panels + (p - pfirst) * pstride + k0 * W;
         for (int64_t i = i0; i < i1; i += kMR) {
           // C's lines of the next block come from L2 (C is too big for L1 at
           // 100+ rows); fetched now, they are there when its accumulators load.
@@ -181,9 +185,11 @@ void Bulk(int64_t m, int64_t K, const float* a, int64_t lda, const float* panels
   }
 }
 
-void GemmPackedSmall(int64_t m, const float* a, int64_t lda, const float* panels, int64_t K,
-                     int64_t W, int64_t col0, int64_t col1, float beta, float* c, int64_t ldc,
-                     const float* const* init) {
+// C[:m, col0:col1) from the panels that hold those columns, `panels` holding
+// them from panel pfirst on.
+void PanelsProduct(int64_t m, const float* a, int64_t lda, const float* panels, int64_t pfirst,
+                   int64_t K, int64_t W, int64_t col0, int64_t col1, float beta, float* c,
+                   int64_t ldc, const float* const* init) {
   const int64_t p0 = col0 / W, p1 = (col1 + W - 1) / W;
   auto at = [init](int64_t i) { return init != nullptr ? init + i : nullptr; };
   int64_t bulk = m / kMR * kMR;
@@ -191,31 +197,123 @@ void GemmPackedSmall(int64_t m, const float* a, int64_t lda, const float* panels
   // GEMV is bound by L2 bandwidth); kMR + 1 or kMR + 2 rows go faster as
   // 4 + 3 or 4 + 4 (on AVX2, 6 + 2 rows: 82 GFLOP/s, 4 + 4: 94).
   if (m - bulk <= 2 && m - bulk > 0 && bulk >= kMR && kMR == 6) bulk -= kMR;
-  if (bulk > 0) Bulk(bulk, K, a, lda, panels, W, p0, p1, col0, col1, beta, c, ldc, init);
+  if (bulk > 0) Bulk(bulk, K, a, lda, panels, pfirst, W, p0, p1, col0, col1, beta, c, ldc, init);
   int64_t i = bulk;
   if (m - i == 5) {
-    Rows<5, 1>(K, a + i * lda, lda, panels, W, p0, p1, col0, col1, beta, c + i * ldc, ldc,
+    Rows<5, 1>(K, a + i * lda, lda, panels, pfirst, W, p0, p1, col0, col1, beta, c + i * ldc, ldc,
                  at(i));
     return;
   }
   for (; i + 4 <= m; i += 4)
-    Rows<4, 1>(K, a + i * lda, lda, panels, W, p0, p1, col0, col1, beta, c + i * ldc, ldc,
+    Rows<4, 1>(K, a + i * lda, lda, panels, pfirst, W, p0, p1, col0, col1, beta, c + i * ldc, ldc,
                  at(i));
   switch (m - i) {
     case 3:
-      Rows<3, 2>(K, a + i * lda, lda, panels, W, p0, p1, col0, col1, beta, c + i * ldc, ldc,
+      Rows<3, 2>(K, a + i * lda, lda, panels, pfirst, W, p0, p1, col0, col1, beta, c + i * ldc, ldc,
                  at(i));
       break;
     case 2:
-      Rows<2, 3>(K, a + i * lda, lda, panels, W, p0, p1, col0, col1, beta, c + i * ldc, ldc,
+      Rows<2, 3>(K, a + i * lda, lda, panels, pfirst, W, p0, p1, col0, col1, beta, c + i * ldc, ldc,
                  at(i));
       break;
     case 1:
-      Rows<1, 4>(K, a + i * lda, lda, panels, W, p0, p1, col0, col1, beta, c + i * ldc, ldc,
+      Rows<1, 4>(K, a + i * lda, lda, panels, pfirst, W, p0, p1, col0, col1, beta, c + i * ldc, ldc,
                  at(i));
       break;
     default:
       break;
+  }
+}
+
+void GemmPackedSmall(int64_t m, const float* a, int64_t lda, const float* panels, int64_t K,
+                     int64_t W, int64_t col0, int64_t col1, float beta, float* c, int64_t ldc,
+                     const float* const* init) {
+  PanelsProduct(m, a, lda, panels, 0, K, W, col0, col1, beta, c, ldc, init);
+}
+
+// Panel p of B = op(b) [k, n] into dst [k][W]: B[kk][p * W + j] at
+// dst[kk * W + j], the columns past n zero.
+void PackPanel(const float* HWY_RESTRICT b, bool trans_b, int64_t k, int64_t n, int64_t ldb,
+               int64_t p, float* HWY_RESTRICT dst) {
+  const int64_t W = PanelWidth();
+  const int64_t cols = std::min(W, n - p * W);
+  if (!trans_b) {
+    for (int64_t kk = 0; kk < k; ++kk) {
+      float* row = dst + kk * W;
+      const float* src = b + kk * ldb + p * W;
+      std::copy(src, src + cols, row);
+      std::fill(row + cols, row + W, 0.f);
+    }
+    return;
+  }
+  // Column j of B is row j of b: four of b's rows at a time, 4 x 4 blocks
+  // transposed in registers (a scalar transpose stores one element at a
+  // time, down the panel's columns).
+  int64_t c = 0;
+#if HWY_TARGET != HWY_SCALAR
+  const hn::FixedTag<float, 4> d4;
+  const hn::Repartition<double, decltype(d4)> d2;
+  for (; c + 4 <= cols; c += 4) {
+    const float* r0 = b + (p * W + c) * ldb;
+    const float* r1 = r0 + ldb;
+    const float* r2 = r1 + ldb;
+    const float* r3 = r2 + ldb;
+    int64_t kk = 0;
+    for (; kk + 4 <= k; kk += 4) {
+      const auto v0 = hn::LoadU(d4, r0 + kk), v1 = hn::LoadU(d4, r1 + kk);
+      const auto v2 = hn::LoadU(d4, r2 + kk), v3 = hn::LoadU(d4, r3 + kk);
+      const auto lo01 = hn::BitCast(d2, hn::InterleaveLower(d4, v0, v1));  // 0 0 1 1
+      const auto lo23 = hn::BitCast(d2, hn::InterleaveLower(d4, v2, v3));
+      const auto hi01 = hn::BitCast(d2, hn::InterleaveUpper(d4, v0, v1));  // 2 2 3 3
+      const auto hi23 = hn::BitCast(d2, hn::InterleaveUpper(d4, v2, v3));
+      float* o = dst + kk * W + c;
+      hn::StoreU(hn::BitCast(d4, hn::InterleaveLower(d2, lo01, lo23)), d4, o);
+      hn::StoreU(hn::BitCast(d4, hn::InterleaveUpper(d2, lo01, lo23)), d4, o + W);
+      hn::StoreU(hn::BitCast(d4, hn::InterleaveLower(d2, hi01, hi23)), d4, o + 2 * W);
+      hn::StoreU(hn::BitCast(d4, hn::InterleaveUpper(d2, hi01, hi23)), d4, o + 3 * W);
+    }
+    for (; kk < k; ++kk) {
+      float* o = dst + kk * W + c;
+      o[0] = r0[kk];
+      o[1] = r1[kk];
+      o[2] = r2[kk];
+      o[3] = r3[kk];
+    }
+  }
+#endif
+  for (; c < cols; ++c) {
+    const float* src = b + (p * W + c) * ldb;
+    for (int64_t kk = 0; kk < k; ++kk) dst[kk * W + c] = src[kk];
+  }
+  if (cols < W) {
+    for (int64_t kk = 0; kk < k; ++kk) std::fill(dst + kk * W + cols, dst + (kk + 1) * W, 0.f);
+  }
+}
+
+// Panels packed per call into this thread's scratch, kChunk at a time (side
+// by side for the few-row blocks, which multiply up to 4 panels at once).
+constexpr int64_t kChunk = 4;
+
+void GemmUnpackedSmall(int64_t m, const float* a, int64_t lda, const float* b, bool trans_b,
+                       int64_t K, int64_t n, int64_t ldb, int64_t col0, int64_t col1, float beta,
+                       float* c, int64_t ldc, const float* const* init) {
+  const int64_t W = PanelWidth();
+  const int64_t p0 = col0 / W, p1 = (col1 + W - 1) / W;
+  thread_local hwy::AlignedFreeUniquePtr<float[]> scratch;
+  thread_local std::size_t capacity = 0;
+  const auto need = static_cast<std::size_t>(kChunk * K * W);
+  if (capacity < need) {
+    scratch = hwy::AllocateAligned<float>(need);
+    if (!scratch) throw std::bad_alloc();
+    capacity = need;
+  }
+  float* panels = scratch.get();
+  for (int64_t q0 = p0; q0 < p1; q0 += kChunk) {
+    const int64_t q1 = std::min(p1, q0 + kChunk);
+    for (int64_t p = q0; p < q1; ++p)
+      PackPanel(b, trans_b, K, n, ldb, p, panels + (p - q0) * K * W);
+    PanelsProduct(m, a, lda, panels, q0, K, W, std::max(col0, q0 * W),
+                  std::min(col1, q1 * W), beta, c, ldc, init);
   }
 }
 
@@ -227,6 +325,8 @@ namespace seqpack::cpu {
 
 HWY_EXPORT(PanelWidth);
 HWY_EXPORT(GemmPackedSmall);
+HWY_EXPORT(GemmUnpackedSmall);
+HWY_EXPORT(PackPanel);
 
 constexpr int64_t kParallelPackElements = 1 << 17;  // 512 KB of weights
 
@@ -235,7 +335,7 @@ void pack_weights(const float* b, bool trans_b, int64_t k, int64_t n, int64_t ld
   const int64_t W = SEQPACK_HWY_DISPATCH(PanelWidth)();
   const int64_t panels = (n + W - 1) / W;
   const std::size_t need = static_cast<std::size_t>(panels * k * W + 16);
-  if (out.storage.size() < need) out.storage.resize(need);
+  if (out.storage.size() < need) out.storage.resize_for_overwrite(need);
   const auto addr = reinterpret_cast<std::uintptr_t>(out.storage.data());
   out.offset = static_cast<int64_t>(((64 - addr % 64) % 64) / sizeof(float));
   out.k = k;
@@ -246,34 +346,13 @@ void pack_weights(const float* b, bool trans_b, int64_t k, int64_t n, int64_t ld
   // are split over threads) is split over the threads by panels: done on one
   // thread, the other threads would wait for it.
   const bool split = k * n >= kParallelPackElements && !omp_in_parallel();
-  auto pack_panel = [&](int64_t p) {
-    float* panel = dst + p * k * W;
-    const int64_t cols = std::min(W, n - p * W);
-    if (trans_b) {
-      // Column j of B is row j of b: read it contiguously, write it down the
-      // panel's column c (the panel, k x W, stays in L1 for the RNN's shapes).
-      for (int64_t c = 0; c < cols; ++c) {
-        const float* src = b + (p * W + c) * ldb;
-        for (int64_t kk = 0; kk < k; ++kk) panel[kk * W + c] = src[kk];
-      }
-      if (cols < W) {
-        for (int64_t kk = 0; kk < k; ++kk) std::fill(panel + kk * W + cols, panel + (kk + 1) * W, 0.f);
-      }
-    } else {
-      for (int64_t kk = 0; kk < k; ++kk) {
-        float* row = panel + kk * W;
-        const float* src = b + kk * ldb + p * W;
-        std::copy(src, src + cols, row);
-        std::fill(row + cols, row + W, 0.f);
-      }
-    }
-  };
+  const auto pack_panel = SEQPACK_HWY_DISPATCH(PackPanel);
   if (split) {
 #pragma omp parallel for schedule(static)
-    for (int64_t p = 0; p < panels; ++p) pack_panel(p);
+    for (int64_t p = 0; p < panels; ++p) pack_panel(b, trans_b, k, n, ldb, p, dst + p * k * W);
   } else {
     // No parallel region at all: opening one costs more than packing a small matrix.
-    for (int64_t p = 0; p < panels; ++p) pack_panel(p);
+    for (int64_t p = 0; p < panels; ++p) pack_panel(b, trans_b, k, n, ldb, p, dst + p * k * W);
   }
 }
 
@@ -282,6 +361,14 @@ void gemm_packed_small(int64_t m, const float* a, int64_t lda, const PackedWeigh
   if (m <= 0 || col1 <= col0) return;
   SEQPACK_HWY_DISPATCH(GemmPackedSmall)
   (m, a, lda, b.panels(), b.k, b.width, col0, col1, beta, c, ldc, init);
+}
+
+void gemm_unpacked_small(int64_t m, const float* a, int64_t lda, const float* b, bool trans_b,
+                         int64_t k, int64_t n, int64_t ldb, int64_t col0, int64_t col1, float beta,
+                         float* c, int64_t ldc, const float* const* init) {
+  if (m <= 0 || col1 <= col0) return;
+  SEQPACK_HWY_DISPATCH(GemmUnpackedSmall)
+  (m, a, lda, b, trans_b, k, n, ldb, col0, col1, beta, c, ldc, init);
 }
 
 }  // namespace seqpack::cpu

@@ -11,6 +11,8 @@
 
 #include <cmath>
 #include <cstdint>
+#include <cstring>
+#include <type_traits>
 #include <memory>
 #include <vector>
 
@@ -73,21 +75,41 @@ struct RNNPlan {
   }
 };
 
+// Whether no entry is NaN or inf: an exponent of all ones, tested on the
+// bits (a loop the compiler vectorizes; std::isfinite's is not).
 template <typename T>
 bool all_finite(const T* p, int64_t n) {
-  bool finite = true;
-  for (int64_t i = 0; i < n; ++i) finite = finite && std::isfinite(p[i]);
-  return finite;
+  using Bits = std::conditional_t<sizeof(T) == 4, uint32_t, uint64_t>;
+  constexpr Bits exponent =
+      static_cast<Bits>(sizeof(T) == 4 ? 0x7f800000ull : 0x7ff0000000000000ull);
+  Bits nonfinite = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    Bits b;
+    std::memcpy(&b, p + i, sizeof b);
+    nonfinite |= static_cast<Bits>((b & exponent) == exponent);
+  }
+  return nonfinite == 0;
 }
+
+// Whether a call of `steps` steps reads its step weights where they are
+// (GemmEngine::prepare_in_place) rather than laying them out: a layout
+// writes all of W_hh out and reads it back, which one step's product does
+// not repay (GRU(500), batch 1, a training step whose optimizer changes the
+// weights at every call: the layouts were 2 of its 6 ms).
+inline bool in_place_steps(int64_t steps) { return steps <= 1; }
 
 // Lays out every layer and direction's step operands with `eng` (the engine
 // of options' dtype and precision) for `threads` a direction (the count the
 // time loop splits its steps over: direction_threads), from the model's
-// weight layouts where given (which must outlive the plan).
+// weight layouts where given (which must outlive the plan). With `in_place`
+// (in_place_steps), the operands read the weights where they are (which
+// must outlive the plan), and W_hh is checked for finite entries only where
+// `check_finite` (else whh_finite is false: no skip).
 template <typename T>
 std::unique_ptr<const RNNPlan<T>> make_plan(const RNNOptions& o, const std::vector<Tensor>& weights,
                                             const cpu::GemmEngine<T>& eng, int threads,
-                                            const WeightLayouts* layouts = nullptr) {
+                                            const WeightLayouts* layouts = nullptr,
+                                            bool in_place = false, bool check_finite = true) {
   auto plan = std::make_unique<RNNPlan<T>>();
   plan->options = o;
   plan->threads = threads;
@@ -104,14 +126,20 @@ std::unique_ptr<const RNNPlan<T>> make_plan(const RNNOptions& o, const std::vect
               ? &layouts->dirs[static_cast<std::size_t>(l * D + d)]
               : nullptr;
       typename RNNPlan<T>::Direction& pd = plan->dirs.emplace_back();
-      pd.whh = eng.prepare(w.w_hh, /*trans_b=*/true, R, G, R, step_ranges(H, G / H, nc),
-                           wl ? wl->whh.get() : nullptr);
-      if (o.proj_size > 0) {
-        pd.whr = eng.prepare(w.w_hr, /*trans_b=*/true, H, R, H, step_ranges(R, 1, nc),
-                             wl ? wl->whr.get() : nullptr);
+      if (in_place && !wl) {
+        pd.whh = eng.prepare_in_place(w.w_hh, /*trans_b=*/true, R, G, R, step_ranges(H, G / H, nc));
+        if (o.proj_size > 0)
+          pd.whr = eng.prepare_in_place(w.w_hr, /*trans_b=*/true, H, R, H, step_ranges(R, 1, nc));
+      } else {
+        pd.whh = eng.prepare(w.w_hh, /*trans_b=*/true, R, G, R, step_ranges(H, G / H, nc),
+                             wl ? wl->whh.get() : nullptr);
+        if (o.proj_size > 0) {
+          pd.whr = eng.prepare(w.w_hr, /*trans_b=*/true, H, R, H, step_ranges(R, 1, nc),
+                               wl ? wl->whr.get() : nullptr);
+        }
       }
       pd.wih = wl ? wl->wih.get() : nullptr;
-      pd.whh_finite = all_finite(w.w_hh, G * R);
+      pd.whh_finite = check_finite && all_finite(w.w_hh, G * R);
     }
   }
   return plan;
@@ -136,16 +164,21 @@ struct BackwardPlan {
 };
 
 // One layer and direction's backward step operands for `columns` threads.
+// With `in_place` (in_place_steps), read where they are.
 template <typename T>
 typename BackwardPlan<T>::Direction backward_step_operands(const RNNOptions& o,
                                                            const DirWeights<T>& w,
                                                            const cpu::GemmEngine<T>& eng,
-                                                           int columns) {
+                                                           int columns, bool in_place = false) {
   const int64_t H = o.hidden_size, R = o.real_hidden_size(), G = o.gate_count() * H;
+  const auto prepare = [&](const T* b, int64_t k, int64_t n, int64_t ld,
+                           const std::vector<cpu::ColumnRange>& ranges) {
+    return in_place ? eng.prepare_in_place(b, /*trans_b=*/false, k, n, ld, ranges)
+                    : eng.prepare(b, /*trans_b=*/false, k, n, ld, ranges);
+  };
   typename BackwardPlan<T>::Direction out;
-  out.whh = eng.prepare(w.w_hh, /*trans_b=*/false, G, R, R, step_ranges(R, 1, columns));
-  if (o.proj_size > 0)
-    out.whr = eng.prepare(w.w_hr, /*trans_b=*/false, R, H, H, step_ranges(H, 1, columns));
+  out.whh = prepare(w.w_hh, G, R, R, step_ranges(R, 1, columns));
+  if (o.proj_size > 0) out.whr = prepare(w.w_hr, R, H, H, step_ranges(H, 1, columns));
   return out;
 }
 
@@ -153,13 +186,13 @@ template <typename T>
 std::unique_ptr<const BackwardPlan<T>> make_backward_plan(const RNNOptions& o,
                                                           const std::vector<Tensor>& weights,
                                                           const cpu::GemmEngine<T>& eng,
-                                                          int columns) {
+                                                          int columns, bool in_place = false) {
   auto plan = std::make_unique<BackwardPlan<T>>();
   plan->options = o;
   for (int64_t l = 0; l < o.num_layers; ++l) {
     for (int64_t d = 0; d < o.num_directions(); ++d) {
       const DirWeights<T> w = dir_weights<T>(o, weights, l, d);
-      plan->dirs.push_back(backward_step_operands<T>(o, w, eng, columns));
+      plan->dirs.push_back(backward_step_operands<T>(o, w, eng, columns, in_place));
     }
   }
   return plan;

@@ -504,7 +504,7 @@ struct BackwardDirection {
       std::fill(db_hh, db_hh + G, T(0));
     }
     if (!laid_out) {
-      own = backward_step_operands<T>(o, w, eng, columns(nt));
+      own = backward_step_operands<T>(o, w, eng, columns(nt), in_place_steps(TT));
       laid_out = &own;
     }
     whh = laid_out->whh.get();
