@@ -1,0 +1,40 @@
+// rnn_make_plan and rnn_plan_info (include/seqpack/rnn.h).
+#include "rnn/model_plan.h"
+
+#include <memory>
+#include <mutex>
+#include <vector>
+
+#include "rnn/checks.h"
+#include "rnn/plan.h"
+#include "seqpack/precision.h"
+#include "seqpack/rnn.h"
+
+namespace seqpack {
+
+std::shared_ptr<const RNNModelPlan> rnn_make_plan(const RNNOptions& options,
+                                                  const std::vector<Tensor>& weights) {
+  options.validate();
+  rnn::check_weights(options, weights);
+  auto plan = std::make_shared<RNNModelPlan>();
+  plan->options = options;
+  plan->weights = weights;
+  for (const Tensor& w : weights) plan->sources.push_back(w.raw_data());
+  if (options.dtype == DType::f32)
+    plan->weight_layouts = rnn::lay_out_weights<float>(options, weights, rnn::engine_for<float>(options));
+  return plan;
+}
+
+RNNPlanInfo rnn_plan_info(const RNNModelPlan& plan) {
+  RNNPlanInfo info;
+  info.precision = plan.options.precision;
+  info.backward = precision_traits(plan.options.precision).backward;
+  info.quantized = !plan.weight_layouts.dirs.empty();
+  const std::lock_guard<std::mutex> lock(plan.mutex);
+  info.splits_laid_out = static_cast<int>(plan.f32.size() + plan.f64.size());
+  info.backward_splits_laid_out =
+      static_cast<int>(plan.backward_f32.size() + plan.backward_f64.size());
+  return info;
+}
+
+}  // namespace seqpack

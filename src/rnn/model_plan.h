@@ -1,0 +1,127 @@
+// The public model plan (seqpack::RNNModelPlan, include/seqpack/rnn.h): the
+// weights prepared once for the engine of their precision, and the step
+// operands of each thread split the forwards and backwards meet, laid out on
+// first use and kept (src/rnn/plan.h's RNNPlan and BackwardPlan). Made by
+// rnn_make_plan (src/rnn/model_plan.cpp); read by rnn_core.cpp's forwards
+// and backwards.
+#pragma once
+
+#include <map>
+#include <memory>
+#include <mutex>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+#include "cpu/gemm_engine.h"
+#include "rnn/grid.h"
+#include "rnn/plan.h"
+#include "seqpack/rnn.h"
+
+namespace seqpack {
+
+namespace rnn {
+
+// The GEMM engine of a call: its element type and precision decide it.
+template <typename T>
+const cpu::GemmEngine<T>& engine_for(const RNNOptions& o) {
+  if constexpr (std::is_same_v<T, float>) {
+    return cpu::gemm_engine_f32(o.precision);
+  } else {
+    return cpu::gemm_engine_f64();
+  }
+}
+
+}  // namespace rnn
+
+// The public plan (include/seqpack/rnn.h): the weight matrices in the form
+// the engine reads them, made with the plan (int8's quantized ones; none for
+// the other engines), and the step operands of each thread split
+// (rnn::RNNPlan, per element type) laid out at the first forward that asks
+// for them, from those; the backward's (rnn::BackwardPlan) at the first
+// backward of such a forward that asks for them.
+struct RNNModelPlan : std::enable_shared_from_this<RNNModelPlan> {
+  RNNOptions options;
+  std::vector<Tensor> weights;       // shared, read where a layout is first made
+  std::vector<const void*> sources;  // their data, rnn_parameter_names order
+  rnn::WeightLayouts weight_layouts;  // float's engine (dtype f32)
+  mutable std::mutex mutex;
+  // Keyed by the split: threads a direction, and rows or columns.
+  using Split = std::pair<int, bool>;
+  mutable std::map<Split, std::shared_ptr<const rnn::RNNPlan<float>>> f32;
+  mutable std::map<Split, std::shared_ptr<const rnn::RNNPlan<double>>> f64;
+  // Keyed as the forward's: a layer's threads, and those sharing a step's
+  // columns (1 under a row split).
+  mutable std::map<Split, std::shared_ptr<const rnn::BackwardPlan<float>>> backward_f32;
+  mutable std::map<Split, std::shared_ptr<const rnn::BackwardPlan<double>>> backward_f64;
+
+  // Calls of few steps (rnn::in_place_steps) met so far, forwards and
+  // backwards apart: the first of them reads the weights in place, and
+  // later ones lay them out (weights that outlive one call are likely to
+  // serve many: a decoder's steps between two optimizer steps, or serving).
+  mutable int short_forwards = 0, short_backwards = 0;
+
+  // Whether a call of `steps` steps reads its weights in place where the
+  // plan has no layout for it (counted: call once per call).
+  bool in_place(int64_t steps, bool backward) const {
+    if (!rnn::in_place_steps(steps)) return false;
+    const std::lock_guard<std::mutex> lock(mutex);
+    return (backward ? short_backwards : short_forwards)++ == 0;
+  }
+
+  // The step operands for `nt` threads a direction, made on first use, or
+  // (in_place, and none made yet) in place for this call only, W_hh's
+  // finiteness checked where `check_finite`.
+  template <typename T>
+  std::shared_ptr<const rnn::RNNPlan<T>> steps(const cpu::GemmEngine<T>& eng, int nt,
+                                               bool in_place, bool check_finite) const {
+    auto& known = layouts<T>();
+    const Split key{nt, rnn::rows_split(eng, options)};
+    const std::lock_guard<std::mutex> lock(mutex);
+    auto it = known.find(key);
+    if (it == known.end()) {
+      if (in_place) {
+        return rnn::make_plan<T>(options, weights, eng, nt, &weight_layouts, /*in_place=*/true,
+                                 check_finite);
+      }
+      it = known.emplace(key, rnn::make_plan<T>(options, weights, eng, nt, &weight_layouts)).first;
+    }
+    return it->second;
+  }
+  // The backward's step operands for a layer on `nt` threads, `columns` of
+  // them sharing a step's columns, made on first use (or in place, as
+  // steps()'s).
+  template <typename T>
+  std::shared_ptr<const rnn::BackwardPlan<T>> backward_steps(const cpu::GemmEngine<T>& eng, int nt,
+                                                             int columns, bool in_place) const {
+    auto& known = backward_layouts<T>();
+    const Split key{nt, columns == 1 && nt > 1};
+    const std::lock_guard<std::mutex> lock(mutex);
+    auto it = known.find(key);
+    if (it == known.end()) {
+      if (in_place)
+        return rnn::make_backward_plan<T>(options, weights, eng, columns, /*in_place=*/true);
+      it = known.emplace(key, rnn::make_backward_plan<T>(options, weights, eng, columns)).first;
+    }
+    return it->second;
+  }
+  // The map of element type T of a float and a double pair.
+  template <typename T, typename F, typename D>
+  static auto& of_type(F& for_float, D& for_double) {
+    if constexpr (std::is_same_v<T, float>) {
+      return for_float;
+    } else {
+      return for_double;
+    }
+  }
+  template <typename T>
+  auto& layouts() const {
+    return of_type<T>(f32, f64);
+  }
+  template <typename T>
+  auto& backward_layouts() const {
+    return of_type<T>(backward_f32, backward_f64);
+  }
+};
+
+}  // namespace seqpack
