@@ -219,10 +219,11 @@ BENCHMARK(BM_sgemv)->ArgNames({"n", "k"})->Args({2048, 512})->Args({512, 128})->
 // timing, as rnn_core packs once per layer and direction), each shape at the
 // same n one right after the other. Forward shapes C[n, G] += h[n, R] · W_hhᵀ
 // (K = R, N = G, beta 1); backward dh[n, R] = dG[n, G] · W_hh (K = G, N = R,
-// beta 0). Args: k, n (output columns), rows, packed (0 = sgemm, 1 = packed).
+// beta 0). Args: k, n (output columns), rows, packed (0 = sgemm, 1 = packed,
+// 2 = W read in place: cpu::gemm_unpacked_small, a call of one step).
 void BM_step(benchmark::State& state) {
   const int64_t k = state.range(0), n = state.range(1), rows = state.range(2);
-  const bool packed = state.range(3) != 0;
+  const int64_t packed = state.range(3);
   // The forward shapes have N > K (N = gates * K), the backward ones K > N.
   const bool forward = n >= k;
   std::mt19937 rng(42);
@@ -238,8 +239,11 @@ void BM_step(benchmark::State& state) {
   seqpack::cpu::PackedWeights pw;
   seqpack::cpu::pack_weights(w.data(), /*trans_b=*/forward, k, n, forward ? k : n, pw);
   for (auto _ : state) {
-    if (packed) {
+    if (packed == 1) {
       seqpack::cpu::gemm_packed_small(rows, a.data(), k, pw, 0, n, beta, c.data(), n);
+    } else if (packed == 2) {
+      seqpack::cpu::gemm_unpacked_small(rows, a.data(), k, w.data(), /*trans_b=*/forward, k, n,
+                                        forward ? k : n, 0, n, beta, c.data(), n);
     } else {
       seqpack::cpu::gemm<float>(/*trans_a=*/false, /*trans_b=*/forward, rows, n, k, 1.f, a.data(),
                                 k, w.data(), forward ? k : n, beta, c.data(), n);
@@ -278,6 +282,12 @@ BENCHMARK(BM_step)
         b->Args({s[0], s[1], s[2], 0});
         b->Args({s[0], s[1], s[2], 1});
       }
+      // One decoder step of GRU(500) and LSTM(500) (bench/step_vs_torch.py),
+      // forward and backward, batch 1 and 64, W in place too.
+      const int64_t decoder[][2] = {{500, 1500}, {1500, 500}, {500, 2000}, {2000, 500}};
+      for (const auto& s : decoder)
+        for (int64_t rows : {1, 64})
+          for (int64_t how : {0, 1, 2}) b->Args({s[0], s[1], rows, how});
     })
     ->Unit(benchmark::kMicrosecond);
 
@@ -345,7 +355,10 @@ BENCHMARK(BM_batch)
           {2854, 384, 64, 0, 1},    {2854, 64, 384, 0, 0},   {384, 64, 2854, 1, 0},
           {384, 128, 2854, 1, 0},   {1316, 1024, 128, 0, 1}, {1316, 128, 1024, 0, 0},
           {1024, 128, 1316, 1, 0},  {1024, 256, 1316, 1, 0}, {881, 2048, 1024, 0, 1},
-          {881, 1024, 2048, 0, 0},  {2048, 1024, 881, 1, 0}, {2048, 512, 881, 1, 0}};
+          {881, 1024, 2048, 0, 0},  {2048, 1024, 881, 1, 0}, {2048, 512, 881, 1, 0},
+          // One decoder step at batch 64: GRU(500)'s and LSTM(500)'s input
+          // projections (bench/step_vs_torch.py).
+          {64, 1500, 500, 0, 1},    {64, 2000, 500, 0, 1}};
       for (const auto& s : shapes)
         for (int64_t e : {0, 1, 2}) b->Args({s[0], s[1], s[2], s[3], s[4], e});
     })
