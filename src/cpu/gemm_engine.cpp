@@ -95,10 +95,7 @@ class F32Engine : public BlasEngine<float> {
                                        int64_t ldb,
                                        const std::vector<ColumnRange>& ranges,
                                        const WeightLayout*) const override {
-    auto op = std::make_unique<PackedOperand>();
-    op->k = k;
-    op->n = n;
-    op->ranges = ranges;
+    auto op = operand(k, n, ranges);
     pack_weights(b, trans_b, k, n, ldb, op->packed);
     return op;
   }
@@ -106,10 +103,7 @@ class F32Engine : public BlasEngine<float> {
   std::unique_ptr<StepOperand> prepare_in_place(const float* b, bool trans_b, int64_t k, int64_t n,
                                                 int64_t ldb,
                                                 const std::vector<ColumnRange>& ranges) const override {
-    auto op = std::make_unique<PackedOperand>();
-    op->k = k;
-    op->n = n;
-    op->ranges = ranges;
+    auto op = operand(k, n, ranges);
     op->in_place = true;
     op->b = b;
     op->trans = trans_b;
@@ -132,6 +126,18 @@ class F32Engine : public BlasEngine<float> {
   }
 
   bool takes_init() const override { return true; }
+
+ private:
+  static std::unique_ptr<PackedOperand> operand(int64_t k, int64_t n,
+                                                const std::vector<ColumnRange>& ranges) {
+    auto op = std::make_unique<PackedOperand>();
+    op->k = k;
+    op->n = n;
+    op->ranges = ranges;
+    return op;
+  }
+
+ public:
 
   // Forwards as the bf16 engine: whole sequences per thread while W_hh fits
   // half a core's L2 (each thread reads all of it, with no barrier in the
