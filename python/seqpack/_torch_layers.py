@@ -16,7 +16,7 @@ import torch
 from torch import Tensor, _VF
 from torch.nn.utils.rnn import PackedSequence
 
-from . import _torch_dynamo, _torch_orig
+from . import _cuda_choice, _torch_dynamo, _torch_orig
 from ._torch_ops import (_lengths_tensor, _new_packed, _traced, pack_padded_sequence,
                          pad_packed_sequence)
 
@@ -29,14 +29,12 @@ def _cuda_backend():
     where they cannot run: the library was not built or not found, torch sees no
     GPU, or SEQPACK_CUDA_LAYERS=torch asks for torch's kernels. Decided once per
     process. Where it is None, layers and cells run torch's implementation on
-    CUDA tensors (docs/gpu.md, "What runs on the GPU")."""
+    CUDA tensors; where it is not, the layers run the faster of the two per
+    configuration (SEQPACK_CUDA_LAYERS=auto, the default) or seqpack's
+    (=seqpack): seqpack/_cuda_choice.py, docs/gpu.md "What runs on the GPU"."""
     if not _CUDA_BACKEND:
         backend = None
-        choice = os.environ.get("SEQPACK_CUDA_LAYERS") or "seqpack"  # empty: unset
-        if choice not in ("seqpack", "torch"):
-            raise ValueError(f"SEQPACK_CUDA_LAYERS = {choice!r}: use 'seqpack' (seqpack's CUDA "
-                             f"kernels where they are built) or 'torch' (torch's)")
-        if choice == "seqpack":
+        if _cuda_choice.mode() != "torch":  # auto or seqpack (seqpack/_cuda_choice.py)
             from . import _cuda
             if _cuda.available():
                 backend = _cuda
@@ -151,6 +149,40 @@ class _SeqpackLayer(_QuantizationNotice):
                   sorted_indices: Optional[Tensor], unsorted_indices: Optional[Tensor],
                   lengths: Optional[Tensor], h0: Optional[Tensor], c0: Optional[Tensor]
                   ) -> Tuple[Tensor, Tensor, Tensor]:
+        """_run on CUDA tensors where seqpack's kernels can run them: through
+        seqpack's kernels (SEQPACK_CUDA_LAYERS=seqpack), or the faster of theirs
+        and torch's for this configuration (auto): seqpack/_cuda_choice.py."""
+        def ours():
+            return self._cuda_seqpack_run(input, batch_sizes, sorted_indices, unsorted_indices,
+                                          lengths, h0, c0)
+
+        if _cuda_choice.mode() != "auto":
+            _cuda_choice.record(self, _cuda_choice.fixed("seqpack"))
+            return ours()
+
+        def theirs():
+            return self._torch_run(input, batch_sizes, sorted_indices, unsorted_indices, lengths,
+                                   h0, c0)
+
+        if batch_sizes is not None:
+            form = "packed"
+            batch = sorted_indices.numel() if sorted_indices is not None else int(batch_sizes[0])
+            rows = input.size(0)
+        elif lengths is not None:
+            form, batch, rows = "lengths", lengths.numel(), int(lengths.sum())
+        else:
+            form = "padded"
+            batch = input.size(0 if self.batch_first else 1)
+            rows = batch * input.size(1 if self.batch_first else 0)
+        config = _cuda_choice.key(self, input, form, batch, rows)
+        return _cuda_choice.run_chosen(self, config, input.device,
+                                       {"seqpack": ours, "torch": theirs})
+
+    @torch.jit.unused
+    def _cuda_seqpack_run(self, input: Tensor, batch_sizes: Optional[Tensor],
+                          sorted_indices: Optional[Tensor], unsorted_indices: Optional[Tensor],
+                          lengths: Optional[Tensor], h0: Optional[Tensor], c0: Optional[Tensor]
+                          ) -> Tuple[Tensor, Tensor, Tensor]:
         """_run through seqpack's CUDA kernels (seqpack/_cuda.py: packed rows, states in
         packed order). A padded batch with lengths is packed first and padded after
         (one gather each); one without lengths is already the packed rows of equal

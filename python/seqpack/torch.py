@@ -49,6 +49,10 @@ from ._torch_ops import (invert_permutation, library_path, pack_padded_sequence,
 # Reached as seqpack.torch._cuda_backend (docs/gpu.md). To replace it, patch
 # seqpack._torch_layers, where the layers look it up.
 from ._torch_layers import _cuda_backend  # noqa: F401
+# Which implementation a layer's last CUDA forward ran, and why (SEQPACK_CUDA_LAYERS,
+# seqpack/_cuda_choice.py).
+from ._cuda_choice import Choice as CudaChoice
+from ._cuda_choice import last as cuda_choice
 # Per-stream state for chunked inference (seqpack/torch_streaming.py).
 from .torch_streaming import StreamingRNN
 # DataLoader collate functions to a PackedSequence (seqpack/torch_data.py).
@@ -63,7 +67,7 @@ __all__ = ["LSTM", "GRU", "RNN", "LSTMCell", "GRUCell", "RNNCell", "pack_padded_
            "unpad_sequence", "invert_permutation", "library_path",
            "StreamingRNN", "collate_packed", "collate_padded", "CharClassifier", "load_classifier",
            "quantize_dynamic", "QuantizedLSTM", "QuantizedGRU", "QuantizedRNN",
-           "optimize", "patch", "unpatch"]
+           "optimize", "patch", "unpatch", "cuda_choice", "CudaChoice"]
 
 
 # ---- a model written for torch.nn: optimize, patch, unpatch ---------------

@@ -473,6 +473,7 @@ def test_layers_cuda_route_matches_seqpack_cpu(emulated, monkeypatch, mode, laye
 
     # Patched where the layers look it up (seqpack.torch only re-exports it).
     monkeypatch.setattr(torch_layers, "_cuda_backend", lambda: Backend)
+    monkeypatch.setattr(torch_layers._cuda_choice, "_MODE", ["seqpack"])  # seqpack's kernels only
     torch.manual_seed(7 + len(lengths))
     cls = {"LSTM": spt.LSTM, "GRU": spt.GRU, "RNN_TANH": spt.RNN, "RNN_RELU": spt.RNN}[mode]
     kw = {"nonlinearity": "relu" if mode == "RNN_RELU" else "tanh"} if mode.startswith("RNN") else {}
@@ -507,13 +508,20 @@ def test_cuda_backend_choice(monkeypatch):
     spt = pytest.importorskip("seqpack.torch")
     import seqpack._torch_layers as torch_layers  # where _cuda_backend keeps its choice
     monkeypatch.setattr(torch_layers, "_CUDA_BACKEND", [])
+    monkeypatch.setattr(torch_layers._cuda_choice, "_MODE", [])  # SEQPACK_CUDA_LAYERS read again
     monkeypatch.setenv("SEQPACK_CUDA_LAYERS", "torch")
     assert spt._cuda_backend() is None
     monkeypatch.setattr(torch_layers, "_CUDA_BACKEND", [])
+    monkeypatch.setattr(torch_layers._cuda_choice, "_MODE", [])  # SEQPACK_CUDA_LAYERS read again
     monkeypatch.setenv("SEQPACK_CUDA_LAYERS", "gpu")
-    with pytest.raises(ValueError, match="SEQPACK_CUDA_LAYERS = 'gpu'"):
+    with pytest.raises(ValueError, match="SEQPACK_CUDA_LAYERS = 'gpu'.*'auto'"):
         spt._cuda_backend()
+    for value, mode in (("", "auto"), ("auto", "auto"), ("seqpack", "seqpack"), ("torch", "torch")):
+        monkeypatch.setattr(torch_layers._cuda_choice, "_MODE", [])
+        monkeypatch.setenv("SEQPACK_CUDA_LAYERS", value)
+        assert torch_layers._cuda_choice.mode() == mode, value
     monkeypatch.setattr(torch_layers, "_CUDA_BACKEND", [])
+    monkeypatch.setattr(torch_layers._cuda_choice, "_MODE", [])  # SEQPACK_CUDA_LAYERS read again
     monkeypatch.delenv("SEQPACK_CUDA_LAYERS")
     # No GPU here: the kernels cannot run, whatever library is found.
     if not torch.cuda.is_available():
@@ -539,6 +547,7 @@ def test_empty_cuda_layers_is_unset(monkeypatch):
     spt = pytest.importorskip("seqpack.torch")
     import seqpack._torch_layers as torch_layers  # where _cuda_backend keeps its choice
     monkeypatch.setattr(torch_layers, "_CUDA_BACKEND", [])
+    monkeypatch.setattr(torch_layers._cuda_choice, "_MODE", [])  # SEQPACK_CUDA_LAYERS read again
     monkeypatch.setenv("SEQPACK_CUDA_LAYERS", "")
     backend = spt._cuda_backend()  # no ValueError: as the default
     if not torch.cuda.is_available():
@@ -551,6 +560,7 @@ def test_layers_refuse_a_named_library_that_cannot_load(monkeypatch, tmp_path):
     spt = pytest.importorskip("seqpack.torch")
     import seqpack._torch_layers as torch_layers  # where _cuda_backend keeps its choice
     monkeypatch.setattr(torch_layers, "_CUDA_BACKEND", [])
+    monkeypatch.setattr(torch_layers._cuda_choice, "_MODE", [])  # SEQPACK_CUDA_LAYERS read again
     monkeypatch.setenv("SEQPACK_CUDA_LIBRARY", str(tmp_path / "nope.so"))
     monkeypatch.delenv("SEQPACK_CUDA_LAYERS", raising=False)
     import seqpack._cuda as cuda
@@ -558,5 +568,130 @@ def test_layers_refuse_a_named_library_that_cannot_load(monkeypatch, tmp_path):
     with pytest.raises(RuntimeError, match="SEQPACK_CUDA_LIBRARY=.*nope.so"):
         spt._cuda_backend()
     monkeypatch.setattr(torch_layers, "_CUDA_BACKEND", [])
+    monkeypatch.setattr(torch_layers._cuda_choice, "_MODE", [])  # SEQPACK_CUDA_LAYERS read again
     monkeypatch.setenv("SEQPACK_CUDA_LAYERS", "torch")  # torch's kernels asked for: no error
     assert spt._cuda_backend() is None
+
+
+# ---------------------------------------------------------------------------
+# SEQPACK_CUDA_LAYERS=auto (seqpack/_cuda_choice.py): the faster of seqpack's
+# kernels and torch's per configuration, timed on first use. On the CPU: the
+# layers' CUDA route (_cuda_run) on CPU tensors, seqpack's side through the
+# emulated library, torch's through torch._VF, and the timings injected.
+
+def _auto_layer(emulated, monkeypatch, seconds, fail=None):
+    """An LSTM whose CUDA route runs under auto with the emulated library as
+    seqpack's kernels; `seconds` {impl: time of one call} is what the timer
+    reports; `fail` names an implementation that raises. Returns the layer, the
+    calls each side received and the timer's calls."""
+    spt = pytest.importorskip("seqpack.torch")
+    import seqpack._torch_layers as torch_layers
+    choice = torch_layers._cuda_choice
+    calls = {"seqpack": 0, "torch": 0}
+    timed = []
+
+    class Backend:
+        DTYPES = emulated.DTYPES
+
+        @staticmethod
+        def rnn_packed(m, data, batch_sizes, hx, flat_weights, has_biases, num_layers, dropout, train,
+                       bidirectional, proj_size=0):
+            calls["seqpack"] += 1
+            if fail == "seqpack":
+                raise RuntimeError("seqpack CUDA: out of shared memory")
+            h0, c0 = hx if m == "LSTM" else (hx, None)
+            y, hn, cn = emulated._run(m, data, batch_sizes, h0, c0, list(flat_weights), None, has_biases,
+                                      num_layers, bidirectional, proj_size, False)
+            return (y, hn, cn) if m == "LSTM" else (y, hn)
+
+    monkeypatch.setattr(torch_layers, "_cuda_backend", lambda: Backend)
+    monkeypatch.setattr(choice, "_MODE", ["auto"])
+    monkeypatch.setattr(choice, "_DECIDED", {})
+
+    def timer(impl, run, device):
+        timed.append(impl)
+        run()
+        return seconds[impl]
+
+    monkeypatch.setattr(choice, "timer", timer)
+    torch.manual_seed(3)
+    m = spt.LSTM(3, 5, num_layers=2, bidirectional=True)
+    real_torch_run = m._torch_run
+
+    def torch_run(*args):
+        calls["torch"] += 1
+        return real_torch_run(*args)
+
+    monkeypatch.setattr(m, "_torch_run", torch_run)
+    return m, calls, timed
+
+
+def _packed_args(lengths, seed=5):
+    spt = pytest.importorskip("seqpack.torch")
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(max(lengths), len(lengths), 3, generator=g)
+    p = spt.pack_padded_sequence(x, torch.tensor(lengths), enforce_sorted=False)
+    h0 = torch.randn(4, len(lengths), 5, generator=g)
+    c0 = torch.randn(4, len(lengths), 5, generator=g)
+    return (p.data, p.batch_sizes, p.sorted_indices, p.unsorted_indices, None, h0, c0)
+
+
+def _close_to_torch(m, got, args):
+    from tolerance import assert_fp_close, rnn_reduction_length
+    want = m._core_run(*args, "fp32")
+    n = rnn_reduction_length(3, 5, 2, True, int(args[1].sum()), 0)
+    for name, g, w in zip(("output", "h_n", "c_n"), got, want):
+        assert_fp_close(g.detach(), w.detach(), n, what=name)
+
+
+@pytest.mark.parametrize("faster", ["seqpack", "torch"])
+def test_auto_runs_the_faster_and_remembers_it(emulated, monkeypatch, faster):
+    spt = pytest.importorskip("seqpack.torch")
+    from seqpack import _cuda_choice
+    slow = "torch" if faster == "seqpack" else "seqpack"
+    m, calls, timed = _auto_layer(emulated, monkeypatch, {faster: 0.001, slow: 0.003})
+    args = _packed_args([4, 2, 3])
+    got = m._cuda_run(*args)
+    # Each side warmed up once and timed REPEATS times, then the faster one ran for the caller.
+    reps = _cuda_choice.REPEATS
+    assert sorted(timed) == sorted(["seqpack"] * reps + ["torch"] * reps)
+    assert calls[faster] == 2 + reps and calls[slow] == 1 + reps, calls
+    _close_to_torch(m, got, args)
+    c = spt.cuda_choice(m)
+    assert c.impl == faster and "SEQPACK_CUDA_LAYERS=auto" in c.why, c
+    assert "1000 us" in c.why and "3000 us" in c.why, c.why
+    # The same configuration again (batch 3 rounds up to 4 like batch 4): no timing, the faster only.
+    before = dict(calls)
+    got = m._cuda_run(*_packed_args([4, 2, 3, 1], seed=6))
+    assert len(timed) == 2 * reps
+    assert calls[faster] == before[faster] + 1 and calls[slow] == before[slow], calls
+    # Another configuration (batch 5: the next power of two) is timed again.
+    m._cuda_run(*_packed_args([4, 2, 3, 1, 2], seed=7))
+    assert len(timed) == 4 * reps
+
+
+def test_auto_does_not_choose_an_implementation_that_fails(emulated, monkeypatch):
+    spt = pytest.importorskip("seqpack.torch")
+    m, calls, timed = _auto_layer(emulated, monkeypatch, {"seqpack": 0.001, "torch": 0.003},
+                                  fail="seqpack")
+    args = _packed_args([3, 3, 1])
+    got = m._cuda_run(*args)
+    _close_to_torch(m, got, args)
+    c = spt.cuda_choice(m)
+    assert c.impl == "torch" and "seqpack failed: RuntimeError: seqpack CUDA: out of shared memory" in c.why, c
+
+
+def test_auto_configurations_are_told_apart():
+    from seqpack import _cuda_choice
+    spt = pytest.importorskip("seqpack.torch")
+    m = spt.GRU(3, 5)
+    x = torch.zeros(6, 3)
+    base = _cuda_choice.key(m, x, "packed", 3, 6)
+    assert _cuda_choice.key(m, x, "packed", 4, 8) == base  # rounded up to powers of two
+    assert _cuda_choice.key(m, x, "packed", 5, 6) != base
+    assert _cuda_choice.key(m, x, "padded", 3, 6) != base
+    assert _cuda_choice.key(m, x.double(), "packed", 3, 6) != base
+    with torch.no_grad():
+        assert _cuda_choice.key(m, x, "packed", 3, 6) != base  # autograd not recording
+    m.eval()
+    assert _cuda_choice.key(m, x, "packed", 3, 6) != base
