@@ -47,6 +47,7 @@ What the GPU tests should check (python/tests/test_cuda_gpu.py):
     docs/gpu-build.md says when each runs.
 """
 import ctypes
+import functools
 import os
 import pathlib
 import threading
@@ -208,9 +209,12 @@ class _Sizes:
         self.width = self.dirs * self.hout
 
 
+@functools.lru_cache(maxsize=256)
 def buffer_sizes(mode: str, dtype: torch.dtype, rows: int, batch: int, input_size: int, hidden_size: int,
                  proj_size: int, num_layers: int, bidirectional: bool) -> Tuple[int, int]:
-    """(workspace bytes, reserve bytes) of seqpack_cuda_rnn_buffer_sizes (host only)."""
+    """(workspace bytes, reserve bytes) of seqpack_cuda_rnn_buffer_sizes (host only),
+    kept per argument list (a pure function of it): a call of a shape met before
+    costs a dict lookup instead of a ctypes round trip. Errors are not kept."""
     lib = _lib_or_raise()
     ws, rs = ctypes.c_size_t(0), ctypes.c_size_t(0)
     _check(lib, lib.seqpack_cuda_rnn_buffer_sizes(MODES[mode], DTYPES[dtype], rows, batch, input_size,

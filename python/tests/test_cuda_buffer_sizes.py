@@ -9,6 +9,8 @@ import ctypes
 
 import pytest
 
+torch = pytest.importorskip("torch")
+
 from test_cuda_glue import emulated  # noqa: F401  (the module-scoped fixture)
 
 LSTM, GRU, F32, BF16 = 0, 1, 0, 2
@@ -76,3 +78,22 @@ def test_check_buffers_refuses_the_overflowing_shape(emulated):  # noqa: F811
                                           fake, None, fake, fake, fake, fake, most, fake, most, 0, None)
     assert status == 1
     assert b"need more than 2^63 bytes" in lib.seqpack_cuda_last_error()
+
+
+def test_glue_keeps_the_sizes_of_a_shape_met_before(emulated):  # noqa: F811
+    # seqpack/_cuda.py's buffer_sizes answers a repeated shape without the
+    # ctypes round trip, with the library's values; a refused shape is
+    # refused again at every call (errors are not kept).
+    emulated.buffer_sizes.cache_clear()
+    args = ("LSTM", torch.float32, 37, 5, 11, 13, 0, 2, True)
+    first = emulated.buffer_sizes(*args)
+    assert first == reference(LSTM, F32, 37, 5, 11, 13, 0, 2, 2)
+    hits = emulated.buffer_sizes.cache_info().hits
+    assert emulated.buffer_sizes(*args) == first
+    assert emulated.buffer_sizes.cache_info().hits == hits + 1
+    other = emulated.buffer_sizes("GRU", torch.bfloat16, 37, 5, 11, 13, 0, 2, True)
+    assert other == reference(GRU, BF16, 37, 5, 11, 13, 0, 2, 2)
+    big = ("LSTM", torch.float32, 1 << 40, 1, 1, 1 << 20, 0, 1 << 16, True)
+    for _ in range(2):
+        with pytest.raises(RuntimeError, match="need more than 2\\^63 bytes"):
+            emulated.buffer_sizes(*big)
