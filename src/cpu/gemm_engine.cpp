@@ -65,6 +65,15 @@ struct PackedOperand : StepOperand {
   int64_t ldb = 0;
 };
 
+// A PackedOperand of B [k, n] for these column ranges, B not yet given.
+std::unique_ptr<PackedOperand> operand(int64_t k, int64_t n, const std::vector<ColumnRange>& ranges) {
+  auto op = std::make_unique<PackedOperand>();
+  op->k = k;
+  op->n = n;
+  op->ranges = ranges;
+  return op;
+}
+
 // Whether oneDNN dispatches to AVX-512 (its f32 kernels there give the same
 // bits at any thread count, which tests/test_rnn_threads.cpp relies on).
 bool onednn_avx512() {
@@ -126,18 +135,6 @@ class F32Engine : public BlasEngine<float> {
   }
 
   bool takes_init() const override { return true; }
-
- private:
-  static std::unique_ptr<PackedOperand> operand(int64_t k, int64_t n,
-                                                const std::vector<ColumnRange>& ranges) {
-    auto op = std::make_unique<PackedOperand>();
-    op->k = k;
-    op->n = n;
-    op->ranges = ranges;
-    return op;
-  }
-
- public:
 
   // Forwards as the bf16 engine: whole sequences per thread while W_hh fits
   // half a core's L2 (each thread reads all of it, with no barrier in the

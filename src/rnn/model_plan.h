@@ -75,18 +75,10 @@ struct RNNModelPlan : std::enable_shared_from_this<RNNModelPlan> {
   template <typename T>
   std::shared_ptr<const rnn::RNNPlan<T>> steps(const cpu::GemmEngine<T>& eng, int nt,
                                                bool in_place, bool check_finite) const {
-    auto& known = layouts<T>();
-    const Split key{nt, rnn::rows_split(eng, options)};
-    const std::lock_guard<std::mutex> lock(mutex);
-    auto it = known.find(key);
-    if (it == known.end()) {
-      if (in_place) {
-        return rnn::make_plan<T>(options, weights, eng, nt, &weight_layouts, /*in_place=*/true,
-                                 check_finite);
-      }
-      it = known.emplace(key, rnn::make_plan<T>(options, weights, eng, nt, &weight_layouts)).first;
-    }
-    return it->second;
+    return kept(layouts<T>(), Split{nt, rnn::rows_split(eng, options)}, in_place, [&](bool here) {
+      return rnn::make_plan<T>(options, weights, eng, nt, &weight_layouts, here,
+                               !here || check_finite);
+    });
   }
   // The backward's step operands for a layer on `nt` threads, `columns` of
   // them sharing a step's columns, made on first use (or in place, as
@@ -94,16 +86,21 @@ struct RNNModelPlan : std::enable_shared_from_this<RNNModelPlan> {
   template <typename T>
   std::shared_ptr<const rnn::BackwardPlan<T>> backward_steps(const cpu::GemmEngine<T>& eng, int nt,
                                                              int columns, bool in_place) const {
-    auto& known = backward_layouts<T>();
-    const Split key{nt, columns == 1 && nt > 1};
+    return kept(backward_layouts<T>(), Split{nt, columns == 1 && nt > 1}, in_place,
+                [&](bool here) {
+                  return rnn::make_backward_plan<T>(options, weights, eng, columns, here);
+                });
+  }
+  // known[key], made by make(false) and kept on first use; where there is
+  // none yet and `in_place`, make(true), kept for no other call.
+  template <typename Plan, typename Make>
+  std::shared_ptr<const Plan> kept(std::map<Split, std::shared_ptr<const Plan>>& known, Split key,
+                                   bool in_place, Make make) const {
     const std::lock_guard<std::mutex> lock(mutex);
     auto it = known.find(key);
-    if (it == known.end()) {
-      if (in_place)
-        return rnn::make_backward_plan<T>(options, weights, eng, columns, /*in_place=*/true);
-      it = known.emplace(key, rnn::make_backward_plan<T>(options, weights, eng, columns)).first;
-    }
-    return it->second;
+    if (it != known.end()) return it->second;
+    if (in_place) return make(true);
+    return known.emplace(key, make(false)).first->second;
   }
   // The map of element type T of a float and a double pair.
   template <typename T, typename F, typename D>

@@ -126,18 +126,17 @@ std::unique_ptr<const RNNPlan<T>> make_plan(const RNNOptions& o, const std::vect
               ? &layouts->dirs[static_cast<std::size_t>(l * D + d)]
               : nullptr;
       typename RNNPlan<T>::Direction& pd = plan->dirs.emplace_back();
-      if (in_place && !wl) {
-        pd.whh = eng.prepare_in_place(w.w_hh, /*trans_b=*/true, R, G, R, step_ranges(H, G / H, nc));
-        if (o.proj_size > 0)
-          pd.whr = eng.prepare_in_place(w.w_hr, /*trans_b=*/true, H, R, H, step_ranges(R, 1, nc));
-      } else {
-        pd.whh = eng.prepare(w.w_hh, /*trans_b=*/true, R, G, R, step_ranges(H, G / H, nc),
-                             wl ? wl->whh.get() : nullptr);
-        if (o.proj_size > 0) {
-          pd.whr = eng.prepare(w.w_hr, /*trans_b=*/true, H, R, H, step_ranges(R, 1, nc),
-                               wl ? wl->whr.get() : nullptr);
-        }
-      }
+      // In place only where the engine reads the weights as they are (no
+      // model layout, as int8's quantized ones, to read them from).
+      const auto prepare = [&](const T* b, int64_t k, int64_t n,
+                               const std::vector<cpu::ColumnRange>& ranges,
+                               const cpu::WeightLayout* laid_out) {
+        return in_place && !wl ? eng.prepare_in_place(b, /*trans_b=*/true, k, n, k, ranges)
+                               : eng.prepare(b, /*trans_b=*/true, k, n, k, ranges, laid_out);
+      };
+      pd.whh = prepare(w.w_hh, R, G, step_ranges(H, G / H, nc), wl ? wl->whh.get() : nullptr);
+      if (o.proj_size > 0)
+        pd.whr = prepare(w.w_hr, H, R, step_ranges(R, 1, nc), wl ? wl->whr.get() : nullptr);
       pd.wih = wl ? wl->wih.get() : nullptr;
       pd.whh_finite = check_finite && all_finite(w.w_hh, G * R);
     }
