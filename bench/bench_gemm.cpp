@@ -27,6 +27,7 @@
 #include "cpu/gemm_engine.h"
 #include "cpu/gemm_int8.h"
 #include "seqpack/cpu_info.h"
+#include "seqpack/policy.h"
 #include "seqpack/precision.h"
 #include "seqpack/threading.h"
 
@@ -682,6 +683,7 @@ int main(int argc, char** argv) {
       rest.push_back(argv[i]);
     }
   }
+  seqpack::set_policy(seqpack::policy_from_environment());  // the SEQPACK_* variables
   seqpack::set_num_threads(threads);
   register_workloads(path);
   int n = static_cast<int>(rest.size());

@@ -24,6 +24,7 @@
 
 #include "cpu/rnn_gates.h"
 #include "seqpack/packed_sequence.h"
+#include "seqpack/policy.h"
 #include "seqpack/rnn.h"
 #include "seqpack/tensor.h"
 #include "seqpack/threading.h"
@@ -175,6 +176,7 @@ int main(int argc, char** argv) {
       rest.push_back(argv[i]);
     }
   }
+  seqpack::set_policy(seqpack::policy_from_environment());  // the SEQPACK_* variables
   seqpack::set_num_threads(threads);
   static std::vector<Case> cases;
   try {

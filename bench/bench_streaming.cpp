@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "seqpack/packed_sequence.h"
+#include "seqpack/policy.h"
 #include "seqpack/rnn.h"
 #include "seqpack/streaming.h"
 #include "seqpack/tensor.h"
@@ -141,6 +142,7 @@ int main(int argc, char** argv) {
       rest.push_back(argv[i]);
     }
   }
+  seqpack::set_policy(seqpack::policy_from_environment());  // the SEQPACK_* variables
   set_num_threads(threads);
   for (const Model& m : models()) {
     for (int64_t chunk : {1, 8, 64}) {

@@ -55,6 +55,7 @@
 #include <vector>
 
 #include "seqpack/packed_sequence.h"
+#include "seqpack/policy.h"
 #include "seqpack/precision.h"
 #include "seqpack/rnn.h"
 #include "seqpack/tensor.h"
@@ -161,11 +162,26 @@ std::string with_op(const char* op, const char* message) {
   return c10::str(op, ": ", m);
 }
 
-// Runs `f`, turning the core's std::invalid_argument into a ValueError that
-// names the operator.
+// The core reads no environment: the operators install the SEQPACK_* policy
+// at their first call (where a value is bad, every call refuses it by name).
+void install_policy() {
+  static const std::string error = [] {
+    try {
+      seqpack::set_policy(seqpack::policy_from_environment());
+      return std::string();
+    } catch (const std::invalid_argument& e) {
+      return std::string(e.what());
+    }
+  }();
+  if (!error.empty()) throw std::invalid_argument(error);
+}
+
+// Runs `f` under the policy, turning the core's std::invalid_argument into a
+// ValueError that names the operator.
 template <typename F>
 auto checked(const char* op, F&& f) -> decltype(f()) {
   try {
+    install_policy();
     return f();
   } catch (const std::invalid_argument& e) {
     C10_THROW_ERROR(ValueError, with_op(op, e.what()));

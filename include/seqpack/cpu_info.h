@@ -19,14 +19,15 @@ struct CpuInfo {
   // The kernel of the int8 products (int8 runs on every CPU): "amx"
   // (AMX-INT8), "vnni" (AVX512-VNNI), "avx2" (AVX2's 16-bit pair sums, rows
   // quantized over 127 levels instead of 255), "scalar" (below AVX2).
-  // SEQPACK_INT8_KERNEL=amx|vnni|avx2|scalar picks one (a bad value, or one
-  // this CPU cannot run, makes cpu_info() throw naming it).
+  // The policy's int8_kernel (seqpack/policy.h; SEQPACK_INT8_KERNEL for the
+  // front ends) picks one (one this CPU cannot run makes cpu_info() throw
+  // naming it).
   std::string int8_kernel;
   std::string onednn_version;  // e.g. "2.6.3"
   std::string blas;            // the BLAS's own description (OpenBLAS: version and kernel)
   int threads = 1;             // seqpack's thread count (num_threads())
   std::string kernels;         // the target of seqpack's own SIMD kernels (Highway), e.g. "AVX3"
-  std::string isa_cap;         // SEQPACK_MAX_CPU_ISA's level: "avx512" (no cap), "avx2", "sse4"
+  std::string isa_cap;         // the policy's max_cpu_isa: "avx512" (no cap), "avx2", "sse4"
 };
 CpuInfo cpu_info();
 

@@ -2,10 +2,14 @@
 // user-facing API (argument checks, torch-like signatures) is the pure-Python
 // package around it.
 #include "bind.h"
+#include "seqpack/policy.h"
 #include "seqpack/version.h"
 
 PYBIND11_MODULE(_seqpack, m) {
   m.doc() = "seqpack C++ core (use the seqpack package, not this module)";
+  // The core reads no environment: the module installs the SEQPACK_* policy
+  // (a bad value fails the import, naming the variable and the value).
+  seqpack::set_policy(seqpack::policy_from_environment());
   // The linked library's version (seqpack.__version__, include/seqpack/version.h).
   m.attr("__version__") = seqpack::version();
   seqpack::python::bind_tensor(m);

@@ -38,9 +38,9 @@ bool has_int8_dot_products() { return onednn::isa_has_vnni(effective_isa()); }
 bool has_amx_dot_products() { return onednn::isa_has_amx(effective_isa()); }
 
 void check_int8_kernel_choice() {
-  // The kernel's variable is read here, on the calling thread, before any
-  // product asks: a bad value is refused by name, not thrown inside a team.
-  check_int8_kernel_setting();
+  // The kernel is chosen here, on the calling thread, before any product
+  // asks: a kernel this CPU cannot run is refused by name, not thrown inside
+  // a team.
   int8_kernel();
 }
 
@@ -53,7 +53,6 @@ CpuInfo cpu_info() {
   info.native_bf16 = cpu::onednn::isa_has_bf16(isa);
   info.native_int8 = cpu::vnni_int8_supported();
   info.amx = cpu::onednn::isa_has_amx(isa);
-  cpu::check_int8_kernel_setting();
   info.int8_kernel = cpu::int8_kernel_name(cpu::int8_kernel());
   const dnnl_version_t* v = dnnl::version();
   info.onednn_version =

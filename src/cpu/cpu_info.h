@@ -19,8 +19,8 @@ bool has_int8_dot_products();
 // AMX (tiles, bf16 and int8) in oneDNN's ISA: the AMX-INT8 kernel's cap.
 bool has_amx_dot_products();
 // The int8 precision runs on every CPU (cpu/gemm_int8.h picks its kernel);
-// throws std::invalid_argument naming SEQPACK_INT8_KERNEL's value when it is
-// not a kernel or names one this CPU cannot run.
+// throws std::invalid_argument naming the policy's kernel where this CPU
+// cannot run it.
 void check_int8_kernel_choice();
 
 }  // namespace seqpack::cpu

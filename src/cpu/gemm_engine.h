@@ -209,9 +209,10 @@ inline bool fits_row_split(int64_t k, int64_t n, int64_t bytes) {
 }
 
 // Whether step_blocks() makes one product of a thread's ranges where the
-// engine can (SEQPACK_STEP_GROUPS: 1, the default, or 0, one product per
-// range, for measuring; another value is refused by name).
+// engine can (the policy's step_groups: on by default; off, one product per
+// range, for measuring), and its setter (set_policy).
 bool step_groups();
+void set_step_groups(bool on);
 
 // The engine for this element type and precision (a process-wide instance).
 // bf16 requires float and native bf16 dot products (require_bf16_dot_products).

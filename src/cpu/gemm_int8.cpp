@@ -1,5 +1,5 @@
 // cpu/gemm_int8.h's portable part: which kernel runs (the CPU, the caps,
-// SEQPACK_INT8_KERNEL), the quantization of rows and weights handed to the
+// the policy's int8 kernel), the quantization of rows and weights handed to the
 // kernel's ISA, and the scalar kernel: the reference the SIMD kernels equal
 // bit for bit (tests/test_rnn_int8.cpp) and the products below AVX2.
 #include <omp.h>
@@ -109,35 +109,30 @@ std::string cannot_run(Int8Kernel kernel) {
          isa_level_name(isa_cap()) + ") does not offer";
 }
 
-// SEQPACK_INT8_KERNEL as written: automatic (unset, empty or auto) or a kernel.
-Int8Kernel kernel_setting() {
-  static const Int8Kernel set = [] {
-    const char* env = std::getenv("SEQPACK_INT8_KERNEL");
-    const std::string v = env ? env : "";
-    if (v.empty() || v == "auto") return Int8Kernel::automatic;
-    for (const Int8Kernel k :
-         {Int8Kernel::vnni, Int8Kernel::amx, Int8Kernel::avx2, Int8Kernel::scalar}) {
-      if (v == int8_kernel_name(k)) return k;
-    }
-    throw std::invalid_argument("SEQPACK_INT8_KERNEL: '" + v +
-                                "' is not auto, amx, vnni, avx2 or scalar");
-  }();
-  return set;
+// The policy's kernel (set_int8_kernel_request), and the kernel it gives on
+// this CPU under the caps as they stood at the first product after it was
+// set (-1: none chosen yet).
+std::atomic<int> requested{static_cast<int>(Int8Kernel::automatic)};
+std::atomic<int> chosen{-1};
+
+Int8Kernel choose(Int8Kernel set) {
+  if (set != Int8Kernel::automatic) {
+    if (!runs_here(set)) throw std::invalid_argument("SEQPACK_INT8_KERNEL: " + cannot_run(set));
+    return set;
+  }
+  for (const Int8Kernel k : {Int8Kernel::amx, Int8Kernel::vnni, Int8Kernel::avx2}) {
+    if (runs_here(k)) return k;
+  }
+  return Int8Kernel::scalar;
 }
 
-Int8Kernel kernel_from_environment() {
-  static const Int8Kernel chosen = [] {
-    const Int8Kernel set = kernel_setting();
-    if (set != Int8Kernel::automatic) {
-      if (!runs_here(set)) throw std::invalid_argument("SEQPACK_INT8_KERNEL: " + cannot_run(set));
-      return set;
-    }
-    for (const Int8Kernel k : {Int8Kernel::amx, Int8Kernel::vnni, Int8Kernel::avx2}) {
-      if (runs_here(k)) return k;
-    }
-    return Int8Kernel::scalar;
-  }();
-  return chosen;
+Int8Kernel policy_kernel() {
+  int c = chosen.load(std::memory_order_relaxed);
+  if (c < 0) {
+    c = static_cast<int>(choose(static_cast<Int8Kernel>(requested.load(std::memory_order_relaxed))));
+    chosen.store(c, std::memory_order_relaxed);
+  }
+  return static_cast<Int8Kernel>(c);
 }
 
 std::atomic<int64_t> weight_quantizations{0};
@@ -176,11 +171,14 @@ bool amx_int8_supported() {
   return yes;
 }
 
-void check_int8_kernel_setting() { kernel_setting(); }
+void set_int8_kernel_request(Int8Kernel kernel) {
+  requested.store(static_cast<int>(kernel), std::memory_order_relaxed);
+  chosen.store(-1, std::memory_order_relaxed);
+}
 
 Int8Kernel int8_kernel() {
   const auto set = static_cast<Int8Kernel>(kernel_override.load(std::memory_order_relaxed));
-  return set != Int8Kernel::automatic ? set : kernel_from_environment();
+  return set != Int8Kernel::automatic ? set : policy_kernel();
 }
 
 void set_int8_kernel(Int8Kernel kernel) {

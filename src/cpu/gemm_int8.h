@@ -64,17 +64,17 @@ bool avx2_int8_supported();
 // grants the process the tile data (arch_prctl, asked once).
 bool amx_int8_supported();
 // The kernel of the products (never automatic): set_int8_kernel's choice,
-// else SEQPACK_INT8_KERNEL's (amx, vnni, avx2 or scalar), else the first of
-// amx, vnni, avx2, scalar this CPU runs. Products of fewer than kAmxMinRows
-// rows on amx run on VNNI (AMX's 16-row tiles would be mostly empty; the
-// same levels, the same bits). Throws std::invalid_argument naming the
-// variable's value when it is not one of those, or names a kernel this CPU
-// cannot run.
+// else the policy's (set_int8_kernel_request: amx, vnni, avx2 or scalar),
+// else the first of amx, vnni, avx2, scalar this CPU runs. Products of fewer
+// than kAmxMinRows rows on amx run on VNNI (AMX's 16-row tiles would be
+// mostly empty; the same levels, the same bits). Throws
+// std::invalid_argument naming the kernel where the policy names one this
+// CPU cannot run.
 Int8Kernel int8_kernel();
-// Reads SEQPACK_INT8_KERNEL (once) and throws as int8_kernel() does when its
-// value is not auto, amx, vnni, avx2 or scalar, on any CPU.
-void check_int8_kernel_setting();
-// For tests and benchmarks: automatic goes back to the variable's choice.
+// The policy's kernel (seqpack/policy.h's int8_kernel; automatic: the best
+// this CPU runs), chosen again at the next product.
+void set_int8_kernel_request(Int8Kernel kernel);
+// For tests and benchmarks: automatic goes back to the policy's choice.
 // Throws std::invalid_argument for a kernel this CPU cannot run.
 void set_int8_kernel(Int8Kernel kernel);
 inline constexpr int64_t kAmxMinRows = 4;

@@ -419,15 +419,12 @@ struct BlockedOperand : StepOperand {
 
 }  // namespace
 
-bool step_groups() {
-  static const bool on = [] {
-    const char* env = std::getenv("SEQPACK_STEP_GROUPS");
-    if (!env || !*env || std::string(env) == "1") return true;
-    if (std::string(env) == "0") return false;
-    throw std::invalid_argument("SEQPACK_STEP_GROUPS: '" + std::string(env) + "' is not 0 or 1");
-  }();
-  return on;
-}
+namespace {
+std::atomic<bool> groups{true};
+}  // namespace
+
+bool step_groups() { return groups.load(std::memory_order_relaxed); }
+void set_step_groups(bool on) { groups.store(on, std::memory_order_relaxed); }
 
 namespace {
 

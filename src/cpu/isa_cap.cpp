@@ -2,20 +2,14 @@
 
 #include <hwy/targets.h>
 
-#include <cctype>
+#include <atomic>
 #include <cstdint>
-#include <cstdlib>
-#include <stdexcept>
-#include <string>
 
 namespace seqpack::cpu {
 
 namespace {
 
-struct Cap {
-  IsaLevel level = IsaLevel::avx512;
-  std::string error;  // non-empty: the variable's value is not a level
-};
+std::atomic<int> cap{static_cast<int>(IsaLevel::avx512)};
 
 // Every Highway target above `level` (those a Highway release does not know
 // are simply absent).
@@ -34,34 +28,16 @@ int64_t targets_above(IsaLevel level) {
   return disabled;
 }
 
-Cap read_cap() {
-  Cap cap;
-  const char* value = std::getenv("SEQPACK_MAX_CPU_ISA");
-  if (value == nullptr || *value == '\0') return cap;
-  std::string v(value);
-  for (char& ch : v) ch = static_cast<char>(std::tolower(static_cast<unsigned char>(ch)));
-  if (v == "avx512") {
-    cap.level = IsaLevel::avx512;
-  } else if (v == "avx2") {
-    cap.level = IsaLevel::avx2;
-  } else if (v == "sse4") {
-    cap.level = IsaLevel::sse4;
-  } else {
-    cap.error = std::string("SEQPACK_MAX_CPU_ISA = '") + value +
-                "' is not one of avx512, avx2, sse4 (or unset)";
-    return cap;
-  }
-  if (const int64_t disabled = targets_above(cap.level)) hwy::DisableTargets(disabled);
-  return cap;
-}
-
 }  // namespace
 
-IsaLevel isa_cap() {
-  static const Cap cap = read_cap();
-  if (!cap.error.empty()) throw std::invalid_argument(cap.error);
-  return cap.level;
+void set_isa_cap(IsaLevel level) {
+  // Highway chooses its target again at the next dispatch (every target
+  // again where nothing is above the cap).
+  hwy::DisableTargets(targets_above(level));
+  cap.store(static_cast<int>(level), std::memory_order_relaxed);
 }
+
+IsaLevel isa_cap() { return static_cast<IsaLevel>(cap.load(std::memory_order_relaxed)); }
 
 const char* isa_level_name(IsaLevel level) {
   switch (level) {

@@ -1,85 +1,46 @@
 // The grid's partitioning (rnn/grid.h): thread counts, column and row shares.
 #include "rnn/grid.h"
 
-#include <cstdlib>
-#include <stdexcept>
-#include <string>
-
 namespace seqpack::rnn {
 
 namespace {
 
-// The count in environment variable `name`, from lo to 2^20, or `fallback`
-// where it is unset or empty; other values throw, naming the variable, the
-// value and what it counts.
-int64_t count_from_env(const char* name, int64_t lo, int64_t fallback, const char* what) {
-  const char* env = std::getenv(name);
-  if (!env || !*env) return fallback;
-  char* end = nullptr;
-  const long long v = std::strtoll(env, &end, 10);
-  if (*end != '\0' || v < lo || v > (1 << 20)) {
-    throw std::invalid_argument(std::string(name) + ": '" + env + "' is not a count of " + what +
-                                " from " + std::to_string(lo) + " to 1048576");
-  }
-  return static_cast<int64_t>(v);
-}
+// The policy's (set_split_policy): who splits, the units floor of a column
+// split, the rows floor of a row split (0: none).
+std::atomic<int> policy_choice{static_cast<int>(SplitChoice::engine)};
+std::atomic<int64_t> policy_units{kDefaultStepUnits};
+std::atomic<int64_t> policy_rows{0};
 
-// Hidden units per thread below which a column split stops adding threads:
-// SEQPACK_STEP_UNITS, or 64 (lstm-bi-2layer, H = 512, on a 16-core Xeon:
-// 8 threads a direction at 64 units ran bf16 forward in 7.8 ms, 4 at 128 in
-// 11.5 ms; docs/performance.md).
-int64_t units_from_env() { return count_from_env("SEQPACK_STEP_UNITS", 16, 64, "hidden units"); }
-
-// Mean rows a step per thread below which a row split stops adding threads:
-// SEQPACK_STEP_ROWS (1 to 2^20), or 0, no such floor.
-int64_t rows_from_env() { return count_from_env("SEQPACK_STEP_ROWS", 1, 0, "rows"); }
-
-std::atomic<int64_t> step_rows{-1};  // -1: not read yet
-
-int64_t min_step_rows() {
-  int64_t r = step_rows.load(std::memory_order_relaxed);
-  if (r < 0) {
-    r = rows_from_env();
-    step_rows.store(r, std::memory_order_relaxed);
-  }
-  return r;
-}
-
-std::atomic<int64_t> step_units{0};  // 0: not read yet
+// The tests' overrides (set_split_choice, set_min_step_units,
+// set_min_step_rows): -1 / 0 / -1 where none is set.
+std::atomic<int> choice{-1};
+std::atomic<int64_t> step_units{0};
 std::atomic<bool> units_set{false};  // set_min_step_units: no work rule
+std::atomic<int64_t> step_rows{-1};
 
 int64_t min_step_units() {
-  int64_t u = step_units.load(std::memory_order_relaxed);
-  if (u == 0) {
-    u = units_from_env();
-    step_units.store(u, std::memory_order_relaxed);
-  }
-  return u;
+  const int64_t u = step_units.load(std::memory_order_relaxed);
+  return u > 0 ? u : policy_units.load(std::memory_order_relaxed);
 }
 
-// SEQPACK_STEP_SPLIT: rows, columns or engine (the default), for measuring.
-SplitChoice choice_from_env() {
-  const char* env = std::getenv("SEQPACK_STEP_SPLIT");
-  if (!env || !*env || std::string(env) == "engine") return SplitChoice::engine;
-  if (std::string(env) == "rows") return SplitChoice::rows;
-  if (std::string(env) == "columns") return SplitChoice::columns;
-  throw std::invalid_argument("SEQPACK_STEP_SPLIT: '" + std::string(env) +
-                              "' is not one of rows, columns, engine");
+int64_t min_step_rows() {
+  const int64_t r = step_rows.load(std::memory_order_relaxed);
+  return r >= 0 ? r : policy_rows.load(std::memory_order_relaxed);
 }
-
-std::atomic<int> choice{-1};  // -1: not read yet
 
 }  // namespace
+
+void set_split_policy(SplitChoice c, int64_t units, int64_t rows) {
+  policy_choice.store(static_cast<int>(c), std::memory_order_relaxed);
+  policy_units.store(units > 0 ? units : kDefaultStepUnits, std::memory_order_relaxed);
+  policy_rows.store(std::max<int64_t>(rows, 0), std::memory_order_relaxed);
+}
 
 void set_split_choice(SplitChoice c) { choice.store(static_cast<int>(c), std::memory_order_relaxed); }
 
 SplitChoice split_choice() {
-  int c = choice.load(std::memory_order_relaxed);
-  if (c < 0) {
-    c = static_cast<int>(choice_from_env());
-    choice.store(c, std::memory_order_relaxed);
-  }
-  return static_cast<SplitChoice>(c);
+  const int c = choice.load(std::memory_order_relaxed);
+  return static_cast<SplitChoice>(c >= 0 ? c : policy_choice.load(std::memory_order_relaxed));
 }
 
 int step_threads(int64_t H, bool by_rows, int available) {
@@ -99,8 +60,6 @@ void set_min_step_units(int64_t units) {
 }
 
 int direction_threads(const RNNOptions& o, bool by_rows, int64_t rows, int64_t steps) {
-  cpu::step_groups();  // read (and checked) here, before any thread asks
-  min_step_units();     // the same, whichever split the engine takes
   const int64_t floor_rows = min_step_rows();
   const int all = omp_get_max_threads();
   const int nt = step_threads(o.hidden_size, by_rows, o.num_directions() == 2 ? std::max(1, all / 2) : all);

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "command.h"
+#include "seqpack/policy.h"
 
 namespace {
 
@@ -38,6 +39,8 @@ int main(int argc, char** argv) {
     }
   }
   try {
+    // The core reads no environment: the tool installs the SEQPACK_* policy.
+    seqpack::set_policy(seqpack::policy_from_environment());
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
     return seqpack::cli::report_parse_error(app, e, args);

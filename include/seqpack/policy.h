@@ -1,0 +1,54 @@
+// The policy of the core: the settings that choose its kernels and share its
+// steps between threads. The core never reads the environment: the front
+// ends (the seqpack tool, the Python module, the PyTorch operators, the test
+// and benchmark programs) read it once with policy_from_environment() and
+// install it with set_policy(); a C++ program that wants the same variables
+// does the same, and one that sets none runs on the defaults.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+namespace seqpack {
+
+struct Policy {
+  // A cap on the ISA of seqpack's own kernels (Highway's gate, small-product
+  // and Adam kernels; the int8 kernels): "avx512" (or empty: none), "avx2" or
+  // "sse4". Variable SEQPACK_MAX_CPU_ISA. oneDNN's own cap is its variable
+  // ONEDNN_MAX_CPU_ISA, read by oneDNN.
+  std::string max_cpu_isa;
+  // The kernel of the int8 products: "auto" (or empty: the best this CPU
+  // runs), "amx", "vnni", "avx2" or "scalar". Variable SEQPACK_INT8_KERNEL.
+  // A kernel this CPU cannot run is refused at the first int8 product.
+  std::string int8_kernel;
+  // Who splits a direction's steps between threads: "engine" (or empty: the
+  // engine's choice), "rows" or "columns". Variable SEQPACK_STEP_SPLIT, for
+  // measuring.
+  std::string step_split;
+  // Hidden units per thread below which a column split stops adding threads:
+  // 0 (the default, 64) or 16 to 2^20. Variable SEQPACK_STEP_UNITS.
+  int64_t step_units = 0;
+  // Mean rows a step per thread below which a row split stops adding
+  // threads: 0 (the default: no such floor) or 1 to 2^20. Variable
+  // SEQPACK_STEP_ROWS.
+  int64_t step_rows = 0;
+  // Whether the oneDNN engine makes one product of a thread's step ranges
+  // (the default) or one product per range. Variable SEQPACK_STEP_GROUPS
+  // (1 or 0).
+  bool step_groups = true;
+};
+
+// Installs `policy` for the whole process: between calls, never while one
+// runs. Throws std::invalid_argument naming the setting and its value where
+// one is not among those above; nothing is installed then.
+void set_policy(const Policy& policy);
+
+// The policy installed (the defaults before any set_policy).
+Policy policy();
+
+// The policy of the variables named above (unset or empty: the default).
+// Throws std::invalid_argument naming the variable and its value where one
+// is not among the values above.
+Policy policy_from_environment();
+
+}  // namespace seqpack

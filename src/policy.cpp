@@ -1,0 +1,96 @@
+// The core's policy (seqpack/policy.h): checked whole, then handed to the
+// parts that read it (the ISA cap, the int8 kernel, the grid's split rules,
+// the oneDNN engine's step groups).
+#include "seqpack/policy.h"
+
+#include <cctype>
+#include <mutex>
+#include <stdexcept>
+#include <string>
+
+#include "cpu/gemm_engine.h"
+#include "cpu/gemm_int8.h"
+#include "cpu/isa_cap.h"
+#include "policy_text.h"
+#include "rnn/grid.h"
+
+namespace seqpack {
+
+namespace {
+
+std::mutex policy_mutex;
+Policy installed;  // guarded by policy_mutex
+
+std::string lower(std::string v) {
+  for (char& ch : v) ch = static_cast<char>(std::tolower(static_cast<unsigned char>(ch)));
+  return v;
+}
+
+cpu::IsaLevel isa_level(const std::string& value) {
+  const std::string v = lower(value);
+  if (v.empty() || v == "avx512") return cpu::IsaLevel::avx512;
+  if (v == "avx2") return cpu::IsaLevel::avx2;
+  if (v == "sse4") return cpu::IsaLevel::sse4;
+  throw std::invalid_argument("SEQPACK_MAX_CPU_ISA = '" + value +
+                              "' is not one of avx512, avx2, sse4 (or unset)");
+}
+
+cpu::Int8Kernel int8_kernel(const std::string& v) {
+  if (v.empty() || v == "auto") return cpu::Int8Kernel::automatic;
+  for (const cpu::Int8Kernel k : {cpu::Int8Kernel::vnni, cpu::Int8Kernel::amx,
+                                  cpu::Int8Kernel::avx2, cpu::Int8Kernel::scalar}) {
+    if (v == cpu::int8_kernel_name(k)) return k;
+  }
+  throw std::invalid_argument("SEQPACK_INT8_KERNEL: '" + v +
+                              "' is not auto, amx, vnni, avx2 or scalar");
+}
+
+rnn::SplitChoice split_choice(const std::string& v) {
+  if (v.empty() || v == "engine") return rnn::SplitChoice::engine;
+  if (v == "rows") return rnn::SplitChoice::rows;
+  if (v == "columns") return rnn::SplitChoice::columns;
+  throw std::invalid_argument("SEQPACK_STEP_SPLIT: '" + v + "' is not one of rows, columns, engine");
+}
+
+// A count of at least `lo` and at most 2^20, or 0 (the default).
+int64_t count(const char* name, int64_t v, int64_t lo, const char* what) {
+  if (v != 0 && (v < lo || v > policy_text::kMaxCount)) {
+    throw policy_text::not_a_count(name, std::to_string(v), lo, what);
+  }
+  return v;
+}
+
+// The policy's settings in the core's terms, every one checked.
+struct Parsed {
+  cpu::IsaLevel cap;
+  cpu::Int8Kernel kernel;
+  rnn::SplitChoice split;
+  int64_t units, rows;
+};
+
+Parsed parse(const Policy& p) {
+  return Parsed{isa_level(p.max_cpu_isa), int8_kernel(p.int8_kernel), split_choice(p.step_split),
+                count("SEQPACK_STEP_UNITS", p.step_units, 16, "hidden units"),
+                count("SEQPACK_STEP_ROWS", p.step_rows, 1, "rows")};
+}
+
+}  // namespace
+
+void policy_text::check(const Policy& policy) { (void)parse(policy); }
+
+void set_policy(const Policy& p) {
+  const Parsed s = parse(p);  // every setting checked before any is installed
+  const std::lock_guard<std::mutex> lock(policy_mutex);
+  cpu::set_isa_cap(s.cap);
+  cpu::set_int8_kernel_request(s.kernel);
+  rnn::set_split_policy(s.split, s.units, s.rows);
+  cpu::set_step_groups(p.step_groups);
+  installed = p;
+}
+
+Policy policy() {
+  const std::lock_guard<std::mutex> lock(policy_mutex);
+  return installed;
+}
+
+}  // namespace seqpack

@@ -1,0 +1,221 @@
+// The core's policy (seqpack/policy.h): set_policy checks every setting
+// before it installs any, each reaches the part of the core that reads it,
+// the ISA cap changes within a process (Highway's dispatch follows, both
+// ways), and policy_from_environment reads the SEQPACK_* variables and
+// refuses bad values by name. Every test leaves the policy it found.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdlib>
+#include <random>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "cpu/gemm_engine.h"
+#include "cpu/gemm_int8.h"
+#include "cpu/isa_cap.h"
+#include "rnn/grid.h"
+#include "seqpack/cpu_info.h"
+#include "seqpack/packed_sequence.h"
+#include "seqpack/policy.h"
+#include "seqpack/rnn.h"
+#include "test_util.h"
+
+namespace seqpack {
+namespace {
+
+const char* const kVariables[] = {"SEQPACK_MAX_CPU_ISA", "SEQPACK_INT8_KERNEL",
+                                  "SEQPACK_STEP_SPLIT",  "SEQPACK_STEP_UNITS",
+                                  "SEQPACK_STEP_ROWS",   "SEQPACK_STEP_GROUPS"};
+
+// Restores the policy and the variables on scope exit.
+struct PolicyGuard {
+  Policy before = policy();
+  std::vector<std::pair<std::string, std::string>> vars;
+  bool had[6] = {};
+  PolicyGuard() {
+    for (int i = 0; i < 6; ++i) {
+      const char* v = std::getenv(kVariables[i]);
+      had[i] = v != nullptr;
+      vars.emplace_back(kVariables[i], v ? v : "");
+    }
+  }
+  ~PolicyGuard() {
+    for (int i = 0; i < 6; ++i) {
+      if (had[i]) {
+        setenv(vars[i].first.c_str(), vars[i].second.c_str(), 1);
+      } else {
+        unsetenv(vars[i].first.c_str());
+      }
+    }
+    set_policy(before);
+  }
+};
+
+bool same(const Policy& a, const Policy& b) {
+  return a.max_cpu_isa == b.max_cpu_isa && a.int8_kernel == b.int8_kernel &&
+         a.step_split == b.step_split && a.step_units == b.step_units &&
+         a.step_rows == b.step_rows && a.step_groups == b.step_groups;
+}
+
+// Expects `f` to throw std::invalid_argument whose message holds `needle`.
+template <typename F>
+void expect_refused(F&& f, const std::string& needle) {
+  try {
+    f();
+    ADD_FAILURE() << "accepted; expected an error with: " << needle;
+  } catch (const std::invalid_argument& e) {
+    EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
+  }
+}
+
+TEST(Policy, EachSettingReachesThePartThatReadsIt) {
+  const PolicyGuard guard;
+  Policy p;
+  p.max_cpu_isa = "sse4";
+  p.int8_kernel = "scalar";
+  p.step_split = "rows";
+  p.step_units = 128;
+  p.step_rows = 8;
+  p.step_groups = false;
+  set_policy(p);
+  EXPECT_TRUE(same(policy(), p));
+  EXPECT_EQ(cpu::isa_cap(), cpu::IsaLevel::sse4);
+  EXPECT_EQ(cpu_info().isa_cap, "sse4");
+  EXPECT_EQ(cpu::int8_kernel(), cpu::Int8Kernel::scalar);
+  EXPECT_EQ(rnn::split_choice(), rnn::SplitChoice::rows);
+  // A column split of H = 512 over 16 threads: one thread per 128 units.
+  EXPECT_EQ(rnn::step_threads(512, /*by_rows=*/false, 16), 4);
+  EXPECT_FALSE(cpu::step_groups());
+
+  set_policy(Policy{});  // the defaults again
+  EXPECT_EQ(cpu::isa_cap(), cpu::IsaLevel::avx512);
+  EXPECT_EQ(rnn::split_choice(), rnn::SplitChoice::engine);
+  EXPECT_EQ(rnn::step_threads(512, false, 16), 512 / rnn::kDefaultStepUnits);
+  EXPECT_TRUE(cpu::step_groups());
+}
+
+TEST(Policy, BadSettingsAreRefusedByNameAndNothingIsInstalled) {
+  const PolicyGuard guard;
+  Policy good;
+  good.step_split = "columns";
+  set_policy(good);
+  const auto refused = [&](Policy p, const std::string& needle) {
+    expect_refused([&] { set_policy(p); }, needle);
+    EXPECT_TRUE(same(policy(), good)) << needle;
+    EXPECT_EQ(rnn::split_choice(), rnn::SplitChoice::columns) << needle;
+  };
+  Policy p = good;
+  p.max_cpu_isa = "avx9";
+  refused(p, "SEQPACK_MAX_CPU_ISA = 'avx9' is not one of avx512, avx2, sse4");
+  p = good;
+  p.int8_kernel = "fast";
+  refused(p, "SEQPACK_INT8_KERNEL: 'fast' is not auto, amx, vnni, avx2 or scalar");
+  p = good;
+  p.step_split = "diagonal";
+  refused(p, "SEQPACK_STEP_SPLIT: 'diagonal' is not one of rows, columns, engine");
+  p = good;
+  p.step_units = 8;
+  refused(p, "SEQPACK_STEP_UNITS: '8' is not a count of hidden units from 16 to 1048576");
+  p = good;
+  p.step_rows = -1;
+  refused(p, "SEQPACK_STEP_ROWS: '-1' is not a count of rows from 1 to 1048576");
+  p = good;
+  p.step_rows = (1 << 20) + 1;
+  refused(p, "SEQPACK_STEP_ROWS: '1048577'");
+  // A bad setting after good ones: the good ones are not installed either.
+  p = good;
+  p.max_cpu_isa = "sse4";
+  p.step_units = 100;
+  p.step_split = "sideways";
+  refused(p, "'sideways'");
+  EXPECT_EQ(cpu::isa_cap(), cpu::IsaLevel::avx512);
+  EXPECT_EQ(rnn::step_threads(512, false, 16), 512 / rnn::kDefaultStepUnits);
+}
+
+TEST(Policy, AKernelTheCpuLacksIsRefusedAtTheFirstProduct) {
+  const PolicyGuard guard;
+  Policy p;
+  p.max_cpu_isa = "avx2";  // rules out vnni and amx on any CPU
+  p.int8_kernel = "vnni";
+  set_policy(p);  // the words are right: accepted
+  expect_refused([] { (void)cpu::int8_kernel(); }, "SEQPACK_INT8_KERNEL: 'vnni' needs AVX512-VNNI");
+  p.int8_kernel = "auto";
+  set_policy(p);
+  EXPECT_EQ(cpu::int8_kernel(), cpu::Int8Kernel::avx2);
+}
+
+// The cap changes Highway's target within a process, down and back up, and
+// a layer's results under each stay within fp32's bound of each other.
+TEST(Policy, TheIsaCapMovesHighwaysDispatchBothWays) {
+  const PolicyGuard guard;
+  set_policy(Policy{});
+  const std::string widest = cpu_info().kernels;
+  RNNOptions o;
+  o.mode = RNNMode::gru;
+  o.input_size = 5;
+  o.hidden_size = 24;
+  std::mt19937_64 gen(7);
+  std::vector<Tensor> w;
+  for (const Shape& s : rnn_parameter_shapes(o)) w.push_back(testing::random_tensor(s, 0.3, gen));
+  const PackingPlan plan = PackingPlan::from_lengths({6, 3, 5}, /*enforce_sorted=*/false);
+  const Tensor x = testing::random_tensor({plan.total_rows(), o.input_size}, 1.0, gen);
+  const auto run = [&] { return rnn_forward(o, w, x, plan, Tensor(), Tensor(), false, false); };
+  const RNNForwardResult wide = run();
+
+  Policy capped;
+  capped.max_cpu_isa = "sse4";
+  set_policy(capped);
+  const std::string narrow = cpu_info().kernels;
+  EXPECT_EQ(narrow.find("AVX"), std::string::npos) << narrow;
+  EXPECT_NE(narrow, widest);  // every CPU here has AVX2
+  const RNNForwardResult small = run();
+  EXPECT_TRUE(testing::fp_close(small.output, wide.output, 6, DType::f32, "output"));
+  EXPECT_TRUE(testing::fp_close(small.h_n, wide.h_n, 6, DType::f32, "h_n"));
+
+  set_policy(Policy{});
+  EXPECT_EQ(cpu_info().kernels, widest);
+}
+
+TEST(Policy, FromTheEnvironment) {
+  const PolicyGuard guard;
+  for (const char* v : kVariables) unsetenv(v);
+  EXPECT_TRUE(same(policy_from_environment(), Policy{}));
+  setenv("SEQPACK_MAX_CPU_ISA", "AVX2", 1);  // any case, as written
+  setenv("SEQPACK_INT8_KERNEL", "scalar", 1);
+  setenv("SEQPACK_STEP_SPLIT", "columns", 1);
+  setenv("SEQPACK_STEP_UNITS", "32", 1);
+  setenv("SEQPACK_STEP_ROWS", "8", 1);
+  setenv("SEQPACK_STEP_GROUPS", "0", 1);
+  const Policy p = policy_from_environment();
+  EXPECT_EQ(p.max_cpu_isa, "AVX2");
+  EXPECT_EQ(p.int8_kernel, "scalar");
+  EXPECT_EQ(p.step_split, "columns");
+  EXPECT_EQ(p.step_units, 32);
+  EXPECT_EQ(p.step_rows, 8);
+  EXPECT_FALSE(p.step_groups);
+  set_policy(p);
+  EXPECT_EQ(cpu::isa_cap(), cpu::IsaLevel::avx2);
+  // Empty is unset.
+  for (const char* v : kVariables) setenv(v, "", 1);
+  EXPECT_TRUE(same(policy_from_environment(), Policy{}));
+
+  for (const auto& [name, value, needle] :
+       std::vector<std::tuple<const char*, const char*, std::string>>{
+           {"SEQPACK_MAX_CPU_ISA", "avx9", "SEQPACK_MAX_CPU_ISA = 'avx9'"},
+           {"SEQPACK_INT8_KERNEL", "fast", "SEQPACK_INT8_KERNEL: 'fast' is not auto"},
+           {"SEQPACK_STEP_SPLIT", "diagonal", "SEQPACK_STEP_SPLIT: 'diagonal' is not one of rows"},
+           {"SEQPACK_STEP_UNITS", "8", "SEQPACK_STEP_UNITS: '8' is not a count of hidden units"},
+           {"SEQPACK_STEP_UNITS", "64k", "SEQPACK_STEP_UNITS: '64k' is not a count"},
+           {"SEQPACK_STEP_GROUPS", "yes", "SEQPACK_STEP_GROUPS: 'yes' is not 0 or 1"},
+           {"SEQPACK_STEP_ROWS", "0", "SEQPACK_STEP_ROWS: '0' is not a count of rows"},
+           {"SEQPACK_STEP_ROWS", "many", "SEQPACK_STEP_ROWS: 'many' is not a count of rows"}}) {
+    setenv(name, value, 1);
+    expect_refused([] { (void)policy_from_environment(); }, needle);
+    setenv(name, "", 1);
+  }
+}
+
+}  // namespace
+}  // namespace seqpack
