@@ -192,7 +192,8 @@ Shape check_shape(int mode, int dtype, int64_t rows, int64_t batch, int64_t inpu
 
 // Checks batch_sizes (positive, non-increasing, first <= batch) and returns
 // the row offset of each step (offsets[steps] = rows).
-std::vector<int64_t> check_batch_sizes(int64_t steps, const int64_t* batch_sizes, int64_t batch) {
+std::vector<int64_t> check_batch_sizes(int64_t steps, const int64_t* batch_sizes, int64_t batch,
+                                       int64_t rows) {
   if (steps < 0)
     fail(SEQPACK_CUDA_INVALID_ARGUMENT, "seqpack_cuda: steps = %lld is negative",
          static_cast<long long>(steps));
@@ -217,6 +218,10 @@ std::vector<int64_t> check_batch_sizes(int64_t steps, const int64_t* batch_sizes
            static_cast<long long>(batch_sizes[t - 1]));
     offsets[t + 1] = offsets[t] + bs;
   }
+  if (offsets.back() != rows)
+    fail(SEQPACK_CUDA_INVALID_ARGUMENT,
+         "seqpack_cuda: sum(batch_sizes) = %lld differs from the %lld rows of x",
+         static_cast<long long>(offsets.back()), static_cast<long long>(rows));
   return offsets;
 }
 
@@ -772,20 +777,22 @@ SEQPACK_CUDA_EXPORT int seqpack_cuda_rnn_buffer_sizes(int mode, int dtype, int64
   });
 }
 
-SEQPACK_CUDA_EXPORT int seqpack_cuda_rnn_forward(
-    int mode, int dtype, int64_t steps, const int64_t* batch_sizes, int64_t batch,
-    int64_t input_size, int64_t hidden_size, int64_t proj_size, int64_t num_layers,
-    int bidirectional, int has_biases, const void* const* weights, const void* x, const void* h0,
-    const void* c0, const void* dropout_mask, void* y, void* hn, void* cn, void* workspace,
-    size_t workspace_bytes, void* reserve, size_t reserve_bytes, int allow_tf32, void* stream) {
-  (void)allow_tf32;  // the SIMT kernels compute in full float32
+SEQPACK_CUDA_EXPORT int seqpack_cuda_rnn_forward(const seqpack_cuda_rnn_args* args) {
+  // allow_tf32 is not read: the SIMT kernels compute in full float32.
   return guarded([&] {
+    require(args, "args");
+    const seqpack_cuda_rnn_args& a = *args;
+    const int mode = a.mode, dtype = a.dtype, has_biases = a.has_biases;
+    const auto* batch_sizes = a.batch_sizes;
+    const void* const* weights = a.weights;
+    const void *x = a.x, *h0 = a.h0, *c0 = a.c0, *dropout_mask = a.dropout_mask;
+    void *y = a.y, *hn = a.hn, *cn = a.cn, *workspace = a.workspace, *reserve = a.reserve;
     check_kernel_choice();
-    const std::vector<int64_t> off = check_batch_sizes(steps, batch_sizes, batch);
-    const Shape s = check_shape(mode, dtype, off.back(), batch, input_size, hidden_size, proj_size,
-                                num_layers, bidirectional);
+    const std::vector<int64_t> off = check_batch_sizes(a.steps, batch_sizes, a.batch, a.rows);
+    const Shape s = check_shape(mode, dtype, off.back(), a.batch, a.input_size, a.hidden_size,
+                                a.proj_size, a.num_layers, a.bidirectional);
     check_weights(s, has_biases != 0, weights, "weights");
-    check_buffers(s, workspace_bytes, workspace, reserve_bytes, reserve);
+    check_buffers(s, a.workspace_bytes, workspace, a.reserve_bytes, reserve);
     if (s.rows > 0) {
       require(x, "x");
       require(y, "y");
@@ -798,7 +805,7 @@ SEQPACK_CUDA_EXPORT int seqpack_cuda_rnn_forward(
         require(cn, "cn");
       }
     }
-    auto st = static_cast<cudaStream_t>(stream);
+    auto st = static_cast<cudaStream_t>(a.stream);
     (void)cudaGetLastError();  // clears a launch error left by others, not ours to report
     switch (dtype) {
       case SEQPACK_CUDA_FLOAT32:
@@ -827,24 +834,26 @@ SEQPACK_CUDA_EXPORT int seqpack_cuda_rnn_forward(
   });
 }
 
-SEQPACK_CUDA_EXPORT int seqpack_cuda_rnn_backward(
-    int mode, int dtype, int64_t steps, const int64_t* batch_sizes, int64_t batch,
-    int64_t input_size, int64_t hidden_size, int64_t proj_size, int64_t num_layers,
-    int bidirectional, int has_biases, const void* const* weights, const void* x, const void* h0,
-    const void* c0, const void* dropout_mask, const void* dy, const void* dhn, const void* dcn,
-    void* dx, void* dh0, void* dc0, void* const* dweights, void* workspace, size_t workspace_bytes,
-    const void* reserve, size_t reserve_bytes, int allow_tf32, void* stream) {
-  (void)allow_tf32;
-  (void)h0;  // the reserve holds every row's h_{t-1} and c_{t-1}
-  (void)c0;
+SEQPACK_CUDA_EXPORT int seqpack_cuda_rnn_backward(const seqpack_cuda_rnn_args* args) {
+  // h0 and c0 are not read (the reserve holds every row's h_{t-1} and
+  // c_{t-1}), nor allow_tf32.
   return guarded([&] {
+    require(args, "args");
+    const seqpack_cuda_rnn_args& a = *args;
+    const int mode = a.mode, dtype = a.dtype, has_biases = a.has_biases;
+    const auto* batch_sizes = a.batch_sizes;
+    const void* const* weights = a.weights;
+    void* const* dweights = a.dweights;
+    const void *x = a.x, *dropout_mask = a.dropout_mask, *dy = a.dy, *dhn = a.dhn, *dcn = a.dcn;
+    const void* reserve = a.reserve;
+    void *dx = a.dx, *dh0 = a.dh0, *dc0 = a.dc0, *workspace = a.workspace;
     check_kernel_choice();
-    const std::vector<int64_t> off = check_batch_sizes(steps, batch_sizes, batch);
-    const Shape s = check_shape(mode, dtype, off.back(), batch, input_size, hidden_size, proj_size,
-                                num_layers, bidirectional);
+    const std::vector<int64_t> off = check_batch_sizes(a.steps, batch_sizes, a.batch, a.rows);
+    const Shape s = check_shape(mode, dtype, off.back(), a.batch, a.input_size, a.hidden_size,
+                                a.proj_size, a.num_layers, a.bidirectional);
     check_weights(s, has_biases != 0, weights, "weights");
     check_weights(s, has_biases != 0, dweights, "dweights");
-    check_buffers(s, workspace_bytes, workspace, reserve_bytes, reserve);
+    check_buffers(s, a.workspace_bytes, workspace, a.reserve_bytes, reserve);
     if (s.rows > 0) {
       require(x, "x");
       require(dx, "dx");
@@ -853,7 +862,7 @@ SEQPACK_CUDA_EXPORT int seqpack_cuda_rnn_backward(
       require(dh0, "dh0");
       if (s.lstm()) require(dc0, "dc0");
     }
-    auto st = static_cast<cudaStream_t>(stream);
+    auto st = static_cast<cudaStream_t>(a.stream);
     (void)cudaGetLastError();  // clears a launch error left by others, not ours to report
     switch (dtype) {
       case SEQPACK_CUDA_FLOAT32:

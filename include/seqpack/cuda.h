@@ -8,15 +8,22 @@
  *   seqpack_cuda_rnn_buffer_sizes(SEQPACK_CUDA_LSTM, SEQPACK_CUDA_FLOAT32,
  *       rows, batch, input_size, hidden, 0, layers, 1, &ws, &rs);
  *   // cudaMalloc ws and rs bytes, then
- *   if (seqpack_cuda_rnn_forward(SEQPACK_CUDA_LSTM, SEQPACK_CUDA_FLOAT32,
- *           steps, batch_sizes, batch, input_size, hidden, 0, layers, 1, 1,
- *           weights, x, h0, c0, NULL, y, hn, cn, ws_ptr, ws, rs_ptr, rs,
- *           1, 0, stream) != SEQPACK_CUDA_OK)
+ *   seqpack_cuda_rnn_args a = {0};
+ *   a.mode = SEQPACK_CUDA_LSTM; a.dtype = SEQPACK_CUDA_FLOAT32;
+ *   a.rows = rows; a.steps = steps; a.batch_sizes = batch_sizes;
+ *   a.batch = batch; a.input_size = input_size; a.hidden_size = hidden;
+ *   a.num_layers = layers; a.bidirectional = 1; a.has_biases = 1;
+ *   a.weights = weights; a.x = x; a.h0 = h0; a.c0 = c0;
+ *   a.y = y; a.hn = hn; a.cn = cn;
+ *   a.workspace = ws_ptr; a.workspace_bytes = ws;
+ *   a.reserve = rs_ptr; a.reserve_bytes = rs; a.stream = stream;
+ *   if (seqpack_cuda_rnn_forward(&a) != SEQPACK_CUDA_OK)
  *     fprintf(stderr, "%s\n", seqpack_cuda_last_error());
  *
  * Layout (all row-major, contiguous):
  *   batch_sizes  HOST array of `steps` int64, positive, non-increasing;
- *                rows = sum(batch_sizes); batch >= batch_sizes[0] (rows of
+ *                rows = sum(batch_sizes) (checked against the rows given);
+ *                batch >= batch_sizes[0] (rows of
  *                h0 beyond batch_sizes[0] are zero-length sequences: their
  *                h_n/c_n are their h0/c0).
  *   x            (rows, input_size), step t's rows after step t-1's.
@@ -54,7 +61,7 @@
 extern "C" {
 #endif
 
-#define SEQPACK_CUDA_ABI_VERSION 1
+#define SEQPACK_CUDA_ABI_VERSION 2
 
 enum {
   SEQPACK_CUDA_OK = 0,
@@ -89,31 +96,58 @@ int seqpack_cuda_rnn_buffer_sizes(int mode, int dtype, int64_t rows,
                                   size_t* workspace_bytes,
                                   size_t* reserve_bytes);
 
-/* Forward pass. c0/cn only for LSTM (else NULL); dropout_mask may be NULL.
- * allow_tf32 permits TF32 for float32 products (the current kernels compute
- * in full float32 either way). */
-int seqpack_cuda_rnn_forward(
-    int mode, int dtype, int64_t steps, const int64_t* batch_sizes,
-    int64_t batch, int64_t input_size, int64_t hidden_size, int64_t proj_size,
-    int64_t num_layers, int bidirectional, int has_biases,
-    const void* const* weights, const void* x, const void* h0, const void* c0,
-    const void* dropout_mask, void* y, void* hn, void* cn, void* workspace,
-    size_t workspace_bytes, void* reserve, size_t reserve_bytes,
-    int allow_tf32, void* stream);
+/* The arguments of a forward or a backward pass: one struct, so that a
+ * caller fills the sizes once per configuration and the pointers per call.
+ * Zero-initialise it, then set what the pass reads. */
+typedef struct seqpack_cuda_rnn_args {
+  int mode;          /* SEQPACK_CUDA_LSTM, ... */
+  int dtype;         /* SEQPACK_CUDA_FLOAT32, ... */
+  int bidirectional; /* 0 or 1 */
+  int has_biases;    /* 0 or 1 */
+  int allow_tf32;    /* TF32 for float32 products (the current kernels compute
+                        in full float32 either way) */
+  int reserved;      /* 0 */
+  int64_t rows;      /* rows of x and y: sum(batch_sizes) */
+  int64_t steps;
+  const int64_t* batch_sizes; /* HOST, `steps` of them */
+  int64_t batch;
+  int64_t input_size;
+  int64_t hidden_size;
+  int64_t proj_size; /* 0: none (LSTM only) */
+  int64_t num_layers;
+  const void* const* weights; /* HOST array of device pointers */
+  const void* x;
+  const void* h0;
+  const void* c0;           /* LSTM only, else NULL */
+  const void* dropout_mask; /* or NULL */
+  void* workspace;
+  size_t workspace_bytes;
+  void* reserve; /* written by the forward, read by the backward */
+  size_t reserve_bytes;
+  void* stream;  /* a cudaStream_t; NULL is the legacy default stream */
+  /* Forward: its outputs. */
+  void* y;
+  void* hn;
+  void* cn; /* LSTM only, else NULL */
+  /* Backward: the gradients of the outputs (each may be NULL: zero) and the
+   * gradients it writes: dx (rows, input_size), dh0, dc0 (LSTM; else NULL)
+   * and dweights (HOST array of device pointers in the order and shapes of
+   * weights). */
+  const void* dy;
+  const void* dhn;
+  const void* dcn;
+  void* dx;
+  void* dh0;
+  void* dc0;
+  void* const* dweights;
+} seqpack_cuda_rnn_args;
+
+/* Forward pass: y, hn, cn from x, h0, c0 and the weights. */
+int seqpack_cuda_rnn_forward(const seqpack_cuda_rnn_args* args);
 
 /* Backward pass after a forward pass with the same arguments whose reserve
- * is passed unchanged. dy, dhn, dcn may be NULL (zero gradients). Writes dx
- * (rows, input_size), dh0, dc0 (LSTM; else NULL) and dweights (HOST array
- * of device pointers in the order and shapes of weights). */
-int seqpack_cuda_rnn_backward(
-    int mode, int dtype, int64_t steps, const int64_t* batch_sizes,
-    int64_t batch, int64_t input_size, int64_t hidden_size, int64_t proj_size,
-    int64_t num_layers, int bidirectional, int has_biases,
-    const void* const* weights, const void* x, const void* h0, const void* c0,
-    const void* dropout_mask, const void* dy, const void* dhn,
-    const void* dcn, void* dx, void* dh0, void* dc0, void* const* dweights,
-    void* workspace, size_t workspace_bytes, const void* reserve,
-    size_t reserve_bytes, int allow_tf32, void* stream);
+ * is passed unchanged. */
+int seqpack_cuda_rnn_backward(const seqpack_cuda_rnn_args* args);
 
 #ifdef __cplusplus
 }

@@ -58,7 +58,7 @@ import torch
 __all__ = ["available", "library_path", "why_unavailable", "rnn_packed"]
 
 LIBRARY_NAME = "libseqpack_cuda.so"
-ABI_VERSION = 1
+ABI_VERSION = 2
 
 MODES = {"LSTM": 0, "GRU": 1, "RNN_TANH": 2, "RNN_RELU": 3}
 _GATES = {"LSTM": 4, "GRU": 3, "RNN_TANH": 1, "RNN_RELU": 1}
@@ -71,6 +71,27 @@ _pi64 = ctypes.POINTER(ctypes.c_int64)
 _pp = ctypes.POINTER(ctypes.c_void_p)
 _psize = ctypes.POINTER(ctypes.c_size_t)
 
+_psize_t = ctypes.c_size_t
+
+
+class RnnArgs(ctypes.Structure):
+    """seqpack_cuda_rnn_args (seqpack/cuda.h), field for field; test_cuda_glue.py
+    checks the two against each other."""
+    _fields_ = [
+        ("mode", _i), ("dtype", _i), ("bidirectional", _i), ("has_biases", _i), ("allow_tf32", _i),
+        ("reserved", _i),
+        ("rows", _i64), ("steps", _i64), ("batch_sizes", _pi64), ("batch", _i64), ("input_size", _i64),
+        ("hidden_size", _i64), ("proj_size", _i64), ("num_layers", _i64),
+        ("weights", _pp), ("x", _p), ("h0", _p), ("c0", _p), ("dropout_mask", _p),
+        ("workspace", _p), ("workspace_bytes", _psize_t), ("reserve", _p), ("reserve_bytes", _psize_t),
+        ("stream", _p),
+        ("y", _p), ("hn", _p), ("cn", _p),
+        ("dy", _p), ("dhn", _p), ("dcn", _p), ("dx", _p), ("dh0", _p), ("dc0", _p), ("dweights", _pp),
+    ]
+
+
+_pargs = ctypes.POINTER(RnnArgs)
+
 # (restype, argtypes) of each function of seqpack/cuda.h, in its order;
 # python/tests/test_cuda_glue.py checks them against the header.
 SIGNATURES = {
@@ -78,14 +99,8 @@ SIGNATURES = {
     "seqpack_cuda_last_error": (ctypes.c_char_p, []),
     "seqpack_cuda_rnn_buffer_sizes": (
         _i, [_i, _i, _i64, _i64, _i64, _i64, _i64, _i64, _i, _psize, _psize]),
-    "seqpack_cuda_rnn_forward": (
-        _i, [_i, _i, _i64, _pi64, _i64, _i64, _i64, _i64, _i64, _i, _i,
-             _pp, _p, _p, _p, _p, _p, _p, _p, _p, ctypes.c_size_t, _p, ctypes.c_size_t,
-             _i, _p]),
-    "seqpack_cuda_rnn_backward": (
-        _i, [_i, _i, _i64, _pi64, _i64, _i64, _i64, _i64, _i64, _i, _i,
-             _pp, _p, _p, _p, _p, _p, _p, _p, _p, _p, _p, _pp,
-             _p, ctypes.c_size_t, _p, ctypes.c_size_t, _i, _p]),
+    "seqpack_cuda_rnn_forward": (_i, [_pargs]),
+    "seqpack_cuda_rnn_backward": (_i, [_pargs]),
 }
 
 _lock = threading.Lock()
@@ -244,39 +259,56 @@ class _DeviceGuard:
             self.guard.__exit__(*exc)
 
 
-def _check_batch_sizes(batch_sizes: torch.Tensor, s: "_Sizes") -> None:
-    """The checks that read batch_sizes' values (here, not in rnn_packed, which torch.compile traces)."""
-    total = int(batch_sizes.sum())
-    if total != s.rows:
-        raise RuntimeError(f"seqpack CUDA: sum(batch_sizes) = {total} differs from the {s.rows} rows of data")
-    if batch_sizes.numel() > 0 and int(batch_sizes[0]) > s.batch:
-        raise RuntimeError(f"seqpack CUDA: batch_sizes[0] = {int(batch_sizes[0])} exceeds the batch of h0, "
-                           f"{s.batch}")
+def _args(mode, data, bs, s: "_Sizes", h0, c0, weights, mask, has_biases, bidirectional, allow_tf32) -> RnnArgs:
+    """The arguments both passes share. The struct keeps the weights' pointer
+    array alive (_keep) while the call runs."""
+    a = RnnArgs()
+    a.mode, a.dtype = MODES[mode], DTYPES[data.dtype]
+    a.bidirectional, a.has_biases, a.allow_tf32 = int(bidirectional), int(has_biases), int(allow_tf32)
+    a.rows, a.steps, a.batch_sizes = s.rows, bs.numel(), ctypes.cast(bs.data_ptr(), _pi64)
+    a.batch, a.input_size, a.hidden_size, a.proj_size, a.num_layers = s.batch, s.input, s.hidden, s.proj, s.layers
+    w = _pointer_array(weights)
+    a._keep = w
+    a.weights = ctypes.cast(w, _pp)
+    a.x, a.h0, a.c0, a.dropout_mask = _ptr(data), _ptr(h0), _ptr(c0), _ptr(mask)
+    a.stream = _stream(data)
+    return a
+
+
+_ALIGN = 512  # the reserve's offset in a forward's one buffer (torch's blocks are this aligned)
 
 
 def _forward_impl(mode: str, data: torch.Tensor, batch_sizes: torch.Tensor, h0: torch.Tensor,
                   c0: Optional[torch.Tensor], weights: List[torch.Tensor], mask: Optional[torch.Tensor],
                   has_biases: bool, num_layers: int, bidirectional: bool, proj_size: int,
-                  allow_tf32: bool) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+                  allow_tf32: bool, keep_reserve: bool = True
+                  ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The forward; without keep_reserve (no backward will follow) the workspace
+    and the reserve share one allocation and the reserve returned is empty."""
     lib = _lib_or_raise()
     s = _Sizes(mode, data, h0, weights, num_layers, bidirectional, proj_size)
-    _check_batch_sizes(batch_sizes, s)
     ws_bytes, rs_bytes = buffer_sizes(mode, data.dtype, s.rows, s.batch, s.input, s.hidden, s.proj,
                                       s.layers, bidirectional)
-    bs = batch_sizes.to(torch.int64).contiguous()
+    bs = batch_sizes if batch_sizes.is_contiguous() else batch_sizes.contiguous()  # int64: _validate
     y = data.new_empty((s.rows, s.width))
     hn = torch.empty_like(h0)
-    cn = torch.empty_like(c0) if c0 is not None else data.new_empty((0,))
-    reserve = torch.empty((rs_bytes,), dtype=torch.uint8, device=data.device)
+    cn = torch.empty_like(c0) if c0 is not None else None
     with _DeviceGuard(data):
-        workspace = torch.empty((ws_bytes,), dtype=torch.uint8, device=data.device)
-        w = _pointer_array(weights)
-        _check(lib, lib.seqpack_cuda_rnn_forward(
-            MODES[mode], DTYPES[data.dtype], bs.numel(), ctypes.cast(bs.data_ptr(), _pi64), s.batch,
-            s.input, s.hidden, s.proj, s.layers, int(bidirectional), int(has_biases), w,
-            _ptr(data), _ptr(h0), _ptr(c0), _ptr(mask), _ptr(y), _ptr(hn), _ptr(cn) if c0 is not None else None,
-            _ptr(workspace), ws_bytes, _ptr(reserve), rs_bytes, int(allow_tf32), _stream(data)))
-    return y, hn, cn, reserve
+        if keep_reserve:
+            reserve = torch.empty((rs_bytes,), dtype=torch.uint8, device=data.device)
+            workspace = torch.empty((ws_bytes,), dtype=torch.uint8, device=data.device)
+            ws_ptr, rs_ptr = _ptr(workspace), _ptr(reserve)
+        else:
+            at = -(-ws_bytes // _ALIGN) * _ALIGN
+            buffer = torch.empty((at + rs_bytes,), dtype=torch.uint8, device=data.device)
+            ws_ptr = buffer.data_ptr() if ws_bytes else None
+            rs_ptr = buffer.data_ptr() + at if rs_bytes else None
+            reserve = buffer[:0]
+        a = _args(mode, data, bs, s, h0, c0, weights, mask, has_biases, bidirectional, allow_tf32)
+        a.workspace, a.workspace_bytes, a.reserve, a.reserve_bytes = ws_ptr, ws_bytes, rs_ptr, rs_bytes
+        a.y, a.hn, a.cn = _ptr(y), _ptr(hn), _ptr(cn)
+        _check(lib, lib.seqpack_cuda_rnn_forward(ctypes.byref(a)))
+    return y, hn, (cn if cn is not None else data.new_empty((0,))), reserve
 
 
 def _backward_impl(mode: str, data: torch.Tensor, batch_sizes: torch.Tensor, h0: torch.Tensor,
@@ -298,13 +330,13 @@ def _backward_impl(mode: str, data: torch.Tensor, batch_sizes: torch.Tensor, h0:
     dweights = [torch.empty_like(w) for w in weights]
     with _DeviceGuard(data):
         workspace = torch.empty((ws_bytes,), dtype=torch.uint8, device=data.device)
-        _check(lib, lib.seqpack_cuda_rnn_backward(
-            MODES[mode], DTYPES[data.dtype], bs.numel(), ctypes.cast(bs.data_ptr(), _pi64), s.batch,
-            s.input, s.hidden, s.proj, s.layers, int(bidirectional), int(has_biases),
-            _pointer_array(weights), _ptr(data), _ptr(h0), _ptr(c0), _ptr(mask), _ptr(dy), _ptr(dhn), _ptr(dcn),
-            _ptr(dx), _ptr(dh0), _ptr(dc0) if c0 is not None else None,
-            ctypes.cast(_pointer_array(dweights), _pp), _ptr(workspace), ws_bytes, _ptr(reserve), rs_bytes,
-            int(allow_tf32), _stream(data)))
+        a = _args(mode, data, bs, s, h0, c0, weights, mask, has_biases, bidirectional, allow_tf32)
+        a.workspace, a.workspace_bytes, a.reserve, a.reserve_bytes = _ptr(workspace), ws_bytes, _ptr(reserve), rs_bytes
+        a.dy, a.dhn, a.dcn = _ptr(dy), _ptr(dhn), _ptr(dcn)
+        a.dx, a.dh0, a.dc0 = _ptr(dx), _ptr(dh0), _ptr(dc0) if c0 is not None else None
+        dw = _pointer_array(dweights)
+        a.dweights = ctypes.cast(dw, _pp)
+        _check(lib, lib.seqpack_cuda_rnn_backward(ctypes.byref(a)))
     return [dx, dh0, dc0] + dweights
 
 
@@ -351,7 +383,9 @@ def _graph_refusing(grads: List[Optional[torch.Tensor]], depends_on) -> List[Opt
 
 # ---------------------------------------------------------------------------
 # The operator: torch.library.custom_op where it exists (torch >= 2.4: works
-# under torch.compile), else a torch.autograd.Function.
+# under torch.compile), else a torch.autograd.Function; rnn_packed calls the
+# Function (_run_eager) wherever torch.compile is not tracing, and neither
+# where autograd records nothing.
 
 _HAS_CUSTOM_OP = hasattr(torch, "library") and hasattr(torch.library, "custom_op") and hasattr(
     torch.library, "register_fake")
@@ -425,38 +459,61 @@ if _HAS_CUSTOM_OP:
         return _rnn_op(mode, data, batch_sizes, h0, c0, list(weights), mask, has_biases, num_layers,
                        bidirectional, proj_size, allow_tf32)[:3]
 else:
-    class _RnnFunction(torch.autograd.Function):
-        @staticmethod
-        def forward(ctx, params, data, batch_sizes, h0, c0, mask, *weights):
-            mode, has_biases, num_layers, bidirectional, proj_size, allow_tf32 = params
-            y, hn, cn, reserve = _forward_impl(mode, data, batch_sizes, h0, c0, list(weights), mask, has_biases,
-                                               num_layers, bidirectional, proj_size, allow_tf32)
-            ctx.params = params
-            ctx.has_c0 = c0 is not None
-            ctx.save_for_backward(data, batch_sizes, h0, c0 if c0 is not None else data.new_empty((0,)),
-                                  mask if mask is not None else data.new_empty((0,)), reserve, *weights)
-            ctx.has_mask = mask is not None
-            return y, hn, cn
-
-        @staticmethod
-        def backward(ctx, dy, dhn, dcn):
-            mode, has_biases, num_layers, bidirectional, proj_size, allow_tf32 = ctx.params
-            data, batch_sizes, h0, c0, mask, reserve, *weights = ctx.saved_tensors
-            c0 = c0 if ctx.has_c0 else None
-            mask = mask if ctx.has_mask else None
-            grads = _backward_impl(mode, data, batch_sizes, h0, c0, list(weights), mask, reserve, dy, dhn,
-                                   dcn if c0 is not None else None, has_biases, num_layers, bidirectional,
-                                   proj_size, allow_tf32)
-            grads = _graph_refusing(grads, [data, h0, c0, dy, dhn, dcn] + list(weights))
-            return (None, grads[0], None, grads[1], grads[2] if c0 is not None else None, None) + tuple(grads[3:])
-
     def _run(mode, data, batch_sizes, h0, c0, weights, mask, has_biases, num_layers, bidirectional, proj_size,
              allow_tf32):
-        params = (mode, has_biases, num_layers, bidirectional, proj_size, allow_tf32)
-        return _RnnFunction.apply(params, data, batch_sizes, h0, c0, mask, *weights)
+        return _run_eager(mode, data, batch_sizes, h0, c0, weights, mask, has_biases, num_layers, bidirectional,
+                          proj_size, allow_tf32)
+
+
+class _RnnFunction(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, params, data, batch_sizes, h0, c0, mask, *weights):
+        mode, has_biases, num_layers, bidirectional, proj_size, allow_tf32 = params
+        y, hn, cn, reserve = _forward_impl(mode, data, batch_sizes, h0, c0, list(weights), mask, has_biases,
+                                           num_layers, bidirectional, proj_size, allow_tf32)
+        ctx.params = params
+        ctx.has_c0 = c0 is not None
+        ctx.save_for_backward(data, batch_sizes, h0, c0 if c0 is not None else data.new_empty((0,)),
+                              mask if mask is not None else data.new_empty((0,)), reserve, *weights)
+        ctx.has_mask = mask is not None
+        return y, hn, cn
+
+    @staticmethod
+    def backward(ctx, dy, dhn, dcn):
+        mode, has_biases, num_layers, bidirectional, proj_size, allow_tf32 = ctx.params
+        data, batch_sizes, h0, c0, mask, reserve, *weights = ctx.saved_tensors
+        c0 = c0 if ctx.has_c0 else None
+        mask = mask if ctx.has_mask else None
+        grads = _backward_impl(mode, data, batch_sizes, h0, c0, list(weights), mask, reserve, dy, dhn,
+                               dcn if c0 is not None else None, has_biases, num_layers, bidirectional,
+                               proj_size, allow_tf32)
+        grads = _graph_refusing(grads, [data, h0, c0, dy, dhn, dcn] + list(weights))
+        return (None, grads[0], None, grads[1], grads[2] if c0 is not None else None, None) + tuple(grads[3:])
+
+def _run_eager(mode, data, batch_sizes, h0, c0, weights, mask, has_biases, num_layers, bidirectional,
+               proj_size, allow_tf32):
+    """The forward as an autograd.Function: the registration of the calls autograd
+    records outside torch.compile (custom_op's costs several times as much a call)."""
+    params = (mode, has_biases, num_layers, bidirectional, proj_size, allow_tf32)
+    return _RnnFunction.apply(params, data, batch_sizes, h0, c0, mask, *weights)
 
 
 # ---------------------------------------------------------------------------
+
+@functools.lru_cache(maxsize=256)
+def _weight_shapes(g: int, hout: int, hidden: int, input_size: int, num_layers: int, dirs: int, has_biases: bool,
+                   proj_size: int) -> Tuple[tuple, ...]:
+    """The shapes of flat_weights, in its order (g = gates * hidden)."""
+    shapes = []
+    for l in range(num_layers):
+        for _ in range(dirs):
+            shapes += [(g, input_size if l == 0 else dirs * hout), (g, hout)]
+            if has_biases:
+                shapes += [(g,), (g,)]
+            if proj_size > 0:
+                shapes += [(proj_size, hidden)]
+    return tuple(shapes)
+
 
 def _validate(mode, data, batch_sizes, hx, flat_weights, has_biases, num_layers, bidirectional, proj_size,
               require_cuda: bool = True):
@@ -487,12 +544,13 @@ def _validate(mode, data, batch_sizes, hx, flat_weights, has_biases, num_layers,
         raise ValueError(f"seqpack CUDA: {len(weights)} flat_weights given, {num_layers * dirs * per} expected "
                          f"for num_layers={num_layers}, bidirectional={bidirectional}, has_biases={has_biases}, "
                          f"proj_size={proj_size}")
+    device, dtype = data.device, data.dtype
     for i, w in enumerate(weights):
         if not isinstance(w, torch.Tensor):
             raise TypeError(f"seqpack CUDA: flat_weights[{i}] must be a Tensor, not {type(w).__name__}")
-        if w.device != data.device:
+        if w.device != device:
             raise RuntimeError(f"seqpack CUDA: flat_weights[{i}] is on {w.device}, data on {data.device}")
-        if w.dtype != data.dtype:
+        if w.dtype != dtype:
             raise RuntimeError(f"seqpack CUDA: flat_weights[{i}] has dtype {w.dtype}, data {data.dtype}")
     gates = _GATES[mode]
     if hx is None:  # zeros, as torch.nn.LSTM/GRU/RNN make them
@@ -518,19 +576,10 @@ def _validate(mode, data, batch_sizes, hx, flat_weights, has_biases, num_layers,
     if w_ih0.dim() != 2 or w_ih0.shape[1] != data.shape[1]:
         raise RuntimeError(f"seqpack CUDA: input.size(-1) must be equal to input_size. Expected "
                            f"{w_ih0.shape[-1]}, got {data.shape[1]}")
-    for l in range(num_layers):
-        for d in range(dirs):
-            base = (l * dirs + d) * per
-            in_w = data.shape[1] if l == 0 else dirs * hout
-            want = [(gates * hidden, in_w), (gates * hidden, hout)]
-            if has_biases:
-                want += [(gates * hidden,), (gates * hidden,)]
-            if proj_size > 0:
-                want += [(proj_size, hidden)]
-            for k, shape in enumerate(want):
-                if tuple(weights[base + k].shape) != shape:
-                    raise RuntimeError(f"seqpack CUDA: flat_weights[{base + k}] has shape "
-                                       f"{tuple(weights[base + k].shape)}, expected {shape}")
+    for i, (w, shape) in enumerate(zip(weights, _weight_shapes(gates * hidden, hout, hidden, data.shape[1],
+                                                                num_layers, dirs, bool(has_biases), proj_size))):
+        if w.shape != shape:
+            raise RuntimeError(f"seqpack CUDA: flat_weights[{i}] has shape {tuple(w.shape)}, expected {shape}")
     for name, t, width in (("h0", h0, hout), ("c0", c0, hidden)):
         if t is None:
             continue
@@ -555,14 +604,20 @@ def dropout_mask(data: torch.Tensor, num_layers: int, width: int, dropout: float
     return (keep / (1.0 - dropout)).to(data.dtype)
 
 
+_IS_COMPILING = getattr(getattr(torch, "compiler", None), "is_compiling", None)
+
+
+def _compiling() -> bool:
+    return _IS_COMPILING is not None and _IS_COMPILING()
+
+
 def _allow_tf32() -> bool:
     """torch's setting for float32 matrix products at call time (newer torch: fp32_precision).
 
     The kernels compute float32 products in float32 whatever it says, so under
     torch.compile, whose tracer cannot read the setting (torch 2.11:
     _get_fp32_precision_getter is marked as skipped), it is not read."""
-    is_compiling = getattr(getattr(torch, "compiler", None), "is_compiling", None)
-    if is_compiling is not None and is_compiling():
+    if _compiling():
         return False
     matmul = torch.backends.cuda.matmul
     try:  # torch 1.13's matmul raises AssertionError for an unknown attribute
@@ -591,6 +646,23 @@ def rnn_packed(mode: str, data: torch.Tensor, batch_sizes: torch.Tensor, hx, fla
     if train and dropout > 0 and num_layers > 1:
         mask = dropout_mask(data, num_layers, s.width, float(dropout))
     allow_tf32 = _allow_tf32()
-    y, hn, cn = _run(mode, data, batch_sizes, h0, c0, weights, mask, bool(has_biases), num_layers,
-                     bool(bidirectional), int(proj_size), allow_tf32)
+    if _compiling():  # torch.compile traces the registered operator
+        y, hn, cn = _run(mode, data, batch_sizes, h0, c0, weights, mask, bool(has_biases), num_layers,
+                         bool(bidirectional), int(proj_size), allow_tf32)
+    elif _records(data, h0, c0, weights):
+        y, hn, cn = _run_eager(mode, data, batch_sizes, h0, c0, weights, mask, bool(has_biases), num_layers,
+                               bool(bidirectional), int(proj_size), allow_tf32)
+    else:  # no backward can follow: the kernels alone, without torch's registration
+        y, hn, cn, _ = _forward_impl(mode, data, batch_sizes, h0, c0, weights, mask, bool(has_biases),
+                                     num_layers, bool(bidirectional), int(proj_size), allow_tf32,
+                                     keep_reserve=False)
     return (y, hn, cn) if mode == "LSTM" else (y, hn)
+
+
+def _records(data: torch.Tensor, h0: torch.Tensor, c0: Optional[torch.Tensor],
+             weights: Sequence[torch.Tensor]) -> bool:
+    """Whether autograd records this call: grad mode on and a tensor requires grad."""
+    if not torch.is_grad_enabled():
+        return False
+    return data.requires_grad or h0.requires_grad or (c0 is not None and c0.requires_grad) or any(
+        w.requires_grad for w in weights)

@@ -74,8 +74,11 @@ def test_check_buffers_refuses_the_overflowing_shape(emulated):  # noqa: F811
     weights = (ctypes.c_void_p * (layers * 2 * 4))(*([8] * (layers * 2 * 4)))
     fake = ctypes.c_void_p(8)
     most = ctypes.c_size_t(-1).value
-    status = lib.seqpack_cuda_rnn_forward(LSTM, F32, 1, bs, rows, 1, hidden, 0, layers, 1, 1, weights, fake, fake,
-                                          fake, None, fake, fake, fake, fake, most, fake, most, 0, None)
+    a = emulated.RnnArgs(mode=LSTM, dtype=F32, rows=rows, steps=1, batch_sizes=bs, batch=rows, input_size=1,
+                         hidden_size=hidden, num_layers=layers, bidirectional=1, has_biases=1, weights=weights,
+                         x=fake, h0=fake, c0=fake, y=fake, hn=fake, cn=fake, workspace=fake, workspace_bytes=most,
+                         reserve=fake, reserve_bytes=most)
+    status = lib.seqpack_cuda_rnn_forward(ctypes.byref(a))
     assert status == 1
     assert b"need more than 2^63 bytes" in lib.seqpack_cuda_last_error()
 

@@ -10,6 +10,7 @@ Needs no GPU, no CUDA toolkit and no built libseqpack_cuda.so:
 The GPU's own results are checked by test_cuda_gpu.py on a GPU machine.
 """
 import ctypes
+import functools
 import importlib.util
 import os
 import re
@@ -63,14 +64,41 @@ C_TO_CTYPES = {
 }
 
 
+def header_struct_fields():
+    """[(C type, name)] of seqpack_cuda_rnn_args in the header, in order."""
+    text = re.sub(r"/\*.*?\*/", "", open(HEADER).read(), flags=re.S)
+    body = re.search(r"typedef struct seqpack_cuda_rnn_args \{(.*?)\} seqpack_cuda_rnn_args;", text, re.S).group(1)
+    fields = []
+    for decl in body.split(";"):
+        decl = " ".join(decl.split())
+        if not decl:
+            continue
+        ctype, names = re.match(r"(.*?[\s*])(\w+(?:, \*?\w+)*)$", decl).groups()
+        for name in names.split(", "):
+            stars = name.count("*")
+            fields.append(((ctype.strip() + "*" * stars).replace(" *", "*"), name.lstrip("*")))
+    return fields
+
+
+def test_header_and_ctypes_struct_agree():
+    module = load_module()
+    declared = header_struct_fields()
+    got = [(name, t) for name, t in module.RnnArgs._fields_]
+    assert [n for _, n in declared] == [n for n, _ in got]
+    for (ctype, name), (_, t) in zip(declared, got):
+        assert C_TO_CTYPES[ctype] == t, (name, ctype, t)
+
+
 def test_header_and_ctypes_signatures_agree():
     module = load_module()
+    types = dict(C_TO_CTYPES)
+    types["const seqpack_cuda_rnn_args*"] = ctypes.POINTER(module.RnnArgs)
     declared = header_functions()
     assert set(declared) == set(module.SIGNATURES), (sorted(declared), sorted(module.SIGNATURES))
     for name, (ret, params) in declared.items():
         restype, argtypes = module.SIGNATURES[name]
-        assert C_TO_CTYPES[ret] == restype, (name, ret, restype)
-        expected = [C_TO_CTYPES[p] for p in params]
+        assert types[ret] == restype, (name, ret, restype)
+        expected = [types[p] for p in params]
         assert len(expected) == len(argtypes), (name, params, argtypes)
         for i, (want, got) in enumerate(zip(expected, argtypes)):
             assert want == got, f"{name} parameter {i}: header {params[i]}, ctypes {got}"
@@ -91,11 +119,9 @@ def test_header_enums_match_module():
 def test_header_is_plain_c(tmp_path):
     source = tmp_path / "use.c"
     source.write_text('#include "seqpack/cuda.h"\n'
-                      "int (*f)(int, int, int64_t, const int64_t*, int64_t, int64_t, int64_t, int64_t, int64_t,\n"
-                      "         int, int, const void* const*, const void*, const void*, const void*, const void*,\n"
-                      "         void*, void*, void*, void*, size_t, void*, size_t, int, void*)"
-                      " = seqpack_cuda_rnn_forward;\n"
-                      "int main(void) { return f == 0; }\n")
+                      "int (*f)(const seqpack_cuda_rnn_args*) = seqpack_cuda_rnn_forward;\n"
+                      "int (*g)(const seqpack_cuda_rnn_args*) = seqpack_cuda_rnn_backward;\n"
+                      "int main(void) { seqpack_cuda_rnn_args a = {0}; return f == 0 || g == 0 || a.rows; }\n")
     subprocess.run(["cc", "-std=c99", "-pedantic", "-Wall", "-Wextra", "-Werror", "-fsyntax-only",
                     "-I", os.path.join(ROOT, "include"), str(source)], check=True)
 
@@ -330,6 +356,85 @@ def test_emulated_library_matches_torch(emulated, monkeypatch, mode, layers, bid
             _close("d" + name, g, r if r is not None else torch.zeros_like(g), **tol)
 
 
+@pytest.mark.parametrize("mode,layers,bidirectional,proj", [("LSTM", 2, True, 2), ("GRU", 1, False, 0),
+                                                          ("RNN_TANH", 3, True, 0)])
+def test_inference_calls_skip_the_registration_and_give_the_same_values(emulated, monkeypatch, mode, layers,
+                                                                        bidirectional, proj):
+    """rnn_packed without a graph to record (no_grad, or nothing requires grad)
+    runs the kernels directly, with the workspace and the reserve in one
+    allocation: the values of the recorded route and torch's; with a graph to
+    record it goes through the autograd.Function (_run_eager, on every torch:
+    custom_op is for torch.compile), and backward works."""
+    monkeypatch.setattr(emulated, "_validate", functools.partial(emulated._validate, require_cuda=False))
+    rnn = _make(mode, 3, 5, layers, bidirectional, True, proj, 77)
+    packed = torch.nn.utils.rnn.pack_sequence([torch.randn(n, 3) for n in (6, 4, 4, 1)])
+    dirs = 2 if bidirectional else 1
+    h0 = torch.randn(layers * dirs, 4, proj or 5)
+    hx = (h0, torch.randn(layers * dirs, 4, 5)) if mode == "LSTM" else h0
+    weights = [w.detach().clone() for w in rnn._flat_weights]
+    runs = []
+    original_run = emulated._run_eager
+    monkeypatch.setattr(emulated, "_run_eager", lambda *a: runs.append(1) or original_run(*a))
+
+    def call(ws):
+        return emulated.rnn_packed(mode, packed.data, packed.batch_sizes, hx, ws, True, layers, 0.0, False,
+                                   bidirectional, proj)
+
+    with torch.no_grad():
+        direct = call(weights)
+    assert runs == []
+    direct_too = call(weights)  # grad mode on, nothing requires grad
+    assert runs == []
+    leaves = [w.clone().requires_grad_() for w in weights]
+    recorded = call(leaves)
+    assert runs == [1]
+    want = _reference(mode, packed.data, packed.batch_sizes, h0, hx[1] if mode == "LSTM" else None, weights, True,
+                      layers, bidirectional)
+    for got in (direct, direct_too, recorded):
+        _close("output", got[0].detach(), want[0], atol=2e-5, rtol=2e-4)
+        _close("h_n", got[1].detach(), want[1], atol=2e-5, rtol=2e-4)
+        assert torch.equal(got[0].detach(), direct[0]) and torch.equal(got[1].detach(), direct[1])
+        if mode == "LSTM":
+            _close("c_n", got[2].detach(), want[2], atol=2e-5, rtol=2e-4)
+    grads = torch.autograd.grad(recorded[0].sum(), leaves)
+    assert all(g is not None and bool(torch.isfinite(g).all()) for g in grads)
+
+
+@pytest.mark.skipif(not hasattr(torch, "compile") or not hasattr(torch.library, "custom_op"),
+                    reason="torch.compile of a custom op needs torch >= 2.4")
+@pytest.mark.parametrize("mode", ["LSTM", "GRU"])
+def test_torch_compile_traces_the_registered_operator(emulated, monkeypatch, mode):
+    """Under torch.compile(fullgraph=True) rnn_packed calls the custom op (an
+    autograd.Function holding a ctypes call would break the graph): compiled
+    outputs and gradients are eager's."""
+    monkeypatch.setattr(emulated, "_validate", functools.partial(emulated._validate, require_cuda=False))
+    rnn = _make(mode, 3, 5, 2, True, True, 0, 31)
+    packed = torch.nn.utils.rnn.pack_sequence([torch.randn(n, 3) for n in (5, 3, 2)])
+    h0 = torch.randn(4, 3, 5)
+    states = [h0, torch.randn(4, 3, 5)] if mode == "LSTM" else [h0]
+    weights = [w.detach().clone() for w in rnn._flat_weights]
+    n = len(states)
+
+    def fn(data, *rest):
+        h = tuple(rest[:n]) if mode == "LSTM" else rest[0]
+        return emulated.rnn_packed(mode, data, packed.batch_sizes, h, list(rest[n:]), True, 2, 0.0, True, True)
+
+    def run(f):
+        leaves = [t.clone().requires_grad_() for t in [packed.data] + states + weights]
+        out = f(*leaves)
+        loss = sum((o * (k + 1)).sum() for k, o in enumerate(out))
+        return out, torch.autograd.grad(loss, leaves)
+
+    eager, eager_grads = run(fn)
+    monkeypatch.setitem(sys.modules, emulated.__name__, emulated)  # dynamo imports it by name
+    torch._dynamo.reset()
+    compiled, compiled_grads = run(torch.compile(fn, fullgraph=True, backend="aot_eager"))
+    for a, e in zip(compiled, eager):
+        assert torch.equal(a.detach(), e.detach())
+    for a, e in zip(compiled_grads, eager_grads):
+        assert torch.equal(a, e)
+
+
 @pytest.mark.parametrize("dtype,eps", [(torch.bfloat16, 2.0 ** -8), (torch.float16, 2.0 ** -11)])
 @pytest.mark.parametrize("mode", ["LSTM", "GRU"])
 def test_emulated_half_precision_close_to_float32(emulated, mode, dtype, eps):
@@ -355,11 +460,19 @@ def test_emulated_half_precision_close_to_float32(emulated, mode, dtype, eps):
 def test_emulated_library_reports_bad_values(emulated):
     lib = emulated._library()
     bs = (ctypes.c_int64 * 3)(3, 4, 1)
-    status = lib.seqpack_cuda_rnn_forward(0, 0, 3, bs, 4, 2, 2, 0, 1, 0, 1, None, None, None, None, None, None,
-                                          None, None, None, 0, None, 0, 0, None)
-    assert status == 1
+    a = emulated.RnnArgs(mode=0, dtype=0, rows=8, steps=3, batch_sizes=bs, batch=4, input_size=2, hidden_size=2,
+                         num_layers=1, has_biases=1)
+    assert lib.seqpack_cuda_rnn_forward(ctypes.byref(a)) == 1
     assert lib.seqpack_cuda_last_error() == b"seqpack_cuda: batch_sizes[1] = 4 exceeds batch_sizes[0] = 3 " \
                                             b"(they must not increase)"
+    bs[1] = 2
+    a.rows = 7  # 3 + 2 + 1 = 6
+    assert lib.seqpack_cuda_rnn_forward(ctypes.byref(a)) == 1
+    assert lib.seqpack_cuda_last_error() == b"seqpack_cuda: sum(batch_sizes) = 6 differs from the 7 rows of x"
+    assert lib.seqpack_cuda_rnn_backward(ctypes.byref(a)) == 1
+    assert lib.seqpack_cuda_last_error() == b"seqpack_cuda: sum(batch_sizes) = 6 differs from the 7 rows of x"
+    assert lib.seqpack_cuda_rnn_forward(None) == 1
+    assert b"args" in lib.seqpack_cuda_last_error()
     ws, rs = ctypes.c_size_t(), ctypes.c_size_t()
     assert lib.seqpack_cuda_rnn_buffer_sizes(1, 0, 10, 2, 3, 4, 2, 1, 0, ctypes.byref(ws), ctypes.byref(rs)) == 1
     assert b"proj_size = 2 is for LSTM only, not GRU" in lib.seqpack_cuda_last_error()
