@@ -256,10 +256,47 @@ void PackPanel(const float* HWY_RESTRICT b, bool trans_b, int64_t k, int64_t n, 
     }
     return;
   }
-  // Column j of B is row j of b: four of b's rows at a time, 4 x 4 blocks
-  // transposed in registers (a scalar transpose stores one element at a
-  // time, down the panel's columns).
+  // Column j of B is row j of b: eight (then four) of b's rows at a time,
+  // 8 x 8 (4 x 4) blocks transposed in registers (a scalar transpose stores
+  // one element at a time, down the panel's columns).
   int64_t c = 0;
+#if HWY_TARGET != HWY_SCALAR && HWY_MAX_BYTES >= 32
+  {
+    const hn::FixedTag<float, 8> d8;
+    const hn::Repartition<double, decltype(d8)> dd;
+    for (; c + 8 <= cols; c += 8) {
+      const float* r = b + (p * W + c) * ldb;
+      int64_t kk = 0;
+      for (; kk + 8 <= k; kk += 8) {
+        // Interleaved by 32 then 64 bits within each 128-bit half, the
+        // halves then combined: column q of the block in its own vector.
+        hn::Vec<decltype(dd)> u[8];
+        for (int h = 0; h < 2; ++h) {
+          const float* q = r + 4 * h * ldb + kk;
+          const auto v0 = hn::LoadU(d8, q), v1 = hn::LoadU(d8, q + ldb);
+          const auto v2 = hn::LoadU(d8, q + 2 * ldb), v3 = hn::LoadU(d8, q + 3 * ldb);
+          const auto t0 = hn::BitCast(dd, hn::InterleaveLower(d8, v0, v1));
+          const auto t1 = hn::BitCast(dd, hn::InterleaveUpper(d8, v0, v1));
+          const auto t2 = hn::BitCast(dd, hn::InterleaveLower(d8, v2, v3));
+          const auto t3 = hn::BitCast(dd, hn::InterleaveUpper(d8, v2, v3));
+          u[4 * h + 0] = hn::InterleaveLower(dd, t0, t2);  // columns 0 | 4 of rows 4h..4h+3
+          u[4 * h + 1] = hn::InterleaveUpper(dd, t0, t2);  // 1 | 5
+          u[4 * h + 2] = hn::InterleaveLower(dd, t1, t3);  // 2 | 6
+          u[4 * h + 3] = hn::InterleaveUpper(dd, t1, t3);  // 3 | 7
+        }
+        float* o = dst + kk * W + c;
+        for (int j = 0; j < 4; ++j) {
+          hn::StoreU(hn::BitCast(d8, hn::ConcatLowerLower(dd, u[4 + j], u[j])), d8, o + j * W);
+          hn::StoreU(hn::BitCast(d8, hn::ConcatUpperUpper(dd, u[4 + j], u[j])), d8, o + (j + 4) * W);
+        }
+      }
+      for (; kk < k; ++kk) {
+        float* o = dst + kk * W + c;
+        for (int64_t j = 0; j < 8; ++j) o[j] = r[j * ldb + kk];
+      }
+    }
+  }
+#endif
 #if HWY_TARGET != HWY_SCALAR
   const hn::FixedTag<float, 4> d4;
   const hn::Repartition<double, decltype(d4)> d2;
