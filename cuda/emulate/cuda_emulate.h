@@ -8,6 +8,7 @@
 
 #include <ucontext.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -120,15 +121,26 @@ inline void store_matrix_sync(float* p, const fragment<accumulator, 16, 16, 16, 
 namespace seqpack::cuda {
 
 // A block's threads run as fibers (ucontext) on the calling thread, one after
-// another: __syncthreads switches back to the scheduler, which resumes each
-// fiber in turn, so every thread reaches the barrier before any passes it.
-// Stacks are kept between launches.
+// another. A barrier (__syncthreads, a cluster's, a cooperative grid's)
+// counts the fibers that reached it and switches back to the scheduler until
+// the last one has: every thread reaches it before any passes it, whatever
+// the others did in between (spin waits that yield, other barriers). The
+// scheduler resumes each unfinished fiber in turn. Stacks are kept between
+// launches.
+struct Barrier {
+  unsigned expected = 0, arrived = 0, generation = 0;
+};
+
 struct Fiber {
   ucontext_t context;
   std::vector<char> stack;
   dim3 index;
   dim3 block_index;
   unsigned char* shared = nullptr;  // its block's dynamic shared memory
+  Barrier* block_barrier = nullptr;
+  Barrier* group_barrier = nullptr;  // its cluster's, or a cooperative grid's
+  unsigned cluster_rank = 0, cluster_blocks = 1;
+  unsigned char* const* cluster_shared = nullptr;  // the cluster's blocks' shared memory, by rank
   bool done = false;
 };
 
@@ -151,31 +163,60 @@ inline void fiber_entry() {
   // Returning resumes uc_link, the scheduler.
 }
 
-inline void syncthreads_fiber() {
+// Lets the other fibers run (a spin wait's pause; a barrier's wait).
+inline void yield_fiber() {
   FiberScheduler& s = scheduler();
   swapcontext(&s.current->context, &s.main);
 }
 
-// Runs job on every thread of the given blocks, all at once (a cooperative
-// launch: __syncthreads and grid_sync wait for every thread of the grid,
-// which is a valid schedule for a block barrier too).
+inline void barrier_wait(Barrier& b) {
+  const unsigned generation = b.generation;
+  if (++b.arrived == b.expected) {
+    b.arrived = 0;
+    ++b.generation;
+    return;
+  }
+  while (b.generation == generation) yield_fiber();
+}
+
+inline void syncthreads_fiber() { barrier_wait(*scheduler().current->block_barrier); }
+
+// Runs job on every thread of the given blocks, all at once (a cooperative or
+// a cluster launch: the blocks may wait for each other), in clusters of
+// `cluster` consecutive blocks of the list (1: each block alone; 0: the whole
+// list is one group, a cooperative grid).
 template <typename F>
-void run_blocks(const std::vector<dim3>& blocks, dim3 block, size_t shared_bytes, F&& job) {
+void run_blocks(const std::vector<dim3>& blocks, dim3 block, size_t shared_bytes, F&& job,
+                unsigned cluster = 0) {
   FiberScheduler& s = scheduler();
   const unsigned per_block = block.x * block.y * block.z;
   const size_t threads = per_block * blocks.size();
+  const size_t group = cluster == 0 ? blocks.size() : cluster;
   if (s.fibers.size() < threads) s.fibers.resize(threads);
   std::vector<std::vector<unsigned char>> shared(blocks.size(),
                                                  std::vector<unsigned char>(shared_bytes + 16));
+  std::vector<unsigned char*> shared_of(blocks.size());
+  for (size_t b = 0; b < blocks.size(); ++b) shared_of[b] = shared[b].data();
+  std::vector<Barrier> block_barriers(blocks.size()), group_barriers((blocks.size() + group - 1) / group);
+  for (auto& b : block_barriers) b.expected = per_block;
+  for (size_t g = 0; g < group_barriers.size(); ++g)
+    group_barriers[g].expected =
+        static_cast<unsigned>(per_block * std::min(group, blocks.size() - g * group));
   s.job = std::forward<F>(job);
   for (size_t i = 0; i < threads; ++i) {
     Fiber& f = s.fibers[i];
     const unsigned t = static_cast<unsigned>(i % per_block);
+    const size_t b = i / per_block;
     if (f.stack.empty()) f.stack.resize(256 * 1024);
     f.done = false;
     f.index = dim3(t % block.x, (t / block.x) % block.y, t / (block.x * block.y));
-    f.block_index = blocks[i / per_block];
-    f.shared = shared[i / per_block].data();
+    f.block_index = blocks[b];
+    f.shared = shared_of[b];
+    f.block_barrier = &block_barriers[b];
+    f.group_barrier = &group_barriers[b / group];
+    f.cluster_rank = cluster == 0 ? 0 : static_cast<unsigned>(b % group);
+    f.cluster_blocks = cluster == 0 ? 1 : static_cast<unsigned>(group);
+    f.cluster_shared = shared_of.data() + (cluster == 0 ? b : b - b % group);
     getcontext(&f.context);
     f.context.uc_stack.ss_sp = f.stack.data();
     f.context.uc_stack.ss_size = f.stack.size();
@@ -203,7 +244,7 @@ void launch(void (*kernel)(KArgs...), dim3 grid, dim3 block, cudaStream_t, Args.
   for (unsigned bz = 0; bz < grid.z; ++bz)
     for (unsigned by = 0; by < grid.y; ++by)
       for (unsigned bx = 0; bx < grid.x; ++bx)
-        run_blocks({dim3(bx, by, bz)}, block, 0, [&] { kernel(static_cast<KArgs>(args)...); });
+        run_blocks({dim3(bx, by, bz)}, block, 0, [&] { kernel(static_cast<KArgs>(args)...); }, 1);
 }
 
 template <typename T>
@@ -211,7 +252,49 @@ T* dynamic_shared() {
   return reinterpret_cast<T*>(scheduler().current->shared);
 }
 
-inline void grid_sync() { syncthreads_fiber(); }
+inline void grid_sync() { barrier_wait(*scheduler().current->group_barrier); }
+
+// Thread-block clusters (sm_90): the blocks of a launch in clusters of
+// `cluster` consecutive blocks along x, every block of the grid resident at
+// once (so that clusters may also wait for each other through global flags).
+// Dynamic shared memory is each block's own; peer_shared maps a pointer into
+// it to the same place in another block of the cluster.
+template <typename A>
+cudaError_t launch_cluster(void (*kernel)(A), dim3 grid, dim3 block, unsigned cluster,
+                           size_t shared_bytes, cudaStream_t, A arg) {
+  if (cluster == 0 || grid.x % cluster != 0) return 1;  // cudaErrorInvalidValue
+  gridDim = grid;
+  blockDim = block;
+  std::vector<dim3> blocks;
+  for (unsigned bz = 0; bz < grid.z; ++bz)
+    for (unsigned by = 0; by < grid.y; ++by)
+      for (unsigned bx = 0; bx < grid.x; ++bx) blocks.emplace_back(bx, by, bz);
+  run_blocks(blocks, block, shared_bytes, [&] { kernel(arg); }, cluster);
+  return cudaSuccess;
+}
+
+inline unsigned cluster_rank() { return scheduler().current->cluster_rank; }
+inline unsigned cluster_blocks() { return scheduler().current->cluster_blocks; }
+inline void cluster_sync() { barrier_wait(*scheduler().current->group_barrier); }
+
+template <typename T>
+T* peer_shared(T* local, unsigned rank) {
+  const Fiber& f = *scheduler().current;
+  const auto offset = reinterpret_cast<unsigned char*>(local) - f.shared;
+  return reinterpret_cast<T*>(f.cluster_shared[rank] + offset);
+}
+
+// A spin wait's pause: the other threads run meanwhile.
+inline void spin_pause() { yield_fiber(); }
+
+// Global memory read and written by several blocks while they run.
+inline unsigned atomic_add(unsigned* p, unsigned v) {
+  const unsigned old = *p;
+  *p = old + v;
+  return old;
+}
+inline unsigned atomic_load(const unsigned* p) { return *p; }
+inline void thread_fence() {}
 
 template <typename A>
 cudaError_t launch_cooperative(void (*kernel)(A), dim3 grid, dim3 block, size_t shared_bytes,

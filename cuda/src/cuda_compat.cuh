@@ -43,6 +43,78 @@ cudaError_t launch_cooperative(void (*kernel)(A), dim3 grid, dim3 block, size_t 
                                      shared_bytes, stream);
 }
 
+// Thread-block clusters (sm_90): the blocks in clusters of `cluster`
+// consecutive blocks along x (more than 8 only where the GPU allows it: the
+// non-portable size is asked for). Fails (nothing launched) where the GPU
+// cannot run them so.
+template <typename A>
+cudaError_t launch_cluster(void (*kernel)(A), dim3 grid, dim3 block, unsigned cluster,
+                           size_t shared_bytes, cudaStream_t stream, A arg) {
+  if (cluster == 0 || grid.x % cluster != 0) return cudaErrorInvalidValue;
+  const void* f = reinterpret_cast<const void*>(kernel);
+  cudaError_t e = cudaSuccess;
+  if (cluster > 8) e = cudaFuncSetAttribute(f, cudaFuncAttributeNonPortableClusterSizeAllowed, 1);
+  if (e == cudaSuccess && shared_bytes > 48 * 1024)
+    e = cudaFuncSetAttribute(f, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                             static_cast<int>(shared_bytes));
+  if (e != cudaSuccess) return e;
+  cudaLaunchAttribute attribute[1];
+  attribute[0].id = cudaLaunchAttributeClusterDimension;
+  attribute[0].val.clusterDim.x = cluster;
+  attribute[0].val.clusterDim.y = 1;
+  attribute[0].val.clusterDim.z = 1;
+  cudaLaunchConfig_t config = {};
+  config.gridDim = grid;
+  config.blockDim = block;
+  config.dynamicSmemBytes = shared_bytes;
+  config.stream = stream;
+  config.attrs = attribute;
+  config.numAttrs = 1;
+  return cudaLaunchKernelEx(&config, kernel, arg);
+}
+
+#if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 900
+// The block's rank in its cluster, the cluster's blocks, the cluster's
+// barrier, and a pointer into this block's shared memory mapped to the same
+// place in block `rank` of the cluster (distributed shared memory).
+__device__ __forceinline__ unsigned cluster_rank() {
+  return cooperative_groups::this_cluster().block_rank();
+}
+__device__ __forceinline__ unsigned cluster_blocks() {
+  return cooperative_groups::this_cluster().num_blocks();
+}
+__device__ __forceinline__ void cluster_sync() { cooperative_groups::this_cluster().sync(); }
+template <typename T>
+__device__ __forceinline__ T* peer_shared(T* local, unsigned rank) {
+  return cooperative_groups::this_cluster().map_shared_rank(local, rank);
+}
+#else
+// Below sm_90 there are no clusters: kernels that use them are never launched
+// there (launch_cluster fails first), and trap if they are.
+__device__ __forceinline__ unsigned cluster_rank() { __trap(); return 0; }
+__device__ __forceinline__ unsigned cluster_blocks() { __trap(); return 1; }
+__device__ __forceinline__ void cluster_sync() { __trap(); }
+template <typename T>
+__device__ __forceinline__ T* peer_shared(T* local, unsigned) {
+  __trap();
+  return local;
+}
+#endif
+
+// A spin wait's pause.
+__device__ __forceinline__ void spin_pause() {
+#if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 700
+  __nanosleep(32);
+#endif
+}
+
+// Global memory read and written by several blocks while they run.
+__device__ __forceinline__ unsigned atomic_add(unsigned* p, unsigned v) { return atomicAdd(p, v); }
+__device__ __forceinline__ unsigned atomic_load(const unsigned* p) {
+  return *reinterpret_cast<const volatile unsigned*>(p);
+}
+__device__ __forceinline__ void thread_fence() { __threadfence(); }
+
 struct DeviceLimits {
   int multiprocessors = 0;
   int shared_optin = 0;  // bytes of shared memory a block may ask for
