@@ -259,10 +259,11 @@ inline void grid_sync() { barrier_wait(*scheduler().current->group_barrier); }
 // once (so that clusters may also wait for each other through global flags).
 // Dynamic shared memory is each block's own; peer_shared maps a pointer into
 // it to the same place in another block of the cluster.
+// Every block of the grid at once, in clusters of `cluster` blocks (0: one
+// group, a cooperative grid).
 template <typename A>
-cudaError_t launch_cluster(void (*kernel)(A), dim3 grid, dim3 block, unsigned cluster,
-                           size_t shared_bytes, cudaStream_t, A arg) {
-  if (cluster == 0 || grid.x % cluster != 0) return 1;  // cudaErrorInvalidValue
+void run_grid(void (*kernel)(A), dim3 grid, dim3 block, size_t shared_bytes, A arg,
+              unsigned cluster) {
   gridDim = grid;
   blockDim = block;
   std::vector<dim3> blocks;
@@ -270,6 +271,20 @@ cudaError_t launch_cluster(void (*kernel)(A), dim3 grid, dim3 block, unsigned cl
     for (unsigned by = 0; by < grid.y; ++by)
       for (unsigned bx = 0; bx < grid.x; ++bx) blocks.emplace_back(bx, by, bz);
   run_blocks(blocks, block, shared_bytes, [&] { kernel(arg); }, cluster);
+}
+
+template <typename A>
+cudaError_t launch_cooperative(void (*kernel)(A), dim3 grid, dim3 block, size_t shared_bytes,
+                               cudaStream_t, A arg) {
+  run_grid(kernel, grid, block, shared_bytes, arg, 0);
+  return cudaSuccess;
+}
+
+template <typename A>
+cudaError_t launch_cluster(void (*kernel)(A), dim3 grid, dim3 block, unsigned cluster,
+                           size_t shared_bytes, cudaStream_t, A arg) {
+  if (cluster == 0 || grid.x % cluster != 0) return 1;  // cudaErrorInvalidValue
+  run_grid(kernel, grid, block, shared_bytes, arg, cluster);
   return cudaSuccess;
 }
 
@@ -295,19 +310,6 @@ inline unsigned atomic_add(unsigned* p, unsigned v) {
 }
 inline unsigned atomic_load(const unsigned* p) { return *p; }
 inline void thread_fence() {}
-
-template <typename A>
-cudaError_t launch_cooperative(void (*kernel)(A), dim3 grid, dim3 block, size_t shared_bytes,
-                               cudaStream_t, A arg) {
-  gridDim = grid;
-  blockDim = block;
-  std::vector<dim3> blocks;
-  for (unsigned bz = 0; bz < grid.z; ++bz)
-    for (unsigned by = 0; by < grid.y; ++by)
-      for (unsigned bx = 0; bx < grid.x; ++bx) blocks.emplace_back(bx, by, bz);
-  run_blocks(blocks, block, shared_bytes, [&] { kernel(arg); });
-  return cudaSuccess;
-}
 
 struct DeviceLimits {
   int multiprocessors = 0;
