@@ -31,10 +31,11 @@ int64_t targets_above(IsaLevel level) {
 }  // namespace
 
 void set_isa_cap(IsaLevel level) {
+  if (cap.exchange(static_cast<int>(level), std::memory_order_relaxed) == static_cast<int>(level))
+    return;  // Highway's choice stands
   // Highway chooses its target again at the next dispatch (every target
   // again where nothing is above the cap).
   hwy::DisableTargets(targets_above(level));
-  cap.store(static_cast<int>(level), std::memory_order_relaxed);
 }
 
 IsaLevel isa_cap() { return static_cast<IsaLevel>(cap.load(std::memory_order_relaxed)); }
