@@ -604,6 +604,32 @@ def test_torch_compile(mode):
         assert_fp32_close(a, e, n, f"{mode} compiled: gradient of input {k}", gradient=True)
 
 
+# ---------------------------------------------------------------- cluster primitives
+
+@cases("cluster,clusters", [(2, 1), (4, 3), (8, 2), (16, 2)])
+def test_cluster_probe(cluster, clusters):
+    """The thread-block cluster primitives on the GPU (cuda/probe/cluster_probe.cu,
+    libseqpack_cuda_probe.so beside the library): an all-gather through the
+    cluster's shared memory every step and a flag barrier between clusters,
+    checked as the CPU emulation's run is (cluster_probe_check.py). Needs sm_90;
+    16 blocks is the non-portable cluster size."""
+    if SELF_TEST:
+        skip("the probe is the library's own code: nothing of it runs on the self-test's fake glue")
+    if torch.cuda.get_device_capability(DEVICE) < (9, 0):
+        skip(f"thread-block clusters need sm_90, this GPU is sm_{''.join(map(str, torch.cuda.get_device_capability(DEVICE)))}")
+    import ctypes
+    from cluster_probe_check import bind, check_probe, run_probe
+    path = os.path.join(os.path.dirname(GLUE.library_path()), "libseqpack_cuda_probe.so")
+    if not os.path.exists(path):
+        skip(f"no {path} (cmake -S cuda builds it beside the library)")
+    probe = bind(ctypes.CDLL(path))
+    steps = 4
+    status, *results = run_probe(probe, DEVICE, cluster, clusters, 37, 64, steps, SEED + cluster,
+                                 torch.cuda.current_stream(DEVICE).cuda_stream)
+    assert status == 0, f"launch_cluster({cluster} blocks a cluster, {clusters} clusters): CUDA error {status}"
+    check_probe(cluster, clusters, steps, *results)
+
+
 # ---------------------------------------------------------------- bad inputs
 
 def _raises(call, what):
