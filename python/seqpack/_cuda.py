@@ -71,7 +71,7 @@ _pi64 = ctypes.POINTER(ctypes.c_int64)
 _pp = ctypes.POINTER(ctypes.c_void_p)
 _psize = ctypes.POINTER(ctypes.c_size_t)
 
-_psize_t = ctypes.c_size_t
+_size = ctypes.c_size_t
 
 
 class RnnArgs(ctypes.Structure):
@@ -83,7 +83,7 @@ class RnnArgs(ctypes.Structure):
         ("rows", _i64), ("steps", _i64), ("batch_sizes", _pi64), ("batch", _i64), ("input_size", _i64),
         ("hidden_size", _i64), ("proj_size", _i64), ("num_layers", _i64),
         ("weights", _pp), ("x", _p), ("h0", _p), ("c0", _p), ("dropout_mask", _p),
-        ("workspace", _p), ("workspace_bytes", _psize_t), ("reserve", _p), ("reserve_bytes", _psize_t),
+        ("workspace", _p), ("workspace_bytes", _size), ("reserve", _p), ("reserve_bytes", _size),
         ("stream", _p),
         ("y", _p), ("hn", _p), ("cn", _p),
         ("dy", _p), ("dhn", _p), ("dcn", _p), ("dx", _p), ("dh0", _p), ("dc0", _p), ("dweights", _pp),
@@ -489,6 +489,7 @@ class _RnnFunction(torch.autograd.Function):
                                proj_size, allow_tf32)
         grads = _graph_refusing(grads, [data, h0, c0, dy, dhn, dcn] + list(weights))
         return (None, grads[0], None, grads[1], grads[2] if c0 is not None else None, None) + tuple(grads[3:])
+
 
 def _run_eager(mode, data, batch_sizes, h0, c0, weights, mask, has_biases, num_layers, bidirectional,
                proj_size, allow_tf32):
