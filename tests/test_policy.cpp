@@ -178,6 +178,41 @@ TEST(Policy, TheIsaCapMovesHighwaysDispatchBothWays) {
   EXPECT_EQ(cpu_info().kernels, widest);
 }
 
+// A model plan made under one cap keeps working after the cap changes: its
+// step operands (panels as wide as two vectors of the target they were laid
+// out for) are laid out again for the new target, not read with the wrong
+// width.
+TEST(Policy, AModelPlanOutlivesACapChange) {
+  const PolicyGuard guard;
+  set_policy(Policy{});
+  RNNOptions o;
+  o.mode = RNNMode::lstm;
+  o.input_size = 6;
+  o.hidden_size = 40;  // panels of 16 columns on AVX2, 32 on AVX-512, 8 on SSE4: several each
+  std::mt19937_64 gen(11);
+  std::vector<Tensor> w;
+  for (const Shape& s : rnn_parameter_shapes(o)) w.push_back(testing::random_tensor(s, 0.3, gen));
+  const PackingPlan plan = PackingPlan::from_lengths({7, 5, 2}, /*enforce_sorted=*/false);
+  const Tensor x = testing::random_tensor({plan.total_rows(), o.input_size}, 1.0, gen);
+  const auto model = rnn_make_plan(o, w);
+  const auto run = [&] {
+    return rnn_forward(o, w, x, plan, Tensor(), Tensor(), false, false, 0, model.get());
+  };
+  const RNNForwardResult before = run();
+  const RNNForwardResult again = run();  // the plan's layouts, made by the first call
+  Policy capped;
+  capped.max_cpu_isa = "sse4";
+  set_policy(capped);
+  const RNNForwardResult narrow = run();
+  set_policy(Policy{});
+  const RNNForwardResult after = run();
+  for (const auto* r : {&again, &narrow, &after}) {
+    EXPECT_TRUE(testing::fp_close(r->output, before.output, 7, DType::f32, "output"));
+    EXPECT_TRUE(testing::fp_close(r->h_n, before.h_n, 7, DType::f32, "h_n"));
+    EXPECT_TRUE(testing::fp_close(r->c_n, before.c_n, 7, DType::f32, "c_n"));
+  }
+}
+
 TEST(Policy, FromTheEnvironment) {
   const PolicyGuard guard;
   for (const char* v : kVariables) unsetenv(v);

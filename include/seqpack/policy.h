@@ -39,8 +39,10 @@ struct Policy {
 };
 
 // Installs `policy` for the whole process: between calls, never while one
-// runs. Throws std::invalid_argument naming the setting and its value where
-// one is not among those above; nothing is installed then.
+// runs (model plans made before a change of the ISA cap lay their weights out
+// again for the new target at their next call). Throws std::invalid_argument
+// naming the setting and its value where one is not among those above;
+// nothing is installed then.
 void set_policy(const Policy& policy);
 
 // The policy installed (the defaults before any set_policy).

@@ -26,6 +26,8 @@
 #include <algorithm>
 #include <cstdint>
 #include <new>
+#include <stdexcept>
+#include <string>
 
 #include "cpu/gemm.h"
 #include "cpu/isa_cap.h"
@@ -228,6 +230,11 @@ void PanelsProduct(int64_t m, const float* a, int64_t lda, const float* panels, 
 void GemmPackedSmall(int64_t m, const float* a, int64_t lda, const float* panels, int64_t K,
                      int64_t W, int64_t col0, int64_t col1, float beta, float* c, int64_t ldc,
                      const float* const* init) {
+  if (W != PanelWidth()) {
+    throw std::logic_error("gemm_packed_small: weights packed in panels of " + std::to_string(W) +
+                           " columns, but this target's are " + std::to_string(PanelWidth()) +
+                           " (packed before the ISA cap changed)");
+  }
   PanelsProduct(m, a, lda, panels, 0, K, W, col0, col1, beta, c, ldc, init);
 }
 

@@ -10,6 +10,7 @@ namespace seqpack::cpu {
 namespace {
 
 std::atomic<int> cap{static_cast<int>(IsaLevel::avx512)};
+std::atomic<uint64_t> generation{0};
 
 // Every Highway target above `level` (those a Highway release does not know
 // are simply absent).
@@ -36,7 +37,10 @@ void set_isa_cap(IsaLevel level) {
   // Highway chooses its target again at the next dispatch (every target
   // again where nothing is above the cap).
   hwy::DisableTargets(targets_above(level));
+  generation.fetch_add(1, std::memory_order_relaxed);
 }
+
+uint64_t isa_generation() { return generation.load(std::memory_order_relaxed); }
 
 IsaLevel isa_cap() { return static_cast<IsaLevel>(cap.load(std::memory_order_relaxed)); }
 

@@ -7,6 +7,8 @@
 
 #include <hwy/highway.h>
 
+#include <cstdint>
+
 namespace seqpack::cpu {
 
 enum class IsaLevel : int { sse4 = 0, avx2 = 1, avx512 = 2 };
@@ -15,6 +17,9 @@ enum class IsaLevel : int { sse4 = 0, avx2 = 1, avx512 = 2 };
 IsaLevel isa_cap();
 // Sets the cap and applies it to Highway's targets (set_policy).
 void set_isa_cap(IsaLevel level);
+// Counts the changes of the cap: what was laid out for one target's kernels
+// (gemm_packed_small's panels, two vectors wide) is not read after a change.
+uint64_t isa_generation();
 
 // "avx512", "avx2", "sse4".
 const char* isa_level_name(IsaLevel level);
