@@ -6,8 +6,9 @@
 // barrier, and copies what it gathered out; block 0 of each cluster then
 // sums the gathered vector, and the clusters meet at a flag barrier in global
 // memory and each reads every cluster's sum. python/tests/test_cuda_cluster.py
-// runs it through the CPU emulation (cuda/emulate/) against NumPy; on a GPU it
-// needs sm_90 (launch_cluster fails before that).
+// runs it through the CPU emulation (cuda/emulate/), test_cuda_gpu.py on a GPU
+// (sm_90: launch_cluster fails before that), both checked by
+// python/tests/cluster_probe_check.py.
 #include <cstdint>
 
 #include "../src/cuda_compat.cuh"
