@@ -7,9 +7,12 @@
 
 #include <cmath>
 #include <cstdlib>
+#include <optional>
 #include <random>
 #include <stdexcept>
 #include <string>
+#include <tuple>
+#include <utility>
 #include <vector>
 
 #include "cpu/gemm_engine.h"
@@ -32,21 +35,19 @@ const char* const kVariables[] = {"SEQPACK_MAX_CPU_ISA", "SEQPACK_INT8_KERNEL",
 // Restores the policy and the variables on scope exit.
 struct PolicyGuard {
   Policy before = policy();
-  std::vector<std::pair<std::string, std::string>> vars;
-  bool had[6] = {};
+  std::vector<std::pair<const char*, std::optional<std::string>>> vars;
   PolicyGuard() {
-    for (int i = 0; i < 6; ++i) {
-      const char* v = std::getenv(kVariables[i]);
-      had[i] = v != nullptr;
-      vars.emplace_back(kVariables[i], v ? v : "");
+    for (const char* name : kVariables) {
+      const char* v = std::getenv(name);
+      vars.emplace_back(name, v ? std::optional<std::string>(v) : std::nullopt);
     }
   }
   ~PolicyGuard() {
-    for (int i = 0; i < 6; ++i) {
-      if (had[i]) {
-        setenv(vars[i].first.c_str(), vars[i].second.c_str(), 1);
+    for (const auto& [name, value] : vars) {
+      if (value) {
+        setenv(name, value->c_str(), 1);
       } else {
-        unsetenv(vars[i].first.c_str());
+        unsetenv(name);
       }
     }
     set_policy(before);
