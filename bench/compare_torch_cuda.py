@@ -14,7 +14,13 @@ finds, PyTorch's side is timed alone and seqpack's columns say why.
 Timed, per workload and mode (inputs and weights built outside the timed region;
 CUDA-event medians after warm-up runs, every run synchronised):
     seqpack  rnn_packed on the packed rows in fp32, bf16 and fp16 (fp32
-             accumulation and cell state), zero h0
+             accumulation and cell state), zero h0, the products that are not
+             recurrent in torch (the default); fp32-library: fp32 with every
+             product in the library (SEQPACK_CUDA_PRODUCTS=library)
+    auto     what the layers run by default (SEQPACK_CUDA_LAYERS=auto,
+             python/seqpack/_cuda_choice.py): the faster of seqpack fp32 and
+             torch packed fp32 as its first call times their forwards, then
+             that one alone (the table names the choice)
     torch    nn.LSTM/GRU/RNN of the same shapes in six configurations: fp32,
              bf16, fp16 (module.to(dtype) and input in dtype) x packed (the
              module on an already packed batch) or padded ([max_len, batch,
@@ -30,9 +36,10 @@ torch.backends.cudnn.allow_tf32) are set False, so fp32 is fp32 on both sides
 (seqpack reads the same flags); --tf32 default leaves torch's defaults, --tf32
 on sets both True. The header prints them.
 
-Targets (issue 29; the summary's verdicts): seqpack at its fastest precision at
-least 3x torch packed fp32, and at least 1.0x torch's fastest configuration;
-seqpack fp32 at least 1.0x torch packed fp32.
+Targets (the summary's verdicts): seqpack at its fastest precision at least 3x
+torch packed fp32, and at least 1.0x torch's fastest configuration; seqpack
+fp32 at least 1.0x torch packed fp32; auto at least 1.0x torch packed fp32
+(the default is never slower than torch's packed path).
 
 SEQPACK_CUDA_GLUE=/path/_cuda.py loads another glue file;
 SEQPACK_CUDA_TEST_DEVICE=cpu runs everything on the CPU with wall-clock timing,
@@ -57,6 +64,9 @@ from torch_peer import torch_module  # noqa: E402
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 MODES = ["forward_packed", "train_packed"]
 PRECISIONS = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+# seqpack's columns beside its precisions: (dtype, SEQPACK_CUDA_PRODUCTS).
+SEQPACK_VARIANTS = {"fp32-library": ("fp32", "library")}
+EXTRAS = list(SEQPACK_VARIANTS) + ["auto"]
 GLUE_MODE = {"lstm": "LSTM", "gru": "GRU", "rnn_tanh": "RNN_TANH", "rnn_relu": "RNN_RELU"}
 TORCH_CONFIGS = [f"{p}-{layout}" for p in PRECISIONS for layout in ("packed", "padded")]
 SELF_TEST = os.environ.get("SEQPACK_CUDA_TEST_DEVICE") == "cpu"
@@ -209,6 +219,38 @@ def seqpack_case(glue, w, mode, precision, x, lengths):
     return train_step(lambda: run(leaf, True), leaf, weights)
 
 
+def load_choice():
+    """python/seqpack/_cuda_choice.py by file path (it imports torch alone)."""
+    path = os.path.join(REPO, "python", "seqpack", "_cuda_choice.py")
+    spec = importlib.util.spec_from_file_location("seqpack_cuda_choice", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+class _Layer:
+    """A stand-in for the layer whose choice _cuda_choice records."""
+
+
+def auto_case(glue, choice, w, mode, x, lengths, chosen):
+    """What the layers' default runs: _cuda_choice's decision between seqpack fp32 and
+    torch packed fp32, made as a layer makes it (their forwards timed under no_grad on
+    the first call), then the chosen one's run of `mode`; chosen[0] gets the Choice."""
+    forwards = {"seqpack": seqpack_case(glue, w, "forward_packed", "fp32", x, lengths),
+                "torch": torch_case(w, "forward_packed", "fp32", "packed", x, lengths)}
+    runs = {"seqpack": seqpack_case(glue, w, mode, "fp32", x, lengths),
+            "torch": torch_case(w, mode, "fp32", "packed", x, lengths)}
+    config = (w["name"], mode)
+    layer = _Layer()
+
+    def run():
+        c = choice.decided(config) or choice.decide(config, forwards, DEVICE)
+        choice.record(layer, c)
+        chosen[0] = c
+        return runs[c.impl]()
+    return run
+
+
 def packing_cases(x, lengths):
     """pack_padded_sequence (enforce_sorted=False) and pad_packed_sequence, fp32."""
     xd = x.to(DEVICE)
@@ -275,7 +317,7 @@ def verdict(r, target):
     return "-" if r is None else f"{r:.2f} {'ok' if r >= target else 'MISS'}"
 
 
-def summarise(results, packing, env, precisions):
+def summarise(results, packing, env, precisions, extras=()):
     """The markdown report: header, summary against the targets, every configuration,
     the packing cost, and what could not run."""
     lines = ["# seqpack CUDA against PyTorch"]
@@ -292,14 +334,16 @@ def summarise(results, packing, env, precisions):
     lines.append("")
     lines.append("Median milliseconds per batch (CUDA events, every run synchronised). "
                  "seqpack best = the fastest of its precisions; torch fastest = the fastest of "
-                 "torch's six configurations (fp32, bf16, fp16 x packed, padded). Ratios are "
-                 "torch / seqpack, with the issue's targets: packed fp32 / best >= 3, fastest / "
-                 "best >= 1, packed fp32 / seqpack fp32 >= 1.")
+                 "torch's six configurations (fp32, bf16, fp16 x packed, padded); auto = what "
+                 "the layers run by default (the faster of seqpack fp32 and torch packed fp32 as "
+                 "their first call times them; the choice in brackets). Ratios are "
+                 "torch / seqpack, with the targets: packed fp32 / best >= 3, fastest / "
+                 "best >= 1, packed fp32 / seqpack fp32 >= 1, packed fp32 / auto >= 1.")
     lines.append("")
     lines.append("| workload | mode | seqpack best (precision) | seqpack fp32 | torch packed fp32 "
-                 "| torch fastest (config) | packed fp32 / best | fastest / best "
-                 "| fp32 / fp32 |")
-    lines.append("| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
+                 "| torch fastest (config) | auto (choice) | packed fp32 / best | fastest / best "
+                 "| fp32 / fp32 | packed fp32 / auto |")
+    lines.append("| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
     for r in results:
         s = {p: r["seqpack"].get(p) for p in precisions}
         s_ok = {p: v for p, v in s.items() if isinstance(v, (int, float))}
@@ -309,27 +353,35 @@ def summarise(results, packing, env, precisions):
         best = s_ok.get(best_p)
         packed32 = t_ok.get("fp32-packed")
         fastest = t_ok.get(fast_c)
+        auto = r.get("auto", {}).get("fp32")
+        auto = auto if isinstance(auto, (int, float)) else None
         r["summary"] = dict(seqpack_best=best, seqpack_best_precision=best_p,
                             torch_fastest=fastest, torch_fastest_config=fast_c,
                             ratio_packed_fp32=ratio(packed32, best),
                             ratio_fastest=ratio(fastest, best),
-                            ratio_fp32=ratio(packed32, s_ok.get("fp32")))
+                            ratio_fp32=ratio(packed32, s_ok.get("fp32")),
+                            auto=auto, auto_choice=r.get("auto_choice"),
+                            ratio_auto=ratio(packed32, auto))
+        auto_cell = fmt(auto) + (f" ({r['auto_choice']})" if auto is not None and r.get("auto_choice")
+                                 else "")
         lines.append(
             f"| {r['workload']} | {r['mode']} | "
             f"{fmt(best) + f' ({best_p})' if best_p else '-'} | {fmt(s_ok.get('fp32'))} | "
-            f"{fmt(packed32)} | {fmt(fastest) + f' ({fast_c})' if fast_c else '-'} | "
+            f"{fmt(packed32)} | {fmt(fastest) + f' ({fast_c})' if fast_c else '-'} | {auto_cell} | "
             f"{verdict(r['summary']['ratio_packed_fp32'], 3.0)} | "
             f"{verdict(r['summary']['ratio_fastest'], 1.0)} | "
-            f"{verdict(r['summary']['ratio_fp32'], 1.0)} |")
+            f"{verdict(r['summary']['ratio_fp32'], 1.0)} | "
+            f"{verdict(r['summary']['ratio_auto'], 1.0)} |")
     lines.append("")
     lines.append("Every configuration (ms):")
     lines.append("")
-    cols = [f"seqpack {p}" for p in precisions] + [f"torch {c}" for c in TORCH_CONFIGS]
+    variants = [v for v in extras if v in SEQPACK_VARIANTS]
+    cols = [f"seqpack {p}" for p in precisions + variants] + [f"torch {c}" for c in TORCH_CONFIGS]
     lines.append("| workload | mode | " + " | ".join(cols) + " |")
     lines.append("| --- | --- | " + " | ".join("---:" for _ in cols) + " |")
     for r in results:
-        vals = [r["seqpack"].get(p) for p in precisions] + [r["torch"].get(c)
-                                                              for c in TORCH_CONFIGS]
+        vals = [r["seqpack"].get(p) for p in precisions + variants] + [r["torch"].get(c)
+                                                                         for c in TORCH_CONFIGS]
         lines.append(f"| {r['workload']} | {r['mode']} | "
                      + " | ".join(fmt(v) for v in vals) + " |")
     if packing:
@@ -343,8 +395,8 @@ def summarise(results, packing, env, precisions):
                          f"{fmt(p.get('pad_packed_sequence'))} |")
     why = {}
     for r in results:
-        for side in ("seqpack", "torch"):
-            for k, v in r[side].items():
+        for side in ("seqpack", "torch", "auto"):
+            for k, v in r.get(side, {}).items():
                 if isinstance(v, str):
                     why.setdefault(f"{side} {k}: {v}", []).append(f"{r['workload']} {r['mode']}")
     if why:
@@ -366,6 +418,9 @@ def main(argv=None):
     p.add_argument("--mode", action="append", choices=MODES, help="only these modes (repeatable)")
     p.add_argument("--precisions", default="fp32,bf16,fp16",
                    help="seqpack's precisions, comma-separated (fp32, bf16, fp16)")
+    p.add_argument("--extras", default=",".join(EXTRAS),
+                   help="the other columns, comma-separated: fp32-library (seqpack fp32 with every "
+                        "product in the library), auto (the layers' default choice); empty: none")
     p.add_argument("--torch-configs", default=",".join(TORCH_CONFIGS),
                    help="torch's configurations, comma-separated (precision-layout)")
     p.add_argument("--min-time", type=float, default=None,
@@ -416,7 +471,12 @@ def main(argv=None):
         workloads = [w for w in workloads if w["name"] in args.workload]
     modes = args.mode or MODES
 
+    extras = [s.strip() for s in args.extras.split(",") if s.strip()]
+    for e in extras:
+        if e not in EXTRAS:
+            p.error(f"--extras entry '{e}' is not one of {', '.join(EXTRAS)}")
     glue, why = load_glue()
+    choice = load_choice()
     env = environment(glue, why)
     print(f"# {env.get('gpu', DEVICE)}, torch {env['torch']}, CUDA {env['cuda']}, cuDNN "
           f"{env['cudnn']}, driver {env.get('driver')}, TF32 matmul/cuDNN "
@@ -431,7 +491,7 @@ def main(argv=None):
     def emit():
         """The reports as they stand; written before every measurement, so that a run that
         is killed leaves what it measured."""
-        report = summarise(results, packing, env, precisions)
+        report = summarise(results, packing, env, precisions, extras)
         if args.markdown_out:
             with open(args.markdown_out, "w") as f:
                 f.write(report)
@@ -444,14 +504,22 @@ def main(argv=None):
     for w in workloads:
         x, lengths = make_batch(w)
         for mode in modes:
-            row = dict(workload=w["name"], mode=mode, seqpack={}, torch={}, reps={})
+            row = dict(workload=w["name"], mode=mode, seqpack={}, torch={}, auto={}, reps={})
             results.append(row)
-            jobs = [("seqpack", s, lambda s=s: seqpack_case(glue, w, mode, s, x, lengths))
+            chosen = [None]
+            # (side, key, make, SEQPACK_CUDA_PRODUCTS while it runs)
+            jobs = [("seqpack", s, lambda s=s: seqpack_case(glue, w, mode, s, x, lengths), None)
                     for s in precisions]
-            jobs += [("torch", c, lambda c=c: torch_case(w, mode, *c.split("-"), x, lengths))
+            jobs += [("seqpack", v, lambda v=v: seqpack_case(glue, w, mode, SEQPACK_VARIANTS[v][0], x,
+                                                             lengths), SEQPACK_VARIANTS[v][1])
+                     for v in extras if v in SEQPACK_VARIANTS]
+            jobs += [("torch", c, lambda c=c: torch_case(w, mode, *c.split("-"), x, lengths), None)
                      for c in configs]
-            for side, key, make in jobs:
-                if side == "seqpack" and glue is None:
+            if "auto" in extras:
+                jobs.append(("auto", "fp32", lambda: auto_case(glue, choice, w, mode, x, lengths, chosen),
+                             None))
+            for side, key, make, products in jobs:
+                if side in ("seqpack", "auto") and glue is None:
                     row[side][key] = why
                     continue
                 if out_of_time:
@@ -461,6 +529,9 @@ def main(argv=None):
                 row[side][key] = "did not finish (hung or killed)"
                 emit()
                 faulthandler.dump_traceback_later(args.hang_timeout, exit=True)
+                saved_products = os.environ.get("SEQPACK_CUDA_PRODUCTS")
+                if products is not None:
+                    os.environ["SEQPACK_CUDA_PRODUCTS"] = products
                 try:
                     ms, reps = measure(timer, make)
                     row[side][key], row["reps"][f"{side} {key}"] = ms, reps
@@ -471,6 +542,14 @@ def main(argv=None):
                     row[side][key] = "not run: the --budget was spent"
                 finally:
                     faulthandler.cancel_dump_traceback_later()
+                    if products is not None:
+                        if saved_products is None:
+                            os.environ.pop("SEQPACK_CUDA_PRODUCTS", None)
+                        else:
+                            os.environ["SEQPACK_CUDA_PRODUCTS"] = saved_products
+                if side == "auto" and chosen[0] is not None:
+                    row["auto_choice"] = chosen[0].impl
+                    row["auto_why"] = chosen[0].why
                 v = row[side][key]
                 print(f"... {w['name']} {mode} {side} {key}: {v if isinstance(v, str) else fmt(v)}",
                       file=sys.stderr, flush=True)

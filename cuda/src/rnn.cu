@@ -8,6 +8,9 @@
 //   backward: per step in the opposite order: dh = dy + carry, [dm = dh W_hr],
 //             the cell's backward kernel, carry = dG_h W_hh; then the weight
 //             gradients as GEMMs over all rows, and dX += dG_x W_ih.
+// With caller_products = 1 (one layer) the caller runs the products over all
+// rows (the input projection, the weight gradients, dX): the forward takes the
+// input gates, the backward gives the gates' gradients and h_{t-1} instead.
 #include "kernels.cuh"
 #include "seqpack/cuda.h"
 
@@ -85,9 +88,9 @@ struct Shape {
     fail(SEQPACK_CUDA_INVALID_ARGUMENT,
          "seqpack_cuda: the buffers of rows %lld, batch %lld, input %lld, hidden %lld, layers "
          "%lld%s need more than 2^63 bytes",
-         static_cast<long long>(rows), static_cast<long long>(batch),
-         static_cast<long long>(input), static_cast<long long>(hidden),
-         static_cast<long long>(layers), dirs == 2 ? ", bidirectional" : "");
+         static_cast<long long>(rows), static_cast<long long>(batch), static_cast<long long>(input),
+         static_cast<long long>(hidden), static_cast<long long>(layers),
+         dirs == 2 ? ", bidirectional" : "");
   }
   int64_t mul(int64_t a, int64_t b) const {
     int64_t r = 0;
@@ -252,6 +255,73 @@ void check_weights(const Shape& s, bool has_biases, const void* const* weights, 
     if (weights[i] == nullptr)
       fail(SEQPACK_CUDA_INVALID_ARGUMENT, "seqpack_cuda: %s[%lld] is NULL", name,
            static_cast<long long>(i));
+}
+
+// caller_products = 1 (seqpack/cuda.h): the caller's buffers of one layer,
+// per direction; `on` is false when the library runs every product.
+struct CallerProducts {
+  bool on = false;
+  const void* input_gates[2] = {nullptr, nullptr};
+  float* dgates_x[2] = {nullptr, nullptr};
+  float* dgates_h[2] = {nullptr, nullptr};
+  float* hprev[2] = {nullptr, nullptr};
+  float* dh[2] = {nullptr, nullptr};
+  float* m[2] = {nullptr, nullptr};
+};
+
+// name[d] for d < dirs where the pass uses it (`used`; required when there
+// are rows), NULL elsewhere: a buffer given that the pass would neither read
+// nor write is an error, never ignored.
+void check_per_direction(const Shape& s, const void* const* p, const char* name, bool used,
+                         const char* why_not) {
+  for (int d = 0; d < 2; ++d) {
+    if (p[d] != nullptr && !used)
+      fail(SEQPACK_CUDA_INVALID_ARGUMENT, "seqpack_cuda: %s[%d] is given, but %s", name, d,
+           why_not);
+    if (p[d] != nullptr && d >= s.dirs)
+      fail(SEQPACK_CUDA_INVALID_ARGUMENT,
+           "seqpack_cuda: %s[%d] is given, but the layer has one direction", name, d);
+    if (p[d] == nullptr && used && d < s.dirs && s.rows > 0)
+      fail(SEQPACK_CUDA_INVALID_ARGUMENT, "seqpack_cuda: %s[%d] is NULL (caller_products = 1)",
+           name, d);
+  }
+}
+
+// The caller_products fields a pass reads (the forward: input_gates) or
+// writes (the backward: the others), checked; the other pass's are not read.
+CallerProducts caller_products(const Shape& s, const seqpack_cuda_rnn_args& a, bool backward) {
+  CallerProducts c;
+  if (a.caller_products != 0 && a.caller_products != 1)
+    fail(SEQPACK_CUDA_INVALID_ARGUMENT, "seqpack_cuda: caller_products = %d is not 0 or 1",
+         a.caller_products);
+  const bool on = a.caller_products == 1;
+  if (on && s.layers != 1)
+    fail(SEQPACK_CUDA_INVALID_ARGUMENT,
+         "seqpack_cuda: caller_products = 1 runs one layer, not num_layers = %lld",
+         static_cast<long long>(s.layers));
+  const char* off = "caller_products = 0";
+  const auto as_void = [](float* const* p) { return reinterpret_cast<const void* const*>(p); };
+  if (!backward) {
+    check_per_direction(s, a.input_gates, "input_gates", on, off);
+  } else {
+    check_per_direction(s, as_void(a.dgates_x), "dgates_x", on, off);
+    check_per_direction(s, as_void(a.hprev), "hprev", on, off);
+    const char* not_gru = on ? "only a GRU's differs from dgates_x (pass NULL)" : off;
+    const char* no_proj = on ? "the layer has no projection" : off;
+    check_per_direction(s, as_void(a.dgates_h), "dgates_h", on && s.gru(), not_gru);
+    check_per_direction(s, as_void(a.dh), "dh", on && s.proj > 0, no_proj);
+    check_per_direction(s, as_void(a.m), "m", on && s.proj > 0, no_proj);
+  }
+  c.on = on;
+  for (int d = 0; d < 2; ++d) {
+    c.input_gates[d] = a.input_gates[d];
+    c.dgates_x[d] = a.dgates_x[d];
+    c.dgates_h[d] = a.dgates_h[d];
+    c.hprev[d] = a.hprev[d];
+    c.dh[d] = a.dh[d];
+    c.m[d] = a.m[d];
+  }
+  return c;
 }
 
 // The pointers of one (layer, direction) in the _flat_weights order.
@@ -530,7 +600,7 @@ template <typename T>
 void forward(const Shape& s, const int64_t* batch_sizes, const std::vector<int64_t>& off,
              bool has_biases, const void* const* weights_v, const T* x, const T* h0, const T* c0,
              const T* mask, T* y, T* hn, T* cn, void* workspace, void* reserve,
-             cudaStream_t stream) {
+             const CallerProducts& cp, cudaStream_t stream) {
   const int64_t steps = static_cast<int64_t>(off.size()) - 1;
   const int64_t n = s.rows, B = s.batch, H = s.hidden, P = s.hout(), G = s.gates(), W = s.width();
   const int64_t bs0 = steps > 0 ? batch_sizes[0] : 0;
@@ -565,9 +635,12 @@ void forward(const Shape& s, const int64_t* batch_sizes, const std::vector<int64
         convert(stream, B - bs0, P, h0_ld + bs0 * P, P, hn_ld + bs0 * P, P);
         if (s.lstm()) convert(stream, B - bs0, H, c0_ld + bs0 * H, H, cn_ld + bs0 * H, H);
       }
-      // gates = input W_ih^T + b_ih for every row.
-      gemm<T, T, float>(stream, n, G, in, input, in, false, w.w_ih, in, true, w.b_ih, sv.gates, G,
-                        false);
+      // gates = input W_ih^T + b_ih for every row (the caller's, or here).
+      if (cp.on)
+        convert(stream, n, G, static_cast<const T*>(cp.input_gates[d]), G, sv.gates, G);
+      else
+        gemm<T, T, float>(stream, n, G, in, input, in, false, w.w_ih, in, true, w.b_ih, sv.gates, G,
+                          false);
       if (persistent_requested() && try_persistent<T>(s, batch_sizes, steps, d == 1, w, sv, ws,
                                                       h0_ld, c0_ld, out_d, hn_ld, cn_ld, stream))
         continue;
@@ -623,7 +696,7 @@ template <typename T>
 void backward(const Shape& s, const int64_t* batch_sizes, const std::vector<int64_t>& off,
               bool has_biases, const void* const* weights_v, const T* x, const T* mask, const T* dy,
               const T* dhn, const T* dcn, T* dx, T* dh0, T* dc0, void* const* dweights_v,
-              void* workspace, const void* reserve, cudaStream_t stream) {
+              void* workspace, const void* reserve, const CallerProducts& cp, cudaStream_t stream) {
   const int64_t steps = static_cast<int64_t>(off.size()) - 1;
   const int64_t n = s.rows, B = s.batch, H = s.hidden, P = s.hout(), G = s.gates(), W = s.width();
   const auto* weights = reinterpret_cast<const T* const*>(weights_v);
@@ -643,7 +716,12 @@ void backward(const Shape& s, const int64_t* batch_sizes, const std::vector<int6
     for (int64_t d = 0; d < s.dirs; ++d) {
       const int64_t ld_index = l * s.dirs + d;
       const LayerWeights<const T*> w = weights_of(s, has_biases, weights, l, d);
-      const LayerWeights<T*> dw = weights_of(s, has_biases, dweights, l, d);
+      const LayerWeights<T*> dw =
+          cp.on ? LayerWeights<T*>{} : weights_of(s, has_biases, dweights, l, d);
+      // The caller's buffers take the gradients they read (caller_products).
+      float* const dgx_all = cp.on ? cp.dgates_x[d] : ws.dgx;
+      float* const dgh_all = cp.on ? (s.gru() ? cp.dgates_h[d] : dgx_all) : ws.dgh;
+      float* const dh_all = cp.on && s.proj > 0 ? cp.dh[d] : ws.dh;
       const Saved& sv = rs.saved[ld_index];
       // The carries start as the gradients of h_n, c_n (rows of every sequence
       // are untouched until its last step).
@@ -663,7 +741,7 @@ void backward(const Shape& s, const int64_t* batch_sizes, const std::vector<int6
         const int64_t t = reverse ? k : steps - 1 - k;
         const int64_t bs = batch_sizes[t];
         const int64_t r0 = off[t];
-        float* dh = ws.dh + r0 * P;
+        float* dh = dh_all + r0 * P;
         launch(dh_total_kernel, blocks_for(bs * P), kThreads, stream, bs, P, dY + r0 * W + d * P, W,
                ws.dh_carry, dh);
         const float* dm = dh;
@@ -674,8 +752,8 @@ void backward(const Shape& s, const int64_t* batch_sizes, const std::vector<int6
           dm = ws.dm;
           ldm = H;
         }
-        float* dgx = ws.dgx + r0 * G;
-        float* dgh = ws.dgh + r0 * G;
+        float* dgx = dgx_all + r0 * G;
+        float* dgh = dgh_all + r0 * G;
         if (s.lstm()) {
           launch(lstm_backward_kernel, blocks_for(bs * H), kThreads, stream, bs, H,
                  sv.gates + r0 * G, sv.c + r0 * H, sv.cprev + r0 * H, dm, ldm, ws.dc_carry, dgx);
@@ -693,6 +771,11 @@ void backward(const Shape& s, const int64_t* batch_sizes, const std::vector<int6
       // Gradients of the initial state: what the carries hold now.
       convert(stream, B, P, ws.dh_carry, P, dh0 + ld_index * B * P, P);
       if (s.lstm()) convert(stream, B, H, ws.dc_carry, H, dc0 + ld_index * B * H, H);
+      if (cp.on) {  // what the caller's products read besides the gradients
+        convert(stream, n, P, sv.hprev, P, cp.hprev[d], P);
+        if (s.proj > 0) convert(stream, n, H, sv.m, H, cp.m[d], H);
+        continue;
+      }
       // Weight gradients over all rows.
       gemm<float, T, T>(stream, G, in, n, ws.dgx, G, true, input, in, false, nullptr, dw.w_ih, in,
                         false);
@@ -709,6 +792,7 @@ void backward(const Shape& s, const int64_t* batch_sizes, const std::vector<int6
       gemm<float, T, float>(stream, n, in, G, ws.dgx, G, false, w.w_ih, in, false, nullptr, dX, in,
                             d > 0);
     }
+    if (cp.on) break;  // one layer; dx is the caller's
     if (l > 0) {
       if (mask != nullptr && n > 0)
         launch(mask_kernel<float, T, float>, blocks_for(n * W), kThreads, stream, n * W, dX,
@@ -793,8 +877,9 @@ SEQPACK_CUDA_EXPORT int seqpack_cuda_rnn_forward(const seqpack_cuda_rnn_args* ar
                                 a.proj_size, a.num_layers, a.bidirectional);
     check_weights(s, has_biases != 0, weights, "weights");
     check_buffers(s, a.workspace_bytes, workspace, a.reserve_bytes, reserve);
+    const CallerProducts cp = caller_products(s, a, false);
     if (s.rows > 0) {
-      require(x, "x");
+      if (!cp.on) require(x, "x");
       require(y, "y");
     }
     if (s.batch > 0) {
@@ -812,14 +897,15 @@ SEQPACK_CUDA_EXPORT int seqpack_cuda_rnn_forward(const seqpack_cuda_rnn_args* ar
         forward<float>(s, batch_sizes, off, has_biases != 0, weights, static_cast<const float*>(x),
                        static_cast<const float*>(h0), static_cast<const float*>(c0),
                        static_cast<const float*>(dropout_mask), static_cast<float*>(y),
-                       static_cast<float*>(hn), static_cast<float*>(cn), workspace, reserve, st);
+                       static_cast<float*>(hn), static_cast<float*>(cn), workspace, reserve, cp,
+                       st);
         break;
       case SEQPACK_CUDA_FLOAT16:
         forward<__half>(s, batch_sizes, off, has_biases != 0, weights,
                         static_cast<const __half*>(x), static_cast<const __half*>(h0),
                         static_cast<const __half*>(c0), static_cast<const __half*>(dropout_mask),
                         static_cast<__half*>(y), static_cast<__half*>(hn), static_cast<__half*>(cn),
-                        workspace, reserve, st);
+                        workspace, reserve, cp, st);
         break;
       default:
         forward<__nv_bfloat16>(
@@ -827,7 +913,7 @@ SEQPACK_CUDA_EXPORT int seqpack_cuda_rnn_forward(const seqpack_cuda_rnn_args* ar
             static_cast<const __nv_bfloat16*>(h0), static_cast<const __nv_bfloat16*>(c0),
             static_cast<const __nv_bfloat16*>(dropout_mask), static_cast<__nv_bfloat16*>(y),
             static_cast<__nv_bfloat16*>(hn), static_cast<__nv_bfloat16*>(cn), workspace, reserve,
-            st);
+            cp, st);
         break;
     }
     check_cuda(cudaGetLastError(), "a kernel launch of the forward pass");
@@ -852,9 +938,10 @@ SEQPACK_CUDA_EXPORT int seqpack_cuda_rnn_backward(const seqpack_cuda_rnn_args* a
     const Shape s = check_shape(mode, dtype, off.back(), a.batch, a.input_size, a.hidden_size,
                                 a.proj_size, a.num_layers, a.bidirectional);
     check_weights(s, has_biases != 0, weights, "weights");
-    check_weights(s, has_biases != 0, dweights, "dweights");
+    const CallerProducts cp = caller_products(s, a, true);
+    if (!cp.on) check_weights(s, has_biases != 0, dweights, "dweights");
     check_buffers(s, a.workspace_bytes, workspace, a.reserve_bytes, reserve);
-    if (s.rows > 0) {
+    if (s.rows > 0 && !cp.on) {
       require(x, "x");
       require(dx, "dx");
     }
@@ -870,7 +957,7 @@ SEQPACK_CUDA_EXPORT int seqpack_cuda_rnn_backward(const seqpack_cuda_rnn_args* a
                         static_cast<const float*>(dropout_mask), static_cast<const float*>(dy),
                         static_cast<const float*>(dhn), static_cast<const float*>(dcn),
                         static_cast<float*>(dx), static_cast<float*>(dh0), static_cast<float*>(dc0),
-                        dweights, workspace, reserve, st);
+                        dweights, workspace, reserve, cp, st);
         break;
       case SEQPACK_CUDA_FLOAT16:
         backward<__half>(s, batch_sizes, off, has_biases != 0, weights,
@@ -878,7 +965,7 @@ SEQPACK_CUDA_EXPORT int seqpack_cuda_rnn_backward(const seqpack_cuda_rnn_args* a
                          static_cast<const __half*>(dy), static_cast<const __half*>(dhn),
                          static_cast<const __half*>(dcn), static_cast<__half*>(dx),
                          static_cast<__half*>(dh0), static_cast<__half*>(dc0), dweights, workspace,
-                         reserve, st);
+                         reserve, cp, st);
         break;
       default:
         backward<__nv_bfloat16>(
@@ -886,7 +973,7 @@ SEQPACK_CUDA_EXPORT int seqpack_cuda_rnn_backward(const seqpack_cuda_rnn_args* a
             static_cast<const __nv_bfloat16*>(dropout_mask), static_cast<const __nv_bfloat16*>(dy),
             static_cast<const __nv_bfloat16*>(dhn), static_cast<const __nv_bfloat16*>(dcn),
             static_cast<__nv_bfloat16*>(dx), static_cast<__nv_bfloat16*>(dh0),
-            static_cast<__nv_bfloat16*>(dc0), dweights, workspace, reserve, st);
+            static_cast<__nv_bfloat16*>(dc0), dweights, workspace, reserve, cp, st);
         break;
     }
     check_cuda(cudaGetLastError(), "a kernel launch of the backward pass");

@@ -61,7 +61,7 @@
 extern "C" {
 #endif
 
-#define SEQPACK_CUDA_ABI_VERSION 2
+#define SEQPACK_CUDA_ABI_VERSION 3
 
 enum {
   SEQPACK_CUDA_OK = 0,
@@ -106,7 +106,9 @@ typedef struct seqpack_cuda_rnn_args {
   int has_biases;    /* 0 or 1 */
   int allow_tf32;    /* TF32 for float32 products (the current kernels compute
                         in full float32 either way) */
-  int reserved;      /* 0 */
+  int caller_products; /* 0: the library runs every product; 1: one layer
+                          whose products that are not recurrent the caller
+                          runs (below, after dweights) */
   int64_t rows;      /* rows of x and y: sum(batch_sizes) */
   int64_t steps;
   const int64_t* batch_sizes; /* HOST, `steps` of them */
@@ -140,6 +142,29 @@ typedef struct seqpack_cuda_rnn_args {
   void* dh0;
   void* dc0;
   void* const* dweights;
+  /* caller_products = 1: one layer (num_layers = 1) whose products that are
+   * not recurrent the caller runs (as cuBLAS products through torch, say).
+   * The forward reads input_gates instead of x, w_ih and b_ih; the backward
+   * writes dh0, dc0 and the buffers below instead of dx and dweights (it
+   * reads neither). Per direction d < dirs (entries beyond are NULL), with
+   * G = gates * hidden_size and P = proj_size or hidden_size, each
+   * (rows, width) row-major, float32 except input_gates (dtype):
+   *   input_gates[d] (rows, G)  x W_ih^T + b_ih (b_ih if has_biases)
+   *   dgates_x[d]    (rows, G)  the gradient of input_gates
+   *   dgates_h[d]    (rows, G)  GRU: of h_{t-1} W_hh^T + b_hh (its n part
+   *                             differs: r times); else NULL (dgates_x's)
+   *   hprev[d]       (rows, P)  h_{t-1} of each row
+   *   dh[d]          (rows, P)  proj only (else NULL): the gradient of h
+   *   m[d]        (rows, hidden) proj only (else NULL): o * tanh(c)
+   * whence dW_ih = dgates_x^T x, db_ih = the column sums of dgates_x,
+   * dW_hh = dgates_h^T hprev, db_hh its column sums, dW_hr = dh^T m and
+   * dx = the sum over d of dgates_x W_ih. */
+  const void* input_gates[2];
+  float* dgates_x[2];
+  float* dgates_h[2];
+  float* hprev[2];
+  float* dh[2];
+  float* m[2];
 } seqpack_cuda_rnn_args;
 
 /* Forward pass: y, hn, cn from x, h0, c0 and the weights. */

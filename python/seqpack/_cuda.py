@@ -18,6 +18,12 @@ length zero: their h_n/c_n are their h0/c0). Gradients flow to data, hx and
 every weight. The library is found through SEQPACK_CUDA_LIBRARY, next to this
 file, or in build/cuda/ or build-cuda/ of the repository.
 
+The products that are not recurrent (the input projection of every packed
+row, the weight gradients, the bias sums, dX) run as torch matrix products
+(cuBLAS), the library running each layer's recurrence (caller_products = 1 in
+seqpack/cuda.h); SEQPACK_CUDA_PRODUCTS=library (read at every call) runs them
+all in the library instead, in one call for the whole stack.
+
 Dropout between layers (train=True, dropout > 0, num_layers > 1) draws its mask
 here with torch's RNG (torch.bernoulli on the data's device), of shape
 (num_layers - 1, rows, dirs * H_out) and scaled by 1/(1-p); the library
@@ -41,7 +47,8 @@ What the GPU tests should check (python/tests/test_cuda_gpu.py):
   - torch.compile(fullgraph=True) of a function calling rnn_packed (custom op,
     torch >= 2.4), and errors: CPU tensors, mixed dtypes, wrong hx shapes.
   - the library's variants, read from the environment at every call (compare
-    each with the default, values and speed): SEQPACK_CUDA_KERNEL=persistent
+    each with the default, values and speed): SEQPACK_CUDA_PRODUCTS=library
+    (every product in the library; default torch's), SEQPACK_CUDA_KERNEL=persistent
     (forward recurrence as one cooperative launch; default simple) and, for
     bf16/fp16, SEQPACK_CUDA_GEMM=wmma (tensor cores; default simt).
     docs/gpu-build.md says when each runs.
@@ -58,11 +65,12 @@ import torch
 __all__ = ["available", "library_path", "why_unavailable", "rnn_packed"]
 
 LIBRARY_NAME = "libseqpack_cuda.so"
-ABI_VERSION = 2
+ABI_VERSION = 3
 
 MODES = {"LSTM": 0, "GRU": 1, "RNN_TANH": 2, "RNN_RELU": 3}
 _GATES = {"LSTM": 4, "GRU": 3, "RNN_TANH": 1, "RNN_RELU": 1}
 DTYPES = {torch.float32: 0, torch.float16: 1, torch.bfloat16: 2}
+_ELEMENT_SIZE = {torch.float32: 4, torch.float16: 2, torch.bfloat16: 2}
 
 _i = ctypes.c_int
 _i64 = ctypes.c_int64
@@ -79,7 +87,7 @@ class RnnArgs(ctypes.Structure):
     checks the two against each other."""
     _fields_ = [
         ("mode", _i), ("dtype", _i), ("bidirectional", _i), ("has_biases", _i), ("allow_tf32", _i),
-        ("reserved", _i),
+        ("caller_products", _i),
         ("rows", _i64), ("steps", _i64), ("batch_sizes", _pi64), ("batch", _i64), ("input_size", _i64),
         ("hidden_size", _i64), ("proj_size", _i64), ("num_layers", _i64),
         ("weights", _pp), ("x", _p), ("h0", _p), ("c0", _p), ("dropout_mask", _p),
@@ -87,6 +95,8 @@ class RnnArgs(ctypes.Structure):
         ("stream", _p),
         ("y", _p), ("hn", _p), ("cn", _p),
         ("dy", _p), ("dhn", _p), ("dcn", _p), ("dx", _p), ("dh0", _p), ("dc0", _p), ("dweights", _pp),
+        ("input_gates", _p * 2), ("dgates_x", _p * 2), ("dgates_h", _p * 2), ("hprev", _p * 2), ("dh", _p * 2),
+        ("m", _p * 2),
     ]
 
 
@@ -278,13 +288,14 @@ def _args(mode, data, bs, s: "_Sizes", h0, c0, weights, mask, has_biases, bidire
 _ALIGN = 512  # the reserve's offset in a forward's one buffer (torch's blocks are this aligned)
 
 
-def _forward_impl(mode: str, data: torch.Tensor, batch_sizes: torch.Tensor, h0: torch.Tensor,
-                  c0: Optional[torch.Tensor], weights: List[torch.Tensor], mask: Optional[torch.Tensor],
-                  has_biases: bool, num_layers: int, bidirectional: bool, proj_size: int,
-                  allow_tf32: bool, keep_reserve: bool = True
-                  ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """The forward; without keep_reserve (no backward will follow) the workspace
-    and the reserve share one allocation and the reserve returned is empty."""
+def _forward_library(mode: str, data: torch.Tensor, batch_sizes: torch.Tensor, h0: torch.Tensor,
+                     c0: Optional[torch.Tensor], weights: List[torch.Tensor], mask: Optional[torch.Tensor],
+                     has_biases: bool, num_layers: int, bidirectional: bool, proj_size: int,
+                     allow_tf32: bool, keep_reserve: bool = True
+                     ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The forward, every product in the library (SEQPACK_CUDA_PRODUCTS=library);
+    without keep_reserve (no backward will follow) the workspace and the reserve
+    share one allocation and the reserve returned is empty."""
     lib = _lib_or_raise()
     s = _Sizes(mode, data, h0, weights, num_layers, bidirectional, proj_size)
     ws_bytes, rs_bytes = buffer_sizes(mode, data.dtype, s.rows, s.batch, s.input, s.hidden, s.proj,
@@ -311,11 +322,11 @@ def _forward_impl(mode: str, data: torch.Tensor, batch_sizes: torch.Tensor, h0: 
     return y, hn, (cn if cn is not None else data.new_empty((0,))), reserve
 
 
-def _backward_impl(mode: str, data: torch.Tensor, batch_sizes: torch.Tensor, h0: torch.Tensor,
-                   c0: Optional[torch.Tensor], weights: List[torch.Tensor], mask: Optional[torch.Tensor],
-                   reserve: torch.Tensor, dy: Optional[torch.Tensor], dhn: Optional[torch.Tensor],
-                   dcn: Optional[torch.Tensor], has_biases: bool, num_layers: int, bidirectional: bool,
-                   proj_size: int, allow_tf32: bool) -> List[torch.Tensor]:
+def _backward_library(mode: str, data: torch.Tensor, batch_sizes: torch.Tensor, h0: torch.Tensor,
+                      c0: Optional[torch.Tensor], weights: List[torch.Tensor], mask: Optional[torch.Tensor],
+                      reserve: torch.Tensor, dy: Optional[torch.Tensor], dhn: Optional[torch.Tensor],
+                      dcn: Optional[torch.Tensor], has_biases: bool, num_layers: int, bidirectional: bool,
+                      proj_size: int, allow_tf32: bool) -> List[torch.Tensor]:
     lib = _lib_or_raise()
     s = _Sizes(mode, data, h0, weights, num_layers, bidirectional, proj_size)
     ws_bytes, rs_bytes = buffer_sizes(mode, data.dtype, s.rows, s.batch, s.input, s.hidden, s.proj,
@@ -338,6 +349,221 @@ def _backward_impl(mode: str, data: torch.Tensor, batch_sizes: torch.Tensor, h0:
         a.dweights = ctypes.cast(dw, _pp)
         _check(lib, lib.seqpack_cuda_rnn_backward(ctypes.byref(a)))
     return [dx, dh0, dc0] + dweights
+
+
+# ---------------------------------------------------------------------------
+# The products that are not recurrent as torch matrix products (cuBLAS on a
+# GPU, on the data's stream; float32 under torch's own TF32 setting; float16
+# and bfloat16 operands accumulated in float32 by cuBLAS, results in the data
+# type): the input projection of every packed row, dW_ih, dW_hh, dW_hr, the
+# bias sums and dX. The library runs each layer's recurrence
+# (caller_products = 1, seqpack/cuda.h). SEQPACK_CUDA_PRODUCTS=library runs
+# them all in the library instead (its SIMT products).
+
+PRODUCTS = ("torch", "library")
+
+
+def _products() -> bool:
+    """True where the products that are not recurrent run in torch (the default)."""
+    choice = os.environ.get("SEQPACK_CUDA_PRODUCTS", "") or "torch"
+    if choice not in PRODUCTS:
+        raise ValueError(f"seqpack CUDA: SEQPACK_CUDA_PRODUCTS = {choice!r} is not one of {list(PRODUCTS)}")
+    return choice == "torch"
+
+
+_SAVED_ALIGN = 256  # each piece of the layered forward's saved buffer starts at a multiple
+
+
+def _aligned(n):
+    return (n + _SAVED_ALIGN - 1) // _SAVED_ALIGN * _SAVED_ALIGN
+
+
+def _layer_reserve_bytes(mode: str, dtype: torch.dtype, rows, s: "_Sizes", bidirectional: bool):
+    """Bytes of one layer's reserve (the library's, num_layers = 1): rows times
+    the reserve of one row, which does not depend on the layer's input size."""
+    _, per_row = buffer_sizes(mode, dtype, 1, 1, s.input, s.hidden, s.proj, 1, bidirectional)
+    return rows * per_row
+
+
+def _saved_layout(mode: str, dtype: torch.dtype, rows, s: "_Sizes", bidirectional: bool):
+    """The layered forward's saved buffer: each layer's reserve, then the outputs
+    of the layers below the last (the inputs of those above). Returns
+    (reserve offsets, output offsets, total bytes); rows may be symbolic."""
+    reserve = _aligned(_layer_reserve_bytes(mode, dtype, rows, s, bidirectional))
+    output = _aligned(rows * s.width * _ELEMENT_SIZE[dtype])
+    reserves = [l * reserve for l in range(s.layers)]
+    outputs = [s.layers * reserve + l * output for l in range(s.layers - 1)]
+    return reserves, outputs, s.layers * reserve + (s.layers - 1) * output
+
+
+def _layer_args(mode, bs, s, rows, input_size, h0, c0, weights, has_biases, bidirectional, allow_tf32, stream):
+    a = RnnArgs()
+    a.mode, a.dtype = MODES[mode], DTYPES[h0.dtype]
+    a.bidirectional, a.has_biases, a.allow_tf32 = int(bidirectional), int(has_biases), int(allow_tf32)
+    a.caller_products = 1
+    a.rows, a.steps, a.batch_sizes = rows, bs.numel(), ctypes.cast(bs.data_ptr(), _pi64)
+    a.batch, a.input_size, a.hidden_size, a.proj_size, a.num_layers = s.batch, input_size, s.hidden, s.proj, 1
+    w = _pointer_array(weights)
+    a._keep = w
+    a.weights = ctypes.cast(w, _pp)
+    a.h0, a.c0 = _ptr(h0), _ptr(c0)
+    a.stream = stream
+    return a
+
+
+def _layer_input(data, outputs, mask, l):
+    """The input of layer l: the data, or the output of the layer below (times
+    the dropout mask)."""
+    if l == 0:
+        return data
+    return outputs[l - 1] if mask is None else outputs[l - 1] * mask[l - 1]
+
+
+def _per_layer(s: "_Sizes", has_biases: bool) -> int:
+    return 2 + (2 if has_biases else 0) + (1 if s.proj > 0 else 0)
+
+
+def _forward_layers(mode: str, data: torch.Tensor, batch_sizes: torch.Tensor, h0: torch.Tensor,
+                    c0: Optional[torch.Tensor], weights: List[torch.Tensor], mask: Optional[torch.Tensor],
+                    has_biases: bool, num_layers: int, bidirectional: bool, proj_size: int,
+                    allow_tf32: bool, keep_reserve: bool = True
+                    ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The forward, a library call per layer after torch's input projection
+    (gates = input W_ih^T + b_ih, one product per direction). The saved buffer
+    (_saved_layout) holds what the backward reads; without keep_reserve one
+    layer's reserve serves every layer and the saved buffer returned is empty."""
+    lib = _lib_or_raise()
+    s = _Sizes(mode, data, h0, weights, num_layers, bidirectional, proj_size)
+    ws_bytes, _ = buffer_sizes(mode, data.dtype, s.rows, s.batch, s.input, s.hidden, s.proj, 1, bidirectional)
+    bs = batch_sizes if batch_sizes.is_contiguous() else batch_sizes.contiguous()
+    reserves, output_at, saved_bytes = _saved_layout(mode, data.dtype, s.rows, s, bidirectional)
+    layer_rs = _layer_reserve_bytes(mode, data.dtype, s.rows, s, bidirectional)
+    per, dirs = _per_layer(s, has_biases), s.dirs
+    y = data.new_empty((s.rows, s.width))
+    hn = torch.empty_like(h0)
+    cn = torch.empty_like(c0) if c0 is not None else None
+    stream = _stream(data)
+    with _DeviceGuard(data):
+        workspace = torch.empty((ws_bytes,), dtype=torch.uint8, device=data.device)
+        if keep_reserve:
+            saved = torch.empty((saved_bytes,), dtype=torch.uint8, device=data.device)
+            outputs = [saved[o:o + y.numel() * y.element_size()].view(data.dtype).view(s.rows, s.width)
+                       for o in output_at]
+        else:
+            saved = torch.empty((_aligned(layer_rs),), dtype=torch.uint8, device=data.device)
+            reserves = [0] * s.layers
+            outputs = [data.new_empty((s.rows, s.width)) for _ in range(s.layers - 1)]
+        base = saved.data_ptr()
+        for l in range(s.layers):
+            x = _layer_input(data, outputs, mask, l)
+            lw = weights[l * dirs * per:(l + 1) * dirs * per]
+            gates = []
+            for d in range(dirs):
+                w_ih = lw[d * per]
+                if has_biases:
+                    gates.append(torch.addmm(lw[d * per + 2], x, w_ih.t()))
+                else:
+                    gates.append(torch.mm(x, w_ih.t()))
+            ld = slice(l * dirs, (l + 1) * dirs)
+            a = _layer_args(mode, bs, s, s.rows, x.shape[1], h0[ld], c0[ld] if c0 is not None else None, lw,
+                            has_biases, bidirectional, allow_tf32, stream)
+            for d in range(dirs):
+                a.input_gates[d] = _ptr(gates[d])
+            out = y if l + 1 == s.layers else outputs[l]
+            a.workspace, a.workspace_bytes = _ptr(workspace), ws_bytes
+            a.reserve, a.reserve_bytes = (base + reserves[l] if layer_rs else None), layer_rs
+            a.y, a.hn, a.cn = _ptr(out), _ptr(hn[ld]), _ptr(cn[ld]) if cn is not None else None
+            _check(lib, lib.seqpack_cuda_rnn_forward(ctypes.byref(a)))
+    if not keep_reserve:
+        saved = saved[:0]
+    return y, hn, (cn if cn is not None else data.new_empty((0,))), saved
+
+
+def _backward_layers(mode: str, data: torch.Tensor, batch_sizes: torch.Tensor, h0: torch.Tensor,
+                     c0: Optional[torch.Tensor], weights: List[torch.Tensor], mask: Optional[torch.Tensor],
+                     saved: torch.Tensor, dy: Optional[torch.Tensor], dhn: Optional[torch.Tensor],
+                     dcn: Optional[torch.Tensor], has_biases: bool, num_layers: int, bidirectional: bool,
+                     proj_size: int, allow_tf32: bool) -> List[torch.Tensor]:
+    """The backward of _forward_layers: per layer from the top, the library's
+    recurrence (the gradients of the gates, h_{t-1} of each row), then the
+    weight gradients, the bias sums and dX as torch products."""
+    lib = _lib_or_raise()
+    s = _Sizes(mode, data, h0, weights, num_layers, bidirectional, proj_size)
+    ws_bytes, _ = buffer_sizes(mode, data.dtype, s.rows, s.batch, s.input, s.hidden, s.proj, 1, bidirectional)
+    reserves, output_at, _ = _saved_layout(mode, data.dtype, s.rows, s, bidirectional)
+    layer_rs = _layer_reserve_bytes(mode, data.dtype, s.rows, s, bidirectional)
+    bs = batch_sizes.to(torch.int64).contiguous()
+    dtype, per, dirs, G, P = data.dtype, _per_layer(s, has_biases), s.dirs, _GATES[mode] * s.hidden, s.hout
+    dY = dy.to(dtype).contiguous() if dy is not None else None
+    dhn = dhn.to(dtype).contiguous() if dhn is not None else None
+    dcn = dcn.to(dtype).contiguous() if dcn is not None and c0 is not None else None
+    dh0 = torch.empty_like(h0)
+    dc0 = torch.empty_like(c0) if c0 is not None else data.new_empty((0,))
+    dweights: List[Optional[torch.Tensor]] = [None] * len(weights)
+    outputs = [saved[o:o + s.rows * s.width * data.element_size()].view(dtype).view(s.rows, s.width)
+               for o in output_at]
+    stream, base, f32 = _stream(data), saved.data_ptr(), torch.float32
+    dx = data
+    with _DeviceGuard(data):
+        workspace = torch.empty((ws_bytes,), dtype=torch.uint8, device=data.device)
+        for l in reversed(range(s.layers)):
+            x = _layer_input(data, outputs, mask, l)
+            lw = weights[l * dirs * per:(l + 1) * dirs * per]
+            ld = slice(l * dirs, (l + 1) * dirs)
+            a = _layer_args(mode, bs, s, s.rows, x.shape[1], h0[ld], c0[ld] if c0 is not None else None, lw,
+                            has_biases, bidirectional, allow_tf32, stream)
+            a.workspace, a.workspace_bytes = _ptr(workspace), ws_bytes
+            a.reserve, a.reserve_bytes = (base + reserves[l] if layer_rs else None), layer_rs
+            a.dy = _ptr(dY)
+            a.dhn = _ptr(dhn[ld]) if dhn is not None else None
+            a.dcn = _ptr(dcn[ld]) if dcn is not None else None
+            a.dh0, a.dc0 = _ptr(dh0[ld]), (_ptr(dc0[ld]) if c0 is not None else None)
+            dgx = [data.new_empty((s.rows, G), dtype=f32) for _ in range(dirs)]
+            dgh = [data.new_empty((s.rows, G), dtype=f32) for _ in range(dirs)] if mode == "GRU" else dgx
+            hprev = [data.new_empty((s.rows, P), dtype=f32) for _ in range(dirs)]
+            dh = [data.new_empty((s.rows, P), dtype=f32) for _ in range(dirs)] if s.proj else None
+            m = [data.new_empty((s.rows, s.hidden), dtype=f32) for _ in range(dirs)] if s.proj else None
+            for d in range(dirs):
+                a.dgates_x[d], a.hprev[d] = _ptr(dgx[d]), _ptr(hprev[d])
+                if mode == "GRU":
+                    a.dgates_h[d] = _ptr(dgh[d])
+                if s.proj:
+                    a.dh[d], a.m[d] = _ptr(dh[d]), _ptr(m[d])
+            _check(lib, lib.seqpack_cuda_rnn_backward(ctypes.byref(a)))
+            dX = None
+            for d in range(dirs):
+                at = (l * dirs + d) * per
+                gx, gh = dgx[d].to(dtype), dgh[d].to(dtype)
+                dweights[at] = torch.mm(gx.t(), x)
+                dweights[at + 1] = torch.mm(gh.t(), hprev[d].to(dtype))
+                if has_biases:
+                    dweights[at + 2] = dgx[d].sum(0).to(dtype)
+                    dweights[at + 3] = dgh[d].sum(0).to(dtype)
+                if s.proj:
+                    dweights[at + per - 1] = torch.mm(dh[d].to(dtype).t(), m[d].to(dtype))
+                w_ih = lw[d * per]
+                dX = torch.mm(gx, w_ih) if dX is None else dX.addmm_(gx, w_ih)
+            if l > 0:
+                dY = dX if mask is None else dX * mask[l - 1]
+            else:
+                dx = dX
+    return [dx, dh0, dc0] + dweights
+
+
+def _forward_impl(mode, data, batch_sizes, h0, c0, weights, mask, has_biases, num_layers, bidirectional,
+                  proj_size, allow_tf32, torch_products, keep_reserve=True):
+    """The forward with the products that are not recurrent in torch or in the library."""
+    run = _forward_layers if torch_products else _forward_library
+    return run(mode, data, batch_sizes, h0, c0, weights, mask, has_biases, num_layers, bidirectional, proj_size,
+               allow_tf32, keep_reserve)
+
+
+def _backward_impl(mode, data, batch_sizes, h0, c0, weights, mask, reserve, dy, dhn, dcn, has_biases, num_layers,
+                   bidirectional, proj_size, allow_tf32, torch_products):
+    """The backward of a _forward_impl with the same torch_products."""
+    run = _backward_layers if torch_products else _backward_library
+    return run(mode, data, batch_sizes, h0, c0, weights, mask, reserve, dy, dhn, dcn, has_biases, num_layers,
+               bidirectional, proj_size, allow_tf32)
 
 
 DOUBLE_BACKWARD_REFUSAL = (
@@ -405,19 +631,24 @@ if _HAS_CUSTOM_OP:
     def _rnn_op(mode: str, data: torch.Tensor, batch_sizes: torch.Tensor, h0: torch.Tensor,
                 c0: Optional[torch.Tensor], weights: List[torch.Tensor], mask: Optional[torch.Tensor],
                 has_biases: bool, num_layers: int, bidirectional: bool, proj_size: int,
-                allow_tf32: bool) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+                allow_tf32: bool, torch_products: bool
+                ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
         return _forward_impl(mode, data, batch_sizes, h0, c0, weights, mask, has_biases, num_layers,
-                             bidirectional, proj_size, allow_tf32)
+                             bidirectional, proj_size, allow_tf32, torch_products)
 
     @_rnn_op.register_fake
     def _(mode, data, batch_sizes, h0, c0, weights, mask, has_biases, num_layers, bidirectional, proj_size,
-          allow_tf32):
+          allow_tf32, torch_products):
         s = _Sizes(mode, data, h0, weights, num_layers, bidirectional, proj_size)
-        # The reserve is exactly rows times its size for one row.
-        _, per_row = buffer_sizes(mode, data.dtype, 1, 1, s.input, s.hidden, s.proj, s.layers, bidirectional)
-        y = data.new_empty((data.shape[0], s.width))
+        rows = data.shape[0]
+        if torch_products:
+            saved_bytes = _saved_layout(mode, data.dtype, rows, s, bidirectional)[2]
+        else:  # the reserve is exactly rows times its size for one row
+            _, per_row = buffer_sizes(mode, data.dtype, 1, 1, s.input, s.hidden, s.proj, s.layers, bidirectional)
+            saved_bytes = rows * per_row
+        y = data.new_empty((rows, s.width))
         cn = torch.empty_like(c0) if c0 is not None else data.new_empty((0,))
-        reserve = data.new_empty((data.shape[0] * per_row,), dtype=torch.uint8)
+        reserve = data.new_empty((saved_bytes,), dtype=torch.uint8)
         return y, torch.empty_like(h0), cn, reserve
 
     @torch.library.custom_op("seqpack_cuda::" + _unused_op_name("rnn_packed_backward"), mutates_args=())
@@ -425,52 +656,52 @@ if _HAS_CUSTOM_OP:
                          c0: Optional[torch.Tensor], weights: List[torch.Tensor], mask: Optional[torch.Tensor],
                          reserve: torch.Tensor, dy: Optional[torch.Tensor], dhn: Optional[torch.Tensor],
                          dcn: Optional[torch.Tensor], has_biases: bool, num_layers: int, bidirectional: bool,
-                         proj_size: int, allow_tf32: bool) -> List[torch.Tensor]:
+                         proj_size: int, allow_tf32: bool, torch_products: bool) -> List[torch.Tensor]:
         return _backward_impl(mode, data, batch_sizes, h0, c0, weights, mask, reserve, dy, dhn, dcn, has_biases,
-                              num_layers, bidirectional, proj_size, allow_tf32)
+                              num_layers, bidirectional, proj_size, allow_tf32, torch_products)
 
     @_rnn_backward_op.register_fake
     def _(mode, data, batch_sizes, h0, c0, weights, mask, reserve, dy, dhn, dcn, has_biases, num_layers,
-          bidirectional, proj_size, allow_tf32):
+          bidirectional, proj_size, allow_tf32, torch_products):
         dc0 = torch.empty_like(c0) if c0 is not None else data.new_empty((0,))
         return [torch.empty_like(data), torch.empty_like(h0), dc0] + [torch.empty_like(w) for w in weights]
 
     def _setup_context(ctx, inputs, output):
         (mode, data, batch_sizes, h0, c0, weights, mask, has_biases, num_layers, bidirectional, proj_size,
-         allow_tf32) = inputs
+         allow_tf32, torch_products) = inputs
         ctx.save_for_backward(data, batch_sizes, h0, c0, mask, output[3], *weights)
-        ctx.params = (mode, has_biases, num_layers, bidirectional, proj_size, allow_tf32)
+        ctx.params = (mode, has_biases, num_layers, bidirectional, proj_size, allow_tf32, torch_products)
 
     def _backward(ctx, dy, dhn, dcn, _dreserve):
-        mode, has_biases, num_layers, bidirectional, proj_size, allow_tf32 = ctx.params
+        mode, has_biases, num_layers, bidirectional, proj_size, allow_tf32, torch_products = ctx.params
         data, batch_sizes, h0, c0, mask, reserve, *weights = ctx.saved_tensors
         grads = _rnn_backward_op(mode, data, batch_sizes, h0, c0, list(weights), mask, reserve, dy, dhn,
                                  dcn if c0 is not None else None, has_biases, num_layers, bidirectional,
-                                 proj_size, allow_tf32)
+                                 proj_size, allow_tf32, torch_products)
         grads = _graph_refusing(list(grads), [data, h0, c0, dy, dhn, dcn] + list(weights))
         dx, dh0, dc0 = grads[0], grads[1], grads[2]
         return (None, dx, None, dh0, dc0 if c0 is not None else None, list(grads[3:]), None, None, None, None,
-                None, None)
+                None, None, None)
 
     _rnn_op.register_autograd(_backward, setup_context=_setup_context)
 
     def _run(mode, data, batch_sizes, h0, c0, weights, mask, has_biases, num_layers, bidirectional, proj_size,
-             allow_tf32):
+             allow_tf32, torch_products=True):
         return _rnn_op(mode, data, batch_sizes, h0, c0, list(weights), mask, has_biases, num_layers,
-                       bidirectional, proj_size, allow_tf32)[:3]
+                       bidirectional, proj_size, allow_tf32, torch_products)[:3]
 else:
     def _run(mode, data, batch_sizes, h0, c0, weights, mask, has_biases, num_layers, bidirectional, proj_size,
-             allow_tf32):
+             allow_tf32, torch_products=True):
         return _run_eager(mode, data, batch_sizes, h0, c0, weights, mask, has_biases, num_layers, bidirectional,
-                          proj_size, allow_tf32)
+                          proj_size, allow_tf32, torch_products)
 
 
 class _RnnFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx, params, data, batch_sizes, h0, c0, mask, *weights):
-        mode, has_biases, num_layers, bidirectional, proj_size, allow_tf32 = params
+        mode, has_biases, num_layers, bidirectional, proj_size, allow_tf32, torch_products = params
         y, hn, cn, reserve = _forward_impl(mode, data, batch_sizes, h0, c0, list(weights), mask, has_biases,
-                                           num_layers, bidirectional, proj_size, allow_tf32)
+                                           num_layers, bidirectional, proj_size, allow_tf32, torch_products)
         ctx.params = params
         ctx.has_c0 = c0 is not None
         ctx.save_for_backward(data, batch_sizes, h0, c0 if c0 is not None else data.new_empty((0,)),
@@ -480,22 +711,22 @@ class _RnnFunction(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, dy, dhn, dcn):
-        mode, has_biases, num_layers, bidirectional, proj_size, allow_tf32 = ctx.params
+        mode, has_biases, num_layers, bidirectional, proj_size, allow_tf32, torch_products = ctx.params
         data, batch_sizes, h0, c0, mask, reserve, *weights = ctx.saved_tensors
         c0 = c0 if ctx.has_c0 else None
         mask = mask if ctx.has_mask else None
         grads = _backward_impl(mode, data, batch_sizes, h0, c0, list(weights), mask, reserve, dy, dhn,
                                dcn if c0 is not None else None, has_biases, num_layers, bidirectional,
-                               proj_size, allow_tf32)
+                               proj_size, allow_tf32, torch_products)
         grads = _graph_refusing(grads, [data, h0, c0, dy, dhn, dcn] + list(weights))
         return (None, grads[0], None, grads[1], grads[2] if c0 is not None else None, None) + tuple(grads[3:])
 
 
 def _run_eager(mode, data, batch_sizes, h0, c0, weights, mask, has_biases, num_layers, bidirectional,
-               proj_size, allow_tf32):
+               proj_size, allow_tf32, torch_products=True):
     """The forward as an autograd.Function: the registration of the calls autograd
     records outside torch.compile (custom_op's costs several times as much a call)."""
-    params = (mode, has_biases, num_layers, bidirectional, proj_size, allow_tf32)
+    params = (mode, has_biases, num_layers, bidirectional, proj_size, allow_tf32, torch_products)
     return _RnnFunction.apply(params, data, batch_sizes, h0, c0, mask, *weights)
 
 
@@ -647,16 +878,17 @@ def rnn_packed(mode: str, data: torch.Tensor, batch_sizes: torch.Tensor, hx, fla
     if train and dropout > 0 and num_layers > 1:
         mask = dropout_mask(data, num_layers, s.width, float(dropout))
     allow_tf32 = _allow_tf32()
+    torch_products = _products()
     if _compiling():  # torch.compile traces the registered operator
         y, hn, cn = _run(mode, data, batch_sizes, h0, c0, weights, mask, bool(has_biases), num_layers,
-                         bool(bidirectional), int(proj_size), allow_tf32)
+                         bool(bidirectional), int(proj_size), allow_tf32, torch_products)
     elif _records(data, h0, c0, weights):
         y, hn, cn = _run_eager(mode, data, batch_sizes, h0, c0, weights, mask, bool(has_biases), num_layers,
-                               bool(bidirectional), int(proj_size), allow_tf32)
+                               bool(bidirectional), int(proj_size), allow_tf32, torch_products)
     else:  # no backward can follow: the kernels alone, without torch's registration
         y, hn, cn, _ = _forward_impl(mode, data, batch_sizes, h0, c0, weights, mask, bool(has_biases),
                                      num_layers, bool(bidirectional), int(proj_size), allow_tf32,
-                                     keep_reserve=False)
+                                     torch_products, keep_reserve=False)
     return (y, hn, cn) if mode == "LSTM" else (y, hn)
 
 

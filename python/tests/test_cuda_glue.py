@@ -60,6 +60,7 @@ C_TO_CTYPES = {
     "const void*": ctypes.c_void_p,
     "const void* const*": ctypes.POINTER(ctypes.c_void_p),
     "void* const*": ctypes.POINTER(ctypes.c_void_p),
+    "float*": ctypes.c_void_p,
     "const char*": ctypes.c_char_p,
 }
 
@@ -73,10 +74,15 @@ def header_struct_fields():
         decl = " ".join(decl.split())
         if not decl:
             continue
-        ctype, names = re.match(r"(.*?[\s*])(\w+(?:, \*?\w+)*)$", decl).groups()
+        ctype, names = re.match(r"(.*?[\s*])(\w+(?:\[\d+\])?(?:, \*?\w+)*)$", decl).groups()
         for name in names.split(", "):
             stars = name.count("*")
-            fields.append(((ctype.strip() + "*" * stars).replace(" *", "*"), name.lstrip("*")))
+            ctype_of = (ctype.strip() + "*" * stars).replace(" *", "*")
+            array = re.match(r"(\w+)\[(\d+)\]$", name)
+            if array:  # an array field: its element type and its length
+                fields.append(((ctype_of, int(array.group(2))), array.group(1)))
+            else:
+                fields.append((ctype_of, name.lstrip("*")))
     return fields
 
 
@@ -86,7 +92,11 @@ def test_header_and_ctypes_struct_agree():
     got = [(name, t) for name, t in module.RnnArgs._fields_]
     assert [n for _, n in declared] == [n for n, _ in got]
     for (ctype, name), (_, t) in zip(declared, got):
-        assert C_TO_CTYPES[ctype] == t, (name, ctype, t)
+        if isinstance(ctype, tuple):  # element type, length
+            assert issubclass(t, ctypes.Array) and t._length_ == ctype[1], (name, ctype, t)
+            assert C_TO_CTYPES[ctype[0]] == t._type_, (name, ctype, t)
+        else:
+            assert C_TO_CTYPES[ctype] == t, (name, ctype, t)
 
 
 def test_header_and_ctypes_signatures_agree():
@@ -286,16 +296,22 @@ CASES = [
 CASES_TILE_64 = [CASES[1], CASES[3], CASES[6], CASES[8]]
 
 
-VARIANTS = {None: {}, "tile64": {"SEQPACK_CUDA_GEMM_TILE": "64"},
-            "persistent": {"SEQPACK_CUDA_KERNEL": "persistent"}}
+# (environment, whether torch runs the products that are not recurrent):
+# None, torch's products and the library's recurrence (the default); "library",
+# every product in the library (SEQPACK_CUDA_PRODUCTS=library), also with its
+# GEMM's other tile; "persistent", the forward recurrence as one launch.
+VARIANTS = {None: ({}, True), "library": ({}, False), "tile64": ({"SEQPACK_CUDA_GEMM_TILE": "64"}, False),
+            "persistent": ({"SEQPACK_CUDA_KERNEL": "persistent"}, True)}
 
 
 @pytest.mark.parametrize("mode,layers,bidirectional,bias,proj,lengths,extra,variant",
-                         [c + (None,) for c in CASES] + [c + ("tile64",) for c in CASES_TILE_64] +
+                         [c + (None,) for c in CASES] + [c + ("library",) for c in CASES] +
+                         [c + ("tile64",) for c in CASES_TILE_64] +
                          [c + ("persistent",) for c in CASES if c[4] == 0])
 def test_emulated_library_matches_torch(emulated, monkeypatch, mode, layers, bidirectional, bias, proj, lengths,
                                         extra, variant):
-    for name, value in VARIANTS[variant].items():
+    environment, torch_products = VARIANTS[variant]
+    for name, value in environment.items():
         monkeypatch.setenv(name, value)
     input_size, hidden = 3, 5
     seed = 1234 + len(lengths) * 7 + layers
@@ -318,7 +334,8 @@ def test_emulated_library_matches_torch(emulated, monkeypatch, mode, layers, bid
     x_, h_ = leaves[0], leaves[1]
     c_ = leaves[2] if c0 is not None else None
     w_ = leaves[3 if c0 is not None else 2:]
-    y, hn, cn = emulated._run(mode, x_, bs, h_, c_, w_, mask, bias, layers, bidirectional, proj, False)
+    y, hn, cn = emulated._run(mode, x_, bs, h_, c_, w_, mask, bias, layers, bidirectional, proj, False,
+                              torch_products)
 
     # torch, on the sequences of nonzero length.
     rleaves = [t.clone().requires_grad_() for t in [data, h0[:, :len(lengths)]] +
@@ -437,7 +454,13 @@ def test_torch_compile_traces_the_registered_operator(emulated, monkeypatch, mod
 
 @pytest.mark.parametrize("dtype,eps", [(torch.bfloat16, 2.0 ** -8), (torch.float16, 2.0 ** -11)])
 @pytest.mark.parametrize("mode", ["LSTM", "GRU"])
-def test_emulated_half_precision_close_to_float32(emulated, mode, dtype, eps):
+@pytest.mark.parametrize("torch_products", [True, False])
+def test_emulated_half_precision_close_to_float32(emulated, mode, dtype, eps, torch_products):
+    if torch_products:
+        try:  # torch's products on the CPU tensors the emulation runs on
+            torch.mm(torch.ones(1, 1, dtype=dtype), torch.ones(1, 1, dtype=dtype))
+        except RuntimeError as e:
+            pytest.skip(f"this torch has no CPU matrix product in {dtype}: {e}")
     rnn = _make(mode, 4, 6, 2, True, True, 0, 99)
     seqs = [torch.randn(n, 4) for n in (6, 4, 1)]
     packed = torch.nn.utils.rnn.pack_sequence(seqs)
@@ -448,10 +471,11 @@ def test_emulated_half_precision_close_to_float32(emulated, mode, dtype, eps):
     cast = [t.to(dtype) for t in [packed.data, h0] + w32 + ([c0] if c0 is not None else [])]
     x, h, *rest = cast
     w, c = (rest[:-1], rest[-1]) if c0 is not None else (rest, None)
-    y16, hn16, _, _ = emulated._forward_impl(mode, x, packed.batch_sizes, h, c, w, None, True, 2, True, 0, False)
+    y16, hn16, _, _ = emulated._forward_impl(mode, x, packed.batch_sizes, h, c, w, None, True, 2, True, 0, False,
+                                             torch_products)
     y32, hn32, _, _ = emulated._forward_impl(mode, x.float(), packed.batch_sizes, h.float(),
                                              c.float() if c is not None else None, [t.float() for t in w], None,
-                                             True, 2, True, 0, False)
+                                             True, 2, True, 0, False, torch_products)
     # h is rounded to the data type at each step: a few ulps, growing slowly with T.
     _close("output", y16.float(), y32, atol=16 * eps, rtol=16 * eps)
     _close("h_n", hn16.float(), hn32, atol=16 * eps, rtol=16 * eps)
@@ -481,6 +505,73 @@ def test_emulated_library_reports_bad_values(emulated):
     assert lib.seqpack_cuda_rnn_buffer_sizes(0, 2, 1, 2, 3, 4, 2, 3, 1, ctypes.byref(ws), ctypes.byref(one)) == 0
     assert lib.seqpack_cuda_rnn_buffer_sizes(0, 2, 10, 2, 3, 4, 2, 3, 1, ctypes.byref(ws), ctypes.byref(ten)) == 0
     assert ten.value == 10 * one.value
+
+
+def test_emulated_caller_products_refuse_bad_buffers(emulated):
+    """caller_products = 1 (one layer, the products that are not recurrent the
+    caller's): every buffer the pass needs is required, and one given that it
+    would neither read nor write is refused by name, never ignored."""
+    lib = emulated._library()
+    H, rows, B = 3, 5, 2
+    bs = torch.tensor([2, 2, 1])
+    weights = [torch.randn(4 * H, 2), torch.randn(4 * H, H), torch.randn(4 * H), torch.randn(4 * H)]
+    # Buffers of two layers: enough for the call that asks for two.
+    ws_bytes, rs_bytes = emulated.buffer_sizes("LSTM", torch.float32, rows, B, 2, H, 0, 2, False)
+    workspace, reserve = torch.empty(ws_bytes, dtype=torch.uint8), torch.empty(rs_bytes, dtype=torch.uint8)
+    h0, c0 = torch.zeros(1, B, H), torch.zeros(1, B, H)
+    y, hn, cn = torch.empty(rows, H), torch.empty(1, B, H), torch.empty(1, B, H)
+    gates, spare = torch.randn(rows, 4 * H), torch.empty(rows, 4 * H)
+    s = emulated._Sizes("LSTM", torch.empty(rows, 2), h0, weights, 1, False, 0)
+
+    def call(backward=False, layer_weights=weights, **fields):
+        a = emulated._layer_args("LSTM", bs, s, rows, 2, h0, c0, layer_weights, True, False, False, 0)
+        a.workspace, a.workspace_bytes, a.reserve, a.reserve_bytes = ws_ptr, ws_bytes, rs_ptr, rs_bytes
+        a.y, a.hn, a.cn = y.data_ptr(), hn.data_ptr(), cn.data_ptr()
+        a.dh0, a.dc0 = spare.data_ptr(), spare.data_ptr()
+        if backward:
+            a.dgates_x[0], a.hprev[0] = spare.data_ptr(), spare.data_ptr()
+        else:
+            a.input_gates[0] = gates.data_ptr()
+        for name, value in fields.items():
+            if isinstance(value, tuple):
+                getattr(a, name)[value[0]] = value[1]
+            else:
+                setattr(a, name, value)
+        run = lib.seqpack_cuda_rnn_backward if backward else lib.seqpack_cuda_rnn_forward
+        status = run(ctypes.byref(a))
+        return status, lib.seqpack_cuda_last_error().decode()
+
+    ws_ptr, rs_ptr = workspace.data_ptr(), reserve.data_ptr()
+    assert call() == (0, "")
+    assert call(backward=True) == (0, "")
+    p = spare.data_ptr()
+    assert call(caller_products=2) == (1, "seqpack_cuda: caller_products = 2 is not 0 or 1")
+    assert call(num_layers=2, layer_weights=weights * 2) == (
+        1, "seqpack_cuda: caller_products = 1 runs one layer, not num_layers = 2")
+    assert call(input_gates=(0, None)) == (1, "seqpack_cuda: input_gates[0] is NULL (caller_products = 1)")
+    assert call(input_gates=(1, p)) == (
+        1, "seqpack_cuda: input_gates[1] is given, but the layer has one direction")
+    assert call(caller_products=0, x=p) == (
+        1, "seqpack_cuda: input_gates[0] is given, but caller_products = 0")
+    assert call(True, hprev=(0, None)) == (1, "seqpack_cuda: hprev[0] is NULL (caller_products = 1)")
+    assert call(True, dgates_x=(0, None)) == (1, "seqpack_cuda: dgates_x[0] is NULL (caller_products = 1)")
+    assert call(True, dgates_h=(0, p)) == (
+        1, "seqpack_cuda: dgates_h[0] is given, but only a GRU's differs from dgates_x (pass NULL)")
+    assert call(True, dh=(0, p)) == (1, "seqpack_cuda: dh[0] is given, but the layer has no projection")
+    assert call(True, m=(0, p)) == (1, "seqpack_cuda: m[0] is given, but the layer has no projection")
+    # Each pass reads only its own fields: the forward's input_gates left in a
+    # struct reused for the backward are not an error.
+    assert call(True, input_gates=(0, gates.data_ptr())) == (0, "")
+
+
+def test_products_setting_is_checked(emulated, monkeypatch):
+    monkeypatch.setenv("SEQPACK_CUDA_PRODUCTS", "cublas")
+    with pytest.raises(ValueError, match=r"SEQPACK_CUDA_PRODUCTS = 'cublas' is not one of \['torch', 'library'\]"):
+        emulated._products()
+    monkeypatch.setenv("SEQPACK_CUDA_PRODUCTS", "")
+    assert emulated._products() is True
+    monkeypatch.setenv("SEQPACK_CUDA_PRODUCTS", "library")
+    assert emulated._products() is False
 
 
 @pytest.mark.parametrize("mode", ["LSTM", "GRU"])
@@ -537,8 +628,9 @@ def test_emulated_wmma_matches_simt(emulated, monkeypatch, mode, proj, dtype, ep
     def run():
         leaves = [t.clone().requires_grad_() for t in [x, h0] + weights]
         c = c0.clone().requires_grad_() if c0 is not None else None
+        # Every product in the library (SEQPACK_CUDA_PRODUCTS=library): its GEMM is what differs.
         y, hn, cn = emulated._run(mode, leaves[0], packed.batch_sizes, leaves[1], c, leaves[2:], None, True, 2, True,
-                                  proj, False)
+                                  proj, False, False)
         loss = (y.float() * gy.float()).sum() + hn.float().sum() + (cn.float().sum() if c is not None else 0)
         grads = torch.autograd.grad(loss, leaves + ([c] if c is not None else []))
         return [y, hn] + list(grads)

@@ -305,6 +305,22 @@ def test_module_fp32(mode, num_layers, bidirectional, with_hx, bias):
     compare_module(m, LENGTHS, with_hx, SEED)
 
 
+@cases("mode", MODES)
+def test_library_products_fp32(mode):
+    """SEQPACK_CUDA_PRODUCTS=library (every product in the library's own GEMM, the
+    path of its C users) instead of torch's products: the same comparison."""
+    old = os.environ.get("SEQPACK_CUDA_PRODUCTS")
+    os.environ["SEQPACK_CUDA_PRODUCTS"] = "library"
+    try:
+        m = make_module(mode, 10, 16, 2, True, True)
+        compare_module(m, LENGTHS, True, SEED + 7)
+    finally:
+        if old is None:
+            del os.environ["SEQPACK_CUDA_PRODUCTS"]
+        else:
+            os.environ["SEQPACK_CUDA_PRODUCTS"] = old
+
+
 @cases("num_layers,bidirectional,proj_size,with_hx",
        [(1, False, 5, True), (2, True, 7, False), (2, True, 7, True), (1, True, 1, True)])
 def test_lstm_proj_fp32(num_layers, bidirectional, proj_size, with_hx):
