@@ -17,8 +17,7 @@ from torch import Tensor, _VF
 from torch.nn.utils.rnn import PackedSequence
 
 from . import _cuda_choice, _torch_dynamo, _torch_orig
-from ._torch_ops import (_lengths_tensor, _new_packed, _traced, pack_padded_sequence,
-                         pad_packed_sequence)
+from ._torch_ops import _lengths_tensor, _new_packed, _traced
 
 _CUDA_BACKEND: list = []  # [module or None], once per process
 
@@ -35,15 +34,26 @@ def _cuda_backend():
     if not _CUDA_BACKEND:
         backend = None
         if _cuda_choice.mode() != "torch":  # auto or seqpack (seqpack/_cuda_choice.py)
-            from . import _cuda
+            from . import _cuda, _torch_cuda_ops
             if _cuda.available():
                 backend = _cuda
+                # seqpack::rnn and rnn_padded on CUDA tensors: the kernels the
+                # layers' CUDA forwards run (and any caller of the operators).
+                _torch_cuda_ops.register(_cuda)
             elif os.environ.get("SEQPACK_CUDA_LIBRARY"):
                 # A library the user named and that cannot run is an error naming
                 # it, not a silent fall-back to torch's kernels.
                 raise RuntimeError("seqpack CUDA: " + _cuda.why_unavailable())
         _CUDA_BACKEND.append(backend)
     return _CUDA_BACKEND[0]
+
+
+@torch.jit.unused
+def _cuda_operators():
+    """What the layers' CUDA forwards call: torch.ops.seqpack, whose rnn and
+    rnn_padded have the CUDA kernels _cuda_backend registered (the tests put the
+    kernels themselves here, to run them on CPU tensors)."""
+    return torch.ops.seqpack
 
 
 @torch.jit.unused
@@ -183,58 +193,20 @@ class _SeqpackLayer(_QuantizationNotice):
                           sorted_indices: Optional[Tensor], unsorted_indices: Optional[Tensor],
                           lengths: Optional[Tensor], h0: Optional[Tensor], c0: Optional[Tensor]
                           ) -> Tuple[Tensor, Tensor, Tensor]:
-        """_run through seqpack's CUDA kernels (seqpack/_cuda.py: packed rows, states in
-        packed order). A padded batch with lengths is packed first and padded after
-        (one gather each); one without lengths is already the packed rows of equal
-        lengths (time-major [T * B, input])."""
-        cuda = _cuda_backend()
-        bf = self.batch_first
-        total_length = 0
-        padded_tb: Optional[Tuple[int, int]] = None
-        if lengths is not None:
-            total_length = input.size(1 if bf else 0)
-            packed = pack_padded_sequence(input, lengths, bf, enforce_sorted=False)
-            input, batch_sizes = packed.data, packed.batch_sizes
-            sorted_indices, unsorted_indices = packed.sorted_indices, packed.unsorted_indices
-        elif batch_sizes is None:
-            x = input.transpose(0, 1) if bf else input
-            padded_tb = (x.size(0), x.size(1))
-            input = x.reshape(padded_tb[0] * padded_tb[1], x.size(2))
-            batch_sizes = torch.full((padded_tb[0],), padded_tb[1], dtype=torch.int64)
-        assert batch_sizes is not None
-        # The batch counts zero-length sequences (no packed rows; their states pass through).
-        batch = sorted_indices.numel() if sorted_indices is not None else int(batch_sizes[0])
-        layers = self.num_layers * (2 if self.bidirectional else 1)
-        real_hidden = self.proj_size if self.proj_size > 0 else self.hidden_size
-        if h0 is None:
-            h0 = input.new_zeros(layers, batch, real_hidden)
-        elif sorted_indices is not None:
-            h0 = h0.index_select(1, sorted_indices)
-        hx = h0
-        if self.mode == "LSTM":
-            if c0 is None:
-                c0 = input.new_zeros(layers, batch, self.hidden_size)
-            elif sorted_indices is not None:
-                c0 = c0.index_select(1, sorted_indices)
-            hx = (h0, c0)
-        res = cuda.rnn_packed(self.mode, input, batch_sizes, hx, self._flat_weights, self.bias,
-                              self.num_layers, float(self.dropout), self.training,
-                              self.bidirectional, self.proj_size)
-        output, h_n = res[0], res[1]
-        c_n = res[2] if self.mode == "LSTM" else input.new_empty(0)
-        if unsorted_indices is not None:
-            h_n = h_n.index_select(1, unsorted_indices)
-            if self.mode == "LSTM":
-                c_n = c_n.index_select(1, unsorted_indices)
-        if lengths is not None:
-            output, _ = pad_packed_sequence(
-                PackedSequence(output, batch_sizes, sorted_indices, unsorted_indices), bf, 0.0,
-                total_length)
-        elif padded_tb is not None:
-            output = output.reshape(padded_tb[0], padded_tb[1], output.size(1))
-            if bf:
-                output = output.transpose(0, 1)
-        return output, h_n, c_n
+        """_run through seqpack's CUDA kernels: the operators seqpack::rnn and
+        rnn_padded, whose CUDA kernels _cuda_backend registered
+        (seqpack/_torch_cuda_ops.py)."""
+        _cuda_backend()
+        ops = _cuda_operators()
+        if batch_sizes is not None:
+            return ops.rnn(
+                input, batch_sizes, sorted_indices, unsorted_indices, h0, c0, self._flat_weights,
+                self.mode, self.hidden_size, self.num_layers, self.bias, self.bidirectional,
+                self.proj_size, self.dropout, self.training, None, "fp32")
+        return ops.rnn_padded(
+            input, lengths, h0, c0, self._flat_weights, self.mode, self.hidden_size,
+            self.num_layers, self.bias, self.batch_first, self.bidirectional, self.proj_size,
+            self.dropout, self.training, None, "fp32")
 
     def _core_run(self, input: Tensor, batch_sizes: Optional[Tensor],
                   sorted_indices: Optional[Tensor], unsorted_indices: Optional[Tensor],

@@ -49,6 +49,7 @@ from ._torch_ops import (invert_permutation, library_path, pack_padded_sequence,
 # Reached as seqpack.torch._cuda_backend (docs/gpu.md). To replace it, patch
 # seqpack._torch_layers, where the layers look it up.
 from ._torch_layers import _cuda_backend  # noqa: F401
+from . import _torch_cuda_ops
 # Which implementation a layer's last CUDA forward ran, and why (SEQPACK_CUDA_LAYERS,
 # seqpack/_cuda_choice.py).
 from ._cuda_choice import Choice as CudaChoice
@@ -67,7 +68,18 @@ __all__ = ["LSTM", "GRU", "RNN", "LSTMCell", "GRUCell", "RNNCell", "pack_padded_
            "unpad_sequence", "invert_permutation", "library_path",
            "StreamingRNN", "collate_packed", "collate_padded", "CharClassifier", "load_classifier",
            "quantize_dynamic", "QuantizedLSTM", "QuantizedGRU", "QuantizedRNN",
-           "optimize", "patch", "unpatch", "cuda_choice", "CudaChoice"]
+           "optimize", "patch", "unpatch", "cuda_choice", "CudaChoice", "register_cuda_kernels"]
+
+
+def register_cuda_kernels() -> bool:
+    """Gives torch.ops.seqpack.rnn and rnn_padded their CUDA kernels (seqpack's CUDA
+    kernels, seqpack/_torch_cuda_ops.py) where those can run: the library built and
+    found, a GPU, and SEQPACK_CUDA_LAYERS not `torch`. Returns whether they are
+    registered. A layer's first CUDA forward does it; a program that calls the
+    operators otherwise (a TorchScript or LibTorch model run from Python) calls this
+    first. A library named by SEQPACK_CUDA_LIBRARY that cannot load raises, naming it."""
+    _cuda_backend()
+    return _torch_cuda_ops.registered()
 
 
 # ---- a model written for torch.nn: optimize, patch, unpatch ---------------

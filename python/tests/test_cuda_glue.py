@@ -647,6 +647,20 @@ def test_emulated_wmma_matches_simt(emulated, monkeypatch, mode, proj, dtype, ep
 # seqpack.torch's layers on CUDA tensors: _cuda_run (packing, the states' order,
 # padding) around _cuda.rnn_packed, here the emulated library on CPU tensors.
 
+def _operators_over(monkeypatch, torch_layers, backend):
+    """The layers' CUDA forwards reach the operators' CUDA kernels
+    (seqpack/_torch_cuda_ops.py) over `backend`, called directly: the dispatcher
+    would send these CPU tensors to the operators' CPU kernels."""
+    from seqpack import _torch_cuda_ops
+
+    class Operators:
+        rnn = staticmethod(_torch_cuda_ops.rnn)
+        rnn_padded = staticmethod(_torch_cuda_ops.rnn_padded)
+
+    monkeypatch.setattr(torch_layers, "_cuda_operators", lambda: Operators)
+    monkeypatch.setitem(_torch_cuda_ops._STATE, "backend", backend)
+
+
 def _route_cases():
     # (mode, layers, bidirectional, proj, batch_first, form, lengths)
     return [("LSTM", 2, True, 0, False, "packed", [4, 1, 3]),
@@ -678,6 +692,7 @@ def test_layers_cuda_route_matches_seqpack_cpu(emulated, monkeypatch, mode, laye
 
     # Patched where the layers look it up (seqpack.torch only re-exports it).
     monkeypatch.setattr(torch_layers, "_cuda_backend", lambda: Backend)
+    _operators_over(monkeypatch, torch_layers, Backend)
     monkeypatch.setattr(torch_layers._cuda_choice, "_MODE", ["seqpack"])  # seqpack's kernels only
     torch.manual_seed(7 + len(lengths))
     cls = {"LSTM": spt.LSTM, "GRU": spt.GRU, "RNN_TANH": spt.RNN, "RNN_RELU": spt.RNN}[mode]
@@ -810,6 +825,7 @@ def _auto_layer(emulated, monkeypatch, seconds, fail=None):
             return (y, hn, cn) if m == "LSTM" else (y, hn)
 
     monkeypatch.setattr(torch_layers, "_cuda_backend", lambda: Backend)
+    _operators_over(monkeypatch, torch_layers, Backend)
     monkeypatch.setattr(choice, "_MODE", ["auto"])
     monkeypatch.setattr(choice, "_DECIDED", {})
 
@@ -900,3 +916,61 @@ def test_auto_configurations_are_told_apart():
         assert _cuda_choice.key(m, x, "packed", 3, 6) != base  # autograd not recording
     m.eval()
     assert _cuda_choice.key(m, x, "packed", 3, 6) != base
+
+
+# ---------------------------------------------------------------------------
+# seqpack::rnn and rnn_padded's CUDA kernels (seqpack/_torch_cuda_ops.py).
+
+def test_operators_get_cuda_kernels_when_registered():
+    """register() gives both operators CUDA and AutogradCUDA kernels (in a fresh
+    process: a registration lasts for the process), which the dispatcher then
+    runs for CUDA tensors instead of the C++ CPU and autograd kernels."""
+    pytest.importorskip("seqpack.torch")
+    code = ("import torch, seqpack.torch\n"
+            "from seqpack import _torch_cuda_ops as o\n"
+            "has = torch._C._dispatch_has_kernel_for_dispatch_key\n"
+            "ops = ('seqpack::rnn', 'seqpack::rnn_padded')\n"
+            "keys = ('CUDA', 'AutogradCUDA')\n"
+            "print([has(op, k) for op in ops for k in keys], o.registered())\n"
+            "o.register(object()); o.register(object())  # twice: once\n"
+            "print([has(op, k) for op in ops for k in keys], o.registered())\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split("\n")[:2] == ["[False, False, False, False] False", "[True, True, True, True] True"]
+
+
+def _operator_kernel(emulated, monkeypatch):
+    from seqpack import _torch_cuda_ops
+    monkeypatch.setattr(emulated, "_validate", functools.partial(emulated._validate, require_cuda=False))
+    monkeypatch.setitem(_torch_cuda_ops._STATE, "backend", emulated)
+    return _torch_cuda_ops
+
+
+def test_operator_kernel_refuses_a_precision_it_cannot_run(emulated, monkeypatch):
+    pytest.importorskip("seqpack.torch")
+    ops = _operator_kernel(emulated, monkeypatch)
+    rnn = torch.nn.GRU(3, 4)
+    x = torch.randn(5, 3)
+    with pytest.raises(ValueError, match=r"precision = 'int8' is not one of \['fp32', 'auto'\]"):
+        ops.rnn(x, torch.tensor([2, 2, 1]), None, None, None, None, list(rnn._flat_weights), "GRU", 4, 1, True,
+                False, 0, 0.0, False, None, "int8")
+
+
+def test_operator_kernel_seeds_its_dropout(emulated, monkeypatch):
+    """seed, where given, makes the dropout masks (and so the results) repeat;
+    another seed draws others; torch's RNG is as before afterwards."""
+    pytest.importorskip("seqpack.torch")
+    ops = _operator_kernel(emulated, monkeypatch)
+    torch.manual_seed(0)
+    rnn = torch.nn.LSTM(3, 4, num_layers=3)
+    x, bs = torch.randn(6, 3), torch.tensor([3, 2, 1])
+
+    def run(seed):
+        return ops.rnn(x, bs, None, None, None, None, list(rnn._flat_weights), "LSTM", 4, 3, True, False, 0, 0.5,
+                       True, seed, "fp32")[0]
+
+    before = torch.get_rng_state()
+    a, b, c = run(5), run(5), run(6)
+    assert torch.equal(torch.get_rng_state(), before)
+    assert torch.equal(a, b)
+    assert not torch.equal(a, c)
