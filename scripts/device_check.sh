@@ -12,6 +12,8 @@
 #           build/cuda/ or python/seqpack/, carried from another machine) is used as it is;
 #           SEQPACK_DEVICE_CHECK_REBUILD=1 builds afresh; SEQPACK_DEVICE_CHECK_BUILD=1 builds
 #           without a GPU too (a compile check).
+#   floor   bench/cuda_step_floor.py: the per-step floor of a persistent recurrence on
+#           thread-block clusters (cuda/probe/step_floor.cu), checked, then timed
 #   tests   python/tests/test_cuda_gpu.py through its own runner (no pytest needed)
 #   cpu     issue 27's thread sweep: `seqpack bench --threads N` for N in 1 2 4 8 16 on
 #           lstm-bi-2layer (fp32, bf16, int8 forward; bf16 training), the same at 8 and 16
@@ -227,6 +229,21 @@ if [ -n "$LIB" ]; then
   export SEQPACK_CUDA_LIBRARY=$LIB
   echo "library: $LIB"
 fi
+
+# ---------------------------------------------------------------- floor (issue 44)
+# The per-step floor of a persistent recurrence on thread-block clusters
+# (cuda/probe/step_floor.cu), before anything else is timed. Its log opens
+# bench.log ($OUT brings back 8 files at most).
+if [ "$GPU_STAGES" = 0 ]; then
+  skip_stage floor "SEQPACK_DEVICE_CHECK_GPU=0" "$TMP/floor.log"
+elif [ "$HAVE_GPU" = 0 ]; then
+  skip_stage floor "$NO_GPU" "$TMP/floor.log"
+elif [ "$SELF_TEST" = 1 ]; then
+  skip_stage floor "self-test (fake glue): the probe is the library's own code" "$TMP/floor.log"
+else
+  stage floor 60 300 "$TMP/floor.log" "$PY" bench/cuda_step_floor.py
+fi
+cat "$TMP/floor.log" >>"$OUT/bench.log" 2>/dev/null
 
 # ---------------------------------------------------------------- tests
 if [ "$GPU_STAGES" = 0 ]; then
@@ -642,6 +659,10 @@ fi
     IFS='|' read -r name status sec log <<<"$row"
     echo "| $name | $status | $sec | $log |"
   done
+  echo
+  echo "## Per-step floor (bench/cuda_step_floor.py)"
+  echo
+  grep -E "^(#|\|)" "$TMP/floor.log" 2>/dev/null || echo "(not run)"
   echo
   echo "## Tests"
   echo
