@@ -9,9 +9,19 @@ buffer sizes, the allocations, the ctypes call and torch's registration
 On a GPU the glue adds the device guard and the current stream's lookup,
 which the CPU path skips; scripts/device_check.sh times the whole call there.
 
-  /usr/bin/python3 bench/cuda_glue_cost.py [--calls 2000] [--rounds 5]
+  /usr/bin/python3 bench/cuda_glue_cost.py [--calls 2000] [--rounds 5] [--products torch|library]
 
 Prints, per case, the median over rounds of the mean microseconds per call.
+
+--products torch (the glue's default, SEQPACK_CUDA_PRODUCTS): the products
+that are not recurrent are torch's (one library call per layer after one
+input projection per direction). Those products would compute here on the
+CPU, which on a GPU runs asynchronously: the glue's products (_linear, _mm)
+are replaced by stand-ins that only allocate their result, so what is timed
+is the glue's own cost and a product's dispatch and allocation. A real
+product on a GPU adds its cuBLAS launch on top (a few microseconds each,
+not measured here). --products library: every product in the library, one
+call for the whole stack.
 """
 import argparse
 import functools
@@ -67,6 +77,15 @@ def null_glue(workdir: pathlib.Path, glue: pathlib.Path = ROOT / "python" / "seq
     return module
 
 
+def _stand_in_linear(x, w, b=None):
+    """torch.nn.functional.linear's result, allocated, not computed (see --products)."""
+    return x.new_empty((x.shape[0], w.shape[0]))
+
+
+def _stand_in_mm(a, b):
+    return a.new_empty((a.shape[0], b.shape[1]))
+
+
 def case(mode, hidden, batch, steps, layers=1, bidirectional=False):
     torch.manual_seed(0)
     cls = {"LSTM": torch.nn.LSTM, "GRU": torch.nn.GRU}[mode]
@@ -103,15 +122,20 @@ def main():
     ap.add_argument("--against", type=pathlib.Path,
                     help="another version of _cuda.py (git show REV:python/seqpack/_cuda.py > FILE), timed "
                          "in the same rounds: its microseconds and ours / its")
+    ap.add_argument("--products", choices=["torch", "library"], default="torch",
+                    help="where the products that are not recurrent run (SEQPACK_CUDA_PRODUCTS)")
     args = ap.parse_args()
+    os.environ["SEQPACK_CUDA_PRODUCTS"] = args.products
     torch.set_num_threads(1)
     with tempfile.TemporaryDirectory() as tmp:
         glues = [null_glue(pathlib.Path(tmp))]
         if args.against:
             glues.append(null_glue(pathlib.Path(tmp), args.against, "seqpack_cuda_glue_against"))
+        for glue in glues:  # the glue's products (an older glue has none)
+            glue._linear, glue._mm = _stand_in_linear, _stand_in_mm
         print(f"torch {torch.__version__}; registration: "
               f"{'custom_op' if glues[0]._HAS_CUSTOM_OP else 'autograd.Function'}; null library; "
-              f"median of {args.rounds} rounds of {args.calls} calls"
+              f"median of {args.rounds} rounds of {args.calls} calls; products: {args.products}"
               + (f"; against {args.against}" if args.against else ""))
         head = "| case | inference (us) | recording a graph (us) |"
         if args.against:

@@ -396,19 +396,44 @@ def _saved_layout(mode: str, dtype: torch.dtype, rows, s: "_Sizes", bidirectiona
     return reserves, outputs, s.layers * reserve + (s.layers - 1) * output
 
 
-def _layer_args(mode, bs, s, rows, input_size, h0, c0, weights, has_biases, bidirectional, allow_tf32, stream):
+def _layer_args(mode, bs, s, dtype, has_biases, bidirectional, allow_tf32, stream):
+    """The fields every layer's call shares (caller_products = 1); the caller
+    sets each layer's input size, weights (_set_weights), states and buffers."""
     a = RnnArgs()
-    a.mode, a.dtype = MODES[mode], DTYPES[h0.dtype]
+    a.mode, a.dtype = MODES[mode], DTYPES[dtype]
     a.bidirectional, a.has_biases, a.allow_tf32 = int(bidirectional), int(has_biases), int(allow_tf32)
     a.caller_products = 1
-    a.rows, a.steps, a.batch_sizes = rows, bs.numel(), ctypes.cast(bs.data_ptr(), _pi64)
-    a.batch, a.input_size, a.hidden_size, a.proj_size, a.num_layers = s.batch, input_size, s.hidden, s.proj, 1
-    w = _pointer_array(weights)
-    a._keep = w
-    a.weights = ctypes.cast(w, _pp)
-    a.h0, a.c0 = _ptr(h0), _ptr(c0)
+    a.rows, a.steps, a.batch_sizes = s.rows, bs.numel(), ctypes.cast(bs.data_ptr(), _pi64)
+    a.batch, a.hidden_size, a.proj_size, a.num_layers = s.batch, s.hidden, s.proj, 1
     a.stream = stream
     return a
+
+
+def _set_weights(a: RnnArgs, weights: Sequence[torch.Tensor], layer: int, per_layer: int) -> None:
+    """a.weights: layer `layer`'s entries of one pointer array of every weight,
+    made at the first layer and kept by the struct."""
+    if getattr(a, "_keep", None) is None:
+        a._keep = _pointer_array(weights)
+    a.weights = ctypes.cast(ctypes.addressof(a._keep) + layer * per_layer * ctypes.sizeof(ctypes.c_void_p), _pp)
+
+
+def _layer_slices(t: Optional[torch.Tensor], dirs: int):
+    """(pointer, bytes per layer) of a contiguous (layers * dirs, batch, width)
+    state, for the pointer of layer l's slice without a view per layer; None
+    where there is none or it is empty."""
+    if t is None or t.numel() == 0:
+        return None
+    return t.data_ptr(), dirs * t.shape[1] * t.shape[2] * t.element_size()
+
+
+def _slice(ptrs, l: int) -> Optional[int]:
+    return None if ptrs is None else ptrs[0] + l * ptrs[1]
+
+
+# The products, as the glue calls them (bench/cuda_glue_cost.py replaces them
+# by stand-ins that only allocate, to time the glue alone on the CPU).
+_linear = torch.nn.functional.linear
+_mm = torch.mm
 
 
 def _layer_input(data, outputs, mask, l):
@@ -444,35 +469,34 @@ def _forward_layers(mode: str, data: torch.Tensor, batch_sizes: torch.Tensor, h0
     cn = torch.empty_like(c0) if c0 is not None else None
     stream = _stream(data)
     with _DeviceGuard(data):
-        workspace = torch.empty((ws_bytes,), dtype=torch.uint8, device=data.device)
         if keep_reserve:
+            workspace = torch.empty((ws_bytes,), dtype=torch.uint8, device=data.device)
+            ws_ptr = _ptr(workspace)
             saved = torch.empty((saved_bytes,), dtype=torch.uint8, device=data.device)
             outputs = [saved[o:o + y.numel() * y.element_size()].view(data.dtype).view(s.rows, s.width)
                        for o in output_at]
-        else:
-            saved = torch.empty((_aligned(layer_rs),), dtype=torch.uint8, device=data.device)
-            reserves = [0] * s.layers
+        else:  # one allocation: the workspace, then one layer's reserve that every layer uses
+            at = _aligned(ws_bytes)
+            saved = torch.empty((at + layer_rs,), dtype=torch.uint8, device=data.device)
+            ws_ptr = saved.data_ptr() if ws_bytes else None
+            reserves = [at] * s.layers
             outputs = [data.new_empty((s.rows, s.width)) for _ in range(s.layers - 1)]
         base = saved.data_ptr()
+        a = _layer_args(mode, bs, s, data.dtype, has_biases, bidirectional, allow_tf32, stream)
+        a.workspace, a.workspace_bytes, a.reserve_bytes = ws_ptr, ws_bytes, layer_rs
+        h0s, c0s, hns, cns = (_layer_slices(t, dirs) for t in (h0, c0, hn, cn))
         for l in range(s.layers):
             x = _layer_input(data, outputs, mask, l)
             lw = weights[l * dirs * per:(l + 1) * dirs * per]
-            gates = []
-            for d in range(dirs):
-                w_ih = lw[d * per]
-                if has_biases:
-                    gates.append(torch.addmm(lw[d * per + 2], x, w_ih.t()))
-                else:
-                    gates.append(torch.mm(x, w_ih.t()))
-            ld = slice(l * dirs, (l + 1) * dirs)
-            a = _layer_args(mode, bs, s, s.rows, x.shape[1], h0[ld], c0[ld] if c0 is not None else None, lw,
-                            has_biases, bidirectional, allow_tf32, stream)
+            # gates = x W_ih^T + b_ih of each direction: torch's products.
+            gates = [_linear(x, lw[d * per], lw[d * per + 2] if has_biases else None) for d in range(dirs)]
             for d in range(dirs):
                 a.input_gates[d] = _ptr(gates[d])
-            out = y if l + 1 == s.layers else outputs[l]
-            a.workspace, a.workspace_bytes = _ptr(workspace), ws_bytes
-            a.reserve, a.reserve_bytes = (base + reserves[l] if layer_rs else None), layer_rs
-            a.y, a.hn, a.cn = _ptr(out), _ptr(hn[ld]), _ptr(cn[ld]) if cn is not None else None
+            _set_weights(a, weights, l, dirs * per)
+            a.input_size = x.shape[1]
+            a.h0, a.c0, a.hn, a.cn = _slice(h0s, l), _slice(c0s, l), _slice(hns, l), _slice(cns, l)
+            a.reserve = base + reserves[l] if layer_rs else None
+            a.y = _ptr(y if l + 1 == s.layers else outputs[l])
             _check(lib, lib.seqpack_cuda_rnn_forward(ctypes.byref(a)))
     if not keep_reserve:
         saved = saved[:0]
@@ -506,18 +530,18 @@ def _backward_layers(mode: str, data: torch.Tensor, batch_sizes: torch.Tensor, h
     dx = data
     with _DeviceGuard(data):
         workspace = torch.empty((ws_bytes,), dtype=torch.uint8, device=data.device)
+        a = _layer_args(mode, bs, s, dtype, has_biases, bidirectional, allow_tf32, stream)
+        a.workspace, a.workspace_bytes, a.reserve_bytes = _ptr(workspace), ws_bytes, layer_rs
+        dhns, dcns, dh0s = (_layer_slices(t, dirs) for t in (dhn, dcn, dh0))
+        dc0s = _layer_slices(dc0, dirs) if c0 is not None else None
         for l in reversed(range(s.layers)):
             x = _layer_input(data, outputs, mask, l)
             lw = weights[l * dirs * per:(l + 1) * dirs * per]
-            ld = slice(l * dirs, (l + 1) * dirs)
-            a = _layer_args(mode, bs, s, s.rows, x.shape[1], h0[ld], c0[ld] if c0 is not None else None, lw,
-                            has_biases, bidirectional, allow_tf32, stream)
-            a.workspace, a.workspace_bytes = _ptr(workspace), ws_bytes
-            a.reserve, a.reserve_bytes = (base + reserves[l] if layer_rs else None), layer_rs
+            _set_weights(a, weights, l, dirs * per)
+            a.input_size = x.shape[1]
+            a.reserve = base + reserves[l] if layer_rs else None
             a.dy = _ptr(dY)
-            a.dhn = _ptr(dhn[ld]) if dhn is not None else None
-            a.dcn = _ptr(dcn[ld]) if dcn is not None else None
-            a.dh0, a.dc0 = _ptr(dh0[ld]), (_ptr(dc0[ld]) if c0 is not None else None)
+            a.dhn, a.dcn, a.dh0, a.dc0 = _slice(dhns, l), _slice(dcns, l), _slice(dh0s, l), _slice(dc0s, l)
             dgx = [data.new_empty((s.rows, G), dtype=f32) for _ in range(dirs)]
             dgh = [data.new_empty((s.rows, G), dtype=f32) for _ in range(dirs)] if mode == "GRU" else dgx
             hprev = [data.new_empty((s.rows, P), dtype=f32) for _ in range(dirs)]
@@ -534,15 +558,15 @@ def _backward_layers(mode: str, data: torch.Tensor, batch_sizes: torch.Tensor, h
             for d in range(dirs):
                 at = (l * dirs + d) * per
                 gx, gh = dgx[d].to(dtype), dgh[d].to(dtype)
-                dweights[at] = torch.mm(gx.t(), x)
-                dweights[at + 1] = torch.mm(gh.t(), hprev[d].to(dtype))
+                dweights[at] = _mm(gx.t(), x)
+                dweights[at + 1] = _mm(gh.t(), hprev[d].to(dtype))
                 if has_biases:
                     dweights[at + 2] = dgx[d].sum(0).to(dtype)
                     dweights[at + 3] = dgh[d].sum(0).to(dtype)
                 if s.proj:
-                    dweights[at + per - 1] = torch.mm(dh[d].to(dtype).t(), m[d].to(dtype))
+                    dweights[at + per - 1] = _mm(dh[d].to(dtype).t(), m[d].to(dtype))
                 w_ih = lw[d * per]
-                dX = torch.mm(gx, w_ih) if dX is None else dX.addmm_(gx, w_ih)
+                dX = _mm(gx, w_ih) if dX is None else dX.addmm_(gx, w_ih)
             if l > 0:
                 dY = dX if mask is None else dX * mask[l - 1]
             else:

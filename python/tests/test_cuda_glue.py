@@ -524,7 +524,9 @@ def test_emulated_caller_products_refuse_bad_buffers(emulated):
     s = emulated._Sizes("LSTM", torch.empty(rows, 2), h0, weights, 1, False, 0)
 
     def call(backward=False, layer_weights=weights, **fields):
-        a = emulated._layer_args("LSTM", bs, s, rows, 2, h0, c0, layer_weights, True, False, False, 0)
+        a = emulated._layer_args("LSTM", bs, s, torch.float32, True, False, False, 0)
+        emulated._set_weights(a, layer_weights, 0, len(layer_weights))
+        a.input_size, a.h0, a.c0 = 2, h0.data_ptr(), c0.data_ptr()
         a.workspace, a.workspace_bytes, a.reserve, a.reserve_bytes = ws_ptr, ws_bytes, rs_ptr, rs_bytes
         a.y, a.hn, a.cn = y.data_ptr(), hn.data_ptr(), cn.data_ptr()
         a.dh0, a.dc0 = spare.data_ptr(), spare.data_ptr()
