@@ -418,6 +418,7 @@ struct PersistentArgs {
   int mode;
   bool reverse;
   int64_t steps;
+  int64_t batch;               // rows of h0 (the cluster kernel's h buffers)
   const int64_t* batch_sizes;  // device copy
   int64_t H;
   int64_t ldy;
@@ -510,6 +511,97 @@ __global__ void __launch_bounds__(kPersistentThreads)
     }
     prev_off = r0;
     grid_sync();
+  }
+}
+
+// The forward recurrence of one layer and direction on one thread-block
+// cluster (SEQPACK_CUDA_KERNEL=cluster; sm_90): block r of n owns the hidden
+// units [r U, r U + U) and keeps their rows of W_hh (every gate) in its shared
+// memory for the whole sequence, as the persistent kernel above; h_{t-1}
+// comes from the block's own shared memory instead of global memory: each
+// step every block writes its units of h_t into every block's (distributed
+// shared memory, the all-gather), and the cluster meets one barrier instead of
+// the grid's (h alternates between two buffers: a block writes step k's h
+// into the buffer its peers read at step k - 1, which all of them finished
+// before that step's barrier). Rows are batch rows: a step's rows continue the
+// rows of the step processed before it (the forward's are a prefix of the
+// step before; the reverse's rows beyond the step after start from h0).
+// Without a projection. Writes the reserve as the per-step kernels do, so the
+// backward pass is shared.
+template <typename T>
+__global__ void __launch_bounds__(kPersistentThreads) cluster_forward_kernel(PersistentArgs<T> a) {
+  const unsigned n = cluster_blocks();
+  const bool lstm = a.mode == 0, gru = a.mode == 1;
+  const int ng = lstm ? 4 : gru ? 3 : 1;
+  const int64_t H = a.H, G = ng * H, B = a.batch;
+  const int64_t j0 = static_cast<int64_t>(cluster_rank()) * a.units;
+  const int64_t U = j0 >= H ? 0 : (a.units < H - j0 ? a.units : H - j0);
+  T* w = dynamic_shared<T>();  // [H][ng U], as the persistent kernel's
+  T* hbuf[2] = {w + ng * a.units * H, w + ng * a.units * H + B * H};  // [B][H] each
+  for (int64_t e = threadIdx.x; e < ng * U * H; e += blockDim.x) {
+    const int64_t row = e / H, p = e % H;
+    const int64_t g = row / U, u = row % U;
+    w[p * ng * U + row] = a.w_hh[(g * H + j0 + u) * H + p];
+  }
+  __syncthreads();
+  int64_t rows = 0;
+  for (int64_t t = 0; t < a.steps; ++t) rows += a.batch_sizes[t];
+  int64_t prev_off = 0;
+  int64_t next = a.reverse ? rows : 0;
+  for (int64_t k = 0; k < a.steps; ++k) {
+    const int64_t t = a.reverse ? a.steps - 1 - k : k;
+    const int64_t bs = a.batch_sizes[t];
+    const int64_t r0 = a.reverse ? next - bs : next;
+    next = a.reverse ? r0 : r0 + bs;
+    const int64_t prev_rows = k == 0 ? 0 : (a.reverse ? a.batch_sizes[t + 1] : bs);
+    const T* hg = hbuf[k & 1];  // h_{t-1} of the rows that continue
+    T* hnext = hbuf[(k + 1) & 1];
+    for (int64_t e = threadIdx.x; e < bs * U; e += blockDim.x) {
+      const int64_t b = e / U, u = e % U, j = j0 + u;
+      const T* h = b < prev_rows ? hg + b * H : a.h0 + b * H;
+      float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+      for (int64_t p = 0; p < H; ++p) {
+        const float hv = to_f32(h[p]);
+        const T* wp = w + p * ng * U + u;
+#pragma unroll
+        for (int g = 0; g < 4; ++g)
+          if (g < ng) acc[g] += hv * to_f32(wp[g * U]);
+      }
+#pragma unroll
+      for (int g = 0; g < 4; ++g)
+        if (g < ng) a.gh[b * G + g * H + j] = acc[g];
+      a.hprev[(r0 + b) * H + j] = to_f32(h[j]);
+      if (lstm)
+        a.cprev[(r0 + b) * H + j] =
+            b < prev_rows ? a.c[(prev_off + b) * H + j] : to_f32(a.c0[b * H + j]);
+    }
+    __syncthreads();
+    for (int64_t e = threadIdx.x; e < bs * U; e += blockDim.x) {
+      const int64_t b = e / U, j = j0 + e % U;
+      float* gates = a.gates + r0 * G;
+      T* y = a.y + r0 * a.ldy;
+      if (lstm)
+        lstm_forward_element<T>(b, j, H, gates, a.gh, a.b_hh, a.cprev + r0 * H, a.c + r0 * H,
+                                nullptr, y, a.ldy);
+      else if (gru)
+        gru_forward_element<T>(b, j, H, gates, a.gh, a.b_hh, a.hprev + r0 * H, a.ghn + r0 * H, y,
+                               a.ldy);
+      else
+        rnn_forward_element<T>(b, j, H, a.mode == 3, gates, a.gh, a.b_hh, y, a.ldy);
+      // h_t of this unit to every block of the cluster.
+      const T v = y[b * a.ldy + j];
+      for (unsigned q = 0; q < n; ++q) peer_shared(hnext, q)[b * H + j] = v;
+    }
+    __syncthreads();
+    // Rows whose sequence ends here (as in forward() of rnn.cu).
+    const int64_t lo = a.reverse ? (t == 0 ? 0 : bs) : (t + 1 < a.steps ? a.batch_sizes[t + 1] : 0);
+    for (int64_t e = threadIdx.x; e < (bs - lo) * U; e += blockDim.x) {
+      const int64_t b = lo + e / U, j = j0 + e % U;
+      a.hn[b * H + j] = a.y[(r0 + b) * a.ldy + j];
+      if (lstm) a.cn[b * H + j] = from_f32<T>(a.c[(r0 + b) * H + j]);
+    }
+    prev_off = r0;
+    cluster_sync();
   }
 }
 

@@ -523,12 +523,16 @@ void zero(cudaStream_t stream, int64_t n, T* dst) {
 }
 
 // SEQPACK_CUDA_KERNEL picks the forward recurrence's kernels: "simple" (the
-// default: a few launches per step) or "persistent" (one cooperative launch
-// per layer and direction, where it fits the GPU; else simple).
-bool persistent_requested() {
+// default: a few launches per step), "persistent" (one cooperative launch per
+// layer and direction, where it fits the GPU; else simple) or "cluster" (one
+// thread-block cluster per layer and direction, sm_90, where it fits; else
+// simple).
+bool kernel_requested(const char* name) {
   const char* choice = std::getenv("SEQPACK_CUDA_KERNEL");
-  return choice != nullptr && std::strcmp(choice, "persistent") == 0;
+  return choice != nullptr && std::strcmp(choice, name) == 0;
 }
+bool persistent_requested() { return kernel_requested("persistent"); }
+bool cluster_requested() { return kernel_requested("cluster"); }
 
 // The persistent kernel for one layer and direction, if it fits: units per
 // block U from 1 up, the first whose W_hh rows fit in shared memory and whose
@@ -594,6 +598,76 @@ bool try_persistent(const Shape& s, const int64_t* batch_sizes, int64_t steps, b
   return true;
 }
 
+// The cluster kernel's size: the largest power of two up to 16 that leaves
+// every block 4 hidden units or more (1 for H < 8); SEQPACK_CUDA_CLUSTER=n
+// (1 to 16, tests) forces one.
+int64_t cluster_size(int64_t H) {
+  const char* forced = std::getenv("SEQPACK_CUDA_CLUSTER");
+  if (forced != nullptr && forced[0] != '\0') {
+    char* end = nullptr;
+    const long n = std::strtol(forced, &end, 10);
+    if (*end != '\0' || n < 1 || n > 16)
+      fail(SEQPACK_CUDA_INVALID_ARGUMENT,
+           "seqpack_cuda: SEQPACK_CUDA_CLUSTER = '%s' is not a block count from 1 to 16", forced);
+    return std::min<int64_t>(n, H);
+  }
+  int64_t n = 1;
+  while (n < 16 && 2 * n * 4 <= H) n *= 2;
+  return n;
+}
+
+// The cluster kernel for one layer and direction, if it fits: cluster_size(H)
+// blocks, each holding its units' rows of W_hh and the two h buffers (batch x
+// H each) in shared memory. Returns false (nothing launched) where they do not
+// fit or the GPU refuses the launch (before sm_90: no clusters).
+template <typename T>
+bool try_cluster(const Shape& s, const int64_t* batch_sizes, int64_t steps, bool reverse,
+                 const LayerWeights<const T*>& w, const Saved& sv, const Workspace& ws, const T* h0,
+                 const T* c0, T* y, T* hn, T* cn, cudaStream_t stream) {
+  if (s.proj > 0 || steps == 0) return false;
+  DeviceLimits limits;
+  if (device_limits(&limits) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return false;
+  }
+  const int64_t H = s.hidden, ng = s.gates() / H;
+  const int64_t n = cluster_size(H), units = (H + n - 1) / n;
+  const size_t shared = static_cast<size_t>(ng * units * H + 2 * s.batch * H) * sizeof(T);
+  if (shared > static_cast<size_t>(limits.shared_optin)) return false;
+  check_cuda(cudaMemcpyAsync(ws.batch_sizes, batch_sizes, static_cast<size_t>(steps) * 8,
+                             cudaMemcpyHostToDevice, stream),
+             "copying batch_sizes to the device");
+  PersistentArgs<T> a{};
+  a.mode = s.mode;
+  a.reverse = reverse;
+  a.steps = steps;
+  a.batch = s.batch;
+  a.batch_sizes = ws.batch_sizes;
+  a.H = H;
+  a.ldy = s.width();
+  a.units = units;
+  a.gates = sv.gates;
+  a.gh = ws.gh;
+  a.w_hh = w.w_hh;
+  a.b_hh = w.b_hh;
+  a.h0 = h0;
+  a.c0 = c0;
+  a.y = y;
+  a.hprev = sv.hprev;
+  a.c = sv.c;
+  a.cprev = sv.cprev;
+  a.ghn = sv.ghn;
+  a.hn = hn;
+  a.cn = cn;
+  if (launch_cluster(cluster_forward_kernel<T>, dim3(static_cast<unsigned>(n)),
+                     dim3(kPersistentThreads), static_cast<unsigned>(n), shared, stream,
+                     a) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return false;
+  }
+  return true;
+}
+
 // ---------------------------------------------------------------------------
 
 template <typename T>
@@ -643,6 +717,9 @@ void forward(const Shape& s, const int64_t* batch_sizes, const std::vector<int64
                           false);
       if (persistent_requested() && try_persistent<T>(s, batch_sizes, steps, d == 1, w, sv, ws,
                                                       h0_ld, c0_ld, out_d, hn_ld, cn_ld, stream))
+        continue;
+      if (cluster_requested() && try_cluster<T>(s, batch_sizes, steps, d == 1, w, sv, ws, h0_ld,
+                                                c0_ld, out_d, hn_ld, cn_ld, stream))
         continue;
       for (int64_t k = 0; k < steps; ++k) {
         const bool reverse = d == 1;
@@ -812,9 +889,10 @@ void check_kernel_choice() {
     fail(SEQPACK_CUDA_INVALID_ARGUMENT,
          "seqpack_cuda: SEQPACK_CUDA_GEMM = '%s' is not 'simt' or 'wmma'", gemm);
   if (choice != nullptr && choice[0] != '\0' && std::strcmp(choice, "simple") != 0 &&
-      std::strcmp(choice, "persistent") != 0)
+      std::strcmp(choice, "persistent") != 0 && std::strcmp(choice, "cluster") != 0)
     fail(SEQPACK_CUDA_INVALID_ARGUMENT,
-         "seqpack_cuda: SEQPACK_CUDA_KERNEL = '%s' is not 'simple' or 'persistent'", choice);
+         "seqpack_cuda: SEQPACK_CUDA_KERNEL = '%s' is not 'simple', 'persistent' or 'cluster'",
+         choice);
 }
 
 template <typename F>

@@ -48,7 +48,9 @@ What the GPU tests should check (python/tests/test_cuda_gpu.py):
     torch >= 2.4), and errors: CPU tensors, mixed dtypes, wrong hx shapes.
   - the library's variants, read from the environment at every call (compare
     each with the default, values and speed): SEQPACK_CUDA_PRODUCTS=library
-    (every product in the library; default torch's), SEQPACK_CUDA_KERNEL=persistent
+    (every product in the library; default torch's), SEQPACK_CUDA_KERNEL=cluster
+    (thread-block clusters, sm_90; SEQPACK_CUDA_CLUSTER forces their size),
+    SEQPACK_CUDA_KERNEL=persistent
     (forward recurrence as one cooperative launch; default simple) and, for
     bf16/fp16, SEQPACK_CUDA_GEMM=wmma (tensor cores; default simt).
     docs/gpu-build.md says when each runs.

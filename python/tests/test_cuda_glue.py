@@ -299,15 +299,24 @@ CASES_TILE_64 = [CASES[1], CASES[3], CASES[6], CASES[8]]
 # (environment, whether torch runs the products that are not recurrent):
 # None, torch's products and the library's recurrence (the default); "library",
 # every product in the library (SEQPACK_CUDA_PRODUCTS=library), also with its
-# GEMM's other tile; "persistent", the forward recurrence as one launch.
+# GEMM's other tile; "persistent", the forward recurrence as one cooperative
+# launch; "cluster", as one thread-block cluster (h gathered through the
+# blocks' shared memory), of 4 blocks (the last without units: H = 5), of 3
+# with every product in the library, and of the default size (1 for H = 5).
 VARIANTS = {None: ({}, True), "library": ({}, False), "tile64": ({"SEQPACK_CUDA_GEMM_TILE": "64"}, False),
-            "persistent": ({"SEQPACK_CUDA_KERNEL": "persistent"}, True)}
+            "persistent": ({"SEQPACK_CUDA_KERNEL": "persistent"}, True),
+            "cluster": ({"SEQPACK_CUDA_KERNEL": "cluster", "SEQPACK_CUDA_CLUSTER": "4"}, True),
+            "cluster-library": ({"SEQPACK_CUDA_KERNEL": "cluster", "SEQPACK_CUDA_CLUSTER": "3"}, False),
+            "cluster-one": ({"SEQPACK_CUDA_KERNEL": "cluster"}, True)}
 
 
 @pytest.mark.parametrize("mode,layers,bidirectional,bias,proj,lengths,extra,variant",
                          [c + (None,) for c in CASES] + [c + ("library",) for c in CASES] +
                          [c + ("tile64",) for c in CASES_TILE_64] +
-                         [c + ("persistent",) for c in CASES if c[4] == 0])
+                         [c + ("persistent",) for c in CASES if c[4] == 0] +
+                         [c + ("cluster",) for c in CASES if c[4] == 0] +
+                         [c + ("cluster-library",) for c in CASES[:3] if c[4] == 0] +
+                         [c + ("cluster-one",) for c in CASES[:2] if c[4] == 0])
 def test_emulated_library_matches_torch(emulated, monkeypatch, mode, layers, bidirectional, bias, proj, lengths,
                                         extra, variant):
     environment, torch_products = VARIANTS[variant]
@@ -976,3 +985,14 @@ def test_operator_kernel_seeds_its_dropout(emulated, monkeypatch):
     assert torch.equal(torch.get_rng_state(), before)
     assert torch.equal(a, b)
     assert not torch.equal(a, c)
+
+
+@pytest.mark.parametrize("value", ["0", "17", "four", "2x"])
+def test_cluster_size_setting_is_checked(emulated, monkeypatch, value):
+    monkeypatch.setenv("SEQPACK_CUDA_KERNEL", "cluster")
+    monkeypatch.setenv("SEQPACK_CUDA_CLUSTER", value)
+    rnn = torch.nn.GRU(3, 8)
+    x = torch.randn(4, 3)
+    with pytest.raises(RuntimeError, match=f"SEQPACK_CUDA_CLUSTER = '{value}' is not a block count from 1 to 16"):
+        emulated._forward_impl("GRU", x, torch.tensor([2, 2]), torch.zeros(1, 2, 8), None,
+                               list(rnn._flat_weights), None, True, 1, False, 0, False, True)

@@ -321,6 +321,26 @@ def test_library_products_fp32(mode):
             os.environ["SEQPACK_CUDA_PRODUCTS"] = old
 
 
+@cases("mode,hidden_size", [(mode, h) for mode in MODES for h in (16, 33)])
+def test_cluster_kernel_fp32(mode, hidden_size):
+    """SEQPACK_CUDA_KERNEL=cluster (the forward recurrence of each layer and
+    direction on one thread-block cluster, h all-gathered through distributed
+    shared memory): the same comparison. Needs sm_90 (elsewhere it falls back
+    to the per-step kernels, which the other tests check)."""
+    if not SELF_TEST and torch.cuda.get_device_capability(DEVICE) < (9, 0):
+        skip("thread-block clusters need sm_90")
+    old = os.environ.get("SEQPACK_CUDA_KERNEL")
+    os.environ["SEQPACK_CUDA_KERNEL"] = "cluster"
+    try:
+        m = make_module(mode, 10, hidden_size, 2, True, True)
+        compare_module(m, LENGTHS, True, SEED + 8)
+    finally:
+        if old is None:
+            del os.environ["SEQPACK_CUDA_KERNEL"]
+        else:
+            os.environ["SEQPACK_CUDA_KERNEL"] = old
+
+
 @cases("num_layers,bidirectional,proj_size,with_hx",
        [(1, False, 5, True), (2, True, 7, False), (2, True, 7, True), (1, True, 1, True)])
 def test_lstm_proj_fp32(num_layers, bidirectional, proj_size, with_hx):
