@@ -639,6 +639,22 @@ __global__ void dh_total_kernel(int64_t bs, int64_t hout, const float* __restric
 // the gradient of c_{t-1}:
 //   dc = dc_carry + dm o (1 - tanh^2 c), di = dc g, df = dc c_{t-1}, dg = dc i,
 //   do = dm tanh c, dc_{t-1} = dc f.
+__device__ __forceinline__ void lstm_backward_element(int64_t b, int64_t j, int64_t H,
+                                                      const float* gates, const float* c,
+                                                      const float* cprev, float dmv,
+                                                      float* dc_carry, float* dG) {
+  const float* g = gates + b * 4 * H;
+  const float ig = g[j], fg = g[H + j], gg = g[2 * H + j], og = g[3 * H + j];
+  const float tc = tanhf(c[b * H + j]);
+  const float dc = dc_carry[b * H + j] + dmv * og * (1.0f - tc * tc);
+  float* d = dG + b * 4 * H;
+  d[j] = dc * gg * ig * (1.0f - ig);
+  d[H + j] = dc * cprev[b * H + j] * fg * (1.0f - fg);
+  d[2 * H + j] = dc * ig * (1.0f - gg * gg);
+  d[3 * H + j] = dmv * tc * og * (1.0f - og);
+  dc_carry[b * H + j] = dc * fg;
+}
+
 __global__ void lstm_backward_kernel(int64_t bs, int64_t H, const float* __restrict__ gates,
                                      const float* __restrict__ c, const float* __restrict__ cprev,
                                      const float* __restrict__ dm, int64_t ldm,
@@ -647,59 +663,145 @@ __global__ void lstm_backward_kernel(int64_t bs, int64_t H, const float* __restr
   for (int64_t e = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; e < total;
        e += static_cast<int64_t>(gridDim.x) * blockDim.x) {
     const int64_t b = e / H, j = e % H;
-    const float* g = gates + b * 4 * H;
-    const float ig = g[j], fg = g[H + j], gg = g[2 * H + j], og = g[3 * H + j];
-    const float tc = tanhf(c[b * H + j]);
-    const float dmv = dm[b * ldm + j];
-    const float dc = dc_carry[b * H + j] + dmv * og * (1.0f - tc * tc);
-    float* d = dG + b * 4 * H;
-    d[j] = dc * gg * ig * (1.0f - ig);
-    d[H + j] = dc * cprev[b * H + j] * fg * (1.0f - fg);
-    d[2 * H + j] = dc * ig * (1.0f - gg * gg);
-    d[3 * H + j] = dmv * tc * og * (1.0f - og);
-    dc_carry[b * H + j] = dc * fg;
+    lstm_backward_element(b, j, H, gates, c, cprev, dm[b * ldm + j], dc_carry, dG);
   }
 }
 
 // GRU: dn = dh (1 - z), dz = dh (h_{t-1} - n), da_n = dn (1 - n^2),
 // dr = da_n hn; dGx = (dr r(1-r), dz z(1-z), da_n), dGh = (same, same, da_n r);
 // dh_carry = dh z (the direct part of dh_{t-1}; the GEMM with W_hh adds the rest).
+__device__ __forceinline__ void gru_backward_element(int64_t b, int64_t j, int64_t H,
+                                                     const float* gates, const float* ghn,
+                                                     const float* hprev, float dhv, float* dGx,
+                                                     float* dGh, float* dh_carry) {
+  const float* g = gates + b * 3 * H;
+  const float rg = g[j], zg = g[H + j], ng = g[2 * H + j];
+  const float dan = dhv * (1.0f - zg) * (1.0f - ng * ng);
+  const float dz = dhv * (hprev[b * H + j] - ng);
+  const float dar = dan * ghn[b * H + j] * rg * (1.0f - rg);
+  const float daz = dz * zg * (1.0f - zg);
+  float* dx = dGx + b * 3 * H;
+  float* dhh = dGh + b * 3 * H;
+  dx[j] = dar;
+  dx[H + j] = daz;
+  dx[2 * H + j] = dan;
+  dhh[j] = dar;
+  dhh[H + j] = daz;
+  dhh[2 * H + j] = dan * rg;
+  dh_carry[b * H + j] = dhv * zg;
+}
+
 __global__ void gru_backward_kernel(int64_t bs, int64_t H, const float* __restrict__ gates,
                                     const float* __restrict__ ghn, const float* __restrict__ hprev,
                                     const float* __restrict__ dh, float* __restrict__ dGx,
                                     float* __restrict__ dGh, float* __restrict__ dh_carry) {
   const int64_t total = bs * H;
   for (int64_t e = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; e < total;
-       e += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-    const int64_t b = e / H, j = e % H;
-    const float* g = gates + b * 3 * H;
-    const float rg = g[j], zg = g[H + j], ng = g[2 * H + j];
-    const float dhv = dh[b * H + j];
-    const float dan = dhv * (1.0f - zg) * (1.0f - ng * ng);
-    const float dz = dhv * (hprev[b * H + j] - ng);
-    const float dar = dan * ghn[b * H + j] * rg * (1.0f - rg);
-    const float daz = dz * zg * (1.0f - zg);
-    float* dx = dGx + b * 3 * H;
-    float* dhh = dGh + b * 3 * H;
-    dx[j] = dar;
-    dx[H + j] = daz;
-    dx[2 * H + j] = dan;
-    dhh[j] = dar;
-    dhh[H + j] = daz;
-    dhh[2 * H + j] = dan * rg;
-    dh_carry[b * H + j] = dhv * zg;
-  }
+       e += static_cast<int64_t>(gridDim.x) * blockDim.x)
+    gru_backward_element(e / H, e % H, H, gates, ghn, hprev, dh[e], dGx, dGh, dh_carry);
 }
 
 // Elman: da = dh act'(h) with tanh' = 1 - h^2, relu' = (h > 0).
+__device__ __forceinline__ float rnn_backward_element(bool relu, float h, float dhv) {
+  return dhv * (relu ? (h > 0.0f ? 1.0f : 0.0f) : 1.0f - h * h);
+}
+
 __global__ void rnn_backward_kernel(int64_t bs, int64_t H, bool relu,
                                     const float* __restrict__ gates, const float* __restrict__ dh,
                                     float* __restrict__ dG) {
   const int64_t total = bs * H;
   for (int64_t e = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; e < total;
-       e += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-    const float h = gates[e];
-    dG[e] = dh[e] * (relu ? (h > 0.0f ? 1.0f : 0.0f) : 1.0f - h * h);
+       e += static_cast<int64_t>(gridDim.x) * blockDim.x)
+    dG[e] = rnn_backward_element(relu, gates[e], dh[e]);
+}
+
+// The backward recurrence of one layer and direction on one thread-block
+// cluster (SEQPACK_CUDA_KERNEL=cluster; sm_90), the forward's cluster kernel
+// turned around: block r of n owns hidden units [r U, r U + U) and keeps
+// W_hh's columns of them (every gate's rows) in shared memory. Per step (the
+// forward's order reversed): each block computes its units' dh = dY + carry
+// and the cell's backward for the step's rows (the gates' gradients to dGx,
+// dGh in global memory, for the products over all rows after), writes its
+// units' entries of dG_h into every block's shared memory (the all-gather),
+// meets the cluster barrier, then computes its units of the carry
+// dh_{t-1} = dG_h W_hh (+ dh z for a GRU) from the gathered dG_h. dG_h
+// alternates between two buffers, so one barrier a step suffices. The carries
+// start as dh_n, dc_n (the host's) and end as dh0, dc0. Without a projection.
+template <typename T>
+struct ClusterBackwardArgs {
+  int mode;
+  bool reverse;
+  int64_t steps;
+  int64_t batch;
+  const int64_t* batch_sizes;  // device copy
+  int64_t H;
+  int64_t units;
+  const float* dy;  // the direction's first column of row 0 of dY
+  int64_t ldy;
+  const float* gates;
+  const float* c;
+  const float* cprev;
+  const float* ghn;
+  const float* hprev;
+  float* dgx;
+  float* dgh;
+  float* dh_carry;  // [batch, H]
+  float* dc_carry;  // [batch, H], LSTM
+  const T* w_hh;
+};
+
+template <typename T>
+__global__ void __launch_bounds__(kPersistentThreads)
+    cluster_backward_kernel(ClusterBackwardArgs<T> a) {
+  const unsigned n = cluster_blocks();
+  const bool lstm = a.mode == 0, gru = a.mode == 1;
+  const int ng = lstm ? 4 : gru ? 3 : 1;
+  const int64_t H = a.H, G = ng * H, B = a.batch;
+  const int64_t j0 = static_cast<int64_t>(cluster_rank()) * a.units;
+  const int64_t U = j0 >= H ? 0 : (a.units < H - j0 ? a.units : H - j0);
+  float* dgbuf[2] = {dynamic_shared<float>(), dynamic_shared<float>() + B * G};  // [B][G] each
+  T* w = reinterpret_cast<T*>(dgbuf[1] + B * G);  // w[row U + u] = W_hh[row][j0 + u]
+  for (int64_t e = threadIdx.x; e < G * U; e += blockDim.x) {
+    const int64_t row = e / U, u = e % U;
+    w[e] = a.w_hh[row * H + j0 + u];
+  }
+  __syncthreads();
+  int64_t rows = 0;
+  for (int64_t t = 0; t < a.steps; ++t) rows += a.batch_sizes[t];
+  // Processing order: the forward's reversed; r0 of each step from its end.
+  int64_t next = a.reverse ? 0 : rows;
+  for (int64_t k = 0; k < a.steps; ++k) {
+    const int64_t t = a.reverse ? k : a.steps - 1 - k;
+    const int64_t bs = a.batch_sizes[t];
+    const int64_t r0 = a.reverse ? next : next - bs;
+    next = a.reverse ? r0 + bs : r0;
+    float* dg = dgbuf[k & 1];
+    for (int64_t e = threadIdx.x; e < bs * U; e += blockDim.x) {
+      const int64_t b = e / U, j = j0 + e % U;
+      const float dhv = a.dy[(r0 + b) * a.ldy + j] + a.dh_carry[b * H + j];
+      float* dgh = a.dgh + r0 * G;
+      if (lstm)
+        lstm_backward_element(b, j, H, a.gates + r0 * G, a.c + r0 * H, a.cprev + r0 * H, dhv,
+                              a.dc_carry, a.dgx + r0 * G);
+      else if (gru)
+        gru_backward_element(b, j, H, a.gates + r0 * G, a.ghn + r0 * H, a.hprev + r0 * H, dhv,
+                             a.dgx + r0 * G, dgh, a.dh_carry);
+      else
+        a.dgx[(r0 + b) * G + j] = rnn_backward_element(a.mode == 3, a.gates[(r0 + b) * G + j], dhv);
+      // This unit's dG_h entries (every gate) to every block of the cluster.
+      for (int g = 0; g < ng; ++g) {
+        const float v = dgh[b * G + g * H + j];
+        for (unsigned q = 0; q < n; ++q) peer_shared(dg, q)[b * G + g * H + j] = v;
+      }
+    }
+    cluster_sync();
+    for (int64_t e = threadIdx.x; e < bs * U; e += blockDim.x) {
+      const int64_t b = e / U, u = e % U, j = j0 + u;
+      float acc = gru ? a.dh_carry[b * H + j] : 0.0f;
+      for (int64_t row = 0; row < G; ++row) acc += dg[b * G + row] * to_f32(w[row * U + u]);
+      a.dh_carry[b * H + j] = acc;
+    }
+    __syncthreads();  // the next step's rows map to other threads
   }
 }
 

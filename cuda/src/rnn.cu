@@ -668,6 +668,57 @@ bool try_cluster(const Shape& s, const int64_t* batch_sizes, int64_t steps, bool
   return true;
 }
 
+// The backward's cluster kernel for one layer and direction, if it fits (as
+// try_cluster: the same cluster size, W_hh's columns of each block's units and
+// two batch x gates buffers of dG_h in its shared memory). The carries hold
+// dh_n, dc_n when it starts and dh0, dc0 when it ends.
+template <typename T>
+bool try_cluster_backward(const Shape& s, const int64_t* batch_sizes, int64_t steps, bool reverse,
+                          const T* w_hh, const Saved& sv, const Workspace& ws, const float* dy,
+                          float* dgx, float* dgh, cudaStream_t stream) {
+  if (s.proj > 0 || steps == 0) return false;
+  DeviceLimits limits;
+  if (device_limits(&limits) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return false;
+  }
+  const int64_t H = s.hidden, G = s.gates();
+  const int64_t n = cluster_size(H), units = (H + n - 1) / n;
+  const size_t shared = static_cast<size_t>(2 * s.batch * G) * sizeof(float) +
+                        static_cast<size_t>(G * units) * sizeof(T);
+  if (shared > static_cast<size_t>(limits.shared_optin)) return false;
+  check_cuda(cudaMemcpyAsync(ws.batch_sizes, batch_sizes, static_cast<size_t>(steps) * 8,
+                             cudaMemcpyHostToDevice, stream),
+             "copying batch_sizes to the device");
+  ClusterBackwardArgs<T> a{};
+  a.mode = s.mode;
+  a.reverse = reverse;
+  a.steps = steps;
+  a.batch = s.batch;
+  a.batch_sizes = ws.batch_sizes;
+  a.H = H;
+  a.units = units;
+  a.dy = dy;
+  a.ldy = s.width();
+  a.gates = sv.gates;
+  a.c = sv.c;
+  a.cprev = sv.cprev;
+  a.ghn = sv.ghn;
+  a.hprev = sv.hprev;
+  a.dgx = dgx;
+  a.dgh = dgh;
+  a.dh_carry = ws.dh_carry;
+  a.dc_carry = ws.dc_carry;
+  a.w_hh = w_hh;
+  if (launch_cluster(cluster_backward_kernel<T>, dim3(static_cast<unsigned>(n)),
+                     dim3(kPersistentThreads), static_cast<unsigned>(n), shared, stream,
+                     a) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return false;
+  }
+  return true;
+}
+
 // ---------------------------------------------------------------------------
 
 template <typename T>
@@ -812,7 +863,10 @@ void backward(const Shape& s, const int64_t* batch_sizes, const std::vector<int6
         else
           zero(stream, B * H, ws.dc_carry);
       }
-      for (int64_t k = 0; k < steps; ++k) {
+      const bool clustered =
+          cluster_requested() && try_cluster_backward<T>(s, batch_sizes, steps, d == 1, w.w_hh, sv,
+                                                         ws, dY + d * P, dgx_all, dgh_all, stream);
+      for (int64_t k = 0; !clustered && k < steps; ++k) {
         const bool reverse = d == 1;
         // The opposite order of the forward pass.
         const int64_t t = reverse ? k : steps - 1 - k;
