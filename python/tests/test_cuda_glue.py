@@ -463,8 +463,10 @@ def test_torch_compile_traces_the_registered_operator(emulated, monkeypatch, mod
 
 @pytest.mark.parametrize("dtype,eps", [(torch.bfloat16, 2.0 ** -8), (torch.float16, 2.0 ** -11)])
 @pytest.mark.parametrize("mode", ["LSTM", "GRU"])
-@pytest.mark.parametrize("torch_products", [True, False])
-def test_emulated_half_precision_close_to_float32(emulated, mode, dtype, eps, torch_products):
+@pytest.mark.parametrize("torch_products,kernel", [(True, ""), (False, ""), (True, "cluster")])
+def test_emulated_half_precision_close_to_float32(emulated, monkeypatch, mode, dtype, eps, torch_products, kernel):
+    monkeypatch.setenv("SEQPACK_CUDA_KERNEL", kernel)
+    monkeypatch.setenv("SEQPACK_CUDA_CLUSTER", "2" if kernel else "")
     if torch_products:
         try:  # torch's products on the CPU tensors the emulation runs on
             torch.mm(torch.ones(1, 1, dtype=dtype), torch.ones(1, 1, dtype=dtype))
