@@ -418,7 +418,8 @@ struct PersistentArgs {
   int mode;
   bool reverse;
   int64_t steps;
-  int64_t batch;               // rows of h0 (the cluster kernel's h buffers)
+  int64_t batch;  // rows of h0 (the cluster kernel's h buffers)
+  bool shared_h;  // cluster kernel: h_{t-1} gathered in shared memory (else read from y)
   const int64_t* batch_sizes;  // device copy
   int64_t H;
   int64_t ldy;
@@ -537,7 +538,9 @@ __global__ void __launch_bounds__(kPersistentThreads) cluster_forward_kernel(Per
   const int64_t j0 = static_cast<int64_t>(cluster_rank()) * a.units;
   const int64_t U = j0 >= H ? 0 : (a.units < H - j0 ? a.units : H - j0);
   T* w = dynamic_shared<T>();  // [H][ng U], as the persistent kernel's
-  T* hbuf[2] = {w + ng * a.units * H, w + ng * a.units * H + B * H};  // [B][H] each
+  // [B][H] each, where they fit (a.shared_h); else h_{t-1} is read from y,
+  // which the cluster barrier orders as it orders shared memory.
+  T* hbuf[2] = {w + ng * a.units * H, w + ng * a.units * H + B * H};
   for (int64_t e = threadIdx.x; e < ng * U * H; e += blockDim.x) {
     const int64_t row = e / H, p = e % H;
     const int64_t g = row / U, u = row % U;
@@ -558,7 +561,9 @@ __global__ void __launch_bounds__(kPersistentThreads) cluster_forward_kernel(Per
     T* hnext = hbuf[(k + 1) & 1];
     for (int64_t e = threadIdx.x; e < bs * U; e += blockDim.x) {
       const int64_t b = e / U, u = e % U, j = j0 + u;
-      const T* h = b < prev_rows ? hg + b * H : a.h0 + b * H;
+      const T* h = b >= prev_rows ? a.h0 + b * H
+                   : a.shared_h   ? hg + b * H
+                                  : a.y + (prev_off + b) * a.ldy;
       float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
       for (int64_t p = 0; p < H; ++p) {
         const float hv = to_f32(h[p]);
@@ -589,8 +594,10 @@ __global__ void __launch_bounds__(kPersistentThreads) cluster_forward_kernel(Per
       else
         rnn_forward_element<T>(b, j, H, a.mode == 3, gates, a.gh, a.b_hh, y, a.ldy);
       // h_t of this unit to every block of the cluster.
-      const T v = y[b * a.ldy + j];
-      for (unsigned q = 0; q < n; ++q) peer_shared(hnext, q)[b * H + j] = v;
+      if (a.shared_h) {
+        const T v = y[b * a.ldy + j];
+        for (unsigned q = 0; q < n; ++q) peer_shared(hnext, q)[b * H + j] = v;
+      }
     }
     __syncthreads();
     // Rows whose sequence ends here (as in forward() of rnn.cu).
@@ -748,6 +755,7 @@ struct ClusterBackwardArgs {
   float* dh_carry;  // [batch, H]
   float* dc_carry;  // [batch, H], LSTM
   const T* w_hh;
+  bool shared_dg;  // dG_h gathered in shared memory (else read from dgh, global)
 };
 
 template <typename T>
@@ -759,8 +767,11 @@ __global__ void __launch_bounds__(kPersistentThreads)
   const int64_t H = a.H, G = ng * H, B = a.batch;
   const int64_t j0 = static_cast<int64_t>(cluster_rank()) * a.units;
   const int64_t U = j0 >= H ? 0 : (a.units < H - j0 ? a.units : H - j0);
-  float* dgbuf[2] = {dynamic_shared<float>(), dynamic_shared<float>() + B * G};  // [B][G] each
-  T* w = reinterpret_cast<T*>(dgbuf[1] + B * G);  // w[row U + u] = W_hh[row][j0 + u]
+  // [B][G] each where they fit (a.shared_dg), else none: dG_h is read from
+  // global memory after the barrier.
+  const int64_t buffered = a.shared_dg ? B * G : 0;
+  float* dgbuf[2] = {dynamic_shared<float>(), dynamic_shared<float>() + buffered};
+  T* w = reinterpret_cast<T*>(dgbuf[1] + buffered);  // w[row U + u] = W_hh[row][j0 + u]
   for (int64_t e = threadIdx.x; e < G * U; e += blockDim.x) {
     const int64_t row = e / U, u = e % U;
     w[e] = a.w_hh[row * H + j0 + u];
@@ -789,16 +800,17 @@ __global__ void __launch_bounds__(kPersistentThreads)
       else
         a.dgx[(r0 + b) * G + j] = rnn_backward_element(a.mode == 3, a.gates[(r0 + b) * G + j], dhv);
       // This unit's dG_h entries (every gate) to every block of the cluster.
-      for (int g = 0; g < ng; ++g) {
+      for (int g = 0; a.shared_dg && g < ng; ++g) {
         const float v = dgh[b * G + g * H + j];
         for (unsigned q = 0; q < n; ++q) peer_shared(dg, q)[b * G + g * H + j] = v;
       }
     }
     cluster_sync();
+    const float* dgs = a.shared_dg ? dg : a.dgh + r0 * G;
     for (int64_t e = threadIdx.x; e < bs * U; e += blockDim.x) {
       const int64_t b = e / U, u = e % U, j = j0 + u;
       float acc = gru ? a.dh_carry[b * H + j] : 0.0f;
-      for (int64_t row = 0; row < G; ++row) acc += dg[b * G + row] * to_f32(w[row * U + u]);
+      for (int64_t row = 0; row < G; ++row) acc += dgs[b * G + row] * to_f32(w[row * U + u]);
       a.dh_carry[b * H + j] = acc;
     }
     __syncthreads();  // the next step's rows map to other threads

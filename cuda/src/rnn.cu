@@ -616,10 +616,22 @@ int64_t cluster_size(int64_t H) {
   return n;
 }
 
+// Whether the cluster kernels gather through shared memory where their
+// buffers fit (the default) or always through global memory
+// (SEQPACK_CUDA_CLUSTER_GATHER=global, tests; "shared" is the default's name).
+bool cluster_gather_global() {
+  const char* choice = std::getenv("SEQPACK_CUDA_CLUSTER_GATHER");
+  if (choice == nullptr || choice[0] == '\0' || std::strcmp(choice, "shared") == 0) return false;
+  if (std::strcmp(choice, "global") == 0) return true;
+  fail(SEQPACK_CUDA_INVALID_ARGUMENT,
+       "seqpack_cuda: SEQPACK_CUDA_CLUSTER_GATHER = '%s' is not 'shared' or 'global'", choice);
+}
+
 // The cluster kernel for one layer and direction, if it fits: cluster_size(H)
-// blocks, each holding its units' rows of W_hh and the two h buffers (batch x
-// H each) in shared memory. Returns false (nothing launched) where they do not
-// fit or the GPU refuses the launch (before sm_90: no clusters).
+// blocks, each holding its units' rows of W_hh in shared memory, and the two
+// h buffers (batch x H each) where they fit too (else h_{t-1} is read from
+// y). Returns false (nothing launched) where the rows do not fit or the GPU
+// refuses the launch (before sm_90: no clusters).
 template <typename T>
 bool try_cluster(const Shape& s, const int64_t* batch_sizes, int64_t steps, bool reverse,
                  const LayerWeights<const T*>& w, const Saved& sv, const Workspace& ws, const T* h0,
@@ -632,8 +644,11 @@ bool try_cluster(const Shape& s, const int64_t* batch_sizes, int64_t steps, bool
   }
   const int64_t H = s.hidden, ng = s.gates() / H;
   const int64_t n = cluster_size(H), units = (H + n - 1) / n;
-  const size_t shared = static_cast<size_t>(ng * units * H + 2 * s.batch * H) * sizeof(T);
-  if (shared > static_cast<size_t>(limits.shared_optin)) return false;
+  const auto limit = static_cast<size_t>(limits.shared_optin);
+  size_t shared = static_cast<size_t>(ng * units * H + 2 * s.batch * H) * sizeof(T);
+  const bool shared_h = !cluster_gather_global() && shared <= limit;
+  if (!shared_h) shared = static_cast<size_t>(ng * units * H) * sizeof(T);
+  if (shared > limit) return false;
   check_cuda(cudaMemcpyAsync(ws.batch_sizes, batch_sizes, static_cast<size_t>(steps) * 8,
                              cudaMemcpyHostToDevice, stream),
              "copying batch_sizes to the device");
@@ -642,6 +657,7 @@ bool try_cluster(const Shape& s, const int64_t* batch_sizes, int64_t steps, bool
   a.reverse = reverse;
   a.steps = steps;
   a.batch = s.batch;
+  a.shared_h = shared_h;
   a.batch_sizes = ws.batch_sizes;
   a.H = H;
   a.ldy = s.width();
@@ -684,9 +700,12 @@ bool try_cluster_backward(const Shape& s, const int64_t* batch_sizes, int64_t st
   }
   const int64_t H = s.hidden, G = s.gates();
   const int64_t n = cluster_size(H), units = (H + n - 1) / n;
-  const size_t shared = static_cast<size_t>(2 * s.batch * G) * sizeof(float) +
-                        static_cast<size_t>(G * units) * sizeof(T);
-  if (shared > static_cast<size_t>(limits.shared_optin)) return false;
+  const auto limit = static_cast<size_t>(limits.shared_optin);
+  const size_t rows_bytes = static_cast<size_t>(G * units) * sizeof(T);
+  size_t shared = static_cast<size_t>(2 * s.batch * G) * sizeof(float) + rows_bytes;
+  const bool shared_dg = !cluster_gather_global() && shared <= limit;
+  if (!shared_dg) shared = rows_bytes;
+  if (shared > limit) return false;
   check_cuda(cudaMemcpyAsync(ws.batch_sizes, batch_sizes, static_cast<size_t>(steps) * 8,
                              cudaMemcpyHostToDevice, stream),
              "copying batch_sizes to the device");
@@ -710,6 +729,7 @@ bool try_cluster_backward(const Shape& s, const int64_t* batch_sizes, int64_t st
   a.dh_carry = ws.dh_carry;
   a.dc_carry = ws.dc_carry;
   a.w_hh = w_hh;
+  a.shared_dg = shared_dg;
   if (launch_cluster(cluster_backward_kernel<T>, dim3(static_cast<unsigned>(n)),
                      dim3(kPersistentThreads), static_cast<unsigned>(n), shared, stream,
                      a) != cudaSuccess) {

@@ -302,12 +302,16 @@ CASES_TILE_64 = [CASES[1], CASES[3], CASES[6], CASES[8]]
 # GEMM's other tile; "persistent", the forward recurrence as one cooperative
 # launch; "cluster", as one thread-block cluster (h gathered through the
 # blocks' shared memory), of 4 blocks (the last without units: H = 5), of 3
-# with every product in the library, and of the default size (1 for H = 5).
+# with every product in the library, of the default size (1 for H = 5), and
+# of 4 exchanging h and the gates' gradients through global memory (what
+# batches too large for the shared buffers take).
 VARIANTS = {None: ({}, True), "library": ({}, False), "tile64": ({"SEQPACK_CUDA_GEMM_TILE": "64"}, False),
             "persistent": ({"SEQPACK_CUDA_KERNEL": "persistent"}, True),
             "cluster": ({"SEQPACK_CUDA_KERNEL": "cluster", "SEQPACK_CUDA_CLUSTER": "4"}, True),
             "cluster-library": ({"SEQPACK_CUDA_KERNEL": "cluster", "SEQPACK_CUDA_CLUSTER": "3"}, False),
-            "cluster-one": ({"SEQPACK_CUDA_KERNEL": "cluster"}, True)}
+            "cluster-one": ({"SEQPACK_CUDA_KERNEL": "cluster"}, True),
+            "cluster-global": ({"SEQPACK_CUDA_KERNEL": "cluster", "SEQPACK_CUDA_CLUSTER": "4",
+                                "SEQPACK_CUDA_CLUSTER_GATHER": "global"}, True)}
 
 
 @pytest.mark.parametrize("mode,layers,bidirectional,bias,proj,lengths,extra,variant",
@@ -316,7 +320,8 @@ VARIANTS = {None: ({}, True), "library": ({}, False), "tile64": ({"SEQPACK_CUDA_
                          [c + ("persistent",) for c in CASES if c[4] == 0] +
                          [c + ("cluster",) for c in CASES if c[4] == 0] +
                          [c + ("cluster-library",) for c in CASES[:3] if c[4] == 0] +
-                         [c + ("cluster-one",) for c in CASES[:2] if c[4] == 0])
+                         [c + ("cluster-one",) for c in CASES[:2] if c[4] == 0] +
+                         [c + ("cluster-global",) for c in CASES if c[4] == 0])
 def test_emulated_library_matches_torch(emulated, monkeypatch, mode, layers, bidirectional, bias, proj, lengths,
                                         extra, variant):
     environment, torch_products = VARIANTS[variant]
@@ -989,12 +994,15 @@ def test_operator_kernel_seeds_its_dropout(emulated, monkeypatch):
     assert not torch.equal(a, c)
 
 
-@pytest.mark.parametrize("value", ["0", "17", "four", "2x"])
-def test_cluster_size_setting_is_checked(emulated, monkeypatch, value):
+@pytest.mark.parametrize("name,value,message", [
+    ("SEQPACK_CUDA_CLUSTER", v, f"SEQPACK_CUDA_CLUSTER = '{v}' is not a block count from 1 to 16")
+    for v in ("0", "17", "four", "2x")] + [
+    ("SEQPACK_CUDA_CLUSTER_GATHER", "dsmem", "SEQPACK_CUDA_CLUSTER_GATHER = 'dsmem' is not 'shared' or 'global'")])
+def test_cluster_settings_are_checked(emulated, monkeypatch, name, value, message):
     monkeypatch.setenv("SEQPACK_CUDA_KERNEL", "cluster")
-    monkeypatch.setenv("SEQPACK_CUDA_CLUSTER", value)
+    monkeypatch.setenv(name, value)
     rnn = torch.nn.GRU(3, 8)
     x = torch.randn(4, 3)
-    with pytest.raises(RuntimeError, match=f"SEQPACK_CUDA_CLUSTER = '{value}' is not a block count from 1 to 16"):
+    with pytest.raises(RuntimeError, match=message):
         emulated._forward_impl("GRU", x, torch.tensor([2, 2]), torch.zeros(1, 2, 8), None,
                                list(rnn._flat_weights), None, True, 1, False, 0, False, True)
