@@ -16,7 +16,9 @@ CUDA-event medians after warm-up runs, every run synchronised):
     seqpack  rnn_packed on the packed rows in fp32, bf16 and fp16 (fp32
              accumulation and cell state), zero h0, the products that are not
              recurrent in torch (the default); fp32-library: fp32 with every
-             product in the library (SEQPACK_CUDA_PRODUCTS=library)
+             product in the library (SEQPACK_CUDA_PRODUCTS=library);
+             fp32-cluster, bf16-cluster: the recurrence on thread-block
+             clusters (SEQPACK_CUDA_KERNEL=cluster), timed last
     auto     what the layers run by default (SEQPACK_CUDA_LAYERS=auto,
              python/seqpack/_cuda_choice.py): the faster of seqpack fp32 and
              torch packed fp32 as its first call times their forwards, then
@@ -64,8 +66,10 @@ from torch_peer import torch_module  # noqa: E402
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 MODES = ["forward_packed", "train_packed"]
 PRECISIONS = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
-# seqpack's columns beside its precisions: (dtype, SEQPACK_CUDA_PRODUCTS).
-SEQPACK_VARIANTS = {"fp32-library": ("fp32", "library")}
+# seqpack's columns beside its precisions: (dtype, the library's settings while it runs).
+SEQPACK_VARIANTS = {"fp32-library": ("fp32", {"SEQPACK_CUDA_PRODUCTS": "library"}),
+                    "fp32-cluster": ("fp32", {"SEQPACK_CUDA_KERNEL": "cluster"}),
+                    "bf16-cluster": ("bf16", {"SEQPACK_CUDA_KERNEL": "cluster"})}
 EXTRAS = list(SEQPACK_VARIANTS) + ["auto"]
 GLUE_MODE = {"lstm": "LSTM", "gru": "GRU", "rnn_tanh": "RNN_TANH", "rnn_relu": "RNN_RELU"}
 TORCH_CONFIGS = [f"{p}-{layout}" for p in PRECISIONS for layout in ("packed", "padded")]
@@ -420,7 +424,8 @@ def main(argv=None):
                    help="seqpack's precisions, comma-separated (fp32, bf16, fp16)")
     p.add_argument("--extras", default=",".join(EXTRAS),
                    help="the other columns, comma-separated: fp32-library (seqpack fp32 with every "
-                        "product in the library), auto (the layers' default choice); empty: none")
+                        "product in the library), fp32-cluster and bf16-cluster (the recurrence on "
+                        "thread-block clusters), auto (the layers' default choice); empty: none")
     p.add_argument("--torch-configs", default=",".join(TORCH_CONFIGS),
                    help="torch's configurations, comma-separated (precision-layout)")
     p.add_argument("--min-time", type=float, default=None,
@@ -507,18 +512,19 @@ def main(argv=None):
             row = dict(workload=w["name"], mode=mode, seqpack={}, torch={}, auto={}, reps={})
             results.append(row)
             chosen = [None]
-            # (side, key, make, SEQPACK_CUDA_PRODUCTS while it runs)
-            jobs = [("seqpack", s, lambda s=s: seqpack_case(glue, w, mode, s, x, lengths), None)
+            # (side, key, make, the library's settings while it runs); the
+            # variants last, so that a spent --budget leaves them out first.
+            jobs = [("seqpack", s, lambda s=s: seqpack_case(glue, w, mode, s, x, lengths), {})
                     for s in precisions]
-            jobs += [("seqpack", v, lambda v=v: seqpack_case(glue, w, mode, SEQPACK_VARIANTS[v][0], x,
-                                                             lengths), SEQPACK_VARIANTS[v][1])
-                     for v in extras if v in SEQPACK_VARIANTS]
-            jobs += [("torch", c, lambda c=c: torch_case(w, mode, *c.split("-"), x, lengths), None)
+            jobs += [("torch", c, lambda c=c: torch_case(w, mode, *c.split("-"), x, lengths), {})
                      for c in configs]
             if "auto" in extras:
                 jobs.append(("auto", "fp32", lambda: auto_case(glue, choice, w, mode, x, lengths, chosen),
-                             None))
-            for side, key, make, products in jobs:
+                             {}))
+            jobs += [("seqpack", v, lambda v=v: seqpack_case(glue, w, mode, SEQPACK_VARIANTS[v][0], x,
+                                                             lengths), SEQPACK_VARIANTS[v][1])
+                     for v in extras if v in SEQPACK_VARIANTS]
+            for side, key, make, settings in jobs:
                 if side in ("seqpack", "auto") and glue is None:
                     row[side][key] = why
                     continue
@@ -529,9 +535,8 @@ def main(argv=None):
                 row[side][key] = "did not finish (hung or killed)"
                 emit()
                 faulthandler.dump_traceback_later(args.hang_timeout, exit=True)
-                saved_products = os.environ.get("SEQPACK_CUDA_PRODUCTS")
-                if products is not None:
-                    os.environ["SEQPACK_CUDA_PRODUCTS"] = products
+                saved = {k: os.environ.get(k) for k in settings}
+                os.environ.update(settings)
                 try:
                     ms, reps = measure(timer, make)
                     row[side][key], row["reps"][f"{side} {key}"] = ms, reps
@@ -542,11 +547,11 @@ def main(argv=None):
                     row[side][key] = "not run: the --budget was spent"
                 finally:
                     faulthandler.cancel_dump_traceback_later()
-                    if products is not None:
-                        if saved_products is None:
-                            os.environ.pop("SEQPACK_CUDA_PRODUCTS", None)
+                    for k, v in saved.items():
+                        if v is None:
+                            os.environ.pop(k, None)
                         else:
-                            os.environ["SEQPACK_CUDA_PRODUCTS"] = saved_products
+                            os.environ[k] = v
                 if side == "auto" and chosen[0] is not None:
                     row["auto_choice"] = chosen[0].impl
                     row["auto_why"] = chosen[0].why
