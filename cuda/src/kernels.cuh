@@ -405,14 +405,8 @@ __global__ void rnn_forward_kernel(int64_t bs, int64_t H, bool relu, float* __re
 }
 
 // ---------------------------------------------------------------------------
-// The persistent forward recurrence (SEQPACK_CUDA_KERNEL=persistent): one
-// cooperative launch runs every step of one layer and direction. Block k owns
-// the hidden units [k U, k U + U) and keeps their rows of W_hh (every gate) in
-// shared memory for the whole sequence; per step it computes its units' part
-// of h_{t-1} W_hh^T for the step's rows, the cell, and the rows that end, then
-// the grid synchronises (the next step reads every unit's h_t). Without a
-// projection only (hout == hidden). Writes the same reserve as the per-step
-// kernels, so the backward pass is shared.
+// The arguments of the persistent forward kernels (below): one layer and
+// direction, without a projection (hout == hidden).
 template <typename T>
 struct PersistentArgs {
   int mode;
@@ -441,17 +435,33 @@ struct PersistentArgs {
 
 constexpr int kPersistentThreads = 256;
 
-template <typename T>
-__global__ void __launch_bounds__(kPersistentThreads)
-    persistent_forward_kernel(PersistentArgs<T> a) {
-  // w[p R + g U + u] = W_hh[g H + j0 + u][p], R = gates U: consecutive units
-  // (consecutive threads) read consecutive words.
-  T* w = dynamic_shared<T>();
+// The body of both persistent forward kernels below. Block r owns the hidden
+// units [r U, r U + U) (r: the block's index in the grid, or its rank in the
+// cluster) and keeps their rows of W_hh (every gate) in shared memory for the
+// whole sequence; per step it computes its units' part of h_{t-1} W_hh^T for
+// the step's rows, the cell, and the rows that end, then the grid's or the
+// cluster's barrier. Rows are batch rows: a step's rows continue the rows of
+// the step processed before it (the forward's are a prefix of the step
+// before; the reverse's rows beyond the step after start from h0). h_{t-1}
+// of the rows that continue comes from the previous step's y in global
+// memory, or, in a cluster with a.shared_h, from the block's own shared
+// memory, into which every block writes its units of h_t (distributed shared
+// memory: the all-gather; h alternates between two buffers, so that a block
+// writes step k's h into the buffer its peers read at step k - 1, which all
+// of them finished before that step's barrier). Writes the same reserve as
+// the per-step kernels, so the backward pass is shared.
+template <typename T, bool kCluster>
+__device__ __forceinline__ void persistent_forward_steps(const PersistentArgs<T>& a) {
   const bool lstm = a.mode == 0, gru = a.mode == 1;
   const int ng = lstm ? 4 : gru ? 3 : 1;
-  const int64_t H = a.H, G = ng * H;
-  const int64_t j0 = static_cast<int64_t>(blockIdx.x) * a.units;
-  const int64_t U = a.units < H - j0 ? a.units : H - j0;
+  const int64_t H = a.H, G = ng * H, B = a.batch;
+  const int64_t j0 = static_cast<int64_t>(kCluster ? cluster_rank() : blockIdx.x) * a.units;
+  const int64_t U = j0 >= H ? 0 : (a.units < H - j0 ? a.units : H - j0);
+  const bool shared_h = kCluster && a.shared_h;
+  // w[p R + g U + u] = W_hh[g H + j0 + u][p], R = gates U: consecutive units
+  // (consecutive threads) read consecutive words. Then the h buffers, [B][H].
+  T* w = dynamic_shared<T>();
+  T* hbuf[2] = {w + ng * a.units * H, w + ng * a.units * H + B * H};
   for (int64_t e = threadIdx.x; e < ng * U * H; e += blockDim.x) {
     const int64_t row = e / H, p = e % H;
     const int64_t g = row / U, u = row % U;
@@ -469,100 +479,12 @@ __global__ void __launch_bounds__(kPersistentThreads)
     const int64_t r0 = a.reverse ? next - bs : next;
     next = a.reverse ? r0 : r0 + bs;
     const int64_t prev_rows = k == 0 ? 0 : (a.reverse ? a.batch_sizes[t + 1] : bs);
-    for (int64_t e = threadIdx.x; e < bs * U; e += blockDim.x) {
-      const int64_t b = e / U, u = e % U, j = j0 + u;
-      const T* h = b < prev_rows ? a.y + (prev_off + b) * a.ldy : a.h0 + b * H;
-      float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-      for (int64_t p = 0; p < H; ++p) {
-        const float hv = to_f32(h[p]);
-        const T* wp = w + p * ng * U + u;
-#pragma unroll
-        for (int g = 0; g < 4; ++g)
-          if (g < ng) acc[g] += hv * to_f32(wp[g * U]);
-      }
-#pragma unroll
-      for (int g = 0; g < 4; ++g)
-        if (g < ng) a.gh[b * G + g * H + j] = acc[g];
-      a.hprev[(r0 + b) * H + j] = to_f32(h[j]);
-      if (lstm)
-        a.cprev[(r0 + b) * H + j] =
-            b < prev_rows ? a.c[(prev_off + b) * H + j] : to_f32(a.c0[b * H + j]);
-    }
-    __syncthreads();
-    for (int64_t e = threadIdx.x; e < bs * U; e += blockDim.x) {
-      const int64_t b = e / U, j = j0 + e % U;
-      float* gates = a.gates + r0 * G;
-      T* y = a.y + r0 * a.ldy;
-      if (lstm)
-        lstm_forward_element<T>(b, j, H, gates, a.gh, a.b_hh, a.cprev + r0 * H, a.c + r0 * H,
-                                nullptr, y, a.ldy);
-      else if (gru)
-        gru_forward_element<T>(b, j, H, gates, a.gh, a.b_hh, a.hprev + r0 * H, a.ghn + r0 * H, y,
-                               a.ldy);
-      else
-        rnn_forward_element<T>(b, j, H, a.mode == 3, gates, a.gh, a.b_hh, y, a.ldy);
-    }
-    __syncthreads();
-    // Rows whose sequence ends here (as in forward() of rnn.cu).
-    const int64_t lo = a.reverse ? (t == 0 ? 0 : bs) : (t + 1 < a.steps ? a.batch_sizes[t + 1] : 0);
-    for (int64_t e = threadIdx.x; e < (bs - lo) * U; e += blockDim.x) {
-      const int64_t b = lo + e / U, j = j0 + e % U;
-      a.hn[b * H + j] = a.y[(r0 + b) * a.ldy + j];
-      if (lstm) a.cn[b * H + j] = from_f32<T>(a.c[(r0 + b) * H + j]);
-    }
-    prev_off = r0;
-    grid_sync();
-  }
-}
-
-// The forward recurrence of one layer and direction on one thread-block
-// cluster (SEQPACK_CUDA_KERNEL=cluster; sm_90): block r of n owns the hidden
-// units [r U, r U + U) and keeps their rows of W_hh (every gate) in its shared
-// memory for the whole sequence, as the persistent kernel above; h_{t-1}
-// comes from the block's own shared memory instead of global memory: each
-// step every block writes its units of h_t into every block's (distributed
-// shared memory, the all-gather), and the cluster meets one barrier instead of
-// the grid's (h alternates between two buffers: a block writes step k's h
-// into the buffer its peers read at step k - 1, which all of them finished
-// before that step's barrier). Rows are batch rows: a step's rows continue the
-// rows of the step processed before it (the forward's are a prefix of the
-// step before; the reverse's rows beyond the step after start from h0).
-// Without a projection. Writes the reserve as the per-step kernels do, so the
-// backward pass is shared.
-template <typename T>
-__global__ void __launch_bounds__(kPersistentThreads) cluster_forward_kernel(PersistentArgs<T> a) {
-  const unsigned n = cluster_blocks();
-  const bool lstm = a.mode == 0, gru = a.mode == 1;
-  const int ng = lstm ? 4 : gru ? 3 : 1;
-  const int64_t H = a.H, G = ng * H, B = a.batch;
-  const int64_t j0 = static_cast<int64_t>(cluster_rank()) * a.units;
-  const int64_t U = j0 >= H ? 0 : (a.units < H - j0 ? a.units : H - j0);
-  T* w = dynamic_shared<T>();  // [H][ng U], as the persistent kernel's
-  // [B][H] each, where they fit (a.shared_h); else h_{t-1} is read from y,
-  // which the cluster barrier orders as it orders shared memory.
-  T* hbuf[2] = {w + ng * a.units * H, w + ng * a.units * H + B * H};
-  for (int64_t e = threadIdx.x; e < ng * U * H; e += blockDim.x) {
-    const int64_t row = e / H, p = e % H;
-    const int64_t g = row / U, u = row % U;
-    w[p * ng * U + row] = a.w_hh[(g * H + j0 + u) * H + p];
-  }
-  __syncthreads();
-  int64_t rows = 0;
-  for (int64_t t = 0; t < a.steps; ++t) rows += a.batch_sizes[t];
-  int64_t prev_off = 0;
-  int64_t next = a.reverse ? rows : 0;
-  for (int64_t k = 0; k < a.steps; ++k) {
-    const int64_t t = a.reverse ? a.steps - 1 - k : k;
-    const int64_t bs = a.batch_sizes[t];
-    const int64_t r0 = a.reverse ? next - bs : next;
-    next = a.reverse ? r0 : r0 + bs;
-    const int64_t prev_rows = k == 0 ? 0 : (a.reverse ? a.batch_sizes[t + 1] : bs);
-    const T* hg = hbuf[k & 1];  // h_{t-1} of the rows that continue
+    const T* hg = hbuf[k & 1];
     T* hnext = hbuf[(k + 1) & 1];
     for (int64_t e = threadIdx.x; e < bs * U; e += blockDim.x) {
       const int64_t b = e / U, u = e % U, j = j0 + u;
       const T* h = b >= prev_rows ? a.h0 + b * H
-                   : a.shared_h   ? hg + b * H
+                   : shared_h     ? hg + b * H
                                   : a.y + (prev_off + b) * a.ldy;
       float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
       for (int64_t p = 0; p < H; ++p) {
@@ -593,10 +515,11 @@ __global__ void __launch_bounds__(kPersistentThreads) cluster_forward_kernel(Per
                                a.ldy);
       else
         rnn_forward_element<T>(b, j, H, a.mode == 3, gates, a.gh, a.b_hh, y, a.ldy);
-      // h_t of this unit to every block of the cluster.
-      if (a.shared_h) {
-        const T v = y[b * a.ldy + j];
-        for (unsigned q = 0; q < n; ++q) peer_shared(hnext, q)[b * H + j] = v;
+      if constexpr (kCluster) {
+        if (shared_h) {  // h_t of this unit to every block of the cluster
+          const T v = y[b * a.ldy + j];
+          for (unsigned q = 0; q < cluster_blocks(); ++q) peer_shared(hnext, q)[b * H + j] = v;
+        }
       }
     }
     __syncthreads();
@@ -608,8 +531,26 @@ __global__ void __launch_bounds__(kPersistentThreads) cluster_forward_kernel(Per
       if (lstm) a.cn[b * H + j] = from_f32<T>(a.c[(r0 + b) * H + j]);
     }
     prev_off = r0;
-    cluster_sync();
+    if constexpr (kCluster)
+      cluster_sync();
+    else
+      grid_sync();
   }
+}
+
+// SEQPACK_CUDA_KERNEL=persistent: one cooperative launch, ceil(H / U) blocks
+// all resident, the grid's barrier each step.
+template <typename T>
+__global__ void __launch_bounds__(kPersistentThreads)
+    persistent_forward_kernel(PersistentArgs<T> a) {
+  persistent_forward_steps<T, false>(a);
+}
+
+// SEQPACK_CUDA_KERNEL=cluster (sm_90): one thread-block cluster, its barrier
+// each step, h_{t-1} gathered in the blocks' shared memory where it fits.
+template <typename T>
+__global__ void __launch_bounds__(kPersistentThreads) cluster_forward_kernel(PersistentArgs<T> a) {
+  persistent_forward_steps<T, true>(a);
 }
 
 // Rows b in [lo, hi) end at this step: their h (from y) and c go to h_n, c_n.

@@ -534,6 +534,37 @@ bool kernel_requested(const char* name) {
 bool persistent_requested() { return kernel_requested("persistent"); }
 bool cluster_requested() { return kernel_requested("cluster"); }
 
+// The persistent forward kernels' arguments of one layer and direction.
+template <typename T>
+PersistentArgs<T> persistent_args(const Shape& s, int64_t steps, bool reverse, int64_t units,
+                                  const LayerWeights<const T*>& w, const Saved& sv,
+                                  const Workspace& ws, const T* h0, const T* c0, T* y, T* hn,
+                                  T* cn) {
+  PersistentArgs<T> a{};
+  a.mode = s.mode;
+  a.reverse = reverse;
+  a.steps = steps;
+  a.batch = s.batch;
+  a.batch_sizes = ws.batch_sizes;
+  a.H = s.hidden;
+  a.ldy = s.width();
+  a.units = units;
+  a.gates = sv.gates;
+  a.gh = ws.gh;
+  a.w_hh = w.w_hh;
+  a.b_hh = w.b_hh;
+  a.h0 = h0;
+  a.c0 = c0;
+  a.y = y;
+  a.hprev = sv.hprev;
+  a.c = sv.c;
+  a.cprev = sv.cprev;
+  a.ghn = sv.ghn;
+  a.hn = hn;
+  a.cn = cn;
+  return a;
+}
+
 // The persistent kernel for one layer and direction, if it fits: units per
 // block U from 1 up, the first whose W_hh rows fit in shared memory and whose
 // ceil(H / U) blocks are all resident at once (a cooperative launch needs
@@ -566,27 +597,8 @@ bool try_persistent(const Shape& s, const int64_t* batch_sizes, int64_t steps, b
   check_cuda(cudaMemcpyAsync(ws.batch_sizes, batch_sizes, static_cast<size_t>(steps) * 8,
                              cudaMemcpyHostToDevice, stream),
              "copying batch_sizes to the device");
-  PersistentArgs<T> a{};
-  a.mode = s.mode;
-  a.reverse = reverse;
-  a.steps = steps;
-  a.batch_sizes = ws.batch_sizes;
-  a.H = H;
-  a.ldy = s.width();
-  a.units = units;
-  a.gates = sv.gates;
-  a.gh = ws.gh;
-  a.w_hh = w.w_hh;
-  a.b_hh = w.b_hh;
-  a.h0 = h0;
-  a.c0 = c0;
-  a.y = y;
-  a.hprev = sv.hprev;
-  a.c = sv.c;
-  a.cprev = sv.cprev;
-  a.ghn = sv.ghn;
-  a.hn = hn;
-  a.cn = cn;
+  const PersistentArgs<T> a =
+      persistent_args<T>(s, steps, reverse, units, w, sv, ws, h0, c0, y, hn, cn);
   const int64_t blocks = (H + units - 1) / units;
   // A launch the GPU refuses (too many blocks resident elsewhere, say) leaves
   // the step to the per-step kernels; nothing has run then.
@@ -627,6 +639,55 @@ bool cluster_gather_global() {
        "seqpack_cuda: SEQPACK_CUDA_CLUSTER_GATHER = '%s' is not 'shared' or 'global'", choice);
 }
 
+// Where a cluster kernel runs one layer and direction: cluster_size(H)
+// blocks of `units` hidden units, each block's shared memory holding its
+// units' rows_per_unit elements of W_hh and, where they fit beside them (and
+// SEQPACK_CUDA_CLUSTER_GATHER allows), the gather buffers of buffer_bytes.
+// ok is false where the rows alone do not fit or the device's limits are
+// unknown.
+struct ClusterPlan {
+  bool ok = false;
+  int64_t n = 0, units = 0;
+  size_t shared = 0;
+  bool buffers = false;
+};
+
+template <typename T>
+ClusterPlan plan_cluster(const Shape& s, int64_t steps, int64_t rows_per_unit,
+                         size_t buffer_bytes) {
+  ClusterPlan p;
+  if (s.proj > 0 || steps == 0) return p;
+  DeviceLimits limits;
+  if (device_limits(&limits) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return p;
+  }
+  const auto limit = static_cast<size_t>(limits.shared_optin);
+  p.n = cluster_size(s.hidden);
+  p.units = (s.hidden + p.n - 1) / p.n;
+  const size_t rows = static_cast<size_t>(rows_per_unit * p.units) * sizeof(T);
+  p.buffers = !cluster_gather_global() && rows + buffer_bytes <= limit;
+  p.shared = rows + (p.buffers ? buffer_bytes : 0);
+  p.ok = p.shared <= limit;
+  return p;
+}
+
+// Copies batch_sizes to the device and launches `kernel` on the plan's
+// cluster; false (nothing run) where the GPU refuses the launch.
+template <typename A>
+bool start_cluster(void (*kernel)(A), const ClusterPlan& p, const int64_t* batch_sizes,
+                   int64_t steps, const Workspace& ws, cudaStream_t stream, const A& a) {
+  check_cuda(cudaMemcpyAsync(ws.batch_sizes, batch_sizes, static_cast<size_t>(steps) * 8,
+                             cudaMemcpyHostToDevice, stream),
+             "copying batch_sizes to the device");
+  if (launch_cluster(kernel, dim3(static_cast<unsigned>(p.n)), dim3(kPersistentThreads),
+                     static_cast<unsigned>(p.n), p.shared, stream, a) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return false;
+  }
+  return true;
+}
+
 // The cluster kernel for one layer and direction, if it fits: cluster_size(H)
 // blocks, each holding its units' rows of W_hh in shared memory, and the two
 // h buffers (batch x H each) where they fit too (else h_{t-1} is read from
@@ -636,52 +697,13 @@ template <typename T>
 bool try_cluster(const Shape& s, const int64_t* batch_sizes, int64_t steps, bool reverse,
                  const LayerWeights<const T*>& w, const Saved& sv, const Workspace& ws, const T* h0,
                  const T* c0, T* y, T* hn, T* cn, cudaStream_t stream) {
-  if (s.proj > 0 || steps == 0) return false;
-  DeviceLimits limits;
-  if (device_limits(&limits) != cudaSuccess) {
-    (void)cudaGetLastError();
-    return false;
-  }
-  const int64_t H = s.hidden, ng = s.gates() / H;
-  const int64_t n = cluster_size(H), units = (H + n - 1) / n;
-  const auto limit = static_cast<size_t>(limits.shared_optin);
-  size_t shared = static_cast<size_t>(ng * units * H + 2 * s.batch * H) * sizeof(T);
-  const bool shared_h = !cluster_gather_global() && shared <= limit;
-  if (!shared_h) shared = static_cast<size_t>(ng * units * H) * sizeof(T);
-  if (shared > limit) return false;
-  check_cuda(cudaMemcpyAsync(ws.batch_sizes, batch_sizes, static_cast<size_t>(steps) * 8,
-                             cudaMemcpyHostToDevice, stream),
-             "copying batch_sizes to the device");
-  PersistentArgs<T> a{};
-  a.mode = s.mode;
-  a.reverse = reverse;
-  a.steps = steps;
-  a.batch = s.batch;
-  a.shared_h = shared_h;
-  a.batch_sizes = ws.batch_sizes;
-  a.H = H;
-  a.ldy = s.width();
-  a.units = units;
-  a.gates = sv.gates;
-  a.gh = ws.gh;
-  a.w_hh = w.w_hh;
-  a.b_hh = w.b_hh;
-  a.h0 = h0;
-  a.c0 = c0;
-  a.y = y;
-  a.hprev = sv.hprev;
-  a.c = sv.c;
-  a.cprev = sv.cprev;
-  a.ghn = sv.ghn;
-  a.hn = hn;
-  a.cn = cn;
-  if (launch_cluster(cluster_forward_kernel<T>, dim3(static_cast<unsigned>(n)),
-                     dim3(kPersistentThreads), static_cast<unsigned>(n), shared, stream,
-                     a) != cudaSuccess) {
-    (void)cudaGetLastError();
-    return false;
-  }
-  return true;
+  const ClusterPlan p =
+      plan_cluster<T>(s, steps, s.gates(), static_cast<size_t>(2 * s.batch * s.hidden) * sizeof(T));
+  if (!p.ok) return false;
+  PersistentArgs<T> a =
+      persistent_args<T>(s, steps, reverse, p.units, w, sv, ws, h0, c0, y, hn, cn);
+  a.shared_h = p.buffers;
+  return start_cluster(cluster_forward_kernel<T>, p, batch_sizes, steps, ws, stream, a);
 }
 
 // The backward's cluster kernel for one layer and direction, if it fits (as
@@ -692,31 +714,17 @@ template <typename T>
 bool try_cluster_backward(const Shape& s, const int64_t* batch_sizes, int64_t steps, bool reverse,
                           const T* w_hh, const Saved& sv, const Workspace& ws, const float* dy,
                           float* dgx, float* dgh, cudaStream_t stream) {
-  if (s.proj > 0 || steps == 0) return false;
-  DeviceLimits limits;
-  if (device_limits(&limits) != cudaSuccess) {
-    (void)cudaGetLastError();
-    return false;
-  }
-  const int64_t H = s.hidden, G = s.gates();
-  const int64_t n = cluster_size(H), units = (H + n - 1) / n;
-  const auto limit = static_cast<size_t>(limits.shared_optin);
-  const size_t rows_bytes = static_cast<size_t>(G * units) * sizeof(T);
-  size_t shared = static_cast<size_t>(2 * s.batch * G) * sizeof(float) + rows_bytes;
-  const bool shared_dg = !cluster_gather_global() && shared <= limit;
-  if (!shared_dg) shared = rows_bytes;
-  if (shared > limit) return false;
-  check_cuda(cudaMemcpyAsync(ws.batch_sizes, batch_sizes, static_cast<size_t>(steps) * 8,
-                             cudaMemcpyHostToDevice, stream),
-             "copying batch_sizes to the device");
+  const ClusterPlan p = plan_cluster<T>(
+      s, steps, s.gates(), static_cast<size_t>(2 * s.batch * s.gates()) * sizeof(float));
+  if (!p.ok) return false;
   ClusterBackwardArgs<T> a{};
   a.mode = s.mode;
   a.reverse = reverse;
   a.steps = steps;
   a.batch = s.batch;
   a.batch_sizes = ws.batch_sizes;
-  a.H = H;
-  a.units = units;
+  a.H = s.hidden;
+  a.units = p.units;
   a.dy = dy;
   a.ldy = s.width();
   a.gates = sv.gates;
@@ -729,14 +737,8 @@ bool try_cluster_backward(const Shape& s, const int64_t* batch_sizes, int64_t st
   a.dh_carry = ws.dh_carry;
   a.dc_carry = ws.dc_carry;
   a.w_hh = w_hh;
-  a.shared_dg = shared_dg;
-  if (launch_cluster(cluster_backward_kernel<T>, dim3(static_cast<unsigned>(n)),
-                     dim3(kPersistentThreads), static_cast<unsigned>(n), shared, stream,
-                     a) != cudaSuccess) {
-    (void)cudaGetLastError();
-    return false;
-  }
-  return true;
+  a.shared_dg = p.buffers;
+  return start_cluster(cluster_backward_kernel<T>, p, batch_sizes, steps, ws, stream, a);
 }
 
 // ---------------------------------------------------------------------------

@@ -33,6 +33,7 @@ of this file on a machine without a GPU only: SEQPACK_CUDA_TEST_DEVICE=cpu runs
 every test on the CPU with a fake glue (one that calls torch._VF) named by
 SEQPACK_CUDA_GLUE; it checks the tests' own code paths, nothing of seqpack."""
 import argparse
+import contextlib
 import copy
 import faulthandler
 import importlib.util
@@ -305,20 +306,27 @@ def test_module_fp32(mode, num_layers, bidirectional, with_hx, bias):
     compare_module(m, LENGTHS, with_hx, SEED)
 
 
+@contextlib.contextmanager
+def _environment(name, value):
+    """The variable set to value (the library reads it at every call), then as before."""
+    old = os.environ.get(name)
+    os.environ[name] = value
+    try:
+        yield
+    finally:
+        if old is None:
+            del os.environ[name]
+        else:
+            os.environ[name] = old
+
+
 @cases("mode", MODES)
 def test_library_products_fp32(mode):
     """SEQPACK_CUDA_PRODUCTS=library (every product in the library's own GEMM, the
     path of its C users) instead of torch's products: the same comparison."""
-    old = os.environ.get("SEQPACK_CUDA_PRODUCTS")
-    os.environ["SEQPACK_CUDA_PRODUCTS"] = "library"
-    try:
+    with _environment("SEQPACK_CUDA_PRODUCTS", "library"):
         m = make_module(mode, 10, 16, 2, True, True)
         compare_module(m, LENGTHS, True, SEED + 7)
-    finally:
-        if old is None:
-            del os.environ["SEQPACK_CUDA_PRODUCTS"]
-        else:
-            os.environ["SEQPACK_CUDA_PRODUCTS"] = old
 
 
 @cases("mode,hidden_size", [(mode, h) for mode in MODES for h in (16, 33)])
@@ -329,16 +337,9 @@ def test_cluster_kernel_fp32(mode, hidden_size):
     to the per-step kernels, which the other tests check)."""
     if not SELF_TEST and torch.cuda.get_device_capability(DEVICE) < (9, 0):
         skip("thread-block clusters need sm_90")
-    old = os.environ.get("SEQPACK_CUDA_KERNEL")
-    os.environ["SEQPACK_CUDA_KERNEL"] = "cluster"
-    try:
+    with _environment("SEQPACK_CUDA_KERNEL", "cluster"):
         m = make_module(mode, 10, hidden_size, 2, True, True)
         compare_module(m, LENGTHS, True, SEED + 8)
-    finally:
-        if old is None:
-            del os.environ["SEQPACK_CUDA_KERNEL"]
-        else:
-            os.environ["SEQPACK_CUDA_KERNEL"] = old
 
 
 @cases("num_layers,bidirectional,proj_size,with_hx",
