@@ -11,6 +11,8 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <functional>
 #include <vector>
@@ -92,8 +94,21 @@ void fill_fragment(F& f, float v) {
   for (auto& row : f.x)
     for (auto& e : row) e = v;
 }
+// CUDA's requirements of the operands (the GPU's result is undefined
+// otherwise): a 256-bit aligned pointer, and ldm a multiple of 16 bytes.
+// The emulation stops the process, naming the call.
+inline void check_fragment_operand(const void* p, unsigned ldm, size_t element, const char* what) {
+  if (reinterpret_cast<uintptr_t>(p) % 32 != 0 || (ldm * element) % 16 != 0) {
+    std::fprintf(stderr,
+                 "emulated wmma::%s: pointer %p is not 32-byte aligned or ldm %u is not a "
+                 "multiple of 16 bytes\n",
+                 what, p, ldm);
+    std::abort();
+  }
+}
 template <typename Use, typename T>
 void load_matrix_sync(fragment<Use, 16, 16, 16, T, row_major>& f, const T* p, unsigned ldm) {
+  check_fragment_operand(p, ldm, sizeof(T), "load_matrix_sync");
   for (int r = 0; r < 16; ++r)
     for (int c = 0; c < 16; ++c) f.x[r][c] = emulated_to_float(p[r * ldm + c]);
 }
@@ -113,6 +128,7 @@ void mma_sync(fragment<accumulator, 16, 16, 16, float>& d,
 }
 inline void store_matrix_sync(float* p, const fragment<accumulator, 16, 16, 16, float>& f,
                               unsigned ldm, layout_t) {
+  check_fragment_operand(p, ldm, sizeof(float), "store_matrix_sync");
   for (int r = 0; r < 16; ++r)
     for (int c = 0; c < 16; ++c) p[r * ldm + c] = f.x[r][c];
 }
@@ -193,11 +209,17 @@ void run_blocks(const std::vector<dim3>& blocks, dim3 block, size_t shared_bytes
   const size_t threads = per_block * blocks.size();
   const size_t group = cluster == 0 ? blocks.size() : cluster;
   if (s.fibers.size() < threads) s.fibers.resize(threads);
-  std::vector<std::vector<unsigned char>> shared(blocks.size(),
-                                                 std::vector<unsigned char>(shared_bytes + 16));
+  // Each block's dynamic shared memory starts 128-byte aligned, as the
+  // kernels declare it (cuda_compat.cuh).
+  std::vector<std::vector<unsigned char>> shared(
+      blocks.size(), std::vector<unsigned char>(shared_bytes + 16 + 128));
   std::vector<unsigned char*> shared_of(blocks.size());
-  for (size_t b = 0; b < blocks.size(); ++b) shared_of[b] = shared[b].data();
-  std::vector<Barrier> block_barriers(blocks.size()), group_barriers((blocks.size() + group - 1) / group);
+  for (size_t b = 0; b < blocks.size(); ++b) {
+    const auto at = reinterpret_cast<uintptr_t>(shared[b].data());
+    shared_of[b] = shared[b].data() + (128 - at % 128) % 128;
+  }
+  std::vector<Barrier> block_barriers(blocks.size()),
+      group_barriers((blocks.size() + group - 1) / group);
   for (auto& b : block_barriers) b.expected = per_block;
   for (size_t g = 0; g < group_barriers.size(); ++g)
     group_barriers[g].expected =
@@ -244,7 +266,8 @@ void launch(void (*kernel)(KArgs...), dim3 grid, dim3 block, cudaStream_t, Args.
   for (unsigned bz = 0; bz < grid.z; ++bz)
     for (unsigned by = 0; by < grid.y; ++by)
       for (unsigned bx = 0; bx < grid.x; ++bx)
-        run_blocks({dim3(bx, by, bz)}, block, 0, [&] { kernel(static_cast<KArgs>(args)...); }, 1);
+        run_blocks(
+            {dim3(bx, by, bz)}, block, 0, [&] { kernel(static_cast<KArgs>(args)...); }, 1);
 }
 
 template <typename T>
@@ -270,7 +293,8 @@ void run_grid(void (*kernel)(A), dim3 grid, dim3 block, size_t shared_bytes, A a
   for (unsigned bz = 0; bz < grid.z; ++bz)
     for (unsigned by = 0; by < grid.y; ++by)
       for (unsigned bx = 0; bx < grid.x; ++bx) blocks.emplace_back(bx, by, bz);
-  run_blocks(blocks, block, shared_bytes, [&] { kernel(arg); }, cluster);
+  run_blocks(
+      blocks, block, shared_bytes, [&] { kernel(arg); }, cluster);
 }
 
 template <typename A>

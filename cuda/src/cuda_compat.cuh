@@ -27,7 +27,7 @@ void launch(void (*kernel)(KArgs...), dim3 grid, dim3 block, cudaStream_t stream
 // The kernel's dynamic shared memory.
 template <typename T>
 __device__ __forceinline__ T* dynamic_shared() {
-  extern __shared__ __align__(16) unsigned char seqpack_dynamic_shared[];
+  extern __shared__ __align__(128) unsigned char seqpack_dynamic_shared[];
   return reinterpret_cast<T*>(seqpack_dynamic_shared);
 }
 
@@ -91,8 +91,14 @@ __device__ __forceinline__ T* peer_shared(T* local, unsigned rank) {
 #else
 // Below sm_90 there are no clusters: kernels that use them are never launched
 // there (launch_cluster fails first), and trap if they are.
-__device__ __forceinline__ unsigned cluster_rank() { __trap(); return 0; }
-__device__ __forceinline__ unsigned cluster_blocks() { __trap(); return 1; }
+__device__ __forceinline__ unsigned cluster_rank() {
+  __trap();
+  return 0;
+}
+__device__ __forceinline__ unsigned cluster_blocks() {
+  __trap();
+  return 1;
+}
 __device__ __forceinline__ void cluster_sync() { __trap(); }
 template <typename T>
 __device__ __forceinline__ T* peer_shared(T* local, unsigned) {

@@ -414,6 +414,7 @@ struct PersistentArgs {
   int64_t steps;
   int64_t batch;  // rows of h0 (the cluster kernel's h buffers)
   bool shared_h;  // cluster kernel: h_{t-1} gathered in shared memory (else read from y)
+  bool mma;       // cluster kernel with shared_h, 16-bit T, H % 16 == 0: tensor cores
   const int64_t* batch_sizes;  // device copy
   int64_t H;
   int64_t ldy;
@@ -434,6 +435,47 @@ struct PersistentArgs {
 };
 
 constexpr int kPersistentThreads = 256;
+
+__host__ __device__ constexpr int64_t round16(int64_t n) { return (n + 15) / 16 * 16; }
+
+// The cluster forward kernel's shared memory with tensor cores (a.mma): W_hh's
+// rows of the block's units as [H][R] (R = ng U rounded up to 16, the padding
+// zero), the two h buffers [Bp][H] (Bp = the batch rounded up to 16), and a
+// float [Bp][R] scratch for the product; every fragment starts 32-byte aligned
+// because H is a multiple of 16.
+template <typename T>
+constexpr size_t cluster_mma_shared_bytes(int64_t ng, int64_t units, int64_t H, int64_t batch) {
+  return static_cast<size_t>(H * round16(ng * units) + 2 * round16(batch) * H) * sizeof(T) +
+         static_cast<size_t>(round16(batch) * round16(ng * units)) * sizeof(float);
+}
+
+// One step's h_{t-1} W_hh^T for the block's units on tensor cores: the rows
+// [0, bs) of hg (16-row tiles; rows past bs are whatever the buffer holds and
+// their results are dropped) times w ([H][R]), 16 x 16 x 16 products
+// accumulated in float32, into scratch [rows][R]. The warps share the tiles.
+template <typename T>
+__device__ __forceinline__ void cluster_step_mma(const T* hg, const T* w, float* scratch,
+                                                 int64_t bs, int64_t H, int64_t R) {
+  if constexpr (sizeof(T) == 2) {
+    namespace wmma = nvcuda::wmma;
+    const int64_t mt = (bs + 15) / 16, nt = R / 16;
+    const int warp = static_cast<int>(threadIdx.x) / 32, warps = static_cast<int>(blockDim.x) / 32;
+    for (int64_t tile = warp; tile < mt * nt; tile += warps) {
+      const int64_t m = tile / nt, n = tile % nt;
+      wmma::fragment<wmma::accumulator, 16, 16, 16, float> acc;
+      wmma::fill_fragment(acc, 0.0f);
+      for (int64_t k = 0; k < H; k += 16) {
+        wmma::fragment<wmma::matrix_a, 16, 16, 16, T, wmma::row_major> fa;
+        wmma::fragment<wmma::matrix_b, 16, 16, 16, T, wmma::row_major> fb;
+        wmma::load_matrix_sync(fa, hg + m * 16 * H + k, static_cast<unsigned>(H));
+        wmma::load_matrix_sync(fb, w + k * R + n * 16, static_cast<unsigned>(R));
+        wmma::mma_sync(acc, fa, fb, acc);
+      }
+      wmma::store_matrix_sync(scratch + m * 16 * R + n * 16, acc, static_cast<unsigned>(R),
+                              wmma::mem_row_major);
+    }
+  }
+}
 
 // The body of both persistent forward kernels below. Block r owns the hidden
 // units [r U, r U + U) (r: the block's index in the grid, or its rank in the
@@ -458,14 +500,20 @@ __device__ __forceinline__ void persistent_forward_steps(const PersistentArgs<T>
   const int64_t j0 = static_cast<int64_t>(kCluster ? cluster_rank() : blockIdx.x) * a.units;
   const int64_t U = j0 >= H ? 0 : (a.units < H - j0 ? a.units : H - j0);
   const bool shared_h = kCluster && a.shared_h;
-  // w[p R + g U + u] = W_hh[g H + j0 + u][p], R = gates U: consecutive units
-  // (consecutive threads) read consecutive words. Then the h buffers, [B][H].
+  const bool mma = kCluster && a.mma && sizeof(T) == 2;
+  // w[p R + g U + u] = W_hh[g H + j0 + u][p], R = gates U (with tensor cores
+  // rounded up to 16, the padding zero): consecutive units (consecutive
+  // threads) read consecutive words. Then the h buffers, [Bp][H] (Bp = B, or
+  // rounded up to 16 with tensor cores), then their float scratch [Bp][R].
+  const int64_t R = mma ? round16(ng * a.units) : ng * U;
+  const int64_t Bp = mma ? round16(B) : B;
   T* w = dynamic_shared<T>();
-  T* hbuf[2] = {w + ng * a.units * H, w + ng * a.units * H + B * H};
-  for (int64_t e = threadIdx.x; e < ng * U * H; e += blockDim.x) {
+  T* hbuf[2] = {w + (mma ? R : ng * a.units) * H, w + (mma ? R : ng * a.units) * H + Bp * H};
+  float* scratch = reinterpret_cast<float*>(hbuf[1] + Bp * H);
+  for (int64_t e = threadIdx.x; e < R * H; e += blockDim.x) {
     const int64_t row = e / H, p = e % H;
-    const int64_t g = row / U, u = row % U;
-    w[p * ng * U + row] = a.w_hh[(g * H + j0 + u) * H + p];
+    const int64_t g = row / (U > 0 ? U : 1), u = row % (U > 0 ? U : 1);
+    w[p * R + row] = row < ng * U ? a.w_hh[(g * H + j0 + u) * H + p] : from_f32<T>(0.0f);
   }
   __syncthreads();
   int64_t rows = 0;
@@ -479,20 +527,35 @@ __device__ __forceinline__ void persistent_forward_steps(const PersistentArgs<T>
     const int64_t r0 = a.reverse ? next - bs : next;
     next = a.reverse ? r0 : r0 + bs;
     const int64_t prev_rows = k == 0 ? 0 : (a.reverse ? a.batch_sizes[t + 1] : bs);
-    const T* hg = hbuf[k & 1];
+    T* hg = hbuf[k & 1];
     T* hnext = hbuf[(k + 1) & 1];
+    if (mma) {
+      // The rows that start here take h0 into the buffer (no peer writes it
+      // this step), then the product on tensor cores.
+      for (int64_t e = threadIdx.x; e < (bs - prev_rows) * H; e += blockDim.x)
+        hg[prev_rows * H + e] = a.h0[prev_rows * H + e];
+      __syncthreads();
+      cluster_step_mma<T>(hg, w, scratch, bs, H, R);
+      __syncthreads();
+    }
     for (int64_t e = threadIdx.x; e < bs * U; e += blockDim.x) {
       const int64_t b = e / U, u = e % U, j = j0 + u;
-      const T* h = b >= prev_rows ? a.h0 + b * H
-                   : shared_h     ? hg + b * H
-                                  : a.y + (prev_off + b) * a.ldy;
+      const T* h = mma || (b < prev_rows && shared_h) ? hg + b * H
+                   : b >= prev_rows                   ? a.h0 + b * H
+                                                      : a.y + (prev_off + b) * a.ldy;
       float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-      for (int64_t p = 0; p < H; ++p) {
-        const float hv = to_f32(h[p]);
-        const T* wp = w + p * ng * U + u;
+      if (mma) {
 #pragma unroll
         for (int g = 0; g < 4; ++g)
-          if (g < ng) acc[g] += hv * to_f32(wp[g * U]);
+          if (g < ng) acc[g] = scratch[b * R + g * U + u];
+      } else {
+        for (int64_t p = 0; p < H; ++p) {
+          const float hv = to_f32(h[p]);
+          const T* wp = w + p * R + u;
+#pragma unroll
+          for (int g = 0; g < 4; ++g)
+            if (g < ng) acc[g] += hv * to_f32(wp[g * U]);
+        }
       }
 #pragma unroll
       for (int g = 0; g < 4; ++g)

@@ -639,6 +639,16 @@ bool cluster_gather_global() {
        "seqpack_cuda: SEQPACK_CUDA_CLUSTER_GATHER = '%s' is not 'shared' or 'global'", choice);
 }
 
+// SEQPACK_CUDA_CLUSTER_MMA: unset, empty or 1 lets the cluster forward kernel
+// use tensor cores where it can (16-bit data); 0 keeps the threads' products.
+bool cluster_mma_allowed() {
+  const char* choice = std::getenv("SEQPACK_CUDA_CLUSTER_MMA");
+  if (choice == nullptr || choice[0] == '\0' || std::strcmp(choice, "1") == 0) return true;
+  if (std::strcmp(choice, "0") == 0) return false;
+  fail(SEQPACK_CUDA_INVALID_ARGUMENT, "seqpack_cuda: SEQPACK_CUDA_CLUSTER_MMA = '%s' is not 0 or 1",
+       choice);
+}
+
 // Where a cluster kernel runs one layer and direction: cluster_size(H)
 // blocks of `units` hidden units, each block's shared memory holding its
 // units' rows_per_unit elements of W_hh and, where they fit beside them (and
@@ -697,12 +707,25 @@ template <typename T>
 bool try_cluster(const Shape& s, const int64_t* batch_sizes, int64_t steps, bool reverse,
                  const LayerWeights<const T*>& w, const Saved& sv, const Workspace& ws, const T* h0,
                  const T* c0, T* y, T* hn, T* cn, cudaStream_t stream) {
-  const ClusterPlan p =
+  ClusterPlan p =
       plan_cluster<T>(s, steps, s.gates(), static_cast<size_t>(2 * s.batch * s.hidden) * sizeof(T));
   if (!p.ok) return false;
   PersistentArgs<T> a =
       persistent_args<T>(s, steps, reverse, p.units, w, sv, ws, h0, c0, y, hn, cn);
   a.shared_h = p.buffers;
+  // 16-bit data with H a multiple of 16 and the h buffers in shared memory:
+  // the step's product on tensor cores where that layout fits too
+  // (SEQPACK_CUDA_CLUSTER_MMA=0 keeps the threads' own products).
+  if (sizeof(T) == 2 && s.hidden % 16 == 0 && p.buffers && cluster_mma_allowed()) {
+    DeviceLimits limits;
+    const size_t bytes =
+        cluster_mma_shared_bytes<T>(s.gates() / s.hidden, p.units, s.hidden, s.batch);
+    if (device_limits(&limits) == cudaSuccess &&
+        bytes <= static_cast<size_t>(limits.shared_optin)) {
+      a.mma = true;
+      p.shared = bytes;
+    }
+  }
   return start_cluster(cluster_forward_kernel<T>, p, batch_sizes, steps, ws, stream, a);
 }
 

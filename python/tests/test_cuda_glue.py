@@ -997,12 +997,54 @@ def test_operator_kernel_seeds_its_dropout(emulated, monkeypatch):
 @pytest.mark.parametrize("name,value,message", [
     ("SEQPACK_CUDA_CLUSTER", v, f"SEQPACK_CUDA_CLUSTER = '{v}' is not a block count from 1 to 16")
     for v in ("0", "17", "four", "2x")] + [
-    ("SEQPACK_CUDA_CLUSTER_GATHER", "dsmem", "SEQPACK_CUDA_CLUSTER_GATHER = 'dsmem' is not 'shared' or 'global'")])
+    ("SEQPACK_CUDA_CLUSTER_GATHER", "dsmem", "SEQPACK_CUDA_CLUSTER_GATHER = 'dsmem' is not 'shared' or 'global'"),
+    ("SEQPACK_CUDA_CLUSTER_MMA", "yes", "SEQPACK_CUDA_CLUSTER_MMA = 'yes' is not 0 or 1")])
 def test_cluster_settings_are_checked(emulated, monkeypatch, name, value, message):
     monkeypatch.setenv("SEQPACK_CUDA_KERNEL", "cluster")
     monkeypatch.setenv(name, value)
-    rnn = torch.nn.GRU(3, 8)
-    x = torch.randn(4, 3)
+    # bfloat16 and H = 16: where the tensor-core setting is read.
+    rnn = torch.nn.GRU(3, 16).to(torch.bfloat16)
+    x = torch.randn(4, 3).to(torch.bfloat16)
     with pytest.raises(RuntimeError, match=message):
-        emulated._forward_impl("GRU", x, torch.tensor([2, 2]), torch.zeros(1, 2, 8), None,
+        emulated._forward_impl("GRU", x, torch.tensor([2, 2]), torch.zeros(1, 2, 16, dtype=torch.bfloat16), None,
                                list(rnn._flat_weights), None, True, 1, False, 0, False, True)
+
+
+@pytest.mark.parametrize("mode,dtype,eps,cluster", [
+    ("LSTM", torch.bfloat16, 2.0 ** -8, "2"), ("GRU", torch.float16, 2.0 ** -11, "4"),
+    ("RNN_TANH", torch.bfloat16, 2.0 ** -8, "4")])
+def test_emulated_cluster_tensor_cores_match_the_threads_products(emulated, monkeypatch, mode, dtype, eps, cluster):
+    """The cluster forward kernel's step product on tensor cores (16-bit data, H a
+    multiple of 16) against the threads' own products (SEQPACK_CUDA_CLUSTER_MMA=0),
+    forward and backward: the same values but for the summation order, whose
+    differences h's rounding to the data type can carry, hence a few eps of the
+    largest value. Clusters of 2 and 4 blocks: units of 16 and 8 (GRU's 24 gate
+    rows padded to 32); a sequence of length zero; batch 6, padded to 16 rows."""
+    monkeypatch.setenv("SEQPACK_CUDA_KERNEL", "cluster")
+    monkeypatch.setenv("SEQPACK_CUDA_CLUSTER", cluster)
+    rnn = _make(mode, 5, 32, 2, True, True, 0, 11)
+    torch.manual_seed(12)
+    seqs = [torch.randn(n, 5) for n in (9, 7, 7, 3, 1)]
+    packed = torch.nn.utils.rnn.pack_sequence(seqs)
+    h0 = (torch.randn(4, 6, 32) * 0.5).to(dtype)
+    c0 = (torch.randn(4, 6, 32) * 0.5).to(dtype) if mode == "LSTM" else None
+    weights = [w.detach().to(dtype) for w in rnn._flat_weights]
+    x = packed.data.to(dtype)
+    gy = torch.randn(x.shape[0], 64).to(dtype)
+
+    def run():
+        leaves = [t.clone().requires_grad_() for t in [x, h0] + weights]
+        c = c0.clone().requires_grad_() if c0 is not None else None
+        y, hn, cn = emulated._run(mode, leaves[0], packed.batch_sizes, leaves[1], c, leaves[2:], None, True, 2, True,
+                                  0, False, False)
+        loss = (y.float() * gy.float()).sum() + hn.float().sum() + (cn.float().sum() if c is not None else 0)
+        grads = torch.autograd.grad(loss, leaves + ([c] if c is not None else []))
+        return [y, hn] + list(grads)
+
+    monkeypatch.setenv("SEQPACK_CUDA_CLUSTER_MMA", "0")
+    threads = run()
+    monkeypatch.setenv("SEQPACK_CUDA_CLUSTER_MMA", "1")
+    cores = run()
+    for i, (a, b) in enumerate(zip(cores, threads)):
+        scale = float(b.float().abs().max()) + 1e-3
+        _close(f"result {i}", a.float(), b.float(), atol=16 * eps * scale, rtol=16 * eps)
