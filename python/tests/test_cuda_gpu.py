@@ -446,10 +446,25 @@ def test_half_precision(mode, dtype):
     recorded beside seqpack's. In the CPU self-test the fake glue is torch's CPU
     bf16, which rounds more often than HALF_BOUNDS allow: there twice torch's
     error passes."""
+    check_half(mode, dtype, 40, 6 if mode == "LSTM" else 0)
+
+
+@cases("mode,dtype", [(mode, dt) for mode in MODES for dt in ("bfloat16", "float16")
+                      if not SELF_TEST or dt == "bfloat16"])
+def test_cluster_kernel_half(mode, dtype):
+    """SEQPACK_CUDA_KERNEL=cluster in bf16/fp16 with H = 48 (a multiple of 16: the
+    forward's step product on tensor cores), as test_half_precision checks. sm_90."""
+    if not SELF_TEST and torch.cuda.get_device_capability(DEVICE) < (9, 0):
+        skip("thread-block clusters need sm_90")
+    with _environment("SEQPACK_CUDA_KERNEL", "cluster"):
+        check_half(mode, dtype, 48, 0)
+
+
+def check_half(mode, dtype, hidden, proj):
+    """test_half_precision's comparison for a 2-layer bidirectional layer of `hidden` units."""
     dt = getattr(torch, dtype)
     lengths = [30, 17, 46, 5, 22, 1, 40]
-    proj = 6 if mode == "LSTM" else 0
-    base = make_module(mode, 24, 40, 2, True, proj_size=proj, seed=SEED + 10)
+    base = make_module(mode, 24, hidden, 2, True, proj_size=proj, seed=SEED + 10)
     m_half = copy.deepcopy(base).to(dt)
     m_ref = copy.deepcopy(m_half).float()  # the rounded weights, computed in fp32
     packed = make_packed(lengths, 24, SEED + 10, dt)
