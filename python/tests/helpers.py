@@ -36,3 +36,24 @@ def torch_twin(m):
     t = cls(m.input_size, m.hidden_size, **kwargs)
     t.load_state_dict(m.state_dict())
     return t
+
+
+def build_emulated_cuda(source, out):
+    """Compiles a CUDA source of cuda/ with g++ against the CPU emulation
+    (cuda/emulate/) into the shared library `out`; skips the calling test where
+    the CUDA emulation is switched off (SEQPACK_TEST_CUDA=0, scripts/test.sh) or
+    no g++ is there. Returns str(out)."""
+    import shutil
+    import subprocess
+    import pytest
+    if os.environ.get("SEQPACK_TEST_CUDA") == "0":
+        pytest.skip("SEQPACK_TEST_CUDA=0: the CUDA kernels' CPU emulation is not run (scripts/test.sh)")
+    cxx = next((shutil.which(c) for c in ("g++-12", "g++", "g++-14", "g++-13") if shutil.which(c)), None)
+    if cxx is None:
+        pytest.skip("no g++ to build the emulated CUDA code")
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    subprocess.run([cxx, "-std=c++20", "-O1", "-fPIC", "-shared", "-Wall", "-Wextra", "-Werror",
+                    "-Wno-unknown-pragmas", "-x", "c++", os.path.join(root, source), "-DSEQPACK_CUDA_EMULATE",
+                    "-I", os.path.join(root, "cuda", "emulate"), "-I", os.path.join(root, "include"),
+                    "-o", str(out), "-pthread"], check=True)
+    return str(out)

@@ -12,8 +12,6 @@ and sm_90 in scripts/build_cuda.sh.
 """
 import ctypes
 import os
-import shutil
-import subprocess
 import sys
 
 import pytest
@@ -21,24 +19,16 @@ import pytest
 torch = pytest.importorskip("torch")
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from helpers import build_emulated_cuda  # noqa: E402
 from cluster_probe_check import bind, check_probe, run_probe  # noqa: E402
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 CPU = torch.device("cpu")
 
 
 @pytest.fixture(scope="module")
 def probe(tmp_path_factory):
-    if os.environ.get("SEQPACK_TEST_CUDA") == "0":
-        pytest.skip("SEQPACK_TEST_CUDA=0: the CUDA kernels' CPU emulation is not run (scripts/test.sh)")
-    cxx = next((shutil.which(c) for c in ("g++-12", "g++", "g++-14", "g++-13") if shutil.which(c)), None)
-    if cxx is None:
-        pytest.skip("no g++ to build the emulated probe")
     out = tmp_path_factory.mktemp("cluster") / "libseqpack_cuda_probe.so"
-    subprocess.run([cxx, "-std=c++20", "-O1", "-fPIC", "-shared", "-Wall", "-Wextra", "-Werror",
-                    "-Wno-unknown-pragmas", "-x", "c++", os.path.join(ROOT, "cuda", "probe", "cluster_probe.cu"),
-                    "-DSEQPACK_CUDA_EMULATE", "-I", os.path.join(ROOT, "cuda", "emulate"),
-                    "-I", os.path.join(ROOT, "include"), "-o", str(out)], check=True)
+    build_emulated_cuda(os.path.join("cuda", "probe", "cluster_probe.cu"), out)
     return bind(ctypes.CDLL(str(out)))
 
 

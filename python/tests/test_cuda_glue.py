@@ -643,20 +643,29 @@ def test_emulated_wmma_matches_simt(emulated, monkeypatch, mode, proj, dtype, ep
     x = packed.data.to(dtype)
     gy = torch.randn(x.shape[0], 2 * hout).to(dtype)
 
-    def run():
-        leaves = [t.clone().requires_grad_() for t in [x, h0] + weights]
-        c = c0.clone().requires_grad_() if c0 is not None else None
-        # Every product in the library (SEQPACK_CUDA_PRODUCTS=library): its GEMM is what differs.
-        y, hn, cn = emulated._run(mode, leaves[0], packed.batch_sizes, leaves[1], c, leaves[2:], None, True, 2, True,
-                                  proj, False, False)
-        loss = (y.float() * gy.float()).sum() + hn.float().sum() + (cn.float().sum() if c is not None else 0)
-        grads = torch.autograd.grad(loss, leaves + ([c] if c is not None else []))
-        return [y, hn] + list(grads)
-
-    simt = run()
+    # Every product in the library (SEQPACK_CUDA_PRODUCTS=library): its GEMM is what differs.
+    simt = _library_run(emulated, mode, x, packed.batch_sizes, h0, c0, weights, proj, gy)
     monkeypatch.setenv("SEQPACK_CUDA_GEMM", "wmma")
-    wmma = run()
-    for i, (a, b) in enumerate(zip(wmma, simt)):
+    wmma = _library_run(emulated, mode, x, packed.batch_sizes, h0, c0, weights, proj, gy)
+    _close_within_eps(wmma, simt, eps)
+
+
+def _library_run(emulated, mode, x, batch_sizes, h0, c0, weights, proj, gy):
+    """A 2-layer bidirectional forward with every product in the library, then the
+    gradients of (y gy) + h_n + c_n: [y, h_n, every input's gradient]."""
+    leaves = [t.clone().requires_grad_() for t in [x, h0] + weights]
+    c = c0.clone().requires_grad_() if c0 is not None else None
+    y, hn, cn = emulated._run(mode, leaves[0], batch_sizes, leaves[1], c, leaves[2:], None, True, 2, True, proj,
+                              False, False)
+    loss = (y.float() * gy.float()).sum() + hn.float().sum() + (cn.float().sum() if c is not None else 0)
+    grads = torch.autograd.grad(loss, leaves + ([c] if c is not None else []))
+    return [y, hn] + list(grads)
+
+
+def _close_within_eps(got, want, eps):
+    """Two runs of 16-bit data that differ in summation order: a few eps of each
+    result's largest value (h's rounding to the data type carries the difference)."""
+    for i, (a, b) in enumerate(zip(got, want)):
         scale = float(b.float().abs().max()) + 1e-3
         _close(f"result {i}", a.float(), b.float(), atol=16 * eps * scale, rtol=16 * eps)
 
@@ -1032,19 +1041,8 @@ def test_emulated_cluster_tensor_cores_match_the_threads_products(emulated, monk
     x = packed.data.to(dtype)
     gy = torch.randn(x.shape[0], 64).to(dtype)
 
-    def run():
-        leaves = [t.clone().requires_grad_() for t in [x, h0] + weights]
-        c = c0.clone().requires_grad_() if c0 is not None else None
-        y, hn, cn = emulated._run(mode, leaves[0], packed.batch_sizes, leaves[1], c, leaves[2:], None, True, 2, True,
-                                  0, False, False)
-        loss = (y.float() * gy.float()).sum() + hn.float().sum() + (cn.float().sum() if c is not None else 0)
-        grads = torch.autograd.grad(loss, leaves + ([c] if c is not None else []))
-        return [y, hn] + list(grads)
-
     monkeypatch.setenv("SEQPACK_CUDA_CLUSTER_MMA", "0")
-    threads = run()
+    threads = _library_run(emulated, mode, x, packed.batch_sizes, h0, c0, weights, 0, gy)
     monkeypatch.setenv("SEQPACK_CUDA_CLUSTER_MMA", "1")
-    cores = run()
-    for i, (a, b) in enumerate(zip(cores, threads)):
-        scale = float(b.float().abs().max()) + 1e-3
-        _close(f"result {i}", a.float(), b.float(), atol=16 * eps * scale, rtol=16 * eps)
+    cores = _library_run(emulated, mode, x, packed.batch_sizes, h0, c0, weights, 0, gy)
+    _close_within_eps(cores, threads, eps)

@@ -5,7 +5,6 @@ emulation, against a float64 recurrence (step_floor_check.py). The GPU runs
 and times it in bench/cuda_step_floor.py (scripts/device_check.sh)."""
 import ctypes
 import os
-import shutil
 import subprocess
 import sys
 
@@ -14,6 +13,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from helpers import build_emulated_cuda  # noqa: E402
 from step_floor_check import bind, check_floor, make_case, run_floor  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -22,16 +22,8 @@ CPU = torch.device("cpu")
 
 @pytest.fixture(scope="module")
 def floor(tmp_path_factory):
-    if os.environ.get("SEQPACK_TEST_CUDA") == "0":
-        pytest.skip("SEQPACK_TEST_CUDA=0: the CUDA kernels' CPU emulation is not run (scripts/test.sh)")
-    cxx = next((shutil.which(c) for c in ("g++-12", "g++", "g++-14", "g++-13") if shutil.which(c)), None)
-    if cxx is None:
-        pytest.skip("no g++ to build the emulated kernel")
     out = tmp_path_factory.mktemp("floor") / "libseqpack_cuda_probe.so"
-    subprocess.run([cxx, "-std=c++20", "-O1", "-fPIC", "-shared", "-Wall", "-Wextra", "-Werror",
-                    "-Wno-unknown-pragmas", "-x", "c++", os.path.join(ROOT, "cuda", "probe", "step_floor.cu"),
-                    "-DSEQPACK_CUDA_EMULATE", "-I", os.path.join(ROOT, "cuda", "emulate"),
-                    "-I", os.path.join(ROOT, "include"), "-o", str(out), "-pthread"], check=True)
+    build_emulated_cuda(os.path.join("cuda", "probe", "step_floor.cu"), out)
     return str(out)
 
 
