@@ -141,8 +141,8 @@ namespace seqpack::cuda {
 // counts the fibers that reached it and switches back to the scheduler until
 // the last one has: every thread reaches it before any passes it, whatever
 // the others did in between (spin waits that yield, other barriers). The
-// scheduler resumes each unfinished fiber in turn. Stacks are kept between
-// launches.
+// scheduler resumes the unfinished fibers in rounds (run_blocks says which).
+// Stacks are kept between launches.
 struct Barrier {
   unsigned expected = 0, arrived = 0, generation = 0;
 };
@@ -245,11 +245,30 @@ void run_blocks(const std::vector<dim3>& blocks, dim3 block, size_t shared_bytes
     f.context.uc_link = &s.main;
     makecontext(&f.context, fiber_entry, 0);
   }
+  // Each round runs every unfinished fiber up to its next wait, except that
+  // a pseudo-random half of the blocks sits the round out (all of them run
+  // when none would): blocks drift apart as on a GPU, so that code relying on
+  // an order that only a barrier would give (a missing cluster barrier, say)
+  // shows its races here too. The sequence is the same in every run.
+  std::vector<char> sits(blocks.size(), 0);
+  uint64_t random = 0x9E3779B97F4A7C15ull;
   for (bool running = true; running;) {
     running = false;
+    bool any = false;
+    for (size_t b = 0; b < blocks.size(); ++b) {
+      random ^= random << 13;
+      random ^= random >> 7;
+      random ^= random << 17;
+      sits[b] = blocks.size() > 1 && (random >> 32) % 2 == 0;
+      any = any || !sits[b];
+    }
     for (size_t i = 0; i < threads; ++i) {
       Fiber& f = s.fibers[i];
       if (f.done) continue;
+      if (any && sits[i / per_block]) {
+        running = true;
+        continue;
+      }
       s.current = &f;
       threadIdx = f.index;
       blockIdx = f.block_index;

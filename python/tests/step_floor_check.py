@@ -11,8 +11,8 @@ float32, H products summed per step, twice that for each step (an error
 carried through tanh' <= 1 and a contracting W does not grow); bfloat16 adds
 four units of its rounding (2^-8: the kernel's float32 sum and the float64
 one may round h to neighbouring values, and the difference contracts after).
-The emulation runs blocks in lockstep, so a missing cluster barrier shows on
-the GPU only."""
+The emulation lets a cluster's blocks drift apart (cuda/emulate/), so a
+missing cluster barrier fails the check there too."""
 import ctypes
 
 import torch
