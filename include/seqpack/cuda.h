@@ -145,8 +145,8 @@ typedef struct seqpack_cuda_rnn_args {
   /* caller_products = 1: one layer (num_layers = 1) whose products that are
    * not recurrent the caller runs (as cuBLAS products through torch, say).
    * The forward reads input_gates instead of x, w_ih and b_ih; the backward
-   * writes dh0, dc0 and the buffers below instead of dx and dweights (it
-   * reads neither). Per direction d < dirs (entries beyond are NULL), with
+   * writes dh0, dc0 and the buffers below instead of dx and dweights, and
+   * reads neither x nor dweights. Per direction d < dirs (entries beyond are NULL), with
    * G = gates * hidden_size and P = proj_size or hidden_size, each
    * (rows, width) row-major, float32 except input_gates (dtype):
    *   input_gates[d] (rows, G)  x W_ih^T + b_ih (b_ih if has_biases)
