@@ -390,12 +390,14 @@ def _layer_reserve_bytes(mode: str, dtype: torch.dtype, rows, s: "_Sizes", bidir
 def _saved_layout(mode: str, dtype: torch.dtype, rows, s: "_Sizes", bidirectional: bool):
     """The layered forward's saved buffer: each layer's reserve, then the outputs
     of the layers below the last (the inputs of those above). Returns
-    (reserve offsets, output offsets, total bytes); rows may be symbolic."""
-    reserve = _aligned(_layer_reserve_bytes(mode, dtype, rows, s, bidirectional))
+    (reserve offsets, output offsets, total bytes, one layer's reserve bytes);
+    rows may be symbolic."""
+    layer = _layer_reserve_bytes(mode, dtype, rows, s, bidirectional)
+    reserve = _aligned(layer)
     output = _aligned(rows * s.width * _ELEMENT_SIZE[dtype])
     reserves = [l * reserve for l in range(s.layers)]
     outputs = [s.layers * reserve + l * output for l in range(s.layers - 1)]
-    return reserves, outputs, s.layers * reserve + (s.layers - 1) * output
+    return reserves, outputs, s.layers * reserve + (s.layers - 1) * output, layer
 
 
 def _layer_args(mode, bs, s, dtype, has_biases, bidirectional, allow_tf32, stream):
@@ -463,8 +465,7 @@ def _forward_layers(mode: str, data: torch.Tensor, batch_sizes: torch.Tensor, h0
     s = _Sizes(mode, data, h0, weights, num_layers, bidirectional, proj_size)
     ws_bytes, _ = buffer_sizes(mode, data.dtype, s.rows, s.batch, s.input, s.hidden, s.proj, 1, bidirectional)
     bs = batch_sizes if batch_sizes.is_contiguous() else batch_sizes.contiguous()
-    reserves, output_at, saved_bytes = _saved_layout(mode, data.dtype, s.rows, s, bidirectional)
-    layer_rs = _layer_reserve_bytes(mode, data.dtype, s.rows, s, bidirectional)
+    reserves, output_at, saved_bytes, layer_rs = _saved_layout(mode, data.dtype, s.rows, s, bidirectional)
     per, dirs = _per_layer(s, has_biases), s.dirs
     y = data.new_empty((s.rows, s.width))
     hn = torch.empty_like(h0)
@@ -516,8 +517,7 @@ def _backward_layers(mode: str, data: torch.Tensor, batch_sizes: torch.Tensor, h
     lib = _lib_or_raise()
     s = _Sizes(mode, data, h0, weights, num_layers, bidirectional, proj_size)
     ws_bytes, _ = buffer_sizes(mode, data.dtype, s.rows, s.batch, s.input, s.hidden, s.proj, 1, bidirectional)
-    reserves, output_at, _ = _saved_layout(mode, data.dtype, s.rows, s, bidirectional)
-    layer_rs = _layer_reserve_bytes(mode, data.dtype, s.rows, s, bidirectional)
+    reserves, output_at, _, layer_rs = _saved_layout(mode, data.dtype, s.rows, s, bidirectional)
     bs = batch_sizes.to(torch.int64).contiguous()
     dtype, per, dirs, G, P = data.dtype, _per_layer(s, has_biases), s.dirs, _GATES[mode] * s.hidden, s.hout
     dY = dy.to(dtype).contiguous() if dy is not None else None
@@ -529,13 +529,27 @@ def _backward_layers(mode: str, data: torch.Tensor, batch_sizes: torch.Tensor, h
     outputs = [saved[o:o + s.rows * s.width * data.element_size()].view(dtype).view(s.rows, s.width)
                for o in output_at]
     stream, base, f32 = _stream(data), saved.data_ptr(), torch.float32
-    dx = data
+    dx: Optional[torch.Tensor] = None  # layer 0's dX
     with _DeviceGuard(data):
         workspace = torch.empty((ws_bytes,), dtype=torch.uint8, device=data.device)
         a = _layer_args(mode, bs, s, dtype, has_biases, bidirectional, allow_tf32, stream)
         a.workspace, a.workspace_bytes, a.reserve_bytes = _ptr(workspace), ws_bytes, layer_rs
         dhns, dcns, dh0s = (_layer_slices(t, dirs) for t in (dhn, dcn, dh0))
         dc0s = _layer_slices(dc0, dirs) if c0 is not None else None
+        # What the library writes for the products, per direction: the same
+        # buffers for every layer (each layer's products read them before the
+        # next layer's call, in stream order).
+        dgx = [data.new_empty((s.rows, G), dtype=f32) for _ in range(dirs)]
+        dgh = [data.new_empty((s.rows, G), dtype=f32) for _ in range(dirs)] if mode == "GRU" else dgx
+        hprev = [data.new_empty((s.rows, P), dtype=f32) for _ in range(dirs)]
+        dh = [data.new_empty((s.rows, P), dtype=f32) for _ in range(dirs)] if s.proj else None
+        m = [data.new_empty((s.rows, s.hidden), dtype=f32) for _ in range(dirs)] if s.proj else None
+        for d in range(dirs):
+            a.dgates_x[d], a.hprev[d] = _ptr(dgx[d]), _ptr(hprev[d])
+            if mode == "GRU":
+                a.dgates_h[d] = _ptr(dgh[d])
+            if s.proj:
+                a.dh[d], a.m[d] = _ptr(dh[d]), _ptr(m[d])
         for l in reversed(range(s.layers)):
             x = _layer_input(data, outputs, mask, l)
             lw = weights[l * dirs * per:(l + 1) * dirs * per]
@@ -544,17 +558,6 @@ def _backward_layers(mode: str, data: torch.Tensor, batch_sizes: torch.Tensor, h
             a.reserve = base + reserves[l] if layer_rs else None
             a.dy = _ptr(dY)
             a.dhn, a.dcn, a.dh0, a.dc0 = _slice(dhns, l), _slice(dcns, l), _slice(dh0s, l), _slice(dc0s, l)
-            dgx = [data.new_empty((s.rows, G), dtype=f32) for _ in range(dirs)]
-            dgh = [data.new_empty((s.rows, G), dtype=f32) for _ in range(dirs)] if mode == "GRU" else dgx
-            hprev = [data.new_empty((s.rows, P), dtype=f32) for _ in range(dirs)]
-            dh = [data.new_empty((s.rows, P), dtype=f32) for _ in range(dirs)] if s.proj else None
-            m = [data.new_empty((s.rows, s.hidden), dtype=f32) for _ in range(dirs)] if s.proj else None
-            for d in range(dirs):
-                a.dgates_x[d], a.hprev[d] = _ptr(dgx[d]), _ptr(hprev[d])
-                if mode == "GRU":
-                    a.dgates_h[d] = _ptr(dgh[d])
-                if s.proj:
-                    a.dh[d], a.m[d] = _ptr(dh[d]), _ptr(m[d])
             _check(lib, lib.seqpack_cuda_rnn_backward(ctypes.byref(a)))
             dX = None
             for d in range(dirs):
