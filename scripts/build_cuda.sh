@@ -33,3 +33,24 @@ start=$(date +%s)
 cmake -S cuda -B "$BUILD_DIR" -DCMAKE_BUILD_TYPE=Release -DSEQPACK_CUDA_WERROR=ON "${args[@]}" >/dev/null
 cmake --build "$BUILD_DIR" -j "$(nproc)"
 echo "build_cuda: $BUILD_DIR/libseqpack_cuda.so in $(( $(date +%s) - start )) s"
+
+# The operators' CUDA registration (seqpack_torch/cuda_register.cpp), built only
+# against a CUDA build of LibTorch, compiled here against Debian's LibTorch
+# headers and this CUDA's (a CPU build of LibTorch lacks one generated header,
+# which a stand-in gives) with every warning an error: a syntax check.
+torch_include=/usr/include
+if [ -f "$torch_include/c10/cuda/CUDAStream.h" ]; then
+  stub=$(mktemp -d)
+  trap 'rm -rf "$stub"' EXIT
+  if [ ! -f "$torch_include/c10/cuda/impl/cuda_cmake_macros.h" ]; then
+    mkdir -p "$stub/c10/cuda/impl"
+    printf '#pragma once\n#define C10_CUDA_BUILD_SHARED_LIBS\n' >"$stub/c10/cuda/impl/cuda_cmake_macros.h"
+  fi
+  cuda_include=$(cd "$(dirname "$nvcc")/../include" && pwd)
+  ${CXX:-g++} -std=c++17 -fsyntax-only -Wall -Wextra -Werror -Wno-unused-parameter -I"$stub" \
+    -I"$torch_include/torch/csrc/api/include" -I"$cuda_include" -Iinclude -Iseqpack_torch \
+    seqpack_torch/cuda_register.cpp
+  echo "build_cuda: seqpack_torch/cuda_register.cpp compiles against $torch_include's LibTorch"
+else
+  echo "build_cuda: no LibTorch CUDA headers under $torch_include: cuda_register.cpp not checked"
+fi

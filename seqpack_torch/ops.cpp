@@ -60,6 +60,9 @@
 #include "seqpack/rnn.h"
 #include "seqpack/tensor.h"
 
+#include "cuda_ops.h"
+#include "schemas.h"
+
 namespace seqpack::torch_ops {
 
 namespace {
@@ -1380,16 +1383,8 @@ std::tuple<Tensor, Tensor, Tensor> rnn_padded_autograd(
 // operators the autograd kernels call (names with a leading underscore: not
 // for direct use; their fake implementations are in python/seqpack/torch.py).
 TORCH_LIBRARY(seqpack, m) {
-  m.def(
-      "rnn(Tensor data, Tensor batch_sizes, Tensor? sorted_indices, Tensor? unsorted_indices, "
-      "Tensor? h0, Tensor? c0, Tensor[] weights, str mode, int hidden_size, int num_layers, "
-      "bool bias, bool bidirectional, int proj_size, float dropout, bool train, int? seed=None, "
-      "str precision=\"fp32\") -> (Tensor output, Tensor h_n, Tensor c_n)");
-  m.def(
-      "rnn_padded(Tensor input, Tensor? lengths, Tensor? h0, Tensor? c0, Tensor[] weights, "
-      "str mode, int hidden_size, int num_layers, bool bias, bool batch_first, "
-      "bool bidirectional, int proj_size, float dropout, bool train, int? seed=None, "
-      "str precision=\"fp32\") -> (Tensor output, Tensor h_n, Tensor c_n)");
+  m.def(seqpack::torch_ops::kRnnSchema);
+  m.def(seqpack::torch_ops::kRnnPaddedSchema);
   m.def(
       "pack_padded_sequence(Tensor input, Tensor lengths, bool batch_first=False, "
       "bool enforce_sorted=True) -> (Tensor data, Tensor batch_sizes, Tensor sorted_indices, "
@@ -1415,6 +1410,8 @@ TORCH_LIBRARY(seqpack, m) {
   m.def(
       "_pad_packed_sequence_backward(Tensor grad, Tensor batch_sizes, Tensor? sorted_indices, "
       "Tensor? unsorted_indices, " SEQPACK_SYMINT "[] size, bool batch_first) -> Tensor");
+  // The CUDA kernels' library (cuda_ops.h; a kernel for no dispatch key).
+  m.def(seqpack::torch_ops::kCudaLibrarySchema, &seqpack::torch_cuda::use_library);
 }
 
 // The computations on any backend key, so a tensor on another device reaches

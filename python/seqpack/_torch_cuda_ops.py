@@ -2,6 +2,10 @@
 torch.ops.seqpack.rnn and torch.ops.seqpack.rnn_padded, over the CUDA glue
 (seqpack/_cuda.py and its library), registered from Python.
 
+Where libseqpack_torch was built against a CUDA build of LibTorch, these
+kernels are its own, in C++ (seqpack_torch/cuda_ops.h: no Python in the call,
+so TorchScript and LibTorch programs without Python reach them too), and
+register() only hands them the library the glue found. Otherwise
 register(backend) adds them, for the CUDA and AutogradCUDA dispatch keys, to
 the operators libseqpack_torch defines (its C++ kernels are the CPU ones): the
 same operator then runs on either device, from eager code, TorchScript,
@@ -34,8 +38,25 @@ _KEYS = ("CUDA", "AutogradCUDA")
 _PRECISIONS = ("fp32", "auto")
 
 
+def cpp_kernels() -> bool:
+    """Whether libseqpack_torch has the operators' CUDA kernels in C++
+    (seqpack_torch/cuda_ops.h: built where its LibTorch is a CUDA build).
+    Asked once: a library's registrations do not change."""
+    if "cpp" not in _STATE:
+        _STATE["cpp"] = _STATE["library"] is None and torch._C._dispatch_has_kernel_for_dispatch_key(
+            "seqpack::rnn", "CUDA")
+    return _STATE["cpp"]
+
+
 def register(backend) -> None:
-    """Registers the kernels over `backend` (the glue module) once per process."""
+    """Registers the kernels over `backend` (the glue module) once per process.
+    Where libseqpack_torch has them in C++ (cpp_kernels()), those stay the
+    operators' kernels, and they are given the library the glue found."""
+    if cpp_kernels():
+        path = backend.library_path()
+        torch.ops.seqpack._cuda_library(path if path is not None else "")
+        _STATE["backend"] = backend
+        return
     if _STATE["library"] is not None:
         _STATE["backend"] = backend
         return
@@ -47,7 +68,8 @@ def register(backend) -> None:
 
 
 def registered() -> bool:
-    return _STATE["library"] is not None
+    """Whether the operators' CUDA kernels run over a backend (register() was called)."""
+    return _STATE["backend"] is not None
 
 
 def _backend():

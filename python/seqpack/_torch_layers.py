@@ -52,7 +52,13 @@ def _cuda_backend():
 def _cuda_operators():
     """What the layers' CUDA forwards call: torch.ops.seqpack, whose rnn and
     rnn_padded have the CUDA kernels _cuda_backend registered (the tests put the
-    kernels themselves here, to run them on CPU tensors)."""
+    kernels themselves here, to run them on CPU tensors). Under torch.compile,
+    where those kernels are libseqpack_torch's C++ ones (which its tracer cannot
+    run on fake tensors), the Python kernels themselves, over the glue's
+    traceable custom operator."""
+    from . import _cuda, _torch_cuda_ops
+    if _torch_cuda_ops.cpp_kernels() and _cuda._compiling():
+        return _torch_cuda_ops
     return torch.ops.seqpack
 
 

@@ -1,0 +1,316 @@
+"""seqpack's CUDA operator kernels in C++ (seqpack_torch/cuda_ops.cpp) run on
+the CPU: the test library libseqpack_torch_cuda_emulated.so registers them for
+CPU tensors as torch.ops.seqpack_cuda_emulated.rnn and rnn_padded (seqpack's
+schemas), over libseqpack_cuda.so compiled for the CPU (cuda/emulate/). Checked
+against torch (torch._VF's packed overloads and torch.nn's modules): outputs,
+states and every gradient, sorted/unsorted indices, padded input with and
+without lengths (zero lengths too), the seeded dropout mask, TorchScript, the
+double-backward refusal and the bad inputs by name. Where torch is a CUDA build
+the same kernels are seqpack::rnn's CUDA kernels (cuda_register.cpp)."""
+import os
+import pathlib
+import subprocess
+import sys
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from helpers import build_emulated_cuda  # noqa: E402
+from test_cuda_glue import CASES, MODULES, _make, _reference  # noqa: E402
+from tolerance import assert_fp_close, rnn_reduction_length  # noqa: E402
+
+import seqpack.torch  # noqa: E402,F401  (loads libseqpack_torch: the kernels' library)
+
+TEST_LIBRARY = "libseqpack_torch_cuda_emulated.so"
+
+
+@pytest.fixture(scope="module")
+def ops(tmp_path_factory):
+    """torch.ops.seqpack_cuda_emulated over the emulated library."""
+    import seqpack
+    # The build holding the package's libseqpack_torch.so (its Python files may be links).
+    build = (pathlib.Path(seqpack.__file__).parent / "libseqpack_torch.so").resolve().parents[2]
+    lib = build / "tests" / TEST_LIBRARY
+    if not lib.is_file():
+        pytest.skip(f"{lib} is not built (a CMake build with SEQPACK_BUILD_TESTS and SEQPACK_BUILD_TORCH)")
+    cuda = build_emulated_cuda(os.path.join("cuda", "src", "rnn.cu"),
+                               tmp_path_factory.mktemp("emulated") / "libseqpack_cuda.so")
+    if not hasattr(torch.ops.seqpack_cuda_emulated, "rnn"):
+        torch.ops.load_library(str(lib))
+    assert torch.ops.seqpack_cuda_emulated._cuda_library(cuda) == cuda
+    return torch.ops.seqpack_cuda_emulated
+
+
+def _bound_n(mode, input_size, hidden, layers, bidirectional, proj, rows):
+    return rnn_reduction_length(input_size, hidden, layers, bidirectional, rows, proj)
+
+
+def _leaves(tensors):
+    return [t.detach().clone().requires_grad_() for t in tensors]
+
+
+@pytest.mark.parametrize("mode,layers,bidirectional,bias,proj,lengths,extra", CASES)
+def test_cpp_kernels_match_torch(ops, mode, layers, bidirectional, bias, proj, lengths, extra):
+    input_size, hidden = 3, 5
+    seed = 4321 + len(lengths) * 7 + layers
+    rnn = _make(mode, input_size, hidden, layers, bidirectional, bias, proj, seed)
+    dirs, hout = (2 if bidirectional else 1), proj or hidden
+    packed = torch.nn.utils.rnn.pack_sequence([torch.randn(n, input_size) for n in lengths])
+    data, bs = packed.data.detach(), packed.batch_sizes
+    batch, real = len(lengths) + extra, len(lengths)
+    h0 = torch.randn(layers * dirs, batch, hout)
+    c0 = torch.randn(layers * dirs, batch, hidden) if mode == "LSTM" else None
+    weights = [w.detach() for w in rnn._flat_weights]
+    lstm = c0 is not None
+    leaves = _leaves([data, h0] + ([c0] if lstm else []) + weights)
+    x_, h_, c_, w_ = leaves[0], leaves[1], (leaves[2] if lstm else None), leaves[2 + lstm:]
+    y, hn, cn = ops.rnn(x_, bs, None, None, h_, c_, w_, mode, hidden, layers, bias, bidirectional, proj,
+                        0.0, False, None, "fp32")
+    rleaves = _leaves([data, h0[:, :real]] + ([c0[:, :real]] if lstm else []) + weights)
+    rx, rh, rc, rw = rleaves[0], rleaves[1], (rleaves[2] if lstm else None), rleaves[2 + lstm:]
+    ry, rhn, rcn = _reference(mode, rx, bs, rh, rc, rw, bias, layers, bidirectional)
+    n = _bound_n(mode, input_size, hidden, layers, bidirectional, proj, sum(lengths))
+    assert_fp_close(y, ry, n, what="output", scale=1.0)
+    assert_fp_close(hn[:, :real], rhn, n, what="h_n", scale=1.0)
+    assert torch.equal(hn[:, real:], h0[:, real:]), "zero-length sequences' h_n is not their h0"
+    if lstm:
+        assert_fp_close(cn[:, :real], rcn, n, what="c_n", scale=max(1.0, float(rcn.abs().max())))
+        assert torch.equal(cn[:, real:], c0[:, real:])
+    else:
+        assert cn.numel() == 0
+
+    torch.manual_seed(seed + 1)
+    gy, ghn = torch.randn_like(ry), torch.randn_like(hn)
+    gcn = torch.randn_like(cn) if lstm else None
+    loss = (y * gy).sum() + (hn * ghn).sum() + ((cn * gcn).sum() if lstm else 0)
+    grads = torch.autograd.grad(loss, leaves)
+    rloss = (ry * gy).sum() + (rhn * ghn[:, :real]).sum() + ((rcn * gcn[:, :real]).sum() if lstm else 0)
+    rgrads = torch.autograd.grad(rloss, rleaves, allow_unused=True)
+    names = ["data", "h0"] + (["c0"] if lstm else []) + [f"weights[{i}]" for i in range(len(weights))]
+    for name, g, r in zip(names, grads, rgrads):
+        r = torch.zeros_like(g) if r is None else r
+        if name in ("h0", "c0"):
+            assert_fp_close(g[:, :real], r, n, what="d" + name)
+            want = ghn if name == "h0" else gcn  # h_n = h0 where a sequence has no steps
+            assert torch.equal(g[:, real:], want[:, real:]), name
+        else:
+            assert_fp_close(g, r, n, what="d" + name)
+
+    with torch.no_grad():  # the route without a graph: one allocation, the same values
+        y2, hn2, cn2 = ops.rnn(data, bs, None, None, h0, c0, weights, mode, hidden, layers, bias,
+                               bidirectional, proj, 0.0, False, None, "auto")
+    assert torch.equal(y2, y.detach()) and torch.equal(hn2, hn.detach())
+    if lstm:
+        assert torch.equal(cn2, cn.detach())
+
+
+@pytest.mark.parametrize("mode", ["LSTM", "GRU"])
+def test_cpp_kernels_take_the_callers_order(ops, mode):
+    """enforce_sorted=False: h0/c0 in, h_n/c_n out in the caller's batch order,
+    and gradients through the permutations (against torch.nn's module)."""
+    rnn = _make(mode, 4, 6, 2, True, True, 0, 11)
+    seqs = [torch.randn(n, 4) for n in (2, 5, 1, 5, 3)]
+    packed = torch.nn.utils.rnn.pack_sequence(seqs, enforce_sorted=False)
+    h0 = torch.randn(4, 5, 6)
+    c0 = torch.randn(4, 5, 6)
+    hx = (h0, c0) if mode == "LSTM" else h0
+    leaves = _leaves([packed.data, h0, c0])
+    y, hn, cn = ops.rnn(leaves[0], packed.batch_sizes, packed.sorted_indices, packed.unsorted_indices, leaves[1],
+                        leaves[2] if mode == "LSTM" else None, rnn._flat_weights, mode, 6, 2, True, True, 0, 0.0,
+                        False, None, "fp32")
+    rleaves = _leaves([packed.data, h0, c0])
+    rpacked = torch.nn.utils.rnn.PackedSequence(rleaves[0], packed.batch_sizes, packed.sorted_indices,
+                                                packed.unsorted_indices)
+    rout, rhx = rnn(rpacked, (rleaves[1], rleaves[2]) if mode == "LSTM" else rleaves[1])
+    rhn = rhx[0] if mode == "LSTM" else rhx
+    n = _bound_n(mode, 4, 6, 2, True, 0, packed.data.shape[0])
+    assert_fp_close(y, rout.data, n, what="output", scale=1.0)
+    assert_fp_close(hn, rhn, n, what="h_n", scale=1.0)
+    loss = y.sum() + (hn * torch.arange(hn.numel()).view_as(hn)).sum() / hn.numel()
+    rloss = rout.data.sum() + (rhn * torch.arange(rhn.numel()).view_as(rhn)).sum() / rhn.numel()
+    if mode == "LSTM":
+        assert_fp_close(cn, rhx[1], n, what="c_n", scale=max(1.0, float(rhx[1].abs().max())))
+        loss = loss + cn.sum()
+        rloss = rloss + rhx[1].sum()
+    used = 3 if mode == "LSTM" else 2
+    grads = torch.autograd.grad(loss, leaves[:used])
+    rgrads = torch.autograd.grad(rloss, rleaves[:used])
+    for name, g, r in zip(["data", "h0", "c0"], grads, rgrads):
+        assert_fp_close(g, r, n, what="d" + name)
+
+
+@pytest.mark.parametrize("batch_first", [False, True])
+@pytest.mark.parametrize("mode", ["LSTM", "GRU", "RNN_TANH"])
+def test_cpp_padded_kernel_matches_torch(ops, mode, batch_first):
+    """rnn_padded with lengths (unsorted, one of them zero): packed, run and
+    padded back to the input's own length; h_n of the empty sequence is its h0,
+    its output rows zero; values and gradients against torch.nn on the packed
+    sequences of nonzero length."""
+    rnn = _make(mode, 3, 5, 2, True, True, 0, 21)
+    lengths = torch.tensor([3, 0, 6, 2])
+    T, B = 7, 4
+    x = torch.randn(B, T, 3) if batch_first else torch.randn(T, B, 3)
+    h0 = torch.randn(4, B, 5)
+    c0 = torch.randn(4, B, 5) if mode == "LSTM" else None
+    leaves = _leaves([x, h0] + ([c0] if c0 is not None else []))
+    out, hn, cn = ops.rnn_padded(leaves[0], lengths, leaves[1], leaves[2] if c0 is not None else None,
+                                 rnn._flat_weights, mode, 5, 2, True, batch_first, True, 0, 0.0, False, None, "fp32")
+    assert out.shape == ((B, T, 10) if batch_first else (T, B, 10))
+    keep = torch.tensor([0, 2, 3])
+    rx = leaves[0].detach().index_select(0 if batch_first else 1, keep).requires_grad_()
+    rh = h0[:, keep].clone().requires_grad_()
+    rhx = (rh, c0[:, keep].clone()) if c0 is not None else rh
+    packed = torch.nn.utils.rnn.pack_padded_sequence(rx, lengths[keep], batch_first=batch_first,
+                                                     enforce_sorted=False)
+    rout, rstate = rnn(packed, rhx)
+    rpadded, _ = torch.nn.utils.rnn.pad_packed_sequence(rout, batch_first=batch_first, total_length=T)
+    rhn = rstate[0] if mode == "LSTM" else rstate
+    n = _bound_n(mode, 3, 5, 2, True, 0, int(lengths.sum()))
+    got = out.index_select(0 if batch_first else 1, keep)
+    assert_fp_close(got, rpadded, n, what="output", scale=1.0)
+    assert_fp_close(hn[:, keep], rhn, n, what="h_n", scale=1.0)
+    empty = out.select(0 if batch_first else 1, 1)
+    assert torch.equal(empty, torch.zeros_like(empty)), "the empty sequence's outputs are not zero"
+    assert torch.equal(hn[:, 1], h0[:, 1])
+    gx, gh = torch.autograd.grad((out * out).sum() + hn.sum(), leaves[:2])
+    rgx, rgh = torch.autograd.grad((rpadded * rpadded).sum() + rhn.sum(), [rx, rh])
+    assert_fp_close(gx.index_select(0 if batch_first else 1, keep), rgx, n, what="dx")
+    assert_fp_close(gh[:, keep], rgh, n, what="dh0")
+    assert torch.equal(gh[:, 1], torch.ones_like(gh[:, 1]))  # h_n = h0: d(sum h_n)/dh0 = 1
+
+
+@pytest.mark.parametrize("batch_first", [False, True])
+def test_cpp_padded_kernel_without_lengths_is_a_batch_of_equal_lengths(ops, batch_first):
+    rnn = _make("GRU", 3, 4, 1, False, True, 0, 5)
+    rnn.batch_first = batch_first
+    x = torch.randn(2, 6, 3) if batch_first else torch.randn(6, 2, 3)
+    out, hn, _ = ops.rnn_padded(x, None, None, None, rnn._flat_weights, "GRU", 4, 1, True, batch_first, False, 0,
+                                0.0, False, None, "fp32")
+    rout, rhn = rnn(x)
+    n = _bound_n("GRU", 3, 4, 1, False, 0, 12)
+    assert_fp_close(out, rout, n, what="output", scale=1.0)
+    assert_fp_close(hn, rhn, n, what="h_n", scale=1.0)
+
+
+def test_cpp_kernels_seed_their_dropout_mask(ops):
+    """train with dropout between layers: the mask is torch's Bernoulli draw
+    from the data's generator seeded by `seed` (1/(1-p) where kept), so the
+    values are the reference's with that mask, and a seed replays them."""
+    p, mode = 0.4, "LSTM"
+    rnn = _make(mode, 3, 5, 3, True, True, 0, 8)
+    packed = torch.nn.utils.rnn.pack_sequence([torch.randn(n, 3) for n in (4, 3, 1)])
+    data, bs = packed.data, packed.batch_sizes
+    h0, c0 = torch.zeros(6, 3, 5), torch.zeros(6, 3, 5)
+    args = (data, bs, None, None, h0, c0, rnn._flat_weights, mode, 5, 3, True, True, 0, p, True)
+    before = torch.get_rng_state()
+    with torch.no_grad():
+        y1, hn1, _ = ops.rnn(*args, 99, "fp32")
+        y2, _, _ = ops.rnn(*args, 99, "fp32")
+        y3, _, _ = ops.rnn(*args, 100, "fp32")
+    assert torch.equal(torch.get_rng_state(), before), "a seeded call moved torch's generator"
+    with torch.no_grad():
+        torch.manual_seed(99)
+        keep = torch.empty(2, data.shape[0], 10).bernoulli_(1.0 - p)
+        ry, rhn, _ = _reference(mode, data, bs, h0, c0, [w.detach() for w in rnn._flat_weights], True, 3, True,
+                                keep / (1.0 - p))
+    assert torch.equal(y1, y2), "the same seed drew another mask"
+    assert not torch.equal(y1, y3), "another seed drew the same mask"
+    n = _bound_n(mode, 3, 5, 3, True, 0, data.shape[0])
+    assert_fp_close(y1, ry, n, what="output", scale=1.0)
+    assert_fp_close(hn1, rhn, n, what="h_n", scale=1.0)
+
+
+def test_cpp_kernels_run_from_torchscript(ops):
+    @torch.jit.script
+    def run(data: torch.Tensor, bs: torch.Tensor, weights: list[torch.Tensor]) -> torch.Tensor:
+        return torch.ops.seqpack_cuda_emulated.rnn(data, bs, None, None, None, None, weights, "GRU", 4, 1, True,
+                                                   False, 0, 0.0, False, None, "fp32")[0]
+
+    rnn = _make("GRU", 3, 4, 1, False, True, 0, 3)
+    packed = torch.nn.utils.rnn.pack_sequence([torch.randn(n, 3) for n in (5, 2)])
+    weights = [w.detach() for w in rnn._flat_weights]
+    y = run(packed.data, packed.batch_sizes, weights)
+    with torch.no_grad():
+        ry = rnn(packed)[0].data
+    assert_fp_close(y, ry, _bound_n("GRU", 3, 4, 1, False, 0, 7), what="output", scale=1.0)
+
+
+def test_cpp_kernels_refuse_double_backward_when_asked_for(ops):
+    rnn = _make("GRU", 3, 4, 1, False, True, 0, 2)
+    packed = torch.nn.utils.rnn.pack_sequence([torch.randn(n, 3) for n in (3, 2)])
+    x = packed.data.clone().requires_grad_()
+    y, _, _ = ops.rnn(x, packed.batch_sizes, None, None, None, None, rnn._flat_weights, "GRU", 4, 1, True, False,
+                      0, 0.0, False, None, "fp32")
+    (gx,) = torch.autograd.grad(y.sum(), x, create_graph=True)
+    with pytest.raises(RuntimeError, match="double backward"):
+        gx.sum().backward()
+
+
+def _gru_args(**change):
+    rnn = _make("GRU", 3, 4, 1, False, True, 0, 2)
+    packed = torch.nn.utils.rnn.pack_sequence([torch.randn(n, 3) for n in (3, 2)])
+    args = dict(data=packed.data, batch_sizes=packed.batch_sizes, sorted_indices=None, unsorted_indices=None,
+                h0=None, c0=None, weights=[w.detach() for w in rnn._flat_weights], mode="GRU", hidden_size=4,
+                num_layers=1, bias=True, bidirectional=False, proj_size=0, dropout=0.0, train=False, seed=None,
+                precision="fp32")
+    args.update(change)
+    return list(args.values())
+
+
+@pytest.mark.parametrize("change,error,message", [
+    (dict(precision="bf16"), ValueError, "precision = 'bf16' is not one of"),
+    (dict(mode="LSTMX"), ValueError, "mode = 'LSTMX' is not one of"),
+    (dict(dropout=1.5), ValueError, "dropout = 1.5 must be in"),
+    (dict(num_layers=2), ValueError, "4 weights given, 8 expected"),
+    (dict(hidden_size=5), RuntimeError, r"weights\[0\] has shape \[12, 3\], expected \[15, 3\]"),
+    (dict(h0=torch.zeros(1, 1, 4)), RuntimeError, r"batch_sizes\[0\] = 2 exceeds the batch of h0, 1$"),
+    (dict(h0=torch.zeros(1, 2, 5)), RuntimeError, r"Expected hidden size \(1, batch, 4\) for h0, got \[1, 2, 5\]"),
+    (dict(proj_size=2), ValueError, "proj_size = 2 .only LSTM"),
+    (dict(batch_sizes=torch.tensor([2, 3])), RuntimeError, r"batch_sizes\[1\] = 3 exceeds batch_sizes\[0\] = 2 "
+     r"\(they must not increase\)$"),
+])
+def test_cpp_kernels_name_bad_values(ops, change, error, message):
+    with pytest.raises(error, match=message):
+        ops.rnn(*_gru_args(**change))
+
+
+def test_cpp_kernels_name_a_bad_dtype_and_bad_lengths(ops):
+    with pytest.raises(TypeError, match="data has dtype Double"):
+        ops.rnn(*_gru_args(data=torch.zeros(5, 3, dtype=torch.float64)))
+    w = _gru_args()[6]
+    with pytest.raises(ValueError, match=r"lengths\[1\] = 9 is outside \[0, 4\]"):
+        ops.rnn_padded(torch.zeros(4, 2, 3), torch.tensor([2, 9]), None, None, w, "GRU", 4, 1, True, False, False,
+                       0, 0.0, False, None, "fp32")
+    with pytest.raises(RuntimeError, match=r"lengths has shape \[3\]; one length per sequence \(2\)"):
+        ops.rnn_padded(torch.zeros(4, 2, 3), torch.tensor([2, 1, 1]), None, None, w, "GRU", 4, 1, True, False,
+                       False, 0, 0.0, False, None, "fp32")
+
+
+def test_cpp_kernels_keep_their_library(ops, tmp_path):
+    """One library per process: another path is refused by name, a missing file too."""
+    loaded = ops._cuda_library("")
+    assert ops._cuda_library(loaded) == loaded
+    other = tmp_path / "libseqpack_cuda.so"
+    other.write_bytes(b"")
+    with pytest.raises(ValueError, match="already use"):
+        ops._cuda_library(str(other))
+
+
+def test_register_hands_the_cpp_kernels_the_glues_library(ops):
+    """Where libseqpack_torch has the C++ CUDA kernels, seqpack.torch's
+    registration adds no Python kernels and gives the C++ ones the library its
+    glue found (faked here: a CPU torch has no CUDA key kernels to find)."""
+    path = ops._cuda_library("")
+    code = ("import torch, seqpack.torch\n"
+            "from seqpack import _torch_cuda_ops as o\n"
+            "o._STATE['cpp'] = True\n"
+            "class Glue:\n"
+            f"    def library_path(self): return {path!r}\n"
+            "o.register(Glue())\n"
+            "print(torch.ops.seqpack._cuda_library(''), o.registered(),\n"
+            "      torch._C._dispatch_has_kernel_for_dispatch_key('seqpack::rnn', 'AutogradCUDA'))\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == [path, "True", "False"]
