@@ -9,9 +9,18 @@ buffer sizes, the allocations, the ctypes call and torch's registration
 On a GPU the glue adds the device guard and the current stream's lookup,
 which the CPU path skips; scripts/device_check.sh times the whole call there.
 
-  /usr/bin/python3 bench/cuda_glue_cost.py [--calls 2000] [--rounds 5] [--products torch|library]
+  /usr/bin/python3 bench/cuda_glue_cost.py [--calls 2000] [--rounds 5] [--products torch|library] [--cpp]
 
 Prints, per case, the median over rounds of the mean microseconds per call.
+
+--cpp: the glue against the operators' C++ CUDA kernels (seqpack_torch/
+cuda_ops.cpp, what seqpack::rnn runs on CUDA tensors where libseqpack_torch is
+built against a CUDA LibTorch), both over the null library, the C++ kernels
+through the build's test library (libseqpack_torch_cuda_emulated.so: the same
+kernels registered for CPU tensors). Both run their products for real here
+(the C++ kernels' are torch's own at:: calls, which no stand-in replaces), so
+the cases are small (hidden size 16): a call's fixed cost, each product a
+microsecond or two. Paired rounds: the ratio is C++ / glue.
 
 --products torch (the glue's default, SEQPACK_CUDA_PRODUCTS): the products
 that are not recurrent are torch's (one library call per layer after one
@@ -95,7 +104,7 @@ def case(mode, hidden, batch, steps, layers=1, bidirectional=False):
     dirs = 2 if bidirectional else 1
     h0 = torch.zeros(layers * dirs, batch, hidden)
     hx = (h0, torch.zeros_like(h0)) if mode == "LSTM" else h0
-    return dict(mode=mode, data=data, bs=bs, hx=hx, weights=list(m._flat_weights), layers=layers,
+    return dict(mode=mode, data=data, bs=bs, hx=hx, weights=list(m._flat_weights), layers=layers, hidden=hidden,
                 bidirectional=bidirectional, name=f"{mode}(H {hidden}) batch {batch} x {steps} steps"
                 + (f", {layers} layers" if layers > 1 else "") + (", bi" if bidirectional else ""))
 
@@ -104,6 +113,56 @@ def one_call(glue, c):
     out = glue.rnn_packed(c["mode"], c["data"], c["bs"], c["hx"], c["weights"], True, c["layers"], 0.0, False,
                           c["bidirectional"])
     return out
+
+
+def cpp_operators(workdir: pathlib.Path):
+    """torch.ops.seqpack_cuda_emulated over the null library (see --cpp)."""
+    import seqpack.torch  # noqa: F401  (libseqpack_torch: the kernels)
+    import seqpack
+    build = (pathlib.Path(seqpack.__file__).parent / "libseqpack_torch.so").resolve().parents[2]
+    lib = build / "tests" / "libseqpack_torch_cuda_emulated.so"
+    if not lib.is_file():
+        sys.exit(f"cuda_glue_cost: {lib} is not built (SEQPACK_BUILD_TESTS and SEQPACK_BUILD_TORCH)")
+    torch.ops.load_library(str(lib))
+    torch.ops.seqpack_cuda_emulated._cuda_library(os.environ["SEQPACK_CUDA_LIBRARY"])
+    return torch.ops.seqpack_cuda_emulated
+
+
+def cpp_call(ops, c):
+    hx = c["hx"]
+    h0, c0 = (hx[0], hx[1]) if c["mode"] == "LSTM" else (hx, None)
+    return ops.rnn(c["data"], c["bs"], None, None, h0, c0, c["weights"], c["mode"], c["hidden"], c["layers"],
+                   True, c["bidirectional"], 0, 0.0, False, None, "fp32")
+
+
+def main_cpp(args):
+    torch.set_num_threads(1)
+    with tempfile.TemporaryDirectory() as tmp:
+        glue = null_glue(pathlib.Path(tmp))
+        ops = cpp_operators(pathlib.Path(tmp))
+        print(f"torch {torch.__version__}; null library; median of {args.rounds} paired rounds of {args.calls} "
+              f"calls; products computed (hidden size 16); ratio C++ / glue")
+        print("| case | glue inference (us) | C++ (us) | ratio | glue recording (us) | C++ (us) | ratio |\n"
+              "| --- | ---: | ---: | ---: | ---: | ---: | ---: |")
+        for c in (case("LSTM", 16, 1, 1), case("GRU", 16, 64, 1), case("LSTM", 16, 8, 32, 2, True)):
+            times = {k: [] for k in ("gi", "ci", "gr", "cr")}
+            for _ in range(args.rounds):
+                with torch.no_grad():
+                    times["gi"].append(timed(lambda: one_call(glue, c), args.calls))
+                    times["ci"].append(timed(lambda: cpp_call(ops, c), args.calls))
+                for w in c["weights"]:
+                    w.requires_grad_(True)
+                times["gr"].append(timed(lambda: one_call(glue, c), args.calls))
+                times["cr"].append(timed(lambda: cpp_call(ops, c), args.calls))
+                for w in c["weights"]:
+                    w.requires_grad_(False)
+            cells = []
+            for g, k in (("gi", "ci"), ("gr", "cr")):
+                ratio = statistics.median(b / a for a, b in zip(times[g], times[k]))
+                cells += [f"{statistics.median(times[g]):.1f}", f"{statistics.median(times[k]):.1f}",
+                          f"{ratio:.2f}"]
+            print(f"| {c['name']} | " + " | ".join(cells) + " |")
+            sys.stdout.flush()
 
 
 def timed(fn, calls):
@@ -124,7 +183,12 @@ def main():
                          "in the same rounds: its microseconds and ours / its")
     ap.add_argument("--products", choices=["torch", "library"], default="torch",
                     help="where the products that are not recurrent run (SEQPACK_CUDA_PRODUCTS)")
+    ap.add_argument("--cpp", action="store_true",
+                    help="the glue against the operators' C++ CUDA kernels (see above)")
     args = ap.parse_args()
+    if args.cpp:
+        main_cpp(args)
+        return
     os.environ["SEQPACK_CUDA_PRODUCTS"] = args.products
     torch.set_num_threads(1)
     with tempfile.TemporaryDirectory() as tmp:
