@@ -180,22 +180,30 @@ Sizes checked_sizes(const Tensor& data, const Tensor& batch_sizes, const Tensor&
                     num_layers, ", bidirectional=", bidirectional, ", bias=", bias,
                     ", proj_size=", proj_size);
   const int64_t g = s.gates * hidden_size;
-  for (int64_t l = 0, i = 0; l < num_layers; ++l) {
+  int64_t i = 0;
+  // weights[i] is a rows x cols matrix (cols < 0: a vector of rows).
+  auto check_weight = [&](int64_t rows, int64_t cols) {
+    const Tensor& w = weights[i];
+    TORCH_CHECK(w.device() == data.device(), "seqpack::rnn: weights[", i, "] is on ", w.device(),
+                ", data on ", data.device());
+    TORCH_CHECK_TYPE(w.scalar_type() == data.scalar_type(), "seqpack::rnn: weights[", i,
+                     "] has dtype ", w.scalar_type(), ", data ", data.scalar_type());
+    const std::array<int64_t, 2> shape{rows, cols};
+    const at::IntArrayRef expected(shape.data(), cols < 0 ? 1 : 2);
+    TORCH_CHECK(w.sizes() == expected, "seqpack::rnn: weights[", i, "] has shape ", w.sizes(),
+                ", expected ", expected,
+                i == 0 ? " (input.size(-1) must be equal to input_size)" : "");
+    ++i;
+  };
+  for (int64_t l = 0; l < num_layers; ++l) {
     for (int64_t d = 0; d < s.dirs; ++d) {
-      std::vector<std::vector<int64_t>> shapes = {{g, l == 0 ? s.input : s.width}, {g, s.hout}};
-      if (bias) shapes.insert(shapes.end(), {{g}, {g}});
-      if (proj_size > 0) shapes.push_back({proj_size, hidden_size});
-      for (const auto& shape : shapes) {
-        const Tensor& w = weights[i];
-        TORCH_CHECK(w.device() == data.device(), "seqpack::rnn: weights[", i, "] is on ",
-                    w.device(), ", data on ", data.device());
-        TORCH_CHECK_TYPE(w.scalar_type() == data.scalar_type(), "seqpack::rnn: weights[", i,
-                         "] has dtype ", w.scalar_type(), ", data ", data.scalar_type());
-        TORCH_CHECK(w.sizes() == at::IntArrayRef(shape), "seqpack::rnn: weights[", i,
-                    "] has shape ", w.sizes(), ", expected ", at::IntArrayRef(shape),
-                    i == 0 ? " (input.size(-1) must be equal to input_size)" : "");
-        ++i;
+      check_weight(g, l == 0 ? s.input : s.width);
+      check_weight(g, s.hout);
+      if (bias) {
+        check_weight(g, -1);
+        check_weight(g, -1);
       }
+      if (proj_size > 0) check_weight(proj_size, hidden_size);
     }
   }
   auto check_state = [&](const char* name, const Tensor& t, int64_t width) {
