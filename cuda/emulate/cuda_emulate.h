@@ -41,10 +41,71 @@ using cudaStream_t = void*;
 using cudaError_t = int;
 constexpr cudaError_t cudaSuccess = 0;
 inline cudaError_t cudaGetLastError() { return cudaSuccess; }
+
+namespace seqpack::cuda {
+// Streams: work runs when it is given, except between a SideStream's fork()
+// and join(): then the side stream's work and every other stream's is queued,
+// and join() runs the two queues alternately, one item of each in turn, as a
+// GPU may interleave two streams, so that two streams' work sharing a buffer
+// gives wrong results in the tests.
+struct StreamQueues {
+  bool open = false;
+  std::vector<std::function<void()>> main, side;
+};
+inline StreamQueues& stream_queues() {
+  thread_local StreamQueues queues;
+  return queues;
+}
+inline cudaStream_t emulated_side_stream() {
+  static char tag;
+  return &tag;
+}
+inline void submit(cudaStream_t stream, std::function<void()> work) {
+  StreamQueues& q = stream_queues();
+  if (!q.open) {
+    work();
+    return;
+  }
+  (stream == emulated_side_stream() ? q.side : q.main).push_back(std::move(work));
+}
+
+class SideStream {
+ public:
+  SideStream(cudaStream_t main, bool wanted)
+      : main_(main), side_(wanted ? emulated_side_stream() : nullptr) {}
+  SideStream(const SideStream&) = delete;
+  SideStream& operator=(const SideStream&) = delete;
+  ~SideStream() { (void)join(); }
+  cudaStream_t stream() const { return side_ ? side_ : main_; }
+  cudaError_t fork() {
+    if (side_) stream_queues().open = forked_ = true;
+    return cudaSuccess;
+  }
+  cudaError_t join() {
+    if (!forked_) return cudaSuccess;
+    forked_ = false;
+    StreamQueues& q = stream_queues();
+    q.open = false;
+    std::vector<std::function<void()>> main = std::move(q.main), side = std::move(q.side);
+    q.main.clear();
+    q.side.clear();
+    for (size_t i = 0; i < std::max(main.size(), side.size()); ++i) {
+      if (i < main.size()) main[i]();
+      if (i < side.size()) side[i]();
+    }
+    return cudaSuccess;
+  }
+
+ private:
+  cudaStream_t main_, side_;
+  bool forked_ = false;
+};
+}  // namespace seqpack::cuda
+
 enum cudaMemcpyKind { cudaMemcpyHostToDevice = 1 };
 inline cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t bytes, cudaMemcpyKind,
-                                   cudaStream_t) {
-  std::memcpy(dst, src, bytes);
+                                   cudaStream_t stream) {
+  seqpack::cuda::submit(stream, [=] { std::memcpy(dst, src, bytes); });
   return cudaSuccess;
 }
 inline const char* cudaGetErrorString(cudaError_t) { return "no error"; }
@@ -279,14 +340,16 @@ void run_blocks(const std::vector<dim3>& blocks, dim3 block, size_t shared_bytes
 }
 
 template <typename... KArgs, typename... Args>
-void launch(void (*kernel)(KArgs...), dim3 grid, dim3 block, cudaStream_t, Args... args) {
-  gridDim = grid;
-  blockDim = block;
-  for (unsigned bz = 0; bz < grid.z; ++bz)
-    for (unsigned by = 0; by < grid.y; ++by)
-      for (unsigned bx = 0; bx < grid.x; ++bx)
-        run_blocks(
-            {dim3(bx, by, bz)}, block, 0, [&] { kernel(static_cast<KArgs>(args)...); }, 1);
+void launch(void (*kernel)(KArgs...), dim3 grid, dim3 block, cudaStream_t stream, Args... args) {
+  submit(stream, [=] {
+    gridDim = grid;
+    blockDim = block;
+    for (unsigned bz = 0; bz < grid.z; ++bz)
+      for (unsigned by = 0; by < grid.y; ++by)
+        for (unsigned bx = 0; bx < grid.x; ++bx)
+          run_blocks(
+              {dim3(bx, by, bz)}, block, 0, [&] { kernel(static_cast<KArgs>(args)...); }, 1);
+  });
 }
 
 template <typename T>
@@ -318,16 +381,16 @@ void run_grid(void (*kernel)(A), dim3 grid, dim3 block, size_t shared_bytes, A a
 
 template <typename A>
 cudaError_t launch_cooperative(void (*kernel)(A), dim3 grid, dim3 block, size_t shared_bytes,
-                               cudaStream_t, A arg) {
-  run_grid(kernel, grid, block, shared_bytes, arg, 0);
+                               cudaStream_t stream, A arg) {
+  submit(stream, [=] { run_grid(kernel, grid, block, shared_bytes, arg, 0); });
   return cudaSuccess;
 }
 
 template <typename A>
 cudaError_t launch_cluster(void (*kernel)(A), dim3 grid, dim3 block, unsigned cluster,
-                           size_t shared_bytes, cudaStream_t, A arg) {
+                           size_t shared_bytes, cudaStream_t stream, A arg) {
   if (cluster == 0 || grid.x % cluster != 0) return 1;  // cudaErrorInvalidValue
-  run_grid(kernel, grid, block, shared_bytes, arg, cluster);
+  submit(stream, [=] { run_grid(kernel, grid, block, shared_bytes, arg, cluster); });
   return cudaSuccess;
 }
 

@@ -13,6 +13,8 @@
 #include <cuda_runtime.h>
 #include <mma.h>
 
+#include <vector>
+
 namespace seqpack::cuda {
 
 // kernel<<<grid, block, 0, stream>>>(args...), the arguments converted to the
@@ -138,6 +140,71 @@ inline cudaError_t device_limits(DeviceLimits* out) {
   out->cooperative = coop != 0;
   return e;
 }
+
+// A second stream beside `stream`, for work independent of what `stream` runs
+// meanwhile (a layer's reverse direction): fork() makes it start after what
+// `stream` has queued so far, join() (or the destructor) makes `stream` wait
+// for what it was given. Event-ordered, so it works under CUDA graph capture.
+// One stream and two events per host thread and device, made at first use and
+// kept (a thread's own: two threads never record each other's events). Where
+// they cannot be made, or `wanted` is false, stream() is `stream` itself.
+class SideStream {
+ public:
+  SideStream(cudaStream_t main, bool wanted) : main_(main) {
+    if (!wanted) return;
+    struct Entry {
+      int device;
+      cudaStream_t stream;
+      cudaEvent_t fork, join;
+    };
+    thread_local std::vector<Entry> made;
+    int device = 0;
+    if (cudaGetDevice(&device) != cudaSuccess) {
+      (void)cudaGetLastError();
+      return;
+    }
+    for (const Entry& e : made)
+      if (e.device == device) {
+        side_ = e.stream, fork_ = e.fork, join_ = e.join;
+        return;
+      }
+    Entry e{device, nullptr, nullptr, nullptr};
+    if (cudaStreamCreateWithFlags(&e.stream, cudaStreamNonBlocking) != cudaSuccess ||
+        cudaEventCreateWithFlags(&e.fork, cudaEventDisableTiming) != cudaSuccess ||
+        cudaEventCreateWithFlags(&e.join, cudaEventDisableTiming) != cudaSuccess) {
+      (void)cudaGetLastError();
+      return;  // (what was made is left: a failure here is rare and small)
+    }
+    made.push_back(e);
+    side_ = e.stream, fork_ = e.fork, join_ = e.join;
+  }
+  SideStream(const SideStream&) = delete;
+  SideStream& operator=(const SideStream&) = delete;
+  ~SideStream() { (void)join(); }
+
+  cudaStream_t stream() const { return side_ ? side_ : main_; }
+
+  cudaError_t fork() {
+    if (!side_) return cudaSuccess;
+    cudaError_t e = cudaEventRecord(fork_, main_);
+    if (e == cudaSuccess) e = cudaStreamWaitEvent(side_, fork_, 0);
+    forked_ = e == cudaSuccess;
+    return e;
+  }
+  cudaError_t join() {
+    if (!forked_) return cudaSuccess;
+    forked_ = false;
+    cudaError_t e = cudaEventRecord(join_, side_);
+    if (e == cudaSuccess) e = cudaStreamWaitEvent(main_, join_, 0);
+    return e;
+  }
+
+ private:
+  cudaStream_t main_;
+  cudaStream_t side_ = nullptr;
+  cudaEvent_t fork_ = nullptr, join_ = nullptr;
+  bool forked_ = false;
+};
 
 // Blocks of `kernel` that fit on one multiprocessor with this much dynamic
 // shared memory (0 when it cannot be launched so).

@@ -111,11 +111,13 @@ struct Shape {
   }
   int64_t reserve_bytes() const { return mul(rows, reserve_bytes_per_row()); }
   int64_t dy_width() const { return std::max(width(), input); }
+  // layout_workspace's bytes: what both directions share, and each
+  // direction's own (so that the two may run at once).
   int64_t workspace_bytes() const {
-    const int64_t per_row = gates() * (gru() ? 2 : 1) + hout() + 2 * dy_width();
-    const int64_t per_batch = gates() + (proj > 0 ? hidden : 0) + hout() + hidden;
-    // + the persistent kernel's device copy of batch_sizes (steps <= rows).
-    return add(mul(8, rows), mul(4, add(mul(rows, per_row), mul(batch, per_batch))));
+    const int64_t per_row = gates() * (gru() ? 2 : 1) + 2 * dy_width() + dirs * hout();
+    const int64_t per_batch = dirs * (gates() + (proj > 0 ? hidden : 0) + hout() + hidden);
+    // + each direction's device copy of batch_sizes (steps <= rows).
+    return add(mul(8 * dirs, rows), mul(4, add(mul(rows, per_row), mul(batch, per_batch))));
   }
   int64_t weights_per_layer_dir(bool has_biases) const {
     return 2 + (has_biases ? 2 : 0) + (proj > 0 ? 1 : 0);
@@ -418,20 +420,29 @@ struct Workspace {
   float* dy[2];          // rows x dy_width, ping-pong between layers
 };
 
-Workspace layout_workspace(const Shape& s, void* workspace) {
+// The workspace as direction d sees it: dgx, dgh and dy are shared (the
+// directions that use them run one after the other), the rest is direction
+// d's own (the directions of a layer whose products the caller runs run at
+// once: SideStream).
+Workspace layout_workspace(const Shape& s, void* workspace, int64_t d = 0) {
   Arena arena(workspace);
   Workspace w{};
   const int64_t n = s.rows;
-  w.batch_sizes = arena.take<int64_t>(n);
+  w.batch_sizes = arena.take<int64_t>(n * s.dirs) + d * n;
   w.dgx = arena.take<float>(n * s.gates());
   w.dgh = s.gru() ? arena.take<float>(n * s.gates()) : w.dgx;
-  w.dh = arena.take<float>(n * s.hout());
   w.dy[0] = arena.take<float>(n * s.dy_width());
   w.dy[1] = arena.take<float>(n * s.dy_width());
-  w.gh = arena.take<float>(s.batch * s.gates());
-  w.dm = s.proj > 0 ? arena.take<float>(s.batch * s.hidden) : nullptr;
-  w.dh_carry = arena.take<float>(s.batch * s.hout());
-  w.dc_carry = arena.take<float>(s.batch * s.hidden);
+  for (int64_t k = 0; k < s.dirs; ++k) {
+    Workspace own{};
+    own.dh = arena.take<float>(n * s.hout());
+    own.gh = arena.take<float>(s.batch * s.gates());
+    own.dm = s.proj > 0 ? arena.take<float>(s.batch * s.hidden) : nullptr;
+    own.dh_carry = arena.take<float>(s.batch * s.hout());
+    own.dc_carry = arena.take<float>(s.batch * s.hidden);
+    if (k == d) w.dh = own.dh, w.gh = own.gh, w.dm = own.dm, w.dh_carry = own.dh_carry,
+                w.dc_carry = own.dc_carry;
+  }
   return w;
 }
 
@@ -770,13 +781,17 @@ template <typename T>
 void forward(const Shape& s, const int64_t* batch_sizes, const std::vector<int64_t>& off,
              bool has_biases, const void* const* weights_v, const T* x, const T* h0, const T* c0,
              const T* mask, T* y, T* hn, T* cn, void* workspace, void* reserve,
-             const CallerProducts& cp, cudaStream_t stream) {
+             const CallerProducts& cp, cudaStream_t main_stream) {
+  cudaStream_t const stream = main_stream;
   const int64_t steps = static_cast<int64_t>(off.size()) - 1;
   const int64_t n = s.rows, B = s.batch, H = s.hidden, P = s.hout(), G = s.gates(), W = s.width();
   const int64_t bs0 = steps > 0 ? batch_sizes[0] : 0;
   const auto* weights = reinterpret_cast<const T* const*>(weights_v);
   ReserveLayout<T> rs = layout_reserve<T>(s, reserve);
-  Workspace ws = layout_workspace(s, workspace);
+  // One layer's two directions (the caller's products: nothing between them)
+  // run at once, the reverse one on a second stream.
+  SideStream side(stream, cp.on && s.dirs == 2);
+  check_cuda(side.fork(), "the reverse direction's stream");
   const T* input = x;
   for (int64_t l = 0; l < s.layers; ++l) {
     const int64_t in = s.in_width(l);
@@ -795,6 +810,8 @@ void forward(const Shape& s, const int64_t* batch_sizes, const std::vector<int64
       const int64_t ld_index = l * s.dirs + d;
       const LayerWeights<const T*> w = weights_of(s, has_biases, weights, l, d);
       const Saved& sv = rs.saved[ld_index];
+      const Workspace ws = layout_workspace(s, workspace, d);
+      cudaStream_t const stream = d == 1 ? side.stream() : main_stream;
       const T* h0_ld = h0 + ld_index * B * P;
       const T* c0_ld = s.lstm() ? c0 + ld_index * B * H : nullptr;
       T* hn_ld = hn + ld_index * B * P;
@@ -863,22 +880,25 @@ void forward(const Shape& s, const int64_t* batch_sizes, const std::vector<int64
       }
     }
   }
+  check_cuda(side.join(), "the reverse direction's stream");
 }
 
 template <typename T>
 void backward(const Shape& s, const int64_t* batch_sizes, const std::vector<int64_t>& off,
               bool has_biases, const void* const* weights_v, const T* x, const T* mask, const T* dy,
               const T* dhn, const T* dcn, T* dx, T* dh0, T* dc0, void* const* dweights_v,
-              void* workspace, const void* reserve, const CallerProducts& cp, cudaStream_t stream) {
+              void* workspace, const void* reserve, const CallerProducts& cp,
+              cudaStream_t main_stream) {
+  cudaStream_t const stream = main_stream;
   const int64_t steps = static_cast<int64_t>(off.size()) - 1;
   const int64_t n = s.rows, B = s.batch, H = s.hidden, P = s.hout(), G = s.gates(), W = s.width();
   const auto* weights = reinterpret_cast<const T* const*>(weights_v);
   auto* dweights = reinterpret_cast<T* const*>(dweights_v);
   ReserveLayout<T> rs = layout_reserve<T>(s, const_cast<void*>(reserve));
-  Workspace ws = layout_workspace(s, workspace);
+  const Workspace shared = layout_workspace(s, workspace);
   // dY of the current layer (float32, rows x W).
-  float* dY = ws.dy[0];
-  float* dX = ws.dy[1];
+  float* dY = shared.dy[0];
+  float* dX = shared.dy[1];
   if (dy != nullptr)
     convert(stream, n, W, dy, W, dY, W);
   else
@@ -886,8 +906,15 @@ void backward(const Shape& s, const int64_t* batch_sizes, const std::vector<int6
   for (int64_t l = s.layers - 1; l >= 0; --l) {
     const int64_t in = s.in_width(l);
     const T* input = l == 0 ? x : (mask != nullptr ? rs.dropped_input[l] : rs.layer_output[l - 1]);
+    // One layer's two directions run at once where the caller runs the
+    // products (nothing of the directions' own follows), the reverse one on a
+    // second stream; they read dY and write their own buffers.
+    SideStream side(main_stream, cp.on && s.dirs == 2);
+    check_cuda(side.fork(), "the reverse direction's stream");
     for (int64_t d = 0; d < s.dirs; ++d) {
       const int64_t ld_index = l * s.dirs + d;
+      const Workspace ws = layout_workspace(s, workspace, d);
+      cudaStream_t const stream = d == 1 ? side.stream() : main_stream;
       const LayerWeights<const T*> w = weights_of(s, has_biases, weights, l, d);
       const LayerWeights<T*> dw =
           cp.on ? LayerWeights<T*>{} : weights_of(s, has_biases, dweights, l, d);
@@ -968,6 +995,7 @@ void backward(const Shape& s, const int64_t* batch_sizes, const std::vector<int6
       gemm<float, T, float>(stream, n, in, G, ws.dgx, G, false, w.w_ih, in, false, nullptr, dX, in,
                             d > 0);
     }
+    check_cuda(side.join(), "the reverse direction's stream");
     if (cp.on) break;  // one layer; dx is the caller's
     if (l > 0) {
       if (mask != nullptr && n > 0)

@@ -25,9 +25,11 @@ def reference(mode, dtype, rows, batch, inp, hidden, proj, layers, dirs):
         (hidden if mode == GRU else 0)
     esize = 4 if dtype == F32 else 2
     reserve = rows * (4 * layers * dirs * floats + esize * 2 * (layers - 1) * width)
-    per_row = gates * (2 if mode == GRU else 1) + hout + 2 * max(width, inp)
-    per_batch = gates + (hidden if proj > 0 else 0) + hout + hidden
-    workspace = 8 * rows + 4 * (rows * per_row + batch * per_batch)
+    # Shared by the directions: dG_x, dG_h (GRU), two dY; each direction's own:
+    # a copy of batch_sizes, dh (rows), gh, dm (proj), the two carries (batch).
+    per_row = gates * (2 if mode == GRU else 1) + 2 * max(width, inp) + dirs * hout
+    per_batch = dirs * (gates + (hidden if proj > 0 else 0) + hout + hidden)
+    workspace = 8 * dirs * rows + 4 * (rows * per_row + batch * per_batch)
     return workspace, reserve
 
 
