@@ -314,3 +314,20 @@ def test_register_hands_the_cpp_kernels_the_glues_library(ops):
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr
     assert out.stdout.split() == [path, "True", "False"]
+
+
+def test_device_check_stage_runs_on_the_cpu(ops):
+    """bench/cuda_cpp_ops.py (the device check's cppops stage) in its CPU
+    self-test: it builds the kernels with torch.utils.cpp_extension, checks them
+    against torch._VF (forward and every gradient) and prints its table; the
+    figures mean nothing here."""
+    script = pathlib.Path(__file__).resolve().parents[2] / "bench" / "cuda_cpp_ops.py"
+    out = subprocess.run([sys.executable, str(script), "--cpu", "--calls", "2", "--rounds", "1"],
+                         capture_output=True, text=True, timeout=900)
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    lines = out.stdout.splitlines()
+    assert "LSTM: the C++ kernels against torch._VF's packed lstm" in lines
+    assert "GRU: the C++ kernels against torch._VF's packed gru" in lines
+    assert sum(line.startswith("  dweights[") for line in lines) == 20 + 8
+    rows = [line for line in lines if line.startswith("| ") and "x " in line]
+    assert len(rows) == 3, out.stdout
