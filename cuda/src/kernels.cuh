@@ -760,7 +760,19 @@ struct ClusterBackwardArgs {
   float* dc_carry;  // [batch, H], LSTM
   const T* w_hh;
   bool shared_dg;  // dG_h gathered in shared memory (else read from dgh, global)
+  bool mma;        // the carry's product on tensor cores (16-bit T, shared_dg, H % 16 == 0)
 };
+
+// The cluster backward kernel's shared memory with tensor cores (a.mma): the
+// two dG_h buffers [Bp][G] in T (Bp = the batch rounded up to 16), W_hh's
+// columns of the block's units as [G][Nu] (Nu = units rounded up to 16, the
+// padding zero), and a float [Bp][Nu] scratch for the product; every fragment
+// starts 32-byte aligned because G is a multiple of 16.
+template <typename T>
+constexpr size_t cluster_backward_mma_shared_bytes(int64_t G, int64_t units, int64_t batch) {
+  return static_cast<size_t>(2 * round16(batch) * G + G * round16(units)) * sizeof(T) +
+         static_cast<size_t>(round16(batch) * round16(units)) * sizeof(float);
+}
 
 template <typename T>
 __global__ void __launch_bounds__(kPersistentThreads)
@@ -771,14 +783,21 @@ __global__ void __launch_bounds__(kPersistentThreads)
   const int64_t H = a.H, G = ng * H, B = a.batch;
   const int64_t j0 = static_cast<int64_t>(cluster_rank()) * a.units;
   const int64_t U = j0 >= H ? 0 : (a.units < H - j0 ? a.units : H - j0);
-  // [B][G] each where they fit (a.shared_dg), else none: dG_h is read from
-  // global memory after the barrier.
-  const int64_t buffered = a.shared_dg ? B * G : 0;
+  // Two dG_h buffers where they fit (a.shared_dg), [B][G] in float, or with
+  // tensor cores [Bp][G] in T (the product's operand); else none: dG_h is read
+  // from global memory after the barrier. Then w[row Nu + u] = W_hh[row][j0 + u]
+  // (Nu = U, or with tensor cores units rounded up to 16, the padding zero),
+  // then (tensor cores) the product's float scratch [Bp][Nu].
+  const bool mma = a.mma && sizeof(T) == 2;
+  const int64_t Bp = mma ? round16(B) : B, Nu = mma ? round16(a.units) : U;
+  const int64_t buffered = a.shared_dg ? Bp * G : 0;
   float* dgbuf[2] = {dynamic_shared<float>(), dynamic_shared<float>() + buffered};
-  T* w = reinterpret_cast<T*>(dgbuf[1] + buffered);  // w[row U + u] = W_hh[row][j0 + u]
-  for (int64_t e = threadIdx.x; e < G * U; e += blockDim.x) {
-    const int64_t row = e / U, u = e % U;
-    w[e] = a.w_hh[row * H + j0 + u];
+  T* dgt[2] = {dynamic_shared<T>(), dynamic_shared<T>() + buffered};
+  T* w = mma ? dgt[1] + buffered : reinterpret_cast<T*>(dgbuf[1] + buffered);
+  float* scratch = reinterpret_cast<float*>(w + G * Nu);
+  for (int64_t e = threadIdx.x; e < G * Nu; e += blockDim.x) {
+    const int64_t row = e / Nu, u = e % Nu;
+    w[e] = u < U ? a.w_hh[row * H + j0 + u] : from_f32<T>(0.0f);
   }
   __syncthreads();
   int64_t rows = 0;
@@ -806,15 +825,27 @@ __global__ void __launch_bounds__(kPersistentThreads)
       // This unit's dG_h entries (every gate) to every block of the cluster.
       for (int g = 0; a.shared_dg && g < ng; ++g) {
         const float v = dgh[b * G + g * H + j];
-        for (unsigned q = 0; q < n; ++q) peer_shared(dg, q)[b * G + g * H + j] = v;
+        if (mma) {
+          const T vt = from_f32<T>(v);
+          for (unsigned q = 0; q < n; ++q) peer_shared(dgt[k & 1], q)[b * G + g * H + j] = vt;
+        } else {
+          for (unsigned q = 0; q < n; ++q) peer_shared(dg, q)[b * G + g * H + j] = v;
+        }
       }
     }
     cluster_sync();
+    if (mma) {  // dG_h W_hh for the block's units: [bs][G] x [G][Nu] (rows past bs dropped)
+      cluster_step_mma<T>(dgt[k & 1], w, scratch, bs, G, Nu);
+      __syncthreads();
+    }
     const float* dgs = a.shared_dg ? dg : a.dgh + r0 * G;
     for (int64_t e = threadIdx.x; e < bs * U; e += blockDim.x) {
       const int64_t b = e / U, u = e % U, j = j0 + u;
       float acc = gru ? a.dh_carry[b * H + j] : 0.0f;
-      for (int64_t row = 0; row < G; ++row) acc += dgs[b * G + row] * to_f32(w[row * U + u]);
+      if (mma)
+        acc += scratch[b * Nu + u];
+      else
+        for (int64_t row = 0; row < G; ++row) acc += dgs[b * G + row] * to_f32(w[row * Nu + u]);
       a.dh_carry[b * H + j] = acc;
     }
     __syncthreads();  // the next step's rows map to other threads

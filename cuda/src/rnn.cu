@@ -748,10 +748,23 @@ template <typename T>
 bool try_cluster_backward(const Shape& s, const int64_t* batch_sizes, int64_t steps, bool reverse,
                           const T* w_hh, const Saved& sv, const Workspace& ws, const float* dy,
                           float* dgx, float* dgh, cudaStream_t stream) {
-  const ClusterPlan p = plan_cluster<T>(
+  ClusterPlan p = plan_cluster<T>(
       s, steps, s.gates(), static_cast<size_t>(2 * s.batch * s.gates()) * sizeof(float));
   if (!p.ok) return false;
   ClusterBackwardArgs<T> a{};
+  // 16-bit data with H a multiple of 16 and dG_h gathered in shared memory:
+  // the carry's product on tensor cores (dG_h rounded to T, float32
+  // accumulation) where that layout fits (SEQPACK_CUDA_CLUSTER_MMA=0: the
+  // threads' float32 products).
+  if (sizeof(T) == 2 && s.hidden % 16 == 0 && p.buffers && cluster_mma_allowed()) {
+    DeviceLimits limits;
+    const size_t bytes = cluster_backward_mma_shared_bytes<T>(s.gates(), p.units, s.batch);
+    if (device_limits(&limits) == cudaSuccess &&
+        bytes <= static_cast<size_t>(limits.shared_optin)) {
+      a.mma = true;
+      p.shared = bytes;
+    }
+  }
   a.mode = s.mode;
   a.reverse = reverse;
   a.steps = steps;

@@ -1023,10 +1023,12 @@ def test_cluster_settings_are_checked(emulated, monkeypatch, name, value, messag
     ("LSTM", torch.bfloat16, 2.0 ** -8, "2"), ("GRU", torch.float16, 2.0 ** -11, "4"),
     ("RNN_TANH", torch.bfloat16, 2.0 ** -8, "4")])
 def test_emulated_cluster_tensor_cores_match_the_threads_products(emulated, monkeypatch, mode, dtype, eps, cluster):
-    """The cluster forward kernel's step product on tensor cores (16-bit data, H a
-    multiple of 16) against the threads' own products (SEQPACK_CUDA_CLUSTER_MMA=0),
-    forward and backward: the same values but for the summation order, whose
-    differences h's rounding to the data type can carry, hence a few eps of the
+    """The cluster kernels' step products on tensor cores (16-bit data, H a
+    multiple of 16: the forward's h_{t-1} W_hh^T, the backward's carry
+    dG_h W_hh with dG_h rounded to the data type) against the threads' own
+    float32 products (SEQPACK_CUDA_CLUSTER_MMA=0), forward and backward: the
+    same values but for the summation order and dG_h's rounding, differences
+    that h's rounding to the data type can carry, hence a few eps of the
     largest value. Clusters of 2 and 4 blocks: units of 16 and 8 (GRU's 24 gate
     rows padded to 32); a sequence of length zero; batch 6, padded to 16 rows."""
     monkeypatch.setenv("SEQPACK_CUDA_KERNEL", "cluster")
