@@ -423,10 +423,13 @@ struct DeviceLimits {
   bool cooperative = false;
 };
 
-// A small pretend GPU: 4 multiprocessors, 8 resident blocks each.
+// A small pretend GPU: 4 multiprocessors, 8 resident blocks each, 227 KB of
+// shared memory a block may ask for (SEQPACK_CUDA_EMULATE_SHARED_BYTES sets
+// another: the tests of what does not fit).
 inline cudaError_t device_limits(DeviceLimits* out) {
   out->multiprocessors = 4;
-  out->shared_optin = 227 * 1024;
+  const char* shared = std::getenv("SEQPACK_CUDA_EMULATE_SHARED_BYTES");
+  out->shared_optin = shared != nullptr && shared[0] != '\0' ? std::atoi(shared) : 227 * 1024;
   out->cooperative = true;
   return cudaSuccess;
 }

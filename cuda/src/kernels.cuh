@@ -774,14 +774,16 @@ constexpr size_t cluster_backward_mma_shared_bytes(int64_t G, int64_t units, int
          static_cast<size_t>(round16(batch) * round16(units)) * sizeof(float);
 }
 
-template <typename T>
-__global__ void __launch_bounds__(kPersistentThreads)
-    cluster_backward_kernel(ClusterBackwardArgs<T> a) {
-  const unsigned n = cluster_blocks();
+// The body of both backward kernels below: block r (its rank in the cluster,
+// or its index in a cooperative grid, which gathers dG_h through global
+// memory only) owns units [r U, r U + U).
+template <typename T, bool kCluster>
+__device__ __forceinline__ void backward_steps(const ClusterBackwardArgs<T>& a) {
+  const unsigned n = kCluster ? cluster_blocks() : 0;
   const bool lstm = a.mode == 0, gru = a.mode == 1;
   const int ng = lstm ? 4 : gru ? 3 : 1;
   const int64_t H = a.H, G = ng * H, B = a.batch;
-  const int64_t j0 = static_cast<int64_t>(cluster_rank()) * a.units;
+  const int64_t j0 = static_cast<int64_t>(kCluster ? cluster_rank() : blockIdx.x) * a.units;
   const int64_t U = j0 >= H ? 0 : (a.units < H - j0 ? a.units : H - j0);
   // Two dG_h buffers where they fit (a.shared_dg), [B][G] in float, or with
   // tensor cores [Bp][G] in T (the product's operand); else none: dG_h is read
@@ -823,17 +825,22 @@ __global__ void __launch_bounds__(kPersistentThreads)
       else
         a.dgx[(r0 + b) * G + j] = rnn_backward_element(a.mode == 3, a.gates[(r0 + b) * G + j], dhv);
       // This unit's dG_h entries (every gate) to every block of the cluster.
-      for (int g = 0; a.shared_dg && g < ng; ++g) {
-        const float v = dgh[b * G + g * H + j];
-        if (mma) {
-          const T vt = from_f32<T>(v);
-          for (unsigned q = 0; q < n; ++q) peer_shared(dgt[k & 1], q)[b * G + g * H + j] = vt;
-        } else {
-          for (unsigned q = 0; q < n; ++q) peer_shared(dg, q)[b * G + g * H + j] = v;
+      if constexpr (kCluster) {
+        for (int g = 0; a.shared_dg && g < ng; ++g) {
+          const float v = dgh[b * G + g * H + j];
+          if (mma) {
+            const T vt = from_f32<T>(v);
+            for (unsigned q = 0; q < n; ++q) peer_shared(dgt[k & 1], q)[b * G + g * H + j] = vt;
+          } else {
+            for (unsigned q = 0; q < n; ++q) peer_shared(dg, q)[b * G + g * H + j] = v;
+          }
         }
       }
     }
-    cluster_sync();
+    if constexpr (kCluster)
+      cluster_sync();
+    else
+      grid_sync();
     if (mma) {  // dG_h W_hh for the block's units: [bs][G] x [G][Nu] (rows past bs dropped)
       cluster_step_mma<T>(dgt[k & 1], w, scratch, bs, G, Nu);
       __syncthreads();
@@ -850,6 +857,21 @@ __global__ void __launch_bounds__(kPersistentThreads)
     }
     __syncthreads();  // the next step's rows map to other threads
   }
+}
+
+template <typename T>
+__global__ void __launch_bounds__(kPersistentThreads)
+    cluster_backward_kernel(ClusterBackwardArgs<T> a) {
+  backward_steps<T, true>(a);
+}
+
+// The same on a cooperative grid whose blocks are all resident (W_hh's
+// columns too large for one cluster): dG_h through global memory, the grid's
+// barrier each step.
+template <typename T>
+__global__ void __launch_bounds__(kPersistentThreads)
+    persistent_backward_kernel(ClusterBackwardArgs<T> a) {
+  backward_steps<T, false>(a);
 }
 
 }  // namespace seqpack::cuda

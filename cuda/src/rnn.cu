@@ -576,6 +576,25 @@ PersistentArgs<T> persistent_args(const Shape& s, int64_t steps, bool reverse, i
   return a;
 }
 
+// Hidden units per block for a cooperative launch of `kernel` whose blocks
+// keep `unit_bytes` of shared memory per unit: from 1 up, the first whose
+// W_hh part fits and whose ceil(H / U) blocks are all resident at once (a
+// cooperative launch needs that); 0 where none does.
+template <typename A>
+int64_t cooperative_units(void (*kernel)(A), int64_t H, size_t unit_bytes,
+                          const DeviceLimits& limits, size_t* shared) {
+  for (int64_t u = 1; u <= 64 && u <= H; u *= 2) {
+    const size_t bytes = static_cast<size_t>(u) * unit_bytes;
+    if (bytes > static_cast<size_t>(limits.shared_optin)) break;
+    const int per_sm = blocks_per_multiprocessor(kernel, kPersistentThreads, bytes);
+    if ((H + u - 1) / u <= static_cast<int64_t>(per_sm) * limits.multiprocessors) {
+      *shared = bytes;
+      return u;
+    }
+  }
+  return 0;
+}
+
 // The persistent kernel for one layer and direction, if it fits: units per
 // block U from 1 up, the first whose W_hh rows fit in shared memory and whose
 // ceil(H / U) blocks are all resident at once (a cooperative launch needs
@@ -590,20 +609,11 @@ bool try_persistent(const Shape& s, const int64_t* batch_sizes, int64_t steps, b
     (void)cudaGetLastError();
     return false;
   }
-  const int64_t H = s.hidden, ng = s.gates() / H;
-  int64_t units = 0;
+  const int64_t H = s.hidden;
   size_t shared = 0;
-  for (int64_t u = 1; u <= 64 && u <= H; u *= 2) {
-    const size_t bytes = static_cast<size_t>(ng * u * H) * sizeof(T);
-    if (bytes > static_cast<size_t>(limits.shared_optin)) break;
-    const int per_sm =
-        blocks_per_multiprocessor(persistent_forward_kernel<T>, kPersistentThreads, bytes);
-    if ((H + u - 1) / u <= static_cast<int64_t>(per_sm) * limits.multiprocessors) {
-      units = u;
-      shared = bytes;
-      break;
-    }
-  }
+  const int64_t units = cooperative_units(persistent_forward_kernel<T>, H,
+                                          static_cast<size_t>(s.gates()) * sizeof(T), limits,
+                                          &shared);
   if (units == 0) return false;
   check_cuda(cudaMemcpyAsync(ws.batch_sizes, batch_sizes, static_cast<size_t>(steps) * 8,
                              cudaMemcpyHostToDevice, stream),
@@ -740,6 +750,36 @@ bool try_cluster(const Shape& s, const int64_t* batch_sizes, int64_t steps, bool
   return start_cluster(cluster_forward_kernel<T>, p, batch_sizes, steps, ws, stream, a);
 }
 
+// The arguments of both backward kernels (dG_h through global memory until
+// the caller says otherwise).
+template <typename T>
+ClusterBackwardArgs<T> cluster_backward_args(const Shape& s, int64_t steps, bool reverse,
+                                             int64_t units, const T* w_hh, const Saved& sv,
+                                             const Workspace& ws, const float* dy, float* dgx,
+                                             float* dgh) {
+  ClusterBackwardArgs<T> a{};
+  a.mode = s.mode;
+  a.reverse = reverse;
+  a.steps = steps;
+  a.batch = s.batch;
+  a.batch_sizes = ws.batch_sizes;
+  a.H = s.hidden;
+  a.units = units;
+  a.dy = dy;
+  a.ldy = s.width();
+  a.gates = sv.gates;
+  a.c = sv.c;
+  a.cprev = sv.cprev;
+  a.ghn = sv.ghn;
+  a.hprev = sv.hprev;
+  a.dgx = dgx;
+  a.dgh = dgh;
+  a.dh_carry = ws.dh_carry;
+  a.dc_carry = ws.dc_carry;
+  a.w_hh = w_hh;
+  return a;
+}
+
 // The backward's cluster kernel for one layer and direction, if it fits (as
 // try_cluster: the same cluster size, W_hh's columns of each block's units and
 // two batch x gates buffers of dG_h in its shared memory). The carries hold
@@ -751,7 +791,9 @@ bool try_cluster_backward(const Shape& s, const int64_t* batch_sizes, int64_t st
   ClusterPlan p = plan_cluster<T>(
       s, steps, s.gates(), static_cast<size_t>(2 * s.batch * s.gates()) * sizeof(float));
   if (!p.ok) return false;
-  ClusterBackwardArgs<T> a{};
+  ClusterBackwardArgs<T> a =
+      cluster_backward_args<T>(s, steps, reverse, p.units, w_hh, sv, ws, dy, dgx, dgh);
+  a.shared_dg = p.buffers;
   // 16-bit data with H a multiple of 16 and dG_h gathered in shared memory:
   // the carry's product on tensor cores (dG_h rounded to T, float32
   // accumulation) where that layout fits (SEQPACK_CUDA_CLUSTER_MMA=0: the
@@ -765,27 +807,39 @@ bool try_cluster_backward(const Shape& s, const int64_t* batch_sizes, int64_t st
       p.shared = bytes;
     }
   }
-  a.mode = s.mode;
-  a.reverse = reverse;
-  a.steps = steps;
-  a.batch = s.batch;
-  a.batch_sizes = ws.batch_sizes;
-  a.H = s.hidden;
-  a.units = p.units;
-  a.dy = dy;
-  a.ldy = s.width();
-  a.gates = sv.gates;
-  a.c = sv.c;
-  a.cprev = sv.cprev;
-  a.ghn = sv.ghn;
-  a.hprev = sv.hprev;
-  a.dgx = dgx;
-  a.dgh = dgh;
-  a.dh_carry = ws.dh_carry;
-  a.dc_carry = ws.dc_carry;
-  a.w_hh = w_hh;
-  a.shared_dg = p.buffers;
   return start_cluster(cluster_backward_kernel<T>, p, batch_sizes, steps, ws, stream, a);
+}
+
+// The backward's kernel on a cooperative grid, for W_hh's columns too large
+// for one cluster (as try_persistent for the forward): dG_h through global
+// memory, the grid's barrier each step.
+template <typename T>
+bool try_persistent_backward(const Shape& s, const int64_t* batch_sizes, int64_t steps,
+                             bool reverse, const T* w_hh, const Saved& sv, const Workspace& ws,
+                             const float* dy, float* dgx, float* dgh, cudaStream_t stream) {
+  if (s.proj > 0 || steps == 0) return false;
+  DeviceLimits limits;
+  if (device_limits(&limits) != cudaSuccess || !limits.cooperative) {
+    (void)cudaGetLastError();
+    return false;
+  }
+  size_t shared = 0;
+  const int64_t units = cooperative_units(persistent_backward_kernel<T>, s.hidden,
+                                          static_cast<size_t>(s.gates()) * sizeof(T), limits,
+                                          &shared);
+  if (units == 0) return false;
+  check_cuda(cudaMemcpyAsync(ws.batch_sizes, batch_sizes, static_cast<size_t>(steps) * 8,
+                             cudaMemcpyHostToDevice, stream),
+             "copying batch_sizes to the device");
+  const ClusterBackwardArgs<T> a =
+      cluster_backward_args<T>(s, steps, reverse, units, w_hh, sv, ws, dy, dgx, dgh);
+  const int64_t blocks = (s.hidden + units - 1) / units;
+  if (launch_cooperative(persistent_backward_kernel<T>, dim3(static_cast<unsigned>(blocks)),
+                         dim3(kPersistentThreads), shared, stream, a) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return false;
+  }
+  return true;
 }
 
 // ---------------------------------------------------------------------------
@@ -844,8 +898,12 @@ void forward(const Shape& s, const int64_t* batch_sizes, const std::vector<int64
       if (persistent_requested() && try_persistent<T>(s, batch_sizes, steps, d == 1, w, sv, ws,
                                                       h0_ld, c0_ld, out_d, hn_ld, cn_ld, stream))
         continue;
-      if (cluster_requested() && try_cluster<T>(s, batch_sizes, steps, d == 1, w, sv, ws, h0_ld,
-                                                c0_ld, out_d, hn_ld, cn_ld, stream))
+      // W_hh too large for one cluster: the cooperative grid's kernel.
+      if (cluster_requested() &&
+          (try_cluster<T>(s, batch_sizes, steps, d == 1, w, sv, ws, h0_ld, c0_ld, out_d, hn_ld,
+                          cn_ld, stream) ||
+           try_persistent<T>(s, batch_sizes, steps, d == 1, w, sv, ws, h0_ld, c0_ld, out_d, hn_ld,
+                             cn_ld, stream)))
         continue;
       for (int64_t k = 0; k < steps; ++k) {
         const bool reverse = d == 1;
@@ -949,8 +1007,11 @@ void backward(const Shape& s, const int64_t* batch_sizes, const std::vector<int6
           zero(stream, B * H, ws.dc_carry);
       }
       const bool clustered =
-          cluster_requested() && try_cluster_backward<T>(s, batch_sizes, steps, d == 1, w.w_hh, sv,
-                                                         ws, dY + d * P, dgx_all, dgh_all, stream);
+          cluster_requested() &&
+          (try_cluster_backward<T>(s, batch_sizes, steps, d == 1, w.w_hh, sv, ws, dY + d * P,
+                                   dgx_all, dgh_all, stream) ||
+           try_persistent_backward<T>(s, batch_sizes, steps, d == 1, w.w_hh, sv, ws, dY + d * P,
+                                      dgx_all, dgh_all, stream));
       for (int64_t k = 0; !clustered && k < steps; ++k) {
         const bool reverse = d == 1;
         // The opposite order of the forward pass.

@@ -304,14 +304,18 @@ CASES_TILE_64 = [CASES[1], CASES[3], CASES[6], CASES[8]]
 # blocks' shared memory), of 4 blocks (the last without units: H = 5), of 3
 # with every product in the library, of the default size (1 for H = 5), and
 # of 4 exchanging h and the gates' gradients through global memory (what
-# batches too large for the shared buffers take).
+# batches too large for the shared buffers take), and where W_hh's rows do not
+# fit one cluster's blocks (the pretend GPU's shared memory cut to 90 bytes a
+# block): the cooperative grid's forward and backward, a unit a block.
 VARIANTS = {None: ({}, True), "library": ({}, False), "tile64": ({"SEQPACK_CUDA_GEMM_TILE": "64"}, False),
             "persistent": ({"SEQPACK_CUDA_KERNEL": "persistent"}, True),
             "cluster": ({"SEQPACK_CUDA_KERNEL": "cluster", "SEQPACK_CUDA_CLUSTER": "4"}, True),
             "cluster-library": ({"SEQPACK_CUDA_KERNEL": "cluster", "SEQPACK_CUDA_CLUSTER": "3"}, False),
             "cluster-one": ({"SEQPACK_CUDA_KERNEL": "cluster"}, True),
             "cluster-global": ({"SEQPACK_CUDA_KERNEL": "cluster", "SEQPACK_CUDA_CLUSTER": "4",
-                                "SEQPACK_CUDA_CLUSTER_GATHER": "global"}, True)}
+                                "SEQPACK_CUDA_CLUSTER_GATHER": "global"}, True),
+            "cluster-cooperative": ({"SEQPACK_CUDA_KERNEL": "cluster", "SEQPACK_CUDA_EMULATE_SHARED_BYTES": "90"},
+                                    True)}
 
 
 @pytest.mark.parametrize("mode,layers,bidirectional,bias,proj,lengths,extra,variant",
@@ -321,7 +325,8 @@ VARIANTS = {None: ({}, True), "library": ({}, False), "tile64": ({"SEQPACK_CUDA_
                          [c + ("cluster",) for c in CASES if c[4] == 0] +
                          [c + ("cluster-library",) for c in CASES[:3] if c[4] == 0] +
                          [c + ("cluster-one",) for c in CASES[:2] if c[4] == 0] +
-                         [c + ("cluster-global",) for c in CASES if c[4] == 0])
+                         [c + ("cluster-global",) for c in CASES if c[4] == 0] +
+                         [c + ("cluster-cooperative",) for c in CASES if c[4] == 0])
 def test_emulated_library_matches_torch(emulated, monkeypatch, mode, layers, bidirectional, bias, proj, lengths,
                                         extra, variant):
     environment, torch_products = VARIANTS[variant]
