@@ -1006,10 +1006,13 @@ void backward(const Shape& s, const int64_t* batch_sizes, const std::vector<int6
         else
           zero(stream, B * H, ws.dc_carry);
       }
+      // The recurrence in one launch: a cluster's, else (W_hh too large for
+      // one, or SEQPACK_CUDA_KERNEL=persistent) a cooperative grid's.
       const bool clustered =
-          cluster_requested() &&
-          (try_cluster_backward<T>(s, batch_sizes, steps, d == 1, w.w_hh, sv, ws, dY + d * P,
-                                   dgx_all, dgh_all, stream) ||
+          (cluster_requested() &&
+           try_cluster_backward<T>(s, batch_sizes, steps, d == 1, w.w_hh, sv, ws, dY + d * P,
+                                   dgx_all, dgh_all, stream)) ||
+          ((cluster_requested() || persistent_requested()) &&
            try_persistent_backward<T>(s, batch_sizes, steps, d == 1, w.w_hh, sv, ws, dY + d * P,
                                       dgx_all, dgh_all, stream));
       for (int64_t k = 0; !clustered && k < steps; ++k) {
