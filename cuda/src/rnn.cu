@@ -595,6 +595,39 @@ int64_t cooperative_units(void (*kernel)(A), int64_t H, size_t unit_bytes,
   return 0;
 }
 
+// Launches `kernel` for one layer and direction on a cooperative grid of
+// ceil(H / U) blocks (cooperative_units: each block's units' part of W_hh,
+// `element` bytes an entry, in its shared memory), with the arguments
+// make(U); false (nothing run) for a projection, where it does not fit, or
+// where the GPU refuses the launch (too many blocks resident elsewhere, say):
+// the steps are then the per-step kernels'.
+template <typename A, typename Make>
+bool start_cooperative(void (*kernel)(A), const Shape& s, size_t element,
+                       const int64_t* batch_sizes, int64_t steps, const Workspace& ws,
+                       cudaStream_t stream, Make make) {
+  if (s.proj > 0 || steps == 0) return false;
+  DeviceLimits limits;
+  if (device_limits(&limits) != cudaSuccess || !limits.cooperative) {
+    (void)cudaGetLastError();
+    return false;
+  }
+  size_t shared = 0;
+  const int64_t units = cooperative_units(kernel, s.hidden,
+                                          static_cast<size_t>(s.gates()) * element, limits, &shared);
+  if (units == 0) return false;
+  check_cuda(cudaMemcpyAsync(ws.batch_sizes, batch_sizes, static_cast<size_t>(steps) * 8,
+                             cudaMemcpyHostToDevice, stream),
+             "copying batch_sizes to the device");
+  const A a = make(units);
+  const int64_t blocks = (s.hidden + units - 1) / units;
+  if (launch_cooperative(kernel, dim3(static_cast<unsigned>(blocks)), dim3(kPersistentThreads),
+                         shared, stream, a) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return false;
+  }
+  return true;
+}
+
 // The persistent kernel for one layer and direction, if it fits: units per
 // block U from 1 up, the first whose W_hh rows fit in shared memory and whose
 // ceil(H / U) blocks are all resident at once (a cooperative launch needs
@@ -603,32 +636,11 @@ template <typename T>
 bool try_persistent(const Shape& s, const int64_t* batch_sizes, int64_t steps, bool reverse,
                     const LayerWeights<const T*>& w, const Saved& sv, const Workspace& ws,
                     const T* h0, const T* c0, T* y, T* hn, T* cn, cudaStream_t stream) {
-  if (s.proj > 0 || steps == 0) return false;
-  DeviceLimits limits;
-  if (device_limits(&limits) != cudaSuccess || !limits.cooperative) {
-    (void)cudaGetLastError();
-    return false;
-  }
-  const int64_t H = s.hidden;
-  size_t shared = 0;
-  const int64_t units = cooperative_units(persistent_forward_kernel<T>, H,
-                                          static_cast<size_t>(s.gates()) * sizeof(T), limits,
-                                          &shared);
-  if (units == 0) return false;
-  check_cuda(cudaMemcpyAsync(ws.batch_sizes, batch_sizes, static_cast<size_t>(steps) * 8,
-                             cudaMemcpyHostToDevice, stream),
-             "copying batch_sizes to the device");
-  const PersistentArgs<T> a =
-      persistent_args<T>(s, steps, reverse, units, w, sv, ws, h0, c0, y, hn, cn);
-  const int64_t blocks = (H + units - 1) / units;
-  // A launch the GPU refuses (too many blocks resident elsewhere, say) leaves
-  // the step to the per-step kernels; nothing has run then.
-  if (launch_cooperative(persistent_forward_kernel<T>, dim3(static_cast<unsigned>(blocks)),
-                         dim3(kPersistentThreads), shared, stream, a) != cudaSuccess) {
-    (void)cudaGetLastError();
-    return false;
-  }
-  return true;
+  return start_cooperative(persistent_forward_kernel<T>, s, sizeof(T), batch_sizes, steps, ws,
+                           stream, [&](int64_t units) {
+                             return persistent_args<T>(s, steps, reverse, units, w, sv, ws, h0,
+                                                       c0, y, hn, cn);
+                           });
 }
 
 // The cluster kernel's size: the largest power of two up to 16 that leaves
@@ -817,29 +829,11 @@ template <typename T>
 bool try_persistent_backward(const Shape& s, const int64_t* batch_sizes, int64_t steps,
                              bool reverse, const T* w_hh, const Saved& sv, const Workspace& ws,
                              const float* dy, float* dgx, float* dgh, cudaStream_t stream) {
-  if (s.proj > 0 || steps == 0) return false;
-  DeviceLimits limits;
-  if (device_limits(&limits) != cudaSuccess || !limits.cooperative) {
-    (void)cudaGetLastError();
-    return false;
-  }
-  size_t shared = 0;
-  const int64_t units = cooperative_units(persistent_backward_kernel<T>, s.hidden,
-                                          static_cast<size_t>(s.gates()) * sizeof(T), limits,
-                                          &shared);
-  if (units == 0) return false;
-  check_cuda(cudaMemcpyAsync(ws.batch_sizes, batch_sizes, static_cast<size_t>(steps) * 8,
-                             cudaMemcpyHostToDevice, stream),
-             "copying batch_sizes to the device");
-  const ClusterBackwardArgs<T> a =
-      cluster_backward_args<T>(s, steps, reverse, units, w_hh, sv, ws, dy, dgx, dgh);
-  const int64_t blocks = (s.hidden + units - 1) / units;
-  if (launch_cooperative(persistent_backward_kernel<T>, dim3(static_cast<unsigned>(blocks)),
-                         dim3(kPersistentThreads), shared, stream, a) != cudaSuccess) {
-    (void)cudaGetLastError();
-    return false;
-  }
-  return true;
+  return start_cooperative(persistent_backward_kernel<T>, s, sizeof(T), batch_sizes, steps, ws,
+                           stream, [&](int64_t units) {
+                             return cluster_backward_args<T>(s, steps, reverse, units, w_hh, sv,
+                                                             ws, dy, dgx, dgh);
+                           });
 }
 
 // ---------------------------------------------------------------------------
