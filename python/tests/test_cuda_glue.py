@@ -1053,3 +1053,19 @@ def test_emulated_cluster_tensor_cores_match_the_threads_products(emulated, monk
     monkeypatch.setenv("SEQPACK_CUDA_CLUSTER_MMA", "1")
     cores = _library_run(emulated, mode, x, packed.batch_sizes, h0, c0, weights, 0, gy)
     _close_within_eps(cores, threads, eps)
+
+
+def test_layers_call_the_python_kernels_under_compile_where_the_cpp_ones_exist(monkeypatch):
+    """Where libseqpack_torch has the C++ CUDA kernels (faked: a CPU torch has
+    none), the layers' CUDA forwards call the operators, except under
+    torch.compile, where they call the Python kernels (whose glue registers a
+    traceable custom operator; the C++ kernels cannot run on fake tensors)."""
+    pytest.importorskip("seqpack.torch")
+    from seqpack import _cuda, _torch_cuda_ops, _torch_layers
+    monkeypatch.setitem(_torch_cuda_ops._STATE, "cpp", True)
+    monkeypatch.setattr(_cuda, "_compiling", lambda: False)
+    assert _torch_layers._cuda_operators() is torch.ops.seqpack
+    monkeypatch.setattr(_cuda, "_compiling", lambda: True)
+    assert _torch_layers._cuda_operators() is _torch_cuda_ops
+    monkeypatch.setitem(_torch_cuda_ops._STATE, "cpp", False)
+    assert _torch_layers._cuda_operators() is torch.ops.seqpack
