@@ -712,8 +712,17 @@ std::tuple<Tensor, Tensor, Tensor> rnn_padded(
     const Tensor data = time_major.reshape({T * B, input.size(2)});
     // Batch 0 has no time steps in packed form.
     const Tensor batch_sizes = at::full({B > 0 ? T : 0}, B, at::TensorOptions().dtype(at::kLong));
+    // The states default to zeros of the batch (with T = 0 the packed form
+    // has no step to tell it).
+    const int64_t states = num_layers * (bidirectional ? 2 : 1);
+    auto state = [&](const OptTensor& given, int64_t width) -> OptTensor {
+      if (given.has_value() && given->defined()) return given;
+      return at::zeros({states, B, width}, input.options());
+    };
+    const OptTensor h = state(h0, proj_size > 0 ? proj_size : hidden_size);
+    const OptTensor c = mode == "LSTM" ? state(c0, hidden_size) : c0;
     auto [out, h_n, c_n] =
-        rnn_op.call(data, batch_sizes, c10::nullopt, c10::nullopt, h0, c0, weights, mode,
+        rnn_op.call(data, batch_sizes, c10::nullopt, c10::nullopt, h, c, weights, mode,
                     hidden_size, num_layers, bias, bidirectional, proj_size, dropout, train, seed,
                     precision);
     const Tensor output = out.view({T, B, out.size(1)});

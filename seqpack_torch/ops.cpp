@@ -1368,10 +1368,14 @@ std::tuple<Tensor, Tensor, Tensor> rnn_padded_autograd(
   // Batch 0 (torch accepts it) has no time steps in packed form: a batch_sizes
   // of T zeros is not a packed batch.
   Tensor batch_sizes = at::full({B > 0 ? T : 0}, B, at::TensorOptions().dtype(at::kLong));
+  // No step (T = 0): the batch's B sequences are of length zero, which only
+  // the (identity) indices can say; their h_n/c_n are their h0/c0, as
+  // rnn_padded_cpu's plan of B zero lengths gives.
+  OptTensor order;
+  if (T == 0 && B > 0) order = at::arange(B, input.options().dtype(at::kLong));
   auto [out, h_n, c_n] =
-      rnn_op().call(data, batch_sizes, c10::nullopt, c10::nullopt, h0, c0, weights, mode,
-                    hidden_size, num_layers, bias, bidirectional, proj_size, dropout, train, seed,
-                    precision);
+      rnn_op().call(data, batch_sizes, order, order, h0, c0, weights, mode, hidden_size,
+                    num_layers, bias, bidirectional, proj_size, dropout, train, seed, precision);
   Tensor output = out.view({T, B, out.size(1)});
   return {batch_first ? output.transpose(0, 1) : output, h_n, c_n};
 }

@@ -155,7 +155,13 @@ def rnn_padded(input: Tensor, lengths: Optional[Tensor], h0: Optional[Tensor], c
     x = input.transpose(0, 1) if bf else input
     steps, batch = x.size(0), x.size(1)
     data = x.reshape(steps * batch, x.size(2))
-    batch_sizes = torch.full((steps,), batch, dtype=torch.int64)
+    batch_sizes = torch.full((steps if batch > 0 else 0,), batch, dtype=torch.int64)
+    # The states default to zeros of the batch (with no step, batch_sizes cannot tell it).
+    states = num_layers * (2 if bidirectional else 1)
+    if h0 is None:
+        h0 = input.new_zeros(states, batch, proj_size if proj_size > 0 else hidden_size)
+    if c0 is None and mode == "LSTM":
+        c0 = input.new_zeros(states, batch, hidden_size)
     out, h_n, c_n = rnn(data, batch_sizes, None, None, h0, c0, weights, mode, hidden_size,
                         num_layers, bias, bidirectional, proj_size, dropout, train, seed, precision)
     out = out.view(steps, batch, out.size(1))

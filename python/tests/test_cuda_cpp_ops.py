@@ -194,6 +194,23 @@ def test_cpp_padded_kernel_without_lengths_is_a_batch_of_equal_lengths(ops, batc
     assert_fp_close(hn, rhn, n, what="h_n", scale=1.0)
 
 
+@pytest.mark.parametrize("mode", ["LSTM", "GRU"])
+def test_cpp_padded_kernel_without_steps_keeps_the_states(ops, mode):
+    """T = 0 (no lengths): no output rows, h_n/c_n the given states, or zeros of
+    the batch's size (states, B, H), as seqpack's CPU kernel gives."""
+    rnn = _make(mode, 3, 4, 2, True, True, 0, 6)
+    x = torch.zeros(0, 2, 3)
+    h0 = torch.randn(4, 2, 4)
+    c0 = torch.randn(4, 2, 4) if mode == "LSTM" else None
+    args = (rnn._flat_weights, mode, 4, 2, True, False, True, 0, 0.0, False, None, "fp32")
+    for given in (True, False):
+        out, hn, cn = ops.rnn_padded(x, None, h0 if given else None, c0 if given else None, *args)
+        cpu = torch.ops.seqpack.rnn_padded(x, None, h0 if given else None, c0 if given else None, *args)
+        assert out.shape == (0, 2, 8)
+        assert torch.equal(hn, cpu[1]) and hn.shape == (4, 2, 4)
+        assert torch.equal(cn, cpu[2])
+
+
 def test_cpp_kernels_seed_their_dropout_mask(ops):
     """train with dropout between layers: the mask is torch's Bernoulli draw
     from the data's generator seeded by `seed` (1/(1-p) where kept), so the

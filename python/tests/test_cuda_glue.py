@@ -1069,3 +1069,23 @@ def test_layers_call_the_python_kernels_under_compile_where_the_cpp_ones_exist(m
     assert _torch_layers._cuda_operators() is _torch_cuda_ops
     monkeypatch.setitem(_torch_cuda_ops._STATE, "cpp", False)
     assert _torch_layers._cuda_operators() is torch.ops.seqpack
+
+
+@pytest.mark.parametrize("mode", ["LSTM", "GRU"])
+def test_operator_kernel_without_steps_keeps_the_states(emulated, monkeypatch, mode):
+    """rnn_padded's Python CUDA kernel with T = 0 (no lengths): h_n/c_n are the
+    given states, or zeros of (states, B, H), as the CPU operator gives."""
+    pytest.importorskip("seqpack.torch")
+    ops = _operator_kernel(emulated, monkeypatch)
+    rnn = _make(mode, 3, 4, 2, True, True, 0, 6)
+    x = torch.zeros(0, 2, 3)
+    h0 = torch.randn(4, 2, 4)
+    c0 = torch.randn(4, 2, 4) if mode == "LSTM" else None
+    args = ([w.detach() for w in rnn._flat_weights], mode, 4, 2, True, False, True, 0, 0.0, False, None, "fp32")
+    for given in (True, False):
+        out, hn, cn = ops.rnn_padded(x, None, h0 if given else None, c0 if given else None, *args)
+        cpu = torch.ops.seqpack.rnn_padded(x, None, h0 if given else None, c0 if given else None, *args)
+        assert out.shape == (0, 2, 8)
+        assert hn.shape == (4, 2, 4) and torch.equal(hn, cpu[1])
+        if mode == "LSTM":
+            assert torch.equal(cn, cpu[2])

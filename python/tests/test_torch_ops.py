@@ -390,3 +390,23 @@ def test_packing_plan_reuse_follows_the_index_values():
     check(trnn.PackedSequence(other.data, packed.batch_sizes, packed.sorted_indices,
                               packed.unsorted_indices))
     check(trnn.pack_padded_sequence(x, torch.tensor([3, 2, 1])))  # no indices
+
+
+@pytest.mark.parametrize("mode", ["LSTM", "GRU"])
+def test_rnn_padded_without_steps_keeps_the_states_with_and_without_a_graph(mode):
+    """T = 0 padded input (no lengths): the B sequences have length zero, so
+    h_n/c_n are h0/c0 (zeros where none is given) of shape (states, B, H),
+    whether autograd records the call (weights requiring grad) or not."""
+    torch.manual_seed(3)
+    rnn = getattr(torch.nn, mode)(3, 4, num_layers=2, bidirectional=True)
+    x = torch.zeros(0, 2, 3)
+    h0, c0 = torch.randn(4, 2, 4), torch.randn(4, 2, 4)
+    for weights in ([w.detach() for w in rnn._flat_weights], list(rnn._flat_weights)):
+        for given in (True, False):
+            out, hn, cn = torch.ops.seqpack.rnn_padded(
+                x, None, h0 if given else None, (c0 if given else None) if mode == "LSTM" else None, weights,
+                mode, 4, 2, True, False, True, 0, 0.0, False, None, "fp32")
+            assert out.shape == (0, 2, 8)
+            assert torch.equal(hn, h0 if given else torch.zeros(4, 2, 4))
+            if mode == "LSTM":
+                assert torch.equal(cn, c0 if given else torch.zeros(4, 2, 4))
