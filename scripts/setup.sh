@@ -20,6 +20,7 @@ PACKAGES=(
   libdnnl-dev libtorch-dev libonnx-dev python3-onnx python3-venv python3-pip
   libprotobuf-dev  # seqpack_onnx links protobuf; libonnx-dev does not depend on it
   ccache  # repeated builds (the wheel's reuses this build's objects: scripts/test.sh)
+  ninja-build  # torch.utils.cpp_extension: bench/cuda_cpp_ops.py builds the C++ CUDA kernels
 )
 missing=()
 for p in "${PACKAGES[@]}"; do
