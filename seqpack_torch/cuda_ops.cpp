@@ -54,15 +54,35 @@ bool is_file(const std::string& path) {
   return stat(path.c_str(), &st) == 0 && S_ISREG(st.st_mode);
 }
 
-// libseqpack_cuda.so beside the shared library that holds this code.
-std::string beside_this_library() {
+// Where libseqpack_cuda.so is looked for when none is named, as the Python
+// glue (seqpack/_cuda.py) looks: beside the shared library that holds this
+// code, then, from its folder up four levels, build/cuda/ and build-cuda/ (and
+// cuda/ of a folder named build): a build tree's library.
+std::vector<std::string> candidates() {
   Dl_info info{};
-  if (dladdr(reinterpret_cast<void*>(&beside_this_library), &info) == 0 || !info.dli_fname)
-    return "";
-  std::string self(info.dli_fname);
-  const auto slash = self.rfind('/');
-  return (slash == std::string::npos ? std::string(".") : self.substr(0, slash)) +
-         "/libseqpack_cuda.so";
+  if (dladdr(reinterpret_cast<void*>(&candidates), &info) == 0 || !info.dli_fname) return {};
+  std::string dir(info.dli_fname);
+  const auto slash = dir.rfind('/');
+  dir = slash == std::string::npos ? std::string(".") : dir.substr(0, slash);
+  const std::string name = "/libseqpack_cuda.so";
+  std::vector<std::string> out = {dir + name};
+  for (int up = 0; up < 4 && !dir.empty(); ++up) {
+    out.push_back(dir + "/build/cuda" + name);
+    out.push_back(dir + "/build-cuda" + name);
+    const auto cut = dir.rfind('/');
+    if (dir.substr(cut == std::string::npos ? 0 : cut + 1) == "build")
+      out.push_back(dir + "/cuda" + name);
+    if (cut == std::string::npos || cut == 0) break;
+    dir = dir.substr(0, cut);
+  }
+  return out;
+}
+
+// Whether two paths name the same file.
+bool same_file(const std::string& a, const std::string& b) {
+  struct stat sa {}, sb {};
+  return stat(a.c_str(), &sa) == 0 && stat(b.c_str(), &sb) == 0 && sa.st_dev == sb.st_dev &&
+         sa.st_ino == sb.st_ino;
 }
 
 // Loads `path` (a file, or a bare name for the loader's search); errors name it.
@@ -87,7 +107,8 @@ const Library* load(const std::string& path, const std::string& why) {
 }
 
 // The library to load when none was named: SEQPACK_CUDA_LIBRARY (only it,
-// where set), else the file beside this library, else the loader's search.
+// where set), else the first of candidates() there is, else the loader's
+// search.
 const Library* load_found() {
   const char* env = std::getenv("SEQPACK_CUDA_LIBRARY");
   if (env && *env) {
@@ -95,8 +116,8 @@ const Library* load_found() {
                 "' names no library file (missing, or not a regular file)");
     return load(env, "SEQPACK_CUDA_LIBRARY");
   }
-  const std::string beside = beside_this_library();
-  if (!beside.empty() && is_file(beside)) return load(beside, "beside the seqpack operators");
+  for (const std::string& path : candidates())
+    if (is_file(path)) return load(path, "found beside the seqpack operators or in their build");
   return load("libseqpack_cuda.so", "the loader's search; SEQPACK_CUDA_LIBRARY names another");
 }
 
@@ -627,7 +648,8 @@ std::string use_library(c10::string_view path) {
   const std::string wanted(path);
   std::lock_guard<std::mutex> lock(library_mutex);
   if (const Library* lib = loaded.load(std::memory_order_relaxed)) {
-    TORCH_CHECK_VALUE(lib->path == wanted, "seqpack::_cuda_library: '", wanted,
+    TORCH_CHECK_VALUE(lib->path == wanted || same_file(lib->path, wanted),
+                      "seqpack::_cuda_library: '", wanted,
                       "' asked for, but the CUDA kernels already use '", lib->path, "'");
     return lib->path;
   }

@@ -23,7 +23,8 @@
 //
 // The library: the one given to seqpack::_cuda_library (seqpack.torch passes
 // the one its glue found), else SEQPACK_CUDA_LIBRARY, else libseqpack_cuda.so
-// beside the library holding these kernels, else the loader's search.
+// beside the library holding these kernels or in its build tree (where the
+// glue looks), else the loader's search; one per process.
 #pragma once
 
 #include <ATen/ATen.h>

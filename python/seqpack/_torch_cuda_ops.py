@@ -54,7 +54,11 @@ def register(backend) -> None:
     operators' kernels, and they are given the library the glue found."""
     if cpp_kernels():
         path = backend.library_path()
-        torch.ops.seqpack._cuda_library(path if path is not None else "")
+        try:
+            torch.ops.seqpack._cuda_library(path if path is not None else "")
+        except ValueError as e:  # they loaded another file first (a scripted call, say)
+            raise RuntimeError(f"seqpack CUDA: the glue found {path}, but {e}; name one with "
+                               "SEQPACK_CUDA_LIBRARY") from e
         _STATE["backend"] = backend
         return
     if _STATE["library"] is not None:

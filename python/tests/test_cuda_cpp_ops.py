@@ -306,9 +306,13 @@ def test_cpp_kernels_name_a_bad_dtype_and_bad_lengths(ops):
 
 
 def test_cpp_kernels_keep_their_library(ops, tmp_path):
-    """One library per process: another path is refused by name, a missing file too."""
+    """One library per process: another file is refused by name; another name of
+    the loaded file is that library."""
     loaded = ops._cuda_library("")
     assert ops._cuda_library(loaded) == loaded
+    link = tmp_path / "same.so"  # another name of the same file is the same library
+    link.symlink_to(loaded)
+    assert ops._cuda_library(str(link)) == loaded
     other = tmp_path / "libseqpack_cuda.so"
     other.write_bytes(b"")
     with pytest.raises(ValueError, match="already use"):
@@ -331,6 +335,28 @@ def test_register_hands_the_cpp_kernels_the_glues_library(ops):
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr
     assert out.stdout.split() == [path, "True", "False"]
+
+
+def test_register_names_both_libraries_where_they_differ(ops, tmp_path):
+    """The C++ kernels loaded one library file (a scripted call before any
+    layer, say) and the glue found another: the layers' registration says so,
+    naming both, instead of running two libraries in one process."""
+    path = ops._cuda_library("")
+    other = tmp_path / "libseqpack_cuda.so"
+    other.write_bytes(pathlib.Path(path).read_bytes())
+    code = ("import torch, seqpack.torch\n"
+            "from seqpack import _torch_cuda_ops as o\n"
+            "o._STATE['cpp'] = True\n"
+            f"torch.ops.seqpack._cuda_library({path!r})\n"
+            "class Glue:\n"
+            f"    def library_path(self): return {str(other)!r}\n"
+            "try:\n"
+            "    o.register(Glue())\n"
+            "except RuntimeError as e:\n"
+            "    print(e)\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    assert f"the glue found {other}" in out.stdout and f"already use '{path}'" in out.stdout, out.stdout
 
 
 def test_device_check_stage_runs_on_the_cpu(ops):
