@@ -24,7 +24,8 @@ What it prints:
 --cpu: the same code on the CPU for this script's own test: the kernels are
 built with their CPU test registration (cuda_emulated_ops.cpp, the operators
 torch.ops.seqpack_cuda_emulated.*) over the CUDA library compiled for the CPU
-(cuda/emulate/), and the glue runs on CPU tensors; the figures mean nothing.
+(cuda/emulate/; SEQPACK_CUDA_LIBRARY names one already built), and the glue
+runs on CPU tensors; the figures mean nothing.
 """
 import argparse
 import importlib.util
@@ -166,7 +167,7 @@ def main():
     device = torch.device("cpu" if args.cpu else "cuda")
     with tempfile.TemporaryDirectory() as tmp:
         workdir = pathlib.Path(tmp)
-        if args.cpu:
+        if args.cpu and not os.environ.get("SEQPACK_CUDA_LIBRARY"):
             os.environ["SEQPACK_CUDA_LIBRARY"] = emulated_library(workdir)
         glue = load_glue()
         if glue._library() is None:

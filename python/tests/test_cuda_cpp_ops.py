@@ -368,8 +368,9 @@ def test_device_check_stage_runs_on_the_cpu(ops):
     if shutil.which("ninja") is None:  # scripts/setup.sh installs ninja-build
         pytest.skip("no ninja: torch.utils.cpp_extension needs it")
     script = pathlib.Path(__file__).resolve().parents[2] / "bench" / "cuda_cpp_ops.py"
+    env = dict(os.environ, SEQPACK_CUDA_LIBRARY=ops._cuda_library(""))  # the emulated one, built
     out = subprocess.run([sys.executable, str(script), "--cpu", "--calls", "2", "--rounds", "1"],
-                         capture_output=True, text=True, timeout=900)
+                         capture_output=True, text=True, timeout=900, env=env)
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     lines = out.stdout.splitlines()
     assert "LSTM: the C++ kernels against torch._VF's packed lstm" in lines
