@@ -849,10 +849,10 @@ void forward(const Shape& s, const int64_t* batch_sizes, const std::vector<int64
   const int64_t bs0 = steps > 0 ? batch_sizes[0] : 0;
   const auto* weights = reinterpret_cast<const T* const*>(weights_v);
   ReserveLayout<T> rs = layout_reserve<T>(s, reserve);
-  // One layer's two directions (the caller's products: nothing between them)
-  // run at once, the reverse one on a second stream.
-  SideStream side(stream, cp.on && s.dirs == 2);
-  check_cuda(side.fork(), "the reverse direction's stream");
+  // A layer's two directions run at once, the reverse one on a second stream:
+  // they read the layer's input and write their own columns of its output,
+  // reserve and workspace; the next layer starts after both.
+  SideStream side(stream, s.dirs == 2);
   const T* input = x;
   for (int64_t l = 0; l < s.layers; ++l) {
     const int64_t in = s.in_width(l);
@@ -866,6 +866,7 @@ void forward(const Shape& s, const int64_t* batch_sizes, const std::vector<int64
         input = below;
       }
     }
+    check_cuda(side.fork(), "the reverse direction's stream");
     T* out = l + 1 < s.layers ? rs.layer_output[l] : y;
     for (int64_t d = 0; d < s.dirs; ++d) {
       const int64_t ld_index = l * s.dirs + d;
@@ -944,8 +945,8 @@ void forward(const Shape& s, const int64_t* batch_sizes, const std::vector<int64
                  P, H, y_t, W, hn_ld, s.lstm() ? sv.c + r0 * H : nullptr, cn_ld);
       }
     }
+    check_cuda(side.join(), "the reverse direction's stream");
   }
-  check_cuda(side.join(), "the reverse direction's stream");
 }
 
 template <typename T>
