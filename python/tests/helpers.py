@@ -38,16 +38,25 @@ def torch_twin(m):
     return t
 
 
+_EMULATED_BUILDS = {}  # source -> the library built from it in this process
+
+
 def build_emulated_cuda(source, out):
     """Compiles a CUDA source of cuda/ with g++ against the CPU emulation
     (cuda/emulate/) into the shared library `out`; skips the calling test where
     the CUDA emulation is switched off (SEQPACK_TEST_CUDA=0, scripts/test.sh) or
-    no g++ is there. Returns str(out)."""
+    no g++ is there. A source compiled before in this process is copied from
+    that build instead (the library of cuda/src/rnn.cu takes 14 s, and three
+    test modules need it). Returns str(out)."""
     import shutil
     import subprocess
     import pytest
     if os.environ.get("SEQPACK_TEST_CUDA") == "0":
         pytest.skip("SEQPACK_TEST_CUDA=0: the CUDA kernels' CPU emulation is not run (scripts/test.sh)")
+    built = _EMULATED_BUILDS.get(source)
+    if built is not None and os.path.isfile(built):
+        shutil.copyfile(built, str(out))
+        return str(out)
     cxx = next((shutil.which(c) for c in ("g++-12", "g++", "g++-14", "g++-13") if shutil.which(c)), None)
     if cxx is None:
         pytest.skip("no g++ to build the emulated CUDA code")
@@ -56,4 +65,5 @@ def build_emulated_cuda(source, out):
                     "-Wno-unknown-pragmas", "-x", "c++", os.path.join(root, source), "-DSEQPACK_CUDA_EMULATE",
                     "-I", os.path.join(root, "cuda", "emulate"), "-I", os.path.join(root, "include"),
                     "-o", str(out), "-pthread"], check=True)
+    _EMULATED_BUILDS[source] = str(out)
     return str(out)

@@ -26,6 +26,9 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 HEADER = os.path.join(ROOT, "include", "seqpack", "cuda.h")
 MODULE = os.path.join(ROOT, "python", "seqpack", "_cuda.py")
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from helpers import build_emulated_cuda  # noqa: E402
+
 
 def load_module(name="seqpack_cuda_glue"):
     spec = importlib.util.spec_from_file_location(name, MODULE)
@@ -209,15 +212,11 @@ def emulated(tmp_path_factory):
     if cxx is None:
         pytest.skip("no g++ to build the emulated CUDA library")
     out = tmp_path_factory.mktemp("emulated") / "libseqpack_cuda.so"
-    cmd = [cxx, "-std=c++20", "-O1", "-fPIC", "-shared", "-Wall", "-Wextra", "-Werror", "-Wno-unknown-pragmas",
-           "-x", "c++", os.path.join(ROOT, "cuda", "src", "rnn.cu"), "-DSEQPACK_CUDA_EMULATE",
-           "-I", os.path.join(ROOT, "cuda", "emulate"), "-I", os.path.join(ROOT, "include"),
-           "-o", str(out), "-pthread"]
     probe = subprocess.run([cxx, "-x", "c++", "-std=c++20", "-fsyntax-only", "-"], input="_Float16 h; int main(){}",
                            capture_output=True, text=True)
     if probe.returncode != 0:
         pytest.skip(f"{cxx} has no _Float16 (the emulated float16)")
-    subprocess.run(cmd, check=True)
+    build_emulated_cuda(os.path.join("cuda", "src", "rnn.cu"), out)
     old = os.environ.get("SEQPACK_CUDA_LIBRARY")
     os.environ["SEQPACK_CUDA_LIBRARY"] = str(out)
     try:
