@@ -43,6 +43,8 @@ import torch.utils.cpp_extension as cpp
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 SOURCES = ROOT / "seqpack_torch"
+sys.path.insert(0, str(ROOT / "python" / "tests"))
+from tolerance import fp_bound, rnn_reduction_length  # noqa: E402  (docs/testing.md's rule)
 
 
 def load_glue():
@@ -79,7 +81,7 @@ def build(on_cpu: bool, workdir: pathlib.Path):
 
 def close(what, got, want, n):
     scale = max(1.0, float(want.detach().abs().max()))
-    bound = 2 * 2.0 ** -24 * n * scale
+    bound = fp_bound(scale, n, "float32")
     err = float((got.detach().double() - want.detach().double()).abs().max())
     print(f"  {what}: max |difference| {err:.3g} (bound {bound:.3g})")
     if not err <= bound:
@@ -99,7 +101,7 @@ def check(ops, device):
         hout = layer.proj_size or 8
         h0 = torch.randn(dirs * layers, 5, hout, device=device)
         c0 = torch.randn(dirs * layers, 5, 8, device=device) if mode == "LSTM" else None
-        n = (max(5, dirs * hout) + hout + 8 + 16) * int(packed.data.shape[0]) * layers
+        n = rnn_reduction_length(5, 8, layers, True, int(packed.data.shape[0]), layer.proj_size)
         runs = {}
         for who in ("cpp", "torch"):
             x = packed.data.detach().clone().requires_grad_()

@@ -421,9 +421,9 @@ struct Workspace {
 };
 
 // The workspace as direction d sees it: dgx, dgh and dy are shared (the
-// directions that use them run one after the other), the rest is direction
-// d's own (the directions of a layer whose products the caller runs run at
-// once: SideStream).
+// backward on the library's own products, which uses them, runs a layer's
+// directions one after the other), the rest is direction d's own (a layer's
+// directions run at once otherwise: SideStream).
 Workspace layout_workspace(const Shape& s, void* workspace, int64_t d = 0) {
   Arena arena(workspace);
   Workspace w{};
@@ -433,15 +433,14 @@ Workspace layout_workspace(const Shape& s, void* workspace, int64_t d = 0) {
   w.dgh = s.gru() ? arena.take<float>(n * s.gates()) : w.dgx;
   w.dy[0] = arena.take<float>(n * s.dy_width());
   w.dy[1] = arena.take<float>(n * s.dy_width());
-  for (int64_t k = 0; k < s.dirs; ++k) {
-    Workspace own{};
+  for (int64_t k = 0; k < s.dirs; ++k) {  // each direction's part, d's kept
+    Workspace own = w;
     own.dh = arena.take<float>(n * s.hout());
     own.gh = arena.take<float>(s.batch * s.gates());
     own.dm = s.proj > 0 ? arena.take<float>(s.batch * s.hidden) : nullptr;
     own.dh_carry = arena.take<float>(s.batch * s.hout());
     own.dc_carry = arena.take<float>(s.batch * s.hidden);
-    if (k == d) w.dh = own.dh, w.gh = own.gh, w.dm = own.dm, w.dh_carry = own.dh_carry,
-                w.dc_carry = own.dc_carry;
+    if (k == d) w = own;
   }
   return w;
 }
