@@ -379,9 +379,21 @@ void run_grid(void (*kernel)(A), dim3 grid, dim3 block, size_t shared_bytes, A a
       blocks, block, shared_bytes, [&] { kernel(arg); }, cluster);
 }
 
+// The one-launch kernels' launches (cooperative and cluster) since the tests
+// last read them (seqpack_cuda_emulated_grid_launches): the grid's blocks and
+// the cluster's (0: a cooperative grid).
+struct GridLaunch {
+  unsigned blocks, cluster;
+};
+inline std::vector<GridLaunch>& grid_launches() {
+  static std::vector<GridLaunch> launches;
+  return launches;
+}
+
 template <typename A>
 cudaError_t launch_cooperative(void (*kernel)(A), dim3 grid, dim3 block, size_t shared_bytes,
                                cudaStream_t stream, A arg) {
+  grid_launches().push_back({grid.x, 0});
   submit(stream, [=] { run_grid(kernel, grid, block, shared_bytes, arg, 0); });
   return cudaSuccess;
 }
@@ -390,6 +402,7 @@ template <typename A>
 cudaError_t launch_cluster(void (*kernel)(A), dim3 grid, dim3 block, unsigned cluster,
                            size_t shared_bytes, cudaStream_t stream, A arg) {
   if (cluster == 0 || grid.x % cluster != 0) return 1;  // cudaErrorInvalidValue
+  grid_launches().push_back({grid.x, cluster});
   submit(stream, [=] { run_grid(kernel, grid, block, shared_bytes, arg, cluster); });
   return cudaSuccess;
 }

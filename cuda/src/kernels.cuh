@@ -493,11 +493,12 @@ __device__ __forceinline__ void cluster_step_mma(const T* hg, const T* w, float*
 // of them finished before that step's barrier). Writes the same reserve as
 // the per-step kernels, so the backward pass is shared.
 template <typename T, bool kCluster>
-__device__ __forceinline__ void persistent_forward_steps(const PersistentArgs<T>& a) {
+__device__ __forceinline__ void persistent_forward_steps(const PersistentArgs<T>& a,
+                                                         unsigned rank) {
   const bool lstm = a.mode == 0, gru = a.mode == 1;
   const int ng = lstm ? 4 : gru ? 3 : 1;
   const int64_t H = a.H, G = ng * H, B = a.batch;
-  const int64_t j0 = static_cast<int64_t>(kCluster ? cluster_rank() : blockIdx.x) * a.units;
+  const int64_t j0 = static_cast<int64_t>(rank) * a.units;
   const int64_t U = j0 >= H ? 0 : (a.units < H - j0 ? a.units : H - j0);
   const bool shared_h = kCluster && a.shared_h;
   const bool mma = kCluster && a.mma && sizeof(T) == 2;
@@ -601,19 +602,31 @@ __device__ __forceinline__ void persistent_forward_steps(const PersistentArgs<T>
   }
 }
 
+// The parameter of the one-launch kernels: one layer's recurrence in one
+// direction or in both at once. Direction d runs on blocks
+// [d blocks, d blocks + blocks) of the grid (a cluster's blocks, or half a
+// cooperative grid), the block of rank r there owning units [r U, r U + U).
+template <typename A>
+struct Directions {
+  A dir[2];
+  unsigned blocks;  // per direction
+};
+
 // SEQPACK_CUDA_KERNEL=persistent: one cooperative launch, ceil(H / U) blocks
-// all resident, the grid's barrier each step.
+// a direction all resident, the grid's barrier each step.
 template <typename T>
 __global__ void __launch_bounds__(kPersistentThreads)
-    persistent_forward_kernel(PersistentArgs<T> a) {
-  persistent_forward_steps<T, false>(a);
+    persistent_forward_kernel(Directions<PersistentArgs<T>> p) {
+  persistent_forward_steps<T, false>(p.dir[blockIdx.x / p.blocks], blockIdx.x % p.blocks);
 }
 
-// SEQPACK_CUDA_KERNEL=cluster (sm_90): one thread-block cluster, its barrier
-// each step, h_{t-1} gathered in the blocks' shared memory where it fits.
+// SEQPACK_CUDA_KERNEL=cluster (sm_90): a thread-block cluster a direction,
+// its barrier each step, h_{t-1} gathered in the blocks' shared memory where
+// it fits.
 template <typename T>
-__global__ void __launch_bounds__(kPersistentThreads) cluster_forward_kernel(PersistentArgs<T> a) {
-  persistent_forward_steps<T, true>(a);
+__global__ void __launch_bounds__(kPersistentThreads)
+    cluster_forward_kernel(Directions<PersistentArgs<T>> p) {
+  persistent_forward_steps<T, true>(p.dir[blockIdx.x / p.blocks], cluster_rank());
 }
 
 // Rows b in [lo, hi) end at this step: their h (from y) and c go to h_n, c_n.
@@ -775,15 +788,15 @@ constexpr size_t cluster_backward_mma_shared_bytes(int64_t G, int64_t units, int
 }
 
 // The body of both backward kernels below: block r (its rank in the cluster,
-// or its index in a cooperative grid, which gathers dG_h through global
-// memory only) owns units [r U, r U + U).
+// or in its direction's part of a cooperative grid, which gathers dG_h
+// through global memory only) owns units [r U, r U + U).
 template <typename T, bool kCluster>
-__device__ __forceinline__ void backward_steps(const ClusterBackwardArgs<T>& a) {
+__device__ __forceinline__ void backward_steps(const ClusterBackwardArgs<T>& a, unsigned rank) {
   const unsigned n = kCluster ? cluster_blocks() : 0;
   const bool lstm = a.mode == 0, gru = a.mode == 1;
   const int ng = lstm ? 4 : gru ? 3 : 1;
   const int64_t H = a.H, G = ng * H, B = a.batch;
-  const int64_t j0 = static_cast<int64_t>(kCluster ? cluster_rank() : blockIdx.x) * a.units;
+  const int64_t j0 = static_cast<int64_t>(rank) * a.units;
   const int64_t U = j0 >= H ? 0 : (a.units < H - j0 ? a.units : H - j0);
   // Two dG_h buffers where they fit (a.shared_dg), [B][G] in float, or with
   // tensor cores [Bp][G] in T (the product's operand); else none: dG_h is read
@@ -861,8 +874,8 @@ __device__ __forceinline__ void backward_steps(const ClusterBackwardArgs<T>& a) 
 
 template <typename T>
 __global__ void __launch_bounds__(kPersistentThreads)
-    cluster_backward_kernel(ClusterBackwardArgs<T> a) {
-  backward_steps<T, true>(a);
+    cluster_backward_kernel(Directions<ClusterBackwardArgs<T>> p) {
+  backward_steps<T, true>(p.dir[blockIdx.x / p.blocks], cluster_rank());
 }
 
 // The same on a cooperative grid whose blocks are all resident (W_hh's
@@ -870,8 +883,8 @@ __global__ void __launch_bounds__(kPersistentThreads)
 // barrier each step.
 template <typename T>
 __global__ void __launch_bounds__(kPersistentThreads)
-    persistent_backward_kernel(ClusterBackwardArgs<T> a) {
-  backward_steps<T, false>(a);
+    persistent_backward_kernel(Directions<ClusterBackwardArgs<T>> p) {
+  backward_steps<T, false>(p.dir[blockIdx.x / p.blocks], blockIdx.x % p.blocks);
 }
 
 }  // namespace seqpack::cuda

@@ -544,49 +544,73 @@ bool kernel_requested(const char* name) {
 bool persistent_requested() { return kernel_requested("persistent"); }
 bool cluster_requested() { return kernel_requested("cluster"); }
 
+// One layer and direction's forward recurrence: what a one-launch kernel
+// reads and writes (the gates hold the input's part already).
+template <typename T>
+struct ForwardRun {
+  bool reverse = false;
+  LayerWeights<const T*> w;
+  const Saved* sv = nullptr;
+  Workspace ws{};
+  const T* h0 = nullptr;
+  const T* c0 = nullptr;
+  T* y = nullptr;
+  T* hn = nullptr;
+  T* cn = nullptr;
+};
+
 // The persistent forward kernels' arguments of one layer and direction.
 template <typename T>
-PersistentArgs<T> persistent_args(const Shape& s, int64_t steps, bool reverse, int64_t units,
-                                  const LayerWeights<const T*>& w, const Saved& sv,
-                                  const Workspace& ws, const T* h0, const T* c0, T* y, T* hn,
-                                  T* cn) {
+PersistentArgs<T> persistent_args(const Shape& s, int64_t steps, int64_t units,
+                                  const ForwardRun<T>& r) {
   PersistentArgs<T> a{};
   a.mode = s.mode;
-  a.reverse = reverse;
+  a.reverse = r.reverse;
   a.steps = steps;
   a.batch = s.batch;
-  a.batch_sizes = ws.batch_sizes;
+  a.batch_sizes = r.ws.batch_sizes;
   a.H = s.hidden;
   a.ldy = s.width();
   a.units = units;
-  a.gates = sv.gates;
-  a.gh = ws.gh;
-  a.w_hh = w.w_hh;
-  a.b_hh = w.b_hh;
-  a.h0 = h0;
-  a.c0 = c0;
-  a.y = y;
-  a.hprev = sv.hprev;
-  a.c = sv.c;
-  a.cprev = sv.cprev;
-  a.ghn = sv.ghn;
-  a.hn = hn;
-  a.cn = cn;
+  a.gates = r.sv->gates;
+  a.gh = r.ws.gh;
+  a.w_hh = r.w.w_hh;
+  a.b_hh = r.w.b_hh;
+  a.h0 = r.h0;
+  a.c0 = r.c0;
+  a.y = r.y;
+  a.hprev = r.sv->hprev;
+  a.c = r.sv->c;
+  a.cprev = r.sv->cprev;
+  a.ghn = r.sv->ghn;
+  a.hn = r.hn;
+  a.cn = r.cn;
   return a;
 }
 
-// Hidden units per block for a cooperative launch of `kernel` whose blocks
-// keep `unit_bytes` of shared memory per unit: from 1 up, the first whose
-// W_hh part fits and whose ceil(H / U) blocks are all resident at once (a
-// cooperative launch needs that); 0 where none does.
+// Copies batch_sizes to the first direction's device copy, which every
+// direction of p then reads.
 template <typename A>
-int64_t cooperative_units(void (*kernel)(A), int64_t H, size_t unit_bytes,
+void share_batch_sizes(Directions<A>& p, int count, const int64_t* batch_sizes, int64_t steps,
+                       cudaStream_t stream) {
+  check_cuda(cudaMemcpyAsync(const_cast<int64_t*>(p.dir[0].batch_sizes), batch_sizes,
+                             static_cast<size_t>(steps) * 8, cudaMemcpyHostToDevice, stream),
+             "copying batch_sizes to the device");
+  for (int d = 1; d < count; ++d) p.dir[d].batch_sizes = p.dir[0].batch_sizes;
+}
+
+// Hidden units per block for a cooperative launch of `kernel` for `count`
+// directions whose blocks keep `unit_bytes` of shared memory per unit: from 1
+// up, the first whose W_hh part fits and whose count ceil(H / U) blocks are
+// all resident at once (a cooperative launch needs that); 0 where none does.
+template <typename A>
+int64_t cooperative_units(void (*kernel)(A), int64_t H, int count, size_t unit_bytes,
                           const DeviceLimits& limits, size_t* shared) {
   for (int64_t u = 1; u <= 64 && u <= H; u *= 2) {
     const size_t bytes = static_cast<size_t>(u) * unit_bytes;
     if (bytes > static_cast<size_t>(limits.shared_optin)) break;
     const int per_sm = blocks_per_multiprocessor(kernel, kPersistentThreads, bytes);
-    if ((H + u - 1) / u <= static_cast<int64_t>(per_sm) * limits.multiprocessors) {
+    if (count * ((H + u - 1) / u) <= static_cast<int64_t>(per_sm) * limits.multiprocessors) {
       *shared = bytes;
       return u;
     }
@@ -594,16 +618,16 @@ int64_t cooperative_units(void (*kernel)(A), int64_t H, size_t unit_bytes,
   return 0;
 }
 
-// Launches `kernel` for one layer and direction on a cooperative grid of
-// ceil(H / U) blocks (cooperative_units: each block's units' part of W_hh,
-// `element` bytes an entry, in its shared memory), with the arguments
-// make(U); false (nothing run) for a projection, where it does not fit, or
-// where the GPU refuses the launch (too many blocks resident elsewhere, say):
-// the steps are then the per-step kernels'.
+// Launches `kernel` for one layer's `count` directions on one cooperative
+// grid of ceil(H / U) blocks a direction (cooperative_units: each block's
+// units' part of W_hh, `element` bytes an entry, in its shared memory), with
+// direction d's arguments make(U, d); false (nothing run) for a projection,
+// where it does not fit, or where the GPU refuses the launch (too many blocks
+// resident elsewhere, say): the steps are then another launch's.
 template <typename A, typename Make>
-bool start_cooperative(void (*kernel)(A), const Shape& s, size_t element,
-                       const int64_t* batch_sizes, int64_t steps, const Workspace& ws,
-                       cudaStream_t stream, Make make) {
+bool start_cooperative(void (*kernel)(Directions<A>), const Shape& s, size_t element,
+                       const int64_t* batch_sizes, int64_t steps, int count, cudaStream_t stream,
+                       Make make) {
   if (s.proj > 0 || steps == 0) return false;
   DeviceLimits limits;
   if (device_limits(&limits) != cudaSuccess || !limits.cooperative) {
@@ -611,35 +635,31 @@ bool start_cooperative(void (*kernel)(A), const Shape& s, size_t element,
     return false;
   }
   size_t shared = 0;
-  const int64_t units = cooperative_units(kernel, s.hidden,
-                                          static_cast<size_t>(s.gates()) * element, limits, &shared);
+  const int64_t units = cooperative_units(
+      kernel, s.hidden, count, static_cast<size_t>(s.gates()) * element, limits, &shared);
   if (units == 0) return false;
-  check_cuda(cudaMemcpyAsync(ws.batch_sizes, batch_sizes, static_cast<size_t>(steps) * 8,
-                             cudaMemcpyHostToDevice, stream),
-             "copying batch_sizes to the device");
-  const A a = make(units);
-  const int64_t blocks = (s.hidden + units - 1) / units;
-  if (launch_cooperative(kernel, dim3(static_cast<unsigned>(blocks)), dim3(kPersistentThreads),
-                         shared, stream, a) != cudaSuccess) {
+  Directions<A> p{};
+  for (int d = 0; d < count; ++d) p.dir[d] = make(units, d);
+  p.blocks = static_cast<unsigned>((s.hidden + units - 1) / units);
+  share_batch_sizes(p, count, batch_sizes, steps, stream);
+  if (launch_cooperative(kernel, dim3(static_cast<unsigned>(count) * p.blocks),
+                         dim3(kPersistentThreads), shared, stream, p) != cudaSuccess) {
     (void)cudaGetLastError();
     return false;
   }
   return true;
 }
 
-// The persistent kernel for one layer and direction, if it fits: units per
-// block U from 1 up, the first whose W_hh rows fit in shared memory and whose
-// ceil(H / U) blocks are all resident at once (a cooperative launch needs
-// that). Returns false (nothing launched) where none does.
+// The persistent kernel for one layer's `count` directions, if it fits: units
+// per block U from 1 up, the first whose W_hh rows fit in shared memory and
+// whose blocks are all resident at once (a cooperative launch needs that).
+// Returns false (nothing launched) where none does.
 template <typename T>
-bool try_persistent(const Shape& s, const int64_t* batch_sizes, int64_t steps, bool reverse,
-                    const LayerWeights<const T*>& w, const Saved& sv, const Workspace& ws,
-                    const T* h0, const T* c0, T* y, T* hn, T* cn, cudaStream_t stream) {
-  return start_cooperative(persistent_forward_kernel<T>, s, sizeof(T), batch_sizes, steps, ws,
-                           stream, [&](int64_t units) {
-                             return persistent_args<T>(s, steps, reverse, units, w, sv, ws, h0,
-                                                       c0, y, hn, cn);
-                           });
+bool try_persistent(const Shape& s, const int64_t* batch_sizes, int64_t steps,
+                    const ForwardRun<T>* runs, int count, cudaStream_t stream) {
+  return start_cooperative(
+      persistent_forward_kernel<T>, s, sizeof(T), batch_sizes, steps, count, stream,
+      [&](int64_t units, int d) { return persistent_args<T>(s, steps, units, runs[d]); });
 }
 
 // The cluster kernel's size: the largest power of two up to 16 that leaves
@@ -714,15 +734,15 @@ ClusterPlan plan_cluster(const Shape& s, int64_t steps, int64_t rows_per_unit,
   return p;
 }
 
-// Copies batch_sizes to the device and launches `kernel` on the plan's
-// cluster; false (nothing run) where the GPU refuses the launch.
+// Launches `kernel` for one layer's `count` directions, a cluster of the
+// plan's each, with the arguments a (batch_sizes copied to the device first);
+// false (nothing run) where the GPU refuses the launch.
 template <typename A>
-bool start_cluster(void (*kernel)(A), const ClusterPlan& p, const int64_t* batch_sizes,
-                   int64_t steps, const Workspace& ws, cudaStream_t stream, const A& a) {
-  check_cuda(cudaMemcpyAsync(ws.batch_sizes, batch_sizes, static_cast<size_t>(steps) * 8,
-                             cudaMemcpyHostToDevice, stream),
-             "copying batch_sizes to the device");
-  if (launch_cluster(kernel, dim3(static_cast<unsigned>(p.n)), dim3(kPersistentThreads),
+bool start_cluster(void (*kernel)(Directions<A>), const ClusterPlan& p, const int64_t* batch_sizes,
+                   int64_t steps, int count, cudaStream_t stream, Directions<A> a) {
+  a.blocks = static_cast<unsigned>(p.n);
+  share_batch_sizes(a, count, batch_sizes, steps, stream);
+  if (launch_cluster(kernel, dim3(static_cast<unsigned>(count * p.n)), dim3(kPersistentThreads),
                      static_cast<unsigned>(p.n), p.shared, stream, a) != cudaSuccess) {
     (void)cudaGetLastError();
     return false;
@@ -730,95 +750,124 @@ bool start_cluster(void (*kernel)(A), const ClusterPlan& p, const int64_t* batch
   return true;
 }
 
-// The cluster kernel for one layer and direction, if it fits: cluster_size(H)
-// blocks, each holding its units' rows of W_hh in shared memory, and the two
-// h buffers (batch x H each) where they fit too (else h_{t-1} is read from
-// y). Returns false (nothing launched) where the rows do not fit or the GPU
-// refuses the launch (before sm_90: no clusters).
+// The cluster kernel for one layer's `count` directions, if it fits: a
+// cluster of cluster_size(H) blocks a direction, each holding its units' rows
+// of W_hh in shared memory, and the two h buffers (batch x H each) where they
+// fit too (else h_{t-1} is read from y). Returns false (nothing launched)
+// where the rows do not fit or the GPU refuses the launch (before sm_90: no
+// clusters).
 template <typename T>
-bool try_cluster(const Shape& s, const int64_t* batch_sizes, int64_t steps, bool reverse,
-                 const LayerWeights<const T*>& w, const Saved& sv, const Workspace& ws, const T* h0,
-                 const T* c0, T* y, T* hn, T* cn, cudaStream_t stream) {
+bool try_cluster(const Shape& s, const int64_t* batch_sizes, int64_t steps,
+                 const ForwardRun<T>* runs, int count, cudaStream_t stream) {
   ClusterPlan p =
       plan_cluster<T>(s, steps, s.gates(), static_cast<size_t>(2 * s.batch * s.hidden) * sizeof(T));
   if (!p.ok) return false;
-  PersistentArgs<T> a =
-      persistent_args<T>(s, steps, reverse, p.units, w, sv, ws, h0, c0, y, hn, cn);
-  a.shared_h = p.buffers;
   // 16-bit data with H a multiple of 16 and the h buffers in shared memory:
   // the step's product on tensor cores where that layout fits too
   // (SEQPACK_CUDA_CLUSTER_MMA=0 keeps the threads' own products).
+  bool mma = false;
   if (sizeof(T) == 2 && s.hidden % 16 == 0 && p.buffers && cluster_mma_allowed()) {
     DeviceLimits limits;
     const size_t bytes =
         cluster_mma_shared_bytes<T>(s.gates() / s.hidden, p.units, s.hidden, s.batch);
     if (device_limits(&limits) == cudaSuccess &&
         bytes <= static_cast<size_t>(limits.shared_optin)) {
-      a.mma = true;
+      mma = true;
       p.shared = bytes;
     }
   }
-  return start_cluster(cluster_forward_kernel<T>, p, batch_sizes, steps, ws, stream, a);
+  Directions<PersistentArgs<T>> a{};
+  for (int d = 0; d < count; ++d) {
+    a.dir[d] = persistent_args<T>(s, steps, p.units, runs[d]);
+    a.dir[d].shared_h = p.buffers;
+    a.dir[d].mma = mma;
+  }
+  return start_cluster(cluster_forward_kernel<T>, p, batch_sizes, steps, count, stream, a);
 }
+
+// One layer's forward recurrence for `count` directions in one launch, where
+// SEQPACK_CUDA_KERNEL asks for one and it fits: "persistent" a cooperative
+// grid's; "cluster" a cluster a direction, else (W_hh too large for one
+// cluster) the cooperative grid's. False (nothing run) otherwise.
+template <typename T>
+bool try_one_launch(const Shape& s, const int64_t* batch_sizes, int64_t steps,
+                    const ForwardRun<T>* runs, int count, cudaStream_t stream) {
+  if (persistent_requested()) return try_persistent<T>(s, batch_sizes, steps, runs, count, stream);
+  return cluster_requested() && (try_cluster<T>(s, batch_sizes, steps, runs, count, stream) ||
+                                 try_persistent<T>(s, batch_sizes, steps, runs, count, stream));
+}
+
+// One layer and direction's backward recurrence: what a one-launch kernel
+// reads and writes (the carries hold dh_n, dc_n when it starts and dh0, dc0
+// when it ends).
+struct BackwardRun {
+  bool reverse = false;
+  const void* w_hh = nullptr;
+  const Saved* sv = nullptr;
+  Workspace ws{};
+  const float* dy = nullptr;  // the direction's first column of row 0 of dY
+  float* dgx = nullptr;
+  float* dgh = nullptr;
+};
 
 // The arguments of both backward kernels (dG_h through global memory until
 // the caller says otherwise).
 template <typename T>
-ClusterBackwardArgs<T> cluster_backward_args(const Shape& s, int64_t steps, bool reverse,
-                                             int64_t units, const T* w_hh, const Saved& sv,
-                                             const Workspace& ws, const float* dy, float* dgx,
-                                             float* dgh) {
+ClusterBackwardArgs<T> cluster_backward_args(const Shape& s, int64_t steps, int64_t units,
+                                             const BackwardRun& r) {
   ClusterBackwardArgs<T> a{};
   a.mode = s.mode;
-  a.reverse = reverse;
+  a.reverse = r.reverse;
   a.steps = steps;
   a.batch = s.batch;
-  a.batch_sizes = ws.batch_sizes;
+  a.batch_sizes = r.ws.batch_sizes;
   a.H = s.hidden;
   a.units = units;
-  a.dy = dy;
+  a.dy = r.dy;
   a.ldy = s.width();
-  a.gates = sv.gates;
-  a.c = sv.c;
-  a.cprev = sv.cprev;
-  a.ghn = sv.ghn;
-  a.hprev = sv.hprev;
-  a.dgx = dgx;
-  a.dgh = dgh;
-  a.dh_carry = ws.dh_carry;
-  a.dc_carry = ws.dc_carry;
-  a.w_hh = w_hh;
+  a.gates = r.sv->gates;
+  a.c = r.sv->c;
+  a.cprev = r.sv->cprev;
+  a.ghn = r.sv->ghn;
+  a.hprev = r.sv->hprev;
+  a.dgx = r.dgx;
+  a.dgh = r.dgh;
+  a.dh_carry = r.ws.dh_carry;
+  a.dc_carry = r.ws.dc_carry;
+  a.w_hh = static_cast<const T*>(r.w_hh);
   return a;
 }
 
-// The backward's cluster kernel for one layer and direction, if it fits (as
-// try_cluster: the same cluster size, W_hh's columns of each block's units and
-// two batch x gates buffers of dG_h in its shared memory). The carries hold
-// dh_n, dc_n when it starts and dh0, dc0 when it ends.
+// The backward's cluster kernel for one layer's `count` directions, if it
+// fits (as try_cluster: the same cluster size, W_hh's columns of each block's
+// units and two batch x gates buffers of dG_h in its shared memory).
 template <typename T>
-bool try_cluster_backward(const Shape& s, const int64_t* batch_sizes, int64_t steps, bool reverse,
-                          const T* w_hh, const Saved& sv, const Workspace& ws, const float* dy,
-                          float* dgx, float* dgh, cudaStream_t stream) {
+bool try_cluster_backward(const Shape& s, const int64_t* batch_sizes, int64_t steps,
+                          const BackwardRun* runs, int count, cudaStream_t stream) {
   ClusterPlan p = plan_cluster<T>(
       s, steps, s.gates(), static_cast<size_t>(2 * s.batch * s.gates()) * sizeof(float));
   if (!p.ok) return false;
-  ClusterBackwardArgs<T> a =
-      cluster_backward_args<T>(s, steps, reverse, p.units, w_hh, sv, ws, dy, dgx, dgh);
-  a.shared_dg = p.buffers;
   // 16-bit data with H a multiple of 16 and dG_h gathered in shared memory:
   // the carry's product on tensor cores (dG_h rounded to T, float32
   // accumulation) where that layout fits (SEQPACK_CUDA_CLUSTER_MMA=0: the
   // threads' float32 products).
+  bool mma = false;
   if (sizeof(T) == 2 && s.hidden % 16 == 0 && p.buffers && cluster_mma_allowed()) {
     DeviceLimits limits;
     const size_t bytes = cluster_backward_mma_shared_bytes<T>(s.gates(), p.units, s.batch);
     if (device_limits(&limits) == cudaSuccess &&
         bytes <= static_cast<size_t>(limits.shared_optin)) {
-      a.mma = true;
+      mma = true;
       p.shared = bytes;
     }
   }
-  return start_cluster(cluster_backward_kernel<T>, p, batch_sizes, steps, ws, stream, a);
+  Directions<ClusterBackwardArgs<T>> a{};
+  for (int d = 0; d < count; ++d) {
+    a.dir[d] = cluster_backward_args<T>(s, steps, p.units, runs[d]);
+    a.dir[d].shared_dg = p.buffers;
+    a.dir[d].mma = mma;
+  }
+  return start_cluster(cluster_backward_kernel<T>, p, batch_sizes, steps, count, stream, a);
 }
 
 // The backward's kernel on a cooperative grid, for W_hh's columns too large
@@ -826,13 +875,22 @@ bool try_cluster_backward(const Shape& s, const int64_t* batch_sizes, int64_t st
 // memory, the grid's barrier each step.
 template <typename T>
 bool try_persistent_backward(const Shape& s, const int64_t* batch_sizes, int64_t steps,
-                             bool reverse, const T* w_hh, const Saved& sv, const Workspace& ws,
-                             const float* dy, float* dgx, float* dgh, cudaStream_t stream) {
-  return start_cooperative(persistent_backward_kernel<T>, s, sizeof(T), batch_sizes, steps, ws,
-                           stream, [&](int64_t units) {
-                             return cluster_backward_args<T>(s, steps, reverse, units, w_hh, sv,
-                                                             ws, dy, dgx, dgh);
-                           });
+                             const BackwardRun* runs, int count, cudaStream_t stream) {
+  return start_cooperative(
+      persistent_backward_kernel<T>, s, sizeof(T), batch_sizes, steps, count, stream,
+      [&](int64_t units, int d) { return cluster_backward_args<T>(s, steps, units, runs[d]); });
+}
+
+// One layer's backward recurrence for `count` directions in one launch (as
+// try_one_launch: a cluster a direction, else a cooperative grid); false
+// (nothing run) where none is requested or fits.
+template <typename T>
+bool try_one_launch_backward(const Shape& s, const int64_t* batch_sizes, int64_t steps,
+                             const BackwardRun* runs, int count, cudaStream_t stream) {
+  return (cluster_requested() &&
+          try_cluster_backward<T>(s, batch_sizes, steps, runs, count, stream)) ||
+         ((cluster_requested() || persistent_requested()) &&
+          try_persistent_backward<T>(s, batch_sizes, steps, runs, count, stream));
 }
 
 // ---------------------------------------------------------------------------
@@ -867,38 +925,48 @@ void forward(const Shape& s, const int64_t* batch_sizes, const std::vector<int64
     }
     check_cuda(side.fork(), "the reverse direction's stream");
     T* out = l + 1 < s.layers ? rs.layer_output[l] : y;
+    ForwardRun<T> runs[2];
     for (int64_t d = 0; d < s.dirs; ++d) {
       const int64_t ld_index = l * s.dirs + d;
-      const LayerWeights<const T*> w = weights_of(s, has_biases, weights, l, d);
-      const Saved& sv = rs.saved[ld_index];
-      const Workspace ws = layout_workspace(s, workspace, d);
+      ForwardRun<T>& r = runs[d];
+      r.reverse = d == 1;
+      r.w = weights_of(s, has_biases, weights, l, d);
+      r.sv = &rs.saved[ld_index];
+      r.ws = layout_workspace(s, workspace, d);
+      r.h0 = h0 + ld_index * B * P;
+      r.c0 = s.lstm() ? c0 + ld_index * B * H : nullptr;
+      r.hn = hn + ld_index * B * P;
+      r.cn = s.lstm() ? cn + ld_index * B * H : nullptr;
+      r.y = out + d * P;
       cudaStream_t const stream = d == 1 ? side.stream() : main_stream;
-      const T* h0_ld = h0 + ld_index * B * P;
-      const T* c0_ld = s.lstm() ? c0 + ld_index * B * H : nullptr;
-      T* hn_ld = hn + ld_index * B * P;
-      T* cn_ld = s.lstm() ? cn + ld_index * B * H : nullptr;
-      T* out_d = out + d * P;
       // Sequences of length zero keep their initial state.
       if (B > bs0) {
-        convert(stream, B - bs0, P, h0_ld + bs0 * P, P, hn_ld + bs0 * P, P);
-        if (s.lstm()) convert(stream, B - bs0, H, c0_ld + bs0 * H, H, cn_ld + bs0 * H, H);
+        convert(stream, B - bs0, P, r.h0 + bs0 * P, P, r.hn + bs0 * P, P);
+        if (s.lstm()) convert(stream, B - bs0, H, r.c0 + bs0 * H, H, r.cn + bs0 * H, H);
       }
       // gates = input W_ih^T + b_ih for every row (the caller's, or here).
       if (cp.on)
-        convert(stream, n, G, static_cast<const T*>(cp.input_gates[d]), G, sv.gates, G);
+        convert(stream, n, G, static_cast<const T*>(cp.input_gates[d]), G, r.sv->gates, G);
       else
-        gemm<T, T, float>(stream, n, G, in, input, in, false, w.w_ih, in, true, w.b_ih, sv.gates, G,
-                          false);
-      if (persistent_requested() && try_persistent<T>(s, batch_sizes, steps, d == 1, w, sv, ws,
-                                                      h0_ld, c0_ld, out_d, hn_ld, cn_ld, stream))
-        continue;
-      // W_hh too large for one cluster: the cooperative grid's kernel.
-      if (cluster_requested() &&
-          (try_cluster<T>(s, batch_sizes, steps, d == 1, w, sv, ws, h0_ld, c0_ld, out_d, hn_ld,
-                          cn_ld, stream) ||
-           try_persistent<T>(s, batch_sizes, steps, d == 1, w, sv, ws, h0_ld, c0_ld, out_d, hn_ld,
-                             cn_ld, stream)))
-        continue;
+        gemm<T, T, float>(stream, n, G, in, input, in, false, r.w.w_ih, in, true, r.w.b_ih,
+                          r.sv->gates, G, false);
+    }
+    // The recurrence: both directions in one launch where SEQPACK_CUDA_KERNEL
+    // asks for a one-launch kernel and it fits (after both directions' gates),
+    // else such a launch a direction, else the per-step kernels.
+    bool both = false;
+    if (s.dirs == 2 && (persistent_requested() || cluster_requested())) {
+      check_cuda(side.join(), "the reverse direction's stream");
+      both = try_one_launch<T>(s, batch_sizes, steps, runs, 2, main_stream);
+      if (!both) check_cuda(side.fork(), "the reverse direction's stream");
+    }
+    for (int64_t d = 0; !both && d < s.dirs; ++d) {
+      const ForwardRun<T>& r = runs[d];
+      const LayerWeights<const T*>& w = r.w;
+      const Saved& sv = *r.sv;
+      const Workspace& ws = r.ws;
+      cudaStream_t const stream = d == 1 ? side.stream() : main_stream;
+      if (try_one_launch<T>(s, batch_sizes, steps, &r, 1, stream)) continue;
       for (int64_t k = 0; k < steps; ++k) {
         const bool reverse = d == 1;
         const int64_t t = reverse ? steps - 1 - k : k;
@@ -914,14 +982,14 @@ void forward(const Shape& s, const int64_t* batch_sizes, const std::vector<int64
           prev_off = off[t + 1];
         }
         launch(gather_prev_kernel<T>, blocks_for(bs * std::max(P, H)), kThreads, stream, bs, P, H,
-               prev_rows, out_d + prev_off * W, W, h0_ld, sv.hprev + r0 * P,
-               s.lstm() ? sv.c + prev_off * H : nullptr, c0_ld,
+               prev_rows, r.y + prev_off * W, W, r.h0, sv.hprev + r0 * P,
+               s.lstm() ? sv.c + prev_off * H : nullptr, r.c0,
                s.lstm() ? sv.cprev + r0 * H : nullptr);
         // gh = h_{t-1} W_hh^T for the step's rows.
         gemm<float, T, float>(stream, bs, G, P, sv.hprev + r0 * P, P, false, w.w_hh, P, true,
                               nullptr, ws.gh, G, false);
         float* gates = sv.gates + r0 * G;
-        T* y_t = out_d + r0 * W;
+        T* y_t = r.y + r0 * W;
         if (s.lstm()) {
           launch(lstm_forward_kernel<T>, blocks_for(bs * H), kThreads, stream, bs, H, gates, ws.gh,
                  w.b_hh, sv.cprev + r0 * H, sv.c + r0 * H, s.proj > 0 ? sv.m + r0 * H : nullptr,
@@ -941,7 +1009,7 @@ void forward(const Shape& s, const int64_t* batch_sizes, const std::vector<int64
         const int64_t lo = reverse ? (t == 0 ? 0 : bs) : (t + 1 < steps ? batch_sizes[t + 1] : 0);
         if (lo < bs)
           launch(finish_kernel<T>, blocks_for((bs - lo) * std::max(P, H)), kThreads, stream, lo, bs,
-                 P, H, y_t, W, hn_ld, s.lstm() ? sv.c + r0 * H : nullptr, cn_ld);
+                 P, H, y_t, W, r.hn, s.lstm() ? sv.c + r0 * H : nullptr, r.cn);
       }
     }
     check_cuda(side.join(), "the reverse direction's stream");
@@ -976,39 +1044,57 @@ void backward(const Shape& s, const int64_t* batch_sizes, const std::vector<int6
     // second stream; they read dY and write their own buffers.
     SideStream side(main_stream, cp.on && s.dirs == 2);
     check_cuda(side.fork(), "the reverse direction's stream");
+    // Each direction's recurrence: its buffers (the caller's take the
+    // gradients they read: caller_products), and the carries, which start as
+    // the gradients of h_n, c_n (rows of every sequence are untouched until
+    // its last step).
+    BackwardRun runs[2];
     for (int64_t d = 0; d < s.dirs; ++d) {
       const int64_t ld_index = l * s.dirs + d;
-      const Workspace ws = layout_workspace(s, workspace, d);
+      BackwardRun& r = runs[d];
+      r.reverse = d == 1;
+      r.w_hh = weights_of(s, has_biases, weights, l, d).w_hh;
+      r.sv = &rs.saved[ld_index];
+      r.ws = layout_workspace(s, workspace, d);
+      r.dy = dY + d * P;
+      r.dgx = cp.on ? cp.dgates_x[d] : r.ws.dgx;
+      r.dgh = cp.on ? (s.gru() ? cp.dgates_h[d] : r.dgx) : r.ws.dgh;
+      cudaStream_t const stream = d == 1 ? side.stream() : main_stream;
+      if (dhn != nullptr)
+        convert(stream, B, P, dhn + ld_index * B * P, P, r.ws.dh_carry, P);
+      else
+        zero(stream, B * P, r.ws.dh_carry);
+      if (s.lstm()) {
+        if (dcn != nullptr)
+          convert(stream, B, H, dcn + ld_index * B * H, H, r.ws.dc_carry, H);
+        else
+          zero(stream, B * H, r.ws.dc_carry);
+      }
+    }
+    // The recurrence in one launch (a cluster's, else a cooperative grid's)
+    // where SEQPACK_CUDA_KERNEL asks for it: both directions in one where
+    // their buffers are apart (the caller's products), else one a direction;
+    // else the per-step kernels.
+    bool both = false;
+    if (cp.on && s.dirs == 2 && (persistent_requested() || cluster_requested())) {
+      check_cuda(side.join(), "the reverse direction's stream");
+      both = try_one_launch_backward<T>(s, batch_sizes, steps, runs, 2, main_stream);
+      check_cuda(side.fork(), "the reverse direction's stream");
+    }
+    for (int64_t d = 0; d < s.dirs; ++d) {
+      const int64_t ld_index = l * s.dirs + d;
+      const BackwardRun& r = runs[d];
+      const Workspace& ws = r.ws;
       cudaStream_t const stream = d == 1 ? side.stream() : main_stream;
       const LayerWeights<const T*> w = weights_of(s, has_biases, weights, l, d);
       const LayerWeights<T*> dw =
           cp.on ? LayerWeights<T*>{} : weights_of(s, has_biases, dweights, l, d);
-      // The caller's buffers take the gradients they read (caller_products).
-      float* const dgx_all = cp.on ? cp.dgates_x[d] : ws.dgx;
-      float* const dgh_all = cp.on ? (s.gru() ? cp.dgates_h[d] : dgx_all) : ws.dgh;
+      float* const dgx_all = r.dgx;
+      float* const dgh_all = r.dgh;
       float* const dh_all = cp.on && s.proj > 0 ? cp.dh[d] : ws.dh;
-      const Saved& sv = rs.saved[ld_index];
-      // The carries start as the gradients of h_n, c_n (rows of every sequence
-      // are untouched until its last step).
-      if (dhn != nullptr)
-        convert(stream, B, P, dhn + ld_index * B * P, P, ws.dh_carry, P);
-      else
-        zero(stream, B * P, ws.dh_carry);
-      if (s.lstm()) {
-        if (dcn != nullptr)
-          convert(stream, B, H, dcn + ld_index * B * H, H, ws.dc_carry, H);
-        else
-          zero(stream, B * H, ws.dc_carry);
-      }
-      // The recurrence in one launch: a cluster's, else (W_hh too large for
-      // one, or SEQPACK_CUDA_KERNEL=persistent) a cooperative grid's.
+      const Saved& sv = *r.sv;
       const bool clustered =
-          (cluster_requested() &&
-           try_cluster_backward<T>(s, batch_sizes, steps, d == 1, w.w_hh, sv, ws, dY + d * P,
-                                   dgx_all, dgh_all, stream)) ||
-          ((cluster_requested() || persistent_requested()) &&
-           try_persistent_backward<T>(s, batch_sizes, steps, d == 1, w.w_hh, sv, ws, dY + d * P,
-                                      dgx_all, dgh_all, stream));
+          both || try_one_launch_backward<T>(s, batch_sizes, steps, &r, 1, stream);
       for (int64_t k = 0; !clustered && k < steps; ++k) {
         const bool reverse = d == 1;
         // The opposite order of the forward pass.
@@ -1255,5 +1341,22 @@ SEQPACK_CUDA_EXPORT int seqpack_cuda_rnn_backward(const seqpack_cuda_rnn_args* a
     check_cuda(cudaGetLastError(), "a kernel launch of the backward pass");
   });
 }
+
+#ifdef SEQPACK_CUDA_EMULATE
+// The emulated library only (tests): the one-launch kernels' launches since
+// the last call, as (grid blocks, cluster blocks; 0 for a cooperative grid)
+// pairs in blocks[0..2n) for the first n <= capacity of them; returns how many
+// there were, and forgets them.
+SEQPACK_CUDA_EXPORT int seqpack_cuda_emulated_grid_launches(unsigned* blocks, int capacity) {
+  std::vector<GridLaunch>& launches = grid_launches();
+  const int n = static_cast<int>(launches.size());
+  for (int i = 0; i < n && i < capacity; ++i) {
+    blocks[2 * i] = launches[i].blocks;
+    blocks[2 * i + 1] = launches[i].cluster;
+  }
+  launches.clear();
+  return n;
+}
+#endif
 
 }  // extern "C"

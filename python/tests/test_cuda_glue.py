@@ -1054,6 +1054,56 @@ def test_emulated_cluster_tensor_cores_match_the_threads_products(emulated, monk
     _close_within_eps(cores, threads, eps)
 
 
+def _grid_launches(emulated):
+    """The emulated library's one-launch kernel launches since the last call:
+    [(grid blocks, cluster blocks or 0 for a cooperative grid)]."""
+    lib = emulated._library()
+    blocks = (ctypes.c_uint * 64)()
+    n = lib.seqpack_cuda_emulated_grid_launches(blocks, 32)
+    return [(blocks[2 * i], blocks[2 * i + 1]) for i in range(min(n, 32))] + [None] * max(n - 32, 0)
+
+
+@pytest.mark.parametrize("kernel,torch_products,expected", [
+    # A cluster of 4 blocks a direction (H = 8: 2 units a block), both
+    # directions in one launch of 8 blocks, forward and backward.
+    ("cluster", True, [(8, 4), (8, 4), (8, 4), (8, 4)]),
+    # Every product in the library: its backward shares the gates' gradient
+    # buffers between the directions, so one launch a direction there.
+    ("cluster", False, [(8, 4), (8, 4), (4, 4), (4, 4), (4, 4), (4, 4)]),
+    # A cooperative grid: a unit a block, 8 blocks a direction.
+    ("persistent", True, [(16, 0), (16, 0), (16, 0), (16, 0)]),
+])
+def test_emulated_one_launch_runs_both_directions(emulated, monkeypatch, kernel, torch_products, expected):
+    """SEQPACK_CUDA_KERNEL=cluster or persistent runs a bidirectional layer's two
+    recurrences in one launch (each direction on its own blocks) where their
+    buffers are apart, and the results match torch._VF (2 layers: the forward
+    launches of both, then the backward's from the top)."""
+    monkeypatch.setenv("SEQPACK_CUDA_KERNEL", kernel)
+    monkeypatch.setenv("SEQPACK_CUDA_CLUSTER", "4")
+    rnn = _make("LSTM", 3, 8, 2, True, True, 0, 21)
+    torch.manual_seed(22)
+    seqs = [torch.randn(n, 3) for n in (6, 4, 4, 1)]
+    packed = torch.nn.utils.rnn.pack_sequence(seqs)
+    h0, c0 = torch.randn(4, 4, 8), torch.randn(4, 4, 8)
+    weights = [w.detach().clone() for w in rnn._flat_weights]
+    leaves = [t.clone().requires_grad_() for t in [packed.data, h0, c0] + weights]
+    _grid_launches(emulated)
+    y, hn, cn = emulated._run("LSTM", leaves[0], packed.batch_sizes, leaves[1], leaves[2], leaves[3:], None, True,
+                              2, True, 0, False, torch_products)
+    gy = torch.randn_like(y)
+    got = [y, hn, cn] + list(torch.autograd.grad((y * gy).sum() + hn.sum() + cn.sum(), leaves))
+    assert _grid_launches(emulated) == expected
+
+    rleaves = [t.clone().requires_grad_() for t in [packed.data, h0, c0] + weights]
+    ry, rhn, rcn = torch._VF.lstm(rleaves[0], packed.batch_sizes, (rleaves[1], rleaves[2]), rleaves[3:], True, 2,
+                                  0.0, False, True)
+    want = [ry, rhn, rcn] + list(torch.autograd.grad((ry * gy).sum() + rhn.sum() + rcn.sum(), rleaves))
+    from tolerance import assert_fp_close, rnn_reduction_length
+    n = rnn_reduction_length(3, 8, 2, True, steps=sum(len(x) for x in seqs))
+    for i, (a, b) in enumerate(zip(got, want)):
+        assert_fp_close(a, b, n, what=f"result {i}")
+
+
 def test_layers_call_the_python_kernels_under_compile_where_the_cpp_ones_exist(monkeypatch):
     """Where libseqpack_torch has the C++ CUDA kernels (faked: a CPU torch has
     none), the layers' CUDA forwards call the operators, except under
