@@ -15,6 +15,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <functional>
+#include <type_traits>
 #include <vector>
 
 #define __global__
@@ -136,25 +137,55 @@ inline float emulated_to_float(float v) { return v; }
 inline float emulated_to_float(__half v) { return __half2float(v); }
 inline float emulated_to_float(__nv_bfloat16 v) { return __bfloat162float(v); }
 
-// wmma: every thread of a warp holds the whole 16 x 16 fragment and does the
-// whole product (the semantics of the warp-wide operations, not their layout).
+// wmma: every thread of a warp holds the whole fragment and does the whole
+// product (the semantics of the warp-wide operations, not their layout):
+// 16 x 16 x 16 for 16-bit operands, 16 x 16 x 8 for TF32's.
 namespace nvcuda::wmma {
 struct matrix_a {};
 struct matrix_b {};
 struct accumulator {};
 struct row_major {};
 struct col_major {};
+namespace precision {
+struct tf32 {};
+}  // namespace precision
 enum layout_t { mem_row_major, mem_col_major };
 template <typename Use, int M, int N, int K, typename T, typename Layout = void>
 struct fragment {
-  static_assert(M == 16 && N == 16 && K == 16, "only 16x16x16 is emulated");
-  float x[16][16];
+  static_assert(M == 16 && N == 16 && (K == 16 || K == 8), "only 16x16x16 and 16x16x8 are emulated");
+  static constexpr int rows = std::is_same_v<Use, matrix_b> ? K : M;
+  static constexpr int cols = std::is_same_v<Use, matrix_a> ? K : N;
+  static constexpr int num_elements = rows * cols;
+  float x[num_elements];  // row-major
 };
 template <typename F>
 void fill_fragment(F& f, float v) {
-  for (auto& row : f.x)
-    for (auto& e : row) e = v;
+  for (auto& e : f.x) e = v;
 }
+// TF32 (8 bits of exponent, 10 of mantissa): __float_to_tf32 rounds to the
+// nearest, ties away from zero (cvt.rna.tf32.f32); the tensor cores read
+// only those bits of a float operand, the rest ignored (truncated).
+inline float tf32_bits(float v, uint32_t add) {
+  uint32_t u;
+  std::memcpy(&u, &v, 4);
+  u = (u + add) & ~0x1fffu;
+  std::memcpy(&v, &u, 4);
+  return v;
+}
+inline float __float_to_tf32(float v) { return tf32_bits(v, 0x1000u); }
+template <typename T>
+float operand_value(float v) {
+  return std::is_same_v<T, precision::tf32> ? tf32_bits(v, 0) : v;
+}
+// A fragment's element type in memory: T, or float for TF32.
+template <typename T>
+struct Stored {
+  using type = T;
+};
+template <>
+struct Stored<precision::tf32> {
+  using type = float;
+};
 // CUDA's requirements of the operands (the GPU's result is undefined
 // otherwise): a 256-bit aligned pointer, and ldm a multiple of 16 bytes.
 // The emulation stops the process, naming the call.
@@ -167,31 +198,35 @@ inline void check_fragment_operand(const void* p, unsigned ldm, size_t element, 
     std::abort();
   }
 }
-template <typename Use, typename T>
-void load_matrix_sync(fragment<Use, 16, 16, 16, T, row_major>& f, const T* p, unsigned ldm) {
-  check_fragment_operand(p, ldm, sizeof(T), "load_matrix_sync");
-  for (int r = 0; r < 16; ++r)
-    for (int c = 0; c < 16; ++c) f.x[r][c] = emulated_to_float(p[r * ldm + c]);
+template <typename Use, int K, typename T>
+void load_matrix_sync(fragment<Use, 16, 16, K, T, row_major>& f,
+                      const typename Stored<T>::type* p, unsigned ldm) {
+  using F = fragment<Use, 16, 16, K, T, row_major>;
+  check_fragment_operand(p, ldm, sizeof(*p), "load_matrix_sync");
+  for (int r = 0; r < F::rows; ++r)
+    for (int c = 0; c < F::cols; ++c) f.x[r * F::cols + c] = emulated_to_float(p[r * ldm + c]);
 }
-template <typename T>
-void mma_sync(fragment<accumulator, 16, 16, 16, float>& d,
-              const fragment<matrix_a, 16, 16, 16, T, row_major>& a,
-              const fragment<matrix_b, 16, 16, 16, T, row_major>& b,
-              const fragment<accumulator, 16, 16, 16, float>& c) {
-  float out[16][16];
+template <int K, typename T>
+void mma_sync(fragment<accumulator, 16, 16, K, float>& d,
+              const fragment<matrix_a, 16, 16, K, T, row_major>& a,
+              const fragment<matrix_b, 16, 16, K, T, row_major>& b,
+              const fragment<accumulator, 16, 16, K, float>& c) {
+  float out[256];
   for (int i = 0; i < 16; ++i)
     for (int j = 0; j < 16; ++j) {
-      float s = c.x[i][j];
-      for (int k = 0; k < 16; ++k) s += a.x[i][k] * b.x[k][j];
-      out[i][j] = s;
+      float s = c.x[i * 16 + j];
+      for (int k = 0; k < K; ++k)
+        s += operand_value<T>(a.x[i * K + k]) * operand_value<T>(b.x[k * 16 + j]);
+      out[i * 16 + j] = s;
     }
   std::memcpy(d.x, out, sizeof out);
 }
-inline void store_matrix_sync(float* p, const fragment<accumulator, 16, 16, 16, float>& f,
-                              unsigned ldm, layout_t) {
+template <int K>
+void store_matrix_sync(float* p, const fragment<accumulator, 16, 16, K, float>& f, unsigned ldm,
+                       layout_t) {
   check_fragment_operand(p, ldm, sizeof(float), "store_matrix_sync");
   for (int r = 0; r < 16; ++r)
-    for (int c = 0; c < 16; ++c) p[r * ldm + c] = f.x[r][c];
+    for (int c = 0; c < 16; ++c) p[r * ldm + c] = f.x[r * 16 + c];
 }
 }  // namespace nvcuda::wmma
 

@@ -414,7 +414,8 @@ struct PersistentArgs {
   int64_t steps;
   int64_t batch;  // rows of h0 (the cluster kernel's h buffers)
   bool shared_h;  // cluster kernel: h_{t-1} gathered in shared memory (else read from y)
-  bool mma;       // cluster kernel with shared_h, 16-bit T, H % 16 == 0: tensor cores
+  bool mma;       // cluster kernel with shared_h, H % 16 == 0, 16-bit T or TF32 allowed:
+                  // tensor cores
   const int64_t* batch_sizes;  // device copy
   int64_t H;
   int64_t ldy;
@@ -451,17 +452,21 @@ constexpr size_t cluster_mma_shared_bytes(int64_t ng, int64_t units, int64_t H, 
 
 // One step's h_{t-1} W_hh^T for the block's units on tensor cores: the rows
 // [0, bs) of hg (16-row tiles; rows past bs are whatever the buffer holds and
-// their results are dropped) times w ([H][R]), 16 x 16 x 16 products
-// accumulated in float32, into scratch [rows][R]. The warps share the tiles.
+// their results are dropped) times w ([H][R]), accumulated in float32, into
+// scratch [rows][R]. The warps share the tiles. 16-bit data: 16 x 16 x 16
+// products. float32 (with TF32 allowed): 3xTF32, 16 x 16 x 8 products of each
+// operand split into a TF32 part and the TF32 of the rest, a_big b_big +
+// a_big b_small + a_small b_big (the small parts' product, below float32's
+// rounding, left out): float32's accuracy on tensor cores.
 template <typename T>
 __device__ __forceinline__ void cluster_step_mma(const T* hg, const T* w, float* scratch,
                                                  int64_t bs, int64_t H, int64_t R) {
-  if constexpr (sizeof(T) == 2) {
-    namespace wmma = nvcuda::wmma;
-    const int64_t mt = (bs + 15) / 16, nt = R / 16;
-    const int warp = static_cast<int>(threadIdx.x) / 32, warps = static_cast<int>(blockDim.x) / 32;
-    for (int64_t tile = warp; tile < mt * nt; tile += warps) {
-      const int64_t m = tile / nt, n = tile % nt;
+  namespace wmma = nvcuda::wmma;
+  const int64_t mt = (bs + 15) / 16, nt = R / 16;
+  const int warp = static_cast<int>(threadIdx.x) / 32, warps = static_cast<int>(blockDim.x) / 32;
+  for (int64_t tile = warp; tile < mt * nt; tile += warps) {
+    const int64_t m = tile / nt, n = tile % nt;
+    if constexpr (sizeof(T) == 2) {
       wmma::fragment<wmma::accumulator, 16, 16, 16, float> acc;
       wmma::fill_fragment(acc, 0.0f);
       for (int64_t k = 0; k < H; k += 16) {
@@ -470,6 +475,33 @@ __device__ __forceinline__ void cluster_step_mma(const T* hg, const T* w, float*
         wmma::load_matrix_sync(fa, hg + m * 16 * H + k, static_cast<unsigned>(H));
         wmma::load_matrix_sync(fb, w + k * R + n * 16, static_cast<unsigned>(R));
         wmma::mma_sync(acc, fa, fb, acc);
+      }
+      wmma::store_matrix_sync(scratch + m * 16 * R + n * 16, acc, static_cast<unsigned>(R),
+                              wmma::mem_row_major);
+    } else {
+      using tf32 = wmma::precision::tf32;
+      wmma::fragment<wmma::accumulator, 16, 16, 8, float> acc;
+      wmma::fill_fragment(acc, 0.0f);
+      for (int64_t k = 0; k < H; k += 8) {
+        wmma::fragment<wmma::matrix_a, 16, 16, 8, tf32, wmma::row_major> a_big, a_small;
+        wmma::fragment<wmma::matrix_b, 16, 16, 8, tf32, wmma::row_major> b_big, b_small;
+        wmma::load_matrix_sync(a_big, hg + m * 16 * H + k, static_cast<unsigned>(H));
+        wmma::load_matrix_sync(b_big, w + k * R + n * 16, static_cast<unsigned>(R));
+#pragma unroll
+        for (int i = 0; i < a_big.num_elements; ++i) {
+          const float v = a_big.x[i], big = wmma::__float_to_tf32(v);
+          a_big.x[i] = big;
+          a_small.x[i] = wmma::__float_to_tf32(v - big);
+        }
+#pragma unroll
+        for (int i = 0; i < b_big.num_elements; ++i) {
+          const float v = b_big.x[i], big = wmma::__float_to_tf32(v);
+          b_big.x[i] = big;
+          b_small.x[i] = wmma::__float_to_tf32(v - big);
+        }
+        wmma::mma_sync(acc, a_small, b_big, acc);
+        wmma::mma_sync(acc, a_big, b_small, acc);
+        wmma::mma_sync(acc, a_big, b_big, acc);
       }
       wmma::store_matrix_sync(scratch + m * 16 * R + n * 16, acc, static_cast<unsigned>(R),
                               wmma::mem_row_major);
@@ -501,7 +533,7 @@ __device__ __forceinline__ void persistent_forward_steps(const PersistentArgs<T>
   const int64_t j0 = static_cast<int64_t>(rank) * a.units;
   const int64_t U = j0 >= H ? 0 : (a.units < H - j0 ? a.units : H - j0);
   const bool shared_h = kCluster && a.shared_h;
-  const bool mma = kCluster && a.mma && sizeof(T) == 2;
+  const bool mma = kCluster && a.mma;
   // w[p R + g U + u] = W_hh[g H + j0 + u][p], R = gates U (with tensor cores
   // rounded up to 16, the padding zero): consecutive units (consecutive
   // threads) read consecutive words. Then the h buffers, [Bp][H] (Bp = B, or
@@ -773,7 +805,8 @@ struct ClusterBackwardArgs {
   float* dc_carry;  // [batch, H], LSTM
   const T* w_hh;
   bool shared_dg;  // dG_h gathered in shared memory (else read from dgh, global)
-  bool mma;        // the carry's product on tensor cores (16-bit T, shared_dg, H % 16 == 0)
+  bool mma;        // the carry's product on tensor cores (shared_dg, H % 16 == 0, 16-bit T
+                   // or TF32 allowed)
 };
 
 // The cluster backward kernel's shared memory with tensor cores (a.mma): the
@@ -803,7 +836,7 @@ __device__ __forceinline__ void backward_steps(const ClusterBackwardArgs<T>& a, 
   // from global memory after the barrier. Then w[row Nu + u] = W_hh[row][j0 + u]
   // (Nu = U, or with tensor cores units rounded up to 16, the padding zero),
   // then (tensor cores) the product's float scratch [Bp][Nu].
-  const bool mma = a.mma && sizeof(T) == 2;
+  const bool mma = a.mma;
   const int64_t Bp = mma ? round16(B) : B, Nu = mma ? round16(a.units) : U;
   const int64_t buffered = a.shared_dg ? Bp * G : 0;
   float* dgbuf[2] = {dynamic_shared<float>(), dynamic_shared<float>() + buffered};

@@ -67,6 +67,7 @@ struct Shape {
   int64_t proj = 0;
   int64_t layers = 0;
   int64_t dirs = 1;
+  bool tf32 = false;  // allow_tf32: float32 step products may run on tensor cores (3xTF32)
   int64_t hout() const { return proj > 0 ? proj : hidden; }
   int64_t gates() const {
     return (mode == SEQPACK_CUDA_LSTM ? 4 : mode == SEQPACK_CUDA_GRU ? 3 : 1) * hidden;
@@ -287,6 +288,14 @@ void check_per_direction(const Shape& s, const void* const* p, const char* name,
       fail(SEQPACK_CUDA_INVALID_ARGUMENT, "seqpack_cuda: %s[%d] is NULL (caller_products = 1)",
            name, d);
   }
+}
+
+// The shape with the caller's allow_tf32 (checked).
+Shape with_tf32(Shape s, int allow_tf32) {
+  if (allow_tf32 != 0 && allow_tf32 != 1)
+    fail(SEQPACK_CUDA_INVALID_ARGUMENT, "seqpack_cuda: allow_tf32 = %d is not 0 or 1", allow_tf32);
+  s.tf32 = allow_tf32 == 1;
+  return s;
 }
 
 // The caller_products fields a pass reads (the forward: input_gates) or
@@ -762,11 +771,12 @@ bool try_cluster(const Shape& s, const int64_t* batch_sizes, int64_t steps,
   ClusterPlan p =
       plan_cluster<T>(s, steps, s.gates(), static_cast<size_t>(2 * s.batch * s.hidden) * sizeof(T));
   if (!p.ok) return false;
-  // 16-bit data with H a multiple of 16 and the h buffers in shared memory:
-  // the step's product on tensor cores where that layout fits too
-  // (SEQPACK_CUDA_CLUSTER_MMA=0 keeps the threads' own products).
+  // 16-bit data, or float32 with TF32 allowed (3xTF32), with H a multiple of
+  // 16 and the h buffers in shared memory: the step's product on tensor cores
+  // where that layout fits too (SEQPACK_CUDA_CLUSTER_MMA=0 keeps the threads'
+  // own products).
   bool mma = false;
-  if (sizeof(T) == 2 && s.hidden % 16 == 0 && p.buffers && cluster_mma_allowed()) {
+  if ((sizeof(T) == 2 || s.tf32) && s.hidden % 16 == 0 && p.buffers && cluster_mma_allowed()) {
     DeviceLimits limits;
     const size_t bytes =
         cluster_mma_shared_bytes<T>(s.gates() / s.hidden, p.units, s.hidden, s.batch);
@@ -847,12 +857,12 @@ bool try_cluster_backward(const Shape& s, const int64_t* batch_sizes, int64_t st
   ClusterPlan p = plan_cluster<T>(
       s, steps, s.gates(), static_cast<size_t>(2 * s.batch * s.gates()) * sizeof(float));
   if (!p.ok) return false;
-  // 16-bit data with H a multiple of 16 and dG_h gathered in shared memory:
-  // the carry's product on tensor cores (dG_h rounded to T, float32
-  // accumulation) where that layout fits (SEQPACK_CUDA_CLUSTER_MMA=0: the
-  // threads' float32 products).
+  // 16-bit data, or float32 with TF32 allowed (3xTF32), with H a multiple of
+  // 16 and dG_h gathered in shared memory: the carry's product on tensor cores
+  // (dG_h rounded to T, float32 accumulation) where that layout fits
+  // (SEQPACK_CUDA_CLUSTER_MMA=0: the threads' float32 products).
   bool mma = false;
-  if (sizeof(T) == 2 && s.hidden % 16 == 0 && p.buffers && cluster_mma_allowed()) {
+  if ((sizeof(T) == 2 || s.tf32) && s.hidden % 16 == 0 && p.buffers && cluster_mma_allowed()) {
     DeviceLimits limits;
     const size_t bytes = cluster_backward_mma_shared_bytes<T>(s.gates(), p.units, s.batch);
     if (device_limits(&limits) == cudaSuccess &&
@@ -1224,7 +1234,6 @@ SEQPACK_CUDA_EXPORT int seqpack_cuda_rnn_buffer_sizes(int mode, int dtype, int64
 }
 
 SEQPACK_CUDA_EXPORT int seqpack_cuda_rnn_forward(const seqpack_cuda_rnn_args* args) {
-  // allow_tf32 is not read: the SIMT kernels compute in full float32.
   return guarded([&] {
     require(args, "args");
     const seqpack_cuda_rnn_args& a = *args;
@@ -1235,8 +1244,10 @@ SEQPACK_CUDA_EXPORT int seqpack_cuda_rnn_forward(const seqpack_cuda_rnn_args* ar
     void *y = a.y, *hn = a.hn, *cn = a.cn, *workspace = a.workspace, *reserve = a.reserve;
     check_kernel_choice();
     const std::vector<int64_t> off = check_batch_sizes(a.steps, batch_sizes, a.batch, a.rows);
-    const Shape s = check_shape(mode, dtype, off.back(), a.batch, a.input_size, a.hidden_size,
-                                a.proj_size, a.num_layers, a.bidirectional);
+    const Shape s = with_tf32(check_shape(mode, dtype, off.back(), a.batch, a.input_size,
+                                          a.hidden_size, a.proj_size, a.num_layers,
+                                          a.bidirectional),
+                              a.allow_tf32);
     check_weights(s, has_biases != 0, weights, "weights");
     check_buffers(s, a.workspace_bytes, workspace, a.reserve_bytes, reserve);
     const CallerProducts cp = caller_products(s, a, false);
@@ -1284,7 +1295,7 @@ SEQPACK_CUDA_EXPORT int seqpack_cuda_rnn_forward(const seqpack_cuda_rnn_args* ar
 
 SEQPACK_CUDA_EXPORT int seqpack_cuda_rnn_backward(const seqpack_cuda_rnn_args* args) {
   // h0 and c0 are not read (the reserve holds every row's h_{t-1} and
-  // c_{t-1}), nor allow_tf32.
+  // c_{t-1}).
   return guarded([&] {
     require(args, "args");
     const seqpack_cuda_rnn_args& a = *args;
@@ -1297,8 +1308,10 @@ SEQPACK_CUDA_EXPORT int seqpack_cuda_rnn_backward(const seqpack_cuda_rnn_args* a
     void *dx = a.dx, *dh0 = a.dh0, *dc0 = a.dc0, *workspace = a.workspace;
     check_kernel_choice();
     const std::vector<int64_t> off = check_batch_sizes(a.steps, batch_sizes, a.batch, a.rows);
-    const Shape s = check_shape(mode, dtype, off.back(), a.batch, a.input_size, a.hidden_size,
-                                a.proj_size, a.num_layers, a.bidirectional);
+    const Shape s = with_tf32(check_shape(mode, dtype, off.back(), a.batch, a.input_size,
+                                          a.hidden_size, a.proj_size, a.num_layers,
+                                          a.bidirectional),
+                              a.allow_tf32);
     check_weights(s, has_biases != 0, weights, "weights");
     const CallerProducts cp = caller_products(s, a, true);
     if (!cp.on) check_weights(s, has_biases != 0, dweights, "dweights");

@@ -104,8 +104,10 @@ typedef struct seqpack_cuda_rnn_args {
   int dtype;         /* SEQPACK_CUDA_FLOAT32, ... */
   int bidirectional; /* 0 or 1 */
   int has_biases;    /* 0 or 1 */
-  int allow_tf32;    /* TF32 for float32 products (the current kernels compute
-                        in full float32 either way) */
+  int allow_tf32;    /* 0 or 1: float32 step products may run on tensor
+                        cores, as 3xTF32 (float32's accuracy; the cluster
+                        kernels, SEQPACK_CUDA_KERNEL=cluster, where H is a
+                        multiple of 16); other products stay float32 */
   int caller_products; /* 0: the library runs every product; 1: one layer
                           whose products that are not recurrent the caller
                           runs (below, after dweights) */

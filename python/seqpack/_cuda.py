@@ -875,9 +875,11 @@ def _compiling() -> bool:
 def _allow_tf32() -> bool:
     """torch's setting for float32 matrix products at call time (newer torch: fp32_precision).
 
-    The kernels compute float32 products in float32 whatever it says, so under
-    torch.compile, whose tracer cannot read the setting (torch 2.11:
-    _get_fp32_precision_getter is marked as skipped), it is not read."""
+    With it, the library's cluster kernels run float32 step products on tensor
+    cores as 3xTF32 (float32's accuracy); without it, in float32 on the cores'
+    FMA units. Under torch.compile, whose tracer cannot read the setting (torch
+    2.11: _get_fp32_precision_getter is marked as skipped), it is not read:
+    False."""
     if _compiling():
         return False
     matmul = torch.backends.cuda.matmul

@@ -568,6 +568,9 @@ def test_emulated_caller_products_refuse_bad_buffers(emulated):
     assert call(backward=True) == (0, "")
     p = spare.data_ptr()
     assert call(caller_products=2) == (1, "seqpack_cuda: caller_products = 2 is not 0 or 1")
+    assert call(allow_tf32=-1) == (1, "seqpack_cuda: allow_tf32 = -1 is not 0 or 1")
+    assert call(True, allow_tf32=2) == (1, "seqpack_cuda: allow_tf32 = 2 is not 0 or 1")
+    assert call(allow_tf32=1) == (0, "")
     assert call(num_layers=2, layer_weights=weights * 2) == (
         1, "seqpack_cuda: caller_products = 1 runs one layer, not num_layers = 2")
     assert call(input_gates=(0, None)) == (1, "seqpack_cuda: input_gates[0] is NULL (caller_products = 1)")
@@ -1052,6 +1055,51 @@ def test_emulated_cluster_tensor_cores_match_the_threads_products(emulated, monk
     monkeypatch.setenv("SEQPACK_CUDA_CLUSTER_MMA", "1")
     cores = _library_run(emulated, mode, x, packed.batch_sizes, h0, c0, weights, 0, gy)
     _close_within_eps(cores, threads, eps)
+
+
+@pytest.mark.parametrize("mode,lengths", [("LSTM", (3, 2, 2, 1)), ("GRU", (4, 4, 1)), ("RNN_TANH", (2, 1))])
+def test_emulated_cluster_3xtf32_matches_torch_float32(emulated, monkeypatch, mode, lengths):
+    """float32 with TF32 allowed (torch.backends.cuda.matmul.allow_tf32): the
+    cluster kernels' step products on tensor cores as 3xTF32, forward and
+    backward, against torch._VF in float32 within float32's bound (the emulated
+    tensor cores read only TF32's bits of each operand, as the GPU's do: one
+    TF32 product instead of three exceeds it). H = 32 in clusters
+    of 2 (16 units a block; the GRU's 48 gate rows, the LSTM's 64), both
+    directions, a sequence of length zero (batch 5)."""
+    monkeypatch.setenv("SEQPACK_CUDA_KERNEL", "cluster")
+    monkeypatch.setenv("SEQPACK_CUDA_CLUSTER", "2")
+    rnn = _make(mode, 5, 32, 1, True, True, 0, 31)
+    torch.manual_seed(32)
+    seqs = [torch.randn(n, 5) for n in lengths]
+    packed = torch.nn.utils.rnn.pack_sequence(seqs)
+    batch = len(lengths) + 1
+    h0 = torch.randn(2, batch, 32)
+    c0 = torch.randn(2, batch, 32) if mode == "LSTM" else None
+    weights = [w.detach().clone() for w in rnn._flat_weights]
+    states = [h0] + ([c0] if c0 is not None else [])
+    leaves = [t.clone().requires_grad_() for t in [packed.data] + states + weights]
+    c = leaves[2] if c0 is not None else None
+    w = leaves[len(states) + 1:]
+    y, hn, cn = emulated._run(mode, leaves[0], packed.batch_sizes, leaves[1], c, w, None, True, 1, True, 0, True,
+                              True)
+    gy, ghn = torch.randn_like(y), torch.randn_like(hn)
+    loss = (y * gy).sum() + (hn * ghn).sum() + (cn.sum() if cn is not None else 0)
+    got = [y, hn[:, :len(lengths)]] + list(torch.autograd.grad(loss, leaves))
+
+    k = len(lengths)
+    rleaves = [t.clone().requires_grad_() for t in [packed.data] + [x[:, :k] for x in states] + weights]
+    fn = {"LSTM": torch._VF.lstm, "GRU": torch._VF.gru, "RNN_TANH": torch._VF.rnn_tanh}[mode]
+    rs = (rleaves[1], rleaves[2]) if mode == "LSTM" else rleaves[1]
+    out = fn(rleaves[0], packed.batch_sizes, rs, rleaves[len(states) + 1:], True, 1, 0.0, False, True)
+    ry, rhn = out[0], out[1]
+    rloss = (ry * gy).sum() + (rhn * ghn[:, :k]).sum() + (out[2].sum() if mode == "LSTM" else 0)
+    rgrads = list(torch.autograd.grad(rloss, rleaves))
+    got[3:len(states) + 3] = [g[:, :k] for g in got[3:len(states) + 3]]
+    want = [ry, rhn] + rgrads
+    from tolerance import assert_fp_close, rnn_reduction_length
+    n = rnn_reduction_length(5, 32, 1, True, steps=sum(lengths))
+    for i, (a, b) in enumerate(zip(got, want)):
+        assert_fp_close(a, b, n, what=f"result {i}")
 
 
 def _grid_launches(emulated):

@@ -342,6 +342,33 @@ def test_cluster_kernel_fp32(mode, hidden_size):
         compare_module(m, LENGTHS, True, SEED + 8)
 
 
+@contextlib.contextmanager
+def _matmul_tf32():
+    """torch.backends.cuda.matmul.allow_tf32 on (what seqpack's layers pass to
+    the library as allow_tf32), then as before."""
+    old = torch.backends.cuda.matmul.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = True
+    try:
+        yield
+    finally:
+        torch.backends.cuda.matmul.allow_tf32 = old
+
+
+@cases("mode", MODES)
+def test_cluster_kernel_3xtf32(mode):
+    """SEQPACK_CUDA_KERNEL=cluster in float32 with TF32 allowed and H = 32 (a
+    multiple of 16): the step products on tensor cores as 3xTF32, forward and
+    backward, within float32's bound of torch (cuDNN with TF32 off). Every
+    product in the library (SEQPACK_CUDA_PRODUCTS=library): torch's own input
+    products would take TF32 themselves. sm_90."""
+    if not SELF_TEST and torch.cuda.get_device_capability(DEVICE) < (9, 0):
+        skip("thread-block clusters need sm_90")
+    with _environment("SEQPACK_CUDA_KERNEL", "cluster"), \
+            _environment("SEQPACK_CUDA_PRODUCTS", "library"), _matmul_tf32():
+        m = make_module(mode, 10, 32, 2, True, True)
+        compare_module(m, LENGTHS, True, SEED + 9)
+
+
 @cases("num_layers,bidirectional,proj_size,with_hx",
        [(1, False, 5, True), (2, True, 7, False), (2, True, 7, True), (1, True, 1, True)])
 def test_lstm_proj_fp32(num_layers, bidirectional, proj_size, with_hx):
