@@ -406,7 +406,7 @@ __global__ void rnn_forward_kernel(int64_t bs, int64_t H, bool relu, float* __re
 
 // ---------------------------------------------------------------------------
 // The arguments of the persistent forward kernels (below): one layer and
-// direction, without a projection (hout == hidden).
+// direction.
 template <typename T>
 struct PersistentArgs {
   int mode;
@@ -433,6 +433,12 @@ struct PersistentArgs {
   float* ghn;
   T* hn;
   T* cn;
+  // LSTM with a projection (projected_forward_steps): h = m W_hr^T has P
+  // columns, cols of them a block's; m kept for the backward.
+  int64_t P;
+  int64_t cols;
+  const T* w_hr;
+  float* m;
 };
 
 constexpr int kPersistentThreads = 256;
@@ -634,6 +640,99 @@ __device__ __forceinline__ void persistent_forward_steps(const PersistentArgs<T>
   }
 }
 
+// The one-launch forward of an LSTM with a projection (h = m W_hr^T, P
+// columns): block r owns hidden units [r U, r U + U) (the cell; W_hh's rows
+// of them, every gate) and output columns [r V, r V + V) (W_hr's rows of
+// them), both kept in its shared memory for the whole sequence. h and m pass
+// through global memory: per step the block's units' part of h_{t-1} W_hh^T
+// and their cell (m to the reserve), the barrier, its columns of h_t = m
+// W_hr^T (y) and the rows that end, the barrier. Writes the per-step
+// kernels' reserve (hprev P wide, m), so the backward pass is shared.
+template <typename T, bool kCluster>
+__device__ __forceinline__ void projected_forward_steps(const PersistentArgs<T>& a,
+                                                        unsigned rank) {
+  const int64_t H = a.H, P = a.P, G = 4 * H;
+  const int64_t j0 = static_cast<int64_t>(rank) * a.units, q0 = static_cast<int64_t>(rank) * a.cols;
+  const int64_t U = j0 >= H ? 0 : (a.units < H - j0 ? a.units : H - j0);
+  const int64_t V = q0 >= P ? 0 : (a.cols < P - q0 ? a.cols : P - q0);
+  // w[p R + g U + u] = W_hh[g H + j0 + u][p] (R = 4 U), then
+  // wr[k V + v] = W_hr[q0 + v][k].
+  const int64_t R = 4 * U;
+  T* w = dynamic_shared<T>();
+  T* wr = w + 4 * a.units * P;
+  for (int64_t e = threadIdx.x; e < R * P; e += blockDim.x) {
+    const int64_t row = e / P, p = e % P;
+    w[p * R + row] = a.w_hh[((row / U) * H + j0 + row % U) * P + p];
+  }
+  for (int64_t e = threadIdx.x; e < V * H; e += blockDim.x) {
+    const int64_t v = e / H, k = e % H;
+    wr[k * V + v] = a.w_hr[(q0 + v) * H + k];
+  }
+  __syncthreads();
+  int64_t rows = 0;
+  for (int64_t t = 0; t < a.steps; ++t) rows += a.batch_sizes[t];
+  int64_t prev_off = 0;
+  int64_t next = a.reverse ? rows : 0;
+  for (int64_t k = 0; k < a.steps; ++k) {
+    const int64_t t = a.reverse ? a.steps - 1 - k : k;
+    const int64_t bs = a.batch_sizes[t];
+    const int64_t r0 = a.reverse ? next - bs : next;
+    next = a.reverse ? r0 : r0 + bs;
+    const int64_t prev_rows = k == 0 ? 0 : (a.reverse ? a.batch_sizes[t + 1] : bs);
+    for (int64_t e = threadIdx.x; e < bs * U; e += blockDim.x) {
+      const int64_t b = e / U, u = e % U, j = j0 + u;
+      const T* h = b >= prev_rows ? a.h0 + b * P : a.y + (prev_off + b) * a.ldy;
+      float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+      for (int64_t p = 0; p < P; ++p) {
+        const float hv = to_f32(h[p]);
+        const T* wp = w + p * R + u;
+#pragma unroll
+        for (int g = 0; g < 4; ++g) acc[g] += hv * to_f32(wp[g * U]);
+      }
+#pragma unroll
+      for (int g = 0; g < 4; ++g) a.gh[b * G + g * H + j] = acc[g];
+      a.cprev[(r0 + b) * H + j] =
+          b < prev_rows ? a.c[(prev_off + b) * H + j] : to_f32(a.c0[b * H + j]);
+    }
+    for (int64_t e = threadIdx.x; e < bs * V; e += blockDim.x) {
+      const int64_t b = e / V, q = q0 + e % V;
+      const T* h = b >= prev_rows ? a.h0 + b * P : a.y + (prev_off + b) * a.ldy;
+      a.hprev[(r0 + b) * P + q] = to_f32(h[q]);
+    }
+    __syncthreads();
+    for (int64_t e = threadIdx.x; e < bs * U; e += blockDim.x)
+      lstm_forward_element<T>(e / U, j0 + e % U, H, a.gates + r0 * G, a.gh, a.b_hh,
+                              a.cprev + r0 * H, a.c + r0 * H, a.m + r0 * H, nullptr, 0);
+    if constexpr (kCluster)
+      cluster_sync();
+    else
+      grid_sync();
+    // h_t = m_t W_hr^T for the block's columns, then the rows that end.
+    for (int64_t e = threadIdx.x; e < bs * V; e += blockDim.x) {
+      const int64_t b = e / V, v = e % V;
+      const float* m = a.m + (r0 + b) * H;
+      float acc = 0.0f;
+      for (int64_t i = 0; i < H; ++i) acc += m[i] * to_f32(wr[i * V + v]);
+      a.y[(r0 + b) * a.ldy + q0 + v] = from_f32<T>(acc);
+    }
+    __syncthreads();
+    const int64_t lo = a.reverse ? (t == 0 ? 0 : bs) : (t + 1 < a.steps ? a.batch_sizes[t + 1] : 0);
+    for (int64_t e = threadIdx.x; e < (bs - lo) * V; e += blockDim.x) {
+      const int64_t b = lo + e / V, q = q0 + e % V;
+      a.hn[b * P + q] = a.y[(r0 + b) * a.ldy + q];
+    }
+    for (int64_t e = threadIdx.x; e < (bs - lo) * U; e += blockDim.x) {
+      const int64_t b = lo + e / U, j = j0 + e % U;
+      a.cn[b * H + j] = from_f32<T>(a.c[(r0 + b) * H + j]);
+    }
+    prev_off = r0;
+    if constexpr (kCluster)
+      cluster_sync();
+    else
+      grid_sync();
+  }
+}
+
 // The parameter of the one-launch kernels: one layer's recurrence in one
 // direction or in both at once. Direction d runs on blocks
 // [d blocks, d blocks + blocks) of the grid (a cluster's blocks, or half a
@@ -646,19 +745,25 @@ struct Directions {
 
 // SEQPACK_CUDA_KERNEL=persistent: one cooperative launch, ceil(H / U) blocks
 // a direction all resident, the grid's barrier each step.
-template <typename T>
+template <typename T, bool kProj>
 __global__ void __launch_bounds__(kPersistentThreads)
     persistent_forward_kernel(Directions<PersistentArgs<T>> p) {
-  persistent_forward_steps<T, false>(p.dir[blockIdx.x / p.blocks], blockIdx.x % p.blocks);
+  if constexpr (kProj)
+    projected_forward_steps<T, false>(p.dir[blockIdx.x / p.blocks], blockIdx.x % p.blocks);
+  else
+    persistent_forward_steps<T, false>(p.dir[blockIdx.x / p.blocks], blockIdx.x % p.blocks);
 }
 
 // SEQPACK_CUDA_KERNEL=cluster (sm_90): a thread-block cluster a direction,
 // its barrier each step, h_{t-1} gathered in the blocks' shared memory where
 // it fits.
-template <typename T>
+template <typename T, bool kProj>
 __global__ void __launch_bounds__(kPersistentThreads)
     cluster_forward_kernel(Directions<PersistentArgs<T>> p) {
-  persistent_forward_steps<T, true>(p.dir[blockIdx.x / p.blocks], cluster_rank());
+  if constexpr (kProj)
+    projected_forward_steps<T, true>(p.dir[blockIdx.x / p.blocks], cluster_rank());
+  else
+    persistent_forward_steps<T, true>(p.dir[blockIdx.x / p.blocks], cluster_rank());
 }
 
 // Rows b in [lo, hi) end at this step: their h (from y) and c go to h_n, c_n.
@@ -804,6 +909,12 @@ struct ClusterBackwardArgs {
   float* dh_carry;  // [batch, H]
   float* dc_carry;  // [batch, H], LSTM
   const T* w_hh;
+  // LSTM with a projection (projected_backward_steps): dh has P columns, cols
+  // of them a block's; dh written (rows x P) for the caller's dW_hr.
+  int64_t P;
+  int64_t cols;
+  const T* w_hr;
+  float* dh;
   bool shared_dg;  // dG_h gathered in shared memory (else read from dgh, global)
   bool mma;        // the carry's product on tensor cores (shared_dg, H % 16 == 0, 16-bit T
                    // or TF32 allowed)
@@ -905,19 +1016,86 @@ __device__ __forceinline__ void backward_steps(const ClusterBackwardArgs<T>& a, 
   }
 }
 
-template <typename T>
+// The backward of an LSTM with a projection, turned around as
+// projected_forward_steps: block r owns hidden units [r U, r U + U) (the
+// cell; W_hr's columns of them) and output columns [r V, r V + V) (W_hh's
+// columns of them: the carry's). Per step (the forward's order reversed): its
+// columns of dh = dY + carry (to a.dh), the barrier, its units' dm = dh W_hr
+// and the cell's backward (dG to a.dgx), the barrier, its columns of the
+// carry dh_{t-1} = dG W_hh. Everything passes through global memory.
+template <typename T, bool kCluster>
+__device__ __forceinline__ void projected_backward_steps(const ClusterBackwardArgs<T>& a,
+                                                         unsigned rank) {
+  const int64_t H = a.H, P = a.P, G = 4 * H;
+  const int64_t j0 = static_cast<int64_t>(rank) * a.units, q0 = static_cast<int64_t>(rank) * a.cols;
+  const int64_t U = j0 >= H ? 0 : (a.units < H - j0 ? a.units : H - j0);
+  const int64_t V = q0 >= P ? 0 : (a.cols < P - q0 ? a.cols : P - q0);
+  // wr[q U + u] = W_hr[q][j0 + u], then wh[row V + v] = W_hh[row][q0 + v].
+  T* wr = dynamic_shared<T>();
+  T* wh = wr + P * a.units;
+  for (int64_t e = threadIdx.x; e < P * U; e += blockDim.x)
+    wr[e] = a.w_hr[(e / U) * H + j0 + e % U];
+  for (int64_t e = threadIdx.x; e < G * V; e += blockDim.x)
+    wh[e] = a.w_hh[(e / V) * P + q0 + e % V];
+  __syncthreads();
+  int64_t rows = 0;
+  for (int64_t t = 0; t < a.steps; ++t) rows += a.batch_sizes[t];
+  int64_t next = a.reverse ? 0 : rows;
+  for (int64_t k = 0; k < a.steps; ++k) {
+    const int64_t t = a.reverse ? k : a.steps - 1 - k;
+    const int64_t bs = a.batch_sizes[t];
+    const int64_t r0 = a.reverse ? next : next - bs;
+    next = a.reverse ? r0 + bs : r0;
+    float* dh = a.dh + r0 * P;
+    for (int64_t e = threadIdx.x; e < bs * V; e += blockDim.x) {
+      const int64_t b = e / V, q = q0 + e % V;
+      dh[b * P + q] = a.dy[(r0 + b) * a.ldy + q] + a.dh_carry[b * P + q];
+    }
+    if constexpr (kCluster)
+      cluster_sync();
+    else
+      grid_sync();
+    for (int64_t e = threadIdx.x; e < bs * U; e += blockDim.x) {
+      const int64_t b = e / U, u = e % U;
+      float dm = 0.0f;
+      for (int64_t q = 0; q < P; ++q) dm += dh[b * P + q] * to_f32(wr[q * U + u]);
+      lstm_backward_element(b, j0 + u, H, a.gates + r0 * G, a.c + r0 * H, a.cprev + r0 * H, dm,
+                            a.dc_carry, a.dgx + r0 * G);
+    }
+    if constexpr (kCluster)
+      cluster_sync();
+    else
+      grid_sync();
+    for (int64_t e = threadIdx.x; e < bs * V; e += blockDim.x) {
+      const int64_t b = e / V, v = e % V;
+      const float* dg = a.dgx + (r0 + b) * G;
+      float acc = 0.0f;
+      for (int64_t row = 0; row < G; ++row) acc += dg[row] * to_f32(wh[row * V + v]);
+      a.dh_carry[b * P + q0 + v] = acc;
+    }
+    __syncthreads();  // the next step's columns of dh read this block's carry
+  }
+}
+
+template <typename T, bool kProj>
 __global__ void __launch_bounds__(kPersistentThreads)
     cluster_backward_kernel(Directions<ClusterBackwardArgs<T>> p) {
-  backward_steps<T, true>(p.dir[blockIdx.x / p.blocks], cluster_rank());
+  if constexpr (kProj)
+    projected_backward_steps<T, true>(p.dir[blockIdx.x / p.blocks], cluster_rank());
+  else
+    backward_steps<T, true>(p.dir[blockIdx.x / p.blocks], cluster_rank());
 }
 
 // The same on a cooperative grid whose blocks are all resident (W_hh's
 // columns too large for one cluster): dG_h through global memory, the grid's
 // barrier each step.
-template <typename T>
+template <typename T, bool kProj>
 __global__ void __launch_bounds__(kPersistentThreads)
     persistent_backward_kernel(Directions<ClusterBackwardArgs<T>> p) {
-  backward_steps<T, false>(p.dir[blockIdx.x / p.blocks], blockIdx.x % p.blocks);
+  if constexpr (kProj)
+    projected_backward_steps<T, false>(p.dir[blockIdx.x / p.blocks], blockIdx.x % p.blocks);
+  else
+    backward_steps<T, false>(p.dir[blockIdx.x / p.blocks], blockIdx.x % p.blocks);
 }
 
 }  // namespace seqpack::cuda

@@ -594,7 +594,23 @@ PersistentArgs<T> persistent_args(const Shape& s, int64_t steps, int64_t units,
   a.ghn = r.sv->ghn;
   a.hn = r.hn;
   a.cn = r.cn;
+  a.P = s.hout();
+  a.cols = s.hout();
+  a.w_hr = r.w.w_hr;
+  a.m = r.sv->m;
   return a;
+}
+
+// The shared memory a one-launch kernel's block keeps of the weights, owning
+// `units` hidden units and `cols` output columns (element bytes an entry):
+// the forward's W_hh rows of its units (every gate) and, with a projection,
+// W_hr's rows of its columns; the backward's W_hh columns of its units (with
+// a projection: of its columns, and W_hr's columns of its units).
+size_t weight_bytes(const Shape& s, bool backward, int64_t units, int64_t cols, size_t element) {
+  const int64_t n = s.proj == 0   ? s.gates() * units
+                    : backward    ? s.hout() * units + s.gates() * cols
+                                  : s.gates() / s.hidden * units * s.hout() + cols * s.hidden;
+  return static_cast<size_t>(n) * element;
 }
 
 // Copies batch_sizes to the first direction's device copy, which every
@@ -609,18 +625,24 @@ void share_batch_sizes(Directions<A>& p, int count, const int64_t* batch_sizes, 
 }
 
 // Hidden units per block for a cooperative launch of `kernel` for `count`
-// directions whose blocks keep `unit_bytes` of shared memory per unit: from 1
-// up, the first whose W_hh part fits and whose count ceil(H / U) blocks are
-// all resident at once (a cooperative launch needs that); 0 where none does.
+// directions (the backward's if `backward`): from 1 up, the first whose
+// weights fit a block's shared memory (weight_bytes, with the output columns
+// shared out among the ceil(H / U) blocks: *cols) and whose count ceil(H / U)
+// blocks are all resident at once (a cooperative launch needs that); 0 where
+// none does.
 template <typename A>
-int64_t cooperative_units(void (*kernel)(A), int64_t H, int count, size_t unit_bytes,
-                          const DeviceLimits& limits, size_t* shared) {
+int64_t cooperative_units(void (*kernel)(A), const Shape& s, int count, bool backward,
+                          size_t element, const DeviceLimits& limits, size_t* shared,
+                          int64_t* cols) {
+  const int64_t H = s.hidden;
   for (int64_t u = 1; u <= 64 && u <= H; u *= 2) {
-    const size_t bytes = static_cast<size_t>(u) * unit_bytes;
+    const int64_t blocks = (H + u - 1) / u, c = (s.hout() + blocks - 1) / blocks;
+    const size_t bytes = weight_bytes(s, backward, u, c, element);
     if (bytes > static_cast<size_t>(limits.shared_optin)) break;
     const int per_sm = blocks_per_multiprocessor(kernel, kPersistentThreads, bytes);
-    if (count * ((H + u - 1) / u) <= static_cast<int64_t>(per_sm) * limits.multiprocessors) {
+    if (count * blocks <= static_cast<int64_t>(per_sm) * limits.multiprocessors) {
       *shared = bytes;
+      *cols = c;
       return u;
     }
   }
@@ -629,26 +651,31 @@ int64_t cooperative_units(void (*kernel)(A), int64_t H, int count, size_t unit_b
 
 // Launches `kernel` for one layer's `count` directions on one cooperative
 // grid of ceil(H / U) blocks a direction (cooperative_units: each block's
-// units' part of W_hh, `element` bytes an entry, in its shared memory), with
-// direction d's arguments make(U, d); false (nothing run) for a projection,
-// where it does not fit, or where the GPU refuses the launch (too many blocks
-// resident elsewhere, say): the steps are then another launch's.
+// part of the weights, `element` bytes an entry, in its shared memory), with
+// direction d's arguments make(U, d) and the block's output columns; false
+// (nothing run) where it does not fit or where the GPU refuses the launch
+// (too many blocks resident elsewhere, say): the steps are then another
+// launch's.
 template <typename A, typename Make>
-bool start_cooperative(void (*kernel)(Directions<A>), const Shape& s, size_t element,
-                       const int64_t* batch_sizes, int64_t steps, int count, cudaStream_t stream,
-                       Make make) {
-  if (s.proj > 0 || steps == 0) return false;
+bool start_cooperative(void (*kernel)(Directions<A>), const Shape& s, bool backward,
+                       size_t element, const int64_t* batch_sizes, int64_t steps, int count,
+                       cudaStream_t stream, Make make) {
+  if (steps == 0) return false;
   DeviceLimits limits;
   if (device_limits(&limits) != cudaSuccess || !limits.cooperative) {
     (void)cudaGetLastError();
     return false;
   }
   size_t shared = 0;
-  const int64_t units = cooperative_units(
-      kernel, s.hidden, count, static_cast<size_t>(s.gates()) * element, limits, &shared);
+  int64_t cols = 0;
+  const int64_t units =
+      cooperative_units(kernel, s, count, backward, element, limits, &shared, &cols);
   if (units == 0) return false;
   Directions<A> p{};
-  for (int d = 0; d < count; ++d) p.dir[d] = make(units, d);
+  for (int d = 0; d < count; ++d) {
+    p.dir[d] = make(units, d);
+    p.dir[d].cols = cols;
+  }
   p.blocks = static_cast<unsigned>((s.hidden + units - 1) / units);
   share_batch_sizes(p, count, batch_sizes, steps, stream);
   if (launch_cooperative(kernel, dim3(static_cast<unsigned>(count) * p.blocks),
@@ -667,7 +694,8 @@ template <typename T>
 bool try_persistent(const Shape& s, const int64_t* batch_sizes, int64_t steps,
                     const ForwardRun<T>* runs, int count, cudaStream_t stream) {
   return start_cooperative(
-      persistent_forward_kernel<T>, s, sizeof(T), batch_sizes, steps, count, stream,
+      s.proj > 0 ? persistent_forward_kernel<T, true> : persistent_forward_kernel<T, false>, s,
+      false, sizeof(T), batch_sizes, steps, count, stream,
       [&](int64_t units, int d) { return persistent_args<T>(s, steps, units, runs[d]); });
 }
 
@@ -710,24 +738,25 @@ bool cluster_mma_allowed() {
        choice);
 }
 
-// Where a cluster kernel runs one layer and direction: cluster_size(H)
-// blocks of `units` hidden units, each block's shared memory holding its
-// units' rows_per_unit elements of W_hh and, where they fit beside them (and
-// SEQPACK_CUDA_CLUSTER_GATHER allows), the gather buffers of buffer_bytes.
-// ok is false where the rows alone do not fit or the device's limits are
+// Where a cluster kernel runs one layer and direction (the backward's if
+// `backward`): cluster_size(H) blocks of `units` hidden units and `cols`
+// output columns, each block's shared memory holding its part of the weights
+// (weight_bytes) and, where they fit beside it (and
+// SEQPACK_CUDA_CLUSTER_GATHER allows; never with a projection, whose kernels
+// gather through global memory), the gather buffers of buffer_bytes. ok is
+// false where the weights alone do not fit or the device's limits are
 // unknown.
 struct ClusterPlan {
   bool ok = false;
-  int64_t n = 0, units = 0;
+  int64_t n = 0, units = 0, cols = 0;
   size_t shared = 0;
   bool buffers = false;
 };
 
 template <typename T>
-ClusterPlan plan_cluster(const Shape& s, int64_t steps, int64_t rows_per_unit,
-                         size_t buffer_bytes) {
+ClusterPlan plan_cluster(const Shape& s, int64_t steps, bool backward, size_t buffer_bytes) {
   ClusterPlan p;
-  if (s.proj > 0 || steps == 0) return p;
+  if (steps == 0) return p;
   DeviceLimits limits;
   if (device_limits(&limits) != cudaSuccess) {
     (void)cudaGetLastError();
@@ -736,8 +765,9 @@ ClusterPlan plan_cluster(const Shape& s, int64_t steps, int64_t rows_per_unit,
   const auto limit = static_cast<size_t>(limits.shared_optin);
   p.n = cluster_size(s.hidden);
   p.units = (s.hidden + p.n - 1) / p.n;
-  const size_t rows = static_cast<size_t>(rows_per_unit * p.units) * sizeof(T);
-  p.buffers = !cluster_gather_global() && rows + buffer_bytes <= limit;
+  p.cols = (s.hout() + p.n - 1) / p.n;
+  const size_t rows = weight_bytes(s, backward, p.units, p.cols, sizeof(T));
+  p.buffers = s.proj == 0 && !cluster_gather_global() && rows + buffer_bytes <= limit;
   p.shared = rows + (p.buffers ? buffer_bytes : 0);
   p.ok = p.shared <= limit;
   return p;
@@ -769,7 +799,7 @@ template <typename T>
 bool try_cluster(const Shape& s, const int64_t* batch_sizes, int64_t steps,
                  const ForwardRun<T>* runs, int count, cudaStream_t stream) {
   ClusterPlan p =
-      plan_cluster<T>(s, steps, s.gates(), static_cast<size_t>(2 * s.batch * s.hidden) * sizeof(T));
+      plan_cluster<T>(s, steps, false, static_cast<size_t>(2 * s.batch * s.hidden) * sizeof(T));
   if (!p.ok) return false;
   // 16-bit data, or float32 with TF32 allowed (3xTF32), with H a multiple of
   // 16 and the h buffers in shared memory: the step's product on tensor cores
@@ -789,10 +819,12 @@ bool try_cluster(const Shape& s, const int64_t* batch_sizes, int64_t steps,
   Directions<PersistentArgs<T>> a{};
   for (int d = 0; d < count; ++d) {
     a.dir[d] = persistent_args<T>(s, steps, p.units, runs[d]);
+    a.dir[d].cols = p.cols;
     a.dir[d].shared_h = p.buffers;
     a.dir[d].mma = mma;
   }
-  return start_cluster(cluster_forward_kernel<T>, p, batch_sizes, steps, count, stream, a);
+  return start_cluster(s.proj > 0 ? cluster_forward_kernel<T, true> : cluster_forward_kernel<T, false>,
+                       p, batch_sizes, steps, count, stream, a);
 }
 
 // One layer's forward recurrence for `count` directions in one launch, where
@@ -813,11 +845,13 @@ bool try_one_launch(const Shape& s, const int64_t* batch_sizes, int64_t steps,
 struct BackwardRun {
   bool reverse = false;
   const void* w_hh = nullptr;
+  const void* w_hr = nullptr;
   const Saved* sv = nullptr;
   Workspace ws{};
   const float* dy = nullptr;  // the direction's first column of row 0 of dY
   float* dgx = nullptr;
   float* dgh = nullptr;
+  float* dh = nullptr;  // with a projection: rows x P, the gradient of h
 };
 
 // The arguments of both backward kernels (dG_h through global memory until
@@ -845,6 +879,10 @@ ClusterBackwardArgs<T> cluster_backward_args(const Shape& s, int64_t steps, int6
   a.dh_carry = r.ws.dh_carry;
   a.dc_carry = r.ws.dc_carry;
   a.w_hh = static_cast<const T*>(r.w_hh);
+  a.P = s.hout();
+  a.cols = s.hout();
+  a.w_hr = static_cast<const T*>(r.w_hr);
+  a.dh = r.dh;
   return a;
 }
 
@@ -855,7 +893,7 @@ template <typename T>
 bool try_cluster_backward(const Shape& s, const int64_t* batch_sizes, int64_t steps,
                           const BackwardRun* runs, int count, cudaStream_t stream) {
   ClusterPlan p = plan_cluster<T>(
-      s, steps, s.gates(), static_cast<size_t>(2 * s.batch * s.gates()) * sizeof(float));
+      s, steps, true, static_cast<size_t>(2 * s.batch * s.gates()) * sizeof(float));
   if (!p.ok) return false;
   // 16-bit data, or float32 with TF32 allowed (3xTF32), with H a multiple of
   // 16 and dG_h gathered in shared memory: the carry's product on tensor cores
@@ -874,10 +912,13 @@ bool try_cluster_backward(const Shape& s, const int64_t* batch_sizes, int64_t st
   Directions<ClusterBackwardArgs<T>> a{};
   for (int d = 0; d < count; ++d) {
     a.dir[d] = cluster_backward_args<T>(s, steps, p.units, runs[d]);
+    a.dir[d].cols = p.cols;
     a.dir[d].shared_dg = p.buffers;
     a.dir[d].mma = mma;
   }
-  return start_cluster(cluster_backward_kernel<T>, p, batch_sizes, steps, count, stream, a);
+  return start_cluster(
+      s.proj > 0 ? cluster_backward_kernel<T, true> : cluster_backward_kernel<T, false>, p,
+      batch_sizes, steps, count, stream, a);
 }
 
 // The backward's kernel on a cooperative grid, for W_hh's columns too large
@@ -887,7 +928,8 @@ template <typename T>
 bool try_persistent_backward(const Shape& s, const int64_t* batch_sizes, int64_t steps,
                              const BackwardRun* runs, int count, cudaStream_t stream) {
   return start_cooperative(
-      persistent_backward_kernel<T>, s, sizeof(T), batch_sizes, steps, count, stream,
+      s.proj > 0 ? persistent_backward_kernel<T, true> : persistent_backward_kernel<T, false>, s,
+      true, sizeof(T), batch_sizes, steps, count, stream,
       [&](int64_t units, int d) { return cluster_backward_args<T>(s, steps, units, runs[d]); });
 }
 
@@ -1063,12 +1105,15 @@ void backward(const Shape& s, const int64_t* batch_sizes, const std::vector<int6
       const int64_t ld_index = l * s.dirs + d;
       BackwardRun& r = runs[d];
       r.reverse = d == 1;
-      r.w_hh = weights_of(s, has_biases, weights, l, d).w_hh;
+      const LayerWeights<const T*> w = weights_of(s, has_biases, weights, l, d);
+      r.w_hh = w.w_hh;
+      r.w_hr = w.w_hr;
       r.sv = &rs.saved[ld_index];
       r.ws = layout_workspace(s, workspace, d);
       r.dy = dY + d * P;
       r.dgx = cp.on ? cp.dgates_x[d] : r.ws.dgx;
       r.dgh = cp.on ? (s.gru() ? cp.dgates_h[d] : r.dgx) : r.ws.dgh;
+      r.dh = cp.on && s.proj > 0 ? cp.dh[d] : r.ws.dh;
       cudaStream_t const stream = d == 1 ? side.stream() : main_stream;
       if (dhn != nullptr)
         convert(stream, B, P, dhn + ld_index * B * P, P, r.ws.dh_carry, P);
@@ -1101,7 +1146,7 @@ void backward(const Shape& s, const int64_t* batch_sizes, const std::vector<int6
           cp.on ? LayerWeights<T*>{} : weights_of(s, has_biases, dweights, l, d);
       float* const dgx_all = r.dgx;
       float* const dgh_all = r.dgh;
-      float* const dh_all = cp.on && s.proj > 0 ? cp.dh[d] : ws.dh;
+      float* const dh_all = r.dh;
       const Saved& sv = *r.sv;
       const bool clustered =
           both || try_one_launch_backward<T>(s, batch_sizes, steps, &r, 1, stream);

@@ -320,12 +320,12 @@ VARIANTS = {None: ({}, True), "library": ({}, False), "tile64": ({"SEQPACK_CUDA_
 @pytest.mark.parametrize("mode,layers,bidirectional,bias,proj,lengths,extra,variant",
                          [c + (None,) for c in CASES] + [c + ("library",) for c in CASES] +
                          [c + ("tile64",) for c in CASES_TILE_64] +
-                         [c + ("persistent",) for c in CASES if c[4] == 0] +
-                         [c + ("cluster",) for c in CASES if c[4] == 0] +
-                         [c + ("cluster-library",) for c in CASES[:3] if c[4] == 0] +
-                         [c + ("cluster-one",) for c in CASES[:2] if c[4] == 0] +
+                         [c + ("persistent",) for c in CASES] +
+                         [c + ("cluster",) for c in CASES] +
+                         [c + ("cluster-library",) for c in CASES[:4]] +
+                         [c + ("cluster-one",) for c in CASES[:2]] +
                          [c + ("cluster-global",) for c in CASES if c[4] == 0] +
-                         [c + ("cluster-cooperative",) for c in CASES if c[4] == 0])
+                         [c + ("cluster-cooperative",) for c in CASES])
 def test_emulated_library_matches_torch(emulated, monkeypatch, mode, layers, bidirectional, bias, proj, lengths,
                                         extra, variant):
     environment, torch_products = VARIANTS[variant]
@@ -1111,33 +1111,38 @@ def _grid_launches(emulated):
     return [(blocks[2 * i], blocks[2 * i + 1]) for i in range(min(n, 32))] + [None] * max(n - 32, 0)
 
 
-@pytest.mark.parametrize("kernel,torch_products,expected", [
+@pytest.mark.parametrize("kernel,torch_products,proj,expected", [
     # A cluster of 4 blocks a direction (H = 8: 2 units a block), both
     # directions in one launch of 8 blocks, forward and backward.
-    ("cluster", True, [(8, 4), (8, 4), (8, 4), (8, 4)]),
+    ("cluster", True, 0, [(8, 4), (8, 4), (8, 4), (8, 4)]),
     # Every product in the library: its backward shares the gates' gradient
     # buffers between the directions, so one launch a direction there.
-    ("cluster", False, [(8, 4), (8, 4), (4, 4), (4, 4), (4, 4), (4, 4)]),
+    ("cluster", False, 0, [(8, 4), (8, 4), (4, 4), (4, 4), (4, 4), (4, 4)]),
     # A cooperative grid: a unit a block, 8 blocks a direction.
-    ("persistent", True, [(16, 0), (16, 0), (16, 0), (16, 0)]),
+    ("persistent", True, 0, [(16, 0), (16, 0), (16, 0), (16, 0)]),
+    # A projection to 3 columns (a block's: 1; with a cooperative grid's 8
+    # blocks, the last 5 own none).
+    ("cluster", True, 3, [(8, 4), (8, 4), (8, 4), (8, 4)]),
+    ("persistent", True, 3, [(16, 0), (16, 0), (16, 0), (16, 0)]),
 ])
-def test_emulated_one_launch_runs_both_directions(emulated, monkeypatch, kernel, torch_products, expected):
+def test_emulated_one_launch_runs_both_directions(emulated, monkeypatch, kernel, torch_products, proj, expected):
     """SEQPACK_CUDA_KERNEL=cluster or persistent runs a bidirectional layer's two
     recurrences in one launch (each direction on its own blocks) where their
-    buffers are apart, and the results match torch._VF (2 layers: the forward
-    launches of both, then the backward's from the top)."""
+    buffers are apart, with or without a projection, and the results match
+    torch._VF (2 layers: the forward launches of both, then the backward's from
+    the top)."""
     monkeypatch.setenv("SEQPACK_CUDA_KERNEL", kernel)
     monkeypatch.setenv("SEQPACK_CUDA_CLUSTER", "4")
-    rnn = _make("LSTM", 3, 8, 2, True, True, 0, 21)
+    rnn = _make("LSTM", 3, 8, 2, True, True, proj, 21)
     torch.manual_seed(22)
     seqs = [torch.randn(n, 3) for n in (6, 4, 4, 1)]
     packed = torch.nn.utils.rnn.pack_sequence(seqs)
-    h0, c0 = torch.randn(4, 4, 8), torch.randn(4, 4, 8)
+    h0, c0 = torch.randn(4, 4, proj or 8), torch.randn(4, 4, 8)
     weights = [w.detach().clone() for w in rnn._flat_weights]
     leaves = [t.clone().requires_grad_() for t in [packed.data, h0, c0] + weights]
     _grid_launches(emulated)
     y, hn, cn = emulated._run("LSTM", leaves[0], packed.batch_sizes, leaves[1], leaves[2], leaves[3:], None, True,
-                              2, True, 0, False, torch_products)
+                              2, True, proj, False, torch_products)
     gy = torch.randn_like(y)
     got = [y, hn, cn] + list(torch.autograd.grad((y * gy).sum() + hn.sum() + cn.sum(), leaves))
     assert _grid_launches(emulated) == expected
@@ -1147,7 +1152,7 @@ def test_emulated_one_launch_runs_both_directions(emulated, monkeypatch, kernel,
                                   0.0, False, True)
     want = [ry, rhn, rcn] + list(torch.autograd.grad((ry * gy).sum() + rhn.sum() + rcn.sum(), rleaves))
     from tolerance import assert_fp_close, rnn_reduction_length
-    n = rnn_reduction_length(3, 8, 2, True, steps=sum(len(x) for x in seqs))
+    n = rnn_reduction_length(3, 8, 2, True, steps=sum(len(x) for x in seqs), proj_size=proj)
     for i, (a, b) in enumerate(zip(got, want)):
         assert_fp_close(a, b, n, what=f"result {i}")
 

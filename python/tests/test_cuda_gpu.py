@@ -376,6 +376,18 @@ def test_lstm_proj_fp32(num_layers, bidirectional, proj_size, with_hx):
     compare_module(m, LENGTHS, with_hx, SEED + 1)
 
 
+@cases("kernel", ["cluster", "persistent"])
+def test_one_launch_lstm_proj_fp32(kernel):
+    """SEQPACK_CUDA_KERNEL=cluster (sm_90) or persistent (a cooperative grid)
+    with a projection: the one-launch kernels that share out W_hh's rows by
+    hidden unit and W_hr's by output column, h and m through global memory."""
+    if kernel == "cluster" and not SELF_TEST and torch.cuda.get_device_capability(DEVICE) < (9, 0):
+        skip("thread-block clusters need sm_90")
+    with _environment("SEQPACK_CUDA_KERNEL", kernel):
+        m = make_module("LSTM", 9, 20, 2, True, proj_size=7)
+        compare_module(m, LENGTHS, True, SEED + 11)
+
+
 @cases("mode,hidden_size", [(mode, h) for mode in MODES for h in (1, 3, 17, 33, 129)])
 def test_odd_hidden_sizes(mode, hidden_size):
     m = make_module(mode, 11, hidden_size, 1, True)
