@@ -16,6 +16,7 @@
 #include <cstring>
 #include <functional>
 #include <type_traits>
+#include <utility>
 #include <vector>
 
 #define __global__
@@ -253,6 +254,10 @@ struct Fiber {
   Barrier* group_barrier = nullptr;  // its cluster's, or a cooperative grid's
   unsigned cluster_rank = 0, cluster_blocks = 1;
   unsigned char* const* cluster_shared = nullptr;  // the cluster's blocks' shared memory, by rank
+  // Asynchronous copies (copy_async): committed groups, oldest first, and
+  // the group still open; none lands before a wait asks for it.
+  std::vector<std::vector<std::pair<float*, const float*>>> copy_groups;
+  std::vector<std::pair<float*, const float*>> copy_open;
   bool done = false;
 };
 
@@ -327,6 +332,8 @@ void run_blocks(const std::vector<dim3>& blocks, dim3 block, size_t shared_bytes
     const size_t b = i / per_block;
     if (f.stack.empty()) f.stack.resize(256 * 1024);
     f.done = false;
+    f.copy_groups.clear();
+    f.copy_open.clear();
     f.index = dim3(t % block.x, (t / block.x) % block.y, t / (block.x * block.y));
     f.block_index = blocks[b];
     f.shared = shared_of[b];
@@ -452,6 +459,27 @@ T* peer_shared(T* local, unsigned rank) {
   const auto offset = reinterpret_cast<unsigned char*>(local) - f.shared;
   return reinterpret_cast<T*>(f.cluster_shared[rank] + offset);
 }
+
+// Asynchronous copies: each lands (reading its source then) only when a wait
+// asks for its group, so that reading the destination before the wait sees
+// what it held before, as on a GPU whose copy has not landed yet.
+inline void copy_async(float* shared, const float* global) {
+  scheduler().current->copy_open.emplace_back(shared, global);
+}
+inline void copy_async_commit() {
+  Fiber& f = *scheduler().current;
+  f.copy_groups.push_back(std::move(f.copy_open));
+  f.copy_open.clear();
+}
+inline void copy_async_land(size_t newest_left) {
+  Fiber& f = *scheduler().current;
+  while (f.copy_groups.size() > newest_left) {
+    for (const auto& [dst, src] : f.copy_groups.front()) *dst = *src;
+    f.copy_groups.erase(f.copy_groups.begin());
+  }
+}
+inline void copy_async_wait_all() { copy_async_land(0); }
+inline void copy_async_wait_all_but_newest() { copy_async_land(1); }
 
 // A spin wait's pause: the other threads run meanwhile.
 inline void spin_pause() { yield_fiber(); }

@@ -10,6 +10,7 @@
 #include <cooperative_groups.h>
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
+#include <cuda_pipeline.h>
 #include <cuda_runtime.h>
 #include <mma.h>
 
@@ -122,6 +123,18 @@ __device__ __forceinline__ unsigned atomic_load(const unsigned* p) {
   return *reinterpret_cast<const volatile unsigned*>(p);
 }
 __device__ __forceinline__ void thread_fence() { __threadfence(); }
+
+// Asynchronous copies of a float from global to shared memory (cp.async from
+// sm_80; a plain copy before) in groups: commit closes the group of the
+// thread's copies since the last, a wait returns once every group (all) or
+// every group but the newest has landed. A thread waits for its own copies;
+// a __syncthreads after makes them the block's.
+__device__ __forceinline__ void copy_async(float* shared, const float* global) {
+  __pipeline_memcpy_async(shared, global, sizeof(float));
+}
+__device__ __forceinline__ void copy_async_commit() { __pipeline_commit(); }
+__device__ __forceinline__ void copy_async_wait_all() { __pipeline_wait_prior(0); }
+__device__ __forceinline__ void copy_async_wait_all_but_newest() { __pipeline_wait_prior(1); }
 
 struct DeviceLimits {
   int multiprocessors = 0;

@@ -308,18 +308,21 @@ __global__ void gather_prev_kernel(int64_t bs, int64_t hout, int64_t hidden, int
 // the activations i, f, g, o on exit:
 //   c_t = f * c_{t-1} + i * g,  m_t = o * tanh(c_t),  h_t = m_t (or W_hr m_t)
 // One element (b, j) of the step: shared by the one-launch-per-step kernel and
-// the persistent kernel.
+// the persistent kernel. The input's part of gate k is x[k xs] where x is
+// given (a copy prefetched into shared memory), else gates' own.
 template <typename T>
 __device__ __forceinline__ void lstm_forward_element(int64_t b, int64_t j, int64_t H, float* gates,
                                                      const float* gh, const T* b_hh,
                                                      const float* cprev, float* c, float* m_out,
-                                                     T* y, int64_t ldy) {
+                                                     T* y, int64_t ldy, const float* x = nullptr,
+                                                     int64_t xs = 0) {
   float* g = gates + b * 4 * H;
   const float* r = gh + b * 4 * H;
+  if (x == nullptr) x = g + j, xs = H;
   float a[4];
 #pragma unroll
   for (int k = 0; k < 4; ++k)
-    a[k] = g[k * H + j] + r[k * H + j] + (b_hh != nullptr ? to_f32(b_hh[k * H + j]) : 0.0f);
+    a[k] = x[k * xs] + r[k * H + j] + (b_hh != nullptr ? to_f32(b_hh[k * H + j]) : 0.0f);
   const float ig = sigmoid(a[0]), fg = sigmoid(a[1]), gg = tanhf(a[2]), og = sigmoid(a[3]);
   const float ct = fg * cprev[b * H + j] + ig * gg;
   const float mt = og * tanhf(ct);
@@ -352,18 +355,20 @@ template <typename T>
 __device__ __forceinline__ void gru_forward_element(int64_t b, int64_t j, int64_t H, float* gates,
                                                     const float* gh, const T* b_hh,
                                                     const float* hprev, float* ghn, T* y,
-                                                    int64_t ldy) {
+                                                    int64_t ldy, const float* x = nullptr,
+                                                    int64_t xs = 0) {
   float* g = gates + b * 3 * H;
   const float* r = gh + b * 3 * H;
+  if (x == nullptr) x = g + j, xs = H;
   float bh[3] = {0.0f, 0.0f, 0.0f};
   if (b_hh != nullptr) {
 #pragma unroll
     for (int k = 0; k < 3; ++k) bh[k] = to_f32(b_hh[k * H + j]);
   }
-  const float rg = sigmoid(g[j] + r[j] + bh[0]);
-  const float zg = sigmoid(g[H + j] + r[H + j] + bh[1]);
+  const float rg = sigmoid(x[0] + r[j] + bh[0]);
+  const float zg = sigmoid(x[xs] + r[H + j] + bh[1]);
   const float hn = r[2 * H + j] + bh[2];
-  const float ng = tanhf(g[2 * H + j] + rg * hn);
+  const float ng = tanhf(x[2 * xs] + rg * hn);
   const float ht = (1.0f - zg) * ng + zg * hprev[b * H + j];
   g[j] = rg;
   g[H + j] = zg;
@@ -387,8 +392,9 @@ __global__ void gru_forward_kernel(int64_t bs, int64_t H, float* __restrict__ ga
 template <typename T>
 __device__ __forceinline__ void rnn_forward_element(int64_t b, int64_t j, int64_t H, bool relu,
                                                     float* gates, const float* gh, const T* b_hh,
-                                                    T* y, int64_t ldy) {
-  const float a = gates[b * H + j] + gh[b * H + j] + (b_hh != nullptr ? to_f32(b_hh[j]) : 0.0f);
+                                                    T* y, int64_t ldy, const float* x = nullptr) {
+  const float a = (x != nullptr ? *x : gates[b * H + j]) + gh[b * H + j] +
+                  (b_hh != nullptr ? to_f32(b_hh[j]) : 0.0f);
   const float ht = relu ? fmaxf(a, 0.0f) : tanhf(a);
   gates[b * H + j] = ht;
   y[b * ldy + j] = from_f32<T>(ht);
@@ -416,6 +422,9 @@ struct PersistentArgs {
   bool shared_h;  // cluster kernel: h_{t-1} gathered in shared memory (else read from y)
   bool mma;       // cluster kernel with shared_h, H % 16 == 0, 16-bit T or TF32 allowed:
                   // tensor cores
+  // Cluster kernel: where in its shared memory (bytes) the input gates are
+  // prefetched a step ahead, two [batch][gates U] float buffers; 0: none.
+  int64_t xg_offset;
   const int64_t* batch_sizes;  // device copy
   int64_t H;
   int64_t ldy;
@@ -515,6 +524,19 @@ __device__ __forceinline__ void cluster_step_mma(const T* hg, const T* w, float*
   }
 }
 
+// Step rows [r0, r0 + bs)'s input gates (x W_ih^T + b_ih) of units
+// [j0, j0 + U) into dst [b][g U + u], as one group of asynchronous copies.
+__device__ __forceinline__ void prefetch_gates(float* dst, const float* gates, int64_t r0,
+                                               int64_t bs, int ng, int64_t H, int64_t j0,
+                                               int64_t U) {
+  const int64_t per = ng * U;
+  for (int64_t e = threadIdx.x; e < bs * per; e += blockDim.x) {
+    const int64_t b = e / per, r = e % per;
+    copy_async(dst + e, gates + (r0 + b) * ng * H + (r / U) * H + j0 + r % U);
+  }
+  copy_async_commit();
+}
+
 // The body of both persistent forward kernels below. Block r owns the hidden
 // units [r U, r U + U) (r: the block's index in the grid, or its rank in the
 // cluster) and keeps their rows of W_hh (every gate) in shared memory for the
@@ -549,6 +571,14 @@ __device__ __forceinline__ void persistent_forward_steps(const PersistentArgs<T>
   T* w = dynamic_shared<T>();
   T* hbuf[2] = {w + (mma ? R : ng * a.units) * H, w + (mma ? R : ng * a.units) * H + Bp * H};
   float* scratch = reinterpret_cast<float*>(hbuf[1] + Bp * H);
+  // The input gates of the step after the current one are fetched while the
+  // current one's product runs (a.xg_offset: the cluster kernel, where the
+  // buffers fit).
+  float* xg[2] = {nullptr, nullptr};
+  if (kCluster && a.xg_offset > 0) {
+    xg[0] = reinterpret_cast<float*>(reinterpret_cast<unsigned char*>(w) + a.xg_offset);
+    xg[1] = xg[0] + B * ng * a.units;
+  }
   for (int64_t e = threadIdx.x; e < R * H; e += blockDim.x) {
     const int64_t row = e / H, p = e % H;
     const int64_t g = row / (U > 0 ? U : 1), u = row % (U > 0 ? U : 1);
@@ -560,12 +590,21 @@ __device__ __forceinline__ void persistent_forward_steps(const PersistentArgs<T>
   // Row offset of the step before in processing order, and of this one.
   int64_t prev_off = 0;
   int64_t next = a.reverse ? rows : 0;
+  if (xg[0] != nullptr && a.steps > 0) {
+    const int64_t bs = a.batch_sizes[a.reverse ? a.steps - 1 : 0];
+    prefetch_gates(xg[0], a.gates, a.reverse ? rows - bs : 0, bs, ng, H, j0, U);
+  }
   for (int64_t k = 0; k < a.steps; ++k) {
     const int64_t t = a.reverse ? a.steps - 1 - k : k;
     const int64_t bs = a.batch_sizes[t];
     const int64_t r0 = a.reverse ? next - bs : next;
     next = a.reverse ? r0 : r0 + bs;
     const int64_t prev_rows = k == 0 ? 0 : (a.reverse ? a.batch_sizes[t + 1] : bs);
+    const bool fetch_next = xg[0] != nullptr && k + 1 < a.steps;
+    if (fetch_next) {  // into the buffer the step before read (done: its barrier)
+      const int64_t bs1 = a.batch_sizes[a.reverse ? t - 1 : t + 1];
+      prefetch_gates(xg[(k + 1) & 1], a.gates, a.reverse ? next - bs1 : next, bs1, ng, H, j0, U);
+    }
     T* hg = hbuf[k & 1];
     T* hnext = hbuf[(k + 1) & 1];
     if (mma) {
@@ -604,19 +643,26 @@ __device__ __forceinline__ void persistent_forward_steps(const PersistentArgs<T>
         a.cprev[(r0 + b) * H + j] =
             b < prev_rows ? a.c[(prev_off + b) * H + j] : to_f32(a.c0[b * H + j]);
     }
+    // This step's input gates landed (the thread's own copies; the barrier
+    // makes them the block's).
+    if (fetch_next)
+      copy_async_wait_all_but_newest();
+    else if (xg[0] != nullptr)
+      copy_async_wait_all();
     __syncthreads();
     for (int64_t e = threadIdx.x; e < bs * U; e += blockDim.x) {
-      const int64_t b = e / U, j = j0 + e % U;
+      const int64_t b = e / U, u = e % U, j = j0 + u;
       float* gates = a.gates + r0 * G;
       T* y = a.y + r0 * a.ldy;
+      const float* x = xg[0] != nullptr ? xg[k & 1] + b * ng * U + u : nullptr;
       if (lstm)
         lstm_forward_element<T>(b, j, H, gates, a.gh, a.b_hh, a.cprev + r0 * H, a.c + r0 * H,
-                                nullptr, y, a.ldy);
+                                nullptr, y, a.ldy, x, U);
       else if (gru)
         gru_forward_element<T>(b, j, H, gates, a.gh, a.b_hh, a.hprev + r0 * H, a.ghn + r0 * H, y,
-                               a.ldy);
+                               a.ldy, x, U);
       else
-        rnn_forward_element<T>(b, j, H, a.mode == 3, gates, a.gh, a.b_hh, y, a.ldy);
+        rnn_forward_element<T>(b, j, H, a.mode == 3, gates, a.gh, a.b_hh, y, a.ldy, x);
       if constexpr (kCluster) {
         if (shared_h) {  // h_t of this unit to every block of the cluster
           const T v = y[b * a.ldy + j];

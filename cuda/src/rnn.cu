@@ -806,22 +806,34 @@ bool try_cluster(const Shape& s, const int64_t* batch_sizes, int64_t steps,
   // where that layout fits too (SEQPACK_CUDA_CLUSTER_MMA=0 keeps the threads'
   // own products).
   bool mma = false;
+  DeviceLimits limits;
+  if (device_limits(&limits) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return false;
+  }
+  const auto limit = static_cast<size_t>(limits.shared_optin);
   if ((sizeof(T) == 2 || s.tf32) && s.hidden % 16 == 0 && p.buffers && cluster_mma_allowed()) {
-    DeviceLimits limits;
     const size_t bytes =
         cluster_mma_shared_bytes<T>(s.gates() / s.hidden, p.units, s.hidden, s.batch);
-    if (device_limits(&limits) == cudaSuccess &&
-        bytes <= static_cast<size_t>(limits.shared_optin)) {
+    if (bytes <= limit) {
       mma = true;
       p.shared = bytes;
     }
   }
+  // The input gates prefetched a step ahead, two batch x (the block's gate
+  // rows) float buffers after the rest, where they fit (not with a
+  // projection, whose kernel reads them in place).
+  const size_t xg_offset = (p.shared + 15) / 16 * 16;
+  const size_t xg_bytes = static_cast<size_t>(2 * s.batch * s.gates() / s.hidden * p.units) * 4;
+  const bool prefetch = s.proj == 0 && xg_offset + xg_bytes <= limit;
+  if (prefetch) p.shared = xg_offset + xg_bytes;
   Directions<PersistentArgs<T>> a{};
   for (int d = 0; d < count; ++d) {
     a.dir[d] = persistent_args<T>(s, steps, p.units, runs[d]);
     a.dir[d].cols = p.cols;
     a.dir[d].shared_h = p.buffers;
     a.dir[d].mma = mma;
+    a.dir[d].xg_offset = prefetch ? static_cast<int64_t>(xg_offset) : 0;
   }
   return start_cluster(s.proj > 0 ? cluster_forward_kernel<T, true> : cluster_forward_kernel<T, false>,
                        p, batch_sizes, steps, count, stream, a);
