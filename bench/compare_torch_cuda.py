@@ -18,7 +18,10 @@ CUDA-event medians after warm-up runs, every run synchronised):
              recurrent in torch (the default); fp32-library: fp32 with every
              product in the library (SEQPACK_CUDA_PRODUCTS=library);
              fp32-cluster, bf16-cluster: the recurrence on thread-block
-             clusters (SEQPACK_CUDA_KERNEL=cluster), timed last
+             clusters (SEQPACK_CUDA_KERNEL=cluster); fp32-cluster-tf32: the
+             same with TF32 allowed (torch's products in TF32, the step
+             products on tensor cores as 3xTF32); timed last, and counted
+             in seqpack's best
     auto     what the layers run by default (SEQPACK_CUDA_LAYERS=auto,
              python/seqpack/_cuda_choice.py): the faster of seqpack fp32 and
              torch packed fp32 as its first call times their forwards, then
@@ -67,8 +70,12 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 MODES = ["forward_packed", "train_packed"]
 PRECISIONS = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 # seqpack's columns beside its precisions: (dtype, the library's settings while it runs).
+# TF32: not a variable but torch's matmul setting, which the glue passes to the
+# library as allow_tf32.
+TF32 = "torch.backends.cuda.matmul.allow_tf32"
 SEQPACK_VARIANTS = {"fp32-library": ("fp32", {"SEQPACK_CUDA_PRODUCTS": "library"}),
                     "fp32-cluster": ("fp32", {"SEQPACK_CUDA_KERNEL": "cluster"}),
+                    "fp32-cluster-tf32": ("fp32", {"SEQPACK_CUDA_KERNEL": "cluster", TF32: "1"}),
                     "bf16-cluster": ("bf16", {"SEQPACK_CUDA_KERNEL": "cluster"})}
 EXTRAS = list(SEQPACK_VARIANTS) + ["auto"]
 GLUE_MODE = {"lstm": "LSTM", "gru": "GRU", "rnn_tanh": "RNN_TANH", "rnn_relu": "RNN_RELU"}
@@ -337,7 +344,7 @@ def summarise(results, packing, env, precisions, extras=()):
             lines.append(f"| {k} | {env[k]} |")
     lines.append("")
     lines.append("Median milliseconds per batch (CUDA events, every run synchronised). "
-                 "seqpack best = the fastest of its precisions; torch fastest = the fastest of "
+                 "seqpack best = the fastest of its precisions and variants; torch fastest = the fastest of "
                  "torch's six configurations (fp32, bf16, fp16 x packed, padded); auto = what "
                  "the layers run by default (the faster of seqpack fp32 and torch packed fp32 as "
                  "their first call times them; the choice in brackets). Ratios are "
@@ -349,7 +356,8 @@ def summarise(results, packing, env, precisions, extras=()):
                  "| fp32 / fp32 | packed fp32 / auto |")
     lines.append("| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
     for r in results:
-        s = {p: r["seqpack"].get(p) for p in precisions}
+        columns = precisions + [v for v in extras if v in SEQPACK_VARIANTS]
+        s = {p: r["seqpack"].get(p) for p in columns}
         s_ok = {p: v for p, v in s.items() if isinstance(v, (int, float))}
         best_p = min(s_ok, key=s_ok.get) if s_ok else None
         t_ok = {c: v for c, v in r["torch"].items() if isinstance(v, (int, float))}
@@ -425,7 +433,8 @@ def main(argv=None):
     p.add_argument("--extras", default=",".join(EXTRAS),
                    help="the other columns, comma-separated: fp32-library (seqpack fp32 with every "
                         "product in the library), fp32-cluster and bf16-cluster (the recurrence on "
-                        "thread-block clusters), auto (the layers' default choice); empty: none")
+                        "thread-block clusters), fp32-cluster-tf32 (the same with TF32 allowed: "
+                        "3xTF32 step products), auto (the layers' default choice); empty: none")
     p.add_argument("--torch-configs", default=",".join(TORCH_CONFIGS),
                    help="torch's configurations, comma-separated (precision-layout)")
     p.add_argument("--min-time", type=float, default=None,
@@ -535,8 +544,12 @@ def main(argv=None):
                 row[side][key] = "did not finish (hung or killed)"
                 emit()
                 faulthandler.dump_traceback_later(args.hang_timeout, exit=True)
-                saved = {k: os.environ.get(k) for k in settings}
-                os.environ.update(settings)
+                variables = {k: v for k, v in settings.items() if k != TF32}
+                saved = {k: os.environ.get(k) for k in variables}
+                os.environ.update(variables)
+                saved_tf32 = torch.backends.cuda.matmul.allow_tf32
+                if TF32 in settings:
+                    torch.backends.cuda.matmul.allow_tf32 = settings[TF32] == "1"
                 try:
                     ms, reps = measure(timer, make)
                     row[side][key], row["reps"][f"{side} {key}"] = ms, reps
@@ -547,6 +560,7 @@ def main(argv=None):
                     row[side][key] = "not run: the --budget was spent"
                 finally:
                     faulthandler.cancel_dump_traceback_later()
+                    torch.backends.cuda.matmul.allow_tf32 = saved_tf32
                     for k, v in saved.items():
                         if v is None:
                             os.environ.pop(k, None)
