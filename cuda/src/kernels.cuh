@@ -7,6 +7,8 @@
 
 #include <cstdint>
 
+#include "seqpack/detail/gate_math.h"
+
 namespace seqpack::cuda {
 
 __device__ __forceinline__ float to_f32(float v) { return v; }
@@ -28,7 +30,12 @@ __device__ __forceinline__ __nv_bfloat16 from_f32<__nv_bfloat16>(float v) {
   return __float2bfloat16_rn(v);
 }
 
-__device__ __forceinline__ float sigmoid(float x) { return 1.0f / (1.0f + expf(-x)); }
+// The activations gate_math's formulas (seqpack/detail/gate_math.h, shared
+// with the CPU's scalar kernels) take on the GPU.
+struct DeviceMath {
+  __host__ __device__ static float sigmoid(float x) { return 1.0f / (1.0f + expf(-x)); }
+  __host__ __device__ static float tanh(float x) { return tanhf(x); }
+};
 
 // ---------------------------------------------------------------------------
 // GEMM: C[m][n] = sum_k A(m,k) B(k,n) + bias[n] (+ C[m][n] when accumulate),
@@ -323,18 +330,16 @@ __device__ __forceinline__ void lstm_forward_element(int64_t b, int64_t j, int64
 #pragma unroll
   for (int k = 0; k < 4; ++k)
     a[k] = x[k * xs] + r[k * H + j] + (b_hh != nullptr ? to_f32(b_hh[k * H + j]) : 0.0f);
-  const float ig = sigmoid(a[0]), fg = sigmoid(a[1]), gg = tanhf(a[2]), og = sigmoid(a[3]);
-  const float ct = fg * cprev[b * H + j] + ig * gg;
-  const float mt = og * tanhf(ct);
-  g[j] = ig;
-  g[H + j] = fg;
-  g[2 * H + j] = gg;
-  g[3 * H + j] = og;
-  c[b * H + j] = ct;
+  const auto st = gate_math::lstm_forward<DeviceMath>(a[0], a[1], a[2], a[3], cprev[b * H + j]);
+  g[j] = st.i;
+  g[H + j] = st.f;
+  g[2 * H + j] = st.g;
+  g[3 * H + j] = st.o;
+  c[b * H + j] = st.c;
   if (m_out != nullptr)
-    m_out[b * H + j] = mt;
+    m_out[b * H + j] = st.h;
   else
-    y[b * ldy + j] = from_f32<T>(mt);
+    y[b * ldy + j] = from_f32<T>(st.h);
 }
 
 template <typename T>
@@ -365,16 +370,14 @@ __device__ __forceinline__ void gru_forward_element(int64_t b, int64_t j, int64_
 #pragma unroll
     for (int k = 0; k < 3; ++k) bh[k] = to_f32(b_hh[k * H + j]);
   }
-  const float rg = sigmoid(x[0] + r[j] + bh[0]);
-  const float zg = sigmoid(x[xs] + r[H + j] + bh[1]);
   const float hn = r[2 * H + j] + bh[2];
-  const float ng = tanhf(x[2 * xs] + rg * hn);
-  const float ht = (1.0f - zg) * ng + zg * hprev[b * H + j];
-  g[j] = rg;
-  g[H + j] = zg;
-  g[2 * H + j] = ng;
+  const auto st = gate_math::gru_forward<DeviceMath>(x[0] + r[j] + bh[0], x[xs] + r[H + j] + bh[1],
+                                                     x[2 * xs], hn, hprev[b * H + j]);
+  g[j] = st.r;
+  g[H + j] = st.z;
+  g[2 * H + j] = st.n;
   ghn[b * H + j] = hn;
-  y[b * ldy + j] = from_f32<T>(ht);
+  y[b * ldy + j] = from_f32<T>(st.h);
 }
 
 template <typename T>
@@ -395,7 +398,7 @@ __device__ __forceinline__ void rnn_forward_element(int64_t b, int64_t j, int64_
                                                     T* y, int64_t ldy, const float* x = nullptr) {
   const float a = (x != nullptr ? *x : gates[b * H + j]) + gh[b * H + j] +
                   (b_hh != nullptr ? to_f32(b_hh[j]) : 0.0f);
-  const float ht = relu ? fmaxf(a, 0.0f) : tanhf(a);
+  const float ht = gate_math::rnn_forward<DeviceMath>(a, relu);
   gates[b * H + j] = ht;
   y[b * ldy + j] = from_f32<T>(ht);
 }
@@ -851,15 +854,15 @@ __device__ __forceinline__ void lstm_backward_element(int64_t b, int64_t j, int6
                                                       const float* cprev, float dmv,
                                                       float* dc_carry, float* dG) {
   const float* g = gates + b * 4 * H;
-  const float ig = g[j], fg = g[H + j], gg = g[2 * H + j], og = g[3 * H + j];
-  const float tc = tanhf(c[b * H + j]);
-  const float dc = dc_carry[b * H + j] + dmv * og * (1.0f - tc * tc);
+  const auto dg = gate_math::lstm_backward(g[j], g[H + j], g[2 * H + j], g[3 * H + j],
+                                           tanhf(c[b * H + j]), cprev[b * H + j], dmv,
+                                           dc_carry[b * H + j]);
   float* d = dG + b * 4 * H;
-  d[j] = dc * gg * ig * (1.0f - ig);
-  d[H + j] = dc * cprev[b * H + j] * fg * (1.0f - fg);
-  d[2 * H + j] = dc * ig * (1.0f - gg * gg);
-  d[3 * H + j] = dmv * tc * og * (1.0f - og);
-  dc_carry[b * H + j] = dc * fg;
+  d[j] = dg.i;
+  d[H + j] = dg.f;
+  d[2 * H + j] = dg.g;
+  d[3 * H + j] = dg.o;
+  dc_carry[b * H + j] = dg.dc_prev;
 }
 
 __global__ void lstm_backward_kernel(int64_t bs, int64_t H, const float* __restrict__ gates,
@@ -882,20 +885,17 @@ __device__ __forceinline__ void gru_backward_element(int64_t b, int64_t j, int64
                                                      const float* hprev, float dhv, float* dGx,
                                                      float* dGh, float* dh_carry) {
   const float* g = gates + b * 3 * H;
-  const float rg = g[j], zg = g[H + j], ng = g[2 * H + j];
-  const float dan = dhv * (1.0f - zg) * (1.0f - ng * ng);
-  const float dz = dhv * (hprev[b * H + j] - ng);
-  const float dar = dan * ghn[b * H + j] * rg * (1.0f - rg);
-  const float daz = dz * zg * (1.0f - zg);
+  const auto d =
+      gate_math::gru_backward(g[j], g[H + j], g[2 * H + j], ghn[b * H + j], hprev[b * H + j], dhv);
   float* dx = dGx + b * 3 * H;
   float* dhh = dGh + b * 3 * H;
-  dx[j] = dar;
-  dx[H + j] = daz;
-  dx[2 * H + j] = dan;
-  dhh[j] = dar;
-  dhh[H + j] = daz;
-  dhh[2 * H + j] = dan * rg;
-  dh_carry[b * H + j] = dhv * zg;
+  dx[j] = d.r;
+  dx[H + j] = d.z;
+  dx[2 * H + j] = d.n;
+  dhh[j] = d.r;
+  dhh[H + j] = d.z;
+  dhh[2 * H + j] = d.n_h;
+  dh_carry[b * H + j] = d.h_prev;
 }
 
 __global__ void gru_backward_kernel(int64_t bs, int64_t H, const float* __restrict__ gates,
@@ -908,9 +908,9 @@ __global__ void gru_backward_kernel(int64_t bs, int64_t H, const float* __restri
     gru_backward_element(e / H, e % H, H, gates, ghn, hprev, dh[e], dGx, dGh, dh_carry);
 }
 
-// Elman: da = dh act'(h) with tanh' = 1 - h^2, relu' = (h > 0).
+// Elman: da = dh (1 - h^2), or torch's threshold_backward for relu.
 __device__ __forceinline__ float rnn_backward_element(bool relu, float h, float dhv) {
-  return dhv * (relu ? (h > 0.0f ? 1.0f : 0.0f) : 1.0f - h * h);
+  return gate_math::rnn_backward(h, dhv, relu);
 }
 
 __global__ void rnn_backward_kernel(int64_t bs, int64_t H, bool relu,

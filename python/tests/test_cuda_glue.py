@@ -1102,6 +1102,26 @@ def test_emulated_cluster_3xtf32_matches_torch_float32(emulated, monkeypatch, mo
         assert_fp_close(a, b, n, what=f"result {i}")
 
 
+def test_emulated_relu_keeps_nan_as_torch(emulated):
+    """The cells' formulas are the CPU's (seqpack/detail/gate_math.h): relu of a
+    NaN is NaN, as torch.relu (fmaxf would make it 0), and its gradient is
+    torch's threshold_backward."""
+    rnn = _make("RNN_RELU", 3, 4, 1, False, True, 0, 41)
+    seqs = [torch.randn(3, 3), torch.randn(2, 3)]
+    seqs[1][0, 1] = float("nan")
+    packed = torch.nn.utils.rnn.pack_sequence(seqs)
+    h0 = torch.zeros(1, 2, 4)
+    weights = [w.detach().clone() for w in rnn._flat_weights]
+    y, hn, _ = emulated._run("RNN_RELU", packed.data, packed.batch_sizes, h0, None, weights, None, True, 1, False,
+                             0, False, True)
+    ry, rhn = torch._VF.rnn_relu(packed.data, packed.batch_sizes, h0, weights, True, 1, 0.0, False, False)
+    assert torch.equal(torch.isnan(y), torch.isnan(ry)) and bool(torch.isnan(ry).any())
+    assert torch.equal(torch.isnan(hn), torch.isnan(rhn))
+    from tolerance import assert_fp_close, rnn_reduction_length
+    ok = ~torch.isnan(ry)
+    assert_fp_close(y[ok], ry[ok], rnn_reduction_length(3, 4, steps=5), what="output")
+
+
 def _grid_launches(emulated):
     """The emulated library's one-launch kernel launches since the last call:
     [(grid blocks, cluster blocks or 0 for a cooperative grid)]."""

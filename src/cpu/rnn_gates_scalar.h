@@ -5,6 +5,8 @@
 #include <cmath>
 #include <cstdint>
 
+#include "seqpack/detail/gate_math.h"
+
 namespace seqpack::cpu::scalar {
 
 template <typename T>
@@ -12,8 +14,21 @@ inline T sigmoid(T x) {
   return T(1) / (T(1) + std::exp(-x));
 }
 
-// One column k of one row: the formulas, written once, shared by the row loops
-// below and by the tails of the SIMD kernels.
+// The activations gate_math's formulas take here: std::'s.
+struct StdMath {
+  template <typename T>
+  static T sigmoid(T x) {
+    return scalar::sigmoid(x);
+  }
+  template <typename T>
+  static T tanh(T x) {
+    return std::tanh(x);
+  }
+};
+
+// One column k of one row: the formulas (seqpack/detail/gate_math.h, which
+// the CUDA kernels share) on this layout, used by the row loops below and by
+// the tails of the SIMD kernels.
 
 // i = σ(a_i), f = σ(a_f), g = tanh(a_g), o = σ(a_o)
 // c = f * c_prev + i * g;  h = o * tanh(c)
@@ -24,17 +39,14 @@ inline void lstm_forward_at(int64_t H, int64_t k, T* g, const T* cp, T* c, T* h,
   if (x) {
     for (int64_t j = 0; j < 4; ++j) g[j * H + k] += x[j * H + k];
   }
-  const T ig = sigmoid(g[k]);
-  const T fg = sigmoid(g[H + k]);
-  const T gg = std::tanh(g[2 * H + k]);
-  const T og = sigmoid(g[3 * H + k]);
-  g[k] = ig;
-  g[H + k] = fg;
-  g[2 * H + k] = gg;
-  g[3 * H + k] = og;
-  const T cn = fg * cp[k] + ig * gg;
-  c[k] = cn;
-  h[k] = og * std::tanh(cn);
+  const auto s =
+      gate_math::lstm_forward<StdMath>(g[k], g[H + k], g[2 * H + k], g[3 * H + k], cp[k]);
+  g[k] = s.i;
+  g[H + k] = s.f;
+  g[2 * H + k] = s.g;
+  g[3 * H + k] = s.o;
+  c[k] = s.c;
+  h[k] = s.h;
 }
 
 // db: optional bias-gradient accumulators, dx: optional input-row
@@ -42,15 +54,14 @@ inline void lstm_forward_at(int64_t H, int64_t k, T* g, const T* cp, T* c, T* h,
 template <typename T>
 inline void lstm_backward_at(int64_t H, int64_t k, const T* g, const T* c, const T* cp, const T* dh,
                              T* dc, T* dg, T* db, T* dx = nullptr) {
-  const T ig = g[k], fg = g[H + k], gg = g[2 * H + k], og = g[3 * H + k];
-  const T tc = std::tanh(c[k]);
-  // dc_t = dc_{t+1}·f_{t+1} (carried in dc) + dh·o·(1 - tanh²c)
-  const T dct = dc[k] + dh[k] * og * (T(1) - tc * tc);
-  dg[k] = dct * gg * ig * (T(1) - ig);
-  dg[H + k] = dct * cp[k] * fg * (T(1) - fg);
-  dg[2 * H + k] = dct * ig * (T(1) - gg * gg);
-  dg[3 * H + k] = dh[k] * tc * og * (T(1) - og);
-  dc[k] = dct * fg;
+  // dc carries dc_{t+1}·f_{t+1} in, and out the same for the step before.
+  const auto d = gate_math::lstm_backward(g[k], g[H + k], g[2 * H + k], g[3 * H + k],
+                                          std::tanh(c[k]), cp[k], dh[k], dc[k]);
+  dg[k] = d.i;
+  dg[H + k] = d.f;
+  dg[2 * H + k] = d.g;
+  dg[3 * H + k] = d.o;
+  dc[k] = d.dc_prev;
   if (db) {
     for (int64_t j = 0; j < 4; ++j) db[j * H + k] += dg[j * H + k];
   }
@@ -67,31 +78,27 @@ inline void gru_forward_at(int64_t H, int64_t k, T* x, const T* y, const T* b_hh
   const T bhr = b_hh ? b_hh[k] : T(0);
   const T bhz = b_hh ? b_hh[H + k] : T(0);
   const T bhn = b_hh ? b_hh[2 * H + k] : T(0);
-  const T rg = sigmoid(x[k] + y[k] + bhr);
-  const T zg = sigmoid(x[H + k] + y[H + k] + bhz);
   const T hn = y[2 * H + k] + bhn;
-  const T ng = std::tanh(x[2 * H + k] + rg * hn);
-  x[k] = rg;
-  x[H + k] = zg;
-  x[2 * H + k] = ng;
+  const auto s = gate_math::gru_forward<StdMath>(x[k] + y[k] + bhr, x[H + k] + y[H + k] + bhz,
+                                                 x[2 * H + k], hn, hp[k]);
+  x[k] = s.r;
+  x[H + k] = s.z;
+  x[2 * H + k] = s.n;
   if (ghn) ghn[k] = hn;
-  h[k] = (T(1) - zg) * ng + zg * hp[k];
+  h[k] = s.h;
 }
 
 template <typename T>
 inline void gru_backward_at(int64_t H, int64_t k, const T* g, const T* hn, const T* hp, const T* d,
                             T* dx, T* dy, T* dhp, T* db_ih, T* db_hh) {
-  const T rg = g[k], zg = g[H + k], ng = g[2 * H + k];
-  const T dnp = d[k] * (T(1) - zg) * (T(1) - ng * ng);
-  const T dzp = d[k] * (hp[k] - ng) * zg * (T(1) - zg);
-  const T drp = dnp * hn[k] * rg * (T(1) - rg);
-  dx[k] = drp;
-  dx[H + k] = dzp;
-  dx[2 * H + k] = dnp;
-  dy[k] = drp;
-  dy[H + k] = dzp;
-  dy[2 * H + k] = dnp * rg;
-  dhp[k] = d[k] * zg;
+  const auto r = gate_math::gru_backward(g[k], g[H + k], g[2 * H + k], hn[k], hp[k], d[k]);
+  dx[k] = r.r;
+  dx[H + k] = r.z;
+  dx[2 * H + k] = r.n;
+  dy[k] = r.r;
+  dy[H + k] = r.z;
+  dy[2 * H + k] = r.n_h;
+  dhp[k] = r.h_prev;
   if (db_ih && db_hh) {
     for (int64_t j = 0; j < 3; ++j) {
       db_ih[j * H + k] += dx[j * H + k];
@@ -103,15 +110,14 @@ inline void gru_backward_at(int64_t H, int64_t k, const T* g, const T* hn, const
 // h = tanh(a) or max(a, 0)
 template <typename T>
 inline void rnn_forward_at(int64_t k, T* g, bool relu, T* h) {
-  const T v = relu ? (g[k] < T(0) ? T(0) : g[k]) : std::tanh(g[k]);  // NaN stays NaN, as torch.relu
+  const T v = gate_math::rnn_forward<StdMath>(g[k], relu);
   g[k] = v;
   h[k] = v;
 }
 
 template <typename T>
 inline void rnn_backward_at(int64_t k, const T* hs, bool relu, const T* d, T* o, T* db) {
-  o[k] = relu ? (hs[k] <= T(0) ? T(0) : d[k])
-              : d[k] * (T(1) - hs[k] * hs[k]);  // torch's threshold_backward
+  o[k] = gate_math::rnn_backward(hs[k], d[k], relu);
   if (db) db[k] += o[k];
 }
 
