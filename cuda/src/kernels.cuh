@@ -414,6 +414,45 @@ __global__ void rnn_forward_kernel(int64_t bs, int64_t H, bool relu, float* __re
 }
 
 // ---------------------------------------------------------------------------
+// The barrier of a one-launch kernel's blocks: a cluster's, or a cooperative
+// grid's.
+template <bool kCluster>
+__device__ __forceinline__ void group_sync() {
+  if constexpr (kCluster)
+    cluster_sync();
+  else
+    grid_sync();
+}
+
+// How many of `n` things (hidden units, output columns) a block has whose
+// share starts at `first`, `per` a block: per, or what is left, or none.
+__device__ __forceinline__ int64_t share(int64_t first, int64_t per, int64_t n) {
+  return first >= n ? 0 : (per < n - first ? per : n - first);
+}
+
+// The steps of a one-launch kernel in its processing order, and the packed row
+// each starts at (the steps' rows are consecutive): from the first step, or
+// from the last (a forward's reverse direction; a backward's forward one).
+struct StepWalk {
+  const int64_t* batch_sizes;
+  int64_t steps;
+  bool last_first;
+  int64_t next = 0;  // the first row of the step after the last taken (from the first),
+                     // or one past the last row of the step after it (from the last)
+  __device__ StepWalk(const int64_t* bs, int64_t n, bool from_last)
+      : batch_sizes(bs), steps(n), last_first(from_last) {
+    for (int64_t t = 0; last_first && t < steps; ++t) next += batch_sizes[t];
+  }
+  // Step k of the order: its time index, rows and first row; without `advance`
+  // only a look (the next step's, while the current one runs).
+  __device__ void at(int64_t k, int64_t* t, int64_t* bs, int64_t* r0, bool advance = true) {
+    *t = last_first ? steps - 1 - k : k;
+    *bs = batch_sizes[*t];
+    *r0 = last_first ? next - *bs : next;
+    if (advance) next = last_first ? *r0 : *r0 + *bs;
+  }
+};
+
 // The arguments of the persistent forward kernels (below): one layer and
 // direction.
 template <typename T>
@@ -562,7 +601,7 @@ __device__ __forceinline__ void persistent_forward_steps(const PersistentArgs<T>
   const int ng = lstm ? 4 : gru ? 3 : 1;
   const int64_t H = a.H, G = ng * H, B = a.batch;
   const int64_t j0 = static_cast<int64_t>(rank) * a.units;
-  const int64_t U = j0 >= H ? 0 : (a.units < H - j0 ? a.units : H - j0);
+  const int64_t U = share(j0, a.units, H);
   const bool shared_h = kCluster && a.shared_h;
   const bool mma = kCluster && a.mma;
   // w[p R + g U + u] = W_hh[g H + j0 + u][p], R = gates U (with tensor cores
@@ -588,25 +627,23 @@ __device__ __forceinline__ void persistent_forward_steps(const PersistentArgs<T>
     w[p * R + row] = row < ng * U ? a.w_hh[(g * H + j0 + u) * H + p] : from_f32<T>(0.0f);
   }
   __syncthreads();
-  int64_t rows = 0;
-  for (int64_t t = 0; t < a.steps; ++t) rows += a.batch_sizes[t];
-  // Row offset of the step before in processing order, and of this one.
+  StepWalk walk(a.batch_sizes, a.steps, a.reverse);
+  // Row offset of the step before in processing order.
   int64_t prev_off = 0;
-  int64_t next = a.reverse ? rows : 0;
   if (xg[0] != nullptr && a.steps > 0) {
-    const int64_t bs = a.batch_sizes[a.reverse ? a.steps - 1 : 0];
-    prefetch_gates(xg[0], a.gates, a.reverse ? rows - bs : 0, bs, ng, H, j0, U);
+    int64_t t, bs, r0;
+    walk.at(0, &t, &bs, &r0, false);
+    prefetch_gates(xg[0], a.gates, r0, bs, ng, H, j0, U);
   }
   for (int64_t k = 0; k < a.steps; ++k) {
-    const int64_t t = a.reverse ? a.steps - 1 - k : k;
-    const int64_t bs = a.batch_sizes[t];
-    const int64_t r0 = a.reverse ? next - bs : next;
-    next = a.reverse ? r0 : r0 + bs;
+    int64_t t, bs, r0;
+    walk.at(k, &t, &bs, &r0);
     const int64_t prev_rows = k == 0 ? 0 : (a.reverse ? a.batch_sizes[t + 1] : bs);
     const bool fetch_next = xg[0] != nullptr && k + 1 < a.steps;
     if (fetch_next) {  // into the buffer the step before read (done: its barrier)
-      const int64_t bs1 = a.batch_sizes[a.reverse ? t - 1 : t + 1];
-      prefetch_gates(xg[(k + 1) & 1], a.gates, a.reverse ? next - bs1 : next, bs1, ng, H, j0, U);
+      int64_t t1, bs1, r1;
+      walk.at(k + 1, &t1, &bs1, &r1, false);
+      prefetch_gates(xg[(k + 1) & 1], a.gates, r1, bs1, ng, H, j0, U);
     }
     T* hg = hbuf[k & 1];
     T* hnext = hbuf[(k + 1) & 1];
@@ -682,10 +719,7 @@ __device__ __forceinline__ void persistent_forward_steps(const PersistentArgs<T>
       if (lstm) a.cn[b * H + j] = from_f32<T>(a.c[(r0 + b) * H + j]);
     }
     prev_off = r0;
-    if constexpr (kCluster)
-      cluster_sync();
-    else
-      grid_sync();
+    group_sync<kCluster>();
   }
 }
 
@@ -702,8 +736,8 @@ __device__ __forceinline__ void projected_forward_steps(const PersistentArgs<T>&
                                                         unsigned rank) {
   const int64_t H = a.H, P = a.P, G = 4 * H;
   const int64_t j0 = static_cast<int64_t>(rank) * a.units, q0 = static_cast<int64_t>(rank) * a.cols;
-  const int64_t U = j0 >= H ? 0 : (a.units < H - j0 ? a.units : H - j0);
-  const int64_t V = q0 >= P ? 0 : (a.cols < P - q0 ? a.cols : P - q0);
+  const int64_t U = share(j0, a.units, H);
+  const int64_t V = share(q0, a.cols, P);
   // w[p R + g U + u] = W_hh[g H + j0 + u][p] (R = 4 U), then
   // wr[k V + v] = W_hr[q0 + v][k].
   const int64_t R = 4 * U;
@@ -718,15 +752,11 @@ __device__ __forceinline__ void projected_forward_steps(const PersistentArgs<T>&
     wr[k * V + v] = a.w_hr[(q0 + v) * H + k];
   }
   __syncthreads();
-  int64_t rows = 0;
-  for (int64_t t = 0; t < a.steps; ++t) rows += a.batch_sizes[t];
+  StepWalk walk(a.batch_sizes, a.steps, a.reverse);
   int64_t prev_off = 0;
-  int64_t next = a.reverse ? rows : 0;
   for (int64_t k = 0; k < a.steps; ++k) {
-    const int64_t t = a.reverse ? a.steps - 1 - k : k;
-    const int64_t bs = a.batch_sizes[t];
-    const int64_t r0 = a.reverse ? next - bs : next;
-    next = a.reverse ? r0 : r0 + bs;
+    int64_t t, bs, r0;
+    walk.at(k, &t, &bs, &r0);
     const int64_t prev_rows = k == 0 ? 0 : (a.reverse ? a.batch_sizes[t + 1] : bs);
     for (int64_t e = threadIdx.x; e < bs * U; e += blockDim.x) {
       const int64_t b = e / U, u = e % U, j = j0 + u;
@@ -752,10 +782,7 @@ __device__ __forceinline__ void projected_forward_steps(const PersistentArgs<T>&
     for (int64_t e = threadIdx.x; e < bs * U; e += blockDim.x)
       lstm_forward_element<T>(e / U, j0 + e % U, H, a.gates + r0 * G, a.gh, a.b_hh,
                               a.cprev + r0 * H, a.c + r0 * H, a.m + r0 * H, nullptr, 0);
-    if constexpr (kCluster)
-      cluster_sync();
-    else
-      grid_sync();
+    group_sync<kCluster>();
     // h_t = m_t W_hr^T for the block's columns, then the rows that end.
     for (int64_t e = threadIdx.x; e < bs * V; e += blockDim.x) {
       const int64_t b = e / V, v = e % V;
@@ -775,10 +802,7 @@ __device__ __forceinline__ void projected_forward_steps(const PersistentArgs<T>&
       a.cn[b * H + j] = from_f32<T>(a.c[(r0 + b) * H + j]);
     }
     prev_off = r0;
-    if constexpr (kCluster)
-      cluster_sync();
-    else
-      grid_sync();
+    group_sync<kCluster>();
   }
 }
 
@@ -987,7 +1011,7 @@ __device__ __forceinline__ void backward_steps(const ClusterBackwardArgs<T>& a, 
   const int ng = lstm ? 4 : gru ? 3 : 1;
   const int64_t H = a.H, G = ng * H, B = a.batch;
   const int64_t j0 = static_cast<int64_t>(rank) * a.units;
-  const int64_t U = j0 >= H ? 0 : (a.units < H - j0 ? a.units : H - j0);
+  const int64_t U = share(j0, a.units, H);
   // Two dG_h buffers where they fit (a.shared_dg), [B][G] in float, or with
   // tensor cores [Bp][G] in T (the product's operand); else none: dG_h is read
   // from global memory after the barrier. Then w[row Nu + u] = W_hh[row][j0 + u]
@@ -1005,15 +1029,11 @@ __device__ __forceinline__ void backward_steps(const ClusterBackwardArgs<T>& a, 
     w[e] = u < U ? a.w_hh[row * H + j0 + u] : from_f32<T>(0.0f);
   }
   __syncthreads();
-  int64_t rows = 0;
-  for (int64_t t = 0; t < a.steps; ++t) rows += a.batch_sizes[t];
-  // Processing order: the forward's reversed; r0 of each step from its end.
-  int64_t next = a.reverse ? 0 : rows;
+  // Processing order: the forward's reversed.
+  StepWalk walk(a.batch_sizes, a.steps, !a.reverse);
   for (int64_t k = 0; k < a.steps; ++k) {
-    const int64_t t = a.reverse ? k : a.steps - 1 - k;
-    const int64_t bs = a.batch_sizes[t];
-    const int64_t r0 = a.reverse ? next : next - bs;
-    next = a.reverse ? r0 + bs : r0;
+    int64_t t, bs, r0;
+    walk.at(k, &t, &bs, &r0);
     float* dg = dgbuf[k & 1];
     for (int64_t e = threadIdx.x; e < bs * U; e += blockDim.x) {
       const int64_t b = e / U, j = j0 + e % U;
@@ -1040,10 +1060,7 @@ __device__ __forceinline__ void backward_steps(const ClusterBackwardArgs<T>& a, 
         }
       }
     }
-    if constexpr (kCluster)
-      cluster_sync();
-    else
-      grid_sync();
+    group_sync<kCluster>();
     if (mma) {  // dG_h W_hh for the block's units: [bs][G] x [G][Nu] (rows past bs dropped)
       cluster_step_mma<T>(dgt[k & 1], w, scratch, bs, G, Nu);
       __syncthreads();
@@ -1074,8 +1091,8 @@ __device__ __forceinline__ void projected_backward_steps(const ClusterBackwardAr
                                                          unsigned rank) {
   const int64_t H = a.H, P = a.P, G = 4 * H;
   const int64_t j0 = static_cast<int64_t>(rank) * a.units, q0 = static_cast<int64_t>(rank) * a.cols;
-  const int64_t U = j0 >= H ? 0 : (a.units < H - j0 ? a.units : H - j0);
-  const int64_t V = q0 >= P ? 0 : (a.cols < P - q0 ? a.cols : P - q0);
+  const int64_t U = share(j0, a.units, H);
+  const int64_t V = share(q0, a.cols, P);
   // wr[q U + u] = W_hr[q][j0 + u], then wh[row V + v] = W_hh[row][q0 + v].
   T* wr = dynamic_shared<T>();
   T* wh = wr + P * a.units;
@@ -1084,23 +1101,16 @@ __device__ __forceinline__ void projected_backward_steps(const ClusterBackwardAr
   for (int64_t e = threadIdx.x; e < G * V; e += blockDim.x)
     wh[e] = a.w_hh[(e / V) * P + q0 + e % V];
   __syncthreads();
-  int64_t rows = 0;
-  for (int64_t t = 0; t < a.steps; ++t) rows += a.batch_sizes[t];
-  int64_t next = a.reverse ? 0 : rows;
+  StepWalk walk(a.batch_sizes, a.steps, !a.reverse);
   for (int64_t k = 0; k < a.steps; ++k) {
-    const int64_t t = a.reverse ? k : a.steps - 1 - k;
-    const int64_t bs = a.batch_sizes[t];
-    const int64_t r0 = a.reverse ? next : next - bs;
-    next = a.reverse ? r0 + bs : r0;
+    int64_t t, bs, r0;
+    walk.at(k, &t, &bs, &r0);
     float* dh = a.dh + r0 * P;
     for (int64_t e = threadIdx.x; e < bs * V; e += blockDim.x) {
       const int64_t b = e / V, q = q0 + e % V;
       dh[b * P + q] = a.dy[(r0 + b) * a.ldy + q] + a.dh_carry[b * P + q];
     }
-    if constexpr (kCluster)
-      cluster_sync();
-    else
-      grid_sync();
+    group_sync<kCluster>();
     for (int64_t e = threadIdx.x; e < bs * U; e += blockDim.x) {
       const int64_t b = e / U, u = e % U;
       float dm = 0.0f;
@@ -1108,10 +1118,7 @@ __device__ __forceinline__ void projected_backward_steps(const ClusterBackwardAr
       lstm_backward_element(b, j0 + u, H, a.gates + r0 * G, a.c + r0 * H, a.cprev + r0 * H, dm,
                             a.dc_carry, a.dgx + r0 * G);
     }
-    if constexpr (kCluster)
-      cluster_sync();
-    else
-      grid_sync();
+    group_sync<kCluster>();
     for (int64_t e = threadIdx.x; e < bs * V; e += blockDim.x) {
       const int64_t b = e / V, v = e % V;
       const float* dg = a.dgx + (r0 + b) * G;
