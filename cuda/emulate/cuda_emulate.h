@@ -153,7 +153,8 @@ struct tf32 {};
 enum layout_t { mem_row_major, mem_col_major };
 template <typename Use, int M, int N, int K, typename T, typename Layout = void>
 struct fragment {
-  static_assert(M == 16 && N == 16 && (K == 16 || K == 8), "only 16x16x16 and 16x16x8 are emulated");
+  static_assert(M == 16 && N == 16 && (K == 16 || K == 8),
+                "only 16x16x16 and 16x16x8 are emulated");
   static constexpr int rows = std::is_same_v<Use, matrix_b> ? K : M;
   static constexpr int cols = std::is_same_v<Use, matrix_a> ? K : N;
   static constexpr int num_elements = rows * cols;
@@ -200,8 +201,8 @@ inline void check_fragment_operand(const void* p, unsigned ldm, size_t element, 
   }
 }
 template <typename Use, int K, typename T>
-void load_matrix_sync(fragment<Use, 16, 16, K, T, row_major>& f,
-                      const typename Stored<T>::type* p, unsigned ldm) {
+void load_matrix_sync(fragment<Use, 16, 16, K, T, row_major>& f, const typename Stored<T>::type* p,
+                      unsigned ldm) {
   using F = fragment<Use, 16, 16, K, T, row_major>;
   check_fragment_operand(p, ldm, sizeof(*p), "load_matrix_sync");
   for (int r = 0; r < F::rows; ++r)

@@ -732,8 +732,7 @@ __device__ __forceinline__ void persistent_forward_steps(const PersistentArgs<T>
 // W_hr^T (y) and the rows that end, the barrier. Writes the per-step
 // kernels' reserve (hprev P wide, m), so the backward pass is shared.
 template <typename T, bool kCluster>
-__device__ __forceinline__ void projected_forward_steps(const PersistentArgs<T>& a,
-                                                        unsigned rank) {
+__device__ __forceinline__ void projected_forward_steps(const PersistentArgs<T>& a, unsigned rank) {
   const int64_t H = a.H, P = a.P, G = 4 * H;
   const int64_t j0 = static_cast<int64_t>(rank) * a.units, q0 = static_cast<int64_t>(rank) * a.cols;
   const int64_t U = share(j0, a.units, H);
@@ -878,9 +877,9 @@ __device__ __forceinline__ void lstm_backward_element(int64_t b, int64_t j, int6
                                                       const float* cprev, float dmv,
                                                       float* dc_carry, float* dG) {
   const float* g = gates + b * 4 * H;
-  const auto dg = gate_math::lstm_backward(g[j], g[H + j], g[2 * H + j], g[3 * H + j],
-                                           tanhf(c[b * H + j]), cprev[b * H + j], dmv,
-                                           dc_carry[b * H + j]);
+  const auto dg =
+      gate_math::lstm_backward(g[j], g[H + j], g[2 * H + j], g[3 * H + j], tanhf(c[b * H + j]),
+                               cprev[b * H + j], dmv, dc_carry[b * H + j]);
   float* d = dG + b * 4 * H;
   d[j] = dg.i;
   d[H + j] = dg.f;

@@ -607,9 +607,9 @@ PersistentArgs<T> persistent_args(const Shape& s, int64_t steps, int64_t units,
 // W_hr's rows of its columns; the backward's W_hh columns of its units (with
 // a projection: of its columns, and W_hr's columns of its units).
 size_t weight_bytes(const Shape& s, bool backward, int64_t units, int64_t cols, size_t element) {
-  const int64_t n = s.proj == 0   ? s.gates() * units
-                    : backward    ? s.hout() * units + s.gates() * cols
-                                  : s.gates() / s.hidden * units * s.hout() + cols * s.hidden;
+  const int64_t n = s.proj == 0 ? s.gates() * units
+                    : backward  ? s.hout() * units + s.gates() * cols
+                                : s.gates() / s.hidden * units * s.hout() + cols * s.hidden;
   return static_cast<size_t>(n) * element;
 }
 
@@ -657,9 +657,9 @@ int64_t cooperative_units(void (*kernel)(A), const Shape& s, int count, bool bac
 // (too many blocks resident elsewhere, say): the steps are then another
 // launch's.
 template <typename A, typename Make>
-bool start_cooperative(void (*kernel)(Directions<A>), const Shape& s, bool backward,
-                       size_t element, const int64_t* batch_sizes, int64_t steps, int count,
-                       cudaStream_t stream, Make make) {
+bool start_cooperative(void (*kernel)(Directions<A>), const Shape& s, bool backward, size_t element,
+                       const int64_t* batch_sizes, int64_t steps, int count, cudaStream_t stream,
+                       Make make) {
   if (steps == 0) return false;
   DeviceLimits limits;
   if (device_limits(&limits) != cudaSuccess || !limits.cooperative) {
@@ -835,8 +835,9 @@ bool try_cluster(const Shape& s, const int64_t* batch_sizes, int64_t steps,
     a.dir[d].mma = mma;
     a.dir[d].xg_offset = prefetch ? static_cast<int64_t>(xg_offset) : 0;
   }
-  return start_cluster(s.proj > 0 ? cluster_forward_kernel<T, true> : cluster_forward_kernel<T, false>,
-                       p, batch_sizes, steps, count, stream, a);
+  return start_cluster(
+      s.proj > 0 ? cluster_forward_kernel<T, true> : cluster_forward_kernel<T, false>, p,
+      batch_sizes, steps, count, stream, a);
 }
 
 // One layer's forward recurrence for `count` directions in one launch, where
@@ -904,8 +905,8 @@ ClusterBackwardArgs<T> cluster_backward_args(const Shape& s, int64_t steps, int6
 template <typename T>
 bool try_cluster_backward(const Shape& s, const int64_t* batch_sizes, int64_t steps,
                           const BackwardRun* runs, int count, cudaStream_t stream) {
-  ClusterPlan p = plan_cluster<T>(
-      s, steps, true, static_cast<size_t>(2 * s.batch * s.gates()) * sizeof(float));
+  ClusterPlan p =
+      plan_cluster<T>(s, steps, true, static_cast<size_t>(2 * s.batch * s.gates()) * sizeof(float));
   if (!p.ok) return false;
   // 16-bit data, or float32 with TF32 allowed (3xTF32), with H a multiple of
   // 16 and dG_h gathered in shared memory: the carry's product on tensor cores
@@ -1301,10 +1302,10 @@ SEQPACK_CUDA_EXPORT int seqpack_cuda_rnn_forward(const seqpack_cuda_rnn_args* ar
     void *y = a.y, *hn = a.hn, *cn = a.cn, *workspace = a.workspace, *reserve = a.reserve;
     check_kernel_choice();
     const std::vector<int64_t> off = check_batch_sizes(a.steps, batch_sizes, a.batch, a.rows);
-    const Shape s = with_tf32(check_shape(mode, dtype, off.back(), a.batch, a.input_size,
-                                          a.hidden_size, a.proj_size, a.num_layers,
-                                          a.bidirectional),
-                              a.allow_tf32);
+    const Shape s =
+        with_tf32(check_shape(mode, dtype, off.back(), a.batch, a.input_size, a.hidden_size,
+                              a.proj_size, a.num_layers, a.bidirectional),
+                  a.allow_tf32);
     check_weights(s, has_biases != 0, weights, "weights");
     check_buffers(s, a.workspace_bytes, workspace, a.reserve_bytes, reserve);
     const CallerProducts cp = caller_products(s, a, false);
@@ -1365,10 +1366,10 @@ SEQPACK_CUDA_EXPORT int seqpack_cuda_rnn_backward(const seqpack_cuda_rnn_args* a
     void *dx = a.dx, *dh0 = a.dh0, *dc0 = a.dc0, *workspace = a.workspace;
     check_kernel_choice();
     const std::vector<int64_t> off = check_batch_sizes(a.steps, batch_sizes, a.batch, a.rows);
-    const Shape s = with_tf32(check_shape(mode, dtype, off.back(), a.batch, a.input_size,
-                                          a.hidden_size, a.proj_size, a.num_layers,
-                                          a.bidirectional),
-                              a.allow_tf32);
+    const Shape s =
+        with_tf32(check_shape(mode, dtype, off.back(), a.batch, a.input_size, a.hidden_size,
+                              a.proj_size, a.num_layers, a.bidirectional),
+                  a.allow_tf32);
     check_weights(s, has_biases != 0, weights, "weights");
     const CallerProducts cp = caller_products(s, a, true);
     if (!cp.on) check_weights(s, has_biases != 0, dweights, "dweights");
