@@ -956,7 +956,8 @@ __global__ void rnn_backward_kernel(int64_t bs, int64_t H, bool relu,
 // meets the cluster barrier, then computes its units of the carry
 // dh_{t-1} = dG_h W_hh (+ dh z for a GRU) from the gathered dG_h. dG_h
 // alternates between two buffers, so one barrier a step suffices. The carries
-// start as dh_n, dc_n (the host's) and end as dh0, dc0. Without a projection.
+// start as dh_n, dc_n (the host's) and end as dh0, dc0. With a projection:
+// projected_backward_steps (below).
 template <typename T>
 struct ClusterBackwardArgs {
   int mode;
