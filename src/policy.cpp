@@ -1,6 +1,6 @@
 // The core's policy (seqpack/policy.h): checked whole, then handed to the
 // parts that read it (the ISA cap, the int8 kernel, the grid's split rules,
-// the oneDNN engine's step groups).
+// the oneDNN engine's step groups and bf16 emulation).
 #include "seqpack/policy.h"
 
 #include <cctype>
@@ -52,6 +52,14 @@ rnn::SplitChoice split_choice(const std::string& v) {
   throw std::invalid_argument("SEQPACK_STEP_SPLIT: '" + v + "' is not one of rows, columns, engine");
 }
 
+// Whether the bf16 setting asks for emulated products.
+bool bf16_emulated(const std::string& value) {
+  const std::string v = lower(value);
+  if (v.empty() || v == "native") return false;
+  if (v == "emulated") return true;
+  throw std::invalid_argument("SEQPACK_BF16: '" + value + "' is not native or emulated");
+}
+
 // A count of at least `lo` and at most 2^20, or 0 (the default).
 int64_t count(const char* name, int64_t v, int64_t lo, const char* what) {
   if (v != 0 && (v < lo || v > policy_text::kMaxCount)) {
@@ -66,12 +74,16 @@ struct Parsed {
   cpu::Int8Kernel kernel;
   rnn::SplitChoice split;
   int64_t units, rows;
+  bool bf16_emulated;
 };
 
 Parsed parse(const Policy& p) {
-  return Parsed{isa_level(p.max_cpu_isa), int8_kernel(p.int8_kernel), split_choice(p.step_split),
+  return Parsed{isa_level(p.max_cpu_isa),
+                int8_kernel(p.int8_kernel),
+                split_choice(p.step_split),
                 count("SEQPACK_STEP_UNITS", p.step_units, 16, "hidden units"),
-                count("SEQPACK_STEP_ROWS", p.step_rows, 1, "rows")};
+                count("SEQPACK_STEP_ROWS", p.step_rows, 1, "rows"),
+                bf16_emulated(p.bf16)};
 }
 
 }  // namespace
@@ -85,6 +97,7 @@ void set_policy(const Policy& p) {
   cpu::set_int8_kernel_request(s.kernel);
   rnn::set_split_policy(s.split, s.units, s.rows);
   cpu::set_step_groups(p.step_groups);
+  cpu::set_bf16_emulation(s.bf16_emulated);
   installed = p;
 }
 

@@ -43,6 +43,7 @@ Policy policy_from_environment() {
     throw std::invalid_argument("SEQPACK_STEP_GROUPS: '" + groups + "' is not 0 or 1");
   }
   p.step_groups = groups != "0";
+  p.bf16 = variable("SEQPACK_BF16");
   policy_text::check(p);  // the words, as set_policy checks them
   return p;
 }

@@ -19,6 +19,7 @@
 #include "cli_run.h"
 #include "seqpack/cpu_info.h"
 #include "seqpack/safetensors.h"
+#include "test_util.h"
 
 namespace {
 
@@ -169,7 +170,7 @@ TEST(CliPredictNonFinite, AnOverflowingModelIsAnErrorNeverANanProbability) {
   EXPECT_CONTAINS(r.err, "word 1 ('maison'): logit 0");
   EXPECT_EQ(r.out, "");  // no "logits":[null,...] with a label
   for (const std::string& precision : {"fp32", "int8", "bf16"}) {
-    if (precision == "bf16" && !seqpack::cpu_info().native_bf16) continue;
+    if (precision == "bf16" && !seqpack::testing::bf16_runs()) continue;
     const fs::path tsv = work_dir() / "nonfinite.tsv";
     std::ofstream(tsv) << "english\thouse\n";
     r = run_cli("predict --precision " + precision + m + " --eval " + tsv.string());
@@ -216,7 +217,7 @@ TEST(CliPredictBatch, LogitsAreTheSameBitsAloneAndInABatch) {
   const fs::path in = work_dir() / "batch_words.txt";
   std::ofstream(in) << lines;
   for (const std::string& precision : {"fp32", "bf16", "int8"}) {
-    if (precision == "bf16" && !seqpack::cpu_info().native_bf16) continue;
+    if (precision == "bf16" && !seqpack::testing::bf16_runs()) continue;
     SCOPED_TRACE(precision);
     const std::string common = " --json --precision " + precision + " --model " + model.string();
     const CliResult b = run_cli("predict" + common + args);

@@ -16,6 +16,7 @@
 
 #include "cpu/gemm_engine.h"
 #include "seqpack/precision.h"
+#include "test_util.h"
 
 namespace seqpack::cpu {
 namespace {
@@ -180,7 +181,7 @@ TEST(GemmEngine, OnednnF32EverywhereMatchesTripleLoop) {
 }
 
 TEST(GemmEngine, OnednnBf16EverywhereRoundsEveryProduct) {
-  if (!cpu_info().native_bf16) GTEST_SKIP() << "no native bf16 on " << cpu_info().isa;
+  if (!testing::bf16_runs()) GTEST_SKIP() << testing::no_bf16_here();
   sweep_gemm(onednn_engine(Precision::bf16), Rounding::always);
   sweep_steps(onednn_engine(Precision::bf16), Rounding::always);
   EXPECT_EQ(onednn_reference_primitives(), 0) << "oneDNN fell back to its reference kernel";
@@ -213,7 +214,7 @@ TEST(GemmEngine, F32StepTakesInitRows) {
 }
 
 TEST(GemmEngine, Bf16MatchesTheProductOfRoundedOperands) {
-  if (!cpu_info().native_bf16) GTEST_SKIP() << "no native bf16 on " << cpu_info().isa;
+  if (!testing::bf16_runs()) GTEST_SKIP() << testing::no_bf16_here();
   const GemmEngine<float>& eng = gemm_engine_f32(Precision::bf16);
   EXPECT_FALSE(eng.takes_init());
   sweep_gemm(eng, Rounding::where_it_pays);
@@ -224,7 +225,7 @@ TEST(GemmEngine, Bf16MatchesTheProductOfRoundedOperands) {
 // The steps of every engine, column shares of a wider C included (they once
 // fell back to oneDNN's reference kernel, ~1000x slower), find optimised kernels.
 TEST(GemmEngine, NoOnednnReferenceKernel) {
-  const bool bf16 = cpu_info().native_bf16;
+  const bool bf16 = testing::bf16_runs();
   sweep_steps(onednn_engine(Precision::fp32), Rounding::none);
   if (bf16) sweep_steps(onednn_engine(Precision::bf16), Rounding::always);
   const GemmEngine<float>& eng = gemm_engine_f32(bf16 ? Precision::bf16 : Precision::fp32);
@@ -243,7 +244,7 @@ TEST(GemmEngine, Bf16WhereItPays) {
 }
 
 TEST(GemmEngine, Bf16StepsFromTwoThreadsAtOnce) {
-  if (!cpu_info().native_bf16) GTEST_SKIP() << "no native bf16 on " << cpu_info().isa;
+  if (!testing::bf16_runs()) GTEST_SKIP() << testing::no_bf16_here();
   const GemmEngine<float>& eng = gemm_engine_f32(Precision::bf16);
   Problem p = make_problem(false, true, 24, 256, 64, 5);
   const std::vector<ColumnRange> ranges{{0, 256}, {0, 128}, {128, 256}};
@@ -268,7 +269,7 @@ TEST(GemmEngine, Bf16StepsFromTwoThreadsAtOnce) {
 // shares, and the fp32 rows overwritten after their step.
 TEST(GemmEngine, KeptRowsGiveTheSameProducts) {
   for (const Precision precision : {Precision::fp32, Precision::bf16}) {
-    if (precision == Precision::bf16 && !cpu_info().native_bf16) continue;
+    if (precision == Precision::bf16 && !testing::bf16_runs()) continue;
     SCOPED_TRACE(precision_name(precision));
     const GemmEngine<float>& eng = gemm_engine_f32(precision);
     const int64_t N = 300, G = 256, R = 64, ld = G + 3, skip = 10;
@@ -336,7 +337,7 @@ TEST(GemmEngine, KeptRowsGiveTheSameProducts) {
 // product is bf16.
 TEST(GemmEngine, SunkRowsGiveTheSameProducts) {
   for (const Precision precision : {Precision::fp32, Precision::bf16}) {
-    if (precision == Precision::bf16 && !cpu_info().native_bf16) continue;
+    if (precision == Precision::bf16 && !testing::bf16_runs()) continue;
     SCOPED_TRACE(precision_name(precision));
     const GemmEngine<float>& eng = gemm_engine_f32(precision);
     const int64_t N = 300, G = 256, R = 64, ld = G + 3, skip = 10;
@@ -408,7 +409,7 @@ TEST(GemmEngine, SunkRowsGiveTheSameProducts) {
 
 // A product that reads rows nobody kept is refused, not computed from garbage.
 TEST(GemmEngine, RowsNeverKeptAreRefused) {
-  if (!cpu_info().native_bf16) GTEST_SKIP() << "no native bf16 on " << cpu_info().isa;
+  if (!testing::bf16_runs()) GTEST_SKIP() << testing::no_bf16_here();
   const GemmEngine<float>& eng = gemm_engine_f32(Precision::bf16);
   const Problem q = make_problem(false, false, 200, 1, 64, 13);
   const auto kept = eng.keep_rows(200, 256, 64, 200);
@@ -426,7 +427,7 @@ TEST(GemmEngine, RowsNeverKeptAreRefused) {
 }
 
 TEST(GemmEngine, Bf16RefusedWithoutNativeBf16) {
-  if (cpu_info().native_bf16) GTEST_SKIP() << "native bf16 here; the capped run tests this";
+  if (testing::bf16_runs()) GTEST_SKIP() << "bf16 runs here (" << cpu_info().bf16 << "); the capped run tests this";
   try {
     gemm_engine_f32(Precision::bf16);
     FAIL() << "bf16 accepted on " << cpu_info().isa;

@@ -28,9 +28,9 @@
 namespace seqpack {
 namespace {
 
-const char* const kVariables[] = {"SEQPACK_MAX_CPU_ISA", "SEQPACK_INT8_KERNEL",
-                                  "SEQPACK_STEP_SPLIT",  "SEQPACK_STEP_UNITS",
-                                  "SEQPACK_STEP_ROWS",   "SEQPACK_STEP_GROUPS"};
+const char* const kVariables[] = {
+    "SEQPACK_MAX_CPU_ISA", "SEQPACK_INT8_KERNEL", "SEQPACK_STEP_SPLIT", "SEQPACK_STEP_UNITS",
+    "SEQPACK_STEP_ROWS",   "SEQPACK_STEP_GROUPS", "SEQPACK_BF16"};
 
 // Restores the policy and the variables on scope exit.
 struct PolicyGuard {
@@ -57,7 +57,7 @@ struct PolicyGuard {
 bool same(const Policy& a, const Policy& b) {
   return a.max_cpu_isa == b.max_cpu_isa && a.int8_kernel == b.int8_kernel &&
          a.step_split == b.step_split && a.step_units == b.step_units &&
-         a.step_rows == b.step_rows && a.step_groups == b.step_groups;
+         a.step_rows == b.step_rows && a.step_groups == b.step_groups && a.bf16 == b.bf16;
 }
 
 // Expects `f` to throw std::invalid_argument whose message holds `needle`.
@@ -80,8 +80,14 @@ TEST(Policy, EachSettingReachesThePartThatReadsIt) {
   p.step_units = 128;
   p.step_rows = 8;
   p.step_groups = false;
+  p.bf16 = "Emulated";  // any case
+  const uint64_t generation = cpu::isa_generation();
   set_policy(p);
   EXPECT_TRUE(same(policy(), p));
+  EXPECT_TRUE(cpu::bf16_emulation());
+  EXPECT_EQ(cpu_info().bf16, "emulated");
+  // Weights laid out for the bf16 units are not read by emulated products.
+  EXPECT_GT(cpu::isa_generation(), generation);
   EXPECT_EQ(cpu::isa_cap(), cpu::IsaLevel::sse4);
   EXPECT_EQ(cpu_info().isa_cap, "sse4");
   EXPECT_EQ(cpu::int8_kernel(), cpu::Int8Kernel::scalar);
@@ -95,6 +101,8 @@ TEST(Policy, EachSettingReachesThePartThatReadsIt) {
   EXPECT_EQ(rnn::split_choice(), rnn::SplitChoice::engine);
   EXPECT_EQ(rnn::step_threads(512, false, 16), 512 / rnn::kDefaultStepUnits);
   EXPECT_TRUE(cpu::step_groups());
+  EXPECT_FALSE(cpu::bf16_emulation());
+  EXPECT_EQ(cpu_info().bf16, cpu_info().native_bf16 ? "native" : "none");
 }
 
 TEST(Policy, BadSettingsAreRefusedByNameAndNothingIsInstalled) {
@@ -125,6 +133,9 @@ TEST(Policy, BadSettingsAreRefusedByNameAndNothingIsInstalled) {
   p = good;
   p.step_rows = (1 << 20) + 1;
   refused(p, "SEQPACK_STEP_ROWS: '1048577'");
+  p = good;
+  p.bf16 = "fake";
+  refused(p, "SEQPACK_BF16: 'fake' is not native or emulated");
   // A bad setting after good ones: the good ones are not installed either.
   p = good;
   p.max_cpu_isa = "sse4";
@@ -224,7 +235,9 @@ TEST(Policy, FromTheEnvironment) {
   setenv("SEQPACK_STEP_UNITS", "32", 1);
   setenv("SEQPACK_STEP_ROWS", "8", 1);
   setenv("SEQPACK_STEP_GROUPS", "0", 1);
+  setenv("SEQPACK_BF16", "emulated", 1);
   const Policy p = policy_from_environment();
+  EXPECT_EQ(p.bf16, "emulated");
   EXPECT_EQ(p.max_cpu_isa, "AVX2");
   EXPECT_EQ(p.int8_kernel, "scalar");
   EXPECT_EQ(p.step_split, "columns");
@@ -245,6 +258,7 @@ TEST(Policy, FromTheEnvironment) {
            {"SEQPACK_STEP_UNITS", "8", "SEQPACK_STEP_UNITS: '8' is not a count of hidden units"},
            {"SEQPACK_STEP_UNITS", "64k", "SEQPACK_STEP_UNITS: '64k' is not a count"},
            {"SEQPACK_STEP_GROUPS", "yes", "SEQPACK_STEP_GROUPS: 'yes' is not 0 or 1"},
+           {"SEQPACK_BF16", "avx512", "SEQPACK_BF16: 'avx512' is not native or emulated"},
            {"SEQPACK_STEP_ROWS", "0", "SEQPACK_STEP_ROWS: '0' is not a count of rows"},
            {"SEQPACK_STEP_ROWS", "many", "SEQPACK_STEP_ROWS: 'many' is not a count of rows"}}) {
     setenv(name, value, 1);

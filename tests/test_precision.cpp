@@ -60,7 +60,7 @@ TEST(Precision, AutoPicksBf16ExactlyWhereNative) {
 
 TEST(Precision, ExplicitBf16WithoutNativeSupportNamesTheIsa) {
   const CpuInfo cpu = cpu_info();
-  if (cpu.native_bf16) {
+  if (cpu.bf16 != "none") {  // native, or emulated (SEQPACK_BF16)
     EXPECT_EQ(resolve_precision("bf16"), Precision::bf16);
     EXPECT_NO_THROW(check_precision_supported(Precision::bf16));
     return;
@@ -77,6 +77,9 @@ TEST(Precision, ExplicitBf16WithoutNativeSupportNamesTheIsa) {
       FAIL() << "bf16 accepted on " << cpu.isa;
     } catch (const std::invalid_argument& e) {
       EXPECT_NE(std::string(e.what()).find("ISA is " + cpu.isa), std::string::npos) << e.what();
+      // and says how bf16 runs anyway
+      EXPECT_NE(std::string(e.what()).find("SEQPACK_BF16=emulated"), std::string::npos)
+          << e.what();
     }
   }
 }

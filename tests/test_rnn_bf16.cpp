@@ -42,7 +42,7 @@ constexpr double kGradCosineRelu = 0.97;
 constexpr double kGradRelRelu = 0.25;
 
 #define SKIP_WITHOUT_BF16()                                                        \
-  if (!cpu_info().native_bf16) GTEST_SKIP() << "no native bf16 on " << cpu_info().isa
+  if (!testing::bf16_runs()) GTEST_SKIP() << testing::no_bf16_here()
 
 using testing::gather_rows;
 using testing::max_abs_diff;

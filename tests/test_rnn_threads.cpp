@@ -237,7 +237,7 @@ TEST_P(RNNThreads, Fp32AtEveryThreadCountMatchesFloat64) {
 // its primitive for the layout it would have chosen itself; from 3 threads
 // on they differed, and the products read garbage.
 void check_bf16(const ThreadCase& tc, rnn::SplitChoice split, int64_t units) {
-  if (!cpu_info().native_bf16) GTEST_SKIP() << "no native bf16 on " << cpu_info().isa;
+  if (!testing::bf16_runs()) GTEST_SKIP() << testing::no_bf16_here();
   std::mt19937_64 gen(testing::test_seed());
   // Wide enough for the bf16 engine's own steps (bf16_step: over 8192 weights
   // per range) and, with units 64, a column split of two threads.

@@ -19,11 +19,22 @@
 #include <string>
 #include <vector>
 
+#include "seqpack/cpu_info.h"
 #include "seqpack/packed_sequence.h"
 #include "seqpack/rnn.h"
 #include "seqpack/tensor.h"
 
 namespace seqpack::testing {
+
+// Whether precision bf16 runs here: on native bf16 dot products, or emulated
+// (the policy's bf16 = "emulated", SEQPACK_BF16=emulated: CTest runs the bf16
+// programs so again, tests/CMakeLists.txt).
+inline bool bf16_runs() { return cpu_info().bf16 != "none"; }
+
+// Why a bf16 test is skipped.
+inline std::string no_bf16_here() {
+  return "no bf16 on " + cpu_info().isa + " (SEQPACK_BF16=emulated runs it emulated)";
+}
 
 inline nlohmann::json load_fixture(const std::string& name) {
   const std::string path = std::string(SEQPACK_FIXTURES_DIR) + "/" + name;

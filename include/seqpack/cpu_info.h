@@ -14,6 +14,10 @@ namespace seqpack {
 struct CpuInfo {
   std::string isa;             // the ISA oneDNN dispatches to, e.g. "avx512_core_bf16"
   bool native_bf16 = false;    // bf16 dot products in hardware (AVX512-BF16 or AMX)
+  // How precision bf16 multiplies here: "native", "emulated" (the policy's
+  // bf16 setting, seqpack/policy.h; SEQPACK_BF16 for the front ends) or
+  // "none" (no native bf16 and no emulation: bf16 is refused).
+  std::string bf16;
   bool native_int8 = false;    // native int8 dot products (AVX512-VNNI; AMX CPUs have it)
   bool amx = false;            // AMX tiles (bf16/int8 matrix units)
   // The kernel of the int8 products (int8 runs on every CPU): "amx"

@@ -36,6 +36,14 @@ struct Policy {
   // (the default) or one product per range. Variable SEQPACK_STEP_GROUPS
   // (1 or 0).
   bool step_groups = true;
+  // How precision bf16 multiplies: "native" (or empty: on the CPU's bf16
+  // dot products, AVX512-BF16 or AMX; refused where there are none) or
+  // "emulated" (on every CPU: the operands rounded to bf16 as the native
+  // products round them, then multiplied in fp32, which gives the native
+  // results up to the order of the fp32 sums; slower than fp32: for
+  // checking a bf16 model, and bf16's code, on a CPU without bf16).
+  // Variable SEQPACK_BF16.
+  std::string bf16;
 };
 
 // Installs `policy` for the whole process: between calls, never while one

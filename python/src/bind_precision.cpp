@@ -16,6 +16,7 @@ void bind_precision(py::module_& m) {
     py::dict d;
     d["isa"] = c.isa;
     d["native_bf16"] = c.native_bf16;
+    d["bf16"] = c.bf16;
     d["native_int8"] = c.native_int8;
     d["amx"] = c.amx;
     d["int8_kernel"] = c.int8_kernel;

@@ -1,6 +1,7 @@
 """precision= of the seqpack.nn layers: bf16 mixed precision against fp32 (the
-bounds docs/performance.md gives), 'auto', and the refusal on a CPU without
-native bf16, tested on any CPU by capping oneDNN's ISA in a subprocess."""
+bounds docs/performance.md gives), 'auto', the refusal on a CPU without
+native bf16 and bf16's emulated products (SEQPACK_BF16=emulated), tested on
+any CPU by capping oneDNN's ISA in a subprocess."""
 import os
 import subprocess
 import sys
@@ -12,7 +13,16 @@ import seqpack
 from seqpack import nn
 
 NATIVE = seqpack.cpu_info()["native_bf16"]
-needs_bf16 = pytest.mark.skipif(not NATIVE, reason=f"no native bf16 on {seqpack.cpu_info()['isa']}")
+# bf16 runs natively, or emulated (SEQPACK_BF16=emulated)
+needs_bf16 = pytest.mark.skipif(seqpack.cpu_info()["bf16"] == "none",
+                                reason=f"no bf16 on {seqpack.cpu_info()['isa']}")
+
+
+def _env(**changes):
+    """os.environ without SEQPACK_BF16, with `changes`: a subprocess's."""
+    env = {k: v for k, v in os.environ.items() if k != "SEQPACK_BF16"}
+    env.update(changes)
+    return env
 
 
 def _run(layer, seed=0):
@@ -118,8 +128,53 @@ def test_capped_isa_refuses_bf16_and_auto_falls_back(cap):
         "    print('refused:', e)\n"
         "else:\n"
         "    raise SystemExit('bf16 accepted on ' + info['isa'])\n")
-    env = dict(os.environ, ONEDNN_MAX_CPU_ISA=cap)
-    res = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
-                         timeout=120)
+    res = subprocess.run([sys.executable, "-c", code], env=_env(ONEDNN_MAX_CPU_ISA=cap),
+                         capture_output=True, text=True, timeout=120)
     assert res.returncode == 0, res.stdout + res.stderr
     assert "refused" in res.stdout
+    assert "SEQPACK_BF16=emulated" in res.stdout  # the refusal says how bf16 runs anyway
+
+
+def test_emulated_bf16_runs_on_a_cpu_without_bf16():
+    """SEQPACK_BF16=emulated on oneDNN capped to AVX2 (no bf16 on any CPU):
+    precision='bf16' runs, rounded (not fp32 by mistake) and within bf16's
+    documented bound of fp32, forward and backward; 'auto' stays fp32."""
+    code = (
+        "import numpy as np, seqpack\n"
+        "from seqpack import nn\n"
+        "info = seqpack.cpu_info()\n"
+        "assert not info['native_bf16'] and info['bf16'] == 'emulated', info\n"
+        "assert nn.LSTM(3, 4, precision='auto').precision == 'fp32'\n"
+        "rng = np.random.default_rng(0)\n"
+        "seqs = [rng.uniform(-1, 1, (n, 24)).astype(np.float32) for n in (7, 0, 12, 3)]\n"
+        "x = seqpack.pack_sequence(seqs, enforce_sorted=False)\n"
+        "for cls in (nn.LSTM, nn.GRU, nn.RNN):\n"
+        "    a = cls(24, 96, num_layers=2, bidirectional=True, seed=3)\n"
+        "    b = cls(24, 96, num_layers=2, bidirectional=True, seed=3, precision='bf16')\n"
+        "    assert b.precision == 'bf16'\n"
+        "    grads = []\n"
+        "    for layer in (a, b):\n"
+        "        out, _ = layer(x)\n"
+        "        layer.zero_grad()\n"
+        "        layer.backward(np.ones_like(out.data), None, None)\n"
+        "        grads.append((out.data, {k: v.copy() for k, v in layer.grads.items()}))\n"
+        "    err = np.max(np.abs(grads[0][0] - grads[1][0]))\n"
+        "    assert 0 < err <= 0.03, (cls, err)\n"
+        "    for k in grads[0][1]:\n"
+        "        u, v = grads[0][1][k].ravel(), grads[1][1][k].ravel()\n"
+        "        cos = u @ v / np.sqrt((u @ u) * (v @ v))\n"
+        "        assert cos >= 0.999, (cls, k, cos)\n"
+        "print('emulated ok')\n")
+    res = subprocess.run([sys.executable, "-c", code],
+                         env=_env(ONEDNN_MAX_CPU_ISA="AVX2", SEQPACK_BF16="emulated"),
+                         capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert "emulated ok" in res.stdout
+
+
+def test_bad_bf16_setting_is_refused_at_import_by_name():
+    res = subprocess.run([sys.executable, "-c", "import seqpack"],
+                         env=_env(SEQPACK_BF16="software"), capture_output=True, text=True,
+                         timeout=120)
+    assert res.returncode != 0
+    assert "SEQPACK_BF16: 'software' is not native or emulated" in res.stderr, res.stderr

@@ -17,4 +17,12 @@ inline uint16_t bf16_of(float x) {
   return static_cast<uint16_t>((u + 0x7FFFu + ((u >> 16) & 1u)) >> 16);
 }
 
+// The float of bf16 bits (exact: bf16 is float's upper half).
+inline float float_of_bf16(uint16_t h) {
+  const uint32_t u = static_cast<uint32_t>(h) << 16;
+  float x;
+  std::memcpy(&x, &u, sizeof x);
+  return x;
+}
+
 }  // namespace seqpack::cpu

@@ -7,6 +7,7 @@
 
 #include "cpu/cpu_info.h"
 #include "cpu/gemm.h"
+#include "cpu/gemm_engine.h"
 #include "cpu/gemm_int8.h"
 #include "cpu/isa_cap.h"
 #include "cpu/onednn_compat.h"
@@ -24,14 +25,16 @@ dnnl::cpu_isa effective_isa() { return dnnl::get_effective_cpu_isa(); }
 
 const char* isa_name() { return onednn::isa_name(effective_isa()); }
 
-bool has_bf16_dot_products() { return onednn::isa_has_bf16(effective_isa()); }
+bool has_bf16_dot_products() { return onednn::isa_has_bf16(effective_isa()) || bf16_emulation(); }
 
 void require_bf16_dot_products() {
   if (has_bf16_dot_products()) return;
   throw std::invalid_argument(
       std::string("precision bf16 needs native bf16 dot products (AVX512-BF16 or AMX), but "
                   "this CPU's ISA is ") +
-      isa_name() + "; use fp32 (or auto)");
+      isa_name() +
+      "; use fp32 (or auto), or bf16's products emulated in fp32 (slower than fp32: the "
+      "policy's bf16 = \"emulated\", SEQPACK_BF16=emulated)");
 }
 
 bool has_int8_dot_products() { return onednn::isa_has_vnni(effective_isa()); }
@@ -51,6 +54,7 @@ CpuInfo cpu_info() {
   const dnnl::cpu_isa isa = cpu::effective_isa();
   info.isa = cpu::onednn::isa_name(isa);
   info.native_bf16 = cpu::onednn::isa_has_bf16(isa);
+  info.bf16 = cpu::bf16_emulation() ? "emulated" : info.native_bf16 ? "native" : "none";
   info.native_int8 = cpu::vnni_int8_supported();
   info.amx = cpu::onednn::isa_has_amx(isa);
   info.int8_kernel = cpu::int8_kernel_name(cpu::int8_kernel());

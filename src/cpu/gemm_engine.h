@@ -214,8 +214,17 @@ inline bool fits_row_split(int64_t k, int64_t n, int64_t bytes) {
 bool step_groups();
 void set_step_groups(bool on);
 
+// Whether the bf16 products run emulated (the policy's bf16 = "emulated"):
+// their bf16 operands widened to fp32 (exactly) and multiplied by oneDNN's
+// f32 matmul, each product of two bf16 values exact in fp32, so that only
+// the order of the fp32 sums differs from the bf16 units'. bf16 then runs on
+// any CPU (slower than fp32), and its setter (set_policy).
+bool bf16_emulation();
+void set_bf16_emulation(bool on);
+
 // The engine for this element type and precision (a process-wide instance).
-// bf16 requires float and native bf16 dot products (require_bf16_dot_products).
+// bf16 requires float and bf16 dot products, native or emulated
+// (require_bf16_dot_products).
 const GemmEngine<float>& gemm_engine_f32(Precision precision);
 const GemmEngine<double>& gemm_engine_f64();
 

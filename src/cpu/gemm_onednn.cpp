@@ -6,6 +6,8 @@
 // blocked layout the primitive asks for. Primitives are created once per shape and thread and
 // kept (creating one costs ~0.2 ms, fetching a cached one ~1 us); the
 // scratchpad is the caller's (user mode), so two threads never share one.
+// Emulated (bf16_emulation(): the policy's bf16 = "emulated"), the same
+// rounded operands are multiplied in fp32 instead (run_emulated), on any CPU.
 #include <immintrin.h>
 #include <omp.h>
 #include <oneapi/dnnl/dnnl.hpp>
@@ -29,6 +31,7 @@
 #include "cpu/gemm.h"
 #include "cpu/gemm_engine.h"
 #include "cpu/grow_buffer.h"
+#include "cpu/isa_cap.h"
 #include "cpu/onednn_compat.h"
 
 namespace seqpack::cpu {
@@ -105,6 +108,7 @@ struct ThreadState {
   GrowBuffer<float> c;    // a step's result when its columns are not all of C's
   GrowBuffer<float> a32;  // an f32 step's rows, when strided
   GrowBuffer<float> col;  // a one-column C with row stride > 1, dense (run_product)
+  GrowBuffer<float> wide_a, wide_b, wide_c;  // emulated bf16 (run_emulated)
 };
 ThreadState& thread_state() {
   thread_local ThreadState s;
@@ -261,8 +265,55 @@ Primitive& primitive(const Key& key) {
   return cache.emplace(key, std::move(p)).first->second;
 }
 
+std::atomic<bool> emulated_bf16{false};
+
+// run() of a bf16 key on the fp32 units (bf16_emulation()): the operands
+// widened to f32 (exact), then one plain loop whose sums run over k in
+// order for every row, whatever the rows around it: the same bits for a row
+// on any split of the rows, as the native engine gives (each bf16 product is
+// exact in f32; only the order of the sums differs from the bf16 units').
+// Blocked weights are f32 [k, n] rows already (BlockedOperand::lay_out).
+void run_emulated(const Key& key, const void* src, const void* wei, float* dst, const float* bias) {
+  ThreadState& ts = thread_state();
+  const int64_t m = key.m, n = key.n, k = key.k;
+  const auto* s16 = static_cast<const uint16_t*>(src);
+  float* a = ts.wide_a.resize(static_cast<std::size_t>(m * k));
+  for (int64_t i = 0; i < m; ++i) {
+    for (int64_t q = 0; q < k; ++q)
+      a[i * k + q] = float_of_bf16(key.trans_a ? s16[q * key.lda + i] : s16[i * key.lda + q]);
+  }
+  const float* b = static_cast<const float*>(wei);
+  if (!key.blocked) {
+    const auto* w16 = static_cast<const uint16_t*>(wei);
+    float* w = ts.wide_b.resize(static_cast<std::size_t>(k * n));
+    for (int64_t q = 0; q < k; ++q) {
+      for (int64_t j = 0; j < n; ++j)
+        w[q * n + j] = float_of_bf16(key.trans_b ? w16[j * key.ldb + q] : w16[q * key.ldb + j]);
+    }
+    b = w;
+  }
+  float* acc = ts.wide_c.resize(static_cast<std::size_t>(n));
+  for (int64_t i = 0; i < m; ++i) {
+    std::fill(acc, acc + n, 0.0f);
+    for (int64_t q = 0; q < k; ++q) {
+      const float x = a[i * k + q];
+      const float* row = b + q * n;
+      for (int64_t j = 0; j < n; ++j) acc[j] += x * row[j];
+    }
+    float* d = dst + i * key.ldc;
+    for (int64_t j = 0; j < n; ++j) {
+      const float r = bias ? acc[j] + bias[j] : acc[j];
+      d[j] = key.sum ? d[j] + r : r;
+    }
+  }
+}
+
 // dst[:m, :n] (+)= src·wei (+ bias).
 void run(const Key& key, const void* src, const void* wei, float* dst, const float* bias) {
+  if (!key.f32 && emulated_bf16.load(std::memory_order_relaxed)) {
+    run_emulated(key, src, wei, dst, bias);
+    return;
+  }
   ThreadState& ts = thread_state();
   Primitive& p = primitive(key);
   ts.scratch.resize(p.scratch_bytes);
@@ -387,8 +438,19 @@ struct BlockedOperand : StepOperand {
   }
 
  private:
-  // op(x) [k, w] (x's first column at `first`, row stride ld) in the blocked layout.
+  // op(x) [k, w] (x's first column at `first`, row stride ld) in the blocked
+  // layout; for emulated bf16 (bf16_emulation()), its values rounded to bf16
+  // in f32 [k, w] rows (run_emulated's weights).
   dnnl::memory lay_out(const float* first, int64_t w, int64_t ld) const {
+    if (!f32 && bf16_emulation()) {
+      dnnl::memory rows(dnnl::memory::desc({k, w}, dt::f32, tag::ab), cpu_engine());
+      auto* r = static_cast<float*>(rows.get_data_handle());
+      for (int64_t i = 0; i < k; ++i) {
+        for (int64_t c = 0; c < w; ++c)
+          r[i * w + c] = float_of_bf16(bf16_of(trans ? first[c * ld + i] : first[i * ld + c]));
+      }
+      return rows;
+    }
     ThreadState& ts = thread_state();
     dnnl::memory plain;
     if (f32) {
@@ -425,6 +487,11 @@ std::atomic<bool> groups{true};
 
 bool step_groups() { return groups.load(std::memory_order_relaxed); }
 void set_step_groups(bool on) { groups.store(on, std::memory_order_relaxed); }
+
+bool bf16_emulation() { return emulated_bf16.load(std::memory_order_relaxed); }
+void set_bf16_emulation(bool on) {
+  if (emulated_bf16.exchange(on, std::memory_order_relaxed) != on) count_kernel_change();
+}
 
 namespace {
 

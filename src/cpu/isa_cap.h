@@ -17,9 +17,13 @@ enum class IsaLevel : int { sse4 = 0, avx2 = 1, avx512 = 2 };
 IsaLevel isa_cap();
 // Sets the cap and applies it to Highway's targets (set_policy).
 void set_isa_cap(IsaLevel level);
-// Counts the changes of the cap: what was laid out for one target's kernels
-// (gemm_packed_small's panels, two vectors wide) is not read after a change.
+// Counts the changes of the cap and of the bf16 emulation: what was laid out
+// for one target's kernels (gemm_packed_small's panels, two vectors wide; the
+// bf16 engine's blocked weights, bf16 or emulated f32) is not read after a
+// change.
 uint64_t isa_generation();
+// Counts a change of the kernels other than the cap's (set_bf16_emulation).
+void count_kernel_change();
 
 // "avx512", "avx2", "sse4".
 const char* isa_level_name(IsaLevel level);

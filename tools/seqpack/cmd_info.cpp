@@ -31,6 +31,7 @@ void run_info(const Args& args) {
                                 {"kernels", cpu.kernels},
                                 {"isa_cap", cpu.isa_cap},
                                 {"native_bf16", cpu.native_bf16},
+                                {"bf16", cpu.bf16},
                                 {"native_int8", cpu.native_int8},
                                 {"amx", cpu.amx},
                                 {"int8_kernel", cpu.int8_kernel},
@@ -48,7 +49,8 @@ void run_info(const Args& args) {
   fmt::print("ISA (oneDNN)     {}\n", cpu.isa);
   fmt::print("kernels          {} (Highway; SEQPACK_MAX_CPU_ISA cap: {})\n", cpu.kernels,
              cpu.isa_cap);
-  fmt::print("native bf16      {}\n", cpu.native_bf16 ? "yes" : "no");
+  fmt::print("native bf16      {}{}\n", cpu.native_bf16 ? "yes" : "no",
+             cpu.bf16 == "emulated" ? " (--precision bf16 runs emulated: SEQPACK_BF16)" : "");
   const std::string int8_kernel = cpu.int8_kernel == "amx"    ? "AMX-INT8"
                                   : cpu.int8_kernel == "vnni" ? "AVX512-VNNI"
                                   : cpu.int8_kernel == "avx2" ? "AVX2, 7-bit rows"
