@@ -263,10 +263,11 @@ TEST(GemmEngine, Bf16StepsFromTwoThreadsAtOnce) {
 }
 
 // A matrix whose rows step() products read a few at a time and a whole-batch
-// product reads again (the backward's dG): the products that read the kept
-// rows give exactly what they give converting the matrix themselves, with
-// rows no step multiplies kept by keep(), steps on one thread or two column
-// shares, and the fp32 rows overwritten after their step.
+// product reads again (the backward's dG), kept in the form the engine names
+// (OperandRows::put, a step's rows before its product): the products that
+// read the kept rows give exactly what they give converting the matrix
+// themselves, with rows no step multiplies put too, steps on one thread or
+// two column shares, and the fp32 rows overwritten after their step.
 TEST(GemmEngine, KeptRowsGiveTheSameProducts) {
   for (const Precision precision : {Precision::fp32, Precision::bf16}) {
     if (precision == Precision::bf16 && !testing::bf16_runs()) continue;
@@ -281,8 +282,9 @@ TEST(GemmEngine, KeptRowsGiveTheSameProducts) {
     const std::vector<float>& hp = q.a;
     const std::vector<ColumnRange> ranges{{0, R}, {0, 32}, {32, R}};
     const auto op = eng.prepare(p.b.data(), false, G, R, p.ldb, ranges);
-    const auto kept = eng.keep_rows(N, G, R, N - skip);
+    const auto kept = OperandRows::make(eng.product_form(G, R, N - skip), N, G);
     EXPECT_EQ(kept == nullptr, precision == Precision::fp32);
+    EXPECT_EQ(eng.step_form(*op) == SinkElement::none, precision == Precision::fp32);
     std::vector<float> plain(static_cast<std::size_t>(N * R)), with(plain.size());
     // Steps over rows [0, 40), [40, 100) (two column shares), [120, 300),
     // each from a copy of its rows that the next step overwrites; rows
@@ -292,6 +294,7 @@ TEST(GemmEngine, KeptRowsGiveTheSameProducts) {
     for (const auto& [r0, r1] : steps) {
       const float* a = dg.data() + r0 * ld;
       std::copy(a, a + (r1 - r0) * ld, rows.begin());
+      if (kept) kept->put(r0, rows.data(), ld, r1 - r0);
       eng.step(r1 - r0, a, ld, *op, 0, 0.0f, plain.data() + r0 * R, R);
       if (r0 == 40) {
         for (std::size_t r : {1, 2})
@@ -303,7 +306,7 @@ TEST(GemmEngine, KeptRowsGiveTheSameProducts) {
       }
       std::fill(rows.begin(), rows.end(), std::numeric_limits<float>::quiet_NaN());
     }
-    if (kept) eng.keep(*kept, 100, dg.data() + 100 * ld, ld, 20);
+    if (kept) kept->put(100, dg.data() + 100 * ld, ld, 20);
     ASSERT_EQ(std::memcmp(plain.data(), with.data(), plain.size() * sizeof(float)), 0);
     // dW = dG[skip:]ᵀ·H_prev[skip:], as the backward's dW_hh; with the kept
     // rows, A is not read.
@@ -330,11 +333,11 @@ TEST(GemmEngine, KeptRowsGiveTheSameProducts) {
   }
 }
 
-// Rows the caller writes itself through the engine's sink (as the gate
-// kernels do): the products that read them give exactly what they give
-// converting the fp32 rows, with a's rows never read (NaN here), on one
-// thread or two column shares; step_rows() stores only where the step
-// product is bf16.
+// Rows the caller writes itself through their sink (as the gate kernels do):
+// the products that read them give exactly what they give converting the
+// fp32 rows, with a's rows never read (NaN here), on one thread or two
+// column shares; step_form() names a form only where the step product is
+// bf16.
 TEST(GemmEngine, SunkRowsGiveTheSameProducts) {
   for (const Precision precision : {Precision::fp32, Precision::bf16}) {
     if (precision == Precision::bf16 && !testing::bf16_runs()) continue;
@@ -346,13 +349,13 @@ TEST(GemmEngine, SunkRowsGiveTheSameProducts) {
     const std::vector<float>& dg = p.a;
     const std::vector<ColumnRange> ranges{{0, R}, {0, 32}, {32, R}};
     const auto op = eng.prepare(p.b.data(), false, G, R, p.ldb, ranges);
-    const auto kept = eng.keep_rows(N, G, R, N - skip);
+    const auto kept = OperandRows::make(eng.product_form(G, R, N - skip), N, G);
     if (!kept) {  // fp32: nothing to sink
       EXPECT_EQ(precision, Precision::fp32);
-      EXPECT_EQ(eng.step_rows(*op, 8), nullptr);
+      EXPECT_EQ(eng.step_form(*op), SinkElement::none);
       continue;
     }
-    const RowSink sink = eng.sink(*kept);
+    const RowSink sink = kept->sink();
     ASSERT_NE(sink.data, nullptr);
     ASSERT_EQ(sink.ld, G);
     for (int64_t r = 0; r < N; ++r) f32_to_bf16(dg.data() + r * ld, sink.bf16_row(r), G);
@@ -365,7 +368,6 @@ TEST(GemmEngine, SunkRowsGiveTheSameProducts) {
         eng.step(r1 - r0, nans.data(), ld, *op, r, 0.0f, with.data() + r0 * R, R, nullptr,
                  kept.get(), r0);
     }
-    eng.keep(*kept, 100, nullptr, ld, 20);  // written through the sink
     ASSERT_EQ(std::memcmp(plain.data(), with.data(), plain.size() * sizeof(float)), 0);
     std::vector<float> dw_plain(static_cast<std::size_t>(G * R)), dw_kept(dw_plain.size());
     eng.gemm({.m = G,
@@ -388,13 +390,13 @@ TEST(GemmEngine, SunkRowsGiveTheSameProducts) {
     // product is bf16, none where it runs in fp32 (bf16_step).
     const Problem h = make_problem(false, true, 24, 256, 64, 23);  // h.a: h_prev, h.b: W_hhᵀ
     const auto wop = eng.prepare(h.b.data(), true, 64, 256, h.ldb, {{0, 256}});
-    const auto hstore = eng.step_rows(*wop, 2 * 24);
+    const auto hstore = OperandRows::make(eng.step_form(*wop), 2 * 24, 64);
     ASSERT_NE(hstore, nullptr);
-    const RowSink hs = eng.sink(*hstore);
-    // Rows 24..35 through the sink, 36..47 converted by keep() (the rows
+    const RowSink hs = hstore->sink();
+    // Rows 24..35 through the sink, 36..47 converted by put() (the rows
     // that begin with h0).
     for (int64_t r = 0; r < 12; ++r) f32_to_bf16(h.a.data() + r * h.lda, hs.bf16_row(24 + r), 64);
-    eng.keep(*hstore, 36, h.a.data() + 12 * h.lda, h.lda, 12);
+    hstore->put(36, h.a.data() + 12 * h.lda, h.lda, 12);
     std::vector<float> c_plain = h.c, c_sunk = h.c;
     eng.step(24, h.a.data(), h.lda, *wop, 0, 1.0f, c_plain.data(), h.ldc);
     eng.step(24, nans.data(), h.lda, *wop, 0, 1.0f, c_sunk.data(), h.ldc, nullptr, hstore.get(),
@@ -403,19 +405,19 @@ TEST(GemmEngine, SunkRowsGiveTheSameProducts) {
     const Problem small = make_problem(false, true, 4, 64, 64, 24);
     const auto sop = eng.prepare(small.b.data(), true, 64, 64, small.ldb, {{0, 64}});
     EXPECT_FALSE(bf16_step(64, 64));
-    EXPECT_EQ(eng.step_rows(*sop, 8), nullptr);
+    EXPECT_EQ(eng.step_form(*sop), SinkElement::none);
   }
 }
 
-// A product that reads rows nobody kept is refused, not computed from garbage.
+// A product that reads rows nobody wrote is refused, not computed from garbage.
 TEST(GemmEngine, RowsNeverKeptAreRefused) {
   if (!testing::bf16_runs()) GTEST_SKIP() << testing::no_bf16_here();
   const GemmEngine<float>& eng = gemm_engine_f32(Precision::bf16);
   const Problem q = make_problem(false, false, 200, 1, 64, 13);
-  const auto kept = eng.keep_rows(200, 256, 64, 200);
+  const auto kept = OperandRows::make(eng.product_form(256, 64, 200), 200, 256);
   ASSERT_NE(kept, nullptr);
   std::vector<float> rows(static_cast<std::size_t>(150 * 256), 0.5f), dw(256 * 64);
-  eng.keep(*kept, 0, rows.data(), 256, 150);
+  kept->put(0, rows.data(), 256, 150);
   EXPECT_THROW(eng.gemm({.m = 256,
                          .n = 64,
                          .k = 200,

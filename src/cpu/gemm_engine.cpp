@@ -45,7 +45,7 @@ class BlasEngine : public GemmEngine<T> {
   }
 
   void step(int64_t m, const T* a, int64_t lda, const StepOperand& sb, std::size_t range, T beta,
-            T* c, int64_t ldc, const T* const* init, RowStore*, int64_t) const override {
+            T* c, int64_t ldc, const T* const* init, const OperandRows*, int64_t) const override {
     const auto& op = static_cast<const BlasOperand<T>&>(sb);
     const auto [c0, c1] = op.ranges[range];
     if (m == 0 || c1 <= c0) return;
@@ -121,7 +121,7 @@ class F32Engine : public BlasEngine<float> {
   }
 
   void step(int64_t m, const float* a, int64_t lda, const StepOperand& sb, std::size_t range,
-            float beta, float* c, int64_t ldc, const float* const* init, RowStore*,
+            float beta, float* c, int64_t ldc, const float* const* init, const OperandRows*,
             int64_t) const override {
     const auto& op = static_cast<const PackedOperand&>(sb);
     const auto [c0, c1] = op.ranges[range];

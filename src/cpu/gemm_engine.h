@@ -33,6 +33,7 @@
 #include <utility>
 #include <vector>
 
+#include "cpu/operand_rows.h"
 #include "cpu/row_sink.h"
 #include "seqpack/precision.h"
 
@@ -55,26 +56,16 @@ struct WeightLayout {
 
 using ColumnRange = std::pair<int64_t, int64_t>;  // [first, last) columns
 
-// A matrix whose rows step() products read as their A operand a step at a
-// time and a later gemm() reads again as a whole (the backward's dG: each
-// step's rows times W_hh, then dW_hh = dGᵀ·H_prev over all rows). An engine
-// that converts its operands (bf16) keeps each step's converted rows here, and
-// gemm() reads them from here: the caller need not keep the fp32 rows past
-// their step (opaque).
-struct RowStore {
-  virtual ~RowStore() = default;
-};
-
 // One operand of a whole-batch product: op(X), X row-major with row stride
-// ld (transposed where trans). With `kept` (from keep_rows()), X's stored
-// rows are the store's rows from kept_row on, every one of them kept, and
-// data is not read.
+// ld (transposed where trans). With `kept` (rows in the form product_form()
+// names for this product, cpu/operand_rows.h), X's stored rows are its rows
+// from kept_row on, and data is not read.
 template <typename T>
 struct GemmOperand {
   const T* data = nullptr;
   int64_t ld = 0;
   bool trans = false;
-  const RowStore* kept = nullptr;
+  const OperandRows* kept = nullptr;
   int64_t kept_row = 0;
   // B only: op(B) as the engine's lay_out_weights() laid it out (the same
   // shape; data, ld and trans describe the matrix it was made from).
@@ -102,38 +93,18 @@ class GemmEngine {
   // time loop's parallel regions (may use every thread).
   virtual void gemm(const GemmProduct<T>& p) const = 0;
 
-  // A store for a [rows, cols] matrix whose rows [rows - k, rows) a later
-  // gemm(trans_a = true, cols, n, k) reads, or null where the engine reads
-  // its operands as they are (or would not convert that product's).
-  virtual std::unique_ptr<RowStore> keep_rows(int64_t rows, int64_t cols, int64_t n,
-                                              int64_t k) const {
-    return nullptr;
+  // The form in which gemm() of these sizes (op(A) [m, k]) reads A: where
+  // the caller keeps A's rows in it (cpu/operand_rows.h, GemmOperand::kept),
+  // the product reads them instead of converting A; none where the engine
+  // reads A as it is (or would not convert that product's).
+  virtual SinkElement product_form(int64_t m, int64_t n, int64_t k) const {
+    return SinkElement::none;
   }
-  // Rows [row, row + m) of the store's matrix are a[:m] (row stride lda), or
-  // (a null, after sink()) were written through the sink: for rows that no
-  // step() product reads, or that one reads after this call.
-  virtual void keep(RowStore& store, int64_t row, const T* a, int64_t lda, int64_t m) const {}
 
-  // A store for the A rows of step() products with b (rows of b.k columns,
-  // `rows` of them), which the caller fills through sink(); null where the
-  // engine reads those rows as they are (fp32, or a product it runs in fp32).
-  virtual std::unique_ptr<RowStore> step_rows(const StepOperand& b, int64_t rows) const {
-    return nullptr;
-  }
-  // Whether step() products with b read A from the store they are given (a
-  // sunk one: a is then not read), i.e. where step_rows(b) gives a store.
-  virtual bool step_reads_rows(const StepOperand& b) const { return false; }
-
-  // Hands the writing of the store's rows to the caller: from now on each row
-  // is written through the sink (by the kernel that writes its fp32 values),
-  // or by keep() from fp32 rows, before step() names it; step() then only
-  // records the rows, and reads them, instead of converting a's. The rows'
-  // writers and step()'s readers must not overlap in time (the time loop's
-  // barriers, or alternating stores).
-  // The sink (cpu/row_sink.h) says in which form the rows are written (the
-  // engine's operand form: bf16 bits for the bf16 engine); the kernels are
-  // instantiated per form. Empty where the engine converts the rows itself.
-  virtual RowSink sink(RowStore& store) const { return {}; }
+  // The form in which step() products with b read A where they are given
+  // its rows (step()'s `rows`); none where they read A as it is (fp32, or a
+  // product the engine runs in fp32).
+  virtual SinkElement step_form(const StepOperand& b) const { return SinkElement::none; }
 
   // B = op(b) [k, n] in the form the engine's products read, once per model
   // (the model's plan), or null where it reads weights as they are.
@@ -162,14 +133,13 @@ class GemmEngine {
   // C[:m, r) = A[:m, :k]·B[:, r) + beta·C[:m, r) for the range r = ranges[range]
   // given to prepare(); c points at column 0 of C. With `init` (m row
   // pointers; only when takes_init()), row i starts from init[i][r) instead.
-  // With `keep` (from keep_rows() or step_rows()), A's rows are rows
-  // keep_row.. of the store's matrix and the engine keeps them there; of
-  // several threads on one step, the one whose range starts at column 0 does
-  // (after sink(): the rows are there already, and every thread reads them).
-  // Safe to call from several threads at once on different ranges.
+  // With `rows` in step_form(b) (b.k columns), A's rows are its rows
+  // row.., written before the call, and a is not read; otherwise (no rows,
+  // or step_form(b) none) a is. Safe to call from several threads at once on
+  // different ranges.
   virtual void step(int64_t m, const T* a, int64_t lda, const StepOperand& b, std::size_t range,
                     T beta, T* c, int64_t ldc, const T* const* init = nullptr,
-                    RowStore* keep = nullptr, int64_t keep_row = 0) const = 0;
+                    const OperandRows* rows = nullptr, int64_t row = 0) const = 0;
 
   // step() over the `count` ranges first, first + 1, ... (one thread's
   // blocks of a column split: rnn::step_range of blocks 0..count-1), as one
@@ -179,10 +149,10 @@ class GemmEngine {
   // contract as step() for each range.
   virtual void step_blocks(int64_t m, const T* a, int64_t lda, const StepOperand& b,
                            std::size_t first, std::size_t count, T beta, T* c, int64_t ldc,
-                           const T* const* init = nullptr, RowStore* keep = nullptr,
-                           int64_t keep_row = 0) const {
+                           const T* const* init = nullptr, const OperandRows* rows = nullptr,
+                           int64_t row = 0) const {
     for (std::size_t q = 0; q < count; ++q)
-      step(m, a, lda, b, first + q, beta, c, ldc, init, keep, keep_row);
+      step(m, a, lda, b, first + q, beta, c, ldc, init, rows, row);
   }
 
   // Whether step() takes init rows (else the caller copies them into C).

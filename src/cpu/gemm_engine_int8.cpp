@@ -117,7 +117,7 @@ class Int8Engine : public GemmEngine<float> {
   }
 
   void step(int64_t m, const float* a, int64_t lda, const StepOperand& sb, std::size_t range,
-            float beta, float* c, int64_t ldc, const float* const* init, RowStore*,
+            float beta, float* c, int64_t ldc, const float* const* init, const OperandRows*,
             int64_t) const override {
     const auto& op = static_cast<const Int8Operand&>(sb);
     const auto [c0, c1] = op.ranges[range];
@@ -131,7 +131,7 @@ class Int8Engine : public GemmEngine<float> {
   // step() per block would quantize every row again for each).
   void step_blocks(int64_t m, const float* a, int64_t lda, const StepOperand& sb,
                    std::size_t first, std::size_t count, float beta, float* c, int64_t ldc,
-                   const float* const* init, RowStore*, int64_t) const override {
+                   const float* const* init, const OperandRows*, int64_t) const override {
     const auto& op = static_cast<const Int8Operand&>(sb);
     if (m == 0) return;
     QuantizedRows& q = thread_rows();

@@ -1,8 +1,8 @@
 // The bf16 engine: oneDNN matmul with bf16 operands and fp32 accumulation and
 // results. The operands are converted to bf16 (rounded to nearest even) right
 // before each product: whole-batch operands per call, a step's rows per step
-// (kept in a RowStore when a whole-batch product reads them again, which then
-// converts nothing); the step weights once per call, reordered into the
+// (or none: the time loop keeps the rows it gives in bf16 already,
+// cpu/operand_rows.h); the step weights once per call, reordered into the
 // blocked layout the primitive asks for. Primitives are created once per shape and thread and
 // kept (creating one costs ~0.2 ms, fetching a cached one ~1 us); the
 // scratchpad is the caller's (user mode), so two threads never share one.
@@ -495,46 +495,13 @@ void set_bf16_emulation(bool on) {
 
 namespace {
 
-// The bf16 rows of a matrix kept by step() and keep() for a later gemm(), or
-// (sunk) written by the caller through sink() and recorded by them.
-struct Bf16Rows : RowStore {
-  int64_t rows = 0, cols = 0;
-  Tensor storage;  // the bf16 rows, pooled (a fresh block per call would fault its pages in)
-  std::vector<char> have;  // per row
-  bool sunk = false;       // the caller writes the rows (sink())
-
-  uint16_t* row(int64_t r) const {
-    return static_cast<uint16_t*>(const_cast<void*>(storage.raw_data())) + r * cols;
-  }
-  // Rows [r, r + m) = a[:m] (row stride lda) in bf16, or (a null) written
-  // already through the sink.
-  void put(int64_t r, const float* a, int64_t lda, int64_t m) {
-    if (r < 0 || r + m > rows) {
-      throw std::logic_error("kept rows [" + std::to_string(r) + ", " + std::to_string(r + m) +
-                             ") outside the store's " + std::to_string(rows));
-    }
-    if (a) {
-      for (int64_t i = 0; i < m; ++i) f32_to_bf16(a + i * lda, row(r + i), cols);
-    }
-    std::fill(have.begin() + r, have.begin() + r + m, char(1));
-  }
-  // Rows [r, r + m), every one of which must have been kept.
-  const uint16_t* rows_from(int64_t r, int64_t m) const {
-    if (r < 0 || r + m > rows ||
-        std::find(have.begin() + r, have.begin() + r + m, char(0)) != have.begin() + r + m) {
-      throw std::logic_error("a product read rows of a RowStore that were never kept");
-    }
-    return row(r);
-  }
-};
-
 // A whole-batch product's bf16 operand [rows, cols]: rows [row, row + rows)
-// of a kept store where it holds rows of this width, else x (row stride ld)
-// converted into buf.
-const uint16_t* bf16_operand(const RowStore* kept, int64_t row, int64_t rows, int64_t cols,
+// of the kept rows where they are bf16 rows of this width, else x (row
+// stride ld) converted into buf.
+const uint16_t* bf16_operand(const OperandRows* kept, int64_t row, int64_t rows, int64_t cols,
                              const float* x, int64_t ld, GrowBuffer<uint16_t>& buf) {
-  const auto* store = static_cast<const Bf16Rows*>(kept);
-  if (store && store->cols == cols) return store->rows_from(row, rows);
+  if (kept && kept->form() == SinkElement::bf16 && kept->cols() == cols)
+    return kept->bf16_rows(row, rows);
   stage(rows, cols, x, ld, buf);
   return buf.data();
 }
@@ -573,40 +540,14 @@ class OnednnEngine : public GemmEngine<float> {
     run_product(key, a16, b16, p.c, p.c_row);
   }
 
-  std::unique_ptr<RowStore> keep_rows(int64_t rows, int64_t cols, int64_t n,
-                                      int64_t k) const override {
-    if (f32_ || (small_in_fp32_ && !bf16_product(cols, n, k))) return nullptr;
-    return make_store(rows, cols);
+  SinkElement product_form(int64_t m, int64_t n, int64_t k) const override {
+    if (f32_ || (small_in_fp32_ && !bf16_product(m, n, k))) return SinkElement::none;
+    return SinkElement::bf16;
   }
 
-  std::unique_ptr<RowStore> step_rows(const StepOperand& b, int64_t rows) const override {
-    if (!step_reads_rows(b)) return nullptr;
-    return make_store(rows, b.k);
-  }
-
-  bool step_reads_rows(const StepOperand& b) const override {
-    return !f32_ && !static_cast<const BlockedOperand&>(b).fallback;
-  }
-
-  RowSink sink(RowStore& store) const override {
-    auto& s = static_cast<Bf16Rows&>(store);
-    s.sunk = true;
-    return RowSink::bf16(s.row(0), s.cols);
-  }
-
-  static std::unique_ptr<Bf16Rows> make_store(int64_t rows, int64_t cols) {
-    auto store = std::make_unique<Bf16Rows>();
-    store->rows = rows;
-    store->cols = cols;
-    // bf16 pairs in f32 elements (Tensor has no 16-bit type).
-    store->storage = pooled_empty({(rows * cols + 1) / 2}, DType::f32);
-    store->have.assign(static_cast<std::size_t>(rows), 0);
-    return store;
-  }
-
-  void keep(RowStore& store, int64_t row, const float* a, int64_t lda,
-            int64_t m) const override {
-    static_cast<Bf16Rows&>(store).put(row, a, lda, m);
+  SinkElement step_form(const StepOperand& b) const override {
+    if (f32_ || static_cast<const BlockedOperand&>(b).fallback) return SinkElement::none;
+    return SinkElement::bf16;
   }
 
   std::unique_ptr<StepOperand> prepare(const float* b, bool trans_b, int64_t k, int64_t n,
@@ -635,23 +576,17 @@ class OnednnEngine : public GemmEngine<float> {
   }
 
   void step(int64_t m, const float* a, int64_t lda, const StepOperand& sb, std::size_t range,
-            float beta, float* c, int64_t ldc, const float* const* init, RowStore* keep,
-            int64_t keep_row) const override {
+            float beta, float* c, int64_t ldc, const float* const* init, const OperandRows* rows,
+            int64_t row) const override {
     const auto& op = static_cast<const BlockedOperand&>(sb);
-    auto* store = static_cast<Bf16Rows*>(keep);
     if (op.fallback) {
       gemm_engine_f32(Precision::fp32).step(m, a, lda, *op.fallback, range, beta, c, ldc, nullptr);
-      // One thread keeps the rows: range 0 (one thread, or a row split's own
-      // rows) or 1 (thread 0's first block of a column split), even when its
-      // share of the columns is empty and another thread's starts at 0.
-      if (store && range <= 1 && op.ranges[range].first == 0)
-        store->put(keep_row, store->sunk ? nullptr : a, lda, m);
       return;
     }
     const auto [c0, c1] = op.ranges[range];
     if (m == 0 || c1 <= c0) return;
     ThreadState& ts = thread_state();
-    const void* src = step_source(op, m, a, lda, store, keep_row, c0);
+    const void* src = step_source(op, m, a, lda, rows, row);
     lda = op.k;
     const int64_t w = c1 - c0;
     if (w == ldc) {
@@ -672,11 +607,11 @@ class OnednnEngine : public GemmEngine<float> {
 
   void step_blocks(int64_t m, const float* a, int64_t lda, const StepOperand& sb,
                    std::size_t first, std::size_t count, float beta, float* c, int64_t ldc,
-                   const float* const* init, RowStore* keep, int64_t keep_row) const override {
+                   const float* const* init, const OperandRows* rows,
+                   int64_t row) const override {
     const auto& op = static_cast<const BlockedOperand&>(sb);
     if (count <= 1 || op.fallback || !step_groups()) {
-      GemmEngine<float>::step_blocks(m, a, lda, sb, first, count, beta, c, ldc, init, keep,
-                                     keep_row);
+      GemmEngine<float>::step_blocks(m, a, lda, sb, first, count, beta, c, ldc, init, rows, row);
       return;
     }
     int64_t w = 0;
@@ -684,8 +619,7 @@ class OnednnEngine : public GemmEngine<float> {
       w += op.ranges[q].second - op.ranges[q].first;
     if (m == 0 || w == 0) return;
     ThreadState& ts = thread_state();
-    const void* src = step_source(op, m, a, lda, static_cast<Bf16Rows*>(keep), keep_row,
-                                  op.ranges[first].first);
+    const void* src = step_source(op, m, a, lda, rows, row);
     ts.c.resize(static_cast<std::size_t>(m * w));
     const Key key{m,     w,     op.k,  op.k, 0,    w,  false,
                   false, false, false, true, f32_, op.group_layout(first, count)};
@@ -725,25 +659,22 @@ class OnednnEngine : public GemmEngine<float> {
   }
 
   // A step's A rows, dense (brgemm has no kernel for some strided sources,
-  // e.g. f32 with k = 64): bf16 staging makes them so, f32 copies them if
-  // needed; or the store's rows, converted there by the range at column 0
-  // (c0), or written there by the caller (sunk: every range reads them).
+  // e.g. f32 with k = 64): the caller's bf16 rows where given, else bf16
+  // staging makes them so; f32 copies them if needed.
   const void* step_source(const BlockedOperand& op, int64_t m, const float* a, int64_t lda,
-                          Bf16Rows* store, int64_t keep_row, int64_t c0) const {
+                          const OperandRows* rows, int64_t row) const {
     ThreadState& ts = thread_state();
-    if (!f32_ && store && store->cols == op.k && (c0 == 0 || store->sunk)) {
-      if (c0 == 0) store->put(keep_row, store->sunk ? nullptr : a, lda, m);
-      return store->row(keep_row);
-    }
+    if (!f32_ && rows && rows->form() == SinkElement::bf16 && rows->cols() == op.k)
+      return rows->bf16_rows(row, m);
     if (!f32_) {
       stage(m, op.k, a, lda, ts.a);
       return ts.a.data();
     }
     if (lda == op.k) return a;
-    float* rows = ts.a32.resize(static_cast<std::size_t>(m * op.k));
+    float* dense = ts.a32.resize(static_cast<std::size_t>(m * op.k));
     for (int64_t i = 0; i < m; ++i)
-      std::memcpy(rows + i * op.k, a + i * lda, static_cast<std::size_t>(op.k) * sizeof(float));
-    return rows;
+      std::memcpy(dense + i * op.k, a + i * lda, static_cast<std::size_t>(op.k) * sizeof(float));
+    return dense;
   }
 
   bool f32_, small_in_fp32_;

@@ -3,11 +3,12 @@
 // the kernel also writes it in the form the engine's product reads, while the
 // value is in a register, so the engine needs no conversion pass of its own.
 //
-// The engine describes that form (GemmEngine::sink, cpu/gemm_engine.h), the
-// gate kernels are instantiated per form (cpu/rnn_gates.h), and the time loop
-// only hands each kernel the sink's rows it writes: a new operand form (int8
-// with a scale per row) adds a SinkElement, an engine and kernel
-// instantiations, and changes no signature the loop sees.
+// The engine names that form (GemmEngine::product_form and step_form,
+// cpu/gemm_engine.h), the time loop keeps the rows in it (cpu/operand_rows.h)
+// and hands each kernel the sink's rows it writes, and the gate kernels are
+// instantiated per form (cpu/rnn_gates.h): a new operand form (int8 with a
+// scale per row) adds a SinkElement, its conversion in OperandRows, an
+// engine and kernel instantiations, and changes no signature the loop sees.
 #pragma once
 
 #include <cassert>

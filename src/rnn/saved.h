@@ -21,10 +21,11 @@ struct RNNSaved {
     Tensor m;       // LSTM with projection [N, H]: o * tanh(c), before W_hr
     // What the cell keeps (its Saved: LSTM's c and c0, GRU's W_hn h + b_hn).
     std::variant<rnn::LstmCell::Saved, rnn::GruCell::Saved, rnn::RnnCell::Saved> cell;
-    // h_prev's rows in the engine's form for dW_hh (the bf16 engine's, where
-    // it multiplies dW_hh in bf16; else null). With it, h_prev is undefined
-    // where only dW_hh would read it (LSTM, RNN, steps read from the store).
-    std::shared_ptr<cpu::RowStore> h_prev_kept;
+    // h_prev's rows in the form dW_hh's product reads them (product_form:
+    // the bf16 engine's, where it multiplies dW_hh in bf16; else null). With
+    // them, h_prev is undefined where only dW_hh would read it (LSTM, RNN,
+    // steps that read these rows).
+    std::shared_ptr<cpu::OperandRows> h_prev_kept;
   };
   struct Layer {
     Tensor input;  // [N, in] what W_ih saw (after dropout); layer 0 of a lookup: the table

@@ -76,17 +76,18 @@ struct ForwardDirection {
   T* outp = nullptr;                               // this direction's columns of the layer output
   T *hprev = nullptr, *ms = nullptr;               // saved
   const cpu::StepOperand *whh = nullptr, *whr = nullptr;
-  // The engine's form of h_prev for the steps' products (null where it reads
-  // them as they are): two halves of [B, R], the steps alternating between
+  // h_prev in the form the steps' products read (step_form; null where they
+  // read the fp32 rows): two halves of [B, R], the steps alternating between
   // them (a thread may write a step's h while another still multiplies the
   // previous one's), filled by the gate kernels through hsink.
-  std::unique_ptr<cpu::RowStore> hkept;
+  std::unique_ptr<cpu::OperandRows> hkept;
   cpu::RowSink hsink;
-  // Saving for a backward whose dW_hh the engine multiplies in bf16: h_prev's
-  // rows in its form in packed row order instead (row r: h entering row r's
-  // step), kept for dW_hh; the kernels write each step's rows that continue
-  // into the next step's rows, h0 is kept for the rows that begin.
-  std::shared_ptr<cpu::RowStore> hp_kept;
+  // Saving for a backward whose dW_hh reads H_prev in another form
+  // (product_form): h_prev's rows in it in packed row order instead (row r:
+  // h entering row r's step), kept for dW_hh and read by the steps where
+  // they take that form; the kernels write each step's rows that continue
+  // into the next step's rows, h0 is put for the rows that begin.
+  std::shared_ptr<cpu::OperandRows> hp_kept;
   bool fp32_hprev = true;  // whether h_prev's fp32 rows are written (GRU reads them, or a step)
   // A lookup layer's projected rows: fed into the product where the engine
   // takes init rows (and the cell lets it), else added by the gate kernel
@@ -184,12 +185,12 @@ struct ForwardDirection {
     // Under a projection h_prev is W_hr's product, not a kernel's output.
     // dW_hh = dGᵀ·H_prev takes every row, h0's too: dG·0 is NaN where dG is
     // not finite, as in torch.
-    if (save && !proj) hp_kept = eng.keep_rows(N, R, G, N);
+    if (save && !proj) hp_kept = cpu::OperandRows::make(eng.product_form(G, R, N), N, R);
     if (hp_kept) {
-      hsink = eng.sink(*hp_kept);
+      hsink = hp_kept->sink();
       sd.h_prev_kept = hp_kept;
     }
-    fp32_hprev = !hp_kept || Cell::reads_h_prev || !eng.step_reads_rows(*whh);
+    fp32_hprev = !hp_kept || Cell::reads_h_prev || eng.step_form(*whh) != hp_kept->form();
     if (save) {
       if (fp32_hprev) {
         sd.h_prev = cpu::pooled_empty({N, R}, o.dtype);
@@ -204,13 +205,13 @@ struct ForwardDirection {
     load_state(ws.hstate.data(), h0, ld, plan.sorted_indices(), R);
     cell.start(c0, ld, plan.sorted_indices());
     outp = out.data<T>() + d * R;
-    hkept = proj || hp_kept ? nullptr : eng.step_rows(*whh, 2 * B);
+    if (!proj && !hp_kept) hkept = cpu::OperandRows::make(eng.step_form(*whh), 2 * B, R);
     if (hkept) {
+      hsink = hkept->sink();
       if (!h0_zero) {  // rows that begin later read h0 from either half
-        eng.keep(*hkept, 0, ws.hstate.data(), R, B);
-        eng.keep(*hkept, B, ws.hstate.data(), R, B);
+        hkept->put(0, ws.hstate.data(), R, B);
+        hkept->put(B, ws.hstate.data(), R, B);
       }
-      hsink = eng.sink(*hkept);
     }
   }
 
@@ -263,8 +264,7 @@ struct ForwardDirection {
       // The rows that begin here take h0 (before the barrier: every thread's
       // product reads them).
       if (sp.owns_row_work() && st.cont < st.n)
-        eng.keep(*hp_kept, st.r0 + st.cont, ws.hstate.data() + (j0 + st.cont) * R, R,
-                 st.n - st.cont);
+        hp_kept->put(st.r0 + st.cont, ws.hstate.data() + (j0 + st.cont) * R, R, st.n - st.cont);
     } else {
       st.h_row = (s % 2) * B + j0;
       st.h_next = hsink.from_row(((s + 1) % 2) * B + j0);
@@ -412,14 +412,15 @@ struct BackwardWorkspace {
   Tensor dg_t, dgh_t;
   T* dg = nullptr;   // [N, G] gradient of the gate pre-activations (GRU: input side)
   T* dgh = nullptr;  // GRU: [N, G] gradient of W_h h_prev + b_h; else = dg
-  // The engine's stores of dG's rows (null where it reads operands as they
-  // are): dgh_kept as the steps' products took them, for dW_hh (and, where dG
-  // is dG_h, for dW_ih and dX); GRU's dgx_kept, kept step by step while the
-  // rows are in cache, for dW_ih and dX. Without them, each of those products
-  // would convert all of dG again, streaming it from memory.
-  std::unique_ptr<cpu::RowStore> dgh_kept, dgx_kept;
+  // dG's rows in the form the whole-batch products read them (product_form;
+  // null where they read the fp32 rows), written by the gate kernels step by
+  // step while the rows are in cache: dgh_kept for the steps' products and
+  // dW_hh (and, where dG is dG_h, for dW_ih and dX); GRU's dgx_kept for dW_ih
+  // and dX. Without them, each of those products would convert all of dG
+  // again, streaming it from memory.
+  std::unique_ptr<cpu::OperandRows> dgh_kept, dgx_kept;
   typename Cell::template Workspace<T> cell;
-  const cpu::RowStore* dg_kept() const { return dgh == dg ? dgh_kept.get() : dgx_kept.get(); }
+  const cpu::OperandRows* dg_kept() const { return dgh == dg ? dgh_kept.get() : dgx_kept.get(); }
 
   // Written before read, as the forward's (dP is zeroed where its sums begin).
   void resize(const RNNSaved& sv) {
@@ -509,12 +510,14 @@ struct BackwardDirection {
     }
     whh = laid_out->whh.get();
     whr = laid_out->whr.get();
-    ws.dgh_kept = eng.keep_rows(N, G, R, N);
+    ws.dgh_kept = cpu::OperandRows::make(eng.product_form(G, R, N), N, G);
     // A lookup layer's dW_ih and dX read dP, not dG.
-    ws.dgx_kept = Cell::hidden_apart && !lookup_layer ? eng.keep_rows(N, G, in, N) : nullptr;
+    ws.dgx_kept = Cell::hidden_apart && !lookup_layer
+                      ? cpu::OperandRows::make(eng.product_form(G, in, N), N, G)
+                      : nullptr;
     dg_per_step = ws.dgh_kept && lookup_layer && !Cell::hidden_apart;
-    dgh_sink = ws.dgh_kept ? eng.sink(*ws.dgh_kept) : cpu::RowSink{};
-    dgx_sink = ws.dgx_kept ? eng.sink(*ws.dgx_kept) : cpu::RowSink{};
+    dgh_sink = ws.dgh_kept ? ws.dgh_kept->sink() : cpu::RowSink{};
+    dgx_sink = ws.dgx_kept ? ws.dgx_kept->sink() : cpu::RowSink{};
     assert(!dgh_sink.data || dgh_sink.ld == G);  // the kernels write dG's layout
     assert(!dgx_sink.data || dgx_sink.ld == G);
     if (dg_per_step) ws.dg_step.resize_for_overwrite(static_cast<std::size_t>(2 * sv.batch * G));
@@ -639,22 +642,16 @@ struct BackwardDirection {
   }
 
   // The product: dh_prev = dG_h · W_hh (added to the cell's direct part
-  // where its kernel wrote one); an apart dG_x is kept for dW_ih and dX.
-  // (After it, nothing: the next step's dh is this product.)
+  // where its kernel wrote one). (After it, nothing: the next step's dh is
+  // this product.)
   void product(const BackwardStep<T>& st, const Split& sp) {
-    if (ws.dgx_kept && sp.owns_row_work())
-      eng.keep(*ws.dgx_kept, st.r0, dgx_sink.data ? nullptr : st.dg, G, st.n);
     hidden_product(st, st.dgh, Cell::dh_prev_in_kernel ? T(1) : T(0), sp);
   }
 
-  // dh_prev[:ng, ra..rb) (+)= dgr · W_hh[:, ra..rb). The engine keeps dgr's
-  // rows for dW_hh (rows past ng too, which the product skips): under a
-  // column split those of thread 0, under a row split each thread its own.
+  // dh_prev[:ng, ra..rb) (+)= dgr · W_hh[:, ra..rb), dgr's rows read from
+  // dgh_kept where the product takes them in its form (the kernels wrote
+  // them there, rows past ng too, for dW_hh).
   void hidden_product(const BackwardStep<T>& st, const T* dgr, T beta, const Split& sp) {
-    if (ws.dgh_kept && sp.owns_row_work() && st.ng < st.n) {
-      eng.keep(*ws.dgh_kept, st.r0 + st.ng, dgh_sink.data ? nullptr : dgr + st.ng * G, G,
-               st.n - st.ng);
-    }
     if (st.ng == 0) return;
     eng.step(st.ng, dgr, G, *whh, sp.range(1, 0), beta, ws.dhstate.data() + st.j0 * R, R, nullptr,
              ws.dgh_kept.get(), st.r0);
