@@ -19,6 +19,10 @@ from torch.nn.utils.rnn import PackedSequence
 from . import _cuda_choice, _torch_dynamo, _torch_orig
 from ._torch_ops import _lengths_tensor, _new_packed, _traced
 
+# torch.get_autocast_dtype and the device-taking autocast queries (2.4+), looked
+# up once: on torch 1.13 a hasattr per forward raises an AttributeError inside.
+_AUTOCAST_BY_DEVICE = hasattr(torch, "get_autocast_dtype")
+
 _CUDA_BACKEND: list = []  # [module or None], once per process
 
 
@@ -260,7 +264,7 @@ class _SeqpackLayer(_QuantizationNotice):
         """Inside torch.autocast("cpu", dtype=torch.bfloat16), on CPU float32 or bfloat16
         input with float32 weights (the module itself is not converted under autocast)."""
         # The device-taking forms (2.4+) are what Dynamo traces without warnings.
-        if hasattr(torch, "get_autocast_dtype"):
+        if _AUTOCAST_BY_DEVICE:
             if not (torch.is_autocast_enabled("cpu") and
                     torch.get_autocast_dtype("cpu") == torch.bfloat16):
                 return False
@@ -666,7 +670,7 @@ class _SeqpackCell(_QuantizationNotice):
 
 @torch.jit.unused
 def _autocast_cpu() -> bool:
-    if hasattr(torch, "get_autocast_dtype"):
+    if _AUTOCAST_BY_DEVICE:
         return torch.is_autocast_enabled("cpu")
     return torch.is_autocast_cpu_enabled()
 

@@ -143,21 +143,30 @@ def _lengths_tensor(lengths, where: str) -> Tensor:
     return t.cpu()  # as PyTorch 2.x takes them (self for a CPU tensor)
 
 
+# What _symbolic and _compiling ask torch, looked up once: on torch 1.x none of
+# them exists, and a getattr that misses raises (and formats) an AttributeError
+# inside, four of them per forward.
+_SYM_INT = getattr(torch, "SymInt", None)
+_COMPILER = getattr(torch, "compiler", None)
+_IS_COMPILING = getattr(_COMPILER, "is_compiling", None) if _COMPILER is not None else None
+_TORCH_1 = torch.__version__.startswith("1.")  # no torch.compile at all
+
+
 @torch.jit.unused
 def _symbolic(t: Tensor) -> bool:
     """True when `t` has a symbolic size: it is being traced by torch.compile or
     torch.export with dynamic shapes, or is the output of an operator whose
     output size depends on values (the packing operators' fake implementations)."""
-    sym = getattr(torch, "SymInt", None)
-    return sym is not None and any(isinstance(n, sym) for n in t.shape)
+    return _SYM_INT is not None and any(isinstance(n, _SYM_INT) for n in t.shape)
 
 
 @torch.jit.unused
 def _compiling() -> bool:
     """Inside torch.compile or torch.export (PyTorch 2.x; never on 1.13)."""
-    compiler = getattr(torch, "compiler", None)
-    if compiler is not None and hasattr(compiler, "is_compiling"):
-        return compiler.is_compiling()
+    if _IS_COMPILING is not None:
+        return _IS_COMPILING()
+    if _TORCH_1:
+        return False
     dynamo = getattr(torch, "_dynamo", None)
     return dynamo is not None and dynamo.is_compiling()
 
