@@ -39,9 +39,10 @@ namespace seqpack::cpu {
 namespace {
 
 // 16 values per instruction where the CPU converts natively (AVX512-BF16:
-// every CPU the bf16 engine runs on). Highway 1.0 has no bf16 conversion with
-// rounding, hence the intrinsic, compiled for that target only and called
-// after a run-time check.
+// every CPU the bf16 engine runs on natively; emulated, it runs on others).
+// Highway 1.0 has no bf16 conversion with rounding, hence the intrinsic,
+// compiled for that target only and called after a run-time check
+// (cpu_converts_bf16).
 __attribute__((target("avx512f,avx512bf16,avx512vl"))) void f32_to_bf16_native(
     const float* src, uint16_t* dst, int64_t n) {
   int64_t i = 0;
@@ -52,13 +53,8 @@ __attribute__((target("avx512f,avx512bf16,avx512vl"))) void f32_to_bf16_native(
   for (; i < n; ++i) dst[i] = bf16_of(src[i]);
 }
 
-bool native_conversion() {
-  static const bool yes = __builtin_cpu_supports("avx512bf16");
-  return yes;
-}
-
 void convert_serial(const float* src, uint16_t* dst, int64_t n) {
-  if (native_conversion()) {
+  if (cpu_converts_bf16()) {
     f32_to_bf16_native(src, dst, n);
     return;
   }

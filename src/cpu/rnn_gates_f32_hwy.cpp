@@ -121,22 +121,23 @@ HWY_INLINE VF Tanh(DF d, VF x) {
 
 // p[0, lanes) = bf16_of(v): a value's bf16 copy for a bf16 engine's row sink,
 // written while the value is in a register instead of in a pass over the rows
-// after the kernel. AVX-512: one vcvtneps2bf16, as inline assembly (Highway
-// 1.0's DemoteTo truncates; the intrinsic would need avx512bf16 enabled on
-// every kernel); reached only with a sink, which only the bf16 engine hands
-// out, and that engine runs only on CPUs with AVX512-BF16. Other targets:
-// the scalar reference, lane by lane.
+// after the kernel. AVX-512 with AVX512-BF16: one vcvtneps2bf16, as inline
+// assembly (Highway 1.0's DemoteTo truncates; the intrinsic would need
+// avx512bf16 enabled on every kernel). Other CPUs (the emulated bf16 engine
+// runs on AVX-512 CPUs without BF16 too) and targets: the scalar reference,
+// lane by lane.
 HWY_INLINE void StoreBf16(DF d, VF v, uint16_t* p) {
 #if HWY_TARGET == HWY_AVX3 || HWY_TARGET == HWY_AVX3_DL
-  (void)d;
-  __m256i bits;
-  asm("vcvtneps2bf16 %1, %0" : "=v"(bits) : "v"(v.raw));
-  _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), bits);
-#else
+  if (cpu_converts_bf16()) {
+    __m256i bits;
+    asm("vcvtneps2bf16 %1, %0" : "=v"(bits) : "v"(v.raw));
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), bits);
+    return;
+  }
+#endif
   HWY_ALIGN float lanes[HWY_MAX_BYTES / sizeof(float)];
   hn::Store(v, d, lanes);
   for (size_t i = 0; i < hn::Lanes(d); ++i) p[i] = bf16_of(lanes[i]);
-#endif
 }
 
 // A pre-activation: the gate row's value, plus the input row's (kAddX).
