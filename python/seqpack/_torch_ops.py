@@ -147,8 +147,7 @@ def _lengths_tensor(lengths, where: str) -> Tensor:
 # them exists, and a getattr that misses raises (and formats) an AttributeError
 # inside, four of them per forward.
 _SYM_INT = getattr(torch, "SymInt", None)
-_COMPILER = getattr(torch, "compiler", None)
-_IS_COMPILING = getattr(_COMPILER, "is_compiling", None) if _COMPILER is not None else None
+_IS_COMPILING = getattr(getattr(torch, "compiler", None), "is_compiling", None)  # as _cuda.py's
 _TORCH_1 = torch.__version__.startswith("1.")  # no torch.compile at all
 
 
