@@ -24,8 +24,10 @@ How: torch.nn.LSTM/GRU/RNN and seqpack.torch's layer of the same class with the 
 weights (load_state_dict), each given the packed batch (pack_padded_sequence,
 enforce_sorted=False, made outside the timed region) and the plain padded [T, B, H]
 tensor (every sequence at the longest length: what a caller who does not pack runs);
-each side's time is the faster of its two layouts, and which won is recorded. torch
-runs fp32 (its bf16 module is not a configuration this sweep tries). torch is at its
+each side's time is the faster of its layouts, and which won is recorded. Against
+seqpack's bf16, torch runs its bf16 module too (module.to(torch.bfloat16) given bf16
+input, packed and padded: on a CPU with native bf16 its GEMMs go to oneDNN's bf16
+matmul), and its time is the fastest of its four configurations. torch is at its
 best: its threads and those of the OpenBLAS its GEMMs call at the same count as
 seqpack's (bench/torch_threads.py), glibc malloc tuned (--malloc tuned, the default
 here: PyTorch 1.13's fast allocator state, docs/performance.md) and OpenBLAS's kernels
@@ -60,6 +62,7 @@ the 62 it skips are the H=512/1024 shapes at batch 64-256 estimated over 1 s a c
         --steps 64,mixed --modes train --threads 1 --out-dir /tmp/sweep
 """
 import argparse
+import copy
 import datetime
 import json
 import math
@@ -88,7 +91,6 @@ except ImportError:  # no seqpack.pth in this Python: this tree's build
 CELLS = {"lstm": ("LSTM", torch.nn.LSTM, spt.LSTM, {}, 4),
          "gru": ("GRU", torch.nn.GRU, spt.GRU, {}, 3),
          "rnn": ("RNN", torch.nn.RNN, spt.RNN, {"nonlinearity": "tanh"}, 1)}
-LAYOUTS = ("packed", "padded")
 MIXED_SEED = 0
 
 
@@ -176,10 +178,10 @@ def estimate_call(cell, hidden, lengths, mode, layers, directions, threads):
     return 1.5 * max(lengths) * step * (3 if mode == "train" else 1) * layers * directions
 
 
-def sweep_cost(call, rounds, min_time):
+def sweep_cost(call, rounds, min_time, layouts):
     """Seconds one cell of the sweep takes: a warm-up per layout and side, then per
-    round each of the four layouts for max(min_time, one call)."""
-    return 4 * call + rounds * 4 * max(min_time, call)
+    round each of the `layouts` (both sides') for max(min_time, one call)."""
+    return layouts * call + rounds * layouts * max(min_time, call)
 
 
 # --------------------------------------------------------------- the timing
@@ -198,11 +200,15 @@ def fastest(run, min_time):
 def runners(module, x, packed, mode, autocast_bf16):
     """{layout: a function running one call} for one module."""
     params = list(module.parameters())
+    # seqpack's layers run their "auto" precision under CPU bf16 autocast. The
+    # context is made once and entered per call, as a loop inside one autocast
+    # region pays it: torch 1.13's constructor probes for torch_xla through
+    # importlib at every construction (30-40 us, more than a small layer's call).
+    amp = torch.autocast("cpu", dtype=torch.bfloat16) if autocast_bf16 else None
 
     def forward(inp):
-        if autocast_bf16:
-            # seqpack's layers run their "auto" precision under CPU bf16 autocast.
-            with torch.autocast("cpu", dtype=torch.bfloat16):
+        if amp is not None:
+            with amp:
                 return module(inp)
         return module(inp)
 
@@ -250,6 +256,12 @@ def measure(cell, hidden, lengths, mode, precision, args):
     packed = pack_padded_sequence(x, torch.tensor(lengths), enforce_sorted=False)
     sides = {"torch": runners(tm, x, packed, mode, False),
              "seqpack": runners(sm, x, packed, mode, precision == "bf16")}
+    if precision == "bf16":  # torch's bf16 module is one of its configurations
+        tb = copy.deepcopy(tm).to(torch.bfloat16)
+        xb = x.to(torch.bfloat16)
+        pb = pack_padded_sequence(xb, torch.tensor(lengths), enforce_sorted=False)
+        for layout, run in runners(tb, xb, pb, mode, False).items():
+            sides["torch"][f"bf16 {layout}"] = run
     warm = {}
     for side, runs in sides.items():
         for layout, run in runs.items():
@@ -265,7 +277,7 @@ def measure(cell, hidden, lengths, mode, precision, args):
                 sec, calls = fastest(run, args.min_time)
                 r[side][layout] = dict(sec=sec, calls=calls)
         for side in sides:
-            best = min(LAYOUTS, key=lambda lay: r[side][lay]["sec"])
+            best = min(r[side], key=lambda lay: r[side][lay]["sec"])
             r[f"{side}_config"], r[f"{side}_sec"] = best, r[side][best]["sec"]
         r["ratio"] = r["torch_sec"] / r["seqpack_sec"]
         rounds.append(r)
@@ -316,7 +328,8 @@ def write_markdown(path, meta, results):
     lines += ["", "ratio = torch ms / seqpack ms (> 1: seqpack faster), the median of "
               f"{meta['rounds']} paired rounds (range: the rounds' lowest and highest); ms = "
               "the fastest call of the median round; config = the layout that was faster "
-              "(packed: pack_padded_sequence; padded: a plain [T, B, H] tensor).", "",
+              "(packed: pack_padded_sequence; padded: a plain [T, B, H] tensor; bf16: torch's module "
+              "in bf16, module.to(torch.bfloat16)).", "",
               "| cell | hidden | batch | steps | mode | precision | torch ms | seqpack ms | "
               "ratio | range | torch config | seqpack config |",
               "| --- | ---: | ---: | --- | --- | --- | ---: | ---: | ---: | --- | --- | --- |"]
@@ -525,7 +538,9 @@ def main():
                   f"input_size = hidden; 'mixed' steps: lengths uniform in 1..{args.mixed_max} "
                   f"(seed {MIXED_SEED})",
         "precision": ", ".join(f"{label} -> seqpack {eff}" for label, eff in precisions)
-                     + "; torch fp32",
+                     + "; torch fp32"
+                     + (", and against seqpack bf16 also torch's bf16 module (the faster counts)"
+                        if any(eff == "bf16" for _, eff in precisions) else ""),
         "timing": f"{args.rounds} paired rounds, each layout for {args.min_time} s per round "
                   f"(fastest call)",
     }
@@ -557,7 +572,8 @@ def main():
             r["status"] = "skipped"
             r["skip_reason"] = (f"skipped (estimated {r['estimate_sec_per_call']:.2g} s/call, "
                                 f"over --max-call {args.max_call:g})")
-    cost = lambda r: sweep_cost(r["estimate_sec_per_call"], args.rounds, args.min_time)
+    cost = lambda r: sweep_cost(r["estimate_sec_per_call"], args.rounds, args.min_time,
+                                6 if r["seqpack_precision"] == "bf16" else 4)
     kept = [r for r in plan if r["status"] == "planned"]
     if args.budget is not None:
         total = sum(cost(r) for r in kept)
