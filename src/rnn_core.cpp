@@ -218,13 +218,18 @@ RNNGradients backward_impl(const RNNSaved& sv, const Tensor& grad_output, const 
     for (int64_t d = 0; d < D; ++d) {
       const DirWeights<T> w = dir_weights<T>(o, sv.weights, l, d);
       const BackwardWorkspace<T, Cell>& ws = wss[static_cast<std::size_t>(d)];
+      // W_ih as the model's plan laid it out for the forward (bf16: its
+      // rounded copy, which serves this product too).
+      const cpu::WeightLayout* wih = nullptr;
+      if (sv.model && !sv.model->weight_layouts.dirs.empty())
+        wih = sv.model->weight_layouts.dirs[static_cast<std::size_t>(l * D + d)].wih.get();
       eng.gemm({.m = rows,
                 .n = in,
                 .k = G,
                 .a = {.data = lookup_layer ? ws.dproj.data() : ws.dg,
                       .ld = G,
                       .kept = lookup_layer ? nullptr : ws.dg_kept()},
-                .b = {.data = w.w_ih, .ld = in},
+                .b = {.data = w.w_ih, .ld = in, .laid_out = wih},
                 .beta = d == 0 ? T(0) : T(1),
                 .c = dx.data<T>(),
                 .ldc = in});

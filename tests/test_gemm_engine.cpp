@@ -262,6 +262,71 @@ TEST(GemmEngine, Bf16StepsFromTwoThreadsAtOnce) {
   }
 }
 
+// A model's weight matrix as the engine lays it out for the whole-batch
+// products (lay_out_weights: bf16's rounded copy, made by its first bf16
+// product): the products that read it give exactly the bits of the products
+// that convert B themselves, for op(B) transposed (the forward's W_ihᵀ) and
+// not (the backward's dX reads the same copy), again once the copy is made,
+// below the size where bf16 pays (fp32, the copy unread), and a copy of
+// another matrix is not read. fp32 lays out nothing.
+TEST(GemmEngine, LaidOutWeightsGiveTheSameProducts) {
+  EXPECT_EQ(gemm_engine_f32(Precision::fp32).lay_out_weights(nullptr, true, 4, 4, 4), nullptr);
+  if (!testing::bf16_runs()) GTEST_SKIP() << testing::no_bf16_here();
+  const GemmEngine<float>& eng = gemm_engine_f32(Precision::bf16);
+  uint64_t seed = 700;
+  ASSERT_FALSE(bf16_product(1, 300, 131));
+  ASSERT_TRUE(bf16_product(80, 300, 131));
+  for (const int64_t m : {1, 80}) {
+    // W stored [rows, cols] (row stride cols + 5); the forward multiplies by
+    // Wᵀ (k = cols, n = rows), the backward by W (k = rows, n = cols).
+    const int64_t rows = 300, cols = 131, ld = cols + 5;
+    Problem fwd = make_problem(false, true, m, rows, cols, ++seed);
+    ASSERT_EQ(fwd.ldb, ld);
+    const auto copy = eng.lay_out_weights(fwd.b.data(), true, cols, rows, ld);
+    ASSERT_NE(copy, nullptr);
+    Problem bwd = make_problem(false, false, m, cols, rows, ++seed);
+    bwd.b = fwd.b;  // the same stored matrix, read as op(B) = W
+    bwd.ldb = ld;
+    for (int pass = 0; pass < 2; ++pass) {
+      for (Problem* p : {&fwd, &bwd}) {
+        SCOPED_TRACE("m " + std::to_string(m) + (p->tb ? " Wᵀ" : " W") + " pass " +
+                     std::to_string(pass));
+        std::vector<float> want = p->c, got = p->c;
+        GemmProduct<float> q{.m = p->m,
+                             .n = p->n,
+                             .k = p->k,
+                             .a = {.data = p->a.data(), .ld = p->lda},
+                             .b = {.data = p->b.data(), .ld = p->ldb, .trans = p->tb},
+                             .c = want.data(),
+                             .ldc = p->ldc};
+        eng.gemm(q);
+        q.b.laid_out = copy.get();
+        q.c = got.data();
+        eng.gemm(q);
+        EXPECT_EQ(std::memcmp(want.data(), got.data(), want.size() * sizeof(float)), 0);
+      }
+    }
+  }
+  // A copy of another matrix (another source) is not read: the product
+  // converts its own B.
+  Problem p = make_problem(false, true, 80, 300, 131, ++seed);
+  Problem other = make_problem(false, true, 80, 300, 131, ++seed);
+  const auto copy = eng.lay_out_weights(other.b.data(), true, 131, 300, other.ldb);
+  std::vector<float> want = p.c, got = p.c;
+  GemmProduct<float> q{.m = p.m,
+                       .n = p.n,
+                       .k = p.k,
+                       .a = {.data = p.a.data(), .ld = p.lda},
+                       .b = {.data = p.b.data(), .ld = p.ldb, .trans = true},
+                       .c = want.data(),
+                       .ldc = p.ldc};
+  eng.gemm(q);
+  q.b.laid_out = copy.get();
+  q.c = got.data();
+  eng.gemm(q);
+  EXPECT_EQ(std::memcmp(want.data(), got.data(), want.size() * sizeof(float)), 0);
+}
+
 // A matrix whose rows step() products read a few at a time and a whole-batch
 // product reads again (the backward's dG), kept in the form the engine names
 // (OperandRows::put, a step's rows before its product): the products that

@@ -67,8 +67,12 @@ struct GemmOperand {
   bool trans = false;
   const OperandRows* kept = nullptr;
   int64_t kept_row = 0;
-  // B only: op(B) as the engine's lay_out_weights() laid it out (the same
-  // shape; data, ld and trans describe the matrix it was made from).
+  // B only: the matrix data points at as the engine's lay_out_weights() laid
+  // it out for the model's forward products (data, ld and trans describe
+  // this product's op(B) of it). An engine reads it where it serves the
+  // product: bf16's rounded copy serves op(B) transposed or not (the
+  // backward's dX reads W_ih's); int8's quantized weights, which only
+  // forwards read, the forward's op(B).
   const WeightLayout* laid_out = nullptr;
 };
 

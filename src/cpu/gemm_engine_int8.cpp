@@ -70,6 +70,9 @@ class Int8Engine : public GemmEngine<float> {
     }
     if (p.m == 0 || p.n == 0) return;
     const auto* laid_out = static_cast<const Int8Weights*>(p.b.laid_out);
+    if (laid_out && !p.b.trans) {
+      throw std::logic_error("the int8 engine's weights are laid out for W transposed only");
+    }
     QuantizedWeights own;
     if (!laid_out) quantize_weights_s8(p.b.data, p.b.trans, p.k, p.n, p.b.ld, own);
     const QuantizedWeights& w = laid_out ? laid_out->w : own;

@@ -2,10 +2,12 @@
 // results. The operands are converted to bf16 (rounded to nearest even) right
 // before each product: whole-batch operands per call, a step's rows per step
 // (or none: the time loop keeps the rows it gives in bf16 already,
-// cpu/operand_rows.h); the step weights once per call, reordered into the
-// blocked layout the primitive asks for. Primitives are created once per shape and thread and
-// kept (creating one costs ~0.2 ms, fetching a cached one ~1 us); the
-// scratchpad is the caller's (user mode), so two threads never share one.
+// cpu/operand_rows.h); the weights of a model's plan once per plan (W_ih's
+// bf16 copy at its first bf16 product, Bf16Weights; the step weights
+// reordered into the blocked layout the primitive asks for). Primitives are
+// created once per shape and thread and kept (creating one costs ~0.2 ms,
+// fetching a cached one ~1 us); the scratchpad is the caller's (user mode),
+// so two threads never share one.
 // Emulated (bf16_emulation(): the policy's bf16 = "emulated"), the same
 // rounded operands are multiplied in fp32 instead (run_emulated), on any CPU.
 #include <immintrin.h>
@@ -475,6 +477,28 @@ struct BlockedOperand : StepOperand {
   }
 };
 
+// A weight matrix rounded to bf16 for the whole-batch products of a model's
+// plan (lay_out_weights), stored as the matrix is (the products read it
+// transposed or not through strides, as a staged operand), made by the first
+// bf16 product that reads it and kept with the plan: a model's calls convert
+// W_ih once, not once per call (LSTM(1024), one step at batch 1, inference:
+// converting its 4M values per call was half of the call). A product too
+// small for bf16 (bf16_product) runs in fp32 and never makes it.
+struct Bf16Weights : WeightLayout {
+  const float* source = nullptr;
+  int64_t rows = 0, cols = 0, ld = 0;  // the matrix as stored
+  mutable std::once_flag made;
+  mutable GrowBuffer<uint16_t> bf16;
+
+  // The copy where it is of op(B)'s matrix (stored [rows, cols] at data, row
+  // stride ld), made on first use; else null.
+  const uint16_t* of(const float* data, int64_t r, int64_t c, int64_t l) const {
+    if (data != source || r != rows || c != cols || l != ld) return nullptr;
+    std::call_once(made, [&] { stage(rows, cols, source, ld, bf16); });
+    return bf16.data();
+  }
+};
+
 }  // namespace
 
 namespace {
@@ -529,11 +553,26 @@ class OnednnEngine : public GemmEngine<float> {
     ThreadState& ts = thread_state();
     const uint16_t* a16 =
         bf16_operand(a.kept, a.kept_row, a.trans ? k : m, a.trans ? m : k, a.data, a.ld, ts.a);
-    const uint16_t* b16 =
-        bf16_operand(b.kept, b.kept_row, b.trans ? n : k, b.trans ? k : n, b.data, b.ld, ts.b);
+    const auto* copy = static_cast<const Bf16Weights*>(b.laid_out);
+    const uint16_t* b16 = copy ? copy->of(b.data, b.trans ? n : k, b.trans ? k : n, b.ld) : nullptr;
+    if (!b16)
+      b16 = bf16_operand(b.kept, b.kept_row, b.trans ? n : k, b.trans ? k : n, b.data, b.ld, ts.b);
     const Key key{m,       n,       k, a.trans ? m : k, b.trans ? k : n, p.ldc, a.trans,
                   b.trans, !p.c_row && p.beta != 0.0f, p.c_row != nullptr, false, false};
     run_product(key, a16, b16, p.c, p.c_row);
+  }
+
+  // bf16: a copy of B rounded to bf16, made by its first bf16 product
+  // (Bf16Weights); the step products lay their weights out in prepare().
+  std::unique_ptr<WeightLayout> lay_out_weights(const float* b, bool trans_b, int64_t k, int64_t n,
+                                                int64_t ldb) const override {
+    if (f32_) return nullptr;
+    auto w = std::make_unique<Bf16Weights>();
+    w->source = b;
+    w->rows = trans_b ? n : k;
+    w->cols = trans_b ? k : n;
+    w->ld = ldb;
+    return w;
   }
 
   SinkElement product_form(int64_t m, int64_t n, int64_t k) const override {

@@ -29,7 +29,7 @@ RNNPlanInfo rnn_plan_info(const RNNModelPlan& plan) {
   RNNPlanInfo info;
   info.precision = plan.options.precision;
   info.backward = precision_traits(plan.options.precision).backward;
-  info.quantized = !plan.weight_layouts.dirs.empty();
+  info.quantized = plan.options.precision == Precision::int8 && !plan.weight_layouts.dirs.empty();
   const std::lock_guard<std::mutex> lock(plan.mutex);
   info.splits_laid_out = static_cast<int>(plan.f32.size() + plan.f64.size());
   info.backward_splits_laid_out =

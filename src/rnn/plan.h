@@ -24,9 +24,10 @@
 namespace seqpack::rnn {
 
 // Each layer and direction's weight matrices in the form the engine's
-// products read them (GemmEngine::lay_out_weights: int8's quantized ones),
-// made once per model, as op(B) of the forward's products (W_ih and W_hh and
-// W_hr transposed); null where the engine reads weights as they are.
+// products read them (GemmEngine::lay_out_weights: int8's quantized ones,
+// made here; bf16's rounded copies, made by their first bf16 product), once
+// per model, as op(B) of the forward's products (W_ih and W_hh and W_hr
+// transposed); null where the engine reads weights as they are.
 struct WeightLayouts {
   struct Direction {
     std::unique_ptr<cpu::WeightLayout> wih, whh, whr;
