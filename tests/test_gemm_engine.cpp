@@ -5,6 +5,7 @@
 // converter), with fp32 accumulation error only; on a CPU without native bf16
 // those tests are skipped and the engine must refuse with the ISA's name.
 #include <gtest/gtest.h>
+#include <omp.h>
 
 #include <bit>
 #include <cmath>
@@ -233,6 +234,31 @@ TEST(GemmEngine, NoOnednnReferenceKernel) {
   const auto op = eng.prepare(p.b.data(), true, p.k, p.n, p.ldb, {{0, 1024}, {0, 512}, {512, 1024}});
   for (std::size_t r = 0; r < 3; ++r) eng.step(p.m, p.a.data(), p.lda, *op, r, 1.0f, p.c.data(), p.ldc);
   EXPECT_EQ(onednn_reference_primitives(), 0);
+}
+
+// A primitive is made for the thread count it runs at: oneDNN fixes its
+// split of the work when it makes one, so one made at 1 thread and run after
+// set_num_threads(2) would leave the second thread idle. The same product at
+// 1, 2 and again 1 thread: two primitives, the same values.
+TEST(GemmEngine, PrimitivesPerThreadCount) {
+  const int before = omp_get_max_threads();
+  Problem p = make_problem(false, true, 64, 96, 80, 31);
+  std::vector<std::vector<float>> out;
+  const int64_t made = onednn_primitives_made();
+  for (const int threads : {1, 2, 1}) {
+    omp_set_num_threads(threads);
+    std::vector<float> c = p.c;
+    onednn_gemm_f32(false, true, p.m, p.n, p.k, p.a.data(), p.lda, p.b.data(), p.ldb, 0.0f,
+                    c.data(), p.ldc, nullptr);
+    out.push_back(c);
+  }
+  omp_set_num_threads(before);
+  EXPECT_EQ(onednn_primitives_made() - made, 2);
+  for (std::size_t i = 0; i < out[0].size(); ++i)
+    // |a|, |b| <= 1: a sum of k = 80 products in any order, within 2u(k + 2)k.
+    ASSERT_NEAR(out[1][i], out[0][i], std::numeric_limits<float>::epsilon() * 82 * 80)
+        << "element " << i;
+  EXPECT_EQ(std::memcmp(out[0].data(), out[2].data(), out[0].size() * sizeof(float)), 0);
 }
 
 TEST(GemmEngine, Bf16WhereItPays) {

@@ -224,6 +224,9 @@ bool bf16_product(int64_t m, int64_t n, int64_t k);
 // How many of the oneDNN primitives created so far run oneDNN's reference
 // (unoptimised) kernel; tests check it stays 0.
 int64_t onednn_reference_primitives();
+// oneDNN matmul primitives made so far (each is kept per shape, calling
+// thread and thread count), for the tests.
+int64_t onednn_primitives_made();
 bool bf16_step(int64_t k, int64_t n);
 
 // cpu::gemm's contract (alpha = 1) through oneDNN's f32 matmul, primitives
