@@ -229,6 +229,18 @@ int64_t onednn_reference_primitives();
 int64_t onednn_primitives_made();
 bool bf16_step(int64_t k, int64_t n);
 
+// op(b) [k, n] (b transposed where trans, row stride ld) in a blocked bf16
+// layout, three ways, for the tests: by oneDNN's reorder, and, where the
+// layout is a pair blocking (bf16_blocked.h), by write_pair_blocked_bf16 and
+// by its plain loops. The layout: oneDNN's 16a<n_block>b2a (n_block 16, 32,
+// 48 or 64; any CPU), or with n_block 0 the one oneDNN's bf16 matmul picks.
+struct Bf16LayoutsForTest {
+  bool pair_blocked = false;
+  std::vector<uint16_t> onednn, written, reference;
+};
+Bf16LayoutsForTest bf16_layouts_for_test(const float* b, bool trans, int64_t k, int64_t n,
+                                         int64_t ld, int64_t n_block);
+
 // cpu::gemm's contract (alpha = 1) through oneDNN's f32 matmul, primitives
 // cached per shape, strides and thread: the f32 engine's whole-batch products.
 void onednn_gemm_f32(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, const float* a,

@@ -21,6 +21,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <stdexcept>
 #include <string>
 #include <tuple>
@@ -28,6 +29,7 @@
 #include <vector>
 
 #include "cpu/bf16.h"
+#include "cpu/bf16_blocked.h"
 #include "cpu/buffer_pool.h"
 #include "cpu/cpu_info.h"
 #include "cpu/gemm.h"
@@ -233,6 +235,29 @@ BlockedLayouts& blocked_layouts() {
   return layouts;
 }
 
+// `layout` (of [k, n] bf16 weights) as write_pair_blocked_bf16 writes it,
+// where it is one of those layouts (oneDNN's 16a<N>b2a: every layout its
+// bf16 matmul has asked for on AVX512-BF16 and AMX); else the weights go
+// through oneDNN's reorder.
+std::optional<PairBlocking> pair_blocking(const dnnl::memory::desc& layout, int64_t k, int64_t n) {
+  const onednn::Blocking b = onednn::blocking_of(layout);
+  if (!b.blocked || b.padded_dims.size() != 2 || b.inner_blks.size() != 3 ||
+      b.inner_idxs != dims{0, 1, 0} || b.inner_blks[0] != 16 || b.inner_blks[2] != 2) {
+    return std::nullopt;
+  }
+  const int64_t nb = b.inner_blks[1];
+  if (nb <= 0 || nb % 16 != 0) return std::nullopt;
+  const int64_t tiles_k = (k + 31) / 32, tiles_n = (n + nb - 1) / nb;
+  if (b.padded_dims[0] != tiles_k * 32 || b.padded_dims[1] != tiles_n * nb) return std::nullopt;
+  const PairBlocking p{.n_block = nb, .tile_k_stride = b.strides[0], .tile_n_stride = b.strides[1]};
+  const int64_t end = (tiles_k - 1) * p.tile_k_stride + (tiles_n - 1) * p.tile_n_stride + 32 * nb;
+  if (p.tile_k_stride < 0 || p.tile_n_stride < 0 ||
+      static_cast<std::size_t>(end) * sizeof(uint16_t) > layout.get_size()) {
+    return std::nullopt;
+  }
+  return p;
+}
+
 Primitive& primitive(const Key& asked) {
   thread_local std::unordered_map<Key, Primitive, KeyHash> cache;
   Key key = asked;
@@ -383,6 +408,77 @@ const dnnl::reorder& weights_reorder(int64_t k, int64_t w, bool trans, int64_t l
   return it->second;
 }
 
+// A oneDNN memory on storage from the buffer pool (cpu/buffer_pool.h), which
+// it keeps: weights laid out again after every optimiser step would
+// otherwise take fresh blocks from mmap each time, faulted in page by page
+// (LSTM(500), one step at batch 1, training with an SGD step per call: 2.7
+// ms a call against 0.9 with glibc's mmap threshold raised, Zen 5).
+struct PooledMemory : dnnl::memory {
+  Tensor storage;
+};
+PooledMemory pooled_memory(const dnnl::memory::desc& desc) {
+  PooledMemory m;
+  m.storage = pooled_empty({static_cast<int64_t>((desc.get_size() + 7) / 8)}, DType::f64);
+  static_cast<dnnl::memory&>(m) = dnnl::memory(desc, cpu_engine(), m.storage.raw_data());
+  return m;
+}
+
+// op(x) [k, w] (x's first column at `first`, row stride ld; transposed
+// where trans) through oneDNN's reorder into `layout`: bf16 staged first.
+PooledMemory reordered_weights(const float* first, bool trans, int64_t ld, int64_t k, int64_t w,
+                               bool f32, const dnnl::memory::desc& layout) {
+  ThreadState& ts = thread_state();
+  dnnl::memory plain;
+  if (f32) {
+    plain = dnnl::memory(operand_desc(k, w, trans, ld, dt::f32), cpu_engine(),
+                         const_cast<float*>(first));
+  } else {
+    stage(trans ? w : k, trans ? k : w, first, ld, ts.b);
+    plain = dnnl::memory(bf16_desc(k, w, trans), cpu_engine(), ts.b.data());
+  }
+  // The reorder's source: key (k, w, trans, ld), ld 0 for contiguous bf16.
+  bool src_trans = trans;
+  int64_t src_ld = f32 ? ld : 0;
+  if (trans && onednn::kReorderTransposedThroughRowMajor) {
+    dnnl::memory rows(dnnl::memory::desc({k, w}, f32 ? dt::f32 : dt::bf16, tag::ab), cpu_engine());
+    dnnl::reorder(plain, rows).execute(ts.stream, plain, rows);
+    plain = rows;
+    src_trans = false;
+    src_ld = f32 ? w : 0;  // as a row-major operand of this shape
+  }
+  PooledMemory blocked = pooled_memory(layout);
+  weights_reorder(k, w, src_trans, src_ld, blocked_layouts().id(layout), plain, blocked)
+      .execute(ts.stream, plain, blocked);
+  return blocked;
+}
+
+// op(x) [k, w] (as above) in the blocked layout oneDNN's matmul picks for
+// it: bf16 written in one pass where the layout is a pair blocking
+// (bf16_blocked.h), else through oneDNN's reorder.
+PooledMemory blocked_weights(const float* first, bool trans, int64_t ld, int64_t k, int64_t w,
+                             bool f32) {
+  if (!f32 && bf16_emulation()) {
+    // run_emulated's weights: the values rounded to bf16, in f32 [k, w] rows.
+    PooledMemory rows = pooled_memory(dnnl::memory::desc({k, w}, dt::f32, tag::ab));
+    auto* r = static_cast<float*>(rows.get_data_handle());
+    for (int64_t i = 0; i < k; ++i) {
+      for (int64_t c = 0; c < w; ++c)
+        r[i * w + c] = float_of_bf16(bf16_of(trans ? first[c * ld + i] : first[i * ld + c]));
+    }
+    return rows;
+  }
+  const dnnl::memory::desc layout = blocked_weights_desc(k, w, f32);
+  if (!f32) {
+    if (const auto pairs = pair_blocking(layout, k, w)) {
+      PooledMemory blocked = pooled_memory(layout);
+      write_pair_blocked_bf16(first, trans, ld, k, w, *pairs,
+                              static_cast<uint16_t*>(blocked.get_data_handle()));
+      return blocked;
+    }
+  }
+  return reordered_weights(first, trans, ld, k, w, f32, layout);
+}
+
 // Columns [c0, c1) of op(b) [k, n] per range, in the primitive's blocked
 // layout, each laid out on its first use (a call uses either the one-thread
 // range or the per-thread ones, never both); and, for step_blocks(), a
@@ -394,10 +490,10 @@ struct BlockedOperand : StepOperand {
   bool trans = false, f32 = false;
   int64_t ldb = 0;
   std::vector<ColumnRange> ranges;
-  mutable std::vector<dnnl::memory> blocks;  // one per range
+  mutable std::vector<PooledMemory> blocks;  // one per range
   mutable std::vector<int> block_layouts;    // their layouts (blocked_layouts())
   std::unique_ptr<std::once_flag[]> ready;  // one per range
-  mutable std::vector<dnnl::memory> groups;  // per first range of a group
+  mutable std::vector<PooledMemory> groups;  // per first range of a group
   mutable std::vector<int> group_layouts;
   std::unique_ptr<std::once_flag[]> group_ready;
 
@@ -451,63 +547,40 @@ struct BlockedOperand : StepOperand {
   // op(x) [k, w] (x's first column at `first`, row stride ld) in the blocked
   // layout; for emulated bf16 (bf16_emulation()), its values rounded to bf16
   // in f32 [k, w] rows (run_emulated's weights).
-  dnnl::memory lay_out(const float* first, int64_t w, int64_t ld) const {
-    if (!f32 && bf16_emulation()) {
-      dnnl::memory rows(dnnl::memory::desc({k, w}, dt::f32, tag::ab), cpu_engine());
-      auto* r = static_cast<float*>(rows.get_data_handle());
-      for (int64_t i = 0; i < k; ++i) {
-        for (int64_t c = 0; c < w; ++c)
-          r[i * w + c] = float_of_bf16(bf16_of(trans ? first[c * ld + i] : first[i * ld + c]));
-      }
-      return rows;
-    }
-    ThreadState& ts = thread_state();
-    dnnl::memory plain;
-    if (f32) {
-      plain = dnnl::memory(operand_desc(k, w, trans, ld, dt::f32), cpu_engine(),
-                           const_cast<float*>(first));
-    } else {
-      stage(trans ? w : k, trans ? k : w, first, ld, ts.b);
-      plain = dnnl::memory(bf16_desc(k, w, trans), cpu_engine(), ts.b.data());
-    }
-    // The reorder's source: key (k, w, trans, ld), ld 0 for contiguous bf16.
-    bool src_trans = trans;
-    int64_t src_ld = f32 ? ld : 0;
-    if (trans && onednn::kReorderTransposedThroughRowMajor) {
-      dnnl::memory rows(dnnl::memory::desc({k, w}, f32 ? dt::f32 : dt::bf16, tag::ab),
-                        cpu_engine());
-      dnnl::reorder(plain, rows).execute(ts.stream, plain, rows);
-      plain = rows;
-      src_trans = false;
-      src_ld = f32 ? w : 0;  // as a row-major operand of this shape
-    }
-    const dnnl::memory::desc layout = blocked_weights_desc(k, w, f32);
-    dnnl::memory blocked(layout, cpu_engine());
-    weights_reorder(k, w, src_trans, src_ld, blocked_layouts().id(layout), plain, blocked)
-        .execute(ts.stream, plain, blocked);
-    return blocked;
+  PooledMemory lay_out(const float* first, int64_t w, int64_t ld) const {
+    return blocked_weights(first, trans, ld, k, w, f32);
   }
 };
 
-// A weight matrix rounded to bf16 for the whole-batch products of a model's
-// plan (lay_out_weights), stored as the matrix is (the products read it
-// transposed or not through strides, as a staged operand), made by the first
-// bf16 product that reads it and kept with the plan: a model's calls convert
-// W_ih once, not once per call (LSTM(1024), one step at batch 1, inference:
-// converting its 4M values per call was half of the call). A product too
-// small for bf16 (bf16_product) runs in fp32 and never makes it.
+// A weight matrix of a model's plan (lay_out_weights) laid out for the
+// whole-batch products that multiply by it, per orientation (op(B) = Wᵀ, the
+// forward's input projection; op(B) = W, the backward's dX), each made by
+// the first product that reads it and kept with the plan: in the blocked
+// bf16 layout the step products read (blocked_weights), so a model's calls
+// neither convert W_ih per call (LSTM(1024), one step at batch 1, inference:
+// converting its 4M values per call was half of the call) nor read it
+// plain (oneDNN's matmul at batch 1 took 0.24 ms on plain bf16 weights of
+// 1024 x 4096 and 0.09 ms on blocked ones, Zen 5, DNNL_VERBOSE).
 struct Bf16Weights : WeightLayout {
   const float* source = nullptr;
   int64_t rows = 0, cols = 0, ld = 0;  // the matrix as stored
-  mutable std::once_flag made;
-  mutable GrowBuffer<uint16_t> bf16;
+  struct Blocked {
+    PooledMemory memory;
+    int layout = -1;  // blocked_layouts()' number
+  };
+  mutable std::once_flag made[2];  // per orientation: [trans]
+  mutable Blocked blocked[2];
 
-  // The copy where it is of op(B)'s matrix (stored [rows, cols] at data, row
-  // stride ld), made on first use; else null.
-  const uint16_t* of(const float* data, int64_t r, int64_t c, int64_t l) const {
-    if (data != source || r != rows || c != cols || l != ld) return nullptr;
-    std::call_once(made, [&] { stage(rows, cols, source, ld, bf16); });
-    return bf16.data();
+  // op(B) [k, n] laid out, where op(B) is this matrix (stored at data, row
+  // stride l, read transposed where trans); else null.
+  const Blocked* of(const float* data, bool trans, int64_t k, int64_t n, int64_t l) const {
+    if (data != source || (trans ? n : k) != rows || (trans ? k : n) != cols || l != ld)
+      return nullptr;
+    std::call_once(made[trans], [&] {
+      blocked[trans].memory = blocked_weights(source, trans, ld, k, n, /*f32=*/false);
+      blocked[trans].layout = blocked_layouts().id(blocked[trans].memory.get_desc());
+    });
+    return &blocked[trans];
   }
 };
 
@@ -551,6 +624,45 @@ class OnednnEngine : public GemmEngine<float> {
     const GemmOperand<float>& a = p.a;
     const GemmOperand<float>& b = p.b;
     const int64_t m = p.m, n = p.n, k = p.k;
+    // Weights a model's plan laid out: bf16 at any m where the weights are
+    // large enough for bf16 to pay (bf16_step's rule: their layout is made
+    // once, not per product).
+    const auto* copy = f32_ ? nullptr : static_cast<const Bf16Weights*>(b.laid_out);
+    const Bf16Weights::Blocked* blocked =
+        copy && !a.trans && m > 0 && n > 0 && k > 0 &&
+                (bf16_step(k, n) || bf16_product(m, n, k) || !small_in_fp32_)
+            ? copy->of(b.data, b.trans, k, n, b.ld)
+            : nullptr;
+    if (blocked) {
+      ThreadState& ts = thread_state();
+      const uint16_t* a16 = bf16_operand(a.kept, a.kept_row, m, k, a.data, a.ld, ts.a);
+      if (p.ldc == n) {
+        const Key key{m,
+                      n,
+                      k,
+                      k,
+                      0,
+                      n,
+                      false,
+                      false,
+                      !p.c_row && p.beta != 0.0f,
+                      p.c_row != nullptr,
+                      true,
+                      false,
+                      blocked->layout};
+        run_product(key, a16, blocked->memory.get_data_handle(), p.c, p.c_row);
+        return;
+      }
+      // A strided C through a dense one, as step() does: with blocked
+      // weights oneDNN has only its reference kernel for a strided
+      // destination (GemmEngine.LaidOutWeightsGiveTheSameProducts counts).
+      float* dense = ts.c.resize(static_cast<std::size_t>(m * n));
+      const Key key{
+          m, n, k, k, 0, n, false, false, false, p.c_row != nullptr, true, false, blocked->layout};
+      run_product(key, a16, blocked->memory.get_data_handle(), dense, p.c_row);
+      put_columns(m, dense, n, n, p.c_row ? 0.0f : p.beta, p.c, p.ldc);
+      return;
+    }
     if (small_in_fp32_ && !bf16_product(m, n, k)) {
       // The fp32 engine's product, its routes included (a decoder step's
       // weight gradients, k = batch <= 4, as passes over dW: two of oneDNN's
@@ -574,10 +686,8 @@ class OnednnEngine : public GemmEngine<float> {
     ThreadState& ts = thread_state();
     const uint16_t* a16 =
         bf16_operand(a.kept, a.kept_row, a.trans ? k : m, a.trans ? m : k, a.data, a.ld, ts.a);
-    const auto* copy = static_cast<const Bf16Weights*>(b.laid_out);
-    const uint16_t* b16 = copy ? copy->of(b.data, b.trans ? n : k, b.trans ? k : n, b.ld) : nullptr;
-    if (!b16)
-      b16 = bf16_operand(b.kept, b.kept_row, b.trans ? n : k, b.trans ? k : n, b.data, b.ld, ts.b);
+    const uint16_t* b16 =
+        bf16_operand(b.kept, b.kept_row, b.trans ? n : k, b.trans ? k : n, b.data, b.ld, ts.b);
     const Key key{m,       n,       k, a.trans ? m : k, b.trans ? k : n, p.ldc, a.trans,
                   b.trans, !p.c_row && p.beta != 0.0f, p.c_row != nullptr, false, false};
     run_product(key, a16, b16, p.c, p.c_row);
@@ -775,6 +885,45 @@ void onednn_gemm_f32(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k
   const Key key{m,       n,       k, lda, ldb, ldc, trans_a,
                 trans_b, !c_row && beta != 0.0f, c_row != nullptr, false, true};
   run_product(key, a, b, c, c_row);
+}
+
+Bf16LayoutsForTest bf16_layouts_for_test(const float* b, bool trans, int64_t k, int64_t n,
+                                         int64_t ld, int64_t n_block) {
+  Bf16LayoutsForTest out;
+  dnnl::memory::desc layout;
+  switch (n_block) {
+    case 0:
+      layout = blocked_weights_desc(k, n, /*f32=*/false);
+      break;
+    case 16:
+      layout = dnnl::memory::desc({k, n}, dt::bf16, tag::BA16a16b2a);
+      break;
+    case 32:
+      layout = dnnl::memory::desc({k, n}, dt::bf16, tag::BA16a32b2a);
+      break;
+    case 48:
+      layout = dnnl::memory::desc({k, n}, dt::bf16, tag::BA16a48b2a);
+      break;
+    case 64:
+      layout = dnnl::memory::desc({k, n}, dt::bf16, tag::BA16a64b2a);
+      break;
+    default:
+      throw std::invalid_argument("n_block " + std::to_string(n_block) + ": 0, 16, 32, 48 or 64");
+  }
+  const std::size_t size = layout.get_size() / sizeof(uint16_t);
+  const PooledMemory reordered = reordered_weights(b, trans, ld, k, n, /*f32=*/false, layout);
+  const auto* r = static_cast<const uint16_t*>(reordered.get_data_handle());
+  out.onednn.assign(r, r + size);
+  const auto pairs = pair_blocking(layout, k, n);
+  out.pair_blocked = pairs.has_value();
+  if (pairs) {
+    // Filled with NaN's bits first: an element the writers skip shows.
+    out.written.assign(size, 0xFFFF);
+    out.reference.assign(size, 0xFFFF);
+    write_pair_blocked_bf16(b, trans, ld, k, n, *pairs, out.written.data());
+    write_pair_blocked_bf16_reference(b, trans, ld, k, n, *pairs, out.reference.data());
+  }
+  return out;
 }
 
 const GemmEngine<float>& onednn_bf16_engine() {

@@ -58,6 +58,36 @@ constexpr bool kOneRowOperandsRowMajor = DNNL_VERSION_MAJOR >= 3;
 // 128 wrong (k = 37, n = 148: columns 128-147); from row-major it is right.
 constexpr bool kReorderTransposedThroughRowMajor = DNNL_VERSION_MAJOR >= 3;
 
+// A memory descriptor's blocked layout, as 2.x and 3.x each expose it: its
+// padded dimensions, the strides of its outer blocks, its inner blocks
+// (outermost first) and the dimension each blocks; blocked false for
+// another kind (or an offset into its memory).
+struct Blocking {
+  bool blocked = false;
+  dnnl::memory::dims padded_dims, strides, inner_blks, inner_idxs;
+};
+inline Blocking blocking_of(const dnnl::memory::desc& d) {
+  Blocking b;
+#if DNNL_VERSION_MAJOR >= 3
+  if (d.get_format_kind() != dnnl::memory::format_kind::blocked || d.get_submemory_offset() != 0)
+    return b;
+  b.padded_dims = d.get_padded_dims();
+  b.strides = d.get_strides();
+  b.inner_blks = d.get_inner_blks();
+  b.inner_idxs = d.get_inner_idxs();
+#else
+  const dnnl_memory_desc_t& m = d.data;
+  if (m.format_kind != dnnl_blocked || m.offset0 != 0) return b;
+  const dnnl_blocking_desc_t& blk = m.format_desc.blocking;
+  b.padded_dims.assign(m.padded_dims, m.padded_dims + m.ndims);
+  b.strides.assign(blk.strides, blk.strides + m.ndims);
+  b.inner_blks.assign(blk.inner_blks, blk.inner_blks + blk.inner_nblks);
+  b.inner_idxs.assign(blk.inner_idxs, blk.inner_idxs + blk.inner_nblks);
+#endif
+  b.blocked = true;
+  return b;
+}
+
 // Whether `isa` includes every instruction of `base` (bit-mask containment).
 inline bool isa_includes(dnnl::cpu_isa isa, dnnl::cpu_isa base) {
   const auto mask = static_cast<unsigned>(base);
