@@ -23,6 +23,7 @@
 #include <string>
 #include <vector>
 
+#include "cpu/bf16_blocked.h"
 #include "cpu/gemm.h"
 #include "cpu/gemm_engine.h"
 #include "cpu/gemm_int8.h"
@@ -398,6 +399,45 @@ BENCHMARK(BM_engine_step)
       for (const auto& s : shapes)
         for (int64_t rows : {1, 4, 16, 32, 64, 128, 256})
           for (int64_t e : {1, 2, 3}) b->Args({s[0], s[1], rows, e});
+    })
+    ->Unit(benchmark::kMicrosecond);
+
+// Weights [rows, cols] (W_hh and W_ih as stored: [gates·H, H]) laid out for
+// bf16 products in oneDNN's BA16a64b2a, as a training loop does after every
+// optimiser step (cpu/bf16_blocked.h): way 0 rounds them into a plain bf16
+// copy (f32_to_bf16: the same bytes read and written, the floor), 1 writes
+// the layout of op(W) = Wᵀ (the forward's), 2 of op(W) = W (the
+// backward's), 3 Wᵀ's by the plain loops. Counter bytes_per_second: fp32
+// read plus bf16 written.
+void BM_bf16_layout(benchmark::State& state) {
+  const int64_t rows = state.range(0), cols = state.range(1), way = state.range(2);
+  std::mt19937 rng(42);
+  const std::vector<float> w = random_floats(rows * cols, rng);
+  const bool trans = way != 2;
+  const int64_t k = trans ? cols : rows, n = trans ? rows : cols;
+  const int64_t tiles_k = (k + 31) / 32, tiles_n = (n + 63) / 64;
+  const seqpack::cpu::PairBlocking blocking{
+      .n_block = 64, .tile_k_stride = 32 * 64, .tile_n_stride = tiles_k * 32 * 64};
+  std::vector<uint16_t> out(static_cast<size_t>(tiles_k * tiles_n * 32 * 64));
+  for (auto _ : state) {
+    if (way == 0) {
+      seqpack::cpu::f32_to_bf16(w.data(), out.data(), rows * cols);
+    } else if (way == 3) {
+      seqpack::cpu::write_pair_blocked_bf16_reference(w.data(), trans, cols, k, n, blocking,
+                                                      out.data());
+    } else {
+      seqpack::cpu::write_pair_blocked_bf16(w.data(), trans, cols, k, n, blocking, out.data());
+    }
+    benchmark::DoNotOptimize(out.data());
+    benchmark::ClobberMemory();
+  }
+  state.SetBytesProcessed(state.iterations() * rows * cols * 6);
+}
+BENCHMARK(BM_bf16_layout)
+    ->ArgNames({"rows", "cols", "way"})
+    ->Apply([](benchmark::internal::Benchmark* b) {
+      for (const auto& [r, c] : {std::pair<int64_t, int64_t>{2000, 500}, {4096, 1024}})
+        for (int64_t way : {0, 1, 2, 3}) b->Args({r, c, way});
     })
     ->Unit(benchmark::kMicrosecond);
 

@@ -25,28 +25,32 @@ __mmask16 first_lanes(int64_t count) {
   return static_cast<__mmask16>((1u << std::clamp<int64_t>(count, 0, 16)) - 1u);
 }
 
-// One tile from W stored [k, n] (row stride ld): each row pair's 16 columns
-// rounded together and interleaved, a 64-byte store per pair and 16 columns.
-__attribute__((target("avx512f,avx512bw,avx512bf16,avx512vl"))) void tile_rows_native(
-    const float* src, int64_t ld, int64_t k, int64_t n, int64_t i0, int64_t j0, int64_t n_block,
-    uint16_t* tile) {
+// Rows 2p and 2p + 1 of op(src) = src [k, n] (row stride ld) into their
+// pair row of every tile of row of tiles ti: 16 columns at a time rounded
+// together and interleaved, a 64-byte store each.
+__attribute__((target("avx512f,avx512bw,avx512bf16,avx512vl"))) void pair_row_native(
+    const float* src, int64_t ld, int64_t k, int64_t n, int64_t ti, int64_t p,
+    const PairBlocking& b, uint16_t* dst) {
   // Lane 2t takes row 2p's column t, lane 2t + 1 row 2p + 1's.
   alignas(64) static const uint16_t interleave[32] = {0,  16, 1,  17, 2,  18, 3,  19, 4,  20, 5,
                                                       21, 6,  22, 7,  23, 8,  24, 9,  25, 10, 26,
                                                       11, 27, 12, 28, 13, 29, 14, 30, 15, 31};
   const __m512i order = _mm512_load_si512(interleave);
-  for (int64_t c0 = 0; c0 < n_block; c0 += 16) {
-    const __mmask16 cols = first_lanes(n - (j0 + c0));
-    for (int64_t p = 0; p < kTileRows / 2; ++p) {
-      const int64_t i = i0 + 2 * p;
+  const int64_t i = ti * kTileRows + 2 * p;
+  const float* lo_row = src + i * ld;
+  const float* hi_row = lo_row + ld;
+  for (int64_t tj = 0; tj < tiles(n, b.n_block); ++tj) {
+    uint16_t* out = dst + ti * b.tile_k_stride + tj * b.tile_n_stride + p * b.n_block * 2;
+    for (int64_t c0 = 0; c0 < b.n_block; c0 += 16) {
+      const int64_t j = tj * b.n_block + c0;
+      const __mmask16 cols = first_lanes(n - j);
       const __m512 lo =
-          i < k && cols ? _mm512_maskz_loadu_ps(cols, src + i * ld + j0 + c0) : _mm512_setzero_ps();
-      const __m512 hi = i + 1 < k && cols
-                            ? _mm512_maskz_loadu_ps(cols, src + (i + 1) * ld + j0 + c0)
-                            : _mm512_setzero_ps();
+          i < k && cols ? _mm512_maskz_loadu_ps(cols, lo_row + j) : _mm512_setzero_ps();
+      const __m512 hi =
+          i + 1 < k && cols ? _mm512_maskz_loadu_ps(cols, hi_row + j) : _mm512_setzero_ps();
       const __m512i pairs = reinterpret_cast<const __m512i&>(
           static_cast<const __m512bh&>(_mm512_cvtne2ps_pbh(hi, lo)));
-      _mm512_storeu_si512(tile + (p * n_block + c0) * 2, _mm512_permutexvar_epi16(order, pairs));
+      _mm512_storeu_si512(out + c0 * 2, _mm512_permutexvar_epi16(order, pairs));
     }
   }
 }
@@ -79,19 +83,22 @@ __attribute__((target("avx512f"))) void transpose_16x16(__m512i r[16]) {
   }
 }
 
-// One tile from W stored transposed, [n, k] (row stride ld): a stored row is
-// a column of the tile, its 32 values 16 pairs already; 16 columns are
+// Columns j0 .. j0 + 15 of op(src) = srcᵀ (src [n, k], row stride ld: a
+// stored row is a column, its 32 values of a tile 16 pairs already) into
+// their place in every tile of their column of tiles: per tile, 16 rows
 // rounded into 16 registers of pairs and transposed into the tile's 16 pair
 // rows. (Gathering the pair rows from a table in memory instead ran at a
 // third of the speed: the gathers wait on the table's stores.)
-__attribute__((target("avx512f,avx512bw,avx512bf16,avx512vl"))) void tile_columns_native(
-    const float* src, int64_t ld, int64_t k, int64_t n, int64_t i0, int64_t j0, int64_t n_block,
-    uint16_t* tile) {
-  const __mmask16 low = first_lanes(k - i0), high = first_lanes(k - i0 - 16);
+__attribute__((target("avx512f,avx512bw,avx512bf16,avx512vl"))) void column_strip_native(
+    const float* src, int64_t ld, int64_t k, int64_t n, int64_t j0, const PairBlocking& b,
+    uint16_t* dst) {
+  const int64_t tj = j0 / b.n_block, c0 = j0 % b.n_block;
   __m512i table[16];
-  for (int64_t c0 = 0; c0 < n_block; c0 += 16) {
+  for (int64_t ti = 0; ti < tiles(k, kTileRows); ++ti) {
+    const int64_t i0 = ti * kTileRows;
+    const __mmask16 low = first_lanes(k - i0), high = first_lanes(k - i0 - 16);
     for (int64_t c = 0; c < 16; ++c) {
-      const int64_t j = j0 + c0 + c;
+      const int64_t j = j0 + c;
       const float* row = src + j * ld + i0;
       const __m512 lo = j < n && low ? _mm512_maskz_loadu_ps(low, row) : _mm512_setzero_ps();
       const __m512 hi = j < n && high ? _mm512_maskz_loadu_ps(high, row + 16) : _mm512_setzero_ps();
@@ -99,8 +106,9 @@ __attribute__((target("avx512f,avx512bw,avx512bf16,avx512vl"))) void tile_column
           static_cast<const __m512bh&>(_mm512_cvtne2ps_pbh(hi, lo)));
     }
     transpose_16x16(table);
+    uint16_t* tile = dst + ti * b.tile_k_stride + tj * b.tile_n_stride;
     for (int64_t p = 0; p < kTileRows / 2; ++p)
-      _mm512_storeu_si512(tile + (p * n_block + c0) * 2, table[p]);
+      _mm512_storeu_si512(tile + (p * b.n_block + c0) * 2, table[p]);
   }
 }
 
@@ -129,23 +137,17 @@ void write_pair_blocked_bf16(const float* src, bool trans, int64_t ld, int64_t k
     write_pair_blocked_bf16_reference(src, trans, ld, k, n, b, dst);
     return;
   }
-  // Tiles in the order that reads src's rows front to back: a tile's rows
-  // (32 of them, or n_block where transposed) are each read 128 bytes
-  // (n_block · 4) at a time along the tiles of one row of tiles. The other
-  // order reads 128 bytes of each of n rows 8 KB apart and was 4x slower
-  // (LSTM(500)'s W_hh, Zen 5).
-  const int64_t tiles_k = tiles(k, kTileRows), tiles_n = tiles(n, b.n_block);
-  for (int64_t outer = 0; outer < (trans ? tiles_n : tiles_k); ++outer) {
-    for (int64_t inner = 0; inner < (trans ? tiles_k : tiles_n); ++inner) {
-      const int64_t ti = trans ? inner : outer, tj = trans ? outer : inner;
-      uint16_t* tile = dst + ti * b.tile_k_stride + tj * b.tile_n_stride;
-      const int64_t i0 = ti * kTileRows, j0 = tj * b.n_block;
-      if (trans) {
-        tile_columns_native(src, ld, k, n, i0, j0, b.n_block, tile);
-      } else {
-        tile_rows_native(src, ld, k, n, i0, j0, b.n_block, tile);
-      }
-    }
+  // In strips that read src's rows front to back, few at a time: 16 stored
+  // rows (16 columns of op(src)) or 2 (a pair row), each across all of its
+  // tiles. Tile by tile instead (a tile's 64 or 32 rows read 128 or 256
+  // bytes at a time) took 1.4-2x as long on 4096 x 1024 weights and 1.3x
+  // on 2000 x 500 (Zen 5, bench_gemm BM_bf16_layout, alternating runs).
+  if (trans) {
+    for (int64_t j0 = 0; j0 < tiles(n, b.n_block) * b.n_block; j0 += 16)
+      column_strip_native(src, ld, k, n, j0, b, dst);
+  } else {
+    for (int64_t ti = 0; ti < tiles(k, kTileRows); ++ti)
+      for (int64_t p = 0; p < kTileRows / 2; ++p) pair_row_native(src, ld, k, n, ti, p, b, dst);
   }
 }
 
