@@ -10,12 +10,13 @@
 #include <bit>
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <limits>
+#include <random>
 #include <string>
 #include <tuple>
-#include <utility>
 #include <type_traits>
-#include <random>
+#include <utility>
 #include <vector>
 
 #include "cpu/gemm.h"
@@ -348,6 +349,37 @@ TEST(Gemm, ProductsOfFewTermsMatchTheTripleLoop) {
         check_few_terms<float>(m, n, k, trans_a, 0.5f, threads, gen);
         check_few_terms<double>(m, n, k, trans_a, 0.0, threads, gen);
         check_few_terms<double>(m, n, k, trans_a, 0.5, threads, gen);
+      }
+    }
+  }
+}
+
+// A product of few terms gives the same bits split over two threads as on
+// one (each element the same chain of FMAs wherever the split puts it: in
+// a whole chunk of columns or in the masked tail), at every k up to
+// kFewTerms, beta 0 and 1, and with 1500 x 1000 large enough to split by
+// rows and 600 x 1900 by columns.
+TEST(Gemm, ProductsOfFewTermsGiveTheSameBitsOnAnySplit) {
+  std::mt19937 gen(77);
+  std::uniform_real_distribution<float> u(-1.0f, 1.0f);
+  for (const auto& [m, n] : {std::pair<int64_t, int64_t>{1500, 1000}, {600, 1900}}) {
+    for (int64_t k = 1; k <= seqpack::cpu::kFewTerms; ++k) {
+      for (const float beta : {0.0f, 1.0f}) {
+        std::vector<float> a(static_cast<std::size_t>(k * m)), b(static_cast<std::size_t>(k * n));
+        std::vector<float> c(static_cast<std::size_t>(m * n));
+        for (float& x : a) x = u(gen);
+        for (float& x : b) x = u(gen);
+        for (float& x : c) x = u(gen);
+        std::vector<float> one = c, two = c;
+        seqpack::set_num_threads(1);
+        seqpack::cpu::gemm<float>(true, false, m, n, k, 1.0f, a.data(), m, b.data(), n, beta,
+                                  one.data(), n);
+        seqpack::set_num_threads(2);
+        seqpack::cpu::gemm<float>(true, false, m, n, k, 1.0f, a.data(), m, b.data(), n, beta,
+                                  two.data(), n);
+        seqpack::set_num_threads(1);
+        ASSERT_EQ(std::memcmp(one.data(), two.data(), one.size() * sizeof(float)), 0)
+            << "m " << m << " n " << n << " k " << k << " beta " << beta;
       }
     }
   }

@@ -4,6 +4,7 @@
 #include <omp.h>
 
 #include <algorithm>
+#include <type_traits>
 
 extern "C" {
 // OpenBLAS extensions (declared in its cblas.h on most builds; repeated here
@@ -57,12 +58,16 @@ void few_terms_call(bool trans_a, int64_t m, int64_t n, int64_t k, T alpha, cons
   }
 }
 
-// A BLAS call, or few_terms_call where it applies.
+// A BLAS call, or gemm_few_terms (float) / few_terms_call where it applies.
 template <typename T>
 void product_call(bool ta, bool tb, int64_t m, int64_t n, int64_t k, T alpha, const T* a,
                   int64_t lda, const T* b, int64_t ldb, T beta, T* c, int64_t ldc) {
   if (k <= kFewTerms && !tb) {
-    few_terms_call(ta, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+    if constexpr (std::is_same_v<T, float>) {
+      gemm_few_terms(ta, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+    } else {
+      few_terms_call(ta, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+    }
   } else {
     blas_call(ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
   }

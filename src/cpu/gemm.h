@@ -24,11 +24,17 @@ void gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, T alpha, 
           int64_t lda, const T* b, int64_t ldb, T beta, T* c, int64_t ldc,
           const T* c_row = nullptr);
 
-// Products of at most this many terms (k) with op(B) = B run as k passes of
-// multiply-adds over C's rows instead of a BLAS call (one pass fewer over C:
-// gemm.cpp's few_terms_call). Each element's sum is the same expression
-// whatever the split, so the bits do not depend on the thread count.
+// Products of at most this many terms (k) with op(B) = B (a decoder step's
+// weight gradients, dGᵀ·X with k the batch) run in gemm_few_terms instead of
+// a BLAS call: each element's k multiply-adds in registers, C written once.
+// Each element's sum is the same expression whatever the split, so the bits
+// do not depend on the thread count.
 constexpr int64_t kFewTerms = 4;
+
+// C = alpha·op(A)·B + beta·C, k <= kFewTerms, B [k, n] as stored (row stride
+// ldb); C is not read where beta is 0. Highway, per x86 target.
+void gemm_few_terms(bool trans_a, int64_t m, int64_t n, int64_t k, float alpha, const float* a,
+                    int64_t lda, const float* b, int64_t ldb, float beta, float* c, int64_t ldc);
 
 // One thread pool: seqpack's threads are OpenMP's. gemm splits a large
 // product over them itself (when called outside a parallel region), each

@@ -663,7 +663,12 @@ class OnednnEngine : public GemmEngine<float> {
       put_columns(m, dense, n, n, p.c_row ? 0.0f : p.beta, p.c, p.ldc);
       return;
     }
-    if (small_in_fp32_ && !bf16_product(m, n, k)) {
+    // A weight gradient of a few rows (dGᵀ·X, k the batch of a decoder
+    // step) writes C more than it multiplies: the fp32 engine writes it
+    // once from registers (gemm_few_terms) at 2-5x oneDNN's bf16 rate for
+    // k <= 4 (bench_gemm BM_batch m 1024, n 1024, Zen 5).
+    const bool few_terms = a.trans && !b.trans && k <= kFewTerms;
+    if (small_in_fp32_ && (few_terms || !bf16_product(m, n, k))) {
       // The fp32 engine's product, its routes included (a decoder step's
       // weight gradients, k = batch <= 4, as passes over dW: two of oneDNN's
       // 1024 x 1 x 1024 products took 0.36 of a 0.61 ms one-step training
@@ -706,8 +711,11 @@ class OnednnEngine : public GemmEngine<float> {
     return w;
   }
 
+  // (Asked for the weight gradients' shapes, dGᵀ·X with k the rows: where
+  // those run in the fp32 engine, few terms or small, their rows stay fp32.)
   SinkElement product_form(int64_t m, int64_t n, int64_t k) const override {
-    if (f32_ || (small_in_fp32_ && !bf16_product(m, n, k))) return SinkElement::none;
+    if (f32_ || (small_in_fp32_ && (k <= kFewTerms || !bf16_product(m, n, k))))
+      return SinkElement::none;
     return SinkElement::bf16;
   }
 

@@ -28,6 +28,7 @@
 #include <new>
 #include <stdexcept>
 #include <string>
+#include <vector>
 
 #include "cpu/gemm.h"
 #include "cpu/isa_cap.h"
@@ -378,6 +379,74 @@ void GemmUnpackedSmall(int64_t m, const float* a, int64_t lda, const float* b, b
   }
 }
 
+// 8 independent FMA chains: FMA latency (4 cycles) times 2 per cycle.
+constexpr int kFewVectors = 8;
+
+// C = alpha·op(A)·B + beta·C for k <= kFewTerms, B [k, n] (row stride ldb):
+// each element's k FMAs in registers, 8 vectors of a row of C at a time, and
+// C written once (read once where beta != 0; never where it is 0, BLAS's
+// rule). A pass per term over C's rows instead (each row in L1) ran at half
+// oneDNN's f32 rate at k = 4; this runs k = 1 and 4 at 2-5x that rate, but
+// k = 8 only at about it and k = 16 at a third (B no longer in L1), hence
+// kFewTerms (bench_gemm BM_batch m 1024, n 1024, Zen 5). The columns past
+// the last whole chunk take the same FMAs, a vector at a time: an element's
+// bits do not depend on where a split of the columns puts it.
+void FewTerms(bool trans_a, int64_t m, int64_t n, int64_t k, float alpha, const float* a,
+              int64_t lda, const float* b, int64_t ldb, float beta, float* c, int64_t ldc) {
+  const DF d;
+  const auto N = static_cast<int64_t>(hn::Lanes(d));
+  const int64_t chunk = kFewVectors * N;
+  // B copied with a row stride 64 bytes past a multiple of 64 (it is read
+  // once per row of C): B's rows as stored often lie a multiple of 4 KB
+  // apart (n = 1024), where all k of them fall in one of L1's 8- or 12-way
+  // sets.
+  const int64_t ldp = (n + 15) / 16 * 16 + 16;
+  thread_local std::vector<float> copy;
+  copy.resize(static_cast<std::size_t>(k * ldp));
+  float* HWY_RESTRICT bp = copy.data();  // (thread_local: its address once)
+  for (int64_t kk = 0; kk < k; ++kk) {
+    std::copy(b + kk * ldb, b + kk * ldb + n, bp + kk * ldp);
+    std::fill(bp + kk * ldp + n, bp + (kk + 1) * ldp, 0.0f);  // read by the tail's vectors
+  }
+  float coef[kFewTerms];
+  for (int64_t i = 0; i < m; ++i) {
+    for (int64_t kk = 0; kk < k; ++kk)
+      coef[kk] = alpha * (trans_a ? a[kk * lda + i] : a[i * lda + kk]);
+    float* HWY_RESTRICT cr = c + i * ldc;
+    int64_t j = 0;
+    for (; j + chunk <= n; j += chunk) {
+      VF acc[kFewVectors];
+      for (int v = 0; v < kFewVectors; ++v)
+        acc[v] =
+            beta != 0.0f ? hn::Mul(hn::Set(d, beta), hn::LoadU(d, cr + j + v * N)) : hn::Zero(d);
+      for (int64_t kk = 0; kk < k; ++kk) {
+        const VF s = hn::Set(d, coef[kk]);
+        const float* HWY_RESTRICT br = bp + kk * ldp + j;
+        for (int v = 0; v < kFewVectors; ++v)
+          acc[v] = hn::MulAdd(s, hn::LoadU(d, br + v * N), acc[v]);
+      }
+      for (int v = 0; v < kFewVectors; ++v) hn::StoreU(acc[v], d, cr + j + v * N);
+    }
+    // The columns past the last whole chunk, a vector at a time: B's from
+    // its copy (zeros past n), C's through a vector's worth of scratch (a
+    // masked load or store of Highway's SSE4 and AVX2 targets touches the
+    // whole vector's memory).
+    for (; j < n; j += N) {
+      const int64_t live = std::min(N, n - j);
+      alignas(64) float tail[HWY_MAX_BYTES / sizeof(float)] = {};
+      VF acc = hn::Zero(d);
+      if (beta != 0.0f) {
+        std::copy(cr + j, cr + j + live, tail);
+        acc = hn::Mul(hn::Set(d, beta), hn::Load(d, tail));
+      }
+      for (int64_t kk = 0; kk < k; ++kk)
+        acc = hn::MulAdd(hn::Set(d, coef[kk]), hn::LoadU(d, bp + kk * ldp + j), acc);
+      hn::Store(acc, d, tail);
+      std::copy(tail, tail + live, cr + j);
+    }
+  }
+}
+
 }  // namespace seqpack::cpu::HWY_NAMESPACE
 HWY_AFTER_NAMESPACE();
 
@@ -388,6 +457,16 @@ HWY_EXPORT(PanelWidth);
 HWY_EXPORT(GemmPackedSmall);
 HWY_EXPORT(GemmUnpackedSmall);
 HWY_EXPORT(PackPanel);
+HWY_EXPORT(FewTerms);
+
+void gemm_few_terms(bool trans_a, int64_t m, int64_t n, int64_t k, float alpha, const float* a,
+                    int64_t lda, const float* b, int64_t ldb, float beta, float* c, int64_t ldc) {
+  if (k > kFewTerms) {
+    throw std::invalid_argument("gemm_few_terms: k = " + std::to_string(k) + " exceeds " +
+                                std::to_string(kFewTerms));
+  }
+  SEQPACK_HWY_DISPATCH(FewTerms)(trans_a, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+}
 
 constexpr int64_t kParallelPackElements = 1 << 17;  // 512 KB of weights
 
