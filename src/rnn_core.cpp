@@ -218,8 +218,8 @@ RNNGradients backward_impl(const RNNSaved& sv, const Tensor& grad_output, const 
     for (int64_t d = 0; d < D; ++d) {
       const DirWeights<T> w = dir_weights<T>(o, sv.weights, l, d);
       const BackwardWorkspace<T, Cell>& ws = wss[static_cast<std::size_t>(d)];
-      // W_ih as the model's plan laid it out for the forward (bf16: its
-      // rounded copy, which serves this product too).
+      // W_ih as the model's plan laid it out (bf16: blocked, one layout per
+      // orientation; this product's is made by its first call).
       const cpu::WeightLayout* wih = nullptr;
       if (sv.model && !sv.model->weight_layouts.dirs.empty())
         wih = sv.model->weight_layouts.dirs[static_cast<std::size_t>(l * D + d)].wih.get();

@@ -70,9 +70,9 @@ struct GemmOperand {
   // B only: the matrix data points at as the engine's lay_out_weights() laid
   // it out for the model's forward products (data, ld and trans describe
   // this product's op(B) of it). An engine reads it where it serves the
-  // product: bf16's rounded copy serves op(B) transposed or not (the
-  // backward's dX reads W_ih's); int8's quantized weights, which only
-  // forwards read, the forward's op(B).
+  // product: bf16's serves op(B) transposed or not (a blocked layout per
+  // orientation: the backward's dX reads W_ih's); int8's quantized weights,
+  // which only forwards read, the forward's op(B).
   const WeightLayout* laid_out = nullptr;
 };
 

@@ -2,9 +2,10 @@
 // results. The operands are converted to bf16 (rounded to nearest even) right
 // before each product: whole-batch operands per call, a step's rows per step
 // (or none: the time loop keeps the rows it gives in bf16 already,
-// cpu/operand_rows.h); the weights of a model's plan once per plan (W_ih's
-// bf16 copy at its first bf16 product, Bf16Weights; the step weights
-// reordered into the blocked layout the primitive asks for). Primitives are
+// cpu/operand_rows.h); the weights of a model's plan once per plan, in the
+// blocked layout the primitive asks for, written by blocked_weights (W_ih
+// per orientation by its first product, Bf16Weights; the step weights per
+// column range). Primitives are
 // created once per shape and thread and kept (creating one costs ~0.2 ms,
 // fetching a cached one ~1 us); the scratchpad is the caller's (user mode),
 // so two threads never share one.
@@ -698,8 +699,9 @@ class OnednnEngine : public GemmEngine<float> {
     run_product(key, a16, b16, p.c, p.c_row);
   }
 
-  // bf16: a copy of B rounded to bf16, made by its first bf16 product
-  // (Bf16Weights); the step products lay their weights out in prepare().
+  // bf16: B in the blocked bf16 layout per orientation, each made by the
+  // first product that reads it (Bf16Weights); the step products lay their
+  // weights out in prepare().
   std::unique_ptr<WeightLayout> lay_out_weights(const float* b, bool trans_b, int64_t k, int64_t n,
                                                 int64_t ldb) const override {
     if (f32_) return nullptr;
@@ -899,24 +901,16 @@ Bf16LayoutsForTest bf16_layouts_for_test(const float* b, bool trans, int64_t k, 
                                          int64_t ld, int64_t n_block) {
   Bf16LayoutsForTest out;
   dnnl::memory::desc layout;
-  switch (n_block) {
-    case 0:
-      layout = blocked_weights_desc(k, n, /*f32=*/false);
-      break;
-    case 16:
-      layout = dnnl::memory::desc({k, n}, dt::bf16, tag::BA16a16b2a);
-      break;
-    case 32:
-      layout = dnnl::memory::desc({k, n}, dt::bf16, tag::BA16a32b2a);
-      break;
-    case 48:
-      layout = dnnl::memory::desc({k, n}, dt::bf16, tag::BA16a48b2a);
-      break;
-    case 64:
-      layout = dnnl::memory::desc({k, n}, dt::bf16, tag::BA16a64b2a);
-      break;
-    default:
+  if (n_block == 0) {
+    layout = blocked_weights_desc(k, n, /*f32=*/false);
+  } else {
+    const std::map<int64_t, tag> pairs{
+        {16, tag::BA16a16b2a}, {32, tag::BA16a32b2a}, {48, tag::BA16a48b2a}, {64, tag::BA16a64b2a}};
+    const auto it = pairs.find(n_block);
+    if (it == pairs.end()) {
       throw std::invalid_argument("n_block " + std::to_string(n_block) + ": 0, 16, 32, 48 or 64");
+    }
+    layout = dnnl::memory::desc({k, n}, dt::bf16, it->second);
   }
   const std::size_t size = layout.get_size() / sizeof(uint16_t);
   const PooledMemory reordered = reordered_weights(b, trans, ld, k, n, /*f32=*/false, layout);

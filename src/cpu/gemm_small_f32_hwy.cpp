@@ -427,12 +427,18 @@ void FewTerms(bool trans_a, int64_t m, int64_t n, int64_t k, float alpha, const 
       }
       for (int v = 0; v < kFewVectors; ++v) hn::StoreU(acc[v], d, cr + j + v * N);
     }
-    // The columns past the last whole chunk, a vector at a time: B's from
-    // its copy (zeros past n), C's through a vector's worth of scratch (a
-    // masked load or store of Highway's SSE4 and AVX2 targets touches the
-    // whole vector's memory).
-    for (; j < n; j += N) {
-      const int64_t live = std::min(N, n - j);
+    // The columns past the last whole chunk, a vector at a time, and the
+    // last few through a vector's worth of scratch (B's from its copy, zeros
+    // past n; a masked load or store of Highway's SSE4 and AVX2 targets
+    // touches the whole vector's memory).
+    for (; j + N <= n; j += N) {
+      VF acc = beta != 0.0f ? hn::Mul(hn::Set(d, beta), hn::LoadU(d, cr + j)) : hn::Zero(d);
+      for (int64_t kk = 0; kk < k; ++kk)
+        acc = hn::MulAdd(hn::Set(d, coef[kk]), hn::LoadU(d, bp + kk * ldp + j), acc);
+      hn::StoreU(acc, d, cr + j);
+    }
+    if (j < n) {
+      const int64_t live = n - j;
       alignas(64) float tail[HWY_MAX_BYTES / sizeof(float)] = {};
       VF acc = hn::Zero(d);
       if (beta != 0.0f) {
