@@ -413,14 +413,16 @@ const dnnl::reorder& weights_reorder(int64_t k, int64_t w, bool trans, int64_t l
 // it keeps: weights laid out again after every optimiser step would
 // otherwise take fresh blocks from mmap each time, faulted in page by page
 // (LSTM(500), one step at batch 1, training with an SGD step per call: 2.7
-// ms a call against 0.9 with glibc's mmap threshold raised, Zen 5).
-struct PooledMemory : dnnl::memory {
+// ms a call against 0.9 with glibc's mmap threshold raised, Zen 5). The
+// memory is a view: whatever keeps it keeps the PooledMemory.
+struct PooledMemory {
   Tensor storage;
+  dnnl::memory memory;
 };
 PooledMemory pooled_memory(const dnnl::memory::desc& desc) {
   PooledMemory m;
   m.storage = pooled_empty({static_cast<int64_t>((desc.get_size() + 7) / 8)}, DType::f64);
-  static_cast<dnnl::memory&>(m) = dnnl::memory(desc, cpu_engine(), m.storage.raw_data());
+  m.memory = dnnl::memory(desc, cpu_engine(), m.storage.raw_data());
   return m;
 }
 
@@ -448,8 +450,8 @@ PooledMemory reordered_weights(const float* first, bool trans, int64_t ld, int64
     src_ld = f32 ? w : 0;  // as a row-major operand of this shape
   }
   PooledMemory blocked = pooled_memory(layout);
-  weights_reorder(k, w, src_trans, src_ld, blocked_layouts().id(layout), plain, blocked)
-      .execute(ts.stream, plain, blocked);
+  weights_reorder(k, w, src_trans, src_ld, blocked_layouts().id(layout), plain, blocked.memory)
+      .execute(ts.stream, plain, blocked.memory);
   return blocked;
 }
 
@@ -461,7 +463,7 @@ PooledMemory blocked_weights(const float* first, bool trans, int64_t ld, int64_t
   if (!f32 && bf16_emulation()) {
     // run_emulated's weights: the values rounded to bf16, in f32 [k, w] rows.
     PooledMemory rows = pooled_memory(dnnl::memory::desc({k, w}, dt::f32, tag::ab));
-    auto* r = static_cast<float*>(rows.get_data_handle());
+    auto* r = static_cast<float*>(rows.memory.get_data_handle());
     for (int64_t i = 0; i < k; ++i) {
       for (int64_t c = 0; c < w; ++c)
         r[i * w + c] = float_of_bf16(bf16_of(trans ? first[c * ld + i] : first[i * ld + c]));
@@ -473,7 +475,7 @@ PooledMemory blocked_weights(const float* first, bool trans, int64_t ld, int64_t
     if (const auto pairs = pair_blocking(layout, k, w)) {
       PooledMemory blocked = pooled_memory(layout);
       write_pair_blocked_bf16(first, trans, ld, k, w, *pairs,
-                              static_cast<uint16_t*>(blocked.get_data_handle()));
+                              static_cast<uint16_t*>(blocked.memory.get_data_handle()));
       return blocked;
     }
   }
@@ -503,9 +505,9 @@ struct BlockedOperand : StepOperand {
     std::call_once(ready[r], [&] {
       const auto [c0, c1] = ranges[r];
       blocks[r] = lay_out(trans ? b + c0 * ldb : b + c0, c1 - c0, ldb);
-      block_layouts[r] = blocked_layouts().id(blocks[r].get_desc());
+      block_layouts[r] = blocked_layouts().id(blocks[r].memory.get_desc());
     });
-    return blocks[r];
+    return blocks[r].memory;
   }
   int block_layout(std::size_t r) const {
     block(r);
@@ -535,9 +537,9 @@ struct BlockedOperand : StepOperand {
         }
       }
       groups[first] = lay_out(cat.data(), w, trans ? k : w);
-      group_layouts[first] = blocked_layouts().id(groups[first].get_desc());
+      group_layouts[first] = blocked_layouts().id(groups[first].memory.get_desc());
     });
-    return groups[first];
+    return groups[first].memory;
   }
   int group_layout(std::size_t first, std::size_t count) const {
     group(first, count);
@@ -566,7 +568,7 @@ struct Bf16Weights : WeightLayout {
   const float* source = nullptr;
   int64_t rows = 0, cols = 0, ld = 0;  // the matrix as stored
   struct Blocked {
-    PooledMemory memory;
+    PooledMemory weights;
     int layout = -1;  // blocked_layouts()' number
   };
   mutable std::once_flag made[2];  // per orientation: [trans]
@@ -578,8 +580,8 @@ struct Bf16Weights : WeightLayout {
     if (data != source || (trans ? n : k) != rows || (trans ? k : n) != cols || l != ld)
       return nullptr;
     std::call_once(made[trans], [&] {
-      blocked[trans].memory = blocked_weights(source, trans, ld, k, n, /*f32=*/false);
-      blocked[trans].layout = blocked_layouts().id(blocked[trans].memory.get_desc());
+      blocked[trans].weights = blocked_weights(source, trans, ld, k, n, /*f32=*/false);
+      blocked[trans].layout = blocked_layouts().id(blocked[trans].weights.memory.get_desc());
     });
     return &blocked[trans];
   }
@@ -628,40 +630,24 @@ class OnednnEngine : public GemmEngine<float> {
     // Weights a model's plan laid out: bf16 at any m where the weights are
     // large enough for bf16 to pay (bf16_step's rule: their layout is made
     // once, not per product).
-    const auto* copy = f32_ ? nullptr : static_cast<const Bf16Weights*>(b.laid_out);
+    const auto* laid_out = f32_ ? nullptr : static_cast<const Bf16Weights*>(b.laid_out);
     const Bf16Weights::Blocked* blocked =
-        copy && !a.trans && m > 0 && n > 0 && k > 0 &&
+        laid_out && !a.trans && m > 0 && n > 0 && k > 0 &&
                 (bf16_step(k, n) || bf16_product(m, n, k) || !small_in_fp32_)
-            ? copy->of(b.data, b.trans, k, n, b.ld)
+            ? laid_out->of(b.data, b.trans, k, n, b.ld)
             : nullptr;
     if (blocked) {
       ThreadState& ts = thread_state();
       const uint16_t* a16 = bf16_operand(a.kept, a.kept_row, m, k, a.data, a.ld, ts.a);
-      if (p.ldc == n) {
-        const Key key{m,
-                      n,
-                      k,
-                      k,
-                      0,
-                      n,
-                      false,
-                      false,
-                      !p.c_row && p.beta != 0.0f,
-                      p.c_row != nullptr,
-                      true,
-                      false,
-                      blocked->layout};
-        run_product(key, a16, blocked->memory.get_data_handle(), p.c, p.c_row);
-        return;
-      }
-      // A strided C through a dense one, as step() does: with blocked
+      // A strided C goes through a dense one, as step() does: with blocked
       // weights oneDNN has only its reference kernel for a strided
       // destination (GemmEngine.LaidOutWeightsGiveTheSameProducts counts).
-      float* dense = ts.c.resize(static_cast<std::size_t>(m * n));
-      const Key key{
-          m, n, k, k, 0, n, false, false, false, p.c_row != nullptr, true, false, blocked->layout};
-      run_product(key, a16, blocked->memory.get_data_handle(), dense, p.c_row);
-      put_columns(m, dense, n, n, p.c_row ? 0.0f : p.beta, p.c, p.ldc);
+      const bool strided = p.ldc != n;
+      float* out = strided ? ts.c.resize(static_cast<std::size_t>(m * n)) : p.c;
+      const bool sum = !strided && !p.c_row && p.beta != 0.0f, bias = p.c_row != nullptr;
+      const Key key{m, n, k, k, 0, n, false, false, sum, bias, true, false, blocked->layout};
+      run_product(key, a16, blocked->weights.memory.get_data_handle(), out, p.c_row);
+      if (strided) put_columns(m, out, n, n, p.c_row ? 0.0f : p.beta, p.c, p.ldc);
       return;
     }
     // A weight gradient of a few rows (dGᵀ·X, k the batch of a decoder
@@ -914,7 +900,7 @@ Bf16LayoutsForTest bf16_layouts_for_test(const float* b, bool trans, int64_t k, 
   }
   const std::size_t size = layout.get_size() / sizeof(uint16_t);
   const PooledMemory reordered = reordered_weights(b, trans, ld, k, n, /*f32=*/false, layout);
-  const auto* r = static_cast<const uint16_t*>(reordered.get_data_handle());
+  const auto* r = static_cast<const uint16_t*>(reordered.memory.get_data_handle());
   out.onednn.assign(r, r + size);
   const auto pairs = pair_blocking(layout, k, n);
   out.pair_blocked = pairs.has_value();
