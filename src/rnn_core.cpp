@@ -229,7 +229,7 @@ RNNGradients backward_impl(const RNNSaved& sv, const Tensor& grad_output, const 
                 .a = {.data = lookup_layer ? ws.dproj.data() : ws.dg,
                       .ld = G,
                       .kept = lookup_layer ? nullptr : ws.dg_kept()},
-                .b = {.data = w.w_ih, .ld = in, .laid_out = wih},
+                .b = {.data = w.w_ih, .ld = in, .laid_out = wih, .in_place = in_place},
                 .beta = d == 0 ? T(0) : T(1),
                 .c = dx.data<T>(),
                 .ldc = in});

@@ -19,7 +19,10 @@
 #include <utility>
 #include <vector>
 
+#include "cpu/bf16.h"
+#include "cpu/bf16_blocked.h"
 #include "cpu/gemm.h"
+#include "cpu/gemm_bf16_rows.h"
 #include "cpu/linear_rows.h"
 #include "seqpack/packed_sequence.h"
 #include "seqpack/rnn.h"
@@ -580,3 +583,99 @@ TEST(LinearRowsFixedOrder, MatchesFloat64AndARowIsTheSameBitsInAnyBatch) {
 }
 
 }  // namespace
+
+// The bf16 products of a few rows (cpu/gemm_bf16_rows.h): weights read where
+// they are in fp32 give the bits of the same weights in oneDNN's blocked
+// layouts (written by write_pair_blocked_bf16, 16 and 64 columns a tile),
+// for both forms of B, ranges of columns (a column's bits do not depend on
+// the range), beta 0 (C holding NaN, never read) and 1, and a bias row;
+// against the double sums of the bf16-rounded operands within fp32's bound
+// for the sums (k + 4 roundings of the sum of |products|); C outside the
+// range and the rows past m untouched. (Their bits against oneDNN's own
+// products: test_gemm_engine's GemmEngine.Bf16FewRowsGiveOnednnsBits.)
+TEST(GemmBf16Rows, InPlaceGivesTheLaidOutBitsAndTheRoundedProducts) {
+  using seqpack::cpu::bf16_of;
+  using seqpack::cpu::float_of_bf16;
+  if (!seqpack::cpu::bf16_rows_available())
+    GTEST_SKIP() << "no native AVX512-BF16 without AMX here (or capped, or emulated)";
+  const auto seed = seqpack::testing::test_seed();
+  SCOPED_TRACE("seed " + std::to_string(seed));
+  std::mt19937 gen(static_cast<std::mt19937::result_type>(seed));
+  std::uniform_real_distribution<float> u(-1.f, 1.f);
+  const Case cases[] = {{1, 500, 2000}, {1, 1, 1},      {2, 2, 5},  {3, 31, 17},   {4, 33, 64},
+                        {4, 65, 130},   {1, 2000, 500}, {2, 7, 63}, {3, 1100, 65}, {4, 600, 16}};
+  seqpack::cpu::GrowBuffer<uint16_t> abuf;
+  for (const Case& cs : cases) {
+    for (const bool trans : {true, false}) {
+      for (const int mode : {0, 1, 2}) {  // beta 0, beta 1, bias row
+        const float beta = mode == 1 ? 1.f : 0.f;
+        SCOPED_TRACE(describe(cs, trans, beta) + " bias=" + std::to_string(mode == 2));
+        const int64_t lda = cs.k + 3, ldc = cs.n + 5, ldw = (trans ? cs.k : cs.n) + 2;
+        std::vector<float> a(static_cast<std::size_t>(cs.m * lda));
+        std::vector<float> w(static_cast<std::size_t>((trans ? cs.n : cs.k) * ldw));
+        std::vector<float> c(static_cast<std::size_t>((cs.m + 1) * ldc)), bias(cs.n);
+        for (float& x : a) x = u(gen);
+        for (float& x : w) x = u(gen);
+        for (float& x : bias) x = u(gen);
+        for (float& x : c) x = mode == 1 ? u(gen) : std::numeric_limits<float>::quiet_NaN();
+        const uint16_t* a16 =
+            seqpack::cpu::bf16_rows_operand(cs.m, cs.k, a.data(), lda, nullptr, abuf);
+        const seqpack::cpu::Bf16RowsB in_place{
+            .k = cs.k, .n = cs.n, .w = w.data(), .ld = ldw, .trans = trans};
+        const float* c_row = mode == 2 ? bias.data() : nullptr;
+        std::vector<float> whole = c;
+        seqpack::cpu::bf16_rows_product(cs.m, a16, in_place, 0, cs.n, beta, whole.data(), ldc,
+                                        c_row);
+        for (int64_t i = 0; i < cs.m; ++i) {
+          for (int64_t j = 0; j < cs.n; ++j) {
+            double want = 0, mag = 0;
+            for (int64_t q = 0; q < cs.k; ++q) {
+              const double x = float_of_bf16(bf16_of(a[i * lda + q]));
+              const double y = float_of_bf16(bf16_of(trans ? w[j * ldw + q] : w[q * ldw + j]));
+              want += x * y;
+              mag += std::fabs(x * y);
+            }
+            const double add = mode == 2 ? bias[j] : mode == 1 ? c[i * ldc + j] : 0.0;
+            const double bound = (cs.k + 4) * std::ldexp(mag + std::fabs(add), -24) + 1e-30;
+            const float got = whole[i * ldc + j];
+            ASSERT_LE(std::fabs(got - (want + add)), bound)
+                << "C[" << i << "][" << j << "] = " << got << ", want " << want + add;
+          }
+        }
+        for (const int64_t n_block : {16, 64}) {
+          const int64_t tiles_k = (cs.k + 31) / 32, tiles_n = (cs.n + n_block - 1) / n_block;
+          const seqpack::cpu::PairBlocking blocking{.n_block = n_block,
+                                                    .tile_k_stride = 32 * n_block,
+                                                    .tile_n_stride = tiles_k * 32 * n_block};
+          std::vector<uint16_t> laid(static_cast<std::size_t>(tiles_k * tiles_n * 32 * n_block));
+          seqpack::cpu::write_pair_blocked_bf16(w.data(), trans, ldw, cs.k, cs.n, blocking,
+                                                laid.data());
+          const seqpack::cpu::Bf16RowsB laid_out{
+              .k = cs.k, .n = cs.n, .laid = laid.data(), .blocking = blocking};
+          for (const auto& [col0, col1] : {std::pair<int64_t, int64_t>{0, cs.n},
+                                           {cs.n / 3, cs.n - cs.n / 4},
+                                           {1, 2},
+                                           {cs.n - 1, cs.n}}) {
+            if (col0 < 0 || col1 <= col0 || col1 > cs.n) continue;
+            for (const auto* b : {&in_place, &laid_out}) {
+              std::vector<float> got = c;
+              seqpack::cpu::bf16_rows_product(cs.m, a16, *b, col0, col1, beta, got.data(), ldc,
+                                              c_row);
+              for (int64_t i = 0; i <= cs.m; ++i) {
+                for (int64_t j = 0; j < ldc; ++j) {
+                  const std::size_t at = static_cast<std::size_t>(i * ldc + j);
+                  const bool inside = i < cs.m && j >= col0 && j < col1;
+                  ASSERT_EQ(std::bit_cast<uint32_t>(got[at]),
+                            std::bit_cast<uint32_t>(inside ? whole[at] : c[at]))
+                      << (b == &in_place ? "in place" : "laid out") << " (tiles of " << n_block
+                      << " columns), columns [" << col0 << ", " << col1 << ") at C[" << i << "]["
+                      << j << "]";
+                }
+              }
+            }
+          }
+        }
+      }
+    }
+  }
+}

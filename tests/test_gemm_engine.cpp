@@ -15,6 +15,7 @@
 #include <string>
 #include <vector>
 
+#include "cpu/gemm_bf16_rows.h"
 #include "cpu/gemm_engine.h"
 #include "seqpack/precision.h"
 #include "test_util.h"
@@ -581,6 +582,80 @@ TEST(GemmEngine, RowsNeverKeptAreRefused) {
                          .c = dw.data(),
                          .ldc = 64}),
                std::logic_error);
+}
+
+// The bf16 engine's products of a few rows run on seqpack's kernels
+// (cpu/gemm_bf16_rows.h) where the CPU has AVX512-BF16 without AMX, reading
+// the weights in place the first time a plan meets them: the bits of
+// oneDNN's products (onednn_engine: every product in oneDNN) at every k
+// blocking of oneDNN's (one block, blocks of 512, blocks of 1024), so that
+// a row's bits do not depend on how many rows share its step. Steps (both
+// forms of B, beta 0 and 1, laid out and in place) and whole-batch products
+// of laid-out weights (a bias row; beta 1), 1 to 4 rows; weights of more
+// than 8192 values (bf16_step: the core engine's smaller ones run in fp32).
+TEST(GemmEngine, Bf16FewRowsGiveOnednnsBits) {
+  if (!bf16_rows_available()) GTEST_SKIP() << "no native AVX512-BF16 without AMX here";
+  ASSERT_TRUE(bf16_few_rows_products()) << "the few-row kernels disagree with oneDNN here";
+  const GemmEngine<float>& core = gemm_engine_f32(Precision::bf16);
+  const GemmEngine<float>& onednn = onednn_engine(Precision::bf16);
+  std::mt19937 gen(11);
+  std::uniform_real_distribution<float> u(-1.f, 1.f);
+  for (const int64_t k : {31, 64, 500, 512, 514, 1000, 1024, 1026, 2000, 3000}) {
+    for (const int64_t n : {64, 500}) {
+      if (!bf16_step(k, n)) continue;  // the core engine's are fp32 products there
+      for (const bool trans : {true, false}) {
+        const int64_t ldb = (trans ? k : n) + 3;
+        std::vector<float> w(static_cast<std::size_t>((trans ? n : k) * ldb)), bias(n);
+        std::vector<float> a(static_cast<std::size_t>(4 * k)), c0(static_cast<std::size_t>(4 * n));
+        for (float& x : w) x = u(gen);
+        for (float& x : a) x = u(gen);
+        for (float& x : c0) x = u(gen);
+        for (float& x : bias) x = u(gen);
+        const std::vector<ColumnRange> all{{0, n}};
+        const auto want_op = onednn.prepare(w.data(), trans, k, n, ldb, all);
+        const auto laid_op = core.prepare(w.data(), trans, k, n, ldb, all);
+        const auto here_op = core.prepare_in_place(w.data(), trans, k, n, ldb, all);
+        const auto want_w = onednn.lay_out_weights(w.data(), trans, k, n, ldb);
+        const auto core_w = core.lay_out_weights(w.data(), trans, k, n, ldb);
+        for (int64_t m = 1; m <= 4; ++m) {
+          for (const float beta : {0.f, 1.f}) {
+            SCOPED_TRACE("k " + std::to_string(k) + " n " + std::to_string(n) + " trans " +
+                         std::to_string(trans) + " m " + std::to_string(m) + " beta " +
+                         std::to_string(beta));
+            std::vector<float> want = c0, laid = c0, here = c0;
+            onednn.step(m, a.data(), k, *want_op, 0, beta, want.data(), n);
+            core.step(m, a.data(), k, *laid_op, 0, beta, laid.data(), n);
+            core.step(m, a.data(), k, *here_op, 0, beta, here.data(), n);
+            ASSERT_EQ(std::memcmp(want.data(), laid.data(), want.size() * sizeof(float)), 0);
+            ASSERT_EQ(std::memcmp(want.data(), here.data(), want.size() * sizeof(float)), 0);
+            for (const bool in_place : {false, true}) {
+              const auto product = [&](const GemmEngine<float>& eng, const WeightLayout* laid_out,
+                                       std::vector<float>& c) {
+                eng.gemm({.m = m,
+                          .n = n,
+                          .k = k,
+                          .a = {.data = a.data(), .ld = k},
+                          .b = {.data = w.data(),
+                                .ld = ldb,
+                                .trans = trans,
+                                .laid_out = laid_out,
+                                .in_place = in_place},
+                          .beta = beta,
+                          .c = c.data(),
+                          .ldc = n,
+                          .c_row = beta == 0.f ? bias.data() : nullptr});
+              };
+              std::vector<float> gwant = c0, ggot = c0;
+              product(onednn, want_w.get(), gwant);
+              product(core, core_w.get(), ggot);
+              ASSERT_EQ(std::memcmp(gwant.data(), ggot.data(), gwant.size() * sizeof(float)), 0)
+                  << "whole-batch product, in place " << in_place;
+            }
+          }
+        }
+      }
+    }
+  }
 }
 
 TEST(GemmEngine, Bf16RefusedWithoutNativeBf16) {

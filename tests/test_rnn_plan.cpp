@@ -11,6 +11,7 @@
 // test_rnn_bf16.cpp's CPUs.
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <random>
 #include <string>
 #include <thread>
@@ -40,10 +41,16 @@ struct Model {
 };
 
 Model model(RNNMode mode, bool bi, int64_t proj, DType dtype, uint64_t seed,
-            const std::vector<int64_t>& lengths = {6, 0, 9, 3, 9}) {
+            const std::vector<int64_t>& lengths = {6, 0, 9, 3, 9}, int64_t input = 7,
+            int64_t hidden = 40) {
   Model m;
-  m.o = RNNOptions{.mode = mode, .input_size = 7, .hidden_size = 40, .num_layers = 2,
-                   .bidirectional = bi, .proj_size = proj, .dtype = dtype};
+  m.o = RNNOptions{.mode = mode,
+                   .input_size = input,
+                   .hidden_size = hidden,
+                   .num_layers = 2,
+                   .bidirectional = bi,
+                   .proj_size = proj,
+                   .dtype = dtype};
   std::mt19937_64 gen(seed);
   for (const Shape& s : rnn_parameter_shapes(m.o))
     m.weights.push_back(random_tensor(s, 0.3, gen).to(dtype));
@@ -143,6 +150,58 @@ TEST(RNNPlan, CallsOfOneStepReadTheWeightsInPlaceOnce) {
   }
   rnn::set_min_step_units(0);
   rnn::set_split_choice(split);
+  set_num_threads(before);
+}
+
+// At bf16, a call of one step and a few rows (a decoder's at batch 3)
+// reads every weight where it is the first time a plan meets one, W_ih's
+// products too, and the laid-out forms from the second call on: the same
+// bits each call (on a CPU with AVX512-BF16 the few-row kernels,
+// cpu/gemm_bf16_rows.h, read both), forward and backward, at 1 and 2
+// threads; the outputs within bf16's bound (docs/performance.md, 0.03) of
+// fp32's. Sizes where every product pays in bf16 (64 x 256 weights and up).
+TEST(RNNPlan, Bf16CallsOfAFewRowsGiveTheSameBitsInPlaceAndLaidOut) {
+  if (!testing::bf16_runs()) GTEST_SKIP() << testing::no_bf16_here();
+  const int before = num_threads();
+  for (const RNNMode mode : {RNNMode::lstm, RNNMode::gru, RNNMode::rnn_tanh}) {
+    SCOPED_TRACE(rnn_mode_name(mode));
+    Model m = model(mode, /*bi=*/true, /*proj=*/0, DType::f32, 71, {1, 0, 1, 1}, 64, 64);
+    const auto fp32 = rnn_forward(m.o, m.weights, m.x, m.plan, m.h0, m.c0, false, false);
+    m.o.precision = Precision::bf16;
+    for (const int threads : {1, 2}) {
+      set_num_threads(threads);
+      const auto plan = rnn_make_plan(m.o, m.weights);
+      RNNForwardResult first;
+      RNNGradients gfirst;
+      for (const int call : {1, 2, 3}) {
+        SCOPED_TRACE("call " + std::to_string(call) + ", " + std::to_string(threads) + " threads");
+        auto got = rnn_forward(m.o, m.weights, m.x, m.plan, m.h0, m.c0, false, true, 0, plan.get());
+        EXPECT_EQ(rnn_plan_info(*plan).splits_laid_out, call == 1 ? 0 : 1);
+        const Tensor gy = Tensor::full(got.output.shape(), 0.25, DType::f32);
+        const Tensor gh = Tensor::full(got.h_n.shape(), -0.5, DType::f32);
+        auto g = rnn_backward(*got.saved, gy, gh, Tensor(), true);
+        EXPECT_EQ(rnn_plan_info(*plan).backward_splits_laid_out, call == 1 ? 0 : 1);
+        if (call == 1) {
+          const float* a = got.output.data<float>();
+          const float* b = fp32.output.data<float>();
+          for (int64_t i = 0; i < got.output.numel(); ++i)
+            ASSERT_LE(std::abs(a[i] - b[i]), 0.03f)
+                << "output " << i << ": " << a[i] << " at bf16, " << b[i] << " at fp32";
+          first = std::move(got);
+          gfirst = std::move(g);
+          continue;
+        }
+        EXPECT_TRUE(bitwise_equal(got.output, first.output));
+        EXPECT_TRUE(bitwise_equal(got.h_n, first.h_n));
+        EXPECT_TRUE(bitwise_equal(got.c_n, first.c_n));
+        for (std::size_t i = 0; i < g.weights.size(); ++i)
+          EXPECT_TRUE(bitwise_equal(g.weights[i], gfirst.weights[i])) << "weight gradient " << i;
+        EXPECT_TRUE(bitwise_equal(g.input, gfirst.input));
+        EXPECT_TRUE(bitwise_equal(g.h0, gfirst.h0));
+        EXPECT_TRUE(bitwise_equal(g.c0, gfirst.c0));
+      }
+    }
+  }
   set_num_threads(before);
 }
 

@@ -110,8 +110,8 @@ class F32Engine : public BlasEngine<float> {
   }
 
   std::unique_ptr<StepOperand> prepare_in_place(const float* b, bool trans_b, int64_t k, int64_t n,
-                                                int64_t ldb,
-                                                const std::vector<ColumnRange>& ranges) const override {
+                                                int64_t ldb, const std::vector<ColumnRange>& ranges,
+                                                const WeightLayout* = nullptr) const override {
     auto op = operand(k, n, ranges);
     op->in_place = true;
     op->b = b;

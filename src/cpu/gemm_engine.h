@@ -74,6 +74,10 @@ struct GemmOperand {
   // orientation: the backward's dX reads W_ih's); int8's quantized weights,
   // which only forwards read, the forward's op(B).
   const WeightLayout* laid_out = nullptr;
+  // B only: this product's call reads the weights where they are (a call
+  // of few steps meeting them first: rnn::in_place_steps) where the engine
+  // can; laid_out's layouts are then not made for it.
+  bool in_place = false;
 };
 
 // A whole-batch product: C[m, n] = op(A)[m, k]·op(B)[k, n] + beta·C, or,
@@ -127,11 +131,11 @@ class GemmEngine {
   // step: a decoder's or a sampler's call): B is read where it is, b must
   // outlive the operand, and the products give prepare()'s bits. Engines
   // whose steps read a layout they cannot make per product lay out as
-  // prepare() does.
-  virtual std::unique_ptr<StepOperand> prepare_in_place(const T* b, bool trans_b, int64_t k,
-                                                        int64_t n, int64_t ldb,
-                                                        const std::vector<ColumnRange>& ranges) const {
-    return prepare(b, trans_b, k, n, ldb, ranges);
+  // prepare() does (from `laid_out` where given: int8's quantized weights).
+  virtual std::unique_ptr<StepOperand> prepare_in_place(
+      const T* b, bool trans_b, int64_t k, int64_t n, int64_t ldb,
+      const std::vector<ColumnRange>& ranges, const WeightLayout* laid_out = nullptr) const {
+    return prepare(b, trans_b, k, n, ldb, ranges, laid_out);
   }
 
   // C[:m, r) = A[:m, :k]·B[:, r) + beta·C[:m, r) for the range r = ranges[range]
@@ -221,6 +225,10 @@ const GemmEngine<float>& onednn_engine(Precision precision);
 // BM_engine_step: 64x64 weights run at 10-80 GFLOP/s in bf16 against 50-95
 // in fp32).
 bool bf16_product(int64_t m, int64_t n, int64_t k);
+// Whether the bf16 engine multiplies a few rows (up to kFewRows) on
+// seqpack's kernels here (cpu/gemm_bf16_rows.h): where they run and give
+// the bits of oneDNN's products, checked once; else oneDNN runs them.
+bool bf16_few_rows_products();
 // How many of the oneDNN primitives created so far run oneDNN's reference
 // (unoptimised) kernel; tests check it stays 0.
 int64_t onednn_reference_primitives();

@@ -34,6 +34,7 @@
 #include "cpu/buffer_pool.h"
 #include "cpu/cpu_info.h"
 #include "cpu/gemm.h"
+#include "cpu/gemm_bf16_rows.h"
 #include "cpu/gemm_engine.h"
 #include "cpu/grow_buffer.h"
 #include "cpu/isa_cap.h"
@@ -71,6 +72,10 @@ void convert_serial(const float* src, uint16_t* dst, int64_t n) {
 // values, converted for three products) would otherwise leave the other
 // threads waiting, ~9% of a 2-thread training step.
 constexpr int64_t kParallelConversion = 1 << 16;
+
+// From this many weights a few-row product outside a parallel region splits
+// its columns over every thread.
+constexpr int64_t kParallelFewRows = 1 << 16;
 
 }  // namespace
 
@@ -491,6 +496,9 @@ struct BlockedOperand : StepOperand {
   std::unique_ptr<StepOperand> fallback;  // the fp32 engine's operand, where bf16 does not pay
   const float* b = nullptr;
   bool trans = false, f32 = false;
+  // Steps of a few rows read b where it is (prepare_in_place), else their
+  // range's blocked layout (block()).
+  bool in_place = false;
   int64_t ldb = 0;
   std::vector<ColumnRange> ranges;
   mutable std::vector<PooledMemory> blocks;  // one per range
@@ -512,6 +520,25 @@ struct BlockedOperand : StepOperand {
   int block_layout(std::size_t r) const {
     block(r);
     return block_layouts[r];
+  }
+
+  // Range r's columns as the few-row kernels read them: in place, or in
+  // the range's blocked layout where that is a pair blocking (else none).
+  std::optional<Bf16RowsB> few_rows_b(std::size_t r) const {
+    const auto [c0, c1] = ranges[r];
+    Bf16RowsB out{.k = k, .n = c1 - c0};
+    if (in_place) {
+      out.w = trans ? b + c0 * ldb : b + c0;
+      out.ld = ldb;
+      out.trans = trans;
+      return out;
+    }
+    const dnnl::memory& laid = block(r);
+    const auto pairs = pair_blocking(laid.get_desc(), k, c1 - c0);
+    if (!pairs) return std::nullopt;
+    out.laid = static_cast<const uint16_t*>(laid.get_data_handle());
+    out.blocking = *pairs;
+    return out;
   }
 
   // Ranges [first, first + count) side by side: columns of op(b) gathered
@@ -573,12 +600,15 @@ struct Bf16Weights : WeightLayout {
   };
   mutable std::once_flag made[2];  // per orientation: [trans]
   mutable Blocked blocked[2];
+  // Whether op(B) [k, n] is this matrix (stored at data, row stride l, read
+  // transposed where trans).
+  bool describes(const float* data, bool trans, int64_t k, int64_t n, int64_t l) const {
+    return data == source && (trans ? n : k) == rows && (trans ? k : n) == cols && l == ld;
+  }
 
-  // op(B) [k, n] laid out, where op(B) is this matrix (stored at data, row
-  // stride l, read transposed where trans); else null.
+  // op(B) [k, n] laid out, where describes(); else null.
   const Blocked* of(const float* data, bool trans, int64_t k, int64_t n, int64_t l) const {
-    if (data != source || (trans ? n : k) != rows || (trans ? k : n) != cols || l != ld)
-      return nullptr;
+    if (!describes(data, trans, k, n, l)) return nullptr;
     std::call_once(made[trans], [&] {
       blocked[trans].weights = blocked_weights(source, trans, ld, k, n, /*f32=*/false);
       blocked[trans].layout = blocked_layouts().id(blocked[trans].weights.memory.get_desc());
@@ -591,6 +621,54 @@ struct Bf16Weights : WeightLayout {
 
 namespace {
 std::atomic<bool> groups{true};
+
+// Whether the few-row kernels give the bits of oneDNN's products here, which
+// they copy (the order of the sums and oneDNN's blocks of k,
+// bf16_rows_k_block): checked once, on a product of each blocking (one
+// block, blocks of 512, blocks of 1024) against oneDNN's on the same blocked
+// weights. Where they differ (another oneDNN), oneDNN runs every product,
+// so that a row's bits never depend on how many rows share its product.
+bool few_rows_agree() {
+  static const bool yes = [] {
+    uint32_t state = 12345;
+    const auto next = [&] {
+      state = state * 1664525u + 1013904223u;
+      return static_cast<float>(static_cast<int32_t>(state >> 8) - (1 << 23)) / (1 << 23);
+    };
+    GrowBuffer<uint16_t> a16, rows16;
+    for (const int64_t k : {300, 900, 2100}) {
+      const int64_t m = 2, n = 48;
+      std::vector<float> a(static_cast<std::size_t>(m * k)), w(static_cast<std::size_t>(k * n));
+      for (float& x : a) x = next();
+      for (float& x : w) x = next();
+      const PooledMemory laid = blocked_weights(w.data(), /*trans=*/false, n, k, n, /*f32=*/false);
+      const auto pairs = pair_blocking(laid.memory.get_desc(), k, n);
+      if (!pairs) return false;
+      stage(m, k, a.data(), k, a16);
+      std::vector<float> want(static_cast<std::size_t>(m * n)), got(want.size());
+      const Key key{m,
+                    n,
+                    k,
+                    k,
+                    0,
+                    n,
+                    false,
+                    false,
+                    false,
+                    false,
+                    true,
+                    false,
+                    blocked_layouts().id(laid.memory.get_desc())};
+      run(key, a16.data(), laid.memory.get_data_handle(), want.data(), nullptr);
+      const uint16_t* rows = bf16_rows_operand(m, k, a.data(), k, nullptr, rows16);
+      const Bf16RowsB in_place{.k = k, .n = n, .w = w.data(), .ld = n};
+      bf16_rows_product(m, rows, in_place, 0, n, 0.0f, got.data(), n);
+      if (std::memcmp(want.data(), got.data(), want.size() * sizeof(float)) != 0) return false;
+    }
+    return true;
+  }();
+  return yes;
+}
 }  // namespace
 
 bool step_groups() { return groups.load(std::memory_order_relaxed); }
@@ -631,6 +709,28 @@ class OnednnEngine : public GemmEngine<float> {
     // large enough for bf16 to pay (bf16_step's rule: their layout is made
     // once, not per product).
     const auto* laid_out = f32_ ? nullptr : static_cast<const Bf16Weights*>(b.laid_out);
+    // Of a few rows (a decoder step's projection and dX): the few-row
+    // kernels, reading the weights where they are for a call that meets
+    // them first (b.in_place), else in their blocked layout, made once.
+    if (laid_out && few_rows(m) && !a.trans && n > 0 && k > 0 &&
+        (bf16_step(k, n) || bf16_product(m, n, k)) &&
+        laid_out->describes(b.data, b.trans, k, n, b.ld)) {
+      Bf16RowsB rows{.k = k, .n = n};
+      std::optional<PairBlocking> pairs;
+      if (b.in_place) {
+        rows.w = b.data;
+        rows.ld = b.ld;
+        rows.trans = b.trans;
+      } else if (const auto* laid = laid_out->of(b.data, b.trans, k, n, b.ld);
+                 (pairs = pair_blocking(laid->weights.memory.get_desc(), k, n))) {
+        rows.laid = static_cast<const uint16_t*>(laid->weights.memory.get_data_handle());
+        rows.blocking = *pairs;
+      }
+      if (rows.w || rows.laid) {
+        few_rows_gemm(p, rows);
+        return;
+      }
+    }
     const Bf16Weights::Blocked* blocked =
         laid_out && !a.trans && m > 0 && n > 0 && k > 0 &&
                 (bf16_step(k, n) || bf16_product(m, n, k) || !small_in_fp32_)
@@ -716,18 +816,36 @@ class OnednnEngine : public GemmEngine<float> {
                                        int64_t ldb,
                                        const std::vector<ColumnRange>& ranges,
                                        const WeightLayout*) const override {
+    return operand(b, trans_b, k, n, ldb, ranges, /*in_place=*/false);
+  }
+
+  // Steps of a few rows read b where it is (the few-row kernels, or the
+  // fp32 engine's in-place products where bf16 does not pay); steps of more
+  // lay their ranges out as prepare()'s do.
+  std::unique_ptr<StepOperand> prepare_in_place(const float* b, bool trans_b, int64_t k, int64_t n,
+                                                int64_t ldb, const std::vector<ColumnRange>& ranges,
+                                                const WeightLayout*) const override {
+    return operand(b, trans_b, k, n, ldb, ranges, /*in_place=*/true);
+  }
+
+  std::unique_ptr<StepOperand> operand(const float* b, bool trans_b, int64_t k, int64_t n,
+                                       int64_t ldb, const std::vector<ColumnRange>& ranges,
+                                       bool in_place) const {
     auto op = std::make_unique<BlockedOperand>();
     op->k = k;
     op->n = n;
     op->ranges = ranges;
     if (!f32_ && small_in_fp32_ && !bf16_step(k, n)) {
-      op->fallback = gemm_engine_f32(Precision::fp32).prepare(b, trans_b, k, n, ldb, ranges);
+      const GemmEngine<float>& fp32 = gemm_engine_f32(Precision::fp32);
+      op->fallback = in_place ? fp32.prepare_in_place(b, trans_b, k, n, ldb, ranges)
+                              : fp32.prepare(b, trans_b, k, n, ldb, ranges);
       return op;
     }
     op->b = b;
     op->trans = trans_b;
     op->f32 = f32_;
     op->ldb = ldb;
+    op->in_place = in_place;
     op->blocks.resize(ranges.size());
     op->block_layouts.assign(ranges.size(), -1);
     op->group_layouts.assign(ranges.size(), -1);
@@ -748,6 +866,14 @@ class OnednnEngine : public GemmEngine<float> {
     const auto [c0, c1] = op.ranges[range];
     if (m == 0 || c1 <= c0) return;
     ThreadState& ts = thread_state();
+    if (few_rows(m)) {
+      if (const auto b16 = op.few_rows_b(range)) {
+        const uint16_t* a16 =
+            bf16_rows_operand(m, op.k, a, lda, kept_bf16(rows, row, m, op.k), ts.a);
+        bf16_rows_product(m, a16, *b16, 0, c1 - c0, beta, c + c0, ldc);
+        return;
+      }
+    }
     const void* src = step_source(op, m, a, lda, rows, row);
     lda = op.k;
     const int64_t w = c1 - c0;
@@ -772,7 +898,7 @@ class OnednnEngine : public GemmEngine<float> {
                    const float* const* init, const OperandRows* rows,
                    int64_t row) const override {
     const auto& op = static_cast<const BlockedOperand&>(sb);
-    if (count <= 1 || op.fallback || !step_groups()) {
+    if (count <= 1 || op.fallback || !step_groups() || few_rows(m)) {
       GemmEngine<float>::step_blocks(m, a, lda, sb, first, count, beta, c, ldc, init, rows, row);
       return;
     }
@@ -839,10 +965,46 @@ class OnednnEngine : public GemmEngine<float> {
     return dense;
   }
 
+  // Whether a product of m rows runs on the few-row kernels
+  // (cpu/gemm_bf16_rows.h): the core's bf16 engine, natively, where they
+  // give oneDNN's bits.
+  bool few_rows(int64_t m) const {
+    return !f32_ && small_in_fp32_ && m >= 1 && m <= kFewRows && bf16_few_rows_products();
+  }
+
+  // The caller's bf16 rows [row, row + m) of width k where it gives them.
+  static const uint16_t* kept_bf16(const OperandRows* rows, int64_t row, int64_t m, int64_t k) {
+    return rows && rows->form() == SinkElement::bf16 && rows->cols() == k ? rows->bf16_rows(row, m)
+                                                                          : nullptr;
+  }
+
+  // p (A not transposed, few_rows(p.m)) on the few-row kernels with B as
+  // `b` gives it; the columns split over the threads outside a parallel
+  // region where B is large (each column's bits are the same on any split).
+  static void few_rows_gemm(const GemmProduct<float>& p, const Bf16RowsB& b) {
+    const uint16_t* a16 = bf16_rows_operand(
+        p.m, p.k, p.a.data, p.a.ld, kept_bf16(p.a.kept, p.a.kept_row, p.m, p.k), thread_state().a);
+    const int nt = omp_in_parallel() || p.k * p.n < kParallelFewRows ? 1 : omp_get_max_threads();
+    if (nt <= 1) {
+      bf16_rows_product(p.m, a16, b, 0, p.n, p.beta, p.c, p.ldc, p.c_row);
+      return;
+    }
+    const int64_t blocks = (p.n + 63) / 64;
+#pragma omp parallel num_threads(nt)
+    {
+      const int64_t tid = omp_get_thread_num(), nth = omp_get_num_threads();
+      const int64_t j0 = blocks * tid / nth * 64;
+      const int64_t j1 = std::min(p.n, blocks * (tid + 1) / nth * 64);
+      if (j0 < j1) bf16_rows_product(p.m, a16, b, j0, j1, p.beta, p.c, p.ldc, p.c_row);
+    }
+  }
+
   bool f32_, small_in_fp32_;
 };
 
 }  // namespace
+
+bool bf16_few_rows_products() { return bf16_rows_available() && few_rows_agree(); }
 
 int64_t onednn_reference_primitives() { return reference_primitives.load(); }
 int64_t onednn_primitives_made() { return primitives_made.load(); }

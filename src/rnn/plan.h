@@ -61,6 +61,9 @@ struct RNNPlan {
   struct Direction {
     std::unique_ptr<cpu::StepOperand> whh, whr;  // the forward's step operands
     const cpu::WeightLayout* wih = nullptr;      // W_ih as laid out for the model, or null
+    // Made for one call of few steps (in_place_steps): its products read
+    // the weights where they are where the engine can (W_ih's too).
+    bool in_place = false;
     // Whether every entry of W_hh is finite: only then is W_hh·0 zero, and
     // may the steps skip the product of rows that hold a zero h0 (a NaN or
     // inf in W_hh makes it NaN, as torch's product does).
@@ -127,18 +130,19 @@ std::unique_ptr<const RNNPlan<T>> make_plan(const RNNOptions& o, const std::vect
               ? &layouts->dirs[static_cast<std::size_t>(l * D + d)]
               : nullptr;
       typename RNNPlan<T>::Direction& pd = plan->dirs.emplace_back();
-      // In place only where the engine reads the weights as they are (no
-      // model layout, as int8's quantized ones, to read them from).
+      // In place where the engine reads the weights as they are (from the
+      // model's layout where it needs one, as int8's quantized weights).
       const auto prepare = [&](const T* b, int64_t k, int64_t n,
                                const std::vector<cpu::ColumnRange>& ranges,
                                const cpu::WeightLayout* laid_out) {
-        return in_place && !wl ? eng.prepare_in_place(b, /*trans_b=*/true, k, n, k, ranges)
-                               : eng.prepare(b, /*trans_b=*/true, k, n, k, ranges, laid_out);
+        return in_place ? eng.prepare_in_place(b, /*trans_b=*/true, k, n, k, ranges, laid_out)
+                        : eng.prepare(b, /*trans_b=*/true, k, n, k, ranges, laid_out);
       };
       pd.whh = prepare(w.w_hh, R, G, step_ranges(H, G / H, nc), wl ? wl->whh.get() : nullptr);
       if (o.proj_size > 0)
         pd.whr = prepare(w.w_hr, H, R, step_ranges(R, 1, nc), wl ? wl->whr.get() : nullptr);
       pd.wih = wl ? wl->wih.get() : nullptr;
+      pd.in_place = in_place;
       pd.whh_finite = check_finite && all_finite(w.w_hh, G * R);
     }
   }

@@ -150,7 +150,11 @@ struct ForwardDirection {
                 .n = G,
                 .k = in,
                 .a = {.data = x.data<T>(), .ld = in},
-                .b = {.data = w.w_ih, .ld = in, .trans = true, .laid_out = laid_out.wih},
+                .b = {.data = w.w_ih,
+                      .ld = in,
+                      .trans = true,
+                      .laid_out = laid_out.wih,
+                      .in_place = laid_out.in_place},
                 .c = gates,
                 .ldc = G,
                 .c_row = o.bias ? bias : nullptr});
@@ -162,7 +166,11 @@ struct ForwardDirection {
               .n = G,
               .k = in,
               .a = {.data = x.data<T>(), .ld = in},
-              .b = {.data = w.w_ih, .ld = in, .trans = true, .laid_out = laid_out.wih},
+              .b = {.data = w.w_ih,
+                    .ld = in,
+                    .trans = true,
+                    .laid_out = laid_out.wih,
+                    .in_place = laid_out.in_place},
               .c = p,
               .ldc = G});
     for (int64_t v = 0; v < V; ++v)
