@@ -43,24 +43,44 @@ SEQPACK_BF16_PAIRS_TARGET inline __m512bh a_pair(const uint16_t* a, int64_t kp, 
   return as_bf16(_mm512_set1_epi32(static_cast<int>(pair)));
 }
 
-// The 16 columns from j (those of `lanes`) of op(B)'s pair p, where op(B)
-// is W [k, n] in fp32 (in place) or laid out in pair tiles.
+// op(B)'s pair p at the 16 columns from j (those of `lanes`): column(j)
+// once per 16 columns, then load(p) for every pair; op(B) is W [k, n] in
+// fp32 (in place) or laid out in pair tiles.
 struct PlainPairs {
   const float* w;
   int64_t ld, k;
-  SEQPACK_BF16_PAIRS_TARGET __m512i operator()(int64_t p, int64_t j, __mmask16 lanes,
-                                               __mmask32) const {
-    return bf16_pairs::row_pair(w, ld, k, 2 * p, j, lanes);
-  }
+  struct Column {
+    const float* w;
+    int64_t ld, k;
+    __mmask16 lanes;
+    int64_t p0 = 0;
+    void seek(int64_t p) { p0 = p; }
+    // Pair p0 + q.
+    SEQPACK_BF16_PAIRS_TARGET __m512i load(int64_t q) const {
+      return bf16_pairs::row_pair(w, ld, k, 2 * (p0 + q), 0, lanes);
+    }
+  };
+  Column column(int64_t j, __mmask16 lanes) const { return {w + j, ld, k, lanes}; }
 };
 struct TiledPairs {
   const uint16_t* laid;
   PairBlocking b;
+  struct Column {
+    const uint16_t* start;  // pair 0's
+    int64_t tile_k_stride, pair_stride;
+    __mmask32 halves;
+    const uint16_t* at = nullptr;
+    // p a multiple of 16: the first pair of a tile.
+    void seek(int64_t p) { at = start + (p >> 4) * tile_k_stride; }
+    // Pair p + q of the tile seek() found (q < 16).
+    SEQPACK_BF16_PAIRS_TARGET __m512i load(int64_t q) const {
+      return _mm512_maskz_loadu_epi16(halves, at + q * pair_stride);
+    }
+  };
   // j a multiple of 16: the 16 columns lie in one tile.
-  SEQPACK_BF16_PAIRS_TARGET __m512i operator()(int64_t p, int64_t j, __mmask16,
-                                               __mmask32 halves) const {
-    const uint16_t* tile = laid + (p / 16) * b.tile_k_stride + (j / b.n_block) * b.tile_n_stride;
-    return _mm512_maskz_loadu_epi16(halves, tile + ((p % 16) * b.n_block + j % b.n_block) * 2);
+  Column column(int64_t j, __mmask16 lanes) const {
+    return {laid + (j / b.n_block) * b.tile_n_stride + (j % b.n_block) * 2, b.tile_k_stride,
+            b.n_block * 2, pair_lanes(lanes)};
   }
 };
 
@@ -106,23 +126,30 @@ SEQPACK_BF16_PAIRS_TARGET void pair_columns(const uint16_t* a, const Pairs& pair
   const int64_t block = bf16_rows_k_block(k) / 2;
   for (int64_t j = j0 / 16 * 16; j < j1; j += 16 * V) {
     __mmask16 lanes[V];
-    __mmask32 halves[V];
+    typename Pairs::Column cols[V];
     for (int v = 0; v < V; ++v) {
       const int64_t at = j + 16 * v;
       lanes[v] = lane_range(std::max<int64_t>(j0 - at, 0), std::min<int64_t>(j1 - at, 16));
-      halves[v] = pair_lanes(lanes[v]);
+      cols[v] = pairs.column(at, lanes[v]);
     }
     __m512 acc[M][V], total[M][V];
     for (int64_t p0 = 0; p0 < np; p0 += block) {
       for (int i = 0; i < M; ++i)
         for (int v = 0; v < V; ++v) acc[i][v] = _mm512_setzero_ps();
-      for (int64_t p = p0; p < std::min(np, p0 + block); ++p) {
-        __m512i bv[V];
-        for (int v = 0; v < V; ++v)
-          bv[v] = lanes[v] ? pairs(p, j + 16 * v, lanes[v], halves[v]) : _mm512_setzero_si512();
-        for (int i = 0; i < M; ++i) {
-          const __m512bh av = a_pair(a, kp, i, p);
-          for (int v = 0; v < V; ++v) acc[i][v] = _mm512_dpbf16_ps(acc[i][v], av, as_bf16(bv[v]));
+      const int64_t p1 = std::min(np, p0 + block);
+      // 16 pairs at a time (a tile's; blocks are whole numbers of them),
+      // each column of the tile from a cursor; a column without lanes loads
+      // zeros (masked loads read nothing).
+      for (int64_t q0 = p0; q0 < p1; q0 += 16) {
+        for (int v = 0; v < V; ++v) cols[v].seek(q0);
+        const int64_t count = std::min<int64_t>(16, p1 - q0);
+        for (int64_t q = 0; q < count; ++q) {
+          __m512i bv[V];
+          for (int v = 0; v < V; ++v) bv[v] = cols[v].load(q);
+          for (int i = 0; i < M; ++i) {
+            const __m512bh av = a_pair(a, kp, i, q0 + q);
+            for (int v = 0; v < V; ++v) acc[i][v] = _mm512_dpbf16_ps(acc[i][v], av, as_bf16(bv[v]));
+          }
         }
       }
       add_block<M, V>(acc, total, p0 == 0);
