@@ -119,11 +119,11 @@ SEQPACK_BF16_PAIRS_TARGET inline void finish(const __m512 total[M][V], const __m
 // multiple of 16), pair after pair of op(B)'s rows.
 template <int M, typename Pairs>
 SEQPACK_BF16_PAIRS_TARGET void pair_columns(const uint16_t* a, const Pairs& pairs, int64_t k,
-                                            int64_t j0, int64_t j1, float beta, float* c,
-                                            int64_t ldc, const float* c_row) {
+                                            int64_t k_block, int64_t j0, int64_t j1, float beta,
+                                            float* c, int64_t ldc, const float* c_row) {
   constexpr int V = 4;
   const int64_t kp = (k + kChunk - 1) / kChunk * kChunk, np = (k + 1) / 2;
-  const int64_t block = bf16_rows_k_block(k) / 2;
+  const int64_t block = k_block / 2;  // a multiple of 16 pairs
   for (int64_t j = j0 / 16 * 16; j < j1; j += 16 * V) {
     __mmask16 lanes[V];
     typename Pairs::Column cols[V];
@@ -167,10 +167,11 @@ SEQPACK_BF16_PAIRS_TARGET void pair_columns(const uint16_t* a, const Pairs& pair
 // transposed (bf16_pairs::column_pairs).
 template <int M>
 SEQPACK_BF16_PAIRS_TARGET void column_products(const uint16_t* a, const float* w, int64_t ld,
-                                               int64_t k, int64_t j0, int64_t j1, float beta,
-                                               float* c, int64_t ldc, const float* c_row) {
+                                               int64_t k, int64_t k_block, int64_t j0, int64_t j1,
+                                               float beta, float* c, int64_t ldc,
+                                               const float* c_row) {
   const int64_t kp = (k + kChunk - 1) / kChunk * kChunk, np = (k + 1) / 2;
-  const int64_t block = bf16_rows_k_block(k) / 2;  // a multiple of 16 pairs
+  const int64_t block = k_block / 2;  // a multiple of 16 pairs
   __m512i table[16];
   for (int64_t j = j0 / 16 * 16; j < j1; j += 16) {
     const __mmask16 lanes[1] = {
@@ -200,11 +201,11 @@ template <int M>
 void product_of(const uint16_t* a, const Bf16RowsB& b, int64_t j0, int64_t j1, float beta, float* c,
                 int64_t ldc, const float* c_row) {
   if (b.laid) {
-    pair_columns<M>(a, TiledPairs{b.laid, b.blocking}, b.k, j0, j1, beta, c, ldc, c_row);
+    pair_columns<M>(a, TiledPairs{b.laid, b.blocking}, b.k, b.k_block, j0, j1, beta, c, ldc, c_row);
   } else if (b.trans) {
-    column_products<M>(a, b.w, b.ld, b.k, j0, j1, beta, c, ldc, c_row);
+    column_products<M>(a, b.w, b.ld, b.k, b.k_block, j0, j1, beta, c, ldc, c_row);
   } else {
-    pair_columns<M>(a, PlainPairs{b.w, b.ld, b.k}, b.k, j0, j1, beta, c, ldc, c_row);
+    pair_columns<M>(a, PlainPairs{b.w, b.ld, b.k}, b.k, b.k_block, j0, j1, beta, c, ldc, c_row);
   }
 }
 
@@ -214,8 +215,6 @@ bool bf16_rows_available() {
   return cpu_converts_bf16() && !bf16_emulation() && has_bf16_dot_products() &&
          !has_amx_dot_products() && isa_cap() == IsaLevel::avx512;
 }
-
-int64_t bf16_rows_k_block(int64_t k) { return k > 1024 ? 1024 : 512; }
 
 const uint16_t* bf16_rows_operand(int64_t m, int64_t k, const float* a, int64_t lda,
                                   const uint16_t* a16, GrowBuffer<uint16_t>& buf) {
@@ -235,6 +234,10 @@ const uint16_t* bf16_rows_operand(int64_t m, int64_t k, const float* a, int64_t 
 
 void bf16_rows_product(int64_t m, const uint16_t* a, const Bf16RowsB& b, int64_t j0, int64_t j1,
                        float beta, float* c, int64_t ldc, const float* c_row) {
+  if (b.k_block <= 0 || b.k_block % kChunk != 0) {
+    throw std::invalid_argument("bf16_rows_product: k_block = " + std::to_string(b.k_block) +
+                                ", a positive multiple of 32 needed");
+  }
   switch (m) {
     case 1:
       product_of<1>(a, b, j0, j1, beta, c, ldc, c_row);

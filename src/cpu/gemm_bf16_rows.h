@@ -1,8 +1,9 @@
 // bf16 products of a few rows (m <= kFewRows: a decoder's or a sampler's
 // step, a batch of one) by a weight matrix on AVX512-BF16's dot products,
 // with the bits of oneDNN's bf16 matmul: each output lane sums pair after
-// pair of rows (vdpbf16ps) from zero within blocks of k (bf16_rows_k_block),
-// the blocks' sums added in order, then the bias or beta·C. The weights are
+// pair of rows (vdpbf16ps) from zero within blocks of k (Bf16RowsB::k_block:
+// oneDNN's, which the engine finds per shape), the blocks' sums added in
+// order, then the bias or beta·C. The weights are
 // read either in oneDNN's blocked layout (cpu/bf16_blocked.h, the one the
 // engine lays out for its other products) or where they are in fp32,
 // rounded as they are read: the same vectors reach the same chain either
@@ -24,17 +25,14 @@ constexpr int64_t kFewRows = 4;
 // Whether the few-row products may run: native AVX512-BF16 dot products (not
 // bf16's emulation, whose products are widened to fp32), no AMX (whose
 // kernels sum in another order), under an ISA cap (cpu/isa_cap.h) of
-// avx512. The engine also checks its products against oneDNN's once.
+// avx512.
 bool bf16_rows_available();
 
-// The values of k each of oneDNN's partial sums covers (its bf16 matmul's
-// K blocking on AVX512-BF16: 512, or 1024 where k > 1024).
-int64_t bf16_rows_k_block(int64_t k);
-
 // op(B) [k, n] of a few-row product: fp32 W where it is (w, row stride ld;
-// op(B) = Wᵀ where trans), or op(B) laid out as `blocking` says (laid).
+// op(B) = Wᵀ where trans), or op(B) laid out as `blocking` says (laid); the
+// values of k each partial sum covers (a multiple of 32).
 struct Bf16RowsB {
-  int64_t k = 0, n = 0;
+  int64_t k = 0, n = 0, k_block = 512;
   const float* w = nullptr;
   int64_t ld = 0;
   bool trans = false;

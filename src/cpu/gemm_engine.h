@@ -20,8 +20,11 @@
 //              cpu::gemm_packed_small for the steps (W_hh packed once per call;
 //              faster than both on the steps' row counts: BM_step): PyTorch-exact;
 //   bf16       oneDNN matmul, bf16 operands, fp32 accumulation and results,
-//              primitives cached per shape and thread, step weights reordered
-//              once per call into the layout the primitive asks for;
+//              primitives cached per shape and thread, weights laid out once
+//              per model plan into the layout the primitive asks for;
+//              products of at most 4 rows on seqpack's kernels with oneDNN's
+//              bits, on that layout or on the fp32 weights in place
+//              (cpu/gemm_bf16_rows.h);
 //   int8       inference: u8 rows (quantized per row) times s8 weights
 //              (per column), int32 accumulation on AMX-INT8, AVX512-VNNI, AVX2 or
 //              scalar (cpu/gemm_int8.h), fp32 results
@@ -225,10 +228,12 @@ const GemmEngine<float>& onednn_engine(Precision precision);
 // BM_engine_step: 64x64 weights run at 10-80 GFLOP/s in bf16 against 50-95
 // in fp32).
 bool bf16_product(int64_t m, int64_t n, int64_t k);
-// Whether the bf16 engine multiplies a few rows (up to kFewRows) on
-// seqpack's kernels here (cpu/gemm_bf16_rows.h): where they run and give
-// the bits of oneDNN's products, checked once; else oneDNN runs them.
-bool bf16_few_rows_products();
+// The blocks of k (values) in which the bf16 engine's products of m rows
+// (up to kFewRows) by [k, n] weights sum on seqpack's kernels here
+// (cpu/gemm_bf16_rows.h), oneDNN's, found once per shape and thread context;
+// 0 where those kernels do not run it (not available, or none gives
+// oneDNN's bits: oneDNN runs it).
+int64_t bf16_few_rows_k_block(int64_t m, int64_t k, int64_t n);
 // How many of the oneDNN primitives created so far run oneDNN's reference
 // (unoptimised) kernel; tests check it stays 0.
 int64_t onednn_reference_primitives();

@@ -17,6 +17,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cmath>
 #include <cstdlib>
 #include <cstring>
 #include <map>
@@ -622,31 +623,46 @@ struct Bf16Weights : WeightLayout {
 namespace {
 std::atomic<bool> groups{true};
 
-// Whether the few-row kernels give the bits of oneDNN's products here, which
-// they copy (the order of the sums and oneDNN's blocks of k,
-// bf16_rows_k_block): checked once, on a product of each blocking (one
-// block, blocks of 512, blocks of 1024) against oneDNN's on the same blocked
-// weights. Where they differ (another oneDNN), oneDNN runs every product,
-// so that a row's bits never depend on how many rows share its product.
-bool few_rows_agree() {
-  static const bool yes = [] {
-    uint32_t state = 12345;
+// The blocks of k (values) of oneDNN's bf16 products of this shape and
+// thread context whose bits the few-row kernels give: found once per shape
+// by running oneDNN and the kernels on the same values, for one block and
+// blocks of 512, 1024 and 2048 (oneDNN 2.6 on AVX512-BF16 sums k in blocks
+// of 512, or 1024 where k > 1024; 3.7 in blocks of 512 at most shapes);
+// 0 where none gives them (oneDNN then runs the products), so that a row's
+// bits never depend on how many rows share its product.
+int64_t few_rows_k_block(int64_t m, int64_t k, int64_t n) {
+  static std::mutex mutex;
+  static std::map<std::tuple<int64_t, int64_t, int64_t, int>, int64_t> known;
+  const int threads = omp_in_parallel() ? 1 : omp_get_max_threads();
+  const auto key = std::make_tuple(m, k, n, threads);
+  {
+    const std::lock_guard<std::mutex> lock(mutex);
+    if (const auto it = known.find(key); it != known.end()) return it->second;
+  }
+  const int64_t found = [&]() -> int64_t {
+    // Positive values, so that the sums grow with k, the weights' scaled by
+    // 2^0 .. 2^-15: a pair's two products (16 significant bits each) then
+    // rarely sum exactly, nor does a sum with a pair, and every order of the
+    // sums gives its own bits (random values of one scale let one order
+    // pass for another at some k: both exact at the block's edge).
+    uint32_t state = static_cast<uint32_t>(k * 7919 + n * 104729 + m);
     const auto next = [&] {
       state = state * 1664525u + 1013904223u;
-      return static_cast<float>(static_cast<int32_t>(state >> 8) - (1 << 23)) / (1 << 23);
+      return state >> 8;
     };
+    std::vector<float> a(static_cast<std::size_t>(m * k)), w(static_cast<std::size_t>(k * n));
+    for (float& x : a) x = 0.5f + static_cast<float>(next()) / static_cast<float>(1 << 25);
+    for (float& x : w) {
+      const uint32_t r = next();
+      x = std::ldexp(0.5f + static_cast<float>(r & 0xFFFF) / static_cast<float>(1 << 17),
+                     -static_cast<int>(r >> 16) % 16);
+    }
+    const PooledMemory laid = blocked_weights(w.data(), /*trans=*/false, n, k, n, /*f32=*/false);
+    if (!pair_blocking(laid.memory.get_desc(), k, n)) return 0;
     GrowBuffer<uint16_t> a16, rows16;
-    for (const int64_t k : {300, 900, 2100}) {
-      const int64_t m = 2, n = 48;
-      std::vector<float> a(static_cast<std::size_t>(m * k)), w(static_cast<std::size_t>(k * n));
-      for (float& x : a) x = next();
-      for (float& x : w) x = next();
-      const PooledMemory laid = blocked_weights(w.data(), /*trans=*/false, n, k, n, /*f32=*/false);
-      const auto pairs = pair_blocking(laid.memory.get_desc(), k, n);
-      if (!pairs) return false;
-      stage(m, k, a.data(), k, a16);
-      std::vector<float> want(static_cast<std::size_t>(m * n)), got(want.size());
-      const Key key{m,
+    stage(m, k, a.data(), k, a16);
+    std::vector<float> want(static_cast<std::size_t>(m * n)), got(want.size());
+    const Key probe{m,
                     n,
                     k,
                     k,
@@ -659,15 +675,18 @@ bool few_rows_agree() {
                     true,
                     false,
                     blocked_layouts().id(laid.memory.get_desc())};
-      run(key, a16.data(), laid.memory.get_data_handle(), want.data(), nullptr);
-      const uint16_t* rows = bf16_rows_operand(m, k, a.data(), k, nullptr, rows16);
-      const Bf16RowsB in_place{.k = k, .n = n, .w = w.data(), .ld = n};
+    run(probe, a16.data(), laid.memory.get_data_handle(), want.data(), nullptr);
+    const uint16_t* rows = bf16_rows_operand(m, k, a.data(), k, nullptr, rows16);
+    for (const int64_t block : {(k + 31) / 32 * 32, int64_t{512}, int64_t{1024}, int64_t{2048}}) {
+      const Bf16RowsB in_place{.k = k, .n = n, .k_block = block, .w = w.data(), .ld = n};
       bf16_rows_product(m, rows, in_place, 0, n, 0.0f, got.data(), n);
-      if (std::memcmp(want.data(), got.data(), want.size() * sizeof(float)) != 0) return false;
+      if (std::memcmp(want.data(), got.data(), want.size() * sizeof(float)) == 0) return block;
     }
-    return true;
+    return 0;
   }();
-  return yes;
+  const std::lock_guard<std::mutex> lock(mutex);
+  known.emplace(key, found);
+  return found;
 }
 }  // namespace
 
@@ -715,9 +734,11 @@ class OnednnEngine : public GemmEngine<float> {
     if (laid_out && few_rows(m) && !a.trans && n > 0 && k > 0 &&
         (bf16_step(k, n) || bf16_product(m, n, k)) &&
         laid_out->describes(b.data, b.trans, k, n, b.ld)) {
-      Bf16RowsB rows{.k = k, .n = n};
+      Bf16RowsB rows{.k = k, .n = n, .k_block = few_rows_k_block(m, k, n)};
       std::optional<PairBlocking> pairs;
-      if (b.in_place) {
+      if (rows.k_block == 0) {
+        // oneDNN's own order here: its blocked product below.
+      } else if (b.in_place) {
         rows.w = b.data;
         rows.ld = b.ld;
         rows.trans = b.trans;
@@ -867,7 +888,8 @@ class OnednnEngine : public GemmEngine<float> {
     if (m == 0 || c1 <= c0) return;
     ThreadState& ts = thread_state();
     if (few_rows(m)) {
-      if (const auto b16 = op.few_rows_b(range)) {
+      auto b16 = op.few_rows_b(range);
+      if (b16 && (b16->k_block = few_rows_k_block(m, op.k, c1 - c0)) > 0) {
         const uint16_t* a16 =
             bf16_rows_operand(m, op.k, a, lda, kept_bf16(rows, row, m, op.k), ts.a);
         bf16_rows_product(m, a16, *b16, 0, c1 - c0, beta, c + c0, ldc);
@@ -965,11 +987,11 @@ class OnednnEngine : public GemmEngine<float> {
     return dense;
   }
 
-  // Whether a product of m rows runs on the few-row kernels
-  // (cpu/gemm_bf16_rows.h): the core's bf16 engine, natively, where they
-  // give oneDNN's bits.
+  // Whether a product of m rows may run on the few-row kernels
+  // (cpu/gemm_bf16_rows.h): the core's bf16 engine, natively; each shape
+  // where they give oneDNN's bits (few_rows_k_block).
   bool few_rows(int64_t m) const {
-    return !f32_ && small_in_fp32_ && m >= 1 && m <= kFewRows && bf16_few_rows_products();
+    return !f32_ && small_in_fp32_ && m >= 1 && m <= kFewRows && bf16_rows_available();
   }
 
   // The caller's bf16 rows [row, row + m) of width k where it gives them.
@@ -1004,7 +1026,11 @@ class OnednnEngine : public GemmEngine<float> {
 
 }  // namespace
 
-bool bf16_few_rows_products() { return bf16_rows_available() && few_rows_agree(); }
+int64_t bf16_few_rows_k_block(int64_t m, int64_t k, int64_t n) {
+  return bf16_rows_available() && m >= 1 && m <= kFewRows && k > 0 && n > 0
+             ? few_rows_k_block(m, k, n)
+             : 0;
+}
 
 int64_t onednn_reference_primitives() { return reference_primitives.load(); }
 int64_t onednn_primitives_made() { return primitives_made.load(); }
