@@ -13,6 +13,7 @@
 #include <cstring>
 #include <limits>
 #include <random>
+#include <stdexcept>
 #include <string>
 #include <tuple>
 #include <type_traits>
@@ -679,4 +680,28 @@ TEST(GemmBf16Rows, InPlaceGivesTheLaidOutBitsAndTheRoundedProducts) {
       }
     }
   }
+}
+
+// The few-row products refuse a row count outside 1..kFewRows and blocks of
+// k that are not whole registers, naming the value.
+TEST(GemmBf16Rows, RefusesRowCountsAndBlocksItCannotRun) {
+  if (!seqpack::cpu::bf16_rows_available())
+    GTEST_SKIP() << "no native AVX512-BF16 without AMX here (or capped, or emulated)";
+  std::vector<float> w(64 * 16, 0.5f), c(5 * 16);
+  std::vector<uint16_t> a(5 * 64, 0);
+  const seqpack::cpu::Bf16RowsB b{.k = 64, .n = 16, .k_block = 512, .w = w.data(), .ld = 16};
+  const auto refused = [&](int64_t m, const seqpack::cpu::Bf16RowsB& bb) {
+    try {
+      seqpack::cpu::bf16_rows_product(m, a.data(), bb, 0, 16, 0.f, c.data(), 16);
+    } catch (const std::invalid_argument& e) {
+      return std::string(e.what());
+    }
+    return std::string("accepted");
+  };
+  EXPECT_NE(refused(5, b).find("m = 5 rows"), std::string::npos) << refused(5, b);
+  EXPECT_NE(refused(0, b).find("m = 0 rows"), std::string::npos) << refused(0, b);
+  seqpack::cpu::Bf16RowsB odd = b;
+  odd.k_block = 100;
+  EXPECT_NE(refused(1, odd).find("k_block = 100"), std::string::npos) << refused(1, odd);
+  EXPECT_EQ(refused(1, b), "accepted");
 }

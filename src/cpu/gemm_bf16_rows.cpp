@@ -238,23 +238,15 @@ void bf16_rows_product(int64_t m, const uint16_t* a, const Bf16RowsB& b, int64_t
     throw std::invalid_argument("bf16_rows_product: k_block = " + std::to_string(b.k_block) +
                                 ", a positive multiple of 32 needed");
   }
-  switch (m) {
-    case 1:
-      product_of<1>(a, b, j0, j1, beta, c, ldc, c_row);
-      break;
-    case 2:
-      product_of<2>(a, b, j0, j1, beta, c, ldc, c_row);
-      break;
-    case 3:
-      product_of<3>(a, b, j0, j1, beta, c, ldc, c_row);
-      break;
-    case 4:
-      product_of<4>(a, b, j0, j1, beta, c, ldc, c_row);
-      break;
-    default:
-      throw std::invalid_argument("bf16_rows_product: m = " + std::to_string(m) + " rows, 1 to " +
-                                  std::to_string(kFewRows) + " allowed");
+  if (m < 1 || m > kFewRows) {
+    throw std::invalid_argument("bf16_rows_product: m = " + std::to_string(m) + " rows, 1 to " +
+                                std::to_string(kFewRows) + " allowed");
   }
+  using Product = void (*)(const uint16_t*, const Bf16RowsB&, int64_t, int64_t, float, float*,
+                           int64_t, const float*);
+  static constexpr Product products[kFewRows] = {product_of<1>, product_of<2>, product_of<3>,
+                                                 product_of<4>};
+  products[m - 1](a, b, j0, j1, beta, c, ldc, c_row);
 }
 
 }  // namespace seqpack::cpu
