@@ -72,9 +72,13 @@ struct TiledPairs {
     const uint16_t* at = nullptr;
     // p a multiple of 16: the first pair of a tile.
     void seek(int64_t p) { at = start + (p >> 4) * tile_k_stride; }
-    // Pair p + q of the tile seek() found (q < 16).
+    // Pair p + q of the tile seek() found (q < 16); the line four tiles on
+    // fetched ahead (the weights stream from memory: a product of one row
+    // reads each once).
     SEQPACK_BF16_PAIRS_TARGET __m512i load(int64_t q) const {
-      return _mm512_maskz_loadu_epi16(halves, at + q * pair_stride);
+      const uint16_t* at_q = at + q * pair_stride;
+      _mm_prefetch(reinterpret_cast<const char*>(at_q + 4 * tile_k_stride), _MM_HINT_T0);
+      return _mm512_maskz_loadu_epi16(halves, at_q);
     }
   };
   // j a multiple of 16: the 16 columns lie in one tile.

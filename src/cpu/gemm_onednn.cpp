@@ -78,6 +78,16 @@ constexpr int64_t kParallelConversion = 1 << 16;
 // its columns over every thread.
 constexpr int64_t kParallelFewRows = 1 << 16;
 
+// The rows up to which a product of laid-out weights runs on the few-row
+// kernels (they read weights in place for up to kFewRows). From 2 rows
+// oneDNN's kernel is faster on the same layout: the few-row kernels' 4-row
+// block took 115 us for 4 x 1024 x 4096 against oneDNN's 85, 26 against 20
+// for 4 x 500 x 2000 (weights in cache, Zen 5); at one row they took 76 and
+// 18.5 against 81 and 20, and LSTM(1024)'s one-step calls at batch 1 ran as
+// fast as on oneDNN (training 1.53-1.56x torch against 1.49-1.64x,
+// inference 2.75-2.84x against 2.51-2.84x, alternating runs).
+constexpr int64_t kLaidOutFewRows = 1;
+
 }  // namespace
 
 void f32_to_bf16(const float* src, uint16_t* dst, int64_t n) {
@@ -523,9 +533,10 @@ struct BlockedOperand : StepOperand {
     return block_layouts[r];
   }
 
-  // Range r's columns as the few-row kernels read them: in place, or in
-  // the range's blocked layout where that is a pair blocking (else none).
-  std::optional<Bf16RowsB> few_rows_b(std::size_t r) const {
+  // Range r's columns as the few-row kernels read them for a product of
+  // m rows: in place, or in the range's blocked layout where that is a pair
+  // blocking and m is 1 (else none: oneDNN's kernel runs it).
+  std::optional<Bf16RowsB> few_rows_b(std::size_t r, int64_t m) const {
     const auto [c0, c1] = ranges[r];
     Bf16RowsB out{.k = k, .n = c1 - c0};
     if (in_place) {
@@ -534,6 +545,7 @@ struct BlockedOperand : StepOperand {
       out.trans = trans;
       return out;
     }
+    if (m > kLaidOutFewRows) return std::nullopt;
     const dnnl::memory& laid = block(r);
     const auto pairs = pair_blocking(laid.get_desc(), k, c1 - c0);
     if (!pairs) return std::nullopt;
@@ -742,6 +754,8 @@ class OnednnEngine : public GemmEngine<float> {
         rows.w = b.data;
         rows.ld = b.ld;
         rows.trans = b.trans;
+      } else if (m > kLaidOutFewRows) {
+        // oneDNN's kernel: its blocked product below.
       } else if (const auto* laid = laid_out->of(b.data, b.trans, k, n, b.ld);
                  (pairs = pair_blocking(laid->weights.memory.get_desc(), k, n))) {
         rows.laid = static_cast<const uint16_t*>(laid->weights.memory.get_data_handle());
@@ -888,7 +902,7 @@ class OnednnEngine : public GemmEngine<float> {
     if (m == 0 || c1 <= c0) return;
     ThreadState& ts = thread_state();
     if (few_rows(m)) {
-      auto b16 = op.few_rows_b(range);
+      auto b16 = op.few_rows_b(range, m);
       if (b16 && (b16->k_block = few_rows_k_block(m, op.k, c1 - c0)) > 0) {
         const uint16_t* a16 =
             bf16_rows_operand(m, op.k, a, lda, kept_bf16(rows, row, m, op.k), ts.a);
