@@ -22,8 +22,9 @@
 //   bf16       oneDNN matmul, bf16 operands, fp32 accumulation and results,
 //              primitives cached per shape and thread, weights laid out once
 //              per model plan into the layout the primitive asks for;
-//              products of at most 4 rows on seqpack's kernels with oneDNN's
-//              bits, on that layout or on the fp32 weights in place
+//              products of a few rows on seqpack's kernels with oneDNN's
+//              bits, on the fp32 weights in place (up to 4 rows, a call
+//              that meets them first) or on that layout (one row)
 //              (cpu/gemm_bf16_rows.h);
 //   int8       inference: u8 rows (quantized per row) times s8 weights
 //              (per column), int32 accumulation on AMX-INT8, AVX512-VNNI, AVX2 or
