@@ -25,6 +25,7 @@
 
 #include "cpu/bf16_blocked.h"
 #include "cpu/gemm.h"
+#include "cpu/gemm_bf16_rows.h"
 #include "cpu/gemm_engine.h"
 #include "cpu/gemm_int8.h"
 #include "seqpack/cpu_info.h"
@@ -417,6 +418,55 @@ BENCHMARK(BM_engine_step)
       for (const auto& s : shapes)
         for (int64_t rows : {1, 4, 16, 32, 64, 128, 256})
           for (int64_t e : {1, 2, 3}) b->Args({s[0], s[1], rows, e});
+    })
+    ->Unit(benchmark::kMicrosecond);
+
+// A bf16 product of m rows by fp32 weights W (op(B) = Wᵀ, W [n, k], the
+// forward's; or W [k, n], the backward's dX) as a call that meets its
+// weights first runs it: way 0 reads W in place, rounding as it reads
+// (cpu::bf16_rows_product, blocks of k as oneDNN 2.6's), way 1 lays W out
+// (GemmEngine::prepare) and runs oneDNN's kernel on the layout, way 2 runs
+// oneDNN's kernel on a layout made once (the floor).
+void BM_bf16_in_place(benchmark::State& state) {
+  const int64_t m = state.range(0), k = state.range(1), n = state.range(2);
+  const bool trans = state.range(3) != 0;
+  const int64_t way = state.range(4);
+  if (!seqpack::cpu::bf16_rows_available()) {
+    state.SkipWithError("no native AVX512-BF16 without AMX here");
+    return;
+  }
+  std::mt19937 rng(42);
+  const std::vector<float> a = random_floats(m * k, rng), w = random_floats(n * k, rng);
+  std::vector<float> c(static_cast<size_t>(m * n));
+  const int64_t ldw = trans ? k : n;
+  const auto& eng = seqpack::cpu::gemm_engine_f32(seqpack::Precision::bf16);
+  seqpack::cpu::GrowBuffer<uint16_t> a16;
+  const auto once = eng.prepare(w.data(), trans, k, n, ldw, {{0, n}});
+  const seqpack::cpu::Bf16RowsB b{
+      .k = k, .n = n, .k_block = k > 1024 ? 1024 : 512, .w = w.data(), .ld = ldw, .trans = trans};
+  for (auto _ : state) {
+    if (way == 0) {
+      const uint16_t* rows = seqpack::cpu::bf16_rows_operand(m, k, a.data(), k, nullptr, a16);
+      seqpack::cpu::bf16_rows_product(m, rows, b, 0, n, 0.f, c.data(), n);
+    } else if (way == 1) {
+      const auto op = eng.prepare(w.data(), trans, k, n, ldw, {{0, n}});
+      eng.step(m, a.data(), k, *op, 0, 0.f, c.data(), n);
+    } else {
+      eng.step(m, a.data(), k, *once, 0, 0.f, c.data(), n);
+    }
+    benchmark::DoNotOptimize(c.data());
+    benchmark::ClobberMemory();
+  }
+  set_product_rate(state, m, n, k);
+}
+BENCHMARK(BM_bf16_in_place)
+    ->ArgNames({"m", "k", "n", "trans", "way"})
+    ->Apply([](benchmark::internal::Benchmark* b) {
+      // LSTM(500)'s and GRU(500)'s input projection and dX at batch 8 and 64.
+      const int64_t shapes[][3] = {{500, 2000, 1}, {2000, 500, 0}, {500, 1500, 1}, {1500, 500, 0}};
+      for (int64_t m : {8, 64})
+        for (const auto& s : shapes)
+          for (int64_t way : {0, 1, 2}) b->Args({m, s[0], s[1], s[2], way});
     })
     ->Unit(benchmark::kMicrosecond);
 

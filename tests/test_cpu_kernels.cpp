@@ -603,8 +603,10 @@ TEST(GemmBf16Rows, InPlaceGivesTheLaidOutBitsAndTheRoundedProducts) {
   SCOPED_TRACE("seed " + std::to_string(seed));
   std::mt19937 gen(static_cast<std::mt19937::result_type>(seed));
   std::uniform_real_distribution<float> u(-1.f, 1.f);
-  const Case cases[] = {{1, 500, 2000}, {1, 1, 1},      {2, 2, 5},  {3, 31, 17},   {4, 33, 64},
-                        {4, 65, 130},   {1, 2000, 500}, {2, 7, 63}, {3, 1100, 65}, {4, 600, 16}};
+  // Past kFewRows (in place only): 5 rows, 13 (a chunk of 12 and one), 40.
+  const Case cases[] = {{1, 500, 2000}, {1, 1, 1},      {2, 2, 5},     {3, 31, 17},   {4, 33, 64},
+                        {4, 65, 130},   {1, 2000, 500}, {2, 7, 63},    {3, 1100, 65}, {4, 600, 16},
+                        {5, 31, 17},    {13, 1100, 47}, {40, 65, 130}, {13, 2, 33}};
   seqpack::cpu::GrowBuffer<uint16_t> abuf;
   for (const Case& cs : cases) {
     for (const bool trans : {true, false}) {
@@ -628,6 +630,18 @@ TEST(GemmBf16Rows, InPlaceGivesTheLaidOutBitsAndTheRoundedProducts) {
         std::vector<float> whole = c;
         seqpack::cpu::bf16_rows_product(cs.m, a16, in_place, 0, cs.n, beta, whole.data(), ldc,
                                         c_row);
+        // A row's bits are those of the row alone (on the few-row kernels
+        // where there are more).
+        for (int64_t i = 0; i < cs.m && cs.m > 1; ++i) {
+          std::vector<float> alone = c;
+          seqpack::cpu::bf16_rows_product(1, a16 + i * ((cs.k + 31) / 32 * 32), in_place, 0, cs.n,
+                                          beta, alone.data() + i * ldc, ldc, c_row);
+          for (int64_t j = 0; j < cs.n; ++j) {
+            ASSERT_EQ(std::bit_cast<uint32_t>(alone[i * ldc + j]),
+                      std::bit_cast<uint32_t>(whole[i * ldc + j]))
+                << "row " << i << " column " << j << " alone and among " << cs.m;
+          }
+        }
         for (int64_t i = 0; i < cs.m; ++i) {
           for (int64_t j = 0; j < cs.n; ++j) {
             double want = 0, mag = 0;
@@ -660,6 +674,7 @@ TEST(GemmBf16Rows, InPlaceGivesTheLaidOutBitsAndTheRoundedProducts) {
                                            {cs.n - 1, cs.n}}) {
             if (col0 < 0 || col1 <= col0 || col1 > cs.n) continue;
             for (const auto* b : {&in_place, &laid_out}) {
+              if (b == &laid_out && cs.m > seqpack::cpu::kFewRows) continue;  // in place only
               std::vector<float> got = c;
               seqpack::cpu::bf16_rows_product(cs.m, a16, *b, col0, col1, beta, got.data(), ldc,
                                               c_row);
@@ -682,8 +697,9 @@ TEST(GemmBf16Rows, InPlaceGivesTheLaidOutBitsAndTheRoundedProducts) {
   }
 }
 
-// The few-row products refuse a row count outside 1..kFewRows and blocks of
-// k that are not whole registers, naming the value.
+// The few-row products refuse a row count below 1, or above kFewRows on
+// laid-out weights, and blocks of k that are not whole registers, naming
+// the value.
 TEST(GemmBf16Rows, RefusesRowCountsAndBlocksItCannotRun) {
   if (!seqpack::cpu::bf16_rows_available())
     GTEST_SKIP() << "no native AVX512-BF16 without AMX here (or capped, or emulated)";
@@ -698,7 +714,13 @@ TEST(GemmBf16Rows, RefusesRowCountsAndBlocksItCannotRun) {
     }
     return std::string("accepted");
   };
-  EXPECT_NE(refused(5, b).find("m = 5 rows"), std::string::npos) << refused(5, b);
+  const std::vector<uint16_t> tiles(2 * 32 * 16, 0);  // 64 x 16 in tiles of 32 x 16
+  seqpack::cpu::Bf16RowsB laid{.k = 64, .n = 16, .k_block = 512};
+  laid.laid = tiles.data();
+  laid.blocking = {.n_block = 16, .tile_k_stride = 32 * 16, .tile_n_stride = 2 * 32 * 16};
+  EXPECT_NE(refused(5, laid).find("m = 5 rows"), std::string::npos) << refused(5, laid);
+  EXPECT_EQ(refused(4, laid), "accepted");
+  EXPECT_EQ(refused(5, b), "accepted");  // in place
   EXPECT_NE(refused(0, b).find("m = 0 rows"), std::string::npos) << refused(0, b);
   seqpack::cpu::Bf16RowsB odd = b;
   odd.k_block = 100;

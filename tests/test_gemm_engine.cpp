@@ -592,8 +592,10 @@ TEST(GemmEngine, RowsNeverKeptAreRefused) {
 // blocking of oneDNN's (one block, blocks of 512, blocks of 1024), so that
 // a row's bits do not depend on how many rows share its step. Steps (both
 // forms of B, beta 0 and 1, laid out and in place) and whole-batch products
-// of laid-out weights (a bias row; beta 1), 1 to 4 rows; weights of more
-// than 8192 values (bf16_step: the core engine's smaller ones run in fp32).
+// of laid-out weights (a bias row; beta 1), 1 to 5 rows (the register
+// kernels and past them), 13 (a chunk of 12 rows and one) and 64 (the most
+// read in place); weights of more than 8192 values (bf16_step: the core
+// engine's smaller ones run in fp32).
 TEST(GemmEngine, Bf16FewRowsGiveOnednnsBits) {
   if (!bf16_rows_available()) GTEST_SKIP() << "no native AVX512-BF16 without AMX here";
   // Every oneDNN blocking seen (2.6, 3.7) sums weights of 500 rows in one block.
@@ -608,7 +610,8 @@ TEST(GemmEngine, Bf16FewRowsGiveOnednnsBits) {
       for (const bool trans : {true, false}) {
         const int64_t ldb = (trans ? k : n) + 3;
         std::vector<float> w(static_cast<std::size_t>((trans ? n : k) * ldb)), bias(n);
-        std::vector<float> a(static_cast<std::size_t>(4 * k)), c0(static_cast<std::size_t>(4 * n));
+        std::vector<float> a(static_cast<std::size_t>(64 * k)),
+            c0(static_cast<std::size_t>(64 * n));
         for (float& x : w) x = u(gen);
         for (float& x : a) x = u(gen);
         for (float& x : c0) x = u(gen);
@@ -619,7 +622,7 @@ TEST(GemmEngine, Bf16FewRowsGiveOnednnsBits) {
         const auto here_op = core.prepare_in_place(w.data(), trans, k, n, ldb, all);
         const auto want_w = onednn.lay_out_weights(w.data(), trans, k, n, ldb);
         const auto core_w = core.lay_out_weights(w.data(), trans, k, n, ldb);
-        for (int64_t m = 1; m <= 4; ++m) {
+        for (const int64_t m : {1, 2, 3, 4, 5, 13, 64}) {
           for (const float beta : {0.f, 1.f}) {
             SCOPED_TRACE("k " + std::to_string(k) + " n " + std::to_string(n) + " trans " +
                          std::to_string(trans) + " m " + std::to_string(m) + " beta " +

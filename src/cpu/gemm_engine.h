@@ -230,7 +230,8 @@ const GemmEngine<float>& onednn_engine(Precision precision);
 // in fp32).
 bool bf16_product(int64_t m, int64_t n, int64_t k);
 // The blocks of k (values) in which the bf16 engine's products of m rows
-// (up to kFewRows) by [k, n] weights sum on seqpack's kernels here
+// (up to 64: those it reads weights in place for) by [k, n] weights sum on
+// seqpack's kernels here
 // (cpu/gemm_bf16_rows.h), oneDNN's, found once per shape and thread context;
 // 0 where those kernels do not run it (not available, or none gives
 // oneDNN's bits: oneDNN runs it).

@@ -88,6 +88,11 @@ constexpr int64_t kParallelFewRows = 1 << 16;
 // inference 2.75-2.84x against 2.51-2.84x, alternating runs).
 constexpr int64_t kLaidOutFewRows = 1;
 
+// The rows up to which a product of weights read in place (a call that
+// meets them first) runs on seqpack's kernels rather than laying them out
+// for oneDNN's.
+constexpr int64_t kInPlaceRows = 64;
+
 }  // namespace
 
 void f32_to_bf16(const float* src, uint16_t* dst, int64_t n) {
@@ -934,7 +939,8 @@ class OnednnEngine : public GemmEngine<float> {
                    const float* const* init, const OperandRows* rows,
                    int64_t row) const override {
     const auto& op = static_cast<const BlockedOperand&>(sb);
-    if (count <= 1 || op.fallback || !step_groups() || few_rows(m)) {
+    if (count <= 1 || op.fallback || !step_groups() ||
+        (few_rows(m) && (op.in_place || m <= kFewRows))) {
       GemmEngine<float>::step_blocks(m, a, lda, sb, first, count, beta, c, ldc, init, rows, row);
       return;
     }
@@ -1005,7 +1011,7 @@ class OnednnEngine : public GemmEngine<float> {
   // (cpu/gemm_bf16_rows.h): the core's bf16 engine, natively; each shape
   // where they give oneDNN's bits (few_rows_k_block).
   bool few_rows(int64_t m) const {
-    return !f32_ && small_in_fp32_ && m >= 1 && m <= kFewRows && bf16_rows_available();
+    return !f32_ && small_in_fp32_ && m >= 1 && m <= kInPlaceRows && bf16_rows_available();
   }
 
   // The caller's bf16 rows [row, row + m) of width k where it gives them.
@@ -1041,7 +1047,7 @@ class OnednnEngine : public GemmEngine<float> {
 }  // namespace
 
 int64_t bf16_few_rows_k_block(int64_t m, int64_t k, int64_t n) {
-  return bf16_rows_available() && m >= 1 && m <= kFewRows && k > 0 && n > 0
+  return bf16_rows_available() && m >= 1 && m <= kInPlaceRows && k > 0 && n > 0
              ? few_rows_k_block(m, k, n)
              : 0;
 }
