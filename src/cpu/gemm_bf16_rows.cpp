@@ -208,6 +208,13 @@ SEQPACK_BF16_PAIRS_TARGET void column_products(const uint16_t* a, const float* w
 // registers of 16 columns a pair, in L1 for blocks of up to 512 values),
 // then read by every chunk of up to kPanelRows rows, whose sums of the
 // block are added to the panel's running totals in `totals` (m x 32).
+// Rounding W costs what laying it out costs (bench_gemm BM_bf16_in_place,
+// Zen 5, W in cache: 64 x 500 x 2000 in 337 us, against 331 laying W out
+// and running oneDNN's kernel, whose product alone took 255), but reads
+// W where an optimizer step left it rather than writing and reading back a
+// layout: LSTM(500)'s one-step train+SGD call at batch 64 went from 2629 to
+// 2419 us (bench/step_vs_torch.py). Software prefetches of the next
+// panel's W during the products measured no faster (337 against 341 us).
 constexpr int kPanelRows = 12;  // 24 accumulators, 2 pair registers, 1 broadcast
 constexpr int64_t kPanelColumns = 32;
 
@@ -238,52 +245,15 @@ SEQPACK_BF16_PAIRS_TARGET void pack_panel(const Bf16RowsB& b, int64_t j, const _
   }
 }
 
-// The lines of fp32 W that the next pack_panel reads, fetched into L2 a few
-// at a time while the current block's products run (else the pack waits on
-// each from L3 or memory: with W in L3, LSTM(500)'s 64 x 500 x 2000 product
-// took 331 us in place against 248 on weights laid out beforehand).
-struct Ahead {
-  const float* row = nullptr;           // the current row's first value
-  int64_t ld = 0, rows = 0, lines = 0;  // lines per row
-  int64_t r = 0, l = 0;                 // the next line: row r, line l
-  int64_t left() const { return r < rows ? (rows - r) * lines - l : 0; }
-  void fetch(int64_t count) {
-    for (; count > 0 && r < rows; --count) {
-      _mm_prefetch(reinterpret_cast<const char*>(row + l * 16), _MM_HINT_T1);
-      if (++l == lines) {
-        l = 0;
-        ++r;
-        row += ld;
-      }
-    }
-  }
-};
-
-// What pack_panel(b, j, .., p0, p1) reads: 32 rows of W from value 2 p0
-// (op(B) = Wᵀ), or rows [2 p0, 2 p1) of W from column j; lines counted from
-// the row's first value (one more where it is not on a line's start).
-Ahead ahead_of(const Bf16RowsB& b, int64_t j, int64_t p0, int64_t p1) {
-  Ahead out;
-  out.ld = b.ld;
-  if (j >= b.n || p0 >= p1) return out;
-  const int64_t values = b.trans ? std::min(2 * p1, b.k) - 2 * p0 : std::min<int64_t>(32, b.n - j);
-  out.rows = b.trans ? std::min<int64_t>(32, b.n - j) : std::min(2 * p1, b.k) - 2 * p0;
-  out.row = b.trans ? b.w + j * b.ld + 2 * p0 : b.w + 2 * p0 * b.ld + j;
-  out.lines = (values + 15) / 16 + 1;
-  return out;
-}
-
 // R rows of A by `count` packed pairs: A's pairs from `a` interleaved (pair q
 // of row i at a[q R + i]); the rows' block sums stored to totals (first
 // block) or added to them.
 template <int R>
 SEQPACK_BF16_PAIRS_TARGET void panel_rows(const uint32_t* a, int64_t count, const __m512i* packed,
-                                          float* totals, bool first, Ahead& ahead,
-                                          int64_t fetches) {
+                                          float* totals, bool first) {
   __m512 acc[R][2];
   for (int i = 0; i < R; ++i) acc[i][0] = acc[i][1] = _mm512_setzero_ps();
   for (int64_t q = 0; q < count; ++q, a += R) {
-    if (fetches && (q & 3) == 0) ahead.fetch(fetches);
     const __m512bh b0 = as_bf16(_mm512_load_si512(packed + 2 * q));
     const __m512bh b1 = as_bf16(_mm512_load_si512(packed + 2 * q + 1));
     for (int i = 0; i < R; ++i) {
@@ -303,12 +273,12 @@ SEQPACK_BF16_PAIRS_TARGET void panel_rows(const uint32_t* a, int64_t count, cons
 // (packed as void: a pointer type to a vector type loses its attributes as
 // a template argument.)
 template <int R>
-void panel_rows_of(const uint32_t* a, int64_t count, const void* packed, float* totals, bool first,
-                   Ahead& ahead, int64_t fetches) {
-  panel_rows<R>(a, count, static_cast<const __m512i*>(packed), totals, first, ahead, fetches);
+void panel_rows_of(const uint32_t* a, int64_t count, const void* packed, float* totals,
+                   bool first) {
+  panel_rows<R>(a, count, static_cast<const __m512i*>(packed), totals, first);
 }
 
-using PanelRows = void (*)(const uint32_t*, int64_t, const void*, float*, bool, Ahead&, int64_t);
+using PanelRows = void (*)(const uint32_t*, int64_t, const void*, float*, bool);
 template <int... R>
 constexpr std::array<PanelRows, sizeof...(R)> panel_kernels(std::integer_sequence<int, R...>) {
   return {panel_rows_of<R + 1>...};
@@ -343,16 +313,10 @@ SEQPACK_BF16_PAIRS_TARGET void panel_product(int64_t m, const uint16_t* a, const
     for (int64_t p0 = 0; p0 < np; p0 += block) {
       const int64_t p1 = std::min(np, p0 + block);
       pack_panel(b, j, lanes, p0, p1, packed);
-      // The next pack's lines, spread over this block's pairs.
-      Ahead ahead = p1 < np ? ahead_of(b, j, p1, std::min(np, p1 + block))
-                            : ahead_of(b, j + kPanelColumns, 0, std::min(np, block));
-      const int64_t chunks = (m + kPanelRows - 1) / kPanelRows;
-      const int64_t turns = chunks * ((p1 - p0 + 3) / 4);  // fetches every 4 pairs
-      const int64_t fetches = (ahead.left() + turns - 1) / turns;
       for (int64_t i0 = 0; i0 < m; i0 += kPanelRows) {
         const int64_t rows = std::min<int64_t>(kPanelRows, m - i0);
         kPanelKernels[rows - 1](a_pairs + i0 * np + p0 * rows, p1 - p0, packed,
-                                totals + i0 * kPanelColumns, p0 == 0, ahead, fetches);
+                                totals + i0 * kPanelColumns, p0 == 0);
       }
     }
     const __m512 scale = _mm512_set1_ps(beta);

@@ -11,6 +11,8 @@
 // before every call) then neither writes a layout nor reads one back:
 // laying LSTM(500)'s four weight operands out took 290 us of a 700 us
 // one-step training call at batch 1 (perf, Zen 5), the products 47.
+// Products of more rows (up to the engine's 64) read their weights in place
+// only: rounded once per panel of columns and block of k, for every row.
 #pragma once
 
 #include <cstdint>
@@ -47,8 +49,9 @@ const uint16_t* bf16_rows_operand(int64_t m, int64_t k, const float* a, int64_t 
                                   const uint16_t* a16, GrowBuffer<uint16_t>& buf);
 
 // C[:m, j0:j1) = A·op(B)[:, j0:j1) (+ c_row[j0:j1) where given, else
-// + beta·C), A from bf16_rows_operand, 1 <= m <= kFewRows; c points at
-// column 0 of C. A column's bits depend on its own row and column only.
+// + beta·C), A from bf16_rows_operand, 1 <= m (at most kFewRows on laid-out
+// weights); c points at column 0 of C. A column's bits depend on its own
+// row and column only.
 void bf16_rows_product(int64_t m, const uint16_t* a, const Bf16RowsB& b, int64_t j0, int64_t j1,
                        float beta, float* c, int64_t ldc, const float* c_row = nullptr);
 
