@@ -14,6 +14,7 @@
 #include <limits>
 #include <random>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "cpu/gemm_bf16_rows.h"
@@ -241,26 +242,38 @@ TEST(GemmEngine, NoOnednnReferenceKernel) {
 // A primitive is made for the thread count it runs at: oneDNN fixes its
 // split of the work when it makes one, so one made at 1 thread and run after
 // set_num_threads(2) would leave the second thread idle. The same product at
-// 1, 2 and again 1 thread: two primitives, the same values.
+// 1, 2 and again 1 thread: two primitives, the same values. A small product
+// (under 2^20 multiply-adds and 256 KB of B) runs on one thread at any count:
+// one primitive, the same bits.
 TEST(GemmEngine, PrimitivesPerThreadCount) {
   const int before = omp_get_max_threads();
-  Problem p = make_problem(false, true, 64, 96, 80, 31);
-  std::vector<std::vector<float>> out;
-  const int64_t made = onednn_primitives_made();
-  for (const int threads : {1, 2, 1}) {
-    omp_set_num_threads(threads);
-    std::vector<float> c = p.c;
-    onednn_gemm_f32(false, true, p.m, p.n, p.k, p.a.data(), p.lda, p.b.data(), p.ldb, 0.0f,
-                    c.data(), p.ldc, nullptr);
-    out.push_back(c);
+  // (m, n, k): 2.1M multiply-adds, then 8 x 64 x 64 (a decoder step of RNN(64)).
+  for (const auto& [m, n, k, primitives] :
+       {std::tuple<int64_t, int64_t, int64_t, int64_t>{64, 256, 128, 2}, {8, 64, 64, 1}}) {
+    SCOPED_TRACE("m " + std::to_string(m) + " n " + std::to_string(n) + " k " + std::to_string(k));
+    Problem p = make_problem(false, true, m, n, k, 31);
+    std::vector<std::vector<float>> out;
+    const int64_t made = onednn_primitives_made();
+    for (const int threads : {1, 2, 1}) {
+      omp_set_num_threads(threads);
+      std::vector<float> c = p.c;
+      onednn_gemm_f32(false, true, p.m, p.n, p.k, p.a.data(), p.lda, p.b.data(), p.ldb, 0.0f,
+                      c.data(), p.ldc, nullptr);
+      out.push_back(c);
+    }
+    omp_set_num_threads(before);
+    EXPECT_EQ(onednn_primitives_made() - made, primitives);
+    EXPECT_EQ(omp_get_max_threads(), before);
+    for (std::size_t i = 0; i < out[0].size(); ++i) {
+      // |a|, |b| <= 1: a sum of k products in any order, within 2u(k + 2)k.
+      ASSERT_NEAR(out[1][i], out[0][i],
+                  std::numeric_limits<float>::epsilon() * static_cast<float>((k + 2) * k))
+          << "element " << i;
+    }
+    EXPECT_EQ(std::memcmp(out[0].data(), out[2].data(), out[0].size() * sizeof(float)), 0);
+    if (primitives == 1)
+      EXPECT_EQ(std::memcmp(out[0].data(), out[1].data(), out[0].size() * sizeof(float)), 0);
   }
-  omp_set_num_threads(before);
-  EXPECT_EQ(onednn_primitives_made() - made, 2);
-  for (std::size_t i = 0; i < out[0].size(); ++i)
-    // |a|, |b| <= 1: a sum of k = 80 products in any order, within 2u(k + 2)k.
-    ASSERT_NEAR(out[1][i], out[0][i], std::numeric_limits<float>::epsilon() * 82 * 80)
-        << "element " << i;
-  EXPECT_EQ(std::memcmp(out[0].data(), out[2].data(), out[0].size() * sizeof(float)), 0);
 }
 
 TEST(GemmEngine, Bf16WhereItPays) {

@@ -280,12 +280,53 @@ std::optional<PairBlocking> pair_blocking(const dnnl::memory::desc& layout, int6
   return p;
 }
 
+// A product of fewer multiply-adds and fewer bytes of B than these runs on
+// one thread (the rule grid.cpp's direction_threads applies to a step's
+// products): oneDNN's fork and join of its threads costs more than it saves.
+// A one-step training call of RNN(64) at batch 8 forked it for each of its
+// 8 x 64 x 64 backward products: 65 us a call on two threads, 51.5 on one
+// thread per product (Zen 5). Larger weights split: each thread reads its
+// own share (GRU(500) at batch 1: 1.5 MB of bf16 weights for 0.75 M
+// multiply-adds).
+constexpr double kParallelProductMacs = 1 << 20;
+constexpr int64_t kParallelProductBytes = 256 << 10;
+
+// The threads a product of this key runs on: 1 inside a parallel region
+// (the caller splits the work) or for a small product, else OpenMP's count.
+int product_threads(const Key& key) {
+  if (omp_in_parallel()) return 1;
+  const double macs =
+      static_cast<double>(key.m) * static_cast<double>(key.n) * static_cast<double>(key.k);
+  if (macs < kParallelProductMacs && key.k * key.n * (key.f32 ? 4 : 2) < kParallelProductBytes)
+    return 1;
+  return omp_get_max_threads();
+}
+
+// OpenMP's thread count for this thread set to 1 while alive where `on` (a
+// small product outside a parallel region: oneDNN takes its threads from
+// it when it makes and runs a primitive), restored after.
+class OneThread {
+ public:
+  explicit OneThread(bool on) : saved_(on && !omp_in_parallel() ? omp_get_max_threads() : 0) {
+    if (saved_ > 1) omp_set_num_threads(1);
+  }
+  ~OneThread() {
+    if (saved_ > 1) omp_set_num_threads(saved_);
+  }
+  OneThread(const OneThread&) = delete;
+  OneThread& operator=(const OneThread&) = delete;
+
+ private:
+  int saved_;
+};
+
 Primitive& primitive(const Key& asked) {
   thread_local std::unordered_map<Key, Primitive, KeyHash> cache;
   Key key = asked;
-  key.threads = omp_in_parallel() ? 1 : omp_get_max_threads();
+  key.threads = product_threads(key);
   auto it = cache.find(key);
   if (it != cache.end()) return it->second;
+  const OneThread one(key.threads == 1);
   const dt type = key.f32 ? dt::f32 : dt::bf16;
   const dnnl::memory::desc src = operand_desc(key.m, key.k, key.trans_a, key.lda, type);
   if (key.blocked && key.layout < 0) throw std::logic_error("a blocked operand without its layout");
@@ -389,7 +430,11 @@ void run(const Key& key, const void* src, const void* wei, float* dst, const flo
     p.bias.set_data_handle(const_cast<float*>(bias));
     args[nargs++].memory = p.bias.get();
   }
-  const dnnl_status_t st = dnnl_primitive_execute(p.prim.get(), ts.stream.get(), nargs, args);
+  dnnl_status_t st;
+  {
+    const OneThread one(product_threads(key) == 1);
+    st = dnnl_primitive_execute(p.prim.get(), ts.stream.get(), nargs, args);
+  }
   if (st != dnnl_success) {
     throw std::runtime_error("oneDNN matmul failed (status " + std::to_string(st) + ")");
   }
