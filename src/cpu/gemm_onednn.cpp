@@ -284,8 +284,8 @@ std::optional<PairBlocking> pair_blocking(const dnnl::memory::desc& layout, int6
 // one thread (the rule grid.cpp's direction_threads applies to a step's
 // products): oneDNN's fork and join of its threads costs more than it saves.
 // A one-step training call of RNN(64) at batch 8 forked it for each of its
-// 8 x 64 x 64 backward products: 65 us a call on two threads, 51.5 on one
-// thread per product (Zen 5). Larger weights split: each thread reads its
+// 8 x 64 x 64 backward products: 66 us a call on two threads, 57 with them
+// on one (alternating runs, Zen 5). Larger weights split: each thread reads its
 // own share (GRU(500) at batch 1: 1.5 MB of bf16 weights for 0.75 M
 // multiply-adds).
 constexpr double kParallelProductMacs = 1 << 20;
