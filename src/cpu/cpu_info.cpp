@@ -27,6 +27,8 @@ const char* isa_name() { return onednn::isa_name(effective_isa()); }
 
 bool has_bf16_dot_products() { return onednn::isa_has_bf16(effective_isa()) || bf16_emulation(); }
 
+bool native_bf16_dot_products() { return onednn::isa_has_bf16(effective_isa()); }
+
 void require_bf16_dot_products() {
   if (has_bf16_dot_products()) return;
   throw std::invalid_argument(

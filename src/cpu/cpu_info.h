@@ -10,6 +10,10 @@ namespace seqpack::cpu {
 const char* isa_name();
 // Native bf16 dot products: AVX512-BF16 or AMX.
 bool has_bf16_dot_products();
+// Whether the CPU (under the ISA cap) has bf16 dot products of its own, not
+// emulated: precision "auto"'s choice, without cpu_info()'s strings (a
+// call under autocast asks it every time).
+bool native_bf16_dot_products();
 // Throws std::invalid_argument naming the ISA when the CPU has no native bf16
 // dot products (what the bf16 engines need).
 void require_bf16_dot_products();
