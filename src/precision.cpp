@@ -41,7 +41,7 @@ Precision resolve_precision(const std::string& name, std::string* note) {
     const bool native = cpu::native_bf16_dot_products();
     p = native ? Precision::bf16 : Precision::fp32;
     if (note) {
-      *note = std::string("precision auto -> ") + precision_name(p) + " (ISA " + cpu_info().isa +
+      *note = std::string("precision auto -> ") + precision_name(p) + " (ISA " + cpu::isa_name() +
               (native ? ", native bf16)" : ", no native bf16: fp32)");
     }
     return p;

@@ -25,9 +25,9 @@ dnnl::cpu_isa effective_isa() { return dnnl::get_effective_cpu_isa(); }
 
 const char* isa_name() { return onednn::isa_name(effective_isa()); }
 
-bool has_bf16_dot_products() { return onednn::isa_has_bf16(effective_isa()) || bf16_emulation(); }
-
 bool native_bf16_dot_products() { return onednn::isa_has_bf16(effective_isa()); }
+
+bool has_bf16_dot_products() { return native_bf16_dot_products() || bf16_emulation(); }
 
 void require_bf16_dot_products() {
   if (has_bf16_dot_products()) return;

@@ -23,7 +23,7 @@
 //              primitives cached per shape and thread, weights laid out once
 //              per model plan into the layout the primitive asks for;
 //              products of a few rows on seqpack's kernels with oneDNN's
-//              bits, on the fp32 weights in place (up to 4 rows, a call
+//              bits, on the fp32 weights in place (up to 64 rows, a call
 //              that meets them first) or on that layout (one row)
 //              (cpu/gemm_bf16_rows.h);
 //   int8       inference: u8 rows (quantized per row) times s8 weights

@@ -208,6 +208,7 @@ struct Primitive {
   dnnl::matmul prim;
   dnnl::memory src, wei, dst, bias, scratch;
   std::size_t scratch_bytes = 0;
+  int threads = 0;  // its key's: run on them (product_threads)
 };
 
 // The blocked weights layout oneDNN's matmul picks for [k, n] of this type
@@ -360,6 +361,7 @@ Primitive& primitive(const Key& asked) {
   if (key.bias) p.bias = dnnl::memory(bias, eng, nullptr);
   p.scratch_bytes = pd.scratchpad_desc().get_size();
   p.scratch = dnnl::memory(pd.scratchpad_desc(), eng, nullptr);
+  p.threads = key.threads;
   return cache.emplace(key, std::move(p)).first->second;
 }
 
@@ -432,7 +434,7 @@ void run(const Key& key, const void* src, const void* wei, float* dst, const flo
   }
   dnnl_status_t st;
   {
-    const OneThread one(product_threads(key) == 1);
+    const OneThread one(p.threads == 1);
     st = dnnl_primitive_execute(p.prim.get(), ts.stream.get(), nargs, args);
   }
   if (st != dnnl_success) {
@@ -984,6 +986,8 @@ class OnednnEngine : public GemmEngine<float> {
                    const float* const* init, const OperandRows* rows,
                    int64_t row) const override {
     const auto& op = static_cast<const BlockedOperand&>(sb);
+    // Steps seqpack's kernels may run (step()) go range by range, as do
+    // laid-out steps of up to kFewRows rows.
     if (count <= 1 || op.fallback || !step_groups() ||
         (few_rows(m) && (op.in_place || m <= kFewRows))) {
       GemmEngine<float>::step_blocks(m, a, lda, sb, first, count, beta, c, ldc, init, rows, row);
