@@ -52,6 +52,29 @@ TEST(BufferPool, ReleasedBlockServesTheNextRequestOfItsClass) {
   EXPECT_EQ(cpu::pool_cached_bytes(), cached - cpu::pool_block_bytes(1350 * cols * 4));
 }
 
+TEST(BufferPool, PastTheCapTheOldestBlocksGoAndTheNewestStay) {
+  // A process that ran other shapes first (a sweep, a server): the cache
+  // full of one class's blocks, then a block of another class is released.
+  // It is kept, the oldest blocks make room, and the next request of its
+  // class takes it from the cache rather than from the allocator.
+  const int64_t cols = 1024;
+  const std::size_t big = cpu::pool_block_bytes(std::size_t{8192} * cols * 4);  // 32 MiB
+  const std::size_t cap = cpu::pool_max_cached_bytes();
+  {
+    std::vector<Tensor> held;
+    for (std::size_t i = 0; i <= cap / big; ++i)
+      held.push_back(cpu::pooled_empty({8192, cols}, DType::f32));
+  }  // released: more than the cap
+  EXPECT_LE(cpu::pool_cached_bytes(), cap);
+  EXPECT_GT(cpu::pool_cached_bytes(), cap - big);
+  const std::size_t small = cpu::pool_block_bytes(1300 * cols * 4);
+  { Tensor t = cpu::pooled_empty({1300, cols}, DType::f32); }
+  EXPECT_LE(cpu::pool_cached_bytes(), cap);
+  const std::size_t cached = cpu::pool_cached_bytes();
+  Tensor again = cpu::pooled_empty({1300, cols}, DType::f32);
+  EXPECT_EQ(cpu::pool_cached_bytes(), cached - small) << "the released block was not kept";
+}
+
 TEST(BufferPool, LiveTensorsNeverShareABlock) {
   std::vector<Tensor> live;
   std::set<const void*> seen;

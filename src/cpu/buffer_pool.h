@@ -18,7 +18,9 @@ Tensor pooled_empty(Shape shape, DType dtype);
 // request too small to pool): requests of nearby sizes share a size class, so
 // a block released by one batch serves the next batch of a similar size.
 std::size_t pool_block_bytes(std::size_t bytes);
-// Bytes held in released blocks, waiting for reuse.
+// Bytes held in released blocks, waiting for reuse, and the most it holds
+// (past it, the blocks released longest ago are freed).
 std::size_t pool_cached_bytes();
+std::size_t pool_max_cached_bytes();
 
 }  // namespace seqpack::cpu
