@@ -46,8 +46,8 @@ cells stay in the table as "skipped (estimated N s/call)". --dry-run prints the
 estimates and stops.
 
 Output, in --out-dir (default bench/sweep_results/), per CPU kind and thread count
-(named from the CPU model, seqpack's ISA and the thread count, e.g.
-amd-epyc-avx2-1t): a markdown table (.md), the raw numbers (.json: every round's
+(named from the CPU model, seqpack's ISA, the thread count and torch's version,
+e.g. amd-epyc-avx2-1t-torch1.13): a markdown table (.md), the raw numbers (.json: every round's
 time of every layout) and a heatmap (.svg, hand-written: rows cell x hidden, columns
 batch x steps, a panel per mode and precision, red below 1.0x, white at 1.0x, green
 above). A summary (cells, those below 1.0x, median ratio) is printed at the end.
@@ -607,7 +607,8 @@ def main():
                     seqpack_cpu_info=info, header=header, rounds=args.rounds,
                     min_time=args.min_time, argv=sys.argv[1:],
                     date=datetime.datetime.now().isoformat(timespec="seconds"))
-        base = os.path.join(args.out_dir, f"{kind}-{n}t")
+        version = ".".join(torch.__version__.split(".")[:2])
+        base = os.path.join(args.out_dir, f"{kind}-{n}t-torch{version}")
         done = []
         for r in mine:
             if r["status"] == "planned":

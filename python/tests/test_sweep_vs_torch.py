@@ -10,6 +10,8 @@ import subprocess
 import sys
 import xml.etree.ElementTree as ET
 
+import torch
+
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 SCRIPT = os.path.join(ROOT, "bench", "sweep_vs_torch.py")
 SVG = "{http://www.w3.org/2000/svg}"
@@ -27,7 +29,9 @@ def test_smallest_sweep_writes_table_json_and_svg(tmp_path):
     assert res.returncode == 0, \
         f"{' '.join(cmd)} exited {res.returncode}:\n{res.stdout}\n{res.stderr}"
 
-    outputs = {ext: glob.glob(os.path.join(str(tmp_path), f"*-1t.{ext}"))
+    # Named for the CPU kind, the thread count and this torch's version.
+    version = ".".join(torch.__version__.split(".")[:2])
+    outputs = {ext: glob.glob(os.path.join(str(tmp_path), f"*-1t-torch{version}.{ext}"))
                for ext in ("md", "json", "svg")}
     assert all(len(v) == 1 for v in outputs.values()), f"outputs in {tmp_path}: {outputs}"
 
