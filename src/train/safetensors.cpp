@@ -64,7 +64,6 @@ std::string serialize_safetensors(const std::map<std::string, Tensor>& tensors,
   }
   uint64_t offset = 0;
   for (const auto& [name, t] : tensors) {
-    if (name.empty()) throw std::invalid_argument("save_safetensors: empty tensor name");
     if (name == kMetadataKey) {
       throw std::invalid_argument("save_safetensors: tensor name '__metadata__' is reserved");
     }
