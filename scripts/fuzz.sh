@@ -11,11 +11,15 @@
 # Usage: bash scripts/fuzz.sh [target...]      (default: every target)
 #   SEQPACK_FUZZ_SECONDS    seconds per target (default 60)
 #   SEQPACK_FUZZ_BUILD_DIR  build directory (default build-fuzz)
+#   SEQPACK_FUZZ_SEED       libFuzzer's -seed (default 0: a new random seed each run);
+#                           scripts/test.sh fixes it, so a CI run explores the same inputs
+#                           in the same order on every machine (a faster one goes further)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 SECONDS_PER_TARGET=${SEQPACK_FUZZ_SECONDS:-60}
 BUILD_DIR=${SEQPACK_FUZZ_BUILD_DIR:-build-fuzz}
+SEED=${SEQPACK_FUZZ_SEED:-0}
 JOBS=${SEQPACK_JOBS:-$(nproc)}
 TARGETS=("$@")
 [ ${#TARGETS[@]} -gt 0 ] || TARGETS=(safetensors tsv_vocabulary packing model_files)
@@ -44,9 +48,9 @@ for t in "${TARGETS[@]}"; do
   mkdir -p "$scratch"
   dict=()
   [ -f "fuzz/$t.dict" ] && dict=(-dict="fuzz/$t.dict")
-  echo "== fuzz_$t: ${SECONDS_PER_TARGET} s =="
+  echo "== fuzz_$t: ${SECONDS_PER_TARGET} s, seed ${SEED} =="
   # -timeout: one input taking over 10 s is a finding (a hang), not slowness.
-  "$BUILD_DIR/fuzz/fuzz_$t" "${dict[@]}" -max_total_time="$SECONDS_PER_TARGET" -timeout=10 \
+  "$BUILD_DIR/fuzz/fuzz_$t" "${dict[@]}" -max_total_time="$SECONDS_PER_TARGET" -seed="$SEED" -timeout=10 \
     -rss_limit_mb=2048 -max_len=4096 -print_final_stats=1 \
     -artifact_prefix="$BUILD_DIR/artifacts/$t-" "$scratch" "fuzz/corpus/$t" \
     2>"$BUILD_DIR/fuzz_$t.log" || {

@@ -92,7 +92,8 @@ if [ "${SEQPACK_TEST_SANITIZERS:-1}" = 1 ]; then
   bash scripts/test_sanitize.sh
 
   stage "fuzzing: each libFuzzer target for a short fixed time"
-  SEQPACK_FUZZ_SECONDS=${SEQPACK_FUZZ_SECONDS:-30} bash scripts/fuzz.sh
+  SEQPACK_FUZZ_SECONDS=${SEQPACK_FUZZ_SECONDS:-30} SEQPACK_FUZZ_SEED=${SEQPACK_FUZZ_SEED:-1} \
+    bash scripts/fuzz.sh
 fi
 
 if [ "$DEBIAN13" = 1 ]; then
