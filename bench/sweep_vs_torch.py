@@ -29,7 +29,10 @@ seqpack's bf16, torch runs its bf16 module too (module.to(torch.bfloat16) given 
 input, packed and padded: on a CPU with native bf16 its GEMMs go to oneDNN's bf16
 matmul), and its time is the fastest of its four configurations. torch is at its
 best: its threads and those of the OpenBLAS its GEMMs call at the same count as
-seqpack's (bench/torch_threads.py), glibc malloc tuned (--malloc tuned, the default
+seqpack's (bench/torch_threads.py), and at more than one thread its fp32 module again
+with that OpenBLAS at one thread ("BLAS 1t": OpenBLAS's pthreads and torch's OpenMP
+threads, both spinning while they wait, can slow torch's call tens of times on a
+machine with no core to spare), glibc malloc tuned (--malloc tuned, the default
 here: PyTorch 1.13's fast allocator state, docs/performance.md) and OpenBLAS's kernels
 named for the CPU where it fell back to generic ones (--openblas-core auto).
 
@@ -77,7 +80,8 @@ import torch
 from torch.nn.utils.rnn import PackedSequence, pack_padded_sequence
 
 from torch_threads import (add_malloc_option, add_openblas_option, apply_malloc,
-                           apply_openblas_core, malloc_settings, placement_note, set_torch_threads)
+                           apply_openblas_core, malloc_settings, placement_note,
+                           set_openblas_threads, set_torch_threads)
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 try:
@@ -245,7 +249,7 @@ def runners(module, x, packed, mode, autocast_bf16):
             "padded": train(xl, xl, lambda out: out)}
 
 
-def measure(cell, hidden, lengths, mode, precision, args):
+def measure(cell, hidden, lengths, mode, precision, args, threads=1, openblas=False):
     name, tcls, scls, extra, _ = CELLS[cell]
     torch.manual_seed(0)
     kwargs = dict(num_layers=args.layers, bidirectional=args.bidirectional, **extra)
@@ -256,17 +260,36 @@ def measure(cell, hidden, lengths, mode, precision, args):
     packed = pack_padded_sequence(x, torch.tensor(lengths), enforce_sorted=False)
     sides = {"torch": runners(tm, x, packed, mode, False),
              "seqpack": runners(sm, x, packed, mode, precision == "bf16")}
+    # At more than one thread torch's fp32 GEMMs run on OpenBLAS's pthreads beside
+    # torch's OpenMP threads, and on a machine of that many cores the two pools can
+    # wait on each other for milliseconds a call; the fp32 module is timed again with
+    # OpenBLAS's pool at one thread (torch's own threads unchanged), the faster counting.
+    pools = {}
+    if threads > 1 and openblas:
+        for layout, run in list(sides["torch"].items()):
+            sides["torch"][f"{layout}, BLAS 1t"] = run
+            pools[f"{layout}, BLAS 1t"] = 1
     if precision == "bf16":  # torch's bf16 module is one of its configurations
         tb = copy.deepcopy(tm).to(torch.bfloat16)
         xb = x.to(torch.bfloat16)
         pb = pack_padded_sequence(xb, torch.tensor(lengths), enforce_sorted=False)
         for layout, run in runners(tb, xb, pb, mode, False).items():
             sides["torch"][f"bf16 {layout}"] = run
+    def pooled(side, layout, fn):
+        pool = pools.get(layout) if side == "torch" else None
+        if pool is None:
+            return fn()
+        set_openblas_threads(pool)
+        try:
+            return fn()
+        finally:
+            set_openblas_threads(threads)
+
     warm = {}
     for side, runs in sides.items():
         for layout, run in runs.items():
             t0 = time.perf_counter()
-            run()  # first calls allocate, lay weights out, fill caches
+            pooled(side, layout, run)  # first calls allocate, lay weights out, fill caches
             warm[f"{side} {layout}"] = time.perf_counter() - t0
     rounds = []
     for _ in range(args.rounds):
@@ -274,7 +297,7 @@ def measure(cell, hidden, lengths, mode, precision, args):
         for side, runs in sides.items():  # torch, then seqpack, back to back
             r[side] = {}
             for layout, run in runs.items():
-                sec, calls = fastest(run, args.min_time)
+                sec, calls = pooled(side, layout, lambda: fastest(run, args.min_time))
                 r[side][layout] = dict(sec=sec, calls=calls)
         for side in sides:
             best = min(r[side], key=lambda lay: r[side][lay]["sec"])
@@ -329,7 +352,8 @@ def write_markdown(path, meta, results):
               f"{meta['rounds']} paired rounds (range: the rounds' lowest and highest); ms = "
               "the fastest call of the median round; config = the layout that was faster "
               "(packed: pack_padded_sequence; padded: a plain [T, B, H] tensor; bf16: torch's module "
-              "in bf16, module.to(torch.bfloat16)).", "",
+              "in bf16, module.to(torch.bfloat16); BLAS 1t: torch's fp32 module with the "
+              "OpenBLAS its GEMMs call at one thread, torch's own threads unchanged).", "",
               "| cell | hidden | batch | steps | mode | precision | torch ms | seqpack ms | "
               "ratio | range | torch config | seqpack config |",
               "| --- | ---: | ---: | --- | --- | --- | ---: | ---: | ---: | --- | --- | --- |"]
@@ -552,8 +576,9 @@ def main():
     # Every cell with its estimate, before any is measured, so that the skipped
     # ones are known (and said) up front.
     plan = []
+    openblas_present = False
     for n in threads:
-        set_torch_threads(n)
+        openblas_present = set_torch_threads(n)
         for mode, (label, eff) in ((m, q) for m in modes for q in precisions):
             for c in cells:
                 for h in hidden:
@@ -573,7 +598,8 @@ def main():
             r["skip_reason"] = (f"skipped (estimated {r['estimate_sec_per_call']:.2g} s/call, "
                                 f"over --max-call {args.max_call:g})")
     cost = lambda r: sweep_cost(r["estimate_sec_per_call"], args.rounds, args.min_time,
-                                6 if r["seqpack_precision"] == "bf16" else 4)
+                                (6 if r["seqpack_precision"] == "bf16" else 4)
+                                + (2 if r["threads"] > 1 and openblas_present else 0))
     kept = [r for r in plan if r["status"] == "planned"]
     if args.budget is not None:
         total = sum(cost(r) for r in kept)
@@ -616,7 +642,7 @@ def main():
                       f"steps {steps_label(r['steps'])} {r['mode']} {r['precision']} (estimated "
                       f"{r['estimate_sec_per_call']:.2g} s/call)", file=sys.stderr, flush=True)
                 r.update(measure(r["cell"], r["hidden"], r["lengths"], r["mode"],
-                                 r["seqpack_precision"], args))
+                                 r["seqpack_precision"], args, n, openblas_present))
                 print(f"    ratio {fmt_ratio(r['ratio'])} (torch {r['torch_config']} "
                       f"{fmt_ms(r['torch_sec'])} ms, seqpack {r['seqpack_config']} "
                       f"{fmt_ms(r['seqpack_sec'])} ms)", file=sys.stderr, flush=True)

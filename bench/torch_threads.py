@@ -12,6 +12,15 @@ def set_torch_threads(n):
     torch.set_num_threads does not touch; left alone it uses every core even at
     torch.set_num_threads(1). Returns whether OpenBLAS was found and set."""
     torch.set_num_threads(n)
+    return set_openblas_threads(n)
+
+
+def set_openblas_threads(n):
+    """openblas_set_num_threads(n) in every OpenBLAS loaded in this process; returns
+    whether there was one. At n > 1 torch's fp32 GEMMs then run on OpenBLAS's own
+    pthreads beside torch's OpenMP ones, which on a machine of n cores can wait on each
+    other for milliseconds a call (docs/performance.md, "Every shape"): the sweep also
+    times torch's fp32 module with this pool at one thread and counts the faster."""
     with open("/proc/self/maps") as f:
         libs = {line.split()[-1] for line in f
                 if "openblas" in line and line.split()[-1].startswith("/")}

@@ -59,3 +59,27 @@ def test_smallest_sweep_writes_table_json_and_svg(tmp_path):
         # Each square's <title> carries its ratio to three decimals.
         assert any(f"{r['mode']} " in t and f"ratio {r['ratio']:.3f}" in t for t in titles), \
             (r["ratio"], titles)
+
+
+def test_more_threads_time_torch_fp32_with_openblas_at_one_thread_too(tmp_path):
+    # At two threads torch's fp32 module is timed with the OpenBLAS its GEMMs call at
+    # two threads and again at one ("BLAS 1t"), where this torch calls an OpenBLAS.
+    cmd = [sys.executable, SCRIPT, "--cells", "gru", "--hidden", "8", "--batch", "2",
+           "--steps", "3", "--modes", "infer", "--threads", "2", "--precisions", "fp32",
+           "--rounds", "1", "--min-time", "0.001", "--malloc", "env", "--openblas-core", "env",
+           "--out-dir", str(tmp_path)]
+    res = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+    assert res.returncode == 0, \
+        f"{' '.join(cmd)} exited {res.returncode}:\n{res.stdout}\n{res.stderr}"
+    (path,) = glob.glob(os.path.join(str(tmp_path), "*-2t-torch*.json"))
+    with open(path) as f:
+        (result,) = json.load(f)["results"]
+    with open("/proc/self/maps") as f:  # this process imported the same torch
+        openblas = any("openblas" in line for line in f)
+    expected = {"packed", "padded"}
+    if openblas:
+        expected |= {"packed, BLAS 1t", "padded, BLAS 1t"}
+    (round_,) = result["rounds"]
+    assert set(round_["torch"]) == expected, round_["torch"]
+    assert set(round_["seqpack"]) == {"packed", "padded"}, round_["seqpack"]
+    assert result["torch_config"] in expected, result
