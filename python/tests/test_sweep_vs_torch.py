@@ -17,17 +17,22 @@ SCRIPT = os.path.join(ROOT, "bench", "sweep_vs_torch.py")
 SVG = "{http://www.w3.org/2000/svg}"
 
 
-def test_smallest_sweep_writes_table_json_and_svg(tmp_path):
+def run_sweep(tmp_path, cell, modes, threads):
+    """The smallest sweep of one cell: hidden 8, batch 2, 3 steps, fp32, one round."""
     # --malloc env and --openblas-core env: the script would otherwise start itself
     # again with other settings (seconds of imports, and nothing this test checks).
-    cmd = [sys.executable, SCRIPT, "--cells", "lstm", "--hidden", "8", "--batch", "2",
-           "--steps", "3", "--modes", "infer,train", "--threads", "1", "--precisions", "fp32",
+    cmd = [sys.executable, SCRIPT, "--cells", cell, "--hidden", "8", "--batch", "2",
+           "--steps", "3", "--modes", modes, "--threads", threads, "--precisions", "fp32",
            "--rounds", "1", "--min-time", "0.001", "--malloc", "env", "--openblas-core", "env",
            "--out-dir", str(tmp_path)]
     # The environment as conftest left it: its PYTHONPATH finds the seqpack under test.
     res = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
     assert res.returncode == 0, \
         f"{' '.join(cmd)} exited {res.returncode}:\n{res.stdout}\n{res.stderr}"
+
+
+def test_smallest_sweep_writes_table_json_and_svg(tmp_path):
+    run_sweep(tmp_path, "lstm", "infer,train", "1")
 
     # Named for the CPU kind, the thread count and this torch's version.
     version = ".".join(torch.__version__.split(".")[:2])
@@ -64,13 +69,7 @@ def test_smallest_sweep_writes_table_json_and_svg(tmp_path):
 def test_more_threads_time_torch_fp32_with_openblas_at_one_thread_too(tmp_path):
     # At two threads torch's fp32 module is timed with the OpenBLAS its GEMMs call at
     # two threads and again at one ("BLAS 1t"), where this torch calls an OpenBLAS.
-    cmd = [sys.executable, SCRIPT, "--cells", "gru", "--hidden", "8", "--batch", "2",
-           "--steps", "3", "--modes", "infer", "--threads", "2", "--precisions", "fp32",
-           "--rounds", "1", "--min-time", "0.001", "--malloc", "env", "--openblas-core", "env",
-           "--out-dir", str(tmp_path)]
-    res = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
-    assert res.returncode == 0, \
-        f"{' '.join(cmd)} exited {res.returncode}:\n{res.stdout}\n{res.stderr}"
+    run_sweep(tmp_path, "gru", "infer", "2")
     (path,) = glob.glob(os.path.join(str(tmp_path), "*-2t-torch*.json"))
     with open(path) as f:
         (result,) = json.load(f)["results"]
