@@ -264,11 +264,11 @@ def measure(cell, hidden, lengths, mode, precision, args, threads=1, openblas=Fa
     # torch's OpenMP threads, and on a machine of that many cores the two pools can
     # wait on each other for milliseconds a call; the fp32 module is timed again with
     # OpenBLAS's pool at one thread (torch's own threads unchanged), the faster counting.
-    pools = {}
+    one_blas_thread = set()
     if threads > 1 and openblas:
         for layout, run in list(sides["torch"].items()):
             sides["torch"][f"{layout}, BLAS 1t"] = run
-            pools[f"{layout}, BLAS 1t"] = 1
+            one_blas_thread.add(f"{layout}, BLAS 1t")
     if precision == "bf16":  # torch's bf16 module is one of its configurations
         tb = copy.deepcopy(tm).to(torch.bfloat16)
         xb = x.to(torch.bfloat16)
@@ -276,10 +276,9 @@ def measure(cell, hidden, lengths, mode, precision, args, threads=1, openblas=Fa
         for layout, run in runners(tb, xb, pb, mode, False).items():
             sides["torch"][f"bf16 {layout}"] = run
     def pooled(side, layout, fn):
-        pool = pools.get(layout) if side == "torch" else None
-        if pool is None:
+        if side != "torch" or layout not in one_blas_thread:
             return fn()
-        set_openblas_threads(pool)
+        set_openblas_threads(1)
         try:
             return fn()
         finally:
