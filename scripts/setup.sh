@@ -2,7 +2,10 @@
 # Installs what seqpack needs from Debian's archive (as root), then configures
 # and builds it into build/ (or $SEQPACK_BUILD_DIR). Safe to run again:
 # apt-get skips what is there. Debian 12 (bookworm) and 13 (trixie); with
-# SEQPACK_SETUP_PACKAGES_ONLY=1 it stops after the packages.
+# SEQPACK_SETUP_PACKAGES_ONLY=1 it stops after the packages; with
+# SEQPACK_SETUP_NO_PTH=1 it leaves site-packages alone (a second checkout, such
+# as a git worktree, builds without taking `import seqpack` over: use
+# PYTHONPATH=$BUILD_DIR/python there).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -87,7 +90,7 @@ cmake --build "$BUILD_DIR" -j "$(nproc)"
 # Makes the in-tree Python package importable by Debian's python3 from any
 # directory (`import seqpack, seqpack.torch`): a .pth file in its site-packages
 # naming the build's python/ directory.
-if [ -d "$BUILD_DIR/python/seqpack" ]; then
+if [ -d "$BUILD_DIR/python/seqpack" ] && [ "${SEQPACK_SETUP_NO_PTH:-0}" != 1 ]; then
   PY_ROOT=$(cd "$BUILD_DIR/python" && pwd)
   SITE=$(/usr/bin/python3 -c 'import site; print(site.getsitepackages()[0])')
   if mkdir -p "$SITE" 2>/dev/null && echo "$PY_ROOT" > "$SITE/seqpack.pth" 2>/dev/null; then
