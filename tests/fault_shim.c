@@ -213,3 +213,20 @@ int rmdir(const char* path) {
   if (under_fault_dir(path) && fault("rmdir", path) != 0) return -1;
   return real_rmdir(path);
 }
+
+// With SEQPACK_FAULT_MALLOC_OVER=N, malloc of more than N bytes fails (NULL,
+// ENOMEM), as when memory runs out: operator new then throws std::bad_alloc.
+// Smaller blocks are allocated as usual, so the process starts and runs.
+extern void* __libc_malloc(size_t size);
+void* malloc(size_t size) {
+  static long limit = -2;  // -2: not read yet; -1: no limit
+  if (limit == -2) {
+    const char* over = env("SEQPACK_FAULT_MALLOC_OVER");
+    limit = over != NULL ? atol(over) : -1;
+  }
+  if (limit >= 0 && size > (size_t)limit) {
+    errno = ENOMEM;
+    return NULL;
+  }
+  return __libc_malloc(size);
+}

@@ -77,7 +77,11 @@ struct TextDataset {
 // are strings, numbered in sorted (byte) order. Empty lines are skipped and
 // counted. A line without a tab, with an empty label or empty text, or with
 // invalid UTF-8 throws std::invalid_argument naming the file and line number;
-// the text is everything after the first tab.
+// the text is everything after the first tab. A line longer than
+// kMaxTsvLineBytes is refused with its number after that many bytes are read
+// (a file of one huge line is never held whole); memory that runs out while
+// reading throws std::bad_alloc.
+inline constexpr std::size_t kMaxTsvLineBytes = std::size_t{1} << 20;
 TextDataset load_tsv(const std::string& path);
 
 struct DatasetSplit {

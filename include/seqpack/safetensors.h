@@ -81,4 +81,29 @@ void write_files_atomically(const std::vector<std::pair<std::string, std::string
 // dangling or not (a rename would replace the link, not its target).
 void check_output_file(const std::string& path);
 
+// A file or directory a command reads, for check_output_not_input:
+// {"--model directory", "/tmp/m"}.
+struct InputPath {
+  std::string what;
+  std::string path;
+};
+
+// The rule that nothing seqpack writes lands on one of its own inputs. Throws
+// std::invalid_argument naming both paths when `output` (`output_what`:
+// "--onnx file", "--out directory") is, or resolves to (symbolic links, hard
+// links, ".."), one of `inputs`, lies inside one that is a directory (at any
+// depth, or is a hard link to a file directly in it), or is a directory that
+// holds one. Compared by device and inode where the paths exist, by the
+// canonical path of the output's parent where it does not yet; an input that
+// does not exist is skipped.
+void check_output_not_input(const std::string& output, const std::string& output_what,
+                            const std::vector<InputPath>& inputs);
+// The same for an open descriptor, such as standard output redirected to a
+// file (`seqpack predict --eval FILE >> FILE`): `name` names it ("standard
+// output"). Only being one of the inputs counts (the same device and inode: a
+// hard link to one too): name the files read, not their directory, since a
+// new file in a directory read is no input.
+void check_descriptor_not_input(int fd, const std::string& name,
+                                const std::vector<InputPath>& inputs);
+
 }  // namespace seqpack

@@ -1,11 +1,15 @@
 // Datasets, the default language-identification data, and splitting.
 #include <algorithm>
+#include <cerrno>
 #include <cmath>
+#include <cstdio>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <functional>
 #include <iterator>
 #include <map>
+#include <memory>
 #include <queue>
 #include <set>
 #include <stdexcept>
@@ -101,8 +105,37 @@ double Rng::uniform() { return static_cast<double>(next() >> 11) * 0x1.0p-53; }
 
 TextDataset load_tsv(const std::string& path) {
   detail::require_regular_file(path, "TSV file");
-  std::ifstream in(path, std::ios::binary);
-  if (!in) throw std::invalid_argument("cannot open TSV file '" + path + "'");
+  // Read with stdio, not std::getline: getline swallows the std::bad_alloc of
+  // a line that does not fit in memory (it sets badbit), and its line has no
+  // bound. Here a line longer than kMaxTsvLineBytes is refused after that many
+  // bytes, and an allocation that fails is the tool's out-of-memory error.
+  const std::unique_ptr<std::FILE, int (*)(std::FILE*)> in(std::fopen(path.c_str(), "rb"),
+                                                           &std::fclose);
+  if (!in) {
+    throw std::invalid_argument("cannot open TSV file '" + path + "': " + std::strerror(errno));
+  }
+  int read_errno = 0;
+  // One line into `line` (without its '\n'); false at the end with nothing read.
+  const auto next_line = [&](std::string& line, int64_t line_no) {
+    line.clear();
+    errno = 0;
+    int c = getc_unlocked(in.get());
+    if (c == EOF) {
+      read_errno = errno;
+      return false;
+    }
+    for (; c != EOF && c != '\n'; c = getc_unlocked(in.get())) {
+      if (line.size() == kMaxTsvLineBytes) {
+        throw std::invalid_argument("'" + path + "' line " + std::to_string(line_no) +
+                                    " is longer than " + std::to_string(kMaxTsvLineBytes) +
+                                    " bytes, the longest line a TSV file may have");
+      }
+      line.push_back(static_cast<char>(c));
+      errno = 0;
+    }
+    if (c == EOF) read_errno = errno;
+    return true;
+  };
   struct Raw {
     std::string label, text;
     std::u32string chars;
@@ -111,7 +144,7 @@ TextDataset load_tsv(const std::string& path) {
   TextDataset ds;
   std::string line;
   int64_t line_no = 0;
-  while (std::getline(in, line)) {
+  while (next_line(line, line_no + 1)) {
     ++line_no;
     // A UTF-8 byte-order mark (as some Windows editors write) is not part of the first label.
     if (line_no == 1 && line.rfind("\xEF\xBB\xBF", 0) == 0) line.erase(0, 3);
@@ -133,7 +166,11 @@ TextDataset load_tsv(const std::string& path) {
     r.chars = decode_utf8(r.text, where + " (text)");
     rows.push_back(std::move(r));
   }
-  if (in.bad()) throw std::invalid_argument("error reading TSV file '" + path + "'");
+  if (std::ferror(in.get())) {
+    throw std::invalid_argument("error reading TSV file '" + path + "' after line " +
+                                std::to_string(line_no) + ": " +
+                                std::strerror(read_errno != 0 ? read_errno : EIO));
+  }
   std::set<std::string> names;
   for (const Raw& r : rows) names.insert(r.label);
   ds.labels.assign(names.begin(), names.end());

@@ -8,8 +8,10 @@
 #include <bit>
 #include <cerrno>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <iterator>
+#include <optional>
 #include <nlohmann/json.hpp>
 #include <sstream>
 #include <stdexcept>
@@ -355,6 +357,113 @@ void write_file_atomically(const std::string& path, std::string_view bytes) {
 }
 
 void check_output_file(const std::string& path) { detail::require_output_path(path); }
+
+namespace {
+
+struct FileId {
+  dev_t dev = 0;
+  ino_t ino = 0;
+  bool operator==(const FileId&) const = default;
+};
+
+// Where a path is: its own identity (when it exists), whether it is a
+// directory, and the directories that hold it, innermost first, found from
+// its canonical path (or its parent's, when it does not exist yet).
+struct Place {
+  std::optional<FileId> self;
+  bool is_dir = false;
+  std::vector<FileId> holders;
+};
+
+Place place_of_stat(const struct stat& st, const std::filesystem::path& canonical_parent) {
+  Place p;
+  p.self = FileId{st.st_dev, st.st_ino};
+  p.is_dir = S_ISDIR(st.st_mode);
+  for (std::filesystem::path d = canonical_parent;; d = d.parent_path()) {
+    struct stat ds {};
+    if (::stat(d.c_str(), &ds) == 0) p.holders.push_back({ds.st_dev, ds.st_ino});
+    if (d == d.root_path() || d.empty()) break;
+  }
+  return p;
+}
+
+std::optional<Place> place_of(const std::string& path) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  struct stat st {};
+  if (::stat(path.c_str(), &st) == 0) {
+    const fs::path c = fs::canonical(path, ec);
+    return place_of_stat(st, ec ? fs::path() : c.parent_path());
+  }
+  // Not there yet: only the directories it would be written into.
+  const fs::path parent = fs::weakly_canonical(fs::absolute(path, ec).parent_path(), ec);
+  if (ec) return std::nullopt;
+  Place p;
+  struct stat none {};
+  p = place_of_stat(none, parent);
+  p.self.reset();
+  p.is_dir = false;
+  return p;
+}
+
+// How `out` meets `in` ("is", "lies inside", ...), or "" when it does not.
+// `inside`: whether lying inside an input directory counts (for a path; a
+// descriptor already open only clashes with a file the command reads).
+std::string clash(const Place& out, const Place& in, const std::string& in_path, bool inside) {
+  if (out.self && in.self && *out.self == *in.self) return "is";
+  if (inside && in.is_dir && in.self &&
+      std::find(out.holders.begin(), out.holders.end(), *in.self) != out.holders.end()) {
+    return "lies inside";
+  }
+  if (out.is_dir && out.self &&
+      std::find(in.holders.begin(), in.holders.end(), *out.self) != in.holders.end()) {
+    return "holds";
+  }
+  if (inside && in.is_dir && out.self && !out.is_dir) {  // a hard link elsewhere to one of its files
+    std::error_code ec;
+    for (const auto& e : std::filesystem::directory_iterator(in_path, ec)) {
+      struct stat st {};
+      if (::stat(e.path().c_str(), &st) == 0 && FileId{st.st_dev, st.st_ino} == *out.self) {
+        return "is a hard link to " + e.path().filename().string() + " in";
+      }
+    }
+  }
+  return "";
+}
+
+void check_place_not_input(const Place& out, const std::string& output, const std::string& output_what,
+                           const std::vector<InputPath>& inputs, bool inside) {
+  for (const InputPath& in : inputs) {
+    const std::optional<Place> at = place_of(in.path);
+    if (!at || !at->self) continue;
+    const std::string how = clash(out, *at, in.path, inside);
+    if (how.empty()) continue;
+    const std::string subject =
+        output_what.empty() ? output : output_what + " '" + output + "'";
+    throw std::invalid_argument(subject + " " + how + " the " + in.what +
+                                " '" + in.path + "' that this command reads: a command never writes " +
+                                "onto its own input (give another path)");
+  }
+}
+
+}  // namespace
+
+void check_output_not_input(const std::string& output, const std::string& output_what,
+                            const std::vector<InputPath>& inputs) {
+  const std::optional<Place> out = place_of(output);
+  if (out) check_place_not_input(*out, output, output_what, inputs, /*inside=*/true);
+}
+
+void check_descriptor_not_input(int fd, const std::string& name,
+                                const std::vector<InputPath>& inputs) {
+  struct stat st {};
+  if (::fstat(fd, &st) != 0 || !(S_ISREG(st.st_mode) || S_ISDIR(st.st_mode))) return;
+  std::error_code ec;
+  const std::filesystem::path self =
+      std::filesystem::read_symlink("/proc/self/fd/" + std::to_string(fd), ec);
+  const Place out = place_of_stat(st, ec ? std::filesystem::path() : self.parent_path());
+  check_place_not_input(out, name, "", inputs, /*inside=*/false);
+}
 
 void save_safetensors(const std::string& path, const std::map<std::string, Tensor>& tensors,
                       const std::map<std::string, std::string>& metadata) {

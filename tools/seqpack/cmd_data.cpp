@@ -6,6 +6,7 @@
 #include <map>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "command.h"
 #include "seqpack/data.h"
@@ -64,10 +65,14 @@ void setup_data(CLI::App& app) {
   exp->add_option("--out", args->out, "output directory (created if needed)")->required();
   exp->callback([args] {
     // Refused before the word lists are read (export_split checks again).
+    const seqpack::LanguageIdOptions o = options_of(*args);
+    std::vector<seqpack::InputPath> lists;
+    for (const seqpack::WordList& wl : o.lists) lists.push_back({"word list", o.dict_dir + "/" + wl.file});
     for (const char* name : {"train.tsv", "val.tsv", "test.tsv", "labels.txt"}) {
       seqpack::check_output_file(args->out + "/" + name);
+      seqpack::check_output_not_input(args->out + "/" + name, "output file", lists);
     }
-    const seqpack::DatasetSplit split = seqpack::load_language_id(options_of(*args));
+    const seqpack::DatasetSplit split = seqpack::load_language_id(o);
     seqpack::export_split(split, args->out);
     fmt::print(
         "wrote {}/train.tsv ({} words), val.tsv ({}), test.tsv ({}) and labels.txt ({} labels)\n",

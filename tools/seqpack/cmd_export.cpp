@@ -26,6 +26,9 @@ void run_export(const ExportArgs& a) {
   // The writer refuses anything but a regular file or a new path; said before
   // the model is loaded and converted.
   seqpack::check_output_file(a.onnx);
+  // Nor onto the model it exports (M/model.safetensors, a link to it, ..).
+  seqpack::check_output_not_input(a.onnx, "--onnx file",
+                                  {{"--model directory", a.model.model_dir()}});
   const TrainedClassifier tc = load_classifier(a.model.model_dir());
   export_classifier_onnx(tc, a.onnx, {.opset = a.opset});
   const CharClassifierOptions& o = tc.model->options();

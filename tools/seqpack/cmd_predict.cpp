@@ -20,11 +20,13 @@
 #include <nlohmann/json.hpp>
 #include <stdexcept>
 #include <string>
+#include <system_error>
 #include <vector>
 
 #include "command.h"
 #include "seqpack/classifier.h"
 #include "seqpack/precision.h"
+#include "seqpack/safetensors.h"
 #include "seqpack/threading.h"
 #include "seqpack/vocabulary.h"
 
@@ -48,14 +50,22 @@ struct PredictArgs {
 // Reads one line of `in` (without its '\n') into `line`, keeping at most `cap`
 // bytes; `overlong` says whether the line had more. The rest of a longer line
 // is read and discarded (`skip_rest`, so the next call reads the next line),
-// or left unread. False at the end of the input with nothing read.
+// or left unread. False at the end of the input with nothing read. A read
+// error ends the line like the end of the input; its errno is kept in
+// `read_errno` (the reason, said after the line is dealt with).
 bool read_line_bounded(std::FILE* in, std::string& line, std::size_t cap, bool& overlong,
-                       bool skip_rest = true) {
+                       int& read_errno, bool skip_rest = true) {
   line.clear();
   overlong = false;
-  int c = std::getc(in);
+  const auto next = [&] {
+    errno = 0;
+    const int c = std::getc(in);
+    if (c == EOF && std::ferror(in) && read_errno == 0) read_errno = errno != 0 ? errno : EIO;
+    return c;
+  };
+  int c = next();
   if (c == EOF) return false;
-  for (; c != EOF && c != '\n'; c = std::getc(in)) {
+  for (; c != EOF && c != '\n'; c = next()) {
     if (line.size() < cap) {
       line.push_back(static_cast<char>(c));
     } else {
@@ -194,7 +204,9 @@ void run_eval(TrainedClassifier& tc, const PredictArgs& a) {
   };
   std::string line;
   bool overlong = false;
-  for (int64_t no = 1; read_line_bounded(in.get(), line, cap, overlong, /*skip_rest=*/false); ++no) {
+  int read_errno = 0;
+  for (int64_t no = 1;
+       read_line_bounded(in.get(), line, cap, overlong, read_errno, /*skip_rest=*/false); ++no) {
     const std::string where = "--eval " + a.eval + " line " + std::to_string(no);
     if (overlong) {
       throw std::invalid_argument(where + " is longer than " + std::to_string(cap) +
@@ -233,7 +245,7 @@ void run_eval(TrainedClassifier& tc, const PredictArgs& a) {
   }
   if (std::ferror(in.get())) {
     throw std::invalid_argument("--eval " + a.eval + ": error reading the file: " +
-                                std::strerror(errno));
+                                std::strerror(read_errno != 0 ? read_errno : EIO));
   }
   classify();
   if (total == 0) {
@@ -284,6 +296,14 @@ void run_predict(const PredictArgs& a) {
   }
   const Precision precision = resolve_precision(a.precision);
   if (a.threads > 0) set_num_threads(a.threads);
+  // Standard output appended to a file the command reads (`>> M/vocabulary.json`,
+  // `>> EVAL`) would change it under the reader: refused, as cat refuses it.
+  std::vector<InputPath> inputs;
+  for (const char* f : {"model.safetensors", "vocabulary.json", "config.json"}) {
+    inputs.push_back({"model file", a.model.model_dir() + "/" + f});
+  }
+  if (!a.eval.empty()) inputs.push_back({"--eval file", a.eval});
+  check_descriptor_not_input(STDOUT_FILENO, "standard output", inputs);
   TrainedClassifier tc = load_classifier(a.model.model_dir());
   tc.model->set_precision(precision);
   if (!a.eval.empty()) {
@@ -302,13 +322,14 @@ void run_predict(const PredictArgs& a) {
   const std::size_t cap = static_cast<std::size_t>(a.max_chars) * 4 + 1;
   std::string line;
   bool overlong = false;
+  int read_errno = 0;
   int64_t line_no = 0;
   auto reject = [&](const std::string& why, const char* short_why) {
     fmt::print(stderr, "seqpack: error: line {}: {}\n", line_no, why);
     fmt::print("{}\n", a.json ? fmt::format(R"({{"error": "{}"}})", short_why)
                               : fmt::format("error: {}", short_why));
   };
-  while (read_line_bounded(stdin, line, cap, overlong)) {
+  while (read_line_bounded(stdin, line, cap, overlong, read_errno)) {
     ++line_no;
     if (!overlong && !line.empty() && line.back() == '\r') line.pop_back();
     // One bad line must not end the service: say why, answer it with an error
@@ -319,8 +340,8 @@ void run_predict(const PredictArgs& a) {
                                 "--max-chars " + std::to_string(a.max_chars) +
                                 " characters: skipped");
       }
-      const int64_t chars =
-          static_cast<int64_t>(decode_utf8(line, "line " + std::to_string(line_no)).size());
+      // No context: reject() says the line number once.
+      const int64_t chars = static_cast<int64_t>(decode_utf8(line).size());
       if (chars > a.max_chars) {
         throw std::length_error(std::to_string(chars) + " characters, more than --max-chars " +
                                 std::to_string(a.max_chars) + ": skipped");
@@ -336,13 +357,28 @@ void run_predict(const PredictArgs& a) {
       reject(std::string("out of memory while classifying it (") + e.what() +
                  "): a smaller --max-chars bounds the memory a line may take",
              "out of memory");
+    } catch (const std::system_error& e) {
+      if (std::ferror(stdout)) throw;  // the answer could not be written: see below
+      reject(e.what(), "failed");
     } catch (const std::exception& e) {
       reject(e.what(), "failed");
     }
-    std::fflush(stdout);
+    // A reader that is gone (a broken pipe, with SIGPIPE ignored), a full
+    // disk or a closed standard output ends the stream: nobody reads the
+    // answers any more.
+    errno = 0;
+    if (std::fflush(stdout) != 0 || std::ferror(stdout)) {
+      throw std::runtime_error("--stream: cannot write the answer to line " +
+                               std::to_string(line_no) + " to standard output: " +
+                               std::strerror(errno != 0 ? errno : EIO));
+    }
     std::fflush(stderr);
   }
-  if (std::ferror(stdin)) throw std::runtime_error("error reading standard input");
+  if (std::ferror(stdin)) {
+    throw std::runtime_error("--stream: error reading standard input after line " +
+                             std::to_string(line_no) + ": " +
+                             std::strerror(read_errno != 0 ? read_errno : EIO));
+  }
 }
 
 void setup(CLI::App& sub) {

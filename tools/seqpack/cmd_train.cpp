@@ -28,6 +28,7 @@
 #include "seqpack/model_dir.h"
 #include "seqpack/optim.h"
 #include "seqpack/precision.h"
+#include "seqpack/safetensors.h"
 #include "seqpack/threading.h"
 #include "seqpack/vocabulary.h"
 
@@ -631,6 +632,9 @@ void check_data_readable(const TrainArgs& a) {
 void run_train(TrainArgs a) {
   seqpack::cli::place_threads(a.threads);
   check_data_readable(a);
+  // --out changes as one unit (a staging directory swapped in): a --data
+  // inside it would be moved aside or deleted with the old model.
+  if (!a.data.empty()) check_output_not_input(a.out, "--out directory", {{"--data file", a.data}});
   RunDirs d = open_dirs(a);
   if (d.ck) {
     if (d.ck->epoch >= a.epochs) {

@@ -1,6 +1,11 @@
 // The seqpack command-line tool: a thin front end over the public headers.
+#include <fcntl.h>
+#include <unistd.h>
+
 #include <algorithm>
+#include <cerrno>
 #include <cstdio>
+#include <cstring>
 #include <exception>
 #include <new>
 #include <stdexcept>
@@ -19,9 +24,40 @@ std::string command_of(const CLI::App& app) {
   return "?";
 }
 
+// Descriptors 0, 1 and 2 that the parent left closed are opened on /dev/null,
+// so that no file the tool opens (train's lock file) takes their number and
+// receives its output. Each is opened the other way round (standard output
+// read-only), so a write to a closed standard output still fails (EBADF) and
+// is reported, as coreutils do.
+void open_standard_descriptors() {
+  for (int fd = 0; fd <= 2; ++fd) {
+    if (::fcntl(fd, F_GETFD) != -1 || errno != EBADF) continue;
+    const int got = ::open("/dev/null", fd == 0 ? O_WRONLY : O_RDONLY);
+    if (got >= 0 && got != fd) {  // cannot happen: the lowest free number is fd
+      ::dup2(got, fd);
+      ::close(got);
+    }
+  }
+}
+
+// Everything the command printed reached standard output: a full disk
+// (/dev/full), a closed descriptor or a broken pipe is an error with its
+// reason, not a silent success. Output larger than stdio's buffer fails
+// earlier, in fmt::print (a std::system_error); this catches the rest.
+// Returns the error message, or "" when all was written.
+std::string standard_output_error() {
+  errno = 0;
+  const bool flush_failed = std::fflush(stdout) != 0;
+  const int err = errno;
+  if (!flush_failed && !std::ferror(stdout)) return "";
+  return std::string("cannot write to standard output: ") +
+         (flush_failed && err != 0 ? std::strerror(err) : "an earlier write failed");
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
+  open_standard_descriptors();
   seqpack::cli::set_program_args(argv);
   CLI::App app{"seqpack: variable-length sequence batching and packed recurrent networks"};
   seqpack::cli::add_commands(app);
@@ -42,6 +78,12 @@ int main(int argc, char** argv) {
     // The core reads no environment: the tool installs the SEQPACK_* policy.
     seqpack::set_policy(seqpack::policy_from_environment());
     app.parse(argc, argv);
+    const std::string out_error = standard_output_error();
+    if (!out_error.empty()) {
+      std::fprintf(stderr, "seqpack: error: %s (while running 'seqpack %s')\n", out_error.c_str(),
+                   command_of(app).c_str());
+      return 1;
+    }
   } catch (const CLI::ParseError& e) {
     return seqpack::cli::report_parse_error(app, e, args);
   } catch (const std::bad_alloc& e) {
