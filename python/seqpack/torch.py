@@ -71,6 +71,29 @@ __all__ = ["LSTM", "GRU", "RNN", "LSTMCell", "GRUCell", "RNNCell", "pack_padded_
            "optimize", "patch", "unpatch", "cuda_choice", "CudaChoice", "register_cuda_kernels"]
 
 
+def _torch_rnn_public_names():
+    """The public names of the torch at hand's torch.nn.utils.rnn: its __all__, or
+    without one the names it defines itself (not those it imports)."""
+    rnn = torch.nn.utils.rnn
+    names = getattr(rnn, "__all__", None)
+    if names is None:
+        names = [n for n, v in vars(rnn).items() if not n.startswith("_")
+                 and getattr(v, "__module__", None) == rnn.__name__]
+    return list(names)
+
+
+# Code that imports from seqpack.torch where it imported from torch.nn.utils.rnn
+# finds every name there: seqpack's own where it has one, torch's otherwise
+# (PackedSequence, which seqpack's functions take and return, and whatever a
+# later torch adds).
+for _name in _torch_rnn_public_names():
+    if _name not in globals():
+        globals()[_name] = getattr(torch.nn.utils.rnn, _name)
+    if _name not in __all__:
+        __all__.append(_name)
+del _name
+
+
 def register_cuda_kernels() -> bool:
     """Gives torch.ops.seqpack.rnn and rnn_padded their CUDA kernels (seqpack's CUDA
     kernels, seqpack/_torch_cuda_ops.py) where those can run: the library built and

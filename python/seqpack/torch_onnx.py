@@ -46,7 +46,9 @@ exporter (`torch.onnx.export(..., dynamo=False)`, 2.6's default):
   model.
 
 Limits (each raises a ValueError naming the value, or is a documented property):
-proj_size > 0 (ONNX's LSTM has no projection); opset below 14; packed input not
+proj_size > 0 (ONNX's LSTM has no projection); dropout > 0 on a layer exported in
+training mode (TrainingMode.TRAINING, or PRESERVE of a model in training mode:
+ONNX's operators have no dropout between layers); opset below 14; packed input not
 produced by pack_padded_sequence / pack_sequence or another seqpack layer; the
 exported torch.nn.utils.rnn.pad_packed_sequence pads with zeros to the longest
 length (torch's symbolic for it drops padding_value and total_length; the
@@ -370,6 +372,15 @@ torch.onnx.register_custom_op_symbolic("seqpack::pad_packed_sequence", _pad_symb
 def forward(module, input, hx=None):
     """forward() of a seqpack.torch layer while torch.onnx.export traces it."""
     mode = module.mode
+    # torch.onnx.export puts the model in training mode for TrainingMode.TRAINING
+    # and keeps its mode for PRESERVE; the operators written here are the eval
+    # forward, so dropout in training would be silently dropped from the graph.
+    # torch.nn's own layers are refused in the same case.
+    if module.training and module.dropout > 0:
+        raise ValueError(f"seqpack.torch ONNX export: dropout = {module.dropout} in training "
+                         "mode: the exported LSTM/GRU/RNN operators have no dropout between "
+                         "layers; export in eval mode (model.eval(), or "
+                         "training=torch.onnx.TrainingMode.EVAL) or set dropout to 0")
     if getattr(module, "proj_size", 0) > 0:
         raise ValueError(f"seqpack.torch ONNX export: proj_size = {module.proj_size}: ONNX's LSTM "
                          "operator has no projection")

@@ -17,11 +17,11 @@ runs in seqpack's C++ core (include/seqpack/streaming.h), one packed batch per
 push, without autograd: it is for inference. Chunks are [len, input_size]
 whatever the module's batch_first (a chunk is one stream's time steps).
 """
-import numbers
 
 import torch
 
 from . import _seqpack
+from ._checks import as_int
 
 __all__ = ["StreamingRNN"]
 
@@ -107,22 +107,21 @@ class StreamingRNN:
         """Runs chunks[i] ([len_i, input_size]) on stream stream_ids[i] in one batch;
         returns each chunk's outputs [len_i, hidden] as torch tensors."""
         core = self._core()
-        ids = list(stream_ids)
-        for k, i in enumerate(ids):
-            if isinstance(i, bool) or not isinstance(i, numbers.Integral):
-                raise TypeError(f"stream_ids[{k}] must be an int, got {type(i).__name__}")
+        # Ids past int64 are named here (pybind11 would say only "incompatible
+        # function arguments"), as seqpack.streaming does.
+        ids = [as_int(i, f"stream_ids[{k}]") for k, i in enumerate(stream_ids)]
         arrays = [_np(c, f"chunks[{k}]") for k, c in enumerate(chunks)]
-        return [torch.from_numpy(y) for y in core.push([int(i) for i in ids], arrays)]
+        return [torch.from_numpy(y) for y in core.push(ids, arrays)]
 
     def reset(self, stream_id, hx=None):
-        self._core().reset(stream_id, *self._state(hx, "hx"))
+        self._core().reset(as_int(stream_id, "stream_id"), *self._state(hx, "hx"))
 
     def close(self, stream_id):
-        self._core().close(stream_id)
+        self._core().close(as_int(stream_id, "stream_id"))
 
     def state(self, stream_id):
         """h [num_layers, hidden], or (h, c) for an LSTM (copies)."""
-        h, c = self._core().state(stream_id)
+        h, c = self._core().state(as_int(stream_id, "stream_id"))
         return (torch.from_numpy(h), torch.from_numpy(c)) if self.mode == "LSTM" \
             else torch.from_numpy(h)
 
@@ -130,7 +129,7 @@ class StreamingRNN:
         return list(self._core().open_ids())
 
     def __contains__(self, stream_id):
-        return self._core().is_open(stream_id)
+        return self._core().is_open(as_int(stream_id, "stream_id"))
 
     def __len__(self):
         return self._core().num_open
