@@ -9,6 +9,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -194,6 +195,151 @@ TEST(CliPredictStream, JsonLinesAndABadLineDoesNotEndTheStream) {
   EXPECT_EQ(docs[1].at("error"), "invalid input");
   EXPECT_EQ(docs[2].at("predictions").at(0).at("word"), "house");
   EXPECT_NE(r.err.find("seqpack: error: line 2: "), std::string::npos) << r.err;
+}
+
+}  // namespace
+
+namespace {
+
+// `script` run by bash with $S the tool, under a 120 s timeout of its own (a
+// hang fails the test instead of stopping the suite); stdout and stderr of
+// the script as the test's CliResult. The script does its own redirections.
+CliResult run_script(const std::string& script) {
+  const fs::path sh = work_dir() / "script.sh";
+  std::ofstream(sh) << "S='" << SEQPACK_CLI_PATH << "'\n" << script << "\n";
+  const std::string out = (work_dir() / "script.out").string();
+  const std::string err = (work_dir() / "script.err").string();
+  const std::string cmd = "timeout -k 5 120 bash '" + sh.string() + "' >'" + out + "' 2>'" + err + "'";
+  const int raw = std::system(cmd.c_str());
+  const int status = WIFEXITED(raw) ? WEXITSTATUS(raw) : 128 + WTERMSIG(raw);
+  return {status, read_file(out), read_file(err)};
+}
+
+const fs::path& small_model() {
+  static const fs::path p = [] {
+    const fs::path m = work_dir() / "small_model";
+    const CliResult r = run_cli(train(m, 1));
+    EXPECT_EQ(r.status, 0) << r.err;
+    return m;
+  }();
+  return p;
+}
+
+// Every command's output reaches standard output or the command fails: on
+// /dev/full (ENOSPC) and on a closed descriptor (EBADF) a short output used to
+// stay in stdio's buffer and the command exited 0.
+TEST(CliStdout, AFailedWriteIsAnErrorWithItsReason) {
+  const std::string m = small_model().string(), tsv = tiny_tsv().string();
+  const std::string words = (work_dir() / "words.txt").string();
+  std::ofstream(words) << "house\nmaison\n";
+  const std::vector<std::string> commands = {
+      "info",
+      "demo",
+      "predict --model '" + m + "' house",
+      "predict --model '" + m + "' --eval '" + tsv + "'",
+      "predict --model '" + m + "' --stream < '" + words + "'",
+      "data stats --data '" + tsv + "'",
+      train(work_dir() / "stdout_train", 1),
+  };
+  for (const std::string& cmd : commands) {
+    SCOPED_TRACE(cmd);
+    const CliResult full = run_script("\"$S\" " + cmd + " > /dev/full");
+    EXPECT_EQ(full.status, 1) << full.err;
+    EXPECT_NE(full.err.find("seqpack: error: "), std::string::npos) << full.err;
+    EXPECT_NE(full.err.find("No space left on device"), std::string::npos) << full.err;
+    const CliResult closed = run_script("\"$S\" " + cmd + " >&-");
+    EXPECT_EQ(closed.status, 1) << closed.err;
+    EXPECT_NE(closed.err.find("Bad file descriptor"), std::string::npos) << closed.err;
+  }
+  // The control: the same commands succeed on a file.
+  const CliResult ok = run_script("\"$S\" predict --model '" + m + "' house > /dev/null");
+  EXPECT_EQ(ok.status, 0) << ok.err;
+}
+
+// With SIGPIPE ignored (as a parent may leave it), the stream ended only when
+// its input did: `yes | seqpack predict --stream | head -1` never ended.
+TEST(CliStdout, ABrokenPipeEndsTheStreamWithSigpipeIgnored) {
+  const CliResult r = run_script("trap '' PIPE\nyes house | timeout 60 \"$S\" predict --model '" +
+                                 small_model().string() +
+                                 "' --stream | head -1\necho \"status ${PIPESTATUS[1]}\"");
+  EXPECT_EQ(r.status, 0) << r.err;
+  EXPECT_EQ(r.out.rfind("house: ", 0), 0u) << r.out;
+  EXPECT_NE(r.out.find("status 1\n"), std::string::npos) << r.out << r.err;  // 124: timed out
+  EXPECT_NE(r.err.find("seqpack: error: --stream: cannot write the answer to line "),
+            std::string::npos)
+      << r.err;
+  EXPECT_NE(r.err.find("Broken pipe"), std::string::npos) << r.err;
+}
+
+// With standard output closed, train's lock file took descriptor 1 and the
+// log was written into it (over the holder line another trainer quotes).
+TEST(CliStdout, AClosedStdoutIsNeverTheLockFile) {
+  const fs::path out = work_dir() / "closed_stdout_model";
+  const CliResult r = run_script("\"$S\" " + train(out, 1) + " >&-");
+  EXPECT_EQ(r.status, 1) << r.err;
+  EXPECT_NE(r.err.find("Bad file descriptor"), std::string::npos) << r.err;
+  const std::string lock = read_file((work_dir() / ".closed_stdout_model.lock").string());
+  EXPECT_EQ(lock.rfind("pid ", 0), 0u) << lock;
+  EXPECT_EQ(lock.find("model:"), std::string::npos) << lock;
+  EXPECT_EQ(std::count(lock.begin(), lock.end(), '\n'), 1) << lock;
+}
+
+// A read error on standard input says why; a bad line's number is said once.
+TEST(CliStdout, StreamInputErrorsSayWhy) {
+  const std::string m = small_model().string();
+  const CliResult dir = run_script("\"$S\" predict --model '" + m + "' --stream < /");
+  EXPECT_EQ(dir.status, 1);
+  EXPECT_NE(dir.err.find("error reading standard input after line 0: Is a directory"),
+            std::string::npos)
+      << dir.err;
+  const CliResult bad =
+      run_script("printf 'house\\n\\377\\n' | \"$S\" predict --model '" + m + "' --stream");
+  EXPECT_EQ(bad.status, 0) << bad.err;
+  EXPECT_NE(bad.err.find("seqpack: error: line 2: invalid UTF-8"), std::string::npos) << bad.err;
+  EXPECT_EQ(bad.err.find("line 2: line 2"), std::string::npos) << bad.err;
+}
+
+// --data lines are bounded (kMaxTsvLineBytes), as --eval's: a file of one
+// huge line was read whole (2.1 GB for 2 GB) before anything was said.
+TEST(CliData, ALineLongerThanTheBoundIsRefusedWithItsNumber) {
+  const fs::path f = work_dir() / "long_line.tsv";
+  {
+    std::ofstream o(f, std::ios::binary);
+    o << "english\tthe\nfrench\t" << std::string(std::size_t{1} << 20, 'a') << "\n";
+  }
+  const CliResult r = run_cli("data stats --data '" + f.string() + "'", "timeout 120");
+  EXPECT_EQ(r.status, 1) << r.out << r.err;
+  EXPECT_NE(r.err.find("seqpack: error: '" + f.string() +
+                       "' line 2 is longer than 1048576 bytes, the longest line a TSV file may have"),
+            std::string::npos)
+      << r.err;
+  const CliResult t = run_cli("train --threads 1 --epochs 1 --data '" + f.string() + "' --out '" +
+                                  (work_dir() / "long_line_model").string() + "'",
+                              "timeout 120");
+  EXPECT_EQ(t.status, 1);
+  EXPECT_NE(t.err.find("line 2 is longer than 1048576 bytes"), std::string::npos) << t.err;
+}
+
+// Memory that runs out while a line is read is the tool's out-of-memory
+// error (getline swallowed the std::bad_alloc: "error reading TSV file").
+TEST(CliData, MemoryRunningOutWhileReadingIsSaidAsSuch) {
+  const fs::path f = work_dir() / "mid_line.tsv";
+  {
+    std::ofstream o(f, std::ios::binary);
+    o << "english\tthe\nfrench\t" << std::string(600000, 'a') << "\n";
+  }
+  // Allocations above 256 KiB fail: the line's buffer does as it grows.
+  const std::string env = std::string("timeout 120 env LD_PRELOAD='") + SEQPACK_FAULT_SHIM +
+                          "' SEQPACK_FAULT_MALLOC_OVER=262144";
+  const CliResult r = run_cli("data stats --data '" + f.string() + "'", env);
+  EXPECT_EQ(r.status, 1) << r.out << r.err;
+  EXPECT_NE(r.err.find("seqpack: error: out of memory while running 'seqpack data'"),
+            std::string::npos)
+      << r.err;
+  EXPECT_EQ(r.err.find("error reading"), std::string::npos) << r.err;
+  // The control: a small file reads under the same limit.
+  const CliResult ok = run_cli("data stats --data '" + tiny_tsv().string() + "'", env);
+  EXPECT_EQ(ok.status, 0) << ok.err;
 }
 
 }  // namespace
