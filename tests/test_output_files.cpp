@@ -310,4 +310,117 @@ TEST(OutputFilesCli, DataExportRefusesDevicesFifosLinksAndDirectories) {
   EXPECT_TRUE(S_ISCHR(st.st_mode));
 }
 
+// No command writes onto one of its own inputs: `export --onnx M/model.safetensors`
+// replaced the model it exported and said "wrote", and the next predict failed.
+// The output is refused by what it resolves to (.., a symbolic link to the
+// directory, a hard link), before anything is written.
+TEST(OutputFilesCli, ExportNeverWritesIntoTheModelItReads) {
+  if (!have_export_command()) GTEST_SKIP() << "seqpack was built without ONNX export";
+  const TempDir dir;
+  const fs::path m = dir.path / "m";
+  fs::copy(tiny_model(), m);
+  fs::create_symlink(m, dir.path / "alias");
+  fs::create_hard_link(m / "checkpoint.safetensors", dir.path / "hard");
+  const std::vector<std::string> before = {read_file((m / "model.safetensors").string()),
+                                           read_file((m / "vocabulary.json").string()),
+                                           read_file((m / "checkpoint.safetensors").string())};
+  const std::string inside = "' lies inside the --model directory '" + m.string() +
+                             "' that this command reads: a command never writes onto its own input";
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      {(m / "model.safetensors").string(), inside},
+      {(m / ".." / "m" / "vocabulary.json").string(), inside},
+      {(dir.path / "alias" / "checkpoint.safetensors").string(), inside},
+      {(m / "new.onnx").string(), inside},
+      {(dir.path / "hard").string(), "' is a hard link to checkpoint.safetensors in the --model "
+                                     "directory '" + m.string() + "'"},
+  };
+  for (const auto& [out, expected] : cases) {
+    SCOPED_TRACE(out);
+    const CliResult r = run_cli("export --model " + m.string() + " --onnx " + out, "timeout 60");
+    EXPECT_EQ(r.status, 1) << r.out << r.err;
+    EXPECT_CONTAINS(r.err, "seqpack: error: --onnx file '" + out + expected);
+    EXPECT_EQ(r.out, "");
+  }
+  EXPECT_FALSE(fs::exists(m / "new.onnx"));
+  EXPECT_EQ((std::vector<std::string>{read_file((m / "model.safetensors").string()),
+                                      read_file((m / "vocabulary.json").string()),
+                                      read_file((m / "checkpoint.safetensors").string())}),
+            before);
+  EXPECT_EQ(run_cli("predict --model " + m.string() + " maison").status, 0);
+  // The control: a path outside the model is written.
+  const CliResult ok = run_cli("export --model " + m.string() + " --onnx " + dir.file("m.onnx"));
+  EXPECT_EQ(ok.status, 0) << ok.err;
+}
+
+// data export refuses an output that is one of the word lists it reads (a hard
+// link here); train refuses a --data inside --out, which it swaps as one unit;
+// predict refuses a standard output appended to its --eval file or a model file.
+TEST(OutputFilesCli, DataExportTrainAndPredictNeverWriteOntoTheirInputs) {
+  const TempDir dir;
+  const fs::path dict = dir.path / "dict", out = dir.path / "out";
+  fs::create_directories(dict);
+  fs::create_directories(out);
+  std::ofstream(dict / "american-english") << "house\nwater\n";
+  fs::create_hard_link(dict / "american-english", out / "train.tsv");
+  const CliResult d =
+      run_cli("data export --dict-dir " + dict.string() + " --out " + out.string(), "timeout 60");
+  EXPECT_EQ(d.status, 1) << d.err;
+  EXPECT_CONTAINS(d.err, "output file '" + (out / "train.tsv").string() + "' is the word list '" +
+                             (dict / "american-english").string() + "' that this command reads");
+  EXPECT_EQ(read_file((dict / "american-english").string()), "house\nwater\n");
+
+  const fs::path model = dir.path / "model";
+  fs::create_directories(model);
+  fs::copy_file(tiny_tsv(), model / "data.tsv");
+  const CliResult t = run_cli("train --quiet --threads 1 --data " + (model / "data.tsv").string() +
+                                  " --epochs 1 --hidden 4 --embed 2 --batch-size 4 --out " +
+                                  (model / ".." / "model").string(),
+                              "timeout 60");
+  EXPECT_EQ(t.status, 1) << t.err;
+  EXPECT_CONTAINS(t.err, "--out directory '" + (model / ".." / "model").string() +
+                             "' holds the --data file '" + (model / "data.tsv").string() + "'");
+  EXPECT_EQ(read_file((model / "data.tsv").string()), read_file(tiny_tsv().string()));
+
+  const std::string eval = dir.write("eval.tsv", "english\thouse\nfrench\tmaison\n");
+  const CliResult p = run_cli("predict --model " + tiny_model().string() + " --eval " + eval +
+                              " >> " + eval + " #", "timeout 60");
+  EXPECT_EQ(p.status, 1) << p.err;
+  EXPECT_EQ(read_file(eval), "english\thouse\nfrench\tmaison\n");
+  const std::string config = (tiny_model() / "config.json").string();
+  const std::string config_before = read_file(config);
+  const CliResult c =
+      run_cli("predict --model " + tiny_model().string() + " house >> " + config + " #", "timeout 60");
+  EXPECT_EQ(c.status, 1);
+  EXPECT_EQ(read_file(config), config_before);
+  // A new file beside the model is no input: predictions may be kept there.
+  const CliResult ok = run_cli("predict --model " + tiny_model().string() + " house >> " +
+                               (tiny_model() / "predictions.txt").string() + " #");
+  EXPECT_EQ(ok.status, 0) << ok.err;
+  fs::remove(tiny_model() / "predictions.txt");
+}
+
+// The library rule itself, for paths that do not exist yet and for directories.
+TEST(OutputFiles, CheckOutputNotInputComparesWhatPathsResolveTo) {
+  const TempDir dir;
+  const std::string in = dir.write("in.tsv", "x\ty\n");
+  fs::create_directories(dir.path / "d" / "sub");
+  const std::vector<seqpack::InputPath> inputs = {{"input file", in},
+                                                  {"input directory", dir.file("d")}};
+  EXPECT_CONTAINS(invalid_argument_of([&] {
+                    seqpack::check_output_not_input(dir.file("d") + "/../in.tsv", "output", inputs);
+                  }),
+                  "output '" + dir.file("d") + "/../in.tsv' is the input file '" + in + "'");
+  EXPECT_CONTAINS(invalid_argument_of([&] {
+                    seqpack::check_output_not_input(dir.file("d") + "/sub/new.bin", "output", inputs);
+                  }),
+                  "lies inside the input directory");
+  EXPECT_CONTAINS(invalid_argument_of([&] {
+                    seqpack::check_output_not_input(dir.path.string(), "output", inputs);
+                  }),
+                  "holds the input file");
+  // Elsewhere, and inputs that do not exist: nothing to refuse.
+  seqpack::check_output_not_input(dir.file("other.bin"), "output", inputs);
+  seqpack::check_output_not_input(dir.file("d"), "output", {{"input", dir.file("missing")}});
+}
+
 }  // namespace
