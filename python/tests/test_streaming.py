@@ -179,3 +179,30 @@ def test_bad_input_is_a_clear_error():
         t.push([4], [torch.zeros(1, 2)])
     with pytest.raises(TypeError, match=r"chunks\[0\] has dtype torch.int64"):
         t.push([t.open()], [torch.zeros(1, 2, dtype=torch.int64)])
+
+
+@pytest.mark.parametrize("make", [lambda: TorchStreamingRNN(torch.nn.LSTM(2, 3)),
+                                  lambda: StreamingRNN(seqpack.nn.LSTM(2, 3))],
+                         ids=["torch", "numpy"])
+def test_stream_ids_past_int64_are_named_range_errors(make):
+    """An id past int64 reached pybind11 from seqpack.torch's StreamingRNN, which
+    raised a bare "incompatible function arguments" TypeError; both classes name it
+    (docs/errors.md, integers outside int64)."""
+    s = make()
+    a = s.open()
+    chunk = np.zeros((1, 2), np.float32) if isinstance(s, StreamingRNN) else torch.zeros(1, 2)
+    big = r"is out of range: must be in \[-9223372036854775808, 9223372036854775807\]"
+    with pytest.raises(ValueError, match=r"stream_ids\[1\] = 9223372036854775808 " + big):
+        s.push([a, 2**63], [chunk, chunk])
+    with pytest.raises(ValueError, match=r"stream_id = 18446744073709551616 " + big):
+        s.state(2**64)
+    with pytest.raises(ValueError, match=r"stream_id = 18446744073709551616 " + big):
+        s.close(2**64)
+    with pytest.raises(ValueError, match=r"stream_id = -9223372036854775809 " + big):
+        s.reset(-2**63 - 1)
+    with pytest.raises(ValueError, match=r"stream_id = 18446744073709551616 " + big):
+        2**64 in s
+    with pytest.raises(TypeError, match=r"stream_ids\[0\]"):
+        s.push([1.5], [chunk])
+    # In range: the stream still works.
+    assert len(s.push([a], [chunk])) == 1

@@ -519,3 +519,25 @@ def test_cuda_layers_and_cells_run_torchs():
     cell, ref_cell = cell_pair("GRUCell", {})
     cell, ref_cell = cell.cuda(), ref_cell.cuda()
     assert_fp_close(cell(x[0]), ref_cell(x[0]), rnn_reduction_length(3, 4), what="cuda GRUCell")
+
+
+def test_the_namespace_covers_torch_nn_utils_rnn():
+    """Code that swaps `torch.nn.utils.rnn` for `seqpack.torch` in its imports finds
+    every public name of the torch at hand (`from seqpack.torch import PackedSequence`
+    failed): seqpack's own functions, torch's for the rest, all in __all__."""
+    rnn = torch.nn.utils.rnn
+    names = getattr(rnn, "__all__", None) or [
+        n for n, v in vars(rnn).items()
+        if not n.startswith("_") and getattr(v, "__module__", None) == rnn.__name__]
+    assert "PackedSequence" in names and "pack_padded_sequence" in names
+    missing = [n for n in names if not hasattr(st, n)]
+    assert missing == [], f"seqpack.torch lacks {missing} of torch.nn.utils.rnn"
+    not_exported = [n for n in names if n not in st.__all__]
+    assert not_exported == [], f"seqpack.torch.__all__ lacks {not_exported}"
+    assert st.PackedSequence is rnn.PackedSequence  # seqpack's functions return torch's class
+    namespace = {}
+    exec("from seqpack.torch import *", namespace)
+    assert set(names) <= set(namespace)
+    # What seqpack implements stays seqpack's own.
+    for own in ("pack_padded_sequence", "pad_packed_sequence", "pad_sequence"):
+        assert getattr(st, own).__module__.startswith("seqpack"), own

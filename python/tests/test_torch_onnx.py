@@ -370,6 +370,54 @@ def test_unsupported_cases_raise_named_errors():
         export(Packed("GRU", False).eval(), args, ["x", "lengths"], ["y", "h_n"], opset=13)
 
 
+class PaddedLayer(torch.nn.Module):
+    def __init__(self, layer):
+        super().__init__()
+        self.rnn = layer
+
+    def forward(self, x):
+        return self.rnn(x)[0]
+
+
+class PackedLayer(PaddedLayer):
+    def forward(self, x, lengths):
+        out = self.rnn(pack_padded_sequence(x, lengths, enforce_sorted=False))[0]
+        return pad_packed_sequence(out)[0]
+
+
+@pytest.mark.parametrize("wrapper", [PaddedLayer, PackedLayer])
+@pytest.mark.parametrize("cls", [st.LSTM, st.GRU, st.RNN])
+def test_dropout_in_training_mode_is_refused_by_name(wrapper, cls):
+    """Dropout between layers has no ONNX operator: training (or preserve) mode wrote
+    the eval graph for packed input and hit a torch internal assert for padded input;
+    torch.nn's layers are refused in that case, and so are seqpack's, by name."""
+    from torch.onnx import TrainingMode
+    args = (torch.randn(5, 2, 4), torch.tensor([5, 3]))
+    names = ["x", "lengths"]
+    if wrapper is PaddedLayer:
+        args, names = args[:1], names[:1]
+    axes = {"x": {0: "time", 1: "batch"}}  # (a fixed shape trips a torch assert on the If)
+    model = wrapper(cls(4, 6, num_layers=2, dropout=0.5))
+    for mode in (TrainingMode.TRAINING, TrainingMode.PRESERVE):
+        model.train()
+        with pytest.raises(ValueError, match=r"dropout = 0\.5 in training mode"):
+            torch.onnx.export(model, args, io.BytesIO(), opset_version=17, training=mode,
+                              input_names=names, output_names=["y"], dynamic_axes=axes)
+    # In eval mode (TrainingMode.EVAL, or PRESERVE of an eval model) the export is
+    # the eval forward, with dropout or without.
+    for mode, train in ((TrainingMode.EVAL, True), (TrainingMode.PRESERVE, False)):
+        model.train(train)
+        f = io.BytesIO()
+        torch.onnx.export(model, args, f, opset_version=17, training=mode,
+                          input_names=names, output_names=["y"], dynamic_axes=axes)
+        assert len(f.getvalue()) > 0
+    # Dropout 0 in training mode has nothing to drop.
+    f = io.BytesIO()
+    torch.onnx.export(wrapper(cls(4, 6, num_layers=2)).train(), args, f, opset_version=17,
+                      training=TrainingMode.TRAINING, input_names=names, output_names=["y"], dynamic_axes=axes)
+    assert len(f.getvalue()) > 0
+
+
 # What torch itself still warns during these exports (docs/onnx.md lists them):
 # torch 1.13's tracer on the torch.as_tensor in torch.nn.utils.rnn's
 # pack_padded_sequence, and its exporter's shape inference on the prim:: nodes of
