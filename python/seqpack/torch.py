@@ -16,7 +16,9 @@ loaded the operator library (import seqpack.torch, torch.ops.load_library
 mode, inputs seqpack cannot run (not on the CPU, or not float32/float64) go to
 torch's own implementation.
 
-The packing functions are torch.nn.utils.rnn's (pack_padded_sequence,
+Every public name of torch.nn.utils.rnn is here too (PackedSequence and any
+other name seqpack does not implement are torch's own). The packing functions
+are torch.nn.utils.rnn's (pack_padded_sequence,
 pad_packed_sequence, pack_sequence, pad_sequence, unpack_sequence,
 unpad_sequence, invert_permutation), on any device (CPU, CUDA, meta) and
 dtype, with zero-length sequences accepted. CPU float32/float64 tensors go
