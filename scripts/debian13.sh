@@ -15,6 +15,11 @@
 #   SEQPACK_DEBIAN13_ROOT   the root (default /var/cache/seqpack-debian13)
 #   SEQPACK_DEBIAN_MIRROR   the archive (default: the host's, else deb.debian.org)
 #   SEQPACK_BUILD_DIR       the build directory inside the repository
+#   SEQPACK_DEBIAN13_REFRESH=1  bring a kept root up to date with the archive
+#                           first (apt-get update, then dist-upgrade where any
+#                           package is upgradable), so it holds what a root made
+#                           today would; scripts/test.sh sets it when it prepares
+#                           the root
 # Passed into the root: SEQPACK_*, CCACHE_* (CCACHE_DIR is bind-mounted too),
 # OMP_*, CTEST_*, TERM. Needs root.
 set -euo pipefail
@@ -169,6 +174,20 @@ if [ ${#missing[@]} -gt 0 ]; then
   in_root apt-get install -y -qq --no-install-recommends "${missing[@]}"
 fi
 [ $(($(seconds) - t0)) -lt 5 ] || echo "debian13: packages took $(($(seconds) - t0)) s"
+
+# A kept root was made on some earlier day: where the archive has newer
+# packages since (a point release, a security fix, a rebuilt torch or
+# oneDNN), it is upgraded, so the tests run on what a fresh machine gets.
+if [ "${SEQPACK_DEBIAN13_REFRESH:-0}" = 1 ]; then
+  t0=$(seconds)
+  in_root apt-get update -qq
+  upgradable=$(in_root apt-get -s -qq dist-upgrade | grep -c '^Inst ' || true)
+  if [ "$upgradable" -gt 0 ]; then
+    echo "debian13: upgrading $upgradable packages the archive has newer versions of"
+    in_root apt-get -y -qq -o Dpkg::Options::=--force-confold dist-upgrade
+  fi
+  echo "debian13: the root is up to date with the archive ($(($(seconds) - t0)) s)"
+fi
 
 # 3. The command.
 if [ $# -eq 0 ]; then set -- bash; fi

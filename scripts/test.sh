@@ -35,12 +35,23 @@ if [ "$DEBIAN13" = 1 ]; then
   # made while this machine builds; its log goes to a file.
   mkdir -p "$BUILD_DIR"
   prepare_log=$PWD/$BUILD_DIR/debian13-prepare.log
-  bash scripts/debian13.sh true >"$prepare_log" 2>&1 &
+  SEQPACK_DEBIAN13_REFRESH=1 bash scripts/debian13.sh true >"$prepare_log" 2>&1 &
   prepare_pid=$!
 fi
 
 stage "setup: build"
 bash scripts/setup.sh
+
+stage "versions: $(. /etc/os-release && echo "$PRETTY_NAME"), $(uname -m)"
+# What this stage tests with (a fresh machine may get newer ones: the Debian 13
+# root is brought up to date before its stage, scripts/debian13.sh).
+dpkg-query -W -f='  ${Package} ${Version}\n' python3-torch libdnnl-dev libhwy-dev g++ \
+  python3 libopenblas-dev 2>/dev/null || true
+PYTHONPATH="$PWD/$BUILD_DIR/python" /usr/bin/python3 -c '
+import seqpack, torch
+info = seqpack.cpu_info()
+print("  torch", torch.__version__, "| oneDNN", info["onednn_version"], "ISA", info["isa"], "| seqpack kernels",
+      info["kernels"], "| bf16", info["bf16"], "| int8", info["int8_kernel"])' || true
 
 stage "fixtures: regenerate with PyTorch and compare with the committed ones"
 /usr/bin/python3 scripts/check_fixtures.py

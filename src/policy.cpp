@@ -29,10 +29,14 @@ std::string lower(std::string v) {
 cpu::IsaLevel isa_level(const std::string& value) {
   const std::string v = lower(value);
   if (v.empty() || v == "avx512") return cpu::IsaLevel::avx512;
-  if (v == "avx2") return cpu::IsaLevel::avx2;
-  if (v == "sse4") return cpu::IsaLevel::sse4;
+  for (const cpu::IsaLevel level : {cpu::IsaLevel::avx3_zen4, cpu::IsaLevel::avx3_dl,
+                                    cpu::IsaLevel::avx3, cpu::IsaLevel::avx2,
+                                    cpu::IsaLevel::sse4}) {
+    if (v == cpu::isa_level_name(level)) return level;
+  }
   throw std::invalid_argument("SEQPACK_MAX_CPU_ISA = '" + value +
-                              "' is not one of avx512, avx2, sse4 (or unset)");
+                              "' is not one of avx512, avx3_zen4, avx3_dl, avx3, avx2, sse4 "
+                              "(or unset)");
 }
 
 cpu::Int8Kernel int8_kernel(const std::string& v) {

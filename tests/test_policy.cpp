@@ -117,7 +117,7 @@ TEST(Policy, BadSettingsAreRefusedByNameAndNothingIsInstalled) {
   };
   Policy p = good;
   p.max_cpu_isa = "avx9";
-  refused(p, "SEQPACK_MAX_CPU_ISA = 'avx9' is not one of avx512, avx2, sse4");
+  refused(p, "SEQPACK_MAX_CPU_ISA = 'avx9' is not one of avx512, avx3_zen4, avx3_dl, avx3, avx2, sse4");
   p = good;
   p.int8_kernel = "fast";
   refused(p, "SEQPACK_INT8_KERNEL: 'fast' is not auto, amx, vnni, avx2 or scalar");
@@ -186,6 +186,49 @@ TEST(Policy, TheIsaCapMovesHighwaysDispatchBothWays) {
   EXPECT_TRUE(testing::fp_close(small.output, wide.output, 6, DType::f32, "output"));
   EXPECT_TRUE(testing::fp_close(small.h_n, wide.h_n, 6, DType::f32, "h_n"));
 
+  set_policy(Policy{});
+  EXPECT_EQ(cpu_info().kernels, widest);
+}
+
+// The AVX-512 levels cap Highway's AVX-512 targets one by one: under avx3
+// the kernels run Highway's plain AVX3 target where the CPU has AVX-512
+// (AVX2's elsewhere), never AVX3_DL, AVX3_ZEN4 or AVX3_SPR; each level gives
+// a target no wider than the next level's, and the same results.
+TEST(Policy, TheAvx512LevelsCapHighwaysTargetsOneByOne) {
+  const PolicyGuard guard;
+  set_policy(Policy{});
+  const std::string widest = cpu_info().kernels;
+  const bool avx512 = widest.rfind("AVX3", 0) == 0;
+  RNNOptions o;
+  o.mode = RNNMode::lstm;
+  o.input_size = 3;
+  o.hidden_size = 13;
+  std::mt19937_64 gen(11);
+  std::vector<Tensor> w;
+  for (const Shape& s : rnn_parameter_shapes(o)) w.push_back(testing::random_tensor(s, 0.3, gen));
+  const PackingPlan plan = PackingPlan::from_lengths({5, 5, 5}, /*enforce_sorted=*/true);
+  const Tensor x = testing::random_tensor({plan.total_rows(), o.input_size}, 1.0, gen);
+  const auto run = [&] { return rnn_forward(o, w, x, plan, Tensor(), Tensor(), false, false); };
+  const RNNForwardResult wide = run();
+  const auto allowed = [](const std::string& level, const std::string& target) {
+    if (target.rfind("AVX3", 0) != 0) return true;  // AVX2 or below: under every level
+    if (level == "avx3") return target == "AVX3";
+    if (level == "avx3_dl") return target == "AVX3" || target == "AVX3_DL";
+    return target != "AVX3_SPR";  // avx3_zen4
+  };
+  for (const std::string level : {"avx3", "avx3_dl", "avx3_zen4"}) {
+    SCOPED_TRACE(level);
+    Policy capped;
+    capped.max_cpu_isa = level;
+    set_policy(capped);
+    const std::string target = cpu_info().kernels;
+    EXPECT_EQ(cpu_info().isa_cap, level);
+    EXPECT_TRUE(allowed(level, target)) << target;
+    if (avx512) EXPECT_EQ(target.rfind("AVX3", 0), 0u) << target;  // AVX-512 stays on
+    const RNNForwardResult r = run();
+    EXPECT_TRUE(testing::fp_close(r.output, wide.output, 5 * (3 + 13 + 16), DType::f32, "output"));
+    EXPECT_TRUE(testing::fp_close(r.h_n, wide.h_n, 5 * (3 + 13 + 16), DType::f32, "h_n"));
+  }
   set_policy(Policy{});
   EXPECT_EQ(cpu_info().kernels, widest);
 }

@@ -157,8 +157,8 @@ bool vnni_int8_supported() {
   static const bool cpu = __builtin_cpu_supports("avx512vnni") &&
                           __builtin_cpu_supports("avx512bw") &&
                           __builtin_cpu_supports("avx512vl");
-  // SEQPACK_MAX_CPU_ISA below avx512 rules the kernel out like a smaller CPU.
-  return cpu && has_int8_dot_products() && isa_cap() == IsaLevel::avx512;
+  // SEQPACK_MAX_CPU_ISA below avx3 rules the kernel out like a smaller CPU.
+  return cpu && has_int8_dot_products() && avx512_allowed(isa_cap());
 }
 
 bool avx2_int8_supported() {

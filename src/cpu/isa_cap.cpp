@@ -16,15 +16,14 @@ std::atomic<uint64_t> generation{0};
 // are simply absent).
 int64_t targets_above(IsaLevel level) {
   int64_t disabled = 0;
-  if (level < IsaLevel::avx512) {
-    disabled |= HWY_AVX3 | HWY_AVX3_DL;
-#ifdef HWY_AVX3_ZEN4
-    disabled |= HWY_AVX3_ZEN4;
-#endif
 #ifdef HWY_AVX3_SPR
-    disabled |= HWY_AVX3_SPR;
+  if (level < IsaLevel::avx512) disabled |= HWY_AVX3_SPR;
 #endif
-  }
+#ifdef HWY_AVX3_ZEN4
+  if (level < IsaLevel::avx3_zen4) disabled |= HWY_AVX3_ZEN4;
+#endif
+  if (level < IsaLevel::avx3_dl) disabled |= HWY_AVX3_DL;
+  if (level < IsaLevel::avx3) disabled |= HWY_AVX3;
   if (level < IsaLevel::avx2) disabled |= HWY_AVX2;
   return disabled;
 }
@@ -52,6 +51,12 @@ const char* isa_level_name(IsaLevel level) {
       return "sse4";
     case IsaLevel::avx2:
       return "avx2";
+    case IsaLevel::avx3:
+      return "avx3";
+    case IsaLevel::avx3_dl:
+      return "avx3_dl";
+    case IsaLevel::avx3_zen4:
+      return "avx3_zen4";
     case IsaLevel::avx512:
       break;
   }

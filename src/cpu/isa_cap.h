@@ -11,7 +11,15 @@
 
 namespace seqpack::cpu {
 
-enum class IsaLevel : int { sse4 = 0, avx2 = 1, avx512 = 2 };
+// sse4 and avx2 cap every kernel; avx3, avx3_dl and avx3_zen4 leave
+// AVX-512 on and cap Highway's AVX-512 targets only (the gate, small-GEMM and
+// Adam kernels: Highway's AVX3 target, then AVX3_DL, then AVX3_ZEN4), so a
+// test can run each target the CPU offers; avx512 caps nothing.
+enum class IsaLevel : int { sse4 = 0, avx2 = 1, avx3 = 2, avx3_dl = 3, avx3_zen4 = 4, avx512 = 5 };
+
+// Whether the cap leaves AVX-512 on (the hand-written AVX-512 kernels: int8
+// VNNI and AMX, the bf16 rows).
+inline bool avx512_allowed(IsaLevel level) { return level >= IsaLevel::avx3; }
 
 // The cap (avx512, the widest, until set_isa_cap sets another).
 IsaLevel isa_cap();
@@ -25,7 +33,7 @@ uint64_t isa_generation();
 // Counts a change of the kernels other than the cap's (set_bf16_emulation).
 void count_kernel_change();
 
-// "avx512", "avx2", "sse4".
+// "avx512", "avx3_zen4", "avx3_dl", "avx3", "avx2", "sse4".
 const char* isa_level_name(IsaLevel level);
 
 }  // namespace seqpack::cpu
