@@ -102,3 +102,73 @@ def assert_like_torch(actual, expected, m, lengths, what):
     """A result of module `m` over a batch of `lengths` against torch.nn's on the
     same inputs: assert_fp_close at the module's reduction length."""
     assert_fp_close(actual, expected, module_reduction_length(m, lengths), what=what)
+
+
+# ---- int8 (dynamic quantization) --------------------------------------------
+
+def int8_product_error(k, a_max, w_max):
+    """The most a k-term product's sum can move when both operands are
+    quantized as seqpack's int8 does (docs/performance.md, "int8 numerics"):
+    a row of the layer input or of h over at least 127 levels of its range
+    (step <= 2 * a_max / 127, so each a is off by at most a_max / 127), the
+    weights symmetric over 127 levels of their unit's max|w| (each off by at
+    most w_max / 254). A term a'w' - aw is off by at most
+    |da||w| + |a||dw| + |da||dw|."""
+    da, dw = a_max / 127.0, w_max / 254.0
+    return k * (da * w_max + a_max * dw + da * dw)
+
+
+def int8_rnn_bound(m, x_max, steps, h_max=1.0, h0_zero=True):
+    """A first-order bound on |int8 - exact| for the outputs and states of
+    torch.nn-style recurrent module `m` (its parameters give the weights'
+    magnitudes) over inputs of magnitude at most x_max and `steps` steps.
+    Each step's products are off by int8_product_error, plus what the error
+    already in h (and, above the first layer, in the layer input) moves them;
+    the gate math passes errors on at most at its derivatives' bounds
+    (sigmoid 1/4, tanh and relu 1), the LSTM cell adds its gates' errors
+    weighted by |c| <= t, GRU's h = (1-z) n + z h_prev by |n - h_prev| <= 2.
+    h_max bounds |h| (1 for tanh-bounded cells; a relu RNN's comes from the
+    reference). The bound grows with the steps and is meant for short
+    sequences, where it is tight enough to catch a wrong result."""
+    mode = getattr(m, "mode", "RNN_TANH")
+    H = m.hidden_size
+    proj = getattr(m, "proj_size", 0)
+    R = proj or H
+    D = 2 if m.bidirectional else 1
+    in_k, a_in, e_in = m.input_size, float(x_max), 0.0
+    worst = 0.0
+
+    def wmax(name):
+        p = getattr(m, name, None)
+        return 0.0 if p is None else float(p.detach().abs().max())
+
+    for layer in range(m.num_layers):
+        e_out = 0.0
+        for d in range(D):
+            sfx = f"_l{layer}" + ("_reverse" if d else "")
+            w_ih, w_hh, w_hr = wmax("weight_ih" + sfx), wmax("weight_hh" + sfx), wmax("weight_hr" + sfx)
+            b = getattr(m, "bias_hh" + sfx, None)
+            b_hn = 0.0 if b is None or mode != "GRU" else float(b.detach()[2 * H:].abs().max())
+            e_h = e_c = c_max = 0.0
+            for t in range(int(steps)):
+                px = int8_product_error(in_k, a_in, w_ih) + in_k * w_ih * e_in
+                ph = 0.0
+                if t > 0 or not h0_zero:
+                    ph = int8_product_error(R, h_max, w_hh) + R * w_hh * e_h
+                if mode == "LSTM":
+                    p = px + ph
+                    e_c = e_c + c_max * p / 4 + p / 4 + p  # f c_prev + i g
+                    c_max += 1.0
+                    e_m = e_c + p / 4  # o tanh(c)
+                    e_h = e_m if not proj else int8_product_error(H, 1.0, w_hr) + H * w_hr * e_m
+                    worst = max(worst, e_c)
+                elif mode == "GRU":
+                    e_gate = (px + ph) / 4
+                    e_n = px + ph + (R * w_hh * h_max + b_hn) * e_gate
+                    e_h = e_h + 2 * e_gate + e_n
+                else:
+                    e_h = px + ph
+                worst = max(worst, e_h)
+            e_out = max(e_out, e_h)
+        in_k, a_in, e_in = D * R, h_max, e_out
+    return worst
