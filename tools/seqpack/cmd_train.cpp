@@ -629,12 +629,30 @@ void check_data_readable(const TrainArgs& a) {
   }
 }
 
+// Whether --out is to be checked against --data before the model directory
+// is opened: where --data is a regular file (load_tsv refuses anything else,
+// by name) and --out is not '/', the working directory or one of its
+// ancestors (ModelDirWriter refuses those, by name, whatever they hold).
+bool out_may_hold_data(const TrainArgs& a) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  if (a.data.empty() || !fs::is_regular_file(a.data, ec)) return false;
+  const fs::path out = fs::weakly_canonical(fs::absolute(a.out, ec), ec);
+  if (ec) return true;
+  const fs::path here = fs::weakly_canonical(fs::current_path(ec), ec);
+  if (ec) return true;
+  auto o = out.begin(), h = here.begin();
+  for (; o != out.end() && h != here.end() && *o == *h; ++o, ++h) {
+  }
+  return o != out.end();  // not '/', the working directory or an ancestor of it
+}
+
 void run_train(TrainArgs a) {
   seqpack::cli::place_threads(a.threads);
   check_data_readable(a);
   // --out changes as one unit (a staging directory swapped in): a --data
   // inside it would be moved aside or deleted with the old model.
-  if (!a.data.empty()) check_output_not_input(a.out, "--out directory", {{"--data file", a.data}});
+  if (out_may_hold_data(a)) check_output_not_input(a.out, "--out directory", {{"--data file", a.data}});
   RunDirs d = open_dirs(a);
   if (d.ck) {
     if (d.ck->epoch >= a.epochs) {
