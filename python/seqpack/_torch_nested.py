@@ -24,6 +24,7 @@ downward only): _torch_layers calls `forward`.
 """
 from typing import Optional, Tuple
 
+import numpy as np
 import torch
 from torch import Tensor
 from torch.nn.utils.rnn import PackedSequence
@@ -45,6 +46,11 @@ MIN_TORCH = (2, 6)
 # uses them are tested on PyTorch 2.6 (torch.jagged itself came earlier, with
 # gaps: older versions are refused rather than half-working).
 HAS_JAGGED = hasattr(torch, "jagged") and _version(torch.__version__) >= MIN_TORCH
+if HAS_JAGGED:
+    from torch.nested._internal.nested_tensor import NestedTensor as _JAGGED_CLASS
+    from torch.nested._internal.nested_tensor import ViewNestedFromBuffer as _ViewNested
+else:
+    _JAGGED_CLASS = _ViewNested = None
 
 
 def _require_jagged(where: str) -> None:
@@ -57,13 +63,15 @@ def _require_jagged(where: str) -> None:
 
 
 def check(input: Tensor, where: str) -> None:
-    """A nested tensor seqpack takes: jagged layout, (batch, ragged steps, features)."""
+    """A nested tensor seqpack takes: jagged layout, (batch, ragged steps, features).
+    (The jagged class's own attributes: its layout and dim() cost several µs each,
+    through torch's __torch_function__.)"""
     _require_jagged(where)
-    if input.layout != torch.jagged:
+    if not isinstance(input, _JAGGED_CLASS):
         raise ValueError(f"{where}: the nested tensor has layout {input.layout}; seqpack takes "
                          f"layout=torch.jagged (torch.nested.nested_tensor(seqs, "
                          f"layout=torch.jagged))")
-    if input.dim() != 3 or input._ragged_idx != 1:
+    if input._values.dim() != 2 or input._ragged_idx != 1:
         raise ValueError(f"{where}: the nested tensor must have shape (batch, ragged steps, "
                          f"features), got {input.dim()}-D with ragged dimension "
                          f"{input._ragged_idx} (shape {list(input.shape)})")
@@ -79,28 +87,36 @@ def _plan(offsets: Tensor, lengths: Optional[Tensor]
           ) -> Tuple[Tensor, Tensor, Tensor, Tensor, Tensor, int, bool]:
     """From a nested tensor's offsets (and lengths, where it is not contiguous):
     (gather: the values row of each packed row, in packed order; scatter: the
-    packed row of each values row (contiguous only, else empty); batch_sizes
-    (int64, CPU); sorted_indices; unsorted_indices; the longest length; whether
-    gather is the identity). Tensors on the CPU."""
-    off = offsets.to(device="cpu", dtype=torch.int64)
+    packed row of each values row (contiguous only, else empty); batch_sizes;
+    sorted_indices; unsorted_indices; the longest length; whether gather is the
+    identity). int64 tensors on the CPU, made in NumPy (a few µs per operation
+    fewer than torch's on these small arrays: the plan is most of what a nested
+    forward adds to a packed one)."""
+    off = offsets.detach().to(device="cpu", dtype=torch.int64).numpy()
     starts = off[:-1]
-    lens = off[1:] - starts if lengths is None else lengths.to(device="cpu", dtype=torch.int64)
-    B = lens.numel()
-    sorted_lengths, order = torch.sort(lens, descending=True, stable=True)
+    if lengths is None:
+        lens = off[1:] - starts
+    else:
+        lens = lengths.detach().to(device="cpu", dtype=torch.int64).numpy()
+    B = lens.shape[0]
+    order = np.argsort(-lens, kind="stable")
+    sorted_lengths = lens[order]
     T = int(sorted_lengths[0]) if B else 0
-    present = sorted_lengths.unsqueeze(0) > torch.arange(T).unsqueeze(1)  # [T, B]
-    t, k = present.nonzero(as_tuple=True)  # row-major: the packed order
+    present = sorted_lengths[None, :] > np.arange(T)[:, None]  # [T, B]
+    t, k = np.nonzero(present)  # row-major: the packed order
     gather = starts[order[k]] + t
     batch_sizes = present.sum(1)
-    unsorted = torch.empty_like(order)
-    unsorted[order] = torch.arange(B)
+    unsorted = np.empty_like(order)
+    unsorted[order] = np.arange(B)
     identity = lengths is None and (T <= 1 or int(batch_sizes[0]) <= 1)
     if lengths is None:
-        scatter = torch.empty_like(gather)
-        scatter[gather] = torch.arange(gather.numel())
+        scatter = np.empty_like(gather)
+        scatter[gather] = np.arange(gather.shape[0])
     else:
-        scatter = gather.new_empty((0,))
-    return gather, scatter, batch_sizes, order, unsorted, T, identity
+        scatter = gather[:0]
+    as_torch = torch.from_numpy
+    return (as_torch(gather), as_torch(scatter), as_torch(batch_sizes.astype(np.int64)),
+            as_torch(order), as_torch(unsorted), T, identity)
 
 
 if hasattr(torch.library, "custom_op"):
@@ -136,9 +152,14 @@ class _Layout:
 
 
 def _pack(input: Tensor) -> Tuple[PackedSequence, _Layout]:
-    values = input.values()
-    offsets = input.offsets()
-    lengths = input.lengths()
+    offsets = input._offsets
+    lengths = input._lengths
+    # values() is the differentiable view of the rows (autograd links them to
+    # the nested tensor); without autograd the buffer itself, µs sooner.
+    if torch.is_grad_enabled() and input.requires_grad:
+        values = input.values()
+    else:
+        values = input._values
     device = values.device
     if _compiling():
         if lengths is not None:
@@ -174,9 +195,14 @@ def _unpack(data: Tensor, layout: _Layout) -> Tensor:
             0, layout.gather.to(data.device), data)
     if _compiling():
         return torch.nested.nested_tensor_from_jagged(values, layout.offsets)
-    longest = layout.longest
-    return torch.nested.nested_tensor_from_jagged(values, layout.offsets, lengths=layout.lengths,
-                                                  max_seqlen=longest if longest else None)
+    if values.requires_grad:
+        if layout.lengths is not None:
+            return torch.nested.nested_tensor_from_jagged(values, layout.offsets,
+                                                          lengths=layout.lengths)
+        # torch's differentiable view (what nested_tensor_from_jagged makes of
+        # values and offsets), without its dispatch through an operator.
+        return _ViewNested.apply(values, layout.offsets)
+    return _JAGGED_CLASS(values, layout.offsets, lengths=layout.lengths, _ragged_idx=1)
 
 
 # ---- public conversions -------------------------------------------------------
@@ -191,7 +217,7 @@ def pack_nested(input: Tensor) -> PackedSequence:
                         f"(torch.nested.nested_tensor(seqs, layout=torch.jagged)), got "
                         f"{_describe(input)}")
     _require_jagged("seqpack.torch.pack_nested")
-    if input.layout != torch.jagged or input._ragged_idx != 1:
+    if not isinstance(input, _JAGGED_CLASS) or input._ragged_idx != 1:
         raise ValueError(f"seqpack.torch.pack_nested: the nested tensor must have layout "
                          f"torch.jagged with its ragged dimension 1 (batch, ragged steps, *), "
                          f"got layout {input.layout}, shape {list(input.shape)}")
