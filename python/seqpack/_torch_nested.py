@@ -140,6 +140,39 @@ if hasattr(torch.library, "custom_op"):
                 offsets.new_empty((B,), dtype=torch.int64))
 
 
+class _RowsOfNested(torch.autograd.Function):
+    """A contiguous nested tensor's values gathered by `gather` (the packed rows),
+    differentiable into the nested tensor itself: its gradient is made as one
+    nested tensor of the rows scattered back (torch's values() view would add
+    a nested tensor operation or two, each a Python dispatch, per backward)."""
+
+    @staticmethod
+    def forward(ctx, input, gather, scatter):
+        ctx.scatter, ctx.offsets = scatter, input._offsets
+        return input._values.index_select(0, gather)
+
+    @staticmethod
+    def backward(ctx, grad):
+        return _JAGGED_CLASS(grad.index_select(0, ctx.scatter), ctx.offsets, _ragged_idx=1), \
+            None, None
+
+
+class _NestedOfRows(torch.autograd.Function):
+    """Packed rows -> the contiguous nested tensor of `offsets`, the rows in its order
+    (`scatter`), differentiable: the gradient is the nested gradient's values
+    gathered back (`gather`)."""
+
+    @staticmethod
+    def forward(ctx, data, scatter, gather, offsets):
+        ctx.gather = gather
+        return _JAGGED_CLASS(data.index_select(0, scatter), offsets, _ragged_idx=1)
+
+    @staticmethod
+    def backward(ctx, grad):
+        values = grad._values if isinstance(grad, _JAGGED_CLASS) else grad.values()
+        return values.index_select(0, ctx.gather), None, None, None
+
+
 class _Layout:
     """What a nested tensor's packing remembers to unpack a result into its
     layout: its offsets and lengths, values row count, scatter, gather, and
@@ -172,7 +205,10 @@ def _pack(input: Tensor) -> Tuple[PackedSequence, _Layout]:
         packed = _traced_packed(data, batch_sizes, order, unsorted)
         return packed, _Layout(offsets, None, values.size(0), gather, scatter, False, None)
     gather, scatter, batch_sizes, order, unsorted, T, identity = _plan(offsets, lengths)
-    if identity:
+    if lengths is None and torch.is_grad_enabled() and input.requires_grad:
+        gather, scatter = gather.to(device), scatter.to(device)
+        data = _RowsOfNested.apply(input, gather, scatter)
+    elif identity:
         data = values
     else:
         gather = gather.to(device)
@@ -186,6 +222,9 @@ def _pack(input: Tensor) -> Tuple[PackedSequence, _Layout]:
 def _unpack(data: Tensor, layout: _Layout) -> Tensor:
     """Packed rows of the layout's batch (any trailing shape) -> the nested tensor with
     its offsets (and lengths: the rows between sequences are then zeros)."""
+    if layout.lengths is None and data.requires_grad and not _compiling():
+        return _NestedOfRows.apply(data, layout.scatter, layout.gather.to(data.device),
+                                   layout.offsets)
     if layout.identity:
         values = data
     elif layout.lengths is None:
