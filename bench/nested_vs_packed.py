@@ -7,7 +7,11 @@ is made as a nested tensor `nt` and as `pack_nested(nt)`; the layer is timed on
 each, in paired rounds: every round times both calls (alternating which goes
 first) over --reps calls each and takes the ratio of their medians; the ratio
 printed is the median of the rounds' ratios (a slow moment of a shared machine
-hits both sides of a round). Forward: under no_grad. Training step: zero_grad,
+hits both sides of a round), in wall time and in process CPU time (the machine
+is shared). --malloc tuned runs with glibc's mmap and trim thresholds raised
+(docs/performance.md, "PyTorch's allocator"): the nested call allocates its
+gathered rows afresh on every call, which glibc's defaults may serve with
+mmap and page faults, while the packed side's input is one tensor. Forward: under no_grad. Training step: zero_grad,
 forward, sum of the output rows + sum of h_n, backward (gradients into the
 layer's weights and into the input rows, which require grad on both sides).
 
@@ -17,15 +21,21 @@ into packed order and one of the output rows back, and the nested output's
 construction; their backward adds the two gathers' scatter.
 
     bash scripts/debian13.sh bash -c 'PYTHONPATH=$PWD/build-debian13/python:$PWD/python \\
-        /usr/bin/python3 bench/nested_vs_packed.py [--rounds 11] [--reps 20] [--threads 1]'
+        /usr/bin/python3 bench/nested_vs_packed.py [--rounds 11] [--reps 20] [--threads 1] \\
+        [--malloc tuned]'
 """
 import argparse
+import os
 import statistics
+import sys
 import time
 
 import torch
 
 import seqpack.torch as st
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from torch_threads import add_malloc_option, apply_malloc, malloc_settings  # noqa: E402
 
 # (name, layer class, batch, longest length, input size, hidden size, layers)
 WORKLOADS = [
@@ -66,27 +76,32 @@ def train_call(m, x):
 
 
 def median_time(fn, reps):
-    times = []
+    """(median wall s, median process CPU s) per call."""
+    wall, cpu = [], []
     for _ in range(reps):
-        t0 = time.perf_counter()
+        c0, t0 = time.process_time(), time.perf_counter()
         fn()
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times)
+        wall.append(time.perf_counter() - t0)
+        cpu.append(time.process_time() - c0)
+    return statistics.median(wall), statistics.median(cpu)
 
 
 def paired_ratio(call, m, nt, packed, rounds, reps):
-    """(median over rounds of nested/packed, median nested s, median packed s)."""
+    """Medians over rounds: (nested/packed wall, nested/packed CPU, nested wall s,
+    packed wall s)."""
     call(m, nt), call(m, packed)  # warm-up (first-call allocations, lazy imports)
-    ratios, tn, tp = [], [], []
+    wall_ratios, cpu_ratios, tn, tp = [], [], [], []
     for r in range(rounds):
         sides = [("n", nt), ("p", packed)]
         if r % 2:
             sides.reverse()
         got = {k: median_time(lambda x=x: call(m, x), reps) for k, x in sides}
-        ratios.append(got["n"] / got["p"])
-        tn.append(got["n"])
-        tp.append(got["p"])
-    return statistics.median(ratios), statistics.median(tn), statistics.median(tp)
+        wall_ratios.append(got["n"][0] / got["p"][0])
+        cpu_ratios.append(got["n"][1] / max(got["p"][1], 1e-9))
+        tn.append(got["n"][0])
+        tp.append(got["p"][0])
+    return (statistics.median(wall_ratios), statistics.median(cpu_ratios), statistics.median(tn),
+            statistics.median(tp))
 
 
 def main():
@@ -95,21 +110,24 @@ def main():
     p.add_argument("--reps", type=int, default=20)
     p.add_argument("--threads", type=int, default=1, help="torch.set_num_threads")
     p.add_argument("--seed", type=int, default=62)
+    add_malloc_option(p)
     args = p.parse_args()
     if args.rounds < 1 or args.reps < 1:
         raise SystemExit(f"nested_vs_packed: --rounds {args.rounds} and --reps {args.reps} "
                          f"must be >= 1")
+    apply_malloc(args.malloc)
     torch.set_num_threads(args.threads)
     print(f"torch {torch.__version__}, {args.threads} thread(s), {args.rounds} paired rounds "
-          f"x {args.reps} calls; times are medians per call")
-    print(f"{'workload':32} {'rows':>6} {'fwd packed':>11} {'fwd nested':>11} {'ratio':>6} "
-          f"{'step packed':>12} {'step nested':>12} {'ratio':>6}")
+          f"x {args.reps} calls; times are wall medians per call, ratios nested/packed "
+          f"(wall, process CPU); allocator: {malloc_settings()}")
+    print(f"{'workload':30} {'rows':>5} {'fwd packed':>10} {'nested':>9} {'wall':>5} {'cpu':>5} "
+          f"{'step packed':>11} {'nested':>9} {'wall':>5} {'cpu':>5}")
     for name, cls, B, T, F, H, layers in WORKLOADS:
         m, nt, packed = make(cls, B, T, F, H, layers, args.seed)
-        fr, fn, fp = paired_ratio(forward_call, m, nt, packed, args.rounds, args.reps)
-        tr, tn, tp = paired_ratio(train_call, m, nt, packed, args.rounds, args.reps)
-        print(f"{name:32} {packed.data.size(0):6d} {fp * 1e3:9.3f}ms {fn * 1e3:9.3f}ms "
-              f"{fr:6.3f} {tp * 1e3:10.3f}ms {tn * 1e3:10.3f}ms {tr:6.3f}")
+        fw, fc, fn, fp = paired_ratio(forward_call, m, nt, packed, args.rounds, args.reps)
+        tw, tc, tn, tp = paired_ratio(train_call, m, nt, packed, args.rounds, args.reps)
+        print(f"{name:30} {packed.data.size(0):5d} {fp * 1e3:8.3f}ms {fn * 1e3:7.3f}ms "
+              f"{fw:5.2f} {fc:5.2f} {tp * 1e3:9.3f}ms {tn * 1e3:7.3f}ms {tw:5.2f} {tc:5.2f}")
 
 
 if __name__ == "__main__":
