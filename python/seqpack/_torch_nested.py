@@ -187,51 +187,47 @@ class _Layout:
 def _pack(input: Tensor) -> Tuple[PackedSequence, _Layout]:
     offsets = input._offsets
     lengths = input._lengths
-    # values() is the differentiable view of the rows (autograd links them to
-    # the nested tensor); without autograd the buffer itself, µs sooner.
-    if torch.is_grad_enabled() and input.requires_grad:
-        values = input.values()
-    else:
-        values = input._values
-    device = values.device
+    rows = input._values.size(0)
+    # Under autograd the rows are taken through a differentiable function of the
+    # nested tensor (values(), or _RowsOfNested); without it from its buffer itself.
+    grad = torch.is_grad_enabled() and input.requires_grad
     if _compiling():
         if lengths is not None:
             raise NotImplementedError(
                 "seqpack.torch under torch.compile takes contiguous nested tensors only (this "
                 "one has lengths: a narrowed or sliced one); pass nt.contiguous()")
         gather, scatter, batch_sizes, order, unsorted = torch.ops.seqpack_nested.plan(
-            offsets, values.size(0))
-        data = values.index_select(0, gather)
+            offsets, rows)
+        data = input.values().index_select(0, gather)
         packed = _traced_packed(data, batch_sizes, order, unsorted)
-        return packed, _Layout(offsets, None, values.size(0), gather, scatter, False, None)
+        return packed, _Layout(offsets, None, rows, gather, scatter, False, None)
     gather, scatter, batch_sizes, order, unsorted, T, identity = _plan(offsets, lengths)
-    if lengths is None and torch.is_grad_enabled() and input.requires_grad:
-        gather, scatter = gather.to(device), scatter.to(device)
+    device = input._values.device
+    gather, scatter = gather.to(device), scatter.to(device)
+    if identity:
+        data = input.values() if grad else input._values
+    elif grad and lengths is None:
         data = _RowsOfNested.apply(input, gather, scatter)
-    elif identity:
-        data = values
     else:
-        gather = gather.to(device)
-        data = values.index_select(0, gather)
+        data = (input.values() if grad else input._values).index_select(0, gather)
     packed = tuple.__new__(PackedSequence, (data, batch_sizes, order.to(device),
                                             unsorted.to(device)))
-    return packed, _Layout(offsets, lengths, values.size(0), gather, scatter.to(device), identity,
-                           T)
+    return packed, _Layout(offsets, lengths, rows, gather, scatter, identity, T)
 
 
 def _unpack(data: Tensor, layout: _Layout) -> Tensor:
     """Packed rows of the layout's batch (any trailing shape) -> the nested tensor with
     its offsets (and lengths: the rows between sequences are then zeros)."""
-    if layout.lengths is None and data.requires_grad and not _compiling():
-        return _NestedOfRows.apply(data, layout.scatter, layout.gather.to(data.device),
-                                   layout.offsets)
+    if (layout.lengths is None and not layout.identity and data.requires_grad
+            and not _compiling()):
+        return _NestedOfRows.apply(data, layout.scatter, layout.gather, layout.offsets)
     if layout.identity:
         values = data
     elif layout.lengths is None:
         values = data.index_select(0, layout.scatter)
     else:
         values = data.new_zeros((layout.rows,) + tuple(data.shape[1:])).index_copy(
-            0, layout.gather.to(data.device), data)
+            0, layout.gather, data)
     if _compiling():
         return torch.nested.nested_tensor_from_jagged(values, layout.offsets)
     if values.requires_grad:
