@@ -3,6 +3,8 @@
 PackedSequence (pack_sequence(seqs, enforce_sorted=False)): outputs, h_n,
 c_n and every gradient (values, h0, c0, weights). PyTorch 2.6+; on an older
 torch only the error that names the version needed is tested."""
+import importlib.util
+
 import pytest
 import torch
 
@@ -272,9 +274,17 @@ def test_conversions_are_differentiable():
 
 # ---- torch.compile --------------------------------------------------------------------
 
+HAS_SETUPTOOLS = importlib.util.find_spec("setuptools.command") is not None
+
+
 @needs_jagged
-@pytest.mark.parametrize("cls", [st.LSTM, st.GRU])
-def test_compile_fullgraph(cls):
+@pytest.mark.parametrize("cls,backend", [
+    (st.LSTM, "aot_eager"), (st.GRU, "aot_eager"),
+    pytest.param(st.LSTM, "inductor", marks=pytest.mark.skipif(
+        not HAS_SETUPTOOLS, reason="torch.compile's default backend (inductor) needs "
+                                   "setuptools (Debian: python3-setuptools)"))],
+    ids=["LSTM", "GRU", "LSTM-inductor"])
+def test_compile_fullgraph(cls, backend):
     """fullgraph torch.compile of a layer on a nested tensor: forward and backward
     equal eager's, for three batches (static, then dynamic shapes)."""
     import torch._dynamo.testing
@@ -287,7 +297,7 @@ def test_compile_fullgraph(cls):
         h_n = hidden[0] if isinstance(hidden, tuple) else hidden
         return out, h_n
 
-    counter = torch._dynamo.testing.CompileCounterWithBackend("aot_eager")
+    counter = torch._dynamo.testing.CompileCounterWithBackend(backend)
     compiled = torch.compile(f, fullgraph=True, backend=counter)
     n = rnn_reduction_length(4, 6, 2, True, 11)
     for lengths in ([3, 0, 5, 1, 2], [2, 4, 1, 1, 3, 1], [7, 1, 2]):
