@@ -201,6 +201,11 @@ def _pack(input: Tensor) -> Tuple[PackedSequence, _Layout]:
         data = input.values().index_select(0, gather)
         packed = _traced_packed(data, batch_sizes, order, unsorted)
         return packed, _Layout(offsets, None, rows, gather, scatter, False, None)
+    if offsets.is_meta:
+        raise NotImplementedError(
+            "seqpack.torch: the nested tensor's offsets are on the meta device, which holds no "
+            "values: packing it needs them (its lengths decide the packed order); make the "
+            "nested tensor on a real device")
     gather, scatter, batch_sizes, order, unsorted, T, identity = _plan(offsets, lengths)
     device = input._values.device
     gather, scatter = gather.to(device), scatter.to(device)

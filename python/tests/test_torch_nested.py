@@ -253,6 +253,27 @@ def test_to_nested_from_padded(batch_first):
 
 
 @needs_jagged
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.int64, torch.bool])
+def test_conversions_any_dtype(dtype):
+    seqs = [torch.arange(2 * n).view(n, 2).to(dtype) for n in (2, 0, 3)]
+    nt = torch.nested.nested_tensor(seqs, layout=torch.jagged)
+    packed = st.pack_nested(nt)
+    assert torch.equal(packed.data, st.pack_sequence(seqs, enforce_sorted=False).data)
+    assert torch.equal(st.to_nested(packed).values(), nt.values())
+
+
+@needs_jagged
+def test_meta_device():
+    """to_nested runs on meta data (CPU lengths); a meta nested tensor's offsets have
+    no values to pack by, and that is said."""
+    nt = st.to_nested(torch.empty(3, 4, 2, device="meta"), torch.tensor([3, 0, 2]),
+                      batch_first=True)
+    assert nt.device.type == "meta" and nt.values().shape == (5, 2)
+    with pytest.raises(NotImplementedError, match="offsets are on the meta device"):
+        st.pack_nested(nt)
+
+
+@needs_jagged
 def test_conversions_are_differentiable():
     lengths = [2, 0, 3, 1]
     seqs = [torch.randn(n, 3, dtype=torch.float64) for n in lengths]
