@@ -15,12 +15,17 @@ uncopied. The PackedSequence is the one pack_sequence(seqs,
 enforce_sorted=False) makes: sorted by decreasing length (stable), with
 indices, zero-length sequences kept (they get no rows, h_n is h0 for them).
 
+Under autograd the rows go in and out through _RowsOfNested and _NestedOfRows,
+whose backward make one nested tensor each (torch's values() view and
+nested_tensor_from_jagged would add nested operations, each a Python dispatch).
 Under torch.compile the plan is the custom operator seqpack_nested::plan,
 whose fake implementation gives the packed step count an unbacked size (as
 seqpack::pack_padded_sequence's does), so a layer fed a nested tensor traces
-into one graph (fullgraph=True) with seqpack::rnn. Below seqpack._torch_ops
-and above nothing of seqpack.torch's own modules (STYLE.md: modules import
-downward only): _torch_layers calls `forward`.
+into one graph (fullgraph=True) with seqpack::rnn.
+
+A private module (STYLE.md: modules import downward only): it imports
+_torch_ops and _torch_packing; _torch_layers calls `forward`, seqpack.torch
+re-exports pack_nested and to_nested.
 """
 from typing import Optional, Tuple
 
