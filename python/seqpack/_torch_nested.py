@@ -58,6 +58,30 @@ else:
     _JAGGED_CLASS = _ViewNested = None
 
 
+# PyTorch 2.6's NestedTensor.__init__ spends most of a nested tensor's
+# construction (~45 of ~60 µs) in torch._dynamo.maybe_mark_dynamic, whose only
+# effect is the two index sets _make_nested writes; on 2.6 (checked by
+# test_torch_nested.py against torch's own constructor) seqpack makes its
+# nested tensors that way, on any other version with the constructor.
+_FAST_NESTED = HAS_JAGGED and _version(torch.__version__) == (2, 6)
+
+
+def _make_nested(values: Tensor, offsets: Tensor, lengths: Optional[Tensor] = None) -> Tensor:
+    """NestedTensor(values, offsets, lengths=lengths) with ragged dimension 1, not
+    differentiable (the autograd functions below link it)."""
+    if not _FAST_NESTED:
+        return _JAGGED_CLASS(values, offsets, lengths=lengths, _ragged_idx=1)
+    r = _JAGGED_CLASS.__new__(_JAGGED_CLASS, values, offsets, lengths=lengths, _ragged_idx=1)
+    r._values, r._offsets, r._lengths, r._metadata_cache = values, offsets, lengths, {}
+    # maybe_mark_dynamic(r, 1) and maybe_mark_dynamic(values, 0): the ragged
+    # dimension stays dynamic if the tensor meets torch.compile later.
+    r._dynamo_weak_dynamic_indices = {1}
+    if not hasattr(values, "_dynamo_weak_dynamic_indices"):
+        values._dynamo_weak_dynamic_indices = set()
+    values._dynamo_weak_dynamic_indices.add(0)
+    return r
+
+
 def _require_jagged(where: str) -> None:
     if not HAS_JAGGED:
         raise RuntimeError(
@@ -158,8 +182,7 @@ class _RowsOfNested(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad):
-        return _JAGGED_CLASS(grad.index_select(0, ctx.scatter), ctx.offsets, _ragged_idx=1), \
-            None, None
+        return _make_nested(grad.index_select(0, ctx.scatter), ctx.offsets), None, None
 
 
 class _NestedOfRows(torch.autograd.Function):
@@ -170,7 +193,7 @@ class _NestedOfRows(torch.autograd.Function):
     @staticmethod
     def forward(ctx, data, scatter, gather, offsets):
         ctx.gather = gather
-        return _JAGGED_CLASS(data.index_select(0, scatter), offsets, _ragged_idx=1)
+        return _make_nested(data.index_select(0, scatter), offsets)
 
     @staticmethod
     def backward(ctx, grad):
@@ -247,7 +270,7 @@ def _unpack(data: Tensor, layout: _Layout) -> Tensor:
         # torch's differentiable view (what nested_tensor_from_jagged makes of
         # values and offsets), without its dispatch through an operator.
         return _ViewNested.apply(values, layout.offsets)
-    return _JAGGED_CLASS(values, layout.offsets, lengths=layout.lengths, _ragged_idx=1)
+    return _make_nested(values, layout.offsets, layout.lengths)
 
 
 # ---- public conversions -------------------------------------------------------

@@ -208,6 +208,34 @@ def test_layer_errors():
         m(nested([torch.randn(2), torch.randn(3)]))
 
 
+@needs_jagged
+@pytest.mark.parametrize("with_lengths", [False, True])
+def test_make_nested_is_torchs_constructor(with_lengths):
+    """seqpack's shortcut of NestedTensor's constructor (seqpack/_torch_nested.py,
+    _make_nested) leaves what torch's leaves: the same attributes and dynamo marks."""
+    from torch.nested._internal.nested_tensor import NestedTensor
+    offsets = torch.tensor([0, 2, 2, 5])
+    lengths = torch.tensor([2, 0, 1]) if with_lengths else None
+    ours_values, torchs_values = torch.randn(5, 3), torch.randn(5, 3)
+    ours = _torch_nested._make_nested(ours_values, offsets, lengths)
+    torchs = NestedTensor(torchs_values, offsets, lengths=lengths, _ragged_idx=1)
+    assert type(ours) is type(torchs)
+    assert ours.shape == torchs.shape and ours.stride() == torchs.stride()
+    assert sorted(vars(ours)) == sorted(vars(torchs))
+    for name, value in vars(torchs).items():
+        if name == "_values":
+            assert vars(ours)[name] is ours_values
+        elif type(value).__name__ == "PyCapsule":  # per-object caches (_sym_sizes_capsule)
+            continue
+        elif isinstance(value, torch.Tensor) or value is None:
+            assert vars(ours)[name] is value, name
+        else:
+            assert vars(ours)[name] == value, name
+    assert ours._ragged_idx == torchs._ragged_idx == 1
+    assert getattr(ours_values, "_dynamo_weak_dynamic_indices", None) == \
+        getattr(torchs_values, "_dynamo_weak_dynamic_indices", None)
+
+
 # ---- the conversions ------------------------------------------------------------------
 
 @needs_jagged
