@@ -16,7 +16,7 @@ import torch
 from torch import Tensor, _VF
 from torch.nn.utils.rnn import PackedSequence
 
-from . import _cuda_choice, _torch_dynamo, _torch_orig
+from . import _cuda_choice, _torch_dynamo, _torch_nested, _torch_orig
 from ._torch_ops import _lengths_tensor, _new_packed, _traced
 
 # torch.get_autocast_dtype and the device-taking autocast queries (2.4+), looked
@@ -503,6 +503,14 @@ class _SeqpackLayer(_QuantizationNotice):
         out, h_n, c_n = self._run(input.unsqueeze(batch_dim), None, None, None, lengths, h0, c0)
         return out.squeeze(batch_dim), h_n.squeeze(1), c_n.squeeze(1) if c_n.dim() == 3 else c_n
 
+    @torch.jit.unused
+    def _forward_nested(self, input: Tensor, h0: Optional[Tensor], c0: Optional[Tensor],
+                        lengths: Optional[Tensor]) -> Tuple[Tensor, Tensor, Tensor]:
+        """A jagged nested tensor (batch, ragged steps, input_size) through
+        _forward_packed, the output a nested tensor with the input's offsets
+        (seqpack/_torch_nested.py)."""
+        return _torch_nested.forward(self, input, h0, c0, lengths)
+
     def _forward_packed(self, input: PackedSequence, h0: Optional[Tensor],
                         c0: Optional[Tensor], lengths: Optional[Tensor]
                         ) -> Tuple[PackedSequence, Tensor, Tensor]:
@@ -528,7 +536,10 @@ class LSTM(_SeqpackLayer, torch.nn.LSTM):
 
     forward(input, hx=None, lengths=None): as torch's; with `lengths` (int64,
     one per sequence) a padded input runs packed: the output has zeros at the
-    padding and h_n, c_n are each sequence's state at its own last step.
+    padding and h_n, c_n are each sequence's state at its own last step. A
+    jagged nested tensor (batch, ragged steps, input_size; PyTorch 2.6+) runs
+    as its PackedSequence: the output is a nested tensor with its offsets, h_n,
+    c_n in its batch order.
     """
 
     @torch._jit_internal._overload_method  # noqa: F811
@@ -550,12 +561,16 @@ class LSTM(_SeqpackLayer, torch.nn.LSTM):
             out, h_n, c_n = self._forward_packed(input, h0, c0, lengths)
             return out, (h_n, c_n)
         else:
+            if not torch.jit.is_scripting() and input.is_nested:
+                output, h_n, c_n = self._forward_nested(input, h0, c0, lengths)
+                return output, (h_n, c_n)
             output, h_n, c_n = self._forward_padded(input, h0, c0, lengths)
             return output, (h_n, c_n)
 
 
 class GRU(_SeqpackLayer, torch.nn.GRU):
-    """torch.nn.GRU with seqpack's forward and backward (`lengths` as for LSTM)."""
+    """torch.nn.GRU with seqpack's forward and backward (`lengths` and nested
+    tensors as for LSTM)."""
 
     @torch._jit_internal._overload_method  # noqa: F811
     def forward(self, input: Tensor, hx: Optional[Tensor] = None,  # noqa: F811
@@ -572,12 +587,16 @@ class GRU(_SeqpackLayer, torch.nn.GRU):
             out, h_n, _ = self._forward_packed(input, hx, None, lengths)
             return out, h_n
         else:
+            if not torch.jit.is_scripting() and input.is_nested:
+                output, h_n, _ = self._forward_nested(input, hx, None, lengths)
+                return output, h_n
             output, h_n, _ = self._forward_padded(input, hx, None, lengths)
             return output, h_n
 
 
 class RNN(_SeqpackLayer, torch.nn.RNN):
-    """torch.nn.RNN (tanh or relu) with seqpack's forward and backward (`lengths` as for LSTM)."""
+    """torch.nn.RNN (tanh or relu) with seqpack's forward and backward (`lengths`
+    and nested tensors as for LSTM)."""
 
     @torch._jit_internal._overload_method  # noqa: F811
     def forward(self, input: Tensor, hx: Optional[Tensor] = None,  # noqa: F811
@@ -594,6 +613,9 @@ class RNN(_SeqpackLayer, torch.nn.RNN):
             out, h_n, _ = self._forward_packed(input, hx, None, lengths)
             return out, h_n
         else:
+            if not torch.jit.is_scripting() and input.is_nested:
+                output, h_n, _ = self._forward_nested(input, hx, None, lengths)
+                return output, h_n
             output, h_n, _ = self._forward_padded(input, hx, None, lengths)
             return output, h_n
 

@@ -48,6 +48,8 @@ from . import _torch_orig
 from ._torch_layers import GRU, LSTM, RNN, GRUCell, LSTMCell, RNNCell
 from ._torch_ops import (invert_permutation, library_path, pack_padded_sequence, pack_sequence,
                          pad_packed_sequence, pad_sequence, unpack_sequence, unpad_sequence)
+# Jagged nested tensors <-> PackedSequence (seqpack/_torch_nested.py).
+from ._torch_nested import pack_nested, to_nested
 # Reached as seqpack.torch._cuda_backend (docs/gpu.md). To replace it, patch
 # seqpack._torch_layers, where the layers look it up.
 from ._torch_layers import _cuda_backend  # noqa: F401
@@ -70,7 +72,8 @@ __all__ = ["LSTM", "GRU", "RNN", "LSTMCell", "GRUCell", "RNNCell", "pack_padded_
            "unpad_sequence", "invert_permutation", "library_path",
            "StreamingRNN", "collate_packed", "collate_padded", "CharClassifier", "load_classifier",
            "quantize_dynamic", "QuantizedLSTM", "QuantizedGRU", "QuantizedRNN",
-           "optimize", "patch", "unpatch", "cuda_choice", "CudaChoice", "register_cuda_kernels"]
+           "optimize", "patch", "unpatch", "cuda_choice", "CudaChoice", "register_cuda_kernels",
+           "pack_nested", "to_nested"]
 
 
 def _torch_rnn_public_names():
