@@ -1356,7 +1356,7 @@ def test_library_reads_no_environment(emulated, monkeypatch):
         assert _grid_launches(emulated) == [(8, 4)]  # both directions, a cluster of 4 each
         assert emulated.installed_policy().as_dict() == policy.as_dict()
         emulated.install_policy()
-        with pytest.raises(RuntimeError, match="SEQPACK_CUDA_CLUSTER_GATHER = 'nowhere' is not"):
+        with pytest.raises(RuntimeError, match="SEQPACK_CUDA_GEMM_TILE = '16' is not 32 or 64"):
             emulated._run("LSTM", packed.data, packed.batch_sizes, h0, c0, weights, None, True, 1, True, 0,
                           False, True)
     finally:
