@@ -274,7 +274,7 @@ bool try_cluster(const Shape& s, const int64_t* batch_sizes, int64_t steps,
 }
 
 // One layer's forward recurrence for `count` directions in one launch, where
-// SEQPACK_CUDA_KERNEL asks for one and it fits: "persistent" a cooperative
+// the policy's kernel asks for one and it fits: "persistent" a cooperative
 // grid's; "cluster" a cluster a direction, else (W_hh too large for one
 // cluster) the cooperative grid's. False (nothing run) otherwise.
 template <typename T>
@@ -451,7 +451,7 @@ void forward(const Shape& s, const int64_t* batch_sizes, const std::vector<int64
         gemm<T, T, float>(s.policy, stream, n, G, in, input, in, false, r.w.w_ih, in, true,
                           r.w.b_ih, r.sv->gates, G, false);
     }
-    // The recurrence: both directions in one launch where SEQPACK_CUDA_KERNEL
+    // The recurrence: both directions in one launch where the policy's kernel
     // asks for a one-launch kernel and it fits (after both directions' gates),
     // else such a launch a direction, else the per-step kernels.
     bool both = false;
@@ -575,7 +575,7 @@ void backward(const Shape& s, const int64_t* batch_sizes, const std::vector<int6
       }
     }
     // The recurrence in one launch (a cluster's, else a cooperative grid's)
-    // where SEQPACK_CUDA_KERNEL asks for it: both directions in one where
+    // where the policy's kernel asks for it: both directions in one where
     // their buffers are apart (the caller's products), else one a direction;
     // else the per-step kernels.
     bool both = false;
