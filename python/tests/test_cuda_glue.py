@@ -1363,3 +1363,29 @@ def test_library_reads_no_environment(emulated, monkeypatch):
         monkeypatch.undo()
         emulated.install_policy()
     assert emulated.installed_policy().as_dict() == emulated.policy_from_environment().as_dict()
+
+
+def test_policy_tf32_off_overrides_the_calls_allow_tf32(emulated):
+    """The policy's tf32 = 0: a float32 call that allows TF32 runs the cluster
+    kernels' threads' float32 products, the values of a call that does not
+    allow it, bit for bit (H = 32, where tf32 = 1 takes tensor cores: other values)."""
+    lib = emulated._library()
+    policy = emulated.policy_from_environment({"SEQPACK_CUDA_KERNEL": "cluster", "SEQPACK_CUDA_CLUSTER": "2"})
+    rnn = _make("GRU", 5, 32, 1, True, True, 0, 51)
+    packed = torch.nn.utils.rnn.pack_sequence([torch.randn(n, 5) for n in (4, 3, 1)])
+    h0 = torch.randn(2, 3, 32)
+    weights = [w.detach().clone() for w in rnn._flat_weights]
+
+    def run(allow_tf32):
+        return emulated._run("GRU", packed.data, packed.batch_sizes, h0, None, weights, None, True, 1, True, 0,
+                             allow_tf32, False)[:2]
+    try:
+        emulated._check(lib, lib.seqpack_cuda_set_policy(ctypes.byref(policy)))
+        exact = run(False)
+        assert not all(torch.equal(g, w) for g, w in zip(run(True), exact))  # tf32 = 1: 3xTF32 here
+        policy.tf32 = 0
+        emulated._check(lib, lib.seqpack_cuda_set_policy(ctypes.byref(policy)))
+        for got, want in zip(run(True), exact):
+            assert torch.equal(got, want)
+    finally:
+        emulated.install_policy()
