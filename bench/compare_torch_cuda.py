@@ -92,6 +92,13 @@ class OutOfTime(Exception):
     """The run's --budget is spent."""
 
 
+def install_policy(glue):
+    """The library's policy from the SEQPACK_CUDA_* variables as they are now
+    (the glue reads them when it loads the library, and at install_policy)."""
+    if glue is not None and hasattr(glue, "install_policy"):  # a fake glue may have none
+        glue.install_policy()
+
+
 def load_glue():
     """(glue module, '') or (None, why seqpack is not timed)."""
     path = os.environ.get("SEQPACK_CUDA_GLUE") or os.path.join(REPO, "python", "seqpack",
@@ -547,6 +554,7 @@ def main(argv=None):
                 variables = {k: v for k, v in settings.items() if k != TF32}
                 saved = {k: os.environ.get(k) for k in variables}
                 os.environ.update(variables)
+                install_policy(glue)
                 saved_tf32 = torch.backends.cuda.matmul.allow_tf32
                 if TF32 in settings:
                     torch.backends.cuda.matmul.allow_tf32 = settings[TF32] == "1"
@@ -566,6 +574,7 @@ def main(argv=None):
                             os.environ.pop(k, None)
                         else:
                             os.environ[k] = v
+                    install_policy(glue)
                 if side == "auto" and chosen[0] is not None:
                     row["auto_choice"] = chosen[0].impl
                     row["auto_why"] = chosen[0].why

@@ -58,7 +58,7 @@ def emulated_library(workdir: pathlib.Path) -> str:
     out = workdir / "libseqpack_cuda.so"
     cxx = shutil.which("g++") or "c++"
     subprocess.run([cxx, "-std=c++20", "-O1", "-fPIC", "-shared", "-Wno-unknown-pragmas", "-x", "c++",
-                    str(ROOT / "cuda" / "src" / "rnn.cu"), "-DSEQPACK_CUDA_EMULATE",
+                    *sorted(str(f) for f in (ROOT / "cuda" / "src").glob("*.cu")), "-DSEQPACK_CUDA_EMULATE",
                     "-I", str(ROOT / "cuda" / "emulate"), "-I", str(ROOT / "include"), "-o", str(out), "-pthread"],
                    check=True)
     return str(out)

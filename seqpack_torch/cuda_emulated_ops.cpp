@@ -5,6 +5,8 @@
 // errors against torch without a GPU (python/tests/test_cuda_cpp_ops.py).
 #include <torch/library.h>
 
+#include <vector>
+
 #include "cuda_ops.h"
 #include "schemas.h"
 
@@ -15,6 +17,13 @@ void* no_stream(const at::Device&) { return nullptr; }
 
 constexpr Backend kEmulated{"seqpack_cuda_emulated", &no_stream};
 
+// policy_from_environment's record, field by field in seqpack/cuda.h's order.
+std::vector<int64_t> policy_fields() {
+  const seqpack_cuda_policy p = policy_from_environment();
+  return {p.version,      p.kernel,         p.gemm,        p.gemm_tile,
+          p.cluster_size, p.cluster_gather, p.cluster_mma, p.tf32};
+}
+
 }  // namespace
 }  // namespace seqpack::torch_cuda
 
@@ -23,6 +32,7 @@ TORCH_LIBRARY(seqpack_cuda_emulated, m) {
   m.def(kRnnSchema);
   m.def(kRnnPaddedSchema);
   m.def(kCudaLibrarySchema, &seqpack::torch_cuda::use_library);
+  m.def("_cuda_policy_from_environment() -> int[]", &seqpack::torch_cuda::policy_fields);
 }
 
 TORCH_LIBRARY_IMPL(seqpack_cuda_emulated, CPU, m) {

@@ -20,9 +20,11 @@
 #include <atomic>
 #include <cstdlib>
 #include <deque>
+#include <initializer_list>
 #include <mutex>
 #include <numeric>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "seqpack/cuda.h"
@@ -44,6 +46,8 @@ struct Library {
                       size_t*, size_t*) = nullptr;
   int (*forward)(const seqpack_cuda_rnn_args*) = nullptr;
   int (*backward)(const seqpack_cuda_rnn_args*) = nullptr;
+  int (*set_policy)(const seqpack_cuda_policy*) = nullptr;
+  int (*get_policy)(seqpack_cuda_policy*) = nullptr;
 };
 
 std::mutex library_mutex;
@@ -85,7 +89,62 @@ bool same_file(const std::string& a, const std::string& b) {
          sa.st_ino == sb.st_ino;
 }
 
-// Loads `path` (a file, or a bare name for the loader's search); errors name it.
+// The value of one of the policy's variables: where `value` (unset or empty:
+// `fallback`) is one of `names`, its index; else an error naming the variable.
+int choice_of(const char* variable, const char* fallback,
+              std::initializer_list<const char*> names) {
+  const char* set = std::getenv(variable);
+  const std::string value = set && *set ? set : fallback;
+  int index = 0;
+  std::string listed;
+  for (const char* name : names) {
+    if (value == name) return index;
+    listed += (index == 0 ? "'" : index + 1 == static_cast<int>(names.size()) ? " or '" : ", '") +
+              std::string(name) + "'";
+    ++index;
+  }
+  C10_THROW_ERROR(ValueError, c10::str("seqpack CUDA: ", variable, " = '", value, "' is not ",
+                                       listed));
+}
+
+}  // namespace
+
+seqpack_cuda_policy policy_from_environment() {
+  seqpack_cuda_policy p{};
+  p.version = SEQPACK_CUDA_POLICY_VERSION;
+  p.kernel = choice_of("SEQPACK_CUDA_KERNEL", "simple", {"simple", "persistent", "cluster"});
+  p.gemm = choice_of("SEQPACK_CUDA_GEMM", "simt", {"simt", "wmma"});
+  if (const char* tile = std::getenv("SEQPACK_CUDA_GEMM_TILE"); tile && *tile) {
+    const std::string value = tile;
+    TORCH_CHECK_VALUE(value == "32" || value == "64", "seqpack CUDA: SEQPACK_CUDA_GEMM_TILE = '",
+                      value, "' is not 32 or 64");
+    p.gemm_tile = value == "32" ? 32 : 64;
+  }
+  if (const char* cluster = std::getenv("SEQPACK_CUDA_CLUSTER"); cluster && *cluster) {
+    char* end = nullptr;
+    const long n = std::strtol(cluster, &end, 10);
+    TORCH_CHECK_VALUE(end != cluster && *end == '\0' && n >= 1 && n <= 16,
+                      "seqpack CUDA: SEQPACK_CUDA_CLUSTER = '", cluster,
+                      "' is not a block count from 1 to 16");
+    p.cluster_size = static_cast<int>(n);
+  }
+  p.cluster_gather = choice_of("SEQPACK_CUDA_CLUSTER_GATHER", "shared", {"shared", "global"});
+  if (const char* mma = std::getenv("SEQPACK_CUDA_CLUSTER_MMA"); mma && *mma) {
+    const std::string value = mma;
+    TORCH_CHECK_VALUE(value == "0" || value == "1", "seqpack CUDA: SEQPACK_CUDA_CLUSTER_MMA = '",
+                      value, "' is not 0 or 1");
+    p.cluster_mma = value == "1";
+  } else {
+    p.cluster_mma = 1;
+  }
+  p.tf32 = 1;  // each call's allow_tf32 (torch's setting) decides
+  return p;
+}
+
+namespace {
+
+// Loads `path` (a file, or a bare name for the loader's search) and installs
+// the policy of the environment in it; errors name it.
 const Library* load(const std::string& path, const std::string& why) {
   void* handle = dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL);
   TORCH_CHECK(handle, "seqpack CUDA: cannot load ", path, " (", why, "): ", dlerror());
@@ -96,29 +155,41 @@ const Library* load(const std::string& path, const std::string& why) {
     TORCH_CHECK(f, "seqpack CUDA: ", path, " has no function ", name);
   };
   bind(lib->abi_version, "seqpack_cuda_abi_version");
+  const int version = lib->abi_version();
+  TORCH_CHECK(version == SEQPACK_CUDA_ABI_VERSION, "seqpack CUDA: ", path, " has ABI version ",
+              version, ", these kernels need ", SEQPACK_CUDA_ABI_VERSION);
   bind(lib->last_error, "seqpack_cuda_last_error");
   bind(lib->buffer_sizes, "seqpack_cuda_rnn_buffer_sizes");
   bind(lib->forward, "seqpack_cuda_rnn_forward");
   bind(lib->backward, "seqpack_cuda_rnn_backward");
-  const int version = lib->abi_version();
-  TORCH_CHECK(version == SEQPACK_CUDA_ABI_VERSION, "seqpack CUDA: ", path, " has ABI version ",
-              version, ", these kernels need ", SEQPACK_CUDA_ABI_VERSION);
+  bind(lib->set_policy, "seqpack_cuda_set_policy");
+  bind(lib->get_policy, "seqpack_cuda_get_policy");
+  const seqpack_cuda_policy policy = policy_from_environment();
+  if (lib->set_policy(&policy) != SEQPACK_CUDA_OK)
+    TORCH_CHECK(false, "seqpack CUDA: ", path, " refuses the policy: ", lib->last_error());
   return lib.release();
 }
 
-// The library to load when none was named: SEQPACK_CUDA_LIBRARY (only it,
-// where set), else the first of candidates() there is, else the loader's
-// search.
-const Library* load_found() {
-  const char* env = std::getenv("SEQPACK_CUDA_LIBRARY");
-  if (env && *env) {
-    TORCH_CHECK(is_file(env), "seqpack CUDA: SEQPACK_CUDA_LIBRARY='", env,
+// The library to load when none was named, and why it is that one:
+// SEQPACK_CUDA_LIBRARY (only it, where set: one that is not a file is an
+// error naming it), else the first of candidates() there is, else the
+// loader's search. The one place these operators read SEQPACK_CUDA_LIBRARY;
+// python/seqpack/_cuda.py's find_library looks alike.
+std::pair<std::string, std::string> find_library() {
+  const char* named = std::getenv("SEQPACK_CUDA_LIBRARY");
+  if (named && *named) {
+    TORCH_CHECK(is_file(named), "seqpack CUDA: SEQPACK_CUDA_LIBRARY='", named,
                 "' names no library file (missing, or not a regular file)");
-    return load(env, "SEQPACK_CUDA_LIBRARY");
+    return {named, "SEQPACK_CUDA_LIBRARY"};
   }
   for (const std::string& path : candidates())
-    if (is_file(path)) return load(path, "found beside the seqpack operators or in their build");
-  return load("libseqpack_cuda.so", "the loader's search; SEQPACK_CUDA_LIBRARY names another");
+    if (is_file(path)) return {path, "found beside the seqpack operators or in their build"};
+  return {"libseqpack_cuda.so", "the loader's search; SEQPACK_CUDA_LIBRARY names another"};
+}
+
+const Library* load_found() {
+  const auto [path, why] = find_library();
+  return load(path, why);
 }
 
 const Library& library() {

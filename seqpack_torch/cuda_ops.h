@@ -33,6 +33,8 @@
 #include <string>
 #include <tuple>
 
+#include "seqpack/cuda.h"
+
 namespace seqpack::torch_cuda {
 
 using at::Tensor;
@@ -69,6 +71,13 @@ std::tuple<Tensor, Tensor, Tensor> rnn_padded(
 
 // seqpack::_cuda_library's kernel (schemas.h).
 std::string use_library(c10::string_view path);
+
+// The library's policy (seqpack_cuda_policy) that the SEQPACK_CUDA_* variables
+// ask for (docs/gpu-build.md), unset or empty ones the defaults; a value that
+// means none is a ValueError naming the variable. Installed in the library
+// when it is loaded; python/seqpack/_cuda.py's policy_from_environment reads
+// the variables alike (test_cuda_cpp_ops.py compares the two).
+seqpack_cuda_policy policy_from_environment();
 
 // The kernels with the operators' signatures, for m.impl: Backend B's.
 template <const Backend& B, bool Record>

@@ -135,7 +135,7 @@ __global__ void __launch_bounds__(kGemmThreads)
 }
 
 // ---------------------------------------------------------------------------
-// The same product on tensor cores (SEQPACK_CUDA_GEMM=wmma, bfloat16 and
+// The same product on tensor cores (SEQPACK_CUDA_GEMM_WMMA, bfloat16 and
 // float16 data): operands are converted to T (the data type) on their way
 // into shared memory, wmma 16x16x16 fragments accumulate in float32, and the
 // float32 tile goes back through shared memory to the same epilogue as above.
@@ -815,7 +815,7 @@ struct Directions {
   unsigned blocks;  // per direction
 };
 
-// SEQPACK_CUDA_KERNEL=persistent: one cooperative launch, ceil(H / U) blocks
+// SEQPACK_CUDA_KERNEL_PERSISTENT: one cooperative launch, ceil(H / U) blocks
 // a direction all resident, the grid's barrier each step.
 template <typename T, bool kProj>
 __global__ void __launch_bounds__(kPersistentThreads)
@@ -826,7 +826,7 @@ __global__ void __launch_bounds__(kPersistentThreads)
     persistent_forward_steps<T, false>(p.dir[blockIdx.x / p.blocks], blockIdx.x % p.blocks);
 }
 
-// SEQPACK_CUDA_KERNEL=cluster (sm_90): a thread-block cluster a direction,
+// SEQPACK_CUDA_KERNEL_CLUSTER (sm_90): a thread-block cluster a direction,
 // its barrier each step, h_{t-1} gathered in the blocks' shared memory where
 // it fits.
 template <typename T, bool kProj>
@@ -946,7 +946,7 @@ __global__ void rnn_backward_kernel(int64_t bs, int64_t H, bool relu,
 }
 
 // The backward recurrence of one layer and direction on one thread-block
-// cluster (SEQPACK_CUDA_KERNEL=cluster; sm_90), the forward's cluster kernel
+// cluster (SEQPACK_CUDA_KERNEL_CLUSTER; sm_90), the forward's cluster kernel
 // turned around: block r of n owns hidden units [r U, r U + U) and keeps
 // W_hh's columns of them (every gate's rows) in shared memory. Per step (the
 // forward's order reversed): each block computes its units' dh = dY + carry

@@ -50,6 +50,13 @@
  * Errors: every function returns SEQPACK_CUDA_OK (0) or an error code, and
  * seqpack_cuda_last_error() gives the message of the calling thread's last
  * error, naming the offending value.
+ *
+ * Policy: which kernels run (seqpack_cuda_policy below) is the caller's
+ * choice, installed once with seqpack_cuda_set_policy and read by every later
+ * call; the library reads no environment variable. seqpack's front ends (the
+ * Python glue seqpack/_cuda.py and the torch operators seqpack_torch/
+ * cuda_ops.cpp) fill it from the SEQPACK_CUDA_* variables (docs/gpu-build.md)
+ * when they load the library.
  */
 #ifndef SEQPACK_CUDA_H
 #define SEQPACK_CUDA_H
@@ -61,7 +68,7 @@
 extern "C" {
 #endif
 
-#define SEQPACK_CUDA_ABI_VERSION 3
+#define SEQPACK_CUDA_ABI_VERSION 4
 
 enum {
   SEQPACK_CUDA_OK = 0,
@@ -88,6 +95,56 @@ int seqpack_cuda_abi_version(void);
 /* The calling thread's last error message ("" if none). */
 const char* seqpack_cuda_last_error(void);
 
+#define SEQPACK_CUDA_POLICY_VERSION 1
+
+enum { /* seqpack_cuda_policy.kernel: the recurrence's kernels */
+  SEQPACK_CUDA_KERNEL_SIMPLE = 0,     /* a few launches per step */
+  SEQPACK_CUDA_KERNEL_PERSISTENT = 1, /* a layer's recurrence in one cooperative
+                                         launch where it fits, else simple */
+  SEQPACK_CUDA_KERNEL_CLUSTER = 2     /* on thread-block clusters (sm_90) where
+                                         they fit, else persistent, else simple */
+};
+
+enum { /* seqpack_cuda_policy.gemm: the products' kernel */
+  SEQPACK_CUDA_GEMM_SIMT = 0, /* every product on the SIMT kernel */
+  SEQPACK_CUDA_GEMM_WMMA = 1  /* products with 16-bit operands on tensor cores */
+};
+
+enum { /* seqpack_cuda_policy.cluster_gather */
+  SEQPACK_CUDA_GATHER_SHARED = 0, /* through shared memory where it fits */
+  SEQPACK_CUDA_GATHER_GLOBAL = 1  /* always through global memory */
+};
+
+/* Which kernels the library runs: the choices that do not change results
+ * beyond rounding. Start from seqpack_cuda_get_policy's (before any
+ * seqpack_cuda_set_policy: the defaults, noted below) and change fields. The
+ * SEQPACK_CUDA_* variable each field stands for is in brackets. */
+typedef struct seqpack_cuda_policy {
+  int version;        /* SEQPACK_CUDA_POLICY_VERSION */
+  int kernel;         /* SEQPACK_CUDA_KERNEL_*; default SIMPLE [SEQPACK_CUDA_KERNEL] */
+  int gemm;           /* SEQPACK_CUDA_GEMM_*; default SIMT [SEQPACK_CUDA_GEMM] */
+  int gemm_tile;      /* 0 (default): 64, or 32 where 64 gives a product fewer
+                         than 264 blocks; 32 or 64 forces it [SEQPACK_CUDA_GEMM_TILE] */
+  int cluster_size;   /* 0 (default): the largest power of two up to 16 that
+                         leaves each block 4 hidden units or more; 1 to 16
+                         forces it (at most H) [SEQPACK_CUDA_CLUSTER] */
+  int cluster_gather; /* SEQPACK_CUDA_GATHER_*; default SHARED
+                         [SEQPACK_CUDA_CLUSTER_GATHER] */
+  int cluster_mma;    /* 1 (default): the cluster kernels' step products on
+                         tensor cores where they can; 0: the threads' float32
+                         products [SEQPACK_CUDA_CLUSTER_MMA] */
+  int tf32;           /* 1 (default): a call's allow_tf32 holds; 0: float32
+                         products never run as TF32, whatever allow_tf32 says */
+} seqpack_cuda_policy;
+
+/* Installs `policy` for every later call of any thread (calls running keep
+ * the one they started with). Every field is checked: a value out of range is
+ * an error naming the field and the value, and leaves the policy unchanged. */
+int seqpack_cuda_set_policy(const seqpack_cuda_policy* policy);
+
+/* The policy installed (the defaults before any). */
+int seqpack_cuda_get_policy(seqpack_cuda_policy* policy);
+
 /* Bytes of workspace and reserve for these sizes (host only, no GPU). */
 int seqpack_cuda_rnn_buffer_sizes(int mode, int dtype, int64_t rows,
                                   int64_t batch, int64_t input_size,
@@ -106,8 +163,9 @@ typedef struct seqpack_cuda_rnn_args {
   int has_biases;    /* 0 or 1 */
   int allow_tf32;    /* 0 or 1: float32 step products may run on tensor
                         cores, as 3xTF32 (float32's accuracy; the cluster
-                        kernels, SEQPACK_CUDA_KERNEL=cluster, where H is a
-                        multiple of 16); other products stay float32 */
+                        kernels, SEQPACK_CUDA_KERNEL_CLUSTER, where H is a
+                        multiple of 16) unless the policy's tf32 is 0; other
+                        products stay float32 */
   int caller_products; /* 0: the library runs every product; 1: one layer
                           whose products that are not recurrent the caller
                           runs (below, after dweights) */

@@ -16,7 +16,17 @@ rnn_packed matches torch._VF.lstm/gru/rnn_tanh/rnn_relu's packed overload
 bidirectional); h0/c0 may have more rows than batch_sizes[0] (sequences of
 length zero: their h_n/c_n are their h0/c0). Gradients flow to data, hx and
 every weight. The library is found through SEQPACK_CUDA_LIBRARY, next to this
-file, or in build/cuda/ or build-cuda/ of the repository.
+file, or in build/cuda/ or build-cuda/ of the repository (find_library: the one
+place that reads SEQPACK_CUDA_LIBRARY).
+
+Which of the library's kernels run is its policy (seqpack_cuda_policy in
+seqpack/cuda.h), which this module builds from the SEQPACK_CUDA_KERNEL,
+SEQPACK_CUDA_GEMM, SEQPACK_CUDA_GEMM_TILE, SEQPACK_CUDA_CLUSTER,
+SEQPACK_CUDA_CLUSTER_GATHER and SEQPACK_CUDA_CLUSTER_MMA variables
+(policy_from_environment) and installs when it loads the library; the library
+reads no environment. A program that changes those variables afterwards calls
+install_policy() to install them; a bad value is refused by name, by every
+call into the library until a good one is installed.
 
 The products that are not recurrent (the input projection of every packed
 row, the weight gradients, the bias sums, dX) run as torch matrix products
@@ -46,8 +56,9 @@ What the GPU tests should check (python/tests/test_cuda_gpu.py):
     torch.manual_seed before each call).
   - torch.compile(fullgraph=True) of a function calling rnn_packed (custom op,
     torch >= 2.4), and errors: CPU tensors, mixed dtypes, wrong hx shapes.
-  - the library's variants, read from the environment at every call (compare
-    each with the default, values and speed): SEQPACK_CUDA_PRODUCTS=library
+  - the library's variants (compare each with the default, values and speed;
+    SEQPACK_CUDA_PRODUCTS is read at every call, the others are the library's
+    policy: install_policy() after changing them): SEQPACK_CUDA_PRODUCTS=library
     (every product in the library; default torch's), SEQPACK_CUDA_KERNEL=cluster
     (thread-block clusters, sm_90; SEQPACK_CUDA_CLUSTER forces their size),
     SEQPACK_CUDA_KERNEL=persistent
@@ -64,10 +75,11 @@ from typing import List, Optional, Sequence, Tuple
 
 import torch
 
-__all__ = ["available", "library_path", "why_unavailable", "rnn_packed"]
+__all__ = ["available", "library_path", "why_unavailable", "rnn_packed", "policy_from_environment",
+           "install_policy"]
 
 LIBRARY_NAME = "libseqpack_cuda.so"
-ABI_VERSION = 3
+ABI_VERSION = 4
 
 MODES = {"LSTM": 0, "GRU": 1, "RNN_TANH": 2, "RNN_RELU": 3}
 _GATES = {"LSTM": 4, "GRU": 3, "RNN_TANH": 1, "RNN_RELU": 1}
@@ -104,11 +116,68 @@ class RnnArgs(ctypes.Structure):
 
 _pargs = ctypes.POINTER(RnnArgs)
 
+
+class Policy(ctypes.Structure):
+    """seqpack_cuda_policy (seqpack/cuda.h), field for field; test_cuda_glue.py
+    checks the two against each other."""
+    _fields_ = [("version", _i), ("kernel", _i), ("gemm", _i), ("gemm_tile", _i), ("cluster_size", _i),
+                ("cluster_gather", _i), ("cluster_mma", _i), ("tf32", _i)]
+
+    def as_dict(self) -> dict:
+        return {name: getattr(self, name) for name, _ in self._fields_}
+
+
+_ppolicy = ctypes.POINTER(Policy)
+POLICY_VERSION = 1
+# The values of the policy's fields by the names their variables take.
+KERNELS = {"simple": 0, "persistent": 1, "cluster": 2}
+GEMMS = {"simt": 0, "wmma": 1}
+GATHERS = {"shared": 0, "global": 1}
+
+
+def _choice(environ, name: str, choices: dict, default: str) -> int:
+    value = environ.get(name, "") or default
+    if value not in choices:
+        listed = [f"'{c}'" for c in choices]
+        raise ValueError(f"{name} = {value!r} is not {', '.join(listed[:-1])} or {listed[-1]}")
+    return choices[value]
+
+
+def policy_from_environment(environ=None) -> Policy:
+    """The library's policy that the SEQPACK_CUDA_* variables of `environ`
+    (default os.environ) ask for (docs/gpu-build.md), unset or empty ones the
+    defaults; a value that means none is a ValueError naming the variable and the
+    value. seqpack_torch/cuda_ops.cpp's policy_from_environment reads them alike."""
+    import re
+    environ = os.environ if environ is None else environ
+    p = Policy()
+    p.version = POLICY_VERSION
+    p.kernel = _choice(environ, "SEQPACK_CUDA_KERNEL", KERNELS, "simple")
+    p.gemm = _choice(environ, "SEQPACK_CUDA_GEMM", GEMMS, "simt")
+    tile = environ.get("SEQPACK_CUDA_GEMM_TILE", "")
+    if tile not in ("", "32", "64"):
+        raise ValueError(f"SEQPACK_CUDA_GEMM_TILE = {tile!r} is not 32 or 64")
+    p.gemm_tile = int(tile or 0)
+    cluster = environ.get("SEQPACK_CUDA_CLUSTER", "")
+    # As C's strtol reads a whole string: blanks, a sign, decimal digits.
+    if cluster and not (re.fullmatch(r"\s*[+-]?[0-9]+", cluster) and 1 <= int(cluster) <= 16):
+        raise ValueError(f"SEQPACK_CUDA_CLUSTER = {cluster!r} is not a block count from 1 to 16")
+    p.cluster_size = int(cluster or 0)
+    p.cluster_gather = _choice(environ, "SEQPACK_CUDA_CLUSTER_GATHER", GATHERS, "shared")
+    mma = environ.get("SEQPACK_CUDA_CLUSTER_MMA", "")
+    if mma not in ("", "0", "1"):
+        raise ValueError(f"SEQPACK_CUDA_CLUSTER_MMA = {mma!r} is not 0 or 1")
+    p.cluster_mma = int(mma or 1)
+    p.tf32 = 1  # each call's allow_tf32 (torch's setting) decides
+    return p
+
 # (restype, argtypes) of each function of seqpack/cuda.h, in its order;
 # python/tests/test_cuda_glue.py checks them against the header.
 SIGNATURES = {
     "seqpack_cuda_abi_version": (_i, []),
     "seqpack_cuda_last_error": (ctypes.c_char_p, []),
+    "seqpack_cuda_set_policy": (_i, [_ppolicy]),
+    "seqpack_cuda_get_policy": (_i, [_ppolicy]),
     "seqpack_cuda_rnn_buffer_sizes": (
         _i, [_i, _i, _i64, _i64, _i64, _i64, _i64, _i64, _i, _psize, _psize]),
     "seqpack_cuda_rnn_forward": (_i, [_pargs]),
@@ -116,15 +185,20 @@ SIGNATURES = {
 }
 
 _lock = threading.Lock()
-_state = {"loaded": False, "lib": None, "path": None, "error": "not searched yet"}
+_state = {"loaded": False, "lib": None, "path": None, "error": "not searched yet", "policy_error": ""}
 
 
-def _candidates() -> List[pathlib.Path]:
+def named_library() -> str:
+    """SEQPACK_CUDA_LIBRARY ("" where unset or empty): a library named by the
+    user, the only one find_library tries. The one place this package reads it."""
+    return os.environ.get("SEQPACK_CUDA_LIBRARY") or ""
+
+
+def _candidates(named: str) -> List[pathlib.Path]:
     """Where the library is looked for, in order."""
     out: List[pathlib.Path] = []
-    env = os.environ.get("SEQPACK_CUDA_LIBRARY")
-    if env:
-        out.append(pathlib.Path(env))
+    if named:
+        out.append(pathlib.Path(named))
     here = pathlib.Path(__file__).resolve().parent
     out.append(here / LIBRARY_NAME)
     # python/seqpack/ in the repository, or build/python/seqpack/ in a build.
@@ -135,12 +209,29 @@ def _candidates() -> List[pathlib.Path]:
     return out
 
 
+def find_library() -> Tuple[Optional[str], str]:
+    """(the library file to load, "") or (None, why there is none): the one named
+    by SEQPACK_CUDA_LIBRARY where set (only it: one that is not a file is the
+    reason, never skipped for another), else the first of the candidates there
+    is. seqpack_torch/cuda_ops.cpp's find_library looks alike."""
+    named = named_library()
+    try:
+        if named and not pathlib.Path(named).is_file():
+            return None, (f"SEQPACK_CUDA_LIBRARY={named!r} names no library file "
+                          f"(missing, or not a regular file)")
+        for c in _candidates(named):
+            if c.is_file():
+                return str(c), ""
+    except (OSError, ValueError) as e:  # an over-long or unreadable path
+        return None, f"SEQPACK_CUDA_LIBRARY={named!r} cannot be read: {e}"
+    where = ", ".join(str(c) for c in _candidates(named))
+    return None, (f"{LIBRARY_NAME} not found (SEQPACK_CUDA_LIBRARY={named!r}; looked in {where}); "
+                  "build it with `cmake -S cuda -B build-cuda && cmake --build build-cuda`")
+
+
 def library_path() -> Optional[str]:
     """The library file that is (or would be) loaded, or None if none exists."""
-    for c in _candidates():
-        if c.is_file():
-            return str(c)
-    return None
+    return find_library()[0]
 
 
 def _bind(lib: ctypes.CDLL) -> None:
@@ -156,23 +247,9 @@ def _library() -> Optional[ctypes.CDLL]:
         if _state["loaded"]:
             return _state["lib"]
         _state["loaded"] = True
-        # A library named by SEQPACK_CUDA_LIBRARY (empty: unset) is the only one
-        # tried: one that cannot be loaded is the reason, never skipped for another.
-        env = os.environ.get("SEQPACK_CUDA_LIBRARY")
-        try:
-            if env and not pathlib.Path(env).is_file():
-                _state["error"] = (f"SEQPACK_CUDA_LIBRARY={env!r} names no library file "
-                                   f"(missing, or not a regular file)")
-                return None
-            path = env if env else library_path()
-        except (OSError, ValueError) as e:  # an over-long or unreadable path
-            _state["error"] = f"SEQPACK_CUDA_LIBRARY={env!r} cannot be read: {e}"
-            return None
+        path, error = find_library()
         if path is None:
-            env = os.environ.get("SEQPACK_CUDA_LIBRARY")
-            where = ", ".join(str(c) for c in _candidates())
-            _state["error"] = (f"{LIBRARY_NAME} not found (SEQPACK_CUDA_LIBRARY={env!r}; looked in {where}); "
-                               "build it with `cmake -S cuda -B build-cuda && cmake --build build-cuda`")
+            _state["error"] = error
             return None
         try:
             lib = ctypes.CDLL(path)
@@ -185,7 +262,39 @@ def _library() -> Optional[ctypes.CDLL]:
             _state["error"] = f"{path} has ABI version {version}, this module needs {ABI_VERSION}"
             return None
         _state["lib"], _state["path"], _state["error"] = lib, path, ""
+        _install_policy(lib, None)
         return lib
+
+
+def _install_policy(lib: ctypes.CDLL, environ) -> None:
+    try:
+        policy = policy_from_environment(environ)
+    except ValueError as e:
+        _state["policy_error"] = str(e)
+        return
+    _check(lib, lib.seqpack_cuda_set_policy(ctypes.byref(policy)))
+    _state["policy_error"] = ""
+
+
+def install_policy(environ=None) -> None:
+    """Reads the SEQPACK_CUDA_* variables of `environ` (default os.environ) again
+    and installs their policy in the library (loaded first where it is not; a
+    no-op where it cannot be). A bad value is refused by name: every call into
+    the library raises it until a good one is installed."""
+    lib = _library()
+    if lib is not None:
+        with _lock:
+            _install_policy(lib, environ)
+
+
+def installed_policy() -> Policy:
+    """The policy the library holds (seqpack_cuda_get_policy)."""
+    lib = _library()
+    if lib is None:
+        raise RuntimeError("seqpack CUDA: " + _state["error"])
+    p = Policy()
+    _check(lib, lib.seqpack_cuda_get_policy(ctypes.byref(p)))
+    return p
 
 
 def why_unavailable() -> str:
@@ -206,6 +315,8 @@ def _lib_or_raise() -> ctypes.CDLL:
     lib = _library()
     if lib is None:
         raise RuntimeError("seqpack CUDA: " + _state["error"])
+    if _state["policy_error"]:
+        raise RuntimeError("seqpack CUDA: " + _state["policy_error"])
     return lib
 
 

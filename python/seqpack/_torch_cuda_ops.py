@@ -54,6 +54,10 @@ def register(backend) -> None:
     operators' kernels, and they are given the library the glue found."""
     if cpp_kernels():
         path = backend.library_path()
+        # Loading the library there installs the policy of the SEQPACK_CUDA_*
+        # variables (cuda_ops.cpp): a bad one is its own error, naming it.
+        if hasattr(backend, "policy_from_environment"):
+            backend.policy_from_environment()
         try:
             torch.ops.seqpack._cuda_library(path if path is not None else "")
         except ValueError as e:  # they loaded another file first (a scripted call, say)

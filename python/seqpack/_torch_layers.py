@@ -44,7 +44,7 @@ def _cuda_backend():
                 # seqpack::rnn and rnn_padded on CUDA tensors: the kernels the
                 # layers' CUDA forwards run (and any caller of the operators).
                 _torch_cuda_ops.register(_cuda)
-            elif os.environ.get("SEQPACK_CUDA_LIBRARY"):
+            elif _cuda.named_library():
                 # A library the user named and that cannot run is an error naming
                 # it, not a silent fall-back to torch's kernels.
                 raise RuntimeError("seqpack CUDA: " + _cuda.why_unavailable())

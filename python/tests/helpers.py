@@ -38,25 +38,45 @@ def torch_twin(m):
     return t
 
 
-_EMULATED_BUILDS = {}  # source -> the library built from it in this process
+_EMULATED_BUILDS = {}  # sources -> the library built from them in this process
+
+
+# The sources of libseqpack_cuda (cuda/CMakeLists.txt's): every .cu file of
+# cuda/src/, relative to the repository's root.
+CUDA_LIBRARY = tuple(sorted(os.path.join("cuda", "src", f)
+                            for f in os.listdir(os.path.join(os.path.dirname(os.path.dirname(
+                                os.path.dirname(os.path.abspath(__file__)))), "cuda", "src"))
+                            if f.endswith(".cu")))
 
 
 def build_emulated_cuda(source, out):
-    """Compiles a CUDA source of cuda/ with g++ against the CPU emulation
-    (cuda/emulate/) into the shared library `out`; skips the calling test where
-    the CUDA emulation is switched off (SEQPACK_TEST_CUDA=0, scripts/test.sh) or
-    no g++ is there. A source compiled before in this process is copied from
-    that build instead (the library of cuda/src/rnn.cu takes 14 s, and three
-    test modules need it). Returns str(out)."""
+    """Compiles CUDA sources of cuda/ (a path, or a sequence of them such as
+    CUDA_LIBRARY, relative to the repository's root) with g++ against the CPU
+    emulation (cuda/emulate/) into the shared library `out`; skips the calling
+    test where the CUDA emulation is switched off (SEQPACK_TEST_CUDA=0,
+    scripts/test.sh) or no g++ is there. Sources compiled before in this
+    process are copied from that build instead (the library, CUDA_LIBRARY,
+    takes 15 s or more, and three test modules need it). Returns str(out)."""
     import shutil
     import subprocess
     import pytest
     if os.environ.get("SEQPACK_TEST_CUDA") == "0":
         pytest.skip("SEQPACK_TEST_CUDA=0: the CUDA kernels' CPU emulation is not run (scripts/test.sh)")
-    built = _EMULATED_BUILDS.get(source)
+    sources = (source,) if isinstance(source, str) else tuple(source)
+    built = _EMULATED_BUILDS.get(sources)
     if built is not None and os.path.isfile(built):
         shutil.copyfile(built, str(out))
         return str(out)
+    cxx = next((shutil.which(c) for c in ("g++-12", "g++", "g++-14", "g++-13") if shutil.which(c)), None)
+    if cxx is None:
+        pytest.skip("no g++ to build the emulated CUDA code")
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    subprocess.run([cxx, "-std=c++20", "-O1", "-fPIC", "-shared", "-Wall", "-Wextra", "-Werror",
+                    "-Wno-unknown-pragmas", "-x", "c++"] + [os.path.join(root, f) for f in sources] +
+                   ["-DSEQPACK_CUDA_EMULATE", "-I", os.path.join(root, "cuda", "emulate"),
+                    "-I", os.path.join(root, "include"), "-o", str(out), "-pthread"], check=True)
+    _EMULATED_BUILDS[sources] = str(out)
+    return str(out)
     cxx = next((shutil.which(c) for c in ("g++-12", "g++", "g++-14", "g++-13") if shutil.which(c)), None)
     if cxx is None:
         pytest.skip("no g++ to build the emulated CUDA code")

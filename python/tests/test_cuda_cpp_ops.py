@@ -9,6 +9,7 @@ double-backward refusal and the bad inputs by name. Where torch is a CUDA build
 the same kernels are seqpack::rnn's CUDA kernels (cuda_register.cpp)."""
 import os
 import pathlib
+import re
 import subprocess
 import sys
 
@@ -17,8 +18,9 @@ import pytest
 torch = pytest.importorskip("torch")
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from helpers import build_emulated_cuda  # noqa: E402
-from test_cuda_glue import CASES, MODULES, _make, _reference  # noqa: E402
+from helpers import CUDA_LIBRARY, build_emulated_cuda  # noqa: E402
+from test_cuda_glue import (BAD_ENVIRONMENTS, CASES, MODULES, POLICY_DEFAULTS, POLICY_ENVIRONMENTS,  # noqa: E402
+                            POLICY_VARIABLES, _make, _reference)
 from tolerance import assert_fp_close, rnn_reduction_length  # noqa: E402
 
 import seqpack.torch  # noqa: E402,F401  (loads libseqpack_torch: the kernels' library)
@@ -35,7 +37,7 @@ def ops(tmp_path_factory):
     lib = build / "tests" / TEST_LIBRARY
     if not lib.is_file():
         pytest.skip(f"{lib} is not built (a CMake build with SEQPACK_BUILD_TESTS and SEQPACK_BUILD_TORCH)")
-    cuda = build_emulated_cuda(os.path.join("cuda", "src", "rnn.cu"),
+    cuda = build_emulated_cuda(CUDA_LIBRARY,
                                tmp_path_factory.mktemp("emulated") / "libseqpack_cuda.so")
     if not hasattr(torch.ops.seqpack_cuda_emulated, "rnn"):
         torch.ops.load_library(str(lib))
@@ -378,3 +380,42 @@ def test_device_check_stage_runs_on_the_cpu(ops):
     assert sum(line.startswith("  dweights[") for line in lines) == 20 + 8
     rows = [line for line in lines if line.startswith("| ") and "x " in line]
     assert len(rows) == 3, out.stdout
+
+
+# ---- the library's policy: the C++ front end (cuda_ops.cpp) reads the
+# SEQPACK_CUDA_* variables as the Python glue (seqpack/_cuda.py) does.
+
+def _glue():
+    from test_cuda_glue import load_module
+    return load_module("seqpack_cuda_glue_policy")
+
+
+@pytest.mark.parametrize("environ,fields", POLICY_ENVIRONMENTS)
+def test_cpp_and_python_front_ends_build_the_same_policy(ops, monkeypatch, environ, fields):
+    for name in POLICY_VARIABLES:
+        monkeypatch.delenv(name, raising=False)
+    for name, value in environ.items():
+        monkeypatch.setenv(name, value)
+    expected = dict(POLICY_DEFAULTS, **fields)
+    assert _glue().policy_from_environment().as_dict() == expected
+    assert list(ops._cuda_policy_from_environment()) == list(expected.values())
+
+
+@pytest.mark.parametrize("name,value,message", BAD_ENVIRONMENTS)
+def test_cpp_and_python_front_ends_refuse_the_same_values(ops, monkeypatch, name, value, message):
+    monkeypatch.setenv(name, value)
+    with pytest.raises(ValueError, match=re.escape(message)):
+        _glue().policy_from_environment()
+    with pytest.raises(ValueError, match=re.escape("seqpack CUDA: " + message)):
+        ops._cuda_policy_from_environment()
+
+
+def test_cpp_front_end_installs_its_policy(ops):
+    """The operators installed the environment's policy in the library they loaded."""
+    import ctypes
+    glue = _glue()
+    lib = ctypes.CDLL(ops._cuda_library(""))  # the same file: the library the operators hold
+    glue._bind(lib)
+    p = glue.Policy()
+    assert lib.seqpack_cuda_get_policy(ctypes.byref(p)) == 0
+    assert list(p.as_dict().values()) == list(ops._cuda_policy_from_environment())

@@ -27,7 +27,7 @@ HEADER = os.path.join(ROOT, "include", "seqpack", "cuda.h")
 MODULE = os.path.join(ROOT, "python", "seqpack", "_cuda.py")
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from helpers import build_emulated_cuda  # noqa: E402
+from helpers import CUDA_LIBRARY, build_emulated_cuda  # noqa: E402
 
 
 def load_module(name="seqpack_cuda_glue"):
@@ -68,10 +68,10 @@ C_TO_CTYPES = {
 }
 
 
-def header_struct_fields():
-    """[(C type, name)] of seqpack_cuda_rnn_args in the header, in order."""
+def header_struct_fields(struct="seqpack_cuda_rnn_args"):
+    """[(C type, name)] of the header's struct `struct`, in order."""
     text = re.sub(r"/\*.*?\*/", "", open(HEADER).read(), flags=re.S)
-    body = re.search(r"typedef struct seqpack_cuda_rnn_args \{(.*?)\} seqpack_cuda_rnn_args;", text, re.S).group(1)
+    body = re.search(rf"typedef struct {struct} \{{(.*?)\}} {struct};", text, re.S).group(1)
     fields = []
     for decl in body.split(";"):
         decl = " ".join(decl.split())
@@ -89,10 +89,11 @@ def header_struct_fields():
     return fields
 
 
-def test_header_and_ctypes_struct_agree():
+@pytest.mark.parametrize("struct,ctype", [("seqpack_cuda_rnn_args", "RnnArgs"), ("seqpack_cuda_policy", "Policy")])
+def test_header_and_ctypes_struct_agree(struct, ctype):
     module = load_module()
-    declared = header_struct_fields()
-    got = [(name, t) for name, t in module.RnnArgs._fields_]
+    declared = header_struct_fields(struct)
+    got = [(name, t) for name, t in getattr(module, ctype)._fields_]
     assert [n for _, n in declared] == [n for n, _ in got]
     for (ctype, name), (_, t) in zip(declared, got):
         if isinstance(ctype, tuple):  # element type, length
@@ -106,6 +107,7 @@ def test_header_and_ctypes_signatures_agree():
     module = load_module()
     types = dict(C_TO_CTYPES)
     types["const seqpack_cuda_rnn_args*"] = ctypes.POINTER(module.RnnArgs)
+    types["const seqpack_cuda_policy*"] = types["seqpack_cuda_policy*"] = ctypes.POINTER(module.Policy)
     declared = header_functions()
     assert set(declared) == set(module.SIGNATURES), (sorted(declared), sorted(module.SIGNATURES))
     for name, (ret, params) in declared.items():
@@ -126,6 +128,10 @@ def test_header_enums_match_module():
     for dtype, value in module.DTYPES.items():
         assert re.search(rf"SEQPACK_CUDA_{names[dtype]} = {value}\b", text), dtype
     assert re.search(rf"SEQPACK_CUDA_ABI_VERSION {module.ABI_VERSION}\b", text)
+    assert re.search(rf"SEQPACK_CUDA_POLICY_VERSION {module.POLICY_VERSION}\b", text)
+    for prefix, values in (("KERNEL", module.KERNELS), ("GEMM", module.GEMMS), ("GATHER", module.GATHERS)):
+        for name, value in values.items():
+            assert re.search(rf"SEQPACK_CUDA_{prefix}_{name.upper()} = {value}\b", text), (prefix, name)
 
 
 @pytest.mark.skipif(shutil.which("cc") is None, reason="no C compiler (cc) to check the header with")
@@ -134,7 +140,9 @@ def test_header_is_plain_c(tmp_path):
     source.write_text('#include "seqpack/cuda.h"\n'
                       "int (*f)(const seqpack_cuda_rnn_args*) = seqpack_cuda_rnn_forward;\n"
                       "int (*g)(const seqpack_cuda_rnn_args*) = seqpack_cuda_rnn_backward;\n"
-                      "int main(void) { seqpack_cuda_rnn_args a = {0}; return f == 0 || g == 0 || a.rows; }\n")
+                      "int (*s)(const seqpack_cuda_policy*) = seqpack_cuda_set_policy;\n"
+                      "int main(void) { seqpack_cuda_rnn_args a = {0}; seqpack_cuda_policy p = {0};\n"
+                      "  return f == 0 || g == 0 || s == 0 || a.rows || p.kernel; }\n")
     subprocess.run(["cc", "-std=c99", "-pedantic", "-Wall", "-Wextra", "-Werror", "-fsyntax-only",
                     "-I", os.path.join(ROOT, "include"), str(source)], check=True)
 
@@ -216,7 +224,7 @@ def emulated(tmp_path_factory):
                            capture_output=True, text=True)
     if probe.returncode != 0:
         pytest.skip(f"{cxx} has no _Float16 (the emulated float16)")
-    build_emulated_cuda(os.path.join("cuda", "src", "rnn.cu"), out)
+    build_emulated_cuda(CUDA_LIBRARY, out)
     old = os.environ.get("SEQPACK_CUDA_LIBRARY")
     os.environ["SEQPACK_CUDA_LIBRARY"] = str(out)
     try:
@@ -228,6 +236,20 @@ def emulated(tmp_path_factory):
         else:
             os.environ["SEQPACK_CUDA_LIBRARY"] = old
     return module
+
+
+@pytest.fixture
+def setenv(emulated, monkeypatch):
+    """monkeypatch.setenv, then the library's policy installed from the
+    environment (the glue reads the SEQPACK_CUDA_* variables when it loads the
+    library and at install_policy(), the library never); after the test, the
+    policy of the environment as it was."""
+    def set_variable(name, value):
+        monkeypatch.setenv(name, value)
+        emulated.install_policy()
+    yield set_variable
+    monkeypatch.undo()
+    emulated.install_policy()
 
 
 VF = {"LSTM": "lstm", "GRU": "gru", "RNN_TANH": "rnn_tanh", "RNN_RELU": "rnn_relu"}
@@ -326,11 +348,11 @@ VARIANTS = {None: ({}, True), "library": ({}, False), "tile64": ({"SEQPACK_CUDA_
                          [c + ("cluster-one",) for c in CASES[:2]] +
                          [c + ("cluster-global",) for c in CASES if c[4] == 0] +
                          [c + ("cluster-cooperative",) for c in CASES])
-def test_emulated_library_matches_torch(emulated, monkeypatch, mode, layers, bidirectional, bias, proj, lengths,
+def test_emulated_library_matches_torch(emulated, setenv, mode, layers, bidirectional, bias, proj, lengths,
                                         extra, variant):
     environment, torch_products = VARIANTS[variant]
     for name, value in environment.items():
-        monkeypatch.setenv(name, value)
+        setenv(name, value)
     input_size, hidden = 3, 5
     seed = 1234 + len(lengths) * 7 + layers
     rnn = _make(mode, input_size, hidden, layers, bidirectional, bias, proj, seed)
@@ -473,9 +495,9 @@ def test_torch_compile_traces_the_registered_operator(emulated, monkeypatch, mod
 @pytest.mark.parametrize("dtype,eps", [(torch.bfloat16, 2.0 ** -8), (torch.float16, 2.0 ** -11)])
 @pytest.mark.parametrize("mode", ["LSTM", "GRU"])
 @pytest.mark.parametrize("torch_products,kernel", [(True, ""), (False, ""), (True, "cluster")])
-def test_emulated_half_precision_close_to_float32(emulated, monkeypatch, mode, dtype, eps, torch_products, kernel):
-    monkeypatch.setenv("SEQPACK_CUDA_KERNEL", kernel)
-    monkeypatch.setenv("SEQPACK_CUDA_CLUSTER", "2" if kernel else "")
+def test_emulated_half_precision_close_to_float32(emulated, setenv, mode, dtype, eps, torch_products, kernel):
+    setenv("SEQPACK_CUDA_KERNEL", kernel)
+    setenv("SEQPACK_CUDA_CLUSTER", "2" if kernel else "")
     if torch_products:
         try:  # torch's products on the CPU tensors the emulation runs on
             torch.mm(torch.ones(1, 1, dtype=dtype), torch.ones(1, 1, dtype=dtype))
@@ -634,7 +656,7 @@ def test_emulated_double_backward_is_refused_when_asked_for(emulated, mode):
 @pytest.mark.parametrize("mode,proj,dtype,eps", [
     ("LSTM", 0, torch.bfloat16, 2.0 ** -8), ("LSTM", 4, torch.float16, 2.0 ** -11),
     ("GRU", 0, torch.float16, 2.0 ** -11), ("RNN_TANH", 0, torch.bfloat16, 2.0 ** -8)])
-def test_emulated_wmma_matches_simt(emulated, monkeypatch, mode, proj, dtype, eps):
+def test_emulated_wmma_matches_simt(emulated, setenv, mode, proj, dtype, eps):
     """SEQPACK_CUDA_GEMM=wmma (tensor cores) against the SIMT GEMM, forward and backward.
 
     The wmma path rounds float32 operands (gate gradients, LSTM's m) to the data
@@ -652,7 +674,7 @@ def test_emulated_wmma_matches_simt(emulated, monkeypatch, mode, proj, dtype, ep
 
     # Every product in the library (SEQPACK_CUDA_PRODUCTS=library): its GEMM is what differs.
     simt = _library_run(emulated, mode, x, packed.batch_sizes, h0, c0, weights, proj, gy)
-    monkeypatch.setenv("SEQPACK_CUDA_GEMM", "wmma")
+    setenv("SEQPACK_CUDA_GEMM", "wmma")
     wmma = _library_run(emulated, mode, x, packed.batch_sizes, h0, c0, weights, proj, gy)
     _close_within_eps(wmma, simt, eps)
 
@@ -1015,9 +1037,9 @@ def test_operator_kernel_seeds_its_dropout(emulated, monkeypatch):
     for v in ("0", "17", "four", "2x")] + [
     ("SEQPACK_CUDA_CLUSTER_GATHER", "dsmem", "SEQPACK_CUDA_CLUSTER_GATHER = 'dsmem' is not 'shared' or 'global'"),
     ("SEQPACK_CUDA_CLUSTER_MMA", "yes", "SEQPACK_CUDA_CLUSTER_MMA = 'yes' is not 0 or 1")])
-def test_cluster_settings_are_checked(emulated, monkeypatch, name, value, message):
-    monkeypatch.setenv("SEQPACK_CUDA_KERNEL", "cluster")
-    monkeypatch.setenv(name, value)
+def test_cluster_settings_are_checked(emulated, setenv, name, value, message):
+    setenv("SEQPACK_CUDA_KERNEL", "cluster")
+    setenv(name, value)
     # bfloat16 and H = 16: where the tensor-core setting is read.
     rnn = torch.nn.GRU(3, 16).to(torch.bfloat16)
     x = torch.randn(4, 3).to(torch.bfloat16)
@@ -1029,7 +1051,7 @@ def test_cluster_settings_are_checked(emulated, monkeypatch, name, value, messag
 @pytest.mark.parametrize("mode,dtype,eps,cluster", [
     ("LSTM", torch.bfloat16, 2.0 ** -8, "2"), ("GRU", torch.float16, 2.0 ** -11, "4"),
     ("RNN_TANH", torch.bfloat16, 2.0 ** -8, "4")])
-def test_emulated_cluster_tensor_cores_match_the_threads_products(emulated, monkeypatch, mode, dtype, eps, cluster):
+def test_emulated_cluster_tensor_cores_match_the_threads_products(emulated, setenv, mode, dtype, eps, cluster):
     """The cluster kernels' step products on tensor cores (16-bit data, H a
     multiple of 16: the forward's h_{t-1} W_hh^T, the backward's carry
     dG_h W_hh with dG_h rounded to the data type) against the threads' own
@@ -1038,8 +1060,8 @@ def test_emulated_cluster_tensor_cores_match_the_threads_products(emulated, monk
     that h's rounding to the data type can carry, hence a few eps of the
     largest value. Clusters of 2 and 4 blocks: units of 16 and 8 (GRU's 24 gate
     rows padded to 32); a sequence of length zero; batch 6, padded to 16 rows."""
-    monkeypatch.setenv("SEQPACK_CUDA_KERNEL", "cluster")
-    monkeypatch.setenv("SEQPACK_CUDA_CLUSTER", cluster)
+    setenv("SEQPACK_CUDA_KERNEL", "cluster")
+    setenv("SEQPACK_CUDA_CLUSTER", cluster)
     rnn = _make(mode, 5, 32, 2, True, True, 0, 11)
     torch.manual_seed(12)
     seqs = [torch.randn(n, 5) for n in (9, 7, 7, 3, 1)]
@@ -1050,15 +1072,15 @@ def test_emulated_cluster_tensor_cores_match_the_threads_products(emulated, monk
     x = packed.data.to(dtype)
     gy = torch.randn(x.shape[0], 64).to(dtype)
 
-    monkeypatch.setenv("SEQPACK_CUDA_CLUSTER_MMA", "0")
+    setenv("SEQPACK_CUDA_CLUSTER_MMA", "0")
     threads = _library_run(emulated, mode, x, packed.batch_sizes, h0, c0, weights, 0, gy)
-    monkeypatch.setenv("SEQPACK_CUDA_CLUSTER_MMA", "1")
+    setenv("SEQPACK_CUDA_CLUSTER_MMA", "1")
     cores = _library_run(emulated, mode, x, packed.batch_sizes, h0, c0, weights, 0, gy)
     _close_within_eps(cores, threads, eps)
 
 
 @pytest.mark.parametrize("mode,lengths", [("LSTM", (3, 2, 2, 1)), ("GRU", (4, 4, 1)), ("RNN_TANH", (2, 1))])
-def test_emulated_cluster_3xtf32_matches_torch_float32(emulated, monkeypatch, mode, lengths):
+def test_emulated_cluster_3xtf32_matches_torch_float32(emulated, setenv, mode, lengths):
     """float32 with TF32 allowed (torch.backends.cuda.matmul.allow_tf32): the
     cluster kernels' step products on tensor cores as 3xTF32, forward and
     backward, against torch._VF in float32 within float32's bound (the emulated
@@ -1066,8 +1088,8 @@ def test_emulated_cluster_3xtf32_matches_torch_float32(emulated, monkeypatch, mo
     TF32 product instead of three exceeds it). H = 32 in clusters
     of 2 (16 units a block; the GRU's 48 gate rows, the LSTM's 64), both
     directions, a sequence of length zero (batch 5)."""
-    monkeypatch.setenv("SEQPACK_CUDA_KERNEL", "cluster")
-    monkeypatch.setenv("SEQPACK_CUDA_CLUSTER", "2")
+    setenv("SEQPACK_CUDA_KERNEL", "cluster")
+    setenv("SEQPACK_CUDA_CLUSTER", "2")
     rnn = _make(mode, 5, 32, 1, True, True, 0, 31)
     torch.manual_seed(32)
     seqs = [torch.randn(n, 5) for n in lengths]
@@ -1145,14 +1167,14 @@ def _grid_launches(emulated):
     ("cluster", True, 3, [(8, 4), (8, 4), (8, 4), (8, 4)]),
     ("persistent", True, 3, [(16, 0), (16, 0), (16, 0), (16, 0)]),
 ])
-def test_emulated_one_launch_runs_both_directions(emulated, monkeypatch, kernel, torch_products, proj, expected):
+def test_emulated_one_launch_runs_both_directions(emulated, setenv, kernel, torch_products, proj, expected):
     """SEQPACK_CUDA_KERNEL=cluster or persistent runs a bidirectional layer's two
     recurrences in one launch (each direction on its own blocks) where their
     buffers are apart, with or without a projection, and the results match
     torch._VF (2 layers: the forward launches of both, then the backward's from
     the top)."""
-    monkeypatch.setenv("SEQPACK_CUDA_KERNEL", kernel)
-    monkeypatch.setenv("SEQPACK_CUDA_CLUSTER", "4")
+    setenv("SEQPACK_CUDA_KERNEL", kernel)
+    setenv("SEQPACK_CUDA_CLUSTER", "4")
     rnn = _make("LSTM", 3, 8, 2, True, True, proj, 21)
     torch.manual_seed(22)
     seqs = [torch.randn(n, 3) for n in (6, 4, 4, 1)]
@@ -1211,3 +1233,159 @@ def test_operator_kernel_without_steps_keeps_the_states(emulated, monkeypatch, m
         assert hn.shape == (4, 2, 4) and torch.equal(hn, cpu[1])
         if mode == "LSTM":
             assert torch.equal(cn, cpu[2])
+
+
+# ---- the library's policy (seqpack_cuda_policy): built by the front ends from
+# the SEQPACK_CUDA_* variables, checked and held by the library, which reads no
+# environment. test_cuda_cpp_ops.py runs the C++ front end on the same lists.
+
+POLICY_VARIABLES = ("SEQPACK_CUDA_KERNEL", "SEQPACK_CUDA_GEMM", "SEQPACK_CUDA_GEMM_TILE", "SEQPACK_CUDA_CLUSTER",
+                    "SEQPACK_CUDA_CLUSTER_GATHER", "SEQPACK_CUDA_CLUSTER_MMA")
+# (variables, the record's fields other than the defaults)
+POLICY_ENVIRONMENTS = [
+    ({}, {}),
+    ({name: "" for name in POLICY_VARIABLES}, {}),  # empty: unset
+    ({"SEQPACK_CUDA_KERNEL": "simple", "SEQPACK_CUDA_GEMM": "simt", "SEQPACK_CUDA_CLUSTER_GATHER": "shared",
+      "SEQPACK_CUDA_CLUSTER_MMA": "1"}, {}),  # the defaults by name
+    ({"SEQPACK_CUDA_KERNEL": "cluster", "SEQPACK_CUDA_CLUSTER": "4", "SEQPACK_CUDA_CLUSTER_GATHER": "global",
+      "SEQPACK_CUDA_CLUSTER_MMA": "0", "SEQPACK_CUDA_GEMM": "wmma", "SEQPACK_CUDA_GEMM_TILE": "32"},
+     {"kernel": 2, "cluster_size": 4, "cluster_gather": 1, "cluster_mma": 0, "gemm": 1, "gemm_tile": 32}),
+    ({"SEQPACK_CUDA_KERNEL": "persistent", "SEQPACK_CUDA_GEMM_TILE": "64", "SEQPACK_CUDA_CLUSTER": " +16"},
+     {"kernel": 1, "gemm_tile": 64, "cluster_size": 16}),
+    ({"SEQPACK_CUDA_CLUSTER": "1"}, {"cluster_size": 1}),
+]
+POLICY_DEFAULTS = {"version": 1, "kernel": 0, "gemm": 0, "gemm_tile": 0, "cluster_size": 0, "cluster_gather": 0,
+                   "cluster_mma": 1, "tf32": 1}
+# (variable, value, the message naming them)
+BAD_ENVIRONMENTS = [
+    ("SEQPACK_CUDA_KERNEL", "fast", "SEQPACK_CUDA_KERNEL = 'fast' is not 'simple', 'persistent' or 'cluster'"),
+    ("SEQPACK_CUDA_GEMM", "tensor", "SEQPACK_CUDA_GEMM = 'tensor' is not 'simt' or 'wmma'"),
+    ("SEQPACK_CUDA_GEMM_TILE", "16", "SEQPACK_CUDA_GEMM_TILE = '16' is not 32 or 64"),
+    ("SEQPACK_CUDA_GEMM_TILE", "0", "SEQPACK_CUDA_GEMM_TILE = '0' is not 32 or 64"),
+    ("SEQPACK_CUDA_CLUSTER_GATHER", "dsmem", "SEQPACK_CUDA_CLUSTER_GATHER = 'dsmem' is not 'shared' or 'global'"),
+    ("SEQPACK_CUDA_CLUSTER_MMA", "yes", "SEQPACK_CUDA_CLUSTER_MMA = 'yes' is not 0 or 1"),
+] + [("SEQPACK_CUDA_CLUSTER", v, f"SEQPACK_CUDA_CLUSTER = '{v}' is not a block count from 1 to 16")
+     for v in ("0", "17", "four", "2x", "4 ", " ", "0x4", "-2")]
+
+
+@pytest.mark.parametrize("environ,fields", POLICY_ENVIRONMENTS)
+def test_policy_from_environment(environ, fields):
+    module = load_module()
+    assert module.policy_from_environment(environ).as_dict() == dict(POLICY_DEFAULTS, **fields)
+
+
+@pytest.mark.parametrize("name,value,message", BAD_ENVIRONMENTS)
+def test_policy_from_environment_refuses_a_bad_value_by_name(name, value, message):
+    with pytest.raises(ValueError, match=re.escape(message)):
+        load_module().policy_from_environment({name: value})
+
+
+BAD_POLICIES = [
+    ("version", 2, "policy.version = 2 is not SEQPACK_CUDA_POLICY_VERSION (1)"),
+    ("kernel", 3, "policy.kernel = 3 is not simple (0), persistent (1) or cluster (2)"),
+    ("kernel", -1, "policy.kernel = -1 is not simple (0), persistent (1) or cluster (2)"),
+    ("gemm", 2, "policy.gemm = 2 is not simt (0) or wmma (1)"),
+    ("gemm_tile", 16, "policy.gemm_tile = 16 is not 0 (chosen per product), 32 or 64"),
+    ("cluster_size", 17, "policy.cluster_size = 17 is not 0 (chosen from H) or a block count from 1 to 16"),
+    ("cluster_size", -1, "policy.cluster_size = -1 is not 0 (chosen from H) or a block count from 1 to 16"),
+    ("cluster_gather", 2, "policy.cluster_gather = 2 is not shared (0) or global (1)"),
+    ("cluster_mma", 2, "policy.cluster_mma = 2 is not 0 or 1"),
+    ("tf32", -1, "policy.tf32 = -1 is not 0 or 1"),
+]
+
+
+@pytest.mark.parametrize("field,value,message", BAD_POLICIES)
+def test_library_refuses_a_bad_policy_value_by_name(emulated, field, value, message):
+    """seqpack_cuda_set_policy checks every field: a value out of range is
+    SEQPACK_CUDA_INVALID_ARGUMENT with a message naming the field and the value,
+    and the policy installed stays (a good change beside the bad one too)."""
+    lib = emulated._library()
+    before = emulated.installed_policy().as_dict()
+    p = emulated.policy_from_environment({"SEQPACK_CUDA_KERNEL": "cluster"})
+    setattr(p, field, value)
+    assert lib.seqpack_cuda_set_policy(ctypes.byref(p)) == 1
+    assert lib.seqpack_cuda_last_error().decode() == "seqpack_cuda: " + message
+    assert emulated.installed_policy().as_dict() == before
+    assert lib.seqpack_cuda_set_policy(None) == 1
+    assert lib.seqpack_cuda_last_error().decode() == "seqpack_cuda: policy is NULL"
+
+
+def test_library_defaults_are_the_unset_variables(emulated, tmp_path):
+    """A library no front end has given a policy holds the one the unset
+    variables mean."""
+    copy = tmp_path / "libseqpack_cuda.so"  # another file: another copy of the library's state
+    shutil.copyfile(emulated._state["path"], copy)
+    lib = ctypes.CDLL(str(copy))
+    emulated._bind(lib)
+    p = emulated.Policy()
+    assert lib.seqpack_cuda_get_policy(ctypes.byref(p)) == 0
+    assert p.as_dict() == POLICY_DEFAULTS
+
+
+def test_library_sources_read_no_environment():
+    """No source of the library (cuda/src/) reads the environment: its policy is
+    the front ends' to install."""
+    sources = os.path.join(ROOT, "cuda", "src")
+    for name in sorted(os.listdir(sources)):
+        text = open(os.path.join(sources, name)).read()
+        for word in ("getenv", "environ", "secure_getenv"):
+            assert word not in text, f"cuda/src/{name} has {word}"
+
+
+def test_library_reads_no_environment(emulated, monkeypatch):
+    """The policy installed runs, whatever the variables say after it: with
+    clusters of 4 installed, SEQPACK_CUDA_KERNEL=persistent, another cluster size
+    and values that mean nothing change no launch and raise nothing, until the
+    glue installs them again (install_policy), when the bad value is refused by
+    name at the next call."""
+    policy = emulated.policy_from_environment({"SEQPACK_CUDA_KERNEL": "cluster", "SEQPACK_CUDA_CLUSTER": "4"})
+    lib = emulated._library()
+    emulated._check(lib, lib.seqpack_cuda_set_policy(ctypes.byref(policy)))
+    try:
+        for name, value in {"SEQPACK_CUDA_KERNEL": "persistent", "SEQPACK_CUDA_CLUSTER": "2",
+                            "SEQPACK_CUDA_CLUSTER_GATHER": "nowhere", "SEQPACK_CUDA_GEMM_TILE": "16",
+                            "SEQPACK_CUDA_CLUSTER_MMA": "maybe"}.items():
+            monkeypatch.setenv(name, value)
+        rnn = _make("LSTM", 3, 8, 1, True, True, 0, 41)
+        packed = torch.nn.utils.rnn.pack_sequence([torch.randn(n, 3) for n in (5, 3, 2)])
+        h0, c0 = torch.randn(2, 3, 8), torch.randn(2, 3, 8)
+        weights = [w.detach().clone() for w in rnn._flat_weights]
+        _grid_launches(emulated)
+        y, hn, cn = emulated._run("LSTM", packed.data, packed.batch_sizes, h0, c0, weights, None, True, 1, True, 0,
+                                  False, True)
+        assert _grid_launches(emulated) == [(8, 4)]  # both directions, a cluster of 4 each
+        assert emulated.installed_policy().as_dict() == policy.as_dict()
+        emulated.install_policy()
+        with pytest.raises(RuntimeError, match="SEQPACK_CUDA_GEMM_TILE = '16' is not 32 or 64"):
+            emulated._run("LSTM", packed.data, packed.batch_sizes, h0, c0, weights, None, True, 1, True, 0,
+                          False, True)
+    finally:
+        monkeypatch.undo()
+        emulated.install_policy()
+    assert emulated.installed_policy().as_dict() == emulated.policy_from_environment().as_dict()
+
+
+def test_policy_tf32_off_overrides_the_calls_allow_tf32(emulated):
+    """The policy's tf32 = 0: a float32 call that allows TF32 runs the cluster
+    kernels' threads' float32 products, the values of a call that does not
+    allow it, bit for bit (H = 32, where tf32 = 1 takes tensor cores: other values)."""
+    lib = emulated._library()
+    policy = emulated.policy_from_environment({"SEQPACK_CUDA_KERNEL": "cluster", "SEQPACK_CUDA_CLUSTER": "2"})
+    rnn = _make("GRU", 5, 32, 1, True, True, 0, 51)
+    packed = torch.nn.utils.rnn.pack_sequence([torch.randn(n, 5) for n in (4, 3, 1)])
+    h0 = torch.randn(2, 3, 32)
+    weights = [w.detach().clone() for w in rnn._flat_weights]
+
+    def run(allow_tf32):
+        return emulated._run("GRU", packed.data, packed.batch_sizes, h0, None, weights, None, True, 1, True, 0,
+                             allow_tf32, False)[:2]
+    try:
+        emulated._check(lib, lib.seqpack_cuda_set_policy(ctypes.byref(policy)))
+        exact = run(False)
+        assert not all(torch.equal(g, w) for g, w in zip(run(True), exact))  # tf32 = 1: 3xTF32 here
+        policy.tf32 = 0
+        emulated._check(lib, lib.seqpack_cuda_set_policy(ctypes.byref(policy)))
+        for got, want in zip(run(True), exact):
+            assert torch.equal(got, want)
+    finally:
+        emulated.install_policy()

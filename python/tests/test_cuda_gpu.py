@@ -308,9 +308,12 @@ def test_module_fp32(mode, num_layers, bidirectional, with_hx, bias):
 
 @contextlib.contextmanager
 def _environment(name, value):
-    """The variable set to value (the library reads it at every call), then as before."""
+    """The variable set to value, then as before; the glue installs the library's
+    policy from the SEQPACK_CUDA_* variables each time (install_policy: the
+    library reads none itself; SEQPACK_CUDA_PRODUCTS the glue reads at every call)."""
     old = os.environ.get(name)
     os.environ[name] = value
+    _install_policy()
     try:
         yield
     finally:
@@ -318,6 +321,12 @@ def _environment(name, value):
             del os.environ[name]
         else:
             os.environ[name] = old
+        _install_policy()
+
+
+def _install_policy():
+    if GLUE is not None and hasattr(GLUE, "install_policy"):  # a fake glue (the self-test) may have none
+        GLUE.install_policy()
 
 
 @cases("mode", MODES)
