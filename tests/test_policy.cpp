@@ -117,7 +117,8 @@ TEST(Policy, BadSettingsAreRefusedByNameAndNothingIsInstalled) {
   };
   Policy p = good;
   p.max_cpu_isa = "avx9";
-  refused(p, "SEQPACK_MAX_CPU_ISA = 'avx9' is not one of avx512, avx3_zen4, avx3_dl, avx3, avx2, sse4");
+  refused(p,
+          "SEQPACK_MAX_CPU_ISA = 'avx9' is not one of avx512, avx3_zen4, avx3_dl, avx3, avx2, sse4");
   p = good;
   p.int8_kernel = "fast";
   refused(p, "SEQPACK_INT8_KERNEL: 'fast' is not auto, amx, vnni, avx2 or scalar");
@@ -158,22 +159,41 @@ TEST(Policy, AKernelTheCpuLacksIsRefusedAtTheFirstProduct) {
   EXPECT_EQ(cpu::int8_kernel(), cpu::Int8Kernel::avx2);
 }
 
+// A one-layer recurrent layer with random weights (|w| <= 0.3) and input
+// (|x| <= 1) over sequences of `lengths`, and its inference forward.
+struct RandomLayer {
+  RNNOptions o;
+  std::vector<Tensor> w;
+  PackingPlan plan;
+  Tensor x;
+  RandomLayer(RNNMode mode, int64_t input_size, int64_t hidden_size,
+              const std::vector<int64_t>& lengths, uint64_t seed)
+      : o(options(mode, input_size, hidden_size)),
+        plan(PackingPlan::from_lengths(lengths, /*enforce_sorted=*/false)) {
+    std::mt19937_64 gen(seed);
+    for (const Shape& s : rnn_parameter_shapes(o)) w.push_back(testing::random_tensor(s, 0.3, gen));
+    x = testing::random_tensor({plan.total_rows(), o.input_size}, 1.0, gen);
+  }
+  static RNNOptions options(RNNMode mode, int64_t input_size, int64_t hidden_size) {
+    RNNOptions r;
+    r.mode = mode;
+    r.input_size = input_size;
+    r.hidden_size = hidden_size;
+    return r;
+  }
+  RNNForwardResult forward() const {
+    return rnn_forward(o, w, x, plan, Tensor(), Tensor(), false, false);
+  }
+};
+
 // The cap changes Highway's target within a process, down and back up, and
 // a layer's results under each stay within fp32's bound of each other.
 TEST(Policy, TheIsaCapMovesHighwaysDispatchBothWays) {
   const PolicyGuard guard;
   set_policy(Policy{});
   const std::string widest = cpu_info().kernels;
-  RNNOptions o;
-  o.mode = RNNMode::gru;
-  o.input_size = 5;
-  o.hidden_size = 24;
-  std::mt19937_64 gen(7);
-  std::vector<Tensor> w;
-  for (const Shape& s : rnn_parameter_shapes(o)) w.push_back(testing::random_tensor(s, 0.3, gen));
-  const PackingPlan plan = PackingPlan::from_lengths({6, 3, 5}, /*enforce_sorted=*/false);
-  const Tensor x = testing::random_tensor({plan.total_rows(), o.input_size}, 1.0, gen);
-  const auto run = [&] { return rnn_forward(o, w, x, plan, Tensor(), Tensor(), false, false); };
+  const RandomLayer layer(RNNMode::gru, 5, 24, {6, 3, 5}, 7);
+  const auto run = [&] { return layer.forward(); };
   const RNNForwardResult wide = run();
 
   Policy capped;
@@ -199,16 +219,8 @@ TEST(Policy, TheAvx512LevelsCapHighwaysTargetsOneByOne) {
   set_policy(Policy{});
   const std::string widest = cpu_info().kernels;
   const bool avx512 = widest.rfind("AVX3", 0) == 0;
-  RNNOptions o;
-  o.mode = RNNMode::lstm;
-  o.input_size = 3;
-  o.hidden_size = 13;
-  std::mt19937_64 gen(11);
-  std::vector<Tensor> w;
-  for (const Shape& s : rnn_parameter_shapes(o)) w.push_back(testing::random_tensor(s, 0.3, gen));
-  const PackingPlan plan = PackingPlan::from_lengths({5, 5, 5}, /*enforce_sorted=*/true);
-  const Tensor x = testing::random_tensor({plan.total_rows(), o.input_size}, 1.0, gen);
-  const auto run = [&] { return rnn_forward(o, w, x, plan, Tensor(), Tensor(), false, false); };
+  const RandomLayer layer(RNNMode::lstm, 3, 13, {5, 5, 5}, 11);  // every sequence full
+  const auto run = [&] { return layer.forward(); };
   const RNNForwardResult wide = run();
   const auto allowed = [](const std::string& level, const std::string& target) {
     if (target.rfind("AVX3", 0) != 0) return true;  // AVX2 or below: under every level
@@ -226,8 +238,9 @@ TEST(Policy, TheAvx512LevelsCapHighwaysTargetsOneByOne) {
     EXPECT_TRUE(allowed(level, target)) << target;
     if (avx512) EXPECT_EQ(target.rfind("AVX3", 0), 0u) << target;  // AVX-512 stays on
     const RNNForwardResult r = run();
-    EXPECT_TRUE(testing::fp_close(r.output, wide.output, 5 * (3 + 13 + 16), DType::f32, "output"));
-    EXPECT_TRUE(testing::fp_close(r.h_n, wide.h_n, 5 * (3 + 13 + 16), DType::f32, "h_n"));
+    const int64_t n = 5 * (3 + 13 + 16);  // 5 steps of x, h and the gate math
+    EXPECT_TRUE(testing::fp_close(r.output, wide.output, n, DType::f32, "output"));
+    EXPECT_TRUE(testing::fp_close(r.h_n, wide.h_n, n, DType::f32, "h_n"));
   }
   set_policy(Policy{});
   EXPECT_EQ(cpu_info().kernels, widest);

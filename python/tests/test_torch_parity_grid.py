@@ -80,6 +80,16 @@ def inputs(form, seed, dtype=torch.float32):
     return x
 
 
+def reference(ref64, x, form):
+    """The float64 module's results on x (padded or packed) in float64."""
+    if isinstance(x, trnn.PackedSequence):
+        x = trnn.PackedSequence(x.data.double(), x.batch_sizes, x.sorted_indices,
+                                x.unsorted_indices)
+    else:
+        x = x.double()
+    return call(ref64, x, form, grad=False)
+
+
 def call(module, x, form, grad):
     """(output as padded rows, h_n, c_n or None) of module on x; with `grad`,
     with autograd recording (input requiring grad), else under no_grad."""
@@ -134,10 +144,7 @@ def fp32_grid(kind, layers, bidirectional, seed):
                                  proj_of(kind, hidden))
         for form in ("dense", "lengths", "packed"):
             x = inputs(form, seed + 1000 + hidden)
-            x64 = (trnn.PackedSequence(x.data.double(), x.batch_sizes, x.sorted_indices,
-                                       x.unsorted_indices)
-                   if isinstance(x, trnn.PackedSequence) else x.double())
-            expected = call(ref64, x64, form, grad=False)
+            expected = reference(ref64, x, form)
             for grad in (False, True):
                 case = (f"{kind} H={hidden} layers={layers} bidirectional={bidirectional} "
                         f"{form} {'grad' if grad else 'no_grad'} (seed {seed + hidden})")
@@ -236,10 +243,7 @@ def test_bf16_layers(kind):
             _, ref64, ours = make(kind, hidden, layers, bidirectional, seed + hidden)
             for form in ("dense", "packed"):
                 x = inputs(form, seed + 2000 + hidden)
-                x64 = (trnn.PackedSequence(x.data.double(), x.batch_sizes, x.sorted_indices,
-                                           x.unsorted_indices)
-                       if isinstance(x, trnn.PackedSequence) else x.double())
-                expected = call(ref64, x64, form, grad=False)
+                expected = reference(ref64, x, form)
                 for grad in (False, True):
                     with torch.autocast("cpu", dtype=torch.bfloat16):
                         actual = call(ours, x, form, grad)
@@ -263,10 +267,7 @@ def test_int8_layers(kind):
             q = st.quantize_dynamic(ref.eval())
             for form in ("dense", "packed"):
                 x = inputs(form, seed + 3000 + hidden)
-                x64 = (trnn.PackedSequence(x.data.double(), x.batch_sizes, x.sorted_indices,
-                                           x.unsorted_indices)
-                       if isinstance(x, trnn.PackedSequence) else x.double())
-                expected = call(ref64, x64, form, grad=False)
+                expected = reference(ref64, x, form)
                 actual = call(q, x, form, grad=False)
                 err, _ = worst(actual, expected)
                 if not err <= INT8_BOUND:
