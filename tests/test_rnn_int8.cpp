@@ -723,13 +723,16 @@ TEST(RNNInt8, QuantizedOnceEqualsQuantizedPerCallAndChecksItsTensors) {
   ASSERT_EQ(std::memcmp(once.output.raw_data(), each.output.raw_data(),
                         static_cast<std::size_t>(each.output.numel()) * sizeof(float)),
             0);
+  // Weights of other values than it quantized are refused (equal copies serve).
   std::vector<Tensor> copies;
   for (const Tensor& w : weights) copies.push_back(w.clone());
+  copies[0].data<float>()[0] += 0.5f;
   try {
     rnn_forward(o, copies, x, plan, {}, {}, false, false, 0, q.get());
-    FAIL() << "int8 weights of other tensors were used";
+    FAIL() << "int8 weights quantized from other values were used";
   } catch (const std::invalid_argument& e) {
-    EXPECT_NE(std::string(e.what()).find("made from another weight_ih_l0"), std::string::npos)
+    EXPECT_NE(std::string(e.what()).find("made from other values of weight_ih_l0"),
+              std::string::npos)
         << e.what();
   }
   RNNOptions f = o;
