@@ -13,6 +13,7 @@
 // rounded operands are multiplied in fp32 instead (run_emulated), on any CPU.
 #include <immintrin.h>
 #include <omp.h>
+#include <sys/mman.h>
 #include <oneapi/dnnl/dnnl.hpp>
 
 #include <algorithm>
@@ -338,6 +339,20 @@ class OneThread {
 
 Primitive make_primitive(const Key& key);
 
+// What a primitive's making may map (its JIT code, oneDNN's own buffers),
+// with room to spare: a primitive of the recurrent products took 1.4 MB of
+// address space on average (1024 of them, LSTM(8, 16)).
+constexpr std::size_t kPrimitiveAddressSpace = std::size_t{64} << 20;
+
+// Whether `bytes` of address space can be mapped now (mapped, then
+// unmapped: RLIMIT_AS counts even a mapping nothing may touch).
+bool address_space_for(std::size_t bytes) {
+  void* p = mmap(nullptr, bytes, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+  if (p == MAP_FAILED) return false;
+  munmap(p, bytes);
+  return true;
+}
+
 // The primitive of `asked` on this thread's threads (product_threads), made
 // on first use and kept: up to kPrimitiveCacheEntries a thread, the least
 // recently used dropped first.
@@ -347,7 +362,27 @@ Primitive& primitive(const Key& asked) {
   key.threads = product_threads(key);
   if (Primitive* p = cache.find(key)) return *p;
   // Made (and its JIT code allocated) by oneDNN: memory that runs out there
-  // is the library's out-of-memory error, as a tensor's is.
+  // is the library's out-of-memory error, as a tensor's is. oneDNN does not
+  // check every mapping of its JIT code (under `ulimit -v` it wrote through
+  // a failed one: SIGSEGV inside dnnl_primitive_create), so the address
+  // space it needs is asked for first; where there is none, this thread's
+  // primitives and oneDNN's cache of them are dropped (their code unmapped)
+  // and it is asked again.
+  if (!address_space_for(kPrimitiveAddressSpace)) {
+    cache.clear();
+    // oneDNN's own primitive cache holds them too: emptied.
+    const int capacity = dnnl::get_primitive_cache_capacity();
+    dnnl::set_primitive_cache_capacity(0);
+    dnnl::set_primitive_cache_capacity(capacity);
+    if (!address_space_for(kPrimitiveAddressSpace)) {
+      throw AllocationError("cannot make oneDNN's matmul primitive for [" +
+                            std::to_string(key.m) + ", " + std::to_string(key.k) + "] x [" +
+                            std::to_string(key.k) + ", " + std::to_string(key.n) +
+                            "]: out of memory (no " +
+                            std::to_string(kPrimitiveAddressSpace >> 20) +
+                            " MB of address space left for its code)");
+    }
+  }
   try {
     return cache.insert(key, make_primitive(key));
   } catch (const dnnl::error& e) {

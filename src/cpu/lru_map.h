@@ -56,6 +56,10 @@ class LruMap {
     }
     return order_.front().second;
   }
+  void clear() {
+    index_.clear();
+    order_.clear();
+  }
   std::size_t size() const { return order_.size(); }
   std::size_t capacity() const { return capacity_; }
 
