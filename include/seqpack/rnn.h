@@ -165,7 +165,10 @@ class ModulePlan {
 // torch, so those rows are multiplied then).
 // Dropout between layers is applied when `training` and options.dropout > 0,
 // from `dropout_seed`. `model`: the weights' plan (rnn_make_plan), or null to
-// lay them out for this call alone.
+// lay them out for this call alone; with a plan, `weights` must hold the
+// values it was made from (rnn_plan_weights(*model) itself, or tensors
+// compared byte for byte with it: std::invalid_argument naming the first
+// that differs).
 RNNForwardResult rnn_forward(const RNNOptions& options, const std::vector<Tensor>& weights,
                              const Tensor& data, const PackingPlan& plan, const Tensor& h0,
                              const Tensor& c0, bool training, bool save_for_backward,
@@ -361,7 +364,7 @@ class RNNCellBase {
   void load_state_dict(const std::map<std::string, Tensor>& state);
   void zero_grad();
   // As RNNBase's: the plan of forwards without requires_grad (a decoding
-  // loop's steps), kept until something may change the parameters.
+  // loop's steps), compared with the parameters at each (exact).
   void replan() { plan_.reset(); }
 
   CellOutput forward(const Tensor& input, const Tensor& hx = {}, const Tensor& cx = {},
