@@ -6,7 +6,8 @@ Every call of a seqpack.torch layer compares its weights' bytes with the copy
 its plan was made from (seqpack_torch/ops.cpp, "the model plan"); an older
 build trusted torch's version counter instead. This times, per workload of
 bench/workloads.json, an inference forward of the packed batch (no_grad), a
-training step (forward + backward of sum(output)), and a decoder's step
+training step (forward + backward of sum(output)), the same with an SGD step after it (the
+weights change at every call: a new plan each time), and a decoder's step
 (batch 1, one step per call: the comparison's worst case, weights read once
 per call), each with the weights unchanged between calls.
 
@@ -24,7 +25,7 @@ import sys
 import time
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-MODES = ("forward", "train", "decode_step")
+MODES = ("forward", "train", "sgd_step", "decode_step")
 
 
 def child(args):
@@ -52,11 +53,19 @@ def child(args):
         def train():
             m(packed)[0].data.sum().backward()
 
+        opt = torch.optim.SGD(m.parameters(), lr=1e-6)
+
+        def sgd_step():
+            opt.zero_grad()
+            m(packed)[0].data.sum().backward()
+            opt.step()
+
         def decode_step():
             with torch.no_grad():
                 m(step)
 
-        for mode, fn in (("forward", forward), ("train", train), ("decode_step", decode_step)):
+        for mode, fn in (("forward", forward), ("train", train), ("sgd_step", sgd_step),
+                         ("decode_step", decode_step)):
             fn(), fn()  # warm: plans made
             # Process CPU time: what the machine's other tenants take from
             # this process does not count (the machine is shared).
