@@ -19,3 +19,32 @@ def test_memory_stops_growing_after_the_first_thousand_calls():
     assert r.returncode == 0, r.stdout + r.stderr
     grown = json.loads(r.stdout)["growth_after_baseline_mb"]
     assert grown["rss"] <= 64 and grown["vm"] <= 512, grown
+
+
+OOM_SCRIPT = r"""
+import resource, sys, torch
+import seqpack.torch as st
+m = st.LSTM(8, 256)
+x = torch.randn(2000, 128, 8)
+with torch.no_grad():
+    m(x[:2])  # everything loaded and made
+    used = int(open("/proc/self/status").read().split("VmSize:")[1].split()[0]) * 1024
+    resource.setrlimit(resource.RLIMIT_AS, (used + (128 << 20), resource.RLIM_INFINITY))
+    try:
+        m(x)  # its output alone is 262 MB
+    except Exception as e:  # noqa: BLE001
+        print(type(e).__name__, "|", isinstance(e, RuntimeError), "|", e)
+        sys.exit(0)
+print("no error")
+"""
+
+
+def test_running_out_of_memory_is_memory_error():
+    """A layer whose result cannot be allocated raises MemoryError with the
+    core's message (docs/errors.md), not a crash."""
+    r = subprocess.run([sys.executable, "-c", OOM_SCRIPT], capture_output=True, text=True,
+                       timeout=300)
+    assert r.returncode == 0, r.stdout + r.stderr
+    name, _, message = r.stdout.strip().partition(" | ")
+    assert name == "MemoryError", r.stdout
+    assert "out of memory" in message and "cannot allocate" in message, r.stdout
