@@ -559,7 +559,11 @@ CellOutput RNNCellBase::forward(const Tensor& input, const Tensor& hx, const Ten
   }
   const PackingPlan plan = PackingPlan::from_lengths(std::vector<int64_t>(static_cast<std::size_t>(B), 1),
                                                      /*enforce_sorted=*/true);
-  const auto model = plan_.for_forward(options_, params_, !saves(options_, requires_grad));
+  // A cell's step is one step: at fp32 it reads its weights in place (a
+  // plan would have to be compared with them at every step, reading them
+  // twice); bf16 and int8 steps keep the plan their engine needs.
+  const auto model = plan_.for_forward(
+      options_, params_, !saves(options_, requires_grad) && options_.precision != Precision::fp32);
   RNNForwardResult r = rnn_forward(options_, model ? rnn_plan_weights(*model) : params_,
                                    input.view({B, I}), plan, cell_state(hx, B, H, unbatched, "hx"),
                                    cell_state(cx, B, H, unbatched, "cx"), /*training=*/false,

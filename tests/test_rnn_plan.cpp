@@ -417,6 +417,7 @@ TEST(RNNPlan, ConcurrentBackwardsShareThePlan) {
 
 // A cell's steps without requires_grad (a decoding loop) through its plan:
 // the values of the cell's own forward, and a change seen after replan().
+// (A cell's fp32 inference steps read the weights in place: the same bits.)
 TEST(RNNPlan, CellsKeepAPlanForTheirInferenceSteps) {
   GRUCell cell(6, 12, true, DType::f32, 21);
   std::mt19937_64 gen(22);
