@@ -38,7 +38,6 @@
 #include <ATen/ATen.h>
 #include <ATen/CPUGeneratorImpl.h>
 #include <ATen/core/dispatch/Dispatcher.h>
-#include <c10/core/CPUAllocator.h>
 #include <torch/autograd.h>
 #include <torch/library.h>
 #include <torch/version.h>
@@ -291,134 +290,130 @@ std::tuple<Tensor, Tensor, Tensor> outputs(const RNNForwardResult& r, const Tens
   return {from_core(r.output), from_core(r.h_n), c_n};
 }
 
-// ---- the model plan: weights laid out once --------------------------------
+// ---- the model plan: weights laid out once, compared at every call --------
 //
 // Every forward (and the backward of one that saves) reads its weights
-// through the model's plan (rnn_make_plan: quantized at int8, W_hh laid out at
-// fp32 and bf16). A plan is made at the first call with a set of weights and
-// kept in a small LRU shared by all threads, keyed by the layer's shape
-// options and, per weight, its storage, data pointer and torch version
-// counter: an in-place change (load_state_dict, param.copy_() under no_grad,
-// an optimiser step) bumps the version and the next call makes a new plan,
-// which replaces the stale one. So a training loop lays its weights out once
-// per optimiser step, not once per call: a decoder run one step per call
-// (seq2seq with teacher forcing, sampling) lays them out once for all of its
-// steps, forward and backward. A change through `.data` bumps no
-// version and is not seen (as with any state torch derives from a tensor). The
-// storage is held weakly, so an entry never keeps a model's weights alive, and
-// a freed storage whose address is reused never matches. Weights that another
-// process can change in place (shared memory: share_memory(), Hogwild) move no
-// version counter here, so they are never cached: their layout is made per call.
+// through the model's plan (rnn_make_plan: a copy of the weights, quantized
+// at int8, W_hh laid out at fp32 and bf16). Plans are kept in a small LRU
+// shared by all threads, keyed by the layer's shape options and, per weight,
+// its storage (held weakly: an entry never keeps a model's weights alive, and
+// a freed storage whose address is reused never matches) and data pointer.
+// Neither key nor torch's version counter decides whether a plan is current:
+// at every call the weights' bytes are compared with the plan's copy
+// (rnn_plan_holds; exact, at memory bandwidth: docs/performance.md), so
+// whatever wrote them (an optimiser, a write through `.data` or a NumPy view,
+// torch.distributed, another process through shared memory) the call computes
+// with the values they hold then; a set that changed gets a new plan, which
+// replaces the old one. A training loop lays its weights out once per
+// optimiser step, a decoder run one step per call once for all of its steps.
+//
+// The call computes with the plan's copy, which is also what its backward
+// reads (the saved state holds the plan): a parameter whose storage is
+// replaced or freed after the forward (`p.data = ...`, share_memory())
+// leaves the backward's weights the forward's, as torch's saved tensors do.
+//
+// Bounded: at most kEntries plans and kBytes of copied weights (the layouts
+// made from a copy take at most as much again per thread split); the least
+// recently used goes first, entries of freed weights at the next call. A
+// weight set larger than kBytes, or with a non-contiguous weight, is not
+// kept: its call copies the weights when it saves for a backward, and reads
+// them in place when it does not.
 
 struct PlanKey {
-  RNNMode mode;
-  Precision precision;
-  DType dtype;
-  int64_t input_size, hidden_size, num_layers, proj_size;
-  bool bias, bidirectional;
+  RNNOptions options;
   struct Weight {
     c10::weak_intrusive_ptr<c10::StorageImpl> storage;
     const void* data;
-    uint32_t version;
   };
   std::vector<Weight> weights;
+  std::size_t bytes = 0;  // of the plan's copy
 };
 
-bool same_layer(const PlanKey& a, const RNNOptions& o) {
-  return a.mode == o.mode && a.precision == o.precision && a.dtype == o.dtype &&
-         a.input_size == o.input_size && a.hidden_size == o.hidden_size &&
-         a.num_layers == o.num_layers && a.proj_size == o.proj_size && a.bias == o.bias &&
-         a.bidirectional == o.bidirectional;
+// Whether a plan made for `a` serves `b`: what its layouts depend on.
+bool same_layer(const RNNOptions& a, const RNNOptions& b) {
+  return a.mode == b.mode && a.precision == b.precision && a.dtype == b.dtype &&
+         a.input_size == b.input_size && a.hidden_size == b.hidden_size &&
+         a.num_layers == b.num_layers && a.proj_size == b.proj_size && a.bias == b.bias &&
+         a.bidirectional == b.bidirectional;
 }
 
-uint32_t version_of(const Tensor& t) {
-  return t.unsafeGetTensorImpl()->version_counter().current_version();
-}
-
-// Whether another process may change `t` in place: a storage that the process's
-// CPU allocator did not make (shared memory after share_memory(), as Hogwild
-// training uses; a file mapping). Such a change moves no version counter of
-// this process, so a plan of those weights would go stale: they are laid out
-// per call instead.
-bool changeable_elsewhere(const Tensor& t) {
-  if (!t.has_storage()) return true;
-  const c10::DeleterFnPtr deleter = t.storage().data_ptr().get_deleter();
-  return deleter != c10::GetDefaultCPUAllocator()->raw_deleter() &&
-         deleter != c10::GetAllocator(c10::kCPU)->raw_deleter();
-}
-
-bool matches(PlanKey& key, const RNNOptions& o, at::TensorList weights) {
-  if (!same_layer(key, o) || key.weights.size() != weights.size()) return false;
+bool same_tensors(const PlanKey& key, const RNNOptions& o, at::TensorList weights) {
+  if (key.weights.size() != weights.size() || !same_layer(key.options, o)) return false;
   for (size_t i = 0; i < weights.size(); ++i) {
     const PlanKey::Weight& k = key.weights[i];
     const Tensor& w = weights[i];
-    if (k.data != w.data_ptr() || k.version != version_of(w) || !w.has_storage() ||
-        k.storage.expired() || k.storage.lock().get() != w.storage().unsafeGetStorageImpl()) {
+    if (k.data != w.data_ptr() || !w.has_storage() || k.storage.expired() ||
+        k.storage.lock().get() != w.storage().unsafeGetStorageImpl()) {
       return false;
     }
   }
   return true;
 }
 
-// Whether `old` keys the same tensors (storage and data pointer, in order) as
-// `now` at another version of at least one: a plan of weights since changed
-// in place.
-bool older_version_of(const PlanKey& old, const PlanKey& now) {
-  if (old.weights.size() != now.weights.size()) return false;
-  bool other_version = false;
-  for (size_t i = 0; i < old.weights.size(); ++i) {
-    const PlanKey::Weight &a = old.weights[i], &b = now.weights[i];
-    if (a.data != b.data || a.storage.expired() || b.storage.expired() ||
-        a.storage.lock().get() != b.storage.lock().get()) {
-      return false;
-    }
-    other_version = other_version || a.version != b.version;
-  }
-  return other_version;
+bool freed(const PlanKey& key) {
+  for (const auto& w : key.weights)
+    if (w.storage.expired()) return true;
+  return false;
 }
 
 class ModelPlanCache {
  public:
-  // Up to this many weight sets (layers) keep their plans; the least recently
-  // used is dropped first.
+  // Up to this many weight sets (layers) keep their plans, holding copies of
+  // at most kBytes of weights in all.
   static constexpr size_t kEntries = 16;
+  static constexpr size_t kBytes = size_t{256} << 20;
 
+  static size_t bytes_of(at::TensorList weights) {
+    size_t n = 0;
+    for (const Tensor& w : weights) n += w.nbytes();
+    return n;
+  }
+
+  // The plan of these weights holding their present values: the kept one
+  // where it still holds them (compared outside the lock), else a new one.
   std::shared_ptr<const RNNModelPlan> get(const RNNOptions& o, at::TensorList weights,
-                                            const std::vector<CoreTensor>& core) {
+                                          const std::vector<CoreTensor>& core) {
+    std::shared_ptr<const RNNModelPlan> kept;
     {
       std::lock_guard<std::mutex> lock(mutex_);
       for (auto it = entries_.begin(); it != entries_.end(); ++it) {
-        if (matches(it->first, o, weights)) {
+        if (same_tensors(it->first, o, weights)) {
           entries_.splice(entries_.begin(), entries_, it);  // most recent first
-          return entries_.front().second;
+          kept = entries_.front().second;
+          break;
         }
       }
     }
+    if (kept && rnn_plan_holds(*kept, core)) return kept;
     // Made outside the lock (int8 quantizes: a few ms for a large model): two
     // threads meeting a new weight set may both make one; they are the same.
-    // A plan of the same tensors at older versions is dropped: it cannot
-    // match again, and would hold a stale layout of every weight until the
-    // LRU pushed it out.
-    PlanKey key{o.mode,      o.precision, o.dtype, o.input_size, o.hidden_size, o.num_layers,
-                o.proj_size, o.bias,      o.bidirectional, {}};
+    PlanKey key{o, {}, bytes_of(weights)};
     key.weights.reserve(weights.size());
-    for (const Tensor& w : weights) {
-      key.weights.push_back({w.storage().getWeakStorageImpl(), w.data_ptr(), version_of(w)});
-    }
-    auto q = rnn_make_plan(o, core);
+    for (const Tensor& w : weights) key.weights.push_back({w.storage().getWeakStorageImpl(), w.data_ptr()});
+    auto made = rnn_make_plan(o, core);
     std::lock_guard<std::mutex> lock(mutex_);
-    entries_.emplace_front(std::move(key), q);
-    // Entries of freed weights and stale versions first, then the least
-    // recently used.
-    const PlanKey& fresh = entries_.front().first;
-    const auto* fresh_plan = entries_.front().second.get();
+    // The plan of the same tensors at other values (and entries of freed
+    // weights) go: none can serve again.
     entries_.remove_if([&](const auto& e) {
-      for (const auto& w : e.first.weights)
-        if (w.storage.expired()) return true;
-      return e.second.get() != fresh_plan && older_version_of(e.first, fresh);
+      return freed(e.first) || same_tensors(e.first, o, weights);
     });
-    while (entries_.size() > kEntries) entries_.pop_back();
-    return q;
+    entries_.emplace_front(std::move(key), made);
+    size_t total = 0;
+    for (const auto& e : entries_) total += e.first.bytes;
+    while (entries_.size() > kEntries || total > kBytes) {
+      total -= entries_.back().first.bytes;
+      entries_.pop_back();
+    }
+    return made;
+  }
+
+  // What is kept (the tests' window on the bound).
+  std::pair<size_t, size_t> size() {
+    std::lock_guard<std::mutex> lock(mutex_);
+    entries_.remove_if([](const auto& e) { return freed(e.first); });
+    size_t total = 0;
+    for (const auto& e : entries_) total += e.first.bytes;
+    return {entries_.size(), total};
   }
 
  private:
@@ -431,28 +426,44 @@ ModelPlanCache& model_plan_cache() {
   return cache;
 }
 
+// (entries, bytes of copied weights) the cache holds now, those of freed
+// weights dropped first: seqpack::_plan_cache_size, for tests of its bound.
+std::tuple<int64_t, int64_t> plan_cache_size() {
+  const auto [entries, bytes] = model_plan_cache().size();
+  return {static_cast<int64_t>(entries), static_cast<int64_t>(bytes)};
+}
+
 RNNForwardResult run_forward(const RNNCall& call, const Tensor& data, const OptTensor& h0,
                              const OptTensor& c0, at::TensorList weights, bool save) {
   constexpr const char* op = "seqpack::rnn";
   std::vector<CoreTensor> w = core_weights(weights, op);
   CoreTensor x = to_core(data, op, "input"), h = to_core(h0, op, "h0"), c = to_core(c0, op, "c0");
   return checked(op, [&] {
-    // Every call reads the weights through their plan, its backward too (a
-    // training or saving int8 call is refused by the core before it reads
-    // them). Weights an optimiser changes get a new plan at the first call
-    // after each step (their version moved).
-    std::shared_ptr<const RNNModelPlan> model;
     // core_weights copied any non-contiguous weight: those have no stable
-    // source to key on, and are laid out per call.
-    bool cacheable = true;
-    for (const Tensor& t : weights)
-      cacheable = cacheable && t.is_contiguous() && !changeable_elsewhere(t);
-    if (cacheable) model = model_plan_cache().get(call.options, weights, w);
-    return rnn_forward(call.options, w, x, *call.plan, h, c, call.train, save, call.seed,
-                       model.get());
+    // source to key on (and their copies are this call's own).
+    bool contiguous = true;
+    for (const Tensor& t : weights) contiguous = contiguous && t.is_contiguous() && t.has_storage();
+    // An fp32 inference call of one step (a decoder's, a cell's) reads its
+    // weights in place: a layout would cost more than its one product, and
+    // comparing the weights with a plan's copy reads them twice (a decoder's
+    // step of LSTM(128, 256) at batch 1: 0.14 ms a call against 0.06).
+    const bool one_step = call.plan->batch_sizes().size() <= 1;
+    if (!save && one_step && call.options.precision == Precision::fp32)
+      return rnn_forward(call.options, w, x, *call.plan, h, c, call.train, save, call.seed, nullptr);
+    if (contiguous && ModelPlanCache::bytes_of(weights) <= ModelPlanCache::kBytes) {
+      const std::shared_ptr<const RNNModelPlan> model =
+          model_plan_cache().get(call.options, weights, w);
+      // The plan's copy: what it was made from, and what a backward reads.
+      return rnn_forward(call.options, rnn_plan_weights(*model), x, *call.plan, h, c, call.train,
+                         save, call.seed, model.get());
+    }
+    // Not kept: a backward reads a copy of the forward's weights (the
+    // parameters' storage may be replaced or freed before it runs).
+    if (save && contiguous)
+      for (CoreTensor& t : w) t = t.clone();
+    return rnn_forward(call.options, w, x, *call.plan, h, c, call.train, save, call.seed, nullptr);
   });
 }
-
 
 // The plan this thread made last, with the values it was made from. A batch
 // reaches plan_of more than once (seqpack::rnn, then pad_packed_sequence; a
@@ -1416,6 +1427,8 @@ TORCH_LIBRARY(seqpack, m) {
       "Tensor? unsorted_indices, " SEQPACK_SYMINT "[] size, bool batch_first) -> Tensor");
   // The CUDA kernels' library (cuda_ops.h; a kernel for no dispatch key).
   m.def(seqpack::torch_ops::kCudaLibrarySchema, &seqpack::torch_cuda::use_library);
+  // What the model plan cache holds (entries, bytes of copied weights).
+  m.def("_plan_cache_size() -> (int, int)", &seqpack::torch_ops::plan_cache_size);
 }
 
 // The computations on any backend key, so a tensor on another device reaches

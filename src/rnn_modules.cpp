@@ -328,7 +328,9 @@ std::shared_ptr<const RNNModelPlan> ModulePlan::for_forward(const RNNOptions& op
     return nullptr;
   }
   // Made under the lock: two threads meeting no plan make one, not two.
-  if (!plan_) plan_ = rnn_make_plan(options, weights);
+  // Compared with the weights at every forward (exact: their bytes), so a
+  // change through any tensor or pointer is seen by the next forward.
+  plan_ = rnn_current_plan(plan_, options, weights);
   return plan_;
 }
 
@@ -351,11 +353,11 @@ RNNOutput RNNBase::forward(const PackedSequence& input, const Tensor& h0, const 
   auto plan = std::make_shared<PackingPlan>(PackingPlan::from_packed(input));
   const uint64_t seed = dropout_seed_;
   if (training_ && options_.dropout > 0) ++dropout_seed_;
-  RNNForwardResult r =
-      rnn_forward(options_, params_, input.data, *plan, h0, c0, training_,
-                  saves(options_, requires_grad), seed,
-                  plan_.for_forward(options_, params_, !training_ && !saves(options_, requires_grad))
-                      .get());
+  const auto model =
+      plan_.for_forward(options_, params_, !training_ && !saves(options_, requires_grad));
+  RNNForwardResult r = rnn_forward(options_, model ? rnn_plan_weights(*model) : params_,
+                                   input.data, *plan, h0, c0, training_,
+                                   saves(options_, requires_grad), seed, model.get());
   RNNOutput out;
   out.packed.data = r.output;
   out.packed.batch_sizes = input.batch_sizes;
@@ -413,14 +415,12 @@ RNNOutput RNNBase::forward(const Tensor& input, const std::vector<int64_t>& leng
   const Tensor data = plan->pack(tm);
   const uint64_t seed = dropout_seed_;
   if (training_ && options_.dropout > 0) ++dropout_seed_;
-  RNNForwardResult r = rnn_forward(options_, params_, data, *plan,
-                                   batched_state(h0, unbatched, "h0"),
+  const auto model =
+      plan_.for_forward(options_, params_, !training_ && !saves(options_, requires_grad));
+  RNNForwardResult r = rnn_forward(options_, model ? rnn_plan_weights(*model) : params_, data,
+                                   *plan, batched_state(h0, unbatched, "h0"),
                                    batched_state(c0, unbatched, "c0"), training_,
-                                   saves(options_, requires_grad), seed,
-                                   plan_
-                                       .for_forward(options_, params_,
-                                                    !training_ && !saves(options_, requires_grad))
-                                       .get());
+                                   saves(options_, requires_grad), seed, model.get());
   RNNOutput out;
   Tensor padded = plan->unpack(r.output, T, 0.0);  // [T, B, O]
   if (unbatched) {
@@ -559,14 +559,15 @@ CellOutput RNNCellBase::forward(const Tensor& input, const Tensor& hx, const Ten
   }
   const PackingPlan plan = PackingPlan::from_lengths(std::vector<int64_t>(static_cast<std::size_t>(B), 1),
                                                      /*enforce_sorted=*/true);
-  RNNForwardResult r = rnn_forward(options_, params_, input.view({B, I}), plan,
-                                   cell_state(hx, B, H, unbatched, "hx"),
+  // A cell's step is one step: at fp32 it reads its weights in place (a
+  // plan would have to be compared with them at every step, reading them
+  // twice); bf16 and int8 steps keep the plan their engine needs.
+  const auto model = plan_.for_forward(
+      options_, params_, !saves(options_, requires_grad) && options_.precision != Precision::fp32);
+  RNNForwardResult r = rnn_forward(options_, model ? rnn_plan_weights(*model) : params_,
+                                   input.view({B, I}), plan, cell_state(hx, B, H, unbatched, "hx"),
                                    cell_state(cx, B, H, unbatched, "cx"), /*training=*/false,
-                                   saves(options_, requires_grad), 0,
-                                   plan_
-                                       .for_forward(options_, params_,
-                                                    !saves(options_, requires_grad))
-                                       .get());
+                                   saves(options_, requires_grad), 0, model.get());
   CellOutput out;
   out.unbatched = unbatched;
   const Shape s = unbatched ? Shape{H} : Shape{B, H};

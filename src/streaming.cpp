@@ -216,7 +216,11 @@ std::vector<Tensor> StreamingRNN::push(const std::vector<int64_t>& stream_ids,
     }
   }
 
-  const RNNForwardResult y = rnn_forward(options_, weights_, data, plan, h0, c0,
+  // The weights are shared with the caller (a torch module's parameters):
+  // compared with the plan's copy at each push, so a write through any
+  // tensor is seen by the next push.
+  plan_ = rnn_current_plan(plan_, options_, weights_);
+  const RNNForwardResult y = rnn_forward(options_, rnn_plan_weights(*plan_), data, plan, h0, c0,
                                          /*training=*/false, /*save_for_backward=*/false, 0,
                                          plan_.get());
 

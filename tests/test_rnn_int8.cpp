@@ -676,8 +676,8 @@ TEST(RNNInt8, StreamingChunksEqualOneForward) {
     const StreamState st = streams.state(a);
     for (int64_t i = 0; i < st.h.numel(); ++i) ASSERT_EQ(st.h.data<float>()[i], whole.h_n.data<float>()[i]);
 
-    // The weight matrices change in place: pushes keep the quantized ones
-    // until replan() (the biases stay fp32, read at each push).
+    // The weight matrices change in place: the next push quantizes them
+    // again (its plan is compared with the weights), replan() or not.
     for (Tensor& w : weights)
       if (w.dim() == 2)
         for (int64_t i = 0; i < w.numel(); ++i) w.data<float>()[i] *= 0.5f;
@@ -688,7 +688,7 @@ TEST(RNNInt8, StreamingChunksEqualOneForward) {
     const int64_t d = streams.open();
     const auto after = streams.push({d}, {xa})[0];
     for (int64_t i = 0; i < after.numel(); ++i) {
-      ASSERT_EQ(before.data<float>()[i], whole.output.data<float>()[i]) << i;
+      ASSERT_EQ(before.data<float>()[i], halved.output.data<float>()[i]) << i;
       ASSERT_EQ(after.data<float>()[i], halved.output.data<float>()[i]) << i;
     }
   }
@@ -723,13 +723,16 @@ TEST(RNNInt8, QuantizedOnceEqualsQuantizedPerCallAndChecksItsTensors) {
   ASSERT_EQ(std::memcmp(once.output.raw_data(), each.output.raw_data(),
                         static_cast<std::size_t>(each.output.numel()) * sizeof(float)),
             0);
+  // Weights of other values than it quantized are refused (equal copies serve).
   std::vector<Tensor> copies;
   for (const Tensor& w : weights) copies.push_back(w.clone());
+  copies[0].data<float>()[0] += 0.5f;
   try {
     rnn_forward(o, copies, x, plan, {}, {}, false, false, 0, q.get());
-    FAIL() << "int8 weights of other tensors were used";
+    FAIL() << "int8 weights quantized from other values were used";
   } catch (const std::invalid_argument& e) {
-    EXPECT_NE(std::string(e.what()).find("made from another weight_ih_l0"), std::string::npos)
+    EXPECT_NE(std::string(e.what()).find("made from other values of weight_ih_l0"),
+              std::string::npos)
         << e.what();
   }
   RNNOptions f = o;

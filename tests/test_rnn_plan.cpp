@@ -276,8 +276,8 @@ TEST(RNNPlan, InfoSaysWhatThePrecisionCanDo) {
 
 // A plan given to a forward of other options or other tensors is refused,
 // naming what differs; a plan of wrong weights is refused when made.
-TEST(RNNPlan, RefusesOtherOptionsAndOtherTensors) {
-  const Model m = model(RNNMode::lstm, true, 0, DType::f32, 5);
+TEST(RNNPlan, RefusesOtherOptionsAndOtherValues) {
+  Model m = model(RNNMode::lstm, true, 0, DType::f32, 5);
   const auto plan = rnn_make_plan(m.o, m.weights);
   auto refused = [&](const RNNOptions& o, const std::vector<Tensor>& w, const Tensor& x,
                      const std::string& needle) {
@@ -288,9 +288,18 @@ TEST(RNNPlan, RefusesOtherOptionsAndOtherTensors) {
       EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
     }
   };
+  // Other tensors holding the same values serve (the plan compares bytes);
+  // one value changed anywhere is refused, naming the tensor.
   std::vector<Tensor> copies;
   for (const Tensor& w : m.weights) copies.push_back(w.clone());
-  refused(m.o, copies, m.x, "made from another weight_ih_l0");
+  EXPECT_TRUE(bitwise_equal(
+      rnn_forward(m.o, copies, m.x, m.plan, {}, {}, false, false, 0, plan.get()).output,
+      rnn_forward(m.o, m.weights, m.x, m.plan, {}, {}, false, false).output));
+  copies[1].data<float>()[copies[1].numel() - 1] += 1.f;
+  refused(m.o, copies, m.x, "made from other values of weight_hh_l0");
+  // Nor do the caller's own tensors, written after the plan was made.
+  m.weights[0].data<float>()[0] += 1.f;
+  refused(m.o, m.weights, m.x, "made from other values of weight_ih_l0");
   RNNOptions gru = m.o;
   gru.mode = RNNMode::gru;
   std::vector<Tensor> gw;
@@ -308,8 +317,8 @@ TEST(RNNPlan, RefusesOtherOptionsAndOtherTensors) {
 }
 
 // A module's inference forwards use its plan; a change through parameters()
-// (the plan dropped) is seen by the next one, as after load_state_dict and
-// replan(); a training forward drops it too.
+// or through a tensor taken before is seen by the next one, as after
+// load_state_dict; a training forward drops it too.
 TEST(RNNPlan, ModulesDropTheirPlanWhereTheWeightsMayChange) {
   LSTM lstm({.input_size = 5, .hidden_size = 16, .num_layers = 2}, 11);
   lstm.eval();
@@ -333,7 +342,7 @@ TEST(RNNPlan, ModulesDropTheirPlanWhereTheWeightsMayChange) {
   Tensor held = lstm.parameter("weight_hh_l1");
   (void)lstm.forward(x, {}, {}, false);  // the plan, made from the current values
   for (int64_t i = 0; i < held.numel(); ++i) held.data<float>()[i] *= 0.5f;
-  lstm.replan();
+  // Seen with no replan(): the plan is compared with the values at each forward.
   EXPECT_TRUE(bitwise_equal(lstm.forward(x, {}, {}, false).h_n, functional()));
   // load_state_dict.
   LSTM other({.input_size = 5, .hidden_size = 16, .num_layers = 2}, 13);
@@ -408,6 +417,7 @@ TEST(RNNPlan, ConcurrentBackwardsShareThePlan) {
 
 // A cell's steps without requires_grad (a decoding loop) through its plan:
 // the values of the cell's own forward, and a change seen after replan().
+// (A cell's fp32 inference steps read the weights in place: the same bits.)
 TEST(RNNPlan, CellsKeepAPlanForTheirInferenceSteps) {
   GRUCell cell(6, 12, true, DType::f32, 21);
   std::mt19937_64 gen(22);
@@ -425,8 +435,8 @@ TEST(RNNPlan, CellsKeepAPlanForTheirInferenceSteps) {
 }
 
 // StreamingRNN at fp32: pushes read W_hh through the plan made at
-// construction; a change to it is seen after replan().
-TEST(RNNPlan, StreamingSeesAChangeAfterReplan) {
+// construction; a change to the shared weights is seen by the next push.
+TEST(RNNPlan, StreamingSeesAChangeOfItsWeights) {
   RNNOptions o{.mode = RNNMode::lstm, .input_size = 4, .hidden_size = 10, .num_layers = 2};
   std::mt19937_64 gen(31);
   std::vector<Tensor> weights;
@@ -442,7 +452,7 @@ TEST(RNNPlan, StreamingSeesAChangeAfterReplan) {
   for (Tensor& w : weights)
     if (w.dim() == 2)
       for (int64_t i = 0; i < w.numel(); ++i) w.data<float>()[i] *= 0.5f;
-  streams.replan();
+  // Seen with no replan(): each push compares the plan with the weights.
   const Tensor after = streams.push({streams.open()}, {x})[0].clone();
   EXPECT_TRUE(bitwise_equal(after, rnn_forward(o, weights, x, p, h0, c0, false, false).output));
 }

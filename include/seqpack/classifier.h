@@ -98,10 +98,9 @@ class CharClassifier {
   void load_state_dict(const std::map<std::string, Tensor>& state);
 
   Embedding& embedding() { return embedding_; }
-  LSTM& lstm() {
-    plan_.reset();  // the caller may change the weights
-    return lstm_;
-  }
+  // (The LSTM's plan is compared with its weights at each forward: a change
+  // through this reference is seen by the next one.)
+  LSTM& lstm() { return lstm_; }
   Linear& fc() { return fc_; }
 
   // The LSTM's precision from now on (CharClassifierOptions::precision);
@@ -123,7 +122,9 @@ class CharClassifier {
   // Saved by forward for backward.
   std::shared_ptr<const RNNSaved> saved_;
   int64_t batch_ = 0;
-  std::shared_ptr<const RNNModelPlan> plan_;  // the LSTM's, for inference forwards
+  // The LSTM's, made from its weights' present values (rnn_current_plan at
+  // each forward): one per optimizer step in training.
+  std::shared_ptr<const RNNModelPlan> plan_;
 };
 
 // Probabilities of each label for one input, best first.

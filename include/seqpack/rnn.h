@@ -91,11 +91,17 @@ struct RNNGradients {
 // hands the plan to rnn_backward, which lays out W_hh and W_hr for its own
 // products through it too, once per split (for a model whose recurrent
 // weights stay fixed across backwards: input gradients of a trained model,
-// an embedding trained under a frozen encoder). The plan shares the weight
-// tensors: after changing their values, make a new plan (a forward or
-// backward given one reads what it laid out before the change). A forward
-// given a plan made from other tensors (other storage) or other options is
-// refused, naming what differs.
+// an embedding trained under a frozen encoder).
+//
+// A plan cannot go stale: it is made from a copy of the weights it takes
+// (rnn_plan_weights), which nothing else writes, and every layout in it is
+// made from that copy. A forward given a plan and weights other than that
+// copy compares their bytes with it (rnn_plan_holds, at memory bandwidth)
+// and is refused where any differ (the weights changed since: make a new
+// plan), naming the tensor; one given other options is refused, naming what
+// differs. Pass rnn_plan_weights(plan) as the weights where the plan is
+// known to be current, and nothing is compared.
+struct RNNModelPlan;
 struct RNNModelPlan;
 std::shared_ptr<const RNNModelPlan> rnn_make_plan(const RNNOptions& options,
                                                   const std::vector<Tensor>& weights);
@@ -108,6 +114,22 @@ struct RNNPlanInfo {
   int backward_splits_laid_out = 0;  // the same for backwards of its forwards
 };
 RNNPlanInfo rnn_plan_info(const RNNModelPlan& plan);
+// The plan's own copy of the weights it was made from (rnn_parameter_names
+// order): what its layouts were made from, and what a forward given the
+// plan may pass as its weights.
+const std::vector<Tensor>& rnn_plan_weights(const RNNModelPlan& plan);
+// Whether `weights` hold exactly the values the plan was made from (same
+// shapes and dtype, the same bytes: a NaN's payload and the sign of a zero
+// count); true at once for the plan's own copy.
+bool rnn_plan_holds(const RNNModelPlan& plan, const std::vector<Tensor>& weights);
+// `plan` where it holds `weights`' values (rnn_plan_holds) and has
+// `options`, else a new plan of them (rnn_make_plan): what a holder of a
+// plan calls before each forward, so that whatever wrote the weights (an
+// optimizer, a write through a view, another process), the forward computes
+// with the values they hold then.
+std::shared_ptr<const RNNModelPlan> rnn_current_plan(std::shared_ptr<const RNNModelPlan> plan,
+                                                     const RNNOptions& options,
+                                                     const std::vector<Tensor>& weights);
 
 // Where a module keeps its plan: safe for forwards on several threads at once
 // (each holds the plan it got for its whole call); a copy of a module makes
@@ -120,7 +142,8 @@ class ModulePlan {
     reset();
     return *this;
   }
-  // The plan of an inference forward (made now if there is none), or null,
+  // The plan of an inference forward (made now where there is none or the
+  // kept one no longer holds the weights' values: rnn_current_plan), or null,
   // dropping the kept one, for a forward that trains or saves for a backward
   // (an optimizer step may follow it).
   std::shared_ptr<const RNNModelPlan> for_forward(const RNNOptions& options,
@@ -142,7 +165,10 @@ class ModulePlan {
 // torch, so those rows are multiplied then).
 // Dropout between layers is applied when `training` and options.dropout > 0,
 // from `dropout_seed`. `model`: the weights' plan (rnn_make_plan), or null to
-// lay them out for this call alone.
+// lay them out for this call alone; with a plan, `weights` must hold the
+// values it was made from (rnn_plan_weights(*model) itself, or tensors
+// compared byte for byte with it: std::invalid_argument naming the first
+// that differs).
 RNNForwardResult rnn_forward(const RNNOptions& options, const std::vector<Tensor>& weights,
                              const Tensor& data, const PackingPlan& plan, const Tensor& h0,
                              const Tensor& c0, bool training, bool save_for_backward,
@@ -262,11 +288,12 @@ class RNNBase {
   // Seed of the next dropout mask (advanced at each training forward).
   void set_dropout_seed(uint64_t seed) { dropout_seed_ = seed; }
   // The module's plan (rnn_make_plan) serves its inference forwards (eval(),
-  // nothing saved for a backward): made at the first, kept until something
-  // may change the parameters: a forward that trains or saves for a backward
-  // (an optimizer step may follow), parameters(), parameter(), state_dict(),
-  // load_state_dict(), reset_parameters(), set_precision(). After changing
-  // parameters through tensors taken before, call replan().
+  // nothing saved for a backward): made at the first, and compared with the
+  // parameters' values at each (rnn_current_plan), so a change through any
+  // tensor taken before is seen by the next forward; dropped where the
+  // parameters may change wholesale (a forward that trains or saves for a
+  // backward, load_state_dict(), reset_parameters(), set_precision()).
+  // replan() drops it too (no longer needed after a change: kept for callers).
   void replan() { plan_.reset(); }
 
   // Packed input: output is a PackedSequence with the input's layout.
@@ -337,7 +364,7 @@ class RNNCellBase {
   void load_state_dict(const std::map<std::string, Tensor>& state);
   void zero_grad();
   // As RNNBase's: the plan of forwards without requires_grad (a decoding
-  // loop's steps), kept until something may change the parameters.
+  // loop's steps), compared with the parameters at each (exact).
   void replan() { plan_.reset(); }
 
   CellOutput forward(const Tensor& input, const Tensor& hx = {}, const Tensor& cx = {},

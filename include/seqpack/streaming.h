@@ -53,9 +53,9 @@ class StreamingRNN {
   StreamingRNN(RNNOptions options, std::vector<Tensor> weights);
   // Shares the module's parameters.
   explicit StreamingRNN(const RNNBase& module);
-  // A new plan from the weights' current values: after changing them, the
-  // pushes see the change once this is called (the biases, and the input
-  // weights at fp32 and bf16, are read at each push).
+  // A new plan from the weights' current values now. Not needed after a
+  // change: each push compares the weights with its plan's copy (exact) and
+  // makes a new plan where they differ.
   void replan();
 
   const RNNOptions& options() const { return options_; }

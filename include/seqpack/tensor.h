@@ -142,6 +142,8 @@ std::size_t shape_nbytes(const Shape& shape, DType dtype);
 class AllocationError : public std::bad_alloc {
  public:
   AllocationError(std::size_t nbytes, const Shape& shape, DType dtype);
+  // Memory another library could not have ("cannot make ...: out of memory").
+  explicit AllocationError(std::string message) : message_(std::move(message)) {}
   const char* what() const noexcept override { return message_.c_str(); }
 
  private:

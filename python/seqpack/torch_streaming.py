@@ -59,12 +59,11 @@ class StreamingRNN:
         self.precision = "int8" if isinstance(module, _Int8Layer) else "fp32"
         self._impl = None
         self._key = None
-        self._versions = None
         self._core()
 
     def _core(self):
-        """The C++ streams, rebuilt over the module's current parameter tensors when
-        they were replaced (same states kept)."""
+        """The C++ streams over the module's parameter tensors (made at the first
+        call; tensors replaced since are refused)."""
         weights = [getattr(self.module, n) for n in self.module._flat_weights_names]
         dtype = weights[0].dtype
         key = tuple(w.data_ptr() for w in weights)
@@ -78,16 +77,12 @@ class StreamingRNN:
                             for w, n in zip(weights, self.module._flat_weights_names)]
             self._impl = _seqpack.StreamingRNN(options, self._arrays)
             self._key = key
-            self._versions = tuple(w._version for w in weights)
         elif key != self._key:
             raise ValueError("StreamingRNN: the module's parameter tensors were replaced (for "
                              "example by .to() or .double()) after the streams were created; "
                              "create a new StreamingRNN")
-        else:
-            versions = tuple(w._version for w in weights)
-            if versions != self._versions:
-                self._impl.replan()
-                self._versions = versions
+        # A change of the values (in place, through .data, a NumPy view) needs
+        # nothing here: each push compares the weights with its plan's copy.
         return self._impl
 
     def _state(self, hx, name):

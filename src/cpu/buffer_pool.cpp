@@ -14,6 +14,8 @@ namespace {
 
 // Past this many cached bytes, the blocks released longest ago are freed.
 constexpr std::size_t kMaxCachedBytes = std::size_t{512} << 20;
+// And past this many cached blocks (each at least kMinPooledBytes).
+constexpr std::size_t kMaxCachedBlocks = 1024;
 constexpr std::size_t kMinPooledBytes = std::size_t{64} << 10;
 
 // Released blocks by size, and all of them in the order they were released:
@@ -59,7 +61,7 @@ struct Pool {
         cached += bytes;
         p = nullptr;
       }
-      while (cached > kMaxCachedBytes) {
+      while (cached > kMaxCachedBytes || released.size() > kMaxCachedBlocks) {
         const auto oldest = released.begin();
         const std::size_t size = oldest->bytes;
         auto same = free_blocks.find(size);

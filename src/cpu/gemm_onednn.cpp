@@ -13,6 +13,7 @@
 // rounded operands are multiplied in fp32 instead (run_emulated), on any CPU.
 #include <immintrin.h>
 #include <omp.h>
+#include <sys/mman.h>
 #include <oneapi/dnnl/dnnl.hpp>
 
 #include <algorithm>
@@ -39,9 +40,24 @@
 #include "cpu/gemm_engine.h"
 #include "cpu/grow_buffer.h"
 #include "cpu/isa_cap.h"
+#include "cpu/lru_map.h"
 #include "cpu/onednn_compat.h"
+#include "seqpack/tensor.h"
 
 namespace seqpack::cpu {
+
+// The bounds of this file's caches (docs/performance.md, "Caches and their
+// bounds"): each is per thread but few_rows_k_block's (process-wide), the
+// least recently used dropped first. A thread's matmul primitives: a
+// training job of random batch sizes and lengths meets a new shape (a step's
+// live rows) at nearly every call, and each primitive holds its JIT code
+// (tens of KB, and more address space): unbounded, LSTM(8, 16) over 20,000
+// random batches reached 11.8 GB of virtual memory. The steps of one batch
+// of 64 sequences ask for at most a few hundred, so the bound keeps an
+// epoch's repeated shapes made. The other caches hold a few hundred bytes
+// an entry (a memory descriptor, a reorder of one weight shape, an int).
+constexpr std::size_t kPrimitiveCacheEntries = 1024;
+constexpr std::size_t kShapeCacheEntries = 256;
 
 namespace {
 
@@ -214,9 +230,9 @@ struct Primitive {
 // The blocked weights layout oneDNN's matmul picks for [k, n] of this type
 // (asked once per shape and thread).
 dnnl::memory::desc blocked_weights_desc(int64_t k, int64_t n, bool f32) {
-  thread_local std::map<std::tuple<int64_t, int64_t, bool>, dnnl::memory::desc> known;
-  auto it = known.find({k, n, f32});
-  if (it != known.end()) return it->second;
+  thread_local LruMap<std::tuple<int64_t, int64_t, bool>, dnnl::memory::desc, TupleHash> known(
+      kShapeCacheEntries);
+  if (const dnnl::memory::desc* d = known.find({k, n, f32})) return *d;
   const dt type = f32 ? dt::f32 : dt::bf16;
   const dnnl::memory::desc src({32, k}, type, tag::ab);
   const dnnl::memory::desc wei({k, n}, type, tag::any);
@@ -224,7 +240,7 @@ dnnl::memory::desc blocked_weights_desc(int64_t k, int64_t n, bool f32) {
   dnnl::primitive_attr attr;
   attr.set_scratchpad_mode(dnnl::scratchpad_mode::user);
   const auto pd = onednn::matmul_pd(cpu_engine(), src, wei, nullptr, dst, attr);
-  return known.emplace(std::make_tuple(k, n, f32), pd.weights_desc()).first->second;
+  return known.insert(std::make_tuple(k, n, f32), pd.weights_desc());
 }
 
 // The blocked weights layouts laid out in this process, numbered for the
@@ -321,12 +337,63 @@ class OneThread {
   int saved_;
 };
 
+Primitive make_primitive(const Key& key);
+
+// What a primitive's making may map (its JIT code, oneDNN's own buffers),
+// with room to spare: a primitive of the recurrent products took 1.4 MB of
+// address space on average (1024 of them, LSTM(8, 16)).
+constexpr std::size_t kPrimitiveAddressSpace = std::size_t{64} << 20;
+
+// Whether `bytes` of address space can be mapped now (mapped, then
+// unmapped: RLIMIT_AS counts even a mapping nothing may touch).
+bool address_space_for(std::size_t bytes) {
+  void* p = mmap(nullptr, bytes, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+  if (p == MAP_FAILED) return false;
+  munmap(p, bytes);
+  return true;
+}
+
+// The primitive of `asked` on this thread's threads (product_threads), made
+// on first use and kept: up to kPrimitiveCacheEntries a thread, the least
+// recently used dropped first.
 Primitive& primitive(const Key& asked) {
-  thread_local std::unordered_map<Key, Primitive, KeyHash> cache;
+  thread_local LruMap<Key, Primitive, KeyHash> cache(kPrimitiveCacheEntries);
   Key key = asked;
   key.threads = product_threads(key);
-  auto it = cache.find(key);
-  if (it != cache.end()) return it->second;
+  if (Primitive* p = cache.find(key)) return *p;
+  // Made (and its JIT code allocated) by oneDNN: memory that runs out there
+  // is the library's out-of-memory error, as a tensor's is. oneDNN does not
+  // check every mapping of its JIT code (under `ulimit -v` it wrote through
+  // a failed one: SIGSEGV inside dnnl_primitive_create), so the address
+  // space it needs is asked for first; where there is none, this thread's
+  // primitives and oneDNN's cache of them are dropped (their code unmapped)
+  // and it is asked again.
+  if (!address_space_for(kPrimitiveAddressSpace)) {
+    cache.clear();
+    // oneDNN's own primitive cache holds them too: emptied.
+    const int capacity = dnnl::get_primitive_cache_capacity();
+    dnnl::set_primitive_cache_capacity(0);
+    dnnl::set_primitive_cache_capacity(capacity);
+    if (!address_space_for(kPrimitiveAddressSpace)) {
+      throw AllocationError("cannot make oneDNN's matmul primitive for [" +
+                            std::to_string(key.m) + ", " + std::to_string(key.k) + "] x [" +
+                            std::to_string(key.k) + ", " + std::to_string(key.n) +
+                            "]: out of memory (no " +
+                            std::to_string(kPrimitiveAddressSpace >> 20) +
+                            " MB of address space left for its code)");
+    }
+  }
+  try {
+    return cache.insert(key, make_primitive(key));
+  } catch (const dnnl::error& e) {
+    if (e.status != dnnl_out_of_memory) throw;
+    throw AllocationError("cannot make oneDNN's matmul primitive for [" + std::to_string(key.m) +
+                          ", " + std::to_string(key.k) + "] x [" + std::to_string(key.k) + ", " +
+                          std::to_string(key.n) + "]: out of memory");
+  }
+}
+
+Primitive make_primitive(const Key& key) {
   const OneThread one(key.threads == 1);
   const dt type = key.f32 ? dt::f32 : dt::bf16;
   const dnnl::memory::desc src = operand_desc(key.m, key.k, key.trans_a, key.lda, type);
@@ -362,7 +429,7 @@ Primitive& primitive(const Key& asked) {
   p.scratch_bytes = pd.scratchpad_desc().get_size();
   p.scratch = dnnl::memory(pd.scratchpad_desc(), eng, nullptr);
   p.threads = key.threads;
-  return cache.emplace(key, std::move(p)).first->second;
+  return p;
 }
 
 std::atomic<bool> emulated_bf16{false};
@@ -470,11 +537,17 @@ void run_product(Key key, const void* src, const void* wei, float* c, const floa
 // (perf: 1.1% of the main job in dnnl_primitive_create).
 const dnnl::reorder& weights_reorder(int64_t k, int64_t w, bool trans, int64_t ld, int layout,
                                      const dnnl::memory& plain, const dnnl::memory& blocked) {
-  thread_local std::map<std::tuple<int64_t, int64_t, bool, int64_t, int>, dnnl::reorder> known;
+  thread_local LruMap<std::tuple<int64_t, int64_t, bool, int64_t, int>, dnnl::reorder, TupleHash>
+      known(kShapeCacheEntries);
   const auto key = std::make_tuple(k, w, trans, ld, layout);
-  auto it = known.find(key);
-  if (it == known.end()) it = known.emplace(key, dnnl::reorder(plain, blocked)).first;
-  return it->second;
+  if (const dnnl::reorder* r = known.find(key)) return *r;
+  try {
+    return known.insert(key, dnnl::reorder(plain, blocked));
+  } catch (const dnnl::error& e) {
+    if (e.status != dnnl_out_of_memory) throw;
+    throw AllocationError("cannot make oneDNN's reorder of [" + std::to_string(k) + ", " +
+                          std::to_string(w) + "] weights: out of memory");
+  }
 }
 
 // A oneDNN memory on storage from the buffer pool (cpu/buffer_pool.h), which
@@ -696,12 +769,13 @@ std::atomic<bool> groups{true};
 // bits never depend on how many rows share its product.
 int64_t few_rows_k_block(int64_t m, int64_t k, int64_t n) {
   static std::mutex mutex;
-  static std::map<std::tuple<int64_t, int64_t, int64_t, int>, int64_t> known;
+  static LruMap<std::tuple<int64_t, int64_t, int64_t, int>, int64_t, TupleHash> known(
+      kShapeCacheEntries);
   const int threads = omp_in_parallel() ? 1 : omp_get_max_threads();
   const auto key = std::make_tuple(m, k, n, threads);
   {
     const std::lock_guard<std::mutex> lock(mutex);
-    if (const auto it = known.find(key); it != known.end()) return it->second;
+    if (const int64_t* found = known.find(key)) return *found;
   }
   const int64_t found = [&]() -> int64_t {
     // Positive values, so that the sums grow with k, the weights' scaled by
@@ -749,7 +823,7 @@ int64_t few_rows_k_block(int64_t m, int64_t k, int64_t n) {
     return 0;
   }();
   const std::lock_guard<std::mutex> lock(mutex);
-  known.emplace(key, found);
+  known.insert(key, found);
   return found;
 }
 }  // namespace

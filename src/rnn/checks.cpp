@@ -2,6 +2,7 @@
 #include "rnn/checks.h"
 
 #include <stdexcept>
+#include <cstring>
 #include <string>
 #include <utility>
 #include <vector>
@@ -81,17 +82,34 @@ void check_model_plan(const RNNOptions& o, const std::vector<Tensor>& weights,
   for (const auto& [name, v] : sizes)
     if (v.first != v.second) differs(name, std::to_string(v.first), std::to_string(v.second));
   const auto names = rnn_parameter_names(o);
-  if (model->sources.size() != weights.size()) {
+  if (model->weights.size() != weights.size()) {
     throw std::invalid_argument("the model plan was made from " +
-                                std::to_string(model->sources.size()) + " tensors, not these " +
+                                std::to_string(model->weights.size()) + " tensors, not these " +
                                 std::to_string(weights.size()));
   }
   for (std::size_t i = 0; i < weights.size(); ++i) {
-    if (model->sources[i] != weights[i].raw_data()) {
-      throw std::invalid_argument("the model plan was made from another " + names[i] +
-                                  " than this forward's (make a plan for it: rnn_make_plan)");
+    if (!same_values(model->weights[i], weights[i])) {
+      throw std::invalid_argument(
+          "the model plan was made from other values of " + names[i] +
+          " than this forward's: the weights changed since (make a new plan: rnn_make_plan, "
+          "or rnn_current_plan)");
     }
   }
+}
+
+bool same_values(const Tensor& a, const Tensor& b) {
+  if (a.defined() != b.defined()) return false;
+  if (!a.defined()) return true;
+  if (a.dtype() != b.dtype() || a.shape() != b.shape()) return false;
+  return a.raw_data() == b.raw_data() || a.nbytes() == 0 ||
+         std::memcmp(a.raw_data(), b.raw_data(), a.nbytes()) == 0;
+}
+
+bool same_plan_options(const RNNOptions& a, const RNNOptions& b) {
+  return a.mode == b.mode && a.precision == b.precision && a.dtype == b.dtype &&
+         a.input_size == b.input_size && a.hidden_size == b.hidden_size &&
+         a.num_layers == b.num_layers && a.proj_size == b.proj_size && a.bias == b.bias &&
+         a.bidirectional == b.bidirectional;
 }
 
 void check_forward_mode(const RNNOptions& options, bool training, bool save_for_backward) {

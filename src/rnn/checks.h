@@ -20,8 +20,15 @@ void check_weights(const RNNOptions& o, const std::vector<Tensor>& weights);
 // h0 and c0 (where defined) for these options and this batch.
 void check_initial_state(const RNNOptions& options, const PackingPlan& plan, const Tensor& h0,
                          const Tensor& c0);
+// Whether `a` and `b` hold the same values: same dtype and shape, the same
+// bytes (exact; at once where they share their data).
+bool same_values(const Tensor& a, const Tensor& b);
+// Whether a plan made for `a` serves `b`: what its layouts depend on
+// (mode, sizes, bias, directions, dtype, precision) is the same.
+bool same_plan_options(const RNNOptions& a, const RNNOptions& b);
 // A plan given to a forward: made for these options (precision and dtype
-// included) from these tensors.
+// included) from these tensors' present values (its own copy of them, or
+// others that hold the same bytes).
 void check_model_plan(const RNNOptions& o, const std::vector<Tensor>& weights,
                       const RNNModelPlan* model);
 // An inference-only precision neither trains nor saves for a backward.

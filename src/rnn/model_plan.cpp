@@ -1,6 +1,7 @@
 // rnn_make_plan and rnn_plan_info (include/seqpack/rnn.h).
 #include "rnn/model_plan.h"
 
+#include <cstring>
 #include <memory>
 #include <mutex>
 #include <vector>
@@ -18,11 +19,29 @@ std::shared_ptr<const RNNModelPlan> rnn_make_plan(const RNNOptions& options,
   rnn::check_weights(options, weights);
   auto plan = std::make_shared<RNNModelPlan>();
   plan->options = options;
-  plan->weights = weights;
-  for (const Tensor& w : weights) plan->sources.push_back(w.raw_data());
-  if (options.dtype == DType::f32)
-    plan->weight_layouts = rnn::lay_out_weights<float>(options, weights, rnn::engine_for<float>(options));
+  plan->weights.reserve(weights.size());
+  for (const Tensor& w : weights) plan->weights.push_back(w.clone());
+  if (options.dtype == DType::f32) {
+    plan->weight_layouts =
+        rnn::lay_out_weights<float>(options, plan->weights, rnn::engine_for<float>(options));
+  }
   return plan;
+}
+
+const std::vector<Tensor>& rnn_plan_weights(const RNNModelPlan& plan) { return plan.weights; }
+
+bool rnn_plan_holds(const RNNModelPlan& plan, const std::vector<Tensor>& weights) {
+  if (weights.size() != plan.weights.size()) return false;
+  for (std::size_t i = 0; i < weights.size(); ++i)
+    if (!rnn::same_values(plan.weights[i], weights[i])) return false;
+  return true;
+}
+
+std::shared_ptr<const RNNModelPlan> rnn_current_plan(std::shared_ptr<const RNNModelPlan> plan,
+                                                     const RNNOptions& options,
+                                                     const std::vector<Tensor>& weights) {
+  if (plan && rnn::same_plan_options(plan->options, options) && rnn_plan_holds(*plan, weights)) return plan;
+  return rnn_make_plan(options, weights);
 }
 
 RNNPlanInfo rnn_plan_info(const RNNModelPlan& plan) {

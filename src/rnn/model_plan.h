@@ -43,8 +43,10 @@ const cpu::GemmEngine<T>& engine_for(const RNNOptions& o) {
 // backward of such a forward that asks for them.
 struct RNNModelPlan : std::enable_shared_from_this<RNNModelPlan> {
   RNNOptions options;
-  std::vector<Tensor> weights;       // shared, read where a layout is first made
-  std::vector<const void*> sources;  // their data, rnn_parameter_names order
+  // A copy of the weights it was made from, owned (rnn_parameter_names
+  // order): every layout here is made from it, and nothing writes it, so a
+  // layout made at a later call still has the values the plan was made from.
+  std::vector<Tensor> weights;
   rnn::WeightLayouts weight_layouts;  // float's engine (dtype f32)
   mutable std::mutex mutex;
   // Keyed by the split: threads a direction, and rows or columns.

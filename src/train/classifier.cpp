@@ -318,16 +318,14 @@ Tensor CharClassifier::forward(const Tensor& tokens, const std::vector<int64_t>&
   // same model as Embedding then LSTM.
   // (lstm_'s const parameters: its non-const access would drop its own plan)
   const std::vector<Tensor>& weights = std::as_const(lstm_).parameters();
-  if (requires_grad) {
-    plan_.reset();  // a training step may change the weights after this forward
-  } else if (!plan_) {
-    plan_ = rnn_make_plan(lstm_.options(), weights);
-  }
+  // One plan per set of weight values (compared at each forward: exact): the
+  // forwards and backwards between two optimizer steps share its layouts, so
+  // the weights are laid out once per step, not at every call.
+  plan_ = rnn_current_plan(plan_, lstm_.options(), weights);
   RNNForwardResult r =
-      rnn_forward_lookup(lstm_.options(), weights, embedding_.weight(), ids, plan,
-                         Tensor(), Tensor(), /*training=*/requires_grad,
-                         /*save_for_backward=*/requires_grad, 0,
-                         requires_grad ? nullptr : plan_.get());
+      rnn_forward_lookup(lstm_.options(), rnn_plan_weights(*plan_), embedding_.weight(), ids,
+                         plan, Tensor(), Tensor(), /*training=*/requires_grad,
+                         /*save_for_backward=*/requires_grad, 0, plan_.get());
   saved_ = requires_grad ? r.saved : nullptr;
   batch_ = B;
   // h_n is [2, B, H] in the caller's order: features = [h_n[0, b] ; h_n[1, b]].
@@ -408,7 +406,6 @@ void CharClassifier::set_precision(Precision p) {
 }
 
 std::vector<Parameter> CharClassifier::parameters() {
-  plan_.reset();  // the caller may change the weights
   std::vector<Parameter> ps = embedding_.parameters("embedding.");
   for (std::size_t i = 0; i < lstm_.parameters().size(); ++i) {
     ps.push_back({"lstm." + lstm_.parameter_names()[i], lstm_.parameters()[i], lstm_.grads()[i]});
