@@ -323,6 +323,10 @@ TEST(CliData, ALineLongerThanTheBoundIsRefusedWithItsNumber) {
 // Memory that runs out while a line is read is the tool's out-of-memory
 // error (getline swallowed the std::bad_alloc: "error reading TSV file").
 TEST(CliData, MemoryRunningOutWhileReadingIsSaidAsSuch) {
+#if defined(__SANITIZE_ADDRESS__)
+  GTEST_SKIP() << "AddressSanitizer's allocator serves malloc itself and aborts on a failed "
+                  "allocation: the fault shim's failing malloc cannot be tested under it";
+#endif
   const fs::path f = work_dir() / "mid_line.tsv";
   {
     std::ofstream o(f, std::ios::binary);
