@@ -443,12 +443,17 @@ RNNForwardResult run_forward(const RNNCall& call, const Tensor& data, const OptT
     // source to key on (and their copies are this call's own).
     bool contiguous = true;
     for (const Tensor& t : weights) contiguous = contiguous && t.is_contiguous() && t.has_storage();
-    // An fp32 inference call of one step (a decoder's, a cell's) reads its
-    // weights in place: a layout would cost more than its one product, and
-    // comparing the weights with a plan's copy reads them twice (a decoder's
-    // step of LSTM(128, 256) at batch 1: 0.14 ms a call against 0.06).
+    // A call of one step (a decoder's, a cell's) at fp32 or bf16 reads its
+    // weights in place: comparing them with a plan's copy reads them twice,
+    // more than its one product reads (fp32 one-step, LSTM(128, 256) at batch
+    // 1: 0.06 ms a call against 0.14; bf16, LSTM(512, 512) at batch 1 to 64:
+    // in place 1.1-1.4x faster than a kept bf16 layout compared each call,
+    // Zen 5, docs/performance.md). Its backward reads the same tensors, held
+    // by the saved state (w holds each), as torch's saved tensors are: a
+    // parameter whose storage is replaced or freed leaves them the forward's.
+    // int8's weights are quantized by its plan, which pays over many calls.
     const bool one_step = call.plan->batch_sizes().size() <= 1;
-    if (!save && one_step && call.options.precision == Precision::fp32)
+    if (one_step && call.options.precision != Precision::int8)
       return rnn_forward(call.options, w, x, *call.plan, h, c, call.train, save, call.seed, nullptr);
     if (contiguous && ModelPlanCache::bytes_of(weights) <= ModelPlanCache::kBytes) {
       const std::shared_ptr<const RNNModelPlan> model =

@@ -22,6 +22,7 @@
 
 #include "cpu/bf16.h"
 #include "cpu/bf16_blocked.h"
+#include "cpu/finite.h"
 #include "cpu/gemm.h"
 #include "cpu/gemm_bf16_rows.h"
 #include "cpu/linear_rows.h"
@@ -726,4 +727,36 @@ TEST(GemmBf16Rows, RefusesRowCountsAndBlocksItCannotRun) {
   odd.k_block = 100;
   EXPECT_NE(refused(1, odd).find("k_block = 100"), std::string::npos) << refused(1, odd);
   EXPECT_EQ(refused(1, b), "accepted");
+}
+
+// cpu::all_finite against a plain scan with std::isfinite: every length up
+// to a few blocks, one non-finite entry (NaN with either sign and any
+// payload, +-inf) at every position, and the finite extremes (largest,
+// smallest subnormal, -0) that must not count.
+template <typename T>
+void check_all_finite() {
+  const T specials[] = {std::numeric_limits<T>::quiet_NaN(), -std::numeric_limits<T>::quiet_NaN(),
+                        std::numeric_limits<T>::signaling_NaN(),
+                        std::numeric_limits<T>::infinity(), -std::numeric_limits<T>::infinity()};
+  const T finite[] = {std::numeric_limits<T>::max(), -std::numeric_limits<T>::max(),
+                      std::numeric_limits<T>::denorm_min(), T(-0.0), T(1)};
+  for (int64_t n = 0; n <= 70; ++n) {
+    std::vector<T> v(static_cast<std::size_t>(n));
+    for (int64_t i = 0; i < n; ++i) v[static_cast<std::size_t>(i)] = finite[i % 5];
+    EXPECT_TRUE(seqpack::cpu::all_finite(v.data(), n)) << "n " << n;
+    for (int64_t at = 0; at < n; ++at) {
+      for (T s : specials) {
+        std::vector<T> w = v;
+        w[static_cast<std::size_t>(at)] = s;
+        EXPECT_FALSE(seqpack::cpu::all_finite(w.data(), n)) << "n " << n << " at " << at;
+        // A prefix that stops before it is finite.
+        EXPECT_TRUE(seqpack::cpu::all_finite(w.data(), at)) << "n " << at;
+      }
+    }
+  }
+}
+
+TEST(CpuKernels, AllFiniteFindsEveryNanAndInfinityWherever) {
+  check_all_finite<float>();
+  check_all_finite<double>();
 }

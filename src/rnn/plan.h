@@ -16,6 +16,7 @@
 #include <memory>
 #include <vector>
 
+#include "cpu/finite.h"
 #include "cpu/gemm_engine.h"
 #include "rnn/grid.h"
 #include "rnn/saved.h"
@@ -79,22 +80,6 @@ struct RNNPlan {
   }
 };
 
-// Whether no entry is NaN or inf: an exponent of all ones, tested on the
-// bits (a loop the compiler vectorizes; std::isfinite's is not).
-template <typename T>
-bool all_finite(const T* p, int64_t n) {
-  using Bits = std::conditional_t<sizeof(T) == 4, uint32_t, uint64_t>;
-  constexpr Bits exponent =
-      static_cast<Bits>(sizeof(T) == 4 ? 0x7f800000ull : 0x7ff0000000000000ull);
-  Bits nonfinite = 0;
-  for (int64_t i = 0; i < n; ++i) {
-    Bits b;
-    std::memcpy(&b, p + i, sizeof b);
-    nonfinite |= static_cast<Bits>((b & exponent) == exponent);
-  }
-  return nonfinite == 0;
-}
-
 // Whether a call of `steps` steps reads its step weights where they are
 // (GemmEngine::prepare_in_place) rather than laying them out: a layout
 // writes all of W_hh out and reads it back, which one step's product does
@@ -143,7 +128,7 @@ std::unique_ptr<const RNNPlan<T>> make_plan(const RNNOptions& o, const std::vect
         pd.whr = prepare(w.w_hr, H, R, step_ranges(R, 1, nc), wl ? wl->whr.get() : nullptr);
       pd.wih = wl ? wl->wih.get() : nullptr;
       pd.in_place = in_place;
-      pd.whh_finite = check_finite && all_finite(w.w_hh, G * R);
+      pd.whh_finite = check_finite && cpu::all_finite(w.w_hh, G * R);
     }
   }
   return plan;
