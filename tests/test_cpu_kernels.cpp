@@ -250,15 +250,17 @@ TEST(GemmPackedSmall, RepackingReusesStorage) {
 // same FMA chains, so a sequence's results do not depend on which of the two
 // its call took (batch invariance across a call of one step and a longer
 // one). Both forms of B, tails of every size past the 4 x 4 transposes and
-// the panels, column ranges starting and ending mid-panel, beta 0 (C not
-// read) and 1, and init rows.
+// the panels (and past the 16 x 16 blocks of b's rows that up to 4 rows read
+// in place on AVX-512), column ranges starting and ending mid-panel, beta 0
+// (C not read) and 1, and init rows.
 TEST(GemmUnpackedSmall, GivesThePackedProductsBits) {
   const auto seed = seqpack::testing::test_seed();
   SCOPED_TRACE("seed " + std::to_string(seed));
   std::mt19937 gen(static_cast<std::mt19937::result_type>(seed));
   std::uniform_real_distribution<float> u(-1.f, 1.f);
-  const Case cases[] = {{1, 500, 1500}, {1, 37, 53},  {2, 3, 5},    {3, 64, 130}, {5, 129, 67},
-                        {7, 40, 160},   {13, 1, 17}, {64, 500, 96}, {130, 33, 70}};
+  const Case cases[] = {{1, 500, 1500}, {1, 37, 53},  {2, 3, 5},     {3, 64, 130}, {5, 129, 67},
+                        {7, 40, 160},   {13, 1, 17}, {64, 500, 96},  {130, 33, 70}, {4, 500, 100},
+                        {2, 16, 48},    {1, 17, 33}, {4, 1, 16},     {3, 31, 47}};
   for (const Case& cs : cases) {
     for (const bool trans_b : {true, false}) {
       for (const float beta : {0.f, 1.f}) {
@@ -280,7 +282,8 @@ TEST(GemmUnpackedSmall, GivesThePackedProductsBits) {
           PackedWeights pw;
           pack_weights(b.data(), trans_b, cs.k, cs.n, ldb, pw);
           for (const auto& [col0, col1] :
-               {std::pair<int64_t, int64_t>{0, cs.n}, {cs.n / 3, cs.n - cs.n / 4}, {1, 2}}) {
+               {std::pair<int64_t, int64_t>{0, cs.n}, {cs.n / 3, cs.n - cs.n / 4}, {1, 2},
+                {2, cs.n - 1}, {std::max<int64_t>(0, cs.n - 16), cs.n}}) {
             if (col1 <= col0) continue;
             std::vector<float> want = c, got = c;
             gemm_packed_small(cs.m, a.data(), lda, pw, col0, col1, beta, want.data(), ldc, rows);

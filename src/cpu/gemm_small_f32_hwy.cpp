@@ -353,9 +353,105 @@ void PackPanel(const float* HWY_RESTRICT b, bool trans_b, int64_t k, int64_t n, 
 constexpr int64_t kMaxChunk = 4;
 constexpr int64_t kChunkBytes = 128 << 10;
 
+#if HWY_ARCH_X86 && HWY_TARGET <= HWY_AVX3
+// Rows of b laid side by side in registers for the few-row products of
+// gemm_unpacked_small: 16 rows of b (16 columns of B = bᵀ) times up to 4 rows
+// of a, W never packed. Each block of 16 x 16 of b is loaded row by row and
+// transposed in registers (64 shuffles), so column j's vector lane holds
+// b[j][k] for one k, and each output keeps the chain of Block above: its start
+// (init, beta·C or zero), then one FMA per k in order. The same bits as the
+// packed product, read at the speed of b's rows rather than through a copy
+// (a call of one step: LSTM(500)'s W_hh is 4 MB).
+inline void Transpose16(__m512 (&v)[16]) {
+  __m512 t[16], u[16];
+  for (int i = 0; i < 8; ++i) {
+    t[2 * i] = _mm512_unpacklo_ps(v[2 * i], v[2 * i + 1]);
+    t[2 * i + 1] = _mm512_unpackhi_ps(v[2 * i], v[2 * i + 1]);
+  }
+  // u[4i + s], 128-bit lane L: rows 4i..4i+3 at column 4L + s.
+  for (int i = 0; i < 4; ++i) {
+    const __m512d t0 = _mm512_castps_pd(t[4 * i]), t1 = _mm512_castps_pd(t[4 * i + 1]);
+    const __m512d t2 = _mm512_castps_pd(t[4 * i + 2]), t3 = _mm512_castps_pd(t[4 * i + 3]);
+    u[4 * i + 0] = _mm512_castpd_ps(_mm512_unpacklo_pd(t0, t2));
+    u[4 * i + 1] = _mm512_castpd_ps(_mm512_unpackhi_pd(t0, t2));
+    u[4 * i + 2] = _mm512_castpd_ps(_mm512_unpacklo_pd(t1, t3));
+    u[4 * i + 3] = _mm512_castpd_ps(_mm512_unpackhi_pd(t1, t3));
+  }
+  for (int s4 = 0; s4 < 4; ++s4) {
+    const __m512 x0 = _mm512_shuffle_f32x4(u[s4], u[4 + s4], 0x44);
+    const __m512 x1 = _mm512_shuffle_f32x4(u[s4], u[4 + s4], 0xEE);
+    const __m512 y0 = _mm512_shuffle_f32x4(u[8 + s4], u[12 + s4], 0x44);
+    const __m512 y1 = _mm512_shuffle_f32x4(u[8 + s4], u[12 + s4], 0xEE);
+    v[s4] = _mm512_shuffle_f32x4(x0, y0, 0x88);
+    v[4 + s4] = _mm512_shuffle_f32x4(x0, y0, 0xDD);
+    v[8 + s4] = _mm512_shuffle_f32x4(x1, y1, 0x88);
+    v[12 + s4] = _mm512_shuffle_f32x4(x1, y1, 0xDD);
+  }
+}
+
+// C[:M, j0:j0+16) of A·bᵀ, b's rows j0.. at stride ldb (see Transpose16).
+template <int M>
+HWY_INLINE void RowsOfB16(int64_t K, const float* HWY_RESTRICT a, int64_t lda,
+                          const float* HWY_RESTRICT b, int64_t ldb, int64_t j0, float beta,
+                          float* c, int64_t ldc, const float* const* init) {
+  __m512 acc[M];
+  for (int i = 0; i < M; ++i) {
+    if (init != nullptr) {
+      acc[i] = _mm512_loadu_ps(init[i] + j0);
+    } else if (beta == 0.f) {
+      acc[i] = _mm512_setzero_ps();
+    } else {
+      acc[i] = _mm512_mul_ps(_mm512_set1_ps(beta), _mm512_loadu_ps(c + i * ldc + j0));
+    }
+  }
+  const float* r = b + j0 * ldb;
+  for (int64_t k = 0; k < K; k += 16) {
+    const int64_t kk = std::min<int64_t>(16, K - k);
+    const __mmask16 live = static_cast<__mmask16>(kk == 16 ? 0xffff : (1u << kk) - 1);
+    __m512 v[16];
+    for (int q = 0; q < 16; ++q) v[q] = _mm512_maskz_loadu_ps(live, r + q * ldb + k);
+    Transpose16(v);
+    if (kk == 16) {
+      for (int t = 0; t < 16; ++t)
+        for (int i = 0; i < M; ++i)
+          acc[i] = _mm512_fmadd_ps(_mm512_set1_ps(a[i * lda + k + t]), v[t], acc[i]);
+    } else {
+      for (int64_t t = 0; t < kk; ++t)
+        for (int i = 0; i < M; ++i)
+          acc[i] = _mm512_fmadd_ps(_mm512_set1_ps(a[i * lda + k + t]), v[t], acc[i]);
+    }
+  }
+  for (int i = 0; i < M; ++i) _mm512_storeu_ps(c + i * ldc + j0, acc[i]);
+}
+
+// Columns [col0, col1) of the few-row product, 16 at a time from col0; the
+// columns left past the last 16 are returned for the packed path.
+template <int M>
+int64_t RowsOfB(int64_t K, const float* a, int64_t lda, const float* b, int64_t ldb,
+                int64_t col0, int64_t col1, float beta, float* c, int64_t ldc,
+                const float* const* init) {
+  int64_t j = col0;
+  for (; j + 16 <= col1; j += 16) RowsOfB16<M>(K, a, lda, b, ldb, j, beta, c, ldc, init);
+  return j;
+}
+#endif
+
 void GemmUnpackedSmall(int64_t m, const float* a, int64_t lda, const float* b, bool trans_b,
                        int64_t K, int64_t n, int64_t ldb, int64_t col0, int64_t col1, float beta,
                        float* c, int64_t ldc, const float* const* init) {
+#if HWY_ARCH_X86 && HWY_TARGET <= HWY_AVX3
+  // Up to 4 rows of a with B = bᵀ: b's rows read where they are, the columns
+  // past the last 16 packed as below.
+  if (trans_b && m <= 4) {
+    switch (m) {
+      case 1: col0 = RowsOfB<1>(K, a, lda, b, ldb, col0, col1, beta, c, ldc, init); break;
+      case 2: col0 = RowsOfB<2>(K, a, lda, b, ldb, col0, col1, beta, c, ldc, init); break;
+      case 3: col0 = RowsOfB<3>(K, a, lda, b, ldb, col0, col1, beta, c, ldc, init); break;
+      default: col0 = RowsOfB<4>(K, a, lda, b, ldb, col0, col1, beta, c, ldc, init); break;
+    }
+    if (col0 >= col1) return;
+  }
+#endif
   const int64_t W = PanelWidth();
   const int64_t p0 = col0 / W, p1 = (col1 + W - 1) / W;
   const int64_t chunk = std::clamp<int64_t>(
