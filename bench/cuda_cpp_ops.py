@@ -158,7 +158,8 @@ def main():
         if args.cpu and not os.environ.get("SEQPACK_CUDA_LIBRARY"):
             os.environ["SEQPACK_CUDA_LIBRARY"] = emulated_library(workdir)
         operators = load_operators()
-        ops = operators.load(on_cpu=args.cpu)  # torch's extension cache: the tests find it there
+        # On the GPU into torch's extension cache, where the tests find them; the self-test's apart.
+        ops = operators.load(on_cpu=args.cpu, workdir=workdir if args.cpu else None)
         print("library:", ops._cuda_library(""))
         torch.backends.cuda.matmul.allow_tf32 = False
         torch.backends.cudnn.allow_tf32 = False
