@@ -31,6 +31,7 @@
 #include <utility>
 #include <vector>
 
+#include "schemas.h"
 #include "seqpack/cuda.h"
 #include "torch_rnn.h"
 
@@ -499,37 +500,53 @@ Forward forward_layers(const Backend& backend, const Sizes& s, const Tensor& dat
   return f;
 }
 
+// One call for the whole stack, every product in the library: its buffers'
+// sizes, its workspace and the inputs both passes share (the pass sets its
+// reserve and outputs).
+struct LibraryCall {
+  size_t workspace_bytes = 0, reserve_bytes = 0;
+  Tensor workspace;
+  std::vector<const void*> weights;
+  seqpack_cuda_rnn_args a{};
+};
+
+void library_call(LibraryCall& c, const Library& lib, const Backend& backend, const Sizes& s,
+                  const Tensor& data, const Tensor& batch_sizes, const Tensor& h0,
+                  const Tensor& c0, at::TensorList weights, const Tensor& mask, bool allow_tf32) {
+  check(lib, lib.buffer_sizes(s.mode, s.dtype, s.rows, s.batch, s.input, s.hidden, s.proj,
+                              s.layers, s.dirs == 2, &c.workspace_bytes, &c.reserve_bytes));
+  c.workspace = bytes(static_cast<int64_t>(c.workspace_bytes), data);
+  c.weights = pointers(weights);
+  c.a = call_args(s, batch_sizes, allow_tf32, backend.stream(data.device()),
+                  /*torch_products=*/false);
+  c.a.weights = c.weights.data();
+  c.a.x = ptr(data);
+  c.a.h0 = ptr(h0);
+  c.a.c0 = ptr(c0);
+  c.a.dropout_mask = ptr(mask);
+  c.a.workspace = mutable_ptr(c.workspace);
+  c.a.workspace_bytes = c.workspace_bytes;
+  c.a.reserve_bytes = c.reserve_bytes;
+}
+
 // The forward with every product in the library: one call for the whole
 // stack, whose reserve is the saved buffer (empty without `keep`).
 Forward forward_library(const Backend& backend, const Sizes& s, const Tensor& data,
                         const Tensor& batch_sizes, const Tensor& h0, const Tensor& c0,
                         at::TensorList weights, const Tensor& mask, bool allow_tf32, bool keep) {
   const Library& lib = library();
-  size_t ws = 0, rs = 0;
-  check(lib, lib.buffer_sizes(s.mode, s.dtype, s.rows, s.batch, s.input, s.hidden, s.proj,
-                              s.layers, s.dirs == 2, &ws, &rs));
+  LibraryCall c;
+  library_call(c, lib, backend, s, data, batch_sizes, h0, c0, weights, mask, allow_tf32);
   Forward f;
   f.y = at::empty({s.rows, s.width}, data.options());
   f.hn = at::empty_like(h0);
   if (s.lstm) f.cn = at::empty_like(c0);
-  const Tensor workspace = bytes(static_cast<int64_t>(ws), data);
-  f.saved = bytes(static_cast<int64_t>(rs), data);
-  seqpack_cuda_rnn_args a = call_args(s, batch_sizes, allow_tf32, backend.stream(data.device()),
-                                      /*torch_products=*/false);
-  const std::vector<const void*> w = pointers(weights);
-  a.weights = w.data();
-  a.x = ptr(data);
-  a.h0 = ptr(h0);
-  a.c0 = ptr(c0);
-  a.dropout_mask = ptr(mask);
-  a.workspace = mutable_ptr(workspace);
-  a.workspace_bytes = ws;
-  a.reserve = mutable_ptr(f.saved);
-  a.reserve_bytes = rs;
-  a.y = mutable_ptr(f.y);
-  a.hn = mutable_ptr(f.hn);
-  a.cn = mutable_ptr(f.cn);
-  check(lib, lib.forward(&a));
+  f.saved = bytes(static_cast<int64_t>(c.reserve_bytes), data);
+  c.a.reserve = mutable_ptr(f.saved);
+  c.a.y = mutable_ptr(f.y);
+  c.a.hn = mutable_ptr(f.hn);
+  c.a.cn = mutable_ptr(f.cn);
+  check(lib, lib.forward(&c.a));
   if (!keep) f.saved = f.saved.narrow(0, 0, 0);
   return f;
 }
@@ -631,38 +648,27 @@ Gradients backward_library(const Backend& backend, const Sizes& s, const Tensor&
                            const Tensor& dy, const Tensor& dhn, const Tensor& dcn,
                            bool allow_tf32) {
   const Library& lib = library();
-  size_t ws = 0, rs = 0;
-  check(lib, lib.buffer_sizes(s.mode, s.dtype, s.rows, s.batch, s.input, s.hidden, s.proj,
-                              s.layers, s.dirs == 2, &ws, &rs));
+  LibraryCall c;
+  library_call(c, lib, backend, s, data, batch_sizes, h0, c0, weights, mask, allow_tf32);
   const Tensor dY = as(dy, data), dHn = as(dhn, data), dCn = s.lstm ? as(dcn, data) : Tensor();
   Gradients g;
   g.dx = at::empty_like(data);
   g.dh0 = at::empty_like(h0);
   if (s.lstm) g.dc0 = at::empty_like(c0);
-  for (const Tensor& w : weights) g.dweights.push_back(at::empty_like(w));
-  const Tensor workspace = bytes(static_cast<int64_t>(ws), data);
-  seqpack_cuda_rnn_args a = call_args(s, batch_sizes, allow_tf32, backend.stream(data.device()),
-                                      /*torch_products=*/false);
-  const std::vector<const void*> w = pointers(weights);
   std::vector<void*> dw;
-  for (const Tensor& t : g.dweights) dw.push_back(t.data_ptr());
-  a.weights = w.data();
-  a.dweights = dw.data();
-  a.x = ptr(data);
-  a.h0 = ptr(h0);
-  a.c0 = ptr(c0);
-  a.dropout_mask = ptr(mask);
-  a.workspace = mutable_ptr(workspace);
-  a.workspace_bytes = ws;
-  a.reserve = mutable_ptr(saved);
-  a.reserve_bytes = rs;
-  a.dy = ptr(dY);
-  a.dhn = ptr(dHn);
-  a.dcn = ptr(dCn);
-  a.dx = mutable_ptr(g.dx);
-  a.dh0 = mutable_ptr(g.dh0);
-  a.dc0 = mutable_ptr(g.dc0);
-  check(lib, lib.backward(&a));
+  for (const Tensor& w : weights) {
+    g.dweights.push_back(at::empty_like(w));
+    dw.push_back(g.dweights.back().data_ptr());
+  }
+  c.a.dweights = dw.data();
+  c.a.reserve = mutable_ptr(saved);
+  c.a.dy = ptr(dY);
+  c.a.dhn = ptr(dHn);
+  c.a.dcn = ptr(dCn);
+  c.a.dx = mutable_ptr(g.dx);
+  c.a.dh0 = mutable_ptr(g.dh0);
+  c.a.dc0 = mutable_ptr(g.dc0);
+  check(lib, lib.backward(&c.a));
   return g;
 }
 
@@ -884,19 +890,10 @@ const c10::TypedOperatorHandle<Signature>& op(const Backend& backend, const char
   return found.back().second;
 }
 
-// What a call passes besides its differentiable tensors.
+// What a call passes besides its differentiable tensors, and whose kernels run it.
 struct Args {
   const Backend* backend;
-  Tensor batch_sizes;
-  OptTensor sorted_indices, unsorted_indices;
-  std::string mode;
-  int64_t hidden_size, num_layers;
-  bool bias, bidirectional;
-  int64_t proj_size;
-  double dropout;
-  bool train;
-  c10::optional<int64_t> seed;
-  std::string precision;
+  torch_ops::RNNArgs call;
 };
 
 class RnnFunction : public torch::autograd::Function<RnnFunction> {
@@ -906,11 +903,12 @@ class RnnFunction : public torch::autograd::Function<RnnFunction> {
     Tensor y, hn, cn, saved;
     {
       at::AutoDispatchBelowADInplaceOrView below;
+      const torch_ops::RNNArgs& c = a.call;
       std::tie(y, hn, cn, saved) = op<RnnTrainSignature>(*a.backend, "_rnn_train")
-                                       .call(data, a.batch_sizes, a.sorted_indices,
-                                             a.unsorted_indices, h0, c0, weights, a.mode,
-                                             a.hidden_size, a.num_layers, a.bias, a.bidirectional,
-                                             a.proj_size, a.dropout, a.train, a.seed, a.precision);
+                                       .call(data, c.batch_sizes, c.sorted_indices,
+                                             c.unsorted_indices, h0, c0, weights, c.mode,
+                                             c.hidden_size, c.num_layers, c.bias, c.bidirectional,
+                                             c.proj_size, c.dropout, c.train, c.seed, c.precision);
     }
     variable_list to_save = {saved, data, given(h0) ? *h0 : Tensor(), given(c0) ? *c0 : Tensor()};
     to_save.insert(to_save.end(), weights.begin(), weights.end());
@@ -921,7 +919,7 @@ class RnnFunction : public torch::autograd::Function<RnnFunction> {
     ctx->saved_data["h0_edge"] = given(h0) ? edge++ : -1;
     ctx->saved_data["c0_edge"] = given(c0) ? edge++ : -1;
     ctx->saved_data["w_edge"] = edge;
-    const bool lstm = a.mode == "LSTM";
+    const bool lstm = a.call.mode == "LSTM";
     ctx->saved_data["lstm"] = lstm;
     if (!lstm) ctx->mark_non_differentiable({cn});
     ctx->set_materialize_grads(false);  // missing gradients are zeros to the library
@@ -1234,9 +1232,10 @@ RnnResult rnn_autograd(const Backend& backend, SEQPACK_RNN_PARAMS) {
       at::AutoDispatchBelowADInplaceOrView below;
       return op<RnnSignature>(backend, "rnn").call(SEQPACK_RNN_ARGS);
     }
-    const Args a{&backend, batch_sizes, sorted_indices, unsorted_indices, std::string(mode),
-                 hidden_size, num_layers, bias, bidirectional, proj_size, dropout, train, seed,
-                 std::string(precision)};
+    const Args a{&backend,
+                 {batch_sizes, sorted_indices, unsorted_indices, std::string(mode), hidden_size,
+                  num_layers, bias, bidirectional, proj_size, dropout, train, seed,
+                  std::string(precision)}};
     const variable_list out = RnnFunction::apply(data, h0, c0, weights, a);
     return {out[0], out[1], out[2]};
   };

@@ -644,20 +644,6 @@ std::tuple<Tensor, Tensor, Tensor, std::vector<Tensor>> rnn_backward_cpu(
                                  .typed<__VA_ARGS__>();                            \
   return handle
 
-// What a recurrent call passes besides its differentiable tensors.
-struct RNNArgs {
-  Tensor batch_sizes;
-  OptTensor sorted_indices, unsorted_indices;
-  std::string mode;
-  int64_t hidden_size, num_layers;
-  bool bias, bidirectional;
-  int64_t proj_size;
-  double dropout;
-  bool train;
-  c10::optional<int64_t> seed;
-  std::string precision;
-};
-
 const auto& rnn_op() { SEQPACK_OP("rnn", "", decltype(rnn_cpu)); }
 const auto& rnn_train_op() { SEQPACK_OP("_rnn_train", "", decltype(rnn_train_cpu)); }
 const auto& rnn_backward_op() { SEQPACK_OP("_rnn_backward", "", decltype(rnn_backward_cpu)); }

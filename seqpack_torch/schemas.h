@@ -1,9 +1,29 @@
 // The schemas of seqpack's recurrent operators, shared by their definition
-// (ops.cpp: TORCH_LIBRARY(seqpack, m)) and the test library that runs the
-// CUDA kernels on CPU tensors under another namespace (cuda_emulated_ops.cpp).
+// (ops.cpp: TORCH_LIBRARY(seqpack, m)), the CUDA kernels' standalone build
+// (cuda_schemas_standalone.cpp) and the test library that runs the CUDA
+// kernels on CPU tensors under another namespace (cuda_emulated_ops.cpp).
 #pragma once
 
+#include <ATen/ATen.h>
+
+#include <string>
+
 namespace seqpack::torch_ops {
+
+// What a recurrent call passes besides its differentiable tensors (the CPU
+// and CUDA autograd kernels keep it for their forward and backward).
+struct RNNArgs {
+  at::Tensor batch_sizes;
+  c10::optional<at::Tensor> sorted_indices, unsorted_indices;
+  std::string mode;
+  int64_t hidden_size, num_layers;
+  bool bias, bidirectional;
+  int64_t proj_size;
+  double dropout;
+  bool train;
+  c10::optional<int64_t> seed;
+  std::string precision;
+};
 
 constexpr const char* kRnnSchema =
     "rnn(Tensor data, Tensor batch_sizes, Tensor? sorted_indices, Tensor? unsorted_indices, "
