@@ -62,7 +62,7 @@ def library_path():
 def build(on_cpu: bool, workdir=None):
     """Compiles and loads the kernels (torch.utils.cpp_extension); returns their namespace."""
     import torch.utils.cpp_extension as cpp
-    sources = [SOURCES / "cuda_ops.cpp", SOURCES / "torch_rnn.cpp"]
+    sources = [SOURCES / f for f in ("cuda_ops.cpp", "cuda_library.cpp", "cuda_choice.cpp", "torch_rnn.cpp")]
     sources += [SOURCES / "cuda_emulated_ops.cpp"] if on_cpu else [
         SOURCES / "cuda_register.cpp", SOURCES / "cuda_schemas_standalone.cpp"]
     t0 = time.perf_counter()

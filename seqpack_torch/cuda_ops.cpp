@@ -11,26 +11,20 @@
 
 #include "cuda_ops.h"
 
-#include <dlfcn.h>
-#include <sys/stat.h>
 #include <torch/autograd.h>
 
 #include <algorithm>
 #include <array>
-#include <atomic>
-#include <chrono>
-#include <cmath>
-#include <exception>
-#include <map>
 #include <cstdlib>
 #include <deque>
-#include <initializer_list>
 #include <mutex>
 #include <numeric>
 #include <string>
 #include <utility>
 #include <vector>
 
+#include "cuda_choice.h"
+#include "cuda_library.h"
 #include "schemas.h"
 #include "seqpack/cuda.h"
 #include "torch_rnn.h"
@@ -41,176 +35,6 @@ namespace {
 
 using torch::autograd::AutogradContext;
 using torch::autograd::variable_list;
-
-// ---- the library -----------------------------------------------------------
-
-struct Library {
-  std::string path;
-  int (*abi_version)() = nullptr;
-  const char* (*last_error)() = nullptr;
-  int (*buffer_sizes)(int, int, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int,
-                      size_t*, size_t*) = nullptr;
-  int (*forward)(const seqpack_cuda_rnn_args*) = nullptr;
-  int (*backward)(const seqpack_cuda_rnn_args*) = nullptr;
-  int (*set_policy)(const seqpack_cuda_policy*) = nullptr;
-  int (*get_policy)(seqpack_cuda_policy*) = nullptr;
-};
-
-std::mutex library_mutex;
-std::atomic<const Library*> loaded{nullptr};  // set once, never freed (the process's)
-
-bool is_file(const std::string& path) {
-  struct stat st {};
-  return stat(path.c_str(), &st) == 0 && S_ISREG(st.st_mode);
-}
-
-// Where libseqpack_cuda.so is looked for when none is named, as the Python
-// glue (seqpack/_cuda.py) looks: beside the shared library that holds this
-// code, then, from its folder up four levels, build/cuda/ and build-cuda/ (and
-// cuda/ of a folder named build): a build tree's library.
-std::vector<std::string> candidates() {
-  Dl_info info{};
-  if (dladdr(reinterpret_cast<void*>(&candidates), &info) == 0 || !info.dli_fname) return {};
-  std::string dir(info.dli_fname);
-  const auto slash = dir.rfind('/');
-  dir = slash == std::string::npos ? std::string(".") : dir.substr(0, slash);
-  const std::string name = "/libseqpack_cuda.so";
-  std::vector<std::string> out = {dir + name};
-  for (int up = 0; up < 4 && !dir.empty(); ++up) {
-    out.push_back(dir + "/build/cuda" + name);
-    out.push_back(dir + "/build-cuda" + name);
-    const auto cut = dir.rfind('/');
-    if (dir.substr(cut == std::string::npos ? 0 : cut + 1) == "build")
-      out.push_back(dir + "/cuda" + name);
-    if (cut == std::string::npos || cut == 0) break;
-    dir = dir.substr(0, cut);
-  }
-  return out;
-}
-
-// Whether two paths name the same file.
-bool same_file(const std::string& a, const std::string& b) {
-  struct stat sa {}, sb {};
-  return stat(a.c_str(), &sa) == 0 && stat(b.c_str(), &sb) == 0 && sa.st_dev == sb.st_dev &&
-         sa.st_ino == sb.st_ino;
-}
-
-// The value of one of the policy's variables: where `value` (unset or empty:
-// `fallback`) is one of `names`, its index; else an error naming the variable.
-int choice_of(const char* variable, const char* fallback,
-              std::initializer_list<const char*> names) {
-  const char* set = std::getenv(variable);
-  const std::string value = set && *set ? set : fallback;
-  int index = 0;
-  std::string listed;
-  for (const char* name : names) {
-    if (value == name) return index;
-    listed += (index == 0 ? "'" : index + 1 == static_cast<int>(names.size()) ? " or '" : ", '") +
-              std::string(name) + "'";
-    ++index;
-  }
-  C10_THROW_ERROR(ValueError, c10::str("seqpack CUDA: ", variable, " = '", value, "' is not ",
-                                       listed));
-}
-
-}  // namespace
-
-seqpack_cuda_policy policy_from_environment() {
-  seqpack_cuda_policy p{};
-  p.version = SEQPACK_CUDA_POLICY_VERSION;
-  p.kernel = choice_of("SEQPACK_CUDA_KERNEL", "simple", {"simple", "persistent", "cluster"});
-  p.gemm = choice_of("SEQPACK_CUDA_GEMM", "simt", {"simt", "wmma"});
-  if (const char* tile = std::getenv("SEQPACK_CUDA_GEMM_TILE"); tile && *tile) {
-    const std::string value = tile;
-    TORCH_CHECK_VALUE(value == "32" || value == "64", "seqpack CUDA: SEQPACK_CUDA_GEMM_TILE = '",
-                      value, "' is not 32 or 64");
-    p.gemm_tile = value == "32" ? 32 : 64;
-  }
-  if (const char* cluster = std::getenv("SEQPACK_CUDA_CLUSTER"); cluster && *cluster) {
-    char* end = nullptr;
-    const long n = std::strtol(cluster, &end, 10);
-    TORCH_CHECK_VALUE(end != cluster && *end == '\0' && n >= 1 && n <= 16,
-                      "seqpack CUDA: SEQPACK_CUDA_CLUSTER = '", cluster,
-                      "' is not a block count from 1 to 16");
-    p.cluster_size = static_cast<int>(n);
-  }
-  p.cluster_gather = choice_of("SEQPACK_CUDA_CLUSTER_GATHER", "shared", {"shared", "global"});
-  if (const char* mma = std::getenv("SEQPACK_CUDA_CLUSTER_MMA"); mma && *mma) {
-    const std::string value = mma;
-    TORCH_CHECK_VALUE(value == "0" || value == "1", "seqpack CUDA: SEQPACK_CUDA_CLUSTER_MMA = '",
-                      value, "' is not 0 or 1");
-    p.cluster_mma = value == "1";
-  } else {
-    p.cluster_mma = 1;
-  }
-  p.tf32 = 1;  // each call's allow_tf32 (torch's setting) decides
-  return p;
-}
-
-namespace {
-
-// Loads `path` (a file, or a bare name for the loader's search) and installs
-// the policy of the environment in it; errors name it.
-const Library* load(const std::string& path, const std::string& why) {
-  void* handle = dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL);
-  TORCH_CHECK(handle, "seqpack CUDA: cannot load ", path, " (", why, "): ", dlerror());
-  auto lib = std::make_unique<Library>();
-  lib->path = path;
-  auto bind = [&](auto& f, const char* name) {
-    f = reinterpret_cast<std::remove_reference_t<decltype(f)>>(dlsym(handle, name));
-    TORCH_CHECK(f, "seqpack CUDA: ", path, " has no function ", name);
-  };
-  bind(lib->abi_version, "seqpack_cuda_abi_version");
-  const int version = lib->abi_version();
-  TORCH_CHECK(version == SEQPACK_CUDA_ABI_VERSION, "seqpack CUDA: ", path, " has ABI version ",
-              version, ", these kernels need ", SEQPACK_CUDA_ABI_VERSION);
-  bind(lib->last_error, "seqpack_cuda_last_error");
-  bind(lib->buffer_sizes, "seqpack_cuda_rnn_buffer_sizes");
-  bind(lib->forward, "seqpack_cuda_rnn_forward");
-  bind(lib->backward, "seqpack_cuda_rnn_backward");
-  bind(lib->set_policy, "seqpack_cuda_set_policy");
-  bind(lib->get_policy, "seqpack_cuda_get_policy");
-  const seqpack_cuda_policy policy = policy_from_environment();
-  if (lib->set_policy(&policy) != SEQPACK_CUDA_OK)
-    TORCH_CHECK(false, "seqpack CUDA: ", path, " refuses the policy: ", lib->last_error());
-  return lib.release();
-}
-
-// The library to load when none was named, and why it is that one:
-// SEQPACK_CUDA_LIBRARY (only it, where set: one that is not a file is an
-// error naming it), else the first of candidates() there is, else the
-// loader's search. The one place these operators read SEQPACK_CUDA_LIBRARY;
-// python/seqpack/_cuda.py's find_library looks alike.
-std::pair<std::string, std::string> find_library() {
-  const char* named = std::getenv("SEQPACK_CUDA_LIBRARY");
-  if (named && *named) {
-    TORCH_CHECK(is_file(named), "seqpack CUDA: SEQPACK_CUDA_LIBRARY='", named,
-                "' names no library file (missing, or not a regular file)");
-    return {named, "SEQPACK_CUDA_LIBRARY"};
-  }
-  for (const std::string& path : candidates())
-    if (is_file(path)) return {path, "found beside the seqpack operators or in their build"};
-  return {"libseqpack_cuda.so", "the loader's search; SEQPACK_CUDA_LIBRARY names another"};
-}
-
-const Library* load_found() {
-  const auto [path, why] = find_library();
-  return load(path, why);
-}
-
-const Library& library() {
-  if (const Library* lib = loaded.load(std::memory_order_acquire)) return *lib;
-  std::lock_guard<std::mutex> lock(library_mutex);
-  if (!loaded.load(std::memory_order_relaxed)) loaded.store(load_found(), std::memory_order_release);
-  return *loaded.load(std::memory_order_relaxed);
-}
-
-void check(const Library& lib, int status) {
-  if (status == SEQPACK_CUDA_OK) return;
-  const char* message = lib.last_error();
-  if (message && *message) TORCH_CHECK(false, message);
-  TORCH_CHECK(false, "seqpack CUDA: error ", status, " from ", lib.path);
-}
 
 // ---- sizes and checks ------------------------------------------------------
 
@@ -975,60 +799,12 @@ bool wants_graph(const Tensor& data, const OptTensor& h0, const OptTensor& c0,
                      [](const Tensor& w) { return w.requires_grad(); });
 }
 
-// ---- who runs a call: seqpack's kernels or torch's ------------------------------
-//
-// SEQPACK_CUDA_LAYERS (read once) or _cuda_layers: "seqpack", "torch", or
-// "auto" (the default): per configuration (the cell, sizes, layers,
-// directions, projection, bias, dtype and device, whether autograd records
-// the call, the training flag and dropout, and the batch and the packed rows
-// rounded up to powers of two), the first call runs each side once to warm it
-// up and kRepeats times under no_grad, each call timed with the device
-// synchronised before and after, remembers the faster (a side that raises is
-// never chosen) and runs it for the caller. While torch.compile traces (fake
-// tensors, nothing to time), seqpack's kernels, whose operators it traces.
-
-constexpr int kRepeats = 3;
-
-struct Choice {
-  std::string impl, why;
-};
-
-struct Choices {
-  std::mutex mutex;
-  std::string mode;  // "" until read
-  std::vector<double> injected;  // the tests' times: seqpack's, torch's
-  std::map<std::string, Choice> decided;
-};
-
-Choices& choices() {
-  static Choices* c = new Choices();  // the process's, never destroyed
-  return *c;
-}
-
-thread_local Choice last;
-
-std::string checked_mode(const std::string& value, const char* where) {
-  const std::string mode = value.empty() ? "auto" : value;
-  TORCH_CHECK_VALUE(mode == "auto" || mode == "seqpack" || mode == "torch", where, " = '", value,
-                    "': use 'auto' (the faster of seqpack's CUDA kernels and torch's, per "
-                    "configuration; the default), 'seqpack' (seqpack's) or 'torch' (torch's)");
-  return mode;
-}
-
-// The mode in effect (Choices::mutex held).
-const std::string& current_mode(Choices& c) {
-  if (c.mode.empty()) {
-    const char* set = std::getenv("SEQPACK_CUDA_LAYERS");
-    c.mode = checked_mode(set ? set : "", "SEQPACK_CUDA_LAYERS");
-  }
-  return c.mode;
-}
-
 int64_t pow2(int64_t n) {
   int64_t p = 1;
   while (p < n) p *= 2;
   return p;
 }
+
 
 // torch's side: torch's recurrent operators on the same call (torch_rnn.h),
 // with a mask drawn as seqpack's side draws it.
@@ -1054,132 +830,7 @@ RnnResult torch_side(SEQPACK_RNN_PARAMS) {
   return {y, hn, cn.defined() ? cn : data.new_empty({0})};
 }
 
-template <typename Run>
-double seconds(const Backend& backend, const at::Device& device, const Run& run) {
-  backend.synchronize(device);
-  const auto start = std::chrono::steady_clock::now();
-  run();
-  backend.synchronize(device);
-  return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-}
-
-// Times both sides (see above) and remembers the faster for `key`.
-template <typename Ours, typename Theirs>
-Choice decide(const Backend& backend, const std::string& key, const at::Device& device,
-              const Ours& ours, const Theirs& theirs) {
-  std::vector<double> injected;
-  {
-    std::lock_guard<std::mutex> lock(choices().mutex);
-    injected = choices().injected;
-  }
-  const std::array<const char*, 2> names = {"seqpack", "torch"};
-  std::array<double, 2> time = {-1, -1};
-  std::array<std::string, 2> error;
-  std::exception_ptr first;
-  {
-    at::NoGradGuard no_grad;
-    for (size_t i = 0; i < 2; ++i) {
-      auto run = [&] { i == 0 ? (void)ours() : (void)theirs(); };
-      try {
-        run();  // warm-up: a first call's library loads and plans
-        for (int r = 0; r < kRepeats; ++r) {
-          const double t = seconds(backend, device, run);
-          time[i] = time[i] < 0 ? t : std::min(time[i], t);
-        }
-        if (injected.size() == 2) time[i] = injected[i];
-      } catch (const std::exception& e) {
-        time[i] = -1;
-        error[i] = e.what();
-        if (!first) first = std::current_exception();
-      }
-    }
-  }
-  if (time[0] < 0 && time[1] < 0) std::rethrow_exception(first);
-  const size_t fast = time[0] < 0 ? 1 : time[1] < 0 ? 0 : time[1] < time[0] ? 1 : 0;
-  std::string why = std::string("SEQPACK_CUDA_LAYERS=auto: ") + names[fast] +
-                    " was faster for this configuration (";
-  for (size_t i = 0, n = 0; i < 2; ++i)
-    if (time[i] >= 0)
-      why += c10::str(n++ ? ", " : "", names[i], " ", std::llround(time[i] * 1e6), " us");
-  for (size_t i = 0; i < 2; ++i)
-    if (!error[i].empty()) why += c10::str("; ", names[i], " failed: ", error[i]);
-  why += ")";
-  std::lock_guard<std::mutex> lock(choices().mutex);
-  return choices().decided.emplace(key, Choice{names[fast], why}).first->second;
-}
-
-// Who runs this call, and why.
-template <typename Ours, typename Theirs>
-Choice choose(const Backend& backend, bool graph, bool traced, const Ours& ours,
-              const Theirs& theirs, SEQPACK_RNN_PARAMS) {
-  std::string mode_in_effect;
-  {
-    std::lock_guard<std::mutex> lock(choices().mutex);
-    mode_in_effect = current_mode(choices());
-  }
-  if (mode_in_effect != "auto") return {mode_in_effect, "SEQPACK_CUDA_LAYERS=" + mode_in_effect};
-  if (traced) return {"seqpack", "SEQPACK_CUDA_LAYERS=auto: traced (torch.compile)"};
-  const Tensor sorted = index_or_none(sorted_indices);
-  const std::string key = c10::str(
-      backend.ns, mode, data.size(-1), hidden_size, num_layers, bidirectional, proj_size, bias,
-      data.scalar_type(), data.device(), graph, train, dropout, "|",
-      pow2(batch_of(batch_sizes, sorted)), "|", pow2(data.size(0)));
-  {
-    std::lock_guard<std::mutex> lock(choices().mutex);
-    const auto it = choices().decided.find(key);
-    if (it != choices().decided.end()) return it->second;
-  }
-  return decide(backend, key, data.device(), ours, theirs);
-}
-
 }  // namespace
-
-std::string layers(c10::string_view mode) {
-  std::lock_guard<std::mutex> lock(choices().mutex);
-  if (!mode.empty()) choices().mode = checked_mode(std::string(mode), "seqpack::_cuda_layers: mode");
-  return current_mode(choices());
-}
-
-void choice_times(at::ArrayRef<double> seconds, bool forget) {
-  TORCH_CHECK_VALUE(seconds.empty() || seconds.size() == 2,
-                    "seqpack::_cuda_choice_times: seconds has ", seconds.size(),
-                    " values; two (seqpack's, torch's) or none expected");
-  std::lock_guard<std::mutex> lock(choices().mutex);
-  choices().injected = seconds.vec();
-  if (forget) choices().decided.clear();
-}
-
-std::tuple<std::string, std::string> last_choice() { return {last.impl, last.why}; }
-
-std::vector<int64_t> install_policy() {
-  const Library& lib = library();
-  const seqpack_cuda_policy wanted = policy_from_environment();
-  check(lib, lib.set_policy(&wanted));
-  seqpack_cuda_policy p{};
-  check(lib, lib.get_policy(&p));
-  return policy_fields(p);
-}
-
-std::vector<int64_t> policy_fields(const seqpack_cuda_policy& p) {
-  return {p.version,      p.kernel,         p.gemm,        p.gemm_tile,
-          p.cluster_size, p.cluster_gather, p.cluster_mma, p.tf32};
-}
-
-std::string use_library(c10::string_view path) {
-  if (path.empty()) return library().path;
-  const std::string wanted(path);
-  std::lock_guard<std::mutex> lock(library_mutex);
-  if (const Library* lib = loaded.load(std::memory_order_relaxed)) {
-    TORCH_CHECK_VALUE(lib->path == wanted || same_file(lib->path, wanted),
-                      "seqpack::_cuda_library: '", wanted,
-                      "' asked for, but the CUDA kernels already use '", lib->path, "'");
-    return lib->path;
-  }
-  TORCH_CHECK_VALUE(is_file(wanted), "seqpack::_cuda_library: '", wanted,
-                    "' names no library file (missing, or not a regular file)");
-  loaded.store(load(wanted, "seqpack::_cuda_library"), std::memory_order_release);
-  return wanted;
-}
 
 RnnResult rnn(const Backend& backend, SEQPACK_RNN_PARAMS) {
   const Prepared p = prepare(SEQPACK_RNN_ARGS);
@@ -1242,8 +893,14 @@ RnnResult rnn_autograd(const Backend& backend, SEQPACK_RNN_PARAMS) {
   auto theirs = [&]() { return torch_side(SEQPACK_RNN_ARGS); };
   // Fake tensors (torch.compile's tracer) carry the Python dispatch key.
   const bool traced = data.key_set().has(c10::DispatchKey::Python);
-  last = choose(backend, graph, traced, ours, theirs, SEQPACK_RNN_ARGS);
-  return last.impl == "torch" ? theirs() : ours();
+  auto key = [&] {
+    return c10::str(backend.ns, mode, data.size(-1), hidden_size, num_layers, bidirectional,
+                    proj_size, bias, data.scalar_type(), data.device(), graph, train, dropout,
+                    "|", pow2(batch_of(batch_sizes, index_or_none(sorted_indices))), "|",
+                    pow2(data.size(0)));
+  };
+  const Choice c = choose(backend, traced, data.device(), key, [&] { ours(); }, [&] { theirs(); });
+  return c.impl == "torch" ? theirs() : ours();
 }
 
 RnnResult rnn_padded(const Backend& backend, const Tensor& input, const OptTensor& lengths,

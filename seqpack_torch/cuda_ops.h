@@ -25,7 +25,7 @@
 // The autograd kernel also chooses who runs the call (SEQPACK_CUDA_LAYERS, read
 // once, or _cuda_layers): "seqpack" these kernels, "torch" torch's recurrent
 // operators (torch_rnn.h), "auto" (the default) the faster of the two for the
-// configuration, timed at its first call and remembered (choose() below).
+// configuration, timed at its first call and remembered (cuda_choice.h).
 //
 // Nothing here includes a CUDA header: the kernels get the current stream
 // through a Backend. cuda_register.cpp registers them for the CUDA and
@@ -33,10 +33,10 @@
 // kernels for CPU tensors under another namespace (cuda_emulated_ops.cpp) and
 // run them against the CUDA code compiled for the CPU (cuda/emulate/).
 //
-// The library: the one given to seqpack::_cuda_library (seqpack.torch passes
-// the one it found), else SEQPACK_CUDA_LIBRARY, else libseqpack_cuda.so beside
-// the library holding these kernels or in its build tree, else the loader's
-// search; one per process.
+// The library (cuda_library.h): the one given to seqpack::_cuda_library
+// (seqpack.torch passes the one it found), else SEQPACK_CUDA_LIBRARY, else
+// libseqpack_cuda.so beside the library holding these kernels or in its build
+// tree, else the loader's search; one per process.
 #pragma once
 
 #include <ATen/ATen.h>
