@@ -24,11 +24,14 @@ overload (h0/c0 may have more columns than batch_sizes[0]: sequences of length
 zero) and runs seqpack's kernels whatever SEQPACK_CUDA_LAYERS says (load sets
 layers("seqpack"); compare_torch_cuda.py sets "auto" for its column).
 
-load(on_cpu=True): the kernels' CPU test registration (cuda_emulated_ops.cpp,
-torch.ops.seqpack_cuda_emulated) over the library compiled for the CPU
-(cuda/emulate/), for the tools' self-tests without a GPU (cuda_cpp_ops.py --cpu).
+load(on_cpu=True), or SEQPACK_CUDA_TEST_DEVICE=cpu: the kernels' CPU test
+registration (cuda_emulated_ops.cpp, torch.ops.seqpack_cuda_emulated) over the
+library compiled for the CPU (cuda/emulate/, named by SEQPACK_CUDA_LIBRARY),
+for the tools' self-tests without a GPU (cuda_cpp_ops.py --cpu; the GPU tests
+on the CPU through the real kernels).
 """
 import importlib.util
+import os
 import pathlib
 import time
 
@@ -78,6 +81,7 @@ def build(on_cpu: bool, workdir=None):
 def load(on_cpu: bool = False, workdir=None):
     """The operators, with the library found handed to them; seqpack's kernels
     run every call. Raises RuntimeError saying why where they cannot."""
+    on_cpu = on_cpu or os.environ.get("SEQPACK_CUDA_TEST_DEVICE") == "cpu"
     if "ops" not in _STATE:
         path, error = _finder().find_library()
         if path is None:
