@@ -483,6 +483,30 @@ def test_auto_runs_the_faster_and_remembers_it(ops, emulated_route, faster):
     assert seqpack.torch.cuda_choice(m).impl == slow
 
 
+def test_auto_configurations_are_told_apart(ops, emulated_route):
+    """A decision holds for its configuration only: whether autograd records the
+    call, the training flag, the sizes and the precision make others."""
+    torch.ops.seqpack._cuda_layers("auto")
+    torch.ops.seqpack._cuda_choice_times([0.001, 0.003])  # seqpack's the faster; decisions forgotten
+    rnn = _make("GRU", 3, 4, 1, False, True, 0, 2)
+    packed = torch.nn.utils.rnn.pack_sequence([torch.randn(n, 3) for n in (3, 2)])
+    weights = [w.detach() for w in rnn._flat_weights]
+
+    def run(w=weights, train=False, data=packed.data, hidden=4):
+        ops.rnn(data, packed.batch_sizes, None, None, None, None, w, "GRU", hidden, 1, True, False, 0, 0.0,
+                train, None, "fp32")
+        return torch.ops.seqpack._cuda_last_choice()[0]
+
+    assert run() == "seqpack"
+    torch.ops.seqpack._cuda_choice_times([0.003, 0.001], False)  # torch's the faster from now on
+    assert run() == "seqpack"  # decided before
+    assert run(w=[w.clone().requires_grad_() for w in weights]) == "torch"  # autograd records it
+    assert run(train=True) == "torch"
+    other = _make("GRU", 3, 5, 1, False, True, 0, 2)
+    assert run(w=[w.detach() for w in other._flat_weights], hidden=5) == "torch"
+    assert run() == "seqpack"
+
+
 def test_auto_does_not_choose_a_side_that_fails(ops, emulated_route, monkeypatch):
     """torch's CPU recurrence has no float16 kernel here, seqpack's emulated one
     has (every product in the library: torch's CPU products have no float16
@@ -531,6 +555,9 @@ def test_torch_side_keeps_the_operators_semantics(ops, emulated_route):
 
 
 def test_cuda_layers_is_checked(ops):
+    before = torch.ops.seqpack._cuda_layers()
+    for mode in ("auto", "seqpack", "torch", before):
+        assert torch.ops.seqpack._cuda_layers(mode) == mode
     with pytest.raises(ValueError, match="mode = 'gpu': use 'auto'"):
         torch.ops.seqpack._cuda_layers("gpu")
     assert torch.ops.seqpack._cuda_layers("") == torch.ops.seqpack._cuda_layers()
@@ -538,8 +565,7 @@ def test_cuda_layers_is_checked(ops):
         torch.ops.seqpack._cuda_choice_times([1.0])
 
 
-@pytest.mark.parametrize("value,mode", [("", "auto"), ("auto", "auto"), ("seqpack", "seqpack"),
-                                        ("torch", "torch"), ("gpu", None)])
+@pytest.mark.parametrize("value,mode", [("", "auto"), ("torch", "torch"), ("gpu", None)])
 def test_cuda_layers_reads_the_environment(value, mode):
     """SEQPACK_CUDA_LAYERS, read once by the operators (a fresh process): unset or
     empty is auto; a value that means nothing is refused by name; =torch leaves
