@@ -18,7 +18,7 @@ from torch import Tensor, _VF
 from torch.nn.utils.rnn import PackedSequence
 
 from . import _torch_dynamo, _torch_nested, _torch_orig, _torch_packing
-from ._torch_ops import _lengths_tensor, _new_packed, _traced
+from ._torch_ops import _compiling, _lengths_tensor, _new_packed, _traced
 
 # torch.get_autocast_dtype and the device-taking autocast queries (2.4+), looked
 # up once: on torch 1.13 a hasattr per forward raises an AttributeError inside.
@@ -202,7 +202,8 @@ class _SeqpackLayer(_QuantizationNotice):
                 input, lengths, h0, c0, self._flat_weights, self.mode, self.hidden_size,
                 self.num_layers, self.bias, self.batch_first, self.bidirectional, self.proj_size,
                 self.dropout, self.training, None, "fp32")
-        _CUDA_LAST[self] = CudaChoice(*torch.ops.seqpack._cuda_last_choice())
+        if not _compiling():  # (torch.compile traces seqpack's kernels: nothing chosen)
+            _CUDA_LAST[self] = CudaChoice(*torch.ops.seqpack._cuda_last_choice())
         return out
 
     def _core_run(self, input: Tensor, batch_sizes: Optional[Tensor],
