@@ -7,9 +7,10 @@
     python3 bench/compare_torch_cuda.py --json-out cuda.json --markdown-out cuda.md
 
 It needs neither the CPU build nor the `seqpack bench` binary: seqpack's side
-is rnn_packed of python/seqpack/_cuda.py, loaded by file path (the seqpack
-package needs the CPU extension to import). Without a library that the glue
-finds, PyTorch's side is timed alone and seqpack's columns say why.
+is rnn_packed of bench/cuda_operators.py (the operators' C++ CUDA kernels,
+built against the machine's torch where libseqpack_torch has none), loaded by
+file path (the seqpack package needs the CPU extension to import). Where the
+kernels cannot run, PyTorch's side is timed alone and seqpack's columns say why.
 
 Timed, per workload and mode (inputs and weights built outside the timed region;
 CUDA-event medians after warm-up runs, every run synchronised):
@@ -22,10 +23,11 @@ CUDA-event medians after warm-up runs, every run synchronised):
              same with TF32 allowed (torch's products in TF32, the step
              products on tensor cores as 3xTF32); timed last, and counted
              in seqpack's best
-    auto     what the layers run by default (SEQPACK_CUDA_LAYERS=auto,
-             python/seqpack/_cuda_choice.py): the faster of seqpack fp32 and
-             torch packed fp32 as its first call times their forwards, then
-             that one alone (the table names the choice)
+    auto     what the layers run by default (SEQPACK_CUDA_LAYERS=auto: the
+             operator's choice, seqpack_torch/cuda_ops.cpp): the faster of
+             seqpack fp32 and torch's recurrent operators in fp32 as the
+             configuration's first call times them, then that one alone (the
+             table names the choice)
     torch    nn.LSTM/GRU/RNN of the same shapes in six configurations: fp32,
              bf16, fp16 (module.to(dtype) and input in dtype) x packed (the
              module on an already packed batch) or padded ([max_len, batch,
@@ -46,7 +48,7 @@ torch packed fp32, and at least 1.0x torch's fastest configuration; seqpack
 fp32 at least 1.0x torch packed fp32; auto at least 1.0x torch packed fp32
 (the default is never slower than torch's packed path).
 
-SEQPACK_CUDA_GLUE=/path/_cuda.py loads another glue file;
+SEQPACK_CUDA_GLUE=/path/glue.py loads another module with rnn_packed;
 SEQPACK_CUDA_TEST_DEVICE=cpu runs everything on the CPU with wall-clock timing,
 for the self-test of this script with a fake glue only (its figures mean
 nothing)."""
@@ -94,15 +96,14 @@ class OutOfTime(Exception):
 
 def install_policy(glue):
     """The library's policy from the SEQPACK_CUDA_* variables as they are now
-    (the glue reads them when it loads the library, and at install_policy)."""
+    (the operators read them when they load the library, and at install_policy)."""
     if glue is not None and hasattr(glue, "install_policy"):  # a fake glue may have none
         glue.install_policy()
 
 
 def load_glue():
     """(glue module, '') or (None, why seqpack is not timed)."""
-    path = os.environ.get("SEQPACK_CUDA_GLUE") or os.path.join(REPO, "python", "seqpack",
-                                                               "_cuda.py")
+    path = os.environ.get("SEQPACK_CUDA_GLUE") or os.path.join(REPO, "bench", "cuda_operators.py")
     if not os.path.exists(path):
         return None, f"no CUDA glue at {path}"
     try:
@@ -237,36 +238,24 @@ def seqpack_case(glue, w, mode, precision, x, lengths):
     return train_step(lambda: run(leaf, True), leaf, weights)
 
 
-def load_choice():
-    """python/seqpack/_cuda_choice.py by file path (it imports torch alone)."""
-    path = os.path.join(REPO, "python", "seqpack", "_cuda_choice.py")
-    spec = importlib.util.spec_from_file_location("seqpack_cuda_choice", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+def auto_case(glue, w, mode, x, lengths, chosen):
+    """What the layers' default runs: the operator's choice (SEQPACK_CUDA_LAYERS=auto)
+    between seqpack's kernels and torch's, made at the configuration's first call
+    (the timer's warm-up) by timing both, then the chosen one's run of `mode`;
+    chosen[0] gets (impl, why)."""
+    if not hasattr(glue, "layers"):
+        raise RuntimeError(f"{glue.__file__} makes no choice between seqpack's kernels and torch's")
+    run = seqpack_case(glue, w, mode, "fp32", x, lengths)
 
-
-class _Layer:
-    """A stand-in for the layer whose choice _cuda_choice records."""
-
-
-def auto_case(glue, choice, w, mode, x, lengths, chosen):
-    """What the layers' default runs: _cuda_choice's decision between seqpack fp32 and
-    torch packed fp32, made as a layer makes it (their forwards timed under no_grad on
-    the first call), then the chosen one's run of `mode`; chosen[0] gets the Choice."""
-    forwards = {"seqpack": seqpack_case(glue, w, "forward_packed", "fp32", x, lengths),
-                "torch": torch_case(w, "forward_packed", "fp32", "packed", x, lengths)}
-    runs = {"seqpack": seqpack_case(glue, w, mode, "fp32", x, lengths),
-            "torch": torch_case(w, mode, "fp32", "packed", x, lengths)}
-    config = (w["name"], mode)
-    layer = _Layer()
-
-    def run():
-        c = choice.decided(config) or choice.decide(config, forwards, DEVICE)
-        choice.record(layer, c)
-        chosen[0] = c
-        return runs[c.impl]()
-    return run
+    def auto():
+        glue.layers("auto")
+        try:
+            out = run()
+            chosen[0] = glue.last_choice()
+        finally:
+            glue.layers("seqpack")
+        return out
+    return auto
 
 
 def packing_cases(x, lengths):
@@ -497,7 +486,6 @@ def main(argv=None):
         if e not in EXTRAS:
             p.error(f"--extras entry '{e}' is not one of {', '.join(EXTRAS)}")
     glue, why = load_glue()
-    choice = load_choice()
     env = environment(glue, why)
     print(f"# {env.get('gpu', DEVICE)}, torch {env['torch']}, CUDA {env['cuda']}, cuDNN "
           f"{env['cudnn']}, driver {env.get('driver')}, TF32 matmul/cuDNN "
@@ -535,7 +523,7 @@ def main(argv=None):
             jobs += [("torch", c, lambda c=c: torch_case(w, mode, *c.split("-"), x, lengths), {})
                      for c in configs]
             if "auto" in extras:
-                jobs.append(("auto", "fp32", lambda: auto_case(glue, choice, w, mode, x, lengths, chosen),
+                jobs.append(("auto", "fp32", lambda: auto_case(glue, w, mode, x, lengths, chosen),
                              {}))
             jobs += [("seqpack", v, lambda v=v: seqpack_case(glue, w, mode, SEQPACK_VARIANTS[v][0], x,
                                                              lengths), SEQPACK_VARIANTS[v][1])
@@ -576,8 +564,7 @@ def main(argv=None):
                             os.environ[k] = v
                     install_policy(glue)
                 if side == "auto" and chosen[0] is not None:
-                    row["auto_choice"] = chosen[0].impl
-                    row["auto_why"] = chosen[0].why
+                    row["auto_choice"], row["auto_why"] = chosen[0]
                 v = row[side][key]
                 print(f"... {w['name']} {mode} {side} {key}: {v if isinstance(v, str) else fmt(v)}",
                       file=sys.stderr, flush=True)

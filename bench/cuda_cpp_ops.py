@@ -1,9 +1,9 @@
 #!/usr/bin/env python3
 """The operators' C++ CUDA kernels (seqpack_torch/cuda_ops.cpp) on the GPU
-machine: built there against its own torch (torch.utils.cpp_extension: the
-kernels, their CUDA registration and the operators' schemas, no CPU core
-needed), checked against the glue and torch, then timed against the glue
-(python/seqpack/_cuda.py) per call.
+machine: built there against its own torch (bench/cuda_operators.py:
+torch.utils.cpp_extension, the kernels, their CUDA registration and the
+operators' schemas, no CPU core needed), checked against torch, then timed
+against torch's packed layers (torch._VF) per call.
 
   python3 bench/cuda_cpp_ops.py [--calls 300] [--rounds 5]     # a CUDA GPU
   /usr/bin/python3 bench/cuda_cpp_ops.py --cpu                  # self-test here
@@ -15,8 +15,9 @@ What it prints:
     docs/testing.md with the reduction length, TF32 off); a difference past
     the bound ends the script with an error;
   - a table of microseconds per inference call (torch.no_grad, the caller's
-    stream, one synchronisation after the calls): the glue's rnn_packed
-    against the C++ operator, in paired rounds, with the ratio. The calls are
+    stream, one synchronisation after the calls): torch._VF's packed layer
+    against the C++ operator running seqpack's kernels, in paired rounds, with
+    the ratio. The calls are
     queued without waiting, so where the GPU's work per call takes longer than
     the host's, that is what is measured; the host time per call (the process's
     CPU time over the calls) is printed beside it.
@@ -24,8 +25,8 @@ What it prints:
 --cpu: the same code on the CPU for this script's own test: the kernels are
 built with their CPU test registration (cuda_emulated_ops.cpp, the operators
 torch.ops.seqpack_cuda_emulated.*) over the CUDA library compiled for the CPU
-(cuda/emulate/; SEQPACK_CUDA_LIBRARY names one already built), and the glue
-runs on CPU tensors; the figures mean nothing.
+(cuda/emulate/; SEQPACK_CUDA_LIBRARY names one already built); the figures
+mean nothing.
 """
 import argparse
 import importlib.util
@@ -39,19 +40,18 @@ import tempfile
 import time
 
 import torch
-import torch.utils.cpp_extension as cpp
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
-SOURCES = ROOT / "seqpack_torch"
 sys.path.insert(0, str(ROOT / "python" / "tests"))
 from tolerance import fp_bound, rnn_reduction_length  # noqa: E402  (docs/testing.md's rule)
 
 
-def load_glue():
-    spec = importlib.util.spec_from_file_location("seqpack_cuda_glue", ROOT / "python" / "seqpack" / "_cuda.py")
-    glue = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(glue)
-    return glue
+def load_operators():
+    """bench/cuda_operators.py, by file path."""
+    spec = importlib.util.spec_from_file_location("seqpack_cuda_operators", ROOT / "bench" / "cuda_operators.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 def emulated_library(workdir: pathlib.Path) -> str:
@@ -64,21 +64,6 @@ def emulated_library(workdir: pathlib.Path) -> str:
     return str(out)
 
 
-def build(on_cpu: bool, workdir: pathlib.Path):
-    """Compiles and loads the kernels; returns their operator namespace."""
-    sources = [SOURCES / "cuda_ops.cpp"]
-    sources += [SOURCES / "cuda_emulated_ops.cpp"] if on_cpu else [
-        SOURCES / "cuda_register.cpp", SOURCES / "cuda_schemas_standalone.cpp"]
-    t0 = time.perf_counter()
-    cpp.load(name="seqpack_cuda_cpp_ops", sources=[str(s) for s in sources],
-             extra_include_paths=[str(ROOT / "include"), str(SOURCES)],
-             extra_cflags=["-O0" if on_cpu else "-O2"],  # the self-test's build: its code paths, fast
-             extra_ldflags=["-ldl"], build_directory=str(workdir), with_cuda=not on_cpu,
-             is_python_module=False, verbose=False)
-    print(f"built the C++ kernels in {time.perf_counter() - t0:.0f} s (torch {torch.__version__})")
-    return torch.ops.seqpack_cuda_emulated if on_cpu else torch.ops.seqpack
-
-
 def close(what, got, want, n):
     scale = max(1.0, float(want.detach().abs().max()))
     bound = fp_bound(scale, n, "float32")
@@ -89,7 +74,7 @@ def close(what, got, want, n):
 
 
 def check(ops, device):
-    """The C++ kernels against the glue and torch's packed layer, forward and every gradient."""
+    """The C++ kernels against torch's packed layer, forward and every gradient."""
     torch.manual_seed(0)
     for mode, kwargs in (("LSTM", dict(num_layers=2, bidirectional=True, proj_size=3)),
                          ("GRU", dict(num_layers=1, bidirectional=True))):
@@ -172,25 +157,22 @@ def main():
         workdir = pathlib.Path(tmp)
         if args.cpu and not os.environ.get("SEQPACK_CUDA_LIBRARY"):
             os.environ["SEQPACK_CUDA_LIBRARY"] = emulated_library(workdir)
-        glue = load_glue()
-        if glue._library() is None:
-            raise SystemExit("cuda_cpp_ops: " + glue.why_unavailable())
-        ops = build(args.cpu, workdir)
-        print("library:", ops._cuda_library(glue.library_path()))
-        if args.cpu:  # CPU tensors stand for CUDA ones in the glue
-            glue._validate = __import__("functools").partial(glue._validate, require_cuda=False)
+        operators = load_operators()
+        # On the GPU into torch's extension cache, where the tests find them; the self-test's apart.
+        ops = operators.load(on_cpu=args.cpu, workdir=workdir if args.cpu else None)
+        print("library:", ops._cuda_library(""))
         torch.backends.cuda.matmul.allow_tf32 = False
         torch.backends.cudnn.allow_tf32 = False
         check(ops, device)
         print(f"\nmicroseconds per inference call, median of {args.rounds} paired rounds of {args.calls} calls "
               f"(wall with one synchronisation after the calls; host CPU time in parentheses); torch "
               f"{torch.__version__}" + (" (self-test on the CPU: meaningless)" if args.cpu else ""))
-        print("| case | glue | C++ operator | C++ / glue |\n| --- | ---: | ---: | ---: |")
+        print("| case | torch packed | C++ operator | C++ / torch |\n| --- | ---: | ---: | ---: |")
         for name, mode, hidden, layers, bi, data, bs, h0, c0, weights in cases(device):
             hx = (h0, c0) if c0 is not None else h0
 
-            def via_glue():
-                return glue.rnn_packed(mode, data, bs, hx, weights, True, layers, 0.0, False, bi)
+            def via_torch():
+                return getattr(torch._VF, mode.lower())(data, bs, hx, weights, True, layers, 0.0, False, bi)
 
             def via_cpp():
                 return ops.rnn(data, bs, None, None, h0, c0, weights, mode, hidden, layers, True, bi, 0, 0.0,
@@ -199,7 +181,7 @@ def main():
             g, c, ratios = [], [], []
             with torch.no_grad():
                 for _ in range(args.rounds):
-                    g.append(timed(via_glue, args.calls, device))
+                    g.append(timed(via_torch, args.calls, device))
                     c.append(timed(via_cpp, args.calls, device))
                     ratios.append(c[-1][0] / g[-1][0])
             gw, gc = statistics.median(t[0] for t in g), statistics.median(t[1] for t in g)

@@ -14,9 +14,10 @@
 #           without a GPU too (a compile check).
 #   floor   bench/cuda_step_floor.py: the per-step floor of a persistent recurrence on
 #           thread-block clusters (cuda/probe/step_floor.cu), checked, then timed
+#   cppops  bench/cuda_cpp_ops.py: the operators' C++ CUDA kernels built against this torch
+#           (the tests' seqpack side too), checked against torch, timed per call against
+#           torch's packed layers
 #   tests   python/tests/test_cuda_gpu.py through its own runner (no pytest needed)
-#   cppops  bench/cuda_cpp_ops.py: the operators' C++ CUDA kernels built against this torch,
-#           checked against torch, timed per call against the Python glue
 #   cpu     issue 27's thread sweep: `seqpack bench --threads N` for N in 1 2 4 8 16 on
 #           lstm-bi-2layer (fp32, bf16, int8 forward; bf16 training), the same at 8 and 16
 #           threads with SEQPACK_STEP_UNITS=128 and with SEQPACK_STEP_GROUPS=0 and 1,
@@ -247,6 +248,21 @@ else
 fi
 cat "$TMP/floor.log" >>"$OUT/bench.log" 2>/dev/null
 
+# ---------------------------------------------------------------- cppops (issue 43)
+# The operators' C++ CUDA kernels (seqpack_torch/cuda_ops.cpp), built against this
+# machine's torch (bench/cuda_operators.py, into torch's extension cache, where the
+# tests find them next), checked against torch and timed per call against torch's
+# packed layers (bench/cuda_cpp_ops.py). Its log follows the tests' in tests.log.
+if [ "$GPU_STAGES" = 0 ]; then
+  skip_stage cppops "SEQPACK_DEVICE_CHECK_GPU=0" "$TMP/cppops.log"
+elif [ "$HAVE_GPU" = 0 ]; then
+  skip_stage cppops "$NO_GPU" "$TMP/cppops.log"
+elif [ "$SELF_TEST" = 1 ]; then
+  skip_stage cppops "self-test (fake glue): bench/cuda_cpp_ops.py --cpu tests it on the CPU" "$TMP/cppops.log"
+else
+  stage cppops 120 200 "$TMP/cppops.log" "$PY" bench/cuda_cpp_ops.py --calls 200 --rounds 5
+fi
+
 # ---------------------------------------------------------------- tests
 if [ "$GPU_STAGES" = 0 ]; then
   skip_stage tests "SEQPACK_DEVICE_CHECK_GPU=0" "$OUT/tests.log"
@@ -270,20 +286,6 @@ grep -E "^ *FAILED " "$OUT/tests.log" | head -20 >>"$TMP/tests-summary"
 running=$(grep -o '"running": "[^"]*"' "$OUT/tests.json" 2>/dev/null)
 [ -n "$running" ] && echo "the tests stopped inside ${running#*: } (hung or killed)" >>"$TMP/tests-summary"
 cat "$TMP/tests-summary"
-
-# ---------------------------------------------------------------- cppops (issue 43)
-# The operators' C++ CUDA kernels (seqpack_torch/cuda_ops.cpp), built against this
-# machine's torch, checked against torch and timed per call against the glue
-# (bench/cuda_cpp_ops.py). Its log follows the tests' in tests.log.
-if [ "$GPU_STAGES" = 0 ]; then
-  skip_stage cppops "SEQPACK_DEVICE_CHECK_GPU=0" "$TMP/cppops.log"
-elif [ "$HAVE_GPU" = 0 ]; then
-  skip_stage cppops "$NO_GPU" "$TMP/cppops.log"
-elif [ "$SELF_TEST" = 1 ]; then
-  skip_stage cppops "self-test (fake glue): bench/cuda_cpp_ops.py --cpu tests it on the CPU" "$TMP/cppops.log"
-else
-  stage cppops 120 200 "$TMP/cppops.log" "$PY" bench/cuda_cpp_ops.py --calls 200 --rounds 5
-fi
 cat "$TMP/cppops.log" >>"$OUT/tests.log" 2>/dev/null
 
 # ---------------------------------------------------------------- cpu (issue 27)

@@ -77,7 +77,8 @@ if ! grep -q 'batch_sizes' "$WORK/demo.txt"; then
 fi
 echo "test_wheel: $TOOL runs ($got)"
 
-# The CUDA kernels' CPU emulation (test_cuda_glue.py) compiles and runs the same
-# sources whatever the package: it ran in the suite before, not again here.
+# The CUDA kernels' CPU emulation (test_cuda_library.py, test_cuda_cpp_ops.py)
+# compiles and runs the same sources whatever the package: it ran in the suite
+# before, not again here.
 SEQPACK_TEST_CUDA=0 SEQPACK_EXPECTED_PACKAGE=$PACKAGE "$WORK/venv/bin/python" -m pytest -q -p no:cacheprovider \
   --rootdir "$WORK" "$ROOT/python/tests"

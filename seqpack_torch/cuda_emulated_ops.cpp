@@ -1,8 +1,9 @@
 // Test library (not installed): seqpack's CUDA kernels (cuda_ops.h) on CPU
-// tensors, as the operators seqpack_cuda_emulated::rnn and rnn_padded (the
-// schemas of seqpack's), over a libseqpack_cuda.so compiled for the CPU
-// (cuda/emulate/), so the tests run the C++ kernels, their autograd and their
-// errors against torch without a GPU (python/tests/test_cuda_cpp_ops.py).
+// tensors, as the operators seqpack_cuda_emulated::rnn, rnn_padded, _rnn_train
+// and _rnn_backward (the schemas of seqpack's), over a libseqpack_cuda.so
+// compiled for the CPU (cuda/emulate/), so the tests run the C++ kernels, their
+// autograd, the choice between them and torch's, and their errors against
+// torch without a GPU (python/tests/test_cuda_cpp_ops.py).
 #include <torch/library.h>
 
 #include <vector>
@@ -14,35 +15,26 @@ namespace seqpack::torch_cuda {
 namespace {
 
 void* no_stream(const at::Device&) { return nullptr; }
+void no_wait(const at::Device&) {}
 
-constexpr Backend kEmulated{"seqpack_cuda_emulated", &no_stream};
+constexpr Backend kEmulated{"seqpack_cuda_emulated", &no_stream, &no_wait};
 
 // policy_from_environment's record, field by field in seqpack/cuda.h's order.
-std::vector<int64_t> policy_fields() {
-  const seqpack_cuda_policy p = policy_from_environment();
-  return {p.version,      p.kernel,         p.gemm,        p.gemm_tile,
-          p.cluster_size, p.cluster_gather, p.cluster_mma, p.tf32};
-}
+std::vector<int64_t> environment_policy() { return policy_fields(policy_from_environment()); }
 
 }  // namespace
 }  // namespace seqpack::torch_cuda
 
 TORCH_LIBRARY(seqpack_cuda_emulated, m) {
-  using namespace seqpack::torch_ops;
-  m.def(kRnnSchema);
-  m.def(kRnnPaddedSchema);
-  m.def(kCudaLibrarySchema, &seqpack::torch_cuda::use_library);
-  m.def("_cuda_policy_from_environment() -> int[]", &seqpack::torch_cuda::policy_fields);
+  SEQPACK_CUDA_SCHEMAS(m);
+  SEQPACK_CUDA_PROCESS_SCHEMAS(m);
+  m.def("_cuda_policy_from_environment() -> int[]", &seqpack::torch_cuda::environment_policy);
 }
 
 TORCH_LIBRARY_IMPL(seqpack_cuda_emulated, CPU, m) {
-  using namespace seqpack::torch_cuda;
-  m.impl("rnn", &rnn_kernel<kEmulated, false>);
-  m.impl("rnn_padded", &rnn_padded_kernel<kEmulated>);
+  SEQPACK_CUDA_KERNELS(m, seqpack::torch_cuda::kEmulated);
 }
 
 TORCH_LIBRARY_IMPL(seqpack_cuda_emulated, AutogradCPU, m) {
-  using namespace seqpack::torch_cuda;
-  m.impl("rnn", &rnn_kernel<kEmulated, true>);
-  m.impl("rnn_padded", &rnn_padded_kernel<kEmulated>);
+  SEQPACK_CUDA_AUTOGRAD_KERNELS(m, seqpack::torch_cuda::kEmulated);
 }

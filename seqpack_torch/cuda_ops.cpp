@@ -11,23 +11,23 @@
 
 #include "cuda_ops.h"
 
-#include <dlfcn.h>
-#include <sys/stat.h>
 #include <torch/autograd.h>
 
 #include <algorithm>
 #include <array>
-#include <atomic>
 #include <cstdlib>
 #include <deque>
-#include <initializer_list>
 #include <mutex>
 #include <numeric>
 #include <string>
 #include <utility>
 #include <vector>
 
+#include "cuda_choice.h"
+#include "cuda_library.h"
+#include "schemas.h"
 #include "seqpack/cuda.h"
+#include "torch_rnn.h"
 
 namespace seqpack::torch_cuda {
 
@@ -35,176 +35,6 @@ namespace {
 
 using torch::autograd::AutogradContext;
 using torch::autograd::variable_list;
-
-// ---- the library -----------------------------------------------------------
-
-struct Library {
-  std::string path;
-  int (*abi_version)() = nullptr;
-  const char* (*last_error)() = nullptr;
-  int (*buffer_sizes)(int, int, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int,
-                      size_t*, size_t*) = nullptr;
-  int (*forward)(const seqpack_cuda_rnn_args*) = nullptr;
-  int (*backward)(const seqpack_cuda_rnn_args*) = nullptr;
-  int (*set_policy)(const seqpack_cuda_policy*) = nullptr;
-  int (*get_policy)(seqpack_cuda_policy*) = nullptr;
-};
-
-std::mutex library_mutex;
-std::atomic<const Library*> loaded{nullptr};  // set once, never freed (the process's)
-
-bool is_file(const std::string& path) {
-  struct stat st {};
-  return stat(path.c_str(), &st) == 0 && S_ISREG(st.st_mode);
-}
-
-// Where libseqpack_cuda.so is looked for when none is named, as the Python
-// glue (seqpack/_cuda.py) looks: beside the shared library that holds this
-// code, then, from its folder up four levels, build/cuda/ and build-cuda/ (and
-// cuda/ of a folder named build): a build tree's library.
-std::vector<std::string> candidates() {
-  Dl_info info{};
-  if (dladdr(reinterpret_cast<void*>(&candidates), &info) == 0 || !info.dli_fname) return {};
-  std::string dir(info.dli_fname);
-  const auto slash = dir.rfind('/');
-  dir = slash == std::string::npos ? std::string(".") : dir.substr(0, slash);
-  const std::string name = "/libseqpack_cuda.so";
-  std::vector<std::string> out = {dir + name};
-  for (int up = 0; up < 4 && !dir.empty(); ++up) {
-    out.push_back(dir + "/build/cuda" + name);
-    out.push_back(dir + "/build-cuda" + name);
-    const auto cut = dir.rfind('/');
-    if (dir.substr(cut == std::string::npos ? 0 : cut + 1) == "build")
-      out.push_back(dir + "/cuda" + name);
-    if (cut == std::string::npos || cut == 0) break;
-    dir = dir.substr(0, cut);
-  }
-  return out;
-}
-
-// Whether two paths name the same file.
-bool same_file(const std::string& a, const std::string& b) {
-  struct stat sa {}, sb {};
-  return stat(a.c_str(), &sa) == 0 && stat(b.c_str(), &sb) == 0 && sa.st_dev == sb.st_dev &&
-         sa.st_ino == sb.st_ino;
-}
-
-// The value of one of the policy's variables: where `value` (unset or empty:
-// `fallback`) is one of `names`, its index; else an error naming the variable.
-int choice_of(const char* variable, const char* fallback,
-              std::initializer_list<const char*> names) {
-  const char* set = std::getenv(variable);
-  const std::string value = set && *set ? set : fallback;
-  int index = 0;
-  std::string listed;
-  for (const char* name : names) {
-    if (value == name) return index;
-    listed += (index == 0 ? "'" : index + 1 == static_cast<int>(names.size()) ? " or '" : ", '") +
-              std::string(name) + "'";
-    ++index;
-  }
-  C10_THROW_ERROR(ValueError, c10::str("seqpack CUDA: ", variable, " = '", value, "' is not ",
-                                       listed));
-}
-
-}  // namespace
-
-seqpack_cuda_policy policy_from_environment() {
-  seqpack_cuda_policy p{};
-  p.version = SEQPACK_CUDA_POLICY_VERSION;
-  p.kernel = choice_of("SEQPACK_CUDA_KERNEL", "simple", {"simple", "persistent", "cluster"});
-  p.gemm = choice_of("SEQPACK_CUDA_GEMM", "simt", {"simt", "wmma"});
-  if (const char* tile = std::getenv("SEQPACK_CUDA_GEMM_TILE"); tile && *tile) {
-    const std::string value = tile;
-    TORCH_CHECK_VALUE(value == "32" || value == "64", "seqpack CUDA: SEQPACK_CUDA_GEMM_TILE = '",
-                      value, "' is not 32 or 64");
-    p.gemm_tile = value == "32" ? 32 : 64;
-  }
-  if (const char* cluster = std::getenv("SEQPACK_CUDA_CLUSTER"); cluster && *cluster) {
-    char* end = nullptr;
-    const long n = std::strtol(cluster, &end, 10);
-    TORCH_CHECK_VALUE(end != cluster && *end == '\0' && n >= 1 && n <= 16,
-                      "seqpack CUDA: SEQPACK_CUDA_CLUSTER = '", cluster,
-                      "' is not a block count from 1 to 16");
-    p.cluster_size = static_cast<int>(n);
-  }
-  p.cluster_gather = choice_of("SEQPACK_CUDA_CLUSTER_GATHER", "shared", {"shared", "global"});
-  if (const char* mma = std::getenv("SEQPACK_CUDA_CLUSTER_MMA"); mma && *mma) {
-    const std::string value = mma;
-    TORCH_CHECK_VALUE(value == "0" || value == "1", "seqpack CUDA: SEQPACK_CUDA_CLUSTER_MMA = '",
-                      value, "' is not 0 or 1");
-    p.cluster_mma = value == "1";
-  } else {
-    p.cluster_mma = 1;
-  }
-  p.tf32 = 1;  // each call's allow_tf32 (torch's setting) decides
-  return p;
-}
-
-namespace {
-
-// Loads `path` (a file, or a bare name for the loader's search) and installs
-// the policy of the environment in it; errors name it.
-const Library* load(const std::string& path, const std::string& why) {
-  void* handle = dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL);
-  TORCH_CHECK(handle, "seqpack CUDA: cannot load ", path, " (", why, "): ", dlerror());
-  auto lib = std::make_unique<Library>();
-  lib->path = path;
-  auto bind = [&](auto& f, const char* name) {
-    f = reinterpret_cast<std::remove_reference_t<decltype(f)>>(dlsym(handle, name));
-    TORCH_CHECK(f, "seqpack CUDA: ", path, " has no function ", name);
-  };
-  bind(lib->abi_version, "seqpack_cuda_abi_version");
-  const int version = lib->abi_version();
-  TORCH_CHECK(version == SEQPACK_CUDA_ABI_VERSION, "seqpack CUDA: ", path, " has ABI version ",
-              version, ", these kernels need ", SEQPACK_CUDA_ABI_VERSION);
-  bind(lib->last_error, "seqpack_cuda_last_error");
-  bind(lib->buffer_sizes, "seqpack_cuda_rnn_buffer_sizes");
-  bind(lib->forward, "seqpack_cuda_rnn_forward");
-  bind(lib->backward, "seqpack_cuda_rnn_backward");
-  bind(lib->set_policy, "seqpack_cuda_set_policy");
-  bind(lib->get_policy, "seqpack_cuda_get_policy");
-  const seqpack_cuda_policy policy = policy_from_environment();
-  if (lib->set_policy(&policy) != SEQPACK_CUDA_OK)
-    TORCH_CHECK(false, "seqpack CUDA: ", path, " refuses the policy: ", lib->last_error());
-  return lib.release();
-}
-
-// The library to load when none was named, and why it is that one:
-// SEQPACK_CUDA_LIBRARY (only it, where set: one that is not a file is an
-// error naming it), else the first of candidates() there is, else the
-// loader's search. The one place these operators read SEQPACK_CUDA_LIBRARY;
-// python/seqpack/_cuda.py's find_library looks alike.
-std::pair<std::string, std::string> find_library() {
-  const char* named = std::getenv("SEQPACK_CUDA_LIBRARY");
-  if (named && *named) {
-    TORCH_CHECK(is_file(named), "seqpack CUDA: SEQPACK_CUDA_LIBRARY='", named,
-                "' names no library file (missing, or not a regular file)");
-    return {named, "SEQPACK_CUDA_LIBRARY"};
-  }
-  for (const std::string& path : candidates())
-    if (is_file(path)) return {path, "found beside the seqpack operators or in their build"};
-  return {"libseqpack_cuda.so", "the loader's search; SEQPACK_CUDA_LIBRARY names another"};
-}
-
-const Library* load_found() {
-  const auto [path, why] = find_library();
-  return load(path, why);
-}
-
-const Library& library() {
-  if (const Library* lib = loaded.load(std::memory_order_acquire)) return *lib;
-  std::lock_guard<std::mutex> lock(library_mutex);
-  if (!loaded.load(std::memory_order_relaxed)) loaded.store(load_found(), std::memory_order_release);
-  return *loaded.load(std::memory_order_relaxed);
-}
-
-void check(const Library& lib, int status) {
-  if (status == SEQPACK_CUDA_OK) return;
-  const char* message = lib.last_error();
-  if (message && *message) TORCH_CHECK(false, message);
-  TORCH_CHECK(false, "seqpack CUDA: error ", status, " from ", lib.path);
-}
 
 // ---- sizes and checks ------------------------------------------------------
 
@@ -373,25 +203,39 @@ Buffers buffers(const Library& lib, const Sizes& s) {
   return b;
 }
 
-// The fields every layer's call shares (caller_products = 1).
-seqpack_cuda_rnn_args layer_args(const Sizes& s, const Tensor& batch_sizes, bool allow_tf32,
-                                 void* stream) {
+// The fields every call of a pass shares: with torch's products one call per
+// layer (caller_products = 1, which sets each layer's input size), else one
+// for the whole stack.
+seqpack_cuda_rnn_args call_args(const Sizes& s, const Tensor& batch_sizes, bool allow_tf32,
+                                void* stream, bool torch_products) {
   seqpack_cuda_rnn_args a{};
   a.mode = s.mode;
   a.dtype = s.dtype;
   a.bidirectional = s.dirs == 2;
   a.has_biases = s.biases;
   a.allow_tf32 = allow_tf32;
-  a.caller_products = 1;
+  a.caller_products = torch_products;
   a.rows = s.rows;
   a.steps = batch_sizes.numel();
   a.batch_sizes = batch_sizes.data_ptr<int64_t>();
   a.batch = s.batch;
+  a.input_size = s.input;
   a.hidden_size = s.hidden;
   a.proj_size = s.proj;
-  a.num_layers = 1;
+  a.num_layers = torch_products ? 1 : s.layers;
   a.stream = stream;
   return a;
+}
+
+// SEQPACK_CUDA_PRODUCTS, read at every call: whether torch runs the products
+// that are not recurrent ("torch", unset or empty: the default) or the library
+// runs them all ("library": its own GEMM, one call for the whole stack).
+bool torch_products() {
+  const char* set = std::getenv("SEQPACK_CUDA_PRODUCTS");
+  const std::string value = set && *set ? set : "torch";
+  TORCH_CHECK_VALUE(value == "torch" || value == "library", "seqpack CUDA: SEQPACK_CUDA_PRODUCTS = '",
+                    value, "' is not 'torch' or 'library'");
+  return value == "torch";
 }
 
 std::vector<const void*> pointers(at::TensorList weights) {
@@ -450,7 +294,8 @@ Forward forward_layers(const Backend& backend, const Sizes& s, const Tensor& dat
     for (int64_t l = 0; l + 1 < s.layers; ++l)
       outputs.push_back(at::empty({s.rows, s.width}, data.options()));
   }
-  seqpack_cuda_rnn_args a = layer_args(s, batch_sizes, allow_tf32, backend.stream(data.device()));
+  seqpack_cuda_rnn_args a =
+      call_args(s, batch_sizes, allow_tf32, backend.stream(data.device()), /*torch_products=*/true);
   a.workspace = ws;
   a.workspace_bytes = b.workspace;
   a.reserve_bytes = static_cast<size_t>(b.layer_reserve);
@@ -475,6 +320,57 @@ Forward forward_layers(const Backend& backend, const Sizes& s, const Tensor& dat
     a.y = mutable_ptr(l + 1 == s.layers ? f.y : outputs[l]);
     check(lib, lib.forward(&a));
   }
+  if (!keep) f.saved = f.saved.narrow(0, 0, 0);
+  return f;
+}
+
+// One call for the whole stack, every product in the library: its buffers'
+// sizes, its workspace and the inputs both passes share (the pass sets its
+// reserve and outputs).
+struct LibraryCall {
+  size_t workspace_bytes = 0, reserve_bytes = 0;
+  Tensor workspace;
+  std::vector<const void*> weights;
+  seqpack_cuda_rnn_args a{};
+};
+
+void library_call(LibraryCall& c, const Library& lib, const Backend& backend, const Sizes& s,
+                  const Tensor& data, const Tensor& batch_sizes, const Tensor& h0,
+                  const Tensor& c0, at::TensorList weights, const Tensor& mask, bool allow_tf32) {
+  check(lib, lib.buffer_sizes(s.mode, s.dtype, s.rows, s.batch, s.input, s.hidden, s.proj,
+                              s.layers, s.dirs == 2, &c.workspace_bytes, &c.reserve_bytes));
+  c.workspace = bytes(static_cast<int64_t>(c.workspace_bytes), data);
+  c.weights = pointers(weights);
+  c.a = call_args(s, batch_sizes, allow_tf32, backend.stream(data.device()),
+                  /*torch_products=*/false);
+  c.a.weights = c.weights.data();
+  c.a.x = ptr(data);
+  c.a.h0 = ptr(h0);
+  c.a.c0 = ptr(c0);
+  c.a.dropout_mask = ptr(mask);
+  c.a.workspace = mutable_ptr(c.workspace);
+  c.a.workspace_bytes = c.workspace_bytes;
+  c.a.reserve_bytes = c.reserve_bytes;
+}
+
+// The forward with every product in the library: one call for the whole
+// stack, whose reserve is the saved buffer (empty without `keep`).
+Forward forward_library(const Backend& backend, const Sizes& s, const Tensor& data,
+                        const Tensor& batch_sizes, const Tensor& h0, const Tensor& c0,
+                        at::TensorList weights, const Tensor& mask, bool allow_tf32, bool keep) {
+  const Library& lib = library();
+  LibraryCall c;
+  library_call(c, lib, backend, s, data, batch_sizes, h0, c0, weights, mask, allow_tf32);
+  Forward f;
+  f.y = at::empty({s.rows, s.width}, data.options());
+  f.hn = at::empty_like(h0);
+  if (s.lstm) f.cn = at::empty_like(c0);
+  f.saved = bytes(static_cast<int64_t>(c.reserve_bytes), data);
+  c.a.reserve = mutable_ptr(f.saved);
+  c.a.y = mutable_ptr(f.y);
+  c.a.hn = mutable_ptr(f.hn);
+  c.a.cn = mutable_ptr(f.cn);
+  check(lib, lib.forward(&c.a));
   if (!keep) f.saved = f.saved.narrow(0, 0, 0);
   return f;
 }
@@ -509,7 +405,8 @@ Gradients backward_layers(const Backend& backend, const Sizes& s, const Tensor& 
   std::vector<Tensor> outputs;
   for (int64_t at : b.output_at) outputs.push_back(piece(saved, at, s, data));
   const Tensor workspace = bytes(static_cast<int64_t>(b.workspace), data);
-  seqpack_cuda_rnn_args a = layer_args(s, batch_sizes, allow_tf32, backend.stream(data.device()));
+  seqpack_cuda_rnn_args a =
+      call_args(s, batch_sizes, allow_tf32, backend.stream(data.device()), /*torch_products=*/true);
   a.workspace = mutable_ptr(workspace);
   a.workspace_bytes = b.workspace;
   a.reserve_bytes = static_cast<size_t>(b.layer_reserve);
@@ -568,6 +465,187 @@ Gradients backward_layers(const Backend& backend, const Sizes& s, const Tensor& 
   return g;
 }
 
+// The backward of forward_library (keep = true): one call.
+Gradients backward_library(const Backend& backend, const Sizes& s, const Tensor& data,
+                           const Tensor& batch_sizes, const Tensor& h0, const Tensor& c0,
+                           at::TensorList weights, const Tensor& mask, const Tensor& saved,
+                           const Tensor& dy, const Tensor& dhn, const Tensor& dcn,
+                           bool allow_tf32) {
+  const Library& lib = library();
+  LibraryCall c;
+  library_call(c, lib, backend, s, data, batch_sizes, h0, c0, weights, mask, allow_tf32);
+  const Tensor dY = as(dy, data), dHn = as(dhn, data), dCn = s.lstm ? as(dcn, data) : Tensor();
+  Gradients g;
+  g.dx = at::empty_like(data);
+  g.dh0 = at::empty_like(h0);
+  if (s.lstm) g.dc0 = at::empty_like(c0);
+  std::vector<void*> dw;
+  for (const Tensor& w : weights) {
+    g.dweights.push_back(at::empty_like(w));
+    dw.push_back(g.dweights.back().data_ptr());
+  }
+  c.a.dweights = dw.data();
+  c.a.reserve = mutable_ptr(saved);
+  c.a.dy = ptr(dY);
+  c.a.dhn = ptr(dHn);
+  c.a.dcn = ptr(dCn);
+  c.a.dx = mutable_ptr(g.dx);
+  c.a.dh0 = mutable_ptr(g.dh0);
+  c.a.dc0 = mutable_ptr(g.dc0);
+  check(lib, lib.backward(&c.a));
+  return g;
+}
+
+// ---- one call ----------------------------------------------------------------
+
+// Everything of a call that is not differentiated, as the kernels below
+// autograd find it.
+struct Call {
+  Sizes sizes;
+  Tensor batch_sizes, mask, sorted, unsorted;  // sorted, unsorted: undefined where none
+  bool allow_tf32 = false;
+  bool torch_products = true;  // else every product in the library
+};
+
+Tensor index_or_none(const OptTensor& t) {
+  return t.has_value() && t->defined() && t->numel() > 0 ? *t : Tensor();
+}
+
+bool given(const OptTensor& t) { return t.has_value() && t->defined(); }
+
+// The values no kernel runs with, whoever would run the call.
+void check_values(const Tensor& data, double dropout, c10::string_view precision) {
+  TORCH_CHECK_VALUE(precision == "fp32" || precision == "auto", "seqpack::rnn on ", data.device(),
+                    ": precision = '", precision,
+                    "' is not one of ['fp32', 'auto']; seqpack's CUDA kernels compute in the "
+                    "data's dtype (",
+                    data.scalar_type(), "): pass bfloat16 or float16 tensors for those");
+  TORCH_CHECK_VALUE(dropout >= 0.0 && dropout <= 1.0, "seqpack::rnn: dropout = ", dropout,
+                    " must be in [0, 1]");
+}
+
+// The batch of a packed call: the indices' size, else the first batch size.
+int64_t batch_of(const Tensor& batch_sizes, const Tensor& sorted) {
+  if (sorted.defined()) return sorted.numel();
+  if (batch_sizes.numel() == 0) return 0;
+  TORCH_CHECK(batch_sizes.device().is_cpu() && batch_sizes.scalar_type() == at::kLong,
+              "seqpack::rnn: batch_sizes must be a 1-D int64 CPU tensor, got ",
+              batch_sizes.scalar_type(), " on ", batch_sizes.device());
+  return batch_sizes.data_ptr<int64_t>()[0];
+}
+
+// A state as given (in the caller's order), or zeros where none is.
+Tensor state_or_zeros(const OptTensor& t, int64_t states, int64_t batch, int64_t width,
+                      const Tensor& like) {
+  return given(t) ? *t : at::zeros({states, batch, width}, like.options());
+}
+
+// The mask between layers: (num_layers - 1, rows, width), 0 or 1/(1-p), drawn
+// with torch's generator of the data's device (a copy seeded by `seed`).
+Tensor dropout_mask(const Tensor& data, int64_t layers, int64_t width, double p,
+                    c10::optional<int64_t> seed) {
+  const std::vector<int64_t> shape = {layers - 1, data.size(0), width};
+  if (p >= 1.0) return at::zeros(shape, data.options());
+  c10::optional<at::Generator> gen;
+  if (seed.has_value()) {
+    at::Generator g = at::globalContext().defaultGenerator(data.device()).clone();
+    g.set_current_seed(static_cast<uint64_t>(*seed));
+    gen = g;
+  }
+  Tensor keep = at::empty(shape, data.options().dtype(at::kFloat)).bernoulli_(1.0 - p, gen);
+  return (keep / (1.0 - p)).to(data.scalar_type());
+}
+
+// What the library runs a call with: the checked sizes, the states in its
+// (sorted) order and everything contiguous.
+struct Prepared {
+  Call call;
+  Tensor x, h0, c0;
+  std::vector<Tensor> w;
+};
+
+Prepared prepare(SEQPACK_RNN_PARAMS) {
+  check_values(data, dropout, precision);
+  Prepared p;
+  Call& call = p.call;
+  call.sorted = index_or_none(sorted_indices);
+  call.unsorted = index_or_none(unsorted_indices);
+  const int64_t batch = batch_of(batch_sizes, call.sorted);
+  const int64_t states = num_layers * (bidirectional ? 2 : 1);
+  auto sorted_state = [&](const OptTensor& t, int64_t width) {
+    const Tensor s = state_or_zeros(t, states, batch, width, data);
+    return given(t) && call.sorted.defined() ? s.index_select(1, call.sorted.to(s.device())) : s;
+  };
+  p.h0 = sorted_state(h0, proj_size > 0 ? proj_size : hidden_size);
+  if (mode == "LSTM") p.c0 = sorted_state(c0, hidden_size);
+  call.sizes = checked_sizes(data, batch_sizes, p.h0, p.c0, weights, mode, hidden_size,
+                             num_layers, bias, bidirectional, proj_size);
+  call.batch_sizes = batch_sizes.contiguous();
+  // torch's setting for float32 products (the emulation's CPU tensors follow it too).
+  call.allow_tf32 = at::globalContext().allowTF32CuBLAS();
+  call.torch_products = torch_products();
+  if (train && dropout > 0 && num_layers > 1)
+    call.mask = dropout_mask(data, num_layers, call.sizes.width, dropout, seed);
+  p.x = data.contiguous();
+  p.h0 = p.h0.contiguous();
+  if (p.c0.defined()) p.c0 = p.c0.contiguous();
+  p.w.reserve(weights.size());
+  for (const Tensor& t : weights) p.w.push_back(t.contiguous());
+  return p;
+}
+
+// The forward of a prepared call, the products in torch or in the library.
+Forward forward(const Backend& backend, const Prepared& p, bool keep) {
+  const Call& c = p.call;
+  return (c.torch_products ? forward_layers : forward_library)(
+      backend, c.sizes, p.x, c.batch_sizes, p.h0, p.c0, p.w, c.mask, c.allow_tf32, keep);
+}
+
+// The forward's results in the caller's order (c_n empty but for LSTM).
+RnnResult finished(const Call& call, const Forward& f, const Tensor& data) {
+  Tensor hn = f.hn, cn = f.cn.defined() ? f.cn : data.new_empty({0});
+  if (call.unsorted.defined()) {
+    hn = hn.index_select(1, call.unsorted.to(hn.device()));
+    if (call.sizes.lstm) cn = cn.index_select(1, call.unsorted.to(cn.device()));
+  }
+  return {f.y, hn, cn};
+}
+
+// ---- the saved state between _rnn_train and _rnn_backward ----------------------
+//
+// A one-byte uint8 tensor on the data's device over the first byte of the saved
+// buffer, whose storage's context holds the buffer and the call: it lives as
+// long as that tensor, which autograd (or a compiled graph) keeps for the
+// backward. (The CPU operator passes its saved state the same way, ops.cpp.)
+
+struct Held {
+  Tensor buffer;
+  Call call;
+  Tensor h0, c0;  // in the library's order
+  Tensor byte;    // the handle's byte where the buffer has none
+};
+
+void delete_held(void* p) { delete static_cast<Held*>(p); }
+
+Tensor make_handle(Held held) {
+  if (held.buffer.numel() == 0) held.byte = bytes(1, held.h0);
+  auto* h = new Held(std::move(held));
+  const Tensor& over = h->byte.defined() ? h->byte : h->buffer;
+  return at::for_blob(over.data_ptr(), {1})
+      .context(h, &delete_held)
+      .target_device(over.device())
+      .options(over.options())
+      .make_tensor();
+}
+
+const Held& from_handle(const Tensor& t) {
+  TORCH_CHECK_VALUE(t.defined() && t.has_storage() &&
+                        t.storage().data_ptr().get_deleter() == &delete_held,
+                    "seqpack::rnn backward: saved is not the saved state of a seqpack::_rnn_train "
+                    "call on ", t.defined() ? t.device() : at::Device(at::kCPU));
+  return *static_cast<Held*>(t.storage().data_ptr().get_context());
+}
+
 // ---- autograd --------------------------------------------------------------
 
 constexpr const char* kDoubleBackward =
@@ -593,222 +671,248 @@ class NoDoubleBackward : public torch::autograd::Function<NoDoubleBackward> {
   }
 };
 
-// Everything of a call that is not differentiated.
-struct Call {
-  Sizes sizes;
-  Tensor batch_sizes, mask;
-  bool allow_tf32 = false;
-  const Backend* backend = nullptr;
+// Under grad mode (a backward with create_graph=True), the gradients with a
+// node that refuses double backward, where anything they depend on wants a
+// gradient.
+variable_list refusing_double_backward(variable_list grads, const variable_list& saved,
+                                       const variable_list& upstream) {
+  variable_list sources;
+  for (const variable_list* list : {&saved, &upstream})
+    for (const Tensor& t : *list)
+      if (t.defined() && t.requires_grad()) sources.push_back(t);
+  std::vector<size_t> defined;
+  variable_list values;
+  for (size_t i = 0; i < grads.size(); ++i)
+    if (grads[i].defined()) {
+      defined.push_back(i);
+      values.push_back(grads[i]);
+    }
+  if (sources.empty() || values.empty()) return grads;
+  variable_list wrapped = NoDoubleBackward::apply(at::TensorList(values), at::TensorList(sources));
+  for (size_t k = 0; k < defined.size(); ++k) grads[defined[k]] = wrapped[k];
+  return grads;
+}
+
+using RnnSignature = RnnResult(SEQPACK_RNN_PARAMS);
+using RnnTrainSignature = RnnTrainResult(SEQPACK_RNN_PARAMS);
+using RnnBackwardSignature = RnnBackwardResult(const Tensor&, const OptTensor&, const OptTensor&,
+                                               const OptTensor&, const Tensor&, const OptTensor&,
+                                               const OptTensor&, at::TensorList, bool, bool);
+
+// The backend's namespace's operator `name` (found once per namespace).
+template <typename Signature>
+const c10::TypedOperatorHandle<Signature>& op(const Backend& backend, const char* name) {
+  static std::mutex mutex;
+  static std::deque<std::pair<std::string, c10::TypedOperatorHandle<Signature>>> found;
+  const std::string qualified = std::string(backend.ns) + "::" + name;
+  std::lock_guard<std::mutex> lock(mutex);
+  for (const auto& [n, handle] : found)
+    if (n == qualified) return handle;
+  found.emplace_back(qualified, c10::Dispatcher::singleton()
+                                    .findSchemaOrThrow(qualified.c_str(), "")
+                                    .typed<Signature>());
+  return found.back().second;
+}
+
+// What a call passes besides its differentiable tensors, and whose kernels run it.
+struct Args {
+  const Backend* backend;
+  torch_ops::RNNArgs call;
 };
 
 class RnnFunction : public torch::autograd::Function<RnnFunction> {
  public:
-  static variable_list forward(AutogradContext* ctx, const Tensor& data, const Tensor& h0,
-                               const OptTensor& c0, at::TensorList weights, const Call& call) {
-    const Tensor c = c0.has_value() ? *c0 : Tensor();
-    Forward f = forward_layers(*call.backend, call.sizes, data, call.batch_sizes, h0, c, weights,
-                               call.mask, call.allow_tf32, /*keep=*/true);
-    variable_list to_save = {data, h0, c.defined() ? c : Tensor(), f.saved};
+  static variable_list forward(AutogradContext* ctx, const Tensor& data, const OptTensor& h0,
+                               const OptTensor& c0, at::TensorList weights, const Args& a) {
+    Tensor y, hn, cn, saved;
+    {
+      at::AutoDispatchBelowADInplaceOrView below;
+      const torch_ops::RNNArgs& c = a.call;
+      std::tie(y, hn, cn, saved) = op<RnnTrainSignature>(*a.backend, "_rnn_train")
+                                       .call(data, c.batch_sizes, c.sorted_indices,
+                                             c.unsorted_indices, h0, c0, weights, c.mode,
+                                             c.hidden_size, c.num_layers, c.bias, c.bidirectional,
+                                             c.proj_size, c.dropout, c.train, c.seed, c.precision);
+    }
+    variable_list to_save = {saved, data, given(h0) ? *h0 : Tensor(), given(c0) ? *c0 : Tensor()};
     to_save.insert(to_save.end(), weights.begin(), weights.end());
     ctx->save_for_backward(to_save);
-    ctx->saved_data["call"] = c10::IValue::make_capsule(
-        c10::make_intrusive<CallHolder>(call));
-    const Tensor cn = f.cn.defined() ? f.cn : data.new_empty({0});
-    if (!call.sizes.lstm) ctx->mark_non_differentiable({cn});
+    ctx->saved_data["backend"] = c10::IValue::make_capsule(c10::make_intrusive<BackendHolder>(a.backend));
+    // Edge of each input: undefined optionals have none.
+    int64_t edge = 1;
+    ctx->saved_data["h0_edge"] = given(h0) ? edge++ : -1;
+    ctx->saved_data["c0_edge"] = given(c0) ? edge++ : -1;
+    ctx->saved_data["w_edge"] = edge;
+    const bool lstm = a.call.mode == "LSTM";
+    ctx->saved_data["lstm"] = lstm;
+    if (!lstm) ctx->mark_non_differentiable({cn});
     ctx->set_materialize_grads(false);  // missing gradients are zeros to the library
-    return {f.y, f.hn, cn};
+    return {y, hn, cn};
   }
 
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
-    const Call& call =
-        static_cast<CallHolder*>(ctx->saved_data.at("call").toCapsule().get())->value;
+    const Backend& backend =
+        *static_cast<BackendHolder*>(ctx->saved_data.at("backend").toCapsule().get())->backend;
+    const int64_t h0_edge = ctx->saved_data.at("h0_edge").toInt(),
+                  c0_edge = ctx->saved_data.at("c0_edge").toInt(),
+                  w_edge = ctx->saved_data.at("w_edge").toInt();
+    const bool lstm = ctx->saved_data.at("lstm").toBool();
     const variable_list saved = ctx->get_saved_variables();  // throws if modified in place
-    const Tensor &data = saved[0], &h0 = saved[1], &c0 = saved[2], &buffer = saved[3];
     const std::vector<Tensor> weights(saved.begin() + 4, saved.end());
-    const Tensor dcn = call.sizes.lstm ? grads[2] : Tensor();
-    Gradients g = [&] {
-      at::AutoGradMode no_graph(false);
-      return backward_layers(*call.backend, call.sizes, data, call.batch_sizes, h0, c0, weights,
-                             call.mask, buffer, grads[0], grads[1], dcn, call.allow_tf32);
-    }();
-    variable_list out = {g.dx, g.dh0, c0.defined() ? g.dc0 : Tensor()};
-    out.insert(out.end(), g.dweights.begin(), g.dweights.end());
+    auto opt = [](const Tensor& t) { return t.defined() ? OptTensor(t) : OptTensor(); };
+    auto wanted = [&](int64_t edge) { return edge >= 0 && ctx->needs_input_grad(edge); };
+    const bool input_grad = ctx->needs_input_grad(0), state_grad = wanted(h0_edge) || wanted(c0_edge);
+    Tensor g_x, g_h0, g_c0;
+    std::vector<Tensor> g_w;
+    {
+      at::AutoDispatchBelowADInplaceOrView below;
+      std::tie(g_x, g_h0, g_c0, g_w) = op<RnnBackwardSignature>(backend, "_rnn_backward")
+                                           .call(saved[0], opt(grads[0]), opt(grads[1]),
+                                                 lstm ? opt(grads[2]) : OptTensor(), saved[1],
+                                                 opt(saved[2]), opt(saved[3]), weights,
+                                                 input_grad, state_grad);
+    }
+    // One entry per forward argument: data, h0, c0, each weight, args.
+    variable_list out = {input_grad ? g_x : Tensor(), wanted(h0_edge) ? g_h0 : Tensor(),
+                         wanted(c0_edge) ? g_c0 : Tensor()};
+    for (size_t w = 0; w < g_w.size(); ++w)
+      out.push_back(ctx->needs_input_grad(w_edge + static_cast<int64_t>(w)) ? g_w[w] : Tensor());
     if (at::GradMode::is_enabled()) out = refusing_double_backward(out, saved, grads);
-    out.emplace_back();  // call
+    out.emplace_back();  // args
     return out;
   }
 
  private:
-  struct CallHolder : torch::CustomClassHolder {
-    explicit CallHolder(Call c) : value(std::move(c)) {}
-    Call value;
+  struct BackendHolder : torch::CustomClassHolder {
+    explicit BackendHolder(const Backend* b) : backend(b) {}
+    const Backend* backend;
   };
-
-  // Under grad mode (a backward with create_graph=True), the gradients with a
-  // node that refuses double backward, where anything they depend on wants a
-  // gradient.
-  static variable_list refusing_double_backward(variable_list grads, const variable_list& saved,
-                                                const variable_list& upstream) {
-    variable_list sources;
-    for (const variable_list* list : {&saved, &upstream})
-      for (const Tensor& t : *list)
-        if (t.defined() && t.requires_grad()) sources.push_back(t);
-    std::vector<size_t> defined;
-    variable_list values;
-    for (size_t i = 0; i < grads.size(); ++i)
-      if (grads[i].defined()) {
-        defined.push_back(i);
-        values.push_back(grads[i]);
-      }
-    if (sources.empty() || values.empty()) return grads;
-    variable_list wrapped = NoDoubleBackward::apply(at::TensorList(values), at::TensorList(sources));
-    for (size_t k = 0; k < defined.size(); ++k) grads[defined[k]] = wrapped[k];
-    return grads;
-  }
 };
 
-bool wants_graph(const Tensor& data, const Tensor& h0, const Tensor& c0, at::TensorList weights) {
+bool wants_graph(const Tensor& data, const OptTensor& h0, const OptTensor& c0,
+                 at::TensorList weights) {
   if (!at::GradMode::is_enabled()) return false;
-  if (data.requires_grad() || h0.requires_grad() || (c0.defined() && c0.requires_grad()))
+  if (data.requires_grad() || (given(h0) && h0->requires_grad()) ||
+      (given(c0) && c0->requires_grad()))
     return true;
   return std::any_of(weights.begin(), weights.end(),
                      [](const Tensor& w) { return w.requires_grad(); });
 }
 
-Tensor index_or_none(const OptTensor& t) {
-  return t.has_value() && t->defined() && t->numel() > 0 ? *t : Tensor();
+int64_t pow2(int64_t n) {
+  int64_t p = 1;
+  while (p < n) p *= 2;
+  return p;
 }
 
-// The mask between layers: (num_layers - 1, rows, width), 0 or 1/(1-p), drawn
-// with torch's generator of the data's device (a copy seeded by `seed`).
-Tensor dropout_mask(const Tensor& data, const Sizes& s, double p, c10::optional<int64_t> seed) {
-  const std::vector<int64_t> shape = {s.layers - 1, s.rows, s.width};
-  if (p >= 1.0) return at::zeros(shape, data.options());
-  c10::optional<at::Generator> gen;
-  if (seed.has_value()) {
-    at::Generator g = at::globalContext().defaultGenerator(data.device()).clone();
-    g.set_current_seed(static_cast<uint64_t>(*seed));
-    gen = g;
+
+// torch's side: torch's recurrent operators on the same call (torch_rnn.h),
+// with a mask drawn as seqpack's side draws it.
+RnnResult torch_side(SEQPACK_RNN_PARAMS) {
+  const int64_t dirs = bidirectional ? 2 : 1, hout = proj_size > 0 ? proj_size : hidden_size;
+  torch_ops::TorchRnn r;
+  r.mode = mode;
+  r.bias = bias;
+  r.num_layers = num_layers;
+  r.bidirectional = bidirectional;
+  r.batch_sizes = batch_sizes;
+  r.sorted_indices = index_or_none(sorted_indices);
+  r.unsorted_indices = index_or_none(unsorted_indices);
+  if (train && dropout > 0 && num_layers > 1) {
+    const Tensor mask = dropout_mask(data, num_layers, dirs * hout, dropout, seed);
+    r.masks.emplace_back();
+    for (int64_t l = 1; l < num_layers; ++l) r.masks.push_back(mask[l - 1]);
   }
-  Tensor keep = at::empty(shape, data.options().dtype(at::kFloat)).bernoulli_(1.0 - p, gen);
-  return (keep / (1.0 - p)).to(data.scalar_type());
-}
-
-using RnnSignature = std::tuple<Tensor, Tensor, Tensor>(
-    const Tensor&, const Tensor&, const OptTensor&, const OptTensor&, const OptTensor&,
-    const OptTensor&, at::TensorList, c10::string_view, int64_t, int64_t, bool, bool, int64_t,
-    double, bool, c10::optional<int64_t>, c10::string_view);
-
-// The backend's namespace's rnn operator (found once per namespace).
-const c10::TypedOperatorHandle<RnnSignature>& rnn_operator(const Backend& backend) {
-  static std::mutex mutex;
-  static std::deque<std::pair<const Backend*, c10::TypedOperatorHandle<RnnSignature>>> found;
-  std::lock_guard<std::mutex> lock(mutex);
-  for (const auto& [b, op] : found)
-    if (b == &backend) return op;
-  found.emplace_back(&backend, c10::Dispatcher::singleton()
-                                   .findSchemaOrThrow((std::string(backend.ns) + "::rnn").c_str(), "")
-                                   .typed<RnnSignature>());
-  return found.back().second;
+  const int64_t batch = batch_of(batch_sizes, r.sorted_indices), states = num_layers * dirs;
+  const Tensor h = state_or_zeros(h0, states, batch, hout, data);
+  const Tensor c = mode == "LSTM" ? state_or_zeros(c0, states, batch, hidden_size, data) : Tensor();
+  auto [y, hn, cn] = torch_ops::torch_packed_rnn(r, data, h, c, weights.vec());
+  return {y, hn, cn.defined() ? cn : data.new_empty({0})};
 }
 
 }  // namespace
 
-std::string use_library(c10::string_view path) {
-  if (path.empty()) return library().path;
-  const std::string wanted(path);
-  std::lock_guard<std::mutex> lock(library_mutex);
-  if (const Library* lib = loaded.load(std::memory_order_relaxed)) {
-    TORCH_CHECK_VALUE(lib->path == wanted || same_file(lib->path, wanted),
-                      "seqpack::_cuda_library: '", wanted,
-                      "' asked for, but the CUDA kernels already use '", lib->path, "'");
-    return lib->path;
-  }
-  TORCH_CHECK_VALUE(is_file(wanted), "seqpack::_cuda_library: '", wanted,
-                    "' names no library file (missing, or not a regular file)");
-  loaded.store(load(wanted, "seqpack::_cuda_library"), std::memory_order_release);
-  return wanted;
+RnnResult rnn(const Backend& backend, SEQPACK_RNN_PARAMS) {
+  const Prepared p = prepare(SEQPACK_RNN_ARGS);
+  c10::OptionalDeviceGuard guard(data.device());
+  return finished(p.call, forward(backend, p, /*keep=*/false), data);
 }
 
-std::tuple<Tensor, Tensor, Tensor> rnn(const Backend& backend, bool record, const Tensor& data,
-                                       const Tensor& batch_sizes, const OptTensor& sorted_indices,
-                                       const OptTensor& unsorted_indices, const OptTensor& h0_in,
-                                       const OptTensor& c0_in, at::TensorList weights,
-                                       c10::string_view mode, int64_t hidden_size,
-                                       int64_t num_layers, bool bias, bool bidirectional,
-                                       int64_t proj_size, double dropout, bool train,
-                                       c10::optional<int64_t> seed, c10::string_view precision) {
-  TORCH_CHECK_VALUE(precision == "fp32" || precision == "auto", "seqpack::rnn on ", data.device(),
-                    ": precision = '", precision,
-                    "' is not one of ['fp32', 'auto']; seqpack's CUDA kernels compute in the "
-                    "data's dtype (",
-                    data.scalar_type(), "): pass bfloat16 or float16 tensors for those");
-  TORCH_CHECK_VALUE(dropout >= 0.0 && dropout <= 1.0, "seqpack::rnn: dropout = ", dropout,
-                    " must be in [0, 1]");
-  const bool lstm = mode == "LSTM";
-  const Tensor sorted = index_or_none(sorted_indices), unsorted = index_or_none(unsorted_indices);
-  const int64_t dirs = bidirectional ? 2 : 1, states = num_layers * dirs;
-  int64_t batch = 0;
-  if (sorted.defined()) {
-    batch = sorted.numel();
-  } else if (batch_sizes.numel() > 0) {
-    TORCH_CHECK(batch_sizes.device().is_cpu() && batch_sizes.scalar_type() == at::kLong,
-                "seqpack::rnn: batch_sizes must be a 1-D int64 CPU tensor, got ",
-                batch_sizes.scalar_type(), " on ", batch_sizes.device());
-    batch = batch_sizes.data_ptr<int64_t>()[0];
-  }
-  // States in the library's (sorted) order: differentiable gathers, recorded
-  // by autograd where it records.
-  auto sorted_state = [&](const OptTensor& given, int64_t width) {
-    if (!given.has_value() || !given->defined())
-      return at::zeros({states, batch, width}, data.options());
-    return sorted.defined() ? given->index_select(1, sorted.to(given->device())) : *given;
-  };
-  Tensor h0 = sorted_state(h0_in, proj_size > 0 ? proj_size : hidden_size);
-  Tensor c0 = lstm ? sorted_state(c0_in, hidden_size) : Tensor();
-  const Sizes s = checked_sizes(data, batch_sizes, h0, c0, weights, mode, hidden_size,
-                                num_layers, bias, bidirectional, proj_size);
+RnnTrainResult rnn_train(const Backend& backend, SEQPACK_RNN_PARAMS) {
+  Prepared p = prepare(SEQPACK_RNN_ARGS);
   c10::OptionalDeviceGuard guard(data.device());
-  Call call;
-  call.sizes = s;
-  call.backend = &backend;
-  call.batch_sizes = batch_sizes.contiguous();
-  call.allow_tf32 = data.is_cuda() && at::globalContext().allowTF32CuBLAS();
-  if (train && dropout > 0 && num_layers > 1) call.mask = dropout_mask(data, s, dropout, seed);
-  const Tensor x = data.contiguous();
-  h0 = h0.contiguous();
-  if (c0.defined()) c0 = c0.contiguous();
+  const Forward f = forward(backend, p, /*keep=*/true);
+  auto [y, hn, cn] = finished(p.call, f, data);
+  return {y, hn, cn, make_handle(Held{f.saved, std::move(p.call), p.h0, p.c0, Tensor()})};
+}
+
+RnnBackwardResult rnn_backward(const Backend& backend, const Tensor& saved,
+                               const OptTensor& grad_output, const OptTensor& grad_h_n,
+                               const OptTensor& grad_c_n, const Tensor& data, const OptTensor& h0,
+                               const OptTensor& c0, at::TensorList weights, bool input_grad,
+                               bool state_grad) {
+  const Held& held = from_handle(saved);
+  const Call& call = held.call;
+  // The states' gradients in the library's order, and back.
+  auto sorted = [&](const OptTensor& g) {
+    if (!given(g)) return Tensor();
+    return call.sorted.defined() ? g->index_select(1, call.sorted.to(g->device())) : *g;
+  };
+  auto unsorted = [&](const Tensor& g) {
+    return call.unsorted.defined() ? g.index_select(1, call.unsorted.to(g.device())) : g;
+  };
   std::vector<Tensor> w;
   w.reserve(weights.size());
   for (const Tensor& t : weights) w.push_back(t.contiguous());
-  Tensor y, hn, cn;
-  if (record && wants_graph(x, h0, c0, w)) {
-    variable_list out =
-        RnnFunction::apply(x, h0, c0.defined() ? OptTensor(c0) : OptTensor(), at::TensorList(w), call);
-    y = out[0], hn = out[1], cn = out[2];
-  } else {
-    at::AutoDispatchBelowADInplaceOrView below;
-    Forward f = forward_layers(backend, s, x, call.batch_sizes, h0, c0, w, call.mask,
-                               call.allow_tf32, /*keep=*/false);
-    y = f.y, hn = f.hn, cn = f.cn.defined() ? f.cn : data.new_empty({0});
-  }
-  if (unsorted.defined()) {
-    hn = hn.index_select(1, unsorted.to(hn.device()));
-    if (lstm) cn = cn.index_select(1, unsorted.to(cn.device()));
-  }
-  return {y, hn, cn};
+  c10::OptionalDeviceGuard guard(data.device());
+  Gradients g = (call.torch_products ? backward_layers : backward_library)(
+      backend, call.sizes, data.contiguous(), call.batch_sizes, held.h0, held.c0, w, call.mask,
+      held.buffer, given(grad_output) ? *grad_output : Tensor(), sorted(grad_h_n),
+      call.sizes.lstm ? sorted(grad_c_n) : Tensor(), call.allow_tf32);
+  const Tensor empty = data.new_empty({0});
+  return {input_grad ? g.dx : empty, state_grad && given(h0) ? unsorted(g.dh0) : empty,
+          state_grad && given(c0) && g.dc0.defined() ? unsorted(g.dc0) : empty,
+          std::move(g.dweights)};
 }
 
-std::tuple<Tensor, Tensor, Tensor> rnn_padded(
-    const Backend& backend, const Tensor& input, const OptTensor& lengths, const OptTensor& h0,
-    const OptTensor& c0, at::TensorList weights, c10::string_view mode, int64_t hidden_size,
-    int64_t num_layers, bool bias, bool batch_first, bool bidirectional, int64_t proj_size,
-    double dropout, bool train, c10::optional<int64_t> seed, c10::string_view precision) {
+RnnResult rnn_autograd(const Backend& backend, SEQPACK_RNN_PARAMS) {
+  check_values(data, dropout, precision);
+  const bool graph = wants_graph(data, h0, c0, weights);
+  auto ours = [&]() -> RnnResult {
+    if (!at::GradMode::is_enabled() || !graph) {
+      at::AutoDispatchBelowADInplaceOrView below;
+      return op<RnnSignature>(backend, "rnn").call(SEQPACK_RNN_ARGS);
+    }
+    const Args a{&backend,
+                 {batch_sizes, sorted_indices, unsorted_indices, std::string(mode), hidden_size,
+                  num_layers, bias, bidirectional, proj_size, dropout, train, seed,
+                  std::string(precision)}};
+    const variable_list out = RnnFunction::apply(data, h0, c0, weights, a);
+    return {out[0], out[1], out[2]};
+  };
+  auto theirs = [&]() { return torch_side(SEQPACK_RNN_ARGS); };
+  // Fake tensors (torch.compile's tracer) carry the Python dispatch key.
+  const bool traced = data.key_set().has(c10::DispatchKey::Python);
+  auto key = [&] {
+    return c10::str(backend.ns, mode, data.size(-1), hidden_size, num_layers, bidirectional,
+                    proj_size, bias, data.scalar_type(), data.device(), graph, train, dropout,
+                    "|", pow2(batch_of(batch_sizes, index_or_none(sorted_indices))), "|",
+                    pow2(data.size(0)));
+  };
+  const Choice c = choose(backend, traced, data.device(), key, [&] { ours(); }, [&] { theirs(); });
+  return c.impl == "torch" ? theirs() : ours();
+}
+
+RnnResult rnn_padded(const Backend& backend, const Tensor& input, const OptTensor& lengths,
+                     const OptTensor& h0, const OptTensor& c0, at::TensorList weights,
+                     c10::string_view mode, int64_t hidden_size, int64_t num_layers, bool bias,
+                     bool batch_first, bool bidirectional, int64_t proj_size, double dropout,
+                     bool train, c10::optional<int64_t> seed, c10::string_view precision) {
   TORCH_CHECK_VALUE(input.dim() == 3,
                     "seqpack::rnn_padded: input must be 3-D [T, B, input_size] (batch_first: ",
                     "[B, T, input_size]), got shape ", input.sizes());
   const int64_t T = input.size(batch_first ? 1 : 0), B = input.size(batch_first ? 0 : 1);
-  const auto& rnn_op = rnn_operator(backend);
+  const auto& rnn_op = op<RnnSignature>(backend, "rnn");
   if (!lengths.has_value() || !lengths->defined()) {
     // Every sequence has length T: the time-major rows are the packed rows.
     const Tensor time_major = batch_first ? input.transpose(0, 1) : input;

@@ -1,4 +1,4 @@
-// seqpack::rnn and rnn_padded's kernels for the CUDA and AutogradCUDA keys
+// seqpack's recurrent operators' kernels for the CUDA and AutogradCUDA keys
 // (cuda_ops.h), built where torch is a CUDA build: the stream is torch's
 // current stream of the data's device.
 #include <c10/cuda/CUDAStream.h>
@@ -13,19 +13,17 @@ void* current_stream(const at::Device& device) {
   return c10::cuda::getCurrentCUDAStream(device.index()).stream();
 }
 
-constexpr Backend kCuda{"seqpack", &current_stream};
+void synchronize(const at::Device& device) {
+  c10::cuda::getCurrentCUDAStream(device.index()).synchronize();
+}
+
+constexpr Backend kCuda{"seqpack", &current_stream, &synchronize};
 
 }  // namespace
 }  // namespace seqpack::torch_cuda
 
-TORCH_LIBRARY_IMPL(seqpack, CUDA, m) {
-  using namespace seqpack::torch_cuda;
-  m.impl("rnn", &rnn_kernel<kCuda, false>);
-  m.impl("rnn_padded", &rnn_padded_kernel<kCuda>);
-}
+TORCH_LIBRARY_IMPL(seqpack, CUDA, m) { SEQPACK_CUDA_KERNELS(m, seqpack::torch_cuda::kCuda); }
 
 TORCH_LIBRARY_IMPL(seqpack, AutogradCUDA, m) {
-  using namespace seqpack::torch_cuda;
-  m.impl("rnn", &rnn_kernel<kCuda, true>);
-  m.impl("rnn_padded", &rnn_padded_kernel<kCuda>);
+  SEQPACK_CUDA_AUTOGRAD_KERNELS(m, seqpack::torch_cuda::kCuda);
 }

@@ -61,6 +61,7 @@
 
 #include "cuda_ops.h"
 #include "schemas.h"
+#include "torch_rnn.h"
 
 namespace seqpack::torch_ops {
 
@@ -648,20 +649,6 @@ std::tuple<Tensor, Tensor, Tensor, std::vector<Tensor>> rnn_backward_cpu(
                                  .typed<__VA_ARGS__>();                            \
   return handle
 
-// What a recurrent call passes besides its differentiable tensors.
-struct RNNArgs {
-  Tensor batch_sizes;
-  OptTensor sorted_indices, unsorted_indices;
-  std::string mode;
-  int64_t hidden_size, num_layers;
-  bool bias, bidirectional;
-  int64_t proj_size;
-  double dropout;
-  bool train;
-  c10::optional<int64_t> seed;
-  std::string precision;
-};
-
 const auto& rnn_op() { SEQPACK_OP("rnn", "", decltype(rnn_cpu)); }
 const auto& rnn_train_op() { SEQPACK_OP("_rnn_train", "", decltype(rnn_train_cpu)); }
 const auto& rnn_backward_op() { SEQPACK_OP("_rnn_backward", "", decltype(rnn_backward_cpu)); }
@@ -714,74 +701,28 @@ Tensor initial_state(const OptTensor& t, int64_t layers, int64_t batch, int64_t 
 // argument passed twice, h0 as c0 or a tied weight, gets each share once).
 Tensor stand_in(const Tensor& t) { return t.view_as(t); }
 
-// The forward of one rnn call in torch's operators: (output, h_n, c_n), c_n
-// undefined but for LSTM.
+// The forward of one rnn call in torch's operators (torch_rnn.h), with the
+// masks the core's forward applied: (output, h_n, c_n), c_n undefined but for LSTM.
 std::tuple<Tensor, Tensor, Tensor> torch_forward(const NodeState& st, const RNNSaved& core,
                                                  const Tensor& data, const Tensor& h0,
                                                  const Tensor& c0,
                                                  const std::vector<Tensor>& weights) {
   const RNNOptions& o = rnn_saved_options(core);
-  const std::vector<CoreTensor> masks = rnn_saved_dropout_masks(core);
-  const int64_t D = o.num_directions(), L = o.num_layers;
-  const bool lstm = o.mode == RNNMode::lstm;
-  const Tensor batch_sizes = st.batch_sizes.contiguous();
   auto index = [](const OptTensor& t) {
     return t.has_value() && t->defined() && t->numel() > 0 ? *t : Tensor();
   };
-  const Tensor sorted = index(st.sorted_indices), unsorted = index(st.unsorted_indices);
-  // Sequences with rows (the others are the last ones in the sorted order).
-  const int64_t running = batch_sizes.numel() > 0 ? batch_sizes.data_ptr<int64_t>()[0] : 0;
-  Tensor h = sorted.defined() ? h0.index_select(1, sorted) : h0;
-  Tensor c = lstm && sorted.defined() ? c0.index_select(1, sorted) : c0;
-  const int64_t batch = h.size(1);
-  Tensor x = data;
-  std::vector<Tensor> h_n, c_n;
-  if (running > 0) {
-    const int64_t per = 2 + (o.bias ? 2 : 0) + (o.proj_size > 0 ? 1 : 0);
-    for (int64_t l = 0; l < L; ++l) {
-      const auto k = static_cast<size_t>(l);
-      if (k < masks.size() && masks[k].defined()) x = x * from_core(masks[k]);
-      const std::vector<Tensor> p(weights.begin() + l * D * per,
-                                  weights.begin() + (l + 1) * D * per);
-      const Tensor hl = h.narrow(0, l * D, D).narrow(1, 0, running);
-      Tensor out, hn, cn;
-      switch (o.mode) {
-        case RNNMode::lstm:
-          std::tie(out, hn, cn) =
-              at::lstm(x, batch_sizes, {hl, c.narrow(0, l * D, D).narrow(1, 0, running)}, p,
-                       o.bias, 1, 0.0, false, o.bidirectional);
-          c_n.push_back(cn);
-          break;
-        case RNNMode::gru:
-          std::tie(out, hn) = at::gru(x, batch_sizes, hl, p, o.bias, 1, 0.0, false,
-                                      o.bidirectional);
-          break;
-        case RNNMode::rnn_tanh:
-          std::tie(out, hn) = at::rnn_tanh(x, batch_sizes, hl, p, o.bias, 1, 0.0, false,
-                                           o.bidirectional);
-          break;
-        case RNNMode::rnn_relu:
-          std::tie(out, hn) = at::rnn_relu(x, batch_sizes, hl, p, o.bias, 1, 0.0, false,
-                                           o.bidirectional);
-          break;
-      }
-      h_n.push_back(hn);
-      x = out;
-    }
-  } else {
-    x = at::zeros({data.size(0), o.output_size()}, data.options());
-  }
-  // The states of zero-length sequences pass through; then the caller's order.
-  auto finish = [&](std::vector<Tensor>& layers, const Tensor& initial) {
-    Tensor t = running > 0 ? at::cat(layers, 0) : initial;
-    if (running > 0 && running < batch) {
-      t = at::cat({t, initial.narrow(1, running, batch - running)}, 1);
-    }
-    return unsorted.defined() ? t.index_select(1, unsorted) : t;
-  };
-  Tensor h_out = finish(h_n, h);
-  Tensor c_out = lstm ? finish(c_n, c) : Tensor();
-  return {x, h_out, c_out};
+  TorchRnn r;
+  r.mode = o.mode == RNNMode::lstm ? "LSTM" : o.mode == RNNMode::gru ? "GRU"
+           : o.mode == RNNMode::rnn_tanh ? "RNN_TANH" : "RNN_RELU";
+  r.bias = o.bias;
+  r.num_layers = o.num_layers;
+  r.bidirectional = o.bidirectional;
+  r.batch_sizes = st.batch_sizes;
+  r.sorted_indices = index(st.sorted_indices);
+  r.unsorted_indices = index(st.unsorted_indices);
+  for (const CoreTensor& m : rnn_saved_dropout_masks(core))
+    r.masks.push_back(m.defined() ? from_core(m) : Tensor());
+  return torch_packed_rnn(r, data, h0, c0, weights);
 }
 
 // The gradients of one rnn call as a graph (see above): one entry per forward
@@ -1403,8 +1344,9 @@ std::tuple<Tensor, Tensor, Tensor> rnn_padded_autograd(
 // operators the autograd kernels call (names with a leading underscore: not
 // for direct use; their fake implementations are in python/seqpack/torch.py).
 TORCH_LIBRARY(seqpack, m) {
-  m.def(seqpack::torch_ops::kRnnSchema);
-  m.def(seqpack::torch_ops::kRnnPaddedSchema);
+  // rnn, rnn_padded, _rnn_train, _rnn_backward and the CUDA kernels' library.
+  SEQPACK_CUDA_SCHEMAS(m);
+  SEQPACK_CUDA_PROCESS_SCHEMAS(m);
   m.def(
       "pack_padded_sequence(Tensor input, Tensor lengths, bool batch_first=False, "
       "bool enforce_sorted=True) -> (Tensor data, Tensor batch_sizes, Tensor sorted_indices, "
@@ -1414,24 +1356,11 @@ TORCH_LIBRARY(seqpack, m) {
       "Tensor? unsorted_indices, bool batch_first=False, float padding_value=0.0, " SEQPACK_SYMINT
       "? total_length=None) -> (Tensor padded, Tensor lengths)");
   m.def(
-      "_rnn_train(Tensor data, Tensor batch_sizes, Tensor? sorted_indices, "
-      "Tensor? unsorted_indices, Tensor? h0, Tensor? c0, Tensor[] weights, str mode, "
-      "int hidden_size, int num_layers, bool bias, bool bidirectional, int proj_size, "
-      "float dropout, bool train, int? seed=None, str precision=\"fp32\") -> "
-      "(Tensor output, Tensor h_n, Tensor c_n, Tensor saved)");
-  m.def(
-      "_rnn_backward(Tensor saved, Tensor? grad_output, Tensor? grad_h_n, Tensor? grad_c_n, "
-      "Tensor data, Tensor? h0, Tensor? c0, Tensor[] weights, bool input_grad, "
-      "bool state_grad) -> (Tensor grad_input, Tensor grad_h0, Tensor grad_c0, "
-      "Tensor[] grad_weights)");
-  m.def(
       "_pack_padded_sequence_backward(Tensor grad, Tensor batch_sizes, Tensor sorted_indices, "
       "Tensor unsorted_indices, " SEQPACK_SYMINT "[] size, bool batch_first) -> Tensor");
   m.def(
       "_pad_packed_sequence_backward(Tensor grad, Tensor batch_sizes, Tensor? sorted_indices, "
       "Tensor? unsorted_indices, " SEQPACK_SYMINT "[] size, bool batch_first) -> Tensor");
-  // The CUDA kernels' library (cuda_ops.h; a kernel for no dispatch key).
-  m.def(seqpack::torch_ops::kCudaLibrarySchema, &seqpack::torch_cuda::use_library);
   // What the model plan cache holds (entries, bytes of copied weights).
   m.def("_plan_cache_size() -> (int, int)", &seqpack::torch_ops::plan_cache_size);
 }

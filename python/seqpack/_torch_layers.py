@@ -10,60 +10,72 @@ public modules it imports only torch_onnx, lazily, under torch.onnx.export.
 """
 import os
 import warnings
-from typing import Optional, Tuple
+import weakref
+from typing import NamedTuple, Optional, Tuple
 
 import torch
 from torch import Tensor, _VF
 from torch.nn.utils.rnn import PackedSequence
 
-from . import _cuda_choice, _torch_dynamo, _torch_nested, _torch_orig
-from ._torch_ops import _lengths_tensor, _new_packed, _traced
+from . import _torch_dynamo, _torch_nested, _torch_orig, _torch_packing
+from ._torch_ops import _compiling, _lengths_tensor, _new_packed, _traced
 
 # torch.get_autocast_dtype and the device-taking autocast queries (2.4+), looked
 # up once: on torch 1.13 a hasattr per forward raises an AttributeError inside.
 _AUTOCAST_BY_DEVICE = hasattr(torch, "get_autocast_dtype")
 
-_CUDA_BACKEND: list = []  # [module or None], once per process
+_CUDA_BACKEND: list = []  # [library path or None], once per process
+_CUDA_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+
+
+class CudaChoice(NamedTuple):
+    """Who ran a layer's last forward on CUDA tensors ("seqpack" or "torch") and why."""
+    impl: str
+    why: str
+
+
+_CUDA_LAST: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
 
 
 @torch.jit.unused
-def _cuda_backend():
-    """seqpack's CUDA kernels (seqpack/_cuda.py over libseqpack_cuda.so), or None
-    where they cannot run: the library was not built or not found, torch sees no
-    GPU, or SEQPACK_CUDA_LAYERS=torch asks for torch's kernels. Decided once per
-    process. Where it is None, layers and cells run torch's implementation on
-    CUDA tensors; where it is not, the layers run the faster of the two per
-    configuration (SEQPACK_CUDA_LAYERS=auto, the default) or seqpack's
-    (=seqpack): seqpack/_cuda_choice.py, docs/gpu.md "What runs on the GPU"."""
+def _cuda_backend() -> Optional[str]:
+    """The libseqpack_cuda.so the operators' C++ CUDA kernels run
+    (seqpack_torch/cuda_ops.cpp, handed it here), or None where seqpack's CUDA
+    kernels cannot run: SEQPACK_CUDA_LAYERS=torch, no library found, no GPU, or
+    a libseqpack_torch built without CUDA kernels (seqpack/_cuda.py says why).
+    Decided once per process. Where it is None, layers and cells run torch's
+    implementation on CUDA tensors; where it is not, the layers' CUDA forwards
+    call the operators, whose kernels run seqpack's kernels or torch's
+    (SEQPACK_CUDA_LAYERS: auto, the default, the faster per configuration;
+    docs/gpu.md "What runs on the GPU")."""
     if not _CUDA_BACKEND:
-        backend = None
-        if _cuda_choice.mode() != "torch":  # auto or seqpack (seqpack/_cuda_choice.py)
-            from . import _cuda, _torch_cuda_ops
+        path = None
+        if torch.ops.seqpack._cuda_layers() != "torch":
+            from . import _cuda
             if _cuda.available():
-                backend = _cuda
-                # seqpack::rnn and rnn_padded on CUDA tensors: the kernels the
-                # layers' CUDA forwards run (and any caller of the operators).
-                _torch_cuda_ops.register(_cuda)
+                path = _cuda.library_path()
             elif _cuda.named_library():
                 # A library the user named and that cannot run is an error naming
                 # it, not a silent fall-back to torch's kernels.
                 raise RuntimeError("seqpack CUDA: " + _cuda.why_unavailable())
-        _CUDA_BACKEND.append(backend)
+        _CUDA_BACKEND.append(path)
     return _CUDA_BACKEND[0]
 
 
 @torch.jit.unused
 def _cuda_operators():
     """What the layers' CUDA forwards call: torch.ops.seqpack, whose rnn and
-    rnn_padded have the CUDA kernels _cuda_backend registered (the tests put the
-    kernels themselves here, to run them on CPU tensors). Under torch.compile,
-    where those kernels are libseqpack_torch's C++ ones (which its tracer cannot
-    run on fake tensors), the Python kernels themselves, over the glue's
-    traceable custom operator."""
-    from . import _cuda, _torch_cuda_ops
-    if _torch_cuda_ops.cpp_kernels() and _cuda._compiling():
-        return _torch_cuda_ops
+    rnn_padded have C++ CUDA kernels (the tests put the same kernels' CPU
+    registration here, to run them on CPU tensors)."""
     return torch.ops.seqpack
+
+
+@torch.jit.unused
+def cuda_choice(layer) -> Optional[CudaChoice]:
+    """Who ran `layer`'s last forward on CUDA tensors and why, or None where no
+    CUDA forward ran seqpack's operators (none yet, or seqpack's CUDA kernels
+    cannot run: then torch's run, and seqpack._cuda.why_unavailable() says why)."""
+    return _CUDA_LAST.get(layer)
 
 
 @torch.jit.unused
@@ -71,8 +83,7 @@ def _cuda_runs(input: Tensor, weight: Tensor, h0: Optional[Tensor], c0: Optional
     """Whether seqpack runs this CUDA input (see _cuda_backend): float32, float16 or
     bfloat16 input, with weights and states of its dtype on its device, and at
     least one row (torch's implementation gives the errors and the empty cases)."""
-    backend = _cuda_backend()
-    if backend is None or input.dtype not in backend.DTYPES or input.numel() == 0:
+    if _cuda_backend() is None or input.dtype not in _CUDA_DTYPES or input.numel() == 0:
         return False
     for t in (weight, h0, c0):
         if t is not None and (t.device != input.device or t.dtype != input.dtype):
@@ -175,54 +186,25 @@ class _SeqpackLayer(_QuantizationNotice):
                   sorted_indices: Optional[Tensor], unsorted_indices: Optional[Tensor],
                   lengths: Optional[Tensor], h0: Optional[Tensor], c0: Optional[Tensor]
                   ) -> Tuple[Tensor, Tensor, Tensor]:
-        """_run on CUDA tensors where seqpack's kernels can run them: through
-        seqpack's kernels (SEQPACK_CUDA_LAYERS=seqpack), or the faster of theirs
-        and torch's for this configuration (auto): seqpack/_cuda_choice.py."""
-        def ours():
-            return self._cuda_seqpack_run(input, batch_sizes, sorted_indices, unsorted_indices,
-                                          lengths, h0, c0)
-
-        if _cuda_choice.mode() != "auto":
-            _cuda_choice.record(self, _cuda_choice.fixed("seqpack"))
-            return ours()
-
-        def theirs():
-            return self._torch_run(input, batch_sizes, sorted_indices, unsorted_indices, lengths,
-                                   h0, c0)
-
-        if batch_sizes is not None:
-            form = "packed"
-            batch = sorted_indices.numel() if sorted_indices is not None else int(batch_sizes[0])
-            rows = input.size(0)
-        elif lengths is not None:
-            form, batch, rows = "lengths", lengths.numel(), int(lengths.sum())
-        else:
-            form = "padded"
-            batch = input.size(0 if self.batch_first else 1)
-            rows = batch * input.size(1 if self.batch_first else 0)
-        config = _cuda_choice.key(self, input, form, batch, rows)
-        return _cuda_choice.run_chosen(self, config, input.device,
-                                       {"seqpack": ours, "torch": theirs})
-
-    @torch.jit.unused
-    def _cuda_seqpack_run(self, input: Tensor, batch_sizes: Optional[Tensor],
-                          sorted_indices: Optional[Tensor], unsorted_indices: Optional[Tensor],
-                          lengths: Optional[Tensor], h0: Optional[Tensor], c0: Optional[Tensor]
-                          ) -> Tuple[Tensor, Tensor, Tensor]:
-        """_run through seqpack's CUDA kernels: the operators seqpack::rnn and
-        rnn_padded, whose CUDA kernels _cuda_backend registered
-        (seqpack/_torch_cuda_ops.py)."""
-        _cuda_backend()
+        """_run on CUDA tensors where seqpack's kernels can run them: the
+        operators' C++ CUDA kernels, which run seqpack's kernels or torch's
+        (SEQPACK_CUDA_LAYERS); cuda_choice(self) then says which ran."""
         ops = _cuda_operators()
         if batch_sizes is not None:
-            return ops.rnn(
+            out = ops.rnn(
                 input, batch_sizes, sorted_indices, unsorted_indices, h0, c0, self._flat_weights,
                 self.mode, self.hidden_size, self.num_layers, self.bias, self.bidirectional,
                 self.proj_size, self.dropout, self.training, None, "fp32")
-        return ops.rnn_padded(
-            input, lengths, h0, c0, self._flat_weights, self.mode, self.hidden_size,
-            self.num_layers, self.bias, self.batch_first, self.bidirectional, self.proj_size,
-            self.dropout, self.training, None, "fp32")
+        elif _traced(input):
+            return self._traced_padded(input, lengths, h0, c0, "fp32")
+        else:
+            out = ops.rnn_padded(
+                input, lengths, h0, c0, self._flat_weights, self.mode, self.hidden_size,
+                self.num_layers, self.bias, self.batch_first, self.bidirectional, self.proj_size,
+                self.dropout, self.training, None, "fp32")
+        if not _compiling():  # (torch.compile traces seqpack's kernels: nothing chosen)
+            _CUDA_LAST[self] = CudaChoice(*torch.ops.seqpack._cuda_last_choice())
+        return out
 
     def _core_run(self, input: Tensor, batch_sizes: Optional[Tensor],
                   sorted_indices: Optional[Tensor], unsorted_indices: Optional[Tensor],
@@ -248,12 +230,18 @@ class _SeqpackLayer(_QuantizationNotice):
         bf = self.batch_first
         T, B = input.size(1 if bf else 0), input.size(0 if bf else 1)
         if lengths is not None:
-            data, batch_sizes, sorted_indices, unsorted_indices = \
-                torch.ops.seqpack.pack_padded_sequence(input, lengths, bf, False)
+            # seqpack's packing operators run on the CPU; torch's operators pack CUDA tensors.
+            packing = _torch_packing if input.is_cuda else torch.ops.seqpack
+            data, batch_sizes, sorted_indices, unsorted_indices = packing.pack_padded_sequence(
+                input, lengths, bf, False)
             out, h_n, c_n = self._core_run(data, batch_sizes, sorted_indices, unsorted_indices,
                                            None, h0, c0, precision)
-            padded, _ = torch.ops.seqpack.pad_packed_sequence(
-                out, batch_sizes, sorted_indices, unsorted_indices, bf, 0.0, T)
+            if input.is_cuda:
+                padded, _ = _torch_packing.pad_packed_sequence(
+                    PackedSequence(out, batch_sizes, sorted_indices, unsorted_indices), bf, 0.0, T)
+            else:
+                padded, _ = torch.ops.seqpack.pad_packed_sequence(
+                    out, batch_sizes, sorted_indices, unsorted_indices, bf, 0.0, T)
             return padded, h_n, c_n
         # Every sequence has length T. The identity permutation as indices keeps
         # the batch size a size the fake implementations know.

@@ -53,11 +53,9 @@ from ._torch_nested import pack_nested, to_nested
 # Reached as seqpack.torch._cuda_backend (docs/gpu.md). To replace it, patch
 # seqpack._torch_layers, where the layers look it up.
 from ._torch_layers import _cuda_backend  # noqa: F401
-from . import _torch_cuda_ops
 # Which implementation a layer's last CUDA forward ran, and why (SEQPACK_CUDA_LAYERS,
-# seqpack/_cuda_choice.py).
-from ._cuda_choice import Choice as CudaChoice
-from ._cuda_choice import last as cuda_choice
+# chosen by the operators' CUDA kernels, seqpack_torch/cuda_ops.cpp).
+from ._torch_layers import CudaChoice, cuda_choice
 # Per-stream state for chunked inference (seqpack/torch_streaming.py).
 from .torch_streaming import StreamingRNN
 # DataLoader collate functions to a PackedSequence (seqpack/torch_data.py).
@@ -100,14 +98,15 @@ del _name
 
 
 def register_cuda_kernels() -> bool:
-    """Gives torch.ops.seqpack.rnn and rnn_padded their CUDA kernels (seqpack's CUDA
-    kernels, seqpack/_torch_cuda_ops.py) where those can run: the library built and
-    found, a GPU, and SEQPACK_CUDA_LAYERS not `torch`. Returns whether they are
-    registered. A layer's first CUDA forward does it; a program that calls the
-    operators otherwise (a TorchScript or LibTorch model run from Python) calls this
-    first. A library named by SEQPACK_CUDA_LIBRARY that cannot load raises, naming it."""
-    _cuda_backend()
-    return _torch_cuda_ops.registered()
+    """Hands the operators' C++ CUDA kernels (seqpack_torch/cuda_ops.cpp) the
+    libseqpack_cuda.so seqpack finds, where seqpack's CUDA kernels can run: the
+    library built and found, a GPU, a libseqpack_torch with CUDA kernels, and
+    SEQPACK_CUDA_LAYERS not `torch`. Returns whether they can. A layer's first
+    CUDA forward does it; a program that calls the operators otherwise (a
+    TorchScript or LibTorch model run from Python) may call this first, else the
+    kernels find the library themselves. A library named by SEQPACK_CUDA_LIBRARY
+    that cannot load raises, naming it."""
+    return _cuda_backend() is not None
 
 
 # ---- a model written for torch.nn: optimize, patch, unpatch ---------------

@@ -3,15 +3,24 @@
 Sizes that check_shape accepts (rows up to 2^40, hidden up to 2^40, layers up
 to 2^20) can still make the workspace or reserve pass 2^63 bytes: that is an
 error naming the sizes, never a wrapped (0-byte) size that check_buffers would
-then accept. Run on the CPU through the emulated library of test_cuda_glue.py.
+then accept. Run on the CPU through the emulated library (cuda_emulated.py).
 """
 import ctypes
+import os
+import sys
 
 import pytest
 
 torch = pytest.importorskip("torch")
 
-from test_cuda_glue import emulated  # noqa: F401  (the module-scoped fixture)
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import cuda_emulated  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def emulated(tmp_path_factory):
+    return cuda_emulated.emulated(tmp_path_factory)
+
 
 LSTM, GRU, F32, BF16 = 0, 1, 0, 2
 
@@ -39,8 +48,8 @@ def sizes(lib, *args):
     return status, ws.value, rs.value
 
 
-def test_buffer_sizes_overflow_is_an_error(emulated):  # noqa: F811
-    lib = emulated._library()
+def test_buffer_sizes_overflow_is_an_error(emulated):
+    lib = emulated.lib
     # The issue's case: the reserve wrapped to 0 bytes.
     big = (LSTM, F32, 1 << 40, 1, 1, 1 << 20, 0, 1 << 16, 1)
     assert reference(*big[:8], 2)[1] >= 1 << 63
@@ -59,46 +68,27 @@ def test_buffer_sizes_overflow_is_an_error(emulated):  # noqa: F811
     (GRU, BF16, 1 << 20, 1 << 20, 1 << 16, 1 << 16, 0, 3, 1),
     (LSTM, BF16, 1 << 24, 8, 100, 1 << 14, 1 << 10, 2, 2),
 ])
-def test_buffer_sizes_that_fit_match_the_reference(emulated, args):  # noqa: F811
-    lib = emulated._library()
+def test_buffer_sizes_that_fit_match_the_reference(emulated, args):
+    lib = emulated.lib
     status, ws, rs = sizes(lib, *args[:8], 1 if args[8] == 2 else 0)
     assert status == 0, lib.seqpack_cuda_last_error()
     assert (ws, rs) == reference(*args)
 
 
-def test_check_buffers_refuses_the_overflowing_shape(emulated):  # noqa: F811
+def test_check_buffers_refuses_the_overflowing_shape(emulated):
     # forward checks the caller's buffers with the same sums: where the reserve
     # wrapped to 0 bytes, any buffer passed. Now the shape is refused whatever
     # buffer sizes it is given (here the largest size_t, and non-NULL pointers).
-    lib = emulated._library()
+    lib = emulated.lib
     rows, hidden, layers = 1 << 40, 1 << 20, 1 << 16
     bs = (ctypes.c_int64 * 1)(rows)
     weights = (ctypes.c_void_p * (layers * 2 * 4))(*([8] * (layers * 2 * 4)))
     fake = ctypes.c_void_p(8)
     most = ctypes.c_size_t(-1).value
-    a = emulated.RnnArgs(mode=LSTM, dtype=F32, rows=rows, steps=1, batch_sizes=bs, batch=rows, input_size=1,
+    a = cuda_emulated.RnnArgs(mode=LSTM, dtype=F32, rows=rows, steps=1, batch_sizes=bs, batch=rows, input_size=1,
                          hidden_size=hidden, num_layers=layers, bidirectional=1, has_biases=1, weights=weights,
                          x=fake, h0=fake, c0=fake, y=fake, hn=fake, cn=fake, workspace=fake, workspace_bytes=most,
                          reserve=fake, reserve_bytes=most)
     status = lib.seqpack_cuda_rnn_forward(ctypes.byref(a))
     assert status == 1
     assert b"need more than 2^63 bytes" in lib.seqpack_cuda_last_error()
-
-
-def test_glue_keeps_the_sizes_of_a_shape_met_before(emulated):  # noqa: F811
-    # seqpack/_cuda.py's buffer_sizes answers a repeated shape without the
-    # ctypes round trip, with the library's values; a refused shape is
-    # refused again at every call (errors are not kept).
-    emulated.buffer_sizes.cache_clear()
-    args = ("LSTM", torch.float32, 37, 5, 11, 13, 0, 2, True)
-    first = emulated.buffer_sizes(*args)
-    assert first == reference(LSTM, F32, 37, 5, 11, 13, 0, 2, 2)
-    hits = emulated.buffer_sizes.cache_info().hits
-    assert emulated.buffer_sizes(*args) == first
-    assert emulated.buffer_sizes.cache_info().hits == hits + 1
-    other = emulated.buffer_sizes("GRU", torch.bfloat16, 37, 5, 11, 13, 0, 2, True)
-    assert other == reference(GRU, BF16, 37, 5, 11, 13, 0, 2, 2)
-    big = ("LSTM", torch.float32, 1 << 40, 1, 1, 1 << 20, 0, 1 << 16, True)
-    for _ in range(2):
-        with pytest.raises(RuntimeError, match="need more than 2\\^63 bytes"):
-            emulated.buffer_sizes(*big)

@@ -7,7 +7,7 @@ barrier between clusters in global memory (cluster_probe_check.py says what
 the results mean; test_cuda_gpu.py runs the same probe on a GPU).
 
 Needs no GPU: the probe is compiled with g++ against the emulation, as
-test_cuda_glue.py compiles the library. nvcc compiles the same file for sm_80
+test_cuda_library.py compiles the library. nvcc compiles the same file for sm_80
 and sm_90 in scripts/build_cuda.sh.
 """
 import ctypes

@@ -1,15 +1,17 @@
 """seqpack's CUDA operator kernels in C++ (seqpack_torch/cuda_ops.cpp) run on
 the CPU: the test library libseqpack_torch_cuda_emulated.so registers them for
-CPU tensors as torch.ops.seqpack_cuda_emulated.rnn and rnn_padded (seqpack's
-schemas), over libseqpack_cuda.so compiled for the CPU (cuda/emulate/). Checked
-against torch (torch._VF's packed overloads and torch.nn's modules): outputs,
-states and every gradient, sorted/unsorted indices, padded input with and
-without lengths (zero lengths too), the seeded dropout mask, TorchScript, the
-double-backward refusal and the bad inputs by name. Where torch is a CUDA build
-the same kernels are seqpack::rnn's CUDA kernels (cuda_register.cpp)."""
+CPU tensors as torch.ops.seqpack_cuda_emulated (seqpack's schemas), over
+libseqpack_cuda.so compiled for the CPU (cuda/emulate/; cuda_emulated.py).
+Checked against torch (torch._VF's packed overloads and torch.nn's modules):
+outputs, states and every gradient, sorted/unsorted indices, padded input with
+and without lengths (zero lengths too), the seeded dropout mask, TorchScript,
+torch.compile (PyTorch 2.4+), the double-backward refusal and the bad inputs
+by name; seqpack.torch's layers' route on CUDA tensors through them, and the
+choice between seqpack's kernels and torch's (SEQPACK_CUDA_LAYERS) that they
+make. Where torch is a CUDA build the same kernels are seqpack::rnn's CUDA
+kernels (cuda_register.cpp)."""
 import os
 import pathlib
-import re
 import subprocess
 import sys
 
@@ -18,31 +20,17 @@ import pytest
 torch = pytest.importorskip("torch")
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from helpers import CUDA_LIBRARY, build_emulated_cuda  # noqa: E402
-from test_cuda_glue import (BAD_ENVIRONMENTS, CASES, MODULES, POLICY_DEFAULTS, POLICY_ENVIRONMENTS,  # noqa: E402
-                            POLICY_VARIABLES, _make, _reference)
+import cuda_emulated  # noqa: E402
+from test_cuda_library import CASES, _make, _reference  # noqa: E402
 from tolerance import assert_fp_close, rnn_reduction_length  # noqa: E402
 
 import seqpack.torch  # noqa: E402,F401  (loads libseqpack_torch: the kernels' library)
-
-TEST_LIBRARY = "libseqpack_torch_cuda_emulated.so"
 
 
 @pytest.fixture(scope="module")
 def ops(tmp_path_factory):
     """torch.ops.seqpack_cuda_emulated over the emulated library."""
-    import seqpack
-    # The build holding the package's libseqpack_torch.so (its Python files may be links).
-    build = (pathlib.Path(seqpack.__file__).parent / "libseqpack_torch.so").resolve().parents[2]
-    lib = build / "tests" / TEST_LIBRARY
-    if not lib.is_file():
-        pytest.skip(f"{lib} is not built (a CMake build with SEQPACK_BUILD_TESTS and SEQPACK_BUILD_TORCH)")
-    cuda = build_emulated_cuda(CUDA_LIBRARY,
-                               tmp_path_factory.mktemp("emulated") / "libseqpack_cuda.so")
-    if not hasattr(torch.ops.seqpack_cuda_emulated, "rnn"):
-        torch.ops.load_library(str(lib))
-    assert torch.ops.seqpack_cuda_emulated._cuda_library(cuda) == cuda
-    return torch.ops.seqpack_cuda_emulated
+    return cuda_emulated.emulated(tmp_path_factory).ops
 
 
 def _bound_n(mode, input_size, hidden, layers, bidirectional, proj, rows):
@@ -287,6 +275,9 @@ def _gru_args(**change):
     (dict(h0=torch.zeros(1, 1, 4)), RuntimeError, r"batch_sizes\[0\] = 2 exceeds the batch of h0, 1$"),
     (dict(h0=torch.zeros(1, 2, 5)), RuntimeError, r"Expected hidden size \(1, batch, 4\) for h0, got \[1, 2, 5\]"),
     (dict(proj_size=2), ValueError, "proj_size = 2 .only LSTM"),
+    (dict(data=torch.zeros(5, 2)), RuntimeError,
+     r"weights\[0\] has shape \[12, 3\], expected \[12, 2\] \(input.size\(-1\) must be equal to input_size\)"),
+    (dict(h0=torch.zeros(1, 2, 4, dtype=torch.float64)), TypeError, "h0 has dtype Double, data Float"),
     (dict(batch_sizes=torch.tensor([2, 3])), RuntimeError, r"batch_sizes\[1\] = 3 exceeds batch_sizes\[0\] = 2 "
      r"\(they must not increase\)$"),
 ])
@@ -321,46 +312,6 @@ def test_cpp_kernels_keep_their_library(ops, tmp_path):
         ops._cuda_library(str(other))
 
 
-def test_register_hands_the_cpp_kernels_the_glues_library(ops):
-    """Where libseqpack_torch has the C++ CUDA kernels, seqpack.torch's
-    registration adds no Python kernels and gives the C++ ones the library its
-    glue found (faked here: a CPU torch has no CUDA key kernels to find)."""
-    path = ops._cuda_library("")
-    code = ("import torch, seqpack.torch\n"
-            "from seqpack import _torch_cuda_ops as o\n"
-            "o._STATE['cpp'] = True\n"
-            "class Glue:\n"
-            f"    def library_path(self): return {path!r}\n"
-            "o.register(Glue())\n"
-            "print(torch.ops.seqpack._cuda_library(''), o.registered(),\n"
-            "      torch._C._dispatch_has_kernel_for_dispatch_key('seqpack::rnn', 'AutogradCUDA'))\n")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
-    assert out.returncode == 0, out.stderr
-    assert out.stdout.split() == [path, "True", "False"]
-
-
-def test_register_names_both_libraries_where_they_differ(ops, tmp_path):
-    """The C++ kernels loaded one library file (a scripted call before any
-    layer, say) and the glue found another: the layers' registration says so,
-    naming both, instead of running two libraries in one process."""
-    path = ops._cuda_library("")
-    other = tmp_path / "libseqpack_cuda.so"
-    other.write_bytes(pathlib.Path(path).read_bytes())
-    code = ("import torch, seqpack.torch\n"
-            "from seqpack import _torch_cuda_ops as o\n"
-            "o._STATE['cpp'] = True\n"
-            f"torch.ops.seqpack._cuda_library({path!r})\n"
-            "class Glue:\n"
-            f"    def library_path(self): return {str(other)!r}\n"
-            "try:\n"
-            "    o.register(Glue())\n"
-            "except RuntimeError as e:\n"
-            "    print(e)\n")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
-    assert out.returncode == 0, out.stderr
-    assert f"the glue found {other}" in out.stdout and f"already use '{path}'" in out.stdout, out.stdout
-
-
 def test_device_check_stage_runs_on_the_cpu(ops):
     """bench/cuda_cpp_ops.py (the device check's cppops stage) in its CPU
     self-test: it builds the kernels with torch.utils.cpp_extension, checks them
@@ -382,40 +333,273 @@ def test_device_check_stage_runs_on_the_cpu(ops):
     assert len(rows) == 3, out.stdout
 
 
-# ---- the library's policy: the C++ front end (cuda_ops.cpp) reads the
-# SEQPACK_CUDA_* variables as the Python glue (seqpack/_cuda.py) does.
+# ---- torch.compile (PyTorch 2.4+): the autograd kernel calls _rnn_train and
+# _rnn_backward, whose fake implementations (seqpack/_torch_fakes.py, registered
+# here for the emulated namespace) let the tracer run them.
 
-def _glue():
-    from test_cuda_glue import load_module
-    return load_module("seqpack_cuda_glue_policy")
+@pytest.mark.skipif(not hasattr(torch, "compile") or not hasattr(torch.library, "register_fake"),
+                    reason="torch.compile of seqpack's operators needs torch >= 2.4")
+@pytest.mark.parametrize("mode", ["LSTM", "GRU"])
+def test_torch_compile_traces_the_cpp_kernels(ops, mode):
+    """torch.compile(fullgraph=True) of a call of the operator: the autograd
+    kernel is traced (its forward and backward are operators with fakes), and
+    the compiled outputs and gradients are eager's."""
+    from seqpack import _torch_fakes
+    _torch_fakes.register("seqpack_cuda_emulated")
+    rnn = _make(mode, 3, 5, 2, True, True, 0, 31)
+    packed = torch.nn.utils.rnn.pack_sequence([torch.randn(n, 3) for n in (5, 3, 2)])
+    states = [torch.randn(4, 3, 5), torch.randn(4, 3, 5)] if mode == "LSTM" else [torch.randn(4, 3, 5)]
+    weights = [w.detach().clone() for w in rnn._flat_weights]
+    n = len(states)
+
+    def fn(data, *rest):
+        c0 = rest[1] if mode == "LSTM" else None
+        return ops.rnn(data, packed.batch_sizes, None, None, rest[0], c0, list(rest[n:]), mode, 5, 2, True, True,
+                       0, 0.0, True, None, "fp32")
+
+    def run(f):
+        leaves = [t.clone().requires_grad_() for t in [packed.data] + states + weights]
+        out = f(*leaves)
+        loss = sum((o * (k + 1)).sum() for k, o in enumerate(out[:n + 1]))
+        return out, torch.autograd.grad(loss, leaves)
+
+    eager, eager_grads = run(fn)
+    torch._dynamo.reset()
+    compiled, compiled_grads = run(torch.compile(fn, fullgraph=True, backend="aot_eager"))
+    for a, e in zip(compiled, eager):
+        assert torch.equal(a.detach(), e.detach())
+    for a, e in zip(compiled_grads, eager_grads):
+        assert torch.equal(a, e)
 
 
-@pytest.mark.parametrize("environ,fields", POLICY_ENVIRONMENTS)
-def test_cpp_and_python_front_ends_build_the_same_policy(ops, monkeypatch, environ, fields):
-    for name in POLICY_VARIABLES:
-        monkeypatch.delenv(name, raising=False)
-    for name, value in environ.items():
-        monkeypatch.setenv(name, value)
-    expected = dict(POLICY_DEFAULTS, **fields)
-    assert _glue().policy_from_environment().as_dict() == expected
-    assert list(ops._cuda_policy_from_environment()) == list(expected.values())
+# ---- seqpack.torch's layers on CUDA tensors: _cuda_run (the operators' CUDA
+# kernels, packing, the states' order, padding), here the emulated operators on
+# CPU tensors.
+
+def _route_cases():
+    # (mode, layers, bidirectional, proj, batch_first, form, lengths)
+    return [("LSTM", 2, True, 0, False, "packed", [4, 1, 3]),
+            ("LSTM", 1, False, 2, True, "lengths", [2, 5, 3, 1]),
+            ("GRU", 2, False, 0, True, "padded", [3, 3]),
+            ("GRU", 1, True, 0, False, "lengths", [3, 0, 2]),
+            ("RNN_TANH", 1, True, 0, False, "packed", [2, 0, 4]),
+            ("RNN_RELU", 2, False, 0, False, "padded", [4, 4, 4])]
 
 
-@pytest.mark.parametrize("name,value,message", BAD_ENVIRONMENTS)
-def test_cpp_and_python_front_ends_refuse_the_same_values(ops, monkeypatch, name, value, message):
-    monkeypatch.setenv(name, value)
-    with pytest.raises(ValueError, match=re.escape(message)):
-        _glue().policy_from_environment()
-    with pytest.raises(ValueError, match=re.escape("seqpack CUDA: " + message)):
-        ops._cuda_policy_from_environment()
+def _layer(mode, layers=1, bidirectional=False, proj=0, batch_first=False):
+    cls = {"LSTM": seqpack.torch.LSTM, "GRU": seqpack.torch.GRU, "RNN_TANH": seqpack.torch.RNN,
+           "RNN_RELU": seqpack.torch.RNN}[mode]
+    kw = {"nonlinearity": "relu" if mode == "RNN_RELU" else "tanh"} if mode.startswith("RNN") else {}
+    if proj:
+        kw["proj_size"] = proj
+    return cls(3, 5, num_layers=layers, bidirectional=bidirectional, batch_first=batch_first, **kw)
 
 
-def test_cpp_front_end_installs_its_policy(ops):
-    """The operators installed the environment's policy in the library they loaded."""
-    import ctypes
-    glue = _glue()
-    lib = ctypes.CDLL(ops._cuda_library(""))  # the same file: the library the operators hold
-    glue._bind(lib)
-    p = glue.Policy()
-    assert lib.seqpack_cuda_get_policy(ctypes.byref(p)) == 0
-    assert list(p.as_dict().values()) == list(ops._cuda_policy_from_environment())
+@pytest.fixture
+def emulated_route(ops, monkeypatch):
+    """The layers' CUDA forwards call the emulated operators (the dispatcher
+    would send these CPU tensors to the CPU kernels)."""
+    import seqpack._torch_layers as torch_layers  # where the layers look it up
+    monkeypatch.setattr(torch_layers, "_cuda_operators", lambda: ops)
+    yield
+    torch.ops.seqpack._cuda_layers("seqpack")
+    torch.ops.seqpack._cuda_choice_times([])
+
+
+@pytest.mark.parametrize("mode,layers,bidirectional,proj,batch_first,form,lengths", _route_cases())
+def test_layers_cuda_route_matches_seqpack_cpu(ops, emulated_route, mode, layers, bidirectional, proj,
+                                               batch_first, form, lengths):
+    torch.manual_seed(7 + len(lengths))
+    m = _layer(mode, layers, bidirectional, proj, batch_first)
+    B, T = len(lengths), max(lengths)
+    x = torch.randn((B, T, 3) if batch_first else (T, B, 3))
+    dirs = 2 if bidirectional else 1
+    h0 = torch.randn(layers * dirs, B, proj or 5)
+    c0 = torch.randn(layers * dirs, B, 5) if mode == "LSTM" else None
+    lens = torch.tensor(lengths)
+    if form == "packed":
+        p = seqpack.torch.pack_padded_sequence(x, lens, batch_first, enforce_sorted=False)
+        args = (p.data, p.batch_sizes, p.sorted_indices, p.unsorted_indices, None)
+    elif form == "lengths":
+        args = (x, None, None, None, lens)
+    else:
+        args = (x, None, None, None, None)
+    got = m._cuda_run(*args, h0, c0)
+    want = m._core_run(*args, h0, c0, "fp32")
+    assert seqpack.torch.cuda_choice(m) == ("seqpack", "SEQPACK_CUDA_LAYERS=seqpack")
+    # Both are fp32 along different code paths: the bound of docs/testing.md.
+    n = rnn_reduction_length(3, 5, layers, bidirectional, sum(lengths), proj)
+    for name, g, w in zip(("output", "h_n", "c_n"), got, want):
+        assert_fp_close(g.detach(), w.detach(), n, what=name)
+
+
+def _packed_args(lengths, seed=5):
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(max(lengths), len(lengths), 3, generator=g)
+    p = seqpack.torch.pack_padded_sequence(x, torch.tensor(lengths), enforce_sorted=False)
+    h0 = torch.randn(4, len(lengths), 5, generator=g)
+    c0 = torch.randn(4, len(lengths), 5, generator=g)
+    return (p.data, p.batch_sizes, p.sorted_indices, p.unsorted_indices, None, h0, c0)
+
+
+def _close_to_torch(m, got, args):
+    want = m._core_run(*args, "fp32")
+    n = rnn_reduction_length(3, 5, 2, True, int(args[1].sum()), 0)
+    for name, g, w in zip(("output", "h_n", "c_n"), got, want):
+        assert_fp_close(g.detach(), w.detach(), n, what=name)
+
+
+@pytest.mark.parametrize("faster", ["seqpack", "torch"])
+def test_auto_runs_the_faster_and_remembers_it(ops, emulated_route, faster):
+    """SEQPACK_CUDA_LAYERS=auto: the operator times each side at a
+    configuration's first call (the times injected here), runs the faster and
+    remembers it for the configuration (the batch and rows rounded up to powers
+    of two); cuda_choice says which ran and why."""
+    slow = "torch" if faster == "seqpack" else "seqpack"
+    assert torch.ops.seqpack._cuda_layers("auto") == "auto"
+    torch.ops.seqpack._cuda_choice_times([0.001, 0.003] if faster == "seqpack" else [0.003, 0.001])
+    torch.manual_seed(3)
+    m = _layer("LSTM", 2, True)
+    args = _packed_args([4, 2, 3])
+    got = m._cuda_run(*args)
+    _close_to_torch(m, got, args)
+    c = seqpack.torch.cuda_choice(m)
+    assert c.impl == faster and "SEQPACK_CUDA_LAYERS=auto" in c.why, c
+    assert f"{faster} was faster" in c.why and "1000 us" in c.why and "3000 us" in c.why, c.why
+    # Other times: the configuration decided keeps its choice (batch 4 rounds up to 4 like batch 3) ...
+    torch.ops.seqpack._cuda_choice_times([0.003, 0.001] if faster == "seqpack" else [0.001, 0.003], False)
+    m._cuda_run(*_packed_args([4, 2, 3, 1], seed=6))
+    assert seqpack.torch.cuda_choice(m).impl == faster
+    # ... whatever mode ran between, another configuration (batch 5: the next power of two) is decided with them,
+    torch.ops.seqpack._cuda_layers("seqpack")
+    torch.ops.seqpack._cuda_layers("auto")
+    m._cuda_run(*_packed_args([4, 2, 3, 1], seed=6))
+    assert seqpack.torch.cuda_choice(m).impl == faster
+    m._cuda_run(*_packed_args([4, 2, 3, 1, 2], seed=7))
+    assert seqpack.torch.cuda_choice(m).impl == slow
+    # and so is every configuration once the decisions are forgotten.
+    torch.ops.seqpack._cuda_choice_times([0.003, 0.001] if faster == "seqpack" else [0.001, 0.003])
+    m._cuda_run(*_packed_args([4, 2, 3, 1], seed=6))
+    assert seqpack.torch.cuda_choice(m).impl == slow
+
+
+def test_auto_configurations_are_told_apart(ops, emulated_route):
+    """A decision holds for its configuration only: whether autograd records the
+    call, the training flag, the sizes and the precision make others."""
+    torch.ops.seqpack._cuda_layers("auto")
+    torch.ops.seqpack._cuda_choice_times([0.001, 0.003])  # seqpack's the faster; decisions forgotten
+    rnn = _make("GRU", 3, 4, 1, False, True, 0, 2)
+    packed = torch.nn.utils.rnn.pack_sequence([torch.randn(n, 3) for n in (3, 2)])
+    weights = [w.detach() for w in rnn._flat_weights]
+
+    def run(w=weights, train=False, data=packed.data, hidden=4):
+        ops.rnn(data, packed.batch_sizes, None, None, None, None, w, "GRU", hidden, 1, True, False, 0, 0.0,
+                train, None, "fp32")
+        return torch.ops.seqpack._cuda_last_choice()[0]
+
+    assert run() == "seqpack"
+    torch.ops.seqpack._cuda_choice_times([0.003, 0.001], False)  # torch's the faster from now on
+    assert run() == "seqpack"  # decided before
+    assert run(w=[w.clone().requires_grad_() for w in weights]) == "torch"  # autograd records it
+    assert run(train=True) == "torch"
+    other = _make("GRU", 3, 5, 1, False, True, 0, 2)
+    assert run(w=[w.detach() for w in other._flat_weights], hidden=5) == "torch"
+    assert run() == "seqpack"
+
+
+def test_auto_does_not_choose_a_side_that_fails(ops, emulated_route, monkeypatch):
+    """torch's CPU recurrence has no float16 kernel here, seqpack's emulated one
+    has (every product in the library: torch's CPU products have no float16
+    either): auto runs seqpack's though its injected time is the slower, and
+    says why."""
+    monkeypatch.setenv("SEQPACK_CUDA_PRODUCTS", "library")
+    torch.ops.seqpack._cuda_layers("auto")
+    torch.ops.seqpack._cuda_choice_times([0.003, 0.001])
+    rnn = _make("GRU", 3, 4, 1, False, True, 0, 2)
+    packed = torch.nn.utils.rnn.pack_sequence([torch.randn(n, 3) for n in (3, 2)])
+    weights = [w.detach().half() for w in rnn._flat_weights]
+    try:
+        torch._VF.gru(packed.data.half(), packed.batch_sizes, torch.zeros(1, 2, 4).half(), weights, True, 1, 0.0,
+                      False, False)
+        pytest.skip("this torch has a float16 GRU on the CPU")
+    except RuntimeError:
+        pass
+    y, _, _ = ops.rnn(packed.data.half(), packed.batch_sizes, None, None, None, None, weights, "GRU", 4, 1, True,
+                      False, 0, 0.0, False, None, "fp32")
+    assert y.dtype == torch.float16
+    impl, why = torch.ops.seqpack._cuda_last_choice()
+    assert impl == "seqpack" and "torch failed: " in why and "seqpack 3000 us" in why, why
+
+
+def test_torch_side_keeps_the_operators_semantics(ops, emulated_route):
+    """SEQPACK_CUDA_LAYERS=torch: the operator runs torch's recurrent operators
+    with the same semantics (the caller's order, zero-length sequences, the
+    seeded mask): torch's values, and gradients through them."""
+    torch.ops.seqpack._cuda_layers("torch")
+    rnn = _make("LSTM", 3, 5, 2, True, True, 0, 12)
+    args = _packed_args([4, 0, 3, 1])
+    leaves = [t.clone().requires_grad_() for t in (args[0], args[5], args[6])]
+    call = (leaves[0], args[1], args[2], args[3], leaves[1], leaves[2], rnn._flat_weights, "LSTM", 5, 2, True,
+            True, 0, 0.3, True, 11, "fp32")
+    got = ops.rnn(*call)
+    assert torch.ops.seqpack._cuda_last_choice() == ("torch", "SEQPACK_CUDA_LAYERS=torch")
+    torch.ops.seqpack._cuda_layers("seqpack")
+    want = ops.rnn(*call)
+    n = rnn_reduction_length(3, 5, 2, True, 8, 0)
+    for name, g, w in zip(("output", "h_n", "c_n"), got, want):
+        assert_fp_close(g.detach(), w.detach(), n, what=name)
+    grads = torch.autograd.grad(sum(t.sum() for t in got), leaves)
+    rgrads = torch.autograd.grad(sum(t.sum() for t in want), leaves)
+    for name, g, r in zip(("data", "h0", "c0"), grads, rgrads):
+        assert_fp_close(g, r, n, what="d" + name)
+
+
+def test_cuda_layers_is_checked(ops):
+    before = torch.ops.seqpack._cuda_layers()
+    for mode in ("auto", "seqpack", "torch", before):
+        assert torch.ops.seqpack._cuda_layers(mode) == mode
+    with pytest.raises(ValueError, match="mode = 'gpu': use 'auto'"):
+        torch.ops.seqpack._cuda_layers("gpu")
+    assert torch.ops.seqpack._cuda_layers("") == torch.ops.seqpack._cuda_layers()
+    with pytest.raises(ValueError, match="seconds has 1 values"):
+        torch.ops.seqpack._cuda_choice_times([1.0])
+
+
+@pytest.mark.parametrize("value,mode", [("", "auto"), ("torch", "torch"), ("gpu", None)])
+def test_cuda_layers_reads_the_environment(value, mode):
+    """SEQPACK_CUDA_LAYERS, read once by the operators (a fresh process): unset or
+    empty is auto; a value that means nothing is refused by name; =torch leaves
+    the layers on torch's kernels without looking for the library."""
+    code = ("import torch, seqpack.torch\n"
+            "try:\n"
+            "    print(torch.ops.seqpack._cuda_layers(), seqpack.torch._cuda_backend())\n"
+            "except ValueError as e:\n"
+            "    print(e)\n")
+    env = dict(os.environ, SEQPACK_CUDA_LAYERS=value)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, env=env)
+    assert out.returncode == 0, out.stderr
+    if mode is None:
+        assert "SEQPACK_CUDA_LAYERS = 'gpu': use 'auto'" in out.stdout, out.stdout
+    else:
+        # No GPU here: the kernels cannot run, whatever library is found.
+        expected = f"{mode} None" if not torch.cuda.is_available() or mode == "torch" else mode
+        assert out.stdout.strip().startswith(expected), out.stdout
+
+
+def test_layers_refuse_a_named_library_that_cannot_load(tmp_path):
+    """The layers on CUDA tensors do not fall back to torch's kernels in silence
+    when SEQPACK_CUDA_LIBRARY names what cannot load (issue 41, item 11), unless
+    torch's kernels are asked for."""
+    code = ("import seqpack.torch\n"
+            "try:\n"
+            "    print(seqpack.torch._cuda_backend())\n"
+            "except RuntimeError as e:\n"
+            "    print(e)\n")
+    for layers, expected in (("", "seqpack CUDA: SEQPACK_CUDA_LIBRARY="), ("torch", "None")):
+        env = dict(os.environ, SEQPACK_CUDA_LIBRARY=str(tmp_path / "nope.so"), SEQPACK_CUDA_LAYERS=layers)
+        out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, env=env)
+        assert out.returncode == 0, out.stderr
+        assert out.stdout.startswith(expected), out.stdout
+    # Found, but no kernels to run it: this libseqpack_torch has no CUDA kernels (or no GPU).
+    if not torch._C._dispatch_has_kernel_for_dispatch_key("seqpack::rnn", "CUDA"):
+        assert seqpack.torch.register_cuda_kernels() is False

@@ -1,11 +1,13 @@
-"""seqpack's CUDA RNN kernels (python/seqpack/_cuda.py, rnn_packed) against
-PyTorch's own GPU results: torch._VF's packed overload (cuDNN) and torch.nn's
-LSTM, GRU and RNN modules on a PackedSequence.
+"""seqpack's CUDA RNN kernels (the operators' C++ CUDA kernels through
+bench/cuda_operators.py's rnn_packed) against PyTorch's own GPU results:
+torch._VF's packed overload (cuDNN) and torch.nn's LSTM, GRU and RNN modules on
+a PackedSequence.
 
-Skipped, with the reason, unless torch sees a CUDA GPU and the glue finds its
-library (_cuda.available()). The glue is loaded by file path, not through the
-seqpack package: on the GPU machine seqpack/__init__.py cannot import (it needs
-the CPU extension, which is not built there).
+Skipped, with the reason, unless torch sees a CUDA GPU and the kernels run the
+library found (cuda_operators.available(): it builds the kernels against the
+machine's torch where libseqpack_torch has none). The module is loaded by file
+path, not through the seqpack package: on the GPU machine seqpack/__init__.py
+cannot import (it needs the CPU extension, which is not built there).
 
     python3 python/tests/test_cuda_gpu.py                 # without pytest
     python3 python/tests/test_cuda_gpu.py -k lstm --json report.json
@@ -28,7 +30,7 @@ Bounds (docs/gpu.md):
   mask are checked exactly.
 
 Environment: SEQPACK_TEST_SEED replays a run (each failure names its seed);
-SEQPACK_CUDA_GLUE=/path/_cuda.py loads another glue file. For the self-test
+SEQPACK_CUDA_GLUE=/path/glue.py loads another module with rnn_packed. For the self-test
 of this file on a machine without a GPU only: SEQPACK_CUDA_TEST_DEVICE=cpu runs
 every test on the CPU with a fake glue (one that calls torch._VF) named by
 SEQPACK_CUDA_GLUE; it checks the tests' own code paths, nothing of seqpack."""
@@ -83,8 +85,7 @@ def _load_glue():
     """(glue module, '') or (None, why the tests are skipped)."""
     if not SELF_TEST and not torch.cuda.is_available():
         return None, "no CUDA GPU (torch.cuda.is_available() is False)"
-    path = os.environ.get("SEQPACK_CUDA_GLUE") or os.path.join(ROOT, "python", "seqpack",
-                                                               "_cuda.py")
+    path = os.environ.get("SEQPACK_CUDA_GLUE") or os.path.join(ROOT, "bench", "cuda_operators.py")
     if not os.path.exists(path):
         return None, f"no CUDA glue at {path}"
     try:
@@ -308,9 +309,9 @@ def test_module_fp32(mode, num_layers, bidirectional, with_hx, bias):
 
 @contextlib.contextmanager
 def _environment(name, value):
-    """The variable set to value, then as before; the glue installs the library's
-    policy from the SEQPACK_CUDA_* variables each time (install_policy: the
-    library reads none itself; SEQPACK_CUDA_PRODUCTS the glue reads at every call)."""
+    """The variable set to value, then as before; the operators install the
+    library's policy from the SEQPACK_CUDA_* variables each time (install_policy:
+    the library reads none itself; SEQPACK_CUDA_PRODUCTS they read at every call)."""
     old = os.environ.get(name)
     os.environ[name] = value
     _install_policy()
@@ -673,7 +674,8 @@ def test_dropout_general_cells(mode):
 
 @cases("mode", MODES)
 def test_torch_compile(mode):
-    """rnn_packed inside torch.compile(fullgraph=True) (the glue's torch.library op;
+    """rnn_packed inside torch.compile(fullgraph=True) (the operator's autograd
+    kernel, traced through its _rnn_train and _rnn_backward and their fakes;
     backend aot_eager: dynamo and autograd tracing, no code generation) gives
     eager's outputs and gradients."""
     if tuple(int(v) for v in torch.__version__.split(".")[:2]) < (2, 4):
@@ -817,7 +819,7 @@ def main(argv=None):
         print(f"seqpack CUDA tests on {DEVICE}"
               + (f" ({torch.cuda.get_device_name(0)})" if DEVICE.type == "cuda" else
                  " (SELF-TEST with a fake glue: nothing of seqpack is tested)")
-              + f", glue library {GLUE.library_path()}, torch {torch.__version__}, seed {SEED}",
+              + f", library {GLUE.library_path()}, torch {torch.__version__}, seed {SEED}",
               flush=True)
         deadline = time.monotonic() + args.budget if args.budget else None
         for test_id, f, kwargs in tests:

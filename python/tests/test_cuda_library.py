@@ -1,16 +1,22 @@
-"""CPU-side checks of seqpack's CUDA library and its Python glue (seqpack/_cuda.py).
+"""CPU-side checks of seqpack's CUDA library (libseqpack_cuda.so, seqpack/cuda.h).
 
 Needs no GPU, no CUDA toolkit and no built libseqpack_cuda.so:
-  - the C header is plain C, and _cuda.py's ctypes signatures match it;
-  - _cuda.py imports by file path without CUDA, and says why it is unavailable;
+  - the C header is plain C, and the tests' ctypes declarations of it
+    (cuda_emulated.py) match it;
+  - seqpack/_cuda.py, which finds the library, imports by file path and says
+    why the kernels cannot run;
   - the library's kernels and host code, compiled with g++ against the CPU
     stand-in cuda/emulate/cuda_emulate.h (each block's threads as std::threads),
-    give torch's packed LSTM/GRU/RNN outputs and gradients through _cuda.py's
-    autograd path (skipped where g++ or torch._VF's packed overloads are missing).
-The GPU's own results are checked by test_cuda_gpu.py on a GPU machine.
+    give torch's packed LSTM/GRU/RNN outputs and gradients through the
+    operators' C++ CUDA kernels (seqpack_torch/cuda_ops.cpp, registered for CPU
+    tensors by the test library: cuda_emulated.py), with every variant of the
+    library's policy; its C interface refuses bad values by name.
+The operators' own semantics (the caller's order, padding, dropout's seed,
+TorchScript, torch.compile, the layers' route and the choice between seqpack's
+kernels and torch's) are test_cuda_cpp_ops.py's; the GPU's own results are
+checked by test_cuda_gpu.py on a GPU machine.
 """
 import ctypes
-import functools
 import importlib.util
 import os
 import re
@@ -27,10 +33,10 @@ HEADER = os.path.join(ROOT, "include", "seqpack", "cuda.h")
 MODULE = os.path.join(ROOT, "python", "seqpack", "_cuda.py")
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from helpers import CUDA_LIBRARY, build_emulated_cuda  # noqa: E402
+import cuda_emulated  # noqa: E402
 
 
-def load_module(name="seqpack_cuda_glue"):
+def load_module(name="seqpack_cuda_find"):
     spec = importlib.util.spec_from_file_location(name, MODULE)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
@@ -91,7 +97,7 @@ def header_struct_fields(struct="seqpack_cuda_rnn_args"):
 
 @pytest.mark.parametrize("struct,ctype", [("seqpack_cuda_rnn_args", "RnnArgs"), ("seqpack_cuda_policy", "Policy")])
 def test_header_and_ctypes_struct_agree(struct, ctype):
-    module = load_module()
+    module = cuda_emulated
     declared = header_struct_fields(struct)
     got = [(name, t) for name, t in getattr(module, ctype)._fields_]
     assert [n for _, n in declared] == [n for n, _ in got]
@@ -104,7 +110,7 @@ def test_header_and_ctypes_struct_agree(struct, ctype):
 
 
 def test_header_and_ctypes_signatures_agree():
-    module = load_module()
+    module = cuda_emulated
     types = dict(C_TO_CTYPES)
     types["const seqpack_cuda_rnn_args*"] = ctypes.POINTER(module.RnnArgs)
     types["const seqpack_cuda_policy*"] = types["seqpack_cuda_policy*"] = ctypes.POINTER(module.Policy)
@@ -120,7 +126,7 @@ def test_header_and_ctypes_signatures_agree():
 
 
 def test_header_enums_match_module():
-    module = load_module()
+    module = cuda_emulated
     text = open(HEADER).read()
     for mode, value in module.MODES.items():
         assert re.search(rf"SEQPACK_CUDA_{mode} = {value}\b", text), mode
@@ -151,99 +157,44 @@ def test_imports_without_cuda_and_explains(monkeypatch, tmp_path):
     monkeypatch.setenv("SEQPACK_CUDA_LIBRARY", str(tmp_path / "missing" / "libseqpack_cuda.so"))
     # Imported by path, seqpack/__init__.py (and the CPU extension) is never run.
     before = set(sys.modules)
-    module = load_module("seqpack_cuda_glue_nolib")
+    module = load_module("seqpack_cuda_find_nolib")
     assert not any(m == "seqpack" or m.startswith("seqpack.") for m in set(sys.modules) - before)
     # The named library is the only one tried, even where another is built.
     assert module.available() is False
     reason = module.why_unavailable()
     assert "SEQPACK_CUDA_LIBRARY" in reason and "names no library file" in reason
-    with pytest.raises(RuntimeError, match="names no library file"):
-        module.buffer_sizes("LSTM", torch.float32, 1, 1, 1, 1, 0, 1, False)
+    assert module.library_path() is None
 
 
-def test_missing_hx_is_zeros():
-    module = load_module("seqpack_cuda_glue_hx")
-    lstm = torch.nn.LSTM(2, 3, num_layers=2, bidirectional=True, proj_size=2)
-    h0, c0, _ = module._validate("LSTM", torch.zeros(3, 2), torch.tensor([2, 1]), None, lstm._flat_weights, True, 2,
-                                 True, 2, require_cuda=False)
-    assert h0.shape == (4, 2, 2) and c0.shape == (4, 2, 3) and not h0.any() and not c0.any()
-    gru = torch.nn.GRU(2, 3)
-    h0, c0, _ = module._validate("GRU", torch.zeros(3, 2), torch.tensor([2, 1]), None, gru._flat_weights, True, 1,
-                                 False, 0, require_cuda=False)
-    assert h0.shape == (1, 2, 3) and c0 is None
-
-
-def test_bad_input_raises_like_torch():
-    module = load_module("seqpack_cuda_glue_errors")
-    x = torch.zeros(3, 2)
-    bs = torch.tensor([2, 1])
-    lstm = torch.nn.LSTM(2, 3)
-    hx = (torch.zeros(1, 2, 3), torch.zeros(1, 2, 3))
-    with pytest.raises(ValueError, match="mode = 'LSMT'"):
-        module.rnn_packed("LSMT", x, bs, hx, lstm._flat_weights, True, 1, 0.0, False, False)
-    with pytest.raises(RuntimeError, match="data is on cpu"):
-        module.rnn_packed("LSTM", x, bs, hx, lstm._flat_weights, True, 1, 0.0, False, False)
-    with pytest.raises(TypeError, match="data must be a Tensor"):
-        module.rnn_packed("LSTM", [1.0], bs, hx, lstm._flat_weights, True, 1, 0.0, False, False)
-    with pytest.raises(ValueError, match="dropout = 2"):
-        module.rnn_packed("LSTM", x, bs, hx, lstm._flat_weights, True, 1, 2, False, False)
-    # The same checks, CPU tensors allowed: shapes and counts.
-    with pytest.raises(ValueError, match="3 flat_weights given, 4 expected"):
-        module._validate("LSTM", x, bs, hx, lstm._flat_weights[:3], True, 1, False, 0, require_cuda=False)
-    with pytest.raises(RuntimeError, match=r"Expected hidden size \(1, batch, 3\) for h0, got \(2, 2, 3\)"):
-        module._validate("LSTM", x, bs, (torch.zeros(2, 2, 3), hx[1]), lstm._flat_weights, True, 1, False, 0,
-                         require_cuda=False)
-    with pytest.raises(RuntimeError, match="input_size. Expected 2, got 4"):
-        module._validate("LSTM", torch.zeros(3, 4), bs, hx, lstm._flat_weights, True, 1, False, 0,
-                         require_cuda=False)
-    with pytest.raises(RuntimeError, match="flat_weights\\[1\\] has dtype torch.float64"):
-        module._validate("LSTM", x, bs, hx, [w.double() if i == 1 else w for i, w in enumerate(lstm._flat_weights)],
-                         True, 1, False, 0, require_cuda=False)
+@pytest.mark.parametrize("named", ["missing", "directory", "/dev/zero", "long"])
+def test_named_library_that_cannot_load_is_the_reason(monkeypatch, tmp_path, named):
+    # Issue 41, item 11: never skipped for another library; the same reason at every call.
+    path = {"missing": str(tmp_path / "nope.so"), "directory": str(tmp_path),
+            "/dev/zero": "/dev/zero", "long": "/" + "x" * 5000}[named]
+    monkeypatch.setenv("SEQPACK_CUDA_LIBRARY", path)
+    module = load_module(f"seqpack_cuda_find_named_{named.strip('/').replace('/', '_')}")
+    for _ in range(2):
+        assert module.available() is False
+        reason = module.why_unavailable()
+        assert "SEQPACK_CUDA_LIBRARY" in reason and path[:40] in reason, reason
 
 
 # ---------------------------------------------------------------------------
-# The library itself, run on the CPU through cuda/emulate/.
-
-def _compiler():
-    for c in ("g++-12", "g++", "g++-14", "g++-13"):
-        path = shutil.which(c)
-        if path:
-            return path
-    return None
-
+# The library itself, run on the CPU through cuda/emulate/ and the operators'
+# C++ kernels.
 
 @pytest.fixture(scope="module")
 def emulated(tmp_path_factory):
-    if os.environ.get("SEQPACK_TEST_CUDA") == "0":
-        pytest.skip("SEQPACK_TEST_CUDA=0: the CUDA kernels' CPU emulation is not run (scripts/test.sh)")
-    cxx = _compiler()
-    if cxx is None:
-        pytest.skip("no g++ to build the emulated CUDA library")
-    out = tmp_path_factory.mktemp("emulated") / "libseqpack_cuda.so"
-    probe = subprocess.run([cxx, "-x", "c++", "-std=c++20", "-fsyntax-only", "-"], input="_Float16 h; int main(){}",
-                           capture_output=True, text=True)
-    if probe.returncode != 0:
-        pytest.skip(f"{cxx} has no _Float16 (the emulated float16)")
-    build_emulated_cuda(CUDA_LIBRARY, out)
-    old = os.environ.get("SEQPACK_CUDA_LIBRARY")
-    os.environ["SEQPACK_CUDA_LIBRARY"] = str(out)
-    try:
-        module = load_module("seqpack_cuda_glue_emulated")
-        assert module._library() is not None, module.why_unavailable()
-    finally:
-        if old is None:
-            del os.environ["SEQPACK_CUDA_LIBRARY"]
-        else:
-            os.environ["SEQPACK_CUDA_LIBRARY"] = old
-    return module
+    return cuda_emulated.emulated(tmp_path_factory)
 
 
 @pytest.fixture
 def setenv(emulated, monkeypatch):
     """monkeypatch.setenv, then the library's policy installed from the
-    environment (the glue reads the SEQPACK_CUDA_* variables when it loads the
-    library and at install_policy(), the library never); after the test, the
-    policy of the environment as it was."""
+    environment (the C++ front end reads the SEQPACK_CUDA_* variables when it
+    loads the library and at _cuda_install_policy, the library never; a bad
+    value is refused there, by name); after the test, the policy of the
+    environment as it was."""
     def set_variable(name, value):
         monkeypatch.setenv(name, value)
         emulated.install_policy()
@@ -365,17 +316,16 @@ def test_emulated_library_matches_torch(emulated, setenv, mode, layers, bidirect
     h0 = torch.randn(layers * dirs, batch, hout)
     c0 = torch.randn(layers * dirs, batch, hidden) if mode == "LSTM" else None
     weights = [w.detach().clone() for w in rnn._flat_weights]
-    mask = None
-    if layers > 1:
-        mask = emulated.dropout_mask(data, layers, dirs * hout, 0.4)
+    # Dropout between layers: the mask the kernels draw with the seed.
+    dropout, mask = (0.4, emulated.mask(data, layers, dirs * hout, 0.4, seed)) if layers > 1 else (0.0, None)
 
-    # The library, through _cuda.py's autograd path.
+    # The library, through the operators' autograd kernel.
     leaves = [t.clone().requires_grad_() for t in [data, h0] + ([c0] if c0 is not None else []) + weights]
     x_, h_ = leaves[0], leaves[1]
     c_ = leaves[2] if c0 is not None else None
     w_ = leaves[3 if c0 is not None else 2:]
-    y, hn, cn = emulated._run(mode, x_, bs, h_, c_, w_, mask, bias, layers, bidirectional, proj, False,
-                              torch_products)
+    y, hn, cn = emulated.run(mode, x_, bs, h_, c_, w_, bias, layers, bidirectional, proj,
+                             torch_products=torch_products, dropout=dropout, train=True, seed=seed)
 
     # torch, on the sequences of nonzero length.
     rleaves = [t.clone().requires_grad_() for t in [data, h0[:, :len(lengths)]] +
@@ -415,38 +365,30 @@ def test_emulated_library_matches_torch(emulated, setenv, mode, layers, bidirect
 
 @pytest.mark.parametrize("mode,layers,bidirectional,proj", [("LSTM", 2, True, 2), ("GRU", 1, False, 0),
                                                           ("RNN_TANH", 3, True, 0)])
-def test_inference_calls_skip_the_registration_and_give_the_same_values(emulated, monkeypatch, mode, layers,
-                                                                        bidirectional, proj):
-    """rnn_packed without a graph to record (no_grad, or nothing requires grad)
-    runs the kernels directly, with the workspace and the reserve in one
-    allocation: the values of the recorded route and torch's; with a graph to
-    record it goes through the autograd.Function (_run_eager, on every torch:
-    custom_op is for torch.compile), and backward works."""
-    monkeypatch.setattr(emulated, "_validate", functools.partial(emulated._validate, require_cuda=False))
+@pytest.mark.parametrize("torch_products", [True, False])
+def test_calls_without_a_graph_give_the_recorded_values(emulated, mode, layers, bidirectional, proj,
+                                                        torch_products):
+    """A call without a graph to record (no_grad, or nothing requires grad) runs
+    the kernels below autograd, the workspace and one layer's reserve in one
+    allocation; one with a graph to record goes through _rnn_train: the same
+    values, torch's, and the backward works. h0 and c0 left out are zeros."""
     rnn = _make(mode, 3, 5, layers, bidirectional, True, proj, 77)
     packed = torch.nn.utils.rnn.pack_sequence([torch.randn(n, 3) for n in (6, 4, 4, 1)])
     dirs = 2 if bidirectional else 1
     h0 = torch.randn(layers * dirs, 4, proj or 5)
-    hx = (h0, torch.randn(layers * dirs, 4, 5)) if mode == "LSTM" else h0
+    c0 = torch.randn(layers * dirs, 4, 5) if mode == "LSTM" else None
     weights = [w.detach().clone() for w in rnn._flat_weights]
-    runs = []
-    original_run = emulated._run_eager
-    monkeypatch.setattr(emulated, "_run_eager", lambda *a: runs.append(1) or original_run(*a))
 
-    def call(ws):
-        return emulated.rnn_packed(mode, packed.data, packed.batch_sizes, hx, ws, True, layers, 0.0, False,
-                                   bidirectional, proj)
+    def call(ws, h=h0, c=c0):
+        return emulated.run(mode, packed.data, packed.batch_sizes, h, c, ws, True, layers, bidirectional, proj,
+                            torch_products=torch_products)
 
     with torch.no_grad():
         direct = call(weights)
-    assert runs == []
     direct_too = call(weights)  # grad mode on, nothing requires grad
-    assert runs == []
     leaves = [w.clone().requires_grad_() for w in weights]
     recorded = call(leaves)
-    assert runs == [1]
-    want = _reference(mode, packed.data, packed.batch_sizes, h0, hx[1] if mode == "LSTM" else None, weights, True,
-                      layers, bidirectional)
+    want = _reference(mode, packed.data, packed.batch_sizes, h0, c0, weights, True, layers, bidirectional)
     for got in (direct, direct_too, recorded):
         _close("output", got[0].detach(), want[0], atol=2e-5, rtol=2e-4)
         _close("h_n", got[1].detach(), want[1], atol=2e-5, rtol=2e-4)
@@ -455,41 +397,9 @@ def test_inference_calls_skip_the_registration_and_give_the_same_values(emulated
             _close("c_n", got[2].detach(), want[2], atol=2e-5, rtol=2e-4)
     grads = torch.autograd.grad(recorded[0].sum(), leaves)
     assert all(g is not None and bool(torch.isfinite(g).all()) for g in grads)
-
-
-@pytest.mark.skipif(not hasattr(torch, "compile") or not hasattr(torch.library, "custom_op"),
-                    reason="torch.compile of a custom op needs torch >= 2.4")
-@pytest.mark.parametrize("mode", ["LSTM", "GRU"])
-def test_torch_compile_traces_the_registered_operator(emulated, monkeypatch, mode):
-    """Under torch.compile(fullgraph=True) rnn_packed calls the custom op (an
-    autograd.Function holding a ctypes call would break the graph): compiled
-    outputs and gradients are eager's."""
-    monkeypatch.setattr(emulated, "_validate", functools.partial(emulated._validate, require_cuda=False))
-    rnn = _make(mode, 3, 5, 2, True, True, 0, 31)
-    packed = torch.nn.utils.rnn.pack_sequence([torch.randn(n, 3) for n in (5, 3, 2)])
-    h0 = torch.randn(4, 3, 5)
-    states = [h0, torch.randn(4, 3, 5)] if mode == "LSTM" else [h0]
-    weights = [w.detach().clone() for w in rnn._flat_weights]
-    n = len(states)
-
-    def fn(data, *rest):
-        h = tuple(rest[:n]) if mode == "LSTM" else rest[0]
-        return emulated.rnn_packed(mode, data, packed.batch_sizes, h, list(rest[n:]), True, 2, 0.0, True, True)
-
-    def run(f):
-        leaves = [t.clone().requires_grad_() for t in [packed.data] + states + weights]
-        out = f(*leaves)
-        loss = sum((o * (k + 1)).sum() for k, o in enumerate(out))
-        return out, torch.autograd.grad(loss, leaves)
-
-    eager, eager_grads = run(fn)
-    monkeypatch.setitem(sys.modules, emulated.__name__, emulated)  # dynamo imports it by name
-    torch._dynamo.reset()
-    compiled, compiled_grads = run(torch.compile(fn, fullgraph=True, backend="aot_eager"))
-    for a, e in zip(compiled, eager):
-        assert torch.equal(a.detach(), e.detach())
-    for a, e in zip(compiled_grads, eager_grads):
-        assert torch.equal(a, e)
+    zeros = call(weights, torch.zeros_like(h0), torch.zeros_like(c0) if c0 is not None else None)
+    for a, b in zip(call(weights, None, None), zeros):
+        assert (a is None and b is None) or torch.equal(a, b)
 
 
 @pytest.mark.parametrize("dtype,eps", [(torch.bfloat16, 2.0 ** -8), (torch.float16, 2.0 ** -11)])
@@ -513,20 +423,21 @@ def test_emulated_half_precision_close_to_float32(emulated, setenv, mode, dtype,
     cast = [t.to(dtype) for t in [packed.data, h0] + w32 + ([c0] if c0 is not None else [])]
     x, h, *rest = cast
     w, c = (rest[:-1], rest[-1]) if c0 is not None else (rest, None)
-    y16, hn16, _, _ = emulated._forward_impl(mode, x, packed.batch_sizes, h, c, w, None, True, 2, True, 0, False,
-                                             torch_products)
-    y32, hn32, _, _ = emulated._forward_impl(mode, x.float(), packed.batch_sizes, h.float(),
-                                             c.float() if c is not None else None, [t.float() for t in w], None,
-                                             True, 2, True, 0, False, torch_products)
+    with torch.no_grad():
+        y16, hn16, _ = emulated.run(mode, x, packed.batch_sizes, h, c, w, True, 2, True,
+                                    torch_products=torch_products)
+        y32, hn32, _ = emulated.run(mode, x.float(), packed.batch_sizes, h.float(),
+                                    c.float() if c is not None else None, [t.float() for t in w], True, 2, True,
+                                    torch_products=torch_products)
     # h is rounded to the data type at each step: a few ulps, growing slowly with T.
     _close("output", y16.float(), y32, atol=16 * eps, rtol=16 * eps)
     _close("h_n", hn16.float(), hn32, atol=16 * eps, rtol=16 * eps)
 
 
 def test_emulated_library_reports_bad_values(emulated):
-    lib = emulated._library()
+    lib = emulated.lib
     bs = (ctypes.c_int64 * 3)(3, 4, 1)
-    a = emulated.RnnArgs(mode=0, dtype=0, rows=8, steps=3, batch_sizes=bs, batch=4, input_size=2, hidden_size=2,
+    a = cuda_emulated.RnnArgs(mode=0, dtype=0, rows=8, steps=3, batch_sizes=bs, batch=4, input_size=2, hidden_size=2,
                          num_layers=1, has_biases=1)
     assert lib.seqpack_cuda_rnn_forward(ctypes.byref(a)) == 1
     assert lib.seqpack_cuda_last_error() == b"seqpack_cuda: batch_sizes[1] = 4 exceeds batch_sizes[0] = 3 " \
@@ -553,7 +464,7 @@ def test_emulated_caller_products_refuse_bad_buffers(emulated):
     """caller_products = 1 (one layer, the products that are not recurrent the
     caller's): every buffer the pass needs is required, and one given that it
     would neither read nor write is refused by name, never ignored."""
-    lib = emulated._library()
+    lib = emulated.lib
     H, rows, B = 3, 5, 2
     bs = torch.tensor([2, 2, 1])
     weights = [torch.randn(4 * H, 2), torch.randn(4 * H, H), torch.randn(4 * H), torch.randn(4 * H)]
@@ -563,11 +474,13 @@ def test_emulated_caller_products_refuse_bad_buffers(emulated):
     h0, c0 = torch.zeros(1, B, H), torch.zeros(1, B, H)
     y, hn, cn = torch.empty(rows, H), torch.empty(1, B, H), torch.empty(1, B, H)
     gates, spare = torch.randn(rows, 4 * H), torch.empty(rows, 4 * H)
-    s = emulated._Sizes("LSTM", torch.empty(rows, 2), h0, weights, 1, False, 0)
 
     def call(backward=False, layer_weights=weights, **fields):
-        a = emulated._layer_args("LSTM", bs, s, torch.float32, True, False, False, 0)
-        emulated._set_weights(a, layer_weights, 0, len(layer_weights))
+        a = cuda_emulated.RnnArgs(mode=0, dtype=0, has_biases=1, caller_products=1, rows=rows, steps=bs.numel(),
+                                  batch_sizes=ctypes.cast(bs.data_ptr(), ctypes.POINTER(ctypes.c_int64)), batch=B,
+                                  hidden_size=H, num_layers=1)
+        w = (ctypes.c_void_p * len(layer_weights))(*[t.data_ptr() for t in layer_weights])
+        a.weights = ctypes.cast(w, ctypes.POINTER(ctypes.c_void_p))
         a.input_size, a.h0, a.c0 = 2, h0.data_ptr(), c0.data_ptr()
         a.workspace, a.workspace_bytes, a.reserve, a.reserve_bytes = ws_ptr, ws_bytes, rs_ptr, rs_bytes
         a.y, a.hn, a.cn = y.data_ptr(), hn.data_ptr(), cn.data_ptr()
@@ -612,13 +525,18 @@ def test_emulated_caller_products_refuse_bad_buffers(emulated):
 
 
 def test_products_setting_is_checked(emulated, monkeypatch):
+    """SEQPACK_CUDA_PRODUCTS is read at every call: a value that means nothing is
+    refused by name."""
+    rnn = _make("GRU", 3, 4, 1, False, True, 0, 3)
+    packed = torch.nn.utils.rnn.pack_sequence([torch.randn(n, 3) for n in (3, 2)])
+    args = (packed.data, packed.batch_sizes, None, None, None, None, list(rnn._flat_weights), "GRU", 4, 1, True,
+            False, 0, 0.0, False, None, "fp32")
     monkeypatch.setenv("SEQPACK_CUDA_PRODUCTS", "cublas")
-    with pytest.raises(ValueError, match=r"SEQPACK_CUDA_PRODUCTS = 'cublas' is not one of \['torch', 'library'\]"):
-        emulated._products()
-    monkeypatch.setenv("SEQPACK_CUDA_PRODUCTS", "")
-    assert emulated._products() is True
-    monkeypatch.setenv("SEQPACK_CUDA_PRODUCTS", "library")
-    assert emulated._products() is False
+    with pytest.raises(ValueError, match=r"SEQPACK_CUDA_PRODUCTS = 'cublas' is not 'torch' or 'library'"):
+        emulated.ops.rnn(*args)
+    for value in ("", "torch", "library"):
+        monkeypatch.setenv("SEQPACK_CUDA_PRODUCTS", value)
+        emulated.ops.rnn(*args)
 
 
 @pytest.mark.parametrize("mode", ["LSTM", "GRU"])
@@ -637,7 +555,7 @@ def test_emulated_double_backward_is_refused_when_asked_for(emulated, mode):
     def first(create_graph):
         x = packed.data.clone().requires_grad_()
         w = [t.detach().clone().requires_grad_() for t in rnn._flat_weights]
-        y, _, _ = emulated._run(mode, x, packed.batch_sizes, h0, c0, w, None, True, 2, True, 0, False)
+        y, _, _ = emulated.run(mode, x, packed.batch_sizes, h0, c0, w, True, 2, True)
         grads = torch.autograd.grad((y * gy).pow(2).sum(), [x] + w, create_graph=create_graph)
         return w, grads
 
@@ -684,8 +602,8 @@ def _library_run(emulated, mode, x, batch_sizes, h0, c0, weights, proj, gy):
     gradients of (y gy) + h_n + c_n: [y, h_n, every input's gradient]."""
     leaves = [t.clone().requires_grad_() for t in [x, h0] + weights]
     c = c0.clone().requires_grad_() if c0 is not None else None
-    y, hn, cn = emulated._run(mode, leaves[0], batch_sizes, leaves[1], c, leaves[2:], None, True, 2, True, proj,
-                              False, False)
+    y, hn, cn = emulated.run(mode, leaves[0], batch_sizes, leaves[1], c, leaves[2:], True, 2, True, proj,
+                             torch_products=False)
     loss = (y.float() * gy.float()).sum() + hn.float().sum() + (cn.float().sum() if c is not None else 0)
     grads = torch.autograd.grad(loss, leaves + ([c] if c is not None else []))
     return [y, hn] + list(grads)
@@ -699,339 +617,6 @@ def _close_within_eps(got, want, eps):
         _close(f"result {i}", a.float(), b.float(), atol=16 * eps * scale, rtol=16 * eps)
 
 
-# ---------------------------------------------------------------------------
-# seqpack.torch's layers on CUDA tensors: _cuda_run (packing, the states' order,
-# padding) around _cuda.rnn_packed, here the emulated library on CPU tensors.
-
-def _operators_over(monkeypatch, torch_layers, backend):
-    """The layers' CUDA forwards reach the operators' CUDA kernels
-    (seqpack/_torch_cuda_ops.py) over `backend`, called directly: the dispatcher
-    would send these CPU tensors to the operators' CPU kernels."""
-    from seqpack import _torch_cuda_ops
-
-    class Operators:
-        rnn = staticmethod(_torch_cuda_ops.rnn)
-        rnn_padded = staticmethod(_torch_cuda_ops.rnn_padded)
-
-    monkeypatch.setattr(torch_layers, "_cuda_operators", lambda: Operators)
-    monkeypatch.setitem(_torch_cuda_ops._STATE, "backend", backend)
-
-
-def _route_cases():
-    # (mode, layers, bidirectional, proj, batch_first, form, lengths)
-    return [("LSTM", 2, True, 0, False, "packed", [4, 1, 3]),
-            ("LSTM", 1, False, 2, True, "lengths", [2, 5, 3, 1]),
-            ("GRU", 2, False, 0, True, "padded", [3, 3]),
-            ("GRU", 1, True, 0, False, "lengths", [3, 0, 2]),
-            ("RNN_TANH", 1, True, 0, False, "packed", [2, 0, 4]),
-            ("RNN_RELU", 2, False, 0, False, "padded", [4, 4, 4])]
-
-
-@pytest.mark.parametrize("mode,layers,bidirectional,proj,batch_first,form,lengths", _route_cases())
-def test_layers_cuda_route_matches_seqpack_cpu(emulated, monkeypatch, mode, layers, bidirectional, proj,
-                                               batch_first, form, lengths):
-    spt = pytest.importorskip("seqpack.torch")
-    import seqpack._torch_layers as torch_layers  # where _cuda_backend keeps its choice
-    calls = []
-
-    class Backend:  # _cuda's interface over the emulated library, on CPU tensors
-        DTYPES = emulated.DTYPES
-
-        @staticmethod
-        def rnn_packed(m, data, batch_sizes, hx, flat_weights, has_biases, num_layers, dropout, train,
-                       bidirectional, proj_size=0):
-            calls.append((m, tuple(data.shape), tuple(batch_sizes.tolist())))
-            h0, c0 = hx if m == "LSTM" else (hx, None)
-            y, hn, cn = emulated._run(m, data, batch_sizes, h0, c0, list(flat_weights), None, has_biases,
-                                      num_layers, bidirectional, proj_size, False)
-            return (y, hn, cn) if m == "LSTM" else (y, hn)
-
-    # Patched where the layers look it up (seqpack.torch only re-exports it).
-    monkeypatch.setattr(torch_layers, "_cuda_backend", lambda: Backend)
-    _operators_over(monkeypatch, torch_layers, Backend)
-    monkeypatch.setattr(torch_layers._cuda_choice, "_MODE", ["seqpack"])  # seqpack's kernels only
-    torch.manual_seed(7 + len(lengths))
-    cls = {"LSTM": spt.LSTM, "GRU": spt.GRU, "RNN_TANH": spt.RNN, "RNN_RELU": spt.RNN}[mode]
-    kw = {"nonlinearity": "relu" if mode == "RNN_RELU" else "tanh"} if mode.startswith("RNN") else {}
-    if proj:
-        kw["proj_size"] = proj
-    m = cls(3, 5, num_layers=layers, bidirectional=bidirectional, batch_first=batch_first, **kw)
-    B, T = len(lengths), max(lengths)
-    x = torch.randn((B, T, 3) if batch_first else (T, B, 3))
-    dirs = 2 if bidirectional else 1
-    h0 = torch.randn(layers * dirs, B, proj or 5)
-    c0 = torch.randn(layers * dirs, B, 5) if mode == "LSTM" else None
-    lens = torch.tensor(lengths)
-    if form == "packed":
-        p = spt.pack_padded_sequence(x, lens, batch_first, enforce_sorted=False)
-        args = (p.data, p.batch_sizes, p.sorted_indices, p.unsorted_indices, None)
-    elif form == "lengths":
-        args = (x, None, None, None, lens)
-    else:
-        args = (x, None, None, None, None)
-    got = m._cuda_run(*args, h0, c0)
-    want = m._core_run(*args, h0, c0, "fp32")
-    assert calls and calls[0][0] == mode, "the CUDA backend was not called"
-    assert sum(calls[0][2]) == sum(lengths), f"{calls[0]}: packed rows are not the tokens"
-    # Both are fp32 along different code paths: the bound of docs/testing.md.
-    from tolerance import assert_fp_close, rnn_reduction_length
-    n = rnn_reduction_length(3, 5, layers, bidirectional, sum(lengths), proj)
-    for name, g, w in zip(("output", "h_n", "c_n"), got, want):
-        assert_fp_close(g.detach(), w.detach(), n, what=name)
-
-
-def test_cuda_backend_choice(monkeypatch):
-    spt = pytest.importorskip("seqpack.torch")
-    import seqpack._torch_layers as torch_layers  # where _cuda_backend keeps its choice
-    monkeypatch.setattr(torch_layers, "_CUDA_BACKEND", [])
-    monkeypatch.setattr(torch_layers._cuda_choice, "_MODE", [])  # SEQPACK_CUDA_LAYERS read again
-    monkeypatch.setenv("SEQPACK_CUDA_LAYERS", "torch")
-    assert spt._cuda_backend() is None
-    monkeypatch.setattr(torch_layers, "_CUDA_BACKEND", [])
-    monkeypatch.setattr(torch_layers._cuda_choice, "_MODE", [])  # SEQPACK_CUDA_LAYERS read again
-    monkeypatch.setenv("SEQPACK_CUDA_LAYERS", "gpu")
-    with pytest.raises(ValueError, match="SEQPACK_CUDA_LAYERS = 'gpu'.*'auto'"):
-        spt._cuda_backend()
-    for value, mode in (("", "auto"), ("auto", "auto"), ("seqpack", "seqpack"), ("torch", "torch")):
-        monkeypatch.setattr(torch_layers._cuda_choice, "_MODE", [])
-        monkeypatch.setenv("SEQPACK_CUDA_LAYERS", value)
-        assert torch_layers._cuda_choice.mode() == mode, value
-    monkeypatch.setattr(torch_layers, "_CUDA_BACKEND", [])
-    monkeypatch.setattr(torch_layers._cuda_choice, "_MODE", [])  # SEQPACK_CUDA_LAYERS read again
-    monkeypatch.delenv("SEQPACK_CUDA_LAYERS")
-    # No GPU here: the kernels cannot run, whatever library is found.
-    if not torch.cuda.is_available():
-        assert spt._cuda_backend() is None
-
-
-@pytest.mark.parametrize("named", ["missing", "directory", "/dev/zero", "long"])
-def test_named_library_that_cannot_load_is_the_reason(monkeypatch, tmp_path, named):
-    # Issue 41, item 11: never skipped for another library; the same reason at every call.
-    path = {"missing": str(tmp_path / "nope.so"), "directory": str(tmp_path),
-            "/dev/zero": "/dev/zero", "long": "/" + "x" * 5000}[named]
-    monkeypatch.setenv("SEQPACK_CUDA_LIBRARY", path)
-    module = load_module(f"seqpack_cuda_glue_named_{named.strip('/').replace('/', '_')}")
-    for _ in range(2):
-        assert module.available() is False
-        reason = module.why_unavailable()
-        assert "SEQPACK_CUDA_LIBRARY" in reason and path[:40] in reason, reason
-    with pytest.raises(RuntimeError, match="SEQPACK_CUDA_LIBRARY"):
-        module.buffer_sizes("LSTM", torch.float32, 1, 1, 1, 1, 0, 1, False)
-
-
-def test_empty_cuda_layers_is_unset(monkeypatch):
-    spt = pytest.importorskip("seqpack.torch")
-    import seqpack._torch_layers as torch_layers  # where _cuda_backend keeps its choice
-    monkeypatch.setattr(torch_layers, "_CUDA_BACKEND", [])
-    monkeypatch.setattr(torch_layers._cuda_choice, "_MODE", [])  # SEQPACK_CUDA_LAYERS read again
-    monkeypatch.setenv("SEQPACK_CUDA_LAYERS", "")
-    backend = spt._cuda_backend()  # no ValueError: as the default
-    if not torch.cuda.is_available():
-        assert backend is None
-
-
-def test_layers_refuse_a_named_library_that_cannot_load(monkeypatch, tmp_path):
-    # Issue 41, item 11: the layers on CUDA tensors do not fall back to torch's
-    # kernels in silence when SEQPACK_CUDA_LIBRARY names what cannot load.
-    spt = pytest.importorskip("seqpack.torch")
-    import seqpack._torch_layers as torch_layers  # where _cuda_backend keeps its choice
-    monkeypatch.setattr(torch_layers, "_CUDA_BACKEND", [])
-    monkeypatch.setattr(torch_layers._cuda_choice, "_MODE", [])  # SEQPACK_CUDA_LAYERS read again
-    monkeypatch.setenv("SEQPACK_CUDA_LIBRARY", str(tmp_path / "nope.so"))
-    monkeypatch.delenv("SEQPACK_CUDA_LAYERS", raising=False)
-    import seqpack._cuda as cuda
-    monkeypatch.setattr(cuda, "_state", dict(cuda._state, loaded=False, lib=None, error=""))
-    with pytest.raises(RuntimeError, match="SEQPACK_CUDA_LIBRARY=.*nope.so"):
-        spt._cuda_backend()
-    monkeypatch.setattr(torch_layers, "_CUDA_BACKEND", [])
-    monkeypatch.setattr(torch_layers._cuda_choice, "_MODE", [])  # SEQPACK_CUDA_LAYERS read again
-    monkeypatch.setenv("SEQPACK_CUDA_LAYERS", "torch")  # torch's kernels asked for: no error
-    assert spt._cuda_backend() is None
-
-
-# ---------------------------------------------------------------------------
-# SEQPACK_CUDA_LAYERS=auto (seqpack/_cuda_choice.py): the faster of seqpack's
-# kernels and torch's per configuration, timed on first use. On the CPU: the
-# layers' CUDA route (_cuda_run) on CPU tensors, seqpack's side through the
-# emulated library, torch's through torch._VF, and the timings injected.
-
-def _auto_layer(emulated, monkeypatch, seconds, fail=None):
-    """An LSTM whose CUDA route runs under auto with the emulated library as
-    seqpack's kernels; `seconds` {impl: time of one call} is what the timer
-    reports; `fail` names an implementation that raises. Returns the layer, the
-    calls each side received and the timer's calls."""
-    spt = pytest.importorskip("seqpack.torch")
-    import seqpack._torch_layers as torch_layers
-    choice = torch_layers._cuda_choice
-    calls = {"seqpack": 0, "torch": 0}
-    timed = []
-
-    class Backend:
-        DTYPES = emulated.DTYPES
-
-        @staticmethod
-        def rnn_packed(m, data, batch_sizes, hx, flat_weights, has_biases, num_layers, dropout, train,
-                       bidirectional, proj_size=0):
-            calls["seqpack"] += 1
-            if fail == "seqpack":
-                raise RuntimeError("seqpack CUDA: out of shared memory")
-            h0, c0 = hx if m == "LSTM" else (hx, None)
-            y, hn, cn = emulated._run(m, data, batch_sizes, h0, c0, list(flat_weights), None, has_biases,
-                                      num_layers, bidirectional, proj_size, False)
-            return (y, hn, cn) if m == "LSTM" else (y, hn)
-
-    monkeypatch.setattr(torch_layers, "_cuda_backend", lambda: Backend)
-    _operators_over(monkeypatch, torch_layers, Backend)
-    monkeypatch.setattr(choice, "_MODE", ["auto"])
-    monkeypatch.setattr(choice, "_DECIDED", {})
-
-    def timer(impl, run, device):
-        timed.append(impl)
-        run()
-        return seconds[impl]
-
-    monkeypatch.setattr(choice, "timer", timer)
-    torch.manual_seed(3)
-    m = spt.LSTM(3, 5, num_layers=2, bidirectional=True)
-    real_torch_run = m._torch_run
-
-    def torch_run(*args):
-        calls["torch"] += 1
-        return real_torch_run(*args)
-
-    monkeypatch.setattr(m, "_torch_run", torch_run)
-    return m, calls, timed
-
-
-def _packed_args(lengths, seed=5):
-    spt = pytest.importorskip("seqpack.torch")
-    g = torch.Generator().manual_seed(seed)
-    x = torch.randn(max(lengths), len(lengths), 3, generator=g)
-    p = spt.pack_padded_sequence(x, torch.tensor(lengths), enforce_sorted=False)
-    h0 = torch.randn(4, len(lengths), 5, generator=g)
-    c0 = torch.randn(4, len(lengths), 5, generator=g)
-    return (p.data, p.batch_sizes, p.sorted_indices, p.unsorted_indices, None, h0, c0)
-
-
-def _close_to_torch(m, got, args):
-    from tolerance import assert_fp_close, rnn_reduction_length
-    want = m._core_run(*args, "fp32")
-    n = rnn_reduction_length(3, 5, 2, True, int(args[1].sum()), 0)
-    for name, g, w in zip(("output", "h_n", "c_n"), got, want):
-        assert_fp_close(g.detach(), w.detach(), n, what=name)
-
-
-@pytest.mark.parametrize("faster", ["seqpack", "torch"])
-def test_auto_runs_the_faster_and_remembers_it(emulated, monkeypatch, faster):
-    spt = pytest.importorskip("seqpack.torch")
-    from seqpack import _cuda_choice
-    slow = "torch" if faster == "seqpack" else "seqpack"
-    m, calls, timed = _auto_layer(emulated, monkeypatch, {faster: 0.001, slow: 0.003})
-    args = _packed_args([4, 2, 3])
-    got = m._cuda_run(*args)
-    # Each side warmed up once and timed REPEATS times, then the faster one ran for the caller.
-    reps = _cuda_choice.REPEATS
-    assert sorted(timed) == sorted(["seqpack"] * reps + ["torch"] * reps)
-    assert calls[faster] == 2 + reps and calls[slow] == 1 + reps, calls
-    _close_to_torch(m, got, args)
-    c = spt.cuda_choice(m)
-    assert c.impl == faster and "SEQPACK_CUDA_LAYERS=auto" in c.why, c
-    assert "1000 us" in c.why and "3000 us" in c.why, c.why
-    # The same configuration again (batch 3 rounds up to 4 like batch 4): no timing, the faster only.
-    before = dict(calls)
-    got = m._cuda_run(*_packed_args([4, 2, 3, 1], seed=6))
-    assert len(timed) == 2 * reps
-    assert calls[faster] == before[faster] + 1 and calls[slow] == before[slow], calls
-    # Another configuration (batch 5: the next power of two) is timed again.
-    m._cuda_run(*_packed_args([4, 2, 3, 1, 2], seed=7))
-    assert len(timed) == 4 * reps
-
-
-def test_auto_does_not_choose_an_implementation_that_fails(emulated, monkeypatch):
-    spt = pytest.importorskip("seqpack.torch")
-    m, calls, timed = _auto_layer(emulated, monkeypatch, {"seqpack": 0.001, "torch": 0.003},
-                                  fail="seqpack")
-    args = _packed_args([3, 3, 1])
-    got = m._cuda_run(*args)
-    _close_to_torch(m, got, args)
-    c = spt.cuda_choice(m)
-    assert c.impl == "torch" and "seqpack failed: RuntimeError: seqpack CUDA: out of shared memory" in c.why, c
-
-
-def test_auto_configurations_are_told_apart():
-    from seqpack import _cuda_choice
-    spt = pytest.importorskip("seqpack.torch")
-    m = spt.GRU(3, 5)
-    x = torch.zeros(6, 3)
-    base = _cuda_choice.key(m, x, "packed", 3, 6)
-    assert _cuda_choice.key(m, x, "packed", 4, 8) == base  # rounded up to powers of two
-    assert _cuda_choice.key(m, x, "packed", 5, 6) != base
-    assert _cuda_choice.key(m, x, "padded", 3, 6) != base
-    assert _cuda_choice.key(m, x.double(), "packed", 3, 6) != base
-    with torch.no_grad():
-        assert _cuda_choice.key(m, x, "packed", 3, 6) != base  # autograd not recording
-    m.eval()
-    assert _cuda_choice.key(m, x, "packed", 3, 6) != base
-
-
-# ---------------------------------------------------------------------------
-# seqpack::rnn and rnn_padded's CUDA kernels (seqpack/_torch_cuda_ops.py).
-
-def test_operators_get_cuda_kernels_when_registered():
-    """register() gives both operators CUDA and AutogradCUDA kernels (in a fresh
-    process: a registration lasts for the process), which the dispatcher then
-    runs for CUDA tensors instead of the C++ CPU and autograd kernels."""
-    pytest.importorskip("seqpack.torch")
-    code = ("import torch, seqpack.torch\n"
-            "from seqpack import _torch_cuda_ops as o\n"
-            "has = torch._C._dispatch_has_kernel_for_dispatch_key\n"
-            "ops = ('seqpack::rnn', 'seqpack::rnn_padded')\n"
-            "keys = ('CUDA', 'AutogradCUDA')\n"
-            "print([has(op, k) for op in ops for k in keys], o.registered())\n"
-            "o.register(object()); o.register(object())  # twice: once\n"
-            "print([has(op, k) for op in ops for k in keys], o.registered())\n")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
-    assert out.returncode == 0, out.stderr
-    assert out.stdout.split("\n")[:2] == ["[False, False, False, False] False", "[True, True, True, True] True"]
-
-
-def _operator_kernel(emulated, monkeypatch):
-    from seqpack import _torch_cuda_ops
-    monkeypatch.setattr(emulated, "_validate", functools.partial(emulated._validate, require_cuda=False))
-    monkeypatch.setitem(_torch_cuda_ops._STATE, "backend", emulated)
-    return _torch_cuda_ops
-
-
-def test_operator_kernel_refuses_a_precision_it_cannot_run(emulated, monkeypatch):
-    pytest.importorskip("seqpack.torch")
-    ops = _operator_kernel(emulated, monkeypatch)
-    rnn = torch.nn.GRU(3, 4)
-    x = torch.randn(5, 3)
-    with pytest.raises(ValueError, match=r"precision = 'int8' is not one of \['fp32', 'auto'\]"):
-        ops.rnn(x, torch.tensor([2, 2, 1]), None, None, None, None, list(rnn._flat_weights), "GRU", 4, 1, True,
-                False, 0, 0.0, False, None, "int8")
-
-
-def test_operator_kernel_seeds_its_dropout(emulated, monkeypatch):
-    """seed, where given, makes the dropout masks (and so the results) repeat;
-    another seed draws others; torch's RNG is as before afterwards."""
-    pytest.importorskip("seqpack.torch")
-    ops = _operator_kernel(emulated, monkeypatch)
-    torch.manual_seed(0)
-    rnn = torch.nn.LSTM(3, 4, num_layers=3)
-    x, bs = torch.randn(6, 3), torch.tensor([3, 2, 1])
-
-    def run(seed):
-        return ops.rnn(x, bs, None, None, None, None, list(rnn._flat_weights), "LSTM", 4, 3, True, False, 0, 0.5,
-                       True, seed, "fp32")[0]
-
-    before = torch.get_rng_state()
-    a, b, c = run(5), run(5), run(6)
-    assert torch.equal(torch.get_rng_state(), before)
-    assert torch.equal(a, b)
-    assert not torch.equal(a, c)
-
-
 @pytest.mark.parametrize("name,value,message", [
     ("SEQPACK_CUDA_CLUSTER", v, f"SEQPACK_CUDA_CLUSTER = '{v}' is not a block count from 1 to 16")
     for v in ("0", "17", "four", "2x")] + [
@@ -1039,13 +624,8 @@ def test_operator_kernel_seeds_its_dropout(emulated, monkeypatch):
     ("SEQPACK_CUDA_CLUSTER_MMA", "yes", "SEQPACK_CUDA_CLUSTER_MMA = 'yes' is not 0 or 1")])
 def test_cluster_settings_are_checked(emulated, setenv, name, value, message):
     setenv("SEQPACK_CUDA_KERNEL", "cluster")
-    setenv(name, value)
-    # bfloat16 and H = 16: where the tensor-core setting is read.
-    rnn = torch.nn.GRU(3, 16).to(torch.bfloat16)
-    x = torch.randn(4, 3).to(torch.bfloat16)
-    with pytest.raises(RuntimeError, match=message):
-        emulated._forward_impl("GRU", x, torch.tensor([2, 2]), torch.zeros(1, 2, 16, dtype=torch.bfloat16), None,
-                               list(rnn._flat_weights), None, True, 1, False, 0, False, True)
+    with pytest.raises(ValueError, match=message):
+        setenv(name, value)
 
 
 @pytest.mark.parametrize("mode,dtype,eps,cluster", [
@@ -1102,8 +682,8 @@ def test_emulated_cluster_3xtf32_matches_torch_float32(emulated, setenv, mode, l
     leaves = [t.clone().requires_grad_() for t in [packed.data] + states + weights]
     c = leaves[2] if c0 is not None else None
     w = leaves[len(states) + 1:]
-    y, hn, cn = emulated._run(mode, leaves[0], packed.batch_sizes, leaves[1], c, w, None, True, 1, True, 0, True,
-                              True)
+    y, hn, cn = emulated.run(mode, leaves[0], packed.batch_sizes, leaves[1], c, w, True, 1, True, 0,
+                             allow_tf32=True)
     gy, ghn = torch.randn_like(y), torch.randn_like(hn)
     loss = (y * gy).sum() + (hn * ghn).sum() + (cn.sum() if cn is not None else 0)
     got = [y, hn[:, :len(lengths)]] + list(torch.autograd.grad(loss, leaves))
@@ -1134,23 +714,13 @@ def test_emulated_relu_keeps_nan_as_torch(emulated):
     packed = torch.nn.utils.rnn.pack_sequence(seqs)
     h0 = torch.zeros(1, 2, 4)
     weights = [w.detach().clone() for w in rnn._flat_weights]
-    y, hn, _ = emulated._run("RNN_RELU", packed.data, packed.batch_sizes, h0, None, weights, None, True, 1, False,
-                             0, False, True)
+    y, hn, _ = emulated.run("RNN_RELU", packed.data, packed.batch_sizes, h0, None, weights, True, 1, False)
     ry, rhn = torch._VF.rnn_relu(packed.data, packed.batch_sizes, h0, weights, True, 1, 0.0, False, False)
     assert torch.equal(torch.isnan(y), torch.isnan(ry)) and bool(torch.isnan(ry).any())
     assert torch.equal(torch.isnan(hn), torch.isnan(rhn))
     from tolerance import assert_fp_close, rnn_reduction_length
     ok = ~torch.isnan(ry)
     assert_fp_close(y[ok], ry[ok], rnn_reduction_length(3, 4, steps=5), what="output")
-
-
-def _grid_launches(emulated):
-    """The emulated library's one-launch kernel launches since the last call:
-    [(grid blocks, cluster blocks or 0 for a cooperative grid)]."""
-    lib = emulated._library()
-    blocks = (ctypes.c_uint * 64)()
-    n = lib.seqpack_cuda_emulated_grid_launches(blocks, 32)
-    return [(blocks[2 * i], blocks[2 * i + 1]) for i in range(min(n, 32))] + [None] * max(n - 32, 0)
 
 
 @pytest.mark.parametrize("kernel,torch_products,proj,expected", [
@@ -1182,12 +752,12 @@ def test_emulated_one_launch_runs_both_directions(emulated, setenv, kernel, torc
     h0, c0 = torch.randn(4, 4, proj or 8), torch.randn(4, 4, 8)
     weights = [w.detach().clone() for w in rnn._flat_weights]
     leaves = [t.clone().requires_grad_() for t in [packed.data, h0, c0] + weights]
-    _grid_launches(emulated)
-    y, hn, cn = emulated._run("LSTM", leaves[0], packed.batch_sizes, leaves[1], leaves[2], leaves[3:], None, True,
-                              2, True, proj, False, torch_products)
+    emulated.grid_launches()
+    y, hn, cn = emulated.run("LSTM", leaves[0], packed.batch_sizes, leaves[1], leaves[2], leaves[3:], True, 2, True,
+                             proj, torch_products=torch_products)
     gy = torch.randn_like(y)
     got = [y, hn, cn] + list(torch.autograd.grad((y * gy).sum() + hn.sum() + cn.sum(), leaves))
-    assert _grid_launches(emulated) == expected
+    assert emulated.grid_launches() == expected
 
     rleaves = [t.clone().requires_grad_() for t in [packed.data, h0, c0] + weights]
     ry, rhn, rcn = torch._VF.lstm(rleaves[0], packed.batch_sizes, (rleaves[1], rleaves[2]), rleaves[3:], True, 2,
@@ -1199,45 +769,9 @@ def test_emulated_one_launch_runs_both_directions(emulated, setenv, kernel, torc
         assert_fp_close(a, b, n, what=f"result {i}")
 
 
-def test_layers_call_the_python_kernels_under_compile_where_the_cpp_ones_exist(monkeypatch):
-    """Where libseqpack_torch has the C++ CUDA kernels (faked: a CPU torch has
-    none), the layers' CUDA forwards call the operators, except under
-    torch.compile, where they call the Python kernels (whose glue registers a
-    traceable custom operator; the C++ kernels cannot run on fake tensors)."""
-    pytest.importorskip("seqpack.torch")
-    from seqpack import _cuda, _torch_cuda_ops, _torch_layers
-    monkeypatch.setitem(_torch_cuda_ops._STATE, "cpp", True)
-    monkeypatch.setattr(_cuda, "_compiling", lambda: False)
-    assert _torch_layers._cuda_operators() is torch.ops.seqpack
-    monkeypatch.setattr(_cuda, "_compiling", lambda: True)
-    assert _torch_layers._cuda_operators() is _torch_cuda_ops
-    monkeypatch.setitem(_torch_cuda_ops._STATE, "cpp", False)
-    assert _torch_layers._cuda_operators() is torch.ops.seqpack
-
-
-@pytest.mark.parametrize("mode", ["LSTM", "GRU"])
-def test_operator_kernel_without_steps_keeps_the_states(emulated, monkeypatch, mode):
-    """rnn_padded's Python CUDA kernel with T = 0 (no lengths): h_n/c_n are the
-    given states, or zeros of (states, B, H), as the CPU operator gives."""
-    pytest.importorskip("seqpack.torch")
-    ops = _operator_kernel(emulated, monkeypatch)
-    rnn = _make(mode, 3, 4, 2, True, True, 0, 6)
-    x = torch.zeros(0, 2, 3)
-    h0 = torch.randn(4, 2, 4)
-    c0 = torch.randn(4, 2, 4) if mode == "LSTM" else None
-    args = ([w.detach() for w in rnn._flat_weights], mode, 4, 2, True, False, True, 0, 0.0, False, None, "fp32")
-    for given in (True, False):
-        out, hn, cn = ops.rnn_padded(x, None, h0 if given else None, c0 if given else None, *args)
-        cpu = torch.ops.seqpack.rnn_padded(x, None, h0 if given else None, c0 if given else None, *args)
-        assert out.shape == (0, 2, 8)
-        assert hn.shape == (4, 2, 4) and torch.equal(hn, cpu[1])
-        if mode == "LSTM":
-            assert torch.equal(cn, cpu[2])
-
-
-# ---- the library's policy (seqpack_cuda_policy): built by the front ends from
-# the SEQPACK_CUDA_* variables, checked and held by the library, which reads no
-# environment. test_cuda_cpp_ops.py runs the C++ front end on the same lists.
+# ---- the library's policy (seqpack_cuda_policy): built by the C++ front end
+# (cuda_ops.cpp) from the SEQPACK_CUDA_* variables, checked and held by the
+# library, which reads no environment.
 
 POLICY_VARIABLES = ("SEQPACK_CUDA_KERNEL", "SEQPACK_CUDA_GEMM", "SEQPACK_CUDA_GEMM_TILE", "SEQPACK_CUDA_CLUSTER",
                     "SEQPACK_CUDA_CLUSTER_GATHER", "SEQPACK_CUDA_CLUSTER_MMA")
@@ -1269,15 +803,32 @@ BAD_ENVIRONMENTS = [
 
 
 @pytest.mark.parametrize("environ,fields", POLICY_ENVIRONMENTS)
-def test_policy_from_environment(environ, fields):
-    module = load_module()
-    assert module.policy_from_environment(environ).as_dict() == dict(POLICY_DEFAULTS, **fields)
+def test_policy_from_environment(emulated, monkeypatch, environ, fields):
+    for name in POLICY_VARIABLES:
+        monkeypatch.delenv(name, raising=False)
+    for name, value in environ.items():
+        monkeypatch.setenv(name, value)
+    expected = dict(POLICY_DEFAULTS, **fields)
+    assert list(emulated.ops._cuda_policy_from_environment()) == list(expected.values())
 
 
 @pytest.mark.parametrize("name,value,message", BAD_ENVIRONMENTS)
-def test_policy_from_environment_refuses_a_bad_value_by_name(name, value, message):
-    with pytest.raises(ValueError, match=re.escape(message)):
-        load_module().policy_from_environment({name: value})
+def test_policy_from_environment_refuses_a_bad_value_by_name(emulated, monkeypatch, name, value, message):
+    monkeypatch.setenv(name, value)
+    with pytest.raises(ValueError, match=re.escape("seqpack CUDA: " + message)):
+        emulated.ops._cuda_policy_from_environment()
+
+
+def test_front_end_installs_its_policy(emulated, monkeypatch):
+    """The operators installed the environment's policy in the library they
+    loaded, and install it again when asked (_cuda_install_policy)."""
+    assert list(emulated.installed_policy().values()) == list(emulated.ops._cuda_policy_from_environment())
+    try:
+        monkeypatch.setenv("SEQPACK_CUDA_KERNEL", "cluster")
+        assert emulated.install_policy()["kernel"] == 2 == emulated.installed_policy()["kernel"]
+    finally:
+        monkeypatch.undo()
+        emulated.install_policy()
 
 
 BAD_POLICIES = [
@@ -1299,13 +850,14 @@ def test_library_refuses_a_bad_policy_value_by_name(emulated, field, value, mess
     """seqpack_cuda_set_policy checks every field: a value out of range is
     SEQPACK_CUDA_INVALID_ARGUMENT with a message naming the field and the value,
     and the policy installed stays (a good change beside the bad one too)."""
-    lib = emulated._library()
-    before = emulated.installed_policy().as_dict()
-    p = emulated.policy_from_environment({"SEQPACK_CUDA_KERNEL": "cluster"})
+    lib = emulated.lib
+    before = emulated.installed_policy()
+    p = cuda_emulated.Policy.of(emulated.ops._cuda_policy_from_environment())
+    p.kernel = 2
     setattr(p, field, value)
     assert lib.seqpack_cuda_set_policy(ctypes.byref(p)) == 1
     assert lib.seqpack_cuda_last_error().decode() == "seqpack_cuda: " + message
-    assert emulated.installed_policy().as_dict() == before
+    assert emulated.installed_policy() == before
     assert lib.seqpack_cuda_set_policy(None) == 1
     assert lib.seqpack_cuda_last_error().decode() == "seqpack_cuda: policy is NULL"
 
@@ -1314,10 +866,9 @@ def test_library_defaults_are_the_unset_variables(emulated, tmp_path):
     """A library no front end has given a policy holds the one the unset
     variables mean."""
     copy = tmp_path / "libseqpack_cuda.so"  # another file: another copy of the library's state
-    shutil.copyfile(emulated._state["path"], copy)
-    lib = ctypes.CDLL(str(copy))
-    emulated._bind(lib)
-    p = emulated.Policy()
+    shutil.copyfile(emulated.path, copy)
+    lib = cuda_emulated.bind(ctypes.CDLL(str(copy)))
+    p = cuda_emulated.Policy()
     assert lib.seqpack_cuda_get_policy(ctypes.byref(p)) == 0
     assert p.as_dict() == POLICY_DEFAULTS
 
@@ -1336,11 +887,10 @@ def test_library_reads_no_environment(emulated, monkeypatch):
     """The policy installed runs, whatever the variables say after it: with
     clusters of 4 installed, SEQPACK_CUDA_KERNEL=persistent, another cluster size
     and values that mean nothing change no launch and raise nothing, until the
-    glue installs them again (install_policy), when the bad value is refused by
-    name at the next call."""
-    policy = emulated.policy_from_environment({"SEQPACK_CUDA_KERNEL": "cluster", "SEQPACK_CUDA_CLUSTER": "4"})
-    lib = emulated._library()
-    emulated._check(lib, lib.seqpack_cuda_set_policy(ctypes.byref(policy)))
+    front end installs them again (_cuda_install_policy), which refuses the bad
+    value by name."""
+    emulated.set_policy(kernel=2, cluster_size=4)
+    policy = emulated.installed_policy()
     try:
         for name, value in {"SEQPACK_CUDA_KERNEL": "persistent", "SEQPACK_CUDA_CLUSTER": "2",
                             "SEQPACK_CUDA_CLUSTER_GATHER": "nowhere", "SEQPACK_CUDA_GEMM_TILE": "16",
@@ -1350,41 +900,38 @@ def test_library_reads_no_environment(emulated, monkeypatch):
         packed = torch.nn.utils.rnn.pack_sequence([torch.randn(n, 3) for n in (5, 3, 2)])
         h0, c0 = torch.randn(2, 3, 8), torch.randn(2, 3, 8)
         weights = [w.detach().clone() for w in rnn._flat_weights]
-        _grid_launches(emulated)
-        y, hn, cn = emulated._run("LSTM", packed.data, packed.batch_sizes, h0, c0, weights, None, True, 1, True, 0,
-                                  False, True)
-        assert _grid_launches(emulated) == [(8, 4)]  # both directions, a cluster of 4 each
-        assert emulated.installed_policy().as_dict() == policy.as_dict()
-        emulated.install_policy()
-        with pytest.raises(RuntimeError, match="SEQPACK_CUDA_GEMM_TILE = '16' is not 32 or 64"):
-            emulated._run("LSTM", packed.data, packed.batch_sizes, h0, c0, weights, None, True, 1, True, 0,
-                          False, True)
+        emulated.grid_launches()
+        with torch.no_grad():
+            emulated.run("LSTM", packed.data, packed.batch_sizes, h0, c0, weights, True, 1, True)
+        assert emulated.grid_launches() == [(8, 4)]  # both directions, a cluster of 4 each
+        assert emulated.installed_policy() == policy
+        with pytest.raises(ValueError, match="SEQPACK_CUDA_GEMM_TILE = '16' is not 32 or 64"):
+            emulated.install_policy()
+        assert emulated.installed_policy() == policy
     finally:
         monkeypatch.undo()
         emulated.install_policy()
-    assert emulated.installed_policy().as_dict() == emulated.policy_from_environment().as_dict()
+    assert list(emulated.installed_policy().values()) == list(emulated.ops._cuda_policy_from_environment())
 
 
 def test_policy_tf32_off_overrides_the_calls_allow_tf32(emulated):
     """The policy's tf32 = 0: a float32 call that allows TF32 runs the cluster
     kernels' threads' float32 products, the values of a call that does not
     allow it, bit for bit (H = 32, where tf32 = 1 takes tensor cores: other values)."""
-    lib = emulated._library()
-    policy = emulated.policy_from_environment({"SEQPACK_CUDA_KERNEL": "cluster", "SEQPACK_CUDA_CLUSTER": "2"})
     rnn = _make("GRU", 5, 32, 1, True, True, 0, 51)
     packed = torch.nn.utils.rnn.pack_sequence([torch.randn(n, 5) for n in (4, 3, 1)])
     h0 = torch.randn(2, 3, 32)
     weights = [w.detach().clone() for w in rnn._flat_weights]
 
     def run(allow_tf32):
-        return emulated._run("GRU", packed.data, packed.batch_sizes, h0, None, weights, None, True, 1, True, 0,
-                             allow_tf32, False)[:2]
+        with torch.no_grad():
+            return emulated.run("GRU", packed.data, packed.batch_sizes, h0, None, weights, True, 1, True,
+                                allow_tf32=allow_tf32, torch_products=False)[:2]
     try:
-        emulated._check(lib, lib.seqpack_cuda_set_policy(ctypes.byref(policy)))
+        emulated.set_policy(kernel=2, cluster_size=2)
         exact = run(False)
         assert not all(torch.equal(g, w) for g, w in zip(run(True), exact))  # tf32 = 1: 3xTF32 here
-        policy.tf32 = 0
-        emulated._check(lib, lib.seqpack_cuda_set_policy(ctypes.byref(policy)))
+        emulated.set_policy(kernel=2, cluster_size=2, tf32=0)
         for got, want in zip(run(True), exact):
             assert torch.equal(got, want)
     finally:
