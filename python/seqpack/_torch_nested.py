@@ -379,6 +379,65 @@ def forward(layer, input: Tensor, h0: Optional[Tensor], c0: Optional[Tensor],
         raise ValueError(f"{where}: lengths is for a padded input; a nested tensor has its own "
                          f"(its offsets)")
     check(input, where)
+    values, offsets = input._values, input._offsets
+    if (input._lengths is None and values.is_cpu and offsets.dtype == torch.int64
+            and layer.dropout < 1.0 and not _compiling() and not layer._exporting_onnx()
+            and not layer._autocast_bf16(values) and layer._seqpack_can_run(values, h0, c0)):
+        return _forward_in_place(layer, input, h0, c0)
     packed, layout = _pack(input)
     out, h_n, c_n = layer._forward_packed(packed, h0, c0, None)
     return _unpack(out.data, layout), h_n, c_n
+
+
+class _ValuesOfNested(torch.autograd.Function):
+    """A contiguous nested tensor's values, differentiable into the nested tensor
+    itself: the gradient is made as one nested tensor of the values' gradient
+    (torch's values() would add a nested tensor operation, a Python dispatch,
+    each way). A backward that records a graph (create_graph) makes it with
+    torch's differentiable constructor."""
+
+    @staticmethod
+    def forward(ctx, input):
+        ctx.offsets = input._offsets
+        return input._values.detach()
+
+    @staticmethod
+    def backward(ctx, grad):
+        if torch.is_grad_enabled():
+            return torch.nested.nested_tensor_from_jagged(grad, ctx.offsets)
+        return _make_nested(grad, ctx.offsets)
+
+
+class _NestedOfValues(torch.autograd.Function):
+    """Values -> the contiguous nested tensor of `offsets`, differentiable: the
+    gradient is the nested gradient's values."""
+
+    @staticmethod
+    def forward(ctx, values, offsets):
+        return _make_nested(values.detach(), offsets)
+
+    @staticmethod
+    def backward(ctx, grad):
+        if isinstance(grad, _JAGGED_CLASS) and not torch.is_grad_enabled():
+            return grad._values, None
+        return grad.values(), None
+
+
+def _forward_in_place(layer, input: Tensor, h0: Optional[Tensor], c0: Optional[Tensor]
+                      ) -> Tuple[Tensor, Tensor, Tensor]:
+    """forward on a contiguous CPU nested tensor that seqpack's operators run:
+    seqpack::rnn_nested reads the values where they lie and writes the output's
+    rows in their order (its plan made from the offsets in C++), so no packed
+    copy is made either way; its results equal the packed forward's."""
+    values, offsets = input._values, input._offsets
+    layer.check_input(values, offsets)  # torch's checks of packed rows (2-D, input_size)
+    layer._check_states(h0, c0, offsets.size(0) - 1)
+    if input.requires_grad and torch.is_grad_enabled():
+        values = _ValuesOfNested.apply(input)
+    out, h_n, c_n = torch.ops.seqpack.rnn_nested(
+        values, offsets, h0, c0, layer._flat_weights, layer.mode, layer.hidden_size,
+        layer.num_layers, layer.bias, layer.bidirectional, layer.proj_size, layer.dropout,
+        layer.training, None, "fp32")
+    if out.requires_grad:
+        return _NestedOfValues.apply(out, offsets), h_n, c_n
+    return _make_nested(out, offsets), h_n, c_n

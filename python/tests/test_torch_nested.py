@@ -131,6 +131,58 @@ def test_layer_matches_packed(c):
 
 
 @needs_jagged
+def test_cpu_forward_reads_values_in_place(monkeypatch):
+    """A contiguous CPU nested tensor of float32 or float64 runs seqpack::rnn_nested
+    on its values (no packed copy: _pack is not called); one with lengths packs."""
+    def no_pack(input):
+        raise AssertionError("packed a nested tensor that rnn_nested takes")
+
+    monkeypatch.setattr(_torch_nested, "_pack", no_pack)
+    m = st.GRU(3, 4, batch_first=True)
+    out, _ = m(nested([torch.randn(2, 3), torch.randn(0, 3)], requires_grad=True))
+    assert out.is_nested and out.values().shape == (2, 4)
+    narrowed = torch.nested.nested_tensor_from_jagged(
+        torch.randn(4, 3), torch.tensor([0, 2, 4]), lengths=torch.tensor([1, 2]))
+    with pytest.raises(AssertionError, match="packed a nested tensor"):
+        m(narrowed)
+
+
+@needs_jagged
+@pytest.mark.parametrize("cls", [st.LSTM, st.GRU])
+def test_double_backward_matches_packed(cls):
+    """A gradient penalty (the input gradient taken with create_graph, its square
+    summed and differentiated into the weights) through seqpack::rnn_nested equals
+    the packed call's. (On the operator: PyTorch 2.6 cannot differentiate twice
+    through a nested tensor's own operations, aten._nested_tensor_storage_offsets.)"""
+    torch.manual_seed(7)
+    lengths = [3, 0, 4, 1]
+    m = cls(3, 4, num_layers=2, bidirectional=True, batch_first=True, dtype=torch.float64)
+    seqs = [torch.randn(k, 3, dtype=torch.float64) for k in lengths]
+    offsets = torch.tensor([0, 3, 3, 7, 8])
+
+    def nested_rows(values):
+        return torch.ops.seqpack.rnn_nested(
+            values, offsets, None, None, m._flat_weights, m.mode, m.hidden_size, m.num_layers,
+            m.bias, m.bidirectional, m.proj_size, 0.0, False)[0]
+
+    def packed_rows(values):
+        out, _ = m(st.pack_sequence(list(values.split(lengths)), enforce_sorted=False))
+        return torch.cat(st.unpack_sequence(out))
+
+    results = []
+    for rows in (nested_rows, packed_rows):
+        values = torch.cat(seqs).requires_grad_()
+        (g,) = torch.autograd.grad(rows(values).square().sum(), [values], create_graph=True)
+        m.zero_grad()
+        g.square().sum().backward()
+        results.append([g.detach()] + [p.grad.clone() for p in m.parameters()])
+    n = rnn_reduction_length(3, 4, 2, True, 8)
+    names = ["input gradient"] + [f"penalty grad {name}" for name, _ in m.named_parameters()]
+    for a, b, what in zip(results[0], results[1], names):
+        close(a, b, n, what)
+
+
+@needs_jagged
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 def test_torch_dtypes_match_packed(dtype):
     """Dtypes seqpack's CPU kernels do not take run torch's, on nested input as on packed."""
