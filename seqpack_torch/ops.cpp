@@ -435,22 +435,11 @@ std::tuple<int64_t, int64_t> plan_cache_size() {
   return {static_cast<int64_t>(entries), static_cast<int64_t>(bytes)};
 }
 
-// `ids`: where set, layer 0 reads packed row r from row ids[r] of `data`
-// (rnn_forward_lookup: a nested tensor's values read in place), else `data`
-// holds the packed rows.
 RNNForwardResult run_forward(const RNNCall& call, const Tensor& data, const OptTensor& h0,
-                             const OptTensor& c0, at::TensorList weights, bool save,
-                             const std::vector<int64_t>* ids = nullptr) {
+                             const OptTensor& c0, at::TensorList weights, bool save) {
   constexpr const char* op = "seqpack::rnn";
   std::vector<CoreTensor> w = core_weights(weights, op);
   CoreTensor x = to_core(data, op, "input"), h = to_core(h0, op, "h0"), c = to_core(c0, op, "c0");
-  auto forward = [&](const std::vector<CoreTensor>& weights_, const RNNModelPlan* model) {
-    if (ids)
-      return rnn_forward_lookup(call.options, weights_, x, *ids, *call.plan, h, c, call.train,
-                                save, call.seed, model);
-    return rnn_forward(call.options, weights_, x, *call.plan, h, c, call.train, save, call.seed,
-                       model);
-  };
   return checked(op, [&] {
     // core_weights copied any non-contiguous weight: those have no stable
     // source to key on (and their copies are this call's own).
@@ -461,18 +450,20 @@ RNNForwardResult run_forward(const RNNCall& call, const Tensor& data, const OptT
     // comparing the weights with a plan's copy reads them twice (a decoder's
     // step of LSTM(128, 256) at batch 1: 0.14 ms a call against 0.06).
     const bool one_step = call.plan->batch_sizes().size() <= 1;
-    if (!save && one_step && call.options.precision == Precision::fp32) return forward(w, nullptr);
+    if (!save && one_step && call.options.precision == Precision::fp32)
+      return rnn_forward(call.options, w, x, *call.plan, h, c, call.train, save, call.seed, nullptr);
     if (contiguous && ModelPlanCache::bytes_of(weights) <= ModelPlanCache::kBytes) {
       const std::shared_ptr<const RNNModelPlan> model =
           model_plan_cache().get(call.options, weights, w);
       // The plan's copy: what it was made from, and what a backward reads.
-      return forward(rnn_plan_weights(*model), model.get());
+      return rnn_forward(call.options, rnn_plan_weights(*model), x, *call.plan, h, c, call.train,
+                         save, call.seed, model.get());
     }
     // Not kept: a backward reads a copy of the forward's weights (the
     // parameters' storage may be replaced or freed before it runs).
     if (save && contiguous)
       for (CoreTensor& t : w) t = t.clone();
-    return forward(w, nullptr);
+    return rnn_forward(call.options, w, x, *call.plan, h, c, call.train, save, call.seed, nullptr);
   });
 }
 
@@ -543,12 +534,14 @@ std::shared_ptr<const PackingPlan> plan_of(const Tensor& data, const Tensor& bat
 // A jagged nested tensor keeps sequence b's rows at values rows
 // [offsets[b], offsets[b + 1]). Its plan is the packing plan of those lengths
 // (stably sorted by decreasing length, as pack_sequence(enforce_sorted=False)
-// sorts) and `ids`, the values row of each packed row. Layer 0's input
-// projection is then computed over the values rows where they lie and each
-// step reads its rows' projections through `ids` (rnn_forward_lookup, with the
-// values as the table), so no packed copy of the input is made; the output's
-// rows are written back in the values' order, and the backward reads the
-// output gradient in that order and returns the input gradient in it.
+// sorts) and `ids`, the values row of each packed row. The operator takes the
+// values and offsets as they are and moves rows between the two orders in
+// C++ (one row copy each way, no torch operation, no plan in Python): the
+// input into the packed order, the output back into the values' order; the
+// backward the output gradient in, the input gradient out. (Reading the
+// values in place through rnn_forward_lookup, the values as its table, was
+// measured slower: its per-row projection pointers and its backward's table
+// gradient cost more than the copies, up to 1.5x on a training step.)
 struct NestedPlan {
   std::shared_ptr<const PackingPlan> plan;
   std::vector<int64_t> ids;  // packed row r is values row ids[r]
@@ -725,8 +718,9 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> nested_forward(
   RNNCall call = make_call(op, values, values.size(1), mode, hidden_size, num_layers, bias,
                            bidirectional, proj_size, dropout, train, seed, precision);
   call.plan = np->plan;
-  RNNForwardResult r = run_forward(call, values, h0, c0, weights, save, &np->ids);
-  auto [output, h_n, c_n] = outputs(r, values);
+  const Tensor data = reorder_rows(values, np->ids, /*to_values=*/false);
+  RNNForwardResult r = run_forward(call, data, h0, c0, weights, save);
+  auto [output, h_n, c_n] = outputs(r, data);
   return {reorder_rows(output, np->ids, /*to_values=*/true), h_n, c_n,
           save ? make_handle(r.saved) : Tensor()};
 }
@@ -752,22 +746,24 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> rnn_nested_train_cpu(
 }
 
 // Gradients of one rnn_nested call: the output gradient's rows taken into the
-// packed order, then rnn_backward_cpu (whose input gradient is the values',
-// in their order: the lookup's table gradient).
+// packed order, rnn_backward_cpu, the input gradient's rows put back into the
+// values' order.
 std::tuple<Tensor, Tensor, Tensor, std::vector<Tensor>> rnn_nested_backward_cpu(
     const Tensor& saved, const Tensor& offsets, const OptTensor& grad_output,
     const OptTensor& grad_h_n, const OptTensor& grad_c_n, const Tensor& values,
     const OptTensor& h0, const OptTensor& c0, at::TensorList weights, bool input_grad,
     bool state_grad) {
   constexpr const char* op = "seqpack::rnn_nested backward";
+  const std::vector<int64_t>& ids = nested_plan_of(values, offsets, op)->ids;
   OptTensor g_out;
   if (grad_output.has_value() && grad_output->defined()) {
     check_cpu(*grad_output, op, "grad_output");
-    g_out = reorder_rows(*grad_output, nested_plan_of(values, offsets, op)->ids,
-                         /*to_values=*/false);
+    g_out = reorder_rows(*grad_output, ids, /*to_values=*/false);
   }
-  return rnn_backward_cpu(saved, g_out, grad_h_n, grad_c_n, values, h0, c0, weights, input_grad,
-                          state_grad);
+  auto grads = rnn_backward_cpu(saved, g_out, grad_h_n, grad_c_n, values, h0, c0, weights,
+                                input_grad, state_grad);
+  if (input_grad) std::get<0>(grads) = reorder_rows(std::get<0>(grads), ids, /*to_values=*/true);
+  return grads;
 }
 
 // The operators as the autograd kernels call them (through the dispatcher).

@@ -1,7 +1,15 @@
 """Jagged nested tensors (torch.nested.nested_tensor(seqs, layout=torch.jagged),
 PyTorch 2.6+) for seqpack.torch: pack_nested and to_nested (the conversions
 to and from a PackedSequence, and from a padded batch with lengths), and the
-layers' forward on a nested tensor (a PackedSequence in between: `forward`).
+layers' forward on a nested tensor (`forward`).
+
+A contiguous CPU nested tensor that seqpack's kernels run goes to the operator
+seqpack::rnn_nested as its values and offsets (seqpack_torch/ops.cpp: the plan
+from the offsets and the row copies between the values' order and the packed
+order in C++), linked to the nested tensors around it by _ValuesOfNested and
+_NestedOfValues. Any other (CUDA, torch's dtypes, one with lengths, under
+torch.compile) runs the layer's packed forward on a PackedSequence made as
+below.
 
 A jagged nested tensor of shape (batch, ragged steps, features) keeps every
 sequence's rows end to end in one values tensor, sequence b at rows
@@ -432,7 +440,7 @@ def _forward_in_place(layer, input: Tensor, h0: Optional[Tensor], c0: Optional[T
     values, offsets = input._values, input._offsets
     layer.check_input(values, offsets)  # torch's checks of packed rows (2-D, input_size)
     layer._check_states(h0, c0, offsets.size(0) - 1)
-    if input.requires_grad and torch.is_grad_enabled():
+    if torch.is_grad_enabled() and input.requires_grad:  # (a nested tensor's attribute: ~4 µs)
         values = _ValuesOfNested.apply(input)
     out, h_n, c_n = torch.ops.seqpack.rnn_nested(
         values, offsets, h0, c0, layer._flat_weights, layer.mode, layer.hidden_size,
