@@ -379,9 +379,10 @@ def _describe(x) -> str:
 def forward(layer, input: Tensor, h0: Optional[Tensor], c0: Optional[Tensor],
             lengths) -> Tuple[Tensor, Tensor, Tensor]:
     """A seqpack.torch layer's forward on a jagged nested tensor (batch, ragged
-    steps, input_size): its packed forward on pack_nested(input) (states in the
-    caller's batch order, as for padded input), the output a nested tensor with
-    the input's offsets. -> (output, h_n, c_n)."""
+    steps, input_size): seqpack::rnn_nested on its values where it can
+    (_forward_in_place), else its packed forward on pack_nested(input); states
+    in the caller's batch order (as for padded input), the output a nested
+    tensor with the input's offsets. -> (output, h_n, c_n)."""
     where = f"seqpack.torch.{type(layer).__name__}"
     if lengths is not None:
         raise ValueError(f"{where}: lengths is for a padded input; a nested tensor has its own "
