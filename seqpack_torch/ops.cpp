@@ -36,6 +36,7 @@
 // negative length, a count that is not the batch size, 2-D lengths, a 1-D
 // input), the type is torch's: RuntimeError (IndexError for the input).
 #include <ATen/ATen.h>
+#include <ATen/Parallel.h>
 #include <ATen/CPUGeneratorImpl.h>
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <torch/autograd.h>
@@ -582,18 +583,22 @@ std::shared_ptr<const NestedPlan> nested_plan_of(const Tensor& values, const Ten
 }
 
 // rows[ids[r]] = packed[r] (to_values) or packed[r] = rows[ids[r]]: one row
-// copy each, on contiguous [rows, width] tensors.
+// copy each, on contiguous [rows, width] tensors, split over torch's threads.
 Tensor reorder_rows(const Tensor& from, const std::vector<int64_t>& ids, bool to_values) {
   const Tensor src = from.contiguous();
   Tensor dst = at::empty_like(src);
   const int64_t bytes = src.dim() == 2 ? src.size(1) * static_cast<int64_t>(src.element_size()) : 0;
   const auto* s = static_cast<const char*>(src.data_ptr());
   auto* d = static_cast<char*>(dst.data_ptr());
-  for (std::size_t r = 0; r < ids.size(); ++r) {
-    const int64_t packed = static_cast<int64_t>(r) * bytes, values = ids[r] * bytes;
-    std::memcpy(d + (to_values ? values : packed), s + (to_values ? packed : values),
-                static_cast<std::size_t>(bytes));
-  }
+  // A grain of 256 KiB: below it a thread's start costs more than its share.
+  const int64_t grain = std::max<int64_t>(1, (int64_t{256} << 10) / std::max<int64_t>(bytes, 1));
+  at::parallel_for(0, static_cast<int64_t>(ids.size()), grain, [&](int64_t begin, int64_t end) {
+    for (int64_t r = begin; r < end; ++r) {
+      const int64_t packed = r * bytes, values = ids[static_cast<std::size_t>(r)] * bytes;
+      std::memcpy(d + (to_values ? values : packed), s + (to_values ? packed : values),
+                  static_cast<std::size_t>(bytes));
+    }
+  });
   return dst;
 }
 
