@@ -148,6 +148,35 @@ def test_cpu_forward_reads_values_in_place(monkeypatch):
 
 
 @needs_jagged
+def test_large_batch_on_threads_matches_packed():
+    """Rows enough for seqpack::rnn_nested to split its row copies over two threads
+    (past their 256 KiB grain): output, h_n and the gradients equal the packed call's."""
+    torch.manual_seed(11)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        lengths = [300, 0, 700, 1, 1500, 500]
+        m = st.GRU(48, 64, batch_first=True)
+        seqs = [torch.randn(k, 48) for k in lengths]
+        nt = nested(seqs, requires_grad=True)
+        out, h = m(nt)
+        (out.values().square().sum() + h.sum()).backward()
+        grads_n = [p.grad.clone() for p in m.parameters()]
+        m.zero_grad()
+        ps = [s.clone().requires_grad_() for s in seqs]
+        out_p, h_p = m(st.pack_sequence(ps, enforce_sorted=False))
+        (out_p.data.square().sum() + h_p.sum()).backward()
+    finally:
+        torch.set_num_threads(threads)
+    n = rnn_reduction_length(48, 64, steps=1500)
+    close(out.values(), torch.cat(st.unpack_sequence(out_p)), n, "output")
+    close(h, h_p, n, "h_n")
+    close(nt.grad.values(), torch.cat([s.grad for s in ps]), n, "grad values")
+    for (name, _), a, b in zip(m.named_parameters(), grads_n, [p.grad for p in m.parameters()]):
+        close(a, b, n, f"grad {name}")
+
+
+@needs_jagged
 @pytest.mark.parametrize("cls", [st.LSTM, st.GRU])
 def test_double_backward_matches_packed(cls):
     """A gradient penalty (the input gradient taken with create_graph, its square
