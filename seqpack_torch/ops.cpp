@@ -572,7 +572,15 @@ std::shared_ptr<const NestedPlan> nested_plan_of(const Tensor& values, const Ten
   std::vector<int64_t> cu(p, p + n);
   auto made = std::make_shared<NestedPlan>();
   checked(op, [&] {
-    const std::vector<int64_t> lengths = lengths_from_cu_seqlens(cu, values.size(0));
+    std::vector<int64_t> lengths;
+    try {
+      lengths = lengths_from_cu_seqlens(cu, values.size(0));
+    } catch (const std::invalid_argument& e) {
+      // The core's messages name its argument cu_seqlens: here they are the offsets.
+      std::string m = e.what();
+      for (std::size_t at; (at = m.find("cu_seqlens")) != std::string::npos;) m.replace(at, 10, "offsets");
+      throw std::invalid_argument(m);
+    }
     made->plan = std::make_shared<const PackingPlan>(
         PackingPlan::from_lengths(lengths, /*enforce_sorted=*/false));
     made->ids = packed_gather_from_varlen(*made->plan);

@@ -290,6 +290,37 @@ def test_layer_errors():
 
 
 @needs_jagged
+def test_rnn_nested_operator_errors():
+    """seqpack::rnn_nested names what is wrong with its values and offsets."""
+    m = st.LSTM(3, 4)
+    args = (m._flat_weights, m.mode, m.hidden_size, m.num_layers, m.bias, m.bidirectional,
+            m.proj_size, 0.0, False)
+
+    def call(values, offsets):
+        torch.ops.seqpack.rnn_nested(values, offsets, None, None, *args)
+
+    v = torch.randn(5, 3)
+    with pytest.raises(ValueError, match=r"seqpack::rnn_nested: offsets must be 1-D .* got shape "
+                                         r"\[1, 2\]"):
+        call(v, torch.tensor([[0, 5]]))
+    with pytest.raises(ValueError, match=r"offsets\[2\] = 4 does not match the 5 rows of the "
+                                         r"values"):
+        call(v, torch.tensor([0, 2, 4]))
+    with pytest.raises(ValueError, match=r"offsets\[2\] = 2 is less than offsets\[1\] = 3"):
+        call(v, torch.tensor([0, 3, 2, 5]))
+    with pytest.raises(ValueError, match=r"offsets\[0\] = 1 must be 0"):
+        call(v, torch.tensor([1, 5]))
+    with pytest.raises(TypeError, match="offsets must be int64, got Int"):
+        call(v, torch.tensor([0, 5], dtype=torch.int32))
+    with pytest.raises(ValueError, match=r"values must be 2-D \[rows, input_size\], got shape "
+                                         r"\[5\]"):
+        call(torch.randn(5), torch.tensor([0, 5]))
+    call(v, torch.tensor([0, 5]))  # after the errors, a good call (the plan kept is sound)
+    with pytest.raises(ValueError, match=r"offsets\[1\] = 5 does not match the 4 rows"):
+        call(v[:4], torch.tensor([0, 5]))  # the kept plan's offsets, other values
+
+
+@needs_jagged
 @pytest.mark.parametrize("with_lengths", [False, True])
 def test_make_nested_is_torchs_constructor(with_lengths):
     """seqpack's shortcut of NestedTensor's constructor (seqpack/_torch_nested.py,
