@@ -390,8 +390,13 @@ def forward(layer, input: Tensor, h0: Optional[Tensor], c0: Optional[Tensor],
     check(input, where)
     values, offsets = input._values, input._offsets
     if (input._lengths is None and values.is_cpu and offsets.dtype == torch.int64
-            and layer.dropout < 1.0 and not _compiling() and not layer._exporting_onnx()
+            and layer.dropout < 1.0 and not layer._exporting_onnx()
             and not layer._autocast_bf16(values) and layer._seqpack_can_run(values, h0, c0)):
+        if _compiling():
+            # What Dynamo traces: torch's own links between the nested tensors and
+            # their values around the operator (whose fake needs no unbacked size).
+            out, h_n, c_n = _rnn_nested(layer, input.values(), offsets, h0, c0)
+            return torch.nested.nested_tensor_from_jagged(out, offsets), h_n, c_n
         return _forward_in_place(layer, input, h0, c0)
     packed, layout = _pack(input)
     out, h_n, c_n = layer._forward_packed(packed, h0, c0, None)
@@ -432,6 +437,14 @@ class _NestedOfValues(torch.autograd.Function):
         return grad.values(), None
 
 
+def _rnn_nested(layer, values: Tensor, offsets: Tensor, h0: Optional[Tensor],
+                c0: Optional[Tensor]) -> Tuple[Tensor, Tensor, Tensor]:
+    return torch.ops.seqpack.rnn_nested(
+        values, offsets, h0, c0, layer._flat_weights, layer.mode, layer.hidden_size,
+        layer.num_layers, layer.bias, layer.bidirectional, layer.proj_size, layer.dropout,
+        layer.training, None, "fp32")
+
+
 def _forward_in_place(layer, input: Tensor, h0: Optional[Tensor], c0: Optional[Tensor]
                       ) -> Tuple[Tensor, Tensor, Tensor]:
     """forward on a contiguous CPU nested tensor that seqpack's operators run:
@@ -443,10 +456,7 @@ def _forward_in_place(layer, input: Tensor, h0: Optional[Tensor], c0: Optional[T
     layer._check_states(h0, c0, offsets.size(0) - 1)
     if torch.is_grad_enabled() and input.requires_grad:  # (a nested tensor's attribute: ~4 µs)
         values = _ValuesOfNested.apply(input)
-    out, h_n, c_n = torch.ops.seqpack.rnn_nested(
-        values, offsets, h0, c0, layer._flat_weights, layer.mode, layer.hidden_size,
-        layer.num_layers, layer.bias, layer.bidirectional, layer.proj_size, layer.dropout,
-        layer.training, None, "fp32")
+    out, h_n, c_n = _rnn_nested(layer, values, offsets, h0, c0)
     if out.requires_grad:
         return _NestedOfValues.apply(out, offsets), h_n, c_n
     return _make_nested(out, offsets), h_n, c_n
