@@ -7,9 +7,9 @@ A contiguous CPU nested tensor that seqpack's kernels run goes to the operator
 seqpack::rnn_nested as its values and offsets (seqpack_torch/ops.cpp: the plan
 from the offsets and the row copies between the values' order and the packed
 order in C++), linked to the nested tensors around it by _ValuesOfNested and
-_NestedOfValues. Any other (CUDA, torch's dtypes, one with lengths, under
-torch.compile) runs the layer's packed forward on a PackedSequence made as
-below.
+_NestedOfValues (under torch.compile by torch's values() and
+nested_tensor_from_jagged). Any other (CUDA, torch's dtypes, one with lengths)
+runs the layer's packed forward on a PackedSequence made as below.
 
 A jagged nested tensor of shape (batch, ragged steps, features) keeps every
 sequence's rows end to end in one values tensor, sequence b at rows
@@ -447,10 +447,11 @@ def _rnn_nested(layer, values: Tensor, offsets: Tensor, h0: Optional[Tensor],
 
 def _forward_in_place(layer, input: Tensor, h0: Optional[Tensor], c0: Optional[Tensor]
                       ) -> Tuple[Tensor, Tensor, Tensor]:
-    """forward on a contiguous CPU nested tensor that seqpack's operators run:
-    seqpack::rnn_nested reads the values where they lie and writes the output's
-    rows in their order (its plan made from the offsets in C++), so no packed
-    copy is made either way; its results equal the packed forward's."""
+    """forward on a contiguous CPU nested tensor that seqpack's operators run, in
+    eager mode: seqpack::rnn_nested takes the values and offsets as they are and
+    gives the output's rows in the values' order (its plan and the row copies
+    into and out of the packed order in C++, no torch operation between); its
+    results equal the packed forward's."""
     values, offsets = input._values, input._offsets
     layer.check_input(values, offsets)  # torch's checks of packed rows (2-D, input_size)
     layer._check_states(h0, c0, offsets.size(0) - 1)
