@@ -133,7 +133,8 @@ def test_layer_matches_packed(c):
 @needs_jagged
 def test_cpu_forward_reads_values_in_place(monkeypatch):
     """A contiguous CPU nested tensor of float32 or float64 runs seqpack::rnn_nested
-    on its values (no packed copy: _pack is not called); one with lengths packs."""
+    on its values (no PackedSequence made in Python: _pack is not called); one with
+    lengths packs."""
     def no_pack(input):
         raise AssertionError("packed a nested tensor that rnn_nested takes")
 
