@@ -15,10 +15,17 @@ mmap and page faults, while the packed side's input is one tensor. Forward: unde
 forward, sum of the output rows + sum of h_n, backward (gradients into the
 layer's weights and into the input rows, which require grad on both sides).
 
-The nested call pays what the packed one does not: the plan from the offsets
-(a sort and a few small operations on the CPU), one gather of the input rows
-into packed order and one of the output rows back, and the nested output's
-construction; their backward adds the two gathers' scatter.
+The nested call pays what the packed one does not. On the CPU (float32 and
+float64, seqpack's own kernels) seqpack::rnn_nested takes the values and
+offsets: its plan is made from the offsets in C++ (kept while they repeat) and
+the rows move between the values' order and the packed order by one row copy
+in C++ each way, forward and backward. Around it: the nested output's
+construction and, in training, the links between the nested tensors and their
+values (two autograd functions) and torch's nested-tensor autograd (the
+output's values() and its backward, the leaf's gradient accumulation), each a
+Python dispatch. The last lines measure those fixed costs: torch's own (a leaf
+nested tensor, x * 2, values(), sum, backward) and the plumbing alone (the
+layer's two links with no layer between them).
 
     bash scripts/debian13.sh bash -c 'PYTHONPATH=$PWD/build-debian13/python:$PWD/python \\
         /usr/bin/python3 bench/nested_vs_packed.py [--rounds 11] [--reps 20] [--threads 1] \\
@@ -150,6 +157,23 @@ def main():
                            for _ in range(args.rounds))
     print(f"torch's own nested-tensor autograd (x * 2, values(), sum, backward on a leaf): "
           f"{fn * 1e3:.3f} ms against {fp * 1e3:.3f} ms on a plain tensor")
+
+    # A training step of the nested path's plumbing with no layer: the leaf's
+    # values through _ValuesOfNested, a nested tensor of them through
+    # _NestedOfValues, values(), sum, backward: what a step on a nested tensor
+    # costs beyond the same step on its packed rows, whatever the layer.
+    nested_mod = sys.modules["seqpack._torch_nested"]
+    if hasattr(nested_mod, "_NestedOfValues"):
+        def plumbing(x):
+            x.grad = None
+            rows = nested_mod._ValuesOfNested.apply(x)
+            nested_mod._NestedOfValues.apply(rows, x._offsets).values().sum().backward()
+
+        plumbing(nt)
+        fn = statistics.median(median_time(lambda: plumbing(nt), args.reps)[0]
+                               for _ in range(args.rounds))
+        print(f"the nested path's plumbing alone (no layer; values(), sum, backward on a leaf): "
+              f"{fn * 1e3:.3f} ms")
 
 
 if __name__ == "__main__":

@@ -886,7 +886,7 @@ RnnResult rnn_autograd(const Backend& backend, SEQPACK_RNN_PARAMS) {
     const Args a{&backend,
                  {batch_sizes, sorted_indices, unsorted_indices, std::string(mode), hidden_size,
                   num_layers, bias, bidirectional, proj_size, dropout, train, seed,
-                  std::string(precision)}};
+                  std::string(precision), Tensor()}};
     const variable_list out = RnnFunction::apply(data, h0, c0, weights, a);
     return {out[0], out[1], out[2]};
   };

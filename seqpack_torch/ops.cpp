@@ -36,6 +36,7 @@
 // negative length, a count that is not the batch size, 2-D lengths, a 1-D
 // input), the type is torch's: RuntimeError (IndexError for the input).
 #include <ATen/ATen.h>
+#include <ATen/Parallel.h>
 #include <ATen/CPUGeneratorImpl.h>
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <torch/autograd.h>
@@ -43,6 +44,7 @@
 #include <torch/version.h>
 
 #include <algorithm>
+#include <cstring>
 #include <list>
 #include <mutex>
 #include <memory>
@@ -58,6 +60,7 @@
 #include "seqpack/precision.h"
 #include "seqpack/rnn.h"
 #include "seqpack/tensor.h"
+#include "seqpack/varlen.h"
 
 #include "cuda_ops.h"
 #include "schemas.h"
@@ -533,6 +536,86 @@ std::shared_ptr<const PackingPlan> plan_of(const Tensor& data, const Tensor& bat
 }
 
 
+// ---- nested (jagged) input: the values read and written in place ----------
+//
+// A jagged nested tensor keeps sequence b's rows at values rows
+// [offsets[b], offsets[b + 1]). Its plan is the packing plan of those lengths
+// (stably sorted by decreasing length, as pack_sequence(enforce_sorted=False)
+// sorts) and `ids`, the values row of each packed row. The operator takes the
+// values and offsets as they are and moves rows between the two orders in
+// C++ (one row copy each way, no torch operation, no plan in Python): the
+// input into the packed order, the output back into the values' order; the
+// backward the output gradient in, the input gradient out. (Reading the
+// values in place through rnn_forward_lookup, the values as its table, was
+// measured slower: its per-row projection pointers and its backward's table
+// gradient cost more than the copies, up to 1.5x on a training step.)
+struct NestedPlan {
+  std::shared_ptr<const PackingPlan> plan;
+  std::vector<int64_t> ids;  // packed row r is values row ids[r]
+};
+
+// The plan this thread made last, kept with the offsets it was made from (a
+// batch's forward and backward, a stack of layers, an epoch's batches of one
+// shape meet it again): an exact match of the offsets reuses it.
+std::shared_ptr<const NestedPlan> nested_plan_of(const Tensor& values, const Tensor& offsets,
+                                                 const char* op) {
+  const Tensor off = int64_tensor(offsets, op, "offsets");
+  TORCH_CHECK_VALUE(off.defined() && off.dim() == 1 && off.numel() >= 1, op,
+                    ": offsets must be 1-D with one entry per sequence and one more, got shape ",
+                    offsets.sizes());
+  TORCH_CHECK_VALUE(values.dim() == 2, op,
+                    ": values must be 2-D [rows, input_size], got shape ", values.sizes());
+  const Tensor c = off.contiguous();
+  const int64_t* p = c.data_ptr<int64_t>();
+  const auto n = static_cast<std::size_t>(c.numel());
+  thread_local std::vector<int64_t> kept_offsets;
+  thread_local std::shared_ptr<const NestedPlan> kept;
+  if (kept && kept_offsets.size() == n && std::equal(p, p + n, kept_offsets.begin())) {
+    TORCH_CHECK_VALUE(p[n - 1] == values.size(0), op, ": offsets[", n - 1, "] = ", p[n - 1],
+                      " does not match the ", values.size(0), " rows of the values");
+    return kept;
+  }
+  std::vector<int64_t> cu(p, p + n);
+  auto made = std::make_shared<NestedPlan>();
+  checked(op, [&] {
+    std::vector<int64_t> lengths;
+    try {
+      lengths = lengths_from_cu_seqlens(cu, values.size(0));
+    } catch (const std::invalid_argument& e) {
+      // The core's messages name its argument cu_seqlens: here they are the offsets.
+      std::string m = e.what();
+      for (std::size_t at; (at = m.find("cu_seqlens")) != std::string::npos;) m.replace(at, 10, "offsets");
+      throw std::invalid_argument(m);
+    }
+    made->plan = std::make_shared<const PackingPlan>(
+        PackingPlan::from_lengths(lengths, /*enforce_sorted=*/false));
+    made->ids = packed_gather_from_varlen(*made->plan);
+  });
+  kept = made;
+  kept_offsets = std::move(cu);
+  return made;
+}
+
+// rows[ids[r]] = packed[r] (to_values) or packed[r] = rows[ids[r]]: one row
+// copy each, on contiguous [rows, width] tensors, split over torch's threads.
+Tensor reorder_rows(const Tensor& from, const std::vector<int64_t>& ids, bool to_values) {
+  const Tensor src = from.contiguous();
+  Tensor dst = at::empty_like(src);
+  const int64_t bytes = src.dim() == 2 ? src.size(1) * static_cast<int64_t>(src.element_size()) : 0;
+  const auto* s = static_cast<const char*>(src.data_ptr());
+  auto* d = static_cast<char*>(dst.data_ptr());
+  // A grain of 256 KiB: below it a thread's start costs more than its share.
+  const int64_t grain = std::max<int64_t>(1, (int64_t{256} << 10) / std::max<int64_t>(bytes, 1));
+  at::parallel_for(0, static_cast<int64_t>(ids.size()), grain, [&](int64_t begin, int64_t end) {
+    for (int64_t r = begin; r < end; ++r) {
+      const int64_t packed = r * bytes, values = ids[static_cast<std::size_t>(r)] * bytes;
+      std::memcpy(d + (to_values ? values : packed), s + (to_values ? packed : values),
+                  static_cast<std::size_t>(bytes));
+    }
+  });
+  return dst;
+}
+
 // ---- kernels ---------------------------------------------------------------
 //
 // Each public operator has a CPU kernel (the computation, no autograd) and an
@@ -642,6 +725,66 @@ std::tuple<Tensor, Tensor, Tensor, std::vector<Tensor>> rnn_backward_cpu(
           std::move(gw)};
 }
 
+// rnn on a jagged nested tensor's values and offsets (nested_plan_of): the
+// output's rows in the values' order.
+std::tuple<Tensor, Tensor, Tensor, Tensor> nested_forward(
+    const Tensor& values, const Tensor& offsets, const OptTensor& h0, const OptTensor& c0,
+    at::TensorList weights, c10::string_view mode, int64_t hidden_size, int64_t num_layers,
+    bool bias, bool bidirectional, int64_t proj_size, double dropout, bool train,
+    c10::optional<int64_t> seed, c10::string_view precision, bool save) {
+  constexpr const char* op = "seqpack::rnn_nested";
+  const std::shared_ptr<const NestedPlan> np = nested_plan_of(values, offsets, op);
+  RNNCall call = make_call(op, values, values.size(1), mode, hidden_size, num_layers, bias,
+                           bidirectional, proj_size, dropout, train, seed, precision);
+  call.plan = np->plan;
+  const Tensor data = reorder_rows(values, np->ids, /*to_values=*/false);
+  RNNForwardResult r = run_forward(call, data, h0, c0, weights, save);
+  auto [output, h_n, c_n] = outputs(r, data);
+  return {reorder_rows(output, np->ids, /*to_values=*/true), h_n, c_n,
+          save ? make_handle(r.saved) : Tensor()};
+}
+
+std::tuple<Tensor, Tensor, Tensor> rnn_nested_cpu(
+    const Tensor& values, const Tensor& offsets, const OptTensor& h0, const OptTensor& c0,
+    at::TensorList weights, c10::string_view mode, int64_t hidden_size, int64_t num_layers,
+    bool bias, bool bidirectional, int64_t proj_size, double dropout, bool train,
+    c10::optional<int64_t> seed, c10::string_view precision) {
+  auto [output, h_n, c_n, saved] =
+      nested_forward(values, offsets, h0, c0, weights, mode, hidden_size, num_layers, bias,
+                     bidirectional, proj_size, dropout, train, seed, precision, /*save=*/false);
+  return {output, h_n, c_n};
+}
+
+std::tuple<Tensor, Tensor, Tensor, Tensor> rnn_nested_train_cpu(
+    const Tensor& values, const Tensor& offsets, const OptTensor& h0, const OptTensor& c0,
+    at::TensorList weights, c10::string_view mode, int64_t hidden_size, int64_t num_layers,
+    bool bias, bool bidirectional, int64_t proj_size, double dropout, bool train,
+    c10::optional<int64_t> seed, c10::string_view precision) {
+  return nested_forward(values, offsets, h0, c0, weights, mode, hidden_size, num_layers, bias,
+                        bidirectional, proj_size, dropout, train, seed, precision, /*save=*/true);
+}
+
+// Gradients of one rnn_nested call: the output gradient's rows taken into the
+// packed order, rnn_backward_cpu, the input gradient's rows put back into the
+// values' order.
+std::tuple<Tensor, Tensor, Tensor, std::vector<Tensor>> rnn_nested_backward_cpu(
+    const Tensor& saved, const Tensor& offsets, const OptTensor& grad_output,
+    const OptTensor& grad_h_n, const OptTensor& grad_c_n, const Tensor& values,
+    const OptTensor& h0, const OptTensor& c0, at::TensorList weights, bool input_grad,
+    bool state_grad) {
+  constexpr const char* op = "seqpack::rnn_nested backward";
+  const std::vector<int64_t>& ids = nested_plan_of(values, offsets, op)->ids;
+  OptTensor g_out;
+  if (grad_output.has_value() && grad_output->defined()) {
+    check_cpu(*grad_output, op, "grad_output");
+    g_out = reorder_rows(*grad_output, ids, /*to_values=*/false);
+  }
+  auto grads = rnn_backward_cpu(saved, g_out, grad_h_n, grad_c_n, values, h0, c0, weights,
+                                input_grad, state_grad);
+  if (input_grad) std::get<0>(grads) = reorder_rows(std::get<0>(grads), ids, /*to_values=*/true);
+  return grads;
+}
+
 // The operators as the autograd kernels call them (through the dispatcher).
 #define SEQPACK_OP(name, overload, ...)                                            \
   static const auto handle = c10::Dispatcher::singleton()                          \
@@ -652,6 +795,13 @@ std::tuple<Tensor, Tensor, Tensor, std::vector<Tensor>> rnn_backward_cpu(
 const auto& rnn_op() { SEQPACK_OP("rnn", "", decltype(rnn_cpu)); }
 const auto& rnn_train_op() { SEQPACK_OP("_rnn_train", "", decltype(rnn_train_cpu)); }
 const auto& rnn_backward_op() { SEQPACK_OP("_rnn_backward", "", decltype(rnn_backward_cpu)); }
+const auto& rnn_nested_op() { SEQPACK_OP("rnn_nested", "", decltype(rnn_nested_cpu)); }
+const auto& rnn_nested_train_op() {
+  SEQPACK_OP("_rnn_nested_train", "", decltype(rnn_nested_train_cpu));
+}
+const auto& rnn_nested_backward_op() {
+  SEQPACK_OP("_rnn_nested_backward", "", decltype(rnn_nested_backward_cpu));
+}
 
 // What the backward needs besides the saved tensors.
 struct NodeState {
@@ -662,6 +812,7 @@ struct NodeState {
   // reads them (graph_backward; the options are the core's saved ones).
   Tensor batch_sizes;
   OptTensor sorted_indices, unsorted_indices;
+  Tensor offsets;  // a nested call's (its batch sizes and indices are its plan's)
 };
 
 // ---- double backward: the forward again, in torch's differentiable operators
@@ -732,6 +883,21 @@ variable_list graph_backward(AutogradContext* ctx, const NodeState& st, const RN
                              const OptTensor& c0, const std::vector<Tensor>& weights) {
   const RNNOptions& o = rnn_saved_options(core);
   const int64_t LD = o.num_layers * o.num_directions();
+  // A nested call is recomputed on its packed rows (a differentiable gather
+  // of the values by its plan's ids), its output put back in the values' order.
+  NodeState packed = st;
+  Tensor to_packed, to_values;
+  if (st.offsets.defined()) {
+    const auto np = nested_plan_of(data, st.offsets, "seqpack::rnn_nested backward");
+    auto index = [](const std::vector<int64_t>& v) {
+      return at::tensor(c10::ArrayRef<int64_t>(v), at::TensorOptions().dtype(at::kLong));
+    };
+    packed.batch_sizes = index(np->plan->batch_sizes());
+    packed.sorted_indices = index(np->plan->sorted_indices());
+    packed.unsorted_indices = index(np->plan->unsorted_indices());
+    to_packed = index(np->ids);
+    to_values = index(varlen_gather_from_packed(*np->plan));
+  }
   // The forward's batch: h0's where given, else the indices', else the packed
   // batch's first size (as the core's plan counts it).
   int64_t batch = 0;
@@ -739,11 +905,11 @@ variable_list graph_backward(AutogradContext* ctx, const NodeState& st, const RN
     batch = h0->size(1);
   } else if (c0.has_value() && c0->defined()) {
     batch = c0->size(1);
-  } else if (st.sorted_indices.has_value() && st.sorted_indices->defined() &&
-             st.sorted_indices->numel() > 0) {
-    batch = st.sorted_indices->numel();
-  } else if (st.batch_sizes.numel() > 0) {
-    batch = st.batch_sizes[0].item<int64_t>();
+  } else if (packed.sorted_indices.has_value() && packed.sorted_indices->defined() &&
+             packed.sorted_indices->numel() > 0) {
+    batch = packed.sorted_indices->numel();
+  } else if (packed.batch_sizes.numel() > 0) {
+    batch = packed.batch_sizes[0].item<int64_t>();
   }
   // Each argument autograd wants a gradient for gets a stand-in to take it
   // with respect to; the others enter as they are.
@@ -781,7 +947,9 @@ variable_list graph_backward(AutogradContext* ctx, const NodeState& st, const RN
   // torch's operators and their backward in the input's dtype, whatever
   // autocast the caller is in.
   c10::impl::ExcludeDispatchKeyGuard no_autocast(c10::DispatchKey::AutocastCPU);
-  auto [output, h_n, c_n] = torch_forward(st, core, x, h, c, w);
+  auto [output, h_n, c_n] =
+      torch_forward(packed, core, to_packed.defined() ? x.index_select(0, to_packed) : x, h, c, w);
+  if (to_values.defined()) output = output.index_select(0, to_values);
   // Outputs with a gradient that depend on something (a missing gradient is zero).
   variable_list outs, gouts;
   auto take = [&](const Tensor& out, const Tensor& g) {
@@ -808,10 +976,16 @@ class RNNFunction : public torch::autograd::Function<RNNFunction> {
     Tensor output, h_n, c_n, saved;
     {
       at::AutoDispatchBelowADInplaceOrView guard;
-      std::tie(output, h_n, c_n, saved) = rnn_train_op().call(
-          data, a.batch_sizes, a.sorted_indices, a.unsorted_indices, h0, c0, weights, a.mode,
-          a.hidden_size, a.num_layers, a.bias, a.bidirectional, a.proj_size, a.dropout, a.train,
-          a.seed, a.precision);
+      if (a.offsets.defined()) {
+        std::tie(output, h_n, c_n, saved) = rnn_nested_train_op().call(
+            data, a.offsets, h0, c0, weights, a.mode, a.hidden_size, a.num_layers, a.bias,
+            a.bidirectional, a.proj_size, a.dropout, a.train, a.seed, a.precision);
+      } else {
+        std::tie(output, h_n, c_n, saved) = rnn_train_op().call(
+            data, a.batch_sizes, a.sorted_indices, a.unsorted_indices, h0, c0, weights, a.mode,
+            a.hidden_size, a.num_layers, a.bias, a.bidirectional, a.proj_size, a.dropout,
+            a.train, a.seed, a.precision);
+      }
     }
     // Saved for torch's version counters: in-place changes of what the core
     // still reads (input, states, weights) are caught at backward. Its saved
@@ -834,6 +1008,7 @@ class RNNFunction : public torch::autograd::Function<RNNFunction> {
     st.batch_sizes = a.batch_sizes;
     st.sorted_indices = a.sorted_indices;
     st.unsorted_indices = a.unsorted_indices;
+    st.offsets = a.offsets;
     stash(ctx, "state", st);
     if (!st.lstm) ctx->mark_non_differentiable({c_n});
     ctx->set_materialize_grads(false);  // the core treats missing gradients as zeros
@@ -859,9 +1034,14 @@ class RNNFunction : public torch::autograd::Function<RNNFunction> {
     const bool input_grad = ctx->needs_input_grad(0);
     auto opt = [](const Tensor& t) { return t.defined() ? OptTensor(t) : OptTensor(); };
     // c_n of a non-LSTM is an empty placeholder: its gradient is not passed on.
-    auto [g_input, g_h0, g_c0, g_weights] = rnn_backward_op().call(
-        saved[0], opt(grads[0]), opt(grads[1]), st.lstm ? opt(grads[2]) : OptTensor(), saved[1],
-        h0, c0, weights, input_grad, state_grad);
+    const OptTensor g_c_n = st.lstm ? opt(grads[2]) : OptTensor();
+    auto [g_input, g_h0, g_c0, g_weights] =
+        st.offsets.defined()
+            ? rnn_nested_backward_op().call(saved[0], st.offsets, opt(grads[0]), opt(grads[1]),
+                                            g_c_n, saved[1], h0, c0, weights, input_grad,
+                                            state_grad)
+            : rnn_backward_op().call(saved[0], opt(grads[0]), opt(grads[1]), g_c_n, saved[1], h0,
+                                     c0, weights, input_grad, state_grad);
     // One entry per forward argument: data, h0, c0, each weight, args.
     variable_list result = {input_grad ? g_input : Tensor(),
                             st.h0_edge >= 0 && ctx->needs_input_grad(st.h0_edge) ? g_h0 : Tensor(),
@@ -886,10 +1066,27 @@ std::tuple<Tensor, Tensor, Tensor> rnn_autograd(
                          mode, hidden_size, num_layers, bias, bidirectional, proj_size, dropout,
                          train, seed, precision);
   }
-  RNNArgs a{batch_sizes, sorted_indices, unsorted_indices, std::string(mode), hidden_size,
-            num_layers, bias, bidirectional, proj_size, dropout, train, seed,
-            std::string(precision)};
+  RNNArgs a{batch_sizes, sorted_indices, unsorted_indices, std::string(mode),
+            hidden_size, num_layers, bias, bidirectional, proj_size, dropout, train, seed,
+            std::string(precision), Tensor()};
   variable_list out = RNNFunction::apply(data, h0, c0, weights, a);
+  return {out[0], out[1], out[2]};
+}
+
+std::tuple<Tensor, Tensor, Tensor> rnn_nested_autograd(
+    const Tensor& values, const Tensor& offsets, const OptTensor& h0, const OptTensor& c0,
+    at::TensorList weights, c10::string_view mode, int64_t hidden_size, int64_t num_layers,
+    bool bias, bool bidirectional, int64_t proj_size, double dropout, bool train,
+    c10::optional<int64_t> seed, c10::string_view precision) {
+  if (!needs_graph(values, h0, c0, weights)) {
+    at::AutoDispatchBelowADInplaceOrView guard;
+    return rnn_nested_op().call(values, offsets, h0, c0, weights, mode, hidden_size, num_layers,
+                                bias, bidirectional, proj_size, dropout, train, seed, precision);
+  }
+  RNNArgs a{Tensor(), c10::nullopt, c10::nullopt, std::string(mode), hidden_size,
+            num_layers, bias, bidirectional, proj_size, dropout, train, seed,
+            std::string(precision), offsets};
+  variable_list out = RNNFunction::apply(values, h0, c0, weights, a);
   return {out[0], out[1], out[2]};
 }
 
@@ -1355,6 +1552,23 @@ TORCH_LIBRARY(seqpack, m) {
       "pad_packed_sequence(Tensor data, Tensor batch_sizes, Tensor? sorted_indices, "
       "Tensor? unsorted_indices, bool batch_first=False, float padding_value=0.0, " SEQPACK_SYMINT
       "? total_length=None) -> (Tensor padded, Tensor lengths)");
+  // A jagged nested tensor's values [rows, input_size] (sequence b at rows
+  // offsets[b]:offsets[b + 1]) in, the output's rows in the same order out.
+  m.def(
+      "rnn_nested(Tensor values, Tensor offsets, Tensor? h0, Tensor? c0, Tensor[] weights, "
+      "str mode, int hidden_size, int num_layers, bool bias, bool bidirectional, "
+      "int proj_size, float dropout, bool train, int? seed=None, str precision=\"fp32\") -> "
+      "(Tensor output, Tensor h_n, Tensor c_n)");
+  m.def(
+      "_rnn_nested_train(Tensor values, Tensor offsets, Tensor? h0, Tensor? c0, "
+      "Tensor[] weights, str mode, int hidden_size, int num_layers, bool bias, "
+      "bool bidirectional, int proj_size, float dropout, bool train, int? seed=None, "
+      "str precision=\"fp32\") -> (Tensor output, Tensor h_n, Tensor c_n, Tensor saved)");
+  m.def(
+      "_rnn_nested_backward(Tensor saved, Tensor offsets, Tensor? grad_output, "
+      "Tensor? grad_h_n, Tensor? grad_c_n, Tensor values, Tensor? h0, Tensor? c0, "
+      "Tensor[] weights, bool input_grad, bool state_grad) -> (Tensor grad_input, "
+      "Tensor grad_h0, Tensor grad_c0, Tensor[] grad_weights)");
   m.def(
       "_pack_padded_sequence_backward(Tensor grad, Tensor batch_sizes, Tensor sorted_indices, "
       "Tensor unsorted_indices, " SEQPACK_SYMINT "[] size, bool batch_first) -> Tensor");
@@ -1376,6 +1590,9 @@ TORCH_LIBRARY_IMPL(seqpack, CompositeExplicitAutograd, m) {
   m.impl("pad_packed_sequence", &pad_cpu);
   m.impl("_rnn_train", &rnn_train_cpu);
   m.impl("_rnn_backward", &rnn_backward_cpu);
+  m.impl("rnn_nested", &rnn_nested_cpu);
+  m.impl("_rnn_nested_train", &rnn_nested_train_cpu);
+  m.impl("_rnn_nested_backward", &rnn_nested_backward_cpu);
   m.impl("_pack_padded_sequence_backward", &pack_backward_cpu);
   m.impl("_pad_packed_sequence_backward", &pad_backward_cpu);
 }
@@ -1384,6 +1601,7 @@ TORCH_LIBRARY_IMPL(seqpack, Autograd, m) {
   using namespace seqpack::torch_ops;
   m.impl("rnn", &rnn_autograd);
   m.impl("rnn_padded", &rnn_padded_autograd);
+  m.impl("rnn_nested", &rnn_nested_autograd);
   m.impl("pack_padded_sequence", &pack_autograd);
   m.impl("pad_packed_sequence", &pad_autograd);
   m.impl("_pack_padded_sequence_backward", &pack_backward_autograd);

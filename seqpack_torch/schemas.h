@@ -13,7 +13,7 @@ namespace seqpack::torch_ops {
 // What a recurrent call passes besides its differentiable tensors (the CPU
 // and CUDA autograd kernels keep it for their forward and backward).
 struct RNNArgs {
-  at::Tensor batch_sizes;
+  at::Tensor batch_sizes;  // undefined for a nested call
   c10::optional<at::Tensor> sorted_indices, unsorted_indices;
   std::string mode;
   int64_t hidden_size, num_layers;
@@ -23,6 +23,7 @@ struct RNNArgs {
   bool train;
   c10::optional<int64_t> seed;
   std::string precision;
+  at::Tensor offsets;  // a nested call's (rnn_nested), else undefined
 };
 
 constexpr const char* kRnnSchema =

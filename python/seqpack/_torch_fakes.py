@@ -95,6 +95,26 @@ def _fake_rnn_backward(saved, grad_output, grad_h_n, grad_c_n, data, h0, c0, wei
             [w.new_empty(w.shape) for w in weights])
 
 
+def _fake_rnn_nested(values, offsets, h0, c0, weights, mode, hidden_size, num_layers, bias,
+                     bidirectional, proj_size, dropout, train, seed=None, precision="fp32"):
+    directions = 2 if bidirectional else 1
+    real_hidden = proj_size if proj_size > 0 else hidden_size
+    output = values.new_empty((values.size(0), directions * real_hidden))
+    return (output,) + _fake_states(values, mode, num_layers * directions, offsets.size(0) - 1,
+                                    hidden_size, real_hidden)
+
+
+def _fake_rnn_nested_train(*args, **kwargs):
+    output, h_n, c_n = _fake_rnn_nested(*args, **kwargs)
+    return output, h_n, c_n, output.new_empty((1,), dtype=torch.uint8)
+
+
+def _fake_rnn_nested_backward(saved, offsets, grad_output, grad_h_n, grad_c_n, values, h0, c0,
+                              weights, input_grad, state_grad):
+    return _fake_rnn_backward(saved, grad_output, grad_h_n, grad_c_n, values, h0, c0, weights,
+                              input_grad, state_grad)
+
+
 def _fake_rnn_padded(input, lengths, h0, c0, weights, mode, hidden_size, num_layers, bias,
                      batch_first, bidirectional, proj_size, dropout, train, seed=None,
                      precision="fp32"):
@@ -137,7 +157,9 @@ def _fake_sized(grad, batch_sizes, sorted_indices, unsorted_indices, size, batch
 
 
 FAKES = {"rnn": _fake_rnn, "_rnn_train": _fake_rnn_train, "_rnn_backward": _fake_rnn_backward,
-         "rnn_padded": _fake_rnn_padded, "pack_padded_sequence": _fake_pack,
+         "rnn_padded": _fake_rnn_padded, "rnn_nested": _fake_rnn_nested,
+         "_rnn_nested_train": _fake_rnn_nested_train,
+         "_rnn_nested_backward": _fake_rnn_nested_backward, "pack_padded_sequence": _fake_pack,
          "pad_packed_sequence": _fake_pad, "_pack_padded_sequence_backward": _fake_sized,
          "_pad_packed_sequence_backward": _fake_sized}
 

@@ -1,7 +1,15 @@
 """Jagged nested tensors (torch.nested.nested_tensor(seqs, layout=torch.jagged),
 PyTorch 2.6+) for seqpack.torch: pack_nested and to_nested (the conversions
 to and from a PackedSequence, and from a padded batch with lengths), and the
-layers' forward on a nested tensor (a PackedSequence in between: `forward`).
+layers' forward on a nested tensor (`forward`).
+
+A contiguous CPU nested tensor that seqpack's kernels run goes to the operator
+seqpack::rnn_nested as its values and offsets (seqpack_torch/ops.cpp: the plan
+from the offsets and the row copies between the values' order and the packed
+order in C++), linked to the nested tensors around it by _ValuesOfNested and
+_NestedOfValues (under torch.compile by torch's values() and
+nested_tensor_from_jagged). Any other (CUDA, torch's dtypes, one with lengths)
+runs the layer's packed forward on a PackedSequence made as below.
 
 A jagged nested tensor of shape (batch, ragged steps, features) keeps every
 sequence's rows end to end in one values tensor, sequence b at rows
@@ -371,14 +379,85 @@ def _describe(x) -> str:
 def forward(layer, input: Tensor, h0: Optional[Tensor], c0: Optional[Tensor],
             lengths) -> Tuple[Tensor, Tensor, Tensor]:
     """A seqpack.torch layer's forward on a jagged nested tensor (batch, ragged
-    steps, input_size): its packed forward on pack_nested(input) (states in the
-    caller's batch order, as for padded input), the output a nested tensor with
-    the input's offsets. -> (output, h_n, c_n)."""
+    steps, input_size): seqpack::rnn_nested on its values where it can
+    (_forward_in_place), else its packed forward on pack_nested(input); states
+    in the caller's batch order (as for padded input), the output a nested
+    tensor with the input's offsets. -> (output, h_n, c_n)."""
     where = f"seqpack.torch.{type(layer).__name__}"
     if lengths is not None:
         raise ValueError(f"{where}: lengths is for a padded input; a nested tensor has its own "
                          f"(its offsets)")
     check(input, where)
+    values, offsets = input._values, input._offsets
+    if (input._lengths is None and values.is_cpu and offsets.dtype == torch.int64
+            and layer.dropout < 1.0 and not layer._exporting_onnx()
+            and not layer._autocast_bf16(values) and layer._seqpack_can_run(values, h0, c0)):
+        if _compiling():
+            # What Dynamo traces: torch's own links between the nested tensors and
+            # their values around the operator (whose fake needs no unbacked size).
+            out, h_n, c_n = _rnn_nested(layer, input.values(), offsets, h0, c0)
+            return torch.nested.nested_tensor_from_jagged(out, offsets), h_n, c_n
+        return _forward_in_place(layer, input, h0, c0)
     packed, layout = _pack(input)
     out, h_n, c_n = layer._forward_packed(packed, h0, c0, None)
     return _unpack(out.data, layout), h_n, c_n
+
+
+class _ValuesOfNested(torch.autograd.Function):
+    """A contiguous nested tensor's values, differentiable into the nested tensor
+    itself: the gradient is made as one nested tensor of the values' gradient
+    (torch's values() would add a nested tensor operation, a Python dispatch,
+    each way). A backward that records a graph (create_graph) makes it with
+    torch's differentiable constructor."""
+
+    @staticmethod
+    def forward(ctx, input):
+        ctx.offsets = input._offsets
+        return input._values.detach()
+
+    @staticmethod
+    def backward(ctx, grad):
+        if torch.is_grad_enabled():
+            return torch.nested.nested_tensor_from_jagged(grad, ctx.offsets)
+        return _make_nested(grad, ctx.offsets)
+
+
+class _NestedOfValues(torch.autograd.Function):
+    """Values -> the contiguous nested tensor of `offsets`, differentiable: the
+    gradient is the nested gradient's values."""
+
+    @staticmethod
+    def forward(ctx, values, offsets):
+        return _make_nested(values.detach(), offsets)
+
+    @staticmethod
+    def backward(ctx, grad):
+        if isinstance(grad, _JAGGED_CLASS) and not torch.is_grad_enabled():
+            return grad._values, None
+        return grad.values(), None
+
+
+def _rnn_nested(layer, values: Tensor, offsets: Tensor, h0: Optional[Tensor],
+                c0: Optional[Tensor]) -> Tuple[Tensor, Tensor, Tensor]:
+    return torch.ops.seqpack.rnn_nested(
+        values, offsets, h0, c0, layer._flat_weights, layer.mode, layer.hidden_size,
+        layer.num_layers, layer.bias, layer.bidirectional, layer.proj_size, layer.dropout,
+        layer.training, None, "fp32")
+
+
+def _forward_in_place(layer, input: Tensor, h0: Optional[Tensor], c0: Optional[Tensor]
+                      ) -> Tuple[Tensor, Tensor, Tensor]:
+    """forward on a contiguous CPU nested tensor that seqpack's operators run, in
+    eager mode: seqpack::rnn_nested takes the values and offsets as they are and
+    gives the output's rows in the values' order (its plan and the row copies
+    into and out of the packed order in C++, no torch operation between); its
+    results equal the packed forward's."""
+    values, offsets = input._values, input._offsets
+    layer.check_input(values, offsets)  # torch's checks of packed rows (2-D, input_size)
+    layer._check_states(h0, c0, offsets.size(0) - 1)
+    if torch.is_grad_enabled() and input.requires_grad:  # (a nested tensor's attribute: ~4 µs)
+        values = _ValuesOfNested.apply(input)
+    out, h_n, c_n = _rnn_nested(layer, values, offsets, h0, c0)
+    if out.requires_grad:
+        return _NestedOfValues.apply(out, offsets), h_n, c_n
+    return _make_nested(out, offsets), h_n, c_n

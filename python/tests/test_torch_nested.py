@@ -131,6 +131,88 @@ def test_layer_matches_packed(c):
 
 
 @needs_jagged
+def test_cpu_forward_reads_values_in_place(monkeypatch):
+    """A contiguous CPU nested tensor of float32 or float64 runs seqpack::rnn_nested
+    on its values (no PackedSequence made in Python: _pack is not called); one with
+    lengths packs."""
+    def no_pack(input):
+        raise AssertionError("packed a nested tensor that rnn_nested takes")
+
+    monkeypatch.setattr(_torch_nested, "_pack", no_pack)
+    m = st.GRU(3, 4, batch_first=True)
+    out, _ = m(nested([torch.randn(2, 3), torch.randn(0, 3)], requires_grad=True))
+    assert out.is_nested and out.values().shape == (2, 4)
+    narrowed = torch.nested.nested_tensor_from_jagged(
+        torch.randn(4, 3), torch.tensor([0, 2, 4]), lengths=torch.tensor([1, 2]))
+    with pytest.raises(AssertionError, match="packed a nested tensor"):
+        m(narrowed)
+
+
+@needs_jagged
+def test_large_batch_on_threads_matches_packed():
+    """Rows enough for seqpack::rnn_nested to split its row copies over two threads
+    (past their 256 KiB grain): output, h_n and the gradients equal the packed call's."""
+    torch.manual_seed(11)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        lengths = [300, 0, 700, 1, 1500, 500]
+        m = st.GRU(48, 64, batch_first=True)
+        seqs = [torch.randn(k, 48) for k in lengths]
+        nt = nested(seqs, requires_grad=True)
+        out, h = m(nt)
+        (out.values().square().sum() + h.sum()).backward()
+        grads_n = [p.grad.clone() for p in m.parameters()]
+        m.zero_grad()
+        ps = [s.clone().requires_grad_() for s in seqs]
+        out_p, h_p = m(st.pack_sequence(ps, enforce_sorted=False))
+        (out_p.data.square().sum() + h_p.sum()).backward()
+    finally:
+        torch.set_num_threads(threads)
+    n = rnn_reduction_length(48, 64, steps=1500)
+    close(out.values(), torch.cat(st.unpack_sequence(out_p)), n, "output")
+    close(h, h_p, n, "h_n")
+    close(nt.grad.values(), torch.cat([s.grad for s in ps]), n, "grad values")
+    for (name, _), a, b in zip(m.named_parameters(), grads_n, [p.grad for p in m.parameters()]):
+        close(a, b, n, f"grad {name}")
+
+
+@needs_jagged
+@pytest.mark.parametrize("cls", [st.LSTM, st.GRU])
+def test_double_backward_matches_packed(cls):
+    """A gradient penalty (the input gradient taken with create_graph, its square
+    summed and differentiated into the weights) through seqpack::rnn_nested equals
+    the packed call's. (On the operator: PyTorch 2.6 cannot differentiate twice
+    through a nested tensor's own operations, aten._nested_tensor_storage_offsets.)"""
+    torch.manual_seed(7)
+    lengths = [3, 0, 4, 1]
+    m = cls(3, 4, num_layers=2, bidirectional=True, batch_first=True, dtype=torch.float64)
+    seqs = [torch.randn(k, 3, dtype=torch.float64) for k in lengths]
+    offsets = torch.tensor([0, 3, 3, 7, 8])
+
+    def nested_rows(values):
+        return torch.ops.seqpack.rnn_nested(
+            values, offsets, None, None, m._flat_weights, m.mode, m.hidden_size, m.num_layers,
+            m.bias, m.bidirectional, m.proj_size, 0.0, False)[0]
+
+    def packed_rows(values):
+        out, _ = m(st.pack_sequence(list(values.split(lengths)), enforce_sorted=False))
+        return torch.cat(st.unpack_sequence(out))
+
+    results = []
+    for rows in (nested_rows, packed_rows):
+        values = torch.cat(seqs).requires_grad_()
+        (g,) = torch.autograd.grad(rows(values).square().sum(), [values], create_graph=True)
+        m.zero_grad()
+        g.square().sum().backward()
+        results.append([g.detach()] + [p.grad.clone() for p in m.parameters()])
+    n = rnn_reduction_length(3, 4, 2, True, 8)
+    names = ["input gradient"] + [f"penalty grad {name}" for name, _ in m.named_parameters()]
+    for a, b, what in zip(results[0], results[1], names):
+        close(a, b, n, what)
+
+
+@needs_jagged
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 def test_torch_dtypes_match_packed(dtype):
     """Dtypes seqpack's CPU kernels do not take run torch's, on nested input as on packed."""
@@ -206,6 +288,37 @@ def test_layer_errors():
         m(strided)
     with pytest.raises(ValueError, match="shape \\(batch, ragged steps, features\\), got 2-D"):
         m(nested([torch.randn(2), torch.randn(3)]))
+
+
+@needs_jagged
+def test_rnn_nested_operator_errors():
+    """seqpack::rnn_nested names what is wrong with its values and offsets."""
+    m = st.LSTM(3, 4)
+    args = (m._flat_weights, m.mode, m.hidden_size, m.num_layers, m.bias, m.bidirectional,
+            m.proj_size, 0.0, False)
+
+    def call(values, offsets):
+        torch.ops.seqpack.rnn_nested(values, offsets, None, None, *args)
+
+    v = torch.randn(5, 3)
+    with pytest.raises(ValueError, match=r"seqpack::rnn_nested: offsets must be 1-D .* got shape "
+                                         r"\[1, 2\]"):
+        call(v, torch.tensor([[0, 5]]))
+    with pytest.raises(ValueError, match=r"offsets\[2\] = 4 does not match the 5 rows of the "
+                                         r"values"):
+        call(v, torch.tensor([0, 2, 4]))
+    with pytest.raises(ValueError, match=r"offsets\[2\] = 2 is less than offsets\[1\] = 3"):
+        call(v, torch.tensor([0, 3, 2, 5]))
+    with pytest.raises(ValueError, match=r"offsets\[0\] = 1 must be 0"):
+        call(v, torch.tensor([1, 5]))
+    with pytest.raises(TypeError, match="offsets must be int64, got Int"):
+        call(v, torch.tensor([0, 5], dtype=torch.int32))
+    with pytest.raises(ValueError, match=r"values must be 2-D \[rows, input_size\], got shape "
+                                         r"\[5\]"):
+        call(torch.randn(5), torch.tensor([0, 5]))
+    call(v, torch.tensor([0, 5]))  # after the errors, a good call (the plan kept is sound)
+    with pytest.raises(ValueError, match=r"offsets\[1\] = 5 does not match the 4 rows"):
+        call(v[:4], torch.tensor([0, 5]))  # the kept plan's offsets, other values
 
 
 @needs_jagged
@@ -333,10 +446,16 @@ HAS_SETUPTOOLS = importlib.util.find_spec("setuptools.command") is not None
         not HAS_SETUPTOOLS, reason="torch.compile's default backend (inductor) needs "
                                    "setuptools (Debian: python3-setuptools)"))],
     ids=["LSTM", "GRU", "LSTM-inductor"])
-def test_compile_fullgraph(cls, backend):
+def test_compile_fullgraph(cls, backend, monkeypatch):
     """fullgraph torch.compile of a layer on a nested tensor: forward and backward
-    equal eager's, for three batches (static, then dynamic shapes)."""
+    equal eager's, for three batches (static, then dynamic shapes); both run
+    seqpack::rnn_nested on the values (neither packs)."""
     import torch._dynamo.testing
+
+    def no_pack(input):
+        raise AssertionError("packed a nested tensor that rnn_nested takes")
+
+    monkeypatch.setattr(_torch_nested, "_pack", no_pack)
     torch._dynamo.reset()
     torch.manual_seed(3)
     m = cls(4, 6, num_layers=2, bidirectional=True, batch_first=True)
