@@ -9,6 +9,8 @@
 #include <algorithm>
 #include <cstdint>
 
+#include "cpu/transpose_avx512.h"
+
 #define SEQPACK_BF16_PAIRS_TARGET \
   __attribute__((target("avx512f,avx512bw,avx512dq,avx512vl,avx512bf16")))
 
@@ -40,34 +42,6 @@ SEQPACK_BF16_PAIRS_TARGET inline __m512i row_pair(const float* src, int64_t ld, 
   const __m512 hi =
       i + 1 < k && cols ? _mm512_maskz_loadu_ps(cols, lo_row + ld) : _mm512_setzero_ps();
   return _mm512_permutexvar_epi16(_mm512_load_si512(kInterleave), rounded(lo, hi));
-}
-
-// r[i][j] -> r[j][i] for a 16 x 16 table of 32-bit values, one row a
-// register: pairs of rows interleaved by 32 then 64 bits, then 128-bit lanes
-// exchanged between the registers four rows apart.
-SEQPACK_BF16_PAIRS_TARGET inline void transpose_16x16(__m512i r[16]) {
-  __m512i t[16], u[16];
-  for (int i = 0; i < 8; ++i) {
-    t[2 * i] = _mm512_unpacklo_epi32(r[2 * i], r[2 * i + 1]);
-    t[2 * i + 1] = _mm512_unpackhi_epi32(r[2 * i], r[2 * i + 1]);
-  }
-  // u[4i + c], lane L: column 4L + c of rows 4i .. 4i + 3.
-  for (int i = 0; i < 4; ++i) {
-    u[4 * i] = _mm512_unpacklo_epi64(t[4 * i], t[4 * i + 2]);
-    u[4 * i + 1] = _mm512_unpackhi_epi64(t[4 * i], t[4 * i + 2]);
-    u[4 * i + 2] = _mm512_unpacklo_epi64(t[4 * i + 1], t[4 * i + 3]);
-    u[4 * i + 3] = _mm512_unpackhi_epi64(t[4 * i + 1], t[4 * i + 3]);
-  }
-  for (int c = 0; c < 4; ++c) {
-    const __m512i x0 = _mm512_shuffle_i32x4(u[c], u[4 + c], 0x44);
-    const __m512i x1 = _mm512_shuffle_i32x4(u[c], u[4 + c], 0xEE);
-    const __m512i x2 = _mm512_shuffle_i32x4(u[8 + c], u[12 + c], 0x44);
-    const __m512i x3 = _mm512_shuffle_i32x4(u[8 + c], u[12 + c], 0xEE);
-    r[c] = _mm512_shuffle_i32x4(x0, x2, 0x88);
-    r[4 + c] = _mm512_shuffle_i32x4(x0, x2, 0xDD);
-    r[8 + c] = _mm512_shuffle_i32x4(x1, x3, 0x88);
-    r[12 + c] = _mm512_shuffle_i32x4(x1, x3, 0xDD);
-  }
 }
 
 // 32 values from k0 of 16 stored rows (row j0 + t of src, row stride ld;

@@ -32,6 +32,7 @@
 
 #include "cpu/gemm.h"
 #include "cpu/isa_cap.h"
+#include "cpu/transpose_avx512.h"
 
 HWY_BEFORE_NAMESPACE();
 namespace seqpack::cpu::HWY_NAMESPACE {
@@ -357,38 +358,11 @@ constexpr int64_t kChunkBytes = 128 << 10;
 // Rows of b laid side by side in registers for the few-row products of
 // gemm_unpacked_small: 16 rows of b (16 columns of B = bᵀ) times up to 4 rows
 // of a, W never packed. Each block of 16 x 16 of b is loaded row by row and
-// transposed in registers (64 shuffles), so column j's vector lane holds
-// b[j][k] for one k, and each output keeps the chain of Block above: its start
+// transposed in registers (cpu/transpose_avx512.h), so column j's vector
+// lane holds b[j][k] for one k, and each output keeps the chain of Block above: its start
 // (init, beta·C or zero), then one FMA per k in order. The same bits as the
 // packed product, read at the speed of b's rows rather than through a copy
 // (a call of one step: LSTM(500)'s W_hh is 4 MB).
-inline void Transpose16(__m512 (&v)[16]) {
-  __m512 t[16], u[16];
-  for (int i = 0; i < 8; ++i) {
-    t[2 * i] = _mm512_unpacklo_ps(v[2 * i], v[2 * i + 1]);
-    t[2 * i + 1] = _mm512_unpackhi_ps(v[2 * i], v[2 * i + 1]);
-  }
-  // u[4i + s], 128-bit lane L: rows 4i..4i+3 at column 4L + s.
-  for (int i = 0; i < 4; ++i) {
-    const __m512d t0 = _mm512_castps_pd(t[4 * i]), t1 = _mm512_castps_pd(t[4 * i + 1]);
-    const __m512d t2 = _mm512_castps_pd(t[4 * i + 2]), t3 = _mm512_castps_pd(t[4 * i + 3]);
-    u[4 * i + 0] = _mm512_castpd_ps(_mm512_unpacklo_pd(t0, t2));
-    u[4 * i + 1] = _mm512_castpd_ps(_mm512_unpackhi_pd(t0, t2));
-    u[4 * i + 2] = _mm512_castpd_ps(_mm512_unpacklo_pd(t1, t3));
-    u[4 * i + 3] = _mm512_castpd_ps(_mm512_unpackhi_pd(t1, t3));
-  }
-  for (int s4 = 0; s4 < 4; ++s4) {
-    const __m512 x0 = _mm512_shuffle_f32x4(u[s4], u[4 + s4], 0x44);
-    const __m512 x1 = _mm512_shuffle_f32x4(u[s4], u[4 + s4], 0xEE);
-    const __m512 y0 = _mm512_shuffle_f32x4(u[8 + s4], u[12 + s4], 0x44);
-    const __m512 y1 = _mm512_shuffle_f32x4(u[8 + s4], u[12 + s4], 0xEE);
-    v[s4] = _mm512_shuffle_f32x4(x0, y0, 0x88);
-    v[4 + s4] = _mm512_shuffle_f32x4(x0, y0, 0xDD);
-    v[8 + s4] = _mm512_shuffle_f32x4(x1, y1, 0x88);
-    v[12 + s4] = _mm512_shuffle_f32x4(x1, y1, 0xDD);
-  }
-}
-
 // C[:M, j0:j0+16) of A·bᵀ, b's rows j0.. at stride ldb (see Transpose16).
 template <int M>
 HWY_INLINE void RowsOfB16(int64_t K, const float* HWY_RESTRICT a, int64_t lda,
@@ -410,7 +384,7 @@ HWY_INLINE void RowsOfB16(int64_t K, const float* HWY_RESTRICT a, int64_t lda,
     const __mmask16 live = static_cast<__mmask16>(kk == 16 ? 0xffff : (1u << kk) - 1);
     __m512 v[16];
     for (int q = 0; q < 16; ++q) v[q] = _mm512_maskz_loadu_ps(live, r + q * ldb + k);
-    Transpose16(v);
+    transpose_16x16(v);
     if (kk == 16) {
       for (int t = 0; t < 16; ++t)
         for (int i = 0; i < M; ++i)
