@@ -15,6 +15,9 @@
 #   SEQPACK_TEST_CUDA=0       skip compiling the CUDA library (scripts/build_cuda.sh),
 #                             the device check's run without a GPU, and the CUDA
 #                             kernels' CPU emulation in pytest (the Debian 13 suite does)
+#   SEQPACK_TEST_CUDA_COMPILE=1 with SEQPACK_TEST_CUDA=0: still run the CUDA operators
+#                             under torch.compile through their CPU emulation (the
+#                             Debian 13 suite does: torch.compile's fakes need PyTorch 2.4+)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 BUILD_DIR=${SEQPACK_BUILD_DIR:-build}
@@ -63,6 +66,11 @@ if [ -d python/tests ]; then
   stage "Python tests (pytest)"
   PYTHONPATH="$PWD/$BUILD_DIR/python:$PWD/python${PYTHONPATH:+:$PYTHONPATH}" \
     /usr/bin/python3 -m pytest -q python/tests
+  if [ "${SEQPACK_TEST_CUDA:-1}" = 0 ] && [ "${SEQPACK_TEST_CUDA_COMPILE:-0}" = 1 ]; then
+    stage "CUDA operators under torch.compile, through their CPU emulation"
+    PYTHONPATH="$PWD/$BUILD_DIR/python:$PWD/python${PYTHONPATH:+:$PYTHONPATH}" SEQPACK_TEST_CUDA=1 \
+      /usr/bin/python3 -m pytest -q python/tests/test_cuda_cpp_ops.py -k compile
+  fi
 fi
 
 if [ "${SEQPACK_TEST_ISA_CAPS:-1}" = 1 ]; then
@@ -116,7 +124,7 @@ if [ "$DEBIAN13" = 1 ]; then
   fi
   stage "Debian 13 (PyTorch 2.6, oneDNN 3.7, Python 3.13, GCC 14): the same suite"
   SEQPACK_TEST_SANITIZERS=0 SEQPACK_TEST_WHEEL=0 SEQPACK_TEST_DEBIAN13=0 SEQPACK_TEST_ISA_CAPS=0 \
-    SEQPACK_TEST_CUDA=0 \
+    SEQPACK_TEST_CUDA=0 SEQPACK_TEST_CUDA_COMPILE=1 \
     bash scripts/debian13.sh bash scripts/test.sh
 fi
 stage "all tests passed"
