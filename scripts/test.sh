@@ -62,10 +62,16 @@ stage "fixtures: regenerate with PyTorch and compare with the committed ones"
 stage "C++ tests (CTest)"
 (cd "$BUILD_DIR" && ctest --output-on-failure -j "$(nproc)")
 
+# The Python suite's files spread over one worker process per core
+# (pytest-xdist): most of its time is one core's Python.
+pytest_jobs=()
+if /usr/bin/python3 -c 'import xdist' 2>/dev/null; then pytest_jobs=(-n "$(nproc)"); fi
+export SEQPACK_PYTEST_JOBS="${pytest_jobs[*]}"  # scripts/test_wheel.sh's suite too
+
 if [ -d python/tests ]; then
   stage "Python tests (pytest)"
   PYTHONPATH="$PWD/$BUILD_DIR/python:$PWD/python${PYTHONPATH:+:$PYTHONPATH}" \
-    /usr/bin/python3 -m pytest -q python/tests
+    /usr/bin/python3 -m pytest -q "${pytest_jobs[@]}" python/tests
   if [ "${SEQPACK_TEST_CUDA:-1}" = 0 ] && [ "${SEQPACK_TEST_CUDA_COMPILE:-0}" = 1 ]; then
     stage "CUDA operators under torch.compile, through their CPU emulation"
     PYTHONPATH="$PWD/$BUILD_DIR/python:$PWD/python${PYTHONPATH:+:$PYTHONPATH}" SEQPACK_TEST_CUDA=1 \

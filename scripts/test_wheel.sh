@@ -81,4 +81,4 @@ echo "test_wheel: $TOOL runs ($got)"
 # compiles and runs the same sources whatever the package: it ran in the suite
 # before, not again here.
 SEQPACK_TEST_CUDA=0 SEQPACK_EXPECTED_PACKAGE=$PACKAGE "$WORK/venv/bin/python" -m pytest -q -p no:cacheprovider \
-  --rootdir "$WORK" "$ROOT/python/tests"
+  ${SEQPACK_PYTEST_JOBS:-} --rootdir "$WORK" "$ROOT/python/tests"
