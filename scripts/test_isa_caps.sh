@@ -27,7 +27,7 @@ run_pass() {
   env "$@" /usr/bin/python3 scripts/check_fixtures.py --computed-only
   (cd "$BUILD_DIR" && env "$@" ctest --output-on-failure -j "$(nproc)" -R "$CTEST_TESTS")
   env "$@" PYTHONPATH="$PWD/$BUILD_DIR/python:$PWD/python${PYTHONPATH:+:$PYTHONPATH}" \
-    /usr/bin/python3 -m pytest -q -p no:cacheprovider "${PYTESTS[@]}" \
+    /usr/bin/python3 -m pytest -q -p no:cacheprovider ${SEQPACK_PYTEST_JOBS:-} "${PYTESTS[@]}" \
     -k "not test_every_highway_target"  # (its own caps: every Highway target, uncapped)
   # What the caps did, as each library reports it.
   env "$@" PYTHONPATH="$PWD/$BUILD_DIR/python" /usr/bin/python3 -c '
