@@ -17,6 +17,7 @@ PACKAGES=(
   libopenblas-dev libhwy-dev nlohmann-json3-dev libcli11-dev libfmt-dev
   libgtest-dev libgmock-dev libbenchmark-dev
   python3 python3-dev python3-numpy python3-pytest python3-torch pybind11-dev
+  python3-pytest-xdist  # the Python suite on every core (scripts/test.sh)
   python3-setuptools  # torch.compile's inductor builds its C++ kernels with it
   wamerican wfrench wngerman wspanish witalian wportuguese wdutch
   "clang-$CLANG_VERSION" "libclang-rt-$CLANG_VERSION-dev" "libomp-$CLANG_VERSION-dev"
