@@ -77,7 +77,8 @@ void run_case(benchmark::State& state, const Case& c, const std::string& mode) {
   const Tensor ones = Tensor::full({plan.total_rows(), o.output_size()}, 1.0, DType::f32);
   const bool train = mode == "train_packed";
   for (auto _ : state) {
-    RNNForwardResult y = rnn_forward(o, weights, data, plan, {}, {}, /*training=*/train,
+    RNNForwardResult y = rnn_forward(*rnn_make_plan(o, weights, /*in_place=*/true), data, plan, {},
+                                     {}, /*training=*/train,
                                      /*save_for_backward=*/train);
     if (train) {
       RNNGradients g = rnn_backward(*y.saved, ones, {}, {});

@@ -108,7 +108,8 @@ void bm_chunked_forward(benchmark::State& state, const Model& m, int64_t chunk) 
   for (auto _ : state) {
     Tensor h, c;
     for (const auto& p : packed) {
-      RNNForwardResult y = rnn_forward(o, model.parameters(), p, plan, h, c, false, false);
+      RNNForwardResult y = rnn_forward(*rnn_make_plan(o, model.parameters(), /*in_place=*/true), p,
+                                       plan, h, c, false, false);
       h = y.h_n;
       c = y.c_n;
     }
@@ -124,7 +125,8 @@ void bm_whole(benchmark::State& state, const Model& m) {
   const PackingPlan plan = PackingPlan::from_packed(x);
   for (auto _ : state) {
     benchmark::DoNotOptimize(
-        rnn_forward(m.options, model.parameters(), x.data, plan, {}, {}, false, false)
+        rnn_forward(*rnn_make_plan(m.options, model.parameters(), /*in_place=*/true), x.data, plan,
+                    {}, {}, false, false)
             .output.raw_data());
   }
   set_tokens(state);

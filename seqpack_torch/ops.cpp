@@ -333,12 +333,14 @@ struct PlanKey {
   std::size_t bytes = 0;  // of the plan's copy
 };
 
-// Whether a plan made for `a` serves `b`: what its layouts depend on.
+// Whether a plan made for `a` serves `b`: the forward runs with the plan's
+// options, so every one of them is the same.
 bool same_layer(const RNNOptions& a, const RNNOptions& b) {
   return a.mode == b.mode && a.precision == b.precision && a.dtype == b.dtype &&
          a.input_size == b.input_size && a.hidden_size == b.hidden_size &&
          a.num_layers == b.num_layers && a.proj_size == b.proj_size && a.bias == b.bias &&
-         a.bidirectional == b.bidirectional;
+         a.bidirectional == b.bidirectional && a.dropout == b.dropout &&
+         a.batch_first == b.batch_first;
 }
 
 bool same_tensors(const PlanKey& key, const RNNOptions& o, at::TensorList weights) {
@@ -458,19 +460,21 @@ RNNForwardResult run_forward(const RNNCall& call, const Tensor& data, const OptT
     // int8's weights are quantized by its plan, which pays over many calls.
     const bool one_step = call.plan->batch_sizes().size() <= 1;
     if (one_step && call.options.precision != Precision::int8)
-      return rnn_forward(call.options, w, x, *call.plan, h, c, call.train, save, call.seed, nullptr);
+      return rnn_forward(*rnn_make_plan(call.options, w, /*in_place=*/true), x, *call.plan, h, c,
+                         call.train, save, call.seed);
     if (contiguous && ModelPlanCache::bytes_of(weights) <= ModelPlanCache::kBytes) {
       const std::shared_ptr<const RNNModelPlan> model =
           model_plan_cache().get(call.options, weights, w);
       // The plan's copy: what it was made from, and what a backward reads.
-      return rnn_forward(call.options, rnn_plan_weights(*model), x, *call.plan, h, c, call.train,
-                         save, call.seed, model.get());
+      return rnn_forward(*model, x, *call.plan, h, c, call.train, save, call.seed);
     }
     // Not kept: a backward reads a copy of the forward's weights (the
-    // parameters' storage may be replaced or freed before it runs).
+    // parameters' storage may be replaced or freed before it runs), held by
+    // the in-place plan.
     if (save && contiguous)
       for (CoreTensor& t : w) t = t.clone();
-    return rnn_forward(call.options, w, x, *call.plan, h, c, call.train, save, call.seed, nullptr);
+    return rnn_forward(*rnn_make_plan(call.options, w, /*in_place=*/true), x, *call.plan, h, c,
+                       call.train, save, call.seed);
   });
 }
 

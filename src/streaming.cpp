@@ -220,9 +220,8 @@ std::vector<Tensor> StreamingRNN::push(const std::vector<int64_t>& stream_ids,
   // compared with the plan's copy at each push, so a write through any
   // tensor is seen by the next push.
   plan_ = rnn_current_plan(plan_, options_, weights_);
-  const RNNForwardResult y = rnn_forward(options_, rnn_plan_weights(*plan_), data, plan, h0, c0,
-                                         /*training=*/false, /*save_for_backward=*/false, 0,
-                                         plan_.get());
+  const RNNForwardResult y = rnn_forward(*plan_, data, plan, h0, c0,
+                                         /*training=*/false, /*save_for_backward=*/false, 0);
 
   for (int64_t r = 0; r < plan.total_rows(); ++r) {
     const int64_t p = where_row[static_cast<std::size_t>(r)];

@@ -182,7 +182,8 @@ struct RandomLayer {
     return r;
   }
   RNNForwardResult forward() const {
-    return rnn_forward(o, w, x, plan, Tensor(), Tensor(), false, false);
+    return rnn_forward(*rnn_make_plan(o, w, /*in_place=*/true), x, plan, Tensor(), Tensor(), false,
+                       false);
   }
 };
 
@@ -264,7 +265,7 @@ TEST(Policy, AModelPlanOutlivesACapChange) {
   const Tensor x = testing::random_tensor({plan.total_rows(), o.input_size}, 1.0, gen);
   const auto model = rnn_make_plan(o, w);
   const auto run = [&] {
-    return rnn_forward(o, w, x, plan, Tensor(), Tensor(), false, false, 0, model.get());
+    return rnn_forward(*model, x, plan, Tensor(), Tensor(), false, false, 0);
   };
   const RNNForwardResult before = run();
   const RNNForwardResult again = run();  // the plan's layouts, made by the first call

@@ -102,11 +102,12 @@ Result run(const Case& c, DType dtype, Precision precision) {
   for (const Tensor& t : c.weights) w.push_back(t.to(dtype));
   Result r;
   if (c.ids.empty()) {
-    r.fwd = rnn_forward(o, w, c.x.to(dtype), c.plan, as(c.h0, dtype), as(c.c0, dtype),
+    r.fwd = rnn_forward(*rnn_make_plan(o, w, /*in_place=*/true), c.x.to(dtype), c.plan,
+                        as(c.h0, dtype), as(c.c0, dtype),
                         /*training=*/true, /*save_for_backward=*/true);
   } else {
-    r.fwd = rnn_forward_lookup(o, w, c.x.to(dtype), c.ids, c.plan, as(c.h0, dtype),
-                               as(c.c0, dtype), true, true);
+    r.fwd = rnn_forward_lookup(*rnn_make_plan(o, w, /*in_place=*/true), c.x.to(dtype), c.ids,
+                               c.plan, as(c.h0, dtype), as(c.c0, dtype), true, true);
   }
   r.grads = rnn_backward(*r.fwd.saved, c.gy.to(dtype), c.gh.to(dtype), as(c.gc, dtype),
                          /*initial_state_grad=*/c.h0.defined());
@@ -272,10 +273,10 @@ void check_int8(const ThreadCase& tc, rnn::SplitChoice split) {
     std::vector<Tensor> w;
     for (const Tensor& t : c.weights) w.push_back(t.to(dtype));
     if (c.ids.empty())
-      return rnn_forward(oo, w, c.x.to(dtype), c.plan, as(c.h0, dtype), as(c.c0, dtype), false,
-                         false);
-    return rnn_forward_lookup(oo, w, c.x.to(dtype), c.ids, c.plan, as(c.h0, dtype),
-                              as(c.c0, dtype), false, false);
+      return rnn_forward(*rnn_make_plan(oo, w, /*in_place=*/true), c.x.to(dtype), c.plan,
+                         as(c.h0, dtype), as(c.c0, dtype), false, false);
+    return rnn_forward_lookup(*rnn_make_plan(oo, w, /*in_place=*/true), c.x.to(dtype), c.ids,
+                              c.plan, as(c.h0, dtype), as(c.c0, dtype), false, false);
   };
   const ThreadsGuard guard(16);
   set_num_threads(1);
@@ -394,7 +395,8 @@ TEST(RNNThreads, CoreProfileSumsThePartsOfEachCall) {
   using Clock = std::chrono::steady_clock;
   rnn_core_profile_enable(true);
   const auto t0 = Clock::now();
-  const RNNForwardResult fwd = rnn_forward(c.o, c.weights, c.x, c.plan, c.h0, c.c0, true, true);
+  const RNNForwardResult fwd = rnn_forward(*rnn_make_plan(c.o, c.weights, /*in_place=*/true), c.x,
+                                           c.plan, c.h0, c.c0, true, true);
   const auto t1 = Clock::now();
   rnn_backward(*fwd.saved, c.gy, c.gh, c.gc, /*initial_state_grad=*/true);
   const auto t2 = Clock::now();
@@ -414,7 +416,8 @@ TEST(RNNThreads, CoreProfileSumsThePartsOfEachCall) {
   EXPECT_EQ(zero.forwards, 0);
   EXPECT_EQ(zero.forward_steps, 0.0);
   rnn_core_profile_enable(false);
-  const RNNForwardResult again = rnn_forward(c.o, c.weights, c.x, c.plan, c.h0, c.c0, true, true);
+  const RNNForwardResult again = rnn_forward(*rnn_make_plan(c.o, c.weights, /*in_place=*/true), c.x,
+                                             c.plan, c.h0, c.c0, true, true);
   rnn_backward(*again.saved, c.gy, c.gh, c.gc, true);
   const RNNCoreProfile off = rnn_core_profile();
   EXPECT_EQ(off.forwards, 0);

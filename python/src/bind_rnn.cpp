@@ -69,8 +69,8 @@ void bind_rnn(py::module_& m) {
         RNNForwardResult r;
         {
           py::gil_scoped_release release;
-          r = rnn_forward(options, weights, data, plan, h0, c0, training, save_for_backward,
-                          dropout_seed);
+          r = rnn_forward(*rnn_make_plan(options, weights, /*in_place=*/true), data, plan, h0, c0,
+                          training, save_for_backward, dropout_seed);
         }
         py::object saved = py::none();
         if (r.saved) saved = py::cast(SavedHandle{r.saved});

@@ -14,11 +14,19 @@
 namespace seqpack {
 
 std::shared_ptr<const RNNModelPlan> rnn_make_plan(const RNNOptions& options,
-                                                  const std::vector<Tensor>& weights) {
+                                                  const std::vector<Tensor>& weights,
+                                                  bool in_place) {
   options.validate();
   rnn::check_weights(options, weights);
   auto plan = std::make_shared<RNNModelPlan>();
   plan->options = options;
+  if (in_place) {
+    // The caller's tensors, held: nothing is copied or laid out here (a
+    // one-step call's product reads W_hh once, which no layout repays).
+    plan->weights = weights;
+    plan->in_place_only = true;
+    return plan;
+  }
   plan->weights.reserve(weights.size());
   for (const Tensor& w : weights) plan->weights.push_back(w.clone());
   if (options.dtype == DType::f32) {
@@ -40,7 +48,9 @@ bool rnn_plan_holds(const RNNModelPlan& plan, const std::vector<Tensor>& weights
 std::shared_ptr<const RNNModelPlan> rnn_current_plan(std::shared_ptr<const RNNModelPlan> plan,
                                                      const RNNOptions& options,
                                                      const std::vector<Tensor>& weights) {
-  if (plan && rnn::same_plan_options(plan->options, options) && rnn_plan_holds(*plan, weights)) return plan;
+  if (plan && !plan->in_place_only && rnn::same_plan_options(plan->options, options) &&
+      rnn_plan_holds(*plan, weights))
+    return plan;
   return rnn_make_plan(options, weights);
 }
 

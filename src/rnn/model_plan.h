@@ -46,7 +46,13 @@ struct RNNModelPlan : std::enable_shared_from_this<RNNModelPlan> {
   // A copy of the weights it was made from, owned (rnn_parameter_names
   // order): every layout here is made from it, and nothing writes it, so a
   // layout made at a later call still has the values the plan was made from.
+  // In an in-place plan, the caller's tensors themselves (held, not copied).
   std::vector<Tensor> weights;
+  // Made with in_place (rnn_make_plan): no layout is kept, each forward lays
+  // out what it needs for itself from `weights` (reading them where they are
+  // where the engine can), and its backward reads `weights` as a forward
+  // without a kept layout does. The maps below stay empty.
+  bool in_place_only = false;
   rnn::WeightLayouts weight_layouts;  // float's engine (dtype f32)
   mutable std::mutex mutex;
   // Keyed by the split: threads a direction, and rows or columns.
