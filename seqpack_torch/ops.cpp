@@ -169,18 +169,35 @@ std::string with_op(const char* op, const char* message) {
 }
 
 // The core reads no environment: the operators install the SEQPACK_* policy
-// at their first call (where a value is bad, every call refuses it by name).
-void install_policy() {
-  static const std::string error = [] {
+// at their first call (where a value is bad, every call refuses it by name),
+// and make their plans with its config (operator_config).
+struct InstalledPolicy {
+  std::string error;
+  RNNConfig config;
+};
+
+const InstalledPolicy& installed_policy() {
+  static const InstalledPolicy installed = [] {
+    InstalledPolicy i;
     try {
-      seqpack::set_policy(seqpack::policy_from_environment());
-      return std::string();
+      const seqpack::Policy p = seqpack::policy_from_environment();
+      seqpack::set_policy(p);
+      i.config = seqpack::rnn_config(p);
     } catch (const std::invalid_argument& e) {
-      return std::string(e.what());
+      i.error = e.what();
     }
+    return i;
   }();
+  return installed;
+}
+
+void install_policy() {
+  const std::string& error = installed_policy().error;
   if (!error.empty()) throw std::invalid_argument(error);
 }
+
+// How the operators' plans share their steps between threads: the policy's.
+const RNNConfig& operator_config() { return installed_policy().config; }
 
 // Runs `f` under the policy, turning the core's std::invalid_argument into a
 // ValueError that names the operator.
@@ -396,7 +413,7 @@ class ModelPlanCache {
     PlanKey key{o, {}, bytes_of(weights)};
     key.weights.reserve(weights.size());
     for (const Tensor& w : weights) key.weights.push_back({w.storage().getWeakStorageImpl(), w.data_ptr()});
-    auto made = rnn_make_plan(o, core);
+    auto made = rnn_make_plan(o, core, /*in_place=*/false, operator_config());
     std::lock_guard<std::mutex> lock(mutex_);
     // The plan of the same tensors at other values (and entries of freed
     // weights) go: none can serve again.
@@ -460,8 +477,8 @@ RNNForwardResult run_forward(const RNNCall& call, const Tensor& data, const OptT
     // int8's weights are quantized by its plan, which pays over many calls.
     const bool one_step = call.plan->batch_sizes().size() <= 1;
     if (one_step && call.options.precision != Precision::int8)
-      return rnn_forward(*rnn_make_plan(call.options, w, /*in_place=*/true), x, *call.plan, h, c,
-                         call.train, save, call.seed);
+      return rnn_forward(*rnn_make_plan(call.options, w, /*in_place=*/true, operator_config()), x,
+                         *call.plan, h, c, call.train, save, call.seed);
     if (contiguous && ModelPlanCache::bytes_of(weights) <= ModelPlanCache::kBytes) {
       const std::shared_ptr<const RNNModelPlan> model =
           model_plan_cache().get(call.options, weights, w);
@@ -473,8 +490,8 @@ RNNForwardResult run_forward(const RNNCall& call, const Tensor& data, const OptT
     // the in-place plan.
     if (save && contiguous)
       for (CoreTensor& t : w) t = t.clone();
-    return rnn_forward(*rnn_make_plan(call.options, w, /*in_place=*/true), x, *call.plan, h, c,
-                       call.train, save, call.seed);
+    return rnn_forward(*rnn_make_plan(call.options, w, /*in_place=*/true, operator_config()), x,
+                       *call.plan, h, c, call.train, save, call.seed);
   });
 }
 

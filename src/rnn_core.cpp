@@ -107,18 +107,21 @@ RNNForwardResult forward_impl(const RNNModelPlan& mp, const Tensor& data,
   const cpu::GemmEngine<T>& eng = engine_for<T>(o);
   // The weights laid out once for the engine and the threads (a plan that
   // reads its weights in place: for this call alone).
-  const int nt = direction_threads(o, rows_split(eng, o), N,
-                                  static_cast<int64_t>(plan.batch_sizes().size()));
+  const bool by_rows = rows_split(eng, o, mp.config);
+  const int nt =
+      direction_threads(o, mp.config, by_rows, N, static_cast<int64_t>(plan.batch_sizes().size()));
   const auto steps = static_cast<int64_t>(plan.batch_sizes().size());
   const std::shared_ptr<const rnn::RNNPlan<T>> model =
       !mp.in_place_only
           ? mp.steps<T>(eng, nt, mp.in_place(steps, /*backward=*/false), !h0.defined())
-          : std::shared_ptr<const rnn::RNNPlan<T>>(rnn::make_plan<T>(
-                o, weights, eng, nt, nullptr, rnn::in_place_steps(steps), !h0.defined()));
+          : std::shared_ptr<const rnn::RNNPlan<T>>(
+                rnn::make_plan<T>(o, mp.config, weights, eng, nt, nullptr,
+                                  rnn::in_place_steps(steps), !h0.defined()));
   RNNForwardResult res;
   res.h_n = cpu::pooled_empty({L * D, B, R}, o.dtype);
   if (Cell::cell_state) res.c_n = cpu::pooled_empty({L * D, B, H}, o.dtype);
   std::shared_ptr<RNNSaved> saved = save ? make_saved<T>(o, weights, plan, lookup) : nullptr;
+  if (saved) saved->config = mp.config;
   if (saved && !mp.in_place_only) saved->model = mp.shared_from_this();
 
   std::vector<ForwardWorkspace<T, Cell>> wss(static_cast<std::size_t>(D));
@@ -138,7 +141,7 @@ RNNForwardResult forward_impl(const RNNModelPlan& mp, const Tensor& data,
       dirs.push_back(std::make_unique<ForwardDirection<T, Cell>>(
           o, eng, plan, weights, lookup, wss[k], sl.dirs[k], laid_out, l, d, save,
           !h0.defined() && laid_out.whh_finite));
-      dirs.back()->begin(nt, x, h0, c0, out);
+      dirs.back()->begin(nt, by_rows, x, h0, c0, out);
     }
     clock.mark(&RNNCoreProfile::forward_inputs);
     run_teams(D, nt, [&](int64_t d, const rnn::Team& team) {
@@ -179,8 +182,8 @@ RNNGradients backward_impl(const RNNSaved& sv, const Tensor& grad_output, const 
   }
   std::vector<BackwardWorkspace<T, Cell>> wss(static_cast<std::size_t>(D));
   for (BackwardWorkspace<T, Cell>& ws : wss) ws.resize(sv);
-  const int nt = direction_threads(o, rows_split(eng, o, /*backward=*/true), N,
-                                  static_cast<int64_t>(sv.batch_sizes.size()));
+  const int nt = direction_threads(o, sv.config, rows_split(eng, o, sv.config, /*backward=*/true),
+                                   N, static_cast<int64_t>(sv.batch_sizes.size()));
 
   // Where the forward had a plan, whether this call reads the weights in
   // place (where the plan has no layout for a layer's split).

@@ -321,16 +321,17 @@ std::string no_saved_message(const RNNOptions& o) {
 
 std::shared_ptr<const RNNModelPlan> ModulePlan::for_forward(const RNNOptions& options,
                                                             const std::vector<Tensor>& weights,
+                                                            const RNNConfig& config,
                                                             bool inference) {
   const std::lock_guard<std::mutex> lock(mutex_);
   if (!inference) {
     plan_.reset();
-    return rnn_make_plan(options, weights, /*in_place=*/true);
+    return rnn_make_plan(options, weights, /*in_place=*/true, config);
   }
   // Made under the lock: two threads meeting no plan make one, not two.
   // Compared with the weights at every forward (exact: their bytes), so a
   // change through any tensor or pointer is seen by the next forward.
-  plan_ = rnn_current_plan(plan_, options, weights);
+  plan_ = rnn_current_plan(plan_, options, weights, config);
   return plan_;
 }
 
@@ -354,7 +355,7 @@ RNNOutput RNNBase::forward(const PackedSequence& input, const Tensor& h0, const 
   const uint64_t seed = dropout_seed_;
   if (training_ && options_.dropout > 0) ++dropout_seed_;
   const auto model =
-      plan_.for_forward(options_, params_, !training_ && !saves(options_, requires_grad));
+      plan_.for_forward(options_, params_, config_, !training_ && !saves(options_, requires_grad));
   RNNForwardResult r = rnn_forward(*model, input.data, *plan, h0, c0, training_,
                                    saves(options_, requires_grad), seed);
   RNNOutput out;
@@ -415,7 +416,7 @@ RNNOutput RNNBase::forward(const Tensor& input, const std::vector<int64_t>& leng
   const uint64_t seed = dropout_seed_;
   if (training_ && options_.dropout > 0) ++dropout_seed_;
   const auto model =
-      plan_.for_forward(options_, params_, !training_ && !saves(options_, requires_grad));
+      plan_.for_forward(options_, params_, config_, !training_ && !saves(options_, requires_grad));
   RNNForwardResult r = rnn_forward(*model, data, *plan, batched_state(h0, unbatched, "h0"),
                                    batched_state(c0, unbatched, "c0"), training_,
                                    saves(options_, requires_grad), seed);
@@ -560,8 +561,9 @@ CellOutput RNNCellBase::forward(const Tensor& input, const Tensor& hx, const Ten
   // A cell's step is one step: at fp32 it reads its weights in place (a
   // plan would have to be compared with them at every step, reading them
   // twice); bf16 and int8 steps keep the plan their engine needs.
-  const auto model = plan_.for_forward(
-      options_, params_, !saves(options_, requires_grad) && options_.precision != Precision::fp32);
+  const auto model =
+      plan_.for_forward(options_, params_, config_,
+                        !saves(options_, requires_grad) && options_.precision != Precision::fp32);
   RNNForwardResult r = rnn_forward(
       *model, input.view({B, I}), plan, cell_state(hx, B, H, unbatched, "hx"),
       cell_state(cx, B, H, unbatched, "cx"), /*training=*/false, saves(options_, requires_grad), 0);

@@ -109,10 +109,9 @@ TEST(RNNPlan, AForwardWithAPlanIsAForwardWithoutOne) {
 // too) and backward, on a column split and a row split.
 TEST(RNNPlan, CallsOfOneStepReadTheWeightsInPlaceOnce) {
   const int before = num_threads();
-  const rnn::SplitChoice split = rnn::split_choice();
-  rnn::set_min_step_units(16);
   for (const rnn::SplitChoice choice : {rnn::SplitChoice::columns, rnn::SplitChoice::rows}) {
-    rnn::set_split_choice(choice);
+    // 16 units a thread and no work rule: two threads share a direction.
+    const RNNConfig config{.split = choice, .step_units = 16, .work_rule = false};
     for (const RNNMode mode : {RNNMode::lstm, RNNMode::gru, RNNMode::rnn_relu}) {
       const int64_t proj = mode == RNNMode::lstm ? 24 : 0;
       SCOPED_TRACE(std::string(rnn_mode_name(mode)) + " split " +
@@ -122,9 +121,9 @@ TEST(RNNPlan, CallsOfOneStepReadTheWeightsInPlaceOnce) {
         set_num_threads(threads);
         for (const bool with_h0 : {true, false}) {
           const Tensor h0 = with_h0 ? m.h0 : Tensor(), c0 = with_h0 ? m.c0 : Tensor();
-          const auto plan = rnn_make_plan(m.o, m.weights);
-          const auto want = rnn_forward(*rnn_make_plan(m.o, m.weights, /*in_place=*/true), m.x,
-                                        m.plan, h0, c0, false, true);
+          const auto plan = rnn_make_plan(m.o, m.weights, /*in_place=*/false, config);
+          const auto want = rnn_forward(*rnn_make_plan(m.o, m.weights, /*in_place=*/true, config),
+                                        m.x, m.plan, h0, c0, false, true);
           const Tensor gy = Tensor::full(want.output.shape(), 0.25, DType::f32);
           const Tensor gh = Tensor::full(want.h_n.shape(), -0.5, DType::f32);
           const auto gwant = rnn_backward(*want.saved, gy, gh, Tensor(), true);
@@ -148,8 +147,6 @@ TEST(RNNPlan, CallsOfOneStepReadTheWeightsInPlaceOnce) {
       }
     }
   }
-  rnn::set_min_step_units(0);
-  rnn::set_split_choice(split);
   set_num_threads(before);
 }
 
@@ -214,8 +211,6 @@ TEST(RNNPlan, Bf16CallsOfAFewRowsGiveTheSameBitsInPlaceAndLaidOut) {
 // sequences); at bf16, on a CPU with native bf16, on the engine's choice.
 TEST(RNNPlan, ABackwardReadsThePlanOfItsForward) {
   const int before = num_threads();
-  const rnn::SplitChoice split = rnn::split_choice();
-  rnn::set_min_step_units(16);
   struct Case {
     Precision precision;
     rnn::SplitChoice split;
@@ -225,25 +220,25 @@ TEST(RNNPlan, ABackwardReadsThePlanOfItsForward) {
                         Case{Precision::fp32, rnn::SplitChoice::rows, 3},
                         Case{Precision::bf16, rnn::SplitChoice::engine, 0}}) {
     if (c.precision == Precision::bf16 && !testing::bf16_runs()) continue;
-    rnn::set_split_choice(c.split);
+    const RNNConfig config{.split = c.split, .step_units = 16, .work_rule = false};
     for (const RNNMode mode : {RNNMode::lstm, RNNMode::gru}) {
       const int64_t proj = mode == RNNMode::lstm ? 24 : 0;
       SCOPED_TRACE(std::string(rnn_mode_name(mode)) + " " + precision_name(c.precision) +
                    " split " + std::to_string(static_cast<int>(c.split)));
       Model m = model(mode, /*bi=*/false, proj, DType::f32, 31);
       m.o.precision = c.precision;
-      const auto plan = rnn_make_plan(m.o, m.weights);
+      const auto plan = rnn_make_plan(m.o, m.weights, /*in_place=*/false, config);
       set_num_threads(2);
-      const auto unplanned = rnn_forward(*rnn_make_plan(m.o, m.weights, /*in_place=*/true), m.x,
-                                         m.plan, m.h0, m.c0, false, true);
+      const auto unplanned = rnn_forward(*rnn_make_plan(m.o, m.weights, /*in_place=*/true, config),
+                                         m.x, m.plan, m.h0, m.c0, false, true);
       const Tensor gy = Tensor::full(unplanned.output.shape(), 0.25, DType::f32);
       const Tensor gh = Tensor::full(unplanned.h_n.shape(), -0.5, DType::f32);
       rnn_backward(*unplanned.saved, gy, gh, Tensor());
       EXPECT_EQ(rnn_plan_info(*plan).backward_splits_laid_out, 0);
       for (const int threads : {1, 2, 3, 1, 2}) {
         set_num_threads(threads);
-        const auto a = rnn_forward(*rnn_make_plan(m.o, m.weights, /*in_place=*/true), m.x, m.plan,
-                                   m.h0, m.c0, false, true);
+        const auto a = rnn_forward(*rnn_make_plan(m.o, m.weights, /*in_place=*/true, config), m.x,
+                                   m.plan, m.h0, m.c0, false, true);
         const auto b = rnn_forward(*plan, m.x, m.plan, m.h0, m.c0, false, true, 0);
         const auto ga = rnn_backward(*a.saved, gy, gh, Tensor());
         const auto gb = rnn_backward(*b.saved, gy, gh, Tensor());
@@ -263,8 +258,6 @@ TEST(RNNPlan, ABackwardReadsThePlanOfItsForward) {
       }
     }
   }
-  rnn::set_min_step_units(0);
-  rnn::set_split_choice(split);
   set_num_threads(before);
 }
 

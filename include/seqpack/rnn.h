@@ -80,6 +80,34 @@ struct RNNGradients {
   std::vector<Tensor> weights;  // rnn_parameter_names order
 };
 
+// How a plan's calls share a direction's steps between threads: seqpack::
+// Policy's step_split, step_units and step_rows (rnn_config), given to the
+// plan when it is made, as oneDNN's primitive attributes are. The core reads
+// no other.
+struct RNNConfig {
+  // Who chooses between a row split (whole sequences per thread) and a
+  // column split (a share of every step's gate columns per thread): the
+  // engine, or a fixed choice (for measuring; tests run both with every
+  // engine).
+  enum class Split { engine, rows, columns };
+  Split split = Split::engine;
+  // Hidden units per thread below which a column split stops adding threads
+  // (0: 64; at least 16).
+  int64_t step_units = 0;
+  // Mean rows a step per thread below which a row split stops adding
+  // threads (0: no such floor).
+  int64_t step_rows = 0;
+  // Whether a column split also stops adding threads where a step's work
+  // would not pay for them (off: tests that split small layers over many
+  // threads).
+  bool work_rule = true;
+  bool operator==(const RNNConfig&) const = default;
+};
+struct Policy;
+// The config of `policy`'s settings; throws std::invalid_argument as
+// set_policy does, naming a setting whose value is not among its own.
+RNNConfig rnn_config(const Policy& policy);
+
 // A model's plan, the prepared model every forward runs: its options and
 // weights, and its weight matrices laid out for the engine of its precision,
 // as oneDNN's RNN weight reorders or cuDNN's weight space are. rnn_make_plan
@@ -106,10 +134,13 @@ struct RNNGradients {
 // values the tensors hold then. For weights that change at every call (a
 // training step) and one-step calls. A backward of its forwards reads the
 // same tensors (as torch's saved tensors: write none of them in between).
+//
+// `config` decides how its calls share their steps between threads.
 struct RNNModelPlan;
 std::shared_ptr<const RNNModelPlan> rnn_make_plan(const RNNOptions& options,
                                                   const std::vector<Tensor>& weights,
-                                                  bool in_place = false);
+                                                  bool in_place = false,
+                                                  const RNNConfig& config = {});
 // What a plan's precision can do.
 struct RNNPlanInfo {
   Precision precision = Precision::fp32;
@@ -127,13 +158,16 @@ const std::vector<Tensor>& rnn_plan_weights(const RNNModelPlan& plan);
 // count); true at once for the plan's own copy.
 bool rnn_plan_holds(const RNNModelPlan& plan, const std::vector<Tensor>& weights);
 // `plan` where it is a kept plan holding `weights`' values (rnn_plan_holds)
-// with `options`, else a new kept plan of them (rnn_make_plan): what a holder
+// with `options` and `config`, else a new kept plan of them (rnn_make_plan): what a holder
 // of a plan calls before each forward, so that whatever wrote the weights (an
 // optimizer, a write through a view, another process), the forward computes
 // with the values they hold then.
 std::shared_ptr<const RNNModelPlan> rnn_current_plan(std::shared_ptr<const RNNModelPlan> plan,
                                                      const RNNOptions& options,
-                                                     const std::vector<Tensor>& weights);
+                                                     const std::vector<Tensor>& weights,
+                                                     const RNNConfig& config = {});
+// The config a plan was made with.
+const RNNConfig& rnn_plan_config(const RNNModelPlan& plan);
 
 // Where a module keeps its plan: safe for forwards on several threads at once
 // (each holds the plan it got for its whole call); a copy of a module makes
@@ -152,7 +186,7 @@ class ModulePlan {
   // trains or saves for a backward (an optimizer step may follow it).
   std::shared_ptr<const RNNModelPlan> for_forward(const RNNOptions& options,
                                                   const std::vector<Tensor>& weights,
-                                                  bool inference);
+                                                  const RNNConfig& config, bool inference);
   void reset();
 
  private:
@@ -292,6 +326,14 @@ class RNNBase {
   // backward, load_state_dict(), reset_parameters(), set_precision()).
   // replan() drops it too (no longer needed after a change: kept for callers).
   void replan() { plan_.reset(); }
+  // How the next forwards share their steps between threads (the plans they
+  // make are made with it; the defaults until set: a front end sets its
+  // policy's, rnn_config).
+  void set_config(const RNNConfig& config) {
+    config_ = config;
+    plan_.reset();
+  }
+  const RNNConfig& config() const { return config_; }
 
   // Packed input: output is a PackedSequence with the input's layout.
   RNNOutput forward(const PackedSequence& input, const Tensor& h0 = {}, const Tensor& c0 = {},
@@ -318,6 +360,7 @@ class RNNBase {
   std::vector<Tensor> grads_;
   bool training_ = true;
   uint64_t dropout_seed_ = 0;
+  RNNConfig config_;
   mutable ModulePlan plan_;  // see replan()
 };
 
@@ -363,6 +406,11 @@ class RNNCellBase {
   // As RNNBase's: the plan of forwards without requires_grad (a decoding
   // loop's steps), compared with the parameters at each (exact).
   void replan() { plan_.reset(); }
+  void set_config(const RNNConfig& config) {  // as RNNBase's
+    config_ = config;
+    plan_.reset();
+  }
+  const RNNConfig& config() const { return config_; }
 
   CellOutput forward(const Tensor& input, const Tensor& hx = {}, const Tensor& cx = {},
                      bool requires_grad = true);
@@ -374,6 +422,7 @@ class RNNCellBase {
   std::vector<std::string> names_;
   std::vector<Tensor> params_;
   std::vector<Tensor> grads_;
+  RNNConfig config_;
   mutable ModulePlan plan_;
 };
 

@@ -43,6 +43,7 @@ const cpu::GemmEngine<T>& engine_for(const RNNOptions& o) {
 // backward of such a forward that asks for them.
 struct RNNModelPlan : std::enable_shared_from_this<RNNModelPlan> {
   RNNOptions options;
+  RNNConfig config;  // how its calls share their steps between threads
   // A copy of the weights it was made from, owned (rnn_parameter_names
   // order): every layout here is made from it, and nothing writes it, so a
   // layout made at a later call still has the values the plan was made from.
@@ -86,10 +87,11 @@ struct RNNModelPlan : std::enable_shared_from_this<RNNModelPlan> {
   template <typename T>
   std::shared_ptr<const rnn::RNNPlan<T>> steps(const cpu::GemmEngine<T>& eng, int nt,
                                                bool in_place, bool check_finite) const {
-    return kept(layouts<T>(), Split{nt, rnn::rows_split(eng, options)}, in_place, [&](bool here) {
-      return rnn::make_plan<T>(options, weights, eng, nt, &weight_layouts, here,
-                               !here || check_finite);
-    });
+    return kept(layouts<T>(), Split{nt, rnn::rows_split(eng, options, config)}, in_place,
+                [&](bool here) {
+                  return rnn::make_plan<T>(options, config, weights, eng, nt, &weight_layouts, here,
+                                           !here || check_finite);
+                });
   }
   // The backward's step operands for a layer on `nt` threads, `columns` of
   // them sharing a step's columns, made on first use (or in place, as

@@ -321,7 +321,7 @@ Tensor CharClassifier::forward(const Tensor& tokens, const std::vector<int64_t>&
   // One plan per set of weight values (compared at each forward: exact): the
   // forwards and backwards between two optimizer steps share its layouts, so
   // the weights are laid out once per step, not at every call.
-  plan_ = rnn_current_plan(plan_, lstm_.options(), weights);
+  plan_ = rnn_current_plan(plan_, lstm_.options(), weights, lstm_.config());
   RNNForwardResult r = rnn_forward_lookup(*plan_, embedding_.weight(), ids, plan, Tensor(),
                                           Tensor(), /*training=*/requires_grad,
                                           /*save_for_backward=*/requires_grad, 0);

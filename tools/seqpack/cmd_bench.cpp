@@ -34,6 +34,7 @@
 #include "command.h"
 #include "seqpack/json_limits.h"
 #include "seqpack/packed_sequence.h"
+#include "seqpack/policy.h"
 #include "seqpack/precision.h"
 #include "seqpack/rnn.h"
 #include "seqpack/tensor.h"
@@ -408,7 +409,8 @@ void run_bench(Args args) {
     // quantize_dynamic does; fp32 and bf16 lay out W_hh at the first call,
     // the warm-up), not timed. Training lays out its weights at every step
     // (an in-place plan of them, made in the timed step).
-    const auto model = rnn_make_plan(o, weights);
+    const RNNConfig config = rnn_config(policy());  // the tool's SEQPACK_* policy
+    const auto model = rnn_make_plan(o, weights, /*in_place=*/false, config);
 
     for (const std::string& mode : modes) {
       ++done;
@@ -435,9 +437,10 @@ void run_bench(Args args) {
         const Tensor ones = Tensor::full({packed.plan.total_rows(), o.output_size()}, 1.0, DType::f32);
         t = measure(
             [&] {
-              RNNForwardResult y = rnn_forward(*rnn_make_plan(o, weights, /*in_place=*/true),
-                                               packed.data, packed.plan, {}, {},
-                                               /*training=*/true, /*save_for_backward=*/true);
+              RNNForwardResult y =
+                  rnn_forward(*rnn_make_plan(o, weights, /*in_place=*/true, config), packed.data,
+                              packed.plan, {}, {},
+                              /*training=*/true, /*save_for_backward=*/true);
               // No h0 was given, so (as in torch) it gets no gradient.
               rnn_backward(*y.saved, ones, {}, {}, /*initial_state_grad=*/false);
             },
