@@ -105,18 +105,13 @@ RNNForwardResult forward_impl(const RNNModelPlan& mp, const Tensor& data,
 
   const cpu::BlasSingleThread one_pool;  // OpenMP's threads only (cpu/gemm.h)
   const cpu::GemmEngine<T>& eng = engine_for<T>(o);
-  // The weights laid out once for the engine and the threads (a plan that
-  // reads its weights in place: for this call alone).
+  // The weights laid out once for the engine and the threads (by an
+  // in-place plan: for this call alone).
   const bool by_rows = rows_split(eng, o, mp.config);
-  const int nt =
-      direction_threads(o, mp.config, by_rows, N, static_cast<int64_t>(plan.batch_sizes().size()));
   const auto steps = static_cast<int64_t>(plan.batch_sizes().size());
+  const int nt = direction_threads(o, mp.config, by_rows, N, steps);
   const std::shared_ptr<const rnn::RNNPlan<T>> model =
-      !mp.in_place_only
-          ? mp.steps<T>(eng, nt, mp.in_place(steps, /*backward=*/false), !h0.defined())
-          : std::shared_ptr<const rnn::RNNPlan<T>>(
-                rnn::make_plan<T>(o, mp.config, weights, eng, nt, nullptr,
-                                  rnn::in_place_steps(steps), !h0.defined()));
+      mp.forward_steps<T>(eng, nt, steps, !h0.defined());
   RNNForwardResult res;
   res.h_n = cpu::pooled_empty({L * D, B, R}, o.dtype);
   if (Cell::cell_state) res.c_n = cpu::pooled_empty({L * D, B, H}, o.dtype);

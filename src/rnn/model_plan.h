@@ -1,9 +1,11 @@
-// The public model plan (seqpack::RNNModelPlan, include/seqpack/rnn.h): the
-// weights prepared once for the engine of their precision, and the step
-// operands of each thread split the forwards and backwards meet, laid out on
-// first use and kept (src/rnn/plan.h's RNNPlan and BackwardPlan). Made by
-// rnn_make_plan (src/rnn/model_plan.cpp); read by rnn_core.cpp's forwards
-// and backwards.
+// The public model plan (seqpack::RNNModelPlan, include/seqpack/rnn.h), the
+// prepared model: options, config and weights, the weights prepared once for
+// the engine of their precision, and the step operands of each thread split
+// the forwards and backwards meet, laid out on first use and kept
+// (src/rnn/plan.h's RNNPlan and BackwardPlan); an in-place plan lays them out
+// per call. Every layout of a model's weights is made here. Made by
+// rnn_make_plan (src/rnn/model_plan.cpp), its one maker; read by
+// rnn_core.cpp's forwards and backwards.
 #pragma once
 
 #include <map>
@@ -81,6 +83,19 @@ struct RNNModelPlan : std::enable_shared_from_this<RNNModelPlan> {
     return (backward ? short_backwards : short_forwards)++ == 0;
   }
 
+  // The step operands of a forward of `steps` steps on `nt` threads a
+  // direction: an in-place plan's, laid out for this call alone (reading the
+  // weights where they are at one step); a kept plan's, made on first use
+  // and kept (the first call of few steps reads them in place: in_place()).
+  template <typename T>
+  std::shared_ptr<const rnn::RNNPlan<T>> forward_steps(const cpu::GemmEngine<T>& eng, int nt,
+                                                       int64_t steps, bool check_finite) const {
+    if (in_place_only) {
+      return rnn::make_plan<T>(options, config, weights, eng, nt, nullptr,
+                               rnn::in_place_steps(steps), check_finite);
+    }
+    return this->steps<T>(eng, nt, in_place(steps, /*backward=*/false), check_finite);
+  }
   // The step operands for `nt` threads a direction, made on first use, or
   // (in_place, and none made yet) in place for this call only, W_hh's
   // finiteness checked where `check_finite`.

@@ -3,8 +3,8 @@
 // before the time loop runs, as oneDNN's RNN weight reorders or cuDNN's
 // weight space do: each layer and direction's step operands (W_hhᵀ, and W_hrᵀ
 // with a projection) for the column ranges its threads will ask for. The
-// public model plan (seqpack::RNNModelPlan, rnn_core.cpp) keeps one per split
-// it meets; a forward without one makes one for itself.
+// public model plan (seqpack::RNNModelPlan, rnn/model_plan.h) keeps one per
+// split it meets; an in-place plan makes one for each call.
 #pragma once
 
 #include <omp.h>
