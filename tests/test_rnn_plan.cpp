@@ -299,10 +299,25 @@ TEST(RNNPlan, AKeptPlanHoldsItsValuesAndIsRefreshedByThem) {
   ASSERT_NE(fresh, plan);
   EXPECT_TRUE(bitwise_equal(rnn_forward(*fresh, m.x, m.plan, {}, {}, false, false).output,
                             in_place(m.weights)));
-  // Other options (the forward runs with the plan's): a new plan.
+  // Other options (the forward runs with the plan's): a new plan. Another
+  // config: a new plan, made with it, and kept for it.
   RNNOptions dropped = m.o;
   dropped.dropout = 0.5;
   EXPECT_NE(rnn_current_plan(fresh, dropped, m.weights), fresh);
+  const RNNConfig rows{.split = RNNConfig::Split::rows, .step_rows = 2};
+  const auto by_rows = rnn_current_plan(fresh, m.o, m.weights, rows);
+  ASSERT_NE(by_rows, fresh);
+  EXPECT_EQ(rnn_plan_config(*by_rows), rows);
+  EXPECT_EQ(rnn_current_plan(by_rows, m.o, m.weights, rows), by_rows);
+  // An in-place plan keeps nothing to reuse: a holder gets a kept one. It
+  // reads the caller's tensors as they are at each call.
+  const auto in_place_plan = rnn_make_plan(m.o, m.weights, /*in_place=*/true);
+  EXPECT_NE(rnn_current_plan(in_place_plan, m.o, m.weights), in_place_plan);
+  const Tensor before = rnn_forward(*in_place_plan, m.x, m.plan, {}, {}, false, false).output;
+  m.weights[1].data<float>()[0] += 1.f;
+  const Tensor after = rnn_forward(*in_place_plan, m.x, m.plan, {}, {}, false, false).output;
+  EXPECT_FALSE(bitwise_equal(before, after));
+  EXPECT_TRUE(bitwise_equal(after, in_place(m.weights)));
   std::mt19937_64 gen(6);
   const Tensor wide = random_tensor({m.plan.total_rows(), m.o.input_size + 1}, 1.0, gen);
   try {
