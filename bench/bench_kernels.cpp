@@ -59,6 +59,7 @@ double forward_flops(const RNNOptions& o, int64_t tokens) {
 
 void run_case(benchmark::State& state, const Case& c, const std::string& mode) {
   const RNNOptions& o = c.options;
+  const RNNConfig config = rnn_config(seqpack::policy());  // the SEQPACK_* variables'
   std::mt19937_64 rng(0x5eed);
   std::vector<Tensor> weights;
   for (const Shape& s : rnn_parameter_shapes(o)) {
@@ -77,7 +78,8 @@ void run_case(benchmark::State& state, const Case& c, const std::string& mode) {
   const Tensor ones = Tensor::full({plan.total_rows(), o.output_size()}, 1.0, DType::f32);
   const bool train = mode == "train_packed";
   for (auto _ : state) {
-    RNNForwardResult y = rnn_forward(o, weights, data, plan, {}, {}, /*training=*/train,
+    RNNForwardResult y = rnn_forward(*rnn_make_plan(o, weights, /*in_place=*/true, config), data,
+                                     plan, {}, {}, /*training=*/train,
                                      /*save_for_backward=*/train);
     if (train) {
       RNNGradients g = rnn_backward(*y.saved, ones, {}, {});

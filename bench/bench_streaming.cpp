@@ -69,6 +69,7 @@ void set_tokens(benchmark::State& state) {
 
 void bm_streaming(benchmark::State& state, const Model& m, int64_t chunk) {
   RNNBase model(m.options, 0);
+  model.set_config(rnn_config(seqpack::policy()));  // the SEQPACK_* variables'
   const auto seqs = inputs(m.options);
   // The chunks are views made outside the timed region, as a server receives them.
   std::vector<std::vector<Tensor>> chunks(static_cast<size_t>(kSteps / chunk));
@@ -90,6 +91,7 @@ void bm_streaming(benchmark::State& state, const Model& m, int64_t chunk) {
 // are the time-major rows) and the previous push's h_n/c_n as h0/c0.
 void bm_chunked_forward(benchmark::State& state, const Model& m, int64_t chunk) {
   RNNBase model(m.options, 0);
+  model.set_config(rnn_config(seqpack::policy()));  // the SEQPACK_* variables'
   const auto seqs = inputs(m.options);
   const RNNOptions& o = m.options;
   const PackingPlan plan = PackingPlan::from_lengths(std::vector<int64_t>(kStreams, chunk), true);
@@ -108,7 +110,9 @@ void bm_chunked_forward(benchmark::State& state, const Model& m, int64_t chunk) 
   for (auto _ : state) {
     Tensor h, c;
     for (const auto& p : packed) {
-      RNNForwardResult y = rnn_forward(o, model.parameters(), p, plan, h, c, false, false);
+      RNNForwardResult y =
+          rnn_forward(*rnn_make_plan(o, model.parameters(), /*in_place=*/true, model.config()), p,
+                      plan, h, c, false, false);
       h = y.h_n;
       c = y.c_n;
     }
@@ -119,13 +123,15 @@ void bm_chunked_forward(benchmark::State& state, const Model& m, int64_t chunk) 
 
 void bm_whole(benchmark::State& state, const Model& m) {
   RNNBase model(m.options, 0);
+  model.set_config(rnn_config(seqpack::policy()));  // the SEQPACK_* variables'
   const auto seqs = inputs(m.options);
   const PackedSequence x = pack_sequence(seqs, /*enforce_sorted=*/true);
   const PackingPlan plan = PackingPlan::from_packed(x);
   for (auto _ : state) {
-    benchmark::DoNotOptimize(
-        rnn_forward(m.options, model.parameters(), x.data, plan, {}, {}, false, false)
-            .output.raw_data());
+    benchmark::DoNotOptimize(rnn_forward(*rnn_make_plan(m.options, model.parameters(),
+                                                        /*in_place=*/true, model.config()),
+                                         x.data, plan, {}, {}, false, false)
+                                 .output.raw_data());
   }
   set_tokens(state);
 }

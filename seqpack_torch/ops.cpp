@@ -169,18 +169,35 @@ std::string with_op(const char* op, const char* message) {
 }
 
 // The core reads no environment: the operators install the SEQPACK_* policy
-// at their first call (where a value is bad, every call refuses it by name).
-void install_policy() {
-  static const std::string error = [] {
+// at their first call (where a value is bad, every call refuses it by name),
+// and make their plans with its config (operator_config).
+struct InstalledPolicy {
+  std::string error;
+  RNNConfig config;
+};
+
+const InstalledPolicy& installed_policy() {
+  static const InstalledPolicy installed = [] {
+    InstalledPolicy i;
     try {
-      seqpack::set_policy(seqpack::policy_from_environment());
-      return std::string();
+      const seqpack::Policy p = seqpack::policy_from_environment();
+      seqpack::set_policy(p);
+      i.config = seqpack::rnn_config(p);
     } catch (const std::invalid_argument& e) {
-      return std::string(e.what());
+      i.error = e.what();
     }
+    return i;
   }();
+  return installed;
+}
+
+void install_policy() {
+  const std::string& error = installed_policy().error;
   if (!error.empty()) throw std::invalid_argument(error);
 }
+
+// How the operators' plans share their steps between threads: the policy's.
+const RNNConfig& operator_config() { return installed_policy().config; }
 
 // Runs `f` under the policy, turning the core's std::invalid_argument into a
 // ValueError that names the operator.
@@ -333,12 +350,14 @@ struct PlanKey {
   std::size_t bytes = 0;  // of the plan's copy
 };
 
-// Whether a plan made for `a` serves `b`: what its layouts depend on.
+// Whether a plan made for `a` serves `b`: the forward runs with the plan's
+// options, so every one of them is the same.
 bool same_layer(const RNNOptions& a, const RNNOptions& b) {
   return a.mode == b.mode && a.precision == b.precision && a.dtype == b.dtype &&
          a.input_size == b.input_size && a.hidden_size == b.hidden_size &&
          a.num_layers == b.num_layers && a.proj_size == b.proj_size && a.bias == b.bias &&
-         a.bidirectional == b.bidirectional;
+         a.bidirectional == b.bidirectional && a.dropout == b.dropout &&
+         a.batch_first == b.batch_first;
 }
 
 bool same_tensors(const PlanKey& key, const RNNOptions& o, at::TensorList weights) {
@@ -394,7 +413,7 @@ class ModelPlanCache {
     PlanKey key{o, {}, bytes_of(weights)};
     key.weights.reserve(weights.size());
     for (const Tensor& w : weights) key.weights.push_back({w.storage().getWeakStorageImpl(), w.data_ptr()});
-    auto made = rnn_make_plan(o, core);
+    auto made = rnn_make_plan(o, core, /*in_place=*/false, operator_config());
     std::lock_guard<std::mutex> lock(mutex_);
     // The plan of the same tensors at other values (and entries of freed
     // weights) go: none can serve again.
@@ -458,19 +477,21 @@ RNNForwardResult run_forward(const RNNCall& call, const Tensor& data, const OptT
     // int8's weights are quantized by its plan, which pays over many calls.
     const bool one_step = call.plan->batch_sizes().size() <= 1;
     if (one_step && call.options.precision != Precision::int8)
-      return rnn_forward(call.options, w, x, *call.plan, h, c, call.train, save, call.seed, nullptr);
+      return rnn_forward(*rnn_make_plan(call.options, w, /*in_place=*/true, operator_config()), x,
+                         *call.plan, h, c, call.train, save, call.seed);
     if (contiguous && ModelPlanCache::bytes_of(weights) <= ModelPlanCache::kBytes) {
       const std::shared_ptr<const RNNModelPlan> model =
           model_plan_cache().get(call.options, weights, w);
       // The plan's copy: what it was made from, and what a backward reads.
-      return rnn_forward(call.options, rnn_plan_weights(*model), x, *call.plan, h, c, call.train,
-                         save, call.seed, model.get());
+      return rnn_forward(*model, x, *call.plan, h, c, call.train, save, call.seed);
     }
     // Not kept: a backward reads a copy of the forward's weights (the
-    // parameters' storage may be replaced or freed before it runs).
+    // parameters' storage may be replaced or freed before it runs), held by
+    // the in-place plan.
     if (save && contiguous)
       for (CoreTensor& t : w) t = t.clone();
-    return rnn_forward(call.options, w, x, *call.plan, h, c, call.train, save, call.seed, nullptr);
+    return rnn_forward(*rnn_make_plan(call.options, w, /*in_place=*/true, operator_config()), x,
+                       *call.plan, h, c, call.train, save, call.seed);
   });
 }
 

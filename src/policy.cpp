@@ -99,10 +99,18 @@ void set_policy(const Policy& p) {
   const std::lock_guard<std::mutex> lock(policy_mutex);
   cpu::set_isa_cap(s.cap);
   cpu::set_int8_kernel_request(s.kernel);
-  rnn::set_split_policy(s.split, s.units, s.rows);
   cpu::set_step_groups(p.step_groups);
   cpu::set_bf16_emulation(s.bf16_emulated);
   installed = p;
+}
+
+RNNConfig rnn_config(const Policy& p) {
+  const Parsed s = parse(p);
+  RNNConfig c;
+  c.split = s.split;
+  c.step_units = s.units;
+  c.step_rows = s.rows;
+  return c;
 }
 
 Policy policy() {

@@ -92,11 +92,12 @@ std::shared_ptr<RNNSaved> make_saved(const RNNOptions& o, const std::vector<Tens
 }
 
 template <typename T, typename Cell>
-RNNForwardResult forward_impl(const RNNOptions& o, const std::vector<Tensor>& weights,
-                              const Tensor& data, const std::vector<int64_t>* lookup,
-                              const PackingPlan& plan, const Tensor& h0, const Tensor& c0,
-                              bool training, bool save, uint64_t seed,
-                              const RNNModelPlan* mp) {
+RNNForwardResult forward_impl(const RNNModelPlan& mp, const Tensor& data,
+                              const std::vector<int64_t>* lookup, const PackingPlan& plan,
+                              const Tensor& h0, const Tensor& c0, bool training, bool save,
+                              uint64_t seed) {
+  const RNNOptions& o = mp.options;
+  const std::vector<Tensor>& weights = mp.weights;
   const int64_t L = o.num_layers, D = o.num_directions(), H = o.hidden_size;
   const int64_t R = o.real_hidden_size();
   const int64_t B = plan.batch(), N = plan.total_rows();
@@ -104,20 +105,19 @@ RNNForwardResult forward_impl(const RNNOptions& o, const std::vector<Tensor>& we
 
   const cpu::BlasSingleThread one_pool;  // OpenMP's threads only (cpu/gemm.h)
   const cpu::GemmEngine<T>& eng = engine_for<T>(o);
-  // The weights laid out once for the engine and the threads.
-  const int nt = direction_threads(o, rows_split(eng, o), N,
-                                  static_cast<int64_t>(plan.batch_sizes().size()));
+  // The weights laid out once for the engine and the threads (by an
+  // in-place plan: for this call alone).
+  const bool by_rows = rows_split(eng, o, mp.config);
   const auto steps = static_cast<int64_t>(plan.batch_sizes().size());
+  const int nt = direction_threads(o, mp.config, by_rows, N, steps);
   const std::shared_ptr<const rnn::RNNPlan<T>> model =
-      mp ? mp->steps<T>(eng, nt, mp->in_place(steps, /*backward=*/false), !h0.defined())
-         : std::shared_ptr<const rnn::RNNPlan<T>>(
-               rnn::make_plan<T>(o, weights, eng, nt, nullptr, rnn::in_place_steps(steps),
-                                 !h0.defined()));
+      mp.forward_steps<T>(eng, nt, steps, !h0.defined());
   RNNForwardResult res;
   res.h_n = cpu::pooled_empty({L * D, B, R}, o.dtype);
   if (Cell::cell_state) res.c_n = cpu::pooled_empty({L * D, B, H}, o.dtype);
   std::shared_ptr<RNNSaved> saved = save ? make_saved<T>(o, weights, plan, lookup) : nullptr;
-  if (saved && mp) saved->model = mp->shared_from_this();
+  if (saved) saved->config = mp.config;
+  if (saved && !mp.in_place_only) saved->model = mp.shared_from_this();
 
   std::vector<ForwardWorkspace<T, Cell>> wss(static_cast<std::size_t>(D));
   for (ForwardWorkspace<T, Cell>& ws : wss) ws.resize(o, B, save, lookup ? data.size(0) : 0);
@@ -136,7 +136,7 @@ RNNForwardResult forward_impl(const RNNOptions& o, const std::vector<Tensor>& we
       dirs.push_back(std::make_unique<ForwardDirection<T, Cell>>(
           o, eng, plan, weights, lookup, wss[k], sl.dirs[k], laid_out, l, d, save,
           !h0.defined() && laid_out.whh_finite));
-      dirs.back()->begin(nt, x, h0, c0, out);
+      dirs.back()->begin(nt, by_rows, x, h0, c0, out);
     }
     clock.mark(&RNNCoreProfile::forward_inputs);
     run_teams(D, nt, [&](int64_t d, const rnn::Team& team) {
@@ -177,8 +177,8 @@ RNNGradients backward_impl(const RNNSaved& sv, const Tensor& grad_output, const 
   }
   std::vector<BackwardWorkspace<T, Cell>> wss(static_cast<std::size_t>(D));
   for (BackwardWorkspace<T, Cell>& ws : wss) ws.resize(sv);
-  const int nt = direction_threads(o, rows_split(eng, o, /*backward=*/true), N,
-                                  static_cast<int64_t>(sv.batch_sizes.size()));
+  const int nt = direction_threads(o, sv.config, rows_split(eng, o, sv.config, /*backward=*/true),
+                                   N, static_cast<int64_t>(sv.batch_sizes.size()));
 
   // Where the forward had a plan, whether this call reads the weights in
   // place (where the plan has no layout for a layer's split).
@@ -246,42 +246,39 @@ RNNGradients backward_impl(const RNNSaved& sv, const Tensor& grad_output, const 
   return g;
 }
 
-RNNForwardResult dispatch_forward(const RNNOptions& options, const std::vector<Tensor>& weights,
-                                  const Tensor& data, const std::vector<int64_t>* lookup,
-                                  const PackingPlan& plan, const Tensor& h0, const Tensor& c0,
-                                  bool training, bool save_for_backward, uint64_t dropout_seed,
-                                  const RNNModelPlan* model) {
+RNNForwardResult dispatch_forward(const RNNModelPlan& model, const Tensor& data,
+                                  const std::vector<int64_t>* lookup, const PackingPlan& plan,
+                                  const Tensor& h0, const Tensor& c0, bool training,
+                                  bool save_for_backward, uint64_t dropout_seed) {
+  const RNNOptions& options = model.options;
   rnn::check_forward_mode(options, training, save_for_backward);
-  rnn::check_model_plan(options, weights, model);
   return with_cell(options.mode, [&]<typename Cell>(Cell) {
     if (options.dtype == DType::f32) {
-      return forward_impl<float, Cell>(options, weights, data, lookup, plan, h0, c0, training,
-                                       save_for_backward, dropout_seed, model);
+      return forward_impl<float, Cell>(model, data, lookup, plan, h0, c0, training,
+                                       save_for_backward, dropout_seed);
     }
-    return forward_impl<double, Cell>(options, weights, data, lookup, plan, h0, c0, training,
-                                      save_for_backward, dropout_seed, model);
+    return forward_impl<double, Cell>(model, data, lookup, plan, h0, c0, training,
+                                      save_for_backward, dropout_seed);
   });
 }
 
 }  // namespace
 
-RNNForwardResult rnn_forward(const RNNOptions& options, const std::vector<Tensor>& weights,
-                             const Tensor& data, const PackingPlan& plan, const Tensor& h0,
-                             const Tensor& c0, bool training, bool save_for_backward,
-                             uint64_t dropout_seed, const RNNModelPlan* model) {
-  rnn::check_forward(options, weights, data, plan, h0, c0);
-  return dispatch_forward(options, weights, data, nullptr, plan, h0, c0, training,
-                          save_for_backward, dropout_seed, model);
+RNNForwardResult rnn_forward(const RNNModelPlan& model, const Tensor& data, const PackingPlan& plan,
+                             const Tensor& h0, const Tensor& c0, bool training,
+                             bool save_for_backward, uint64_t dropout_seed) {
+  rnn::check_forward(model.options, data, plan, h0, c0);
+  return dispatch_forward(model, data, nullptr, plan, h0, c0, training, save_for_backward,
+                          dropout_seed);
 }
 
-RNNForwardResult rnn_forward_lookup(const RNNOptions& options, const std::vector<Tensor>& weights,
-                                    const Tensor& table, const std::vector<int64_t>& ids,
-                                    const PackingPlan& plan, const Tensor& h0, const Tensor& c0,
-                                    bool training, bool save_for_backward,
-                                    uint64_t dropout_seed, const RNNModelPlan* model) {
-  rnn::check_forward_lookup(options, weights, table, ids, plan, h0, c0);
-  return dispatch_forward(options, weights, table, &ids, plan, h0, c0, training,
-                          save_for_backward, dropout_seed, model);
+RNNForwardResult rnn_forward_lookup(const RNNModelPlan& model, const Tensor& table,
+                                    const std::vector<int64_t>& ids, const PackingPlan& plan,
+                                    const Tensor& h0, const Tensor& c0, bool training,
+                                    bool save_for_backward, uint64_t dropout_seed) {
+  rnn::check_forward_lookup(model.options, table, ids, plan, h0, c0);
+  return dispatch_forward(model, table, &ids, plan, h0, c0, training, save_for_backward,
+                          dropout_seed);
 }
 
 const RNNOptions& rnn_saved_options(const RNNSaved& saved) { return saved.options; }

@@ -321,16 +321,17 @@ std::string no_saved_message(const RNNOptions& o) {
 
 std::shared_ptr<const RNNModelPlan> ModulePlan::for_forward(const RNNOptions& options,
                                                             const std::vector<Tensor>& weights,
+                                                            const RNNConfig& config,
                                                             bool inference) {
   const std::lock_guard<std::mutex> lock(mutex_);
   if (!inference) {
     plan_.reset();
-    return nullptr;
+    return rnn_make_plan(options, weights, /*in_place=*/true, config);
   }
   // Made under the lock: two threads meeting no plan make one, not two.
   // Compared with the weights at every forward (exact: their bytes), so a
   // change through any tensor or pointer is seen by the next forward.
-  plan_ = rnn_current_plan(plan_, options, weights);
+  plan_ = rnn_current_plan(plan_, options, weights, config);
   return plan_;
 }
 
@@ -354,10 +355,9 @@ RNNOutput RNNBase::forward(const PackedSequence& input, const Tensor& h0, const 
   const uint64_t seed = dropout_seed_;
   if (training_ && options_.dropout > 0) ++dropout_seed_;
   const auto model =
-      plan_.for_forward(options_, params_, !training_ && !saves(options_, requires_grad));
-  RNNForwardResult r = rnn_forward(options_, model ? rnn_plan_weights(*model) : params_,
-                                   input.data, *plan, h0, c0, training_,
-                                   saves(options_, requires_grad), seed, model.get());
+      plan_.for_forward(options_, params_, config_, !training_ && !saves(options_, requires_grad));
+  RNNForwardResult r = rnn_forward(*model, input.data, *plan, h0, c0, training_,
+                                   saves(options_, requires_grad), seed);
   RNNOutput out;
   out.packed.data = r.output;
   out.packed.batch_sizes = input.batch_sizes;
@@ -416,11 +416,10 @@ RNNOutput RNNBase::forward(const Tensor& input, const std::vector<int64_t>& leng
   const uint64_t seed = dropout_seed_;
   if (training_ && options_.dropout > 0) ++dropout_seed_;
   const auto model =
-      plan_.for_forward(options_, params_, !training_ && !saves(options_, requires_grad));
-  RNNForwardResult r = rnn_forward(options_, model ? rnn_plan_weights(*model) : params_, data,
-                                   *plan, batched_state(h0, unbatched, "h0"),
+      plan_.for_forward(options_, params_, config_, !training_ && !saves(options_, requires_grad));
+  RNNForwardResult r = rnn_forward(*model, data, *plan, batched_state(h0, unbatched, "h0"),
                                    batched_state(c0, unbatched, "c0"), training_,
-                                   saves(options_, requires_grad), seed, model.get());
+                                   saves(options_, requires_grad), seed);
   RNNOutput out;
   Tensor padded = plan->unpack(r.output, T, 0.0);  // [T, B, O]
   if (unbatched) {
@@ -562,12 +561,12 @@ CellOutput RNNCellBase::forward(const Tensor& input, const Tensor& hx, const Ten
   // A cell's step is one step: at fp32 it reads its weights in place (a
   // plan would have to be compared with them at every step, reading them
   // twice); bf16 and int8 steps keep the plan their engine needs.
-  const auto model = plan_.for_forward(
-      options_, params_, !saves(options_, requires_grad) && options_.precision != Precision::fp32);
-  RNNForwardResult r = rnn_forward(options_, model ? rnn_plan_weights(*model) : params_,
-                                   input.view({B, I}), plan, cell_state(hx, B, H, unbatched, "hx"),
-                                   cell_state(cx, B, H, unbatched, "cx"), /*training=*/false,
-                                   saves(options_, requires_grad), 0, model.get());
+  const auto model =
+      plan_.for_forward(options_, params_, config_,
+                        !saves(options_, requires_grad) && options_.precision != Precision::fp32);
+  RNNForwardResult r = rnn_forward(
+      *model, input.view({B, I}), plan, cell_state(hx, B, H, unbatched, "hx"),
+      cell_state(cx, B, H, unbatched, "cx"), /*training=*/false, saves(options_, requires_grad), 0);
   CellOutput out;
   out.unbatched = unbatched;
   const Shape s = unbatched ? Shape{H} : Shape{B, H};

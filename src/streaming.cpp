@@ -25,8 +25,8 @@ void copy_row(const Tensor& src, int64_t src_row, Tensor& dst, int64_t dst_row, 
 
 }  // namespace
 
-StreamingRNN::StreamingRNN(RNNOptions options, std::vector<Tensor> weights)
-    : options_(options), weights_(std::move(weights)) {
+StreamingRNN::StreamingRNN(RNNOptions options, std::vector<Tensor> weights, const RNNConfig& config)
+    : options_(options), config_(config), weights_(std::move(weights)) {
   options_.validate();
   if (options_.bidirectional) {
     throw std::invalid_argument(
@@ -59,10 +59,12 @@ StreamingRNN::StreamingRNN(RNNOptions options, std::vector<Tensor> weights)
   replan();
 }
 
-void StreamingRNN::replan() { plan_ = rnn_make_plan(options_, weights_); }
+void StreamingRNN::replan() {
+  plan_ = rnn_make_plan(options_, weights_, /*in_place=*/false, config_);
+}
 
 StreamingRNN::StreamingRNN(const RNNBase& module)
-    : StreamingRNN(module.options(), module.parameters()) {}
+    : StreamingRNN(module.options(), module.parameters(), module.config()) {}
 
 StreamState StreamingRNN::initial_state(const Tensor& h0, const Tensor& c0,
                                         const std::string& where) const {
@@ -219,10 +221,9 @@ std::vector<Tensor> StreamingRNN::push(const std::vector<int64_t>& stream_ids,
   // The weights are shared with the caller (a torch module's parameters):
   // compared with the plan's copy at each push, so a write through any
   // tensor is seen by the next push.
-  plan_ = rnn_current_plan(plan_, options_, weights_);
-  const RNNForwardResult y = rnn_forward(options_, rnn_plan_weights(*plan_), data, plan, h0, c0,
-                                         /*training=*/false, /*save_for_backward=*/false, 0,
-                                         plan_.get());
+  plan_ = rnn_current_plan(plan_, options_, weights_, config_);
+  const RNNForwardResult y = rnn_forward(*plan_, data, plan, h0, c0,
+                                         /*training=*/false, /*save_for_backward=*/false, 0);
 
   for (int64_t r = 0; r < plan.total_rows(); ++r) {
     const int64_t p = where_row[static_cast<std::size_t>(r)];

@@ -467,11 +467,13 @@ void check_float_vs_double(seqpack::RNNOptions o, int threads, std::mt19937& gen
   const Tensor x64 = random_f64({plan.total_rows(), o.input_size});
   const Tensor gout64 = random_f64({plan.total_rows(), o.output_size()});
   seqpack::set_num_threads(threads);
-  const auto f64 = seqpack::rnn_forward(o, w64, x64, plan, {}, {}, /*training=*/true,
+  const auto f64 = seqpack::rnn_forward(*rnn_make_plan(o, w64, /*in_place=*/true), x64, plan, {},
+                                        {}, /*training=*/true,
                                         /*save_for_backward=*/true);
   const auto g64 = seqpack::rnn_backward(*f64.saved, gout64, {}, {});
   o.dtype = DType::f32;
-  const auto f32 = seqpack::rnn_forward(o, w32, x64.to(DType::f32), plan, {}, {},
+  const auto f32 = seqpack::rnn_forward(*rnn_make_plan(o, w32, /*in_place=*/true),
+                                        x64.to(DType::f32), plan, {}, {},
                                         /*training=*/true, /*save_for_backward=*/true);
   const auto g32 = seqpack::rnn_backward(*f32.saved, gout64.to(DType::f32), {}, {});
   seqpack::set_num_threads(1);

@@ -91,15 +91,18 @@ TEST(Policy, EachSettingReachesThePartThatReadsIt) {
   EXPECT_EQ(cpu::isa_cap(), cpu::IsaLevel::sse4);
   EXPECT_EQ(cpu_info().isa_cap, "sse4");
   EXPECT_EQ(cpu::int8_kernel(), cpu::Int8Kernel::scalar);
-  EXPECT_EQ(rnn::split_choice(), rnn::SplitChoice::rows);
+  // The split settings are the config of the plans made with them.
+  const RNNConfig config = rnn_config(p);
+  EXPECT_EQ(config.split, rnn::SplitChoice::rows);
+  EXPECT_EQ(config.step_rows, 8);
   // A column split of H = 512 over 16 threads: one thread per 128 units.
-  EXPECT_EQ(rnn::step_threads(512, /*by_rows=*/false, 16), 4);
+  EXPECT_EQ(rnn::step_threads(config, 512, /*by_rows=*/false, 16), 4);
   EXPECT_FALSE(cpu::step_groups());
 
   set_policy(Policy{});  // the defaults again
   EXPECT_EQ(cpu::isa_cap(), cpu::IsaLevel::avx512);
-  EXPECT_EQ(rnn::split_choice(), rnn::SplitChoice::engine);
-  EXPECT_EQ(rnn::step_threads(512, false, 16), 512 / rnn::kDefaultStepUnits);
+  EXPECT_EQ(rnn_config(Policy{}), RNNConfig{});
+  EXPECT_EQ(rnn::step_threads(RNNConfig{}, 512, false, 16), 512 / rnn::kDefaultStepUnits);
   EXPECT_TRUE(cpu::step_groups());
   EXPECT_FALSE(cpu::bf16_emulation());
   EXPECT_EQ(cpu_info().bf16, cpu_info().native_bf16 ? "native" : "none");
@@ -113,7 +116,7 @@ TEST(Policy, BadSettingsAreRefusedByNameAndNothingIsInstalled) {
   const auto refused = [&](Policy p, const std::string& needle) {
     expect_refused([&] { set_policy(p); }, needle);
     EXPECT_TRUE(same(policy(), good)) << needle;
-    EXPECT_EQ(rnn::split_choice(), rnn::SplitChoice::columns) << needle;
+    expect_refused([&] { rnn_config(p); }, needle);  // as set_policy refuses it
   };
   Policy p = good;
   p.max_cpu_isa = "avx9";
@@ -144,7 +147,6 @@ TEST(Policy, BadSettingsAreRefusedByNameAndNothingIsInstalled) {
   p.step_split = "sideways";
   refused(p, "'sideways'");
   EXPECT_EQ(cpu::isa_cap(), cpu::IsaLevel::avx512);
-  EXPECT_EQ(rnn::step_threads(512, false, 16), 512 / rnn::kDefaultStepUnits);
 }
 
 TEST(Policy, AKernelTheCpuLacksIsRefusedAtTheFirstProduct) {
@@ -182,7 +184,8 @@ struct RandomLayer {
     return r;
   }
   RNNForwardResult forward() const {
-    return rnn_forward(o, w, x, plan, Tensor(), Tensor(), false, false);
+    return rnn_forward(*rnn_make_plan(o, w, /*in_place=*/true), x, plan, Tensor(), Tensor(), false,
+                       false);
   }
 };
 
@@ -264,7 +267,7 @@ TEST(Policy, AModelPlanOutlivesACapChange) {
   const Tensor x = testing::random_tensor({plan.total_rows(), o.input_size}, 1.0, gen);
   const auto model = rnn_make_plan(o, w);
   const auto run = [&] {
-    return rnn_forward(o, w, x, plan, Tensor(), Tensor(), false, false, 0, model.get());
+    return rnn_forward(*model, x, plan, Tensor(), Tensor(), false, false, 0);
   };
   const RNNForwardResult before = run();
   const RNNForwardResult again = run();  // the plan's layouts, made by the first call

@@ -389,7 +389,8 @@ void check_config(RNNOptions o, const std::vector<int64_t>& lengths, bool give_h
   const std::vector<Tensor>& weights = rc.weights;
   const Tensor &x = rc.x, &h0 = rc.h0, &c0 = rc.c0;
   const int64_t B = plan.batch(), LD = o.num_layers * o.num_directions();
-  const auto fwd = rnn_forward(o, weights, x, plan, h0, c0, /*training=*/false, false);
+  const auto fwd = rnn_forward(*rnn_make_plan(o, weights, /*in_place=*/true), x, plan, h0, c0,
+                               /*training=*/false, false);
   testing::WorstForward w{worst.forward, worst.at};
   testing::check_forward_against_reference(o, rc, testing::case_sequences(rc), fwd, kForwardAbs, w);
   worst.forward = w.value;
@@ -489,7 +490,8 @@ TEST(RNNInt8, ResultsDoNotDependOnTheBatch) {
               }
             if (mode != RNNMode::lstm) c0 = Tensor();
           }
-          const auto r = rnn_forward(o, weights, p.data, plan, h0, c0, false, false);
+          const auto r = rnn_forward(*rnn_make_plan(o, weights, /*in_place=*/true), p.data, plan,
+                                     h0, c0, false, false);
           const std::vector<float> bits = sequence_bits(r, plan, at);
           if (alone.empty()) {  // alone, one thread: the reference
             alone = bits;
@@ -525,7 +527,8 @@ TEST(RNNInt8, AProjectionSplitByColumnsKeepsTheBits) {
   std::vector<float> one;
   for (int threads : {1, 2, 3, 8, 16}) {
     set_num_threads(threads);
-    const auto r = rnn_forward(o, weights, p.data, plan, Tensor(), Tensor(), false, false);
+    const auto r = rnn_forward(*rnn_make_plan(o, weights, /*in_place=*/true), p.data, plan,
+                               Tensor(), Tensor(), false, false);
     std::vector<float> bits(r.output.data<float>(), r.output.data<float>() + r.output.numel());
     if (one.empty()) {
       one = bits;
@@ -551,7 +554,7 @@ TEST(RNNInt8, TrainingAndSavingForBackwardAreRefused) {
        {std::tuple{true, false, "training mode"}, {false, true, "saving for a backward"},
         {true, true, "training mode"}}) {
     try {
-      rnn_forward(o, weights, x, plan, {}, {}, training, save);
+      rnn_forward(*rnn_make_plan(o, weights, /*in_place=*/true), x, plan, {}, {}, training, save);
       FAIL() << "int8 ran training " << training << " save " << save;
     } catch (const std::invalid_argument& e) {
       EXPECT_NE(std::string(e.what()).find(says), std::string::npos) << e.what();
@@ -597,7 +600,8 @@ TEST(RNNInt8, HugeAndInfiniteInputsSaturateAsFp32Does) {
   const PackingPlan plan = PackingPlan::from_packed(clean);
   RNNOptions o8 = o;
   o8.precision = Precision::int8;
-  const auto clean8 = rnn_forward(o8, weights, clean.data, plan, {}, {}, false, false);
+  const auto clean8 = rnn_forward(*rnn_make_plan(o8, weights, /*in_place=*/true), clean.data, plan,
+                                  {}, {}, false, false);
   const std::vector<std::vector<std::pair<int64_t, float>>> specials = {
       {{0, 3e38f}}, {{0, -3e38f}}, {{0, inf}}, {{3, -inf}}, {{5, kMax}},
       {{0, 3e38f}, {1, -3e38f}}};  // (inf and -inf in one row: fp32's inf - inf is NaN)
@@ -608,8 +612,10 @@ TEST(RNNInt8, HugeAndInfiniteInputsSaturateAsFp32Does) {
     s2[1] = seqs[1].clone();
     for (const auto& [at, v] : special) s2[1].data<float>()[2 * o.input_size + at] = v;
     const PackedSequence p = pack_sequence(s2, /*enforce_sorted=*/false);
-    const auto f32 = rnn_forward(o, weights, p.data, plan, {}, {}, false, false);
-    const auto i8 = rnn_forward(o8, weights, p.data, plan, {}, {}, false, false);
+    const auto f32 = rnn_forward(*rnn_make_plan(o, weights, /*in_place=*/true), p.data, plan, {},
+                                 {}, false, false);
+    const auto i8 = rnn_forward(*rnn_make_plan(o8, weights, /*in_place=*/true), p.data, plan, {},
+                                {}, false, false);
     // Two huge values of opposite signs in one row: a unit's sum is then
     // 3e38 * (w0 - w1), whose sign fp32 resolves to the last bit of the
     // weights and 8-bit weights only to 1/127 of their largest: a unit whose
@@ -657,7 +663,8 @@ TEST(RNNInt8, StreamingChunksEqualOneForward) {
     const Tensor xa = random_tensor({23, o.input_size}, 1.0, gen),
                  xb = random_tensor({9, o.input_size}, 1.0, gen);
     const PackingPlan plan = PackingPlan::from_lengths({23}, true);
-    const auto whole = rnn_forward(o, weights, xa, plan, {}, {}, false, false);
+    const auto whole =
+        rnn_forward(*rnn_make_plan(o, weights, /*in_place=*/true), xa, plan, {}, {}, false, false);
     StreamingRNN streams(o, weights);
     const int64_t a = streams.open(), b = streams.open();
     std::vector<float> got;
@@ -681,7 +688,8 @@ TEST(RNNInt8, StreamingChunksEqualOneForward) {
     for (Tensor& w : weights)
       if (w.dim() == 2)
         for (int64_t i = 0; i < w.numel(); ++i) w.data<float>()[i] *= 0.5f;
-    const auto halved = rnn_forward(o, weights, xa, plan, {}, {}, false, false);
+    const auto halved =
+        rnn_forward(*rnn_make_plan(o, weights, /*in_place=*/true), xa, plan, {}, {}, false, false);
     const int64_t c = streams.open();
     const auto before = streams.push({c}, {xa})[0].clone();
     streams.replan();
@@ -697,7 +705,7 @@ TEST(RNNInt8, StreamingChunksEqualOneForward) {
 // A plan (rnn_make_plan: quantized once), then forwards with it: the results
 // of quantizing at each call; given with other tensors or at another
 // precision, refused.
-TEST(RNNInt8, QuantizedOnceEqualsQuantizedPerCallAndChecksItsTensors) {
+TEST(RNNInt8, QuantizedOnceEqualsQuantizedPerCallAndIsRefreshedByValue) {
   RNNOptions o{.mode = RNNMode::lstm, .input_size = 10, .hidden_size = 33, .num_layers = 2,
                .bidirectional = true, .proj_size = 20};
   o.precision = Precision::int8;
@@ -716,35 +724,23 @@ TEST(RNNInt8, QuantizedOnceEqualsQuantizedPerCallAndChecksItsTensors) {
   const int threads_before = num_threads();
   set_num_threads(2);
   const int64_t quantized_before = cpu::int8_weight_quantizations();
-  const auto once = rnn_forward(o, weights, x, plan, {}, {}, false, false, 0, q.get());
+  const auto once = rnn_forward(*q, x, plan, {}, {}, false, false, 0);
   EXPECT_EQ(cpu::int8_weight_quantizations(), quantized_before);
   set_num_threads(threads_before);
-  const auto each = rnn_forward(o, weights, x, plan, {}, {}, false, false);
+  const auto each =
+      rnn_forward(*rnn_make_plan(o, weights, /*in_place=*/true), x, plan, {}, {}, false, false);
   ASSERT_EQ(std::memcmp(once.output.raw_data(), each.output.raw_data(),
                         static_cast<std::size_t>(each.output.numel()) * sizeof(float)),
             0);
-  // Weights of other values than it quantized are refused (equal copies serve).
+  // Equal copies keep the plan (rnn_current_plan: compared byte for byte);
+  // other values make a new one, quantized from them.
   std::vector<Tensor> copies;
   for (const Tensor& w : weights) copies.push_back(w.clone());
+  EXPECT_EQ(rnn_current_plan(q, o, copies), q);
   copies[0].data<float>()[0] += 0.5f;
-  try {
-    rnn_forward(o, copies, x, plan, {}, {}, false, false, 0, q.get());
-    FAIL() << "int8 weights quantized from other values were used";
-  } catch (const std::invalid_argument& e) {
-    EXPECT_NE(std::string(e.what()).find("made from other values of weight_ih_l0"),
-              std::string::npos)
-        << e.what();
-  }
-  RNNOptions f = o;
-  f.precision = Precision::fp32;
-  try {
-    rnn_forward(f, weights, x, plan, {}, {}, false, false, 0, q.get());
-    FAIL() << "an int8 plan was used at fp32";
-  } catch (const std::invalid_argument& e) {
-    EXPECT_NE(std::string(e.what()).find("made for precision int8, this forward has fp32"),
-              std::string::npos)
-        << e.what();
-  }
+  const auto requantized = rnn_current_plan(q, o, copies);
+  EXPECT_NE(requantized, q);
+  EXPECT_TRUE(rnn_plan_info(*requantized).quantized);
 }
 
 }  // namespace

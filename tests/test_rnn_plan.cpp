@@ -78,9 +78,9 @@ TEST(RNNPlan, AForwardWithAPlanIsAForwardWithoutOne) {
       for (int threads : {1, 2, 3, 1}) {
         set_num_threads(threads);
         for (const bool save : {false, true}) {
-          const auto a = rnn_forward(m.o, m.weights, m.x, m.plan, m.h0, m.c0, false, save);
-          const auto b =
-              rnn_forward(m.o, m.weights, m.x, m.plan, m.h0, m.c0, false, save, 0, plan.get());
+          const auto a = rnn_forward(*rnn_make_plan(m.o, m.weights, /*in_place=*/true), m.x, m.plan,
+                                     m.h0, m.c0, false, save);
+          const auto b = rnn_forward(*plan, m.x, m.plan, m.h0, m.c0, false, save, 0);
           EXPECT_TRUE(bitwise_equal(a.output, b.output)) << threads << " threads";
           EXPECT_TRUE(bitwise_equal(a.h_n, b.h_n)) << threads << " threads";
           EXPECT_TRUE(bitwise_equal(a.c_n, b.c_n)) << threads << " threads";
@@ -109,10 +109,9 @@ TEST(RNNPlan, AForwardWithAPlanIsAForwardWithoutOne) {
 // too) and backward, on a column split and a row split.
 TEST(RNNPlan, CallsOfOneStepReadTheWeightsInPlaceOnce) {
   const int before = num_threads();
-  const rnn::SplitChoice split = rnn::split_choice();
-  rnn::set_min_step_units(16);
   for (const rnn::SplitChoice choice : {rnn::SplitChoice::columns, rnn::SplitChoice::rows}) {
-    rnn::set_split_choice(choice);
+    // 16 units a thread and no work rule: two threads share a direction.
+    const RNNConfig config{.split = choice, .step_units = 16, .work_rule = false};
     for (const RNNMode mode : {RNNMode::lstm, RNNMode::gru, RNNMode::rnn_relu}) {
       const int64_t proj = mode == RNNMode::lstm ? 24 : 0;
       SCOPED_TRACE(std::string(rnn_mode_name(mode)) + " split " +
@@ -122,16 +121,16 @@ TEST(RNNPlan, CallsOfOneStepReadTheWeightsInPlaceOnce) {
         set_num_threads(threads);
         for (const bool with_h0 : {true, false}) {
           const Tensor h0 = with_h0 ? m.h0 : Tensor(), c0 = with_h0 ? m.c0 : Tensor();
-          const auto plan = rnn_make_plan(m.o, m.weights);
-          const auto want = rnn_forward(m.o, m.weights, m.x, m.plan, h0, c0, false, true);
+          const auto plan = rnn_make_plan(m.o, m.weights, /*in_place=*/false, config);
+          const auto want = rnn_forward(*rnn_make_plan(m.o, m.weights, /*in_place=*/true, config),
+                                        m.x, m.plan, h0, c0, false, true);
           const Tensor gy = Tensor::full(want.output.shape(), 0.25, DType::f32);
           const Tensor gh = Tensor::full(want.h_n.shape(), -0.5, DType::f32);
           const auto gwant = rnn_backward(*want.saved, gy, gh, Tensor(), true);
           for (const int call : {1, 2, 3}) {
             SCOPED_TRACE("call " + std::to_string(call) + ", " + std::to_string(threads) +
                          " threads, h0 " + std::to_string(with_h0));
-            const auto got =
-                rnn_forward(m.o, m.weights, m.x, m.plan, h0, c0, false, true, 0, plan.get());
+            const auto got = rnn_forward(*plan, m.x, m.plan, h0, c0, false, true, 0);
             EXPECT_TRUE(bitwise_equal(got.output, want.output));
             EXPECT_TRUE(bitwise_equal(got.h_n, want.h_n));
             EXPECT_TRUE(bitwise_equal(got.c_n, want.c_n));
@@ -148,8 +147,6 @@ TEST(RNNPlan, CallsOfOneStepReadTheWeightsInPlaceOnce) {
       }
     }
   }
-  rnn::set_min_step_units(0);
-  rnn::set_split_choice(split);
   set_num_threads(before);
 }
 
@@ -166,7 +163,8 @@ TEST(RNNPlan, Bf16CallsOfAFewRowsGiveTheSameBitsInPlaceAndLaidOut) {
   for (const RNNMode mode : {RNNMode::lstm, RNNMode::gru, RNNMode::rnn_tanh}) {
     SCOPED_TRACE(rnn_mode_name(mode));
     Model m = model(mode, /*bi=*/true, /*proj=*/0, DType::f32, 71, {1, 0, 1, 1}, 64, 64);
-    const auto fp32 = rnn_forward(m.o, m.weights, m.x, m.plan, m.h0, m.c0, false, false);
+    const auto fp32 = rnn_forward(*rnn_make_plan(m.o, m.weights, /*in_place=*/true), m.x, m.plan,
+                                  m.h0, m.c0, false, false);
     m.o.precision = Precision::bf16;
     for (const int threads : {1, 2}) {
       set_num_threads(threads);
@@ -175,7 +173,7 @@ TEST(RNNPlan, Bf16CallsOfAFewRowsGiveTheSameBitsInPlaceAndLaidOut) {
       RNNGradients gfirst;
       for (const int call : {1, 2, 3}) {
         SCOPED_TRACE("call " + std::to_string(call) + ", " + std::to_string(threads) + " threads");
-        auto got = rnn_forward(m.o, m.weights, m.x, m.plan, m.h0, m.c0, false, true, 0, plan.get());
+        auto got = rnn_forward(*plan, m.x, m.plan, m.h0, m.c0, false, true, 0);
         EXPECT_EQ(rnn_plan_info(*plan).splits_laid_out, call == 1 ? 0 : 1);
         const Tensor gy = Tensor::full(got.output.shape(), 0.25, DType::f32);
         const Tensor gh = Tensor::full(got.h_n.shape(), -0.5, DType::f32);
@@ -213,8 +211,6 @@ TEST(RNNPlan, Bf16CallsOfAFewRowsGiveTheSameBitsInPlaceAndLaidOut) {
 // sequences); at bf16, on a CPU with native bf16, on the engine's choice.
 TEST(RNNPlan, ABackwardReadsThePlanOfItsForward) {
   const int before = num_threads();
-  const rnn::SplitChoice split = rnn::split_choice();
-  rnn::set_min_step_units(16);
   struct Case {
     Precision precision;
     rnn::SplitChoice split;
@@ -224,25 +220,26 @@ TEST(RNNPlan, ABackwardReadsThePlanOfItsForward) {
                         Case{Precision::fp32, rnn::SplitChoice::rows, 3},
                         Case{Precision::bf16, rnn::SplitChoice::engine, 0}}) {
     if (c.precision == Precision::bf16 && !testing::bf16_runs()) continue;
-    rnn::set_split_choice(c.split);
+    const RNNConfig config{.split = c.split, .step_units = 16, .work_rule = false};
     for (const RNNMode mode : {RNNMode::lstm, RNNMode::gru}) {
       const int64_t proj = mode == RNNMode::lstm ? 24 : 0;
       SCOPED_TRACE(std::string(rnn_mode_name(mode)) + " " + precision_name(c.precision) +
                    " split " + std::to_string(static_cast<int>(c.split)));
       Model m = model(mode, /*bi=*/false, proj, DType::f32, 31);
       m.o.precision = c.precision;
-      const auto plan = rnn_make_plan(m.o, m.weights);
+      const auto plan = rnn_make_plan(m.o, m.weights, /*in_place=*/false, config);
       set_num_threads(2);
-      const auto unplanned = rnn_forward(m.o, m.weights, m.x, m.plan, m.h0, m.c0, false, true);
+      const auto unplanned = rnn_forward(*rnn_make_plan(m.o, m.weights, /*in_place=*/true, config),
+                                         m.x, m.plan, m.h0, m.c0, false, true);
       const Tensor gy = Tensor::full(unplanned.output.shape(), 0.25, DType::f32);
       const Tensor gh = Tensor::full(unplanned.h_n.shape(), -0.5, DType::f32);
       rnn_backward(*unplanned.saved, gy, gh, Tensor());
       EXPECT_EQ(rnn_plan_info(*plan).backward_splits_laid_out, 0);
       for (const int threads : {1, 2, 3, 1, 2}) {
         set_num_threads(threads);
-        const auto a = rnn_forward(m.o, m.weights, m.x, m.plan, m.h0, m.c0, false, true);
-        const auto b =
-            rnn_forward(m.o, m.weights, m.x, m.plan, m.h0, m.c0, false, true, 0, plan.get());
+        const auto a = rnn_forward(*rnn_make_plan(m.o, m.weights, /*in_place=*/true, config), m.x,
+                                   m.plan, m.h0, m.c0, false, true);
+        const auto b = rnn_forward(*plan, m.x, m.plan, m.h0, m.c0, false, true, 0);
         const auto ga = rnn_backward(*a.saved, gy, gh, Tensor());
         const auto gb = rnn_backward(*b.saved, gy, gh, Tensor());
         for (std::size_t i = 0; i < ga.weights.size(); ++i)
@@ -261,8 +258,6 @@ TEST(RNNPlan, ABackwardReadsThePlanOfItsForward) {
       }
     }
   }
-  rnn::set_min_step_units(0);
-  rnn::set_split_choice(split);
   set_num_threads(before);
 }
 
@@ -274,46 +269,69 @@ TEST(RNNPlan, InfoSaysWhatThePrecisionCanDo) {
   EXPECT_FALSE(info.quantized);
 }
 
-// A plan given to a forward of other options or other tensors is refused,
-// naming what differs; a plan of wrong weights is refused when made.
-TEST(RNNPlan, RefusesOtherOptionsAndOtherValues) {
+// A kept plan computes with its own copy of the weights: the caller's
+// tensors written after it was made change none of its results, and
+// rnn_current_plan keeps it for equal values and options and makes a new one
+// for others. What a forward can still get wrong is an input the plan's
+// options do not take, refused naming it; a plan of wrong weights is refused
+// when made.
+TEST(RNNPlan, AKeptPlanHoldsItsValuesAndIsRefreshedByThem) {
   Model m = model(RNNMode::lstm, true, 0, DType::f32, 5);
   const auto plan = rnn_make_plan(m.o, m.weights);
-  auto refused = [&](const RNNOptions& o, const std::vector<Tensor>& w, const Tensor& x,
-                     const std::string& needle) {
-    try {
-      rnn_forward(o, w, x, m.plan, {}, {}, false, false, 0, plan.get());
-      ADD_FAILURE() << "accepted; expected: " << needle;
-    } catch (const std::invalid_argument& e) {
-      EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
-    }
+  const auto in_place = [&](const std::vector<Tensor>& w) {
+    return rnn_forward(*rnn_make_plan(m.o, w, /*in_place=*/true), m.x, m.plan, {}, {}, false, false)
+        .output;
   };
-  // Other tensors holding the same values serve (the plan compares bytes);
-  // one value changed anywhere is refused, naming the tensor.
+  const Tensor want = in_place(m.weights);
+  EXPECT_TRUE(bitwise_equal(rnn_forward(*plan, m.x, m.plan, {}, {}, false, false).output, want));
+  // Other tensors holding the same values keep the plan (compared byte for
+  // byte); one value changed anywhere makes a new one.
   std::vector<Tensor> copies;
   for (const Tensor& w : m.weights) copies.push_back(w.clone());
-  EXPECT_TRUE(bitwise_equal(
-      rnn_forward(m.o, copies, m.x, m.plan, {}, {}, false, false, 0, plan.get()).output,
-      rnn_forward(m.o, m.weights, m.x, m.plan, {}, {}, false, false).output));
+  EXPECT_EQ(rnn_current_plan(plan, m.o, copies), plan);
   copies[1].data<float>()[copies[1].numel() - 1] += 1.f;
-  refused(m.o, copies, m.x, "made from other values of weight_hh_l0");
-  // Nor do the caller's own tensors, written after the plan was made.
+  EXPECT_NE(rnn_current_plan(plan, m.o, copies), plan);
+  // The caller's own tensors, written after the plan was made: the plan
+  // computes as before; the refreshed one with the new values.
   m.weights[0].data<float>()[0] += 1.f;
-  refused(m.o, m.weights, m.x, "made from other values of weight_ih_l0");
-  RNNOptions gru = m.o;
-  gru.mode = RNNMode::gru;
-  std::vector<Tensor> gw;
+  EXPECT_TRUE(bitwise_equal(rnn_forward(*plan, m.x, m.plan, {}, {}, false, false).output, want));
+  const auto fresh = rnn_current_plan(plan, m.o, m.weights);
+  ASSERT_NE(fresh, plan);
+  EXPECT_TRUE(bitwise_equal(rnn_forward(*fresh, m.x, m.plan, {}, {}, false, false).output,
+                            in_place(m.weights)));
+  // Other options (the forward runs with the plan's): a new plan. Another
+  // config: a new plan, made with it, and kept for it.
+  RNNOptions dropped = m.o;
+  dropped.dropout = 0.5;
+  EXPECT_NE(rnn_current_plan(fresh, dropped, m.weights), fresh);
+  const RNNConfig rows{.split = RNNConfig::Split::rows, .step_rows = 2};
+  const auto by_rows = rnn_current_plan(fresh, m.o, m.weights, rows);
+  ASSERT_NE(by_rows, fresh);
+  EXPECT_EQ(rnn_plan_config(*by_rows), rows);
+  EXPECT_EQ(rnn_current_plan(by_rows, m.o, m.weights, rows), by_rows);
+  // An in-place plan keeps nothing to reuse: a holder gets a kept one. It
+  // reads the caller's tensors as they are at each call.
+  const auto in_place_plan = rnn_make_plan(m.o, m.weights, /*in_place=*/true);
+  EXPECT_NE(rnn_current_plan(in_place_plan, m.o, m.weights), in_place_plan);
+  const Tensor before = rnn_forward(*in_place_plan, m.x, m.plan, {}, {}, false, false).output;
+  m.weights[1].data<float>()[0] += 1.f;
+  const Tensor after = rnn_forward(*in_place_plan, m.x, m.plan, {}, {}, false, false).output;
+  EXPECT_FALSE(bitwise_equal(before, after));
+  EXPECT_TRUE(bitwise_equal(after, in_place(m.weights)));
   std::mt19937_64 gen(6);
-  for (const Shape& s : rnn_parameter_shapes(gru)) gw.push_back(random_tensor(s, 0.3, gen));
-  refused(gru, gw, m.x, "made for mode lstm, this forward has gru");
-  RNNOptions wide = m.o;
-  wide.hidden_size = 41;
-  std::vector<Tensor> ww;
-  for (const Shape& s : rnn_parameter_shapes(wide)) ww.push_back(random_tensor(s, 0.3, gen));
-  refused(wide, ww, m.x, "made for hidden_size 40, this forward has 41");
+  const Tensor wide = random_tensor({m.plan.total_rows(), m.o.input_size + 1}, 1.0, gen);
+  try {
+    rnn_forward(*plan, wide, m.plan, {}, {}, false, false);
+    ADD_FAILURE() << "an input of input_size + 1 features was accepted";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_NE(std::string(e.what()).find("expected input_size = " + std::to_string(m.o.input_size)),
+              std::string::npos)
+        << e.what();
+  }
   std::vector<Tensor> wrong = m.weights;
   wrong.pop_back();
   EXPECT_THROW(rnn_make_plan(m.o, wrong), std::invalid_argument);
+  EXPECT_THROW(rnn_make_plan(m.o, wrong, /*in_place=*/true), std::invalid_argument);
 }
 
 // A module's inference forwards use its plan; a change through parameters()
@@ -326,8 +344,9 @@ TEST(RNNPlan, ModulesDropTheirPlanWhereTheWeightsMayChange) {
   const Tensor x = random_tensor({4, 3, 5}, 1.0, gen);
   auto functional = [&] {
     const PackingPlan p = PackingPlan::from_lengths({4, 4, 4}, true);
-    return rnn_forward(lstm.options(), std::as_const(lstm).parameters(), p.pack(x), p, {}, {},
-                       false, false)
+    return rnn_forward(
+               *rnn_make_plan(lstm.options(), std::as_const(lstm).parameters(), /*in_place=*/true),
+               p.pack(x), p, {}, {}, false, false)
         .h_n;
   };
   const RNNOutput y1 = lstm.forward(x, {}, {}, /*requires_grad=*/false);
@@ -364,8 +383,8 @@ TEST(RNNPlan, ConcurrentInferenceForwardsShareThePlan) {
   const Tensor x = random_tensor({7, 2, 5}, 1.0, gen);
   const PackingPlan p = PackingPlan::from_lengths({7, 7}, true);
   const Tensor want =
-      rnn_forward(gru.options(), std::as_const(gru).parameters(), p.pack(x), p, {}, {}, false,
-                  false)
+      rnn_forward(*rnn_make_plan(gru.options(), std::as_const(gru).parameters(), /*in_place=*/true),
+                  p.pack(x), p, {}, {}, false, false)
           .h_n;
   std::vector<int> wrong(4, 0);
   std::vector<std::thread> threads;
@@ -390,7 +409,8 @@ TEST(RNNPlan, ConcurrentBackwardsShareThePlan) {
   const int before = num_threads();
   set_num_threads(1);  // each std::thread's forwards and backwards on itself alone
   const Model m = model(RNNMode::lstm, /*bi=*/true, 0, DType::f32, 41);
-  const auto want_fwd = rnn_forward(m.o, m.weights, m.x, m.plan, m.h0, m.c0, false, true);
+  const auto want_fwd = rnn_forward(*rnn_make_plan(m.o, m.weights, /*in_place=*/true), m.x, m.plan,
+                                    m.h0, m.c0, false, true);
   const Tensor gy = Tensor::full(want_fwd.output.shape(), 0.25, DType::f32);
   const auto want = rnn_backward(*want_fwd.saved, gy, Tensor(), Tensor());
   const auto plan = rnn_make_plan(m.o, m.weights);
@@ -399,8 +419,7 @@ TEST(RNNPlan, ConcurrentBackwardsShareThePlan) {
   for (int t = 0; t < 4; ++t) {
     threads.emplace_back([&, t] {
       for (int i = 0; i < 10; ++i) {
-        const auto f =
-            rnn_forward(m.o, m.weights, m.x, m.plan, m.h0, m.c0, false, true, 0, plan.get());
+        const auto f = rnn_forward(*plan, m.x, m.plan, m.h0, m.c0, false, true, 0);
         const auto g = rnn_backward(*f.saved, gy, Tensor(), Tensor());
         bool same = bitwise_equal(g.input, want.input) && bitwise_equal(g.h0, want.h0);
         for (std::size_t w = 0; w < g.weights.size(); ++w)
@@ -448,13 +467,17 @@ TEST(RNNPlan, StreamingSeesAChangeOfItsWeights) {
   const Tensor h0 = Tensor::zeros({2, 1, 10}, DType::f32), c0 = Tensor::zeros({2, 1, 10}, DType::f32);
   StreamingRNN streams(o, weights);
   const Tensor first = streams.push({streams.open()}, {x})[0].clone();
-  EXPECT_TRUE(bitwise_equal(first, rnn_forward(o, weights, x, p, h0, c0, false, false).output));
+  EXPECT_TRUE(bitwise_equal(
+      first, rnn_forward(*rnn_make_plan(o, weights, /*in_place=*/true), x, p, h0, c0, false, false)
+                 .output));
   for (Tensor& w : weights)
     if (w.dim() == 2)
       for (int64_t i = 0; i < w.numel(); ++i) w.data<float>()[i] *= 0.5f;
   // Seen with no replan(): each push compares the plan with the weights.
   const Tensor after = streams.push({streams.open()}, {x})[0].clone();
-  EXPECT_TRUE(bitwise_equal(after, rnn_forward(o, weights, x, p, h0, c0, false, false).output));
+  EXPECT_TRUE(bitwise_equal(
+      after, rnn_forward(*rnn_make_plan(o, weights, /*in_place=*/true), x, p, h0, c0, false, false)
+                 .output));
 }
 
 }  // namespace

@@ -41,14 +41,24 @@ using testing::random_tensor;
 
 constexpr int kThreadCounts[] = {1, 2, 3, 4, 5, 8, 16};
 
+// The config of the plans these tests make: ThreadsGuard's units floor
+// (with one set, no work rule: small layers split over many threads) and the
+// split a test asks for.
+RNNConfig test_config;
+
+void set_min_step_units(int64_t units) {
+  test_config.step_units = units > 0 ? std::max<int64_t>(units, 16) : 0;
+  test_config.work_rule = units <= 0;
+}
+
 // Restores the thread count and the minimum units per thread on scope exit.
 struct ThreadsGuard {
   int before = num_threads();
-  explicit ThreadsGuard(int64_t units) { rnn::set_min_step_units(units); }
+  explicit ThreadsGuard(int64_t units) { set_min_step_units(units); }
   ~ThreadsGuard() {
     set_num_threads(before);
-    rnn::set_min_step_units(0);
-    rnn::set_split_choice(rnn::SplitChoice::engine);
+    set_min_step_units(0);
+    test_config.split = rnn::SplitChoice::engine;
   }
 };
 
@@ -102,11 +112,12 @@ Result run(const Case& c, DType dtype, Precision precision) {
   for (const Tensor& t : c.weights) w.push_back(t.to(dtype));
   Result r;
   if (c.ids.empty()) {
-    r.fwd = rnn_forward(o, w, c.x.to(dtype), c.plan, as(c.h0, dtype), as(c.c0, dtype),
+    r.fwd = rnn_forward(*rnn_make_plan(o, w, /*in_place=*/true, test_config), c.x.to(dtype), c.plan,
+                        as(c.h0, dtype), as(c.c0, dtype),
                         /*training=*/true, /*save_for_backward=*/true);
   } else {
-    r.fwd = rnn_forward_lookup(o, w, c.x.to(dtype), c.ids, c.plan, as(c.h0, dtype),
-                               as(c.c0, dtype), true, true);
+    r.fwd = rnn_forward_lookup(*rnn_make_plan(o, w, /*in_place=*/true, test_config), c.x.to(dtype),
+                               c.ids, c.plan, as(c.h0, dtype), as(c.c0, dtype), true, true);
   }
   r.grads = rnn_backward(*r.fwd.saved, c.gy.to(dtype), c.gh.to(dtype), as(c.gc, dtype),
                          /*initial_state_grad=*/c.h0.defined());
@@ -182,7 +193,7 @@ void check_all_thread_counts(const Case& c, Precision precision, const std::stri
   set_num_threads(1);
   const Result ref = run(c, DType::f64, Precision::fp32);
   for (rnn::SplitChoice split : splits) {
-    rnn::set_split_choice(split);
+    test_config.split = split;
     for (int threads : kThreadCounts) {
       set_num_threads(threads);
       const Result got = run(c, DType::f32, precision);
@@ -272,15 +283,15 @@ void check_int8(const ThreadCase& tc, rnn::SplitChoice split) {
     std::vector<Tensor> w;
     for (const Tensor& t : c.weights) w.push_back(t.to(dtype));
     if (c.ids.empty())
-      return rnn_forward(oo, w, c.x.to(dtype), c.plan, as(c.h0, dtype), as(c.c0, dtype), false,
-                         false);
-    return rnn_forward_lookup(oo, w, c.x.to(dtype), c.ids, c.plan, as(c.h0, dtype),
-                              as(c.c0, dtype), false, false);
+      return rnn_forward(*rnn_make_plan(oo, w, /*in_place=*/true, test_config), c.x.to(dtype),
+                         c.plan, as(c.h0, dtype), as(c.c0, dtype), false, false);
+    return rnn_forward_lookup(*rnn_make_plan(oo, w, /*in_place=*/true, test_config), c.x.to(dtype),
+                              c.ids, c.plan, as(c.h0, dtype), as(c.c0, dtype), false, false);
   };
   const ThreadsGuard guard(16);
   set_num_threads(1);
   const RNNForwardResult ref = forward(DType::f64, Precision::fp32);
-  rnn::set_split_choice(split);
+  test_config.split = split;
   for (int threads : kThreadCounts) {
     set_num_threads(threads);
     const RNNForwardResult got = forward(DType::f32, Precision::int8);
@@ -361,7 +372,7 @@ TEST(RNNThreads, RepeatableAtAFixedThreadCount) {
 // does both when it has its threads).
 TEST(RNNThreads, LookupRowSplitInsideAParallelRegion) {
   const ThreadsGuard guard(16);
-  rnn::set_split_choice(rnn::SplitChoice::rows);
+  test_config.split = rnn::SplitChoice::rows;
   for (const ThreadCase& tc : thread_cases()) {
     if (!tc.lookup) continue;
     std::mt19937_64 gen(testing::test_seed());
@@ -394,7 +405,9 @@ TEST(RNNThreads, CoreProfileSumsThePartsOfEachCall) {
   using Clock = std::chrono::steady_clock;
   rnn_core_profile_enable(true);
   const auto t0 = Clock::now();
-  const RNNForwardResult fwd = rnn_forward(c.o, c.weights, c.x, c.plan, c.h0, c.c0, true, true);
+  const RNNForwardResult fwd =
+      rnn_forward(*rnn_make_plan(c.o, c.weights, /*in_place=*/true, test_config), c.x, c.plan, c.h0,
+                  c.c0, true, true);
   const auto t1 = Clock::now();
   rnn_backward(*fwd.saved, c.gy, c.gh, c.gc, /*initial_state_grad=*/true);
   const auto t2 = Clock::now();
@@ -414,7 +427,9 @@ TEST(RNNThreads, CoreProfileSumsThePartsOfEachCall) {
   EXPECT_EQ(zero.forwards, 0);
   EXPECT_EQ(zero.forward_steps, 0.0);
   rnn_core_profile_enable(false);
-  const RNNForwardResult again = rnn_forward(c.o, c.weights, c.x, c.plan, c.h0, c.c0, true, true);
+  const RNNForwardResult again =
+      rnn_forward(*rnn_make_plan(c.o, c.weights, /*in_place=*/true, test_config), c.x, c.plan, c.h0,
+                  c.c0, true, true);
   rnn_backward(*again.saved, c.gy, c.gh, c.gc, true);
   const RNNCoreProfile off = rnn_core_profile();
   EXPECT_EQ(off.forwards, 0);
@@ -434,38 +449,41 @@ TEST(RNNThreads, DirectionThreads) {
   const ThreadsGuard guard(0);  // the default rule
   set_num_threads(16);
   const RNNOptions bi512 = options(RNNMode::lstm, 256, 512, 2, true);  // 4 MB of fp32 W_hh
-  EXPECT_EQ(rnn::direction_threads(bi512, false, 881, 70), 8);          // half of 16
-  EXPECT_EQ(rnn::direction_threads(bi512, true, 881, 70), 8);
+  EXPECT_EQ(rnn::direction_threads(bi512, test_config, false, 881, 70), 8);  // half of 16
+  EXPECT_EQ(rnn::direction_threads(bi512, test_config, true, 881, 70), 8);
   const RNNOptions uni512 = options(RNNMode::lstm, 512, 512, 1, false);
-  EXPECT_EQ(rnn::direction_threads(uni512, false, 910, 500), 8);  // 512 / 64
-  EXPECT_EQ(rnn::direction_threads(uni512, true, 910, 500), 16);
+  EXPECT_EQ(rnn::direction_threads(uni512, test_config, false, 910, 500), 8);  // 512 / 64
+  EXPECT_EQ(rnn::direction_threads(uni512, test_config, true, 910, 500), 16);
   // 256 KB of fp32 W_hh, 18 rows a step: 1.2 M multiply-adds in all
   const RNNOptions seq128 = options(RNNMode::lstm, 64, 128, 1, false);
-  EXPECT_EQ(rnn::direction_threads(seq128, false, 13838, 787), 1);
-  EXPECT_EQ(rnn::direction_threads(with_dtype(seq128, DType::f64), false, 13838, 787), 2);
+  EXPECT_EQ(rnn::direction_threads(seq128, test_config, false, 13838, 787), 1);
+  EXPECT_EQ(rnn::direction_threads(with_dtype(seq128, DType::f64), test_config, false, 13838, 787),
+            2);
   // GRU, 143 rows a step: 7 M multiply-adds, 2 threads of 64 units
   const RNNOptions chars = options(RNNMode::gru, 64, 128, 1, false);
-  EXPECT_EQ(rnn::direction_threads(chars, false, 2854, 20), 2);
-  EXPECT_EQ(rnn::direction_threads(options(RNNMode::rnn_tanh, 32, 64, 1, false), false, 690, 49),
+  EXPECT_EQ(rnn::direction_threads(chars, test_config, false, 2854, 20), 2);
+  EXPECT_EQ(rnn::direction_threads(options(RNNMode::rnn_tanh, 32, 64, 1, false), test_config, false,
+                                   690, 49),
             1);
   set_num_threads(3);
-  EXPECT_EQ(rnn::direction_threads(bi512, false, 881, 70), 1);
-  EXPECT_EQ(rnn::direction_threads(uni512, false, 910, 500), 3);
-  rnn::set_min_step_units(128);  // and no work rule
+  EXPECT_EQ(rnn::direction_threads(bi512, test_config, false, 881, 70), 1);
+  EXPECT_EQ(rnn::direction_threads(uni512, test_config, false, 910, 500), 3);
+  set_min_step_units(128);  // and no work rule
   set_num_threads(16);
-  EXPECT_EQ(rnn::direction_threads(bi512, false, 881, 70), 4);
-  EXPECT_EQ(rnn::direction_threads(seq128, false, 13838, 787), 1);
-  rnn::set_min_step_units(16);
-  EXPECT_EQ(rnn::direction_threads(seq128, false, 13838, 787), 8);
-  rnn::set_min_step_units(0);
-  // SEQPACK_STEP_ROWS's floor (set_min_step_rows) on a row split: 881 rows in
+  EXPECT_EQ(rnn::direction_threads(bi512, test_config, false, 881, 70), 4);
+  EXPECT_EQ(rnn::direction_threads(seq128, test_config, false, 13838, 787), 1);
+  set_min_step_units(16);
+  EXPECT_EQ(rnn::direction_threads(seq128, test_config, false, 13838, 787), 8);
+  set_min_step_units(0);
+  // SEQPACK_STEP_ROWS's floor (RNNConfig::step_rows) on a row split: 881 rows in
   // 70 steps are 12 a step, 3 threads of 4; 910 in 500 under 2 a step, 1.
-  rnn::set_min_step_rows(4);
-  EXPECT_EQ(rnn::direction_threads(bi512, true, 881, 70), 3);
-  EXPECT_EQ(rnn::direction_threads(uni512, true, 910, 500), 1);
-  EXPECT_EQ(rnn::direction_threads(bi512, false, 881, 70), 8);  // columns: no such floor
-  rnn::set_min_step_rows(0);
-  EXPECT_EQ(rnn::direction_threads(bi512, true, 881, 70), 8);
+  test_config.step_rows = 4;
+  EXPECT_EQ(rnn::direction_threads(bi512, test_config, true, 881, 70), 3);
+  EXPECT_EQ(rnn::direction_threads(uni512, test_config, true, 910, 500), 1);
+  EXPECT_EQ(rnn::direction_threads(bi512, test_config, false, 881, 70),
+            8);  // columns: no such floor
+  test_config.step_rows = 0;
+  EXPECT_EQ(rnn::direction_threads(bi512, test_config, true, 881, 70), 8);
 }
 
 // The teams never take more threads than OpenMP's count: at one thread the

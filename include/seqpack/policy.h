@@ -1,9 +1,11 @@
 // The policy of the core: the settings that choose its kernels and share its
 // steps between threads. The core never reads the environment: the front
 // ends (the seqpack tool, the Python module, the PyTorch operators, the test
-// and benchmark programs) read it once with policy_from_environment() and
-// install it with set_policy(); a C++ program that wants the same variables
-// does the same, and one that sets none runs on the defaults.
+// and benchmark programs) read it once with policy_from_environment(),
+// install its kernel settings with set_policy() and give its step split's
+// settings to the model plans they make (rnn_config, include/seqpack/rnn.h);
+// a C++ program that wants the same variables does the same, and one that
+// sets none runs on the defaults.
 #pragma once
 
 #include <cstdint>
@@ -46,7 +48,9 @@ struct Policy {
   std::string bf16;
 };
 
-// Installs `policy` for the whole process: between calls, never while one
+// Installs `policy`'s kernel settings (the ISA cap, the int8 kernel, the step
+// groups, bf16's emulation; the step split's are a plan's, rnn_config) for
+// the whole process: between calls, never while one
 // runs (model plans made before a change of the ISA cap lay their weights out
 // again for the new target at their next call). Throws std::invalid_argument
 // naming the setting and its value where one is not among those above;

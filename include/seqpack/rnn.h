@@ -80,31 +80,67 @@ struct RNNGradients {
   std::vector<Tensor> weights;  // rnn_parameter_names order
 };
 
-// A model's plan: its weight matrices laid out once for the engine of its
-// precision, as oneDNN's RNN weight reorders or cuDNN's weight space are. At
-// int8 every matrix is quantized when the plan is made; at fp32 and bf16 the
-// recurrent matrices (W_hh, W_hr) are laid out for the threads that share a
-// step's columns, at the first forward that splits the steps that way (each
-// split kept). A forward without a plan does all of it per call: a few ms for
-// a 2-layer bidirectional LSTM of hidden size 512, and most of the time of a
-// short streaming chunk. A forward given a plan that saves for a backward
-// hands the plan to rnn_backward, which lays out W_hh and W_hr for its own
-// products through it too, once per split (for a model whose recurrent
-// weights stay fixed across backwards: input gradients of a trained model,
-// an embedding trained under a frozen encoder).
+// How a plan's calls share a direction's steps between threads: seqpack::
+// Policy's step_split, step_units and step_rows (rnn_config), given to the
+// plan when it is made, as oneDNN's primitive attributes are. The core reads
+// no other.
+struct RNNConfig {
+  // Who chooses between a row split (whole sequences per thread) and a
+  // column split (a share of every step's gate columns per thread): the
+  // engine, or a fixed choice (for measuring; tests run both with every
+  // engine).
+  enum class Split { engine, rows, columns };
+  Split split = Split::engine;
+  // Hidden units per thread below which a column split stops adding threads
+  // (0: 64; at least 16).
+  int64_t step_units = 0;
+  // Mean rows a step per thread below which a row split stops adding
+  // threads (0: no such floor).
+  int64_t step_rows = 0;
+  // Whether a column split also stops adding threads where a step's work
+  // would not pay for them (off: tests that split small layers over many
+  // threads).
+  bool work_rule = true;
+  bool operator==(const RNNConfig&) const = default;
+};
+struct Policy;
+// The config of `policy`'s settings; throws std::invalid_argument as
+// set_policy does, naming a setting whose value is not among its own.
+RNNConfig rnn_config(const Policy& policy);
+
+// A model's plan, the prepared model every forward runs: its options and
+// weights, and its weight matrices laid out for the engine of its precision,
+// as oneDNN's RNN weight reorders or cuDNN's weight space are. rnn_make_plan
+// is its one maker; a forward takes the plan, never weights beside it.
 //
-// A plan cannot go stale: it is made from a copy of the weights it takes
-// (rnn_plan_weights), which nothing else writes, and every layout in it is
-// made from that copy. A forward given a plan and weights other than that
-// copy compares their bytes with it (rnn_plan_holds, at memory bandwidth)
-// and is refused where any differ (the weights changed since: make a new
-// plan), naming the tensor; one given other options is refused, naming what
-// differs. Pass rnn_plan_weights(plan) as the weights where the plan is
-// known to be current, and nothing is compared.
-struct RNNModelPlan;
+// Two kinds. A kept plan (the default) owns a copy of the weights it is made
+// from (rnn_plan_weights), which nothing else writes, and every layout in it
+// is made from that copy, so it cannot go stale: at int8 every matrix is
+// quantized when it is made; at fp32 and bf16 the recurrent matrices (W_hh,
+// W_hr) are laid out for the threads that share a step's columns, at the
+// first forward that splits the steps that way (each split kept). A forward
+// of a kept plan that saves for a backward hands the plan to rnn_backward,
+// which lays out W_hh and W_hr for its own products through it too, once per
+// split (for a model whose recurrent weights stay fixed across backwards:
+// input gradients of a trained model, an embedding trained under a frozen
+// encoder). Holders keep one and refresh it before each forward with
+// rnn_current_plan (exact: the same bytes), so a changed weight gives a new
+// plan.
+//
+// An in-place plan (in_place) holds the caller's tensors themselves, copies
+// nothing and keeps no layout: each forward lays out what it needs for itself
+// (a few ms for a 2-layer bidirectional LSTM of hidden size 512; nothing at
+// one step, whose products read the weights where they are), and reads the
+// values the tensors hold then. For weights that change at every call (a
+// training step) and one-step calls. A backward of its forwards reads the
+// same tensors (as torch's saved tensors: write none of them in between).
+//
+// `config` decides how its calls share their steps between threads.
 struct RNNModelPlan;
 std::shared_ptr<const RNNModelPlan> rnn_make_plan(const RNNOptions& options,
-                                                  const std::vector<Tensor>& weights);
+                                                  const std::vector<Tensor>& weights,
+                                                  bool in_place = false,
+                                                  const RNNConfig& config = {});
 // What a plan's precision can do.
 struct RNNPlanInfo {
   Precision precision = Precision::fp32;
@@ -115,21 +151,23 @@ struct RNNPlanInfo {
 };
 RNNPlanInfo rnn_plan_info(const RNNModelPlan& plan);
 // The plan's own copy of the weights it was made from (rnn_parameter_names
-// order): what its layouts were made from, and what a forward given the
-// plan may pass as its weights.
+// order; an in-place plan's: the caller's tensors): what its forwards read.
 const std::vector<Tensor>& rnn_plan_weights(const RNNModelPlan& plan);
 // Whether `weights` hold exactly the values the plan was made from (same
 // shapes and dtype, the same bytes: a NaN's payload and the sign of a zero
 // count); true at once for the plan's own copy.
 bool rnn_plan_holds(const RNNModelPlan& plan, const std::vector<Tensor>& weights);
-// `plan` where it holds `weights`' values (rnn_plan_holds) and has
-// `options`, else a new plan of them (rnn_make_plan): what a holder of a
-// plan calls before each forward, so that whatever wrote the weights (an
+// `plan` where it is a kept plan holding `weights`' values (rnn_plan_holds)
+// with `options` and `config`, else a new kept plan of them (rnn_make_plan): what a holder
+// of a plan calls before each forward, so that whatever wrote the weights (an
 // optimizer, a write through a view, another process), the forward computes
 // with the values they hold then.
 std::shared_ptr<const RNNModelPlan> rnn_current_plan(std::shared_ptr<const RNNModelPlan> plan,
                                                      const RNNOptions& options,
-                                                     const std::vector<Tensor>& weights);
+                                                     const std::vector<Tensor>& weights,
+                                                     const RNNConfig& config = {});
+// The config a plan was made with.
+const RNNConfig& rnn_plan_config(const RNNModelPlan& plan);
 
 // Where a module keeps its plan: safe for forwards on several threads at once
 // (each holds the plan it got for its whole call); a copy of a module makes
@@ -143,12 +181,12 @@ class ModulePlan {
     return *this;
   }
   // The plan of an inference forward (made now where there is none or the
-  // kept one no longer holds the weights' values: rnn_current_plan), or null,
-  // dropping the kept one, for a forward that trains or saves for a backward
-  // (an optimizer step may follow it).
+  // kept one no longer holds the weights' values: rnn_current_plan), or an
+  // in-place plan of `weights`, dropping the kept one, for a forward that
+  // trains or saves for a backward (an optimizer step may follow it).
   std::shared_ptr<const RNNModelPlan> for_forward(const RNNOptions& options,
                                                   const std::vector<Tensor>& weights,
-                                                  bool inference);
+                                                  const RNNConfig& config, bool inference);
   void reset();
 
  private:
@@ -157,22 +195,17 @@ class ModulePlan {
 };
 
 // Functional core, shared by the modules, the training tape and the Python and
-// torch bridges. `weights` are in rnn_parameter_names order (not copied).
+// torch bridges. `model` holds the options and weights (rnn_make_plan).
 // `data` holds packed rows [plan.total_rows(), input_size] in plan's layout.
 // h0/c0 (undefined = zeros) are in the caller's batch order. Without h0 the
 // per-step products skip the rows whose h_prev is that zero state, where
 // every entry of W_hh is finite (a NaN or inf there makes W_hh·0 NaN, as in
 // torch, so those rows are multiplied then).
 // Dropout between layers is applied when `training` and options.dropout > 0,
-// from `dropout_seed`. `model`: the weights' plan (rnn_make_plan), or null to
-// lay them out for this call alone; with a plan, `weights` must hold the
-// values it was made from (rnn_plan_weights(*model) itself, or tensors
-// compared byte for byte with it: std::invalid_argument naming the first
-// that differs).
-RNNForwardResult rnn_forward(const RNNOptions& options, const std::vector<Tensor>& weights,
-                             const Tensor& data, const PackingPlan& plan, const Tensor& h0,
-                             const Tensor& c0, bool training, bool save_for_backward,
-                             uint64_t dropout_seed = 0, const RNNModelPlan* model = nullptr);
+// from `dropout_seed`.
+RNNForwardResult rnn_forward(const RNNModelPlan& model, const Tensor& data, const PackingPlan& plan,
+                             const Tensor& h0, const Tensor& c0, bool training,
+                             bool save_for_backward, uint64_t dropout_seed = 0);
 
 // rnn_forward with an embedding lookup fused into layer 0: packed row r of
 // layer 0's input is row ids[r] of `table` [V, input_size]. The input
@@ -183,12 +216,10 @@ RNNForwardResult rnn_forward(const RNNOptions& options, const std::vector<Tensor
 // RNNGradients::input is dL/dtable [V, input_size] (every row; skipping a
 // padding row is the caller's business). ids must have plan.total_rows()
 // entries, each in [0, V).
-RNNForwardResult rnn_forward_lookup(const RNNOptions& options, const std::vector<Tensor>& weights,
-                                    const Tensor& table, const std::vector<int64_t>& ids,
-                                    const PackingPlan& plan, const Tensor& h0, const Tensor& c0,
-                                    bool training, bool save_for_backward,
-                                    uint64_t dropout_seed = 0,
-                                    const RNNModelPlan* model = nullptr);
+RNNForwardResult rnn_forward_lookup(const RNNModelPlan& model, const Tensor& table,
+                                    const std::vector<int64_t>& ids, const PackingPlan& plan,
+                                    const Tensor& h0, const Tensor& c0, bool training,
+                                    bool save_for_backward, uint64_t dropout_seed = 0);
 
 // Gradients of everything the forward read. Undefined upstream gradients count
 // as zeros. Cost is linear in the number of packed rows.
@@ -197,7 +228,7 @@ RNNForwardResult rnn_forward_lookup(const RNNOptions& options, const std::vector
 // each step whose h_prev is h0 (one per sequence, about 1/length of the work).
 // With input_grad = false the input gets no gradient (left undefined), which
 // skips the first layer's dX product (what torch skips for an input that does
-// not require grad). Where the forward was given a model plan, the backward
+// not require grad). Where the forward's plan was a kept one, the backward
 // reads its recurrent weights through it (RNNModelPlan above).
 RNNGradients rnn_backward(const RNNSaved& saved, const Tensor& grad_output,
                           const Tensor& grad_h_n, const Tensor& grad_c_n,
@@ -219,8 +250,8 @@ std::vector<Tensor> rnn_saved_dropout_masks(const RNNSaved& saved);
 // epoch). Each part runs on every thread, so a part whose share of the wall
 // time grows with the thread count is one that does not scale.
 struct RNNCoreProfile {
-  // Before the steps: the call's weights laid out (where no model plan has
-  // them), workspaces, dropout and the input projections.
+  // Before the steps: the call's weights laid out (where its plan has no
+  // kept layout for them), workspaces, dropout and the input projections.
   double forward_inputs = 0;
   double forward_steps = 0;   // the time loops: every direction's team
   double forward_states = 0;  // h_n and c_n, after the steps
@@ -295,6 +326,14 @@ class RNNBase {
   // backward, load_state_dict(), reset_parameters(), set_precision()).
   // replan() drops it too (no longer needed after a change: kept for callers).
   void replan() { plan_.reset(); }
+  // How the next forwards share their steps between threads (the plans they
+  // make are made with it; the defaults until set: a front end sets its
+  // policy's, rnn_config).
+  void set_config(const RNNConfig& config) {
+    config_ = config;
+    plan_.reset();
+  }
+  const RNNConfig& config() const { return config_; }
 
   // Packed input: output is a PackedSequence with the input's layout.
   RNNOutput forward(const PackedSequence& input, const Tensor& h0 = {}, const Tensor& c0 = {},
@@ -321,6 +360,7 @@ class RNNBase {
   std::vector<Tensor> grads_;
   bool training_ = true;
   uint64_t dropout_seed_ = 0;
+  RNNConfig config_;
   mutable ModulePlan plan_;  // see replan()
 };
 
@@ -366,6 +406,11 @@ class RNNCellBase {
   // As RNNBase's: the plan of forwards without requires_grad (a decoding
   // loop's steps), compared with the parameters at each (exact).
   void replan() { plan_.reset(); }
+  void set_config(const RNNConfig& config) {  // as RNNBase's
+    config_ = config;
+    plan_.reset();
+  }
+  const RNNConfig& config() const { return config_; }
 
   CellOutput forward(const Tensor& input, const Tensor& hx = {}, const Tensor& cx = {},
                      bool requires_grad = true);
@@ -377,6 +422,7 @@ class RNNCellBase {
   std::vector<std::string> names_;
   std::vector<Tensor> params_;
   std::vector<Tensor> grads_;
+  RNNConfig config_;
   mutable ModulePlan plan_;
 };
 

@@ -49,9 +49,10 @@ class StreamingRNN {
   // the model's plan made from them (rnn_make_plan: at int8 the matrices are
   // quantized now; at fp32 and bf16 W_hh is laid out at the first push that
   // needs it). Throws std::invalid_argument for a bidirectional model or
-  // weights of the wrong count, shape or dtype.
-  StreamingRNN(RNNOptions options, std::vector<Tensor> weights);
-  // Shares the module's parameters.
+  // weights of the wrong count, shape or dtype. `config`: how the pushes
+  // share their steps between threads (the plan's, rnn_make_plan).
+  StreamingRNN(RNNOptions options, std::vector<Tensor> weights, const RNNConfig& config = {});
+  // Shares the module's parameters, and takes its config.
   explicit StreamingRNN(const RNNBase& module);
   // A new plan from the weights' current values now. Not needed after a
   // change: each push compares the weights with its plan's copy (exact) and
@@ -93,6 +94,7 @@ class StreamingRNN {
   StreamState initial_state(const Tensor& h0, const Tensor& c0, const std::string& where) const;
 
   RNNOptions options_;
+  RNNConfig config_;
   std::vector<Tensor> weights_;
   std::shared_ptr<const RNNModelPlan> plan_;
   std::unordered_map<int64_t, StreamState> states_;

@@ -3,7 +3,13 @@
 
 #include <pybind11/pybind11.h>
 
+#include "seqpack/rnn.h"
+
 namespace seqpack::python {
+
+// The config of the SEQPACK_* policy the module installed at its import
+// (rnn_config): the models and plans made from Python are made with it.
+const RNNConfig& policy_config();
 
 void bind_tensor(pybind11::module_& m);
 void bind_packing(pybind11::module_& m);

@@ -3,6 +3,8 @@
 // run without the GIL.
 #include <pybind11/stl.h>
 
+#include <memory>
+
 #include "bind.h"
 #include "tensor_caster.h"
 #include "seqpack/rnn.h"
@@ -69,8 +71,8 @@ void bind_rnn(py::module_& m) {
         RNNForwardResult r;
         {
           py::gil_scoped_release release;
-          r = rnn_forward(options, weights, data, plan, h0, c0, training, save_for_backward,
-                          dropout_seed);
+          r = rnn_forward(*rnn_make_plan(options, weights, /*in_place=*/true, policy_config()),
+                          data, plan, h0, c0, training, save_for_backward, dropout_seed);
         }
         py::object saved = py::none();
         if (r.saved) saved = py::cast(SavedHandle{r.saved});
@@ -107,12 +109,18 @@ void bind_rnn(py::module_& m) {
       .def_property_readonly("has_saved", [](const RNNOutput& o) { return bool(o.saved); });
 
   py::class_<RNNBase>(m, "RNNBase")
-      .def(py::init<RNNOptions, uint64_t>(), py::arg("options"), py::arg("seed"))
+      .def(py::init([](RNNOptions options, uint64_t seed) {
+             auto r = std::make_unique<RNNBase>(options, seed);
+             r->set_config(policy_config());
+             return r;
+           }),
+           py::arg("options"), py::arg("seed"))
       .def_property_readonly("options", &RNNBase::options)
       .def_property_readonly("parameter_names", &RNNBase::parameter_names)
-      .def_property_readonly("parameters",
-                             [](RNNBase& r) -> const std::vector<Tensor>& { return r.parameters(); })
-      .def_property_readonly("grads", [](RNNBase& r) -> const std::vector<Tensor>& { return r.grads(); })
+      .def_property_readonly(
+          "parameters", [](RNNBase& r) -> const std::vector<Tensor>& { return r.parameters(); })
+      .def_property_readonly("grads",
+                             [](RNNBase& r) -> const std::vector<Tensor>& { return r.grads(); })
       .def("zero_grad", &RNNBase::zero_grad)
       .def("reset_parameters", &RNNBase::reset_parameters, py::arg("seed"))
       .def("state_dict", &RNNBase::state_dict)
@@ -155,13 +163,18 @@ void bind_rnn(py::module_& m) {
       .def_readonly("c", &CellOutput::c);
 
   py::class_<RNNCellBase>(m, "RNNCellBase")
-      .def(py::init<RNNMode, int64_t, int64_t, bool, DType, uint64_t>(), py::arg("mode"),
-           py::arg("input_size"), py::arg("hidden_size"), py::arg("bias"), py::arg("dtype"),
-           py::arg("seed"))
+      .def(py::init([](RNNMode mode, int64_t input_size, int64_t hidden_size, bool bias,
+                       DType dtype, uint64_t seed) {
+             auto c =
+                 std::make_unique<RNNCellBase>(mode, input_size, hidden_size, bias, dtype, seed);
+             c->set_config(policy_config());
+             return c;
+           }),
+           py::arg("mode"), py::arg("input_size"), py::arg("hidden_size"), py::arg("bias"),
+           py::arg("dtype"), py::arg("seed"))
       .def_property_readonly("parameter_names", &RNNCellBase::parameter_names)
-      .def_property_readonly("parameters", [](RNNCellBase& c) -> const std::vector<Tensor>& {
-        return c.parameters();
-      })
+      .def_property_readonly(
+          "parameters", [](RNNCellBase& c) -> const std::vector<Tensor>& { return c.parameters(); })
       .def_property_readonly("grads",
                              [](RNNCellBase& c) -> const std::vector<Tensor>& { return c.grads(); })
       .def("zero_grad", &RNNCellBase::zero_grad)

@@ -3,6 +3,9 @@
 // wrap it. push runs without the GIL.
 #include <pybind11/stl.h>
 
+#include <memory>
+#include <utility>
+
 #include "bind.h"
 #include "seqpack/streaming.h"
 #include "tensor_caster.h"
@@ -11,7 +14,10 @@ namespace seqpack::python {
 
 void bind_streaming(py::module_& m) {
   py::class_<StreamingRNN>(m, "StreamingRNN")
-      .def(py::init<RNNOptions, std::vector<Tensor>>(), py::arg("options"), py::arg("weights"))
+      .def(py::init([](RNNOptions options, std::vector<Tensor> weights) {
+             return std::make_unique<StreamingRNN>(options, std::move(weights), policy_config());
+           }),
+           py::arg("options"), py::arg("weights"))
       .def(py::init<const RNNBase&>(), py::arg("module"))
       .def_property_readonly("options", &StreamingRNN::options)
       .def("open", &StreamingRNN::open, py::arg("h0"), py::arg("c0"))

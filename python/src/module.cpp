@@ -5,11 +5,23 @@
 #include "seqpack/policy.h"
 #include "seqpack/version.h"
 
+namespace seqpack::python {
+
+namespace {
+RNNConfig installed_config;  // set once, at the import
+}  // namespace
+
+const RNNConfig& policy_config() { return installed_config; }
+
+}  // namespace seqpack::python
+
 PYBIND11_MODULE(_seqpack, m) {
   m.doc() = "seqpack C++ core (use the seqpack package, not this module)";
   // The core reads no environment: the module installs the SEQPACK_* policy
   // (a bad value fails the import, naming the variable and the value).
-  seqpack::set_policy(seqpack::policy_from_environment());
+  const seqpack::Policy policy = seqpack::policy_from_environment();
+  seqpack::set_policy(policy);
+  seqpack::python::installed_config = seqpack::rnn_config(policy);
   // The linked library's version (seqpack.__version__, include/seqpack/version.h).
   m.attr("__version__") = seqpack::version();
   seqpack::python::bind_tensor(m);

@@ -8,7 +8,6 @@
 #include <vector>
 
 #include "rnn/cells.h"
-#include "rnn/model_plan.h"
 #include "rnn/saved.h"
 #include "seqpack/precision.h"
 
@@ -60,43 +59,6 @@ void check_initial_state(const RNNOptions& options, const PackingPlan& plan, con
   }
 }
 
-void check_model_plan(const RNNOptions& o, const std::vector<Tensor>& weights,
-                      const RNNModelPlan* model) {
-  if (!model) return;
-  const RNNOptions& p = model->options;
-  const auto differs = [](const char* what, const std::string& plan, const std::string& call) {
-    throw std::invalid_argument(std::string("the model plan was made for ") + what + " " + plan +
-                                ", this forward has " + call + " (make a plan for it: rnn_make_plan)");
-  };
-  if (p.mode != o.mode) differs("mode", rnn_mode_name(p.mode), rnn_mode_name(o.mode));
-  if (p.precision != o.precision)
-    differs("precision", precision_name(p.precision), precision_name(o.precision));
-  if (p.dtype != o.dtype) differs("dtype", dtype_name(p.dtype), dtype_name(o.dtype));
-  const std::vector<std::pair<const char*, std::pair<int64_t, int64_t>>> sizes{
-      {"input_size", {p.input_size, o.input_size}},
-      {"hidden_size", {p.hidden_size, o.hidden_size}},
-      {"num_layers", {p.num_layers, o.num_layers}},
-      {"proj_size", {p.proj_size, o.proj_size}},
-      {"bias", {p.bias, o.bias}},
-      {"bidirectional", {p.bidirectional, o.bidirectional}}};
-  for (const auto& [name, v] : sizes)
-    if (v.first != v.second) differs(name, std::to_string(v.first), std::to_string(v.second));
-  const auto names = rnn_parameter_names(o);
-  if (model->weights.size() != weights.size()) {
-    throw std::invalid_argument("the model plan was made from " +
-                                std::to_string(model->weights.size()) + " tensors, not these " +
-                                std::to_string(weights.size()));
-  }
-  for (std::size_t i = 0; i < weights.size(); ++i) {
-    if (!same_values(model->weights[i], weights[i])) {
-      throw std::invalid_argument(
-          "the model plan was made from other values of " + names[i] +
-          " than this forward's: the weights changed since (make a new plan: rnn_make_plan, "
-          "or rnn_current_plan)");
-    }
-  }
-}
-
 bool same_values(const Tensor& a, const Tensor& b) {
   if (a.defined() != b.defined()) return false;
   if (!a.defined()) return true;
@@ -109,7 +71,8 @@ bool same_plan_options(const RNNOptions& a, const RNNOptions& b) {
   return a.mode == b.mode && a.precision == b.precision && a.dtype == b.dtype &&
          a.input_size == b.input_size && a.hidden_size == b.hidden_size &&
          a.num_layers == b.num_layers && a.proj_size == b.proj_size && a.bias == b.bias &&
-         a.bidirectional == b.bidirectional;
+         a.bidirectional == b.bidirectional && a.dropout == b.dropout &&
+         a.batch_first == b.batch_first;
 }
 
 void check_forward_mode(const RNNOptions& options, bool training, bool save_for_backward) {
@@ -122,11 +85,8 @@ void check_forward_mode(const RNNOptions& options, bool training, bool save_for_
   }
 }
 
-void check_forward(const RNNOptions& options, const std::vector<Tensor>& weights,
-                   const Tensor& data, const PackingPlan& plan, const Tensor& h0,
-                   const Tensor& c0) {
-  options.validate();
-  check_weights(options, weights);
+void check_forward(const RNNOptions& options, const Tensor& data, const PackingPlan& plan,
+                   const Tensor& h0, const Tensor& c0) {
   if (!data.defined() || data.dim() != 2) {
     throw std::invalid_argument("packed input must be 2-D [rows, input_size], got shape " +
                                 (data.defined() ? shape_str(data.shape()) : "undefined"));
@@ -148,11 +108,9 @@ void check_forward(const RNNOptions& options, const std::vector<Tensor>& weights
   check_initial_state(options, plan, h0, c0);
 }
 
-void check_forward_lookup(const RNNOptions& options, const std::vector<Tensor>& weights,
-                          const Tensor& table, const std::vector<int64_t>& ids,
-                          const PackingPlan& plan, const Tensor& h0, const Tensor& c0) {
-  options.validate();
-  check_weights(options, weights);
+void check_forward_lookup(const RNNOptions& options, const Tensor& table,
+                          const std::vector<int64_t>& ids, const PackingPlan& plan,
+                          const Tensor& h0, const Tensor& c0) {
   if (!table.defined() || table.dim() != 2 || table.size(1) != options.input_size) {
     throw std::invalid_argument(
         "lookup table must be 2-D [rows, input_size = " + std::to_string(options.input_size) +

@@ -23,24 +23,19 @@ void check_initial_state(const RNNOptions& options, const PackingPlan& plan, con
 // Whether `a` and `b` hold the same values: same dtype and shape, the same
 // bytes (exact; at once where they share their data).
 bool same_values(const Tensor& a, const Tensor& b);
-// Whether a plan made for `a` serves `b`: what its layouts depend on
-// (mode, sizes, bias, directions, dtype, precision) is the same.
+// Whether a plan made with options `a` serves a holder of options `b`:
+// every option is the same (the forward runs with the plan's).
 bool same_plan_options(const RNNOptions& a, const RNNOptions& b);
-// A plan given to a forward: made for these options (precision and dtype
-// included) from these tensors' present values (its own copy of them, or
-// others that hold the same bytes).
-void check_model_plan(const RNNOptions& o, const std::vector<Tensor>& weights,
-                      const RNNModelPlan* model);
 // An inference-only precision neither trains nor saves for a backward.
 void check_forward_mode(const RNNOptions& options, bool training, bool save_for_backward);
-// rnn_forward's arguments.
-void check_forward(const RNNOptions& options, const std::vector<Tensor>& weights,
-                   const Tensor& data, const PackingPlan& plan, const Tensor& h0,
-                   const Tensor& c0);
+// rnn_forward's arguments (the plan's options and weights were checked when
+// it was made).
+void check_forward(const RNNOptions& options, const Tensor& data, const PackingPlan& plan,
+                   const Tensor& h0, const Tensor& c0);
 // rnn_forward_lookup's arguments.
-void check_forward_lookup(const RNNOptions& options, const std::vector<Tensor>& weights,
-                          const Tensor& table, const std::vector<int64_t>& ids,
-                          const PackingPlan& plan, const Tensor& h0, const Tensor& c0);
+void check_forward_lookup(const RNNOptions& options, const Tensor& table,
+                          const std::vector<int64_t>& ids, const PackingPlan& plan,
+                          const Tensor& h0, const Tensor& c0);
 // rnn_backward's gradients for what `saved` holds.
 void check_backward(const RNNSaved& saved, const Tensor& grad_output, const Tensor& grad_h_n,
                     const Tensor& grad_c_n);

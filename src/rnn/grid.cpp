@@ -5,70 +5,31 @@ namespace seqpack::rnn {
 
 namespace {
 
-// The policy's (set_split_policy): who splits, the units floor of a column
-// split, the rows floor of a row split (0: none).
-std::atomic<int> policy_choice{static_cast<int>(SplitChoice::engine)};
-std::atomic<int64_t> policy_units{kDefaultStepUnits};
-std::atomic<int64_t> policy_rows{0};
-
-// The tests' overrides (set_split_choice, set_min_step_units,
-// set_min_step_rows): -1 / 0 / -1 where none is set.
-std::atomic<int> choice{-1};
-std::atomic<int64_t> step_units{0};
-std::atomic<bool> units_set{false};  // set_min_step_units: no work rule
-std::atomic<int64_t> step_rows{-1};
-
-int64_t min_step_units() {
-  const int64_t u = step_units.load(std::memory_order_relaxed);
-  return u > 0 ? u : policy_units.load(std::memory_order_relaxed);
-}
-
-int64_t min_step_rows() {
-  const int64_t r = step_rows.load(std::memory_order_relaxed);
-  return r >= 0 ? r : policy_rows.load(std::memory_order_relaxed);
+int64_t min_step_units(const RNNConfig& c) {
+  return c.step_units > 0 ? std::max<int64_t>(c.step_units, 16) : kDefaultStepUnits;
 }
 
 }  // namespace
 
-void set_split_policy(SplitChoice c, int64_t units, int64_t rows) {
-  policy_choice.store(static_cast<int>(c), std::memory_order_relaxed);
-  policy_units.store(units > 0 ? units : kDefaultStepUnits, std::memory_order_relaxed);
-  policy_rows.store(std::max<int64_t>(rows, 0), std::memory_order_relaxed);
-}
-
-void set_split_choice(SplitChoice c) { choice.store(static_cast<int>(c), std::memory_order_relaxed); }
-
-SplitChoice split_choice() {
-  const int c = choice.load(std::memory_order_relaxed);
-  return static_cast<SplitChoice>(c >= 0 ? c : policy_choice.load(std::memory_order_relaxed));
-}
-
-int step_threads(int64_t H, bool by_rows, int available) {
+int step_threads(const RNNConfig& config, int64_t H, bool by_rows, int available) {
   if (available <= 0) available = omp_get_max_threads();
   if (by_rows) return available;
-  const int64_t by_width = std::max<int64_t>(1, H / min_step_units());
+  const int64_t by_width = std::max<int64_t>(1, H / min_step_units(config));
   return static_cast<int>(std::min<int64_t>(available, by_width));
 }
 
-void set_min_step_rows(int64_t rows) {
-  step_rows.store(rows > 0 ? rows : -1, std::memory_order_relaxed);
-}
-
-void set_min_step_units(int64_t units) {
-  step_units.store(units > 0 ? std::max<int64_t>(units, 16) : 0, std::memory_order_relaxed);
-  units_set.store(units > 0, std::memory_order_relaxed);
-}
-
-int direction_threads(const RNNOptions& o, bool by_rows, int64_t rows, int64_t steps) {
-  const int64_t floor_rows = min_step_rows();
+int direction_threads(const RNNOptions& o, const RNNConfig& config, bool by_rows, int64_t rows,
+                      int64_t steps) {
+  const int64_t floor_rows = std::max<int64_t>(config.step_rows, 0);
   const int all = omp_get_max_threads();
-  const int nt = step_threads(o.hidden_size, by_rows, o.num_directions() == 2 ? std::max(1, all / 2) : all);
+  const int nt = step_threads(config, o.hidden_size, by_rows,
+                              o.num_directions() == 2 ? std::max(1, all / 2) : all);
   if (by_rows) {
     if (floor_rows == 0 || nt <= 1) return nt;
     const int64_t mean_rows = rows / std::max<int64_t>(steps, 1);
     return static_cast<int>(std::clamp<int64_t>(mean_rows / floor_rows, 1, nt));
   }
-  if (nt <= 1 || units_set.load(std::memory_order_relaxed)) return nt;
+  if (nt <= 1 || !config.work_rule) return nt;
   const int64_t K = o.real_hidden_size(), G = o.gate_count() * o.hidden_size;
   const int64_t bytes = K * G * static_cast<int64_t>(dtype_size(o.dtype));
   const double macs = static_cast<double>(rows) / static_cast<double>(std::max<int64_t>(steps, 1)) *

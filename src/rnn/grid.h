@@ -25,26 +25,18 @@ namespace seqpack::rnn {
 
 // Threads for the splitting of one direction's steps among `available`
 // (OpenMP's count by default), but at least 64 hidden units per thread
-// (the policy's step_units sets another minimum, for measuring). Below that the
-// per-step barriers cost more than the split saves (and on a loaded machine
-// a barrier waiting for a descheduled thread costs far more: rnn-tanh-tiny,
-// H = 64, ran 2000x slower on two threads with 32 units each under OpenMP's
-// barrier). A row split (by_rows) has no barrier in its steps: every thread.
-int step_threads(int64_t H, bool by_rows, int available = 0);
+// (the config's step_units sets another minimum, for measuring). Below that
+// the per-step barriers cost more than the split saves (and on a loaded
+// machine a barrier waiting for a descheduled thread costs far more:
+// rnn-tanh-tiny, H = 64, ran 2000x slower on two threads with 32 units each
+// under OpenMP's barrier). A row split (by_rows) has no barrier in its
+// steps: every thread.
+int step_threads(const RNNConfig& config, int64_t H, bool by_rows, int available = 0);
 
 // The default minimum (lstm-bi-2layer, H = 512, on a 16-core Xeon: 8 threads
 // a direction at 64 units ran bf16 forward in 7.8 ms, 4 at 128 in 11.5 ms;
 // docs/performance.md).
 inline constexpr int64_t kDefaultStepUnits = 64;
-
-// Sets that minimum (at least 16; 0: the policy's again) and, while set,
-// drops direction_threads' work rule: for tests that split small layers over
-// many threads.
-void set_min_step_units(int64_t units);
-
-// Sets direction_threads' floor of mean rows a step per thread of a row split
-// (0: the policy's again), for tests.
-void set_min_step_rows(int64_t rows);
 
 // Columns [a, b) of [0, width) owned by thread `tid` of `nth`, in blocks of 16
 // so that each thread's SIMD vectors stay whole.
@@ -69,24 +61,16 @@ int64_t rows_after_h0(const std::vector<int64_t>& bs, int64_t t, int64_t d);
 // from its first step to its last, so its thread owns it for the whole loop.
 std::vector<int64_t> row_bounds(const std::vector<int64_t>& bs, int64_t B, int nt);
 
-// Who chooses between the row and the column split: the engine, or (tests,
-// to run both splits with every engine; the policy's step_split, for
-// measuring) a fixed choice. set_split_choice overrides the policy's, for
-// tests.
-enum class SplitChoice { engine, rows, columns };
-void set_split_choice(SplitChoice choice);
-SplitChoice split_choice();
-
-// The policy's split rules (set_policy): who splits, the units floor (0: 64)
-// and the rows floor (0: none).
-void set_split_policy(SplitChoice choice, int64_t units, int64_t rows);
+// Who chooses between the row and the column split (RNNConfig::split).
+using SplitChoice = RNNConfig::Split;
 
 // Whether a direction's threads split its steps by rows (whole sequences per
-// thread) rather than by columns: the engine's choice for W_hh [R, G], in a
-// forward or (backward) a backward.
+// thread) rather than by columns: the config's fixed choice, or the engine's
+// for W_hh [R, G], in a forward or (backward) a backward.
 template <typename T>
-bool rows_split(const cpu::GemmEngine<T>& eng, const RNNOptions& o, bool backward = false) {
-  switch (split_choice()) {
+bool rows_split(const cpu::GemmEngine<T>& eng, const RNNOptions& o, const RNNConfig& config,
+                bool backward = false) {
+  switch (config.split) {
     case SplitChoice::rows:
       return true;
     case SplitChoice::columns:
@@ -227,10 +211,13 @@ void run_threads(int nt, F&& body) {
 // fp32 forward 10% slower on two threads than on one's split. A row split has
 // no such rule: with no barrier, each further thread takes tokens off the
 // longest one's share (lstm-long-seq's bf16 forward, 18 rows a step: 9.7 ms
-// on 2 threads, 6.4 on 8, on the GPU machine's Xeon). The policy's
+// on 2 threads, 6.4 on 8, on the GPU machine's Xeon). The config's
 // step_rows (SEQPACK_STEP_ROWS), for measuring, gives a row split at most
-// (rows / steps) / step_rows threads (at 32 the main job's 16-thread epoch took 1.8 times as long).
-int direction_threads(const RNNOptions& o, bool by_rows, int64_t rows, int64_t steps);
+// (rows / steps) / step_rows threads (at 32 the main job's 16-thread epoch
+// took 1.8 times as long); its work_rule off (tests) drops the column
+// split's rule.
+int direction_threads(const RNNOptions& o, const RNNConfig& config, bool by_rows, int64_t rows,
+                      int64_t steps);
 
 // This thread's share of a step among nth threads. By columns (the
 // default): hidden units [a, b) of every gate and columns [ra, rb) of h

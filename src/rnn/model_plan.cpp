@@ -14,11 +14,20 @@
 namespace seqpack {
 
 std::shared_ptr<const RNNModelPlan> rnn_make_plan(const RNNOptions& options,
-                                                  const std::vector<Tensor>& weights) {
+                                                  const std::vector<Tensor>& weights, bool in_place,
+                                                  const RNNConfig& config) {
   options.validate();
   rnn::check_weights(options, weights);
   auto plan = std::make_shared<RNNModelPlan>();
   plan->options = options;
+  plan->config = config;
+  if (in_place) {
+    // The caller's tensors, held: nothing is copied or laid out here (a
+    // one-step call's product reads W_hh once, which no layout repays).
+    plan->weights = weights;
+    plan->in_place_only = true;
+    return plan;
+  }
   plan->weights.reserve(weights.size());
   for (const Tensor& w : weights) plan->weights.push_back(w.clone());
   if (options.dtype == DType::f32) {
@@ -39,10 +48,15 @@ bool rnn_plan_holds(const RNNModelPlan& plan, const std::vector<Tensor>& weights
 
 std::shared_ptr<const RNNModelPlan> rnn_current_plan(std::shared_ptr<const RNNModelPlan> plan,
                                                      const RNNOptions& options,
-                                                     const std::vector<Tensor>& weights) {
-  if (plan && rnn::same_plan_options(plan->options, options) && rnn_plan_holds(*plan, weights)) return plan;
-  return rnn_make_plan(options, weights);
+                                                     const std::vector<Tensor>& weights,
+                                                     const RNNConfig& config) {
+  if (plan && !plan->in_place_only && plan->config == config &&
+      rnn::same_plan_options(plan->options, options) && rnn_plan_holds(*plan, weights))
+    return plan;
+  return rnn_make_plan(options, weights, /*in_place=*/false, config);
 }
+
+const RNNConfig& rnn_plan_config(const RNNModelPlan& plan) { return plan.config; }
 
 RNNPlanInfo rnn_plan_info(const RNNModelPlan& plan) {
   RNNPlanInfo info;

@@ -1,9 +1,11 @@
-// The public model plan (seqpack::RNNModelPlan, include/seqpack/rnn.h): the
-// weights prepared once for the engine of their precision, and the step
-// operands of each thread split the forwards and backwards meet, laid out on
-// first use and kept (src/rnn/plan.h's RNNPlan and BackwardPlan). Made by
-// rnn_make_plan (src/rnn/model_plan.cpp); read by rnn_core.cpp's forwards
-// and backwards.
+// The public model plan (seqpack::RNNModelPlan, include/seqpack/rnn.h), the
+// prepared model: options, config and weights, the weights prepared once for
+// the engine of their precision, and the step operands of each thread split
+// the forwards and backwards meet, laid out on first use and kept
+// (src/rnn/plan.h's RNNPlan and BackwardPlan); an in-place plan lays them out
+// per call. Every layout of a model's weights is made here. Made by
+// rnn_make_plan (src/rnn/model_plan.cpp), its one maker; read by
+// rnn_core.cpp's forwards and backwards.
 #pragma once
 
 #include <map>
@@ -43,10 +45,17 @@ const cpu::GemmEngine<T>& engine_for(const RNNOptions& o) {
 // backward of such a forward that asks for them.
 struct RNNModelPlan : std::enable_shared_from_this<RNNModelPlan> {
   RNNOptions options;
+  RNNConfig config;  // how its calls share their steps between threads
   // A copy of the weights it was made from, owned (rnn_parameter_names
   // order): every layout here is made from it, and nothing writes it, so a
   // layout made at a later call still has the values the plan was made from.
+  // In an in-place plan, the caller's tensors themselves (held, not copied).
   std::vector<Tensor> weights;
+  // Made with in_place (rnn_make_plan): no layout is kept, each forward lays
+  // out what it needs for itself from `weights` (reading them where they are
+  // where the engine can), and its backward reads `weights` as a forward
+  // without a kept layout does. The maps below stay empty.
+  bool in_place_only = false;
   rnn::WeightLayouts weight_layouts;  // float's engine (dtype f32)
   mutable std::mutex mutex;
   // Keyed by the split: threads a direction, and rows or columns.
@@ -74,16 +83,30 @@ struct RNNModelPlan : std::enable_shared_from_this<RNNModelPlan> {
     return (backward ? short_backwards : short_forwards)++ == 0;
   }
 
+  // The step operands of a forward of `steps` steps on `nt` threads a
+  // direction: an in-place plan's, laid out for this call alone (reading the
+  // weights where they are at one step); a kept plan's, made on first use
+  // and kept (the first call of few steps reads them in place: in_place()).
+  template <typename T>
+  std::shared_ptr<const rnn::RNNPlan<T>> forward_steps(const cpu::GemmEngine<T>& eng, int nt,
+                                                       int64_t steps, bool check_finite) const {
+    if (in_place_only) {
+      return rnn::make_plan<T>(options, config, weights, eng, nt, nullptr,
+                               rnn::in_place_steps(steps), check_finite);
+    }
+    return this->steps<T>(eng, nt, in_place(steps, /*backward=*/false), check_finite);
+  }
   // The step operands for `nt` threads a direction, made on first use, or
   // (in_place, and none made yet) in place for this call only, W_hh's
   // finiteness checked where `check_finite`.
   template <typename T>
   std::shared_ptr<const rnn::RNNPlan<T>> steps(const cpu::GemmEngine<T>& eng, int nt,
                                                bool in_place, bool check_finite) const {
-    return kept(layouts<T>(), Split{nt, rnn::rows_split(eng, options)}, in_place, [&](bool here) {
-      return rnn::make_plan<T>(options, weights, eng, nt, &weight_layouts, here,
-                               !here || check_finite);
-    });
+    return kept(layouts<T>(), Split{nt, rnn::rows_split(eng, options, config)}, in_place,
+                [&](bool here) {
+                  return rnn::make_plan<T>(options, config, weights, eng, nt, &weight_layouts, here,
+                                           !here || check_finite);
+                });
   }
   // The backward's step operands for a layer on `nt` threads, `columns` of
   // them sharing a step's columns, made on first use (or in place, as

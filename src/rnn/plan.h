@@ -3,8 +3,8 @@
 // before the time loop runs, as oneDNN's RNN weight reorders or cuDNN's
 // weight space do: each layer and direction's step operands (W_hhᵀ, and W_hrᵀ
 // with a projection) for the column ranges its threads will ask for. The
-// public model plan (seqpack::RNNModelPlan, rnn_core.cpp) keeps one per split
-// it meets; a forward without one makes one for itself.
+// public model plan (seqpack::RNNModelPlan, rnn/model_plan.h) keeps one per
+// split it meets; an in-place plan makes one for each call.
 #pragma once
 
 #include <omp.h>
@@ -95,7 +95,8 @@ inline bool in_place_steps(int64_t steps) { return steps <= 1; }
 // must outlive the plan), and W_hh is checked for finite entries only where
 // `check_finite` (else whh_finite is false: no skip).
 template <typename T>
-std::unique_ptr<const RNNPlan<T>> make_plan(const RNNOptions& o, const std::vector<Tensor>& weights,
+std::unique_ptr<const RNNPlan<T>> make_plan(const RNNOptions& o, const RNNConfig& config,
+                                            const std::vector<Tensor>& weights,
                                             const cpu::GemmEngine<T>& eng, int threads,
                                             const WeightLayouts* layouts = nullptr,
                                             bool in_place = false, bool check_finite = true) {
@@ -105,7 +106,7 @@ std::unique_ptr<const RNNPlan<T>> make_plan(const RNNOptions& o, const std::vect
   plan->engine = &eng;
   const int64_t D = o.num_directions(), H = o.hidden_size, R = o.real_hidden_size();
   const int64_t G = o.gate_count() * H;
-  const bool by_rows = rows_split(eng, o);
+  const bool by_rows = rows_split(eng, o, config);
   const int nc = by_rows ? 1 : threads;  // threads sharing the columns
   for (int64_t l = 0; l < o.num_layers; ++l) {
     for (int64_t d = 0; d < D; ++d) {

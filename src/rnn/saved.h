@@ -33,6 +33,7 @@ struct RNNSaved {
     std::vector<Direction> dirs;
   };
   RNNOptions options;
+  RNNConfig config;  // the forward's plan's
   std::vector<Tensor> weights;
   // The model plan the forward was given (or null): the backward reads its
   // step operands through it too.

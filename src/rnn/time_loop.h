@@ -365,11 +365,12 @@ struct ForwardDirection {
   // input projection there may use every thread), steps() on each thread of
   // its team (run_teams: the two directions' teams side by side), finish()
   // on the calling thread again.
-  void begin(int nt, const Tensor& x, const Tensor& h0, const Tensor& c0, Tensor& out) {
+  // `by_rows`: the call's split (rows_split).
+  void begin(int nt, bool by_rows, const Tensor& x, const Tensor& h0, const Tensor& c0,
+             Tensor& out) {
     project_inputs(x);
     prepare(h0, c0, out);
-    bounds_ = rows_split(eng, o) && nt > 1 ? row_bounds(plan.batch_sizes(), B, nt)
-                                           : std::vector<int64_t>{};
+    bounds_ = by_rows && nt > 1 ? row_bounds(plan.batch_sizes(), B, nt) : std::vector<int64_t>{};
   }
 
   void steps(const Team& team) {
@@ -781,15 +782,16 @@ struct BackwardDirection {
   static int layer_threads(int nt, const cpu::GemmEngine<T>& eng, const RNNSaved& sv,
                            bool lookup_layer) {
     const RNNOptions& o = sv.options;
-    if (lookup_layer && rows_split(eng, o, /*backward=*/true) && !lookup_rows_fit(sv, nt))
-      return std::min(nt, step_threads(o.hidden_size, false, nt));
+    if (lookup_layer && rows_split(eng, o, sv.config, /*backward=*/true) &&
+        !lookup_rows_fit(sv, nt))
+      return std::min(nt, step_threads(sv.config, o.hidden_size, false, nt));
     return nt;
   }
 
   // Whether the steps of a layer on nt threads (layer_threads) split by rows.
   static bool splits_rows(int nt, const cpu::GemmEngine<T>& eng, const RNNSaved& sv,
                           bool lookup_layer) {
-    return rows_split(eng, sv.options, /*backward=*/true) && nt > 1 &&
+    return rows_split(eng, sv.options, sv.config, /*backward=*/true) && nt > 1 &&
            (!lookup_layer || lookup_rows_fit(sv, nt));
   }
   // The threads sharing a step's columns: the operands' split.

@@ -321,11 +321,10 @@ Tensor CharClassifier::forward(const Tensor& tokens, const std::vector<int64_t>&
   // One plan per set of weight values (compared at each forward: exact): the
   // forwards and backwards between two optimizer steps share its layouts, so
   // the weights are laid out once per step, not at every call.
-  plan_ = rnn_current_plan(plan_, lstm_.options(), weights);
-  RNNForwardResult r =
-      rnn_forward_lookup(lstm_.options(), rnn_plan_weights(*plan_), embedding_.weight(), ids,
-                         plan, Tensor(), Tensor(), /*training=*/requires_grad,
-                         /*save_for_backward=*/requires_grad, 0, plan_.get());
+  plan_ = rnn_current_plan(plan_, lstm_.options(), weights, lstm_.config());
+  RNNForwardResult r = rnn_forward_lookup(*plan_, embedding_.weight(), ids, plan, Tensor(),
+                                          Tensor(), /*training=*/requires_grad,
+                                          /*save_for_backward=*/requires_grad, 0);
   saved_ = requires_grad ? r.saved : nullptr;
   batch_ = B;
   // h_n is [2, B, H] in the caller's order: features = [h_n[0, b] ; h_n[1, b]].

@@ -34,6 +34,7 @@
 #include "command.h"
 #include "seqpack/json_limits.h"
 #include "seqpack/packed_sequence.h"
+#include "seqpack/policy.h"
 #include "seqpack/precision.h"
 #include "seqpack/rnn.h"
 #include "seqpack/tensor.h"
@@ -406,10 +407,10 @@ void run_bench(Args args) {
     // The forwards read the weights through the model's plan, made once per
     // model as a server would (int8 quantizes them, as torch's
     // quantize_dynamic does; fp32 and bf16 lay out W_hh at the first call,
-    // the warm-up), not timed. Training lays out its weights at every step.
-    const auto model = rnn_make_plan(o, weights);
-    // Its own copy of the weights: a forward given them compares nothing.
-    const std::vector<Tensor>& planned = rnn_plan_weights(*model);
+    // the warm-up), not timed. Training lays out its weights at every step
+    // (an in-place plan of them, made in the timed step).
+    const RNNConfig config = rnn_config(policy());  // the tool's SEQPACK_* policy
+    const auto model = rnn_make_plan(o, weights, /*in_place=*/false, config);
 
     for (const std::string& mode : modes) {
       ++done;
@@ -418,24 +419,32 @@ void run_bench(Args args) {
                    static_cast<long long>(tokens));
       Timing t;
       if (mode == "forward_packed") {
-        t = measure([&] {
-          rnn_forward(o, planned, packed.data, packed.plan, {}, {}, /*training=*/false,
-                      /*save_for_backward=*/false, 0, model.get());
-        }, args.min_time);
+        t = measure(
+            [&] {
+              rnn_forward(*model, packed.data, packed.plan, {}, {}, /*training=*/false,
+                          /*save_for_backward=*/false, 0);
+            },
+            args.min_time);
       } else if (mode == "forward_padded") {
         Batch padded = make_batch(std::vector<int64_t>(lengths.size(), max_len), o.input_size, rng);
-        t = measure([&] {
-          rnn_forward(o, planned, padded.data, padded.plan, {}, {}, /*training=*/false,
-                      /*save_for_backward=*/false, 0, model.get());
-        }, args.min_time);
+        t = measure(
+            [&] {
+              rnn_forward(*model, padded.data, padded.plan, {}, {}, /*training=*/false,
+                          /*save_for_backward=*/false, 0);
+            },
+            args.min_time);
       } else {  // train_packed
         const Tensor ones = Tensor::full({packed.plan.total_rows(), o.output_size()}, 1.0, DType::f32);
-        t = measure([&] {
-          RNNForwardResult y = rnn_forward(o, weights, packed.data, packed.plan, {}, {},
-                                           /*training=*/true, /*save_for_backward=*/true);
-          // No h0 was given, so (as in torch) it gets no gradient.
-          rnn_backward(*y.saved, ones, {}, {}, /*initial_state_grad=*/false);
-        }, args.min_time);
+        t = measure(
+            [&] {
+              RNNForwardResult y =
+                  rnn_forward(*rnn_make_plan(o, weights, /*in_place=*/true, config), packed.data,
+                              packed.plan, {}, {},
+                              /*training=*/true, /*save_for_backward=*/true);
+              // No h0 was given, so (as in torch) it gets no gradient.
+              rnn_backward(*y.saved, ones, {}, {}, /*initial_state_grad=*/false);
+            },
+            args.min_time);
       }
       const double tokens_per_s = static_cast<double>(tokens) / t.median;
       const nlohmann::ordered_json core = core_per_call(rnn_core_profile(/*reset=*/true));

@@ -25,6 +25,7 @@
 
 #include "command.h"
 #include "seqpack/classifier.h"
+#include "seqpack/policy.h"
 #include "seqpack/precision.h"
 #include "seqpack/safetensors.h"
 #include "seqpack/threading.h"
@@ -306,6 +307,7 @@ void run_predict(const PredictArgs& a) {
   check_descriptor_not_input(STDOUT_FILENO, "standard output", inputs);
   TrainedClassifier tc = load_classifier(a.model.model_dir());
   tc.model->set_precision(precision);
+  tc.model->lstm().set_config(rnn_config(policy()));  // the tool's SEQPACK_* policy
   if (!a.eval.empty()) {
     run_eval(tc, a);
     return;

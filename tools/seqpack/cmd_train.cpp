@@ -27,6 +27,7 @@
 #include "seqpack/loss.h"
 #include "seqpack/model_dir.h"
 #include "seqpack/optim.h"
+#include "seqpack/policy.h"
 #include "seqpack/precision.h"
 #include "seqpack/safetensors.h"
 #include "seqpack/threading.h"
@@ -678,6 +679,7 @@ void run_train(TrainArgs a) {
                                 ") no longer gives the checkpoint's vocabulary and labels");
   }
   CharClassifier model(model_options(a, vocab, static_cast<int64_t>(split.labels.size())), a.seed);
+  model.lstm().set_config(rnn_config(policy()));  // the tool's SEQPACK_* policy
   Adam opt(model.parameters(), {.lr = a.lr});
   int64_t first_epoch = 1;
   if (d.ck) {
