@@ -99,7 +99,6 @@ void set_policy(const Policy& p) {
   const std::lock_guard<std::mutex> lock(policy_mutex);
   cpu::set_isa_cap(s.cap);
   cpu::set_int8_kernel_request(s.kernel);
-  cpu::set_step_groups(p.step_groups);
   cpu::set_bf16_emulation(s.bf16_emulated);
   installed = p;
 }
@@ -110,6 +109,7 @@ RNNConfig rnn_config(const Policy& p) {
   c.split = s.split;
   c.step_units = s.units;
   c.step_rows = s.rows;
+  c.step_groups = p.step_groups;
   return c;
 }
 

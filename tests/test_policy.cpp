@@ -97,13 +97,13 @@ TEST(Policy, EachSettingReachesThePartThatReadsIt) {
   EXPECT_EQ(config.step_rows, 8);
   // A column split of H = 512 over 16 threads: one thread per 128 units.
   EXPECT_EQ(rnn::step_threads(config, 512, /*by_rows=*/false, 16), 4);
-  EXPECT_FALSE(cpu::step_groups());
+  EXPECT_FALSE(config.step_groups);
 
   set_policy(Policy{});  // the defaults again
   EXPECT_EQ(cpu::isa_cap(), cpu::IsaLevel::avx512);
   EXPECT_EQ(rnn_config(Policy{}), RNNConfig{});
   EXPECT_EQ(rnn::step_threads(RNNConfig{}, 512, false, 16), 512 / rnn::kDefaultStepUnits);
-  EXPECT_TRUE(cpu::step_groups());
+  EXPECT_TRUE(RNNConfig{}.step_groups);
   EXPECT_FALSE(cpu::bf16_emulation());
   EXPECT_EQ(cpu_info().bf16, cpu_info().native_bf16 ? "native" : "none");
 }

@@ -59,6 +59,7 @@ struct ThreadsGuard {
     set_num_threads(before);
     set_min_step_units(0);
     test_config.split = rnn::SplitChoice::engine;
+    test_config.step_groups = true;
   }
 };
 
@@ -265,6 +266,13 @@ TEST_P(RNNThreads, Bf16ByColumnsOf64UnitsMatchesFloat64) {
 }
 TEST_P(RNNThreads, Bf16ByColumnsOf16UnitsMatchesFloat64) {
   check_bf16(GetParam(), rnn::SplitChoice::columns, 16);
+}
+// The same with one product per gate block of a thread's columns
+// (RNNConfig::step_groups off: the config's, not a process-wide setting).
+TEST_P(RNNThreads, Bf16ByColumnsOneProductPerGateMatchesFloat64) {
+  test_config.step_groups = false;
+  check_bf16(GetParam(), rnn::SplitChoice::columns, 64);
+  test_config.step_groups = true;
 }
 
 // int8 (inference: the forward alone) at every thread count and split,

@@ -3,7 +3,7 @@
 // ends (the seqpack tool, the Python module, the PyTorch operators, the test
 // and benchmark programs) read it once with policy_from_environment(),
 // install its kernel settings with set_policy() and give its step split's
-// settings to the model plans they make (rnn_config, include/seqpack/rnn.h);
+// settings and step groups to the model plans they make (rnn_config, include/seqpack/rnn.h);
 // a C++ program that wants the same variables does the same, and one that
 // sets none runs on the defaults.
 #pragma once
@@ -48,11 +48,11 @@ struct Policy {
   std::string bf16;
 };
 
-// Installs `policy`'s kernel settings (the ISA cap, the int8 kernel, the step
-// groups, bf16's emulation; the step split's are a plan's, rnn_config) for
-// the whole process: between calls, never while one
-// runs (model plans made before a change of the ISA cap lay their weights out
-// again for the new target at their next call). Throws std::invalid_argument
+// Installs `policy`'s kernel settings (the ISA cap, the int8 kernel, bf16's
+// emulation; the step split's and the step groups are a plan's, rnn_config)
+// for the whole process: between calls, never while one runs (model plans
+// made before a change of the ISA cap lay their weights out again for the new
+// target at their next call). Throws std::invalid_argument
 // naming the setting and its value where one is not among those above;
 // nothing is installed then.
 void set_policy(const Policy& policy);

@@ -101,6 +101,10 @@ struct RNNConfig {
   // would not pay for them (off: tests that split small layers over many
   // threads).
   bool work_rule = true;
+  // Whether the oneDNN engine makes one product of a thread's step ranges
+  // (its columns of every gate, laid out together on first use) or one
+  // product per range (for measuring).
+  bool step_groups = true;
   bool operator==(const RNNConfig&) const = default;
 };
 struct Policy;

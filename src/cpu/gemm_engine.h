@@ -157,7 +157,8 @@ class GemmEngine {
   // blocks of a column split: rnn::step_range of blocks 0..count-1), as one
   // product where the engine can (oneDNN: one call for the thread's columns
   // of every gate, laid out together on first use, instead of one call per
-  // gate; SEQPACK_STEP_GROUPS=0 makes them separate calls again). The same
+  // gate; the time loop calls step() per range instead where its model's
+  // config says so: RNNConfig::step_groups). The same
   // contract as step() for each range.
   virtual void step_blocks(int64_t m, const T* a, int64_t lda, const StepOperand& b,
                            std::size_t first, std::size_t count, T beta, T* c, int64_t ldc,
@@ -189,12 +190,6 @@ class GemmEngine {
 inline bool fits_row_split(int64_t k, int64_t n, int64_t bytes) {
   return k * n * bytes <= (512 << 10);
 }
-
-// Whether step_blocks() makes one product of a thread's ranges where the
-// engine can (the policy's step_groups: on by default; off, one product per
-// range, for measuring), and its setter (set_policy).
-bool step_groups();
-void set_step_groups(bool on);
 
 // Whether the bf16 products run emulated (the policy's bf16 = "emulated"):
 // their bf16 operands widened to fp32 (exactly) and multiplied by oneDNN's

@@ -758,8 +758,6 @@ struct Bf16Weights : WeightLayout {
 }  // namespace
 
 namespace {
-std::atomic<bool> groups{true};
-
 // The blocks of k (values) of oneDNN's bf16 products of this shape and
 // thread context whose bits the few-row kernels give: found once per shape
 // by running oneDNN and the kernels on the same values, for one block and
@@ -827,9 +825,6 @@ int64_t few_rows_k_block(int64_t m, int64_t k, int64_t n) {
   return found;
 }
 }  // namespace
-
-bool step_groups() { return groups.load(std::memory_order_relaxed); }
-void set_step_groups(bool on) { groups.store(on, std::memory_order_relaxed); }
 
 bool bf16_emulation() { return emulated_bf16.load(std::memory_order_relaxed); }
 void set_bf16_emulation(bool on) {
@@ -1062,7 +1057,7 @@ class OnednnEngine : public GemmEngine<float> {
     const auto& op = static_cast<const BlockedOperand&>(sb);
     // Steps seqpack's kernels may run (step()) go range by range, as do
     // laid-out steps of up to kFewRows rows.
-    if (count <= 1 || op.fallback || !step_groups() ||
+    if (count <= 1 || op.fallback ||
         (few_rows(m) && (op.in_place || m <= kFewRows))) {
       GemmEngine<float>::step_blocks(m, a, lda, sb, first, count, beta, c, ldc, init, rows, row);
       return;

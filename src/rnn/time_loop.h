@@ -69,6 +69,7 @@ struct ForwardDirection {
   RNNSaved::Direction& sd;
   const int64_t l, d, H, R, G, B, N, TT, ldo;
   const bool save, h0_zero, proj;
+  const bool groups;  // a thread's gate blocks as one product (RNNConfig::step_groups)
   DirWeights<T> w;
   typename Cell::template Forward<T> cell;
   const typename RNNPlan<T>::Direction& laid_out;  // the model plan's step operands
@@ -98,7 +99,7 @@ struct ForwardDirection {
                    const std::vector<Tensor>& weights, const std::vector<int64_t>* lookup_,
                    ForwardWorkspace<T, Cell>& ws_, RNNSaved::Direction& sd_,
                    const typename RNNPlan<T>::Direction& laid_out_, int64_t l_, int64_t d_,
-                   bool save_, bool h0_zero_)
+                   bool save_, bool h0_zero_, bool groups_)
       : o(o_),
         eng(eng_),
         plan(plan_),
@@ -117,6 +118,7 @@ struct ForwardDirection {
         save(save_),
         h0_zero(h0_zero_),
         proj(o.proj_size > 0),
+        groups(groups_),
         w(dir_weights<T>(o, weights, l_, d_)),
         cell(CellShape::of(o, B, N), w.b_hh, ws.cell, saved_cell(sd_, save_)),
         laid_out(laid_out_) {}
@@ -356,9 +358,15 @@ struct ForwardDirection {
   void hidden_product(const ForwardStep<T>& st, const Split& sp, T beta, T* dst) {
     if (st.ng == 0) return;
     const int64_t blocks = sp.nth == 1 || sp.by_rows ? 1 : G / H;
-    eng.step_blocks(st.ng, st.h_prev, R, *whh, sp.range(G / H, 0),
-                    static_cast<std::size_t>(blocks), beta, dst, G, st.init,
-                    hp_kept ? hp_kept.get() : hkept.get(), st.h_row);
+    const cpu::OperandRows* rows = hp_kept ? hp_kept.get() : hkept.get();
+    if (groups) {
+      eng.step_blocks(st.ng, st.h_prev, R, *whh, sp.range(G / H, 0),
+                      static_cast<std::size_t>(blocks), beta, dst, G, st.init, rows, st.h_row);
+    } else {  // one product per block (GemmEngine::step_blocks' own rule)
+      for (int64_t q = 0; q < blocks; ++q)
+        eng.step(st.ng, st.h_prev, R, *whh, sp.range(G / H, q), beta, dst, G, st.init, rows,
+                 st.h_row);
+    }
   }
 
   // A direction runs in three parts: begin() on the calling thread (the
