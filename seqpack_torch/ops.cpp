@@ -350,18 +350,8 @@ struct PlanKey {
   std::size_t bytes = 0;  // of the plan's copy
 };
 
-// Whether a plan made for `a` serves `b`: the forward runs with the plan's
-// options, so every one of them is the same.
-bool same_layer(const RNNOptions& a, const RNNOptions& b) {
-  return a.mode == b.mode && a.precision == b.precision && a.dtype == b.dtype &&
-         a.input_size == b.input_size && a.hidden_size == b.hidden_size &&
-         a.num_layers == b.num_layers && a.proj_size == b.proj_size && a.bias == b.bias &&
-         a.bidirectional == b.bidirectional && a.dropout == b.dropout &&
-         a.batch_first == b.batch_first;
-}
-
 bool same_tensors(const PlanKey& key, const RNNOptions& o, at::TensorList weights) {
-  if (key.weights.size() != weights.size() || !same_layer(key.options, o)) return false;
+  if (key.weights.size() != weights.size() || key.options != o) return false;
   for (size_t i = 0; i < weights.size(); ++i) {
     const PlanKey::Weight& k = key.weights[i];
     const Tensor& w = weights[i];

@@ -55,6 +55,8 @@ struct RNNOptions {
   int64_t real_hidden_size() const { return proj_size > 0 ? proj_size : hidden_size; }
   // Feature size of the output rows: real_hidden_size * num_directions.
   int64_t output_size() const { return real_hidden_size() * num_directions(); }
+  // Every option the same (what a plan made with one serves a holder of the other).
+  bool operator==(const RNNOptions&) const = default;
 };
 
 // PyTorch's parameter names and shapes, in its order (_flat_weights_names):

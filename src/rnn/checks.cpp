@@ -67,14 +67,6 @@ bool same_values(const Tensor& a, const Tensor& b) {
          std::memcmp(a.raw_data(), b.raw_data(), a.nbytes()) == 0;
 }
 
-bool same_plan_options(const RNNOptions& a, const RNNOptions& b) {
-  return a.mode == b.mode && a.precision == b.precision && a.dtype == b.dtype &&
-         a.input_size == b.input_size && a.hidden_size == b.hidden_size &&
-         a.num_layers == b.num_layers && a.proj_size == b.proj_size && a.bias == b.bias &&
-         a.bidirectional == b.bidirectional && a.dropout == b.dropout &&
-         a.batch_first == b.batch_first;
-}
-
 void check_forward_mode(const RNNOptions& options, bool training, bool save_for_backward) {
   if (!precision_traits(options.precision).backward && (training || save_for_backward)) {
     const std::string p = precision_name(options.precision);

@@ -23,9 +23,6 @@ void check_initial_state(const RNNOptions& options, const PackingPlan& plan, con
 // Whether `a` and `b` hold the same values: same dtype and shape, the same
 // bytes (exact; at once where they share their data).
 bool same_values(const Tensor& a, const Tensor& b);
-// Whether a plan made with options `a` serves a holder of options `b`:
-// every option is the same (the forward runs with the plan's).
-bool same_plan_options(const RNNOptions& a, const RNNOptions& b);
 // An inference-only precision neither trains nor saves for a backward.
 void check_forward_mode(const RNNOptions& options, bool training, bool save_for_backward);
 // rnn_forward's arguments (the plan's options and weights were checked when

@@ -51,7 +51,7 @@ std::shared_ptr<const RNNModelPlan> rnn_current_plan(std::shared_ptr<const RNNMo
                                                      const std::vector<Tensor>& weights,
                                                      const RNNConfig& config) {
   if (plan && !plan->in_place_only && plan->config == config &&
-      rnn::same_plan_options(plan->options, options) && rnn_plan_holds(*plan, weights))
+      plan->options == options && rnn_plan_holds(*plan, weights))
     return plan;
   return rnn_make_plan(options, weights, /*in_place=*/false, config);
 }
