@@ -217,6 +217,47 @@ void BM_sgemv(benchmark::State& state) {
 BENCHMARK(BM_sgemm_m1)->ArgNames({"n", "k"})->Args({2048, 512})->Args({512, 128})->Unit(benchmark::kMicrosecond);
 BENCHMARK(BM_sgemv)->ArgNames({"n", "k"})->Args({2048, 512})->Args({512, 128})->Unit(benchmark::kMicrosecond);
 
+// A product of a few rows by weights as stored, C = A·Wᵀ + bias (a call of
+// one step's input projection; trans 1) or C = A·W + bias (its input
+// gradient, dG·W_ih; trans 0): oneDNN's f32 matmul, the kernel the fp32
+// engine runs at up to kDotRowsEngine rows (gemm_dot_rows), and the few-row
+// kernel of a step read in place (gemm_unpacked_small, no bias). Args: n, k,
+// rows, kernel (0 = oneDNN, 1 = gemm_dot_rows, 2 = gemm_unpacked_small),
+// trans.
+void BM_dot_rows(benchmark::State& state) {
+  const int64_t n = state.range(0), k = state.range(1), m = state.range(2);
+  const int64_t kernel = state.range(3);
+  const bool trans = state.range(4) != 0;
+  std::mt19937 rng(7);
+  std::uniform_real_distribution<float> u(-1.f, 1.f);
+  std::vector<float> a(static_cast<size_t>(m * k)), w(static_cast<size_t>(n * k)),
+      c(static_cast<size_t>(m * n)), bias(static_cast<size_t>(n));
+  for (auto& x : a) x = u(rng);
+  for (auto& x : w) x = u(rng);
+  for (auto& x : bias) x = u(rng);
+  for (auto _ : state) {
+    if (kernel == 0) {
+      seqpack::cpu::onednn_gemm_f32(false, trans, m, n, k, a.data(), k, w.data(), trans ? k : n,
+                                    0.f, c.data(), n, bias.data());
+    } else if (kernel == 1) {
+      seqpack::cpu::gemm_dot_rows(m, n, k, a.data(), k, w.data(), trans, trans ? k : n, 0.f,
+                                  c.data(), n, bias.data());
+    } else {
+      seqpack::cpu::gemm_unpacked_small(m, a.data(), k, w.data(), trans, k, n, trans ? k : n, 0,
+                                        n, 0.f, c.data(), n);
+    }
+    benchmark::DoNotOptimize(c.data());
+    benchmark::ClobberMemory();
+  }
+  state.counters["FLOPS"] = benchmark::Counter(2.0 * static_cast<double>(m * n * k),
+                                               benchmark::Counter::kIsIterationInvariantRate);
+}
+BENCHMARK(BM_dot_rows)
+    ->ArgNames({"n", "k", "rows", "kernel", "trans"})
+    ->ArgsProduct({{512, 2048}, {128, 512}, {1, 2, 4}, {0, 1, 2}, {1}})
+    ->ArgsProduct({{128, 512}, {512, 2048}, {1, 2}, {0, 1, 2}, {0}})
+    ->Unit(benchmark::kMicrosecond);
+
 // The per-step recurrent product side by side: sgemm (OpenBLAS, which packs W
 // on every call) against cpu::gemm_packed_small on W packed once (outside the
 // timing, as rnn_core packs once per layer and direction), each shape at the

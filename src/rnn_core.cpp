@@ -116,7 +116,10 @@ RNNForwardResult forward_impl(const RNNModelPlan& mp, const Tensor& data,
   res.h_n = cpu::pooled_empty({L * D, B, R}, o.dtype);
   if (Cell::cell_state) res.c_n = cpu::pooled_empty({L * D, B, H}, o.dtype);
   std::shared_ptr<RNNSaved> saved = save ? make_saved<T>(o, weights, plan, lookup) : nullptr;
-  if (saved) saved->config = mp.config;
+  if (saved) {
+    saved->config = mp.config;
+    saved->h0_zero = !h0.defined();
+  }
   if (saved && !mp.in_place_only) saved->model = mp.shared_from_this();
 
   std::vector<ForwardWorkspace<T, Cell>> wss(static_cast<std::size_t>(D));

@@ -393,6 +393,88 @@ TEST(Gemm, ProductsOfFewTermsGiveTheSameBitsOnAnySplit) {
   }
 }
 
+// cpu::gemm_dot_rows (a few rows by weights as stored: the input projection
+// x·W_ihᵀ and its gradient dG·W_ih of a one-step call at batch 1 or 2)
+// against the triple loop in double: both forms of B, every row count it
+// takes, sizes that are not multiples of the lane count or of its 4 rows of
+// b, strides past the widths, beta 0 (C holding NaN, never read) and 0.5,
+// with and without a bias row, the padding of C untouched; and the same bits
+// on one thread as split over two (a product past 1 MB of weights splits).
+TEST(Gemm, DotRowsMatchTheTripleLoopAndGiveTheSameBitsOnAnySplit) {
+  const auto seed = seqpack::testing::test_seed();
+  SCOPED_TRACE("seed " + std::to_string(seed));
+  std::mt19937 gen(static_cast<std::mt19937::result_type>(seed));
+  std::uniform_real_distribution<float> u(-1.0f, 1.0f);
+  const double eps = std::numeric_limits<float>::epsilon();
+  for (const bool trans_b : {true, false}) {
+    const int64_t max_rows = trans_b ? seqpack::cpu::kDotRowsMax : seqpack::cpu::kDotRowsEngine;
+    for (const auto& [n, k] : {std::pair<int64_t, int64_t>{1, 1}, {3, 5}, {7, 17}, {37, 100},
+                               {130, 33}, {1030, 515}}) {
+      for (int64_t m = 1; m <= max_rows; ++m) {
+        for (const float beta : {0.0f, 0.5f}) {
+          for (const bool bias : {false, true}) {
+            const int64_t lda = k + 3, ldb = (trans_b ? k : n) + 2, ldc = n + 5;
+            std::vector<float> a(static_cast<std::size_t>(m * lda));
+            std::vector<float> b(static_cast<std::size_t>((trans_b ? n : k) * ldb));
+            std::vector<float> row(static_cast<std::size_t>(n)), c(static_cast<std::size_t>(m * ldc));
+            for (float& x : a) x = u(gen);
+            for (float& x : b) x = u(gen);
+            for (float& x : row) x = u(gen);
+            for (float& x : c) x = beta == 0.0f ? std::numeric_limits<float>::quiet_NaN() : u(gen);
+            const std::vector<float> c0 = c;
+            std::vector<float> two = c;
+            seqpack::set_num_threads(1);
+            seqpack::cpu::gemm_dot_rows(m, n, k, a.data(), lda, b.data(), trans_b, ldb, beta,
+                                        c.data(), ldc, bias ? row.data() : nullptr);
+            seqpack::set_num_threads(2);
+            seqpack::cpu::gemm_dot_rows(m, n, k, a.data(), lda, b.data(), trans_b, ldb, beta,
+                                        two.data(), ldc, bias ? row.data() : nullptr);
+            seqpack::set_num_threads(1);
+            const std::string what = "m=" + std::to_string(m) + " n=" + std::to_string(n) +
+                                     " k=" + std::to_string(k) + " trans_b=" +
+                                     std::to_string(trans_b) + " beta=" + std::to_string(beta) +
+                                     " bias=" + std::to_string(bias);
+            ASSERT_EQ(std::memcmp(c.data(), two.data(), c.size() * sizeof(float)), 0)
+                << what << ": two threads gave other bits";
+            for (int64_t i = 0; i < m; ++i) {
+              for (int64_t j = 0; j < ldc; ++j) {
+                const auto at = static_cast<std::size_t>(i * ldc + j);
+                if (j >= n) {
+                  ASSERT_EQ(std::isnan(c[at]), std::isnan(c0[at])) << what << ": padding written";
+                  if (!std::isnan(c0[at])) ASSERT_EQ(c[at], c0[at]) << what << ": padding written";
+                  continue;
+                }
+                double want = beta == 0.0f ? 0.0 : static_cast<double>(beta) * c0[at];
+                if (bias) want += row[static_cast<std::size_t>(j)];
+                double mag = std::fabs(want);
+                for (int64_t q = 0; q < k; ++q) {
+                  const double w = trans_b ? b[static_cast<std::size_t>(j * ldb + q)]
+                                           : b[static_cast<std::size_t>(q * ldb + j)];
+                  const double p = static_cast<double>(a[static_cast<std::size_t>(i * lda + q)]) * w;
+                  want += p;
+                  mag += std::fabs(p);
+                }
+                // k products summed, then beta·C and the bias: k + 2 roundings
+                // of terms no larger than mag.
+                ASSERT_NEAR(c[at], want, static_cast<double>(k + 2) * eps * mag)
+                    << what << " i=" << i << " j=" << j;
+              }
+            }
+          }
+        }
+      }
+    }
+  }
+  // More rows than the kernel takes: refused, naming the count.
+  std::vector<float> x(64, 1.0f), y(64);
+  EXPECT_THROW(seqpack::cpu::gemm_dot_rows(seqpack::cpu::kDotRowsMax + 1, 2, 2, x.data(), 2,
+                                           x.data(), true, 2, 0.0f, y.data(), 2, nullptr),
+               std::invalid_argument);
+  EXPECT_THROW(seqpack::cpu::gemm_dot_rows(seqpack::cpu::kDotRowsEngine + 1, 2, 2, x.data(), 2,
+                                           x.data(), false, 2, 0.0f, y.data(), 2, nullptr),
+               std::invalid_argument);
+}
+
 // cpu::gemm with c_row: C = c_row (every row) + A·Bᵀ, whatever C held, on one
 // thread and split over two (by rows when C is taller than wide, by columns
 // otherwise), float32 and float64, and with k = 0 (C = c_row).

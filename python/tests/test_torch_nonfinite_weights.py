@@ -113,3 +113,31 @@ def test_finite_weights_still_give_torchs_result():
     assert np.isfinite(y.numpy()).all()
     assert_like_torch(y, ty, t, [3, 3], "output")
     assert_like_torch(h, th, t, [3, 3], "h_n")
+
+
+@pytest.mark.parametrize("mode", sorted(MODES))
+@pytest.mark.parametrize("nan", [False, True], ids=["finite", "nan-input"])
+def test_one_step_weight_gradients_without_h0(mode, nan):
+    # A one-step call without h0: every row's h_prev is the zero h0, so dW_hh
+    # is dGᵀ·0: zeros where dG is finite (seqpack writes them without a
+    # product), NaN where a row's dG is not, as torch's product gives; both
+    # directions, two layers, batch 1 and 3.
+    torch.manual_seed(13)
+    for batch in (1, 3):
+        m = MODES[mode](3, 4, num_layers=2, bidirectional=True)
+        t = torch_twin(m)
+        x = torch.randn(1, batch, 3)
+        if nan:
+            x[0, batch - 1, 1] = float("nan")
+        for net in (m, t):
+            net.zero_grad()
+            y, _ = net(x)
+            y.sum().backward()
+        for name, p in m.named_parameters():
+            tp = dict(t.named_parameters())[name]
+            if not nan and name.startswith("weight_hh"):
+                assert torch.equal(tp.grad, torch.zeros_like(tp.grad)), name
+            assert_like_torch(p.grad, tp.grad, t, [1] * batch, f"{mode} batch {batch}: grad {name}")
+        if nan:
+            assert torch.isnan(t.weight_hh_l0.grad).any()
+            assert torch.isnan(m.weight_hh_l0_reverse.grad).any()

@@ -33,6 +33,24 @@ constexpr int64_t kFewTerms = 4;
 
 // C = alpha·op(A)·B + beta·C, k <= kFewTerms, B [k, n] as stored (row stride
 // ldb); C is not read where beta is 0. Highway, per x86 target.
+// Products of a few rows of A by weights as stored, reading the weights once
+// at the rate of their rows: C[i, :] = beta * C[i, :] + A[i, :]·op(b) (+ c_row
+// where given), A [m, k] (row stride lda), op(b) [k, n]. With trans_b (b [n,
+// k] row-major: a one-step call's input projection, x·W_ihᵀ) one dot product
+// per output, for m <= kDotRowsMax; without (b [k, n]: its input gradient,
+// dG·W_ih) one chain of FMAs over k per output, for m <= kDotRowsEngine. An
+// output's bits do not depend on the thread count (a large product is split
+// over the threads by columns).
+constexpr int64_t kDotRowsMax = 4;
+// The rows up to which the fp32 engine runs such products here (faster than
+// oneDNN's and the few-row kernels at 1 and 2 rows, not at 3 and 4: bench_gemm
+// BM_dot_rows).
+constexpr int64_t kDotRowsEngine = 2;
+constexpr int64_t kParallelDotElements = 1 << 18;  // 1 MB of weights
+void gemm_dot_rows(int64_t m, int64_t n, int64_t k, const float* a, int64_t lda, const float* b,
+                   bool trans_b, int64_t ldb, float beta, float* c, int64_t ldc,
+                   const float* c_row);
+
 void gemm_few_terms(bool trans_a, int64_t m, int64_t n, int64_t k, float alpha, const float* a,
                     int64_t lda, const float* b, int64_t ldb, float beta, float* c, int64_t ldc);
 

@@ -96,6 +96,16 @@ class F32Engine : public BlasEngine<float> {
       BlasEngine<float>::gemm(p);
       return;
     }
+    // One or two rows by weights as stored (a call of one step's input
+    // projection x·W_ihᵀ, or its input gradient dG·W_ih, at batch 1 or 2):
+    // the weights read once at the rate of their rows (gemm_dot_rows), where
+    // oneDNN 2.6's f32 matmul took 2-2.6x as long at one row (bench_gemm
+    // BM_dot_rows, Zen 4).
+    if (!p.a.trans && p.m <= kDotRowsEngine && p.k > 0) {
+      gemm_dot_rows(p.m, p.n, p.k, p.a.data, p.a.ld, p.b.data, p.b.trans, p.b.ld, p.beta, p.c,
+                    p.ldc, p.c_row);
+      return;
+    }
     onednn_gemm_f32(p.a.trans, p.b.trans, p.m, p.n, p.k, p.a.data, p.a.ld, p.b.data, p.b.ld,
                     p.beta, p.c, p.ldc, p.c_row);
   }

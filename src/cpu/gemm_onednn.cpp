@@ -863,10 +863,15 @@ class OnednnEngine : public GemmEngine<float> {
     const auto* laid_out = f32_ ? nullptr : static_cast<const Bf16Weights*>(b.laid_out);
     // Of a few rows (a decoder step's projection and dX): the few-row
     // kernels, reading the weights where they are for a call that meets
-    // them first (b.in_place), else in their blocked layout, made once.
-    if (laid_out && few_rows(m) && !a.trans && n > 0 && k > 0 &&
+    // them first (b.in_place: a kept plan's first call, or any call of an
+    // in-place plan, which has no layout), else in their blocked layout,
+    // made once. Read in place, the weights are not converted to bf16 for
+    // the one product (LSTM(512)'s one-step training call at batch 8
+    // converted W_ih twice, 15% of its time).
+    const bool in_place_only = !f32_ && !laid_out && b.in_place;
+    if ((laid_out || in_place_only) && few_rows(m) && !a.trans && n > 0 && k > 0 &&
         (bf16_step(k, n) || bf16_product(m, n, k)) &&
-        laid_out->describes(b.data, b.trans, k, n, b.ld)) {
+        (in_place_only || laid_out->describes(b.data, b.trans, k, n, b.ld))) {
       Bf16RowsB rows{.k = k, .n = n, .k_block = few_rows_k_block(m, k, n)};
       std::optional<PairBlocking> pairs;
       if (rows.k_block == 0) {

@@ -24,6 +24,7 @@
 #include <omp.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <new>
 #include <stdexcept>
@@ -452,6 +453,143 @@ void GemmUnpackedSmall(int64_t m, const float* a, int64_t lda, const float* b, b
 // 8 independent FMA chains: FMA latency (4 cycles) times 2 per cycle.
 constexpr int kFewVectors = 8;
 
+// C[i, j] = beta * C[i, j] + A[i, :]·b[j, :] (+ c_row[j]) for i < M and
+// columns col0 <= j < col1, b row-major [n, K] (B = bᵀ): each output one dot
+// product of two contiguous rows, a vector's lanes over k in order (k = l
+// mod the lane count), their sum by SumOfLanes, the k past the last whole
+// vector added one by one, then beta·C and the bias. Four rows of b at a
+// time share the loads of A; an output's bits do not depend on which four
+// (or where a split of the columns puts it). Streams b once at the rate of
+// its rows, where oneDNN 2.6's f32 matmul of one row ran at a third of
+// OpenBLAS's sgemv and the transposing few-row kernel (RowsOfB16) at half
+// (tests: bench_gemm BM_dot_rows).
+template <int M>
+void DotRowsM(int64_t K, const float* HWY_RESTRICT a, int64_t lda, const float* HWY_RESTRICT b,
+              int64_t ldb, int64_t col0, int64_t col1, float beta, float* c, int64_t ldc,
+              const float* c_row) {
+  const DF d;
+  const auto N = static_cast<int64_t>(hn::Lanes(d));
+  const int64_t Kv = K - K % N;
+  const auto put = [&](int i, int64_t j, VF acc) {
+    float s = hn::GetLane(hn::SumOfLanes(d, acc));
+    const float* x = a + i * lda;
+    const float* w = b + j * ldb;
+    for (int64_t q = Kv; q < K; ++q) s = std::fma(x[q], w[q], s);
+    float& out = c[i * ldc + j];
+    float v = beta == 0.0f ? s : beta * out + s;
+    if (c_row != nullptr) v += c_row[j];
+    out = v;
+  };
+  int64_t j = col0;
+  for (; j + 4 <= col1; j += 4) {
+    VF acc[M][4];
+    for (int i = 0; i < M; ++i)
+      for (int q = 0; q < 4; ++q) acc[i][q] = hn::Zero(d);
+    const float* HWY_RESTRICT r = b + j * ldb;
+    for (int64_t k = 0; k < Kv; k += N) {
+      const VF w0 = hn::LoadU(d, r + k), w1 = hn::LoadU(d, r + ldb + k),
+               w2 = hn::LoadU(d, r + 2 * ldb + k), w3 = hn::LoadU(d, r + 3 * ldb + k);
+      for (int i = 0; i < M; ++i) {
+        const VF x = hn::LoadU(d, a + i * lda + k);
+        acc[i][0] = hn::MulAdd(x, w0, acc[i][0]);
+        acc[i][1] = hn::MulAdd(x, w1, acc[i][1]);
+        acc[i][2] = hn::MulAdd(x, w2, acc[i][2]);
+        acc[i][3] = hn::MulAdd(x, w3, acc[i][3]);
+      }
+    }
+    for (int i = 0; i < M; ++i)
+      for (int q = 0; q < 4; ++q) put(i, j + q, acc[i][q]);
+  }
+  for (; j < col1; ++j) {
+    VF acc[M];
+    for (int i = 0; i < M; ++i) acc[i] = hn::Zero(d);
+    const float* HWY_RESTRICT r = b + j * ldb;
+    for (int64_t k = 0; k < Kv; k += N) {
+      const VF w0 = hn::LoadU(d, r + k);
+      for (int i = 0; i < M; ++i) acc[i] = hn::MulAdd(hn::LoadU(d, a + i * lda + k), w0, acc[i]);
+    }
+    for (int i = 0; i < M; ++i) put(i, j, acc[i]);
+  }
+}
+
+// C[i, :] = beta * C[i, :] + A[i, :]·B (+ c_row) for i < M, B [K, n] as
+// stored (row stride ldb): each output one chain of FMAs over k in order
+// (from zero), then beta·C and the bias, kFewVectors vectors of a row at a
+// time in registers while B's rows stream past; the columns past the last
+// whole chunk a vector at a time, the last few one by one with the same
+// FMAs. An output's bits do not depend on where a split of the columns puts
+// it.
+template <int M>
+void CombineRowsM(int64_t K, const float* HWY_RESTRICT a, int64_t lda,
+                  const float* HWY_RESTRICT b, int64_t ldb, int64_t col0, int64_t col1,
+                  float beta, float* c, int64_t ldc, const float* c_row) {
+  const DF d;
+  const auto N = static_cast<int64_t>(hn::Lanes(d));
+  const auto finish = [&](int i, int64_t j, VF acc) {
+    VF v = acc;
+    float* out = c + i * ldc + j;
+    if (beta != 0.0f) v = hn::MulAdd(hn::Set(d, beta), hn::LoadU(d, out), v);
+    if (c_row != nullptr) v = hn::Add(v, hn::LoadU(d, c_row + j));
+    hn::StoreU(v, d, out);
+  };
+  int64_t j = col0;
+  constexpr int V = M == 1 ? kFewVectors : kFewVectors / 2;
+  for (; j + V * N <= col1; j += V * N) {
+    VF acc[M][V];
+    for (int i = 0; i < M; ++i)
+      for (int v = 0; v < V; ++v) acc[i][v] = hn::Zero(d);
+    for (int64_t k = 0; k < K; ++k) {
+      const float* HWY_RESTRICT r = b + k * ldb + j;
+      VF w[V];
+      for (int v = 0; v < V; ++v) w[v] = hn::LoadU(d, r + v * N);
+      for (int i = 0; i < M; ++i) {
+        const VF s = hn::Set(d, a[i * lda + k]);
+        for (int v = 0; v < V; ++v) acc[i][v] = hn::MulAdd(s, w[v], acc[i][v]);
+      }
+    }
+    for (int i = 0; i < M; ++i)
+      for (int v = 0; v < V; ++v) finish(i, j + v * N, acc[i][v]);
+  }
+  for (; j + N <= col1; j += N) {
+    VF acc[M];
+    for (int i = 0; i < M; ++i) acc[i] = hn::Zero(d);
+    for (int64_t k = 0; k < K; ++k) {
+      const VF w = hn::LoadU(d, b + k * ldb + j);
+      for (int i = 0; i < M; ++i) acc[i] = hn::MulAdd(hn::Set(d, a[i * lda + k]), w, acc[i]);
+    }
+    for (int i = 0; i < M; ++i) finish(i, j, acc[i]);
+  }
+  for (; j < col1; ++j) {
+    for (int i = 0; i < M; ++i) {
+      float s = 0.0f;
+      for (int64_t k = 0; k < K; ++k) s = std::fma(a[i * lda + k], b[k * ldb + j], s);
+      float& out = c[i * ldc + j];
+      if (beta != 0.0f) s = std::fma(beta, out, s);
+      if (c_row != nullptr) s += c_row[j];
+      out = s;
+    }
+  }
+}
+
+void DotRows(int64_t m, int64_t K, const float* a, int64_t lda, const float* b, bool trans_b,
+             int64_t ldb, int64_t col0, int64_t col1, float beta, float* c, int64_t ldc,
+             const float* c_row) {
+  if (!trans_b) {
+    if (m == 1) {
+      CombineRowsM<1>(K, a, lda, b, ldb, col0, col1, beta, c, ldc, c_row);
+    } else {
+      CombineRowsM<2>(K, a, lda, b, ldb, col0, col1, beta, c, ldc, c_row);
+    }
+    return;
+  }
+  switch (m) {
+    case 1: DotRowsM<1>(K, a, lda, b, ldb, col0, col1, beta, c, ldc, c_row); break;
+    case 2: DotRowsM<2>(K, a, lda, b, ldb, col0, col1, beta, c, ldc, c_row); break;
+    case 3: DotRowsM<3>(K, a, lda, b, ldb, col0, col1, beta, c, ldc, c_row); break;
+    default: DotRowsM<4>(K, a, lda, b, ldb, col0, col1, beta, c, ldc, c_row); break;
+  }
+}
+
 // C = alpha·op(A)·B + beta·C for k <= kFewTerms, B [k, n] (row stride ldb):
 // each element's k FMAs in registers, 8 vectors of a row of C at a time, and
 // C written once (read once where beta != 0; never where it is 0, BLAS's
@@ -534,6 +672,31 @@ HWY_EXPORT(GemmPackedSmall);
 HWY_EXPORT(GemmUnpackedSmall);
 HWY_EXPORT(PackPanel);
 HWY_EXPORT(FewTerms);
+HWY_EXPORT(DotRows);
+
+void gemm_dot_rows(int64_t m, int64_t n, int64_t k, const float* a, int64_t lda, const float* b,
+                   bool trans_b, int64_t ldb, float beta, float* c, int64_t ldc,
+                   const float* c_row) {
+  if (m <= 0 || n <= 0) return;
+  if (m > (trans_b ? kDotRowsMax : kDotRowsEngine)) {
+    throw std::invalid_argument("gemm_dot_rows: m = " + std::to_string(m) + " exceeds " +
+                                std::to_string(trans_b ? kDotRowsMax : kDotRowsEngine));
+  }
+  const auto run = SEQPACK_HWY_DISPATCH(DotRows);
+  // Split over the threads by blocks of columns where the weights are large
+  // enough to pay for a parallel region (the bits do not depend on it).
+  const int threads = omp_in_parallel() ? 1 : omp_get_max_threads();
+  const int64_t blocks = std::min<int64_t>(threads, n / 64);
+  if (blocks > 1 && n * k >= kParallelDotElements) {
+#pragma omp parallel for schedule(static)
+    for (int64_t t = 0; t < blocks; ++t) {
+      const int64_t j0 = n * t / blocks / 4 * 4, j1 = t + 1 == blocks ? n : n * (t + 1) / blocks / 4 * 4;
+      run(m, k, a, lda, b, trans_b, ldb, j0, j1, beta, c, ldc, c_row);
+    }
+    return;
+  }
+  run(m, k, a, lda, b, trans_b, ldb, 0, n, beta, c, ldc, c_row);
+}
 
 void gemm_few_terms(bool trans_a, int64_t m, int64_t n, int64_t k, float alpha, const float* a,
                     int64_t lda, const float* b, int64_t ldb, float beta, float* c, int64_t ldc) {

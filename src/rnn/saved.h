@@ -41,6 +41,8 @@ struct RNNSaved {
   std::vector<int64_t> lookup;  // rnn_forward_lookup: table row of each packed row
   std::vector<int64_t> batch_sizes, offsets, sorted_indices;
   int64_t batch = 0, total_rows = 0;
+  // The forward had no h0: the rows that read it read zeros.
+  bool h0_zero = false;
   std::vector<Layer> layers;
 };
 

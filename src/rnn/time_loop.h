@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "cpu/buffer_pool.h"
+#include "cpu/finite.h"
 #include "cpu/gemm_engine.h"
 #include "cpu/scratch.h"
 #include "rnn/cell.h"
@@ -757,16 +758,33 @@ struct BackwardDirection {
                 .c = dwih,
                 .ldc = in});
     }
-    // Every row, those that read h0 too (see prepare in the forward).
-    eng.gemm({.m = G,
-              .n = R,
-              .k = N,
-              .a = {.data = ws.dgh, .ld = G, .trans = true, .kept = ws.dgh_kept.get()},
-              .b = {.data = sd.h_prev.defined() ? sd.h_prev.data<T>() : nullptr,
-                    .ld = R,
-                    .kept = sd.h_prev_kept.get()},
-              .c = g.weights[k + 1].data<T>(),
-              .ldc = R});
+    // The rows that read h0 too (see prepare in the forward), but those
+    // whose h_prev is the zero h0 of a forward given none where their dG_h
+    // is finite: they add dG_hᵀ·0 = 0 (a NaN or inf in dG_h makes it NaN, as
+    // in torch, and the product takes them). They are the first step's rows
+    // of the forward direction (every row of a one-step batch in either
+    // direction): a one-step training call's dW_hh is then zeros, no
+    // product.
+    const int64_t z = h0_rows_skipped();
+    T* dwhh = g.weights[k + 1].data<T>();
+    if (z == N) {
+      std::fill(dwhh, dwhh + G * R, T(0));
+    } else {
+      eng.gemm({.m = G,
+                .n = R,
+                .k = N - z,
+                .a = {.data = ws.dgh + z * G,
+                      .ld = G,
+                      .trans = true,
+                      .kept = ws.dgh_kept.get(),
+                      .kept_row = z},
+                .b = {.data = sd.h_prev.defined() ? sd.h_prev.data<T>() + z * R : nullptr,
+                      .ld = R,
+                      .kept = sd.h_prev_kept.get(),
+                      .kept_row = z},
+                .c = dwhh,
+                .ldc = R});
+    }
     std::size_t next = k + 2;
     if (o.bias) {
       if (!Cell::separate_db_hh) std::copy(db_ih, db_ih + G, db_hh);
@@ -781,6 +799,15 @@ struct BackwardDirection {
                 .c = g.weights[next].data<T>(),
                 .ldc = H});
     }
+  }
+
+  // The leading rows of dW_hh's product whose h_prev is the zero h0 and
+  // whose dG_h is finite (weight_gradients): 0 where the forward had an h0,
+  // or dG lives one step at a time (its full rows are not kept).
+  int64_t h0_rows_skipped() const {
+    if (!sv.h0_zero || dg_per_step || N == 0) return 0;
+    const int64_t first = TT == 1 ? N : d == 0 ? sv.batch_sizes[0] : 0;
+    return first > 0 && cpu::all_finite(ws.dgh, first * G) ? first : 0;
   }
 
   // The threads of a layer's steps (a direction's team), from the forward's
