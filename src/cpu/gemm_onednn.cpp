@@ -863,12 +863,16 @@ class OnednnEngine : public GemmEngine<float> {
     const auto* laid_out = f32_ ? nullptr : static_cast<const Bf16Weights*>(b.laid_out);
     // Of a few rows (a decoder step's projection and dX): the few-row
     // kernels, reading the weights where they are for a call that meets
-    // them first (b.in_place: a kept plan's first call, or any call of an
-    // in-place plan, which has no layout), else in their blocked layout,
-    // made once. Read in place, the weights are not converted to bf16 for
-    // the one product (LSTM(512)'s one-step training call at batch 8
-    // converted W_ih twice, 15% of its time).
-    const bool in_place_only = !f32_ && !laid_out && b.in_place;
+    // them first (b.in_place: a kept plan's first call, or a call of up to
+    // kFewRows rows of an in-place plan, which has no layout), else in their
+    // blocked layout, made once. Read in place, the weights are not
+    // converted to bf16 for the one product: a one-step call of GRU(500) or
+    // LSTM(500) at batch 1 went from 0.96 and 0.85x torch's bf16 module to
+    // 1.19 and 1.06x in inference (bench/step_vs_torch.py --precision bf16,
+    // Zen 4); at batch 8 and 64 the panel kernel in place was slower than
+    // converting W_ih for oneDNN's (LSTM(500)'s training call at batch 8:
+    // 2.6 against 1.6 ms), which those keep.
+    const bool in_place_only = !f32_ && !laid_out && b.in_place && m <= kFewRows;
     if ((laid_out || in_place_only) && few_rows(m) && !a.trans && n > 0 && k > 0 &&
         (bf16_step(k, n) || bf16_product(m, n, k)) &&
         (in_place_only || laid_out->describes(b.data, b.trans, k, n, b.ld))) {
