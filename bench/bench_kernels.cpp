@@ -31,6 +31,18 @@
 
 namespace {
 
+// The SEQPACK_* variables' policy (read once, at main), and its kernel
+// settings: what the benchmarks give the plans they make and the kernels
+// they call.
+const seqpack::Policy& bench_policy() {
+  static const seqpack::Policy policy = seqpack::policy_from_environment();
+  return policy;
+}
+[[maybe_unused]] const seqpack::KernelConfig& bench_kernels() {
+  static const seqpack::KernelConfig kernels = seqpack::kernel_config(bench_policy());
+  return kernels;
+}
+
 using namespace seqpack;
 
 struct Case {
@@ -59,7 +71,7 @@ double forward_flops(const RNNOptions& o, int64_t tokens) {
 
 void run_case(benchmark::State& state, const Case& c, const std::string& mode) {
   const RNNOptions& o = c.options;
-  const RNNConfig config = rnn_config(seqpack::policy());  // the SEQPACK_* variables'
+  const RNNConfig config = rnn_config(bench_policy());  // the SEQPACK_* variables'
   std::mt19937_64 rng(0x5eed);
   std::vector<Tensor> weights;
   for (const Shape& s : rnn_parameter_shapes(o)) {
@@ -178,7 +190,7 @@ int main(int argc, char** argv) {
       rest.push_back(argv[i]);
     }
   }
-  seqpack::set_policy(seqpack::policy_from_environment());  // the SEQPACK_* variables
+  seqpack::set_policy(bench_policy());  // the SEQPACK_* variables
   seqpack::set_num_threads(threads);
   static std::vector<Case> cases;
   try {

@@ -284,7 +284,9 @@ RNNCall make_call(const char* op, const Tensor& x, int64_t input_size, c10::stri
   // or "auto" (bf16 where native: what seqpack.torch passes under autocast).
   checked(op, [&] {
     // "fp32" (what every call outside autocast passes) needs no CPU query.
-    o.precision = precision == "fp32" ? Precision::fp32 : resolve_precision(std::string(precision));
+    o.precision = precision == "fp32"
+                      ? Precision::fp32
+                      : resolve_precision(std::string(precision), operator_config().kernels);
     o.validate();
   });
   call.train = train;

@@ -8,7 +8,6 @@
 #include <stdexcept>
 #include <string>
 
-#include "cpu/gemm_engine.h"
 #include "cpu/gemm_int8.h"
 #include "cpu/isa_cap.h"
 #include "policy_text.h"
@@ -98,9 +97,16 @@ void set_policy(const Policy& p) {
   const Parsed s = parse(p);  // every setting checked before any is installed
   const std::lock_guard<std::mutex> lock(policy_mutex);
   cpu::set_isa_cap(s.cap);
-  cpu::set_int8_kernel_request(s.kernel);
-  cpu::set_bf16_emulation(s.bf16_emulated);
   installed = p;
+}
+
+KernelConfig kernel_config(const Policy& p) {
+  const Parsed s = parse(p);
+  KernelConfig k;
+  k.isa_cap = s.cap;
+  k.int8 = s.kernel;
+  k.bf16_emulated = s.bf16_emulated;
+  return k;
 }
 
 RNNConfig rnn_config(const Policy& p) {
@@ -110,6 +116,7 @@ RNNConfig rnn_config(const Policy& p) {
   c.step_units = s.units;
   c.step_rows = s.rows;
   c.step_groups = p.step_groups;
+  c.kernels = kernel_config(p);
   return c;
 }
 

@@ -104,7 +104,7 @@ RNNForwardResult forward_impl(const RNNModelPlan& mp, const Tensor& data,
   PartClock clock(&RNNCoreProfile::forwards);
 
   const cpu::BlasSingleThread one_pool;  // OpenMP's threads only (cpu/gemm.h)
-  const cpu::GemmEngine<T>& eng = engine_for<T>(o);
+  const cpu::GemmEngine<T>& eng = engine_for<T>(o, mp.config);
   // The weights laid out once for the engine and the threads (by an
   // in-place plan: for this call alone).
   const bool by_rows = rows_split(eng, o, mp.config);
@@ -168,7 +168,7 @@ RNNGradients backward_impl(const RNNSaved& sv, const Tensor& grad_output, const 
   PartClock clock(&RNNCoreProfile::backwards);
 
   const cpu::BlasSingleThread one_pool;  // OpenMP's threads only (cpu/gemm.h)
-  const cpu::GemmEngine<T>& eng = engine_for<T>(o);
+  const cpu::GemmEngine<T>& eng = engine_for<T>(o, sv.config);
   RNNGradients g;
   for (const Shape& s : rnn_parameter_shapes(o)) g.weights.push_back(cpu::pooled_empty(s, o.dtype));
   if (initial_state_grad) {

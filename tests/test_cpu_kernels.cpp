@@ -467,14 +467,16 @@ void check_float_vs_double(seqpack::RNNOptions o, int threads, std::mt19937& gen
   const Tensor x64 = random_f64({plan.total_rows(), o.input_size});
   const Tensor gout64 = random_f64({plan.total_rows(), o.output_size()});
   seqpack::set_num_threads(threads);
-  const auto f64 = seqpack::rnn_forward(*rnn_make_plan(o, w64, /*in_place=*/true), x64, plan, {},
-                                        {}, /*training=*/true,
-                                        /*save_for_backward=*/true);
+  const auto f64 =
+      seqpack::rnn_forward(*rnn_make_plan(o, w64, /*in_place=*/true, seqpack::testing::config()),
+                           x64, plan, {}, {}, /*training=*/true,
+                           /*save_for_backward=*/true);
   const auto g64 = seqpack::rnn_backward(*f64.saved, gout64, {}, {});
   o.dtype = DType::f32;
-  const auto f32 = seqpack::rnn_forward(*rnn_make_plan(o, w32, /*in_place=*/true),
-                                        x64.to(DType::f32), plan, {}, {},
-                                        /*training=*/true, /*save_for_backward=*/true);
+  const auto f32 =
+      seqpack::rnn_forward(*rnn_make_plan(o, w32, /*in_place=*/true, seqpack::testing::config()),
+                           x64.to(DType::f32), plan, {}, {},
+                           /*training=*/true, /*save_for_backward=*/true);
   const auto g32 = seqpack::rnn_backward(*f32.saved, gout64.to(DType::f32), {}, {});
   seqpack::set_num_threads(1);
   auto close = [](const Tensor& got32, const Tensor& want64, const std::string& what) {
@@ -603,7 +605,7 @@ TEST(LinearRowsFixedOrder, MatchesFloat64AndARowIsTheSameBitsInAnyBatch) {
 TEST(GemmBf16Rows, InPlaceGivesTheLaidOutBitsAndTheRoundedProducts) {
   using seqpack::cpu::bf16_of;
   using seqpack::cpu::float_of_bf16;
-  if (!seqpack::cpu::bf16_rows_available())
+  if (!seqpack::cpu::bf16_rows_available(seqpack::testing::kernels()))
     GTEST_SKIP() << "no native AVX512-BF16 without AMX here (or capped, or emulated)";
   const auto seed = seqpack::testing::test_seed();
   SCOPED_TRACE("seed " + std::to_string(seed));
@@ -707,7 +709,7 @@ TEST(GemmBf16Rows, InPlaceGivesTheLaidOutBitsAndTheRoundedProducts) {
 // laid-out weights, and blocks of k that are not whole registers, naming
 // the value.
 TEST(GemmBf16Rows, RefusesRowCountsAndBlocksItCannotRun) {
-  if (!seqpack::cpu::bf16_rows_available())
+  if (!seqpack::cpu::bf16_rows_available(seqpack::testing::kernels()))
     GTEST_SKIP() << "no native AVX512-BF16 without AMX here (or capped, or emulated)";
   std::vector<float> w(64 * 16, 0.5f), c(5 * 16);
   std::vector<uint16_t> a(5 * 64, 0);

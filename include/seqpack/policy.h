@@ -60,6 +60,12 @@ void set_policy(const Policy& policy);
 // The policy installed (the defaults before any set_policy).
 Policy policy();
 
+struct KernelConfig;
+// The kernel settings of `policy` (max_cpu_isa, int8_kernel, bf16), for the
+// callers of seqpack's kernels that make no model plan (a plan's are its
+// config's: rnn_config). Throws std::invalid_argument as rnn_config does.
+KernelConfig kernel_config(const Policy& policy);
+
 // The policy of the variables named above (unset or empty: the default).
 // Throws std::invalid_argument naming the variable and its value where one
 // is not among the values above.

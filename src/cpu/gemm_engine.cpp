@@ -152,16 +152,13 @@ class F32Engine : public BlasEngine<float> {
 
 }  // namespace
 
-const GemmEngine<float>& gemm_engine_f32(Precision precision) {
+const GemmEngine<float>& gemm_engine_f32(Precision precision, const Kernels& kernels) {
   static const F32Engine f32;
   if (precision == Precision::bf16) {
-    require_bf16_dot_products();
-    return onednn_bf16_engine();
+    require_bf16_dot_products(kernels);
+    return onednn_bf16_engine(kernels);
   }
-  if (precision == Precision::int8) {
-    check_int8_kernel_choice();
-    return int8_engine();
-  }
+  if (precision == Precision::int8) return int8_engine(kernels);
   return f32;
 }
 

@@ -41,8 +41,6 @@ void set_isa_cap(IsaLevel level) {
 
 uint64_t isa_generation() { return generation.load(std::memory_order_relaxed); }
 
-void count_kernel_change() { generation.fetch_add(1, std::memory_order_relaxed); }
-
 IsaLevel isa_cap() { return static_cast<IsaLevel>(cap.load(std::memory_order_relaxed)); }
 
 const char* isa_level_name(IsaLevel level) {

@@ -25,11 +25,12 @@ namespace seqpack {
 
 namespace rnn {
 
-// The GEMM engine of a call: its element type and precision decide it.
+// The GEMM engine of a call: its element type and precision, and its
+// config's kernels, decide it.
 template <typename T>
-const cpu::GemmEngine<T>& engine_for(const RNNOptions& o) {
+const cpu::GemmEngine<T>& engine_for(const RNNOptions& o, const RNNConfig& config) {
   if constexpr (std::is_same_v<T, float>) {
-    return cpu::gemm_engine_f32(o.precision);
+    return cpu::gemm_engine_f32(o.precision, config.kernels);
   } else {
     return cpu::gemm_engine_f64();
   }
