@@ -57,7 +57,7 @@ void run_sgemm(benchmark::State& state, int64_t m, int64_t n, int64_t k) {
   for (auto& x : b) x = u(rng);
   for (auto _ : state) {
     seqpack::cpu::gemm<float>(/*trans_a=*/false, /*trans_b=*/true, m, n, k, 1.f, a.data(), k,
-                              b.data(), k, 0.f, c.data(), n);
+                              b.data(), k, 0.f, c.data(), n, bench_kernels().isa_cap);
     benchmark::DoNotOptimize(c.data());
     benchmark::ClobberMemory();
   }
@@ -252,16 +252,19 @@ void BM_step(benchmark::State& state) {
   // W is W_hh [G, R]: forward multiplies by its transpose ([N, K] storage),
   // backward by W_hh itself ([K, N] storage).
   seqpack::cpu::PackedWeights pw;
-  seqpack::cpu::pack_weights(w.data(), /*trans_b=*/forward, k, n, forward ? k : n, pw);
+  seqpack::cpu::pack_weights(w.data(), /*trans_b=*/forward, k, n, forward ? k : n, pw,
+                             bench_kernels().isa_cap);
   for (auto _ : state) {
     if (packed == 1) {
       seqpack::cpu::gemm_packed_small(rows, a.data(), k, pw, 0, n, beta, c.data(), n);
     } else if (packed == 2) {
-      seqpack::cpu::gemm_unpacked_small(rows, a.data(), k, w.data(), /*trans_b=*/forward, k, n,
-                                        forward ? k : n, 0, n, beta, c.data(), n);
+      seqpack::cpu::gemm_unpacked_small(bench_kernels().isa_cap, rows, a.data(), k, w.data(),
+                                        /*trans_b=*/forward, k, n, forward ? k : n, 0, n, beta,
+                                        c.data(), n);
     } else {
       seqpack::cpu::gemm<float>(/*trans_a=*/false, /*trans_b=*/forward, rows, n, k, 1.f, a.data(),
-                                k, w.data(), forward ? k : n, beta, c.data(), n);
+                                k, w.data(), forward ? k : n, beta, c.data(), n,
+                                bench_kernels().isa_cap);
     }
     benchmark::DoNotOptimize(c.data());
     benchmark::ClobberMemory();
@@ -343,7 +346,8 @@ void BM_batch(benchmark::State& state) {
                          : seqpack::cpu::gemm_engine_f32(seqpack::Precision::fp32, bench_kernels());
   for (auto _ : state) {
     if (engine == 0) {
-      seqpack::cpu::gemm<float>(ta, tb, m, n, k, 1.f, a.data(), lda, b.data(), ldb, 0.f, c.data(), n);
+      seqpack::cpu::gemm<float>(ta, tb, m, n, k, 1.f, a.data(), lda, b.data(), ldb, 0.f, c.data(),
+                                n, bench_kernels().isa_cap);
     } else if (engine == 1) {
       seqpack::cpu::onednn_gemm_f32(ta, tb, m, n, k, a.data(), lda, b.data(), ldb, 0.f, c.data(), n,
                                     nullptr);
@@ -604,7 +608,7 @@ void run_kind(benchmark::State& state, const WorkloadShape& w, const std::string
       for (int64_t d = 0; d < w.dirs; ++d) {
         if (kind == "fwd_input") {
           seqpack::cpu::gemm<float>(false, true, N, G, in, 1.f, x.data(), in, wt.data(), in, 1.f,
-                                    g.data(), G);
+                                    g.data(), G, bench_kernels().isa_cap);
           flops += 2.0 * N * G * in;
         } else if (kind == "fwd_steps" || kind == "bwd_steps" || kind == "fwd_steps_gemv4") {
           int64_t r0 = 0;
@@ -619,21 +623,21 @@ void run_kind(benchmark::State& state, const WorkloadShape& w, const std::string
               }
             } else if (kind != "bwd_steps") {
               seqpack::cpu::gemm<float>(false, true, n, G, H, 1.f, hp.data() + r0 * H, H, wt.data(),
-                                        H, 1.f, g.data() + r0 * G, G);
+                                        H, 1.f, g.data() + r0 * G, G, bench_kernels().isa_cap);
             } else {
-              seqpack::cpu::gemm<float>(false, false, n, H, G, 1.f, g.data() + r0 * G, G,
-                                        wt.data(), H, 0.f, hp.data() + r0 * H, H);
+              seqpack::cpu::gemm<float>(false, false, n, H, G, 1.f, g.data() + r0 * G, G, wt.data(),
+                                        H, 0.f, hp.data() + r0 * H, H, bench_kernels().isa_cap);
             }
             flops += 2.0 * n * G * H;
             r0 += n;
           }
         } else {  // bwd_whole
           seqpack::cpu::gemm<float>(true, false, G, in, N, 1.f, g.data(), G, x.data(), in, 0.f,
-                                    dw.data(), in);
+                                    dw.data(), in, bench_kernels().isa_cap);
           seqpack::cpu::gemm<float>(false, false, N, in, G, 1.f, g.data(), G, wt.data(), in, 1.f,
-                                    dx.data(), in);
+                                    dx.data(), in, bench_kernels().isa_cap);
           seqpack::cpu::gemm<float>(true, false, G, H, N, 1.f, g.data(), G, hp.data(), H, 0.f,
-                                    dw.data(), H);
+                                    dw.data(), H, bench_kernels().isa_cap);
           flops += 2.0 * G * N * (2 * in + H);
         }
       }
@@ -808,7 +812,7 @@ int main(int argc, char** argv) {
       rest.push_back(argv[i]);
     }
   }
-  seqpack::set_policy(bench_policy());  // the SEQPACK_* variables
+  (void)bench_policy();  // the SEQPACK_* variables, checked before any benchmark
   seqpack::set_num_threads(threads);
   register_workloads(path);
   int n = static_cast<int>(rest.size());

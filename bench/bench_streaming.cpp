@@ -160,7 +160,7 @@ int main(int argc, char** argv) {
       rest.push_back(argv[i]);
     }
   }
-  seqpack::set_policy(bench_policy());  // the SEQPACK_* variables
+  (void)bench_policy();  // the SEQPACK_* variables, checked before any benchmark
   set_num_threads(threads);
   for (const Model& m : models()) {
     for (int64_t chunk : {1, 8, 64}) {

@@ -168,8 +168,8 @@ std::string with_op(const char* op, const char* message) {
   return c10::str(op, ": ", m);
 }
 
-// The core reads no environment: the operators install the SEQPACK_* policy
-// at their first call (where a value is bad, every call refuses it by name),
+// The core reads no environment: the operators read the SEQPACK_* policy at
+// their first call (where a value is bad, every call refuses it by name),
 // and make their plans with its config (operator_config).
 struct InstalledPolicy {
   std::string error;
@@ -181,7 +181,6 @@ const InstalledPolicy& installed_policy() {
     InstalledPolicy i;
     try {
       const seqpack::Policy p = seqpack::policy_from_environment();
-      seqpack::set_policy(p);
       i.config = seqpack::rnn_config(p);
     } catch (const std::invalid_argument& e) {
       i.error = e.what();

@@ -135,7 +135,7 @@ RNNForwardResult forward_impl(const RNNModelPlan& mp, const Tensor& data,
       const auto& laid_out = model->dir(l, d);
       dirs.push_back(std::make_unique<ForwardDirection<T, Cell>>(
           o, eng, plan, weights, lookup, wss[k], sl.dirs[k], laid_out, l, d, save,
-          !h0.defined() && laid_out.whh_finite, mp.config.step_groups));
+          !h0.defined() && laid_out.whh_finite, mp.config));
       dirs.back()->begin(nt, by_rows, x, h0, c0, out);
     }
     clock.mark(&RNNCoreProfile::forward_inputs);

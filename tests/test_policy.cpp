@@ -1,8 +1,9 @@
-// The core's policy (seqpack/policy.h): set_policy checks every setting
-// before it installs any, each reaches the part of the core that reads it,
-// the ISA cap changes within a process (Highway's dispatch follows, both
-// ways), and policy_from_environment reads the SEQPACK_* variables and
-// refuses bad values by name. Every test leaves the policy it found.
+// The core's policy (seqpack/policy.h): rnn_config and kernel_config check
+// every setting, each reaches the part of the core that reads it through the
+// config of the plans made with it (nothing process-wide: plans of different
+// ISA caps run side by side, Highway's dispatch following each), and
+// policy_from_environment reads the SEQPACK_* variables and refuses bad values
+// by name. Every test leaves the variables it found.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -32,9 +33,8 @@ const char* const kVariables[] = {
     "SEQPACK_MAX_CPU_ISA", "SEQPACK_INT8_KERNEL", "SEQPACK_STEP_SPLIT", "SEQPACK_STEP_UNITS",
     "SEQPACK_STEP_ROWS",   "SEQPACK_STEP_GROUPS", "SEQPACK_BF16"};
 
-// Restores the policy and the variables on scope exit.
+// Restores the variables on scope exit.
 struct PolicyGuard {
-  Policy before = policy();
   std::vector<std::pair<const char*, std::optional<std::string>>> vars;
   PolicyGuard() {
     for (const char* name : kVariables) {
@@ -50,7 +50,6 @@ struct PolicyGuard {
         unsetenv(name);
       }
     }
-    set_policy(before);
   }
 };
 
@@ -193,34 +192,35 @@ struct RandomLayer {
     r.hidden_size = hidden_size;
     return r;
   }
-  RNNForwardResult forward() const {
-    return rnn_forward(*rnn_make_plan(o, w, /*in_place=*/true, seqpack::testing::config()), x, plan,
-                       Tensor(), Tensor(), false, false);
+  // The forward of a plan made with `config`.
+  RNNForwardResult forward(const RNNConfig& config) const {
+    return rnn_forward(*rnn_make_plan(o, w, /*in_place=*/true, config), x, plan, Tensor(), Tensor(),
+                       false, false);
   }
 };
 
-// The cap changes Highway's target within a process, down and back up, and
-// a layer's results under each stay within fp32's bound of each other.
+// The cap moves Highway's target per plan, down and back up within a
+// process, and a layer's results under each stay within fp32's bound of each
+// other; the uncapped plan gives its own bits again after a capped one ran.
 TEST(Policy, TheIsaCapMovesHighwaysDispatchBothWays) {
-  const PolicyGuard guard;
-  set_policy(Policy{});
-  const std::string widest = cpu_info(Policy{}).kernels;
+  const Policy wide_policy;
+  const std::string widest = cpu_info(wide_policy).kernels;
   const RandomLayer layer(RNNMode::gru, 5, 24, {6, 3, 5}, 7);
-  const auto run = [&] { return layer.forward(); };
-  const RNNForwardResult wide = run();
+  const RNNForwardResult wide = layer.forward(rnn_config(wide_policy));
 
   Policy capped;
   capped.max_cpu_isa = "sse4";
-  set_policy(capped);
   const std::string narrow = cpu_info(capped).kernels;
   EXPECT_EQ(narrow.find("AVX"), std::string::npos) << narrow;
   EXPECT_NE(narrow, widest);  // every CPU here has AVX2
-  const RNNForwardResult small = run();
+  const RNNForwardResult small = layer.forward(rnn_config(capped));
   EXPECT_TRUE(testing::fp_close(small.output, wide.output, 6, DType::f32, "output"));
   EXPECT_TRUE(testing::fp_close(small.h_n, wide.h_n, 6, DType::f32, "h_n"));
 
-  set_policy(Policy{});
-  EXPECT_EQ(cpu_info(Policy{}).kernels, widest);
+  const RNNForwardResult again = layer.forward(rnn_config(wide_policy));
+  EXPECT_TRUE(testing::bitwise_equal(again.output, wide.output));
+  EXPECT_TRUE(testing::bitwise_equal(again.h_n, wide.h_n));
+  EXPECT_EQ(cpu_info(wide_policy).kernels, widest);
 }
 
 // The AVX-512 levels cap Highway's AVX-512 targets one by one: under avx3
@@ -228,13 +228,10 @@ TEST(Policy, TheIsaCapMovesHighwaysDispatchBothWays) {
 // (AVX2's elsewhere), never AVX3_DL, AVX3_ZEN4 or AVX3_SPR; each level gives
 // a target no wider than the next level's, and the same results.
 TEST(Policy, TheAvx512LevelsCapHighwaysTargetsOneByOne) {
-  const PolicyGuard guard;
-  set_policy(Policy{});
   const std::string widest = cpu_info(Policy{}).kernels;
   const bool avx512 = widest.rfind("AVX3", 0) == 0;
   const RandomLayer layer(RNNMode::lstm, 3, 13, {5, 5, 5}, 11);  // every sequence full
-  const auto run = [&] { return layer.forward(); };
-  const RNNForwardResult wide = run();
+  const RNNForwardResult wide = layer.forward(rnn_config(Policy{}));
   const auto allowed = [](const std::string& level, const std::string& target) {
     if (target.rfind("AVX3", 0) != 0) return true;  // AVX2 or below: under every level
     if (level == "avx3") return target == "AVX3";
@@ -245,27 +242,23 @@ TEST(Policy, TheAvx512LevelsCapHighwaysTargetsOneByOne) {
     SCOPED_TRACE(level);
     Policy capped;
     capped.max_cpu_isa = level;
-    set_policy(capped);
     const std::string target = cpu_info(capped).kernels;
     EXPECT_EQ(cpu_info(capped).isa_cap, level);
     EXPECT_TRUE(allowed(level, target)) << target;
     if (avx512) EXPECT_EQ(target.rfind("AVX3", 0), 0u) << target;  // AVX-512 stays on
-    const RNNForwardResult r = run();
+    const RNNForwardResult r = layer.forward(rnn_config(capped));
     const int64_t n = 5 * (3 + 13 + 16);  // 5 steps of x, h and the gate math
     EXPECT_TRUE(testing::fp_close(r.output, wide.output, n, DType::f32, "output"));
     EXPECT_TRUE(testing::fp_close(r.h_n, wide.h_n, n, DType::f32, "h_n"));
   }
-  set_policy(Policy{});
   EXPECT_EQ(cpu_info(Policy{}).kernels, widest);
 }
 
-// A model plan made under one cap keeps working after the cap changes: its
-// step operands (panels as wide as two vectors of the target they were laid
-// out for) are laid out again for the new target, not read with the wrong
-// width.
-TEST(Policy, AModelPlanOutlivesACapChange) {
-  const PolicyGuard guard;
-  set_policy(Policy{});
+// Model plans of two caps live side by side: each lays its step operands out
+// for its own target (panels as wide as two of its vectors) and keeps them,
+// so calls of the two interleaved give each plan's own bits every time, and
+// the two agree within fp32's bound.
+TEST(Policy, PlansOfTwoCapsRunSideBySide) {
   RNNOptions o;
   o.mode = RNNMode::lstm;
   o.input_size = 6;
@@ -275,23 +268,25 @@ TEST(Policy, AModelPlanOutlivesACapChange) {
   for (const Shape& s : rnn_parameter_shapes(o)) w.push_back(testing::random_tensor(s, 0.3, gen));
   const PackingPlan plan = PackingPlan::from_lengths({7, 5, 2}, /*enforce_sorted=*/false);
   const Tensor x = testing::random_tensor({plan.total_rows(), o.input_size}, 1.0, gen);
-  const auto model = rnn_make_plan(o, w, /*in_place=*/false, seqpack::testing::config());
-  const auto run = [&] {
-    return rnn_forward(*model, x, plan, Tensor(), Tensor(), false, false, 0);
-  };
-  const RNNForwardResult before = run();
-  const RNNForwardResult again = run();  // the plan's layouts, made by the first call
   Policy capped;
   capped.max_cpu_isa = "sse4";
-  set_policy(capped);
-  const RNNForwardResult narrow = run();
-  set_policy(Policy{});
-  const RNNForwardResult after = run();
-  for (const auto* r : {&again, &narrow, &after}) {
-    EXPECT_TRUE(testing::fp_close(r->output, before.output, 7, DType::f32, "output"));
-    EXPECT_TRUE(testing::fp_close(r->h_n, before.h_n, 7, DType::f32, "h_n"));
-    EXPECT_TRUE(testing::fp_close(r->c_n, before.c_n, 7, DType::f32, "c_n"));
+  const auto wide = rnn_make_plan(o, w, /*in_place=*/false, rnn_config(Policy{}));
+  const auto narrow = rnn_make_plan(o, w, /*in_place=*/false, rnn_config(capped));
+  const auto run = [&](const std::shared_ptr<const RNNModelPlan>& model) {
+    return rnn_forward(*model, x, plan, Tensor(), Tensor(), false, false, 0);
+  };
+  const RNNForwardResult first_wide = run(wide);
+  const RNNForwardResult first_narrow = run(narrow);
+  for (int round = 0; round < 2; ++round) {
+    const RNNForwardResult w2 = run(wide);
+    const RNNForwardResult n2 = run(narrow);
+    EXPECT_TRUE(testing::bitwise_equal(w2.output, first_wide.output)) << round;
+    EXPECT_TRUE(testing::bitwise_equal(n2.output, first_narrow.output)) << round;
+    EXPECT_TRUE(testing::bitwise_equal(n2.c_n, first_narrow.c_n)) << round;
   }
+  EXPECT_TRUE(testing::fp_close(first_narrow.output, first_wide.output, 7, DType::f32, "output"));
+  EXPECT_TRUE(testing::fp_close(first_narrow.h_n, first_wide.h_n, 7, DType::f32, "h_n"));
+  EXPECT_TRUE(testing::fp_close(first_narrow.c_n, first_wide.c_n, 7, DType::f32, "c_n"));
 }
 
 TEST(Policy, FromTheEnvironment) {

@@ -476,7 +476,8 @@ TEST(RNNBf16, TrainingReachesTheFp32Loss) {
                           .dtype = DType::f32, .precision = p},
                          /*seed=*/3);
     model.lstm().set_config(testing::config());
-    Adam opt(model.parameters(), {.lr = 3e-3});
+    model.fc().set_kernels(testing::kernels());
+    Adam opt(model.parameters(), {.lr = 3e-3, .kernels = testing::kernels()});
     CrossEntropyLoss ce;
     double loss = 0;
     for (int epoch = 0; epoch < 8; ++epoch) {

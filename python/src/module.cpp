@@ -23,7 +23,6 @@ PYBIND11_MODULE(_seqpack, m) {
   // once (a bad value fails the import, naming the variable and the value)
   // and gives its config to every plan it makes.
   const seqpack::Policy policy = seqpack::policy_from_environment();
-  seqpack::set_policy(policy);
   seqpack::python::installed_config = seqpack::rnn_config(policy);
   seqpack::python::installed = policy;
   // The linked library's version (seqpack.__version__, include/seqpack/version.h).

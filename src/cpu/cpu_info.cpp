@@ -70,7 +70,7 @@ CpuInfo cpu_info(const Policy& policy) {
   info.threads = num_threads();
   info.blas = cpu::blas_config();
   info.isa_cap = cpu::isa_level_name(kernels.isa_cap);
-  info.kernels = cpu::rnn_gates_f32_target();
+  info.kernels = cpu::rnn_gates_f32_target(kernels.isa_cap);
   return info;
 }
 

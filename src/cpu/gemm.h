@@ -15,13 +15,14 @@
 #include <string>
 #include <vector>
 
+#include "cpu/isa_cap.h"
 #include "cpu/scratch.h"
 
 namespace seqpack::cpu {
 
 template <typename T>
 void gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, T alpha, const T* a,
-          int64_t lda, const T* b, int64_t ldb, T beta, T* c, int64_t ldc,
+          int64_t lda, const T* b, int64_t ldb, T beta, T* c, int64_t ldc, IsaLevel cap,
           const T* c_row = nullptr);
 
 // Products of at most this many terms (k) with op(B) = B (a decoder step's
@@ -33,8 +34,9 @@ constexpr int64_t kFewTerms = 4;
 
 // C = alpha·op(A)·B + beta·C, k <= kFewTerms, B [k, n] as stored (row stride
 // ldb); C is not read where beta is 0. Highway, per x86 target.
-void gemm_few_terms(bool trans_a, int64_t m, int64_t n, int64_t k, float alpha, const float* a,
-                    int64_t lda, const float* b, int64_t ldb, float beta, float* c, int64_t ldc);
+void gemm_few_terms(IsaLevel cap, bool trans_a, int64_t m, int64_t n, int64_t k, float alpha,
+                    const float* a, int64_t lda, const float* b, int64_t ldb, float beta, float* c,
+                    int64_t ldc);
 
 // One thread pool: seqpack's threads are OpenMP's. gemm splits a large
 // product over them itself (when called outside a parallel region), each
@@ -71,6 +73,7 @@ std::string blas_config();
 // target), each [k][width], columns past n zero-filled.
 struct PackedWeights {
   int64_t k = 0, n = 0, width = 0;
+  IsaLevel cap = IsaLevel::avx512;  // the target the panels are laid out for (pack_weights')
   Scratch<float> storage;  // over-allocated so the panels start 64-byte aligned
   int64_t offset = 0;          // first element of the panels within storage
   const float* panels() const { return storage.data() + offset; }
@@ -80,7 +83,7 @@ struct PackedWeights {
 // out's storage when it is large enough (no allocation when re-packing a
 // matrix of the same size).
 void pack_weights(const float* b, bool trans_b, int64_t k, int64_t n, int64_t ldb,
-                  PackedWeights& out);
+                  PackedWeights& out, IsaLevel cap);
 
 // C[i, j] = A[i, :]·B[:, j] + beta * C[i, j] for rows i < m and columns
 // col0 <= j < col1 of C (c points at column 0). A is [m, b.k] with row stride
@@ -105,8 +108,9 @@ void gemm_packed_small(int64_t m, const float* a, int64_t lda, const PackedWeigh
 // gemm_packed_small; faster than the two where one product is all a layout
 // would serve (a call of one step: the layout writes all of B out to memory
 // and reads it back).
-void gemm_unpacked_small(int64_t m, const float* a, int64_t lda, const float* b, bool trans_b,
-                         int64_t k, int64_t n, int64_t ldb, int64_t col0, int64_t col1, float beta,
-                         float* c, int64_t ldc, const float* const* init = nullptr);
+void gemm_unpacked_small(IsaLevel cap, int64_t m, const float* a, int64_t lda, const float* b,
+                         bool trans_b, int64_t k, int64_t n, int64_t ldb, int64_t col0,
+                         int64_t col1, float beta, float* c, int64_t ldc,
+                         const float* const* init = nullptr);
 
 }  // namespace seqpack::cpu

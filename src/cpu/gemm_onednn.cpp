@@ -932,7 +932,7 @@ class OnednnEngine : public GemmEngine<float> {
     if (m == 0 || n == 0) return;
     if (k == 0) {  // nothing to multiply: cpu::gemm's handling of C
       cpu::gemm<float>(a.trans, b.trans, m, n, k, 1.0f, a.data, a.ld, b.data, b.ld, p.beta, p.c,
-                       p.ldc, p.c_row);
+                       p.ldc, kernels_.isa_cap, p.c_row);
       return;
     }
     ThreadState& ts = thread_state();
@@ -1210,7 +1210,9 @@ void onednn_gemm_f32(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k
                      const float* c_row) {
   if (m == 0 || n == 0) return;
   if (k == 0) {
-    cpu::gemm<float>(trans_a, trans_b, m, n, k, 1.0f, a, lda, b, ldb, beta, c, ldc, c_row);
+    // (k = 0: C's rows only, no kernel)
+    cpu::gemm<float>(trans_a, trans_b, m, n, k, 1.0f, a, lda, b, ldb, beta, c, ldc,
+                     IsaLevel::avx512, c_row);
     return;
   }
   // A one-row operand with strided elements (A transposed with m = 1, B

@@ -7,6 +7,7 @@
 
 #include <hwy/highway.h>
 
+#include <cstddef>
 #include <cstdint>
 
 #include "seqpack/precision.h"
@@ -29,19 +30,24 @@ using IsaLevel = KernelConfig::Isa;
 // VNNI and AMX, the bf16 rows).
 inline bool avx512_allowed(IsaLevel level) { return level >= IsaLevel::avx3; }
 
-// The cap of Highway's dispatch (avx512, the widest, until set_isa_cap sets
-// another).
-IsaLevel isa_cap();
-// Sets the cap and applies it to Highway's targets (set_policy).
-void set_isa_cap(IsaLevel level);
-// Counts the changes of the cap: what was laid out for one target's kernels
-// (gemm_packed_small's panels, two vectors wide) is not read after a change.
-uint64_t isa_generation();
+// The entry of a Highway dispatch table (HWY_EXPORT's) of the best target
+// this CPU offers under `cap`: the index Highway's own dispatch computes from
+// its chosen targets (hwy::ChosenTarget::GetIndex), here from the CPU's
+// targets less those above the cap, so that each call dispatches to its own
+// cap's target (nothing process-wide: Highway's chosen target is not read or
+// set).
+std::size_t hwy_target_index(IsaLevel cap);
 
 // "avx512", "avx3_zen4", "avx3_dl", "avx3", "avx2", "sse4".
 const char* isa_level_name(IsaLevel level);
 
 }  // namespace seqpack::cpu
 
-// Highway's dispatch, which set_isa_cap has capped.
-#define SEQPACK_HWY_DISPATCH(FUNC) HWY_DYNAMIC_DISPATCH(FUNC)
+// Highway's dispatch of FUNC (HWY_EXPORTed) to the target of `cap`
+// (hwy_target_index); with one target compiled in, that one.
+#if HWY_IDE || ((HWY_TARGETS & (HWY_TARGETS - 1)) == 0)
+#define SEQPACK_HWY_DISPATCH(FUNC, cap) HWY_STATIC_DISPATCH(FUNC)
+#else
+#define SEQPACK_HWY_DISPATCH(FUNC, cap) \
+  (*(HWY_DISPATCH_TABLE(FUNC)[::seqpack::cpu::hwy_target_index(cap)]))
+#endif

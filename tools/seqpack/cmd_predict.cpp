@@ -308,6 +308,7 @@ void run_predict(const PredictArgs& a) {
   TrainedClassifier tc = load_classifier(a.model.model_dir());
   tc.model->set_precision(precision);
   tc.model->lstm().set_config(rnn_config(cli::tool_policy()));  // the tool's SEQPACK_* policy
+  tc.model->fc().set_kernels(kernel_config(cli::tool_policy()));
   if (!a.eval.empty()) {
     run_eval(tc, a);
     return;

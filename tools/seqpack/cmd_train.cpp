@@ -682,7 +682,8 @@ void run_train(TrainArgs a) {
   }
   CharClassifier model(model_options(a, vocab, static_cast<int64_t>(split.labels.size())), a.seed);
   model.lstm().set_config(rnn_config(cli::tool_policy()));  // the tool's SEQPACK_* policy
-  Adam opt(model.parameters(), {.lr = a.lr});
+  model.fc().set_kernels(kernel_config(cli::tool_policy()));
+  Adam opt(model.parameters(), {.lr = a.lr, .kernels = kernel_config(cli::tool_policy())});
   int64_t first_epoch = 1;
   if (d.ck) {
     model.load_state_dict(d.ck->model_state);
