@@ -8,7 +8,9 @@
 //
 // With `c_row` (n values), every row of C is set to c_row before the product is
 // added (beta is then ignored): a bias broadcast over the rows, written by the
-// thread that then computes those rows, right before it does.
+// thread that then computes those rows, right before it does. `cap`: the ISA
+// cap of seqpack's own kernels among them (gemm_few_terms, float's products of
+// few terms; a plan's or a front end's policy's, cpu/isa_cap.h).
 #pragma once
 
 #include <cstdint>
@@ -33,7 +35,7 @@ void gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, T alpha, 
 constexpr int64_t kFewTerms = 4;
 
 // C = alpha·op(A)·B + beta·C, k <= kFewTerms, B [k, n] as stored (row stride
-// ldb); C is not read where beta is 0. Highway, per x86 target.
+// ldb); C is not read where beta is 0. Highway, on the target of `cap`.
 void gemm_few_terms(IsaLevel cap, bool trans_a, int64_t m, int64_t n, int64_t k, float alpha,
                     const float* a, int64_t lda, const float* b, int64_t ldb, float beta, float* c,
                     int64_t ldc);
@@ -69,19 +71,20 @@ std::string blas_config();
 // call, which for a few rows costs more than the product itself. Packing once
 // per call (layer and direction) removes that cost from every step.
 //
-// Layout: panels of `width` columns (two SIMD vectors of the dispatched
-// target), each [k][width], columns past n zero-filled.
+// Layout: panels of `width` columns (two SIMD vectors of the target of
+// `cap`, pack_weights'), each [k][width], columns past n zero-filled;
+// gemm_packed_small dispatches to that target.
 struct PackedWeights {
   int64_t k = 0, n = 0, width = 0;
-  IsaLevel cap = IsaLevel::avx512;  // the target the panels are laid out for (pack_weights')
-  Scratch<float> storage;  // over-allocated so the panels start 64-byte aligned
-  int64_t offset = 0;          // first element of the panels within storage
+  IsaLevel cap = IsaLevel::avx512;  // the ISA cap the panels are laid out for
+  Scratch<float> storage;           // over-allocated so the panels start 64-byte aligned
+  int64_t offset = 0;               // first element of the panels within storage
   const float* panels() const { return storage.data() + offset; }
 };
 
-// Lays B out: B[kk][j] = trans_b ? b[j * ldb + kk] : b[kk * ldb + j]. Reuses
-// out's storage when it is large enough (no allocation when re-packing a
-// matrix of the same size).
+// Lays B out for the target of `cap`: B[kk][j] = trans_b ? b[j * ldb + kk] :
+// b[kk * ldb + j]. Reuses out's storage when it is large enough (no
+// allocation when re-packing a matrix of the same size).
 void pack_weights(const float* b, bool trans_b, int64_t k, int64_t n, int64_t ldb,
                   PackedWeights& out, IsaLevel cap);
 
