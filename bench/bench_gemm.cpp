@@ -35,6 +35,18 @@
 
 namespace {
 
+// The SEQPACK_* variables' policy (read once, at main), and its kernel
+// settings: what the benchmarks give the plans they make and the kernels
+// they call.
+const seqpack::Policy& bench_policy() {
+  static const seqpack::Policy policy = seqpack::policy_from_environment();
+  return policy;
+}
+[[maybe_unused]] const seqpack::KernelConfig& bench_kernels() {
+  static const seqpack::KernelConfig kernels = seqpack::kernel_config(bench_policy());
+  return kernels;
+}
+
 // C[m, n] = A[m, k] * B[n, k]^T: the layout of every RNN product (weights are [out, in]).
 void run_sgemm(benchmark::State& state, int64_t m, int64_t n, int64_t k) {
   std::mt19937 rng(42);
@@ -45,7 +57,7 @@ void run_sgemm(benchmark::State& state, int64_t m, int64_t n, int64_t k) {
   for (auto& x : b) x = u(rng);
   for (auto _ : state) {
     seqpack::cpu::gemm<float>(/*trans_a=*/false, /*trans_b=*/true, m, n, k, 1.f, a.data(), k,
-                              b.data(), k, 0.f, c.data(), n);
+                              b.data(), k, 0.f, c.data(), n, bench_kernels().isa_cap);
     benchmark::DoNotOptimize(c.data());
     benchmark::ClobberMemory();
   }
@@ -240,11 +252,11 @@ void BM_dot_rows(benchmark::State& state) {
       seqpack::cpu::onednn_gemm_f32(false, trans, m, n, k, a.data(), k, w.data(), trans ? k : n,
                                     0.f, c.data(), n, bias.data());
     } else if (kernel == 1) {
-      seqpack::cpu::gemm_dot_rows(m, n, k, a.data(), k, w.data(), trans, trans ? k : n, 0.f,
-                                  c.data(), n, bias.data());
+      seqpack::cpu::gemm_dot_rows(bench_kernels().isa_cap, m, n, k, a.data(), k, w.data(), trans,
+                                  trans ? k : n, 0.f, c.data(), n, bias.data());
     } else {
-      seqpack::cpu::gemm_unpacked_small(m, a.data(), k, w.data(), trans, k, n, trans ? k : n, 0,
-                                        n, 0.f, c.data(), n);
+      seqpack::cpu::gemm_unpacked_small(bench_kernels().isa_cap, m, a.data(), k, w.data(), trans, k,
+                                        n, trans ? k : n, 0, n, 0.f, c.data(), n);
     }
     benchmark::DoNotOptimize(c.data());
     benchmark::ClobberMemory();
@@ -281,16 +293,19 @@ void BM_step(benchmark::State& state) {
   // W is W_hh [G, R]: forward multiplies by its transpose ([N, K] storage),
   // backward by W_hh itself ([K, N] storage).
   seqpack::cpu::PackedWeights pw;
-  seqpack::cpu::pack_weights(w.data(), /*trans_b=*/forward, k, n, forward ? k : n, pw);
+  seqpack::cpu::pack_weights(w.data(), /*trans_b=*/forward, k, n, forward ? k : n, pw,
+                             bench_kernels().isa_cap);
   for (auto _ : state) {
     if (packed == 1) {
       seqpack::cpu::gemm_packed_small(rows, a.data(), k, pw, 0, n, beta, c.data(), n);
     } else if (packed == 2) {
-      seqpack::cpu::gemm_unpacked_small(rows, a.data(), k, w.data(), /*trans_b=*/forward, k, n,
-                                        forward ? k : n, 0, n, beta, c.data(), n);
+      seqpack::cpu::gemm_unpacked_small(bench_kernels().isa_cap, rows, a.data(), k, w.data(),
+                                        /*trans_b=*/forward, k, n, forward ? k : n, 0, n, beta,
+                                        c.data(), n);
     } else {
       seqpack::cpu::gemm<float>(/*trans_a=*/false, /*trans_b=*/forward, rows, n, k, 1.f, a.data(),
-                                k, w.data(), forward ? k : n, beta, c.data(), n);
+                                k, w.data(), forward ? k : n, beta, c.data(), n,
+                                bench_kernels().isa_cap);
     }
     benchmark::DoNotOptimize(c.data());
     benchmark::ClobberMemory();
@@ -359,7 +374,7 @@ void BM_batch(benchmark::State& state) {
   const int64_t m = state.range(0), n = state.range(1), k = state.range(2);
   const bool ta = state.range(3) != 0, tb = state.range(4) != 0;
   const int64_t engine = state.range(5);
-  if (engine == 2 && !seqpack::cpu_info().native_bf16) {
+  if (engine == 2 && !seqpack::cpu_info(bench_policy()).native_bf16) {
     state.SkipWithError("no native bf16 on this CPU");
     return;
   }
@@ -367,11 +382,13 @@ void BM_batch(benchmark::State& state) {
   const std::vector<float> a = random_floats(m * k, rng), b = random_floats(k * n, rng);
   std::vector<float> c(static_cast<size_t>(m * n));
   const int64_t lda = ta ? m : k, ldb = tb ? k : n;
-  const auto& bf16 = engine == 2 ? seqpack::cpu::gemm_engine_f32(seqpack::Precision::bf16)
-                                 : seqpack::cpu::gemm_engine_f32(seqpack::Precision::fp32);
+  const auto& bf16 = engine == 2
+                         ? seqpack::cpu::gemm_engine_f32(seqpack::Precision::bf16, bench_kernels())
+                         : seqpack::cpu::gemm_engine_f32(seqpack::Precision::fp32, bench_kernels());
   for (auto _ : state) {
     if (engine == 0) {
-      seqpack::cpu::gemm<float>(ta, tb, m, n, k, 1.f, a.data(), lda, b.data(), ldb, 0.f, c.data(), n);
+      seqpack::cpu::gemm<float>(ta, tb, m, n, k, 1.f, a.data(), lda, b.data(), ldb, 0.f, c.data(),
+                                n, bench_kernels().isa_cap);
     } else if (engine == 1) {
       seqpack::cpu::onednn_gemm_f32(ta, tb, m, n, k, a.data(), lda, b.data(), ldb, 0.f, c.data(), n,
                                     nullptr);
@@ -434,13 +451,14 @@ BENCHMARK(BM_batch)
 void BM_engine_step(benchmark::State& state) {
   const int64_t k = state.range(0), n = state.range(1), rows = state.range(2);
   const int64_t engine = state.range(3);
-  if (engine == 2 && !seqpack::cpu_info().native_bf16) {
+  if (engine == 2 && !seqpack::cpu_info(bench_policy()).native_bf16) {
     state.SkipWithError("no native bf16 on this CPU");
     return;
   }
   const auto& eng = seqpack::cpu::gemm_engine_f32(engine == 3   ? seqpack::Precision::int8
                                                   : engine == 2 ? seqpack::Precision::bf16
-                                                                : seqpack::Precision::fp32);
+                                                                : seqpack::Precision::fp32,
+                                                  bench_kernels());
   std::mt19937 rng(42);
   const std::vector<float> a = random_floats(rows * k, rng), w = random_floats(n * k, rng);
   std::vector<float> c(static_cast<size_t>(rows * n));
@@ -472,7 +490,7 @@ void BM_bf16_in_place(benchmark::State& state) {
   const int64_t m = state.range(0), k = state.range(1), n = state.range(2);
   const bool trans = state.range(3) != 0;
   const int64_t way = state.range(4);
-  if (!seqpack::cpu::bf16_rows_available()) {
+  if (!seqpack::cpu::bf16_rows_available(bench_kernels())) {
     state.SkipWithError("no native AVX512-BF16 without AMX here");
     return;
   }
@@ -480,7 +498,7 @@ void BM_bf16_in_place(benchmark::State& state) {
   const std::vector<float> a = random_floats(m * k, rng), w = random_floats(n * k, rng);
   std::vector<float> c(static_cast<size_t>(m * n));
   const int64_t ldw = trans ? k : n;
-  const auto& eng = seqpack::cpu::gemm_engine_f32(seqpack::Precision::bf16);
+  const auto& eng = seqpack::cpu::gemm_engine_f32(seqpack::Precision::bf16, bench_kernels());
   seqpack::cpu::GrowBuffer<uint16_t> a16;
   const auto once = eng.prepare(w.data(), trans, k, n, ldw, {{0, n}});
   const seqpack::cpu::Bf16RowsB b{
@@ -565,11 +583,13 @@ void BM_int8_gemm(benchmark::State& state) {
   const std::vector<float> a = random_floats(rows * k, rng), w = random_floats(n * k, rng);
   std::vector<float> c = random_floats(rows * n, rng);
   seqpack::cpu::QuantizedWeights qw;
-  seqpack::cpu::quantize_weights_s8(w.data(), /*trans_b=*/true, k, n, k, qw);
+  seqpack::cpu::quantize_weights_s8(w.data(), /*trans_b=*/true, k, n, k, qw,
+                                    bench_kernels().isa_cap);
+  const seqpack::cpu::Int8Kernel kernel = seqpack::cpu::int8_kernel(bench_kernels());
   seqpack::cpu::QuantizedRows qa;
-  seqpack::cpu::quantize_rows_u8(rows, k, a.data(), k, qa);
+  seqpack::cpu::quantize_rows_u8(rows, k, a.data(), k, qa, kernel);
   for (auto _ : state) {
-    if (quant) seqpack::cpu::quantize_rows_u8(rows, k, a.data(), k, qa);
+    if (quant) seqpack::cpu::quantize_rows_u8(rows, k, a.data(), k, qa, kernel);
     seqpack::cpu::gemm_u8s8_f32(rows, qa, 0, qw, 0, n, beta, c.data(), n);
     benchmark::DoNotOptimize(c.data());
     benchmark::ClobberMemory();
@@ -629,7 +649,7 @@ void run_kind(benchmark::State& state, const WorkloadShape& w, const std::string
       for (int64_t d = 0; d < w.dirs; ++d) {
         if (kind == "fwd_input") {
           seqpack::cpu::gemm<float>(false, true, N, G, in, 1.f, x.data(), in, wt.data(), in, 1.f,
-                                    g.data(), G);
+                                    g.data(), G, bench_kernels().isa_cap);
           flops += 2.0 * N * G * in;
         } else if (kind == "fwd_steps" || kind == "bwd_steps" || kind == "fwd_steps_gemv4") {
           int64_t r0 = 0;
@@ -644,21 +664,21 @@ void run_kind(benchmark::State& state, const WorkloadShape& w, const std::string
               }
             } else if (kind != "bwd_steps") {
               seqpack::cpu::gemm<float>(false, true, n, G, H, 1.f, hp.data() + r0 * H, H, wt.data(),
-                                        H, 1.f, g.data() + r0 * G, G);
+                                        H, 1.f, g.data() + r0 * G, G, bench_kernels().isa_cap);
             } else {
-              seqpack::cpu::gemm<float>(false, false, n, H, G, 1.f, g.data() + r0 * G, G,
-                                        wt.data(), H, 0.f, hp.data() + r0 * H, H);
+              seqpack::cpu::gemm<float>(false, false, n, H, G, 1.f, g.data() + r0 * G, G, wt.data(),
+                                        H, 0.f, hp.data() + r0 * H, H, bench_kernels().isa_cap);
             }
             flops += 2.0 * n * G * H;
             r0 += n;
           }
         } else {  // bwd_whole
           seqpack::cpu::gemm<float>(true, false, G, in, N, 1.f, g.data(), G, x.data(), in, 0.f,
-                                    dw.data(), in);
+                                    dw.data(), in, bench_kernels().isa_cap);
           seqpack::cpu::gemm<float>(false, false, N, in, G, 1.f, g.data(), G, wt.data(), in, 1.f,
-                                    dx.data(), in);
+                                    dx.data(), in, bench_kernels().isa_cap);
           seqpack::cpu::gemm<float>(true, false, G, H, N, 1.f, g.data(), G, hp.data(), H, 0.f,
-                                    dw.data(), H);
+                                    dw.data(), H, bench_kernels().isa_cap);
           flops += 2.0 * G * N * (2 * in + H);
         }
       }
@@ -680,12 +700,13 @@ void run_kind(benchmark::State& state, const WorkloadShape& w, const std::string
 // gemm_flop (FLOPs per batch).
 void run_workload_gemms(benchmark::State& state, const WorkloadShape& w, bool train,
                         seqpack::Precision precision) {
-  if (precision == seqpack::Precision::bf16 && !seqpack::cpu_info().native_bf16) {
+  if (precision == seqpack::Precision::bf16 && !seqpack::cpu_info(bench_policy()).native_bf16) {
     state.SkipWithError("no native bf16 on this CPU");
     return;
   }
   const bool int8 = precision == seqpack::Precision::int8;
-  const auto& eng = int8 ? seqpack::cpu::int8_engine() : seqpack::cpu::onednn_engine(precision);
+  const auto& eng = int8 ? seqpack::cpu::int8_engine(bench_kernels())
+                         : seqpack::cpu::onednn_engine(precision, bench_kernels());
   const int64_t H = w.hidden, G = w.gates * H, N = w.rows, T = static_cast<int64_t>(w.batch_sizes.size());
   const int64_t widest = std::max({w.input, w.dirs * H, G});
   std::mt19937 rng(7);
@@ -832,7 +853,7 @@ int main(int argc, char** argv) {
       rest.push_back(argv[i]);
     }
   }
-  seqpack::set_policy(seqpack::policy_from_environment());  // the SEQPACK_* variables
+  (void)bench_policy();  // the SEQPACK_* variables, checked before any benchmark
   seqpack::set_num_threads(threads);
   register_workloads(path);
   int n = static_cast<int>(rest.size());

@@ -31,6 +31,18 @@
 
 namespace {
 
+// The SEQPACK_* variables' policy (read once, at main), and its kernel
+// settings: what the benchmarks give the plans they make and the kernels
+// they call.
+const seqpack::Policy& bench_policy() {
+  static const seqpack::Policy policy = seqpack::policy_from_environment();
+  return policy;
+}
+[[maybe_unused]] const seqpack::KernelConfig& bench_kernels() {
+  static const seqpack::KernelConfig kernels = seqpack::kernel_config(bench_policy());
+  return kernels;
+}
+
 using namespace seqpack;
 
 struct Case {
@@ -59,7 +71,7 @@ double forward_flops(const RNNOptions& o, int64_t tokens) {
 
 void run_case(benchmark::State& state, const Case& c, const std::string& mode) {
   const RNNOptions& o = c.options;
-  const RNNConfig config = rnn_config(seqpack::policy());  // the SEQPACK_* variables'
+  const RNNConfig config = rnn_config(bench_policy());  // the SEQPACK_* variables'
   std::mt19937_64 rng(0x5eed);
   std::vector<Tensor> weights;
   for (const Shape& s : rnn_parameter_shapes(o)) {
@@ -116,25 +128,27 @@ void run_gate_kernel(benchmark::State& state, const std::string& kernel) {
   std::vector<float> db = buf(4 * H), db2 = buf(3 * H);
   for (auto _ : state) {
     if (kernel == "lstm_forward") {
-      cpu::lstm_gates_forward<float>(n, H, 0, H, gates.data(), c.data(), H, c.data(), H, h.data(),
-                                     H);
+      cpu::lstm_gates_forward<float>(bench_kernels().isa_cap, n, H, 0, H, gates.data(), c.data(), H,
+                                     c.data(), H, h.data(), H);
     } else if (kernel == "lstm_backward") {
-      cpu::lstm_gates_backward<float>(n, H, 0, H, gates.data(), c.data(), cp.data(), dh.data(), H,
-                                      dc.data(), dg.data());
+      cpu::lstm_gates_backward<float>(bench_kernels().isa_cap, n, H, 0, H, gates.data(), c.data(),
+                                      cp.data(), dh.data(), H, dc.data(), dg.data());
     } else if (kernel == "lstm_backward_dbias") {
-      cpu::lstm_gates_backward<float>(n, H, 0, H, gates.data(), c.data(), cp.data(), dh.data(), H,
-                                      dc.data(), dg.data(), db.data());
+      cpu::lstm_gates_backward<float>(bench_kernels().isa_cap, n, H, 0, H, gates.data(), c.data(),
+                                      cp.data(), dh.data(), H, dc.data(), dg.data(), db.data());
     } else if (kernel == "gru_backward_dbias") {
-      cpu::gru_gates_backward<float>(n, H, 0, H, gates.data(), c.data(), cp.data(), H, dh.data(),
-                                     H, dg.data(), dg2.data(), dc.data(), db.data(), db2.data());
+      cpu::gru_gates_backward<float>(bench_kernels().isa_cap, n, H, 0, H, gates.data(), c.data(),
+                                     cp.data(), H, dh.data(), H, dg.data(), dg2.data(), dc.data(),
+                                     db.data(), db2.data());
     } else if (kernel == "gru_forward") {
-      cpu::gru_gates_forward<float>(n, H, 0, H, gates.data(), gh.data(), b.data(), cp.data(), H,
-                                    h.data(), H, c.data());
+      cpu::gru_gates_forward<float>(bench_kernels().isa_cap, n, H, 0, H, gates.data(), gh.data(),
+                                    b.data(), cp.data(), H, h.data(), H, c.data());
     } else if (kernel == "gru_backward") {
-      cpu::gru_gates_backward<float>(n, H, 0, H, gates.data(), c.data(), cp.data(), H, dh.data(),
-                                     H, dg.data(), dg2.data(), dc.data());
+      cpu::gru_gates_backward<float>(bench_kernels().isa_cap, n, H, 0, H, gates.data(), c.data(),
+                                     cp.data(), H, dh.data(), H, dg.data(), dg2.data(), dc.data());
     } else if (kernel == "rnn_tanh_forward") {
-      cpu::rnn_gates_forward<float>(n, H, 0, H, gates.data(), /*relu=*/false, h.data(), H);
+      cpu::rnn_gates_forward<float>(bench_kernels().isa_cap, n, H, 0, H, gates.data(),
+                                    /*relu=*/false, h.data(), H);
     }
     benchmark::ClobberMemory();
   }
@@ -178,7 +192,7 @@ int main(int argc, char** argv) {
       rest.push_back(argv[i]);
     }
   }
-  seqpack::set_policy(seqpack::policy_from_environment());  // the SEQPACK_* variables
+  (void)bench_policy();  // the SEQPACK_* variables, checked before any benchmark
   seqpack::set_num_threads(threads);
   static std::vector<Case> cases;
   try {

@@ -28,6 +28,18 @@
 
 namespace {
 
+// The SEQPACK_* variables' policy (read once, at main), and its kernel
+// settings: what the benchmarks give the plans they make and the kernels
+// they call.
+const seqpack::Policy& bench_policy() {
+  static const seqpack::Policy policy = seqpack::policy_from_environment();
+  return policy;
+}
+[[maybe_unused]] const seqpack::KernelConfig& bench_kernels() {
+  static const seqpack::KernelConfig kernels = seqpack::kernel_config(bench_policy());
+  return kernels;
+}
+
 using namespace seqpack;
 
 constexpr int64_t kStreams = 64;
@@ -69,7 +81,7 @@ void set_tokens(benchmark::State& state) {
 
 void bm_streaming(benchmark::State& state, const Model& m, int64_t chunk) {
   RNNBase model(m.options, 0);
-  model.set_config(rnn_config(seqpack::policy()));  // the SEQPACK_* variables'
+  model.set_config(rnn_config(bench_policy()));  // the SEQPACK_* variables'
   const auto seqs = inputs(m.options);
   // The chunks are views made outside the timed region, as a server receives them.
   std::vector<std::vector<Tensor>> chunks(static_cast<size_t>(kSteps / chunk));
@@ -91,7 +103,7 @@ void bm_streaming(benchmark::State& state, const Model& m, int64_t chunk) {
 // are the time-major rows) and the previous push's h_n/c_n as h0/c0.
 void bm_chunked_forward(benchmark::State& state, const Model& m, int64_t chunk) {
   RNNBase model(m.options, 0);
-  model.set_config(rnn_config(seqpack::policy()));  // the SEQPACK_* variables'
+  model.set_config(rnn_config(bench_policy()));  // the SEQPACK_* variables'
   const auto seqs = inputs(m.options);
   const RNNOptions& o = m.options;
   const PackingPlan plan = PackingPlan::from_lengths(std::vector<int64_t>(kStreams, chunk), true);
@@ -123,7 +135,7 @@ void bm_chunked_forward(benchmark::State& state, const Model& m, int64_t chunk) 
 
 void bm_whole(benchmark::State& state, const Model& m) {
   RNNBase model(m.options, 0);
-  model.set_config(rnn_config(seqpack::policy()));  // the SEQPACK_* variables'
+  model.set_config(rnn_config(bench_policy()));  // the SEQPACK_* variables'
   const auto seqs = inputs(m.options);
   const PackedSequence x = pack_sequence(seqs, /*enforce_sorted=*/true);
   const PackingPlan plan = PackingPlan::from_packed(x);
@@ -148,7 +160,7 @@ int main(int argc, char** argv) {
       rest.push_back(argv[i]);
     }
   }
-  seqpack::set_policy(seqpack::policy_from_environment());  // the SEQPACK_* variables
+  (void)bench_policy();  // the SEQPACK_* variables, checked before any benchmark
   set_num_threads(threads);
   for (const Model& m : models()) {
     for (int64_t chunk : {1, 8, 64}) {

@@ -168,8 +168,8 @@ std::string with_op(const char* op, const char* message) {
   return c10::str(op, ": ", m);
 }
 
-// The core reads no environment: the operators install the SEQPACK_* policy
-// at their first call (where a value is bad, every call refuses it by name),
+// The core reads no environment: the operators read the SEQPACK_* policy at
+// their first call (where a value is bad, every call refuses it by name),
 // and make their plans with its config (operator_config).
 struct InstalledPolicy {
   std::string error;
@@ -181,7 +181,6 @@ const InstalledPolicy& installed_policy() {
     InstalledPolicy i;
     try {
       const seqpack::Policy p = seqpack::policy_from_environment();
-      seqpack::set_policy(p);
       i.config = seqpack::rnn_config(p);
     } catch (const std::invalid_argument& e) {
       i.error = e.what();
@@ -284,7 +283,9 @@ RNNCall make_call(const char* op, const Tensor& x, int64_t input_size, c10::stri
   // or "auto" (bf16 where native: what seqpack.torch passes under autocast).
   checked(op, [&] {
     // "fp32" (what every call outside autocast passes) needs no CPU query.
-    o.precision = precision == "fp32" ? Precision::fp32 : resolve_precision(std::string(precision));
+    o.precision = precision == "fp32"
+                      ? Precision::fp32
+                      : resolve_precision(std::string(precision), operator_config().kernels);
     o.validate();
   });
   call.train = train;

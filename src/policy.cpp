@@ -1,25 +1,22 @@
-// The core's policy (seqpack/policy.h): checked whole, then handed to the
-// parts that read it (the ISA cap, the int8 kernel, the grid's split rules,
-// the oneDNN engine's step groups and bf16 emulation).
+// The core's policy (seqpack/policy.h): checked whole, then turned into the
+// configs that carry it to the parts that read it (rnn_config: the grid's
+// split rules, the step groups, and the kernel settings: the ISA cap, the
+// int8 kernel, bf16 emulation; kernel_config: those alone).
 #include "seqpack/policy.h"
 
 #include <cctype>
-#include <mutex>
 #include <stdexcept>
 #include <string>
 
-#include "cpu/gemm_engine.h"
 #include "cpu/gemm_int8.h"
 #include "cpu/isa_cap.h"
 #include "policy_text.h"
 #include "rnn/grid.h"
+#include "seqpack/rnn.h"
 
 namespace seqpack {
 
 namespace {
-
-std::mutex policy_mutex;
-Policy installed;  // guarded by policy_mutex
 
 std::string lower(std::string v) {
   for (char& ch : v) ch = static_cast<char>(std::tolower(static_cast<unsigned char>(ch)));
@@ -94,13 +91,13 @@ Parsed parse(const Policy& p) {
 
 void policy_text::check(const Policy& policy) { (void)parse(policy); }
 
-void set_policy(const Policy& p) {
-  const Parsed s = parse(p);  // every setting checked before any is installed
-  const std::lock_guard<std::mutex> lock(policy_mutex);
-  cpu::set_isa_cap(s.cap);
-  cpu::set_int8_kernel_request(s.kernel);
-  cpu::set_bf16_emulation(s.bf16_emulated);
-  installed = p;
+KernelConfig kernel_config(const Policy& p) {
+  const Parsed s = parse(p);
+  KernelConfig k;
+  k.isa_cap = s.cap;
+  k.int8 = s.kernel;
+  k.bf16_emulated = s.bf16_emulated;
+  return k;
 }
 
 RNNConfig rnn_config(const Policy& p) {
@@ -110,12 +107,8 @@ RNNConfig rnn_config(const Policy& p) {
   c.step_units = s.units;
   c.step_rows = s.rows;
   c.step_groups = p.step_groups;
+  c.kernels = kernel_config(p);
   return c;
-}
-
-Policy policy() {
-  const std::lock_guard<std::mutex> lock(policy_mutex);
-  return installed;
 }
 
 }  // namespace seqpack

@@ -44,7 +44,7 @@ Policy policy_from_environment() {
   }
   p.step_groups = groups != "0";
   p.bf16 = variable("SEQPACK_BF16");
-  policy_text::check(p);  // the words, as set_policy checks them
+  policy_text::check(p);  // the words, as rnn_config checks them
   return p;
 }
 

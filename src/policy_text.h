@@ -1,5 +1,5 @@
-// The words of the policy's errors (seqpack/policy.h), shared by set_policy
-// (src/policy.cpp) and policy_from_environment (src/policy_environment.cpp):
+// The words of the policy's errors (seqpack/policy.h), shared by rnn_config
+// and kernel_config (src/policy.cpp) and policy_from_environment (src/policy_environment.cpp):
 // each names the setting by its variable and quotes the value as given.
 #pragma once
 
@@ -19,7 +19,7 @@ inline std::invalid_argument not_a_count(const char* name, const std::string& va
                                " from " + std::to_string(lo) + " to " + std::to_string(kMaxCount));
 }
 
-// Throws as set_policy does where a setting of `policy` is not one of its
+// Throws as rnn_config does where a setting of `policy` is not one of its
 // values (src/policy.cpp).
 void check(const Policy& policy);
 

@@ -29,11 +29,12 @@ Precision parse_precision(const std::string& name) {
   throw std::invalid_argument("precision must be fp32, bf16 or int8, got '" + name + "'");
 }
 
-void check_precision_supported(Precision p) {
-  if (const auto require = precision_traits(p).require) require();
+void check_precision_supported(Precision p, const KernelConfig& kernels) {
+  if (const auto require = precision_traits(p).require) require(kernels);
 }
 
-Precision resolve_precision(const std::string& name, std::string* note) {
+Precision resolve_precision(const std::string& name, const KernelConfig& kernels,
+                            std::string* note) {
   Precision p;
   if (name == "auto") {
     // cpu_info() only for the note: its strings cost about 1 us, a tenth of a
@@ -46,13 +47,13 @@ Precision resolve_precision(const std::string& name, std::string* note) {
     }
     return p;
   }
-  const CpuInfo cpu = cpu_info();
   if (name != "fp32" && name != "bf16" && name != "int8") {
     throw std::invalid_argument("precision must be fp32, bf16, int8 or auto, got '" + name + "'");
   }
   p = parse_precision(name);
-  check_precision_supported(p);
-  if (note) *note = std::string("precision ") + precision_name(p) + " (ISA " + cpu.isa + ")";
+  check_precision_supported(p, kernels);
+  if (note)
+    *note = std::string("precision ") + precision_name(p) + " (ISA " + cpu::isa_name() + ")";
   return p;
 }
 

@@ -104,7 +104,7 @@ RNNForwardResult forward_impl(const RNNModelPlan& mp, const Tensor& data,
   PartClock clock(&RNNCoreProfile::forwards);
 
   const cpu::BlasSingleThread one_pool;  // OpenMP's threads only (cpu/gemm.h)
-  const cpu::GemmEngine<T>& eng = engine_for<T>(o);
+  const cpu::GemmEngine<T>& eng = engine_for<T>(o, mp.config);
   // The weights laid out once for the engine and the threads (by an
   // in-place plan: for this call alone).
   const bool by_rows = rows_split(eng, o, mp.config);
@@ -138,7 +138,7 @@ RNNForwardResult forward_impl(const RNNModelPlan& mp, const Tensor& data,
       const auto& laid_out = model->dir(l, d);
       dirs.push_back(std::make_unique<ForwardDirection<T, Cell>>(
           o, eng, plan, weights, lookup, wss[k], sl.dirs[k], laid_out, l, d, save,
-          !h0.defined() && laid_out.whh_finite, mp.config.step_groups));
+          !h0.defined() && laid_out.whh_finite, mp.config));
       dirs.back()->begin(nt, by_rows, x, h0, c0, out);
     }
     clock.mark(&RNNCoreProfile::forward_inputs);
@@ -171,7 +171,7 @@ RNNGradients backward_impl(const RNNSaved& sv, const Tensor& grad_output, const 
   PartClock clock(&RNNCoreProfile::backwards);
 
   const cpu::BlasSingleThread one_pool;  // OpenMP's threads only (cpu/gemm.h)
-  const cpu::GemmEngine<T>& eng = engine_for<T>(o);
+  const cpu::GemmEngine<T>& eng = engine_for<T>(o, sv.config);
   RNNGradients g;
   for (const Shape& s : rnn_parameter_shapes(o)) g.weights.push_back(cpu::pooled_empty(s, o.dtype));
   if (initial_state_grad) {

@@ -132,7 +132,6 @@ void RNNOptions::validate() const {
                                 " needs dtype float32, got " + dtype_name(dtype));
   }
   check_sizes(*this);
-  check_precision_supported(precision);
 }
 
 int64_t RNNOptions::gate_count() const {

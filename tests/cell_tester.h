@@ -204,6 +204,7 @@ class CellTester {
     std::vector<T> g = g0, h = h0;
     std::vector<T> ghn;
     rnn::ForwardStep<T> st;
+    st.cap = testing::kernels().isa_cap;  // the program's (CTest runs it under caps)
     st.n = l.n;
     st.ng = l.n;
     st.cont = l.cont;
@@ -355,6 +356,7 @@ class CellTester {
     }
     std::vector<T> dg = dg0, dgh = dgh0, dhp = dhp0, db_ih = db_ih0, db_hh = db_hh0;
     rnn::BackwardStep<T> st;
+    st.cap = testing::kernels().isa_cap;
     st.n = l.n;
     st.ng = l.n;
     st.cont = l.cont;

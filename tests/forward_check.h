@@ -70,12 +70,14 @@ inline void check_nan_stays_in_its_sequence(Precision precision) {
     for (const Shape& s : rnn_parameter_shapes(o)) weights.push_back(random_tensor(s, 0.2, gen));
     const Tensor x = random_tensor({plan.total_rows(), o.input_size}, 1.0, gen);
     const auto clean =
-        rnn_forward(*rnn_make_plan(o, weights, /*in_place=*/true), x, plan, {}, {}, false, false);
+        rnn_forward(*rnn_make_plan(o, weights, /*in_place=*/true, seqpack::testing::config()), x,
+                    plan, {}, {}, false, false);
     const auto bad_rows = rows_of(plan, 1);
     Tensor xn = x.clone();
     xn.data<float>()[bad_rows[2] * o.input_size + 3] = std::numeric_limits<float>::quiet_NaN();
     const auto dirty =
-        rnn_forward(*rnn_make_plan(o, weights, /*in_place=*/true), xn, plan, {}, {}, false, false);
+        rnn_forward(*rnn_make_plan(o, weights, /*in_place=*/true, seqpack::testing::config()), xn,
+                    plan, {}, {}, false, false);
     for (int64_t b : {0, 2}) {
       const auto r = rows_of(plan, b);
       const Tensor a = gather_rows(clean.output, r), c = gather_rows(dirty.output, r);

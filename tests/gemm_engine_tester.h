@@ -41,6 +41,7 @@
 #include "cpu/gemm_engine.h"
 #include "rnn/grid.h"
 #include "seqpack/precision.h"
+#include "test_util.h"
 
 namespace seqpack::testing {
 
@@ -120,7 +121,7 @@ class GemmEngineTester {
 
   // Whether this CPU runs the precision's engine; else the reason to skip.
   static bool Supported(Precision p, std::string* why) {
-    if (p == Precision::bf16 && !cpu::has_bf16_dot_products()) {
+    if (p == Precision::bf16 && !cpu::has_bf16_dot_products(seqpack::testing::kernels())) {
       *why = std::string("no native bf16 dot products on ") + cpu::isa_name();
       return false;
     }
@@ -209,8 +210,11 @@ class GemmEngineTester {
   }
 
   const cpu::GemmEngine<float>& engine() const {
-    if (onednn_ && precision_ != Precision::int8) return cpu::onednn_engine(precision_);
-    return precision_ == Precision::int8 ? cpu::int8_engine() : cpu::gemm_engine_f32(precision_);
+    if (onednn_ && precision_ != Precision::int8)
+      return cpu::onednn_engine(precision_, seqpack::testing::kernels());
+    return precision_ == Precision::int8
+               ? cpu::int8_engine(seqpack::testing::kernels())
+               : cpu::gemm_engine_f32(precision_, seqpack::testing::kernels());
   }
 
   // Row strides past the rows, as the core's sub-matrices have; C's extra

@@ -18,6 +18,7 @@
 #include "cli_run.h"
 #include "cpu_isa.h"
 #include "seqpack/cpu_info.h"
+#include "test_util.h"
 
 namespace {
 
@@ -84,10 +85,12 @@ TEST(CliInt8, MainJobTestSplitWithinPointThreeOfFp32) {
 #endif
   const nlohmann::json fp32 = eval_json("fp32"), int8 = eval_json("int8");
   const double a32 = fp32.at("accuracy").get<double>(), a8 = int8.at("accuracy").get<double>();
-  std::printf("main job test split: fp32 %.2f%%, int8 %.2f%% (%d words, kernel %s); train said "
-              "%.2f%%\n",
-              a32, a8, fp32.at("words").get<int>(), seqpack::cpu_info().int8_kernel.c_str(),
-              main_job().train_test_accuracy);
+  std::printf(
+      "main job test split: fp32 %.2f%%, int8 %.2f%% (%d words, kernel %s); train said "
+      "%.2f%%\n",
+      a32, a8, fp32.at("words").get<int>(),
+      seqpack::cpu_info(seqpack::testing::policy()).int8_kernel.c_str(),
+      main_job().train_test_accuracy);
   EXPECT_EQ(fp32.at("words"), 14000);
   EXPECT_EQ(int8.at("precision"), "int8");
   // train's own test evaluation (its code path, 512-word batches) printed this.
@@ -130,7 +133,7 @@ TEST(CliInt8, InfoAndBench) {
   const CliResult i = run_cli("info --json");
   ASSERT_EQ(i.status, 0) << i.err;
   EXPECT_EQ(nlohmann::json::parse(i.out).at("native_int8").get<bool>(),
-            seqpack::cpu_info().native_int8)
+            seqpack::cpu_info(seqpack::testing::policy()).native_int8)
       << i.out;
   const CliResult capped = run_cli("info --json", "ONEDNN_MAX_CPU_ISA=AVX512_CORE");
   EXPECT_FALSE(nlohmann::json::parse(capped.out).at("native_int8").get<bool>()) << capped.out;

@@ -66,7 +66,7 @@ void check_case(const Case& cs, bool trans_b, float beta, int64_t col0, int64_t 
                    : b[static_cast<std::size_t>(kk * ldb + j)];
   };
   PackedWeights pw;
-  pack_weights(b.data(), trans_b, cs.k, cs.n, ldb, pw);
+  pack_weights(b.data(), trans_b, cs.k, cs.n, ldb, pw, seqpack::testing::kernels().isa_cap);
   gemm_packed_small(cs.m, a.data(), lda, pw, col0, col1, beta, c.data(), ldc,
                     with_init ? init.data() : nullptr);
   if (rows.empty()) {
@@ -191,7 +191,8 @@ TEST(GemmPackedSmall, ColumnSplitGivesTheSameBits) {
       for (float& x : b) x = u(gen);
       for (float& x : c) x = u(gen);
       PackedWeights pw;
-      pack_weights(b.data(), /*trans_b=*/false, cs.k, cs.n, cs.n, pw);
+      pack_weights(b.data(), /*trans_b=*/false, cs.k, cs.n, cs.n, pw,
+                   seqpack::testing::kernels().isa_cap);
       std::vector<float> whole = c;
       gemm_packed_small(cs.m, a.data(), cs.k, pw, 0, cs.n, beta, whole.data(), cs.n);
       for (int64_t cut : {int64_t{1}, int64_t{16}, cs.n / 2 + 3, cs.n - 1}) {
@@ -213,7 +214,7 @@ TEST(GemmPackedSmall, BetaZeroNeverReadsC) {
   std::vector<float> b(static_cast<std::size_t>(k * n), 2.f);
   std::vector<float> c(static_cast<std::size_t>(m * n), std::numeric_limits<float>::quiet_NaN());
   PackedWeights pw;
-  pack_weights(b.data(), /*trans_b=*/false, k, n, n, pw);
+  pack_weights(b.data(), /*trans_b=*/false, k, n, n, pw, seqpack::testing::kernels().isa_cap);
   gemm_packed_small(m, a.data(), k, pw, 0, n, 0.f, c.data(), n);
   for (float x : c) ASSERT_EQ(x, 300.f);  // 300 * 0.5 * 2, exact in float
 }
@@ -221,13 +222,13 @@ TEST(GemmPackedSmall, BetaZeroNeverReadsC) {
 TEST(GemmPackedSmall, EmptyCasesLeaveCUntouched) {
   std::vector<float> b(12, 1.f), a(8, 1.f), c(6, 7.f);
   PackedWeights pw;
-  pack_weights(b.data(), /*trans_b=*/false, 4, 3, 3, pw);
+  pack_weights(b.data(), /*trans_b=*/false, 4, 3, 3, pw, seqpack::testing::kernels().isa_cap);
   gemm_packed_small(0, a.data(), 4, pw, 0, 3, 0.f, c.data(), 3);
   gemm_packed_small(2, a.data(), 4, pw, 2, 2, 0.f, c.data(), 3);
   for (float x : c) EXPECT_EQ(x, 7.f);
   // k = 0: the product is empty, C = beta * C.
   PackedWeights empty;
-  pack_weights(b.data(), /*trans_b=*/false, 0, 3, 3, empty);
+  pack_weights(b.data(), /*trans_b=*/false, 0, 3, 3, empty, seqpack::testing::kernels().isa_cap);
   gemm_packed_small(2, a.data(), 4, empty, 0, 3, 0.f, c.data(), 3);
   for (float x : c) EXPECT_EQ(x, 0.f);
 }
@@ -237,9 +238,9 @@ TEST(GemmPackedSmall, RepackingReusesStorage) {
   // reallocate, and must replace the old values.
   std::vector<float> b1(20, 1.f), b2(20, 2.f), a(5, 1.f), c(4, 0.f);
   PackedWeights pw;
-  pack_weights(b1.data(), /*trans_b=*/false, 5, 4, 4, pw);
+  pack_weights(b1.data(), /*trans_b=*/false, 5, 4, 4, pw, seqpack::testing::kernels().isa_cap);
   const float* first = pw.storage.data();
-  pack_weights(b2.data(), /*trans_b=*/false, 5, 4, 4, pw);
+  pack_weights(b2.data(), /*trans_b=*/false, 5, 4, 4, pw, seqpack::testing::kernels().isa_cap);
   EXPECT_EQ(pw.storage.data(), first);
   gemm_packed_small(1, a.data(), 5, pw, 0, 4, 0.f, c.data(), 4);
   for (float x : c) EXPECT_EQ(x, 10.f);  // 5 * 1 * 2
@@ -280,15 +281,16 @@ TEST(GemmUnpackedSmall, GivesThePackedProductsBits) {
             init.push_back(table.data() + (i * 2 + 1) % (cs.m + 3) * cs.n);
           const float* const* rows = with_init ? init.data() : nullptr;
           PackedWeights pw;
-          pack_weights(b.data(), trans_b, cs.k, cs.n, ldb, pw);
+          pack_weights(b.data(), trans_b, cs.k, cs.n, ldb, pw, seqpack::testing::kernels().isa_cap);
           for (const auto& [col0, col1] :
                {std::pair<int64_t, int64_t>{0, cs.n}, {cs.n / 3, cs.n - cs.n / 4}, {1, 2},
                 {2, cs.n - 1}, {std::max<int64_t>(0, cs.n - 16), cs.n}}) {
             if (col1 <= col0) continue;
             std::vector<float> want = c, got = c;
             gemm_packed_small(cs.m, a.data(), lda, pw, col0, col1, beta, want.data(), ldc, rows);
-            seqpack::cpu::gemm_unpacked_small(cs.m, a.data(), lda, b.data(), trans_b, cs.k, cs.n,
-                                              ldb, col0, col1, beta, got.data(), ldc, rows);
+            seqpack::cpu::gemm_unpacked_small(seqpack::testing::kernels().isa_cap, cs.m, a.data(),
+                                              lda, b.data(), trans_b, cs.k, cs.n, ldb, col0, col1,
+                                              beta, got.data(), ldc, rows);
             for (std::size_t i = 0; i < want.size(); ++i) {
               ASSERT_EQ(std::bit_cast<uint32_t>(got[i]), std::bit_cast<uint32_t>(want[i]))
                   << "columns [" << col0 << ", " << col1 << ") at " << i;
@@ -316,8 +318,8 @@ void check_few_terms(int64_t m, int64_t n, int64_t k, bool trans_a, T beta, int 
   for (T& x : c) x = beta == T(0) ? std::numeric_limits<T>::quiet_NaN() : static_cast<T>(u(gen));
   const std::vector<T> c0 = c;
   seqpack::set_num_threads(threads);
-  seqpack::cpu::gemm<T>(trans_a, false, m, n, k, T(1), a.data(), lda, b.data(), ldb, beta,
-                        c.data(), ldc);
+  seqpack::cpu::gemm<T>(trans_a, false, m, n, k, T(1), a.data(), lda, b.data(), ldb, beta, c.data(),
+                        ldc, seqpack::testing::kernels().isa_cap);
   seqpack::set_num_threads(1);
   const double eps = std::numeric_limits<T>::epsilon();
   for (int64_t i = 0; i < m; ++i) {
@@ -381,10 +383,10 @@ TEST(Gemm, ProductsOfFewTermsGiveTheSameBitsOnAnySplit) {
         std::vector<float> one = c, two = c;
         seqpack::set_num_threads(1);
         seqpack::cpu::gemm<float>(true, false, m, n, k, 1.0f, a.data(), m, b.data(), n, beta,
-                                  one.data(), n);
+                                  one.data(), n, seqpack::testing::kernels().isa_cap);
         seqpack::set_num_threads(2);
         seqpack::cpu::gemm<float>(true, false, m, n, k, 1.0f, a.data(), m, b.data(), n, beta,
-                                  two.data(), n);
+                                  two.data(), n, seqpack::testing::kernels().isa_cap);
         seqpack::set_num_threads(1);
         ASSERT_EQ(std::memcmp(one.data(), two.data(), one.size() * sizeof(float)), 0)
             << "m " << m << " n " << n << " k " << k << " beta " << beta;
@@ -416,7 +418,8 @@ TEST(Gemm, DotRowsMatchTheTripleLoopAndGiveTheSameBitsOnAnySplit) {
             const int64_t lda = k + 3, ldb = (trans_b ? k : n) + 2, ldc = n + 5;
             std::vector<float> a(static_cast<std::size_t>(m * lda));
             std::vector<float> b(static_cast<std::size_t>((trans_b ? n : k) * ldb));
-            std::vector<float> row(static_cast<std::size_t>(n)), c(static_cast<std::size_t>(m * ldc));
+            std::vector<float> row(static_cast<std::size_t>(n));
+            std::vector<float> c(static_cast<std::size_t>(m * ldc));
             for (float& x : a) x = u(gen);
             for (float& x : b) x = u(gen);
             for (float& x : row) x = u(gen);
@@ -424,11 +427,13 @@ TEST(Gemm, DotRowsMatchTheTripleLoopAndGiveTheSameBitsOnAnySplit) {
             const std::vector<float> c0 = c;
             std::vector<float> two = c;
             seqpack::set_num_threads(1);
-            seqpack::cpu::gemm_dot_rows(m, n, k, a.data(), lda, b.data(), trans_b, ldb, beta,
-                                        c.data(), ldc, bias ? row.data() : nullptr);
+            seqpack::cpu::gemm_dot_rows(seqpack::testing::kernels().isa_cap, m, n, k, a.data(), lda,
+                                        b.data(), trans_b, ldb, beta, c.data(), ldc,
+                                        bias ? row.data() : nullptr);
             seqpack::set_num_threads(2);
-            seqpack::cpu::gemm_dot_rows(m, n, k, a.data(), lda, b.data(), trans_b, ldb, beta,
-                                        two.data(), ldc, bias ? row.data() : nullptr);
+            seqpack::cpu::gemm_dot_rows(seqpack::testing::kernels().isa_cap, m, n, k, a.data(), lda,
+                                        b.data(), trans_b, ldb, beta, two.data(), ldc,
+                                        bias ? row.data() : nullptr);
             seqpack::set_num_threads(1);
             const std::string what = "m=" + std::to_string(m) + " n=" + std::to_string(n) +
                                      " k=" + std::to_string(k) + " trans_b=" +
@@ -450,7 +455,8 @@ TEST(Gemm, DotRowsMatchTheTripleLoopAndGiveTheSameBitsOnAnySplit) {
                 for (int64_t q = 0; q < k; ++q) {
                   const double w = trans_b ? b[static_cast<std::size_t>(j * ldb + q)]
                                            : b[static_cast<std::size_t>(q * ldb + j)];
-                  const double p = static_cast<double>(a[static_cast<std::size_t>(i * lda + q)]) * w;
+                  const double p =
+                      static_cast<double>(a[static_cast<std::size_t>(i * lda + q)]) * w;
                   want += p;
                   mag += std::fabs(p);
                 }
@@ -467,10 +473,12 @@ TEST(Gemm, DotRowsMatchTheTripleLoopAndGiveTheSameBitsOnAnySplit) {
   }
   // More rows than the kernel takes: refused, naming the count.
   std::vector<float> x(64, 1.0f), y(64);
-  EXPECT_THROW(seqpack::cpu::gemm_dot_rows(seqpack::cpu::kDotRowsMax + 1, 2, 2, x.data(), 2,
+  EXPECT_THROW(seqpack::cpu::gemm_dot_rows(seqpack::testing::kernels().isa_cap,
+                                           seqpack::cpu::kDotRowsMax + 1, 2, 2, x.data(), 2,
                                            x.data(), true, 2, 0.0f, y.data(), 2, nullptr),
                std::invalid_argument);
-  EXPECT_THROW(seqpack::cpu::gemm_dot_rows(seqpack::cpu::kDotRowsEngine + 1, 2, 2, x.data(), 2,
+  EXPECT_THROW(seqpack::cpu::gemm_dot_rows(seqpack::testing::kernels().isa_cap,
+                                           seqpack::cpu::kDotRowsEngine + 1, 2, 2, x.data(), 2,
                                            x.data(), false, 2, 0.0f, y.data(), 2, nullptr),
                std::invalid_argument);
 }
@@ -489,7 +497,7 @@ void check_gemm_row_init(int64_t m, int64_t n, int64_t k, int threads, std::mt19
   for (T& x : row) x = static_cast<T>(u(gen));
   seqpack::set_num_threads(threads);
   seqpack::cpu::gemm<T>(false, true, m, n, k, T(1), a.data(), k, b.data(), k, T(0), c.data(), n + 3,
-                        row.data());
+                        seqpack::testing::kernels().isa_cap, row.data());
   seqpack::set_num_threads(1);
   for (int64_t i = 0; i < m; ++i) {
     for (int64_t j = 0; j < n; ++j) {
@@ -549,14 +557,16 @@ void check_float_vs_double(seqpack::RNNOptions o, int threads, std::mt19937& gen
   const Tensor x64 = random_f64({plan.total_rows(), o.input_size});
   const Tensor gout64 = random_f64({plan.total_rows(), o.output_size()});
   seqpack::set_num_threads(threads);
-  const auto f64 = seqpack::rnn_forward(*rnn_make_plan(o, w64, /*in_place=*/true), x64, plan, {},
-                                        {}, /*training=*/true,
-                                        /*save_for_backward=*/true);
+  const auto f64 =
+      seqpack::rnn_forward(*rnn_make_plan(o, w64, /*in_place=*/true, seqpack::testing::config()),
+                           x64, plan, {}, {}, /*training=*/true,
+                           /*save_for_backward=*/true);
   const auto g64 = seqpack::rnn_backward(*f64.saved, gout64, {}, {});
   o.dtype = DType::f32;
-  const auto f32 = seqpack::rnn_forward(*rnn_make_plan(o, w32, /*in_place=*/true),
-                                        x64.to(DType::f32), plan, {}, {},
-                                        /*training=*/true, /*save_for_backward=*/true);
+  const auto f32 =
+      seqpack::rnn_forward(*rnn_make_plan(o, w32, /*in_place=*/true, seqpack::testing::config()),
+                           x64.to(DType::f32), plan, {}, {},
+                           /*training=*/true, /*save_for_backward=*/true);
   const auto g32 = seqpack::rnn_backward(*f32.saved, gout64.to(DType::f32), {}, {});
   seqpack::set_num_threads(1);
   auto close = [](const Tensor& got32, const Tensor& want64, const std::string& what) {
@@ -685,7 +695,7 @@ TEST(LinearRowsFixedOrder, MatchesFloat64AndARowIsTheSameBitsInAnyBatch) {
 TEST(GemmBf16Rows, InPlaceGivesTheLaidOutBitsAndTheRoundedProducts) {
   using seqpack::cpu::bf16_of;
   using seqpack::cpu::float_of_bf16;
-  if (!seqpack::cpu::bf16_rows_available())
+  if (!seqpack::cpu::bf16_rows_available(seqpack::testing::kernels()))
     GTEST_SKIP() << "no native AVX512-BF16 without AMX here (or capped, or emulated)";
   const auto seed = seqpack::testing::test_seed();
   SCOPED_TRACE("seed " + std::to_string(seed));
@@ -789,7 +799,7 @@ TEST(GemmBf16Rows, InPlaceGivesTheLaidOutBitsAndTheRoundedProducts) {
 // laid-out weights, and blocks of k that are not whole registers, naming
 // the value.
 TEST(GemmBf16Rows, RefusesRowCountsAndBlocksItCannotRun) {
-  if (!seqpack::cpu::bf16_rows_available())
+  if (!seqpack::cpu::bf16_rows_available(seqpack::testing::kernels()))
     GTEST_SKIP() << "no native AVX512-BF16 without AMX here (or capped, or emulated)";
   std::vector<float> w(64 * 16, 0.5f), c(5 * 16);
   std::vector<uint16_t> a(5 * 64, 0);

@@ -10,6 +10,7 @@
 
 #include "seqpack/packed_sequence.h"
 #include "seqpack/rnn.h"
+#include "test_util.h"
 
 namespace seqpack {
 namespace {
@@ -279,20 +280,21 @@ TEST(ErrorsRNNInputs, FunctionalWeightsAndPackedRows) {
   const PackingPlan plan = PackingPlan::from_lengths({2}, true);
   std::vector<Tensor> w;
   for (const Shape& s : rnn_parameter_shapes(o)) w.push_back(f32(s));
-  EXPECT_REJECTS(rnn_forward(*rnn_make_plan(o, {w[0]}, /*in_place=*/true), f32({2, 2}), plan, {},
-                             {}, false, false),
-                 "expected 4 weight tensors for these options, got 1");
+  EXPECT_REJECTS(
+      rnn_forward(*rnn_make_plan(o, {w[0]}, /*in_place=*/true, seqpack::testing::config()),
+                  f32({2, 2}), plan, {}, {}, false, false),
+      "expected 4 weight tensors for these options, got 1");
   std::vector<Tensor> bad = w;
   bad[1] = f32({12, 4});
-  EXPECT_REJECTS(rnn_forward(*rnn_make_plan(o, bad, /*in_place=*/true), f32({2, 2}), plan, {}, {},
-                             false, false),
+  EXPECT_REJECTS(rnn_forward(*rnn_make_plan(o, bad, /*in_place=*/true, seqpack::testing::config()),
+                             f32({2, 2}), plan, {}, {}, false, false),
                  "weight_hh_l0 has shape [12, 4], expected [12, 3]");
-  EXPECT_REJECTS(
-      rnn_forward(*rnn_make_plan(o, w, /*in_place=*/true), f32({3, 2}), plan, {}, {}, false, false),
-      "packed input has 3 rows but the batch sizes sum to 2");
-  EXPECT_REJECTS(
-      rnn_forward(*rnn_make_plan(o, w, /*in_place=*/true), f32({2}), plan, {}, {}, false, false),
-      "packed input must be 2-D [rows, input_size], got shape [2]");
+  EXPECT_REJECTS(rnn_forward(*rnn_make_plan(o, w, /*in_place=*/true, seqpack::testing::config()),
+                             f32({3, 2}), plan, {}, {}, false, false),
+                 "packed input has 3 rows but the batch sizes sum to 2");
+  EXPECT_REJECTS(rnn_forward(*rnn_make_plan(o, w, /*in_place=*/true, seqpack::testing::config()),
+                             f32({2}), plan, {}, {}, false, false),
+                 "packed input must be 2-D [rows, input_size], got shape [2]");
 }
 
 }  // namespace

@@ -68,7 +68,7 @@ template <typename Fn, typename Ref>
 Accuracy measure(Fn fn, Ref ref) {
   const std::vector<float> xs = sweep();
   std::vector<float> ys(xs.size());
-  fn(static_cast<int64_t>(xs.size()), xs.data(), ys.data());
+  fn(seqpack::testing::kernels().isa_cap, static_cast<int64_t>(xs.size()), xs.data(), ys.data());
   Accuracy a;
   for (std::size_t i = 0; i < xs.size(); ++i) {
     const double want = ref(static_cast<double>(xs[i]));
@@ -103,8 +103,10 @@ TEST(GateMath, MonotoneToWithinOneUlp) {
   std::vector<float> xs;
   for (int64_t i = -2000000; i <= 2000000; ++i) xs.push_back(static_cast<float>(i) * 1e-5f);
   std::vector<float> s(xs.size()), t(xs.size());
-  sigmoid_f32(static_cast<int64_t>(xs.size()), xs.data(), s.data());
-  tanh_f32(static_cast<int64_t>(xs.size()), xs.data(), t.data());
+  sigmoid_f32(seqpack::testing::kernels().isa_cap, static_cast<int64_t>(xs.size()), xs.data(),
+              s.data());
+  tanh_f32(seqpack::testing::kernels().isa_cap, static_cast<int64_t>(xs.size()), xs.data(),
+           t.data());
   for (std::size_t i = 1; i < xs.size(); ++i) {
     ASSERT_GE(std::nextafter(s[i], 2.f), s[i - 1]) << "sigmoid at x = " << xs[i];
     ASSERT_GE(std::nextafter(t[i], 2.f), t[i - 1]) << "tanh at x = " << xs[i];
@@ -118,7 +120,8 @@ TEST(GateMath, SigmoidNeverReturnsASubnormal) {
   std::vector<float> xs;
   for (int64_t i = -10000; i <= -8000; ++i) xs.push_back(static_cast<float>(i) * 1e-2f);
   std::vector<float> s(xs.size());
-  sigmoid_f32(static_cast<int64_t>(xs.size()), xs.data(), s.data());
+  sigmoid_f32(seqpack::testing::kernels().isa_cap, static_cast<int64_t>(xs.size()), xs.data(),
+              s.data());
   for (std::size_t i = 0; i < xs.size(); ++i) {
     ASSERT_TRUE(s[i] == 0.f || s[i] >= std::numeric_limits<float>::min())
         << "sigmoid(" << xs[i] << ") = " << s[i];
@@ -133,8 +136,10 @@ TEST(GateMath, SpecialValues) {
   const float tiny = std::numeric_limits<float>::denorm_min() * 7;
   const std::vector<float> xs = {0.f, -0.f, tiny, -tiny, 88.f, -88.f, 1e30f, -1e30f, inf, -inf, nan};
   std::vector<float> s(xs.size()), t(xs.size());
-  sigmoid_f32(static_cast<int64_t>(xs.size()), xs.data(), s.data());
-  tanh_f32(static_cast<int64_t>(xs.size()), xs.data(), t.data());
+  sigmoid_f32(seqpack::testing::kernels().isa_cap, static_cast<int64_t>(xs.size()), xs.data(),
+              s.data());
+  tanh_f32(seqpack::testing::kernels().isa_cap, static_cast<int64_t>(xs.size()), xs.data(),
+           t.data());
   EXPECT_EQ(s[0], 0.5f);
   EXPECT_EQ(s[1], 0.5f);
   EXPECT_EQ(s[2], 0.5f);
@@ -171,8 +176,8 @@ TEST(GateMath, InPlaceAndEveryTailLength) {
     std::vector<float> x(static_cast<std::size_t>(n) + 1, 7.f);
     for (int64_t i = 0; i < n; ++i) x[static_cast<std::size_t>(i)] = 0.25f * static_cast<float>(i - 20);
     std::vector<float> want(x.begin(), x.end() - 1);
-    tanh_f32(n, want.data(), want.data());
-    tanh_f32(n, x.data(), x.data());
+    tanh_f32(seqpack::testing::kernels().isa_cap, n, want.data(), want.data());
+    tanh_f32(seqpack::testing::kernels().isa_cap, n, x.data(), x.data());
     for (int64_t i = 0; i < n; ++i) {
       const auto u = static_cast<std::size_t>(i);
       EXPECT_EQ(x[u], want[u]);
@@ -287,8 +292,9 @@ TEST_F(GateKernels, LstmForward) {
     const auto nH = static_cast<std::size_t>(s.n * s.H);
     Buffers g = random_buffer(4 * nH, 8.0, rng_), cp = random_buffer(nH, 3.0, rng_);
     Buffers c = random_buffer(nH, 1.0, rng_), h = random_buffer(nH, 1.0, rng_);
-    seqpack::cpu::lstm_gates_forward<float>(s.n, s.H, s.k0, s.k1, g.f.data(), cp.f.data(), s.H,
-                                            c.f.data(), s.H, h.f.data(), s.H);
+    seqpack::cpu::lstm_gates_forward<float>(seqpack::testing::kernels().isa_cap, s.n, s.H, s.k0,
+                                            s.k1, g.f.data(), cp.f.data(), s.H, c.f.data(), s.H,
+                                            h.f.data(), s.H);
     seqpack::cpu::scalar::lstm_gates_forward<double>(s.n, s.H, s.k0, s.k1, g.d.data(),
                                                      cp.d.data(), s.H, c.d.data(), s.H,
                                                      h.d.data(), s.H);
@@ -321,10 +327,12 @@ TEST_F(GateKernels, LstmForwardAddsInputRows) {
     }
     std::vector<float> c(nH), h(nH), c_sum(nH), h_sum(nH);
     Buffers cd = random_buffer(nH, 1.0, rng_), hd = random_buffer(nH, 1.0, rng_);
-    seqpack::cpu::lstm_gates_forward<float>(s.n, s.H, s.k0, s.k1, g.f.data(), cp.f.data(), s.H,
-                                            c.data(), s.H, h.data(), s.H, rows.data());
-    seqpack::cpu::lstm_gates_forward<float>(s.n, s.H, s.k0, s.k1, summed.data(), cp.f.data(),
-                                            s.H, c_sum.data(), s.H, h_sum.data(), s.H);
+    seqpack::cpu::lstm_gates_forward<float>(seqpack::testing::kernels().isa_cap, s.n, s.H, s.k0,
+                                            s.k1, g.f.data(), cp.f.data(), s.H, c.data(), s.H,
+                                            h.data(), s.H, rows.data());
+    seqpack::cpu::lstm_gates_forward<float>(seqpack::testing::kernels().isa_cap, s.n, s.H, s.k0,
+                                            s.k1, summed.data(), cp.f.data(), s.H, c_sum.data(),
+                                            s.H, h_sum.data(), s.H);
     seqpack::cpu::scalar::lstm_gates_forward<double>(s.n, s.H, s.k0, s.k1, g.d.data(),
                                                      cp.d.data(), s.H, cd.d.data(), s.H,
                                                      hd.d.data(), s.H);
@@ -375,9 +383,9 @@ TEST_F(GateKernels, LstmBackwardAccumulatesInputRows) {
       rows_d.push_back(dx.d.data() + ids.back() * G);
     }
     const std::vector<double> dx0 = dx.d;
-    seqpack::cpu::lstm_gates_backward<float>(s.n, s.H, s.k0, s.k1, g.f.data(), c.f.data(),
-                                             cp.f.data(), dh.f.data(), s.H, dc.f.data(),
-                                             dg.f.data(), nullptr, rows_f.data());
+    seqpack::cpu::lstm_gates_backward<float>(seqpack::testing::kernels().isa_cap, s.n, s.H, s.k0,
+                                             s.k1, g.f.data(), c.f.data(), cp.f.data(), dh.f.data(),
+                                             s.H, dc.f.data(), dg.f.data(), nullptr, rows_f.data());
     seqpack::cpu::scalar::lstm_gates_backward<double>(
         s.n, s.H, s.k0, s.k1, g.d.data(), c.d.data(), cp.d.data(), dh.d.data(), s.H, dc.d.data(),
         dg.d.data(), nullptr, rows_d.data());
@@ -417,9 +425,9 @@ TEST_F(GateKernels, LstmBackwardWithAndWithoutBiasSums) {
       Buffers dc = random_buffer(nH, 1.0, rng_), dg = random_buffer(4 * nH, 1.0, rng_);
       Buffers db = random_buffer(static_cast<std::size_t>(4 * s.H), 1.0, rng_);
       const std::vector<double> db0 = db.d;
-      seqpack::cpu::lstm_gates_backward<float>(s.n, s.H, s.k0, s.k1, g.f.data(), c.f.data(),
-                                               cp.f.data(), dh.f.data(), s.H, dc.f.data(),
-                                               dg.f.data(), bias ? db.f.data() : nullptr);
+      seqpack::cpu::lstm_gates_backward<float>(
+          seqpack::testing::kernels().isa_cap, s.n, s.H, s.k0, s.k1, g.f.data(), c.f.data(),
+          cp.f.data(), dh.f.data(), s.H, dc.f.data(), dg.f.data(), bias ? db.f.data() : nullptr);
       seqpack::cpu::scalar::lstm_gates_backward<double>(
           s.n, s.H, s.k0, s.k1, g.d.data(), c.d.data(), cp.d.data(), dh.d.data(), s.H,
           dc.d.data(), dg.d.data(), bias ? db.d.data() : nullptr);
@@ -452,9 +460,9 @@ TEST_F(GateKernels, GruForward) {
       Buffers b = random_buffer(static_cast<std::size_t>(3 * s.H), 1.0, rng_);
       Buffers hp = random_buffer(nH, 1.0, rng_), h = random_buffer(nH, 1.0, rng_);
       Buffers ghn = random_buffer(nH, 1.0, rng_);
-      seqpack::cpu::gru_gates_forward<float>(s.n, s.H, s.k0, s.k1, x.f.data(), y.f.data(),
-                                             with_bhh ? b.f.data() : nullptr, hp.f.data(), s.H,
-                                             h.f.data(), s.H, ghn.f.data());
+      seqpack::cpu::gru_gates_forward<float>(
+          seqpack::testing::kernels().isa_cap, s.n, s.H, s.k0, s.k1, x.f.data(), y.f.data(),
+          with_bhh ? b.f.data() : nullptr, hp.f.data(), s.H, h.f.data(), s.H, ghn.f.data());
       seqpack::cpu::scalar::gru_gates_forward<double>(s.n, s.H, s.k0, s.k1, x.d.data(),
                                                       y.d.data(), with_bhh ? b.d.data() : nullptr,
                                                       hp.d.data(), s.H, h.d.data(), s.H,
@@ -481,9 +489,9 @@ TEST_F(GateKernels, GruBackwardWithAndWithoutBiasSums) {
       Buffers dbi = random_buffer(G, 1.0, rng_), dbh = random_buffer(G, 1.0, rng_);
       const std::vector<double> dbi0 = dbi.d, dbh0 = dbh.d;
       seqpack::cpu::gru_gates_backward<float>(
-          s.n, s.H, s.k0, s.k1, g.f.data(), ghn.f.data(), hp.f.data(), s.H, dh.f.data(), s.H,
-          dgx.f.data(), dgh.f.data(), dhp.f.data(), bias ? dbi.f.data() : nullptr,
-          bias ? dbh.f.data() : nullptr);
+          seqpack::testing::kernels().isa_cap, s.n, s.H, s.k0, s.k1, g.f.data(), ghn.f.data(),
+          hp.f.data(), s.H, dh.f.data(), s.H, dgx.f.data(), dgh.f.data(), dhp.f.data(),
+          bias ? dbi.f.data() : nullptr, bias ? dbh.f.data() : nullptr);
       seqpack::cpu::scalar::gru_gates_backward<double>(
           s.n, s.H, s.k0, s.k1, g.d.data(), ghn.d.data(), hp.d.data(), s.H, dh.d.data(), s.H,
           dgx.d.data(), dgh.d.data(), dhp.d.data(), bias ? dbi.d.data() : nullptr,
@@ -515,8 +523,8 @@ TEST_F(GateKernels, RnnForwardAndBackward) {
                    std::to_string(relu));
       const auto nH = static_cast<std::size_t>(s.n * s.H);
       Buffers g = random_buffer(nH, 6.0, rng_), h = random_buffer(nH, 1.0, rng_);
-      seqpack::cpu::rnn_gates_forward<float>(s.n, s.H, s.k0, s.k1, g.f.data(), relu, h.f.data(),
-                                             s.H);
+      seqpack::cpu::rnn_gates_forward<float>(seqpack::testing::kernels().isa_cap, s.n, s.H, s.k0,
+                                             s.k1, g.f.data(), relu, h.f.data(), s.H);
       seqpack::cpu::scalar::rnn_gates_forward<double>(s.n, s.H, s.k0, s.k1, g.d.data(), relu,
                                                       h.d.data(), s.H);
       EXPECT_TRUE(close(g, "gates"));
@@ -526,8 +534,9 @@ TEST_F(GateKernels, RnnForwardAndBackward) {
       Buffers dh = random_buffer(nH, 1.0, rng_), dpre = random_buffer(nH, 1.0, rng_);
       Buffers db = random_buffer(static_cast<std::size_t>(s.H), 1.0, rng_);
       const std::vector<double> db0 = db.d;
-      seqpack::cpu::rnn_gates_backward<float>(s.n, s.H, s.k0, s.k1, hs.f.data(), relu,
-                                              dh.f.data(), s.H, dpre.f.data(), db.f.data());
+      seqpack::cpu::rnn_gates_backward<float>(seqpack::testing::kernels().isa_cap, s.n, s.H, s.k0,
+                                              s.k1, hs.f.data(), relu, dh.f.data(), s.H,
+                                              dpre.f.data(), db.f.data());
       seqpack::cpu::scalar::rnn_gates_backward<double>(s.n, s.H, s.k0, s.k1, hs.d.data(), relu,
                                                        dh.d.data(), s.H, dpre.d.data(),
                                                        db.d.data());
@@ -585,7 +594,9 @@ bool bf16_is_nan(uint16_t h) { return (h & 0x7F80u) == 0x7F80u && (h & 0x7Fu) !=
                                          const std::vector<float>& vals, int64_t at) {
   const float v = vals[static_cast<std::size_t>(at)];
   const uint16_t c = copy[static_cast<std::size_t>(at)];
-  const bool simd = std::string(seqpack::cpu::rnn_gates_f32_target()) != "SCALAR";
+  const bool simd =
+      std::string(seqpack::cpu::rnn_gates_f32_target(seqpack::testing::kernels().isa_cap)) !=
+      "SCALAR";
   if (std::isnan(v) == bf16_is_nan(c) && (std::isnan(v) || !simd))
     return ::testing::AssertionSuccess();
   return ::testing::AssertionFailure()
@@ -616,7 +627,8 @@ TEST_F(GateKernels, Bf16CopiesAreTheFp32ValuesRounded) {
       continue;
     }
     hwy::SetSupportedTargetsForTest(target);
-    SCOPED_TRACE(std::string("target ") + seqpack::cpu::rnn_gates_f32_target());
+    SCOPED_TRACE(std::string("target ") +
+                 seqpack::cpu::rnn_gates_f32_target(seqpack::testing::kernels().isa_cap));
     for (const KernelShape& s : shapes()) {
       SCOPED_TRACE("n " + std::to_string(s.n) + " H " + std::to_string(s.H) + " columns [" +
                    std::to_string(s.k0) + ", " + std::to_string(s.k1) + ")");
@@ -633,11 +645,12 @@ TEST_F(GateKernels, Bf16CopiesAreTheFp32ValuesRounded) {
         const std::vector<float> cp = uniform(nH, 2.0f, rng_);
         std::vector<float> g1 = g0, c1(nH), h1(nH), g2 = g0, c2(nH), h2(nH);
         std::vector<uint16_t> h16 = copies(static_cast<std::size_t>(n * ld16));
-        seqpack::cpu::lstm_gates_forward<float>(n, H, k0, k1, g1.data(), cp.data(), H, c1.data(), H,
-                                                h1.data(), H);
-        seqpack::cpu::lstm_gates_forward<float>(n, H, k0, k1, g2.data(), cp.data(), H, c2.data(), H,
-                                                h2.data(), H, nullptr, nullptr, 0,
-                                                RowSink::bf16(h16.data(), ld16));
+        seqpack::cpu::lstm_gates_forward<float>(seqpack::testing::kernels().isa_cap, n, H, k0, k1,
+                                                g1.data(), cp.data(), H, c1.data(), H, h1.data(),
+                                                H);
+        seqpack::cpu::lstm_gates_forward<float>(
+            seqpack::testing::kernels().isa_cap, n, H, k0, k1, g2.data(), cp.data(), H, c2.data(),
+            H, h2.data(), H, nullptr, nullptr, 0, RowSink::bf16(h16.data(), ld16));
         EXPECT_TRUE(same_bits(g1, g2) && same_bits(c1, c2) && same_bits(h1, h2));
         EXPECT_TRUE(bf16_copy_of(h16, ld16, h2, H, n, H, 1, k0, k1, "lstm h16"));
         EXPECT_TRUE(nan_stays_nan(h16, h2, k0));
@@ -649,11 +662,13 @@ TEST_F(GateKernels, Bf16CopiesAreTheFp32ValuesRounded) {
         const std::vector<float> dc0 = uniform(nH, 1.0f, rng_);
         std::vector<float> dc1 = dc0, dg1(4 * nH), dc2 = dc0, dg2(4 * nH);
         std::vector<uint16_t> dg16 = copies(4 * nH);
-        seqpack::cpu::lstm_gates_backward<float>(n, H, k0, k1, g.data(), c.data(), cp.data(),
-                                                 dh.data(), H, dc1.data(), dg1.data());
-        seqpack::cpu::lstm_gates_backward<float>(n, H, k0, k1, g.data(), c.data(), cp.data(),
-                                                 dh.data(), H, dc2.data(), dg2.data(), nullptr,
-                                                 nullptr, RowSink::bf16(dg16.data(), 4 * H));
+        seqpack::cpu::lstm_gates_backward<float>(seqpack::testing::kernels().isa_cap, n, H, k0, k1,
+                                                 g.data(), c.data(), cp.data(), dh.data(), H,
+                                                 dc1.data(), dg1.data());
+        seqpack::cpu::lstm_gates_backward<float>(seqpack::testing::kernels().isa_cap, n, H, k0, k1,
+                                                 g.data(), c.data(), cp.data(), dh.data(), H,
+                                                 dc2.data(), dg2.data(), nullptr, nullptr,
+                                                 RowSink::bf16(dg16.data(), 4 * H));
         EXPECT_TRUE(same_bits(dc1, dc2) && same_bits(dg1, dg2));
         EXPECT_TRUE(bf16_copy_of(dg16, 4 * H, dg2, 4 * H, n, H, 4, k0, k1, "lstm dgates16"));
         EXPECT_TRUE(nan_stays_nan(dg16, dg2, 3 * H + k0));
@@ -665,11 +680,12 @@ TEST_F(GateKernels, Bf16CopiesAreTheFp32ValuesRounded) {
         const std::vector<float> hp = uniform(nH, 1.0f, rng_);
         std::vector<float> x1 = x0, h1(nH), ghn1(nH), x2 = x0, h2(nH), ghn2(nH);
         std::vector<uint16_t> h16 = copies(static_cast<std::size_t>(n * ld16));
-        seqpack::cpu::gru_gates_forward<float>(n, H, k0, k1, x1.data(), y.data(), b.data(),
-                                               hp.data(), H, h1.data(), H, ghn1.data());
-        seqpack::cpu::gru_gates_forward<float>(n, H, k0, k1, x2.data(), y.data(), b.data(),
-                                               hp.data(), H, h2.data(), H, ghn2.data(),
-                                               RowSink::bf16(h16.data(), ld16));
+        seqpack::cpu::gru_gates_forward<float>(seqpack::testing::kernels().isa_cap, n, H, k0, k1,
+                                               x1.data(), y.data(), b.data(), hp.data(), H,
+                                               h1.data(), H, ghn1.data());
+        seqpack::cpu::gru_gates_forward<float>(
+            seqpack::testing::kernels().isa_cap, n, H, k0, k1, x2.data(), y.data(), b.data(),
+            hp.data(), H, h2.data(), H, ghn2.data(), RowSink::bf16(h16.data(), ld16));
         EXPECT_TRUE(same_bits(x1, x2) && same_bits(h1, h2) && same_bits(ghn1, ghn2));
         EXPECT_TRUE(bf16_copy_of(h16, ld16, h2, H, n, H, 1, k0, k1, "gru h16"));
         EXPECT_TRUE(nan_stays_nan(h16, h2, k0));
@@ -680,12 +696,13 @@ TEST_F(GateKernels, Bf16CopiesAreTheFp32ValuesRounded) {
         const std::vector<float> dh = with_nan(uniform(nH, 1.0f, rng_), k0);
         std::vector<float> dx1(3 * nH), dy1(3 * nH), dhp1(nH), dx2(3 * nH), dy2(3 * nH), dhp2(nH);
         std::vector<uint16_t> dx16 = copies(3 * nH), dy16 = copies(3 * nH);
-        seqpack::cpu::gru_gates_backward<float>(n, H, k0, k1, g.data(), ghn.data(), hp.data(), H,
-                                                dh.data(), H, dx1.data(), dy1.data(), dhp1.data());
-        seqpack::cpu::gru_gates_backward<float>(n, H, k0, k1, g.data(), ghn.data(), hp.data(), H,
-                                                dh.data(), H, dx2.data(), dy2.data(), dhp2.data(),
-                                                nullptr, nullptr, RowSink::bf16(dx16.data(), 3 * H),
-                                                RowSink::bf16(dy16.data(), 3 * H));
+        seqpack::cpu::gru_gates_backward<float>(seqpack::testing::kernels().isa_cap, n, H, k0, k1,
+                                                g.data(), ghn.data(), hp.data(), H, dh.data(), H,
+                                                dx1.data(), dy1.data(), dhp1.data());
+        seqpack::cpu::gru_gates_backward<float>(
+            seqpack::testing::kernels().isa_cap, n, H, k0, k1, g.data(), ghn.data(), hp.data(), H,
+            dh.data(), H, dx2.data(), dy2.data(), dhp2.data(), nullptr, nullptr,
+            RowSink::bf16(dx16.data(), 3 * H), RowSink::bf16(dy16.data(), 3 * H));
         EXPECT_TRUE(same_bits(dx1, dx2) && same_bits(dy1, dy2) && same_bits(dhp1, dhp2));
         EXPECT_TRUE(bf16_copy_of(dx16, 3 * H, dx2, 3 * H, n, H, 3, k0, k1, "gru dgx16"));
         EXPECT_TRUE(bf16_copy_of(dy16, 3 * H, dy2, 3 * H, n, H, 3, k0, k1, "gru dgh16"));
@@ -696,8 +713,10 @@ TEST_F(GateKernels, Bf16CopiesAreTheFp32ValuesRounded) {
         const std::vector<float> g0 = with_nan(uniform(nH, 6.0f, rng_), k0);
         std::vector<float> g1 = g0, h1(nH), g2 = g0, h2(nH);
         std::vector<uint16_t> h16 = copies(static_cast<std::size_t>(n * ld16));
-        seqpack::cpu::rnn_gates_forward<float>(n, H, k0, k1, g1.data(), relu, h1.data(), H);
-        seqpack::cpu::rnn_gates_forward<float>(n, H, k0, k1, g2.data(), relu, h2.data(), H,
+        seqpack::cpu::rnn_gates_forward<float>(seqpack::testing::kernels().isa_cap, n, H, k0, k1,
+                                               g1.data(), relu, h1.data(), H);
+        seqpack::cpu::rnn_gates_forward<float>(seqpack::testing::kernels().isa_cap, n, H, k0, k1,
+                                               g2.data(), relu, h2.data(), H,
                                                RowSink::bf16(h16.data(), ld16));
         EXPECT_TRUE(same_bits(g1, g2) && same_bits(h1, h2));
         EXPECT_TRUE(bf16_copy_of(h16, ld16, h2, H, n, H, 1, k0, k1, "rnn h16"));
@@ -706,10 +725,11 @@ TEST_F(GateKernels, Bf16CopiesAreTheFp32ValuesRounded) {
         const std::vector<float> dh = with_nan(uniform(nH, 1.0f, rng_), k0);
         std::vector<float> d1(nH), d2(nH);
         std::vector<uint16_t> d16 = copies(nH);
-        seqpack::cpu::rnn_gates_backward<float>(n, H, k0, k1, hs.data(), relu, dh.data(), H,
-                                                d1.data());
-        seqpack::cpu::rnn_gates_backward<float>(n, H, k0, k1, hs.data(), relu, dh.data(), H,
-                                                d2.data(), nullptr, RowSink::bf16(d16.data(), H));
+        seqpack::cpu::rnn_gates_backward<float>(seqpack::testing::kernels().isa_cap, n, H, k0, k1,
+                                                hs.data(), relu, dh.data(), H, d1.data());
+        seqpack::cpu::rnn_gates_backward<float>(seqpack::testing::kernels().isa_cap, n, H, k0, k1,
+                                                hs.data(), relu, dh.data(), H, d2.data(), nullptr,
+                                                RowSink::bf16(d16.data(), H));
         EXPECT_TRUE(same_bits(d1, d2));
         EXPECT_TRUE(bf16_copy_of(d16, H, d2, H, n, H, 1, k0, k1, "rnn dpre16"));
         // relu passes dh only where h > 0
@@ -744,8 +764,8 @@ TEST(GateKernelsNaN, LstmForwardPropagatesNaN) {
   std::vector<float> g(4 * H, 0.5f), cp(H, 0.25f), c(H), h(H);
   g[3] = std::numeric_limits<float>::quiet_NaN();          // i of column 3
   g[2 * H + 9] = std::numeric_limits<float>::quiet_NaN();  // g of column 9
-  seqpack::cpu::lstm_gates_forward<float>(1, H, 0, H, g.data(), cp.data(), H, c.data(), H, h.data(),
-                                          H);
+  seqpack::cpu::lstm_gates_forward<float>(seqpack::testing::kernels().isa_cap, 1, H, 0, H, g.data(),
+                                          cp.data(), H, c.data(), H, h.data(), H);
   for (int64_t k = 0; k < H; ++k) {
     const bool bad = k == 3 || k == 9;
     EXPECT_EQ(std::isnan(c[static_cast<std::size_t>(k)]), bad) << "c[" << k << "]";

@@ -173,26 +173,26 @@ void sweep_steps(const GemmEngine<float>& eng, Rounding bf16) {
 }
 
 TEST(GemmEngine, F32MatchesTripleLoop) {
-  sweep_gemm(gemm_engine_f32(Precision::fp32), Rounding::none);
-  sweep_steps(gemm_engine_f32(Precision::fp32), Rounding::none);
+  sweep_gemm(gemm_engine_f32(Precision::fp32, seqpack::testing::kernels()), Rounding::none);
+  sweep_steps(gemm_engine_f32(Precision::fp32, seqpack::testing::kernels()), Rounding::none);
   EXPECT_EQ(onednn_reference_primitives(), 0) << "oneDNN fell back to its reference kernel";
 }
 
 TEST(GemmEngine, OnednnF32EverywhereMatchesTripleLoop) {
-  sweep_gemm(onednn_engine(Precision::fp32), Rounding::none);
-  sweep_steps(onednn_engine(Precision::fp32), Rounding::none);
+  sweep_gemm(onednn_engine(Precision::fp32, seqpack::testing::kernels()), Rounding::none);
+  sweep_steps(onednn_engine(Precision::fp32, seqpack::testing::kernels()), Rounding::none);
   EXPECT_EQ(onednn_reference_primitives(), 0) << "oneDNN fell back to its reference kernel";
 }
 
 TEST(GemmEngine, OnednnBf16EverywhereRoundsEveryProduct) {
   if (!testing::bf16_runs()) GTEST_SKIP() << testing::no_bf16_here();
-  sweep_gemm(onednn_engine(Precision::bf16), Rounding::always);
-  sweep_steps(onednn_engine(Precision::bf16), Rounding::always);
+  sweep_gemm(onednn_engine(Precision::bf16, seqpack::testing::kernels()), Rounding::always);
+  sweep_steps(onednn_engine(Precision::bf16, seqpack::testing::kernels()), Rounding::always);
   EXPECT_EQ(onednn_reference_primitives(), 0) << "oneDNN fell back to its reference kernel";
 }
 
 TEST(GemmEngine, F32StepTakesInitRows) {
-  const GemmEngine<float>& eng = gemm_engine_f32(Precision::fp32);
+  const GemmEngine<float>& eng = gemm_engine_f32(Precision::fp32, seqpack::testing::kernels());
   ASSERT_TRUE(eng.takes_init());
   Problem p = make_problem(false, true, 9, 48, 20, 7);
   const auto op = eng.prepare(p.b.data(), true, p.k, p.n, p.ldb, {{0, p.n}});
@@ -219,7 +219,7 @@ TEST(GemmEngine, F32StepTakesInitRows) {
 
 TEST(GemmEngine, Bf16MatchesTheProductOfRoundedOperands) {
   if (!testing::bf16_runs()) GTEST_SKIP() << testing::no_bf16_here();
-  const GemmEngine<float>& eng = gemm_engine_f32(Precision::bf16);
+  const GemmEngine<float>& eng = gemm_engine_f32(Precision::bf16, seqpack::testing::kernels());
   EXPECT_FALSE(eng.takes_init());
   sweep_gemm(eng, Rounding::where_it_pays);
   sweep_steps(eng, Rounding::where_it_pays);
@@ -230,9 +230,11 @@ TEST(GemmEngine, Bf16MatchesTheProductOfRoundedOperands) {
 // fell back to oneDNN's reference kernel, ~1000x slower), find optimised kernels.
 TEST(GemmEngine, NoOnednnReferenceKernel) {
   const bool bf16 = testing::bf16_runs();
-  sweep_steps(onednn_engine(Precision::fp32), Rounding::none);
-  if (bf16) sweep_steps(onednn_engine(Precision::bf16), Rounding::always);
-  const GemmEngine<float>& eng = gemm_engine_f32(bf16 ? Precision::bf16 : Precision::fp32);
+  sweep_steps(onednn_engine(Precision::fp32, seqpack::testing::kernels()), Rounding::none);
+  if (bf16)
+    sweep_steps(onednn_engine(Precision::bf16, seqpack::testing::kernels()), Rounding::always);
+  const GemmEngine<float>& eng =
+      gemm_engine_f32(bf16 ? Precision::bf16 : Precision::fp32, seqpack::testing::kernels());
   Problem p = make_problem(false, true, 24, 1024, 256, 9);
   const auto op = eng.prepare(p.b.data(), true, p.k, p.n, p.ldb, {{0, 1024}, {0, 512}, {512, 1024}});
   for (std::size_t r = 0; r < 3; ++r) eng.step(p.m, p.a.data(), p.lda, *op, r, 1.0f, p.c.data(), p.ldc);
@@ -286,7 +288,7 @@ TEST(GemmEngine, Bf16WhereItPays) {
 
 TEST(GemmEngine, Bf16StepsFromTwoThreadsAtOnce) {
   if (!testing::bf16_runs()) GTEST_SKIP() << testing::no_bf16_here();
-  const GemmEngine<float>& eng = gemm_engine_f32(Precision::bf16);
+  const GemmEngine<float>& eng = gemm_engine_f32(Precision::bf16, seqpack::testing::kernels());
   Problem p = make_problem(false, true, 24, 256, 64, 5);
   const std::vector<ColumnRange> ranges{{0, 256}, {0, 128}, {128, 256}};
   const auto op = eng.prepare(p.b.data(), true, p.k, p.n, p.ldb, ranges);
@@ -322,7 +324,7 @@ TEST(GemmEngine, Bf16BlockedWeightsAsOnednnLaysThemOut) {
                             std::bit_cast<float>(0x3F818000u),  // a tie, to even (up)
                             std::bit_cast<float>(0x3FFFFFFFu),  // rounds into the exponent
                             -0.0f};
-  const bool native = seqpack::cpu_info().bf16 == "native";
+  const bool native = seqpack::cpu_info(seqpack::testing::policy()).bf16 == "native";
   int pair_blocked_choices = 0;
   uint64_t seed = 900;
   for (const auto& [k, n] : shapes) {
@@ -373,9 +375,11 @@ TEST(GemmEngine, Bf16BlockedWeightsAsOnednnLaysThemOut) {
 // and give the same bits again once the layout is made. fp32 lays out
 // nothing.
 TEST(GemmEngine, LaidOutWeightsGiveTheSameProducts) {
-  EXPECT_EQ(gemm_engine_f32(Precision::fp32).lay_out_weights(nullptr, true, 4, 4, 4), nullptr);
+  EXPECT_EQ(gemm_engine_f32(Precision::fp32, seqpack::testing::kernels())
+                .lay_out_weights(nullptr, true, 4, 4, 4),
+            nullptr);
   if (!testing::bf16_runs()) GTEST_SKIP() << testing::no_bf16_here();
-  const GemmEngine<float>& eng = gemm_engine_f32(Precision::bf16);
+  const GemmEngine<float>& eng = gemm_engine_f32(Precision::bf16, seqpack::testing::kernels());
   uint64_t seed = 700;
   ASSERT_FALSE(bf16_product(1, 300, 131));
   ASSERT_TRUE(bf16_product(80, 300, 131));
@@ -442,7 +446,7 @@ TEST(GemmEngine, KeptRowsGiveTheSameProducts) {
   for (const Precision precision : {Precision::fp32, Precision::bf16}) {
     if (precision == Precision::bf16 && !testing::bf16_runs()) continue;
     SCOPED_TRACE(precision_name(precision));
-    const GemmEngine<float>& eng = gemm_engine_f32(precision);
+    const GemmEngine<float>& eng = gemm_engine_f32(precision, seqpack::testing::kernels());
     const int64_t N = 300, G = 256, R = 64, ld = G + 3, skip = 10;
     // dG [N, G] with row stride ld, W [G, R] for the steps, H_prev [N, R].
     const Problem p = make_problem(false, false, N, R, G, 11);  // p.a: dG, p.b: W
@@ -512,7 +516,7 @@ TEST(GemmEngine, SunkRowsGiveTheSameProducts) {
   for (const Precision precision : {Precision::fp32, Precision::bf16}) {
     if (precision == Precision::bf16 && !testing::bf16_runs()) continue;
     SCOPED_TRACE(precision_name(precision));
-    const GemmEngine<float>& eng = gemm_engine_f32(precision);
+    const GemmEngine<float>& eng = gemm_engine_f32(precision, seqpack::testing::kernels());
     const int64_t N = 300, G = 256, R = 64, ld = G + 3, skip = 10;
     const Problem p = make_problem(false, false, N, R, G, 21);  // p.a: dG, p.b: W
     const Problem q = make_problem(false, false, N, 1, R, 22);  // q.a: H_prev
@@ -582,7 +586,7 @@ TEST(GemmEngine, SunkRowsGiveTheSameProducts) {
 // A product that reads rows nobody wrote is refused, not computed from garbage.
 TEST(GemmEngine, RowsNeverKeptAreRefused) {
   if (!testing::bf16_runs()) GTEST_SKIP() << testing::no_bf16_here();
-  const GemmEngine<float>& eng = gemm_engine_f32(Precision::bf16);
+  const GemmEngine<float>& eng = gemm_engine_f32(Precision::bf16, seqpack::testing::kernels());
   const Problem q = make_problem(false, false, 200, 1, 64, 13);
   const auto kept = OperandRows::make(eng.product_form(256, 64, 200), 200, 256);
   ASSERT_NE(kept, nullptr);
@@ -610,11 +614,13 @@ TEST(GemmEngine, RowsNeverKeptAreRefused) {
 // read in place); weights of more than 8192 values (bf16_step: the core
 // engine's smaller ones run in fp32).
 TEST(GemmEngine, Bf16FewRowsGiveOnednnsBits) {
-  if (!bf16_rows_available()) GTEST_SKIP() << "no native AVX512-BF16 without AMX here";
+  if (!bf16_rows_available(seqpack::testing::kernels()))
+    GTEST_SKIP() << "no native AVX512-BF16 without AMX here";
   // Every oneDNN blocking seen (2.6, 3.7) sums weights of 500 rows in one block.
-  EXPECT_GT(bf16_few_rows_k_block(1, 500, 500), 0) << "the few-row kernels never run here";
-  const GemmEngine<float>& core = gemm_engine_f32(Precision::bf16);
-  const GemmEngine<float>& onednn = onednn_engine(Precision::bf16);
+  EXPECT_GT(bf16_few_rows_k_block(1, 500, 500, seqpack::testing::kernels()), 0)
+      << "the few-row kernels never run here";
+  const GemmEngine<float>& core = gemm_engine_f32(Precision::bf16, seqpack::testing::kernels());
+  const GemmEngine<float>& onednn = onednn_engine(Precision::bf16, seqpack::testing::kernels());
   std::mt19937 gen(11);
   std::uniform_real_distribution<float> u(-1.f, 1.f);
   for (const int64_t k : {31, 64, 500, 512, 514, 1000, 1024, 1026, 2000, 3000}) {
@@ -642,9 +648,10 @@ TEST(GemmEngine, Bf16FewRowsGiveOnednnsBits) {
                          std::to_string(beta));
             std::vector<float> want = c0, laid = c0, here = c0;
             if (trans && beta == 0.f) {  // which order ran: oneDNN's blocks of k, or 0
-              std::printf("m %ld k %ld n %ld: few-row blocks of %ld\n", static_cast<long>(m),
-                          static_cast<long>(k), static_cast<long>(n),
-                          static_cast<long>(bf16_few_rows_k_block(m, k, n)));
+              std::printf(
+                  "m %ld k %ld n %ld: few-row blocks of %ld\n", static_cast<long>(m),
+                  static_cast<long>(k), static_cast<long>(n),
+                  static_cast<long>(bf16_few_rows_k_block(m, k, n, seqpack::testing::kernels())));
             }
             onednn.step(m, a.data(), k, *want_op, 0, beta, want.data(), n);
             core.step(m, a.data(), k, *laid_op, 0, beta, laid.data(), n);
@@ -682,12 +689,16 @@ TEST(GemmEngine, Bf16FewRowsGiveOnednnsBits) {
 }
 
 TEST(GemmEngine, Bf16RefusedWithoutNativeBf16) {
-  if (testing::bf16_runs()) GTEST_SKIP() << "bf16 runs here (" << cpu_info().bf16 << "); the capped run tests this";
+  if (testing::bf16_runs())
+    GTEST_SKIP() << "bf16 runs here (" << cpu_info(seqpack::testing::policy()).bf16
+                 << "); the capped run tests this";
   try {
-    gemm_engine_f32(Precision::bf16);
-    FAIL() << "bf16 accepted on " << cpu_info().isa;
+    gemm_engine_f32(Precision::bf16, seqpack::testing::kernels());
+    FAIL() << "bf16 accepted on " << cpu_info(seqpack::testing::policy()).isa;
   } catch (const std::invalid_argument& e) {
-    EXPECT_NE(std::string(e.what()).find(cpu_info().isa), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find(cpu_info(seqpack::testing::policy()).isa),
+              std::string::npos)
+        << e.what();
   }
 }
 

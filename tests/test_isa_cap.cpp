@@ -1,9 +1,9 @@
-// SEQPACK_MAX_CPU_ISA (src/cpu/isa_cap.h, docs/testing.md): the cap reaches
-// Highway's dispatch and the int8 kernel, cpu_info() reports it, and a value
-// that names no level is an error naming it. The test programs' main installs
-// the variable's policy (tests/gtest_main_policy.cpp), so CTest runs this
-// program under each value (tests/CMakeLists.txt) and the test reads back
-// what it was given; tests/test_policy.cpp changes the cap within a process.
+// SEQPACK_MAX_CPU_ISA (src/cpu/isa_cap.h, docs/testing.md): the cap of the
+// policy reaches Highway's dispatch and the int8 kernel, cpu_info(policy)
+// reports it, and a value that names no level is an error naming it. CTest
+// runs this program under each value (tests/CMakeLists.txt) and the test
+// reads back what it was given; tests/test_policy.cpp gives other caps
+// within a process.
 #include <gtest/gtest.h>
 
 #include <cstdlib>
@@ -14,6 +14,7 @@
 #include "cli_run.h"
 #include "seqpack/cpu_info.h"
 #include "seqpack/policy.h"
+#include "test_util.h"
 
 namespace {
 
@@ -28,7 +29,7 @@ const std::set<std::string> kAvx2 = {"AVX2"};
 
 TEST(IsaCap, CpuInfoReportsTheCapAndKernelsWithinIt) {
   const std::string v = cap_variable();
-  const seqpack::CpuInfo info = seqpack::cpu_info();
+  const seqpack::CpuInfo info = seqpack::cpu_info(seqpack::testing::policy());
   SCOPED_TRACE("SEQPACK_MAX_CPU_ISA='" + v + "', kernels " + info.kernels);
   EXPECT_FALSE(info.kernels.empty());
   if (v == "" || v == "avx512") {
@@ -56,7 +57,8 @@ TEST(IsaCap, InvalidValueIsAnErrorNamingIt) {
   }
   ASSERT_EQ(setenv("SEQPACK_MAX_CPU_ISA", before.c_str(), 1), 0);
   // The cap in force is the one the program was given.
-  EXPECT_EQ(seqpack::cpu_info().isa_cap, before.empty() ? "avx512" : before);
+  EXPECT_EQ(seqpack::cpu_info(seqpack::testing::policy()).isa_cap,
+            before.empty() ? "avx512" : before);
 }
 
 // seqpack info reports the cap and the kernels' target; a bad value is the

@@ -12,6 +12,7 @@
 #include "cpu_isa.h"
 #include "seqpack/precision.h"
 #include "seqpack/rnn.h"
+#include "test_util.h"
 
 namespace seqpack {
 namespace {
@@ -33,11 +34,11 @@ TEST(Precision, NamesRoundTripAndBadNamesAreRejected) {
   } catch (const std::invalid_argument& e) {
     EXPECT_NE(std::string(e.what()).find("'fp16'"), std::string::npos) << e.what();
   }
-  EXPECT_THROW(resolve_precision("half"), std::invalid_argument);
+  EXPECT_THROW(resolve_precision("half", seqpack::testing::kernels()), std::invalid_argument);
 }
 
 TEST(Precision, CapsAreHonoured) {
-  const CpuInfo cpu = cpu_info();
+  const CpuInfo cpu = cpu_info(seqpack::testing::policy());
   const std::string cap = capped_to();
   // A cap bounds the ISA from above: below it, oneDNN stays at the CPU's own.
   if (!cap.empty()) EXPECT_EQ(cpu.isa, testing::onednn_isa_under_cap(cap)) << "capped to " << cap;
@@ -50,28 +51,30 @@ TEST(Precision, CapsAreHonoured) {
 }
 
 TEST(Precision, AutoPicksBf16ExactlyWhereNative) {
-  const CpuInfo cpu = cpu_info();
+  const CpuInfo cpu = cpu_info(seqpack::testing::policy());
   std::string note;
-  const Precision p = resolve_precision("auto", &note);
+  const Precision p = resolve_precision("auto", seqpack::testing::kernels(), &note);
   EXPECT_EQ(p, cpu.native_bf16 ? Precision::bf16 : Precision::fp32);
   EXPECT_NE(note.find(cpu.isa), std::string::npos) << note;
-  EXPECT_EQ(resolve_precision("fp32"), Precision::fp32);
+  EXPECT_EQ(resolve_precision("fp32", seqpack::testing::kernels()), Precision::fp32);
 }
 
 TEST(Precision, ExplicitBf16WithoutNativeSupportNamesTheIsa) {
-  const CpuInfo cpu = cpu_info();
+  const CpuInfo cpu = cpu_info(seqpack::testing::policy());
   if (cpu.bf16 != "none") {  // native, or emulated (SEQPACK_BF16)
-    EXPECT_EQ(resolve_precision("bf16"), Precision::bf16);
-    EXPECT_NO_THROW(check_precision_supported(Precision::bf16));
+    EXPECT_EQ(resolve_precision("bf16", seqpack::testing::kernels()), Precision::bf16);
+    EXPECT_NO_THROW(check_precision_supported(Precision::bf16, seqpack::testing::kernels()));
     return;
   }
-  for (auto attempt : {+[] { resolve_precision("bf16"); },
-                       +[] { check_precision_supported(Precision::bf16); },
-                       +[] {
-                         RNNOptions o{.mode = RNNMode::lstm, .input_size = 2, .hidden_size = 3};
-                         o.precision = Precision::bf16;
-                         o.validate();
-                       }}) {
+  for (auto attempt :
+       {+[] { resolve_precision("bf16", seqpack::testing::kernels()); },
+        +[] { check_precision_supported(Precision::bf16, seqpack::testing::kernels()); },
+        +[] {
+          RNNOptions o{.mode = RNNMode::lstm, .input_size = 2, .hidden_size = 3};
+          o.precision = Precision::bf16;
+          // refused before the weights are read
+          rnn_make_plan(o, {}, /*in_place=*/false, seqpack::testing::config());
+        }}) {
     try {
       attempt();
       FAIL() << "bf16 accepted on " << cpu.isa;
@@ -87,10 +90,10 @@ TEST(Precision, ExplicitBf16WithoutNativeSupportNamesTheIsa) {
 // int8 runs on every CPU (AMX-INT8, AVX512-VNNI, AVX2 or the scalar kernel),
 // capped or not; auto never picks it.
 TEST(Precision, Int8RunsOnEveryCpuAndAutoNeverPicksIt) {
-  const CpuInfo cpu = cpu_info();
-  EXPECT_NE(resolve_precision("auto"), Precision::int8);
-  EXPECT_EQ(resolve_precision("int8"), Precision::int8);
-  EXPECT_NO_THROW(check_precision_supported(Precision::int8));
+  const CpuInfo cpu = cpu_info(seqpack::testing::policy());
+  EXPECT_NE(resolve_precision("auto", seqpack::testing::kernels()), Precision::int8);
+  EXPECT_EQ(resolve_precision("int8", seqpack::testing::kernels()), Precision::int8);
+  EXPECT_NO_THROW(check_precision_supported(Precision::int8, seqpack::testing::kernels()));
   RNNOptions o{.mode = RNNMode::lstm, .input_size = 2, .hidden_size = 3};
   o.precision = Precision::int8;
   EXPECT_NO_THROW(o.validate());
@@ -140,7 +143,8 @@ TEST(Precision, TraitsAreOneRowPerPrecision) {
   RNNOptions o{.mode = RNNMode::gru, .input_size = 3, .hidden_size = 4};
   std::vector<Tensor> w;
   for (const Shape& s : rnn_parameter_shapes(o)) w.push_back(Tensor::zeros(s, DType::f32));
-  const RNNPlanInfo info = rnn_plan_info(*rnn_make_plan(o, w));
+  const RNNPlanInfo info =
+      rnn_plan_info(*rnn_make_plan(o, w, /*in_place=*/false, seqpack::testing::config()));
   EXPECT_EQ(info.backward, precision_traits(o.precision).backward);
 }
 

@@ -82,11 +82,13 @@ void check_config(const RNNOptions& base, const std::vector<int64_t>& lengths, b
   const std::vector<Tensor>& weights = rc.weights;
   const Tensor &x = rc.x, &h0 = rc.h0, &c0 = rc.c0;
   const int64_t B = plan.batch(), LD = o.num_layers * o.num_directions();
-  const auto fwd = rnn_forward(*rnn_make_plan(o, weights, /*in_place=*/true), x, plan, h0, c0,
-                               /*training=*/false, true);
+  const auto fwd = rnn_forward(
+      *rnn_make_plan(o, weights, /*in_place=*/true, seqpack::testing::config()), x, plan, h0, c0,
+      /*training=*/false, true);
   {  // without saving (other state buffers, the same bf16 rows): the same bits
-    const auto unsaved = rnn_forward(*rnn_make_plan(o, weights, /*in_place=*/true), x, plan, h0, c0,
-                                     /*training=*/false, false);
+    const auto unsaved = rnn_forward(
+        *rnn_make_plan(o, weights, /*in_place=*/true, seqpack::testing::config()), x, plan, h0, c0,
+        /*training=*/false, false);
     EXPECT_EQ(std::memcmp(unsaved.output.raw_data(), fwd.output.raw_data(),
                           static_cast<std::size_t>(fwd.output.numel()) * sizeof(float)),
               0);
@@ -209,7 +211,8 @@ TEST(RNNBf16, FiveThousandStepsStayFinite) {
   for (const Shape& s : rnn_parameter_shapes(o)) weights.push_back(random_tensor(s, 0.5, gen));
   const Tensor x = random_tensor({plan.total_rows(), o.input_size}, 3.0, gen);
   const auto y =
-      rnn_forward(*rnn_make_plan(o, weights, /*in_place=*/true), x, plan, {}, {}, true, true);
+      rnn_forward(*rnn_make_plan(o, weights, /*in_place=*/true, seqpack::testing::config()), x,
+                  plan, {}, {}, true, true);
   const Tensor ones = Tensor::full({plan.total_rows(), o.output_size()}, 1.0, DType::f32);
   const auto g = rnn_backward(*y.saved, ones, {}, {}, true);
   auto finite = [](const Tensor& t) {
@@ -263,8 +266,9 @@ TEST(RNNBf16, LookupLayerAgainstFloat64Reference) {
         x.data<float>()[r * F + f] = table.data<float>()[ids[std::size_t(r)] * F + f];
     const Tensor h0 = give_h0 ? random_tensor({D, B, o.hidden_size}, 0.5, gen) : Tensor();
     const Tensor c0 = give_h0 ? random_tensor({D, B, o.hidden_size}, 0.5, gen) : Tensor();
-    const auto fwd = rnn_forward_lookup(*rnn_make_plan(o, weights, /*in_place=*/true), table, ids,
-                                        plan, h0, c0, true, true);
+    const auto fwd = rnn_forward_lookup(
+        *rnn_make_plan(o, weights, /*in_place=*/true, seqpack::testing::config()), table, ids, plan,
+        h0, c0, true, true);
     const Tensor gh = random_tensor({D, B, o.hidden_size}, 1.0, gen);
     const auto g = rnn_backward(*fwd.saved, {}, gh, {}, /*initial_state_grad=*/give_h0);
 
@@ -342,9 +346,11 @@ ThreadedRun run_on_threads(int threads, const RNNOptions& o, const std::vector<T
   set_num_threads(threads);
   ThreadedRun r;
   r.fwd =
-      ids ? rnn_forward_lookup(*rnn_make_plan(o, weights, /*in_place=*/true), x, *ids, plan, h0, c0,
-                               true, true)
-          : rnn_forward(*rnn_make_plan(o, weights, /*in_place=*/true), x, plan, h0, c0, true, true);
+      ids ? rnn_forward_lookup(
+                *rnn_make_plan(o, weights, /*in_place=*/true, seqpack::testing::config()), x, *ids,
+                plan, h0, c0, true, true)
+          : rnn_forward(*rnn_make_plan(o, weights, /*in_place=*/true, seqpack::testing::config()),
+                        x, plan, h0, c0, true, true);
   r.grad = rnn_backward(*r.fwd.saved, gy, gh, {}, /*initial_state_grad=*/true);
   set_num_threads(before);
   return r;
@@ -469,7 +475,9 @@ TEST(RNNBf16, TrainingReachesTheFp32Loss) {
     CharClassifier model({.vocab_size = 17, .embed_dim = 16, .hidden_size = 96, .num_classes = 4,
                           .dtype = DType::f32, .precision = p},
                          /*seed=*/3);
-    Adam opt(model.parameters(), {.lr = 3e-3});
+    model.lstm().set_config(testing::config());
+    model.fc().set_kernels(testing::kernels());
+    Adam opt(model.parameters(), {.lr = 3e-3, .kernels = testing::kernels()});
     CrossEntropyLoss ce;
     double loss = 0;
     for (int epoch = 0; epoch < 8; ++epoch) {

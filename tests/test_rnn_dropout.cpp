@@ -176,9 +176,10 @@ TEST_P(RNNDropout, KeepRateAndScaleOfTheNextLayersInput) {
   const Tensor x = positive_input(N, c.dtype, 17);
 
   // Eval: no mask, the stack copies its input exactly.
-  const auto e = seqpack::rnn_forward(*rnn_make_plan(o, w, /*in_place=*/true), x, plan, {}, {},
-                                      /*training=*/false,
-                                      /*save_for_backward=*/false, /*dropout_seed=*/5);
+  const auto e = seqpack::rnn_forward(
+      *rnn_make_plan(o, w, /*in_place=*/true, seqpack::testing::config()), x, plan, {}, {},
+      /*training=*/false,
+      /*save_for_backward=*/false, /*dropout_seed=*/5);
   for (int64_t i = 0; i < N * C; ++i) {
     const double want = x.item_as_double((i / C) * kHidden + (i % C) % kHidden);
     if (e.output.item_as_double(i) != want) {
@@ -188,18 +189,20 @@ TEST_P(RNNDropout, KeepRateAndScaleOfTheNextLayersInput) {
     }
   }
 
-  const auto t = seqpack::rnn_forward(*rnn_make_plan(o, w, /*in_place=*/true), x, plan, {}, {},
-                                      /*training=*/true,
-                                      /*save_for_backward=*/false, /*dropout_seed=*/5);
+  const auto t = seqpack::rnn_forward(
+      *rnn_make_plan(o, w, /*in_place=*/true, seqpack::testing::config()), x, plan, {}, {},
+      /*training=*/true,
+      /*save_for_backward=*/false, /*dropout_seed=*/5);
   const double s = 1.0 / (1.0 - c.p);
   const int64_t masks = c.num_layers - 1;
   const auto m = read_mask(c, x, t.output, std::pow(s, static_cast<double>(masks)));
   expect_keep_rate(m, N, C, std::pow(1 - c.p, static_cast<double>(masks)), "training seed 5");
 
   // Another seed, another mask: agreement with this one as for independent draws.
-  const auto t2 = seqpack::rnn_forward(*rnn_make_plan(o, w, /*in_place=*/true), x, plan, {}, {},
-                                       /*training=*/true,
-                                       /*save_for_backward=*/false, /*dropout_seed=*/6);
+  const auto t2 = seqpack::rnn_forward(
+      *rnn_make_plan(o, w, /*in_place=*/true, seqpack::testing::config()), x, plan, {}, {},
+      /*training=*/true,
+      /*save_for_backward=*/false, /*dropout_seed=*/6);
   const auto m2 = read_mask(c, x, t2.output, std::pow(s, static_cast<double>(masks)));
   const double keep = std::pow(1 - c.p, static_cast<double>(masks));
   double agree = 0;
@@ -222,9 +225,10 @@ TEST_P(RNNDropoutGradient, GradientThroughTheMask) {
   const PackingPlan plan = PackingPlan::from_lengths(lengths(), /*enforce_sorted=*/false);
   const int64_t N = plan.total_rows(), C = o.output_size(), D = o.num_directions();
   const Tensor x = positive_input(N, c.dtype, 23);
-  const auto t = seqpack::rnn_forward(*rnn_make_plan(o, w, /*in_place=*/true), x, plan, {}, {},
-                                      /*training=*/true,
-                                      /*save_for_backward=*/true, /*dropout_seed=*/9);
+  const auto t = seqpack::rnn_forward(
+      *rnn_make_plan(o, w, /*in_place=*/true, seqpack::testing::config()), x, plan, {}, {},
+      /*training=*/true,
+      /*save_for_backward=*/true, /*dropout_seed=*/9);
   ASSERT_TRUE(t.saved);
   const double s = 1.0 / (1.0 - c.p);
   const auto m = read_mask(c, x, t.output, s);
@@ -304,17 +308,19 @@ TEST_P(RNNDropout, SavedMasksAreTheAppliedOnes) {
   const PackingPlan plan = PackingPlan::from_lengths(lengths(), /*enforce_sorted=*/false);
   const int64_t N = plan.total_rows(), C = o.output_size();
   const Tensor x = positive_input(N, c.dtype, 29);
-  const auto e = seqpack::rnn_forward(*rnn_make_plan(o, w, /*in_place=*/true), x, plan, {}, {},
-                                      /*training=*/false,
-                                      /*save_for_backward=*/true, /*dropout_seed=*/7);
+  const auto e = seqpack::rnn_forward(
+      *rnn_make_plan(o, w, /*in_place=*/true, seqpack::testing::config()), x, plan, {}, {},
+      /*training=*/false,
+      /*save_for_backward=*/true, /*dropout_seed=*/7);
   ASSERT_TRUE(e.saved);
   EXPECT_EQ(seqpack::rnn_saved_options(*e.saved).dropout, c.p);
   for (const Tensor& m : seqpack::rnn_saved_dropout_masks(*e.saved))
     EXPECT_FALSE(m.defined()) << "a mask in eval";
 
-  const auto t = seqpack::rnn_forward(*rnn_make_plan(o, w, /*in_place=*/true), x, plan, {}, {},
-                                      /*training=*/true,
-                                      /*save_for_backward=*/true, /*dropout_seed=*/7);
+  const auto t = seqpack::rnn_forward(
+      *rnn_make_plan(o, w, /*in_place=*/true, seqpack::testing::config()), x, plan, {}, {},
+      /*training=*/true,
+      /*save_for_backward=*/true, /*dropout_seed=*/7);
   ASSERT_TRUE(t.saved);
   const auto saved = seqpack::rnn_saved_dropout_masks(*t.saved);
   ASSERT_EQ(static_cast<int64_t>(saved.size()), c.num_layers);

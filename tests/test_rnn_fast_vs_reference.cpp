@@ -111,9 +111,10 @@ TEST(RNNFastVsReference, RandomConfigurationsForwardAndBackward) {
       const Tensor h0 = c.give_h0 ? rng.tensor({N, B, o.real_hidden_size()}, dt) : Tensor();
       const Tensor c0 = c.give_c0 ? rng.tensor({N, B, o.hidden_size}, dt) : Tensor();
 
-      const auto fast = seqpack::rnn_forward(*rnn_make_plan(o, weights, /*in_place=*/true), x, plan,
-                                             h0, c0, /*training=*/false,
-                                             /*save_for_backward=*/true);
+      const auto fast = seqpack::rnn_forward(
+          *rnn_make_plan(o, weights, /*in_place=*/true, seqpack::testing::config()), x, plan, h0,
+          c0, /*training=*/false,
+          /*save_for_backward=*/true);
       std::vector<Tensor> seqs;
       std::vector<std::vector<int64_t>> rows(static_cast<size_t>(B));
       for (int64_t b = 0; b < B; ++b) {
@@ -137,9 +138,10 @@ TEST(RNNFastVsReference, RandomConfigurationsForwardAndBackward) {
       }
       // Without saving, the forward keeps its states in other buffers (h_prev
       // alternating, c in place): the same bits.
-      const auto unsaved = seqpack::rnn_forward(*rnn_make_plan(o, weights, /*in_place=*/true), x,
-                                                plan, h0, c0, /*training=*/false,
-                                                /*save_for_backward=*/false);
+      const auto unsaved = seqpack::rnn_forward(
+          *rnn_make_plan(o, weights, /*in_place=*/true, seqpack::testing::config()), x, plan, h0,
+          c0, /*training=*/false,
+          /*save_for_backward=*/false);
       EXPECT_TRUE(all_close(unsaved.output, fast.output, 0.0, 0.0, "output without save"));
       EXPECT_TRUE(all_close(unsaved.h_n, fast.h_n, 0.0, 0.0, "h_n without save"));
       if (o.mode == RNNMode::lstm) {
@@ -246,9 +248,10 @@ double run_and_compare(const Config& c, Rng& rng) {
     if (o.mode == RNNMode::lstm) r.gc = rng.tensor({N, B, o.hidden_size}, dt);
   }
   for (CallData& r : runs) {
-    r.fwd = seqpack::rnn_forward(*rnn_make_plan(o, r.weights, /*in_place=*/true), r.x, plan, r.h0,
-                                 r.c0, /*training=*/false,
-                                 /*save_for_backward=*/true);
+    r.fwd = seqpack::rnn_forward(
+        *rnn_make_plan(o, r.weights, /*in_place=*/true, seqpack::testing::config()), r.x, plan,
+        r.h0, r.c0, /*training=*/false,
+        /*save_for_backward=*/true);
   }
   const Tensor out0 = runs[0].fwd.output.clone(), h0n = runs[0].fwd.h_n.clone();
   // Backward in the opposite order of the forwards.

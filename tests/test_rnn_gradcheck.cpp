@@ -147,26 +147,30 @@ TEST(RNNGradcheck, BackwardMatchesCentralDifferences) {
     const uint64_t dropout_seed = 1234;
 
     auto loss = [&] {
-      const auto r = seqpack::rnn_forward(*rnn_make_plan(o, weights, /*in_place=*/true), x, plan,
-                                          h0, c0, gc.training,
-                                          /*save_for_backward=*/false, dropout_seed);
+      const auto r = seqpack::rnn_forward(
+          *rnn_make_plan(o, weights, /*in_place=*/true, seqpack::testing::config()), x, plan, h0,
+          c0, gc.training,
+          /*save_for_backward=*/false, dropout_seed);
       return dot(r.output, w_out) + dot(r.h_n, w_h) + dot(r.c_n, w_c);
     };
-    const auto fwd = seqpack::rnn_forward(*rnn_make_plan(o, weights, /*in_place=*/true), x, plan,
-                                          h0, c0, gc.training,
-                                          /*save_for_backward=*/true, dropout_seed);
+    const auto fwd = seqpack::rnn_forward(
+        *rnn_make_plan(o, weights, /*in_place=*/true, seqpack::testing::config()), x, plan, h0, c0,
+        gc.training,
+        /*save_for_backward=*/true, dropout_seed);
     ASSERT_TRUE(fwd.saved);
     if (gc.training) {
       // The mask must really be there (else this case checks nothing beyond
       // eval) and be the same at every evaluation with the same seed.
-      const auto eval = seqpack::rnn_forward(*rnn_make_plan(o, weights, /*in_place=*/true), x, plan,
-                                             h0, c0, /*training=*/false,
-                                             /*save_for_backward=*/false);
+      const auto eval = seqpack::rnn_forward(
+          *rnn_make_plan(o, weights, /*in_place=*/true, seqpack::testing::config()), x, plan, h0,
+          c0, /*training=*/false,
+          /*save_for_backward=*/false);
       EXPECT_FALSE(seqpack::testing::all_close(fwd.output, eval.output, 1e-9, 1e-9))
           << "dropout changed nothing in training mode";
-      const auto again = seqpack::rnn_forward(*rnn_make_plan(o, weights, /*in_place=*/true), x,
-                                              plan, h0, c0, gc.training,
-                                              /*save_for_backward=*/false, dropout_seed);
+      const auto again = seqpack::rnn_forward(
+          *rnn_make_plan(o, weights, /*in_place=*/true, seqpack::testing::config()), x, plan, h0,
+          c0, gc.training,
+          /*save_for_backward=*/false, dropout_seed);
       EXPECT_TRUE(seqpack::testing::all_close(again.output, fwd.output, 0, 0, "same seed"));
     }
     const auto g = seqpack::rnn_backward(*fwd.saved, w_out, w_h, w_c);

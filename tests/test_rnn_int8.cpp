@@ -133,19 +133,16 @@ PlainRow plain_quantize_column(const std::vector<float>& w) {
   return r;
 }
 
-// The product kernels this CPU runs (scalar everywhere; AVX2, VNNI and
-// AMX-INT8 where it has them), and a guard that gives the choice back to
-// SEQPACK_INT8_KERNEL's.
+// The product kernels this CPU runs under the program's ISA cap (scalar
+// everywhere; AVX2, VNNI and AMX-INT8 where it has them).
 std::vector<cpu::Int8Kernel> int8_kernels() {
+  const cpu::IsaLevel cap = testing::kernels().isa_cap;
   std::vector<cpu::Int8Kernel> kernels{cpu::Int8Kernel::scalar};
-  if (cpu::avx2_int8_supported()) kernels.push_back(cpu::Int8Kernel::avx2);
-  if (cpu::vnni_int8_supported()) kernels.push_back(cpu::Int8Kernel::vnni);
-  if (cpu::amx_int8_supported()) kernels.push_back(cpu::Int8Kernel::amx);
+  if (cpu::avx2_int8_supported(cap)) kernels.push_back(cpu::Int8Kernel::avx2);
+  if (cpu::vnni_int8_supported(cap)) kernels.push_back(cpu::Int8Kernel::vnni);
+  if (cpu::amx_int8_supported(cap)) kernels.push_back(cpu::Int8Kernel::amx);
   return kernels;
 }
-struct Int8KernelGuard {
-  ~Int8KernelGuard() { cpu::set_int8_kernel(cpu::Int8Kernel::automatic); }
-};
 
 TEST(Int8Kernels, QuantizationAndProductsMatchThePlainScheme) {
   for (const cpu::Int8Kernel kernel : int8_kernels()) {
@@ -176,7 +173,7 @@ TEST(Int8Kernels, QuantizationAndProductsMatchThePlainScheme) {
         ASSERT_EQ(qa.kernel, kernel);
         ASSERT_EQ(qa.levels, levels);
         cpu::QuantizedWeights qb;
-        cpu::quantize_weights_s8(b.data(), trans_b, k, n, ldb, qb);
+        cpu::quantize_weights_s8(b.data(), trans_b, k, n, ldb, qb, testing::kernels().isa_cap);
         std::vector<PlainRow> rows, cols;
         for (int64_t i = 0; i < m; ++i) {
           rows.push_back(plain_quantize_row(a.data() + i * (k + 2), k, levels));
@@ -263,7 +260,8 @@ TEST(Int8Kernels, EveryKernelGivesTheScalarKernelsBits) {
           cpu::QuantizedRows qa;
           cpu::quantize_rows_u8(rows, k, a.data(), k, qa, kernel);
           cpu::QuantizedWeights qb;
-          cpu::quantize_weights_s8(b.data(), /*trans_b=*/true, k, n, k, qb);
+          cpu::quantize_weights_s8(b.data(), /*trans_b=*/true, k, n, k, qb,
+                                   testing::kernels().isa_cap);
           std::vector<float> init(static_cast<std::size_t>(m * n));
           for (auto& v : init) v = u(gen);
           std::vector<const float*> init_rows;
@@ -295,19 +293,19 @@ TEST(Int8Kernels, EveryKernelGivesTheScalarKernelsBits) {
 // refused by name, one it can run is taken, and the scalar kernel runs
 // everywhere.
 TEST(Int8Kernels, AKernelThisCpuCannotRunIsRefusedByName) {
-  const Int8KernelGuard guard;
   const std::vector<cpu::Int8Kernel> here = int8_kernels();
   for (const cpu::Int8Kernel kernel : {cpu::Int8Kernel::amx, cpu::Int8Kernel::vnni,
                                        cpu::Int8Kernel::avx2, cpu::Int8Kernel::scalar}) {
     const std::string name = cpu::int8_kernel_name(kernel);
+    cpu::Kernels asked = testing::kernels();
+    asked.int8 = kernel;
     if (std::find(here.begin(), here.end(), kernel) != here.end()) {
-      cpu::set_int8_kernel(kernel);
-      EXPECT_EQ(cpu::int8_kernel(), kernel) << name;
+      EXPECT_EQ(cpu::int8_kernel(asked), kernel) << name;
       continue;
     }
     try {
-      cpu::set_int8_kernel(kernel);
-      FAIL() << name << " was accepted on " << cpu_info().isa;
+      cpu::int8_kernel(asked);
+      FAIL() << name << " was accepted on " << cpu_info(seqpack::testing::policy()).isa;
     } catch (const std::invalid_argument& e) {
       EXPECT_NE(std::string(e.what()).find("'" + name + "'"), std::string::npos) << e.what();
     }
@@ -326,7 +324,7 @@ TEST(Int8Kernels, HugeAndInfiniteRowsHaveFiniteScalesAndProducts) {
   std::vector<float> b(static_cast<std::size_t>(n * k));
   for (auto& v : b) v = u(gen) * 0.2f;
   cpu::QuantizedWeights qb;
-  cpu::quantize_weights_s8(b.data(), /*trans_b=*/true, k, n, k, qb);
+  cpu::quantize_weights_s8(b.data(), /*trans_b=*/true, k, n, k, qb, testing::kernels().isa_cap);
   const std::vector<std::vector<std::pair<int64_t, float>>> specials = {
       {{0, 3e38f}}, {{0, -3e38f}}, {{5, inf}}, {{20, -inf}}, {{3, kMax}, {4, -kMax}},
       {{0, 3e38f}, {1, -3e38f}}, {{2, inf}, {7, -inf}}};
@@ -389,8 +387,9 @@ void check_config(RNNOptions o, const std::vector<int64_t>& lengths, bool give_h
   const std::vector<Tensor>& weights = rc.weights;
   const Tensor &x = rc.x, &h0 = rc.h0, &c0 = rc.c0;
   const int64_t B = plan.batch(), LD = o.num_layers * o.num_directions();
-  const auto fwd = rnn_forward(*rnn_make_plan(o, weights, /*in_place=*/true), x, plan, h0, c0,
-                               /*training=*/false, false);
+  const auto fwd = rnn_forward(
+      *rnn_make_plan(o, weights, /*in_place=*/true, seqpack::testing::config()), x, plan, h0, c0,
+      /*training=*/false, false);
   testing::WorstForward w{worst.forward, worst.at};
   testing::check_forward_against_reference(o, rc, testing::case_sequences(rc), fwd, kForwardAbs, w);
   worst.forward = w.value;
@@ -490,8 +489,9 @@ TEST(RNNInt8, ResultsDoNotDependOnTheBatch) {
               }
             if (mode != RNNMode::lstm) c0 = Tensor();
           }
-          const auto r = rnn_forward(*rnn_make_plan(o, weights, /*in_place=*/true), p.data, plan,
-                                     h0, c0, false, false);
+          const auto r =
+              rnn_forward(*rnn_make_plan(o, weights, /*in_place=*/true, seqpack::testing::config()),
+                          p.data, plan, h0, c0, false, false);
           const std::vector<float> bits = sequence_bits(r, plan, at);
           if (alone.empty()) {  // alone, one thread: the reference
             alone = bits;
@@ -527,8 +527,9 @@ TEST(RNNInt8, AProjectionSplitByColumnsKeepsTheBits) {
   std::vector<float> one;
   for (int threads : {1, 2, 3, 8, 16}) {
     set_num_threads(threads);
-    const auto r = rnn_forward(*rnn_make_plan(o, weights, /*in_place=*/true), p.data, plan,
-                               Tensor(), Tensor(), false, false);
+    const auto r =
+        rnn_forward(*rnn_make_plan(o, weights, /*in_place=*/true, seqpack::testing::config()),
+                    p.data, plan, Tensor(), Tensor(), false, false);
     std::vector<float> bits(r.output.data<float>(), r.output.data<float>() + r.output.numel());
     if (one.empty()) {
       one = bits;
@@ -554,7 +555,8 @@ TEST(RNNInt8, TrainingAndSavingForBackwardAreRefused) {
        {std::tuple{true, false, "training mode"}, {false, true, "saving for a backward"},
         {true, true, "training mode"}}) {
     try {
-      rnn_forward(*rnn_make_plan(o, weights, /*in_place=*/true), x, plan, {}, {}, training, save);
+      rnn_forward(*rnn_make_plan(o, weights, /*in_place=*/true, seqpack::testing::config()), x,
+                  plan, {}, {}, training, save);
       FAIL() << "int8 ran training " << training << " save " << save;
     } catch (const std::invalid_argument& e) {
       EXPECT_NE(std::string(e.what()).find(says), std::string::npos) << e.what();
@@ -563,6 +565,7 @@ TEST(RNNInt8, TrainingAndSavingForBackwardAreRefused) {
     }
   }
   LSTM rnn(o);
+  rnn.set_config(testing::config());
   rnn.train();
   EXPECT_THROW(rnn.forward(pack_sequence({x}, false)), std::invalid_argument);
   rnn.eval();
@@ -600,8 +603,9 @@ TEST(RNNInt8, HugeAndInfiniteInputsSaturateAsFp32Does) {
   const PackingPlan plan = PackingPlan::from_packed(clean);
   RNNOptions o8 = o;
   o8.precision = Precision::int8;
-  const auto clean8 = rnn_forward(*rnn_make_plan(o8, weights, /*in_place=*/true), clean.data, plan,
-                                  {}, {}, false, false);
+  const auto clean8 =
+      rnn_forward(*rnn_make_plan(o8, weights, /*in_place=*/true, seqpack::testing::config()),
+                  clean.data, plan, {}, {}, false, false);
   const std::vector<std::vector<std::pair<int64_t, float>>> specials = {
       {{0, 3e38f}}, {{0, -3e38f}}, {{0, inf}}, {{3, -inf}}, {{5, kMax}},
       {{0, 3e38f}, {1, -3e38f}}};  // (inf and -inf in one row: fp32's inf - inf is NaN)
@@ -612,10 +616,12 @@ TEST(RNNInt8, HugeAndInfiniteInputsSaturateAsFp32Does) {
     s2[1] = seqs[1].clone();
     for (const auto& [at, v] : special) s2[1].data<float>()[2 * o.input_size + at] = v;
     const PackedSequence p = pack_sequence(s2, /*enforce_sorted=*/false);
-    const auto f32 = rnn_forward(*rnn_make_plan(o, weights, /*in_place=*/true), p.data, plan, {},
-                                 {}, false, false);
-    const auto i8 = rnn_forward(*rnn_make_plan(o8, weights, /*in_place=*/true), p.data, plan, {},
-                                {}, false, false);
+    const auto f32 =
+        rnn_forward(*rnn_make_plan(o, weights, /*in_place=*/true, seqpack::testing::config()),
+                    p.data, plan, {}, {}, false, false);
+    const auto i8 =
+        rnn_forward(*rnn_make_plan(o8, weights, /*in_place=*/true, seqpack::testing::config()),
+                    p.data, plan, {}, {}, false, false);
     // Two huge values of opposite signs in one row: a unit's sum is then
     // 3e38 * (w0 - w1), whose sign fp32 resolves to the last bit of the
     // weights and 8-bit weights only to 1/127 of their largest: a unit whose
@@ -664,8 +670,9 @@ TEST(RNNInt8, StreamingChunksEqualOneForward) {
                  xb = random_tensor({9, o.input_size}, 1.0, gen);
     const PackingPlan plan = PackingPlan::from_lengths({23}, true);
     const auto whole =
-        rnn_forward(*rnn_make_plan(o, weights, /*in_place=*/true), xa, plan, {}, {}, false, false);
-    StreamingRNN streams(o, weights);
+        rnn_forward(*rnn_make_plan(o, weights, /*in_place=*/true, seqpack::testing::config()), xa,
+                    plan, {}, {}, false, false);
+    StreamingRNN streams(o, weights, testing::config());
     const int64_t a = streams.open(), b = streams.open();
     std::vector<float> got;
     int64_t at = 0, bt = 0;
@@ -689,7 +696,8 @@ TEST(RNNInt8, StreamingChunksEqualOneForward) {
       if (w.dim() == 2)
         for (int64_t i = 0; i < w.numel(); ++i) w.data<float>()[i] *= 0.5f;
     const auto halved =
-        rnn_forward(*rnn_make_plan(o, weights, /*in_place=*/true), xa, plan, {}, {}, false, false);
+        rnn_forward(*rnn_make_plan(o, weights, /*in_place=*/true, seqpack::testing::config()), xa,
+                    plan, {}, {}, false, false);
     const int64_t c = streams.open();
     const auto before = streams.push({c}, {xa})[0].clone();
     streams.replan();
@@ -714,7 +722,7 @@ TEST(RNNInt8, QuantizedOnceEqualsQuantizedPerCallAndIsRefreshedByValue) {
   for (const Shape& s : rnn_parameter_shapes(o)) weights.push_back(random_tensor(s, 0.3, gen));
   const PackingPlan plan = PackingPlan::from_lengths({5, 8, 0, 3}, false);
   const Tensor x = random_tensor({plan.total_rows(), o.input_size}, 1.0, gen);
-  const auto q = rnn_make_plan(o, weights);
+  const auto q = rnn_make_plan(o, weights, /*in_place=*/false, seqpack::testing::config());
   const RNNPlanInfo info = rnn_plan_info(*q);
   EXPECT_TRUE(info.quantized);
   EXPECT_FALSE(info.backward);
@@ -728,7 +736,8 @@ TEST(RNNInt8, QuantizedOnceEqualsQuantizedPerCallAndIsRefreshedByValue) {
   EXPECT_EQ(cpu::int8_weight_quantizations(), quantized_before);
   set_num_threads(threads_before);
   const auto each =
-      rnn_forward(*rnn_make_plan(o, weights, /*in_place=*/true), x, plan, {}, {}, false, false);
+      rnn_forward(*rnn_make_plan(o, weights, /*in_place=*/true, seqpack::testing::config()), x,
+                  plan, {}, {}, false, false);
   ASSERT_EQ(std::memcmp(once.output.raw_data(), each.output.raw_data(),
                         static_cast<std::size_t>(each.output.numel()) * sizeof(float)),
             0);
@@ -736,9 +745,9 @@ TEST(RNNInt8, QuantizedOnceEqualsQuantizedPerCallAndIsRefreshedByValue) {
   // other values make a new one, quantized from them.
   std::vector<Tensor> copies;
   for (const Tensor& w : weights) copies.push_back(w.clone());
-  EXPECT_EQ(rnn_current_plan(q, o, copies), q);
+  EXPECT_EQ(rnn_current_plan(q, o, copies, seqpack::testing::config()), q);
   copies[0].data<float>()[0] += 0.5f;
-  const auto requantized = rnn_current_plan(q, o, copies);
+  const auto requantized = rnn_current_plan(q, o, copies, seqpack::testing::config());
   EXPECT_NE(requantized, q);
   EXPECT_TRUE(rnn_plan_info(*requantized).quantized);
 }

@@ -115,12 +115,14 @@ TEST(RnnLookup, MatchesForwardAndBackwardOnGatheredRows) {
     const int64_t V = 4;
     const Lookup lk = random_lookup(V, plan.total_rows(), o.input_size, gen);
 
-    const auto plain = rnn_forward(*rnn_make_plan(o, w, /*in_place=*/true), lk.rows, plan, {}, {},
-                                   /*training=*/true,
-                                   /*save_for_backward=*/true);
-    const auto fused = rnn_forward_lookup(*rnn_make_plan(o, w, /*in_place=*/true), lk.table, lk.ids,
-                                          plan, {}, {}, /*training=*/true,
-                                          /*save_for_backward=*/true);
+    const auto plain = rnn_forward(
+        *rnn_make_plan(o, w, /*in_place=*/true, seqpack::testing::config()), lk.rows, plan, {}, {},
+        /*training=*/true,
+        /*save_for_backward=*/true);
+    const auto fused =
+        rnn_forward_lookup(*rnn_make_plan(o, w, /*in_place=*/true, seqpack::testing::config()),
+                           lk.table, lk.ids, plan, {}, {}, /*training=*/true,
+                           /*save_for_backward=*/true);
     expect_close(fused.output, plain.output, "output");
     expect_close(fused.h_n, plain.h_n, "h_n");
     if (o.mode == RNNMode::lstm) expect_close(fused.c_n, plain.c_n, "c_n");
@@ -154,11 +156,13 @@ TEST(RnnLookup, SkippedInitialStateGradientChangesNothingElse) {
     // Without h0 the forward skips the rows whose h_prev is zero; with an
     // explicit zero h0 it multiplies them.
     const auto skip =
-        rnn_forward(*rnn_make_plan(o, w, /*in_place=*/true), x, plan, {}, {}, /*training=*/true,
+        rnn_forward(*rnn_make_plan(o, w, /*in_place=*/true, seqpack::testing::config()), x, plan,
+                    {}, {}, /*training=*/true,
                     /*save_for_backward=*/true);
-    const auto full = rnn_forward(*rnn_make_plan(o, w, /*in_place=*/true), x, plan, zero_h0, {},
-                                  /*training=*/true,
-                                  /*save_for_backward=*/true);
+    const auto full = rnn_forward(
+        *rnn_make_plan(o, w, /*in_place=*/true, seqpack::testing::config()), x, plan, zero_h0, {},
+        /*training=*/true,
+        /*save_for_backward=*/true);
     expect_close(skip.output, full.output, "output");
     expect_close(skip.h_n, full.h_n, "h_n");
 
@@ -223,14 +227,15 @@ TEST(RnnLookup, Float32MatchesFloat64WithoutOutputGradient) {
                                 : Tensor();
           auto f32 = [](const Tensor& t) { return t.defined() ? t.to(DType::f32) : Tensor(); };
 
-          const auto want = rnn_forward(*rnn_make_plan(o64, w64, /*in_place=*/true), lk.rows, plan,
-                                        h0, c0, /*training=*/true,
-                                        /*save_for_backward=*/true);
+          const auto want =
+              rnn_forward(*rnn_make_plan(o64, w64, /*in_place=*/true, seqpack::testing::config()),
+                          lk.rows, plan, h0, c0, /*training=*/true,
+                          /*save_for_backward=*/true);
           set_num_threads(threads);
-          const auto got = rnn_forward_lookup(*rnn_make_plan(o32, w32, /*in_place=*/true),
-                                              lk.table.to(DType::f32), lk.ids, plan, f32(h0),
-                                              f32(c0), /*training=*/true,
-                                              /*save_for_backward=*/true);
+          const auto got = rnn_forward_lookup(
+              *rnn_make_plan(o32, w32, /*in_place=*/true, seqpack::testing::config()),
+              lk.table.to(DType::f32), lk.ids, plan, f32(h0), f32(c0), /*training=*/true,
+              /*save_for_backward=*/true);
           const Tensor gh = random_tensor(want.h_n.shape(), gen);
           const auto ggot = rnn_backward(*got.saved, {}, gh.to(DType::f32), {},
                                          /*initial_state_grad=*/with_h0);
@@ -276,7 +281,8 @@ TEST(RnnLookup, BadInputNamesTheValue) {
   const Tensor table = Tensor::zeros({4, 2}, DType::f32);
   auto message = [&](const Tensor& t, const std::vector<int64_t>& ids) -> std::string {
     try {
-      rnn_forward_lookup(*rnn_make_plan(o, w, /*in_place=*/true), t, ids, plan, {}, {},
+      rnn_forward_lookup(*rnn_make_plan(o, w, /*in_place=*/true, seqpack::testing::config()), t,
+                         ids, plan, {}, {},
                          /*training=*/false,
                          /*save_for_backward=*/false);
     } catch (const std::invalid_argument& e) {

@@ -406,27 +406,31 @@ TEST(RNNModule, BadInputsNameTheValue) {
   w.pop_back();
   expect_invalid(
       [&] {
-        rnn_forward(*rnn_make_plan(o, w, /*in_place=*/true), data, plan, {}, {}, false, false);
+        rnn_forward(*rnn_make_plan(o, w, /*in_place=*/true, seqpack::testing::config()), data, plan,
+                    {}, {}, false, false);
       },
       "expected 8 weight tensors for these options, got 7");
   w = m.parameters();
   w[5] = Tensor::zeros({16, 5}, DType::f32);
   expect_invalid(
       [&] {
-        rnn_forward(*rnn_make_plan(o, w, /*in_place=*/true), data, plan, {}, {}, false, false);
+        rnn_forward(*rnn_make_plan(o, w, /*in_place=*/true, seqpack::testing::config()), data, plan,
+                    {}, {}, false, false);
       },
       "weight_hh_l1 has shape [16, 5], expected [16, 4]");
   w = m.parameters();
   w[2] = Tensor::zeros({16}, DType::f64);
   expect_invalid(
       [&] {
-        rnn_forward(*rnn_make_plan(o, w, /*in_place=*/true), data, plan, {}, {}, false, false);
+        rnn_forward(*rnn_make_plan(o, w, /*in_place=*/true, seqpack::testing::config()), data, plan,
+                    {}, {}, false, false);
       },
       "bias_ih_l0 has dtype float64, expected float32");
   expect_invalid(
       [&] {
-        rnn_forward(*rnn_make_plan(o, m.parameters(), /*in_place=*/true),
-                    Tensor::zeros({4, 3}, DType::f32), plan, {}, {}, false, false);
+        rnn_forward(
+            *rnn_make_plan(o, m.parameters(), /*in_place=*/true, seqpack::testing::config()),
+            Tensor::zeros({4, 3}, DType::f32), plan, {}, {}, false, false);
       },
       "packed input has 4 rows but the batch sizes sum to 3");
 

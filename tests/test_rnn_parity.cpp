@@ -121,9 +121,10 @@ TEST_P(RNNParity, FunctionalMatchesPyTorch) {
     }
     const Tensor data = pack_rows(c.sequences, c.lengths, order, o.input_size, o.dtype);
     const Tensor h0 = batched_state(c, c.h0), c0 = batched_state(c, c.c0);
-    const auto r = seqpack::rnn_forward(*rnn_make_plan(o, c.weights, /*in_place=*/true), data, plan,
-                                        h0, c0, /*training=*/false,
-                                        /*save_for_backward=*/true);
+    const auto r = seqpack::rnn_forward(
+        *rnn_make_plan(o, c.weights, /*in_place=*/true, seqpack::testing::config()), data, plan, h0,
+        c0, /*training=*/false,
+        /*save_for_backward=*/true);
     const int64_t n = seqpack::testing::case_n(c);
     const int64_t O = o.output_size();
     ASSERT_EQ(r.output.shape(), (seqpack::Shape{plan.total_rows(), O})) << c.name;

@@ -73,13 +73,15 @@ TEST(RNNPlan, AForwardWithAPlanIsAForwardWithoutOne) {
       const int64_t proj = mode == RNNMode::lstm ? 24 : 0;
       SCOPED_TRACE(std::string(rnn_mode_name(mode)) + " " + dtype_name(dtype));
       const Model m = model(mode, /*bi=*/true, proj, dtype, 3);
-      const auto plan = rnn_make_plan(m.o, m.weights);
+      const auto plan =
+          rnn_make_plan(m.o, m.weights, /*in_place=*/false, seqpack::testing::config());
       EXPECT_EQ(rnn_plan_info(*plan).splits_laid_out, 0);
       for (int threads : {1, 2, 3, 1}) {
         set_num_threads(threads);
         for (const bool save : {false, true}) {
-          const auto a = rnn_forward(*rnn_make_plan(m.o, m.weights, /*in_place=*/true), m.x, m.plan,
-                                     m.h0, m.c0, false, save);
+          const auto a = rnn_forward(
+              *rnn_make_plan(m.o, m.weights, /*in_place=*/true, seqpack::testing::config()), m.x,
+              m.plan, m.h0, m.c0, false, save);
           const auto b = rnn_forward(*plan, m.x, m.plan, m.h0, m.c0, false, save, 0);
           EXPECT_TRUE(bitwise_equal(a.output, b.output)) << threads << " threads";
           EXPECT_TRUE(bitwise_equal(a.h_n, b.h_n)) << threads << " threads";
@@ -111,7 +113,10 @@ TEST(RNNPlan, CallsOfOneStepReadTheWeightsInPlaceOnce) {
   const int before = num_threads();
   for (const rnn::SplitChoice choice : {rnn::SplitChoice::columns, rnn::SplitChoice::rows}) {
     // 16 units a thread and no work rule: two threads share a direction.
-    const RNNConfig config{.split = choice, .step_units = 16, .work_rule = false};
+    RNNConfig config = testing::config();
+    config.split = choice;
+    config.step_units = 16;
+    config.work_rule = false;
     for (const RNNMode mode : {RNNMode::lstm, RNNMode::gru, RNNMode::rnn_relu}) {
       const int64_t proj = mode == RNNMode::lstm ? 24 : 0;
       SCOPED_TRACE(std::string(rnn_mode_name(mode)) + " split " +
@@ -163,12 +168,14 @@ TEST(RNNPlan, Bf16CallsOfAFewRowsGiveTheSameBitsInPlaceAndLaidOut) {
   for (const RNNMode mode : {RNNMode::lstm, RNNMode::gru, RNNMode::rnn_tanh}) {
     SCOPED_TRACE(rnn_mode_name(mode));
     Model m = model(mode, /*bi=*/true, /*proj=*/0, DType::f32, 71, {1, 0, 1, 1}, 64, 64);
-    const auto fp32 = rnn_forward(*rnn_make_plan(m.o, m.weights, /*in_place=*/true), m.x, m.plan,
-                                  m.h0, m.c0, false, false);
+    const auto fp32 =
+        rnn_forward(*rnn_make_plan(m.o, m.weights, /*in_place=*/true, seqpack::testing::config()),
+                    m.x, m.plan, m.h0, m.c0, false, false);
     m.o.precision = Precision::bf16;
     for (const int threads : {1, 2}) {
       set_num_threads(threads);
-      const auto plan = rnn_make_plan(m.o, m.weights);
+      const auto plan =
+          rnn_make_plan(m.o, m.weights, /*in_place=*/false, seqpack::testing::config());
       RNNForwardResult first;
       RNNGradients gfirst;
       for (const int call : {1, 2, 3}) {
@@ -220,7 +227,10 @@ TEST(RNNPlan, ABackwardReadsThePlanOfItsForward) {
                         Case{Precision::fp32, rnn::SplitChoice::rows, 3},
                         Case{Precision::bf16, rnn::SplitChoice::engine, 0}}) {
     if (c.precision == Precision::bf16 && !testing::bf16_runs()) continue;
-    const RNNConfig config{.split = c.split, .step_units = 16, .work_rule = false};
+    RNNConfig config = testing::config();
+    config.split = c.split;
+    config.step_units = 16;
+    config.work_rule = false;
     for (const RNNMode mode : {RNNMode::lstm, RNNMode::gru}) {
       const int64_t proj = mode == RNNMode::lstm ? 24 : 0;
       SCOPED_TRACE(std::string(rnn_mode_name(mode)) + " " + precision_name(c.precision) +
@@ -263,7 +273,8 @@ TEST(RNNPlan, ABackwardReadsThePlanOfItsForward) {
 
 TEST(RNNPlan, InfoSaysWhatThePrecisionCanDo) {
   const Model m = model(RNNMode::lstm, false, 0, DType::f32, 4);
-  const RNNPlanInfo info = rnn_plan_info(*rnn_make_plan(m.o, m.weights));
+  const RNNPlanInfo info =
+      rnn_plan_info(*rnn_make_plan(m.o, m.weights, /*in_place=*/false, seqpack::testing::config()));
   EXPECT_EQ(info.precision, Precision::fp32);
   EXPECT_TRUE(info.backward);
   EXPECT_FALSE(info.quantized);
@@ -277,9 +288,10 @@ TEST(RNNPlan, InfoSaysWhatThePrecisionCanDo) {
 // when made.
 TEST(RNNPlan, AKeptPlanHoldsItsValuesAndIsRefreshedByThem) {
   Model m = model(RNNMode::lstm, true, 0, DType::f32, 5);
-  const auto plan = rnn_make_plan(m.o, m.weights);
+  const auto plan = rnn_make_plan(m.o, m.weights, /*in_place=*/false, seqpack::testing::config());
   const auto in_place = [&](const std::vector<Tensor>& w) {
-    return rnn_forward(*rnn_make_plan(m.o, w, /*in_place=*/true), m.x, m.plan, {}, {}, false, false)
+    return rnn_forward(*rnn_make_plan(m.o, w, /*in_place=*/true, seqpack::testing::config()), m.x,
+                       m.plan, {}, {}, false, false)
         .output;
   };
   const Tensor want = in_place(m.weights);
@@ -288,14 +300,14 @@ TEST(RNNPlan, AKeptPlanHoldsItsValuesAndIsRefreshedByThem) {
   // byte); one value changed anywhere makes a new one.
   std::vector<Tensor> copies;
   for (const Tensor& w : m.weights) copies.push_back(w.clone());
-  EXPECT_EQ(rnn_current_plan(plan, m.o, copies), plan);
+  EXPECT_EQ(rnn_current_plan(plan, m.o, copies, seqpack::testing::config()), plan);
   copies[1].data<float>()[copies[1].numel() - 1] += 1.f;
-  EXPECT_NE(rnn_current_plan(plan, m.o, copies), plan);
+  EXPECT_NE(rnn_current_plan(plan, m.o, copies, seqpack::testing::config()), plan);
   // The caller's own tensors, written after the plan was made: the plan
   // computes as before; the refreshed one with the new values.
   m.weights[0].data<float>()[0] += 1.f;
   EXPECT_TRUE(bitwise_equal(rnn_forward(*plan, m.x, m.plan, {}, {}, false, false).output, want));
-  const auto fresh = rnn_current_plan(plan, m.o, m.weights);
+  const auto fresh = rnn_current_plan(plan, m.o, m.weights, seqpack::testing::config());
   ASSERT_NE(fresh, plan);
   EXPECT_TRUE(bitwise_equal(rnn_forward(*fresh, m.x, m.plan, {}, {}, false, false).output,
                             in_place(m.weights)));
@@ -303,16 +315,20 @@ TEST(RNNPlan, AKeptPlanHoldsItsValuesAndIsRefreshedByThem) {
   // config: a new plan, made with it, and kept for it.
   RNNOptions dropped = m.o;
   dropped.dropout = 0.5;
-  EXPECT_NE(rnn_current_plan(fresh, dropped, m.weights), fresh);
-  const RNNConfig rows{.split = RNNConfig::Split::rows, .step_rows = 2};
+  EXPECT_NE(rnn_current_plan(fresh, dropped, m.weights, seqpack::testing::config()), fresh);
+  RNNConfig rows = testing::config();
+  rows.split = RNNConfig::Split::rows;
+  rows.step_rows = 2;
   const auto by_rows = rnn_current_plan(fresh, m.o, m.weights, rows);
   ASSERT_NE(by_rows, fresh);
   EXPECT_EQ(rnn_plan_config(*by_rows), rows);
   EXPECT_EQ(rnn_current_plan(by_rows, m.o, m.weights, rows), by_rows);
   // An in-place plan keeps nothing to reuse: a holder gets a kept one. It
   // reads the caller's tensors as they are at each call.
-  const auto in_place_plan = rnn_make_plan(m.o, m.weights, /*in_place=*/true);
-  EXPECT_NE(rnn_current_plan(in_place_plan, m.o, m.weights), in_place_plan);
+  const auto in_place_plan =
+      rnn_make_plan(m.o, m.weights, /*in_place=*/true, seqpack::testing::config());
+  EXPECT_NE(rnn_current_plan(in_place_plan, m.o, m.weights, seqpack::testing::config()),
+            in_place_plan);
   const Tensor before = rnn_forward(*in_place_plan, m.x, m.plan, {}, {}, false, false).output;
   m.weights[1].data<float>()[0] += 1.f;
   const Tensor after = rnn_forward(*in_place_plan, m.x, m.plan, {}, {}, false, false).output;
@@ -330,8 +346,10 @@ TEST(RNNPlan, AKeptPlanHoldsItsValuesAndIsRefreshedByThem) {
   }
   std::vector<Tensor> wrong = m.weights;
   wrong.pop_back();
-  EXPECT_THROW(rnn_make_plan(m.o, wrong), std::invalid_argument);
-  EXPECT_THROW(rnn_make_plan(m.o, wrong, /*in_place=*/true), std::invalid_argument);
+  EXPECT_THROW(rnn_make_plan(m.o, wrong, /*in_place=*/false, seqpack::testing::config()),
+               std::invalid_argument);
+  EXPECT_THROW(rnn_make_plan(m.o, wrong, /*in_place=*/true, seqpack::testing::config()),
+               std::invalid_argument);
 }
 
 // A module's inference forwards use its plan; a change through parameters()
@@ -339,14 +357,15 @@ TEST(RNNPlan, AKeptPlanHoldsItsValuesAndIsRefreshedByThem) {
 // load_state_dict; a training forward drops it too.
 TEST(RNNPlan, ModulesDropTheirPlanWhereTheWeightsMayChange) {
   LSTM lstm({.input_size = 5, .hidden_size = 16, .num_layers = 2}, 11);
+  lstm.set_config(testing::config());
   lstm.eval();
   std::mt19937_64 gen(12);
   const Tensor x = random_tensor({4, 3, 5}, 1.0, gen);
   auto functional = [&] {
     const PackingPlan p = PackingPlan::from_lengths({4, 4, 4}, true);
-    return rnn_forward(
-               *rnn_make_plan(lstm.options(), std::as_const(lstm).parameters(), /*in_place=*/true),
-               p.pack(x), p, {}, {}, false, false)
+    return rnn_forward(*rnn_make_plan(lstm.options(), std::as_const(lstm).parameters(),
+                                      /*in_place=*/true, seqpack::testing::config()),
+                       p.pack(x), p, {}, {}, false, false)
         .h_n;
   };
   const RNNOutput y1 = lstm.forward(x, {}, {}, /*requires_grad=*/false);
@@ -378,14 +397,15 @@ TEST(RNNPlan, ModulesDropTheirPlanWhereTheWeightsMayChange) {
 // again: every result is the functional forward's.
 TEST(RNNPlan, ConcurrentInferenceForwardsShareThePlan) {
   GRU gru({.input_size = 5, .hidden_size = 24, .num_layers = 2}, 17);
+  gru.set_config(testing::config());
   gru.eval();
   std::mt19937_64 gen(18);
   const Tensor x = random_tensor({7, 2, 5}, 1.0, gen);
   const PackingPlan p = PackingPlan::from_lengths({7, 7}, true);
-  const Tensor want =
-      rnn_forward(*rnn_make_plan(gru.options(), std::as_const(gru).parameters(), /*in_place=*/true),
-                  p.pack(x), p, {}, {}, false, false)
-          .h_n;
+  const Tensor want = rnn_forward(*rnn_make_plan(gru.options(), std::as_const(gru).parameters(),
+                                                 /*in_place=*/true, seqpack::testing::config()),
+                                  p.pack(x), p, {}, {}, false, false)
+                          .h_n;
   std::vector<int> wrong(4, 0);
   std::vector<std::thread> threads;
   for (int t = 0; t < 4; ++t) {
@@ -409,11 +429,12 @@ TEST(RNNPlan, ConcurrentBackwardsShareThePlan) {
   const int before = num_threads();
   set_num_threads(1);  // each std::thread's forwards and backwards on itself alone
   const Model m = model(RNNMode::lstm, /*bi=*/true, 0, DType::f32, 41);
-  const auto want_fwd = rnn_forward(*rnn_make_plan(m.o, m.weights, /*in_place=*/true), m.x, m.plan,
-                                    m.h0, m.c0, false, true);
+  const auto want_fwd =
+      rnn_forward(*rnn_make_plan(m.o, m.weights, /*in_place=*/true, seqpack::testing::config()),
+                  m.x, m.plan, m.h0, m.c0, false, true);
   const Tensor gy = Tensor::full(want_fwd.output.shape(), 0.25, DType::f32);
   const auto want = rnn_backward(*want_fwd.saved, gy, Tensor(), Tensor());
-  const auto plan = rnn_make_plan(m.o, m.weights);
+  const auto plan = rnn_make_plan(m.o, m.weights, /*in_place=*/false, seqpack::testing::config());
   std::vector<int> wrong(4, 0);
   std::vector<std::thread> threads;
   for (int t = 0; t < 4; ++t) {
@@ -439,6 +460,7 @@ TEST(RNNPlan, ConcurrentBackwardsShareThePlan) {
 // (A cell's fp32 inference steps read the weights in place: the same bits.)
 TEST(RNNPlan, CellsKeepAPlanForTheirInferenceSteps) {
   GRUCell cell(6, 12, true, DType::f32, 21);
+  cell.set_config(testing::config());
   std::mt19937_64 gen(22);
   const Tensor x = random_tensor({3, 6}, 1.0, gen), h = random_tensor({3, 12}, 0.5, gen);
   const CellOutput a = cell.forward(x, h, {}, /*requires_grad=*/true);
@@ -465,10 +487,11 @@ TEST(RNNPlan, StreamingSeesAChangeOfItsWeights) {
   // A push gathers the streams' states as h0/c0 (zeros here): the forward it
   // is compared with takes them too, so both run the same products.
   const Tensor h0 = Tensor::zeros({2, 1, 10}, DType::f32), c0 = Tensor::zeros({2, 1, 10}, DType::f32);
-  StreamingRNN streams(o, weights);
+  StreamingRNN streams(o, weights, testing::config());
   const Tensor first = streams.push({streams.open()}, {x})[0].clone();
   EXPECT_TRUE(bitwise_equal(
-      first, rnn_forward(*rnn_make_plan(o, weights, /*in_place=*/true), x, p, h0, c0, false, false)
+      first, rnn_forward(*rnn_make_plan(o, weights, /*in_place=*/true, seqpack::testing::config()),
+                         x, p, h0, c0, false, false)
                  .output));
   for (Tensor& w : weights)
     if (w.dim() == 2)
@@ -476,7 +499,8 @@ TEST(RNNPlan, StreamingSeesAChangeOfItsWeights) {
   // Seen with no replan(): each push compares the plan with the weights.
   const Tensor after = streams.push({streams.open()}, {x})[0].clone();
   EXPECT_TRUE(bitwise_equal(
-      after, rnn_forward(*rnn_make_plan(o, weights, /*in_place=*/true), x, p, h0, c0, false, false)
+      after, rnn_forward(*rnn_make_plan(o, weights, /*in_place=*/true, seqpack::testing::config()),
+                         x, p, h0, c0, false, false)
                  .output));
 }
 

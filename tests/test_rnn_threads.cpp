@@ -44,7 +44,7 @@ constexpr int kThreadCounts[] = {1, 2, 3, 4, 5, 8, 16};
 // The config of the plans these tests make: ThreadsGuard's units floor
 // (with one set, no work rule: small layers split over many threads) and the
 // split a test asks for.
-RNNConfig test_config;
+RNNConfig test_config = testing::config();
 
 void set_min_step_units(int64_t units) {
   test_config.step_units = units > 0 ? std::max<int64_t>(units, 16) : 0;
@@ -328,7 +328,7 @@ TEST_P(RNNThreads, Int8ByColumnsMatchesFloat64) {
 // these sizes; below AVX-512 (ONEDNN_MAX_CPU_ISA=AVX2) they do not, so
 // neither does anything downstream of them, and the test skips.
 TEST_P(RNNThreads, Fp32SameBitsAtEveryThreadCount) {
-  const std::string isa = cpu_info().isa;
+  const std::string isa = cpu_info(seqpack::testing::policy()).isa;
   if (isa.rfind("avx512", 0) != 0)
     GTEST_SKIP() << "oneDNN's sgemm on " << isa << " depends on the thread count";
   std::mt19937_64 gen(testing::test_seed());

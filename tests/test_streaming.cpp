@@ -142,9 +142,9 @@ void run_schedule(const Case& c, uint64_t seed) {
     const PackingPlan plan = PackingPlan::from_lengths({len}, /*enforce_sorted=*/true);
     const Tensor h0 = h0s[s].defined() ? h0s[s].view({c.layers, 1, H}) : Tensor();
     const Tensor c0 = c0s[s].defined() ? c0s[s].view({c.layers, 1, o.hidden_size}) : Tensor();
-    const RNNForwardResult whole =
-        rnn_forward(*rnn_make_plan(o, model.parameters(), /*in_place=*/true), seqs[s], plan, h0, c0,
-                    false, false);
+    const RNNForwardResult whole = rnn_forward(
+        *rnn_make_plan(o, model.parameters(), /*in_place=*/true, seqpack::testing::config()),
+        seqs[s], plan, h0, c0, false, false);
     const Tensor streamed = concat(outs[s], H, c.dtype);
     const StreamState st = streams.state(id[s]);
     const Tensor whole_h = whole.h_n.view({c.layers, H});

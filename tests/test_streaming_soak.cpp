@@ -336,8 +336,9 @@ class Round {
     const Tensor h0 = s.h0.defined() ? s.h0.view({L, 1, H}) : Tensor();
     const Tensor c0 = s.c0.defined() ? s.c0.view({L, 1, C}) : Tensor();
     const RNNForwardResult whole =
-        rnn_forward(*rnn_make_plan(o_, model_.module->parameters(), /*in_place=*/true), x, plan, h0,
-                    c0, false, false);
+        rnn_forward(*rnn_make_plan(o_, model_.module->parameters(), /*in_place=*/true,
+                                   seqpack::testing::config()),
+                    x, plan, h0, c0, false, false);
     // The streamed outputs, concatenated.
     Tensor streamed = Tensor::empty({s.fed, H}, o_.dtype);
     int64_t at = 0;

@@ -32,6 +32,7 @@ std::unique_ptr<Optimizer> make(const std::string& name, const nlohmann::json& o
     a.eps = o.value("eps", 1e-8);
     a.weight_decay = o.value("weight_decay", 0.0);
     a.amsgrad = o.value("amsgrad", false);
+    a.kernels = testing::kernels();  // the program's ISA cap (CTest runs it under caps)
     return std::make_unique<Adam>(std::move(ps), a);
   }
   SGDOptions s;
@@ -133,8 +134,9 @@ TEST(Adam, SimdKernelMatchesScalarLoop) {
         const cpu::AdamScalars s{0.1f, 0.999f, 0.001f, 1e-8f, wd,
                                  static_cast<float>(2e-3 / (1 - std::pow(0.9, 3))),
                                  static_cast<float>(std::sqrt(1 - std::pow(0.999, 3)))};
-        cpu::adam_update_f32(p.data(), g.data(), m.data(), v.data(), amsgrad ? vmax.data() : nullptr,
-                             n, s);
+        cpu::adam_update_f32(p.data(), g.data(), m.data(), v.data(),
+                             amsgrad ? vmax.data() : nullptr, n, s,
+                             seqpack::testing::kernels().isa_cap);
         cpu::adam_update_f32_scalar(p2.data(), g.data(), m2.data(), v2.data(),
                                     amsgrad ? vmax2.data() : nullptr, n, s);
         for (int64_t i = 0; i < n; ++i) {
@@ -163,7 +165,8 @@ TEST(Adam, Float32StepsTrackFloat64) {
   for (int64_t i = 0; i < n; ++i) v64.data<double>()[i] = normal(rng);
   Tensor v32 = v64.to(DType::f32), g32 = Tensor::zeros({n}, DType::f32);
   Adam a64({{"w", v64, g64}}, {.lr = 1e-2, .weight_decay = 0.01, .amsgrad = true});
-  Adam a32({{"w", v32, g32}}, {.lr = 1e-2, .weight_decay = 0.01, .amsgrad = true});
+  Adam a32({{"w", v32, g32}},
+           {.lr = 1e-2, .weight_decay = 0.01, .amsgrad = true, .kernels = testing::kernels()});
   for (int step = 0; step < 5; ++step) {
     for (int64_t i = 0; i < n; ++i) g64.data<double>()[i] = normal(rng);
     g32.copy_from(g64.to(DType::f32));
@@ -194,7 +197,8 @@ TEST(Optimizers, ChunkedOverThreadsKeepTheBits) {
     grads.push_back(fill(Tensor::empty({n}, DType::f32), 0.1f));
   }
   // The reference: the kernel over each whole tensor, three steps.
-  const AdamOptions o{.lr = 1e-2, .weight_decay = 0.01, .amsgrad = true};
+  const AdamOptions o{
+      .lr = 1e-2, .weight_decay = 0.01, .amsgrad = true, .kernels = testing::kernels()};
   std::vector<std::vector<float>> want;
   for (std::size_t k = 0; k < sizes.size(); ++k) {
     const auto n = static_cast<std::size_t>(sizes[k]);
@@ -208,7 +212,7 @@ TEST(Optimizers, ChunkedOverThreadsKeepTheBits) {
                                 static_cast<float>(1e-2 / (1 - std::pow(0.9, step))),
                                 static_cast<float>(std::sqrt(1 - std::pow(0.999, step)))};
       cpu::adam_update_f32(p.data(), grads[k].data<float>(), m.data(), v.data(), vmax.data(),
-                           sizes[k], sc);
+                           sizes[k], sc, seqpack::testing::kernels().isa_cap);
     }
     want.push_back(p);
   }

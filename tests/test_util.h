@@ -21,19 +21,35 @@
 
 #include "seqpack/cpu_info.h"
 #include "seqpack/packed_sequence.h"
+#include "seqpack/policy.h"
 #include "seqpack/rnn.h"
 #include "seqpack/tensor.h"
 
 namespace seqpack::testing {
 
+// The test program's SEQPACK_* policy (CTest runs some programs under
+// SEQPACK_MAX_CPU_ISA, SEQPACK_BF16, tests/CMakeLists.txt; the test main
+// checks it, gtest_main_policy.cpp), its kernel settings, and the plan config
+// of both: what the tests give the kernels, engines and plans they run, so
+// that a program run under a setting runs its kernels under it.
+inline const Policy& policy() {
+  static const Policy p = policy_from_environment();
+  return p;
+}
+inline const KernelConfig& kernels() {
+  static const KernelConfig k = kernel_config(policy());
+  return k;
+}
+inline RNNConfig config() { return rnn_config(policy()); }
+
 // Whether precision bf16 runs here: on native bf16 dot products, or emulated
 // (the policy's bf16 = "emulated", SEQPACK_BF16=emulated: CTest runs the bf16
 // programs so again, tests/CMakeLists.txt).
-inline bool bf16_runs() { return cpu_info().bf16 != "none"; }
+inline bool bf16_runs() { return cpu_info(policy()).bf16 != "none"; }
 
 // Why a bf16 test is skipped.
 inline std::string no_bf16_here() {
-  return "no bf16 on " + cpu_info().isa + " (SEQPACK_BF16=emulated runs it emulated)";
+  return "no bf16 on " + cpu_info(policy()).isa + " (SEQPACK_BF16=emulated runs it emulated)";
 }
 
 inline nlohmann::json load_fixture(const std::string& name) {

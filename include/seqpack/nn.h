@@ -24,6 +24,7 @@
 #include <string>
 #include <vector>
 
+#include "seqpack/precision.h"
 #include "seqpack/tensor.h"
 
 namespace seqpack {
@@ -86,10 +87,15 @@ class Linear {
   Tensor& bias_grad() { return bias_grad_; }
   std::vector<Parameter> parameters(const std::string& prefix = "");
   void zero_grad();
+  // The kernels its products run on (their ISA cap: a policy's
+  // kernel_config, seqpack/policy.h; the defaults until set).
+  void set_kernels(const KernelConfig& kernels) { kernels_ = kernels; }
+  const KernelConfig& kernels() const { return kernels_; }
 
  private:
   Tensor weight_, bias_, weight_grad_, bias_grad_;
   Tensor last_input_;
+  KernelConfig kernels_;
 };
 
 // Dropout(p): in training, zeroes each element with probability p and scales

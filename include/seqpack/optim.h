@@ -62,6 +62,9 @@ struct AdamOptions {
   double eps = 1e-8;
   double weight_decay = 0.0;  // L2: added to the gradient, not decoupled (that is AdamW)
   bool amsgrad = false;
+  // The kernels the float32 update runs on (its ISA cap: a policy's
+  // kernel_config, seqpack/policy.h).
+  KernelConfig kernels;
 };
 
 // t = t + 1;  g = grad + weight_decay * p

@@ -1,11 +1,13 @@
 // The policy of the core: the settings that choose its kernels and share its
-// steps between threads. The core never reads the environment: the front
-// ends (the seqpack tool, the Python module, the PyTorch operators, the test
-// and benchmark programs) read it once with policy_from_environment(),
-// install its kernel settings with set_policy() and give its step split's
-// settings and step groups to the model plans they make (rnn_config, include/seqpack/rnn.h);
-// a C++ program that wants the same variables does the same, and one that
-// sets none runs on the defaults.
+// steps between threads. The core never reads the environment and holds no
+// policy of its own: the front ends (the seqpack tool, the Python module, the
+// PyTorch operators, the test and benchmark programs) read it once with
+// policy_from_environment() and give it to what they make: its config to the
+// model plans (rnn_config, include/seqpack/rnn.h: the step split, the step
+// groups and the kernel settings, fixed with the plan), its kernel settings
+// to the kernels they call outside a model (kernel_config: the optimizer's,
+// a Linear layer's, cpu_info's report). A C++ program that wants the same
+// variables does the same, and one that sets none runs on the defaults.
 #pragma once
 
 #include <cstdint>
@@ -21,7 +23,8 @@ struct Policy {
   std::string max_cpu_isa;
   // The kernel of the int8 products: "auto" (or empty: the best this CPU
   // runs), "amx", "vnni", "avx2" or "scalar". Variable SEQPACK_INT8_KERNEL.
-  // A kernel this CPU cannot run is refused at the first int8 product.
+  // A kernel this CPU cannot run is refused where a plan is made with it
+  // (rnn_make_plan) and by cpu_info.
   std::string int8_kernel;
   // Who splits a direction's steps between threads: "engine" (or empty: the
   // engine's choice), "rows" or "columns". Variable SEQPACK_STEP_SPLIT, for
@@ -48,17 +51,11 @@ struct Policy {
   std::string bf16;
 };
 
-// Installs `policy`'s kernel settings (the ISA cap, the int8 kernel, bf16's
-// emulation; the step split's and the step groups are a plan's, rnn_config)
-// for the whole process: between calls, never while one runs (model plans
-// made before a change of the ISA cap lay their weights out again for the new
-// target at their next call). Throws std::invalid_argument
-// naming the setting and its value where one is not among those above;
-// nothing is installed then.
-void set_policy(const Policy& policy);
-
-// The policy installed (the defaults before any set_policy).
-Policy policy();
+struct KernelConfig;
+// The kernel settings of `policy` (max_cpu_isa, int8_kernel, bf16), for the
+// callers of seqpack's kernels that make no model plan (a plan's are its
+// config's: rnn_config). Throws std::invalid_argument as rnn_config does.
+KernelConfig kernel_config(const Policy& policy);
 
 // The policy of the variables named above (unset or empty: the default).
 // Throws std::invalid_argument naming the variable and its value where one

@@ -1,8 +1,8 @@
 // Precision of the recurrent core's matrix products, and what the CPU offers.
 //
 //   RNNOptions o{.mode = RNNMode::lstm, .input_size = 64, .hidden_size = 128};
-//   o.precision = resolve_precision("auto");   // bf16 where the CPU has bf16 dot products
-//   CpuInfo cpu = cpu_info();                  // cpu.isa, cpu.native_bf16, ... (cpu_info.h)
+//   o.precision = resolve_precision("auto", {});  // bf16 where the CPU has bf16 dot products
+//   CpuInfo cpu = cpu_info({});                // cpu.isa, cpu.native_bf16, ... (cpu_info.h)
 //
 // fp32 (the default) is PyTorch-exact. bf16 is mixed precision: the matrix
 // products read bf16 copies of their operands and accumulate in fp32; gate
@@ -30,6 +30,29 @@ namespace seqpack {
 
 enum class Precision { fp32, bf16, int8 };
 
+// The kernels seqpack's own code runs on, as a policy chooses them
+// (seqpack::Policy's max_cpu_isa, int8_kernel and bf16: kernel_config(policy),
+// seqpack/policy.h). A model plan's config holds them (RNNConfig::kernels,
+// fixed when the plan is made, with the weights laid out for them); callers
+// of kernels outside a model (the optimizers, cpu_info) are given them.
+struct KernelConfig {
+  // The cap on the ISA of seqpack's own kernels (Highway's gate, small-product
+  // and Adam kernels; the int8 kernels): sse4 and avx2 cap every kernel;
+  // avx3, avx3_dl and avx3_zen4 leave AVX-512 on and cap Highway's AVX-512
+  // targets only (its AVX3 target, then AVX3_DL, then AVX3_ZEN4); avx512 caps
+  // nothing.
+  enum class Isa : int { sse4 = 0, avx2 = 1, avx3 = 2, avx3_dl = 3, avx3_zen4 = 4, avx512 = 5 };
+  Isa isa_cap = Isa::avx512;
+  // The kernel of the int8 products (automatic: the best this CPU runs under
+  // the cap).
+  enum class Int8 : int { automatic, vnni, amx, avx2, scalar };
+  Int8 int8 = Int8::automatic;
+  // Whether bf16's products run emulated in fp32 (on any CPU) instead of on
+  // the CPU's bf16 dot products.
+  bool bf16_emulated = false;
+  bool operator==(const KernelConfig&) const = default;
+};
+
 // What a precision is and can do: one row per precision (a new precision is
 // its enum value, its row and its engine, src/cpu/). A model's plan states
 // the same (rnn_plan_info).
@@ -37,7 +60,9 @@ struct PrecisionTraits {
   Precision precision;
   const char* name;  // "fp32", "bf16", "int8"
   bool backward;     // has a backward: training and saving for one (int8: inference only)
-  void (*require)();  // throws std::invalid_argument naming the ISA where it cannot run (or null)
+  // Throws std::invalid_argument naming the ISA (or the kernel) where it
+  // cannot run on these kernels (or null).
+  void (*require)(const KernelConfig&);
 };
 const PrecisionTraits& precision_traits(Precision p);
 // Every precision's row, in the enum's order.
@@ -51,10 +76,14 @@ Precision parse_precision(const std::string& name);
 
 // "fp32", "bf16", "int8" or "auto" (bf16 where native, else fp32; never
 // int8). An explicit "bf16" or "int8" on a CPU without its dot products
-// throws std::invalid_argument naming the CPU's ISA. `note`, when given, receives one line saying what was chosen and why.
-Precision resolve_precision(const std::string& name, std::string* note = nullptr);
+// throws std::invalid_argument naming the CPU's ISA (bf16 emulated in
+// `kernels` runs anywhere). `note`, when given, receives one line saying what
+// was chosen and why.
+Precision resolve_precision(const std::string& name, const KernelConfig& kernels,
+                            std::string* note = nullptr);
 
-// Throws std::invalid_argument naming the ISA when `p` cannot run here.
-void check_precision_supported(Precision p);
+// Throws std::invalid_argument naming the ISA when `p` cannot run here on
+// `kernels` (a model plan checks its own: rnn_make_plan).
+void check_precision_supported(Precision p, const KernelConfig& kernels);
 
 }  // namespace seqpack

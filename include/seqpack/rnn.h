@@ -82,8 +82,8 @@ struct RNNGradients {
   std::vector<Tensor> weights;  // rnn_parameter_names order
 };
 
-// How a plan's calls share a direction's steps between threads: seqpack::
-// Policy's step_split, step_units and step_rows (rnn_config), given to the
+// How a plan's calls share a direction's steps between threads, and the
+// kernels they run on: seqpack::Policy's settings (rnn_config), given to the
 // plan when it is made, as oneDNN's primitive attributes are. The core reads
 // no other.
 struct RNNConfig {
@@ -107,11 +107,14 @@ struct RNNConfig {
   // (its columns of every gate, laid out together on first use) or one
   // product per range (for measuring).
   bool step_groups = true;
+  // The kernels its products and gates run on (Policy's max_cpu_isa,
+  // int8_kernel and bf16): the plan's weights are laid out for them.
+  KernelConfig kernels;
   bool operator==(const RNNConfig&) const = default;
 };
 struct Policy;
-// The config of `policy`'s settings; throws std::invalid_argument as
-// set_policy does, naming a setting whose value is not among its own.
+// The config of `policy`'s settings; throws std::invalid_argument naming a
+// setting whose value is not among its own (seqpack/policy.h).
 RNNConfig rnn_config(const Policy& policy);
 
 // A model's plan, the prepared model every forward runs: its options and

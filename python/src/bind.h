@@ -10,6 +10,8 @@ namespace seqpack::python {
 // The config of the SEQPACK_* policy the module installed at its import
 // (rnn_config): the models and plans made from Python are made with it.
 const RNNConfig& policy_config();
+// The SEQPACK_* policy the module read at its import.
+const Policy& installed_policy();
 
 void bind_tensor(pybind11::module_& m);
 void bind_packing(pybind11::module_& m);

@@ -12,7 +12,7 @@ void bind_precision(py::module_& m) {
   py::enum_<Precision>(m, "Precision").value("fp32", Precision::fp32).value("bf16", Precision::bf16)
       .value("int8", Precision::int8);
   m.def("cpu_info", [] {
-    const CpuInfo c = cpu_info();
+    const CpuInfo c = cpu_info(installed_policy());
     py::dict d;
     d["isa"] = c.isa;
     d["native_bf16"] = c.native_bf16;
@@ -27,8 +27,10 @@ void bind_precision(py::module_& m) {
     d["isa_cap"] = c.isa_cap;
     return d;
   });
-  m.def("resolve_precision", [](const std::string& name) { return resolve_precision(name); },
-        py::arg("name"));
+  m.def(
+      "resolve_precision",
+      [](const std::string& name) { return resolve_precision(name, policy_config().kernels); },
+      py::arg("name"));
 }
 
 }  // namespace seqpack::python

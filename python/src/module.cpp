@@ -8,20 +8,23 @@
 namespace seqpack::python {
 
 namespace {
-RNNConfig installed_config;  // set once, at the import
+Policy installed;            // set once, at the import
+RNNConfig installed_config;  // its config
 }  // namespace
 
 const RNNConfig& policy_config() { return installed_config; }
+const Policy& installed_policy() { return installed; }
 
 }  // namespace seqpack::python
 
 PYBIND11_MODULE(_seqpack, m) {
   m.doc() = "seqpack C++ core (use the seqpack package, not this module)";
-  // The core reads no environment: the module installs the SEQPACK_* policy
-  // (a bad value fails the import, naming the variable and the value).
+  // The core reads no environment: the module reads the SEQPACK_* policy
+  // once (a bad value fails the import, naming the variable and the value)
+  // and gives its config to every plan it makes.
   const seqpack::Policy policy = seqpack::policy_from_environment();
-  seqpack::set_policy(policy);
   seqpack::python::installed_config = seqpack::rnn_config(policy);
+  seqpack::python::installed = policy;
   // The linked library's version (seqpack.__version__, include/seqpack/version.h).
   m.attr("__version__") = seqpack::version();
   seqpack::python::bind_tensor(m);

@@ -17,6 +17,8 @@
 
 #include <cstdint>
 
+#include "cpu/isa_cap.h"
+
 namespace seqpack::cpu {
 
 struct AdamScalars {
@@ -24,8 +26,9 @@ struct AdamScalars {
 };
 
 // vmax is null without amsgrad. Arrays must not overlap.
+// On the target of `cap` (Highway's, cpu/isa_cap.h).
 void adam_update_f32(float* p, const float* grad, float* m, float* v, float* vmax, int64_t n,
-                     const AdamScalars& s);
+                     const AdamScalars& s, IsaLevel cap);
 
 // The same update as a plain scalar loop: the reference the SIMD path is tested against.
 void adam_update_f32_scalar(float* p, const float* grad, float* m, float* v, float* vmax, int64_t n,

@@ -101,8 +101,8 @@ namespace seqpack::cpu {
 HWY_EXPORT(AdamUpdate);
 
 void adam_update_f32(float* p, const float* grad, float* m, float* v, float* vmax, int64_t n,
-                     const AdamScalars& s) {
-  SEQPACK_HWY_DISPATCH(AdamUpdate)(p, grad, m, v, vmax, n, s);
+                     const AdamScalars& s, IsaLevel cap) {
+  SEQPACK_HWY_DISPATCH(AdamUpdate, cap)(p, grad, m, v, vmax, n, s);
 }
 
 void adam_update_f32_scalar(float* p, const float* grad, float* m, float* v, float* vmax, int64_t n,

@@ -61,10 +61,10 @@ void few_terms_call(bool trans_a, int64_t m, int64_t n, int64_t k, T alpha, cons
 // A BLAS call, or gemm_few_terms (float) / few_terms_call where it applies.
 template <typename T>
 void product_call(bool ta, bool tb, int64_t m, int64_t n, int64_t k, T alpha, const T* a,
-                  int64_t lda, const T* b, int64_t ldb, T beta, T* c, int64_t ldc) {
+                  int64_t lda, const T* b, int64_t ldb, T beta, T* c, int64_t ldc, IsaLevel cap) {
   if (k <= kFewTerms && !tb) {
     if constexpr (std::is_same_v<T, float>) {
-      gemm_few_terms(ta, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+      gemm_few_terms(cap, ta, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
     } else {
       few_terms_call(ta, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
     }
@@ -107,7 +107,8 @@ void fill_rows(T* c, int64_t ldc, const T* c_row, int64_t r0, int64_t r1, int64_
 
 template <typename T>
 void gemm_impl(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, T alpha, const T* a,
-               int64_t lda, const T* b, int64_t ldb, T beta, T* c, int64_t ldc, const T* c_row) {
+               int64_t lda, const T* b, int64_t ldb, T beta, T* c, int64_t ldc, IsaLevel cap,
+               const T* c_row) {
   if (m == 0 || n == 0) return;
   if (c_row) beta = T(1);
   if (k == 0) {
@@ -124,7 +125,7 @@ void gemm_impl(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, T al
   const int nt = gemm_threads(m, n, k, k <= kFewTerms && !trans_b);
   if (nt <= 1) {
     if (c_row) fill_rows(c, ldc, c_row, 0, m, 0, n);
-    product_call(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+    product_call(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc, cap);
     return;
   }
   // Each thread computes a block of rows of C (or of columns, when C is
@@ -146,12 +147,13 @@ void gemm_impl(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, T al
         const T* ab = trans_a ? a + lo : a + lo * lda;
         if (c_row) fill_rows(c, ldc, c_row, lo, hi, 0, n);
         product_call(trans_a, trans_b, hi - lo, n, k, alpha, ab, lda, b, ldb, beta, c + lo * ldc,
-                     ldc);
+                     ldc, cap);
       } else {
         // Columns lo..hi of op(B): columns of B, or rows when B is transposed.
         const T* bb = trans_b ? b + lo * ldb : b + lo;
         if (c_row) fill_rows(c, ldc, c_row, 0, m, lo, hi);
-        product_call(trans_a, trans_b, m, hi - lo, k, alpha, a, lda, bb, ldb, beta, c + lo, ldc);
+        product_call(trans_a, trans_b, m, hi - lo, k, alpha, a, lda, bb, ldb, beta, c + lo, ldc,
+                     cap);
       }
     }
   }
@@ -168,15 +170,15 @@ BlasSingleThread::~BlasSingleThread() {
 template <>
 void gemm<float>(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha,
                  const float* a, int64_t lda, const float* b, int64_t ldb, float beta, float* c,
-                 int64_t ldc, const float* c_row) {
-  gemm_impl<float>(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc, c_row);
+                 int64_t ldc, IsaLevel cap, const float* c_row) {
+  gemm_impl<float>(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc, cap, c_row);
 }
 
 template <>
 void gemm<double>(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, double alpha,
                   const double* a, int64_t lda, const double* b, int64_t ldb, double beta,
-                  double* c, int64_t ldc, const double* c_row) {
-  gemm_impl<double>(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc, c_row);
+                  double* c, int64_t ldc, IsaLevel cap, const double* c_row) {
+  gemm_impl<double>(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc, cap, c_row);
 }
 
 void set_blas_threads(int n) { openblas_set_num_threads(n); }

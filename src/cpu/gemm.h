@@ -8,20 +8,23 @@
 //
 // With `c_row` (n values), every row of C is set to c_row before the product is
 // added (beta is then ignored): a bias broadcast over the rows, written by the
-// thread that then computes those rows, right before it does.
+// thread that then computes those rows, right before it does. `cap`: the ISA
+// cap of seqpack's own kernels among them (gemm_few_terms, float's products of
+// few terms; a plan's or a front end's policy's, cpu/isa_cap.h).
 #pragma once
 
 #include <cstdint>
 #include <string>
 #include <vector>
 
+#include "cpu/isa_cap.h"
 #include "cpu/scratch.h"
 
 namespace seqpack::cpu {
 
 template <typename T>
 void gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, T alpha, const T* a,
-          int64_t lda, const T* b, int64_t ldb, T beta, T* c, int64_t ldc,
+          int64_t lda, const T* b, int64_t ldb, T beta, T* c, int64_t ldc, IsaLevel cap,
           const T* c_row = nullptr);
 
 // Products of at most this many terms (k) with op(B) = B (a decoder step's
@@ -32,7 +35,11 @@ void gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, T alpha, 
 constexpr int64_t kFewTerms = 4;
 
 // C = alpha·op(A)·B + beta·C, k <= kFewTerms, B [k, n] as stored (row stride
-// ldb); C is not read where beta is 0. Highway, per x86 target.
+// ldb); C is not read where beta is 0. Highway, on the target of `cap`.
+void gemm_few_terms(IsaLevel cap, bool trans_a, int64_t m, int64_t n, int64_t k, float alpha,
+                    const float* a, int64_t lda, const float* b, int64_t ldb, float beta, float* c,
+                    int64_t ldc);
+
 // Products of a few rows of A by weights as stored, reading the weights once
 // at the rate of their rows: C[i, :] = beta * C[i, :] + A[i, :]·op(b) (+ c_row
 // where given), A [m, k] (row stride lda), op(b) [k, n]. With trans_b (b [n,
@@ -40,19 +47,16 @@ constexpr int64_t kFewTerms = 4;
 // per output, for m <= kDotRowsMax; without (b [k, n]: its input gradient,
 // dG·W_ih) one chain of FMAs over k per output, for m <= kDotRowsEngine. An
 // output's bits do not depend on the thread count (a large product is split
-// over the threads by columns).
+// over the threads by columns). Highway, on the target of `cap`.
 constexpr int64_t kDotRowsMax = 4;
 // The rows up to which the fp32 engine runs such products here (faster than
 // oneDNN's and the few-row kernels at 1 and 2 rows, not at 3 and 4: bench_gemm
 // BM_dot_rows).
 constexpr int64_t kDotRowsEngine = 2;
 constexpr int64_t kParallelDotElements = 1 << 18;  // 1 MB of weights
-void gemm_dot_rows(int64_t m, int64_t n, int64_t k, const float* a, int64_t lda, const float* b,
-                   bool trans_b, int64_t ldb, float beta, float* c, int64_t ldc,
+void gemm_dot_rows(IsaLevel cap, int64_t m, int64_t n, int64_t k, const float* a, int64_t lda,
+                   const float* b, bool trans_b, int64_t ldb, float beta, float* c, int64_t ldc,
                    const float* c_row);
-
-void gemm_few_terms(bool trans_a, int64_t m, int64_t n, int64_t k, float alpha, const float* a,
-                    int64_t lda, const float* b, int64_t ldb, float beta, float* c, int64_t ldc);
 
 // One thread pool: seqpack's threads are OpenMP's. gemm splits a large
 // product over them itself (when called outside a parallel region), each
@@ -85,20 +89,22 @@ std::string blas_config();
 // call, which for a few rows costs more than the product itself. Packing once
 // per call (layer and direction) removes that cost from every step.
 //
-// Layout: panels of `width` columns (two SIMD vectors of the dispatched
-// target), each [k][width], columns past n zero-filled.
+// Layout: panels of `width` columns (two SIMD vectors of the target of
+// `cap`, pack_weights'), each [k][width], columns past n zero-filled;
+// gemm_packed_small dispatches to that target.
 struct PackedWeights {
   int64_t k = 0, n = 0, width = 0;
-  Scratch<float> storage;  // over-allocated so the panels start 64-byte aligned
-  int64_t offset = 0;          // first element of the panels within storage
+  IsaLevel cap = IsaLevel::avx512;  // the ISA cap the panels are laid out for
+  Scratch<float> storage;           // over-allocated so the panels start 64-byte aligned
+  int64_t offset = 0;               // first element of the panels within storage
   const float* panels() const { return storage.data() + offset; }
 };
 
-// Lays B out: B[kk][j] = trans_b ? b[j * ldb + kk] : b[kk * ldb + j]. Reuses
-// out's storage when it is large enough (no allocation when re-packing a
-// matrix of the same size).
+// Lays B out for the target of `cap`: B[kk][j] = trans_b ? b[j * ldb + kk] :
+// b[kk * ldb + j]. Reuses out's storage when it is large enough (no
+// allocation when re-packing a matrix of the same size).
 void pack_weights(const float* b, bool trans_b, int64_t k, int64_t n, int64_t ldb,
-                  PackedWeights& out);
+                  PackedWeights& out, IsaLevel cap);
 
 // C[i, j] = A[i, :]·B[:, j] + beta * C[i, j] for rows i < m and columns
 // col0 <= j < col1 of C (c points at column 0). A is [m, b.k] with row stride
@@ -123,8 +129,9 @@ void gemm_packed_small(int64_t m, const float* a, int64_t lda, const PackedWeigh
 // gemm_packed_small; faster than the two where one product is all a layout
 // would serve (a call of one step: the layout writes all of B out to memory
 // and reads it back).
-void gemm_unpacked_small(int64_t m, const float* a, int64_t lda, const float* b, bool trans_b,
-                         int64_t k, int64_t n, int64_t ldb, int64_t col0, int64_t col1, float beta,
-                         float* c, int64_t ldc, const float* const* init = nullptr);
+void gemm_unpacked_small(IsaLevel cap, int64_t m, const float* a, int64_t lda, const float* b,
+                         bool trans_b, int64_t k, int64_t n, int64_t ldb, int64_t col0,
+                         int64_t col1, float beta, float* c, int64_t ldc,
+                         const float* const* init = nullptr);
 
 }  // namespace seqpack::cpu

@@ -351,9 +351,9 @@ void product_of(const uint16_t* a, const Bf16RowsB& b, int64_t j0, int64_t j1, f
 
 }  // namespace
 
-bool bf16_rows_available() {
-  return cpu_converts_bf16() && !bf16_emulation() && has_bf16_dot_products() &&
-         !has_amx_dot_products() && avx512_allowed(isa_cap());
+bool bf16_rows_available(const Kernels& kernels) {
+  return cpu_converts_bf16() && !kernels.bf16_emulated && native_bf16_dot_products() &&
+         !has_amx_dot_products() && avx512_allowed(kernels.isa_cap);
 }
 
 const uint16_t* bf16_rows_operand(int64_t m, int64_t k, const float* a, int64_t lda,

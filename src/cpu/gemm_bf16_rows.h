@@ -19,16 +19,17 @@
 
 #include "cpu/bf16_blocked.h"
 #include "cpu/grow_buffer.h"
+#include "cpu/isa_cap.h"
 
 namespace seqpack::cpu {
 
 constexpr int64_t kFewRows = 4;
 
-// Whether the few-row products may run: native AVX512-BF16 dot products (not
-// bf16's emulation, whose products are widened to fp32), no AMX (whose
-// kernels sum in another order), under an ISA cap (cpu/isa_cap.h) of
-// avx512.
-bool bf16_rows_available();
+// Whether the few-row products may run on `kernels`: native AVX512-BF16 dot
+// products (not bf16's emulation, whose products are widened to fp32), no
+// AMX (whose kernels sum in another order), under an ISA cap
+// (cpu/isa_cap.h) that leaves AVX-512 on.
+bool bf16_rows_available(const Kernels& kernels);
 
 // op(B) [k, n] of a few-row product: fp32 W where it is (w, row stride ld;
 // op(B) = Wᵀ where trans), or op(B) laid out as `blocking` says (laid); the

@@ -25,9 +25,12 @@ struct BlasOperand : StepOperand {
 template <typename T>
 class BlasEngine : public GemmEngine<T> {
  public:
+  // `cap`: the ISA cap of cpu::gemm's own kernels (float's few-term products).
+  explicit BlasEngine(IsaLevel cap) : cap_(cap) {}
+
   void gemm(const GemmProduct<T>& p) const override {
     cpu::gemm<T>(p.a.trans, p.b.trans, p.m, p.n, p.k, T(1), p.a.data, p.a.ld, p.b.data, p.b.ld,
-                 p.beta, p.c, p.ldc, p.c_row);
+                 p.beta, p.c, p.ldc, cap_, p.c_row);
   }
 
   std::unique_ptr<StepOperand> prepare(const T* b, bool trans_b, int64_t k, int64_t n,
@@ -50,8 +53,12 @@ class BlasEngine : public GemmEngine<T> {
     const auto [c0, c1] = op.ranges[range];
     if (m == 0 || c1 <= c0) return;
     const T* b = op.trans ? op.b + c0 * op.ldb : op.b + c0;
-    cpu::gemm<T>(false, op.trans, m, c1 - c0, op.k, T(1), a, lda, b, op.ldb, beta, c + c0, ldc);
+    cpu::gemm<T>(false, op.trans, m, c1 - c0, op.k, T(1), a, lda, b, op.ldb, beta, c + c0, ldc,
+                 cap_);
   }
+
+ protected:
+  IsaLevel cap_;
 };
 
 // W laid out once into column panels for gemm_packed_small (cpu/gemm.h), or
@@ -83,6 +90,9 @@ bool onednn_avx512() {
 
 class F32Engine : public BlasEngine<float> {
  public:
+  // The kernels of `cap` (gemm_packed_small's panels are laid out for its target).
+  explicit F32Engine(IsaLevel cap) : BlasEngine<float>(cap) {}
+
   void gemm(const GemmProduct<float>& p) const override {
     // The weight gradients (dGᵀ·X, op(A) = Aᵀ, k the batch's rows) ran at
     // half of OpenBLAS's rate in oneDNN 2.6's f32 matmul below AVX-512 (Zen
@@ -102,8 +112,8 @@ class F32Engine : public BlasEngine<float> {
     // oneDNN 2.6's f32 matmul took 2-2.6x as long at one row (bench_gemm
     // BM_dot_rows, Zen 4).
     if (!p.a.trans && p.m <= kDotRowsEngine && p.k > 0) {
-      gemm_dot_rows(p.m, p.n, p.k, p.a.data, p.a.ld, p.b.data, p.b.trans, p.b.ld, p.beta, p.c,
-                    p.ldc, p.c_row);
+      gemm_dot_rows(cap_, p.m, p.n, p.k, p.a.data, p.a.ld, p.b.data, p.b.trans, p.b.ld, p.beta,
+                    p.c, p.ldc, p.c_row);
       return;
     }
     onednn_gemm_f32(p.a.trans, p.b.trans, p.m, p.n, p.k, p.a.data, p.a.ld, p.b.data, p.b.ld,
@@ -115,7 +125,7 @@ class F32Engine : public BlasEngine<float> {
                                        const std::vector<ColumnRange>& ranges,
                                        const WeightLayout*) const override {
     auto op = operand(k, n, ranges);
-    pack_weights(b, trans_b, k, n, ldb, op->packed);
+    pack_weights(b, trans_b, k, n, ldb, op->packed, cap_);
     return op;
   }
 
@@ -137,7 +147,7 @@ class F32Engine : public BlasEngine<float> {
     const auto [c0, c1] = op.ranges[range];
     if (m == 0) return;
     if (op.in_place) {
-      gemm_unpacked_small(m, a, lda, op.b, op.trans, op.k, op.n, op.ldb, c0, c1, beta, c, ldc,
+      gemm_unpacked_small(cap_, m, a, lda, op.b, op.trans, op.k, op.n, op.ldb, c0, c1, beta, c, ldc,
                           init);
     } else {
       gemm_packed_small(m, a, lda, op.packed, c0, c1, beta, c, ldc, init);
@@ -162,21 +172,21 @@ class F32Engine : public BlasEngine<float> {
 
 }  // namespace
 
-const GemmEngine<float>& gemm_engine_f32(Precision precision) {
-  static const F32Engine f32;
+const GemmEngine<float>& gemm_engine_f32(Precision precision, const Kernels& kernels) {
+  static const F32Engine f32[] = {F32Engine(IsaLevel::sse4),      F32Engine(IsaLevel::avx2),
+                                  F32Engine(IsaLevel::avx3),      F32Engine(IsaLevel::avx3_dl),
+                                  F32Engine(IsaLevel::avx3_zen4), F32Engine(IsaLevel::avx512)};
   if (precision == Precision::bf16) {
-    require_bf16_dot_products();
-    return onednn_bf16_engine();
+    require_bf16_dot_products(kernels);
+    return onednn_bf16_engine(kernels);
   }
-  if (precision == Precision::int8) {
-    check_int8_kernel_choice();
-    return int8_engine();
-  }
-  return f32;
+  if (precision == Precision::int8) return int8_engine(kernels);
+  return f32[static_cast<int>(kernels.isa_cap)];
 }
 
 const GemmEngine<double>& gemm_engine_f64() {
-  static const BlasEngine<double> f64;
+  // (float64's products run on BLAS and plain loops: no cap applies)
+  static const BlasEngine<double> f64(IsaLevel::avx512);
   return f64;
 }
 

@@ -37,6 +37,7 @@
 #include <utility>
 #include <vector>
 
+#include "cpu/isa_cap.h"
 #include "cpu/operand_rows.h"
 #include "cpu/row_sink.h"
 #include "seqpack/precision.h"
@@ -191,30 +192,27 @@ inline bool fits_row_split(int64_t k, int64_t n, int64_t bytes) {
   return k * n * bytes <= (512 << 10);
 }
 
-// Whether the bf16 products run emulated (the policy's bf16 = "emulated"):
-// their bf16 operands widened to fp32 (exactly) and multiplied by oneDNN's
-// f32 matmul, each product of two bf16 values exact in fp32, so that only
-// the order of the fp32 sums differs from the bf16 units'. bf16 then runs on
-// any CPU (slower than fp32), and its setter (set_policy).
-bool bf16_emulation();
-void set_bf16_emulation(bool on);
-
-// The engine for this element type and precision (a process-wide instance).
-// bf16 requires float and bf16 dot products, native or emulated
-// (require_bf16_dot_products).
-const GemmEngine<float>& gemm_engine_f32(Precision precision);
+// The engine for this element type and precision on `kernels` (an instance
+// per setting that changes its products: the ISA cap, bf16's emulation, the
+// int8 kernel). bf16 requires float and bf16 dot products, native or
+// emulated (require_bf16_dot_products); emulated (kernels.bf16_emulated),
+// its bf16 operands are widened to fp32 (exactly) and multiplied in fp32,
+// each product of two bf16 values exact in fp32, so that only the order of
+// the fp32 sums differs from the bf16 units': bf16 then runs on any CPU
+// (slower than fp32). int8 runs int8_kernel(kernels) (cpu/gemm_int8.h).
+const GemmEngine<float>& gemm_engine_f32(Precision precision, const Kernels& kernels);
 const GemmEngine<double>& gemm_engine_f64();
 
 // The int8 engine (src/cpu/gemm_engine_int8.cpp): forward products only.
-const GemmEngine<float>& int8_engine();
+const GemmEngine<float>& int8_engine(const Kernels& kernels);
 
 // oneDNN's bf16 engine (src/cpu/gemm_onednn.cpp).
-const GemmEngine<float>& onednn_bf16_engine();
+const GemmEngine<float>& onednn_bf16_engine(const Kernels& kernels);
 
 // Every product in oneDNN at this precision, steps included (blocked weights)
 // and with no fp32 fall-back: oneDNN's own rate, which bench_gemm's
 // BM_workload_gemms measures for compare_torch.py.
-const GemmEngine<float>& onednn_engine(Precision precision);
+const GemmEngine<float>& onednn_engine(Precision precision, const Kernels& kernels);
 
 // Where the bf16 engine really multiplies in bf16. Products too small for it
 // to pay run in fp32 instead (more accurate, and faster there: a oneDNN call
@@ -230,7 +228,7 @@ bool bf16_product(int64_t m, int64_t n, int64_t k);
 // (cpu/gemm_bf16_rows.h), oneDNN's, found once per shape and thread context;
 // 0 where those kernels do not run it (not available, or none gives
 // oneDNN's bits: oneDNN runs it).
-int64_t bf16_few_rows_k_block(int64_t m, int64_t k, int64_t n);
+int64_t bf16_few_rows_k_block(int64_t m, int64_t k, int64_t n, const Kernels& kernels);
 // How many of the oneDNN primitives created so far run oneDNN's reference
 // (unoptimised) kernel; tests check it stays 0.
 int64_t onednn_reference_primitives();

@@ -14,8 +14,11 @@
 #include <omp.h>
 
 #include <algorithm>
+#include <map>
 #include <memory>
+#include <mutex>
 #include <stdexcept>
+#include <utility>
 
 #include "cpu/cpu_info.h"
 #include "cpu/gemm_engine.h"
@@ -64,6 +67,8 @@ int64_t column_blocks(int64_t k, int64_t n, int threads) {
 
 class Int8Engine : public GemmEngine<float> {
  public:
+  Int8Engine(Int8Kernel kernel, IsaLevel cap) : kernel_(kernel), cap_(cap) {}
+
   void gemm(const GemmProduct<float>& p) const override {
     if (p.a.trans || p.a.kept) {
       throw std::logic_error("the int8 engine runs forward products only, not op(A)ᵀ·op(B)");
@@ -74,7 +79,7 @@ class Int8Engine : public GemmEngine<float> {
       throw std::logic_error("the int8 engine's weights are laid out for W transposed only");
     }
     QuantizedWeights own;
-    if (!laid_out) quantize_weights_s8(p.b.data, p.b.trans, p.k, p.n, p.b.ld, own);
+    if (!laid_out) quantize_weights_s8(p.b.data, p.b.trans, p.k, p.n, p.b.ld, own, cap_);
     const QuantizedWeights& w = laid_out ? laid_out->w : own;
     // Tasks of kRowsPerTask rows by column blocks, a block's row tasks
     // adjacent, so that a thread's static share is mostly one block of B.
@@ -91,7 +96,7 @@ class Int8Engine : public GemmEngine<float> {
       const int64_t c0 = block * p.n / blocks / 16 * 16;
       const int64_t c1 = block + 1 == blocks ? p.n : (block + 1) * p.n / blocks / 16 * 16;
       QuantizedRows& q = thread_rows();
-      quantize_rows_u8(rows, p.k, p.a.data + r0 * p.a.ld, p.a.ld, q);
+      quantize_rows_u8(rows, p.k, p.a.data + r0 * p.a.ld, p.a.ld, q, kernel_);
       gemm_u8s8_f32(rows, q, 0, w, c0, c1, p.beta, p.c + r0 * p.ldc, p.ldc, nullptr, p.c_row);
     }
   }
@@ -99,7 +104,7 @@ class Int8Engine : public GemmEngine<float> {
   std::unique_ptr<WeightLayout> lay_out_weights(const float* b, bool trans_b, int64_t k,
                                                 int64_t n, int64_t ldb) const override {
     auto q = std::make_unique<Int8Weights>();
-    quantize_weights_s8(b, trans_b, k, n, ldb, q->w);
+    quantize_weights_s8(b, trans_b, k, n, ldb, q->w, cap_);
     return q;
   }
 
@@ -113,7 +118,7 @@ class Int8Engine : public GemmEngine<float> {
     if (laid_out) {
       op->w = &static_cast<const Int8Weights*>(laid_out)->w;
     } else {
-      quantize_weights_s8(b, trans_b, k, n, ldb, op->own);
+      quantize_weights_s8(b, trans_b, k, n, ldb, op->own, cap_);
       op->w = &op->own;
     }
     return op;
@@ -126,7 +131,7 @@ class Int8Engine : public GemmEngine<float> {
     const auto [c0, c1] = op.ranges[range];
     if (m == 0 || c1 <= c0) return;
     QuantizedRows& q = thread_rows();
-    quantize_rows_u8(m, op.k, a, lda, q);
+    quantize_rows_u8(m, op.k, a, lda, q, kernel_);
     gemm_u8s8_f32(m, q, 0, *op.w, c0, c1, beta, c, ldc, init);
   }
 
@@ -138,7 +143,7 @@ class Int8Engine : public GemmEngine<float> {
     const auto& op = static_cast<const Int8Operand&>(sb);
     if (m == 0) return;
     QuantizedRows& q = thread_rows();
-    quantize_rows_u8(m, op.k, a, lda, q);
+    quantize_rows_u8(m, op.k, a, lda, q, kernel_);
     for (std::size_t r = first; r < first + count; ++r) {
       const auto [c0, c1] = op.ranges[r];
       if (c1 > c0) gemm_u8s8_f32(m, q, 0, *op.w, c0, c1, beta, c, ldc, init);
@@ -153,13 +158,23 @@ class Int8Engine : public GemmEngine<float> {
   // sentences' W_hh (256 x 1024) ran 3.2-3.6 ms by columns at 16 threads on
   // the GPU machine's AMX Xeon, against bf16's 1.3-2.0 by rows.
   bool steps_by_rows(int64_t k, int64_t n, bool) const override { return fits_row_split(k, n, 1); }
+
+ private:
+  Int8Kernel kernel_;  // the rows' quantization and the products' kernel
+  IsaLevel cap_;       // the weights' quantization's
 };
 
 }  // namespace
 
-const GemmEngine<float>& int8_engine() {
-  static const Int8Engine engine;
-  return engine;
+const GemmEngine<float>& int8_engine(const Kernels& kernels) {
+  // One per kernel and cap, made on first use and kept.
+  static std::mutex mutex;
+  static std::map<std::pair<Int8Kernel, IsaLevel>, std::unique_ptr<Int8Engine>> made;
+  const auto key = std::make_pair(int8_kernel(kernels), kernels.isa_cap);
+  const std::lock_guard<std::mutex> lock(mutex);
+  auto& engine = made[key];
+  if (!engine) engine = std::make_unique<Int8Engine>(key.first, key.second);
+  return *engine;
 }
 
 }  // namespace seqpack::cpu

@@ -89,50 +89,25 @@ namespace {
 
 using namespace int8_impl;
 
-std::atomic<int> kernel_override{static_cast<int>(Int8Kernel::automatic)};
-
-bool runs_here(Int8Kernel kernel) {
+bool runs_here(Int8Kernel kernel, IsaLevel cap) {
   switch (kernel) {
-    case Int8Kernel::amx: return amx_int8_supported();
-    case Int8Kernel::vnni: return vnni_int8_supported();
-    case Int8Kernel::avx2: return avx2_int8_supported();
+    case Int8Kernel::amx:
+      return amx_int8_supported(cap);
+    case Int8Kernel::vnni:
+      return vnni_int8_supported(cap);
+    case Int8Kernel::avx2:
+      return avx2_int8_supported(cap);
     default: return true;
   }
 }
 
-std::string cannot_run(Int8Kernel kernel) {
+std::string cannot_run(Int8Kernel kernel, IsaLevel cap) {
   const char* needs = kernel == Int8Kernel::amx    ? "AMX-INT8"
                       : kernel == Int8Kernel::vnni ? "AVX512-VNNI"
                                                    : "AVX2";
   return std::string("'") + int8_kernel_name(kernel) + "' needs " + needs +
          ", which this CPU (oneDNN ISA " + isa_name() + ", SEQPACK_MAX_CPU_ISA " +
-         isa_level_name(isa_cap()) + ") does not offer";
-}
-
-// The policy's kernel (set_int8_kernel_request), and the kernel it gives on
-// this CPU under the caps as they stood at the first product after it was
-// set (-1: none chosen yet).
-std::atomic<int> requested{static_cast<int>(Int8Kernel::automatic)};
-std::atomic<int> chosen{-1};
-
-Int8Kernel choose(Int8Kernel set) {
-  if (set != Int8Kernel::automatic) {
-    if (!runs_here(set)) throw std::invalid_argument("SEQPACK_INT8_KERNEL: " + cannot_run(set));
-    return set;
-  }
-  for (const Int8Kernel k : {Int8Kernel::amx, Int8Kernel::vnni, Int8Kernel::avx2}) {
-    if (runs_here(k)) return k;
-  }
-  return Int8Kernel::scalar;
-}
-
-Int8Kernel policy_kernel() {
-  int c = chosen.load(std::memory_order_relaxed);
-  if (c < 0) {
-    c = static_cast<int>(choose(static_cast<Int8Kernel>(requested.load(std::memory_order_relaxed))));
-    chosen.store(c, std::memory_order_relaxed);
-  }
-  return static_cast<Int8Kernel>(c);
+         isa_level_name(cap) + ") does not offer";
 }
 
 std::atomic<int64_t> weight_quantizations{0};
@@ -153,42 +128,41 @@ int int8_row_levels(Int8Kernel kernel) {
   return kernel == Int8Kernel::vnni || kernel == Int8Kernel::amx ? 255 : 127;
 }
 
-bool vnni_int8_supported() {
+bool vnni_int8_supported(IsaLevel cap) {
   static const bool cpu = __builtin_cpu_supports("avx512vnni") &&
                           __builtin_cpu_supports("avx512bw") &&
                           __builtin_cpu_supports("avx512vl");
-  // SEQPACK_MAX_CPU_ISA below avx3 rules the kernel out like a smaller CPU.
-  return cpu && has_int8_dot_products() && avx512_allowed(isa_cap());
+  // A cap below avx3 rules the kernel out like a smaller CPU.
+  return cpu && has_int8_dot_products() && avx512_allowed(cap);
 }
 
-bool avx2_int8_supported() {
+bool avx2_int8_supported(IsaLevel cap) {
   static const bool cpu = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
-  return cpu && isa_cap() != IsaLevel::sse4;
+  return cpu && cap != IsaLevel::sse4;
 }
 
-bool amx_int8_supported() {
-  static const bool yes = vnni_int8_supported() && has_amx_dot_products() && amx_int8_usable();
-  return yes;
+bool amx_int8_supported(IsaLevel cap) {
+  static const bool yes =
+      vnni_int8_supported(IsaLevel::avx512) && has_amx_dot_products() && amx_int8_usable();
+  return yes && avx512_allowed(cap);
 }
 
-void set_int8_kernel_request(Int8Kernel kernel) {
-  requested.store(static_cast<int>(kernel), std::memory_order_relaxed);
-  chosen.store(-1, std::memory_order_relaxed);
-}
-
-Int8Kernel int8_kernel() {
-  const auto set = static_cast<Int8Kernel>(kernel_override.load(std::memory_order_relaxed));
-  return set != Int8Kernel::automatic ? set : policy_kernel();
-}
-
-void set_int8_kernel(Int8Kernel kernel) {
-  if (!runs_here(kernel)) throw std::invalid_argument("the int8 kernel " + cannot_run(kernel));
-  kernel_override.store(static_cast<int>(kernel), std::memory_order_relaxed);
+Int8Kernel int8_kernel(const Kernels& kernels) {
+  const Int8Kernel set = kernels.int8;
+  if (set != Int8Kernel::automatic) {
+    if (!runs_here(set, kernels.isa_cap))
+      throw std::invalid_argument("SEQPACK_INT8_KERNEL: " + cannot_run(set, kernels.isa_cap));
+    return set;
+  }
+  for (const Int8Kernel k : {Int8Kernel::amx, Int8Kernel::vnni, Int8Kernel::avx2}) {
+    if (runs_here(k, kernels.isa_cap)) return k;
+  }
+  return Int8Kernel::scalar;
 }
 
 void quantize_rows_u8(int64_t m, int64_t k, const float* x, int64_t ldx, QuantizedRows& out,
                       Int8Kernel kernel) {
-  if (kernel == Int8Kernel::automatic) kernel = int8_kernel();
+  if (kernel == Int8Kernel::automatic) throw std::logic_error("quantize_rows_u8: no kernel");
   out.m = m;
   out.k = k;
   out.ld = (k + 3) / 4 * 4;
@@ -209,7 +183,7 @@ void quantize_rows_u8(int64_t m, int64_t k, const float* x, int64_t ldx, Quantiz
 int64_t int8_weight_quantizations() { return weight_quantizations.load(); }
 
 void quantize_weights_s8(const float* b, bool trans_b, int64_t k, int64_t n, int64_t ldb,
-                         QuantizedWeights& out) {
+                         QuantizedWeights& out, IsaLevel cap) {
   ++weight_quantizations;
   out.k = k;
   out.n = n;
@@ -223,7 +197,7 @@ void quantize_weights_s8(const float* b, bool trans_b, int64_t k, int64_t n, int
   float* sc = out.scale.resize(static_cast<std::size_t>(std::max<int64_t>(np, 1)));
   int32_t* sum = out.sum.resize(static_cast<std::size_t>(std::max<int64_t>(np, 1)));
   const auto at = [&](int64_t kk, int64_t j) { return trans_b ? b[j * ldb + kk] : b[kk * ldb + j]; };
-  const bool simd_columns = trans_b && vnni_int8_supported();
+  const bool simd_columns = trans_b && vnni_int8_supported(cap);
   const bool parallel = !omp_in_parallel() && k * n >= (1 << 16);
 #pragma omp parallel for schedule(static) if (parallel)
   for (int64_t j = 0; j < np; ++j) {

@@ -28,10 +28,11 @@
 //     exact in int32 up to the float conversion (|acc| < 2^31 for k < 66000).
 // Rounding is to nearest even (the CPU's default mode) on both sides.
 //
-// The kernel is chosen once per process (int8_kernel()); the levels of A go
-// with it, so which kernel ran is visible in the results (within the error
-// bounds of docs/performance.md), and a results' batch invariance holds on
-// every kernel.
+// The kernel is chosen per call from its kernel settings (int8_kernel(), a
+// model plan's RNNConfig::kernels); the levels of A go with it, so which
+// kernel ran is visible in the results (within the error bounds of
+// docs/performance.md), and a results' batch invariance holds on every
+// kernel.
 #pragma once
 
 #include <algorithm>
@@ -41,11 +42,12 @@
 #include <vector>
 
 #include "cpu/grow_buffer.h"
+#include "cpu/isa_cap.h"
 
 namespace seqpack::cpu {
 
-// The kernels of the u8·s8 products.
-enum class Int8Kernel { automatic, vnni, amx, avx2, scalar };
+// The kernels of the u8·s8 products (KernelConfig::Int8).
+using Int8Kernel = KernelConfig::Int8;
 // "auto", "vnni", "amx", "avx2", "scalar".
 const char* int8_kernel_name(Int8Kernel kernel);
 // The levels of A's quantization on a kernel: 255 on vnni and amx, 127 on
@@ -53,30 +55,22 @@ const char* int8_kernel_name(Int8Kernel kernel);
 int int8_row_levels(Int8Kernel kernel);
 
 // Whether this CPU (as oneDNN dispatches, ONEDNN_MAX_CPU_ISA capping it) and
-// SEQPACK_MAX_CPU_ISA allow the AVX512-VNNI kernel (AVX512-VNNI and -BW).
-bool vnni_int8_supported();
-// Whether the AVX2 kernel can run: the CPU has AVX2 and SEQPACK_MAX_CPU_ISA
-// is not sse4.
-bool avx2_int8_supported();
+// the cap allow the AVX512-VNNI kernel (AVX512-VNNI and -BW).
+bool vnni_int8_supported(IsaLevel cap);
+// Whether the AVX2 kernel can run: the CPU has AVX2 and the cap is not sse4.
+bool avx2_int8_supported(IsaLevel cap);
 // Whether the AMX-INT8 kernel can run: the VNNI kernel can, the CPU has
 // AMX-TILE and AMX-INT8, oneDNN's ISA includes AMX (ONEDNN_MAX_CPU_ISA below
 // avx512_core_amx rules it out, as it does oneDNN's own AMX kernels) and Linux
 // grants the process the tile data (arch_prctl, asked once).
-bool amx_int8_supported();
-// The kernel of the products (never automatic): set_int8_kernel's choice,
-// else the policy's (set_int8_kernel_request: amx, vnni, avx2 or scalar),
-// else the first of amx, vnni, avx2, scalar this CPU runs. Products of fewer
-// than kAmxMinRows rows on amx run on VNNI (AMX's 16-row tiles would be
-// mostly empty; the same levels, the same bits). Throws
-// std::invalid_argument naming the kernel where the policy names one this
-// CPU cannot run.
-Int8Kernel int8_kernel();
-// The policy's kernel (seqpack/policy.h's int8_kernel; automatic: the best
-// this CPU runs), chosen again at the next product.
-void set_int8_kernel_request(Int8Kernel kernel);
-// For tests and benchmarks: automatic goes back to the policy's choice.
-// Throws std::invalid_argument for a kernel this CPU cannot run.
-void set_int8_kernel(Int8Kernel kernel);
+bool amx_int8_supported(IsaLevel cap);
+// The kernel of the products of `kernels` (never automatic): its int8
+// kernel (amx, vnni, avx2 or scalar), else the first of amx, vnni, avx2,
+// scalar this CPU runs under its cap. Products of fewer than kAmxMinRows rows
+// on amx run on VNNI (AMX's 16-row tiles would be mostly empty; the same
+// levels, the same bits). Throws std::invalid_argument naming the kernel
+// where it names one this CPU cannot run.
+Int8Kernel int8_kernel(const Kernels& kernels);
 inline constexpr int64_t kAmxMinRows = 4;
 
 // Below this spread a row quantizes to zeros: its scale's reciprocal would
@@ -125,9 +119,9 @@ struct QuantizedRows {
 };
 
 // Quantizes rows [0, m) of x (row stride ldx, k columns) into out (storage
-// reused when large enough) for `kernel` (automatic: int8_kernel()).
+// reused when large enough) for `kernel` (int8_kernel()'s: not automatic).
 void quantize_rows_u8(int64_t m, int64_t k, const float* x, int64_t ldx, QuantizedRows& out,
-                      Int8Kernel kernel = Int8Kernel::automatic);
+                      Int8Kernel kernel);
 
 // B [k, n] = op(b) quantized per column and laid out for the kernel: groups
 // of 16 columns, each [k4p][16][4] bytes (vpdpbusd's operand: 4 consecutive k
@@ -140,9 +134,10 @@ struct QuantizedWeights {
   GrowBuffer<int32_t> sum;    // groups * 16: Σ_k q[k, j]
 };
 
-// B[kk][j] = trans_b ? b[j * ldb + kk] : b[kk * ldb + j].
+// B[kk][j] = trans_b ? b[j * ldb + kk] : b[kk * ldb + j]. The same bits on
+// any CPU; AVX-512 quantizes the columns where the CPU and `cap` allow it.
 void quantize_weights_s8(const float* b, bool trans_b, int64_t k, int64_t n, int64_t ldb,
-                         QuantizedWeights& out);
+                         QuantizedWeights& out, IsaLevel cap);
 // How many matrices quantize_weights_s8 has quantized in this process (tests
 // check that weights quantized once are not quantized again).
 int64_t int8_weight_quantizations();

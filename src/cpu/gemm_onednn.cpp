@@ -9,7 +9,7 @@
 // created once per shape and thread and kept (creating one costs ~0.2 ms,
 // fetching a cached one ~1 us); the scratchpad is the caller's (user mode),
 // so two threads never share one.
-// Emulated (bf16_emulation(): the policy's bf16 = "emulated"), the same
+// Emulated (a plan's kernels.bf16_emulated: the policy's bf16 = "emulated"), the same
 // rounded operands are multiplied in fp32 instead (run_emulated), on any CPU.
 #include <immintrin.h>
 #include <omp.h>
@@ -432,9 +432,7 @@ Primitive make_primitive(const Key& key) {
   return p;
 }
 
-std::atomic<bool> emulated_bf16{false};
-
-// run() of a bf16 key on the fp32 units (bf16_emulation()): the operands
+// run() of a bf16 key on the fp32 units (emulated bf16): the operands
 // widened to f32 (exact), then one plain loop whose sums run over k in
 // order for every row, whatever the rows around it: the same bits for a row
 // on any split of the rows, as the native engine gives (each bf16 product is
@@ -475,9 +473,11 @@ void run_emulated(const Key& key, const void* src, const void* wei, float* dst, 
   }
 }
 
-// dst[:m, :n] (+)= src·wei (+ bias).
-void run(const Key& key, const void* src, const void* wei, float* dst, const float* bias) {
-  if (!key.f32 && emulated_bf16.load(std::memory_order_relaxed)) {
+// dst[:m, :n] (+)= src·wei (+ bias); a bf16 key's products emulated in fp32
+// where `emulated` (run_emulated).
+void run(const Key& key, const void* src, const void* wei, float* dst, const float* bias,
+         bool emulated) {
+  if (!key.f32 && emulated) {
     run_emulated(key, src, wei, dst, bias);
     return;
   }
@@ -515,9 +515,10 @@ void run(const Key& key, const void* src, const void* wei, float* dst, const flo
 // tests/test_gemm_engine_sweep on Debian 13; oneDNN 2.6 does not), which would
 // overwrite a neighbour's column, e.g. the other direction's in a [rows, 2H]
 // buffer with H = 1.
-void run_product(Key key, const void* src, const void* wei, float* c, const float* bias) {
+void run_product(Key key, const void* src, const void* wei, float* c, const float* bias,
+                 bool emulated) {
   if (key.n != 1 || key.ldc == 1) {
-    run(key, src, wei, c, bias);
+    run(key, src, wei, c, bias, emulated);
     return;
   }
   const int64_t m = key.m, ldc = key.ldc;
@@ -526,7 +527,7 @@ void run_product(Key key, const void* src, const void* wei, float* c, const floa
     for (int64_t i = 0; i < m; ++i) dense[i] = c[i * ldc];
   }
   key.ldc = 1;
-  run(key, src, wei, dense, bias);
+  run(key, src, wei, dense, bias, emulated);
   for (int64_t i = 0; i < m; ++i) c[i * ldc] = dense[i];
 }
 
@@ -598,10 +599,11 @@ PooledMemory reordered_weights(const float* first, bool trans, int64_t ld, int64
 
 // op(x) [k, w] (as above) in the blocked layout oneDNN's matmul picks for
 // it: bf16 written in one pass where the layout is a pair blocking
-// (bf16_blocked.h), else through oneDNN's reorder.
+// (bf16_blocked.h), else through oneDNN's reorder; for emulated bf16, its
+// values rounded to bf16 in f32 [k, w] rows (run_emulated's weights).
 PooledMemory blocked_weights(const float* first, bool trans, int64_t ld, int64_t k, int64_t w,
-                             bool f32) {
-  if (!f32 && bf16_emulation()) {
+                             bool f32, bool emulated) {
+  if (!f32 && emulated) {
     // run_emulated's weights: the values rounded to bf16, in f32 [k, w] rows.
     PooledMemory rows = pooled_memory(dnnl::memory::desc({k, w}, dt::f32, tag::ab));
     auto* r = static_cast<float*>(rows.memory.get_data_handle());
@@ -632,6 +634,7 @@ struct BlockedOperand : StepOperand {
   std::unique_ptr<StepOperand> fallback;  // the fp32 engine's operand, where bf16 does not pay
   const float* b = nullptr;
   bool trans = false, f32 = false;
+  bool emulated = false;  // bf16's products emulated in fp32 (run_emulated)
   // Steps of a few rows read b where it is (prepare_in_place), else their
   // range's blocked layout (block()).
   bool in_place = false;
@@ -713,10 +716,10 @@ struct BlockedOperand : StepOperand {
 
  private:
   // op(x) [k, w] (x's first column at `first`, row stride ld) in the blocked
-  // layout; for emulated bf16 (bf16_emulation()), its values rounded to bf16
-  // in f32 [k, w] rows (run_emulated's weights).
+  // layout; for emulated bf16, its values rounded to bf16 in f32 [k, w] rows
+  // (run_emulated's weights).
   PooledMemory lay_out(const float* first, int64_t w, int64_t ld) const {
-    return blocked_weights(first, trans, ld, k, w, f32);
+    return blocked_weights(first, trans, ld, k, w, f32, emulated);
   }
 };
 
@@ -732,6 +735,7 @@ struct BlockedOperand : StepOperand {
 struct Bf16Weights : WeightLayout {
   const float* source = nullptr;
   int64_t rows = 0, cols = 0, ld = 0;  // the matrix as stored
+  bool emulated = false;               // laid out for emulated bf16 (blocked_weights)
   struct Blocked {
     PooledMemory weights;
     int layout = -1;  // blocked_layouts()' number
@@ -748,7 +752,7 @@ struct Bf16Weights : WeightLayout {
   const Blocked* of(const float* data, bool trans, int64_t k, int64_t n, int64_t l) const {
     if (!describes(data, trans, k, n, l)) return nullptr;
     std::call_once(made[trans], [&] {
-      blocked[trans].weights = blocked_weights(source, trans, ld, k, n, /*f32=*/false);
+      blocked[trans].weights = blocked_weights(source, trans, ld, k, n, /*f32=*/false, emulated);
       blocked[trans].layout = blocked_layouts().id(blocked[trans].weights.memory.get_desc());
     });
     return &blocked[trans];
@@ -793,7 +797,8 @@ int64_t few_rows_k_block(int64_t m, int64_t k, int64_t n) {
       x = std::ldexp(0.5f + static_cast<float>(r & 0xFFFF) / static_cast<float>(1 << 17),
                      -static_cast<int>(r >> 16) % 16);
     }
-    const PooledMemory laid = blocked_weights(w.data(), /*trans=*/false, n, k, n, /*f32=*/false);
+    const PooledMemory laid =
+        blocked_weights(w.data(), /*trans=*/false, n, k, n, /*f32=*/false, /*emulated=*/false);
     if (!pair_blocking(laid.memory.get_desc(), k, n)) return 0;
     GrowBuffer<uint16_t> a16, rows16;
     stage(m, k, a.data(), k, a16);
@@ -811,7 +816,8 @@ int64_t few_rows_k_block(int64_t m, int64_t k, int64_t n) {
                     true,
                     false,
                     blocked_layouts().id(laid.memory.get_desc())};
-    run(probe, a16.data(), laid.memory.get_data_handle(), want.data(), nullptr);
+    run(probe, a16.data(), laid.memory.get_data_handle(), want.data(), nullptr,
+        /*emulated=*/false);
     const uint16_t* rows = bf16_rows_operand(m, k, a.data(), k, nullptr, rows16);
     for (const int64_t block : {(k + 31) / 32 * 32, int64_t{512}, int64_t{1024}, int64_t{2048}}) {
       const Bf16RowsB in_place{.k = k, .n = n, .k_block = block, .w = w.data(), .ld = n};
@@ -825,11 +831,6 @@ int64_t few_rows_k_block(int64_t m, int64_t k, int64_t n) {
   return found;
 }
 }  // namespace
-
-bool bf16_emulation() { return emulated_bf16.load(std::memory_order_relaxed); }
-void set_bf16_emulation(bool on) {
-  if (emulated_bf16.exchange(on, std::memory_order_relaxed) != on) count_kernel_change();
-}
 
 namespace {
 
@@ -848,10 +849,13 @@ const uint16_t* bf16_operand(const OperandRows* kept, int64_t row, int64_t rows,
 // through their strides) or bf16 (operands converted per call; fp32
 // accumulation). With `small_in_fp32`, the products too small for bf16 to pay
 // (bf16_product, bf16_step) run in the fp32 engine instead: the core's bf16
-// engine. Without it: oneDNN's own rate, for bench_gemm.
+// engine. Without it: oneDNN's own rate, for bench_gemm. On `kernels`: bf16
+// emulated in fp32 where they say so, the few-row kernels and the fp32
+// engine under their cap.
 class OnednnEngine : public GemmEngine<float> {
  public:
-  OnednnEngine(bool f32, bool small_in_fp32) : f32_(f32), small_in_fp32_(small_in_fp32) {}
+  OnednnEngine(bool f32, bool small_in_fp32, const Kernels& kernels)
+      : f32_(f32), small_in_fp32_(small_in_fp32), kernels_(kernels) {}
 
   void gemm(const GemmProduct<float>& p) const override {
     const GemmOperand<float>& a = p.a;
@@ -911,7 +915,7 @@ class OnednnEngine : public GemmEngine<float> {
       float* out = strided ? ts.c.resize(static_cast<std::size_t>(m * n)) : p.c;
       const bool sum = !strided && !p.c_row && p.beta != 0.0f, bias = p.c_row != nullptr;
       const Key key{m, n, k, k, 0, n, false, false, sum, bias, true, false, blocked->layout};
-      run_product(key, a16, blocked->weights.memory.get_data_handle(), out, p.c_row);
+      run_product(key, a16, blocked->weights.memory.get_data_handle(), out, p.c_row, emulated());
       if (strided) put_columns(m, out, n, n, p.c_row ? 0.0f : p.beta, p.c, p.ldc);
       return;
     }
@@ -926,7 +930,7 @@ class OnednnEngine : public GemmEngine<float> {
       // 1024 x 1 x 1024 products took 0.36 of a 0.61 ms one-step training
       // call of an RNN(1024) at batch 1 on Zen 5, DNNL_VERBOSE). Its rows
       // are read as they are (product_form: none), its weights too.
-      gemm_engine_f32(Precision::fp32).gemm(p);
+      gemm_engine_f32(Precision::fp32, kernels_).gemm(p);
       return;
     }
     if (f32_) {
@@ -937,7 +941,7 @@ class OnednnEngine : public GemmEngine<float> {
     if (m == 0 || n == 0) return;
     if (k == 0) {  // nothing to multiply: cpu::gemm's handling of C
       cpu::gemm<float>(a.trans, b.trans, m, n, k, 1.0f, a.data, a.ld, b.data, b.ld, p.beta, p.c,
-                       p.ldc, p.c_row);
+                       p.ldc, kernels_.isa_cap, p.c_row);
       return;
     }
     ThreadState& ts = thread_state();
@@ -947,7 +951,7 @@ class OnednnEngine : public GemmEngine<float> {
         bf16_operand(b.kept, b.kept_row, b.trans ? n : k, b.trans ? k : n, b.data, b.ld, ts.b);
     const Key key{m,       n,       k, a.trans ? m : k, b.trans ? k : n, p.ldc, a.trans,
                   b.trans, !p.c_row && p.beta != 0.0f, p.c_row != nullptr, false, false};
-    run_product(key, a16, b16, p.c, p.c_row);
+    run_product(key, a16, b16, p.c, p.c_row, emulated());
   }
 
   // bf16: B in the blocked bf16 layout per orientation, each made by the
@@ -961,6 +965,7 @@ class OnednnEngine : public GemmEngine<float> {
     w->rows = trans_b ? n : k;
     w->cols = trans_b ? k : n;
     w->ld = ldb;
+    w->emulated = emulated();
     return w;
   }
 
@@ -1001,7 +1006,7 @@ class OnednnEngine : public GemmEngine<float> {
     op->n = n;
     op->ranges = ranges;
     if (!f32_ && small_in_fp32_ && !bf16_step(k, n)) {
-      const GemmEngine<float>& fp32 = gemm_engine_f32(Precision::fp32);
+      const GemmEngine<float>& fp32 = gemm_engine_f32(Precision::fp32, kernels_);
       op->fallback = in_place ? fp32.prepare_in_place(b, trans_b, k, n, ldb, ranges)
                               : fp32.prepare(b, trans_b, k, n, ldb, ranges);
       return op;
@@ -1009,6 +1014,7 @@ class OnednnEngine : public GemmEngine<float> {
     op->b = b;
     op->trans = trans_b;
     op->f32 = f32_;
+    op->emulated = emulated();
     op->ldb = ldb;
     op->in_place = in_place;
     op->blocks.resize(ranges.size());
@@ -1025,7 +1031,8 @@ class OnednnEngine : public GemmEngine<float> {
             int64_t row) const override {
     const auto& op = static_cast<const BlockedOperand&>(sb);
     if (op.fallback) {
-      gemm_engine_f32(Precision::fp32).step(m, a, lda, *op.fallback, range, beta, c, ldc, nullptr);
+      gemm_engine_f32(Precision::fp32, kernels_)
+          .step(m, a, lda, *op.fallback, range, beta, c, ldc, nullptr);
       return;
     }
     const auto [c0, c1] = op.ranges[range];
@@ -1046,7 +1053,7 @@ class OnednnEngine : public GemmEngine<float> {
     if (w == ldc) {
       const Key key{m,     w,     op.k,           lda,   0,    ldc,  false,
                     false, beta != 0.0f, false, true, f32_, op.block_layout(range)};
-      run(key, src, op.block(range).get_data_handle(), c + c0, nullptr);
+      run(key, src, op.block(range).get_data_handle(), c + c0, nullptr, op.emulated);
       return;
     }
     // A thread's share of C's columns: oneDNN's brgemm matmul takes only a
@@ -1055,7 +1062,7 @@ class OnednnEngine : public GemmEngine<float> {
     ts.c.resize(static_cast<std::size_t>(m * w));
     const Key key{m,     w,     op.k,  lda,  0,    w,  false,
                   false, false, false, true, f32_, op.block_layout(range)};
-    run(key, src, op.block(range).get_data_handle(), ts.c.data(), nullptr);
+    run(key, src, op.block(range).get_data_handle(), ts.c.data(), nullptr, op.emulated);
     put_columns(m, ts.c.data(), w, w, beta, c + c0, ldc);
   }
 
@@ -1080,7 +1087,7 @@ class OnednnEngine : public GemmEngine<float> {
     ts.c.resize(static_cast<std::size_t>(m * w));
     const Key key{m,     w,     op.k,  op.k, 0,    w,  false,
                   false, false, false, true, f32_, op.group_layout(first, count)};
-    run(key, src, op.group(first, count).get_data_handle(), ts.c.data(), nullptr);
+    run(key, src, op.group(first, count).get_data_handle(), ts.c.data(), nullptr, op.emulated);
     // Each range's columns to their place in C.
     int64_t at = 0;
     for (std::size_t q = first; q < first + count; ++q) {
@@ -1138,8 +1145,11 @@ class OnednnEngine : public GemmEngine<float> {
   // (cpu/gemm_bf16_rows.h): the core's bf16 engine, natively; each shape
   // where they give oneDNN's bits (few_rows_k_block).
   bool few_rows(int64_t m) const {
-    return !f32_ && small_in_fp32_ && m >= 1 && m <= kInPlaceRows && bf16_rows_available();
+    return !f32_ && small_in_fp32_ && m >= 1 && m <= kInPlaceRows && bf16_rows_available(kernels_);
   }
+
+  // Whether its bf16 products run emulated in fp32 (run_emulated).
+  bool emulated() const { return !f32_ && kernels_.bf16_emulated; }
 
   // The caller's bf16 rows [row, row + m) of width k where it gives them.
   static const uint16_t* kept_bf16(const OperandRows* rows, int64_t row, int64_t m, int64_t k) {
@@ -1169,12 +1179,29 @@ class OnednnEngine : public GemmEngine<float> {
   }
 
   bool f32_, small_in_fp32_;
+  Kernels kernels_;
 };
+
+// The engine of these flags on `kernels`, made on first use and kept (one
+// per setting that changes its products: the cap, bf16's emulation).
+const OnednnEngine& onednn_engine_of(bool f32, bool small_in_fp32, const Kernels& kernels) {
+  static std::mutex mutex;
+  static std::map<std::tuple<bool, bool, int, bool>, std::unique_ptr<OnednnEngine>> made;
+  Kernels k = kernels;
+  k.int8 = Kernels::Int8::automatic;  // not read here
+  if (f32) k.bf16_emulated = false;
+  const auto key =
+      std::make_tuple(f32, small_in_fp32, static_cast<int>(k.isa_cap), k.bf16_emulated);
+  const std::lock_guard<std::mutex> lock(mutex);
+  auto& engine = made[key];
+  if (!engine) engine = std::make_unique<OnednnEngine>(f32, small_in_fp32, k);
+  return *engine;
+}
 
 }  // namespace
 
-int64_t bf16_few_rows_k_block(int64_t m, int64_t k, int64_t n) {
-  return bf16_rows_available() && m >= 1 && m <= kInPlaceRows && k > 0 && n > 0
+int64_t bf16_few_rows_k_block(int64_t m, int64_t k, int64_t n, const Kernels& kernels) {
+  return bf16_rows_available(kernels) && m >= 1 && m <= kInPlaceRows && k > 0 && n > 0
              ? few_rows_k_block(m, k, n)
              : 0;
 }
@@ -1192,7 +1219,9 @@ void onednn_gemm_f32(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k
                      const float* c_row) {
   if (m == 0 || n == 0) return;
   if (k == 0) {
-    cpu::gemm<float>(trans_a, trans_b, m, n, k, 1.0f, a, lda, b, ldb, beta, c, ldc, c_row);
+    // (k = 0: C's rows only, no kernel)
+    cpu::gemm<float>(trans_a, trans_b, m, n, k, 1.0f, a, lda, b, ldb, beta, c, ldc,
+                     IsaLevel::avx512, c_row);
     return;
   }
   // A one-row operand with strided elements (A transposed with m = 1, B
@@ -1215,7 +1244,7 @@ void onednn_gemm_f32(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k
   }
   const Key key{m,       n,       k, lda, ldb, ldc, trans_a,
                 trans_b, !c_row && beta != 0.0f, c_row != nullptr, false, true};
-  run_product(key, a, b, c, c_row);
+  run_product(key, a, b, c, c_row, /*emulated=*/false);
 }
 
 Bf16LayoutsForTest bf16_layouts_for_test(const float* b, bool trans, int64_t k, int64_t n,
@@ -1249,19 +1278,16 @@ Bf16LayoutsForTest bf16_layouts_for_test(const float* b, bool trans, int64_t k, 
   return out;
 }
 
-const GemmEngine<float>& onednn_bf16_engine() {
-  static const OnednnEngine bf16(/*f32=*/false, /*small_in_fp32=*/true);
-  return bf16;
+const GemmEngine<float>& onednn_bf16_engine(const Kernels& kernels) {
+  return onednn_engine_of(/*f32=*/false, /*small_in_fp32=*/true, kernels);
 }
 
-const GemmEngine<float>& onednn_engine(Precision precision) {
-  static const OnednnEngine f32(/*f32=*/true, /*small_in_fp32=*/false);
-  static const OnednnEngine bf16(/*f32=*/false, /*small_in_fp32=*/false);
+const GemmEngine<float>& onednn_engine(Precision precision, const Kernels& kernels) {
   if (precision == Precision::bf16) {
-    require_bf16_dot_products();
-    return bf16;
+    require_bf16_dot_products(kernels);
+    return onednn_engine_of(/*f32=*/false, /*small_in_fp32=*/false, kernels);
   }
-  return f32;
+  return onednn_engine_of(/*f32=*/true, /*small_in_fp32=*/false, kernels);
 }
 
 }  // namespace seqpack::cpu

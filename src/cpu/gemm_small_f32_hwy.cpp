@@ -674,15 +674,15 @@ HWY_EXPORT(PackPanel);
 HWY_EXPORT(FewTerms);
 HWY_EXPORT(DotRows);
 
-void gemm_dot_rows(int64_t m, int64_t n, int64_t k, const float* a, int64_t lda, const float* b,
-                   bool trans_b, int64_t ldb, float beta, float* c, int64_t ldc,
+void gemm_dot_rows(IsaLevel cap, int64_t m, int64_t n, int64_t k, const float* a, int64_t lda,
+                   const float* b, bool trans_b, int64_t ldb, float beta, float* c, int64_t ldc,
                    const float* c_row) {
   if (m <= 0 || n <= 0) return;
   if (m > (trans_b ? kDotRowsMax : kDotRowsEngine)) {
     throw std::invalid_argument("gemm_dot_rows: m = " + std::to_string(m) + " exceeds " +
                                 std::to_string(trans_b ? kDotRowsMax : kDotRowsEngine));
   }
-  const auto run = SEQPACK_HWY_DISPATCH(DotRows);
+  const auto run = SEQPACK_HWY_DISPATCH(DotRows, cap);
   // Split over the threads by blocks of columns where the weights are large
   // enough to pay for a parallel region (the bits do not depend on it).
   const int threads = omp_in_parallel() ? 1 : omp_get_max_threads();
@@ -690,7 +690,8 @@ void gemm_dot_rows(int64_t m, int64_t n, int64_t k, const float* a, int64_t lda,
   if (blocks > 1 && n * k >= kParallelDotElements) {
 #pragma omp parallel for schedule(static)
     for (int64_t t = 0; t < blocks; ++t) {
-      const int64_t j0 = n * t / blocks / 4 * 4, j1 = t + 1 == blocks ? n : n * (t + 1) / blocks / 4 * 4;
+      const int64_t j0 = n * t / blocks / 4 * 4;
+      const int64_t j1 = t + 1 == blocks ? n : n * (t + 1) / blocks / 4 * 4;
       run(m, k, a, lda, b, trans_b, ldb, j0, j1, beta, c, ldc, c_row);
     }
     return;
@@ -698,20 +699,21 @@ void gemm_dot_rows(int64_t m, int64_t n, int64_t k, const float* a, int64_t lda,
   run(m, k, a, lda, b, trans_b, ldb, 0, n, beta, c, ldc, c_row);
 }
 
-void gemm_few_terms(bool trans_a, int64_t m, int64_t n, int64_t k, float alpha, const float* a,
-                    int64_t lda, const float* b, int64_t ldb, float beta, float* c, int64_t ldc) {
+void gemm_few_terms(IsaLevel cap, bool trans_a, int64_t m, int64_t n, int64_t k, float alpha,
+                    const float* a, int64_t lda, const float* b, int64_t ldb, float beta, float* c,
+                    int64_t ldc) {
   if (k > kFewTerms) {
     throw std::invalid_argument("gemm_few_terms: k = " + std::to_string(k) + " exceeds " +
                                 std::to_string(kFewTerms));
   }
-  SEQPACK_HWY_DISPATCH(FewTerms)(trans_a, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+  SEQPACK_HWY_DISPATCH(FewTerms, cap)(trans_a, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
 }
 
 constexpr int64_t kParallelPackElements = 1 << 17;  // 512 KB of weights
 
 void pack_weights(const float* b, bool trans_b, int64_t k, int64_t n, int64_t ldb,
-                  PackedWeights& out) {
-  const int64_t W = SEQPACK_HWY_DISPATCH(PanelWidth)();
+                  PackedWeights& out, IsaLevel cap) {
+  const int64_t W = SEQPACK_HWY_DISPATCH(PanelWidth, cap)();
   const int64_t panels = (n + W - 1) / W;
   const std::size_t need = static_cast<std::size_t>(panels * k * W + 16);
   if (out.storage.size() < need) out.storage.resize_for_overwrite(need);
@@ -720,12 +722,13 @@ void pack_weights(const float* b, bool trans_b, int64_t k, int64_t n, int64_t ld
   out.k = k;
   out.n = n;
   out.width = W;
+  out.cap = cap;
   float* dst = out.storage.data() + out.offset;
   // A large matrix packed outside a parallel region (one direction whose steps
   // are split over threads) is split over the threads by panels: done on one
   // thread, the other threads would wait for it.
   const bool split = k * n >= kParallelPackElements && !omp_in_parallel();
-  const auto pack_panel = SEQPACK_HWY_DISPATCH(PackPanel);
+  const auto pack_panel = SEQPACK_HWY_DISPATCH(PackPanel, cap);
   if (split) {
 #pragma omp parallel for schedule(static)
     for (int64_t p = 0; p < panels; ++p) pack_panel(b, trans_b, k, n, ldb, p, dst + p * k * W);
@@ -738,15 +741,16 @@ void pack_weights(const float* b, bool trans_b, int64_t k, int64_t n, int64_t ld
 void gemm_packed_small(int64_t m, const float* a, int64_t lda, const PackedWeights& b, int64_t col0,
                        int64_t col1, float beta, float* c, int64_t ldc, const float* const* init) {
   if (m <= 0 || col1 <= col0) return;
-  SEQPACK_HWY_DISPATCH(GemmPackedSmall)
+  SEQPACK_HWY_DISPATCH(GemmPackedSmall, b.cap)
   (m, a, lda, b.panels(), b.k, b.width, col0, col1, beta, c, ldc, init);
 }
 
-void gemm_unpacked_small(int64_t m, const float* a, int64_t lda, const float* b, bool trans_b,
-                         int64_t k, int64_t n, int64_t ldb, int64_t col0, int64_t col1, float beta,
-                         float* c, int64_t ldc, const float* const* init) {
+void gemm_unpacked_small(IsaLevel cap, int64_t m, const float* a, int64_t lda, const float* b,
+                         bool trans_b, int64_t k, int64_t n, int64_t ldb, int64_t col0,
+                         int64_t col1, float beta, float* c, int64_t ldc,
+                         const float* const* init) {
   if (m <= 0 || col1 <= col0) return;
-  SEQPACK_HWY_DISPATCH(GemmUnpackedSmall)
+  SEQPACK_HWY_DISPATCH(GemmUnpackedSmall, cap)
   (m, a, lda, b, trans_b, k, n, ldb, col0, col1, beta, c, ldc, init);
 }
 

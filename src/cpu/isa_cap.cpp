@@ -2,18 +2,13 @@
 
 #include <hwy/targets.h>
 
-#include <atomic>
+#include <array>
 #include <cstdint>
 
 namespace seqpack::cpu {
 
 namespace {
 
-std::atomic<int> cap{static_cast<int>(IsaLevel::avx512)};
-std::atomic<uint64_t> generation{0};
-
-// Every Highway target above `level` (those a Highway release does not know
-// are simply absent).
 int64_t targets_above(IsaLevel level) {
   int64_t disabled = 0;
 #ifdef HWY_AVX3_SPR
@@ -30,20 +25,23 @@ int64_t targets_above(IsaLevel level) {
 
 }  // namespace
 
-void set_isa_cap(IsaLevel level) {
-  if (cap.exchange(static_cast<int>(level), std::memory_order_relaxed) == static_cast<int>(level))
-    return;  // Highway's choice stands
-  // Highway chooses its target again at the next dispatch (every target
-  // again where nothing is above the cap).
-  hwy::DisableTargets(targets_above(level));
-  generation.fetch_add(1, std::memory_order_relaxed);
+std::size_t hwy_target_index(IsaLevel cap) {
+  // Per cap, once: the CPU's targets (Highway's SupportedTargets, which
+  // nothing here narrows) less those above the cap, turned into the table
+  // index as Highway's ChosenTarget::Update and GetIndex do.
+  static const std::array<std::size_t, 6> index = [] {
+    std::array<std::size_t, 6> r{};
+    const int64_t supported = hwy::SupportedTargets();
+    for (std::size_t l = 0; l < r.size(); ++l) {
+      const int64_t targets = supported & ~targets_above(static_cast<IsaLevel>(l));
+      const int64_t mask = (HWY_CHOSEN_TARGET_SHIFT(targets) | HWY_CHOSEN_TARGET_MASK_SCALAR) &
+                           HWY_CHOSEN_TARGET_MASK_TARGETS;
+      r[l] = hwy::Num0BitsBelowLS1Bit_Nonzero64(static_cast<uint64_t>(mask));
+    }
+    return r;
+  }();
+  return index[static_cast<std::size_t>(cap)];
 }
-
-uint64_t isa_generation() { return generation.load(std::memory_order_relaxed); }
-
-void count_kernel_change() { generation.fetch_add(1, std::memory_order_relaxed); }
-
-IsaLevel isa_cap() { return static_cast<IsaLevel>(cap.load(std::memory_order_relaxed)); }
 
 const char* isa_level_name(IsaLevel level) {
   switch (level) {

@@ -7,36 +7,47 @@
 
 #include <hwy/highway.h>
 
+#include <cstddef>
 #include <cstdint>
+
+#include "seqpack/precision.h"
 
 namespace seqpack::cpu {
 
-// sse4 and avx2 cap every kernel; avx3, avx3_dl and avx3_zen4 leave
-// AVX-512 on and cap Highway's AVX-512 targets only (the gate, small-GEMM and
-// Adam kernels: Highway's AVX3 target, then AVX3_DL, then AVX3_ZEN4), so a
-// test can run each target the CPU offers; avx512 caps nothing.
-enum class IsaLevel : int { sse4 = 0, avx2 = 1, avx3 = 2, avx3_dl = 3, avx3_zen4 = 4, avx512 = 5 };
+// The kernel settings of a call (seqpack::KernelConfig: a model plan's
+// RNNConfig::kernels, or a front end's policy's kernel_config), given to the
+// engines and kernels that read them.
+using Kernels = KernelConfig;
+
+// The cap (KernelConfig::Isa): sse4 and avx2 cap every kernel; avx3, avx3_dl
+// and avx3_zen4 leave AVX-512 on and cap Highway's AVX-512 targets only (the
+// gate, small-GEMM and Adam kernels: Highway's AVX3 target, then AVX3_DL,
+// then AVX3_ZEN4), so a test can run each target the CPU offers; avx512 caps
+// nothing.
+using IsaLevel = KernelConfig::Isa;
 
 // Whether the cap leaves AVX-512 on (the hand-written AVX-512 kernels: int8
 // VNNI and AMX, the bf16 rows).
 inline bool avx512_allowed(IsaLevel level) { return level >= IsaLevel::avx3; }
 
-// The cap (avx512, the widest, until set_isa_cap sets another).
-IsaLevel isa_cap();
-// Sets the cap and applies it to Highway's targets (set_policy).
-void set_isa_cap(IsaLevel level);
-// Counts the changes of the cap and of the bf16 emulation: what was laid out
-// for one target's kernels (gemm_packed_small's panels, two vectors wide; the
-// bf16 engine's blocked weights, bf16 or emulated f32) is not read after a
-// change.
-uint64_t isa_generation();
-// Counts a change of the kernels other than the cap's (set_bf16_emulation).
-void count_kernel_change();
+// The entry of a Highway dispatch table (HWY_EXPORT's) of the best target
+// this CPU offers under `cap`: the index Highway's own dispatch computes from
+// its chosen targets (hwy::ChosenTarget::GetIndex), here from the CPU's
+// targets less those above the cap, so that each call dispatches to its own
+// cap's target (nothing process-wide: Highway's chosen target is not read or
+// set).
+std::size_t hwy_target_index(IsaLevel cap);
 
 // "avx512", "avx3_zen4", "avx3_dl", "avx3", "avx2", "sse4".
 const char* isa_level_name(IsaLevel level);
 
 }  // namespace seqpack::cpu
 
-// Highway's dispatch, which set_isa_cap has capped.
-#define SEQPACK_HWY_DISPATCH(FUNC) HWY_DYNAMIC_DISPATCH(FUNC)
+// Highway's dispatch of FUNC (HWY_EXPORTed) to the target of `cap`
+// (hwy_target_index); with one target compiled in, that one.
+#if HWY_IDE || ((HWY_TARGETS & (HWY_TARGETS - 1)) == 0)
+#define SEQPACK_HWY_DISPATCH(FUNC, cap) HWY_STATIC_DISPATCH(FUNC)
+#else
+#define SEQPACK_HWY_DISPATCH(FUNC, cap) \
+  (*(HWY_DISPATCH_TABLE(FUNC)[::seqpack::cpu::hwy_target_index(cap)]))
+#endif

@@ -3,8 +3,9 @@
 // done by the caller through cpu::gemm; these kernels do everything between
 // two GEMMs in one pass so each gate row is read and written once.
 //
-// float32 dispatches at run time to the best Highway target of the CPU
-// (rnn_gates_f32_hwy.cpp); float64 uses the scalar loops of rnn_gates_scalar.h.
+// float32 dispatches at run time to the best Highway target of the CPU under
+// the call's ISA cap (`cap`, a plan's RNNConfig::kernels; rnn_gates_f32_hwy.cpp);
+// float64 uses the scalar loops of rnn_gates_scalar.h (and ignores the cap).
 //
 // Each call covers hidden units (columns) [k0, k1) of every gate, so threads
 // can split a step by columns; pass [0, H) for the whole step.
@@ -32,6 +33,7 @@
 
 #include <cstdint>
 
+#include "cpu/isa_cap.h"
 #include "cpu/row_sink.h"
 
 namespace seqpack::cpu {
@@ -45,8 +47,8 @@ namespace seqpack::cpu {
 // prefetched for writing while the kernel computes (a hint: the values are
 // untouched).
 template <typename T>
-void lstm_gates_forward(int64_t n, int64_t H, int64_t k0, int64_t k1, T* gates, const T* c_prev,
-                        int64_t ld_cprev, T* c, int64_t ld_c, T* h, int64_t ld_h,
+void lstm_gates_forward(IsaLevel cap, int64_t n, int64_t H, int64_t k0, int64_t k1, T* gates,
+                        const T* c_prev, int64_t ld_cprev, T* c, int64_t ld_c, T* h, int64_t ld_h,
                         const T* const* x_rows = nullptr, const T* next = nullptr,
                         int64_t next_len = 0, RowSink h_sink = {});
 
@@ -58,46 +60,47 @@ void lstm_gates_forward(int64_t n, int64_t H, int64_t k0, int64_t k1, T* gates, 
 // lookup layer's gradient of the table row that row r read; rows may share
 // a pointer).
 template <typename T>
-void lstm_gates_backward(int64_t n, int64_t H, int64_t k0, int64_t k1, const T* gates, const T* c,
-                         const T* c_prev, const T* dh, int64_t ld_dh, T* dc, T* dgates,
+void lstm_gates_backward(IsaLevel cap, int64_t n, int64_t H, int64_t k0, int64_t k1, const T* gates,
+                         const T* c, const T* c_prev, const T* dh, int64_t ld_dh, T* dc, T* dgates,
                          T* dbias = nullptr, T* const* dx_rows = nullptr, RowSink dgates_sink = {});
 
 // gx: W_i x + b_i in, activations (r, z, n) out. gh: W_h h_prev without bias;
 // b_hh may be null. ghn (optional, [n, H]) receives W_hn h_prev + b_hn, which
 // the backward needs.
 template <typename T>
-void gru_gates_forward(int64_t n, int64_t H, int64_t k0, int64_t k1, T* gx, const T* gh,
-                       const T* b_hh, const T* h_prev, int64_t ld_hprev, T* h, int64_t ld_h, T* ghn,
-                       RowSink h_sink = {});
+void gru_gates_forward(IsaLevel cap, int64_t n, int64_t H, int64_t k0, int64_t k1, T* gx,
+                       const T* gh, const T* b_hh, const T* h_prev, int64_t ld_hprev, T* h,
+                       int64_t ld_h, T* ghn, RowSink h_sink = {});
 
 // dgx: gradient of W_i x + b_i [n, 3H]; dgh: of W_h h_prev + b_h [n, 3H];
 // dh_prev: the part of dL/dh_prev that bypasses W_hh (dh * z), ld H.
 // db_ih, db_hh (optional, [3H] each, both or neither): += the column sums of
 // dgx and dgh, the gradients of b_ih and b_hh.
 template <typename T>
-void gru_gates_backward(int64_t n, int64_t H, int64_t k0, int64_t k1, const T* gates, const T* ghn,
-                        const T* h_prev, int64_t ld_hprev, const T* dh, int64_t ld_dh, T* dgx,
-                        T* dgh, T* dh_prev, T* db_ih = nullptr, T* db_hh = nullptr,
+void gru_gates_backward(IsaLevel cap, int64_t n, int64_t H, int64_t k0, int64_t k1, const T* gates,
+                        const T* ghn, const T* h_prev, int64_t ld_hprev, const T* dh, int64_t ld_dh,
+                        T* dgx, T* dgh, T* dh_prev, T* db_ih = nullptr, T* db_hh = nullptr,
                         RowSink dgx_sink = {}, RowSink dgh_sink = {});
 
 // gates: pre-activation in, h = tanh or relu out; h is also written to `h`.
 template <typename T>
-void rnn_gates_forward(int64_t n, int64_t H, int64_t k0, int64_t k1, T* gates, bool relu, T* h,
-                       int64_t ld_h, RowSink h_sink = {});
+void rnn_gates_forward(IsaLevel cap, int64_t n, int64_t H, int64_t k0, int64_t k1, T* gates,
+                       bool relu, T* h, int64_t ld_h, RowSink h_sink = {});
 
 // dpre = dh * act'(pre), from the saved h. dbias (optional, [H]): += the
 // column sums of dpre, the gradient of both b_ih and b_hh.
 template <typename T>
-void rnn_gates_backward(int64_t n, int64_t H, int64_t k0, int64_t k1, const T* h_saved, bool relu,
-                        const T* dh, int64_t ld_dh, T* dpre, T* dbias = nullptr,
-                        RowSink dpre_sink = {});
+void rnn_gates_backward(IsaLevel cap, int64_t n, int64_t H, int64_t k0, int64_t k1,
+                        const T* h_saved, bool relu, const T* dh, int64_t ld_dh, T* dpre,
+                        T* dbias = nullptr, RowSink dpre_sink = {});
 
 // y[i] = σ(x[i]) / tanh(x[i]) for i < n with the float32 kernels' vector
 // formulas (no scalar tail), so tests can sweep their accuracy. y may alias x.
-void sigmoid_f32(int64_t n, const float* x, float* y);
-void tanh_f32(int64_t n, const float* x, float* y);
+void sigmoid_f32(IsaLevel cap, int64_t n, const float* x, float* y);
+void tanh_f32(IsaLevel cap, int64_t n, const float* x, float* y);
 
-// Name of the SIMD target the float32 kernels dispatch to ("AVX2", "AVX3", ...).
-const char* rnn_gates_f32_target();
+// Name of the SIMD target the float32 kernels dispatch to under `cap`
+// ("AVX2", "AVX3", ...).
+const char* rnn_gates_f32_target(IsaLevel cap);
 
 }  // namespace seqpack::cpu

@@ -593,64 +593,66 @@ uint16_t* bf16_rows(const RowSink& sink) {
 }  // namespace
 
 template <>
-void lstm_gates_forward<float>(int64_t n, int64_t H, int64_t k0, int64_t k1, float* gates,
-                               const float* c_prev, int64_t ld_cprev, float* c, int64_t ld_c,
-                               float* h, int64_t ld_h, const float* const* x_rows,
+void lstm_gates_forward<float>(IsaLevel cap, int64_t n, int64_t H, int64_t k0, int64_t k1,
+                               float* gates, const float* c_prev, int64_t ld_cprev, float* c,
+                               int64_t ld_c, float* h, int64_t ld_h, const float* const* x_rows,
                                const float* next, int64_t next_len, RowSink h_sink) {
-  SEQPACK_HWY_DISPATCH(LstmForward)
+  SEQPACK_HWY_DISPATCH(LstmForward, cap)
   (n, H, k0, k1, gates, c_prev, ld_cprev, c, ld_c, h, ld_h, x_rows, next, next_len,
    bf16_rows(h_sink), h_sink.ld);
 }
 template <>
-void lstm_gates_backward<float>(int64_t n, int64_t H, int64_t k0, int64_t k1, const float* gates,
-                                const float* c, const float* c_prev, const float* dh, int64_t ld_dh,
-                                float* dc, float* dgates, float* dbias, float* const* dx_rows,
-                                RowSink dgates_sink) {
+void lstm_gates_backward<float>(IsaLevel cap, int64_t n, int64_t H, int64_t k0, int64_t k1,
+                                const float* gates, const float* c, const float* c_prev,
+                                const float* dh, int64_t ld_dh, float* dc, float* dgates,
+                                float* dbias, float* const* dx_rows, RowSink dgates_sink) {
   assert(!dgates_sink || dgates_sink.ld == 4 * H);
-  SEQPACK_HWY_DISPATCH(LstmBackward)
+  SEQPACK_HWY_DISPATCH(LstmBackward, cap)
   (n, H, k0, k1, gates, c, c_prev, dh, ld_dh, dc, dgates, dbias, dx_rows, bf16_rows(dgates_sink));
 }
 template <>
-void gru_gates_forward<float>(int64_t n, int64_t H, int64_t k0, int64_t k1, float* gx,
+void gru_gates_forward<float>(IsaLevel cap, int64_t n, int64_t H, int64_t k0, int64_t k1, float* gx,
                               const float* gh, const float* b_hh, const float* h_prev,
                               int64_t ld_hprev, float* h, int64_t ld_h, float* ghn,
                               RowSink h_sink) {
-  SEQPACK_HWY_DISPATCH(GruForward)
+  SEQPACK_HWY_DISPATCH(GruForward, cap)
   (n, H, k0, k1, gx, gh, b_hh, h_prev, ld_hprev, h, ld_h, ghn, bf16_rows(h_sink), h_sink.ld);
 }
 template <>
-void gru_gates_backward<float>(int64_t n, int64_t H, int64_t k0, int64_t k1, const float* gates,
-                               const float* ghn, const float* h_prev, int64_t ld_hprev,
-                               const float* dh, int64_t ld_dh, float* dgx, float* dgh,
-                               float* dh_prev, float* db_ih, float* db_hh, RowSink dgx_sink,
-                               RowSink dgh_sink) {
+void gru_gates_backward<float>(IsaLevel cap, int64_t n, int64_t H, int64_t k0, int64_t k1,
+                               const float* gates, const float* ghn, const float* h_prev,
+                               int64_t ld_hprev, const float* dh, int64_t ld_dh, float* dgx,
+                               float* dgh, float* dh_prev, float* db_ih, float* db_hh,
+                               RowSink dgx_sink, RowSink dgh_sink) {
   assert(!dgx_sink || dgx_sink.ld == 3 * H);
   assert(!dgh_sink || dgh_sink.ld == 3 * H);
-  SEQPACK_HWY_DISPATCH(GruBackward)
+  SEQPACK_HWY_DISPATCH(GruBackward, cap)
   (n, H, k0, k1, gates, ghn, h_prev, ld_hprev, dh, ld_dh, dgx, dgh, dh_prev, db_ih, db_hh,
    bf16_rows(dgx_sink), bf16_rows(dgh_sink));
 }
 template <>
-void rnn_gates_forward<float>(int64_t n, int64_t H, int64_t k0, int64_t k1, float* gates, bool relu,
-                              float* h, int64_t ld_h, RowSink h_sink) {
-  SEQPACK_HWY_DISPATCH(RnnForward)
+void rnn_gates_forward<float>(IsaLevel cap, int64_t n, int64_t H, int64_t k0, int64_t k1,
+                              float* gates, bool relu, float* h, int64_t ld_h, RowSink h_sink) {
+  SEQPACK_HWY_DISPATCH(RnnForward, cap)
   (n, H, k0, k1, gates, relu, h, ld_h, bf16_rows(h_sink), h_sink.ld);
 }
 template <>
-void rnn_gates_backward<float>(int64_t n, int64_t H, int64_t k0, int64_t k1, const float* h_saved,
-                               bool relu, const float* dh, int64_t ld_dh, float* dpre, float* dbias,
-                               RowSink dpre_sink) {
+void rnn_gates_backward<float>(IsaLevel cap, int64_t n, int64_t H, int64_t k0, int64_t k1,
+                               const float* h_saved, bool relu, const float* dh, int64_t ld_dh,
+                               float* dpre, float* dbias, RowSink dpre_sink) {
   assert(!dpre_sink || dpre_sink.ld == H);
-  SEQPACK_HWY_DISPATCH(RnnBackward)
+  SEQPACK_HWY_DISPATCH(RnnBackward, cap)
   (n, H, k0, k1, h_saved, relu, dh, ld_dh, dpre, dbias, bf16_rows(dpre_sink));
 }
 
-void sigmoid_f32(int64_t n, const float* x, float* y) {
-  SEQPACK_HWY_DISPATCH(SigmoidArray)(n, x, y);
+void sigmoid_f32(IsaLevel cap, int64_t n, const float* x, float* y) {
+  SEQPACK_HWY_DISPATCH(SigmoidArray, cap)(n, x, y);
 }
-void tanh_f32(int64_t n, const float* x, float* y) { SEQPACK_HWY_DISPATCH(TanhArray)(n, x, y); }
+void tanh_f32(IsaLevel cap, int64_t n, const float* x, float* y) {
+  SEQPACK_HWY_DISPATCH(TanhArray, cap)(n, x, y);
+}
 
-const char* rnn_gates_f32_target() { return SEQPACK_HWY_DISPATCH(TargetName)(); }
+const char* rnn_gates_f32_target(IsaLevel cap) { return SEQPACK_HWY_DISPATCH(TargetName, cap)(); }
 
 }  // namespace seqpack::cpu
 #endif  // HWY_ONCE

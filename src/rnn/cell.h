@@ -63,6 +63,7 @@ struct ForwardStep {
   cpu::RowSink h_next;               // where the kernel writes h's rows for the next
                                      // step's product (the engine's sink, or empty)
   int64_t n_next = 0;                // rows that have one there (they continue)
+  cpu::IsaLevel cap = cpu::IsaLevel::avx512;  // the gate kernels' (the plan's config's)
 };
 
 // f(r0, r1, h_next) over rows [lo, hi) of a step, split where the rows with a
@@ -98,6 +99,7 @@ struct BackwardStep {
   T* const* dx_rows = nullptr;  // a lookup layer's dP row of each row (lookup_in_kernel)
   cpu::RowSink dg_sink;         // where the kernel writes dG_h's rows in the engine's form
   cpu::RowSink dgx_sink;        // a hidden_apart cell's dG_x rows in the engine's form
+  cpu::IsaLevel cap = cpu::IsaLevel::avx512;  // the gate kernels' (the plan's config's)
 };
 
 }  // namespace seqpack::rnn

@@ -55,8 +55,9 @@ struct GruCell {
     // st.g: W_i x + b_i in, activations (r, z, n) out; st.gh: W_h h_prev.
     void step(const ForwardStep<T>& st) const {
       by_sink(st, 0, st.n, [&](int64_t r0, int64_t r1, cpu::RowSink h_next) {
-        cpu::gru_gates_forward<T>(r1 - r0, H_, st.k0, st.k1, st.g + r0 * G_, st.gh + r0 * G_, b_hh_,
-                                  st.h_prev + r0 * R_, R_, st.h + r0 * st.ldh, st.ldh,
+        cpu::gru_gates_forward<T>(st.cap, r1 - r0, H_, st.k0, st.k1, st.g + r0 * G_,
+                                  st.gh + r0 * G_, b_hh_, st.h_prev + r0 * R_, R_,
+                                  st.h + r0 * st.ldh, st.ldh,
                                   ghn_ ? ghn_ + (st.r0 + r0) * H_ : nullptr, h_next);
       });
     }
@@ -81,9 +82,9 @@ struct GruCell {
     // dG_x into st.dg, dG_h into st.dgh, dh * z (the part of dh_prev that
     // bypasses W_hh) into st.dh_prev.
     void step(const BackwardStep<T>& st) const {
-      cpu::gru_gates_backward<T>(st.n, H_, st.k0, st.k1, st.gates, ghn_ + st.r0 * H_, st.h_prev, R_,
-                                 st.dh, st.ld_dh, st.dg, st.dgh, st.dh_prev, st.db_ih, st.db_hh,
-                                 st.dgx_sink, st.dg_sink);
+      cpu::gru_gates_backward<T>(st.cap, st.n, H_, st.k0, st.k1, st.gates, ghn_ + st.r0 * H_,
+                                 st.h_prev, R_, st.dh, st.ld_dh, st.dg, st.dgh, st.dh_prev,
+                                 st.db_ih, st.db_hh, st.dgx_sink, st.dg_sink);
     }
 
     void finish(Tensor&, int64_t, const std::vector<int64_t>&) const {}

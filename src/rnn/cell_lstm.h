@@ -85,7 +85,7 @@ struct LstmCell {
       auto rows = [&](int64_t lo, int64_t hi, const T* c_prev) {
         by_sink(st, lo, hi, [&](int64_t r0, int64_t r1, cpu::RowSink h_next) {
           cpu::lstm_gates_forward<T>(
-              r1 - r0, H_, st.k0, st.k1, st.g + r0 * G_, c_prev + (r0 - lo) * H_, H_,
+              st.cap, r1 - r0, H_, st.k0, st.k1, st.g + r0 * G_, c_prev + (r0 - lo) * H_, H_,
               cdst + r0 * H_, H_, st.h + r0 * st.ldh, st.ldh, st.x_rows ? st.x_rows + r0 : nullptr,
               st.next_g, st.next_len, h_next);
         });
@@ -150,7 +150,7 @@ struct LstmCell {
     // c entering the step.
     void rows(const BackwardStep<T>& st, int64_t lo, int64_t hi, const T* c_prev) const {
       if (hi <= lo) return;
-      cpu::lstm_gates_backward<T>(hi - lo, H_, st.k0, st.k1, st.gates + lo * G_,
+      cpu::lstm_gates_backward<T>(st.cap, hi - lo, H_, st.k0, st.k1, st.gates + lo * G_,
                                   c_ + (st.r0 + lo) * H_, c_prev, st.dh + lo * st.ld_dh, st.ld_dh,
                                   dc_ + (st.j0 + lo) * H_, st.dg + lo * G_, st.db_ih,
                                   st.dx_rows ? st.dx_rows + lo : nullptr, st.dg_sink.from_row(lo));

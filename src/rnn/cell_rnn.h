@@ -38,7 +38,7 @@ struct RnnCell {
 
     void step(const ForwardStep<T>& st) const {
       by_sink(st, 0, st.n, [&](int64_t r0, int64_t r1, cpu::RowSink h_next) {
-        cpu::rnn_gates_forward<T>(r1 - r0, H_, st.k0, st.k1, st.g + r0 * G_, relu_,
+        cpu::rnn_gates_forward<T>(st.cap, r1 - r0, H_, st.k0, st.k1, st.g + r0 * G_, relu_,
                                   st.h + r0 * st.ldh, st.ldh, h_next);
       });
     }
@@ -60,8 +60,8 @@ struct RnnCell {
 
     // st.gates: the saved h (the activations).
     void step(const BackwardStep<T>& st) const {
-      cpu::rnn_gates_backward<T>(st.n, H_, st.k0, st.k1, st.gates, relu_, st.dh, st.ld_dh, st.dg,
-                                 st.db_ih, st.dg_sink);
+      cpu::rnn_gates_backward<T>(st.cap, st.n, H_, st.k0, st.k1, st.gates, relu_, st.dh, st.ld_dh,
+                                 st.dg, st.db_ih, st.dg_sink);
     }
 
     void finish(Tensor&, int64_t, const std::vector<int64_t>&) const {}

@@ -17,6 +17,7 @@ std::shared_ptr<const RNNModelPlan> rnn_make_plan(const RNNOptions& options,
                                                   const std::vector<Tensor>& weights, bool in_place,
                                                   const RNNConfig& config) {
   options.validate();
+  check_precision_supported(options.precision, config.kernels);
   rnn::check_weights(options, weights);
   auto plan = std::make_shared<RNNModelPlan>();
   plan->options = options;
@@ -31,8 +32,8 @@ std::shared_ptr<const RNNModelPlan> rnn_make_plan(const RNNOptions& options,
   plan->weights.reserve(weights.size());
   for (const Tensor& w : weights) plan->weights.push_back(w.clone());
   if (options.dtype == DType::f32) {
-    plan->weight_layouts =
-        rnn::lay_out_weights<float>(options, plan->weights, rnn::engine_for<float>(options));
+    plan->weight_layouts = rnn::lay_out_weights<float>(options, plan->weights,
+                                                       rnn::engine_for<float>(options, config));
   }
   return plan;
 }

@@ -16,7 +16,6 @@
 #include <vector>
 
 #include "cpu/gemm_engine.h"
-#include "cpu/isa_cap.h"
 #include "rnn/grid.h"
 #include "rnn/plan.h"
 #include "seqpack/rnn.h"
@@ -25,11 +24,12 @@ namespace seqpack {
 
 namespace rnn {
 
-// The GEMM engine of a call: its element type and precision decide it.
+// The GEMM engine of a call: its element type and precision, and its
+// config's kernels, decide it.
 template <typename T>
-const cpu::GemmEngine<T>& engine_for(const RNNOptions& o) {
+const cpu::GemmEngine<T>& engine_for(const RNNOptions& o, const RNNConfig& config) {
   if constexpr (std::is_same_v<T, float>) {
-    return cpu::gemm_engine_f32(o.precision);
+    return cpu::gemm_engine_f32(o.precision, config.kernels);
   } else {
     return cpu::gemm_engine_f64();
   }
@@ -66,8 +66,6 @@ struct RNNModelPlan : std::enable_shared_from_this<RNNModelPlan> {
   // columns (1 under a row split).
   mutable std::map<Split, std::shared_ptr<const rnn::BackwardPlan<float>>> backward_f32;
   mutable std::map<Split, std::shared_ptr<const rnn::BackwardPlan<double>>> backward_f64;
-  // The ISA cap's generation the step operands above were laid out under.
-  mutable uint64_t isa_generation = cpu::isa_generation();
 
   // Calls of few steps (rnn::in_place_steps) met so far, forwards and
   // backwards apart: the first of them reads the weights in place, and
@@ -125,14 +123,6 @@ struct RNNModelPlan : std::enable_shared_from_this<RNNModelPlan> {
   std::shared_ptr<const Plan> kept(std::map<Split, std::shared_ptr<const Plan>>& known, Split key,
                                    bool in_place, Make make) const {
     const std::lock_guard<std::mutex> lock(mutex);
-    if (const uint64_t now = cpu::isa_generation(); now != isa_generation) {
-      // Laid out for the kernels of another ISA cap (set_policy since): made again.
-      f32.clear();
-      f64.clear();
-      backward_f32.clear();
-      backward_f64.clear();
-      isa_generation = now;
-    }
     auto it = known.find(key);
     if (it != known.end()) return it->second;
     if (in_place) return make(true);

@@ -71,6 +71,7 @@ struct ForwardDirection {
   const int64_t l, d, H, R, G, B, N, TT, ldo;
   const bool save, h0_zero, proj;
   const bool groups;  // a thread's gate blocks as one product (RNNConfig::step_groups)
+  const cpu::IsaLevel cap;  // the gate kernels' ISA cap (RNNConfig::kernels)
   DirWeights<T> w;
   typename Cell::template Forward<T> cell;
   const typename RNNPlan<T>::Direction& laid_out;  // the model plan's step operands
@@ -100,7 +101,7 @@ struct ForwardDirection {
                    const std::vector<Tensor>& weights, const std::vector<int64_t>* lookup_,
                    ForwardWorkspace<T, Cell>& ws_, RNNSaved::Direction& sd_,
                    const typename RNNPlan<T>::Direction& laid_out_, int64_t l_, int64_t d_,
-                   bool save_, bool h0_zero_, bool groups_)
+                   bool save_, bool h0_zero_, const RNNConfig& config)
       : o(o_),
         eng(eng_),
         plan(plan_),
@@ -119,7 +120,8 @@ struct ForwardDirection {
         save(save_),
         h0_zero(h0_zero_),
         proj(o.proj_size > 0),
-        groups(groups_),
+        groups(config.step_groups),
+        cap(config.kernels.isa_cap),
         w(dir_weights<T>(o, weights, l_, d_)),
         cell(CellShape::of(o, B, N), w.b_hh, ws.cell, saved_cell(sd_, save_)),
         laid_out(laid_out_) {}
@@ -248,6 +250,7 @@ struct ForwardDirection {
     const int64_t t = d == 0 ? s : TT - 1 - s;
     const auto [j0, j1] = sp.rows(bs[static_cast<std::size_t>(t)]);
     ForwardStep<T> st;
+    st.cap = cap;
     st.n = j1 - j0;
     st.j0 = j0;
     st.k0 = sp.a;
@@ -615,6 +618,7 @@ struct BackwardDirection {
     const int64_t n = sv.batch_sizes[static_cast<std::size_t>(t)];
     const auto [j0, j1] = sp.rows(n);
     BackwardStep<T> st;
+    st.cap = sv.config.kernels.isa_cap;
     st.n = j1 - j0;
     st.j0 = j0;
     st.k0 = sp.a;

@@ -193,8 +193,8 @@ Linear::Linear(int64_t in_features, int64_t out_features, bool bias, DType dtype
 
 template <typename T>
 static void linear_forward(const T* x, const T* w, const T* b, int64_t n, int64_t in, int64_t out,
-                           T* y) {
-  cpu::gemm<T>(false, true, n, out, in, T(1), x, in, w, in, T(0), y, out);
+                           T* y, cpu::IsaLevel cap) {
+  cpu::gemm<T>(false, true, n, out, in, T(1), x, in, w, in, T(0), y, out, cap);
   if (b) {
     for (int64_t i = 0; i < n; ++i)
       for (int64_t j = 0; j < out; ++j) y[i * out + j] += b[j];
@@ -215,22 +215,22 @@ Tensor Linear::forward(const Tensor& input) {
   if (weight_.dtype() == DType::f32) {
     linear_forward<float>(input.data<float>(), weight_.data<float>(),
                           bias_.defined() ? bias_.data<float>() : nullptr, n, in_features(),
-                          out_features(), out.data<float>());
+                          out_features(), out.data<float>(), kernels_.isa_cap);
   } else {
     linear_forward<double>(input.data<double>(), weight_.data<double>(),
                            bias_.defined() ? bias_.data<double>() : nullptr, n, in_features(),
-                           out_features(), out.data<double>());
+                           out_features(), out.data<double>(), kernels_.isa_cap);
   }
   last_input_ = input;
   return out;
 }
 
 template <typename T>
-static void linear_backward(const T* x, const T* w, const T* gy, int64_t n, int64_t in,
-                            int64_t out, T* gx, T* gw, T* gb) {
+static void linear_backward(const T* x, const T* w, const T* gy, int64_t n, int64_t in, int64_t out,
+                            T* gx, T* gw, T* gb, cpu::IsaLevel cap) {
   // dx = dy W;  dW += dy^T x;  db += sum over rows of dy.
-  cpu::gemm<T>(false, false, n, in, out, T(1), gy, out, w, in, T(0), gx, in);
-  cpu::gemm<T>(true, false, out, in, n, T(1), gy, out, x, in, T(1), gw, in);
+  cpu::gemm<T>(false, false, n, in, out, T(1), gy, out, w, in, T(0), gx, in, cap);
+  cpu::gemm<T>(true, false, out, in, n, T(1), gy, out, x, in, T(1), gw, in, cap);
   if (gb) {
     for (int64_t i = 0; i < n; ++i)
       for (int64_t j = 0; j < out; ++j) gb[j] += gy[i * out + j];
@@ -251,15 +251,15 @@ Tensor Linear::backward(const Tensor& grad_output) {
   const int64_t n = last_input_.numel() / in_features();
   Tensor gx = Tensor::empty(last_input_.shape(), weight_.dtype());
   if (weight_.dtype() == DType::f32) {
-    linear_backward<float>(last_input_.data<float>(), weight_.data<float>(),
-                           grad_output.data<float>(), n, in_features(), out_features(),
-                           gx.data<float>(), weight_grad_.data<float>(),
-                           bias_grad_.defined() ? bias_grad_.data<float>() : nullptr);
+    linear_backward<float>(
+        last_input_.data<float>(), weight_.data<float>(), grad_output.data<float>(), n,
+        in_features(), out_features(), gx.data<float>(), weight_grad_.data<float>(),
+        bias_grad_.defined() ? bias_grad_.data<float>() : nullptr, kernels_.isa_cap);
   } else {
-    linear_backward<double>(last_input_.data<double>(), weight_.data<double>(),
-                            grad_output.data<double>(), n, in_features(), out_features(),
-                            gx.data<double>(), weight_grad_.data<double>(),
-                            bias_grad_.defined() ? bias_grad_.data<double>() : nullptr);
+    linear_backward<double>(
+        last_input_.data<double>(), weight_.data<double>(), grad_output.data<double>(), n,
+        in_features(), out_features(), gx.data<double>(), weight_grad_.data<double>(),
+        bias_grad_.defined() ? bias_grad_.data<double>() : nullptr, kernels_.isa_cap);
   }
   return gx;
 }

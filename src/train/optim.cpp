@@ -265,7 +265,7 @@ void Adam::step() {
       cpu::adam_update_f32(p.value.data<float>() + a, p.grad.data<float>() + a,
                            exp_avg_[k].data<float>() + a, exp_avg_sq_[k].data<float>() + a,
                            options_.amsgrad ? max_exp_avg_sq_[k].data<float>() + a : nullptr, b - a,
-                           f32);
+                           f32, options_.kernels.isa_cap);
     } else {
       adam_update<double>(p.value.data<double>() + a, p.grad.data<double>() + a,
                           exp_avg_[k].data<double>() + a, exp_avg_sq_[k].data<double>() + a,

@@ -7,9 +7,15 @@
 #include <set>
 
 #include "command.h"
+#include "seqpack/policy.h"
 #include "seqpack/version.h"
 
 namespace seqpack::cli {
+
+const Policy& tool_policy() {
+  static const Policy policy = policy_from_environment();
+  return policy;
+}
 
 std::vector<Command>& commands() {
   static std::vector<Command> all;

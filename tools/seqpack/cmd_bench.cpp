@@ -367,7 +367,7 @@ void run_bench(Args args) {
   // Every selected workload is checked before the first one runs.
   for (const Workload& wl : selected) check_workload_size(wl, args.scale);
   set_num_threads(args.threads);
-  const Precision precision = resolve_precision(args.precision);
+  const Precision precision = resolve_precision(args.precision, kernel_config(tool_policy()));
   // A precision without a backward (int8) is inference only: its default
   // modes are the forwards, and training is refused.
   std::vector<std::string> modes = args.modes.empty() ? kModes : args.modes;
@@ -379,7 +379,7 @@ void run_bench(Args args) {
     }
     std::erase(modes, "train_packed");
   }
-  const std::string isa = cpu_info().isa;
+  const std::string isa = cpu_info(tool_policy()).isa;
 
   if (!args.json) {
     fmt::print("{:<16} {:<15} {:>7} {:>13} {:>13} {:>13} {:>6}\n", "workload", "mode", "threads",
@@ -409,7 +409,7 @@ void run_bench(Args args) {
     // quantize_dynamic does; fp32 and bf16 lay out W_hh at the first call,
     // the warm-up), not timed. Training lays out its weights at every step
     // (an in-place plan of them, made in the timed step).
-    const RNNConfig config = rnn_config(policy());  // the tool's SEQPACK_* policy
+    const RNNConfig config = rnn_config(tool_policy());  // the tool's SEQPACK_* policy
     const auto model = rnn_make_plan(o, weights, /*in_place=*/false, config);
 
     for (const std::string& mode : modes) {

@@ -8,6 +8,7 @@
 #include <string>
 
 #include "command.h"
+#include "seqpack/policy.h"
 #include "seqpack/precision.h"
 #include "seqpack/threading.h"
 #include "seqpack/version.h"
@@ -23,8 +24,8 @@ struct Args {
 void run_info(const Args& args) {
   const std::string placement = place_threads(args.threads);
   if (args.threads > 0) set_num_threads(args.threads);
-  const CpuInfo cpu = cpu_info();
-  const Precision autop = resolve_precision("auto");
+  const CpuInfo cpu = cpu_info(tool_policy());
+  const Precision autop = resolve_precision("auto", kernel_config(tool_policy()));
   if (args.json) {
     nlohmann::ordered_json j = {{"seqpack", version()},
                                 {"isa", cpu.isa},

@@ -295,7 +295,7 @@ void run_predict(const PredictArgs& a) {
       }
     }
   }
-  const Precision precision = resolve_precision(a.precision);
+  const Precision precision = resolve_precision(a.precision, kernel_config(cli::tool_policy()));
   if (a.threads > 0) set_num_threads(a.threads);
   // Standard output appended to a file the command reads (`>> M/vocabulary.json`,
   // `>> EVAL`) would change it under the reader: refused, as cat refuses it.
@@ -307,7 +307,8 @@ void run_predict(const PredictArgs& a) {
   check_descriptor_not_input(STDOUT_FILENO, "standard output", inputs);
   TrainedClassifier tc = load_classifier(a.model.model_dir());
   tc.model->set_precision(precision);
-  tc.model->lstm().set_config(rnn_config(policy()));  // the tool's SEQPACK_* policy
+  tc.model->lstm().set_config(rnn_config(cli::tool_policy()));  // the tool's SEQPACK_* policy
+  tc.model->fc().set_kernels(kernel_config(cli::tool_policy()));
   if (!a.eval.empty()) {
     run_eval(tc, a);
     return;

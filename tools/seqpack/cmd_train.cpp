@@ -358,7 +358,9 @@ RunDirs open_dirs(TrainArgs& a) {
     }
     d.ck = load_training_checkpoint(d.ck_path);
     // "auto" compares with the checkpoint as what it resolves to here.
-    if (a.given.count("--precision")) a.precision = precision_name(resolve_precision(a.precision));
+    if (a.given.count("--precision"))
+      a.precision =
+          precision_name(resolve_precision(a.precision, kernel_config(cli::tool_policy())));
     check_json_depth(d.ck->train_config, "checkpoint " + d.ck_path + ": train_config");
     apply_checkpoint_config(a, nlohmann::json::parse(d.ck->train_config), d.ck_path);
   }
@@ -605,7 +607,7 @@ CharClassifierOptions model_options(TrainArgs& a, const Vocabulary& vocab, int64
   mo.hidden_size = a.hidden;
   mo.num_classes = n_classes;
   std::string precision_note;
-  mo.precision = resolve_precision(a.precision, &precision_note);
+  mo.precision = resolve_precision(a.precision, kernel_config(cli::tool_policy()), &precision_note);
   a.precision = precision_name(mo.precision);  // what the checkpoint records
   fmt::print("{}, {} thread{}\n", precision_note, num_threads(), num_threads() == 1 ? "" : "s");
   fmt::print("model: Embedding({}, {}, padding_idx=0) -> LSTM({}, {}, bidirectional) -> Linear({}, {})\n",
@@ -679,8 +681,9 @@ void run_train(TrainArgs a) {
                                 ") no longer gives the checkpoint's vocabulary and labels");
   }
   CharClassifier model(model_options(a, vocab, static_cast<int64_t>(split.labels.size())), a.seed);
-  model.lstm().set_config(rnn_config(policy()));  // the tool's SEQPACK_* policy
-  Adam opt(model.parameters(), {.lr = a.lr});
+  model.lstm().set_config(rnn_config(cli::tool_policy()));  // the tool's SEQPACK_* policy
+  model.fc().set_kernels(kernel_config(cli::tool_policy()));
+  Adam opt(model.parameters(), {.lr = a.lr, .kernels = kernel_config(cli::tool_policy())});
   int64_t first_epoch = 1;
   if (d.ck) {
     model.load_state_dict(d.ck->model_state);

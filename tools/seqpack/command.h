@@ -34,6 +34,19 @@ struct Command {
 
 std::vector<Command>& commands();
 
+}  // namespace seqpack::cli
+
+namespace seqpack {
+struct Policy;
+}  // namespace seqpack
+
+namespace seqpack::cli {
+
+// The tool's SEQPACK_* policy (policy_from_environment, read at the first
+// call: main's, which reports a bad value): the commands give its config to
+// the models they make and its kernel settings to the kernels they call.
+const Policy& tool_policy();
+
 // Usage, at namespace scope of a cmd_*.cpp:
 //   static const bool registered = seqpack::cli::register_command({"demo", "...", setup});
 inline bool register_command(Command command) {

@@ -75,8 +75,10 @@ int main(int argc, char** argv) {
     }
   }
   try {
-    // The core reads no environment: the tool installs the SEQPACK_* policy.
-    seqpack::set_policy(seqpack::policy_from_environment());
+    // The core reads no environment: the tool reads the SEQPACK_* policy
+    // once, here (a bad value is reported before any command runs), and its
+    // commands give it to what they make (tool_policy).
+    (void)seqpack::cli::tool_policy();
     app.parse(argc, argv);
     const std::string out_error = standard_output_error();
     if (!out_error.empty()) {
